@@ -1,0 +1,109 @@
+//! Command-line definitions (clap derive). Parsing does no I/O; `cmd::*` resolves and runs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::workload::{GridSpec, OneOrMany};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "memfit",
+    version,
+    about = "Measures where the memory goes when a model trains or serves, and how well formulas predict it",
+    after_help = "Example:\n  memfit run                      # the embedded default workload on the CPU\n  memfit run workloads/default.toml --threads 1 --out runs/mine"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a workload: every case × phase measured, predicted and stored.
+    #[command(after_help = "Examples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1")]
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Workload TOML file; without it the embedded default workload runs.
+    pub workload: Option<PathBuf>,
+    /// Model family (gpt).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub batch: Vec<i64>,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub seq: Vec<i64>,
+    /// Position-table lengths (default: the preset's, or the sequence for custom shapes).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub max_seq: Vec<i64>,
+    /// Hidden sizes.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub hidden: Vec<i64>,
+    /// Attention heads (must divide hidden).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub heads: Vec<i64>,
+    /// Decoder blocks.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub layers: Vec<i64>,
+    /// Vocabulary sizes.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub vocab: Vec<i64>,
+    /// Phases to measure: init, forward, backward, optimizer, train-step, inference.
+    #[arg(long, value_delimiter = ',')]
+    pub phases: Vec<String>,
+    /// Optimizers: sgd, adamw.
+    #[arg(long, value_delimiter = ',')]
+    pub optimizer: Vec<String>,
+    /// Element type (f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Device (cpu).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Worker threads of the CPU backend (default: the workload's, else all cores).
+    #[arg(long, allow_negative_numbers = true)]
+    pub threads: Option<i64>,
+    /// Folder for everything the run writes (default: runs/<run id>). Must not hold a journal.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print no table.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl RunArgs {
+    /// The workload keys given as flags, to lay over every grid.
+    pub fn grid_flags(&self) -> GridSpec {
+        fn many<T: Clone>(v: &[T]) -> Option<OneOrMany<T>> {
+            (!v.is_empty()).then(|| OneOrMany::Many(v.to_vec()))
+        }
+        GridSpec {
+            model: self.model.clone(),
+            preset: self.preset.clone(),
+            batch: many(&self.batch),
+            seq: many(&self.seq),
+            max_seq: many(&self.max_seq),
+            hidden: many(&self.hidden),
+            heads: many(&self.heads),
+            layers: many(&self.layers),
+            vocab: many(&self.vocab),
+            optimizer: many(&self.optimizer),
+            phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
+            dtype: self.dtype.clone(),
+            device: self.device.clone(),
+        }
+    }
+
+    /// True when any workload key was given as a flag.
+    pub fn has_grid_flags(&self) -> bool {
+        self.grid_flags() != GridSpec::default()
+    }
+}

@@ -1,0 +1,12 @@
+//! One file per subcommand.
+
+pub mod run;
+
+use crate::cli::{Cli, Command};
+
+/// Runs the parsed command line.
+pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => run::run(&args),
+    }
+}

@@ -1,0 +1,224 @@
+//! `memfit run`: resolve the workload, run every case, append rows to the journal after each
+//! case, then derive CSV and HDF5 from the journal and print the table.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::cli::RunArgs;
+use crate::error::UserError;
+use crate::formula;
+use crate::meter::cpu_alloc::AllocMeter;
+use crate::meter::rusage::HostMeter;
+use crate::meter::{Meter, Reading};
+use crate::phase::runner::run_case;
+use crate::record::{Row, RunMeta, Status};
+use crate::report::table;
+use crate::store;
+use crate::workload::{self, Case, WorkloadFile};
+
+/// Most CPU threads accepted by `--threads`.
+pub const MAX_THREADS: i64 = 1024;
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    // 1. Resolve everything before touching the disk.
+    let (file, origin) = match &args.workload {
+        Some(path) => (workload::load(path)?, path.display().to_string()),
+        None if args.has_grid_flags() => (WorkloadFile::default(), "flags".to_string()),
+        None => (
+            workload::parse(workload::DEFAULT_TOML, "<embedded default>")?,
+            "<embedded default>".to_string(),
+        ),
+    };
+    let cases = workload::expand(&file, &args.grid_flags(), &origin)?;
+    let threads = resolve_threads(args.threads, file.threads, &origin)?;
+    let run_id = crate::units::utc_stamp(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    );
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&run_id));
+    let journal_path = out.join("results.jsonl");
+    if journal_path.exists() {
+        return Err(UserError::Output {
+            path: journal_path.display().to_string(),
+            message: "a journal is already there; choose another --out or remove it".into(),
+        }
+        .into());
+    }
+    pin_threads(threads)?;
+
+    let meta = RunMeta {
+        run_id: run_id.clone(),
+        memfit_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: env!("MEMFIT_GIT_COMMIT").into(),
+        candle_version: env!("MEMFIT_CANDLE_VERSION").into(),
+        cpu_model: cpu_model(),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        os: os_name(),
+        device_name: format!("cpu: {}", cpu_model()),
+        threads: threads as u64,
+        workload: origin.clone(),
+    };
+
+    // 2. Measure, appending after every case.
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    write_meta(&out.join("meta.json"), &meta)?;
+    let mut journal = store::jsonl::Journal::open(&journal_path)?;
+    let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(HostMeter::default()), Box::new(AllocMeter::default())];
+    if !args.quiet {
+        println!(
+            "memfit {} · {} case(s) from {} · {} thread(s) · out {}",
+            meta.memfit_version,
+            cases.len(),
+            origin,
+            threads,
+            out.display()
+        );
+        println!("{}", table::header());
+    }
+    for case in &cases {
+        let rows = case_rows(case, &meta, &mut meters);
+        journal
+            .append(&rows)
+            .with_context(|| format!("appending case {} to the journal", case.index))?;
+        if !args.quiet {
+            for r in &rows {
+                println!("{}", table::line(r));
+            }
+        }
+    }
+    drop(journal);
+
+    // 3. Derive the other stores from the journal (what is on disk, not what is in memory).
+    let rows = store::jsonl::read(&journal_path)?;
+    store::csv::write(&out.join("results.csv"), &rows)?;
+    store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
+    if !args.quiet {
+        println!(
+            "wrote {} row(s): {}, results.csv, results.h5, meta.json",
+            rows.len(),
+            journal_path.display()
+        );
+    }
+    Ok(())
+}
+
+fn resolve_threads(flag: Option<i64>, file: Option<i64>, origin: &str) -> Result<usize, UserError> {
+    let (value, origin) = match (flag, file) {
+        (Some(t), _) => (t, "flags"),
+        (None, Some(t)) => (t, origin),
+        (None, None) => {
+            return Ok(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        }
+    };
+    if !(1..=MAX_THREADS).contains(&value) {
+        return Err(UserError::OutOfRange {
+            origin: origin.into(),
+            key: "threads".into(),
+            value: value.to_string(),
+            reason: "the CPU backend needs at least one thread".into(),
+            allowed: format!("1..={MAX_THREADS}"),
+        });
+    }
+    Ok(value as usize)
+}
+
+/// Pins the CPU backend to `threads`: the rayon pool and candle's gemm (which reads
+/// `RAYON_NUM_THREADS`).
+fn pin_threads(threads: usize) -> anyhow::Result<()> {
+    // SAFETY: called before memfit starts any thread of its own; nothing reads the
+    // environment concurrently.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+    match rayon::ThreadPoolBuilder::new().num_threads(threads).build_global() {
+        Ok(()) => Ok(()),
+        // Already built (a second run in one process): it must have the same size.
+        Err(_) if rayon::current_num_threads() == threads => Ok(()),
+        Err(e) => Err(anyhow::anyhow!(
+            "the thread pool already has {} threads, cannot pin {threads}: {e}",
+            rayon::current_num_threads()
+        )),
+    }
+}
+
+/// Rows of one case: measured figures beside the formula's predictions.
+pub fn case_rows(case: &Case, meta: &RunMeta, meters: &mut [Box<dyn Meter>]) -> Vec<Row> {
+    run_case(case, meters)
+        .into_iter()
+        .map(|res| {
+            let pred = formula::predict(case, res.phase);
+            let (status, error, reading) = match res.outcome {
+                Ok(r) => (Status::Ok, None, r),
+                Err(e) => (Status::Error, Some(format!("{e:#}")), Reading::default()),
+            };
+            Row {
+                run_id: meta.run_id.clone(),
+                case: case.index as u64,
+                model: case.model.as_str().into(),
+                preset: case.preset.clone(),
+                batch: case.batch as u64,
+                seq: case.seq as u64,
+                max_seq: case.cfg.max_seq as u64,
+                hidden: case.cfg.hidden as u64,
+                heads: case.cfg.heads as u64,
+                layers: case.cfg.layers as u64,
+                vocab: case.cfg.vocab as u64,
+                dtype: case.dtype.clone(),
+                device: case.device.clone(),
+                optimizer: case.optimizer.as_str().into(),
+                phase: res.phase.as_str().into(),
+                status,
+                error,
+                params: case.cfg.params(),
+                peak_bytes: reading.peak_bytes,
+                retained_bytes: reading.retained_bytes,
+                alloc_count: reading.alloc_count,
+                predicted_peak_bytes: Some(pred.peak_bytes),
+                predicted_retained_bytes: Some(pred.retained_bytes),
+                cpu_user_s: reading.cpu_user_s,
+                cpu_sys_s: reading.cpu_sys_s,
+                wall_s: reading.wall_s,
+                rss_peak_bytes: reading.rss_peak_bytes,
+                threads: meta.threads,
+            }
+        })
+        .collect()
+}
+
+fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(meta)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn os_name() -> String {
+    let pretty = std::fs::read_to_string("/etc/os-release").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("PRETTY_NAME="))
+            .map(|l| l.trim_start_matches("PRETTY_NAME=").trim_matches('"').to_string())
+    });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .ok();
+    match (pretty, kernel) {
+        (Some(p), Some(k)) => format!("{p} (Linux {k})"),
+        (Some(p), None) => p,
+        (None, Some(k)) => format!("Linux {k}"),
+        (None, None) => std::env::consts::OS.to_string(),
+    }
+}

@@ -1,0 +1,27 @@
+//! Errors the user can fix: bad workload files and flags. Everything else is `anyhow` with
+//! context naming the file or phase.
+
+/// A mistake in a workload file or in flags. `origin` is the file path or `flags`.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("{origin}: cannot read the workload file: {message}")]
+    Unreadable { origin: String, message: String },
+    #[error("{origin}: {message}")]
+    Syntax { origin: String, message: String },
+    #[error("{origin}: key `{key}` = {value} is out of range: {reason}; allowed: {allowed}")]
+    OutOfRange {
+        origin: String,
+        key: String,
+        value: String,
+        reason: String,
+        allowed: String,
+    },
+    #[error("{origin}: key `{key}` is missing and no preset provides it; allowed: {allowed}")]
+    Missing {
+        origin: String,
+        key: String,
+        allowed: String,
+    },
+    #[error("{path}: {message}")]
+    Output { path: String, message: String },
+}

@@ -1,0 +1,19 @@
+//! Predicted bytes per phase. Every function here is a formula of the case's shape, derived from
+//! what the model and candle 0.11.1's CPU backend allocate; `gpt` holds the derivations.
+
+pub mod gpt;
+
+use crate::phase::Phase;
+use crate::workload::Case;
+
+/// What the formula module predicts for one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prediction {
+    pub peak_bytes: u64,
+    pub retained_bytes: i64,
+}
+
+/// Prediction for `phase` of `case`.
+pub fn predict(case: &Case, phase: Phase) -> Prediction {
+    gpt::Shape::of(case).predict(phase, case.optimizer)
+}

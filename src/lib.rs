@@ -1,0 +1,25 @@
+//! memfit measures where the memory goes when a model trains or serves, and how well the
+//! analytical formulas predict it.
+//!
+//! The data path, one module each:
+//! workload (TOML → cases) → model (candle) → phase (one step, metered) → meter (counting
+//! allocator, rusage/VmHWM) → record (one row per case × phase) → store (JSONL journal, CSV,
+//! HDF5) → formula (predicted bytes per phase) → report (tables).
+//!
+//! What it measures on the CPU: every byte the process allocates through Rust's global allocator
+//! (which is where candle's CPU tensors live), as a resettable peak and a current count. It does
+//! not see memory obtained with `mmap` directly by a library, nor the allocator's own
+//! fragmentation; the host meter (VmHWM) is the outer layer for those.
+
+pub mod cli;
+pub mod cmd;
+pub mod error;
+pub mod formula;
+pub mod meter;
+pub mod model;
+pub mod phase;
+pub mod record;
+pub mod report;
+pub mod store;
+pub mod units;
+pub mod workload;

@@ -1,0 +1,127 @@
+//! A counting global allocator: the device meter of the CPU backend.
+//!
+//! candle's CPU tensors are `Vec`s, so every tensor byte passes through Rust's global allocator.
+//! [`CountingAlloc`] forwards to the system allocator and keeps three atomics: bytes currently
+//! allocated, their high-water mark since the last [`reset_peak`], and the number of
+//! allocations. Counted are the *requested* sizes (`Layout::size`), not the allocator's rounding.
+//! The bookkeeping is three atomic operations and allocates nothing itself, so it is never
+//! counted and cannot recurse. Because the counters are process-wide, a window measures every
+//! thread of the process: keep other work out of it (and, in tests, one measuring test per
+//! process).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::{Meter, Reading};
+
+static CURRENT: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+static COUNT: AtomicU64 = AtomicU64::new(0);
+
+/// The allocator. memfit's library installs it as the `#[global_allocator]`.
+pub struct CountingAlloc;
+
+#[inline]
+fn grow(bytes: u64) {
+    let now = CURRENT.fetch_add(bytes, Relaxed) + bytes;
+    PEAK.fetch_max(now, Relaxed);
+    COUNT.fetch_add(1, Relaxed);
+}
+
+#[inline]
+fn shrink(bytes: u64) {
+    CURRENT.fetch_sub(bytes, Relaxed);
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged and only
+// updates counters after a successful call.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grow(layout.size() as u64);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grow(layout.size() as u64);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        shrink(layout.size() as u64);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            let old = layout.size() as u64;
+            let new = new_size as u64;
+            if new >= old {
+                grow(new - old);
+            } else {
+                shrink(old - new);
+            }
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Bytes allocated now.
+pub fn current() -> u64 {
+    CURRENT.load(Relaxed)
+}
+
+/// High-water mark of [`current`] since the last [`reset_peak`].
+pub fn peak() -> u64 {
+    PEAK.load(Relaxed)
+}
+
+/// Allocations (and growing reallocations) since the process started.
+pub fn count() -> u64 {
+    COUNT.load(Relaxed)
+}
+
+/// Sets the high-water mark to the current value and returns that value (the baseline).
+pub fn reset_peak() -> u64 {
+    let now = CURRENT.load(Relaxed);
+    PEAK.store(now, Relaxed);
+    // An allocation racing with the store may have raised CURRENT; fold it in.
+    PEAK.fetch_max(CURRENT.load(Relaxed), Relaxed);
+    now
+}
+
+/// The CPU backend's device meter: `peak_bytes`, `retained_bytes`, `alloc_count`.
+#[derive(Debug, Default)]
+pub struct AllocMeter {
+    baseline: u64,
+    count0: u64,
+}
+
+impl Meter for AllocMeter {
+    fn label(&self) -> &'static str {
+        "cpu-allocator"
+    }
+
+    fn start(&mut self) -> anyhow::Result<()> {
+        self.count0 = count();
+        self.baseline = reset_peak();
+        Ok(())
+    }
+
+    fn read(&mut self, into: &mut Reading) -> anyhow::Result<()> {
+        let (peak, now, n) = (peak(), current(), count());
+        into.peak_bytes = Some(peak.saturating_sub(self.baseline));
+        into.retained_bytes = Some(now as i64 - self.baseline as i64);
+        into.alloc_count = Some(n - self.count0);
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! Meters read one figure family each around a phase's window. A [`Meter`] is started right
+//! before the window and read right after it; readings land in a [`Reading`] whose fields are
+//! `None` until some meter fills them.
+//!
+//! Order matters: meters are started in order and read in reverse, so the allocator meter
+//! (which must see nothing but the phase) is started last and read first.
+
+pub mod cpu_alloc;
+pub mod rusage;
+
+/// Figures of one phase window. Units are in the names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub peak_bytes: Option<u64>,
+    pub retained_bytes: Option<i64>,
+    pub alloc_count: Option<u64>,
+    pub cpu_user_s: Option<f64>,
+    pub cpu_sys_s: Option<f64>,
+    pub wall_s: Option<f64>,
+    pub rss_peak_bytes: Option<u64>,
+}
+
+/// A source of measurements around a window.
+pub trait Meter {
+    /// Short label of the layer this meter reads (e.g. `cpu-allocator`, `host-rusage`).
+    fn label(&self) -> &'static str;
+    /// Called right before the window opens.
+    fn start(&mut self) -> anyhow::Result<()>;
+    /// Called right after the window closes; fills the fields this meter owns.
+    fn read(&mut self, into: &mut Reading) -> anyhow::Result<()>;
+}
+
+/// Runs `window` between `start` and `read` of every meter (started in order, read in reverse).
+pub fn measure<T>(
+    meters: &mut [Box<dyn Meter>],
+    window: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Reading)> {
+    for m in meters.iter_mut() {
+        m.start()?;
+    }
+    let out = window();
+    let mut reading = Reading::default();
+    for m in meters.iter_mut().rev() {
+        m.read(&mut reading)?;
+    }
+    Ok((out?, reading))
+}

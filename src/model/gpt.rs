@@ -1,0 +1,363 @@
+//! GPT-style decoder: token + position embedding, `L` pre-LayerNorm blocks of multi-head causal
+//! self-attention and a 4H GELU MLP, a final LayerNorm, an untied LM head and cross-entropy.
+//!
+//! Shapes (B batch, S sequence, H hidden, A heads, D = H/A, V vocab):
+//! tokens `(B, S)` u32 → embeddings `(B, S, H)` → blocks `(B, S, H)` → logits `(B, S, V)`;
+//! attention scores `(B, A, S, S)`.
+//!
+//! Parameter count (exact): `P = 2·V·H + S_max·H + L·(12·H² + 13·H) + 2·H`
+//! (token and head matrices `V·H` each, position table `S_max·H`, per block two LayerNorms `4H`,
+//! q/k/v/o `4(H² + H)`, MLP `8H² + 5H`; final LayerNorm `2H`).
+//!
+//! Only ops with a backward in candle 0.11.1 are used: `ops::layer_norm_slow` (not
+//! `LayerNorm::forward`, which has none) and the composed `ops::softmax` (not
+//! `softmax_last_dim`). The same code runs with `Var`s (training: every op is recorded) or with
+//! detached weights (`Gpt::detached`, inference: no graph).
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{VarBuilder, VarMap};
+//! use memfit::model::gpt::{Config, Gpt};
+//! let cfg = Config::tiny();
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+//! let model = Gpt::new(&cfg, vb).unwrap();
+//! let tokens = Tensor::zeros((2, 16), DType::U32, &Device::Cpu).unwrap();
+//! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
+//! ```
+
+use candle_core::{D, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias, ops};
+use serde::{Deserialize, Serialize};
+
+/// Shape of a GPT-style decoder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub layers: usize,
+    /// Rows of the position-embedding table: the longest sequence the model accepts.
+    pub max_seq: usize,
+    pub layer_norm_eps: f64,
+}
+
+/// Names accepted by [`Config::preset`].
+pub const PRESETS: &[&str] = &["tiny", "small", "gpt2-small", "gpt2-medium"];
+
+impl Config {
+    /// Test-sized: V 300, H 96, A 3, L 2, S_max 128.
+    pub fn tiny() -> Self {
+        Self::new(300, 96, 3, 2, 128)
+    }
+    /// A few million parameters: V 2048, H 256, A 4, L 4, S_max 256.
+    pub fn small() -> Self {
+        Self::new(2048, 256, 4, 4, 256)
+    }
+    /// GPT-2 small shape: V 50257, H 768, A 12, L 12, S_max 1024 (124 M parameters untied).
+    pub fn gpt2_small() -> Self {
+        Self::new(50257, 768, 12, 12, 1024)
+    }
+    /// GPT-2 medium shape: V 50257, H 1024, A 16, L 24, S_max 1024.
+    pub fn gpt2_medium() -> Self {
+        Self::new(50257, 1024, 16, 24, 1024)
+    }
+
+    pub fn new(vocab: usize, hidden: usize, heads: usize, layers: usize, max_seq: usize) -> Self {
+        Self {
+            vocab,
+            hidden,
+            heads,
+            layers,
+            max_seq,
+            layer_norm_eps: 1e-5,
+        }
+    }
+
+    pub fn preset(name: &str) -> Option<Self> {
+        match name {
+            "tiny" => Some(Self::tiny()),
+            "small" => Some(Self::small()),
+            "gpt2-small" => Some(Self::gpt2_small()),
+            "gpt2-medium" => Some(Self::gpt2_medium()),
+            _ => None,
+        }
+    }
+
+    /// Exact parameter count (see the module docs).
+    pub fn params(&self) -> u64 {
+        let (v, h, l, s) = (
+            self.vocab as u64,
+            self.hidden as u64,
+            self.layers as u64,
+            self.max_seq as u64,
+        );
+        2 * v * h + s * h + l * (12 * h * h + 13 * h) + 2 * h
+    }
+
+    /// Number of parameter tensors (each costs a little allocator metadata).
+    pub fn param_tensors(&self) -> u64 {
+        // wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2.
+        5 + 16 * self.layers as u64
+    }
+}
+
+/// LayerNorm with weight and bias, computed with `ops::layer_norm_slow` (which has a backward).
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(size, "weight", Init::Const(1.0))?;
+        let bias = vb.get_with_hints(size, "bias", Init::Const(0.0))?;
+        Ok(Self { weight, bias, eps })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ops::layer_norm_slow(x, &self.weight, &self.bias, self.eps as f32)
+    }
+}
+
+/// Multi-head causal self-attention with separate q, k, v, o projections (with bias).
+#[derive(Debug, Clone)]
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+}
+
+impl Attention {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let h = cfg.hidden;
+        Ok(Self {
+            q: linear(h, h, vb.pp("q"))?,
+            k: linear(h, h, vb.pp("k"))?,
+            v: linear(h, h, vb.pp("v"))?,
+            o: linear(h, h, vb.pp("o"))?,
+            heads: cfg.heads,
+        })
+    }
+
+    /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above.
+    pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, s, h) = x.dims3()?;
+        let d = h / self.heads;
+        let split = |t: Tensor| -> Result<Tensor> {
+            t.reshape((b, s, self.heads, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = split(self.q.forward(x)?)?;
+        let k = split(self.k.forward(x)?)?;
+        let v = split(self.v.forward(x)?)?;
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        drop((q, k));
+        let scores = scores.broadcast_add(mask)?;
+        let probs = ops::softmax(&scores, D::Minus1)?;
+        drop(scores);
+        let y = probs.matmul(&v)?;
+        drop((probs, v));
+        let y = y.transpose(1, 2)?.reshape((b, s, h))?;
+        self.o.forward(&y)
+    }
+}
+
+/// Position-wise MLP: `fc2(gelu(fc1(x)))` with hidden width 4H and GELU (tanh approximation).
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Mlp {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let h = cfg.hidden;
+        Ok(Self {
+            fc1: linear(h, 4 * h, vb.pp("fc1"))?,
+            fc2: linear(4 * h, h, vb.pp("fc2"))?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let a = self.fc1.forward(x)?.gelu()?;
+        self.fc2.forward(&a)
+    }
+}
+
+/// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+#[derive(Debug, Clone)]
+pub struct Block {
+    ln1: LayerNorm,
+    attn: Attention,
+    ln2: LayerNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            ln1: LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln1"))?,
+            attn: Attention::new(cfg, vb.pp("attn"))?,
+            ln2: LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln2"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let a = self.attn.forward(&self.ln1.forward(x)?, mask)?;
+        let x = (x + a)?;
+        let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
+        x + m
+    }
+}
+
+/// The whole decoder.
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    wte: Embedding,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    head: Linear,
+    cfg: Config,
+}
+
+impl Gpt {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let wte = embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?;
+        let wpe = vb.get_with_hints(
+            (cfg.max_seq, cfg.hidden),
+            "wpe",
+            Init::Randn {
+                mean: 0.,
+                stdev: 0.02,
+            },
+        )?;
+        let blocks = (0..cfg.layers)
+            .map(|i| Block::new(cfg, vb.pp(format!("h.{i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln_f"))?;
+        let head = linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?;
+        Ok(Self {
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            head,
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The causal mask `(S, S)`: 0 where a position may attend, −∞ above the diagonal.
+    pub fn causal_mask(seq: usize, device: &Device) -> Result<Tensor> {
+        let mask: Vec<f32> = (0..seq)
+            .flat_map(|i| (0..seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0. }))
+            .collect();
+        Tensor::from_vec(mask, (seq, seq), device)
+    }
+
+    /// `tokens (B, S)` u32 → logits `(B, S, V)`.
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        let (_b, s) = tokens.dims2()?;
+        if s > self.cfg.max_seq {
+            candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
+        }
+        let mask = Self::causal_mask(s, tokens.device())?;
+        let pos = self.wpe.narrow(0, 0, s)?;
+        let mut x = self.wte.forward(tokens)?.broadcast_add(&pos)?;
+        for block in &self.blocks {
+            x = block.forward(&x, &mask)?;
+        }
+        let x = self.ln_f.forward(&x)?;
+        self.head.forward(&x)
+    }
+
+    /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32.
+    pub fn loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (b, s, v) = logits.dims3()?;
+        candle_nn::loss::cross_entropy(&logits.reshape((b * s, v))?, &targets.flatten_all()?)
+    }
+
+    /// A copy of the model whose weights are detached views of the same storage: running it
+    /// records no graph (inference) and allocates nothing for the weights.
+    pub fn detached(&self) -> Self {
+        fn lin(l: &Linear) -> Linear {
+            Linear::new(l.weight().detach(), l.bias().map(|b| b.detach()))
+        }
+        fn ln(l: &LayerNorm) -> LayerNorm {
+            LayerNorm {
+                weight: l.weight.detach(),
+                bias: l.bias.detach(),
+                eps: l.eps,
+            }
+        }
+        Self {
+            wte: Embedding::new(self.wte.embeddings().detach(), self.cfg.hidden),
+            wpe: self.wpe.detach(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    ln1: ln(&b.ln1),
+                    attn: Attention {
+                        q: lin(&b.attn.q),
+                        k: lin(&b.attn.k),
+                        v: lin(&b.attn.v),
+                        o: lin(&b.attn.o),
+                        heads: b.attn.heads,
+                    },
+                    ln2: ln(&b.ln2),
+                    mlp: Mlp {
+                        fc1: lin(&b.mlp.fc1),
+                        fc2: lin(&b.mlp.fc2),
+                    },
+                })
+                .collect(),
+            ln_f: ln(&self.ln_f),
+            head: lin(&self.head),
+            cfg: self.cfg.clone(),
+        }
+    }
+}
+
+/// Deterministic synthetic batch: `(tokens, targets)`, each `(B, S)` u32 in `0..V`; targets are
+/// tokens shifted by one position.
+pub fn synthetic_batch(
+    batch: usize,
+    seq: usize,
+    vocab: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab as u64) as u32
+    };
+    let stream: Vec<u32> = (0..batch * (seq + 1)).map(|_| next()).collect();
+    let mut tokens = Vec::with_capacity(batch * seq);
+    let mut targets = Vec::with_capacity(batch * seq);
+    for row in stream.chunks(seq + 1) {
+        tokens.extend_from_slice(&row[..seq]);
+        targets.extend_from_slice(&row[1..]);
+    }
+    Ok((
+        Tensor::from_vec(tokens, (batch, seq), device)?,
+        Tensor::from_vec(targets, (batch, seq), device)?,
+    ))
+}

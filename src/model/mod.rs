@@ -1,0 +1,19 @@
+//! Synthetic models written the candle way: a `Config` with named presets and layers built by
+//! `new(cfg, vb)` with sub-layers named through `vb.pp`.
+
+pub mod gpt;
+
+/// Model families memfit can build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    Gpt,
+}
+
+impl ModelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Gpt => "gpt",
+        }
+    }
+}

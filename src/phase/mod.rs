@@ -1,0 +1,92 @@
+//! Phases: each runs one piece of a training or serving step inside a metered window.
+//!
+//! A case runs its phases in the fixed order below, after an unmetered warm-up (one full
+//! training step on a throwaway copy of the same model, so gemm's per-thread scratch buffers
+//! and other first-use allocations are out of the way). Phases that were not asked for but are
+//! needed by later ones still run, unmetered. What each window contains:
+//!
+//! | phase | window | baseline holds |
+//! |---|---|---|
+//! | `init` | `VarMap` + model construction: weights materialised and initialised | nothing of the case |
+//! | `forward` | training forward to the mean cross-entropy loss; the graph is kept | weights, input batch |
+//! | `backward` | `loss.backward()` and pruning the gradient store to the parameters' gradients | weights, graph (activations) |
+//! | `optimizer` | creating the optimizer (its state) and its first `step` | weights, gradients |
+//! | `train-step` | a steady-state step: forward, backward, drop the graph, `step`, drop the gradients | weights, optimizer state |
+//! | `inference` | forward to the logits with detached weights (no graph) | weights, optimizer state |
+//!
+//! `peak_bytes` is the window's high-water mark above its baseline; `retained_bytes` is what
+//! is still allocated when it closes (for `forward` the graph, for `backward` the gradients,
+//! for `optimizer` its state, for `inference` the logits).
+
+pub mod runner;
+
+use serde::{Deserialize, Serialize};
+
+/// One metered part of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Init,
+    Forward,
+    Backward,
+    Optimizer,
+    TrainStep,
+    Inference,
+}
+
+impl Phase {
+    /// Every phase in run order.
+    pub const ALL: [Phase; 6] = [
+        Phase::Init,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::TrainStep,
+        Phase::Inference,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Init => "init",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+            Phase::TrainStep => "train-step",
+            Phase::Inference => "inference",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The names, for error messages.
+    pub fn names() -> String {
+        Self::ALL.map(Phase::as_str).join(", ")
+    }
+}
+
+/// Optimizers (candle-nn's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Plain SGD: no state.
+    Sgd,
+    /// AdamW: first and second moments in the parameters' dtype.
+    Adamw,
+}
+
+impl OptimizerKind {
+    pub const ALL: [OptimizerKind; 2] = [OptimizerKind::Sgd, OptimizerKind::Adamw];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adamw => "adamw",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}

@@ -1,0 +1,239 @@
+//! Runs one case's phases on the CPU backend and returns one reading per requested phase.
+
+use anyhow::Context;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, SGD, VarBuilder, VarMap};
+
+use super::{OptimizerKind, Phase};
+use crate::meter::{Meter, Reading, measure};
+use crate::model::gpt::{Gpt, synthetic_batch};
+use crate::workload::Case;
+
+/// Learning rate of both optimizers (the value does not change memory).
+pub const LEARNING_RATE: f64 = 1e-3;
+
+/// The result of one requested phase.
+#[derive(Debug)]
+pub struct PhaseResult {
+    pub phase: Phase,
+    pub outcome: anyhow::Result<Reading>,
+}
+
+enum Opt {
+    Sgd(SGD),
+    Adamw(AdamW),
+}
+
+impl Opt {
+    fn new(kind: OptimizerKind, vars: Vec<Var>) -> candle_core::Result<Self> {
+        Ok(match kind {
+            OptimizerKind::Sgd => Opt::Sgd(SGD::new(vars, LEARNING_RATE)?),
+            OptimizerKind::Adamw => Opt::Adamw(AdamW::new(
+                vars,
+                ParamsAdamW {
+                    lr: LEARNING_RATE,
+                    ..Default::default()
+                },
+            )?),
+        })
+    }
+
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        match self {
+            Opt::Sgd(o) => o.step(grads),
+            Opt::Adamw(o) => o.step(grads),
+        }
+    }
+}
+
+/// The training state a case builds up phase by phase.
+struct Trainer {
+    varmap: VarMap,
+    model: Gpt,
+    tokens: Tensor,
+    targets: Tensor,
+}
+
+impl Trainer {
+    fn init(case: &Case, device: &Device) -> candle_core::Result<(VarMap, Gpt)> {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
+        let model = Gpt::new(&case.cfg, vb)?;
+        Ok((varmap, model))
+    }
+
+    fn loss(&self) -> candle_core::Result<Tensor> {
+        let logits = self.model.forward(&self.tokens)?;
+        Gpt::loss(&logits, &self.targets)
+    }
+
+    /// `loss.backward()`, keeping only the parameters' gradients. candle also stores gradients
+    /// for constant operands (the causal mask's broadcast) and never removes them; they are
+    /// freed here.
+    fn backward(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
+        let mut all = loss.backward()?;
+        let mut grads = GradStore::default();
+        for var in self.varmap.all_vars() {
+            if let Some(g) = all.remove(var.as_tensor()) {
+                grads.insert(var.as_tensor(), g);
+            }
+        }
+        Ok(grads)
+    }
+
+    fn train_step(&self, opt: &mut Opt) -> candle_core::Result<()> {
+        let loss = self.loss()?;
+        let grads = self.backward(&loss)?;
+        drop(loss);
+        opt.step(&grads)
+    }
+}
+
+/// One unmetered training step on a throwaway model of the case's shape, plus a small matmul on
+/// every pool thread: first-use allocations (gemm scratch, thread-locals) happen here.
+pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
+    rayon::broadcast(|_| -> candle_core::Result<()> {
+        let a = Tensor::ones((64, 64), DType::F32, device)?;
+        a.matmul(&a).map(drop)
+    })
+    .into_iter()
+    .collect::<candle_core::Result<Vec<_>>>()?;
+    let (varmap, model) = Trainer::init(case, device)?;
+    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, device)?;
+    let t = Trainer {
+        varmap,
+        model,
+        tokens,
+        targets,
+    };
+    let mut opt = Opt::new(case.optimizer, t.varmap.all_vars())?;
+    t.train_step(&mut opt)?;
+    let _ = t.model.detached().forward(&t.tokens)?;
+    Ok(())
+}
+
+/// Runs the case's phases in order; returns one result per requested phase. Stops at the first
+/// failure (later requested phases are reported as not run because of it).
+pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>]) -> Vec<PhaseResult> {
+    let mut results = Vec::new();
+    if let Err(e) = run_chain(case, meters, &mut results) {
+        let failed_at = results.len();
+        let msg = format!("{e:#}");
+        for (i, &phase) in case.phases.iter().enumerate().skip(failed_at) {
+            let text = if i == failed_at {
+                msg.clone()
+            } else {
+                format!("not run: an earlier phase failed: {msg}")
+            };
+            results.push(PhaseResult {
+                phase,
+                outcome: Err(anyhow::anyhow!(text)),
+            });
+        }
+    }
+    results
+}
+
+fn run_chain(
+    case: &Case,
+    meters: &mut [Box<dyn Meter>],
+    results: &mut Vec<PhaseResult>,
+) -> anyhow::Result<()> {
+    let device = Device::Cpu;
+    let last = *case.phases.iter().max().context("the case asks for no phase")?;
+    warm_up(case, &device).context("warm-up step")?;
+
+    let metered = |phase: Phase,
+                       results: &mut Vec<PhaseResult>,
+                       meters: &mut [Box<dyn Meter>],
+                       f: &mut dyn FnMut() -> anyhow::Result<()>|
+     -> anyhow::Result<()> {
+        if case.phases.contains(&phase) {
+            let ((), reading) =
+                measure(meters, &mut *f).with_context(|| format!("phase {}", phase.as_str()))?;
+            results.push(PhaseResult {
+                phase,
+                outcome: Ok(reading),
+            });
+            Ok(())
+        } else {
+            f().with_context(|| format!("phase {} (unmetered)", phase.as_str()))
+        }
+    };
+
+    // init
+    let mut built = None;
+    metered(Phase::Init, results, meters, &mut || {
+        built = Some(Trainer::init(case, &device)?);
+        Ok(())
+    })?;
+    let (varmap, model) = built.take().expect("init ran");
+    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
+    let t = Trainer {
+        varmap,
+        model,
+        tokens,
+        targets,
+    };
+    if last == Phase::Init {
+        return Ok(());
+    }
+
+    let mut opt = None;
+    if last >= Phase::Forward && case.phases.iter().any(|&p| p <= Phase::Optimizer && p > Phase::Init) {
+        // forward
+        let mut loss = None;
+        metered(Phase::Forward, results, meters, &mut || {
+            loss = Some(t.loss()?);
+            Ok(())
+        })?;
+        let loss_t = loss.take().expect("forward ran");
+        // backward
+        let mut grads = None;
+        if last >= Phase::Backward {
+            metered(Phase::Backward, results, meters, &mut || {
+                grads = Some(t.backward(&loss_t)?);
+                Ok(())
+            })?;
+        }
+        drop(loss_t);
+        // optimizer
+        if last >= Phase::Optimizer {
+            let g = grads.take().expect("backward ran");
+            metered(Phase::Optimizer, results, meters, &mut || {
+                let mut o = Opt::new(case.optimizer, t.varmap.all_vars())?;
+                o.step(&g)?;
+                opt = Some(o);
+                Ok(())
+            })?;
+        }
+    }
+    if last < Phase::TrainStep {
+        return Ok(());
+    }
+    let mut opt = match opt {
+        Some(o) => o,
+        None => {
+            // The optimizer's state belongs to the steady state the later phases start from.
+            let mut o = Opt::new(case.optimizer, t.varmap.all_vars())?;
+            t.train_step(&mut o)?;
+            o
+        }
+    };
+    metered(Phase::TrainStep, results, meters, &mut || {
+        t.train_step(&mut opt)?;
+        Ok(())
+    })?;
+    if last < Phase::Inference {
+        return Ok(());
+    }
+    let detached = t.model.detached();
+    let mut logits = None;
+    metered(Phase::Inference, results, meters, &mut || {
+        logits = Some(detached.forward(&t.tokens)?);
+        Ok(())
+    })?;
+    drop(logits);
+    Ok(())
+}

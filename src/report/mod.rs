@@ -1,0 +1,3 @@
+//! Human-readable output. Pure functions from rows to text.
+
+pub mod table;

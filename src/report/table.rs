@@ -1,0 +1,69 @@
+//! The run table: one line per case × phase with measured and predicted peak, error and times.
+
+use crate::record::{Row, Status};
+use crate::units::human_bytes;
+
+/// Signed error of the prediction in percent of the measured value.
+pub fn error_pct(measured: u64, predicted: u64) -> Option<f64> {
+    (measured > 0).then(|| (predicted as f64 - measured as f64) / measured as f64 * 100.0)
+}
+
+/// Column titles.
+pub fn header() -> String {
+    format!(
+        "{:>4} {:<10} {:>4} {:>5} {:>5} {:>3} {:>3} {:>6} {:<5} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
+        "case", "preset", "B", "S", "H", "A", "L", "V", "opt", "phase", "status", "measured", "predicted",
+        "err %", "user s", "sys s", "wall s"
+    )
+}
+
+fn opt_f(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+/// One line of the table.
+pub fn line(r: &Row) -> String {
+    let measured = r.peak_bytes.map_or("-".into(), |b| human_bytes(b as f64));
+    let predicted = r.predicted_peak_bytes.map_or("-".into(), |b| human_bytes(b as f64));
+    let err = match (r.peak_bytes, r.predicted_peak_bytes) {
+        (Some(m), Some(p)) => opt_f(error_pct(m, p), 3),
+        _ => "-".into(),
+    };
+    let mut s = format!(
+        "{:>4} {:<10} {:>4} {:>5} {:>5} {:>3} {:>3} {:>6} {:<5} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
+        r.case,
+        r.preset,
+        r.batch,
+        r.seq,
+        r.hidden,
+        r.heads,
+        r.layers,
+        r.vocab,
+        r.optimizer,
+        r.phase,
+        r.status.as_str(),
+        measured,
+        predicted,
+        err,
+        opt_f(r.cpu_user_s, 3),
+        opt_f(r.cpu_sys_s, 3),
+        opt_f(r.wall_s, 3),
+    );
+    if r.status != Status::Ok {
+        if let Some(e) = &r.error {
+            s.push_str(&format!("\n     {e}"));
+        }
+    }
+    s
+}
+
+/// Header and all lines.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = header();
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,60 @@
+//! Unit helpers: human-readable bytes and UTC timestamps.
+
+/// `1536` → `1.50 KiB`; exact bytes below 1 KiB.
+pub fn human_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes;
+    let mut i = 0;
+    while v.abs() >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+/// Seconds since the Unix epoch → `YYYYMMDDTHHMMSSZ` (UTC).
+pub fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-from-civil inverse.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_known_dates() {
+        assert_eq!(utc_stamp(0), "19700101T000000Z");
+        // 2026-12-02 10:35:49 UTC, worked out with `date -u -d @1796207749`.
+        assert_eq!(utc_stamp(1_796_207_749), "20261202T103549Z");
+        // Leap day 2024-02-29 12:00:00.
+        assert_eq!(utc_stamp(1_709_208_000), "20240229T120000Z");
+    }
+
+    #[test]
+    fn human_bytes_units() {
+        assert_eq!(human_bytes(512.0), "512 B");
+        assert_eq!(human_bytes(1536.0), "1.50 KiB");
+        assert_eq!(human_bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.00 GiB");
+    }
+}

@@ -1,0 +1,378 @@
+//! Workloads: a TOML file (or flags) describing grids of cases.
+//!
+//! ```toml
+//! name = "example"
+//! threads = 1                 # optional; --threads overrides
+//! [defaults]                  # applies to every [[grid]]
+//! phases = ["init", "forward", "backward", "optimizer", "train-step", "inference"]
+//! optimizer = "adamw"
+//! [[grid]]                    # lists expand to their Cartesian product
+//! preset = "tiny"
+//! batch = [1, 2]
+//! seq = [16, 33]
+//! [[grid]]
+//! batch = 3
+//! seq = 100
+//! hidden = 96
+//! heads = 3
+//! layers = 5
+//! vocab = 300
+//! ```
+//!
+//! Every key may be a single value or a list. Model sizes not given come from `preset`
+//! (default `tiny`); a case that changes any size is recorded with preset `custom`, and its
+//! position table is as long as its sequence. Flags given beside a file override that key in
+//! every grid. Validation happens before anything runs, so bad input writes nothing.
+
+use serde::Deserialize;
+
+use crate::error::UserError;
+use crate::model::ModelKind;
+use crate::model::gpt::{self, Config};
+use crate::phase::{OptimizerKind, Phase};
+
+/// The embedded default workload (`workloads/default.toml`).
+pub const DEFAULT_TOML: &str = include_str!("../../workloads/default.toml");
+
+/// A scalar or a list in TOML.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Clone> OneOrMany<T> {
+    pub fn to_vec(&self) -> Vec<T> {
+        match self {
+            OneOrMany::One(v) => vec![v.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// One grid: every key optional; lists expand.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridSpec {
+    pub model: Option<String>,
+    pub preset: Option<String>,
+    pub batch: Option<OneOrMany<i64>>,
+    pub seq: Option<OneOrMany<i64>>,
+    pub max_seq: Option<OneOrMany<i64>>,
+    pub hidden: Option<OneOrMany<i64>>,
+    pub heads: Option<OneOrMany<i64>>,
+    pub layers: Option<OneOrMany<i64>>,
+    pub vocab: Option<OneOrMany<i64>>,
+    pub optimizer: Option<OneOrMany<String>>,
+    pub phases: Option<Vec<String>>,
+    pub dtype: Option<String>,
+    pub device: Option<String>,
+}
+
+impl GridSpec {
+    /// Keys set in `over` replace those in `self`.
+    pub fn overlay(&self, over: &GridSpec) -> GridSpec {
+        macro_rules! pick {
+            ($($f:ident),*) => { GridSpec { $($f: over.$f.clone().or_else(|| self.$f.clone()),)* } };
+        }
+        pick!(
+            model, preset, batch, seq, max_seq, hidden, heads, layers, vocab, optimizer, phases,
+            dtype, device
+        )
+    }
+}
+
+/// A workload file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadFile {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub threads: Option<i64>,
+    #[serde(default)]
+    pub defaults: GridSpec,
+    #[serde(default)]
+    pub grid: Vec<GridSpec>,
+}
+
+/// One fully resolved case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Case {
+    pub index: usize,
+    pub model: ModelKind,
+    pub preset: String,
+    pub cfg: Config,
+    pub batch: usize,
+    pub seq: usize,
+    pub dtype: String,
+    pub device: String,
+    pub optimizer: OptimizerKind,
+    /// Requested phases, sorted in run order, no duplicates.
+    pub phases: Vec<Phase>,
+}
+
+/// Upper bounds of the size keys (inclusive).
+pub const MAX_BATCH: i64 = 1 << 20;
+pub const MAX_SEQ: i64 = 1 << 20;
+pub const MAX_HIDDEN: i64 = 1 << 20;
+pub const MAX_HEADS: i64 = 1 << 16;
+pub const MAX_LAYERS: i64 = 1 << 14;
+pub const MAX_VOCAB: i64 = 1 << 24;
+/// Largest single tensor memfit will try: Rust allocations are limited to `isize::MAX` bytes.
+pub const MAX_TENSOR_BYTES: u128 = isize::MAX as u128;
+
+/// Parses a workload file's text; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<WorkloadFile, UserError> {
+    toml::from_str(text).map_err(|e| UserError::Syntax {
+        origin: origin.to_string(),
+        message: e.to_string().trim_end().to_string(),
+    })
+}
+
+/// Reads and parses a workload file.
+pub fn load(path: &std::path::Path) -> Result<WorkloadFile, UserError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| UserError::Unreadable {
+        origin: origin.clone(),
+        message: e.to_string(),
+    })?;
+    parse(&text, &origin)
+}
+
+struct Ctx<'a> {
+    origin: &'a str,
+    grid: usize,
+}
+
+impl Ctx<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("grid[{}].{k}", self.grid)
+    }
+
+    fn range(&self, k: &str, v: i64, lo: i64, hi: i64) -> Result<usize, UserError> {
+        if v < lo || v > hi {
+            return Err(UserError::OutOfRange {
+                origin: self.origin.into(),
+                key: self.key(k),
+                value: v.to_string(),
+                reason: if v <= 0 {
+                    "sizes must be positive".into()
+                } else {
+                    "too large".into()
+                },
+                allowed: format!("{lo}..={hi}"),
+            });
+        }
+        Ok(v as usize)
+    }
+
+    fn bad(&self, k: &str, value: &str, reason: &str, allowed: &str) -> UserError {
+        UserError::OutOfRange {
+            origin: self.origin.into(),
+            key: self.key(k),
+            value: value.into(),
+            reason: reason.into(),
+            allowed: allowed.into(),
+        }
+    }
+}
+
+/// Expands the grids of `file` (with `flags` laid over every grid) into validated cases.
+/// A file without `[[grid]]` tables is one grid made of its defaults.
+pub fn expand(
+    file: &WorkloadFile,
+    flags: &GridSpec,
+    origin: &str,
+) -> Result<Vec<Case>, UserError> {
+    let grids: Vec<GridSpec> = if file.grid.is_empty() {
+        vec![GridSpec::default()]
+    } else {
+        file.grid.clone()
+    };
+    let mut cases = Vec::new();
+    for (gi, g) in grids.iter().enumerate() {
+        let spec = file.defaults.overlay(g).overlay(flags);
+        let ctx = Ctx { origin, grid: gi };
+        expand_grid(&spec, &ctx, &mut cases)?;
+    }
+    Ok(cases)
+}
+
+fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), UserError> {
+    let model = match spec.model.as_deref().unwrap_or("gpt") {
+        "gpt" => ModelKind::Gpt,
+        other => return Err(ctx.bad("model", other, "unknown model", "gpt")),
+    };
+    let preset_name = spec.preset.clone().unwrap_or_else(|| "tiny".into());
+    let preset = Config::preset(&preset_name).ok_or_else(|| {
+        ctx.bad(
+            "preset",
+            &preset_name,
+            "unknown preset",
+            &gpt::PRESETS.join(", "),
+        )
+    })?;
+    let dtype = spec.dtype.clone().unwrap_or_else(|| "f32".into());
+    if dtype != "f32" {
+        return Err(ctx.bad("dtype", &dtype, "unsupported element type", "f32"));
+    }
+    let device = spec.device.clone().unwrap_or_else(|| "cpu".into());
+    if device != "cpu" {
+        return Err(ctx.bad(
+            "device",
+            &device,
+            "this build has only the CPU backend",
+            "cpu",
+        ));
+    }
+    let phases: Vec<Phase> = match &spec.phases {
+        None => Phase::ALL.to_vec(),
+        Some(list) => {
+            let mut ps = Vec::new();
+            for p in list {
+                let ph = Phase::parse(p).ok_or_else(|| {
+                    ctx.bad("phases", p, "unknown phase", &Phase::names())
+                })?;
+                if !ps.contains(&ph) {
+                    ps.push(ph);
+                }
+            }
+            if ps.is_empty() {
+                return Err(ctx.bad("phases", "[]", "no phase given", &Phase::names()));
+            }
+            ps.sort();
+            ps
+        }
+    };
+    let mut optimizers = Vec::new();
+    for o in spec.optimizer.as_ref().map_or(vec!["adamw".into()], |o| o.to_vec()) {
+        optimizers.push(
+            OptimizerKind::parse(&o)
+                .ok_or_else(|| ctx.bad("optimizer", &o, "unknown optimizer", "sgd, adamw"))?,
+        );
+    }
+
+    let list = |k: &str, v: &Option<OneOrMany<i64>>, default: Option<usize>, lo: i64, hi: i64| -> Result<Vec<Option<usize>>, UserError> {
+        match v {
+            None => Ok(vec![default]),
+            Some(v) => {
+                let v = v.to_vec();
+                if v.is_empty() {
+                    return Err(ctx.bad(k, "[]", "empty list", &format!("{lo}..={hi}")));
+                }
+                v.into_iter().map(|x| ctx.range(k, x, lo, hi).map(Some)).collect()
+            }
+        }
+    };
+    let batches = list("batch", &spec.batch, Some(1), 1, MAX_BATCH)?;
+    let seqs = list("seq", &spec.seq, None, 1, MAX_SEQ)?;
+    let max_seqs = list("max_seq", &spec.max_seq, None, 1, MAX_SEQ)?;
+    let hiddens = list("hidden", &spec.hidden, None, 1, MAX_HIDDEN)?;
+    let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
+    let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
+    let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+
+    for &b in &batches {
+        for &s in &seqs {
+            for &ms in &max_seqs {
+                for &h in &hiddens {
+                    for &a in &heads {
+                        for &l in &layers {
+                            for &v in &vocabs {
+                                for &opt in &optimizers {
+                                    let custom = [ms, h, a, l, v].iter().any(Option::is_some)
+                                        || (s.is_some() && spec.preset.is_none());
+                                    let mut cfg = preset.clone();
+                                    if let Some(h) = h {
+                                        cfg.hidden = h;
+                                    }
+                                    if let Some(a) = a {
+                                        cfg.heads = a;
+                                    }
+                                    if let Some(l) = l {
+                                        cfg.layers = l;
+                                    }
+                                    if let Some(v) = v {
+                                        cfg.vocab = v;
+                                    }
+                                    let seq = s.unwrap_or(cfg.max_seq.min(64));
+                                    cfg.max_seq = if let Some(ms) = ms {
+                                        ms
+                                    } else if custom && spec.preset.is_none() {
+                                        // A custom shape gets a position table as long as its sequence.
+                                        seq
+                                    } else {
+                                        cfg.max_seq
+                                    };
+                                    if cfg.hidden % cfg.heads != 0 {
+                                        return Err(ctx.bad(
+                                            "heads",
+                                            &cfg.heads.to_string(),
+                                            &format!("hidden = {} is not divisible by heads", cfg.hidden),
+                                            "a divisor of hidden",
+                                        ));
+                                    }
+                                    if seq > cfg.max_seq {
+                                        return Err(ctx.bad(
+                                            "seq",
+                                            &seq.to_string(),
+                                            "longer than the position table",
+                                            &format!("1..={} (max_seq)", cfg.max_seq),
+                                        ));
+                                    }
+                                    let batch = b.expect("batch has a default");
+                                    check_bytes(&cfg, batch, seq, ctx)?;
+                                    cases.push(Case {
+                                        index: cases.len(),
+                                        model,
+                                        preset: if custom { "custom".into() } else { preset_name.clone() },
+                                        cfg,
+                                        batch,
+                                        seq,
+                                        dtype: dtype.clone(),
+                                        device: device.clone(),
+                                        optimizer: opt,
+                                        phases: phases.clone(),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rejects cases whose largest tensor (or the whole parameter set) cannot be addressed.
+fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), UserError> {
+    let (b, s, h, a, v) = (
+        batch as u128,
+        seq as u128,
+        cfg.hidden as u128,
+        cfg.heads as u128,
+        cfg.vocab as u128,
+    );
+    let l = cfg.layers as u128;
+    let ms = cfg.max_seq as u128;
+    let params = 2 * v * h + ms * h + l * (12 * h * h + 13 * h) + 2 * h;
+    let checks: [(&str, &str, u128); 4] = [
+        ("seq", "attention scores batch × heads × seq² × 4 B", 4 * b * a * s * s),
+        ("vocab", "logits batch × seq × vocab × 4 B", 4 * b * s * v),
+        ("batch", "MLP activations batch × seq × 4·hidden × 4 B", 16 * b * s * h),
+        ("hidden", "parameters × 4 B", 4 * params),
+    ];
+    for (key, what, bytes) in checks {
+        if bytes > MAX_TENSOR_BYTES {
+            return Err(ctx.bad(
+                key,
+                &format!("{bytes} B"),
+                &format!("the byte count of {what} overflows"),
+                &format!("configs whose tensors stay ≤ {MAX_TENSOR_BYTES} B"),
+            ));
+        }
+    }
+    Ok(())
+}
