@@ -1,0 +1,717 @@
+//! HDF5 export: the rows of a run in column layout, with units, for foreign readers.
+//!
+//! Layout (see `docs/schema.md`):
+//!
+//! - `/` carries the [`RunMeta`] fields as attributes (strings as variable-length UTF-8,
+//!   `cores` and `threads` as `u64`) plus `schema_version` = [`SCHEMA_VERSION`].
+//! - `/rows` holds one 1-D dataset per [`Row`] field, named like the field, all of the same
+//!   length (the number of rows). Each dataset has the string attributes `units` and
+//!   `description`.
+//! - Plain `u64` fields are `u64` datasets. `Option<u64>` fields are `i64` datasets with
+//!   missing = `-1`; `Option<i64>` fields (which may legitimately be `-1`) are `i64` datasets
+//!   with missing = `i64::MIN`; both carry an `i64` attribute `missing_value`. `Option<f64>`
+//!   fields are `f64` datasets with missing = NaN (`missing_value` = the string `"NaN"`).
+//!   Strings, `status` included, are variable-length UTF-8; `Option<String>` uses missing = `""`
+//!   (`missing_value` = `""`).
+//!
+//! A value that would be read back as a different one (a `u64` above `i64::MAX` in an
+//! `Option<u64>` field, `Some(i64::MIN)`, `Some(NaN)`, `Some("")`, a string containing NUL) is
+//! refused by [`write()`] instead of being silently changed.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use ::hdf5::types::{TypeDescriptor, VarLenUnicode};
+use ::hdf5::{Attribute, Dataset, File, Group, H5Type, Location};
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use serde::de::{self, value::StrDeserializer};
+
+use crate::record::{Row, RunMeta, Status};
+
+/// Version of the layout described in this module; stored as the root attribute
+/// `schema_version`.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// Name of the group holding the row datasets.
+pub const ROWS_GROUP: &str = "rows";
+
+/// Missing marker of `Option<u64>` columns (stored as `i64`).
+pub const MISSING_U64: i64 = -1;
+
+/// Missing marker of `Option<i64>` columns. `-1` cannot be used there: those fields (byte
+/// differences) may be negative.
+pub const MISSING_I64: i64 = i64::MIN;
+
+/// The unit of a [`Row`] field, derived from its name; `""` for strings and dimensionless
+/// fields.
+///
+/// `_bytes` → `bytes`, `_s` → `s`, `_count` → `count`, `params` → `parameters`, `batch` →
+/// `sequences`, `seq`/`max_seq`/`vocab` → `tokens`, `hidden` → `features`, `heads` → `heads`,
+/// `layers` → `layers`, `threads` → `threads`, `case` → `index`.
+pub fn units_of(field: &str) -> &'static str {
+    match field {
+        f if f.ends_with("_bytes") => "bytes",
+        f if f.ends_with("_count") => "count",
+        f if f.ends_with("_s") => "s",
+        "params" => "parameters",
+        "batch" => "sequences",
+        "seq" | "max_seq" | "vocab" => "tokens",
+        "hidden" => "features",
+        "heads" => "heads",
+        "layers" => "layers",
+        "threads" => "threads",
+        "case" => "index",
+        _ => "",
+    }
+}
+
+/// A one-sentence description of a [`Row`] field, stored as the dataset's `description`.
+///
+/// Returns `None` for a name that is not a field of `Row`.
+pub fn description_of(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "run_id" => "Identifier of the memfit run that produced the row (UTC start time).",
+        "case" => "Index of the case in the expanded workload (0-based).",
+        "model" => "Model family.",
+        "preset" => "Preset name the case started from, or custom.",
+        "batch" => "Sequences per batch.",
+        "seq" => "Tokens per sequence.",
+        "max_seq" => "Length of the position-embedding table (at least seq).",
+        "hidden" => "Width of the hidden state.",
+        "heads" => "Attention heads per layer.",
+        "layers" => "Number of transformer blocks.",
+        "vocab" => "Vocabulary size.",
+        "dtype" => "Element type of weights and activations.",
+        "device" => "Device the case ran on: cpu or cuda:N.",
+        "optimizer" => "Optimizer: sgd or adamw.",
+        "phase" => "Measured phase: init, forward, backward, optimizer, train-step or inference.",
+        "status" => "Outcome of the phase: ok, oom, error or timeout.",
+        "error" => "Error message when status is not ok.",
+        "params" => "Exact parameter count of the model.",
+        "peak_bytes" => {
+            "Peak device bytes in the phase's window above the bytes allocated when it began."
+        }
+        "retained_bytes" => {
+            "Device bytes still allocated when the window closed minus those at its start."
+        }
+        "alloc_count" => "Number of allocations made inside the window (CPU allocator only).",
+        "predicted_peak_bytes" => "The formula module's prediction of peak_bytes.",
+        "predicted_retained_bytes" => "The formula module's prediction of retained_bytes.",
+        "cpu_user_s" => "User CPU seconds of the whole process in the window (all threads).",
+        "cpu_sys_s" => "System CPU seconds of the whole process in the window.",
+        "wall_s" => "Wall-clock seconds of the window.",
+        "rss_peak_bytes" => "Host resident-set high-water mark during the window, whole process.",
+        "threads" => "Worker threads of the CPU backend for this run.",
+        _ => return None,
+    })
+}
+
+/// Writes `meta` and `rows` to the HDF5 file `path`, replacing any file there.
+///
+/// The file is built under a temporary name in the same directory, closed, synced and then
+/// renamed into place, so an interrupted write never leaves a partial file under `path`.
+pub fn write(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
+    let tmp = temp_path(path)?;
+    let result = write_file(&tmp, meta, rows).and_then(|()| {
+        fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("syncing temporary file {}", tmp.display()))?;
+        fs::rename(&tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        sync_parent_dir(path);
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing HDF5 file {}", path.display()))
+}
+
+/// Reads the run metadata and the rows back from an HDF5 file written by [`write()`].
+///
+/// Missing markers become `None` again. Errors name the file and, where one is involved, the
+/// dataset or attribute.
+pub fn read(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
+    read_file(path).with_context(|| format!("reading HDF5 file {}", path.display()))
+}
+
+/// A name for a temporary sibling of `path`: `.<name>.<pid>.<nanos>.tmp` in the same directory.
+fn temp_path(path: &Path) -> anyhow::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} does not name a file", path.display()))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp_name = format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        nanos
+    );
+    Ok(path.with_file_name(tmp_name))
+}
+
+/// Syncs the directory holding `path`, so that a newly created or renamed entry survives a
+/// crash. Best effort: platforms that cannot open a directory for syncing are left alone.
+fn sync_parent_dir(path: &Path) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Options for opening or creating a file without HDF5's `flock` file locking.
+///
+/// The HDF5 C library opens files without `O_CLOEXEC`, so a child process spawned by any thread
+/// while a file is open inherits the descriptor and, with it, the lock, for as long as the child
+/// lives. A later open of the same file in this process then fails with `EWOULDBLOCK`. memfit
+/// needs no locks: [`write()`] builds a private temporary file and renames it into place, and
+/// [`read()`] only ever sees complete files.
+fn unlocked() -> ::hdf5::FileBuilder {
+    let mut builder = File::with_options();
+    builder.with_fapl(|fapl| fapl.file_locking(false));
+    builder
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
+    let file = unlocked()
+        .create(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    {
+        write_meta(&file, meta)?;
+        let group = file
+            .create_group(ROWS_GROUP)
+            .with_context(|| format!("creating group /{ROWS_GROUP}"))?;
+        let w = ColumnWriter { group: &group };
+
+        w.string("run_id", rows, |r| Some(&r.run_id))?;
+        w.plain_u64("case", rows, |r| r.case)?;
+        w.string("model", rows, |r| Some(&r.model))?;
+        w.string("preset", rows, |r| Some(&r.preset))?;
+        w.plain_u64("batch", rows, |r| r.batch)?;
+        w.plain_u64("seq", rows, |r| r.seq)?;
+        w.plain_u64("max_seq", rows, |r| r.max_seq)?;
+        w.plain_u64("hidden", rows, |r| r.hidden)?;
+        w.plain_u64("heads", rows, |r| r.heads)?;
+        w.plain_u64("layers", rows, |r| r.layers)?;
+        w.plain_u64("vocab", rows, |r| r.vocab)?;
+        w.string("dtype", rows, |r| Some(&r.dtype))?;
+        w.string("device", rows, |r| Some(&r.device))?;
+        w.string("optimizer", rows, |r| Some(&r.optimizer))?;
+        w.string("phase", rows, |r| Some(&r.phase))?;
+        w.string("status", rows, |r| Some(r.status.as_str()))?;
+        w.opt_string("error", rows, |r| r.error.as_deref())?;
+        w.plain_u64("params", rows, |r| r.params)?;
+        w.opt_u64("peak_bytes", rows, |r| r.peak_bytes)?;
+        w.opt_i64("retained_bytes", rows, |r| r.retained_bytes)?;
+        w.opt_u64("alloc_count", rows, |r| r.alloc_count)?;
+        w.opt_u64("predicted_peak_bytes", rows, |r| r.predicted_peak_bytes)?;
+        w.opt_i64("predicted_retained_bytes", rows, |r| {
+            r.predicted_retained_bytes
+        })?;
+        w.opt_f64("cpu_user_s", rows, |r| r.cpu_user_s)?;
+        w.opt_f64("cpu_sys_s", rows, |r| r.cpu_sys_s)?;
+        w.opt_f64("wall_s", rows, |r| r.wall_s)?;
+        w.opt_u64("rss_peak_bytes", rows, |r| r.rss_peak_bytes)?;
+        w.plain_u64("threads", rows, |r| r.threads)?;
+    }
+    file.flush().context("flushing")?;
+    file.close().context("closing")?;
+    Ok(())
+}
+
+fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
+    let RunMeta {
+        run_id,
+        memfit_version,
+        git_commit,
+        candle_version,
+        cpu_model,
+        cores,
+        os,
+        device_name,
+        threads,
+        workload,
+    } = meta;
+    str_attr(root, "run_id", run_id)?;
+    str_attr(root, "memfit_version", memfit_version)?;
+    str_attr(root, "git_commit", git_commit)?;
+    str_attr(root, "candle_version", candle_version)?;
+    str_attr(root, "cpu_model", cpu_model)?;
+    scalar_attr(root, "cores", cores)?;
+    str_attr(root, "os", os)?;
+    str_attr(root, "device_name", device_name)?;
+    scalar_attr(root, "threads", threads)?;
+    str_attr(root, "workload", workload)?;
+    scalar_attr(root, "schema_version", &SCHEMA_VERSION)?;
+    Ok(())
+}
+
+/// Creates a scalar attribute `name` holding `value` on `loc`.
+fn scalar_attr<T: H5Type>(loc: &Location, name: &str, value: &T) -> anyhow::Result<()> {
+    loc.new_attr::<T>()
+        .shape(())
+        .create(name)
+        .and_then(|a| a.write_scalar(value))
+        .with_context(|| format!("writing attribute {name} on {}", loc.name()))
+}
+
+/// Creates a scalar variable-length UTF-8 attribute `name` holding `value` on `loc`.
+fn str_attr(loc: &Location, name: &str, value: &str) -> anyhow::Result<()> {
+    let v = VarLenUnicode::from_str(value).map_err(|e| {
+        anyhow::anyhow!(
+            "attribute {name} on {}: {value:?} cannot be stored: {e}",
+            loc.name()
+        )
+    })?;
+    scalar_attr(loc, name, &v)
+}
+
+/// Writes the columns of `/rows`, one dataset per field.
+struct ColumnWriter<'a> {
+    group: &'a Group,
+}
+
+impl ColumnWriter<'_> {
+    /// Creates the 1-D dataset `name` from `values`, with `units` and `description`.
+    fn dataset<T: H5Type>(&self, name: &str, values: &[T]) -> anyhow::Result<Dataset> {
+        let description =
+            description_of(name).with_context(|| format!("{name} is not a field of Row"))?;
+        let ds = self
+            .group
+            .new_dataset::<T>()
+            .shape(values.len())
+            .create(name)
+            .with_context(|| format!("creating dataset /{ROWS_GROUP}/{name}"))?;
+        if !values.is_empty() {
+            ds.write_raw(values)
+                .with_context(|| format!("writing dataset /{ROWS_GROUP}/{name}"))?;
+        }
+        str_attr(&ds, "units", units_of(name))?;
+        str_attr(&ds, "description", description)?;
+        Ok(ds)
+    }
+
+    fn plain_u64(&self, name: &str, rows: &[Row], get: impl Fn(&Row) -> u64) -> anyhow::Result<()> {
+        let values: Vec<u64> = rows.iter().map(get).collect();
+        self.dataset(name, &values)?;
+        Ok(())
+    }
+
+    fn opt_u64(
+        &self,
+        name: &str,
+        rows: &[Row],
+        get: impl Fn(&Row) -> Option<u64>,
+    ) -> anyhow::Result<()> {
+        let values = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match get(r) {
+                None => Ok(MISSING_U64),
+                Some(v) => i64::try_from(v).map_err(|_| {
+                    anyhow::anyhow!(
+                        "dataset /{ROWS_GROUP}/{name}, row {i} (case {}, phase {}): \
+                         {v} exceeds i64::MAX and cannot be stored",
+                        r.case,
+                        r.phase
+                    )
+                }),
+            })
+            .collect::<anyhow::Result<Vec<i64>>>()?;
+        let ds = self.dataset(name, &values)?;
+        scalar_attr(&ds, "missing_value", &MISSING_U64)
+    }
+
+    fn opt_i64(
+        &self,
+        name: &str,
+        rows: &[Row],
+        get: impl Fn(&Row) -> Option<i64>,
+    ) -> anyhow::Result<()> {
+        let values = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match get(r) {
+                None => Ok(MISSING_I64),
+                Some(MISSING_I64) => Err(anyhow::anyhow!(
+                    "dataset /{ROWS_GROUP}/{name}, row {i} (case {}, phase {}): \
+                     {MISSING_I64} is the missing marker and cannot be stored as a value",
+                    r.case,
+                    r.phase
+                )),
+                Some(v) => Ok(v),
+            })
+            .collect::<anyhow::Result<Vec<i64>>>()?;
+        let ds = self.dataset(name, &values)?;
+        scalar_attr(&ds, "missing_value", &MISSING_I64)
+    }
+
+    fn opt_f64(
+        &self,
+        name: &str,
+        rows: &[Row],
+        get: impl Fn(&Row) -> Option<f64>,
+    ) -> anyhow::Result<()> {
+        let values = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match get(r) {
+                None => Ok(f64::NAN),
+                Some(v) if v.is_nan() => Err(anyhow::anyhow!(
+                    "dataset /{ROWS_GROUP}/{name}, row {i} (case {}, phase {}): \
+                     NaN is the missing marker and cannot be stored as a value",
+                    r.case,
+                    r.phase
+                )),
+                Some(v) => Ok(v),
+            })
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        let ds = self.dataset(name, &values)?;
+        str_attr(&ds, "missing_value", "NaN")
+    }
+
+    fn string<'r>(
+        &self,
+        name: &str,
+        rows: &'r [Row],
+        get: impl Fn(&'r Row) -> Option<&'r str>,
+    ) -> anyhow::Result<()> {
+        let values = self.strings(name, rows, get)?;
+        self.dataset(name, &values)?;
+        Ok(())
+    }
+
+    fn opt_string<'r>(
+        &self,
+        name: &str,
+        rows: &'r [Row],
+        get: impl Fn(&'r Row) -> Option<&'r str>,
+    ) -> anyhow::Result<()> {
+        for (i, r) in rows.iter().enumerate() {
+            if get(r) == Some("") {
+                bail!(
+                    "dataset /{ROWS_GROUP}/{name}, row {i} (case {}, phase {}): an empty string \
+                     is the missing marker and cannot be stored as a value",
+                    r.case,
+                    r.phase
+                );
+            }
+        }
+        let values = self.strings(name, rows, get)?;
+        let ds = self.dataset(name, &values)?;
+        str_attr(&ds, "missing_value", "")
+    }
+
+    /// Converts a string column to HDF5 strings; `None` becomes `""`.
+    fn strings<'r>(
+        &self,
+        name: &str,
+        rows: &'r [Row],
+        get: impl Fn(&'r Row) -> Option<&'r str>,
+    ) -> anyhow::Result<Vec<VarLenUnicode>> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let s = get(r).unwrap_or("");
+                VarLenUnicode::from_str(s).map_err(|e| {
+                    anyhow::anyhow!(
+                        "dataset /{ROWS_GROUP}/{name}, row {i} (case {}, phase {}): \
+                         {s:?} cannot be stored: {e}",
+                        r.case,
+                        r.phase
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
+    let file = unlocked().open(path).context("opening")?;
+
+    let version: u64 = read_attr(&file, "schema_version")?;
+    if version != SCHEMA_VERSION {
+        bail!("attribute /schema_version is {version}, this memfit reads {SCHEMA_VERSION}");
+    }
+    let meta = RunMeta {
+        run_id: read_str_attr(&file, "run_id")?,
+        memfit_version: read_str_attr(&file, "memfit_version")?,
+        git_commit: read_str_attr(&file, "git_commit")?,
+        candle_version: read_str_attr(&file, "candle_version")?,
+        cpu_model: read_str_attr(&file, "cpu_model")?,
+        cores: read_attr(&file, "cores")?,
+        os: read_str_attr(&file, "os")?,
+        device_name: read_str_attr(&file, "device_name")?,
+        threads: read_attr(&file, "threads")?,
+        workload: read_str_attr(&file, "workload")?,
+    };
+
+    let group = file
+        .group(ROWS_GROUP)
+        .with_context(|| format!("opening group /{ROWS_GROUP}"))?;
+    for member in group
+        .member_names()
+        .with_context(|| format!("listing group /{ROWS_GROUP}"))?
+    {
+        if !crate::store::csv::columns().contains(&member.as_str()) {
+            bail!("/{ROWS_GROUP}/{member} is not a field of Row");
+        }
+    }
+    let mut r = ColumnReader {
+        group: &group,
+        len: None,
+    };
+
+    let run_id = r.string("run_id")?;
+    let case = r.plain_u64("case")?;
+    let model = r.string("model")?;
+    let preset = r.string("preset")?;
+    let batch = r.plain_u64("batch")?;
+    let seq = r.plain_u64("seq")?;
+    let max_seq = r.plain_u64("max_seq")?;
+    let hidden = r.plain_u64("hidden")?;
+    let heads = r.plain_u64("heads")?;
+    let layers = r.plain_u64("layers")?;
+    let vocab = r.plain_u64("vocab")?;
+    let dtype = r.string("dtype")?;
+    let device = r.string("device")?;
+    let optimizer = r.string("optimizer")?;
+    let phase = r.string("phase")?;
+    let status = r.status("status")?;
+    let error = r.opt_string("error")?;
+    let params = r.plain_u64("params")?;
+    let peak_bytes = r.opt_u64("peak_bytes")?;
+    let retained_bytes = r.opt_i64("retained_bytes")?;
+    let alloc_count = r.opt_u64("alloc_count")?;
+    let predicted_peak_bytes = r.opt_u64("predicted_peak_bytes")?;
+    let predicted_retained_bytes = r.opt_i64("predicted_retained_bytes")?;
+    let cpu_user_s = r.opt_f64("cpu_user_s")?;
+    let cpu_sys_s = r.opt_f64("cpu_sys_s")?;
+    let wall_s = r.opt_f64("wall_s")?;
+    let rss_peak_bytes = r.opt_u64("rss_peak_bytes")?;
+    let threads = r.plain_u64("threads")?;
+
+    let mut run_id = run_id.into_iter();
+    let mut model = model.into_iter();
+    let mut preset = preset.into_iter();
+    let mut dtype = dtype.into_iter();
+    let mut device = device.into_iter();
+    let mut optimizer = optimizer.into_iter();
+    let mut phase = phase.into_iter();
+    let mut error = error.into_iter();
+
+    let n = r.len.unwrap_or(0);
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        // Every column was checked to hold exactly `n` values, so the iterators cannot run dry.
+        let next = |it: &mut std::vec::IntoIter<String>| it.next().unwrap_or_default();
+        rows.push(Row {
+            run_id: next(&mut run_id),
+            case: case[i],
+            model: next(&mut model),
+            preset: next(&mut preset),
+            batch: batch[i],
+            seq: seq[i],
+            max_seq: max_seq[i],
+            hidden: hidden[i],
+            heads: heads[i],
+            layers: layers[i],
+            vocab: vocab[i],
+            dtype: next(&mut dtype),
+            device: next(&mut device),
+            optimizer: next(&mut optimizer),
+            phase: next(&mut phase),
+            status: status[i],
+            error: error.next().flatten(),
+            params: params[i],
+            peak_bytes: peak_bytes[i],
+            retained_bytes: retained_bytes[i],
+            alloc_count: alloc_count[i],
+            predicted_peak_bytes: predicted_peak_bytes[i],
+            predicted_retained_bytes: predicted_retained_bytes[i],
+            cpu_user_s: cpu_user_s[i],
+            cpu_sys_s: cpu_sys_s[i],
+            wall_s: wall_s[i],
+            rss_peak_bytes: rss_peak_bytes[i],
+            threads: threads[i],
+        });
+    }
+    Ok((meta, rows))
+}
+
+/// Opens the attribute `name` on `loc` and checks that it is a scalar of type `T`.
+fn open_attr<T: H5Type>(loc: &Location, name: &str) -> anyhow::Result<Attribute> {
+    let where_ = format!("attribute {name} on {}", loc.name());
+    let attr = loc
+        .attr(name)
+        .with_context(|| format!("opening {where_}"))?;
+    check_type::<T>(&attr, &where_)?;
+    if !attr.is_scalar() {
+        bail!("{where_} is not a scalar (shape {:?})", attr.shape());
+    }
+    Ok(attr)
+}
+
+fn read_attr<T: H5Type>(loc: &Location, name: &str) -> anyhow::Result<T> {
+    open_attr::<T>(loc, name)?
+        .read_scalar::<T>()
+        .with_context(|| format!("reading attribute {name} on {}", loc.name()))
+}
+
+fn read_str_attr(loc: &Location, name: &str) -> anyhow::Result<String> {
+    Ok(read_attr::<VarLenUnicode>(loc, name)?.as_str().to_owned())
+}
+
+/// Checks that the element type of `container` is exactly `T`'s.
+fn check_type<T: H5Type>(container: &::hdf5::Container, where_: &str) -> anyhow::Result<()> {
+    let found: TypeDescriptor = container
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .with_context(|| format!("reading the type of {where_}"))?;
+    let expected = T::type_descriptor();
+    if found != expected {
+        bail!("{where_} has type {found}, expected {expected}");
+    }
+    Ok(())
+}
+
+/// Reads the columns of `/rows`, checking that all have the same length.
+struct ColumnReader<'a> {
+    group: &'a Group,
+    /// Length of the first column read; every later one must match it.
+    len: Option<usize>,
+}
+
+impl ColumnReader<'_> {
+    /// Reads the 1-D dataset `name` as `T` values.
+    fn raw<T: H5Type>(&mut self, name: &str) -> anyhow::Result<Vec<T>> {
+        let where_ = format!("dataset /{ROWS_GROUP}/{name}");
+        let ds = self
+            .group
+            .dataset(name)
+            .with_context(|| format!("opening {where_}"))?;
+        check_type::<T>(&ds, &where_)?;
+        if ds.ndim() != 1 {
+            bail!("{where_} is not 1-D (shape {:?})", ds.shape());
+        }
+        let values: Vec<T> = if ds.size() == 0 {
+            Vec::new()
+        } else {
+            ds.read_raw::<T>()
+                .with_context(|| format!("reading {where_}"))?
+        };
+        match self.len {
+            None => self.len = Some(values.len()),
+            Some(n) if n != values.len() => {
+                bail!(
+                    "{where_} has {} values, earlier columns have {n}",
+                    values.len()
+                )
+            }
+            Some(_) => {}
+        }
+        Ok(values)
+    }
+
+    fn plain_u64(&mut self, name: &str) -> anyhow::Result<Vec<u64>> {
+        self.raw::<u64>(name)
+    }
+
+    fn opt_u64(&mut self, name: &str) -> anyhow::Result<Vec<Option<u64>>> {
+        self.raw::<i64>(name)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                MISSING_U64 => Ok(None),
+                v => u64::try_from(v).map(Some).map_err(|_| {
+                    anyhow::anyhow!("dataset /{ROWS_GROUP}/{name}, row {i}: negative value {v}")
+                }),
+            })
+            .collect()
+    }
+
+    fn opt_i64(&mut self, name: &str) -> anyhow::Result<Vec<Option<i64>>> {
+        Ok(self
+            .raw::<i64>(name)?
+            .into_iter()
+            .map(|v| (v != MISSING_I64).then_some(v))
+            .collect())
+    }
+
+    fn opt_f64(&mut self, name: &str) -> anyhow::Result<Vec<Option<f64>>> {
+        Ok(self
+            .raw::<f64>(name)?
+            .into_iter()
+            .map(|v| (!v.is_nan()).then_some(v))
+            .collect())
+    }
+
+    fn string(&mut self, name: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .raw::<VarLenUnicode>(name)?
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect())
+    }
+
+    fn opt_string(&mut self, name: &str) -> anyhow::Result<Vec<Option<String>>> {
+        Ok(self
+            .string(name)?
+            .into_iter()
+            .map(|s| (!s.is_empty()).then_some(s))
+            .collect())
+    }
+
+    fn status(&mut self, name: &str) -> anyhow::Result<Vec<Status>> {
+        self.string(name)?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Status::deserialize(StrDeserializer::<de::value::Error>::new(s)).map_err(|_| {
+                    anyhow::anyhow!("dataset /{ROWS_GROUP}/{name}, row {i}: unknown status {s:?}")
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_field_has_a_description() {
+        for field in crate::store::csv::columns() {
+            assert!(
+                description_of(field).is_some(),
+                "{field} lacks a description"
+            );
+        }
+    }
+
+    #[test]
+    fn units_follow_the_field_names() {
+        assert_eq!(units_of("peak_bytes"), "bytes");
+        assert_eq!(units_of("wall_s"), "s");
+        assert_eq!(units_of("alloc_count"), "count");
+        assert_eq!(units_of("params"), "parameters");
+        assert_eq!(units_of("batch"), "sequences");
+        assert_eq!(units_of("max_seq"), "tokens");
+        assert_eq!(units_of("case"), "index");
+        assert_eq!(units_of("status"), "");
+    }
+}
