@@ -21,7 +21,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a workload: every case × phase measured, predicted and stored.
-    #[command(after_help = "Examples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1")]
+    #[command(
+        after_help = "Examples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
+    )]
     Run(RunArgs),
 }
 

@@ -69,7 +69,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     write_meta(&out.join("meta.json"), &meta)?;
     let mut journal = store::jsonl::Journal::open(&journal_path)?;
-    let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(HostMeter::default()), Box::new(AllocMeter::default())];
+    let mut meters: Vec<Box<dyn Meter>> = vec![
+        Box::new(HostMeter::default()),
+        Box::new(AllocMeter::default()),
+    ];
     if !args.quiet {
         println!(
             "memfit {} · {} case(s) from {} · {} thread(s) · out {}",
@@ -134,7 +137,10 @@ fn pin_threads(threads: usize) -> anyhow::Result<()> {
     // SAFETY: called before memfit starts any thread of its own; nothing reads the
     // environment concurrently.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
-    match rayon::ThreadPoolBuilder::new().num_threads(threads).build_global() {
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+    {
         Ok(()) => Ok(()),
         // Already built (a second run in one process): it must have the same size.
         Err(_) if rayon::current_num_threads() == threads => Ok(()),
@@ -207,11 +213,15 @@ fn cpu_model() -> String {
 }
 
 fn os_name() -> String {
-    let pretty = std::fs::read_to_string("/etc/os-release").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("PRETTY_NAME="))
-            .map(|l| l.trim_start_matches("PRETTY_NAME=").trim_matches('"').to_string())
-    });
+    let pretty = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| {
+                l.trim_start_matches("PRETTY_NAME=")
+                    .trim_matches('"')
+                    .to_string()
+            })
+        });
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .ok();

@@ -264,8 +264,15 @@ impl Gpt {
 
     /// The causal mask `(S, S)`: 0 where a position may attend, −∞ above the diagonal.
     pub fn causal_mask(seq: usize, device: &Device) -> Result<Tensor> {
-        let mask: Vec<f32> = (0..seq)
-            .flat_map(|i| (0..seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0. }))
+        // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
+        let mask: Vec<f32> = (0..seq * seq)
+            .map(|k| {
+                if k % seq > k / seq {
+                    f32::NEG_INFINITY
+                } else {
+                    0.
+                }
+            })
             .collect();
         Tensor::from_vec(mask, (seq, seq), device)
     }

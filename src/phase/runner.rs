@@ -141,13 +141,17 @@ fn run_chain(
     results: &mut Vec<PhaseResult>,
 ) -> anyhow::Result<()> {
     let device = Device::Cpu;
-    let last = *case.phases.iter().max().context("the case asks for no phase")?;
+    let last = *case
+        .phases
+        .iter()
+        .max()
+        .context("the case asks for no phase")?;
     warm_up(case, &device).context("warm-up step")?;
 
     let metered = |phase: Phase,
-                       results: &mut Vec<PhaseResult>,
-                       meters: &mut [Box<dyn Meter>],
-                       f: &mut dyn FnMut() -> anyhow::Result<()>|
+                   results: &mut Vec<PhaseResult>,
+                   meters: &mut [Box<dyn Meter>],
+                   f: &mut dyn FnMut() -> anyhow::Result<()>|
      -> anyhow::Result<()> {
         if case.phases.contains(&phase) {
             let ((), reading) =
@@ -181,7 +185,12 @@ fn run_chain(
     }
 
     let mut opt = None;
-    if last >= Phase::Forward && case.phases.iter().any(|&p| p <= Phase::Optimizer && p > Phase::Init) {
+    if last >= Phase::Forward
+        && case
+            .phases
+            .iter()
+            .any(|&p| p <= Phase::Optimizer && p > Phase::Init)
+    {
         // forward
         let mut loss = None;
         metered(Phase::Forward, results, meters, &mut || {

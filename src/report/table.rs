@@ -12,8 +12,23 @@ pub fn error_pct(measured: u64, predicted: u64) -> Option<f64> {
 pub fn header() -> String {
     format!(
         "{:>4} {:<10} {:>4} {:>5} {:>5} {:>3} {:>3} {:>6} {:<5} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
-        "case", "preset", "B", "S", "H", "A", "L", "V", "opt", "phase", "status", "measured", "predicted",
-        "err %", "user s", "sys s", "wall s"
+        "case",
+        "preset",
+        "B",
+        "S",
+        "H",
+        "A",
+        "L",
+        "V",
+        "opt",
+        "phase",
+        "status",
+        "measured",
+        "predicted",
+        "err %",
+        "user s",
+        "sys s",
+        "wall s"
     )
 }
 
@@ -24,7 +39,9 @@ fn opt_f(v: Option<f64>, digits: usize) -> String {
 /// One line of the table.
 pub fn line(r: &Row) -> String {
     let measured = r.peak_bytes.map_or("-".into(), |b| human_bytes(b as f64));
-    let predicted = r.predicted_peak_bytes.map_or("-".into(), |b| human_bytes(b as f64));
+    let predicted = r
+        .predicted_peak_bytes
+        .map_or("-".into(), |b| human_bytes(b as f64));
     let err = match (r.peak_bytes, r.predicted_peak_bytes) {
         (Some(m), Some(p)) => opt_f(error_pct(m, p), 3),
         _ => "-".into(),
@@ -49,10 +66,8 @@ pub fn line(r: &Row) -> String {
         opt_f(r.cpu_sys_s, 3),
         opt_f(r.wall_s, 3),
     );
-    if r.status != Status::Ok {
-        if let Some(e) = &r.error {
-            s.push_str(&format!("\n     {e}"));
-        }
+    if let (true, Some(e)) = (r.status != Status::Ok, &r.error) {
+        s.push_str(&format!("\n     {e}"));
     }
     s
 }

@@ -180,11 +180,7 @@ impl Ctx<'_> {
 
 /// Expands the grids of `file` (with `flags` laid over every grid) into validated cases.
 /// A file without `[[grid]]` tables is one grid made of its defaults.
-pub fn expand(
-    file: &WorkloadFile,
-    flags: &GridSpec,
-    origin: &str,
-) -> Result<Vec<Case>, UserError> {
+pub fn expand(file: &WorkloadFile, flags: &GridSpec, origin: &str) -> Result<Vec<Case>, UserError> {
     let grids: Vec<GridSpec> = if file.grid.is_empty() {
         vec![GridSpec::default()]
     } else {
@@ -231,9 +227,8 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         Some(list) => {
             let mut ps = Vec::new();
             for p in list {
-                let ph = Phase::parse(p).ok_or_else(|| {
-                    ctx.bad("phases", p, "unknown phase", &Phase::names())
-                })?;
+                let ph = Phase::parse(p)
+                    .ok_or_else(|| ctx.bad("phases", p, "unknown phase", &Phase::names()))?;
                 if !ps.contains(&ph) {
                     ps.push(ph);
                 }
@@ -246,14 +241,23 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         }
     };
     let mut optimizers = Vec::new();
-    for o in spec.optimizer.as_ref().map_or(vec!["adamw".into()], |o| o.to_vec()) {
+    for o in spec
+        .optimizer
+        .as_ref()
+        .map_or(vec!["adamw".into()], |o| o.to_vec())
+    {
         optimizers.push(
             OptimizerKind::parse(&o)
                 .ok_or_else(|| ctx.bad("optimizer", &o, "unknown optimizer", "sgd, adamw"))?,
         );
     }
 
-    let list = |k: &str, v: &Option<OneOrMany<i64>>, default: Option<usize>, lo: i64, hi: i64| -> Result<Vec<Option<usize>>, UserError> {
+    let list = |k: &str,
+                v: &Option<OneOrMany<i64>>,
+                default: Option<usize>,
+                lo: i64,
+                hi: i64|
+     -> Result<Vec<Option<usize>>, UserError> {
         match v {
             None => Ok(vec![default]),
             Some(v) => {
@@ -261,7 +265,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 if v.is_empty() {
                     return Err(ctx.bad(k, "[]", "empty list", &format!("{lo}..={hi}")));
                 }
-                v.into_iter().map(|x| ctx.range(k, x, lo, hi).map(Some)).collect()
+                v.into_iter()
+                    .map(|x| ctx.range(k, x, lo, hi).map(Some))
+                    .collect()
             }
         }
     };
@@ -309,7 +315,10 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                         return Err(ctx.bad(
                                             "heads",
                                             &cfg.heads.to_string(),
-                                            &format!("hidden = {} is not divisible by heads", cfg.hidden),
+                                            &format!(
+                                                "hidden = {} is not divisible by heads",
+                                                cfg.hidden
+                                            ),
                                             "a divisor of hidden",
                                         ));
                                     }
@@ -326,7 +335,11 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     cases.push(Case {
                                         index: cases.len(),
                                         model,
-                                        preset: if custom { "custom".into() } else { preset_name.clone() },
+                                        preset: if custom {
+                                            "custom".into()
+                                        } else {
+                                            preset_name.clone()
+                                        },
                                         cfg,
                                         batch,
                                         seq,
@@ -359,9 +372,17 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
     let ms = cfg.max_seq as u128;
     let params = 2 * v * h + ms * h + l * (12 * h * h + 13 * h) + 2 * h;
     let checks: [(&str, &str, u128); 4] = [
-        ("seq", "attention scores batch × heads × seq² × 4 B", 4 * b * a * s * s),
+        (
+            "seq",
+            "attention scores batch × heads × seq² × 4 B",
+            4 * b * a * s * s,
+        ),
         ("vocab", "logits batch × seq × vocab × 4 B", 4 * b * s * v),
-        ("batch", "MLP activations batch × seq × 4·hidden × 4 B", 16 * b * s * h),
+        (
+            "batch",
+            "MLP activations batch × seq × 4·hidden × 4 B",
+            16 * b * s * h,
+        ),
         ("hidden", "parameters × 4 B", 4 * params),
     ];
     for (key, what, bytes) in checks {

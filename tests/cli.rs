@@ -1,0 +1,201 @@
+//! The command line: help, the default run, a flag-only case, the stores it writes, and one
+//! clear error per class of bad input (with nothing written).
+
+mod common;
+
+use common::{memfit, run_rows};
+use predicates::prelude::*;
+
+#[test]
+fn help_carries_examples() {
+    memfit()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Example"));
+    memfit()
+        .args(["run", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("memfit run --model gpt --batch 3"));
+}
+
+#[test]
+fn default_run_prints_the_table_and_writes_every_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    memfit()
+        .args(["run", "--threads", "1", "--out"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("predicted").and(predicate::str::contains("train-step")));
+    let rows = memfit::store::jsonl::read(&out.join("results.jsonl")).unwrap();
+    assert_eq!(rows.len(), 7 * 6, "7 default cases × 6 phases");
+    assert!(rows.iter().all(|r| r.status == memfit::record::Status::Ok));
+    assert!(rows.iter().all(|r| r.threads == 1));
+
+    // HDF5 and CSV are derived from the journal and read back identical.
+    let (meta, h5_rows) = memfit::store::hdf5::read(&out.join("results.h5")).unwrap();
+    assert_eq!(h5_rows, rows);
+    assert_eq!(meta.threads, 1);
+    assert_eq!(meta.candle_version, "0.11.1");
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), rows.len() + 1);
+    assert!(out.join("meta.json").exists());
+}
+
+#[test]
+fn hdf5_opens_in_h5dump() {
+    if which("h5dump").is_none() {
+        eprintln!("h5dump not on PATH: install hdf5-tools (scripts/setup.sh does)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    run_rows(
+        dir.path(),
+        &[
+            "--preset", "tiny", "--batch", "1", "--seq", "8", "--phases", "init",
+        ],
+    );
+    std::process::Command::new("h5dump")
+        .arg("-H")
+        .arg(dir.path().join("out/results.h5"))
+        .output()
+        .map(|o| {
+            assert!(o.status.success());
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                text.contains("peak_bytes") && text.contains("units"),
+                "{text}"
+            );
+        })
+        .unwrap();
+}
+
+fn which(cmd: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(cmd))
+            .find(|f| f.is_file())
+    })
+}
+
+#[test]
+fn flag_only_case_with_grids() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run_rows(
+        dir.path(),
+        &[
+            "--model",
+            "gpt",
+            "--batch",
+            "1,2",
+            "--seq",
+            "10",
+            "--hidden",
+            "12",
+            "--heads",
+            "3",
+            "--layers",
+            "1",
+            "--vocab",
+            "20",
+            "--phases",
+            "init,inference",
+            "--optimizer",
+            "sgd",
+        ],
+    );
+    assert_eq!(rows.len(), 4);
+    assert_eq!(
+        rows.iter().map(|r| r.batch).collect::<Vec<_>>(),
+        [1, 1, 2, 2]
+    );
+    assert!(rows.iter().all(|r| r.preset == "custom" && r.max_seq == 10));
+}
+
+/// Runs `memfit run ARGS` expecting failure, an error containing every needle, and no output.
+fn rejects(args: &[&str], files: &[(&str, &str)], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let out = dir.path().join("out");
+    let assert = memfit()
+        .current_dir(dir.path())
+        .arg("run")
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .failure();
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).to_string();
+    for n in needles {
+        assert!(stderr.contains(n), "stderr lacks {n:?}: {stderr}");
+    }
+    assert!(!out.exists(), "bad input must write nothing");
+}
+
+#[test]
+fn unknown_key_names_file_and_key() {
+    rejects(
+        &["w.toml"],
+        &[("w.toml", "[[grid]]\nbatchsize = 2\n")],
+        &["w.toml", "batchsize"],
+    );
+}
+
+#[test]
+fn zero_and_negative_sizes() {
+    rejects(
+        &["w.toml"],
+        &[("w.toml", "[[grid]]\nbatch = 0\n")],
+        &["w.toml", "grid[0].batch", "1..="],
+    );
+    rejects(&["--seq", "-4"], &[], &["flags", "seq", "-4", "1..="]);
+    rejects(&["--threads", "0"], &[], &["threads", "1..=1024"]);
+}
+
+#[test]
+fn hidden_not_divisible_by_heads() {
+    rejects(
+        &["--hidden", "10", "--heads", "3"],
+        &[],
+        &["heads", "divisible"],
+    );
+}
+
+#[test]
+fn overflowing_byte_count() {
+    rejects(
+        &[
+            "--batch", "1048576", "--seq", "1048576", "--heads", "4", "--hidden", "8",
+        ],
+        &[],
+        &["overflows"],
+    );
+}
+
+#[test]
+fn missing_file_and_unknown_names() {
+    rejects(&["nope.toml"], &[], &["nope.toml", "cannot read"]);
+    rejects(&["--preset", "huge"], &[], &["preset", "huge", "tiny"]);
+    rejects(&["--phases", "fwd"], &[], &["phases", "fwd", "train-step"]);
+    rejects(&["--device", "cuda:0"], &[], &["device", "cpu"]);
+}
+
+#[test]
+fn existing_journal_is_not_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    run_rows(
+        dir.path(),
+        &["--phases", "init", "--batch", "1", "--seq", "8"],
+    );
+    memfit()
+        .args(["run", "--phases", "init", "--out"])
+        .arg(dir.path().join("out"))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("results.jsonl"));
+}

@@ -1,0 +1,106 @@
+//! Measured peaks against the formula module on small configs, odd ones included. Each config
+//! runs in its own `memfit` process, so the process-wide allocator counters see one case only.
+
+mod common;
+
+use common::{run_rows, within};
+
+/// 64 KiB: the documented metadata allowance.
+const META: u64 = 64 * 1024;
+
+fn check(args: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run_rows(dir.path(), args);
+    assert_eq!(rows.len(), 6, "one row per phase");
+    for r in &rows {
+        assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+        if ["init", "forward", "optimizer"].contains(&r.phase.as_str()) {
+            assert!(
+                within(r, 0.001, META),
+                "{args:?} {}: measured {:?} predicted {:?}",
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+    }
+    // Weights: parameters × 4 bytes exactly, plus metadata only.
+    let init = rows.iter().find(|r| r.phase == "init").unwrap();
+    let weights = 4 * init.params;
+    let retained = init.retained_bytes.unwrap() as u64;
+    assert!(retained >= weights && retained - weights < META, "{init:?}");
+}
+
+#[test]
+fn odd_heads_odd_seq() {
+    check(&[
+        "--batch", "2", "--seq", "77", "--hidden", "120", "--heads", "5", "--layers", "3",
+        "--vocab", "1000",
+    ]);
+}
+
+#[test]
+fn batch_one_three_heads() {
+    check(&[
+        "--batch", "1", "--seq", "33", "--hidden", "96", "--heads", "3", "--layers", "2",
+        "--vocab", "300",
+    ]);
+}
+
+#[test]
+fn single_head_sgd() {
+    check(&[
+        "--batch",
+        "3",
+        "--seq",
+        "50",
+        "--hidden",
+        "48",
+        "--heads",
+        "1",
+        "--layers",
+        "2",
+        "--vocab",
+        "97",
+        "--optimizer",
+        "sgd",
+    ]);
+}
+
+#[test]
+fn small_preset() {
+    check(&["--preset", "small", "--batch", "2", "--seq", "64"]);
+}
+
+/// Where the vocabulary dominates, the backward peak is the cross-entropy head's, derived
+/// exactly: 7 tensors of B·S·V floats (see `formula::gpt::Shape::backward_peak_bytes`).
+#[test]
+fn backward_head_point_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run_rows(
+        dir.path(),
+        &[
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--vocab",
+            "8192",
+            "--phases",
+            "forward,backward",
+        ],
+    );
+    let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();
+    assert!(within(bwd, 0.01, 0), "{bwd:?}");
+    assert_eq!(
+        bwd.peak_bytes,
+        Some(7 * 4 * 2 * 64 * 8192 + 4108),
+        "{bwd:?}"
+    );
+}
