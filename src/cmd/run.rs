@@ -52,15 +52,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     pin_threads(threads)?;
 
+    let cpu = cpu_model();
     let meta = RunMeta {
         run_id: run_id.clone(),
         memfit_version: env!("CARGO_PKG_VERSION").into(),
         git_commit: env!("MEMFIT_GIT_COMMIT").into(),
         candle_version: env!("MEMFIT_CANDLE_VERSION").into(),
-        cpu_model: cpu_model(),
+        device_name: format!("cpu: {cpu}"),
+        cpu_model: cpu,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         os: os_name(),
-        device_name: format!("cpu: {}", cpu_model()),
         threads: threads as u64,
         workload: origin.clone(),
     };

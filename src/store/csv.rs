@@ -3,14 +3,14 @@
 //! A missing figure (`None`) is an empty cell; `status` is its lowercase name (`ok`, `oom`,
 //! `error`, `timeout`). Numbers are written in Rust's shortest round-trip form.
 
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use anyhow::Context;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+use super::replace_atomically;
 use crate::record::Row;
 
 /// The names of [`Row`]'s fields in declaration order, which is the CSV column order.
@@ -81,53 +81,10 @@ pub fn to_bytes(rows: &[Row]) -> anyhow::Result<Vec<u8>> {
 /// into place, so `path` never holds a partly written file.
 pub fn write(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let bytes = to_bytes(rows)?;
-    let tmp = temp_path(path)?;
-    let result = (|| -> anyhow::Result<()> {
-        let mut file = File::create(&tmp)
-            .with_context(|| format!("creating temporary file {}", tmp.display()))?;
-        file.write_all(&bytes)
-            .and_then(|_| file.sync_all())
-            .with_context(|| format!("writing temporary file {}", tmp.display()))?;
-        drop(file);
-        fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        sync_parent_dir(path);
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing CSV file {}", path.display()))
-}
-
-/// A name for a temporary sibling of `path`: `.<name>.<pid>.<nanos>.tmp` in the same directory.
-fn temp_path(path: &Path) -> anyhow::Result<PathBuf> {
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} does not name a file", path.display()))?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let tmp_name = format!(
-        ".{}.{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id(),
-        nanos
-    );
-    Ok(path.with_file_name(tmp_name))
-}
-
-/// Syncs the directory holding `path`, so that a newly created or renamed entry survives a
-/// crash. Best effort: platforms that cannot open a directory for syncing are left alone.
-fn sync_parent_dir(path: &Path) {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
+    replace_atomically(path, |tmp| {
+        fs::write(tmp, &bytes).with_context(|| format!("writing temporary file {}", tmp.display()))
+    })
+    .with_context(|| format!("writing CSV file {}", path.display()))
 }
 
 #[cfg(test)]

@@ -18,8 +18,7 @@
 //! `Option<u64>` field, `Some(i64::MIN)`, `Some(NaN)`, `Some("")`, a string containing NUL) is
 //! refused by [`write()`] instead of being silently changed.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 
 use ::hdf5::types::{TypeDescriptor, VarLenUnicode};
@@ -28,6 +27,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use serde::de::{self, value::StrDeserializer};
 
+use super::replace_atomically;
 use crate::record::{Row, RunMeta, Status};
 
 /// Version of the layout described in this module; stored as the root attribute
@@ -113,20 +113,8 @@ pub fn description_of(field: &str) -> Option<&'static str> {
 /// The file is built under a temporary name in the same directory, closed, synced and then
 /// renamed into place, so an interrupted write never leaves a partial file under `path`.
 pub fn write(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
-    let tmp = temp_path(path)?;
-    let result = write_file(&tmp, meta, rows).and_then(|()| {
-        fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .with_context(|| format!("syncing temporary file {}", tmp.display()))?;
-        fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        sync_parent_dir(path);
-        Ok(())
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing HDF5 file {}", path.display()))
+    replace_atomically(path, |tmp| write_file(tmp, meta, rows))
+        .with_context(|| format!("writing HDF5 file {}", path.display()))
 }
 
 /// Reads the run metadata and the rows back from an HDF5 file written by [`write()`].
@@ -135,36 +123,6 @@ pub fn write(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
 /// dataset or attribute.
 pub fn read(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     read_file(path).with_context(|| format!("reading HDF5 file {}", path.display()))
-}
-
-/// A name for a temporary sibling of `path`: `.<name>.<pid>.<nanos>.tmp` in the same directory.
-fn temp_path(path: &Path) -> anyhow::Result<PathBuf> {
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} does not name a file", path.display()))?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let tmp_name = format!(
-        ".{}.{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id(),
-        nanos
-    );
-    Ok(path.with_file_name(tmp_name))
-}
-
-/// Syncs the directory holding `path`, so that a newly created or renamed entry survives a
-/// crash. Best effort: platforms that cannot open a directory for syncing are left alone.
-fn sync_parent_dir(path: &Path) {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
 }
 
 /// Options for opening or creating a file without HDF5's `flock` file locking.

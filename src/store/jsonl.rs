@@ -4,12 +4,13 @@
 //! flushes them and calls `sync_data`, so every row that was appended before a crash is on disk
 //! afterwards. CSV and HDF5 files are derived from the rows read back with [`read()`].
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use super::sync_parent_dir;
 use crate::record::Row;
 
 /// An open journal file, positioned for appending.
@@ -121,16 +122,4 @@ pub fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
         rows.push(row);
     }
     Ok(rows)
-}
-
-/// Syncs the directory holding `path`, so that a newly created or renamed entry survives a
-/// crash. Best effort: platforms that cannot open a directory for syncing are left alone.
-fn sync_parent_dir(path: &Path) {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
 }
