@@ -14,15 +14,19 @@ fn check(args: &[&str]) {
     assert_eq!(rows.len(), 6, "one row per phase");
     for r in &rows {
         assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
-        if ["init", "forward", "optimizer"].contains(&r.phase.as_str()) {
-            assert!(
-                within(r, 0.001, META),
-                "{args:?} {}: measured {:?} predicted {:?}",
-                r.phase,
-                r.peak_bytes,
-                r.predicted_peak_bytes
-            );
-        }
+        // init, forward, optimizer, inference: 0.1 % + the metadata allowance; backward and
+        // train-step (replayed op by op, metadata modelled per tensor): 1 %.
+        let (rel, abs) = match r.phase.as_str() {
+            "backward" | "train-step" => (0.01, 0),
+            _ => (0.001, META),
+        };
+        assert!(
+            within(r, rel, abs),
+            "{args:?} {}: measured {:?} predicted {:?}",
+            r.phase,
+            r.peak_bytes,
+            r.predicted_peak_bytes
+        );
     }
     // Weights: parameters × 4 bytes exactly, plus metadata only.
     let init = rows.iter().find(|r| r.phase == "init").unwrap();
@@ -67,13 +71,23 @@ fn single_head_sgd() {
     ]);
 }
 
+/// Deep and wide with a small vocabulary: the backward peak is inside the blocks (attention
+/// and GELU temporaries beside the accumulated gradients), not at the head.
+#[test]
+fn backward_peak_inside_the_blocks() {
+    check(&[
+        "--batch", "2", "--seq", "64", "--hidden", "256", "--heads", "4", "--layers", "4",
+        "--vocab", "128",
+    ]);
+}
+
 #[test]
 fn small_preset() {
     check(&["--preset", "small", "--batch", "2", "--seq", "64"]);
 }
 
 /// Where the vocabulary dominates, the backward peak is the cross-entropy head's, derived
-/// exactly: 7 tensors of B·S·V floats (see `formula::gpt::Shape::backward_peak_bytes`).
+/// exactly: 7 tensors of B·S·V floats (see `formula::gpt::Shape::backward_head_bytes`).
 #[test]
 fn backward_head_point_is_exact() {
     let dir = tempfile::tempdir().unwrap();

@@ -157,7 +157,7 @@ pub fn case_rows(case: &Case, meta: &RunMeta, meters: &mut [Box<dyn Meter>]) -> 
     run_case(case, meters)
         .into_iter()
         .map(|res| {
-            let pred = formula::predict(case, res.phase);
+            let pred = formula::predict(case, res.phase, meta.threads as usize);
             let (status, error, reading) = match res.outcome {
                 Ok(r) => (Status::Ok, None, r),
                 Err(e) => (Status::Error, Some(format!("{e:#}")), Reading::default()),

@@ -8,6 +8,7 @@ use crate::phase::{OptimizerKind, Phase};
 use crate::workload::Case;
 
 use super::Prediction;
+use super::gpt_replay::{Replay, replay};
 
 /// Bytes per f32 element.
 pub const E: u64 = 4;
@@ -59,25 +60,29 @@ impl Shape {
         E * self.params() + INIT_META_FIXED + INIT_META_PER_LAYER * self.l
     }
 
-    /// Tensors the training forward keeps alive for backward (the graph), in bytes.
+    /// Tensor data the training forward keeps alive for backward (the graph), in bytes.
     ///
     /// Per block, in floats: LayerNorm (`layer_norm_slow`) 5·BSH + 6·BS each; q/k/v matmul and
     /// bias 6·BSH; head split `contiguous()` copies 3·BSH and the head merge 1·BSH (both skipped
-    /// when A = 1, where the transposes are already contiguous); scores q·kᵀ, scale, mask add and
+    /// when A = 1 or S = 1, where the transposes are already contiguous); scores q·kᵀ, scale, mask add and
     /// the composed softmax (diff, exp, quotient) 6·A·B·S², its max and sum 2·A·B·S; attn×v,
     /// o-proj and bias, residual 4·BSH; fc1 + bias 8·BSH, GELU 4·BSH, fc2 + bias + residual 3·BSH.
     /// Total 39·BSH + 6·ABS² + 2·ABS + 12·BS (35·BSH when A = 1).
     /// Outside the blocks: embedding + position add 2·BSH, final LayerNorm 5·BSH + 6·BS, logits
-    /// and log-softmax 4·BSV + 4·BS, the S² causal mask; plus graph metadata.
-    pub fn activation_bytes(&self) -> u64 {
+    /// and log-softmax 4·BSV + 4·BS (max, its sum of exponentials and log, the gathered
+    /// log-probabilities), the S² causal mask, and 2 scalars (the sum and the loss).
+    pub fn activation_data_bytes(&self) -> u64 {
         let Shape {
             b, s, h, a, l, v, ..
         } = *self;
-        let copies = if a == 1 { 0 } else { 4 * b * s * h };
+        let copies = if a == 1 || s == 1 { 0 } else { 4 * b * s * h };
         let per_layer = 35 * b * s * h + copies + 6 * a * b * s * s + 2 * a * b * s + 12 * b * s;
-        E * (l * per_layer + 7 * b * s * h + s * s + 4 * b * s * v + 10 * b * s)
-            + GRAPH_META_FIXED
-            + GRAPH_META_PER_LAYER * l
+        E * (l * per_layer + 7 * b * s * h + s * s + 4 * b * s * v + 10 * b * s + 2)
+    }
+
+    /// The graph: [`Shape::activation_data_bytes`] plus graph metadata.
+    pub fn activation_bytes(&self) -> u64 {
+        self.activation_data_bytes() + GRAPH_META_FIXED + GRAPH_META_PER_LAYER * self.l
     }
 
     /// Gradients of all parameters after pruning the store: `e·P` plus metadata.
@@ -106,41 +111,31 @@ impl Shape {
         }
     }
 
-    /// Backward peak above the kept activations: the larger of two points.
-    ///
-    /// * Head (derived, exact to ≈ 2 KiB when it dominates): the cross-entropy and log-softmax
-    ///   backward hold 7 tensors of `B·S·V` at once (the gradient being processed, the
-    ///   accumulated gradients of both `broadcast_sub` operands, and `or_insert`'s zero tensors
-    ///   that `add` replaces): `7·e·BSV`.
-    /// * Tail (provisional least-squares fit over 12 medium configs, error up to ±46 %): near
-    ///   the embedding, all parameter gradients exist, plus candle's leftover gradients of the
-    ///   constant causal mask (`e·L·A·B·S²`) and per-op temporaries. Deriving this point op by
-    ///   op is open work.
-    pub fn backward_peak_bytes(&self) -> u64 {
-        let Shape {
-            b, s, h, a, l, v, ..
-        } = *self;
-        let head = 7 * E * b * s * v + BACKWARD_HEAD_META;
-        let tail = 0.822 * (E * self.params()) as f64
-            + 1.482 * (E * l * a * b * s * s) as f64
-            + 2.693 * (E * v * h) as f64
-            + 67.907 * (E * b * s * h) as f64
-            + 0.293 * (E * a * b * s * s) as f64;
-        head.max(tail.round() as u64)
+    /// The cross-entropy head's backward point, in closed form (the replay finds it too):
+    /// the log-softmax and `nll` backward hold 7 tensors of `B·S·V` at once (the gradient being
+    /// processed, the accumulated gradients of both `broadcast_sub` operands, and `or_insert`'s
+    /// zero tensors that `add` replaces). Where the vocabulary dominates this is the backward
+    /// peak.
+    pub fn backward_head_bytes(&self) -> u64 {
+        7 * E * self.b * self.s * self.v
     }
 
-    /// Inference (no graph) peak, provisional: the larger of the head (logits `BSV` beside the
-    /// final hidden states) and an attention block (scores and probabilities `ABS²` beside a
-    /// handful of `BSH` tensors).
-    pub fn inference_peak_bytes(&self) -> u64 {
-        let Shape { b, s, h, a, v, .. } = *self;
-        E * (b * s * v + 4 * b * s * h + 2 * b * s)
-            .max(13 * b * s * h + 4 * a * b * s * s + 2 * a * b * s)
+    /// Backward, inference and the graph from replaying candle on symbolic tensors
+    /// ([`super::gpt_replay`]), with [`META_PER_TENSOR`] bytes of bookkeeping per live tensor
+    /// and gemm's packing buffers for candle running on `threads` threads.
+    pub fn replay(&self, threads: usize) -> Replay {
+        replay(self, META_PER_TENSOR, Some(threads))
     }
 
-    pub fn predict(&self, phase: Phase, opt: OptimizerKind) -> Prediction {
-        let Shape { b, s, v, .. } = *self;
+    pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
+        let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference);
+        let r = needs_replay.then(|| self.replay(threads));
+        self.predict_with(phase, opt, r.as_ref())
+    }
+
+    fn predict_with(&self, phase: Phase, opt: OptimizerKind, r: Option<&Replay>) -> Prediction {
         let step = self.gradient_bytes() + self.optimizer_step_temp_bytes(opt);
+        let r = || r.expect("replayed");
         match phase {
             Phase::Init => Prediction {
                 peak_bytes: self.weights_bytes(),
@@ -151,8 +146,8 @@ impl Shape {
                 retained_bytes: self.activation_bytes() as i64,
             },
             Phase::Backward => Prediction {
-                peak_bytes: self.backward_peak_bytes(),
-                retained_bytes: self.gradient_bytes() as i64,
+                peak_bytes: r().backward_peak,
+                retained_bytes: r().backward_retained as i64,
             },
             Phase::Optimizer => Prediction {
                 // The state's own metadata is inside the step's fitted metadata constant.
@@ -162,18 +157,19 @@ impl Shape {
                 } + self.optimizer_step_temp_bytes(opt),
                 retained_bytes: self.optimizer_state_bytes(opt) as i64,
             },
+            // Forward and backward on top of each other, or later the gradients beside the
+            // optimizer's step temporaries (the graph is dropped before the step).
             Phase::TrainStep => Prediction {
-                peak_bytes: (self.activation_bytes() + self.backward_peak_bytes()).max(step),
+                peak_bytes: (r().forward_retained + r().backward_peak).max(step),
                 retained_bytes: 0,
             },
             Phase::Inference => Prediction {
-                peak_bytes: self.inference_peak_bytes(),
-                retained_bytes: (E * b * s * v) as i64,
+                peak_bytes: r().inference_peak,
+                retained_bytes: r().inference_retained as i64,
             },
         }
     }
 }
-
 // Metadata constants: fitted on the measured residuals (bytes the allocator sees beyond the
 // tensor data: `Arc`s, layouts, shapes, graph nodes, `VarMap` names and hash table). They are
 // small next to any real model and are documented, not derived.
@@ -185,7 +181,7 @@ pub const INIT_META_PER_LAYER: u64 = 4_800;
 /// Metadata per parameter tensor of a `Var` created by an optimizer.
 pub const INIT_META_PER_VAR: u64 = 272;
 /// Graph metadata outside the blocks (fit, residual ≤ 2.2 KiB over 40 configs).
-pub const GRAPH_META_FIXED: u64 = 8_890;
+pub const GRAPH_META_FIXED: u64 = 8_882;
 /// Graph metadata per block.
 pub const GRAPH_META_PER_LAYER: u64 = 22_270;
 /// Gradient-store metadata (measured 5,840 B at L = 1; +4,420 B per block).
@@ -196,5 +192,6 @@ pub const GRAD_META_PER_LAYER: u64 = 4_420;
 pub const OPT_META_FIXED: u64 = 6_112;
 /// AdamW step metadata per block.
 pub const OPT_META_PER_LAYER: u64 = 8_800;
-/// Metadata of the backward head point.
-pub const BACKWARD_HEAD_META: u64 = 4_108;
+/// Bookkeeping per live tensor in the replay (`Arc<Tensor_>`, shape and stride vectors, op
+/// node): fitted on the replay's residuals, which stay under 8 KiB over the tested configs.
+pub const META_PER_TENSOR: u64 = 240;

@@ -1,7 +1,10 @@
 //! Predicted bytes per phase. Every function here is a formula of the case's shape, derived from
 //! what the model and candle 0.11.1's CPU backend allocate; `gpt` holds the derivations.
 
+pub mod gemm;
 pub mod gpt;
+pub mod gpt_replay;
+pub mod symbolic;
 
 use crate::phase::Phase;
 use crate::workload::Case;
@@ -13,7 +16,7 @@ pub struct Prediction {
     pub retained_bytes: i64,
 }
 
-/// Prediction for `phase` of `case`.
-pub fn predict(case: &Case, phase: Phase) -> Prediction {
-    gpt::Shape::of(case).predict(phase, case.optimizer)
+/// Prediction for `phase` of `case` on the CPU backend running `threads` threads.
+pub fn predict(case: &Case, phase: Phase, threads: usize) -> Prediction {
+    gpt::Shape::of(case).predict(phase, case.optimizer, threads)
 }

@@ -1,0 +1,403 @@
+//! The GPT decoder of [`crate::model::gpt`] on [`Sym`] tensors: the backward and inference
+//! predictions.
+//!
+//! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
+//! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for
+//! statement, so that what is alive when matches candle: a temporary dies at the end of its
+//! statement, a shadowed binding at the end of its scope, an operand passed by value (`x + a`)
+//! when the operator returns. Keep it in step with `model/gpt.rs`; the exactness tests fail when
+//! the two drift apart.
+//!
+//! Why replay rather than a closed form: candle's backward peak is where the most gradients and
+//! backward temporaries overlap, and which point that is (the cross-entropy head, an attention
+//! block's softmax, a GELU, the embeddings) moves with the shape. Replaying candle's own
+//! algorithm on shapes gives that peak exactly; the closed forms in [`super::gpt`] give the
+//! terms (weights, activations, gradients) and agree with the replay where both exist.
+
+use std::rc::Rc;
+
+use super::gpt::Shape;
+use super::symbolic::{DType, Ledger, Sym, backward};
+
+/// candle-nn's `Linear` (weight `(out, in)`, optional bias).
+struct Linear {
+    weight: Sym,
+    bias: Option<Sym>,
+}
+
+impl Linear {
+    fn new(p: &Params, inp: usize, out: usize, bias: bool) -> Self {
+        Self {
+            weight: p.tensor(&[out, inp]),
+            bias: bias.then(|| p.tensor(&[out])),
+        }
+    }
+
+    fn forward(&self, x: &Sym) -> Sym {
+        let x = match *x.dims() {
+            [bsize, m, k] => {
+                if x.is_contiguous() {
+                    let w = self.weight.t();
+                    let n = w.dims()[1];
+                    x.reshape(&[bsize * m, k])
+                        .matmul(&w)
+                        .reshape(&[bsize, m, n])
+                } else {
+                    let w = self.weight.broadcast_left(&[bsize]).t();
+                    x.matmul(&w)
+                }
+            }
+            _ => {
+                let w = self.weight.t();
+                x.matmul(&w)
+            }
+        };
+        match &self.bias {
+            None => x,
+            Some(bias) => x.broadcast_add(bias),
+        }
+    }
+}
+
+/// `layer_norm_slow` with weight and bias, over the last dimension.
+struct LayerNorm {
+    weight: Sym,
+    bias: Sym,
+}
+
+impl LayerNorm {
+    fn new(p: &Params, h: usize) -> Self {
+        Self {
+            weight: p.tensor(&[h]),
+            bias: p.tensor(&[h]),
+        }
+    }
+
+    fn forward(&self, x: &Sym) -> Sym {
+        let last = x.dims().len() - 1;
+        let x = x.to_dtype(DType::F32);
+        let x = {
+            let mean_x = x.sum_keepdim(&[last]).affine(1.0);
+            x.broadcast_sub(&mean_x)
+        };
+        let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
+        let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
+        x_normed
+            .to_dtype(DType::F32)
+            .broadcast_mul(&self.weight)
+            .broadcast_add(&self.bias)
+    }
+}
+
+/// candle-nn `ops::softmax` (composed).
+fn softmax(xs: &Sym, dim: usize) -> Sym {
+    let max = xs.max_keepdim(dim);
+    let diff = xs.broadcast_sub(&max);
+    let num = diff.exp();
+    let den = num.sum_keepdim(&[dim]);
+    num.broadcast_div(&den)
+}
+
+/// candle-nn `ops::log_softmax`.
+fn log_softmax(xs: &Sym, d: usize) -> Sym {
+    let max = xs.max_keepdim(d);
+    let diff = xs.broadcast_sub(&max);
+    let sum_exp = diff.exp().sum_keepdim(&[d]);
+    diff.broadcast_sub(&sum_exp.log())
+}
+
+/// candle-nn `loss::cross_entropy` (log-softmax, then `nll`).
+fn cross_entropy(inp: &Sym, target: &Sym) -> Sym {
+    let inp = log_softmax(inp, 1);
+    inp.gather(&target.unsqueeze(1), 1).sum_all().affine(-1.0)
+}
+
+/// `a + b` where `b` is passed by value: `b` is dropped when the operator returns.
+fn add_owned(a: &Sym, b: Sym) -> Sym {
+    let r = a.add(&b);
+    drop(b);
+    r
+}
+
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+}
+
+impl Attention {
+    fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
+        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let d = h / self.heads;
+        let heads = self.heads;
+        let split = |t: Sym| -> Sym { t.reshape(&[b, s, heads, d]).transpose(1, 2).contiguous() };
+        let q = split(self.q.forward(x));
+        let k = split(self.k.forward(x));
+        let v = split(self.v.forward(x));
+        // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
+        let scores = {
+            let m = q.matmul(&k.t());
+            let r = m.affine(1.0);
+            drop(m);
+            r
+        };
+        drop((q, k));
+        let scores = scores.broadcast_add(mask);
+        let probs = softmax(&scores, 3);
+        drop(scores);
+        let y = probs.matmul(&v);
+        drop((probs, v));
+        let y = y.transpose(1, 2).reshape(&[b, s, h]);
+        self.o.forward(&y)
+    }
+}
+
+struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Sym) -> Sym {
+        let a = self.fc1.forward(x).gelu();
+        self.fc2.forward(&a)
+    }
+}
+
+struct Block {
+    ln1: LayerNorm,
+    attn: Attention,
+    ln2: LayerNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
+        let a = self.attn.forward(&self.ln1.forward(x), mask);
+        let x = add_owned(x, a);
+        let m = self.mlp.forward(&self.ln2.forward(&x));
+        add_owned(&x, m)
+    }
+}
+
+/// Creates the weights: variables (training) or plain tensors (detached inference).
+struct Params<'a> {
+    ledger: &'a Rc<Ledger>,
+    vars: bool,
+}
+
+impl Params<'_> {
+    fn tensor(&self, dims: &[usize]) -> Sym {
+        if self.vars {
+            Sym::var(self.ledger, dims)
+        } else {
+            Sym::new(self.ledger, dims, DType::F32)
+        }
+    }
+}
+
+/// The decoder's weights and forward.
+pub struct Gpt {
+    wte: Sym,
+    wpe: Sym,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    head: Linear,
+    hidden: usize,
+    vars: Vec<Sym>,
+}
+
+impl Gpt {
+    /// Weights on `ledger`, as variables when `vars`.
+    pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
+        let p = Params { ledger, vars };
+        let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
+        let wte = p.tensor(&[v, h]);
+        let wpe = p.tensor(&[s_max, h]);
+        let blocks: Vec<Block> = (0..shape.l)
+            .map(|_| Block {
+                ln1: LayerNorm::new(&p, h),
+                attn: Attention {
+                    q: Linear::new(&p, h, h, true),
+                    k: Linear::new(&p, h, h, true),
+                    v: Linear::new(&p, h, h, true),
+                    o: Linear::new(&p, h, h, true),
+                    heads: shape.a as usize,
+                },
+                ln2: LayerNorm::new(&p, h),
+                mlp: Mlp {
+                    fc1: Linear::new(&p, h, 4 * h, true),
+                    fc2: Linear::new(&p, 4 * h, h, true),
+                },
+            })
+            .collect();
+        let ln_f = LayerNorm::new(&p, h);
+        let head = Linear::new(&p, h, v, false);
+        let mut all = vec![wte.clone(), wpe.clone()];
+        for b in &blocks {
+            all.extend([b.ln1.weight.clone(), b.ln1.bias.clone()]);
+            for l in [
+                &b.attn.q, &b.attn.k, &b.attn.v, &b.attn.o, &b.mlp.fc1, &b.mlp.fc2,
+            ] {
+                all.push(l.weight.clone());
+                all.extend(l.bias.clone());
+            }
+            all.extend([b.ln2.weight.clone(), b.ln2.bias.clone()]);
+        }
+        all.extend([ln_f.weight.clone(), ln_f.bias.clone(), head.weight.clone()]);
+        Self {
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            head,
+            hidden: h,
+            vars: all,
+        }
+    }
+
+    /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`.
+    pub fn forward(&self, tokens: &Sym) -> Sym {
+        let s = tokens.dims()[1];
+        let mask = Sym::new(tokens.ledger(), &[s, s], DType::F32);
+        let pos = self.wpe.narrow(0, 0, s);
+        let mut x = {
+            // candle-nn `Embedding::forward`.
+            let mut final_dims = tokens.dims().to_vec();
+            final_dims.push(self.hidden);
+            let indexes = tokens.flatten_all();
+            let values = self.wte.index_select(&indexes, 0);
+            values.reshape(&final_dims)
+        }
+        .broadcast_add(&pos);
+        for block in &self.blocks {
+            x = block.forward(&x, &mask);
+        }
+        let x = self.ln_f.forward(&x);
+        self.head.forward(&x)
+    }
+
+    /// The model's `loss`: mean cross-entropy of the logits against `targets (B, S)`.
+    pub fn loss(logits: &Sym, targets: &Sym) -> Sym {
+        let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+        cross_entropy(&logits.reshape(&[b * s, v]), &targets.flatten_all())
+    }
+}
+
+/// Replayed peaks of one case, in bytes above each window's baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    /// Training forward: the graph kept for backward.
+    pub forward_retained: u64,
+    /// `loss.backward()` peak above the graph.
+    pub backward_peak: u64,
+    /// What backward leaves after pruning the store to the parameters' gradients.
+    pub backward_retained: u64,
+    /// No-graph forward to the logits: peak and what stays (the logits).
+    pub inference_peak: u64,
+    pub inference_retained: u64,
+}
+
+/// Replays the training forward and backward, and the inference forward, of `shape`.
+/// `meta_per_tensor` is the bookkeeping charged per live tensor.
+pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) -> Replay {
+    let (b, s) = (shape.b as usize, shape.s as usize);
+
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    let model = Gpt::new(&ledger, shape, true);
+    let tokens = Sym::new(&ledger, &[b, s], DType::U32);
+    let targets = Sym::new(&ledger, &[b, s], DType::U32);
+    let base = ledger.reset_peak();
+    let loss = Gpt::loss(&model.forward(&tokens), &targets);
+    let forward_retained = ledger.current() - base;
+    let base = ledger.reset_peak();
+    let mut all = backward(&loss);
+    let backward_peak = ledger.peak() - base;
+    let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
+    drop(all);
+    let backward_retained = ledger.current() - base;
+    drop(loss);
+    drop(kept);
+    drop(model);
+
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    let model = Gpt::new(&ledger, shape, false);
+    let tokens = Sym::new(&ledger, &[b, s], DType::U32);
+    let base = ledger.reset_peak();
+    let logits = model.forward(&tokens);
+    let inference_peak = ledger.peak() - base;
+    let inference_retained = ledger.current() - base;
+    drop(logits);
+
+    Replay {
+        forward_retained,
+        backward_peak,
+        backward_retained,
+        inference_peak,
+        inference_retained,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: u64, s: u64, h: u64, a: u64, l: u64, v: u64) -> Shape {
+        Shape {
+            b,
+            s,
+            h,
+            a,
+            l,
+            v,
+            s_max: s,
+        }
+    }
+
+    /// The replayed graph is the closed form's activation data, byte for byte, on shapes with
+    /// one head, odd heads, odd sequence lengths and a position table longer than the sequence.
+    #[test]
+    fn replayed_graph_equals_the_closed_form() {
+        let mut shapes = vec![
+            shape(2, 77, 120, 5, 3, 1000),
+            shape(1, 33, 96, 3, 2, 300),
+            shape(3, 50, 48, 1, 2, 97),
+            shape(1, 1, 8, 2, 1, 5),
+        ];
+        let mut long = shape(2, 10, 16, 2, 2, 30);
+        long.s_max = 64;
+        shapes.push(long);
+        for s in shapes {
+            let r = replay(&s, 0, None);
+            assert_eq!(r.forward_retained, s.activation_data_bytes(), "{s:?}");
+        }
+    }
+
+    /// Where the vocabulary dominates, the backward peak is the closed-form head point.
+    #[test]
+    fn head_point_matches_the_closed_form() {
+        let s = shape(2, 64, 64, 2, 1, 8192);
+        let r = replay(&s, 0, None);
+        assert_eq!(r.backward_peak, s.backward_head_bytes());
+    }
+
+    /// After pruning, backward leaves exactly the parameters' gradients (4 bytes each).
+    #[test]
+    fn backward_leaves_the_gradients() {
+        for s in [shape(2, 77, 120, 5, 3, 1000), shape(3, 50, 48, 1, 2, 97)] {
+            let r = replay(&s, 0, None);
+            assert_eq!(r.backward_retained, 4 * s.params(), "{s:?}");
+        }
+    }
+
+    /// Inference keeps only the logits.
+    #[test]
+    fn inference_keeps_the_logits() {
+        let s = shape(2, 40, 64, 4, 2, 500);
+        let r = replay(&s, 0, None);
+        assert_eq!(r.inference_retained, 4 * 2 * 40 * 500);
+        assert!(r.inference_peak > r.inference_retained);
+    }
+}

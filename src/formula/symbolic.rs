@@ -1,0 +1,1050 @@
+//! Symbolic tensors: candle 0.11.1's CPU memory behaviour, op by op, without the data.
+//!
+//! A [`Sym`] carries what decides memory in candle and nothing else: its shape and strides, the
+//! storage it shares with its views, the op that made it (which holds its inputs alive) and
+//! whether it is a variable. Each op allocates exactly what candle's CPU backend allocates for it
+//! (a fresh output of `elements × dtype size` bytes; views such as `reshape` of a contiguous
+//! tensor, `transpose`, `broadcast_as`, `narrow`, `squeeze` allocate nothing), and a storage is
+//! freed when its last holder is dropped, exactly as candle's `Arc`s do. A [`Ledger`] counts the
+//! live bytes and their high-water mark.
+//!
+//! [`backward`] is candle's `Tensor::backward` (candle-core 0.11.1 `src/backprop.rs`) transcribed
+//! statement by statement for the ops the models use, so Rust's drop order reproduces candle's:
+//! the topological order of `sorted_nodes`, `or_insert`'s zero tensors, the gradients of constant
+//! operands that are computed and never removed, and — the largest effect — backward
+//! temporaries that stay alive inside an accumulated gradient whenever they were computed from a
+//! tracked forward tensor (their op records them), until that gradient's node is processed.
+//!
+//! The counts are of tensor *data*. candle's per-tensor bookkeeping (the `Arc<Tensor_>`, shape
+//! and stride vectors, op nodes) is modelled as [`Ledger::meta_per_tensor`] bytes per live tensor
+//! (measured; see `formula::gpt`).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::rc::Rc;
+
+/// Live bytes and their high-water mark.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    current: Cell<u64>,
+    peak: Cell<u64>,
+    next_id: Cell<u64>,
+    /// Bookkeeping bytes charged per live tensor (0: count data only).
+    pub meta_per_tensor: u64,
+    /// `Some(threads)`: add `gemm`'s transient packing buffer to every matmul
+    /// ([`super::gemm::scratch_bytes`]) for candle running on `threads` threads.
+    pub gemm_threads: Option<usize>,
+}
+
+impl Ledger {
+    pub fn new(meta_per_tensor: u64, gemm_threads: Option<usize>) -> Rc<Self> {
+        Rc::new(Self {
+            meta_per_tensor,
+            gemm_threads,
+            ..Self::default()
+        })
+    }
+
+    fn alloc(&self, bytes: u64) {
+        let now = self.current.get() + bytes;
+        self.current.set(now);
+        if now > self.peak.get() {
+            self.peak.set(now);
+        }
+    }
+
+    fn free(&self, bytes: u64) {
+        self.current.set(self.current.get() - bytes);
+    }
+
+    /// Bytes live now.
+    pub fn current(&self) -> u64 {
+        self.current.get()
+    }
+
+    /// High-water mark since the last [`Ledger::reset_peak`].
+    pub fn peak(&self) -> u64 {
+        self.peak.get()
+    }
+
+    /// Sets the high-water mark to the current value and returns it (a window's baseline).
+    pub fn reset_peak(&self) -> u64 {
+        self.peak.set(self.current.get());
+        self.current.get()
+    }
+
+    fn id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+}
+
+/// Element types the models use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    U8,
+    U32,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> u64 {
+        match self {
+            DType::U8 => 1,
+            DType::U32 | DType::F32 => 4,
+        }
+    }
+
+    fn is_int(self) -> bool {
+        !matches!(self, DType::F32)
+    }
+}
+
+/// One allocation: freed when the last tensor sharing it is dropped.
+#[derive(Debug)]
+struct Storage {
+    bytes: u64,
+    ledger: Rc<Ledger>,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.ledger.free(self.bytes);
+    }
+}
+
+/// Shape and strides (candle's `Layout`, without the offset, which never matters for memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Layout {
+    dims: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+impl Layout {
+    fn contiguous(dims: &[usize]) -> Self {
+        let mut strides = vec![1; dims.len()];
+        for i in (0..dims.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * dims[i + 1];
+        }
+        Self {
+            dims: dims.to_vec(),
+            strides,
+        }
+    }
+
+    /// candle's `Shape::is_contiguous`: dimensions of size 1 may have any stride.
+    fn is_contiguous(&self) -> bool {
+        let mut acc = 1;
+        for (&stride, &dim) in self.strides.iter().zip(&self.dims).rev() {
+            if dim > 1 && stride != acc {
+                return false;
+            }
+            acc *= dim;
+        }
+        true
+    }
+
+    fn elems(&self) -> u64 {
+        self.dims.iter().map(|&d| d as u64).product()
+    }
+}
+
+/// The op that produced a tracked tensor; it keeps its inputs alive.
+#[derive(Debug)]
+pub enum Op {
+    Add(Sym, Sym),
+    Sub(Sym, Sym),
+    Mul(Sym, Sym),
+    Div(Sym, Sym),
+    Affine(Sym, f64),
+    Matmul(Sym, Sym),
+    Broadcast(Sym),
+    Reshape(Sym),
+    Transpose(Sym, usize, usize),
+    Copy(Sym),
+    Narrow(Sym, usize, usize, usize),
+    Sum(Sym, Vec<usize>),
+    Max(Sym, Vec<usize>),
+    Gather(Sym, Sym, usize),
+    IndexSelect(Sym, Sym, usize),
+    Cmp(Sym),
+    ToDType(Sym),
+    Exp(Sym),
+    Log(Sym),
+    Sqr(Sym),
+    Sqrt(Sym),
+    Tanh(Sym),
+    Gelu(Sym),
+    Powf(Sym, f64),
+}
+
+#[derive(Debug)]
+struct Inner {
+    id: u64,
+    layout: Layout,
+    dtype: DType,
+    storage: Rc<Storage>,
+    op: Option<Op>,
+    is_variable: bool,
+    ledger: Rc<Ledger>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.ledger.free(self.ledger.meta_per_tensor);
+    }
+}
+
+/// A symbolic tensor (cheap to clone, like candle's `Tensor`).
+#[derive(Debug, Clone)]
+pub struct Sym(Rc<Inner>);
+
+impl Sym {
+    fn make(
+        ledger: &Rc<Ledger>,
+        layout: Layout,
+        dtype: DType,
+        storage: Rc<Storage>,
+        op: Option<Op>,
+        is_variable: bool,
+    ) -> Sym {
+        ledger.alloc(ledger.meta_per_tensor);
+        Sym(Rc::new(Inner {
+            id: ledger.id(),
+            layout,
+            dtype,
+            storage,
+            op,
+            is_variable,
+            ledger: ledger.clone(),
+        }))
+    }
+
+    /// A fresh contiguous allocation (`from_storage`).
+    fn fresh(ledger: &Rc<Ledger>, dims: &[usize], dtype: DType, op: Option<Op>) -> Sym {
+        Sym::fresh_var(ledger, dims, dtype, op, false)
+    }
+
+    fn fresh_var(
+        ledger: &Rc<Ledger>,
+        dims: &[usize],
+        dtype: DType,
+        op: Option<Op>,
+        is_variable: bool,
+    ) -> Sym {
+        let layout = Layout::contiguous(dims);
+        let bytes = layout.elems() * dtype.size();
+        ledger.alloc(bytes);
+        let storage = Rc::new(Storage {
+            bytes,
+            ledger: ledger.clone(),
+        });
+        Sym::make(ledger, layout, dtype, storage, op, is_variable)
+    }
+
+    /// A new tensor without op (`Tensor::zeros`, `from_vec`, …).
+    pub fn new(ledger: &Rc<Ledger>, dims: &[usize], dtype: DType) -> Sym {
+        Sym::fresh(ledger, dims, dtype, None)
+    }
+
+    /// A variable (a `Var`'s tensor).
+    pub fn var(ledger: &Rc<Ledger>, dims: &[usize]) -> Sym {
+        Sym::fresh_var(ledger, dims, DType::F32, None, true)
+    }
+
+    fn view_with(&self, layout: Layout, op: Option<Op>, is_variable: bool) -> Sym {
+        Sym::make(
+            &self.0.ledger,
+            layout,
+            self.0.dtype,
+            self.0.storage.clone(),
+            op,
+            is_variable,
+        )
+    }
+
+    pub fn ledger(&self) -> &Rc<Ledger> {
+        &self.0.ledger
+    }
+
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.0.layout.dims
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    pub fn is_variable(&self) -> bool {
+        self.0.is_variable
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+
+    pub fn op(&self) -> Option<&Op> {
+        self.0.op.as_ref()
+    }
+
+    fn track_op(&self) -> bool {
+        self.0.is_variable || self.0.op.is_some()
+    }
+
+    fn op1(&self, f: impl FnOnce(Sym) -> Op) -> Option<Op> {
+        self.track_op().then(|| f(self.clone()))
+    }
+
+    fn op2(&self, rhs: &Sym, f: impl FnOnce(Sym, Sym) -> Op) -> Option<Op> {
+        (self.track_op() || rhs.track_op()).then(|| f(self.clone(), rhs.clone()))
+    }
+
+    fn out(&self, dims: &[usize], dtype: DType, op: Option<Op>) -> Sym {
+        Sym::fresh(self.ledger(), dims, dtype, op)
+    }
+
+    // ---- creation --------------------------------------------------------------------------
+
+    pub fn zeros_like(&self) -> Sym {
+        Sym::new(self.ledger(), self.dims(), self.0.dtype)
+    }
+
+    pub fn ones_like(&self) -> Sym {
+        self.zeros_like()
+    }
+
+    /// `detach`: a tensor without op sharing the storage (the same tensor if already detached).
+    pub fn detach(&self) -> Sym {
+        if self.0.op.is_none() && !self.0.is_variable {
+            self.clone()
+        } else {
+            self.view_with(self.0.layout.clone(), None, false)
+        }
+    }
+
+    // ---- element-wise ----------------------------------------------------------------------
+
+    fn binary(&self, rhs: &Sym, f: fn(Sym, Sym) -> Op) -> Sym {
+        assert_eq!(self.dims(), rhs.dims(), "binary op shapes");
+        let op = self.op2(rhs, f);
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
+    pub fn add(&self, rhs: &Sym) -> Sym {
+        self.binary(rhs, Op::Add)
+    }
+    pub fn sub(&self, rhs: &Sym) -> Sym {
+        self.binary(rhs, Op::Sub)
+    }
+    pub fn mul(&self, rhs: &Sym) -> Sym {
+        self.binary(rhs, Op::Mul)
+    }
+    pub fn div(&self, rhs: &Sym) -> Sym {
+        self.binary(rhs, Op::Div)
+    }
+
+    fn broadcast_binary(&self, rhs: &Sym, f: fn(&Sym, &Sym) -> Sym) -> Sym {
+        let shape = broadcast_shape(self.dims(), rhs.dims());
+        match (shape != self.dims(), shape != rhs.dims()) {
+            (true, true) => f(&self.broadcast_as(&shape), &rhs.broadcast_as(&shape)),
+            (false, true) => f(self, &rhs.broadcast_as(&shape)),
+            (true, false) => f(&self.broadcast_as(&shape), rhs),
+            (false, false) => f(self, rhs),
+        }
+    }
+
+    pub fn broadcast_add(&self, rhs: &Sym) -> Sym {
+        self.broadcast_binary(rhs, Sym::add)
+    }
+    pub fn broadcast_sub(&self, rhs: &Sym) -> Sym {
+        self.broadcast_binary(rhs, Sym::sub)
+    }
+    pub fn broadcast_mul(&self, rhs: &Sym) -> Sym {
+        self.broadcast_binary(rhs, Sym::mul)
+    }
+    pub fn broadcast_div(&self, rhs: &Sym) -> Sym {
+        self.broadcast_binary(rhs, Sym::div)
+    }
+
+    fn unary(&self, f: fn(Sym) -> Op) -> Sym {
+        let op = self.op1(f);
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
+    /// `x * mul + add` (also candle's `tensor * f64`, `f64 - tensor`, `tensor + f64`).
+    pub fn affine(&self, mul: f64) -> Sym {
+        let op = self.op1(|a| Op::Affine(a, mul));
+        self.out(self.dims(), self.0.dtype, op)
+    }
+    pub fn exp(&self) -> Sym {
+        self.unary(Op::Exp)
+    }
+    pub fn log(&self) -> Sym {
+        self.unary(Op::Log)
+    }
+    pub fn sqr(&self) -> Sym {
+        self.unary(Op::Sqr)
+    }
+    pub fn sqrt(&self) -> Sym {
+        self.unary(Op::Sqrt)
+    }
+    pub fn tanh(&self) -> Sym {
+        self.unary(Op::Tanh)
+    }
+    pub fn gelu(&self) -> Sym {
+        self.unary(Op::Gelu)
+    }
+    pub fn powf(&self, e: f64) -> Sym {
+        let op = self.op1(|a| Op::Powf(a, e));
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
+    /// `eq`: a `u8` mask.
+    pub fn eq(&self, rhs: &Sym) -> Sym {
+        assert_eq!(self.dims(), rhs.dims(), "cmp shapes");
+        let op = self.op1(Op::Cmp);
+        self.out(self.dims(), DType::U8, op)
+    }
+
+    /// `to_dtype`: the same tensor when the type does not change, else a converted copy.
+    pub fn to_dtype(&self, dtype: DType) -> Sym {
+        if dtype == self.0.dtype {
+            return self.clone();
+        }
+        let op = self.op1(Op::ToDType);
+        self.out(self.dims(), dtype, op)
+    }
+
+    // ---- matmul and reductions -------------------------------------------------------------
+
+    pub fn matmul(&self, rhs: &Sym) -> Sym {
+        let (a, b) = (self.dims(), rhs.dims());
+        let n = a.len();
+        assert!(
+            n >= 2 && b.len() == n && a[n - 1] == b[n - 2],
+            "matmul {a:?} {b:?}"
+        );
+        let mut dims = a[..n - 2].to_vec();
+        dims.extend([a[n - 2], b[n - 1]]);
+        let op = self.op2(rhs, Op::Matmul);
+        // candle allocates the output, then gemm its packing buffer for the call.
+        let out = self.out(&dims, self.0.dtype, op);
+        if let Some(threads) = self.ledger().gemm_threads {
+            let scratch = self.gemm_scratch(rhs, threads);
+            self.ledger().alloc(scratch);
+            self.ledger().free(scratch);
+        }
+        out
+    }
+
+    /// The packing buffer of one of the `gemm` calls candle makes for `self · rhs` (one call per
+    /// batch element, or one for all when `rhs` is shared by the batch).
+    fn gemm_scratch(&self, rhs: &Sym, threads: usize) -> u64 {
+        let (la, ra) = (&self.0.layout, &rhs.0.layout);
+        let r = la.dims.len();
+        let (m, k, n) = (la.dims[r - 2], la.dims[r - 1], ra.dims[r - 1]);
+        let skip = |l: &Layout, whole: usize| -> Option<usize> {
+            match (&l.strides[..r - 2], &l.dims[..r - 2]) {
+                ([], _) => Some(whole),
+                ([st], _) => Some(*st),
+                ([s1, st], [_, d1]) if *s1 == st * d1 => Some(*st),
+                ([_, st], [d0, _]) if *d0 == 1 => Some(*st),
+                ([st, _], [_, d1]) if *d1 == 1 => Some(*st),
+                _ => None,
+            }
+        };
+        let batch: usize = la.dims[..r - 2].iter().product();
+        let m = match (skip(la, m * k), skip(ra, n * k)) {
+            (Some(a), Some(0)) if a == m * k => batch * m,
+            _ => m,
+        };
+        let lhs = (la.strides[r - 1], la.strides[r - 2]);
+        let rhs = (ra.strides[r - 1], ra.strides[r - 2]);
+        super::gemm::scratch_bytes(m, n, k, lhs, rhs, threads)
+    }
+
+    pub fn sum_keepdim(&self, sum_dims: &[usize]) -> Sym {
+        let mut dims = self.dims().to_vec();
+        for &d in sum_dims {
+            dims[d] = 1;
+        }
+        let op = self.op1(|a| Op::Sum(a, dims.clone()));
+        self.out(&dims, self.0.dtype, op)
+    }
+
+    /// `sum` without keepdim (`sum_all` is `sum` over every dimension).
+    pub fn sum(&self, sum_dims: &[usize]) -> Sym {
+        self.sum_keepdim(sum_dims).squeeze_dims(sum_dims)
+    }
+
+    pub fn sum_all(&self) -> Sym {
+        let all: Vec<usize> = (0..self.dims().len()).collect();
+        self.sum(&all)
+    }
+
+    pub fn max_keepdim(&self, dim: usize) -> Sym {
+        let mut dims = self.dims().to_vec();
+        dims[dim] = 1;
+        let op = self.op1(|a| Op::Max(a, dims.clone()));
+        self.out(&dims, self.0.dtype, op)
+    }
+
+    pub fn gather(&self, indexes: &Sym, dim: usize) -> Sym {
+        let op = self.op2(indexes, |a, i| Op::Gather(a, i, dim));
+        self.out(indexes.dims(), self.0.dtype, op)
+    }
+
+    pub fn index_select(&self, indexes: &Sym, dim: usize) -> Sym {
+        let mut dims = self.dims().to_vec();
+        dims[dim] = indexes.dims()[0];
+        let op = self.op2(indexes, |a, i| Op::IndexSelect(a, i, dim));
+        self.out(&dims, self.0.dtype, op)
+    }
+
+    /// `index_add` and `scatter_add`: a copy of `self` updated in place (the backward uses them
+    /// only on untracked gradients, so no op is recorded).
+    fn updated_copy(&self) -> Sym {
+        self.out(self.dims(), self.0.dtype, None)
+    }
+
+    pub fn index_add(&self, _indexes: &Sym, _src: &Sym) -> Sym {
+        self.updated_copy()
+    }
+
+    pub fn scatter_add(&self, _indexes: &Sym, _src: &Sym) -> Sym {
+        self.updated_copy()
+    }
+
+    /// `Tensor::cat` of same-rank tensors along `dim`: one fresh output.
+    pub fn cat(parts: &[&Sym], dim: usize) -> Sym {
+        let mut dims = parts[0].dims().to_vec();
+        dims[dim] = parts.iter().map(|p| p.dims()[dim]).sum();
+        parts[0].out(&dims, parts[0].0.dtype, None)
+    }
+
+    // ---- views -----------------------------------------------------------------------------
+
+    pub fn broadcast_as(&self, shape: &[usize]) -> Sym {
+        let added = shape.len() - self.dims().len();
+        let mut strides = vec![0; added];
+        for (&dst, (&src, &st)) in shape[added..]
+            .iter()
+            .zip(self.dims().iter().zip(&self.0.layout.strides))
+        {
+            strides.push(if dst == src { st } else { 0 });
+        }
+        let layout = Layout {
+            dims: shape.to_vec(),
+            strides,
+        };
+        let op = self.op1(Op::Broadcast);
+        self.view_with(layout, op, false)
+    }
+
+    pub fn broadcast_left(&self, left: &[usize]) -> Sym {
+        let mut dims = left.to_vec();
+        dims.extend(self.dims());
+        self.broadcast_as(&dims)
+    }
+
+    pub fn transpose(&self, d1: usize, d2: usize) -> Sym {
+        if d1 == d2 {
+            return self.clone();
+        }
+        let mut layout = self.0.layout.clone();
+        layout.dims.swap(d1, d2);
+        layout.strides.swap(d1, d2);
+        let op = self.op1(|a| Op::Transpose(a, d1, d2));
+        self.view_with(layout, op, false)
+    }
+
+    pub fn t(&self) -> Sym {
+        let n = self.dims().len();
+        self.transpose(n - 2, n - 1)
+    }
+
+    /// A view when contiguous, else a copy; either way the op is `Reshape`.
+    pub fn reshape(&self, dims: &[usize]) -> Sym {
+        let elems: u64 = dims.iter().map(|&d| d as u64).product();
+        assert_eq!(
+            elems,
+            self.0.layout.elems(),
+            "reshape {:?} → {dims:?}",
+            self.dims()
+        );
+        let op = self.op1(Op::Reshape);
+        if self.is_contiguous() {
+            self.view_with(Layout::contiguous(dims), op, false)
+        } else {
+            self.out(dims, self.0.dtype, op)
+        }
+    }
+
+    pub fn flatten_all(&self) -> Sym {
+        if self.dims().len() <= 1 {
+            return self.clone();
+        }
+        let n: usize = self.dims().iter().product();
+        self.reshape(&[n])
+    }
+
+    pub fn contiguous(&self) -> Sym {
+        if self.is_contiguous() {
+            self.clone()
+        } else {
+            let op = self.op1(Op::Copy);
+            self.out(self.dims(), self.0.dtype, op)
+        }
+    }
+
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Sym {
+        if start == 0 && self.dims()[dim] == len {
+            return self.clone();
+        }
+        let mut layout = self.0.layout.clone();
+        layout.dims[dim] = len;
+        let op = self.op1(|a| Op::Narrow(a, dim, start, len));
+        self.view_with(layout, op, false)
+    }
+
+    pub fn squeeze(&self, dim: usize) -> Sym {
+        if self.dims()[dim] != 1 {
+            return self.clone();
+        }
+        let mut layout = self.0.layout.clone();
+        layout.dims.remove(dim);
+        layout.strides.remove(dim);
+        let op = self.op1(Op::Reshape);
+        self.view_with(layout, op, false)
+    }
+
+    fn squeeze_dims(self, dims: &[usize]) -> Sym {
+        match dims {
+            [] => self,
+            [i] => self.squeeze(*i),
+            dims => {
+                let kept: Vec<usize> = self
+                    .dims()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !dims.contains(i))
+                    .map(|(_, &d)| d)
+                    .collect();
+                self.reshape(&kept)
+            }
+        }
+    }
+
+    pub fn unsqueeze(&self, dim: usize) -> Sym {
+        let mut layout = self.0.layout.clone();
+        let stride = layout.strides.get(dim).copied().unwrap_or(1);
+        layout.dims.insert(dim, 1);
+        layout.strides.insert(dim, stride);
+        let op = self.op1(Op::Reshape);
+        self.view_with(layout, op, false)
+    }
+
+    // ---- backprop --------------------------------------------------------------------------
+
+    /// candle's `sorted_nodes`: a post-order DFS (lhs before rhs), reversed.
+    pub fn sorted_nodes(&self) -> Vec<Sym> {
+        fn walk(node: &Sym, nodes: &mut Vec<Sym>, seen: &mut HashMap<u64, bool>) -> bool {
+            if let Some(&tg) = seen.get(&node.id()) {
+                return tg;
+            }
+            let mut track = false;
+            if node.is_variable() {
+                track = true;
+            } else if node.dtype().is_int() {
+            } else if let Some(op) = node.op() {
+                for child in op.walked_inputs() {
+                    track |= walk(child, nodes, seen);
+                }
+            }
+            seen.insert(node.id(), track);
+            if track {
+                nodes.push(node.clone());
+            }
+            track
+        }
+        let mut nodes = Vec::new();
+        walk(self, &mut nodes, &mut HashMap::new());
+        nodes.reverse();
+        nodes
+    }
+}
+
+impl Op {
+    /// The inputs `sorted_nodes` walks into, in its order.
+    fn walked_inputs(&self) -> Vec<&Sym> {
+        match self {
+            Op::Add(a, b)
+            | Op::Sub(a, b)
+            | Op::Mul(a, b)
+            | Op::Div(a, b)
+            | Op::Matmul(a, b)
+            | Op::Gather(a, b, _)
+            | Op::IndexSelect(a, b, _) => vec![a, b],
+            Op::ToDType(a) => {
+                if a.dtype().is_int() {
+                    vec![]
+                } else {
+                    vec![a]
+                }
+            }
+            Op::Affine(a, _)
+            | Op::Broadcast(a)
+            | Op::Reshape(a)
+            | Op::Transpose(a, _, _)
+            | Op::Copy(a)
+            | Op::Narrow(a, _, _, _)
+            | Op::Sum(a, _)
+            | Op::Max(a, _)
+            | Op::Cmp(a)
+            | Op::Exp(a)
+            | Op::Log(a)
+            | Op::Sqr(a)
+            | Op::Sqrt(a)
+            | Op::Tanh(a)
+            | Op::Gelu(a)
+            | Op::Powf(a, _) => vec![a],
+        }
+    }
+}
+
+fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let da = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                1
+            };
+            assert!(da == db || da == 1 || db == 1, "broadcast {a:?} {b:?}");
+            da.max(db)
+        })
+        .collect()
+}
+
+/// candle's `GradStore`.
+#[derive(Debug, Default)]
+pub struct GradStore(HashMap<u64, Sym>);
+
+impl GradStore {
+    pub fn get(&self, t: &Sym) -> Option<&Sym> {
+        self.0.get(&t.id())
+    }
+    pub fn remove(&mut self, t: &Sym) -> Option<Sym> {
+        self.0.remove(&t.id())
+    }
+    pub fn insert(&mut self, t: &Sym, g: Sym) -> Option<Sym> {
+        self.0.insert(t.id(), g)
+    }
+    fn or_insert(&mut self, t: &Sym) -> &mut Sym {
+        match self.0.entry(t.id()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(t.zeros_like()),
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+// `broadcast_back` of backprop.rs.
+fn broadcast_back(arg: &Sym, node: &Sym, reduced_dims: &[usize]) -> Sym {
+    if arg.dims().len() == node.dims().len() {
+        node.broadcast_as(arg.dims())
+    } else {
+        node.reshape(reduced_dims).broadcast_as(arg.dims())
+    }
+}
+
+/// candle 0.11.1's `Tensor::backward`, statement by statement (default: gradients detached).
+pub fn backward(root: &Sym) -> GradStore {
+    let sorted_nodes = root.sorted_nodes();
+    let mut grads = GradStore::default();
+    grads.insert(root, root.ones_like().contiguous());
+    for node in sorted_nodes.iter() {
+        if node.is_variable() {
+            continue;
+        }
+        // The removed gradient lives to the end of the iteration beside its detached copy.
+        let grad_removed = grads
+            .remove(node)
+            .expect("internal error: gradient not populated");
+        let grad = grad_removed.detach();
+        let Some(op) = node.op() else { continue };
+        match op {
+            Op::Add(lhs, rhs) => {
+                let s = grads.or_insert(lhs);
+                *s = s.add(&grad);
+                let s = grads.or_insert(rhs);
+                *s = s.add(&grad);
+            }
+            Op::Sub(lhs, rhs) => {
+                let s = grads.or_insert(lhs);
+                *s = s.add(&grad);
+                let s = grads.or_insert(rhs);
+                *s = s.sub(&grad);
+            }
+            Op::Mul(lhs, rhs) => {
+                let lhs_grad = grad.mul(rhs);
+                let s = grads.or_insert(lhs);
+                *s = s.add(&lhs_grad);
+                let rhs_grad = grad.mul(lhs);
+                let s = grads.or_insert(rhs);
+                *s = s.add(&rhs_grad);
+            }
+            Op::Div(lhs, rhs) => {
+                let lhs_grad = grad.div(rhs);
+                let s = grads.or_insert(lhs);
+                *s = s.add(&lhs_grad);
+                let rhs_grad = grad.mul(lhs).div(&rhs.sqr());
+                let s = grads.or_insert(rhs);
+                *s = s.sub(&rhs_grad);
+            }
+            Op::Matmul(lhs, rhs) => {
+                let lhs_grad = grad.matmul(&rhs.t());
+                let s = grads.or_insert(lhs);
+                *s = s.add(&lhs_grad);
+                let rhs_grad = lhs.t().matmul(&grad);
+                let s = grads.or_insert(rhs);
+                *s = s.add(&rhs_grad);
+            }
+            Op::Broadcast(arg) => {
+                let (arg_dims, node_dims) = (arg.dims(), node.dims());
+                let left_dims = node_dims.len() - arg_dims.len();
+                let mut sum_dims: Vec<usize> = (0..left_dims).collect();
+                for (dim, (nd, ad)) in node_dims[left_dims..].iter().zip(arg_dims).enumerate() {
+                    if nd != ad {
+                        sum_dims.push(dim + left_dims)
+                    }
+                }
+                let mut arg_grad = grad.sum_keepdim(&sum_dims);
+                for _ in 0..left_dims {
+                    arg_grad = arg_grad.squeeze(0)
+                }
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad.broadcast_as(s.dims()));
+            }
+            Op::Sum(arg, reduced_dims) => {
+                let grad = broadcast_back(arg, &grad, reduced_dims);
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad);
+            }
+            Op::Max(arg, reduced_dims) => {
+                let node = broadcast_back(arg, node, reduced_dims);
+                let grad = broadcast_back(arg, &grad, reduced_dims);
+                let grad = node.eq(arg).to_dtype(grad.dtype()).mul(&grad);
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad.broadcast_as(s.dims()));
+            }
+            Op::Gather(arg, indexes, _) => {
+                let s = grads.or_insert(arg);
+                *s = s.scatter_add(indexes, &grad);
+            }
+            Op::IndexSelect(arg, indexes, _) => {
+                let s = grads.or_insert(arg);
+                let indexes = indexes.contiguous();
+                *s = s.index_add(&indexes, &grad);
+            }
+            Op::Narrow(arg, dim, start, len) => {
+                let (dim, start, len) = (*dim, *start, *len);
+                let arg_dims = arg.dims();
+                let left_pad = (start != 0).then(|| {
+                    let mut dims = arg_dims.to_vec();
+                    dims[dim] = start;
+                    Sym::new(grad.ledger(), &dims, grad.dtype())
+                });
+                let right = arg_dims[dim] - start - len;
+                let right_pad = (right != 0).then(|| {
+                    let mut dims = arg_dims.to_vec();
+                    dims[dim] = right;
+                    Sym::new(grad.ledger(), &dims, grad.dtype())
+                });
+                let arg_grad = match (left_pad, right_pad) {
+                    (None, None) => grad.clone(),
+                    (Some(l), None) => Sym::cat(&[&l, &grad], dim),
+                    (None, Some(r)) => Sym::cat(&[&grad, &r], dim),
+                    (Some(l), Some(r)) => Sym::cat(&[&l, &grad, &r], dim),
+                };
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Cmp(_) => {}
+            Op::ToDType(arg) => {
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad.to_dtype(arg.dtype()));
+            }
+            Op::Copy(arg) => {
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad);
+            }
+            Op::Affine(arg, mul) => {
+                let arg_grad = grad.affine(*mul);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Log(arg) => {
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad.div(arg));
+            }
+            Op::Tanh(arg) => {
+                let s = grads.or_insert(arg);
+                let minus_dtanh = node.sqr().affine(1.0);
+                *s = s.sub(&grad.mul(&minus_dtanh));
+            }
+            Op::Exp(arg) => {
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad.mul(node));
+            }
+            Op::Reshape(arg) => {
+                let arg_grad = grad.reshape(arg.dims());
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Gelu(arg) => {
+                let s = grads.or_insert(arg);
+                let cube = arg.powf(3.);
+                let tanh = cube.affine(0.0356774).add(&arg.affine(0.797885)).tanh();
+                let gelu_grad = tanh
+                    .affine(0.5)
+                    .add(
+                        &cube
+                            .affine(0.0535161)
+                            .add(&arg.affine(0.398942))
+                            .mul(&tanh.powf(2.).affine(-1.)),
+                    )
+                    .affine(1.0);
+                *s = s.add(&grad.mul(&gelu_grad));
+            }
+            Op::Powf(arg, e) => {
+                let arg_grad = grad.mul(&arg.powf(e - 1.)).affine(*e);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Sqr(arg) => {
+                let arg_grad = arg.mul(&grad).affine(2.);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Sqrt(arg) => {
+                let arg_grad = grad.div(node).affine(0.5);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Transpose(arg, d1, d2) => {
+                let arg_grad = grad.transpose(*d1, *d2);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+        }
+    }
+    grads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> Rc<Ledger> {
+        Ledger::new(0, None)
+    }
+
+    #[test]
+    fn views_share_storage_and_the_last_holder_frees_it() {
+        let l = ledger();
+        let x = Sym::new(&l, &[2, 3, 4], DType::F32);
+        assert_eq!(l.current(), 96);
+        let t = x.transpose(1, 2);
+        let r = x.reshape(&[6, 4]);
+        let b = x.unsqueeze(0).broadcast_as(&[5, 2, 3, 4]);
+        assert_eq!(l.current(), 96, "views allocate nothing");
+        drop(x);
+        drop((r, b));
+        assert_eq!(l.current(), 96, "the transpose still holds the storage");
+        // A non-contiguous reshape copies; contiguous() copies a transpose.
+        let c = t.contiguous();
+        let rr = t.reshape(&[24]);
+        assert_eq!(l.current(), 3 * 96);
+        drop((t, c, rr));
+        assert_eq!(l.current(), 0);
+    }
+
+    #[test]
+    fn tracked_ops_keep_their_inputs_alive() {
+        let l = ledger();
+        let w = Sym::var(&l, &[4]);
+        let tmp = w.exp(); // tracked: w is a variable
+        let out = tmp.affine(2.0);
+        drop(tmp);
+        assert_eq!(l.current(), 3 * 16, "exp stays alive inside affine's op");
+        drop(out);
+        assert_eq!(l.current(), 16);
+        let c = Sym::new(&l, &[4], DType::F32);
+        let tmp = c.exp(); // untracked: nothing recorded
+        let out = tmp.affine(2.0);
+        drop(tmp);
+        assert_eq!(l.current(), 3 * 16);
+        drop(out);
+    }
+
+    /// `y = sum(w · x)` with a variable `w` and a constant `x` (4 floats each), worked by hand
+    /// from candle's backward (bytes above the graph):
+    /// ones (4) → the `Reshape` node gives `Sum` its gradient (4) → `Sum` gives `Mul` its
+    /// gradient g (16). At `Mul`: g 16 + `g·x` 16 + w's zeros 16 + w's sum 16 (zeros freed)
+    /// + `g·w` 16 (tracked: it records `w` and g) + x's zeros 16 + x's sum 16 = 96 at the peak.
+    ///
+    /// x's sum records its operands, so x's zeros, `g·w` and g outlive the loop: 80 B remain.
+    #[test]
+    fn backward_of_a_product_by_hand() {
+        let l = ledger();
+        let w = Sym::var(&l, &[4]);
+        let x = Sym::new(&l, &[4], DType::F32);
+        let y = w.mul(&x).sum_all();
+        let base = l.reset_peak();
+        assert_eq!(base, 16 + 16 + 16 + 4);
+        let grads = backward(&y);
+        assert_eq!(l.peak() - base, 96);
+        assert_eq!(l.current() - base, 80);
+        assert!(grads.get(&w).is_some());
+        assert!(
+            grads.get(&x).is_some(),
+            "candle keeps the constant's gradient"
+        );
+        assert_eq!(grads.len(), 2);
+        drop(grads);
+        assert_eq!(
+            l.current(),
+            base,
+            "everything else belonged to the gradients"
+        );
+    }
+
+    #[test]
+    fn sorted_nodes_is_reverse_post_order() {
+        let l = ledger();
+        let w = Sym::var(&l, &[2]);
+        let a = w.exp();
+        let b = a.log();
+        let c = a.add(&b);
+        let ids: Vec<u64> = c.sorted_nodes().iter().map(|n| n.id()).collect();
+        assert_eq!(ids, vec![c.id(), b.id(), a.id(), w.id()]);
+    }
+}
