@@ -31,7 +31,7 @@ fn default_run_prints_the_table_and_writes_every_store() {
         .success()
         .stdout(predicate::str::contains("predicted").and(predicate::str::contains("train-step")));
     let rows = memfit::store::jsonl::read(&out.join("results.jsonl")).unwrap();
-    assert_eq!(rows.len(), 7 * 6, "7 default cases × 6 phases");
+    assert_eq!(rows.len(), 8 * 6, "8 default cases × 6 phases");
     assert!(rows.iter().all(|r| r.status == memfit::record::Status::Ok));
     assert!(rows.iter().all(|r| r.threads == 1));
 
