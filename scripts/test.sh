@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Quick start, command 2: install what is missing, then run the whole test suite on the CPU.
+# Quick start, command 2: install what is missing, then run the whole test suite on the CPU and
+# compile-check the CUDA backend (no GPU needed; MEMFIT_SKIP_CUDA_CHECK=1 skips that part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-2}"
 cargo test --all-targets
 cargo test --doc
+if [[ "${MEMFIT_SKIP_CUDA_CHECK:-0}" == 1 ]]; then
+  echo "cuda check SKIPPED (MEMFIT_SKIP_CUDA_CHECK=1)" >&2
+else
+  scripts/cuda-check.sh
+fi

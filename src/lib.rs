@@ -13,6 +13,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod device;
 pub mod error;
 pub mod formula;
 pub mod meter;

@@ -83,6 +83,22 @@ pub struct Row {
     pub wall_s: Option<f64>,
     /// Host resident-set high-water mark during the window (VmHWM after a reset), whole process.
     pub rss_peak_bytes: Option<u64>,
+    /// The meter `peak_bytes` and `retained_bytes` come from: `cpu-allocator` (the counting
+    /// allocator, every tensor byte on the CPU) or `cuda-pool` (the CUDA memory pool's exact
+    /// tensor high-water mark).
+    pub peak_meter: String,
+    /// CUDA: the memory pool's reservation high-water mark (what it took from the device).
+    pub reserved_peak_bytes: Option<u64>,
+    /// CUDA: device memory in use by all processes (`cuMemGetInfo`) after the window minus before.
+    pub device_used_bytes: Option<i64>,
+    /// CUDA: peak of this process's device memory in NVML samples (context, libraries, pool).
+    pub nvml_process_peak_bytes: Option<u64>,
+    /// CUDA: mean GPU utilisation over the NVML samples, in percent.
+    pub gpu_util_mean_pct: Option<f64>,
+    /// CUDA: peak board power over the NVML samples, in watts.
+    pub gpu_power_peak_w: Option<f64>,
+    /// CUDA: number of NVML samples taken in the window.
+    pub nvml_samples_count: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
 }
@@ -101,4 +117,16 @@ pub struct RunMeta {
     pub threads: u64,
     /// Workload file, or `<embedded default>` / `<flags>`.
     pub workload: String,
+    /// CUDA runs: device memory the CUDA context (and candle's handles) took before any tensor.
+    #[serde(default)]
+    pub cuda_context_bytes: Option<u64>,
+    /// CUDA runs: total memory of the device.
+    #[serde(default)]
+    pub device_memory_bytes: Option<u64>,
+    /// CUDA runs: NVIDIA driver version (NVML).
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// CUDA runs: CUDA version the driver supports.
+    #[serde(default)]
+    pub cuda_version: Option<String>,
 }

@@ -182,7 +182,24 @@ fn missing_file_and_unknown_names() {
     rejects(&["nope.toml"], &[], &["nope.toml", "cannot read"]);
     rejects(&["--preset", "huge"], &[], &["preset", "huge", "tiny"]);
     rejects(&["--phases", "fwd"], &[], &["phases", "fwd", "train-step"]);
-    rejects(&["--device", "cuda:0"], &[], &["device", "cpu"]);
+    rejects(
+        &["--device", "gpu0"],
+        &[],
+        &["device", "gpu0", "cuda:0..=63"],
+    );
+    rejects(&["--dtype", "f64"], &[], &["dtype", "f64", "bf16"]);
+    rejects(&["--dtype", "bf16"], &[], &["dtype", "bf16", "f32 only"]);
+}
+
+/// A CPU-only build refuses CUDA cases up front and says how to get the CUDA binary.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cpu_build_refuses_cuda_with_a_hint() {
+    rejects(
+        &["--device", "cuda:0"],
+        &[],
+        &["device", "cuda:0", "scripts/build-cuda.sh"],
+    );
 }
 
 #[test]

@@ -36,6 +36,13 @@ fn base_row(case: u64, phase: &str) -> Row {
         cpu_sys_s: Some(0.0625),
         wall_s: Some(0.5),
         rss_peak_bytes: Some(300_000_000),
+        peak_meter: "cpu-allocator".into(),
+        reserved_peak_bytes: None,
+        device_used_bytes: None,
+        nvml_process_peak_bytes: None,
+        gpu_util_mean_pct: None,
+        gpu_power_peak_w: None,
+        nvml_samples_count: None,
         threads: 2,
     }
 }
@@ -59,6 +66,13 @@ fn rows() -> Vec<Row> {
     };
     let large = Row {
         device: "cuda:0".into(),
+        peak_meter: "cuda-pool".into(),
+        reserved_peak_bytes: Some(71_000_000_000),
+        device_used_bytes: Some(-2_097_152),
+        nvml_process_peak_bytes: Some(71_500_000_000),
+        gpu_util_mean_pct: Some(87.25),
+        gpu_power_peak_w: Some(612.5),
+        nvml_samples_count: Some(1_234),
         peak_bytes: Some(70_000_000_000),
         retained_bytes: Some(-4_096),
         predicted_peak_bytes: Some(69_000_000_000),
@@ -82,6 +96,31 @@ fn meta() -> RunMeta {
         device_name: "cpu".into(),
         threads: 2,
         workload: "<embedded default>".into(),
+        cuda_context_bytes: None,
+        device_memory_bytes: None,
+        driver_version: None,
+        cuda_version: None,
+    }
+}
+
+/// A CUDA run's metadata: the optional attributes are written and read back.
+#[test]
+fn cuda_metadata_round_trips_and_cpu_metadata_stays_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let cuda = RunMeta {
+        device_name: "NVIDIA H200".into(),
+        cuda_context_bytes: Some(524_288_000),
+        device_memory_bytes: Some(150_754_820_096),
+        driver_version: Some("580.95.05".into()),
+        cuda_version: Some("13.0".into()),
+        ..meta()
+    };
+    for m in [cuda, meta()] {
+        let path = dir.path().join("m.h5");
+        hdf5::write(&path, &m, &rows()).unwrap();
+        let (back, back_rows) = hdf5::read(&path).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back_rows, rows());
     }
 }
 
@@ -174,7 +213,10 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
     assert_eq!(auto.lines().next().unwrap(), lines[0]);
     assert!(lines[0].starts_with("run_id,case,model,"), "{}", lines[0]);
     assert!(
-        lines[0].ends_with(",rss_peak_bytes,threads"),
+        lines[0].ends_with(
+            ",rss_peak_bytes,peak_meter,reserved_peak_bytes,device_used_bytes,\
+             nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,threads"
+        ),
         "{}",
         lines[0]
     );

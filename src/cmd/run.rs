@@ -1,17 +1,20 @@
 //! `memfit run`: resolve the workload, run every case, append rows to the journal after each
 //! case, then derive CSV and HDF5 from the journal and print the table.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use crate::cli::RunArgs;
+use crate::device::DeviceSpec;
 use crate::error::UserError;
 use crate::formula;
 use crate::meter::cpu_alloc::AllocMeter;
 use crate::meter::rusage::HostMeter;
 use crate::meter::{Meter, Reading};
-use crate::phase::runner::run_case;
+use crate::phase::runner::{PhaseResult, run_case};
 use crate::record::{Row, RunMeta, Status};
 use crate::report::table;
 use crate::store;
@@ -53,7 +56,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     pin_threads(threads)?;
 
     let cpu = cpu_model();
-    let meta = RunMeta {
+    let mut meta = RunMeta {
         run_id: run_id.clone(),
         memfit_version: env!("CARGO_PKG_VERSION").into(),
         git_commit: env!("MEMFIT_GIT_COMMIT").into(),
@@ -64,16 +67,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         os: os_name(),
         threads: threads as u64,
         workload: origin.clone(),
+        cuda_context_bytes: None,
+        device_memory_bytes: None,
+        driver_version: None,
+        cuda_version: None,
     };
 
     // 2. Measure, appending after every case.
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     write_meta(&out.join("meta.json"), &meta)?;
     let mut journal = store::jsonl::Journal::open(&journal_path)?;
-    let mut meters: Vec<Box<dyn Meter>> = vec![
-        Box::new(HostMeter::default()),
-        Box::new(AllocMeter::default()),
-    ];
+    let mut meter_sets = MeterSets::default();
     if !args.quiet {
         println!(
             "memfit {} · {} case(s) from {} · {} thread(s) · out {}",
@@ -86,7 +90,21 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         println!("{}", table::header());
     }
     for case in &cases {
-        let rows = case_rows(case, &meta, &mut meters);
+        let rows = match meter_sets.get(case.device, &mut meta) {
+            Ok((meters, label)) => case_rows(case, &meta, run_case(case, meters), label),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                let failed = case
+                    .phases
+                    .iter()
+                    .map(|&phase| PhaseResult {
+                        phase,
+                        outcome: Err(anyhow::anyhow!("{msg}")),
+                    })
+                    .collect();
+                case_rows(case, &meta, failed, "none")
+            }
+        };
         journal
             .append(&rows)
             .with_context(|| format!("appending case {} to the journal", case.index))?;
@@ -97,6 +115,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     drop(journal);
+    // What the devices told us while running (CUDA context size, driver) joins the metadata.
+    write_meta(&out.join("meta.json"), &meta)?;
 
     // 3. Derive the other stores from the journal (what is on disk, not what is in memory).
     let rows = store::jsonl::read(&journal_path)?;
@@ -152,15 +172,89 @@ fn pin_threads(threads: usize) -> anyhow::Result<()> {
     }
 }
 
+/// The meters of each device a run uses, built when a case first needs the device.
+#[derive(Default)]
+struct MeterSets {
+    sets: HashMap<DeviceSpec, MeterSet>,
+}
+
+/// A device's meters and the label of the one that fills `peak_bytes`.
+type MeterSet = (Vec<Box<dyn Meter>>, &'static str);
+
+impl MeterSets {
+    /// The meters of `device` and the label of the meter that fills `peak_bytes`. Opening a
+    /// CUDA device records what it tells about itself in `meta` (the first one does).
+    fn get(
+        &mut self,
+        device: DeviceSpec,
+        meta: &mut RunMeta,
+    ) -> anyhow::Result<(&mut [Box<dyn Meter>], &'static str)> {
+        let (m, label) = match self.sets.entry(device) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(open_meters(device, meta)?),
+        };
+        Ok((m.as_mut_slice(), *label))
+    }
+}
+
+fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSet> {
+    match device {
+        DeviceSpec::Cpu => Ok((
+            vec![
+                Box::new(HostMeter::default()),
+                Box::new(AllocMeter::default()),
+            ],
+            "cpu-allocator",
+        )),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(n) => {
+            let s = crate::meter::cuda::setup(n)?;
+            if let Some(why) = &s.nvml_missing {
+                eprintln!("warning: cuda:{n}: {why}; the NVML fields stay empty");
+            }
+            if meta.device_memory_bytes.is_none() {
+                meta.device_name = format!("cuda:{n}: {}", s.device_name);
+                meta.device_memory_bytes = Some(s.memory_bytes);
+                meta.cuda_context_bytes = s.context_bytes;
+                meta.driver_version = s.driver_version;
+                meta.cuda_version = s.cuda_version;
+            }
+            Ok((s.meters, "cuda-pool"))
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceSpec::Cuda(_) => {
+            let _ = meta;
+            anyhow::bail!(crate::device::NO_CUDA)
+        }
+    }
+}
+
+/// `oom` when the error chain is the device running out of memory, else `error`.
+pub fn status_of(message: &str) -> Status {
+    if message.contains("OUT_OF_MEMORY") || message.contains("out of memory") {
+        Status::Oom
+    } else {
+        Status::Error
+    }
+}
+
 /// Rows of one case: measured figures beside the formula's predictions.
-pub fn case_rows(case: &Case, meta: &RunMeta, meters: &mut [Box<dyn Meter>]) -> Vec<Row> {
-    run_case(case, meters)
+pub fn case_rows(
+    case: &Case,
+    meta: &RunMeta,
+    results: Vec<PhaseResult>,
+    peak_meter: &str,
+) -> Vec<Row> {
+    results
         .into_iter()
         .map(|res| {
             let pred = formula::predict(case, res.phase, meta.threads as usize);
             let (status, error, reading) = match res.outcome {
                 Ok(r) => (Status::Ok, None, r),
-                Err(e) => (Status::Error, Some(format!("{e:#}")), Reading::default()),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    (status_of(&msg), Some(msg), Reading::default())
+                }
             };
             Row {
                 run_id: meta.run_id.clone(),
@@ -174,8 +268,8 @@ pub fn case_rows(case: &Case, meta: &RunMeta, meters: &mut [Box<dyn Meter>]) -> 
                 heads: case.cfg.heads as u64,
                 layers: case.cfg.layers as u64,
                 vocab: case.cfg.vocab as u64,
-                dtype: case.dtype.clone(),
-                device: case.device.clone(),
+                dtype: case.dtype.to_string(),
+                device: case.device.to_string(),
                 optimizer: case.optimizer.as_str().into(),
                 phase: res.phase.as_str().into(),
                 status,
@@ -190,6 +284,13 @@ pub fn case_rows(case: &Case, meta: &RunMeta, meters: &mut [Box<dyn Meter>]) -> 
                 cpu_sys_s: reading.cpu_sys_s,
                 wall_s: reading.wall_s,
                 rss_peak_bytes: reading.rss_peak_bytes,
+                peak_meter: peak_meter.into(),
+                reserved_peak_bytes: reading.reserved_peak_bytes,
+                device_used_bytes: reading.device_used_bytes,
+                nvml_process_peak_bytes: reading.nvml_process_peak_bytes,
+                gpu_util_mean_pct: reading.gpu_util_mean_pct,
+                gpu_power_peak_w: reading.gpu_power_peak_w,
+                nvml_samples_count: reading.nvml_samples_count,
                 threads: meta.threads,
             }
         })

@@ -1,17 +1,18 @@
 //! Formulas for the GPT decoder of [`crate::model::gpt`] on candle 0.11.1's CPU backend, f32.
 //!
 //! Notation: B batch, S sequence, H hidden, A heads, L layers, V vocab, S_max position table,
-//! P parameters, e = 4 bytes per element. "Metadata" is candle's per-tensor bookkeeping
+//! P parameters, e bytes per element (4 for f32, 2 for bf16/f16). The activation closed form is
+//! for f32 (bf16 cases take the replay: LayerNorm computes in f32 inside). On CUDA the
+//! metadata terms are 0 and there is no gemm scratch: the pool sees tensor data only; what
+//! CUDA kernels and cuBLAS allocate beyond that is left to the calibration fit (issue 6). "Metadata" is candle's per-tensor bookkeeping
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
+use crate::device::ElemType;
 use crate::phase::{OptimizerKind, Phase};
 use crate::workload::Case;
 
 use super::Prediction;
 use super::gpt_replay::{Replay, replay};
-
-/// Bytes per f32 element.
-pub const E: u64 = 4;
 
 /// The shape of a case, in u64 for the arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,11 @@ pub struct Shape {
     pub l: u64,
     pub v: u64,
     pub s_max: u64,
+    /// Element type of weights, activations, gradients and optimizer state.
+    pub elem: ElemType,
+    /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
+    /// data only).
+    pub cpu: bool,
 }
 
 impl Shape {
@@ -35,7 +41,34 @@ impl Shape {
             l: case.cfg.layers as u64,
             v: case.cfg.vocab as u64,
             s_max: case.cfg.max_seq as u64,
+            elem: case.dtype,
+            cpu: !case.device.is_cuda(),
         }
+    }
+
+    /// An f32 CPU shape.
+    pub fn new(b: u64, s: u64, h: u64, a: u64, l: u64, v: u64, s_max: u64) -> Self {
+        Self {
+            b,
+            s,
+            h,
+            a,
+            l,
+            v,
+            s_max,
+            elem: ElemType::F32,
+            cpu: true,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn e(&self) -> u64 {
+        self.elem.size()
+    }
+
+    /// A CPU metadata term; on CUDA the pool never sees host bookkeeping.
+    fn meta(&self, bytes: u64) -> u64 {
+        if self.cpu { bytes } else { 0 }
     }
 
     /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`.
@@ -57,7 +90,7 @@ impl Shape {
 
     /// Weights after `init`: `e·P` plus the `VarMap`'s metadata (names, `Var`s, hash table).
     pub fn weights_bytes(&self) -> u64 {
-        E * self.params() + INIT_META_FIXED + INIT_META_PER_LAYER * self.l
+        self.e() * self.params() + self.meta(INIT_META_FIXED + INIT_META_PER_LAYER * self.l)
     }
 
     /// Tensor data the training forward keeps alive for backward (the graph), in bytes.
@@ -77,17 +110,17 @@ impl Shape {
         } = *self;
         let copies = if a == 1 || s == 1 { 0 } else { 4 * b * s * h };
         let per_layer = 35 * b * s * h + copies + 6 * a * b * s * s + 2 * a * b * s + 12 * b * s;
-        E * (l * per_layer + 7 * b * s * h + s * s + 4 * b * s * v + 10 * b * s + 2)
+        4 * (l * per_layer + 7 * b * s * h + s * s + 4 * b * s * v + 10 * b * s + 2)
     }
 
     /// The graph: [`Shape::activation_data_bytes`] plus graph metadata.
     pub fn activation_bytes(&self) -> u64 {
-        self.activation_data_bytes() + GRAPH_META_FIXED + GRAPH_META_PER_LAYER * self.l
+        self.activation_data_bytes() + self.meta(GRAPH_META_FIXED + GRAPH_META_PER_LAYER * self.l)
     }
 
     /// Gradients of all parameters after pruning the store: `e·P` plus metadata.
     pub fn gradient_bytes(&self) -> u64 {
-        E * self.params() + GRAD_META_FIXED + GRAD_META_PER_LAYER * self.l
+        self.e() * self.params() + self.meta(GRAD_META_FIXED + GRAD_META_PER_LAYER * self.l)
     }
 
     /// Optimizer state: AdamW keeps m and v (`2·e·P`); SGD nothing.
@@ -95,7 +128,8 @@ impl Shape {
         match opt {
             OptimizerKind::Sgd => 0,
             OptimizerKind::Adamw => {
-                2 * E * self.params() + 2 * INIT_META_PER_VAR * self.param_tensors()
+                2 * self.e() * self.params()
+                    + self.meta(2 * INIT_META_PER_VAR * self.param_tensors())
             }
         }
     }
@@ -106,8 +140,10 @@ impl Shape {
     pub fn optimizer_step_temp_bytes(&self, opt: OptimizerKind) -> u64 {
         let n = self.largest_param();
         match opt {
-            OptimizerKind::Sgd => 2 * E * n,
-            OptimizerKind::Adamw => 14 * E * n + OPT_META_FIXED + OPT_META_PER_LAYER * self.l,
+            OptimizerKind::Sgd => 2 * self.e() * n,
+            OptimizerKind::Adamw => {
+                14 * self.e() * n + self.meta(OPT_META_FIXED + OPT_META_PER_LAYER * self.l)
+            }
         }
     }
 
@@ -117,18 +153,23 @@ impl Shape {
     /// zero tensors that `add` replaces). Where the vocabulary dominates this is the backward
     /// peak.
     pub fn backward_head_bytes(&self) -> u64 {
-        7 * E * self.b * self.s * self.v
+        7 * self.e() * self.b * self.s * self.v
     }
 
     /// Backward, inference and the graph from replaying candle on symbolic tensors
     /// ([`super::gpt_replay`]), with [`META_PER_TENSOR`] bytes of bookkeeping per live tensor
     /// and gemm's packing buffers for candle running on `threads` threads.
     pub fn replay(&self, threads: usize) -> Replay {
-        replay(self, META_PER_TENSOR, Some(threads))
+        replay(
+            self,
+            self.meta(META_PER_TENSOR),
+            self.cpu.then_some(threads),
+        )
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
-        let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference);
+        let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference)
+            || (phase == Phase::Forward && self.elem != ElemType::F32);
         let r = needs_replay.then(|| self.replay(threads));
         self.predict_with(phase, opt, r.as_ref())
     }
@@ -141,9 +182,14 @@ impl Shape {
                 peak_bytes: self.weights_bytes(),
                 retained_bytes: self.weights_bytes() as i64,
             },
-            Phase::Forward => Prediction {
+            // f32: the closed form; bf16/f16: the replay (LayerNorm computes in f32 inside).
+            Phase::Forward if self.elem == ElemType::F32 => Prediction {
                 peak_bytes: self.activation_bytes(),
                 retained_bytes: self.activation_bytes() as i64,
+            },
+            Phase::Forward => Prediction {
+                peak_bytes: r().forward_retained,
+                retained_bytes: r().forward_retained as i64,
             },
             Phase::Backward => Prediction {
                 peak_bytes: r().backward_peak,
@@ -153,7 +199,7 @@ impl Shape {
                 // The state's own metadata is inside the step's fitted metadata constant.
                 peak_bytes: match opt {
                     OptimizerKind::Sgd => 0,
-                    OptimizerKind::Adamw => 2 * E * self.params(),
+                    OptimizerKind::Adamw => 2 * self.e() * self.params(),
                 } + self.optimizer_step_temp_bytes(opt),
                 retained_bytes: self.optimizer_state_bytes(opt) as i64,
             },

@@ -18,6 +18,7 @@ use std::rc::Rc;
 
 use super::gpt::Shape;
 use super::symbolic::{DType, Ledger, Sym, backward};
+use crate::device::ElemType;
 
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 struct Linear {
@@ -75,6 +76,8 @@ impl LayerNorm {
 
     fn forward(&self, x: &Sym) -> Sym {
         let last = x.dims().len() - 1;
+        let x_dtype = x.dtype();
+        // Half-precision input is normalised in f32.
         let x = x.to_dtype(DType::F32);
         let x = {
             let mean_x = x.sum_keepdim(&[last]).affine(1.0);
@@ -83,7 +86,7 @@ impl LayerNorm {
         let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
         let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
         x_normed
-            .to_dtype(DType::F32)
+            .to_dtype(x_dtype)
             .broadcast_mul(&self.weight)
             .broadcast_add(&self.bias)
     }
@@ -186,14 +189,15 @@ impl Block {
 struct Params<'a> {
     ledger: &'a Rc<Ledger>,
     vars: bool,
+    dtype: DType,
 }
 
 impl Params<'_> {
     fn tensor(&self, dims: &[usize]) -> Sym {
         if self.vars {
-            Sym::var(self.ledger, dims)
+            Sym::var(self.ledger, dims, self.dtype)
         } else {
-            Sym::new(self.ledger, dims, DType::F32)
+            Sym::new(self.ledger, dims, self.dtype)
         }
     }
 }
@@ -206,13 +210,23 @@ pub struct Gpt {
     ln_f: LayerNorm,
     head: Linear,
     hidden: usize,
+    dtype: DType,
     vars: Vec<Sym>,
 }
 
 impl Gpt {
     /// Weights on `ledger`, as variables when `vars`.
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
-        let p = Params { ledger, vars };
+        let dtype = if shape.elem == ElemType::F32 {
+            DType::F32
+        } else {
+            DType::Half
+        };
+        let p = Params {
+            ledger,
+            vars,
+            dtype,
+        };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let wte = p.tensor(&[v, h]);
         let wpe = p.tensor(&[s_max, h]);
@@ -254,6 +268,7 @@ impl Gpt {
             ln_f,
             head,
             hidden: h,
+            dtype,
             vars: all,
         }
     }
@@ -261,7 +276,7 @@ impl Gpt {
     /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`.
     pub fn forward(&self, tokens: &Sym) -> Sym {
         let s = tokens.dims()[1];
-        let mask = Sym::new(tokens.ledger(), &[s, s], DType::F32);
+        let mask = Sym::new(tokens.ledger(), &[s, s], DType::F32).to_dtype(self.dtype);
         let pos = self.wpe.narrow(0, 0, s);
         let mut x = {
             // candle-nn `Embedding::forward`.
@@ -345,15 +360,7 @@ mod tests {
     use super::*;
 
     fn shape(b: u64, s: u64, h: u64, a: u64, l: u64, v: u64) -> Shape {
-        Shape {
-            b,
-            s,
-            h,
-            a,
-            l,
-            v,
-            s_max: s,
-        }
+        Shape::new(b, s, h, a, l, v, s)
     }
 
     /// The replayed graph is the closed form's activation data, byte for byte, on shapes with

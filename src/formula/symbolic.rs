@@ -87,6 +87,8 @@ pub enum DType {
     U8,
     U32,
     F32,
+    /// bf16 or f16 (memory-wise the same).
+    Half,
 }
 
 impl DType {
@@ -94,11 +96,12 @@ impl DType {
         match self {
             DType::U8 => 1,
             DType::U32 | DType::F32 => 4,
+            DType::Half => 2,
         }
     }
 
     fn is_int(self) -> bool {
-        !matches!(self, DType::F32)
+        matches!(self, DType::U8 | DType::U32)
     }
 }
 
@@ -250,8 +253,8 @@ impl Sym {
     }
 
     /// A variable (a `Var`'s tensor).
-    pub fn var(ledger: &Rc<Ledger>, dims: &[usize]) -> Sym {
-        Sym::fresh_var(ledger, dims, DType::F32, None, true)
+    pub fn var(ledger: &Rc<Ledger>, dims: &[usize], dtype: DType) -> Sym {
+        Sym::fresh_var(ledger, dims, dtype, None, true)
     }
 
     fn view_with(&self, layout: Layout, op: Option<Op>, is_variable: bool) -> Sym {
@@ -990,7 +993,7 @@ mod tests {
     #[test]
     fn tracked_ops_keep_their_inputs_alive() {
         let l = ledger();
-        let w = Sym::var(&l, &[4]);
+        let w = Sym::var(&l, &[4], DType::F32);
         let tmp = w.exp(); // tracked: w is a variable
         let out = tmp.affine(2.0);
         drop(tmp);
@@ -1015,7 +1018,7 @@ mod tests {
     #[test]
     fn backward_of_a_product_by_hand() {
         let l = ledger();
-        let w = Sym::var(&l, &[4]);
+        let w = Sym::var(&l, &[4], DType::F32);
         let x = Sym::new(&l, &[4], DType::F32);
         let y = w.mul(&x).sum_all();
         let base = l.reset_peak();
@@ -1040,7 +1043,7 @@ mod tests {
     #[test]
     fn sorted_nodes_is_reverse_post_order() {
         let l = ledger();
-        let w = Sym::var(&l, &[2]);
+        let w = Sym::var(&l, &[2], DType::F32);
         let a = w.exp();
         let b = a.log();
         let c = a.add(&b);

@@ -6,7 +6,11 @@
 //! (which must see nothing but the phase) is started last and read first.
 
 pub mod cpu_alloc;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod pool;
 pub mod rusage;
+pub mod sampler;
 
 /// Figures of one phase window. Units are in the names.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -18,6 +22,15 @@ pub struct Reading {
     pub cpu_sys_s: Option<f64>,
     pub wall_s: Option<f64>,
     pub rss_peak_bytes: Option<u64>,
+    /// CUDA pool: the pool's reservation high-water mark (`RESERVED_MEM_HIGH`).
+    pub reserved_peak_bytes: Option<u64>,
+    /// CUDA device layer: `cuMemGetInfo` used bytes after the window minus before.
+    pub device_used_bytes: Option<i64>,
+    /// CUDA process layer (NVML samples): peak process memory, mean utilisation, peak power.
+    pub nvml_process_peak_bytes: Option<u64>,
+    pub gpu_util_mean_pct: Option<f64>,
+    pub gpu_power_peak_w: Option<f64>,
+    pub nvml_samples_count: Option<u64>,
 }
 
 /// A source of measurements around a window.

@@ -26,7 +26,7 @@
 //! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
 //! ```
 
-use candle_core::{D, Device, Module, Result, Tensor};
+use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias, ops};
 use serde::{Deserialize, Serialize};
 
@@ -230,6 +230,8 @@ pub struct Gpt {
     ln_f: LayerNorm,
     head: Linear,
     cfg: Config,
+    /// Element type of the weights (the causal mask is converted to it).
+    dtype: DType,
 }
 
 impl Gpt {
@@ -248,6 +250,7 @@ impl Gpt {
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln_f"))?;
         let head = linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?;
+        let dtype = vb.dtype();
         Ok(Self {
             wte,
             wpe,
@@ -255,6 +258,7 @@ impl Gpt {
             ln_f,
             head,
             cfg: cfg.clone(),
+            dtype,
         })
     }
 
@@ -283,7 +287,8 @@ impl Gpt {
         if s > self.cfg.max_seq {
             candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
         }
-        let mask = Self::causal_mask(s, tokens.device())?;
+        // f32 → the model's type: no copy for f32.
+        let mask = Self::causal_mask(s, tokens.device())?.to_dtype(self.dtype)?;
         let pos = self.wpe.narrow(0, 0, s)?;
         let mut x = self.wte.forward(tokens)?.broadcast_add(&pos)?;
         for block in &self.blocks {
@@ -337,6 +342,7 @@ impl Gpt {
             ln_f: ln(&self.ln_f),
             head: lin(&self.head),
             cfg: self.cfg.clone(),
+            dtype: self.dtype,
         }
     }
 }

@@ -1,4 +1,6 @@
-//! Runs one case's phases on the CPU backend and returns one reading per requested phase.
+//! Runs one case's phases on its device (the CPU or a CUDA GPU, the same code) and returns one
+//! reading per requested phase. On CUDA every window ends with a device synchronize, so the
+//! meters read finished work.
 
 use anyhow::Context;
 use candle_core::backprop::GradStore;
@@ -58,7 +60,7 @@ struct Trainer {
 impl Trainer {
     fn init(case: &Case, device: &Device) -> candle_core::Result<(VarMap, Gpt)> {
         let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
+        let vb = VarBuilder::from_varmap(&varmap, case.dtype.candle(), device);
         let model = Gpt::new(&case.cfg, vb)?;
         Ok((varmap, model))
     }
@@ -93,12 +95,14 @@ impl Trainer {
 /// One unmetered training step on a throwaway model of the case's shape, plus a small matmul on
 /// every pool thread: first-use allocations (gemm scratch, thread-locals) happen here.
 pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
-    rayon::broadcast(|_| -> candle_core::Result<()> {
-        let a = Tensor::ones((64, 64), DType::F32, device)?;
-        a.matmul(&a).map(drop)
-    })
-    .into_iter()
-    .collect::<candle_core::Result<Vec<_>>>()?;
+    if device.is_cpu() {
+        rayon::broadcast(|_| -> candle_core::Result<()> {
+            let a = Tensor::ones((64, 64), DType::F32, device)?;
+            a.matmul(&a).map(drop)
+        })
+        .into_iter()
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    }
     let (varmap, model) = Trainer::init(case, device)?;
     let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, device)?;
     let t = Trainer {
@@ -140,7 +144,10 @@ fn run_chain(
     meters: &mut [Box<dyn Meter>],
     results: &mut Vec<PhaseResult>,
 ) -> anyhow::Result<()> {
-    let device = Device::Cpu;
+    let device = case
+        .device
+        .candle()
+        .with_context(|| format!("opening device {}", case.device))?;
     let last = *case
         .phases
         .iter()
@@ -154,8 +161,13 @@ fn run_chain(
                    f: &mut dyn FnMut() -> anyhow::Result<()>|
      -> anyhow::Result<()> {
         if case.phases.contains(&phase) {
-            let ((), reading) =
-                measure(meters, &mut *f).with_context(|| format!("phase {}", phase.as_str()))?;
+            let ((), reading) = measure(meters, || {
+                f()?;
+                // Queued GPU work belongs to this window (a no-op on the CPU).
+                device.synchronize()?;
+                Ok(())
+            })
+            .with_context(|| format!("phase {}", phase.as_str()))?;
             results.push(PhaseResult {
                 phase,
                 outcome: Ok(reading),

@@ -55,6 +55,8 @@ pub fn units_of(field: &str) -> &'static str {
         f if f.ends_with("_bytes") => "bytes",
         f if f.ends_with("_count") => "count",
         f if f.ends_with("_s") => "s",
+        f if f.ends_with("_pct") => "percent",
+        f if f.ends_with("_w") => "W",
         "params" => "parameters",
         "batch" => "sequences",
         "seq" | "max_seq" | "vocab" => "tokens",
@@ -104,6 +106,21 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "wall_s" => "Wall-clock seconds of the window.",
         "rss_peak_bytes" => "Host resident-set high-water mark during the window, whole process.",
         "threads" => "Worker threads of the CPU backend for this run.",
+        "peak_meter" => {
+            "Meter that peak_bytes and retained_bytes come from: cpu-allocator or cuda-pool."
+        }
+        "reserved_peak_bytes" => {
+            "CUDA: the memory pool's reservation high-water mark in the window."
+        }
+        "device_used_bytes" => {
+            "CUDA: device memory in use (cuMemGetInfo) after the window minus before."
+        }
+        "nvml_process_peak_bytes" => {
+            "CUDA: peak device memory of this process in the NVML samples."
+        }
+        "gpu_util_mean_pct" => "CUDA: mean GPU utilisation over the NVML samples.",
+        "gpu_power_peak_w" => "CUDA: peak board power over the NVML samples.",
+        "nvml_samples_count" => "CUDA: number of NVML samples taken in the window.",
         _ => return None,
     })
 }
@@ -181,6 +198,15 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.opt_f64("cpu_sys_s", rows, |r| r.cpu_sys_s)?;
         w.opt_f64("wall_s", rows, |r| r.wall_s)?;
         w.opt_u64("rss_peak_bytes", rows, |r| r.rss_peak_bytes)?;
+        w.string("peak_meter", rows, |r| Some(&r.peak_meter))?;
+        w.opt_u64("reserved_peak_bytes", rows, |r| r.reserved_peak_bytes)?;
+        w.opt_i64("device_used_bytes", rows, |r| r.device_used_bytes)?;
+        w.opt_u64("nvml_process_peak_bytes", rows, |r| {
+            r.nvml_process_peak_bytes
+        })?;
+        w.opt_f64("gpu_util_mean_pct", rows, |r| r.gpu_util_mean_pct)?;
+        w.opt_f64("gpu_power_peak_w", rows, |r| r.gpu_power_peak_w)?;
+        w.opt_u64("nvml_samples_count", rows, |r| r.nvml_samples_count)?;
         w.plain_u64("threads", rows, |r| r.threads)?;
     }
     file.flush().context("flushing")?;
@@ -200,6 +226,10 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
         device_name,
         threads,
         workload,
+        cuda_context_bytes,
+        device_memory_bytes,
+        driver_version,
+        cuda_version,
     } = meta;
     str_attr(root, "run_id", run_id)?;
     str_attr(root, "memfit_version", memfit_version)?;
@@ -211,6 +241,19 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
     str_attr(root, "device_name", device_name)?;
     scalar_attr(root, "threads", threads)?;
     str_attr(root, "workload", workload)?;
+    // CUDA-only attributes are written only when known.
+    if let Some(v) = cuda_context_bytes {
+        scalar_attr(root, "cuda_context_bytes", v)?;
+    }
+    if let Some(v) = device_memory_bytes {
+        scalar_attr(root, "device_memory_bytes", v)?;
+    }
+    if let Some(v) = driver_version {
+        str_attr(root, "driver_version", v)?;
+    }
+    if let Some(v) = cuda_version {
+        str_attr(root, "cuda_version", v)?;
+    }
     scalar_attr(root, "schema_version", &SCHEMA_VERSION)?;
     Ok(())
 }
@@ -398,6 +441,22 @@ impl ColumnWriter<'_> {
 // ---------------------------------------------------------------------------------------------
 // Reading
 
+/// An attribute that is written only when known: `None` when absent.
+fn read_opt<T>(
+    loc: &Location,
+    name: &str,
+    read: impl FnOnce(&str) -> anyhow::Result<T>,
+) -> anyhow::Result<Option<T>> {
+    let names = loc
+        .attr_names()
+        .with_context(|| format!("listing attributes of {}", loc.name()))?;
+    if names.iter().any(|n| n == name) {
+        read(name).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let file = unlocked().open(path).context("opening")?;
 
@@ -416,6 +475,10 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
         device_name: read_str_attr(&file, "device_name")?,
         threads: read_attr(&file, "threads")?,
         workload: read_str_attr(&file, "workload")?,
+        cuda_context_bytes: read_opt(&file, "cuda_context_bytes", |n| read_attr(&file, n))?,
+        device_memory_bytes: read_opt(&file, "device_memory_bytes", |n| read_attr(&file, n))?,
+        driver_version: read_opt(&file, "driver_version", |n| read_str_attr(&file, n))?,
+        cuda_version: read_opt(&file, "cuda_version", |n| read_str_attr(&file, n))?,
     };
 
     let group = file
@@ -461,6 +524,13 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let cpu_sys_s = r.opt_f64("cpu_sys_s")?;
     let wall_s = r.opt_f64("wall_s")?;
     let rss_peak_bytes = r.opt_u64("rss_peak_bytes")?;
+    let peak_meter = r.string("peak_meter")?;
+    let reserved_peak_bytes = r.opt_u64("reserved_peak_bytes")?;
+    let device_used_bytes = r.opt_i64("device_used_bytes")?;
+    let nvml_process_peak_bytes = r.opt_u64("nvml_process_peak_bytes")?;
+    let gpu_util_mean_pct = r.opt_f64("gpu_util_mean_pct")?;
+    let gpu_power_peak_w = r.opt_f64("gpu_power_peak_w")?;
+    let nvml_samples_count = r.opt_u64("nvml_samples_count")?;
     let threads = r.plain_u64("threads")?;
 
     let mut run_id = run_id.into_iter();
@@ -471,6 +541,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut optimizer = optimizer.into_iter();
     let mut phase = phase.into_iter();
     let mut error = error.into_iter();
+    let mut peak_meter = peak_meter.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -505,6 +576,13 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             cpu_sys_s: cpu_sys_s[i],
             wall_s: wall_s[i],
             rss_peak_bytes: rss_peak_bytes[i],
+            peak_meter: next(&mut peak_meter),
+            reserved_peak_bytes: reserved_peak_bytes[i],
+            device_used_bytes: device_used_bytes[i],
+            nvml_process_peak_bytes: nvml_process_peak_bytes[i],
+            gpu_util_mean_pct: gpu_util_mean_pct[i],
+            gpu_power_peak_w: gpu_power_peak_w[i],
+            nvml_samples_count: nvml_samples_count[i],
             threads: threads[i],
         });
     }

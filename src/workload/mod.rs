@@ -26,6 +26,7 @@
 
 use serde::Deserialize;
 
+use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA};
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::gpt::{self, Config};
@@ -105,8 +106,8 @@ pub struct Case {
     pub cfg: Config,
     pub batch: usize,
     pub seq: usize,
-    pub dtype: String,
-    pub device: String,
+    pub dtype: ElemType,
+    pub device: DeviceSpec,
     pub optimizer: OptimizerKind,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
@@ -209,17 +210,33 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &gpt::PRESETS.join(", "),
         )
     })?;
-    let dtype = spec.dtype.clone().unwrap_or_else(|| "f32".into());
-    if dtype != "f32" {
-        return Err(ctx.bad("dtype", &dtype, "unsupported element type", "f32"));
-    }
-    let device = spec.device.clone().unwrap_or_else(|| "cpu".into());
-    if device != "cpu" {
-        return Err(ctx.bad(
+    let device_name = spec.device.clone().unwrap_or_else(|| "cpu".into());
+    let device = DeviceSpec::parse(&device_name).ok_or_else(|| {
+        ctx.bad(
             "device",
-            &device,
-            "this build has only the CPU backend",
-            "cpu",
+            &device_name,
+            "unknown device",
+            &format!("cpu, cuda, cuda:0..={MAX_CUDA_ORDINAL}"),
+        )
+    })?;
+    if device.is_cuda() && !HAS_CUDA {
+        return Err(ctx.bad("device", &device_name, NO_CUDA, "cpu"));
+    }
+    let dtype_name = spec.dtype.clone().unwrap_or_else(|| "f32".into());
+    let dtype = ElemType::parse(&dtype_name).ok_or_else(|| {
+        ctx.bad(
+            "dtype",
+            &dtype_name,
+            "unknown element type",
+            ElemType::NAMES,
+        )
+    })?;
+    if device == DeviceSpec::Cpu && dtype != ElemType::F32 {
+        return Err(ctx.bad(
+            "dtype",
+            &dtype_name,
+            "the CPU backend runs f32 only (candle's CPU matmul has no bf16)",
+            "f32 on cpu; f32, bf16, f16 on cuda",
         ));
     }
     let phases: Vec<Phase> = match &spec.phases {
@@ -343,8 +360,8 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                         cfg,
                                         batch,
                                         seq,
-                                        dtype: dtype.clone(),
-                                        device: device.clone(),
+                                        dtype,
+                                        device,
                                         optimizer: opt,
                                         phases: phases.clone(),
                                     });

@@ -1,0 +1,143 @@
+//! Where a case runs and in which element type: `cpu` or `cuda:N`, `f32`, `bf16` or `f16`.
+//!
+//! The CPU backend runs `f32` only (candle 0.11.1's CPU matmul has no `bf16`, and memfit's CPU
+//! formulas are for `f32`). `cuda:N` needs a memfit built with the `cuda` feature
+//! (`scripts/build-cuda.sh`); other builds refuse it when the workload is read, with that hint.
+
+use std::fmt;
+
+/// A device a case can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+/// Highest CUDA ordinal accepted.
+pub const MAX_CUDA_ORDINAL: usize = 63;
+
+impl DeviceSpec {
+    /// `cpu`, `cuda` (= `cuda:0`) or `cuda:N`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "cpu" => Some(Self::Cpu),
+            "cuda" => Some(Self::Cuda(0)),
+            _ => {
+                let n: usize = s.strip_prefix("cuda:")?.parse().ok()?;
+                (n <= MAX_CUDA_ORDINAL).then_some(Self::Cuda(n))
+            }
+        }
+    }
+
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Self::Cuda(_))
+    }
+
+    /// The candle device (CUDA needs the `cuda` feature).
+    pub fn candle(self) -> candle_core::Result<candle_core::Device> {
+        match self {
+            Self::Cpu => Ok(candle_core::Device::Cpu),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(n) => candle_core::Device::new_cuda(n),
+            #[cfg(not(feature = "cuda"))]
+            Self::Cuda(_) => Err(candle_core::Error::Msg(NO_CUDA.into())),
+        }
+    }
+}
+
+/// Why a CPU-only build refuses `cuda:N`, and what to do.
+pub const NO_CUDA: &str = "this memfit was built without the cuda feature: build the CUDA binary \
+    with scripts/build-cuda.sh (or cargo build --release --features cuda)";
+
+/// True when this binary can run CUDA cases.
+pub const HAS_CUDA: bool = cfg!(feature = "cuda");
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Element type of weights, activations, gradients and optimizer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ElemType {
+    pub const NAMES: &'static str = "f32, bf16, f16";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(Self::F32),
+            "bf16" => Some(Self::Bf16),
+            "f16" => Some(Self::F16),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
+
+    pub fn candle(self) -> candle_core::DType {
+        match self {
+            Self::F32 => candle_core::DType::F32,
+            Self::Bf16 => candle_core::DType::BF16,
+            Self::F16 => candle_core::DType::F16,
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        assert_eq!(DeviceSpec::parse("cpu"), Some(DeviceSpec::Cpu));
+        assert_eq!(DeviceSpec::parse("cuda"), Some(DeviceSpec::Cuda(0)));
+        assert_eq!(DeviceSpec::parse("cuda:3"), Some(DeviceSpec::Cuda(3)));
+        assert_eq!(DeviceSpec::parse("cuda:64"), None);
+        assert_eq!(DeviceSpec::parse("cuda:-1"), None);
+        assert_eq!(DeviceSpec::parse("gpu"), None);
+        assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
+    fn elem_types() {
+        assert_eq!(ElemType::parse("bf16").map(ElemType::size), Some(2));
+        assert_eq!(ElemType::parse("f32").map(ElemType::size), Some(4));
+        assert_eq!(ElemType::parse("f64"), None);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_cpu_build_refuses_cuda_with_the_hint() {
+        let e = DeviceSpec::Cuda(0).candle().unwrap_err().to_string();
+        assert!(e.contains("scripts/build-cuda.sh"), "{e}");
+    }
+}

@@ -1,0 +1,194 @@
+//! CUDA meters (feature `cuda`): the pool (allocator layer), `cuMemGetInfo` (device layer) and
+//! NVML (process layer). Each is labelled; see `docs/schema.md` for why their figures differ.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use candle_core::cuda_backend::cudarc::driver::{CudaContext, result, sys};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+
+use super::pool::PoolSource;
+use super::sampler::{Sample, SampleSource};
+use super::{Meter, Reading};
+
+/// The device's default memory pool, which candle's `cuMemAllocAsync` allocations come from.
+pub struct CudaPool {
+    ctx: Arc<CudaContext>,
+    pool: sys::CUmemoryPool,
+}
+
+impl CudaPool {
+    pub fn new(ctx: Arc<CudaContext>) -> anyhow::Result<Self> {
+        ctx.bind_to_thread()?;
+        // SAFETY: the device comes from a live context.
+        let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+            .context("cuDeviceGetDefaultMemPool")?;
+        Ok(Self { ctx, pool })
+    }
+
+    fn get(&self, attr: sys::CUmemPool_attribute) -> anyhow::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: the pool is valid for the context's lifetime; these attributes are cuuint64_t.
+        unsafe { result::mem_pool::get_attribute(self.pool, attr, &mut v as *mut u64 as *mut _) }
+            .with_context(|| format!("cuMemPoolGetAttribute({attr:?})"))?;
+        Ok(v)
+    }
+
+    fn reset(&self, attr: sys::CUmemPool_attribute) -> anyhow::Result<()> {
+        let mut zero: u64 = 0;
+        // SAFETY: as above; 0 is the only value these attributes accept.
+        unsafe { result::mem_pool::set_attribute(self.pool, attr, &mut zero as *mut u64 as *mut _) }
+            .with_context(|| format!("cuMemPoolSetAttribute({attr:?}, 0)"))
+    }
+}
+
+impl PoolSource for CudaPool {
+    fn sync(&mut self) -> anyhow::Result<()> {
+        self.ctx.synchronize().context("cuCtxSynchronize")
+    }
+    fn used_current(&mut self) -> anyhow::Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+    fn used_high(&mut self) -> anyhow::Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    }
+    fn reserved_high(&mut self) -> anyhow::Result<u64> {
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    }
+    fn reset_highs(&mut self) -> anyhow::Result<()> {
+        self.reset(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        self.reset(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    }
+}
+
+/// `cuMemGetInfo`: device memory in use by everyone (after − before the window).
+pub struct MemInfoMeter {
+    ctx: Arc<CudaContext>,
+    used_before: u64,
+}
+
+impl MemInfoMeter {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        Self {
+            ctx,
+            used_before: 0,
+        }
+    }
+
+    fn used(&self) -> anyhow::Result<u64> {
+        self.ctx.synchronize().context("cuCtxSynchronize")?;
+        let (free, total) = self.ctx.mem_get_info().context("cuMemGetInfo")?;
+        Ok((total - free) as u64)
+    }
+}
+
+impl Meter for MemInfoMeter {
+    fn label(&self) -> &'static str {
+        "cuda-meminfo"
+    }
+    fn start(&mut self) -> anyhow::Result<()> {
+        self.used_before = self.used()?;
+        Ok(())
+    }
+    fn read(&mut self, into: &mut Reading) -> anyhow::Result<()> {
+        into.device_used_bytes = Some(self.used()? as i64 - self.used_before as i64);
+        Ok(())
+    }
+}
+
+/// NVML figures of this process on one GPU (read-only queries: no setting is changed, and
+/// accounting mode is never enabled).
+pub struct NvmlSource {
+    nvml: Nvml,
+    index: u32,
+    pid: u32,
+}
+
+impl NvmlSource {
+    /// `None` with the reason when NVML cannot be loaded (the caller warns once).
+    pub fn new(index: u32) -> Result<Self, String> {
+        let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
+        nvml.device_by_index(index)
+            .map_err(|e| format!("NVML device {index}: {e}"))?;
+        Ok(Self {
+            nvml,
+            index,
+            pid: std::process::id(),
+        })
+    }
+}
+
+impl SampleSource for NvmlSource {
+    fn sample(&mut self) -> Sample {
+        let Ok(dev) = self.nvml.device_by_index(self.index) else {
+            return Sample::default();
+        };
+        let process_bytes = dev.running_compute_processes().ok().and_then(|ps| {
+            ps.into_iter()
+                .find(|p| p.pid == self.pid)
+                .and_then(|p| match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                })
+        });
+        Sample {
+            process_bytes,
+            util_pct: dev.utilization_rates().ok().map(|u| u.gpu as f64),
+            power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+        }
+    }
+}
+
+/// The meters of one CUDA device and what is known about it.
+pub struct CudaSetup {
+    /// Started in order, read in reverse: host figures, NVML sampler, `cuMemGetInfo`, pool.
+    pub meters: Vec<Box<dyn Meter>>,
+    pub device_name: String,
+    pub memory_bytes: u64,
+    /// This process's device memory (NVML) once the context and candle's handles exist, before
+    /// any tensor: the CUDA context, cuBLAS/cuRAND handles and loaded modules.
+    pub context_bytes: Option<u64>,
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
+    /// Why NVML figures are missing, if they are (to warn once).
+    pub nvml_missing: Option<String>,
+}
+
+/// Opens `cuda:ordinal` the way candle does and builds its meters.
+pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
+    let dev = candle_core::Device::new_cuda(ordinal)
+        .with_context(|| format!("opening cuda:{ordinal}"))?;
+    let ctx = dev.as_cuda_device()?.cuda_stream().context().clone();
+    let device_name = ctx.name().context("cuDeviceGetName")?;
+    let memory_bytes = ctx.total_mem().context("cuDeviceTotalMem")? as u64;
+    let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(super::rusage::HostMeter::default())];
+    let (mut context_bytes, mut driver_version, mut cuda_version, mut nvml_missing) =
+        (None, None, None, None);
+    match NvmlSource::new(ordinal as u32) {
+        Ok(mut src) => {
+            context_bytes = src.sample().process_bytes;
+            driver_version = src.nvml.sys_driver_version().ok();
+            cuda_version = src.nvml.sys_cuda_driver_version().ok().map(|v| {
+                format!(
+                    "{}.{}",
+                    nvml_wrapper::cuda_driver_version_major(v),
+                    nvml_wrapper::cuda_driver_version_minor(v)
+                )
+            });
+            meters.push(Box::new(super::sampler::Sampler::new(src)));
+        }
+        Err(why) => nvml_missing = Some(why),
+    }
+    meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
+    meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
+    Ok(CudaSetup {
+        meters,
+        device_name,
+        memory_bytes,
+        context_bytes,
+        driver_version,
+        cuda_version,
+        nvml_missing,
+    })
+}

@@ -1,0 +1,189 @@
+//! The process layer on CUDA: a background thread samples NVML while a window is open.
+//!
+//! NVML's per-process memory (which includes the CUDA context, cuBLAS workspaces and loaded
+//! kernels, not just tensors), GPU utilisation and power are snapshots, so a thread reads them
+//! every [`Sampler::PERIOD`] (≥ 100 samples/s) and [`Stats`] keeps the peak memory, the mean
+//! utilisation and the peak power. The source is a trait so the aggregation is tested without a
+//! GPU; a source that fails is recorded as missing, never as zero.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{Meter, Reading};
+
+/// One snapshot; each figure is `None` when the source could not read it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    pub process_bytes: Option<u64>,
+    pub util_pct: Option<f64>,
+    pub power_w: Option<f64>,
+}
+
+/// Something that can be sampled from a thread.
+pub trait SampleSource: Send + 'static {
+    fn sample(&mut self) -> Sample;
+}
+
+/// Aggregates of the samples of one window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub samples: u64,
+    pub process_peak_bytes: Option<u64>,
+    util_sum: f64,
+    util_n: u64,
+    pub power_peak_w: Option<f64>,
+}
+
+impl Stats {
+    pub fn add(&mut self, s: Sample) {
+        self.samples += 1;
+        if let Some(b) = s.process_bytes {
+            self.process_peak_bytes = Some(self.process_peak_bytes.map_or(b, |p| p.max(b)));
+        }
+        if let Some(u) = s.util_pct {
+            self.util_sum += u;
+            self.util_n += 1;
+        }
+        if let Some(w) = s.power_w {
+            self.power_peak_w = Some(self.power_peak_w.map_or(w, |p| p.max(w)));
+        }
+    }
+
+    /// Mean utilisation over the samples that had one.
+    pub fn util_mean_pct(&self) -> Option<f64> {
+        (self.util_n > 0).then(|| self.util_sum / self.util_n as f64)
+    }
+}
+
+/// Samples a source on a thread between `start` and `read`.
+pub struct Sampler<S: SampleSource> {
+    source: Arc<Mutex<S>>,
+    running: Option<(Arc<AtomicBool>, JoinHandle<Stats>)>,
+}
+
+impl<S: SampleSource> Sampler<S> {
+    /// 200 samples per second.
+    pub const PERIOD: Duration = Duration::from_millis(5);
+
+    pub fn new(source: S) -> Self {
+        Self {
+            source: Arc::new(Mutex::new(source)),
+            running: None,
+        }
+    }
+}
+
+impl<S: SampleSource> Meter for Sampler<S> {
+    fn label(&self) -> &'static str {
+        "nvml-process"
+    }
+
+    fn start(&mut self) -> anyhow::Result<()> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, source) = (stop.clone(), self.source.clone());
+        let handle = std::thread::Builder::new()
+            .name("memfit-nvml".into())
+            .spawn(move || {
+                let mut stats = Stats::default();
+                let mut src = source.lock().expect("sampler source");
+                loop {
+                    // Sample once more after the stop flag: the window's last state counts.
+                    let last = flag.load(Ordering::Acquire);
+                    stats.add(src.sample());
+                    if last {
+                        return stats;
+                    }
+                    std::thread::sleep(Self::PERIOD);
+                }
+            })?;
+        self.running = Some((stop, handle));
+        Ok(())
+    }
+
+    fn read(&mut self, into: &mut Reading) -> anyhow::Result<()> {
+        let (stop, handle) = self
+            .running
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("sampler read without start"))?;
+        stop.store(true, Ordering::Release);
+        let stats = handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("the NVML sampler thread panicked"))?;
+        into.nvml_process_peak_bytes = stats.process_peak_bytes;
+        into.gpu_util_mean_pct = stats.util_mean_pct();
+        into.gpu_power_peak_w = stats.power_peak_w;
+        into.nvml_samples_count = Some(stats.samples);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_keep_peaks_and_average_only_present_values() {
+        let mut s = Stats::default();
+        s.add(Sample {
+            process_bytes: Some(500),
+            util_pct: Some(20.0),
+            power_w: Some(100.0),
+        });
+        s.add(Sample {
+            process_bytes: Some(900),
+            util_pct: None,
+            power_w: Some(350.5),
+        });
+        s.add(Sample {
+            process_bytes: Some(700),
+            util_pct: Some(80.0),
+            power_w: None,
+        });
+        assert_eq!(s.samples, 3);
+        assert_eq!(s.process_peak_bytes, Some(900));
+        assert_eq!(s.util_mean_pct(), Some(50.0));
+        assert_eq!(s.power_peak_w, Some(350.5));
+    }
+
+    #[test]
+    fn a_source_that_reads_nothing_gives_missing_not_zero() {
+        let mut s = Stats::default();
+        s.add(Sample::default());
+        assert_eq!(s.process_peak_bytes, None);
+        assert_eq!(s.util_mean_pct(), None);
+        assert_eq!(s.power_peak_w, None);
+    }
+
+    /// A source whose memory ramps up: the sampler sees the ramp's top (sampled after stop).
+    struct Ramp(u64);
+    impl SampleSource for Ramp {
+        fn sample(&mut self) -> Sample {
+            self.0 += 1;
+            Sample {
+                process_bytes: Some(self.0 * 1000),
+                util_pct: Some(100.0),
+                power_w: None,
+            }
+        }
+    }
+
+    #[test]
+    fn the_thread_samples_until_read() {
+        let mut m = Sampler::new(Ramp(0));
+        m.start().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let mut r = Reading::default();
+        m.read(&mut r).unwrap();
+        let n = r.nvml_samples_count.unwrap();
+        assert!(n >= 2, "{n} samples");
+        assert_eq!(r.nvml_process_peak_bytes, Some(n * 1000));
+        assert_eq!(r.gpu_util_mean_pct, Some(100.0));
+        assert_eq!(r.gpu_power_peak_w, None);
+        assert!(
+            m.read(&mut r).is_err(),
+            "a second read without start is an error"
+        );
+    }
+}
