@@ -24,7 +24,17 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
     )]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Write results.csv and results.h5 of a run folder from its journal and meta.json (e.g. a
+    /// GPU run whose machine had no HDF5 library).
+    #[command(after_help = "Example:\n  memfit convert results/h200/20261202T120000Z")]
+    Convert(ConvertArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// A run folder holding results.jsonl and meta.json.
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -64,10 +74,10 @@ pub struct RunArgs {
     /// Optimizers: sgd, adamw.
     #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<String>,
-    /// Element type (f32).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Device (cpu).
+    /// Element types, comma-separated: f32 (CPU and CUDA), bf16, f16 (CUDA).
+    #[arg(long, value_delimiter = ',')]
+    pub dtype: Vec<String>,
+    /// Device: cpu or cuda:N (the CUDA build).
     #[arg(long)]
     pub device: Option<String>,
     /// Worker threads of the CPU backend (default: the workload's, else all cores).
@@ -99,7 +109,7 @@ impl RunArgs {
             vocab: many(&self.vocab),
             optimizer: many(&self.optimizer),
             phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
-            dtype: self.dtype.clone(),
+            dtype: many(&self.dtype),
             device: self.device.clone(),
         }
     }

@@ -216,3 +216,26 @@ fn existing_journal_is_not_overwritten() {
         .failure()
         .stderr(predicate::str::contains("results.jsonl"));
 }
+
+/// The CUDA build cannot start without the NVIDIA driver; its launcher says so and points to
+/// the CPU build (this machine has no driver; skipped where one is installed).
+#[test]
+fn cuda_launcher_without_a_driver_points_to_the_cpu_build() {
+    let cache = std::process::Command::new("ldconfig").arg("-p").output();
+    if cache.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libcuda.so.1")) {
+        eprintln!("SKIPPED: an NVIDIA driver is installed here");
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("scripts/memfit-cuda"))
+        .arg("--version")
+        .env("LD_LIBRARY_PATH", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no NVIDIA driver") && err.contains("scripts/run.sh"),
+        "{err}"
+    );
+}

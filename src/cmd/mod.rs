@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod convert;
 pub mod run;
 
 use crate::cli::{Cli, Command};
@@ -8,5 +9,6 @@ use crate::cli::{Cli, Command};
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run::run(&args),
+        Command::Convert(args) => convert::convert(&args),
     }
 }

@@ -93,7 +93,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         let rows = match meter_sets.get(case.device, &mut meta) {
             Ok((meters, label)) => case_rows(case, &meta, run_case(case, meters), label),
             Err(e) => {
-                let msg = format!("{e:#}");
+                let msg = error_text(&e);
                 let failed = case
                     .phases
                     .iter()
@@ -229,6 +229,17 @@ fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSe
     }
 }
 
+/// An error chain as stored in a row: without the backtrace candle appends to its errors when
+/// `RUST_BACKTRACE` is set (it would bury the message and bloat every store).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let full = format!("{e:#}");
+    let cut = full
+        .find("\n   0: ")
+        .or_else(|| full.find("\nstack backtrace:"))
+        .unwrap_or(full.len());
+    full[..cut].trim_end().to_string()
+}
+
 /// `oom` when the error chain is the device running out of memory, else `error`.
 pub fn status_of(message: &str) -> Status {
     if message.contains("OUT_OF_MEMORY") || message.contains("out of memory") {
@@ -252,7 +263,7 @@ pub fn case_rows(
             let (status, error, reading) = match res.outcome {
                 Ok(r) => (Status::Ok, None, r),
                 Err(e) => {
-                    let msg = format!("{e:#}");
+                    let msg = error_text(&e);
                     (status_of(&msg), Some(msg), Reading::default())
                 }
             };
@@ -332,5 +343,25 @@ fn os_name() -> String {
         (Some(p), None) => p,
         (None, Some(k)) => format!("Linux {k}"),
         (None, None) => std::env::consts::OS.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_errors_lose_the_backtrace_and_oom_is_recognised() {
+        let e = anyhow::anyhow!(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: bt\n   at x.rs:1"
+        )
+        .context("phase forward");
+        let text = error_text(&e);
+        assert_eq!(
+            text,
+            "phase forward: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+        );
+        assert_eq!(status_of(&text), Status::Oom);
+        assert_eq!(status_of("shape mismatch"), Status::Error);
     }
 }

@@ -67,7 +67,7 @@ pub struct GridSpec {
     pub vocab: Option<OneOrMany<i64>>,
     pub optimizer: Option<OneOrMany<String>>,
     pub phases: Option<Vec<String>>,
-    pub dtype: Option<String>,
+    pub dtype: Option<OneOrMany<String>>,
     pub device: Option<String>,
 }
 
@@ -222,22 +222,28 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     if device.is_cuda() && !HAS_CUDA {
         return Err(ctx.bad("device", &device_name, NO_CUDA, "cpu"));
     }
-    let dtype_name = spec.dtype.clone().unwrap_or_else(|| "f32".into());
-    let dtype = ElemType::parse(&dtype_name).ok_or_else(|| {
-        ctx.bad(
-            "dtype",
-            &dtype_name,
-            "unknown element type",
-            ElemType::NAMES,
-        )
-    })?;
-    if device == DeviceSpec::Cpu && dtype != ElemType::F32 {
-        return Err(ctx.bad(
-            "dtype",
-            &dtype_name,
-            "the CPU backend runs f32 only (candle's CPU matmul has no bf16)",
-            "f32 on cpu; f32, bf16, f16 on cuda",
-        ));
+    let dtype_names = spec
+        .dtype
+        .as_ref()
+        .map_or_else(|| vec!["f32".to_string()], OneOrMany::to_vec);
+    if dtype_names.is_empty() {
+        return Err(ctx.bad("dtype", "[]", "empty list", ElemType::NAMES));
+    }
+    let mut dtypes = Vec::new();
+    for name in &dtype_names {
+        let dtype = ElemType::parse(name)
+            .ok_or_else(|| ctx.bad("dtype", name, "unknown element type", ElemType::NAMES))?;
+        if device == DeviceSpec::Cpu && dtype != ElemType::F32 {
+            return Err(ctx.bad(
+                "dtype",
+                name,
+                "the CPU backend runs f32 only (candle's CPU matmul has no bf16)",
+                "f32 on cpu; f32, bf16, f16 on cuda",
+            ));
+        }
+        if !dtypes.contains(&dtype) {
+            dtypes.push(dtype);
+        }
     }
     let phases: Vec<Phase> = match &spec.phases {
         None => Phase::ALL.to_vec(),
@@ -349,22 +355,24 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    cases.push(Case {
-                                        index: cases.len(),
-                                        model,
-                                        preset: if custom {
-                                            "custom".into()
-                                        } else {
-                                            preset_name.clone()
-                                        },
-                                        cfg,
-                                        batch,
-                                        seq,
-                                        dtype,
-                                        device,
-                                        optimizer: opt,
-                                        phases: phases.clone(),
-                                    });
+                                    for &dtype in &dtypes {
+                                        cases.push(Case {
+                                            index: cases.len(),
+                                            model,
+                                            preset: if custom {
+                                                "custom".into()
+                                            } else {
+                                                preset_name.clone()
+                                            },
+                                            cfg: cfg.clone(),
+                                            batch,
+                                            seq,
+                                            dtype,
+                                            device,
+                                            optimizer: opt,
+                                            phases: phases.clone(),
+                                        });
+                                    }
                                 }
                             }
                         }

@@ -34,3 +34,47 @@ pub fn within(row: &Row, rel: f64, abs: u64) -> bool {
     let p = row.predicted_peak_bytes.expect("predicted") as f64;
     (m - p).abs() <= rel * m + abs as f64
 }
+
+/// True when this test binary can run CUDA cases: built with `cuda` and a device answers.
+pub fn cuda_available() -> bool {
+    cfg!(feature = "cuda") && memfit::device::DeviceSpec::Cuda(0).candle().is_ok()
+}
+
+/// Called by a CUDA test variant that found no device: says so on stderr (cargo shows it with
+/// `--nocapture`), and fails when `MEMFIT_REQUIRE_CUDA=1` (set it on a GPU machine so a missing
+/// device can never pass silently).
+pub fn cuda_missing() {
+    if std::env::var("MEMFIT_REQUIRE_CUDA").as_deref() == Ok("1") {
+        panic!("MEMFIT_REQUIRE_CUDA=1 but no CUDA device answers");
+    }
+    eprintln!("SKIPPED: no CUDA device (set MEMFIT_REQUIRE_CUDA=1 to make this a failure)");
+}
+
+/// Defines a module `$name` with two tests running `$body(device)`: `cpu` with `"cpu"` and
+/// `cuda` with `"cuda:0"`. Without the `cuda` feature the CUDA variant is `#[ignore]`d, so the
+/// test report lists it as ignored, never as passed; with it but no device it reports itself
+/// skipped (see [`cuda_missing`]).
+#[macro_export]
+macro_rules! on_each_device {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn cpu() {
+                ($body)("cpu")
+            }
+
+            #[test]
+            #[cfg_attr(not(feature = "cuda"), ignore = "built without the cuda feature")]
+            fn cuda() {
+                if $crate::common::cuda_available() {
+                    ($body)("cuda:0")
+                } else {
+                    $crate::common::cuda_missing()
+                }
+            }
+        }
+    };
+}

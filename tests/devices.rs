@@ -1,0 +1,49 @@
+//! The same case on every device: the CPU always, CUDA where the build and the machine have it
+//! (`on_each_device!`: the CUDA variant is reported ignored or skipped, never silently passed).
+
+mod common;
+
+use common::run_rows;
+use memfit::record::Status;
+
+fn every_phase_is_metered_by_the_device_meter(device: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run_rows(
+        dir.path(),
+        &[
+            "--device", device, "--batch", "2", "--seq", "33", "--hidden", "48", "--heads", "3",
+            "--layers", "2", "--vocab", "101",
+        ],
+    );
+    assert_eq!(rows.len(), 6);
+    let meter = if device == "cpu" {
+        "cpu-allocator"
+    } else {
+        "cuda-pool"
+    };
+    for r in &rows {
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.device, device);
+        assert_eq!(r.peak_meter, meter);
+        let peak = r.peak_bytes.expect("peak measured");
+        let predicted = r.predicted_peak_bytes.expect("predicted");
+        // Weights are 4 bytes per parameter on every device: init holds at least that.
+        if r.phase == "init" {
+            assert!(peak >= 4 * r.params, "{r:?}");
+        }
+        if device == "cpu" {
+            // The CPU figures are exact (tests/exactness.rs holds the tight bounds).
+            assert!(
+                peak.abs_diff(predicted) <= predicted / 100 + 64 * 1024,
+                "{r:?}"
+            );
+            assert!(r.reserved_peak_bytes.is_none() && r.nvml_samples_count.is_none());
+        } else {
+            // The pool sees tensor data only; its reservation covers the used peak.
+            assert!(r.reserved_peak_bytes.unwrap() >= peak, "{r:?}");
+            assert!(r.device_used_bytes.is_some(), "{r:?}");
+        }
+    }
+}
+
+on_each_device!(every_phase, every_phase_is_metered_by_the_device_meter);
