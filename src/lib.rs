@@ -18,6 +18,7 @@ pub mod error;
 pub mod formula;
 pub mod meter;
 pub mod model;
+pub mod optim;
 pub mod phase;
 pub mod record;
 pub mod report;

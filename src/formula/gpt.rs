@@ -123,27 +123,59 @@ impl Shape {
         self.e() * self.params() + self.meta(GRAD_META_FIXED + GRAD_META_PER_LAYER * self.l)
     }
 
-    /// Optimizer state: AdamW keeps m and v (`2·e·P`); SGD nothing.
+    /// Elements of every parameter tensor, in model order.
+    pub fn param_tensor_sizes(&self) -> Vec<u64> {
+        let Shape { h, l, v, s_max, .. } = *self;
+        let mut sizes = vec![v * h, s_max * h];
+        for _ in 0..l {
+            sizes.extend([h, h]); // ln1
+            for _ in 0..4 {
+                sizes.extend([h * h, h]); // q, k, v, o
+            }
+            sizes.extend([h, h]); // ln2
+            sizes.extend([4 * h * h, 4 * h, 4 * h * h, h]); // fc1, fc2
+        }
+        sizes.extend([h, h, v * h]); // ln_f, head
+        sizes
+    }
+
+    /// Optimizer state (see `crate::optim`): SGD none; SGD with momentum `e·P`; Adam and AdamW
+    /// `2e·P`; 8-bit AdamW `Σ_t 2·(n_t + 4⌈n_t/block⌉)`. Plus, on the CPU, the metadata of the
+    /// state tensors.
     pub fn optimizer_state_bytes(&self, opt: OptimizerKind) -> u64 {
+        let (p, t) = (self.params(), self.param_tensors());
         match opt {
             OptimizerKind::Sgd => 0,
-            OptimizerKind::Adamw => {
-                2 * self.e() * self.params()
-                    + self.meta(2 * INIT_META_PER_VAR * self.param_tensors())
+            OptimizerKind::SgdMomentum => self.e() * p + self.meta(INIT_META_PER_VAR * t),
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                2 * self.e() * p + self.meta(2 * INIT_META_PER_VAR * t)
+            }
+            OptimizerKind::Adamw8bit => {
+                self.param_tensor_sizes()
+                    .iter()
+                    .map(|&n| state_bytes_8bit(n, BLOCK_8BIT))
+                    .sum::<u64>()
+                    + self.meta(
+                        4 * META_PER_STATE_TENSOR_8BIT * t
+                            + crate::optim::adamw8bit::object_bytes(),
+                    )
             }
         }
     }
 
-    /// Peak temporaries of one optimizer step: candle's AdamW builds its update from unfused
-    /// per-tensor ops whose results stay referenced until the parameter is written, 14 tensors
-    /// the size of the largest parameter; SGD's `θ − lr·g` needs 2.
+    /// Peak temporaries of one optimizer step, beside its state: candle's AdamW builds its
+    /// update from unfused per-tensor ops whose results stay referenced until the parameter is
+    /// written, 14 tensors the size of the largest parameter; SGD's `θ − lr·g` and momentum's
+    /// `μ·v + g` / `θ − lr·v` need 2; 8-bit AdamW's host copies `10·n + 8⌈n/block⌉ + 8·block`
+    /// bytes for the largest tensor (f32 path).
     pub fn optimizer_step_temp_bytes(&self, opt: OptimizerKind) -> u64 {
         let n = self.largest_param();
         match opt {
-            OptimizerKind::Sgd => 2 * self.e() * n,
-            OptimizerKind::Adamw => {
+            OptimizerKind::Sgd | OptimizerKind::SgdMomentum => 2 * self.e() * n,
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
                 14 * self.e() * n + self.meta(OPT_META_FIXED + OPT_META_PER_LAYER * self.l)
             }
+            OptimizerKind::Adamw8bit => 10 * n + 8 * n.div_ceil(BLOCK_8BIT) + 8 * BLOCK_8BIT,
         }
     }
 
@@ -198,8 +230,9 @@ impl Shape {
             Phase::Optimizer => Prediction {
                 // The state's own metadata is inside the step's fitted metadata constant.
                 peak_bytes: match opt {
-                    OptimizerKind::Sgd => 0,
-                    OptimizerKind::Adamw => 2 * self.e() * self.params(),
+                    // AdamW's state metadata is inside the step's fitted metadata constant.
+                    OptimizerKind::Adam | OptimizerKind::Adamw => 2 * self.e() * self.params(),
+                    _ => self.optimizer_state_bytes(opt),
                 } + self.optimizer_step_temp_bytes(opt),
                 retained_bytes: self.optimizer_state_bytes(opt) as i64,
             },
@@ -238,6 +271,15 @@ pub const GRAD_META_PER_LAYER: u64 = 4_420;
 pub const OPT_META_FIXED: u64 = 6_112;
 /// AdamW step metadata per block.
 pub const OPT_META_PER_LAYER: u64 = 8_800;
+/// Elements per block of the 8-bit optimizer (its default).
+pub const BLOCK_8BIT: u64 = 2048;
+/// Bytes of the 8-bit optimizer's state for a tensor of `n` elements.
+pub fn state_bytes_8bit(n: u64, block: u64) -> u64 {
+    crate::optim::adamw8bit::state_bytes(n, block)
+}
+/// Metadata per state tensor of the 8-bit optimizer (four per parameter tensor).
+pub const META_PER_STATE_TENSOR_8BIT: u64 = 272;
+
 /// Bookkeeping per live tensor in the replay (`Arc<Tensor_>`, shape and stride vectors, op
 /// node): fitted on the replay's residuals, which stay under 8 KiB over the tested configs.
 pub const META_PER_TENSOR: u64 = 240;

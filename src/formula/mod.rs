@@ -5,6 +5,7 @@ pub mod gemm;
 pub mod gpt;
 pub mod gpt_replay;
 pub mod symbolic;
+pub mod zero;
 
 use crate::phase::Phase;
 use crate::workload::Case;

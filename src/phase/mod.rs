@@ -66,24 +66,44 @@ impl Phase {
     }
 }
 
-/// Optimizers (candle-nn's own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Optimizers (see `crate::optim` for their state and step memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum OptimizerKind {
-    /// Plain SGD: no state.
+    /// Plain SGD (candle-nn): no state.
     Sgd,
-    /// AdamW: first and second moments in the parameters' dtype.
+    /// SGD with momentum 0.9: one velocity per parameter.
+    SgdMomentum,
+    /// Adam (candle-nn's AdamW without weight decay): first and second moments.
+    Adam,
+    /// AdamW (candle-nn): first and second moments in the parameters' dtype.
     Adamw,
+    /// AdamW with blockwise 8-bit moments (memfit's own).
+    Adamw8bit,
 }
 
 impl OptimizerKind {
-    pub const ALL: [OptimizerKind; 2] = [OptimizerKind::Sgd, OptimizerKind::Adamw];
+    pub const ALL: [OptimizerKind; 5] = [
+        OptimizerKind::Sgd,
+        OptimizerKind::SgdMomentum,
+        OptimizerKind::Adam,
+        OptimizerKind::Adamw,
+        OptimizerKind::Adamw8bit,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             OptimizerKind::Sgd => "sgd",
+            OptimizerKind::SgdMomentum => "sgd-momentum",
+            OptimizerKind::Adam => "adam",
             OptimizerKind::Adamw => "adamw",
+            OptimizerKind::Adamw8bit => "adamw-8bit",
         }
+    }
+
+    /// The names, for error messages.
+    pub fn names() -> String {
+        Self::ALL.map(OptimizerKind::as_str).join(", ")
     }
 
     pub fn parse(s: &str) -> Option<Self> {

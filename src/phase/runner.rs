@@ -4,49 +4,21 @@
 
 use anyhow::Context;
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, SGD, VarBuilder, VarMap};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
 
-use super::{OptimizerKind, Phase};
+use crate::optim::Opt;
+
+use super::Phase;
 use crate::meter::{Meter, Reading, measure};
 use crate::model::gpt::{Gpt, synthetic_batch};
 use crate::workload::Case;
-
-/// Learning rate of both optimizers (the value does not change memory).
-pub const LEARNING_RATE: f64 = 1e-3;
 
 /// The result of one requested phase.
 #[derive(Debug)]
 pub struct PhaseResult {
     pub phase: Phase,
     pub outcome: anyhow::Result<Reading>,
-}
-
-enum Opt {
-    Sgd(SGD),
-    Adamw(AdamW),
-}
-
-impl Opt {
-    fn new(kind: OptimizerKind, vars: Vec<Var>) -> candle_core::Result<Self> {
-        Ok(match kind {
-            OptimizerKind::Sgd => Opt::Sgd(SGD::new(vars, LEARNING_RATE)?),
-            OptimizerKind::Adamw => Opt::Adamw(AdamW::new(
-                vars,
-                ParamsAdamW {
-                    lr: LEARNING_RATE,
-                    ..Default::default()
-                },
-            )?),
-        })
-    }
-
-    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
-        match self {
-            Opt::Sgd(o) => o.step(grads),
-            Opt::Adamw(o) => o.step(grads),
-        }
-    }
 }
 
 /// The training state a case builds up phase by phase.

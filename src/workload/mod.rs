@@ -269,10 +269,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         .as_ref()
         .map_or(vec!["adamw".into()], |o| o.to_vec())
     {
-        optimizers.push(
-            OptimizerKind::parse(&o)
-                .ok_or_else(|| ctx.bad("optimizer", &o, "unknown optimizer", "sgd, adamw"))?,
-        );
+        optimizers.push(OptimizerKind::parse(&o).ok_or_else(|| {
+            ctx.bad(
+                "optimizer",
+                &o,
+                "unknown optimizer",
+                &OptimizerKind::names(),
+            )
+        })?);
     }
 
     let list = |k: &str,
