@@ -74,6 +74,9 @@ pub struct RunArgs {
     /// Optimizers: sgd, adamw.
     #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<String>,
+    /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub checkpoint: Vec<i64>,
     /// Element types, comma-separated: f32 (CPU and CUDA), bf16, f16 (CUDA).
     #[arg(long, value_delimiter = ',')]
     pub dtype: Vec<String>,
@@ -110,6 +113,7 @@ impl RunArgs {
             optimizer: many(&self.optimizer),
             phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
             dtype: many(&self.dtype),
+            checkpoint: many(&self.checkpoint),
             device: self.device.clone(),
         }
     }

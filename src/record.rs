@@ -56,8 +56,10 @@ pub struct Row {
     pub dtype: String,
     /// `cpu` or `cuda:N`.
     pub device: String,
-    /// `sgd` or `adamw`.
+    /// `sgd`, `sgd-momentum`, `adam`, `adamw` or `adamw-8bit`.
     pub optimizer: String,
+    /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
+    pub checkpoint: u64,
     /// `init`, `forward`, `backward`, `optimizer`, `train-step`, `inference`.
     pub phase: String,
     pub status: Status,

@@ -23,6 +23,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         dtype: "f32".into(),
         device: "cpu".into(),
         optimizer: "adamw".into(),
+        checkpoint: 0,
         phase: phase.into(),
         status: Status::Ok,
         error: None,

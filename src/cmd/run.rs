@@ -282,6 +282,7 @@ pub fn case_rows(
                 dtype: case.dtype.to_string(),
                 device: case.device.to_string(),
                 optimizer: case.optimizer.as_str().into(),
+                checkpoint: case.checkpoint as u64,
                 phase: res.phase.as_str().into(),
                 status,
                 error,

@@ -26,6 +26,8 @@ pub struct Shape {
     pub s_max: u64,
     /// Element type of weights, activations, gradients and optimizer state.
     pub elem: ElemType,
+    /// Blocks per gradient-checkpoint segment (0 = off).
+    pub checkpoint: u64,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -42,6 +44,7 @@ impl Shape {
             v: case.cfg.vocab as u64,
             s_max: case.cfg.max_seq as u64,
             elem: case.dtype,
+            checkpoint: case.checkpoint as u64,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -57,6 +60,7 @@ impl Shape {
             v,
             s_max,
             elem: ElemType::F32,
+            checkpoint: 0,
             cpu: true,
         }
     }
@@ -201,7 +205,7 @@ impl Shape {
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
         let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference)
-            || (phase == Phase::Forward && self.elem != ElemType::F32);
+            || (phase == Phase::Forward && (self.elem != ElemType::F32 || self.checkpoint > 0));
         let r = needs_replay.then(|| self.replay(threads));
         self.predict_with(phase, opt, r.as_ref())
     }
@@ -215,17 +219,17 @@ impl Shape {
                 retained_bytes: self.weights_bytes() as i64,
             },
             // f32: the closed form; bf16/f16: the replay (LayerNorm computes in f32 inside).
-            Phase::Forward if self.elem == ElemType::F32 => Prediction {
+            Phase::Forward if self.elem == ElemType::F32 && self.checkpoint == 0 => Prediction {
                 peak_bytes: self.activation_bytes(),
                 retained_bytes: self.activation_bytes() as i64,
             },
             Phase::Forward => Prediction {
-                peak_bytes: r().forward_retained,
+                peak_bytes: r().forward_peak,
                 retained_bytes: r().forward_retained as i64,
             },
             Phase::Backward => Prediction {
                 peak_bytes: r().backward_peak,
-                retained_bytes: r().backward_retained as i64,
+                retained_bytes: r().backward_retained,
             },
             Phase::Optimizer => Prediction {
                 // The state's own metadata is inside the step's fitted metadata constant.
@@ -239,7 +243,9 @@ impl Shape {
             // Forward and backward on top of each other, or later the gradients beside the
             // optimizer's step temporaries (the graph is dropped before the step).
             Phase::TrainStep => Prediction {
-                peak_bytes: (r().forward_retained + r().backward_peak).max(step),
+                peak_bytes: (r().forward_retained + r().backward_peak)
+                    .max(r().forward_peak)
+                    .max(step),
                 retained_bytes: 0,
             },
             Phase::Inference => Prediction {

@@ -17,8 +17,9 @@
 use std::rc::Rc;
 
 use super::gpt::Shape;
-use super::symbolic::{DType, Ledger, Sym, backward};
+use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::ElemType;
+use crate::phase::checkpoint::segments;
 
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 struct Linear {
@@ -276,9 +277,24 @@ impl Gpt {
     /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`.
     pub fn forward(&self, tokens: &Sym) -> Sym {
         let s = tokens.dims()[1];
-        let mask = Sym::new(tokens.ledger(), &[s, s], DType::F32).to_dtype(self.dtype);
+        let mask = self.mask(tokens, s);
+        let mut x = self.embed(tokens);
+        for block in &self.blocks {
+            x = block.forward(&x, &mask);
+        }
+        self.head_forward(&x)
+    }
+
+    /// The causal mask in the model's element type.
+    pub fn mask(&self, tokens: &Sym, s: usize) -> Sym {
+        Sym::new(tokens.ledger(), &[s, s], DType::F32).to_dtype(self.dtype)
+    }
+
+    /// Token plus position embedding.
+    pub fn embed(&self, tokens: &Sym) -> Sym {
+        let s = tokens.dims()[1];
         let pos = self.wpe.narrow(0, 0, s);
-        let mut x = {
+        {
             // candle-nn `Embedding::forward`.
             let mut final_dims = tokens.dims().to_vec();
             final_dims.push(self.hidden);
@@ -286,12 +302,62 @@ impl Gpt {
             let values = self.wte.index_select(&indexes, 0);
             values.reshape(&final_dims)
         }
-        .broadcast_add(&pos);
-        for block in &self.blocks {
-            x = block.forward(&x, &mask);
+        .broadcast_add(&pos)
+    }
+
+    /// Blocks `range` applied to `x`.
+    pub fn blocks_forward(&self, x: &Sym, mask: &Sym, range: std::ops::Range<usize>) -> Sym {
+        let mut x = x.clone();
+        for block in &self.blocks[range] {
+            x = block.forward(&x, mask);
         }
-        let x = self.ln_f.forward(&x);
+        x
+    }
+
+    /// Final LayerNorm and LM head.
+    pub fn head_forward(&self, x: &Sym) -> Sym {
+        let x = self.ln_f.forward(x);
         self.head.forward(&x)
+    }
+
+    /// The model with detached weights (views of the same storages, no graph).
+    pub fn detached(&self) -> Gpt {
+        let lin = |l: &Linear| Linear {
+            weight: l.weight.detach(),
+            bias: l.bias.as_ref().map(Sym::detach),
+        };
+        let ln = |l: &LayerNorm| LayerNorm {
+            weight: l.weight.detach(),
+            bias: l.bias.detach(),
+        };
+        Gpt {
+            wte: self.wte.detach(),
+            wpe: self.wpe.detach(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    ln1: ln(&b.ln1),
+                    attn: Attention {
+                        q: lin(&b.attn.q),
+                        k: lin(&b.attn.k),
+                        v: lin(&b.attn.v),
+                        o: lin(&b.attn.o),
+                        heads: b.attn.heads,
+                    },
+                    ln2: ln(&b.ln2),
+                    mlp: Mlp {
+                        fc1: lin(&b.mlp.fc1),
+                        fc2: lin(&b.mlp.fc2),
+                    },
+                })
+                .collect(),
+            ln_f: ln(&self.ln_f),
+            head: lin(&self.head),
+            hidden: self.hidden,
+            dtype: self.dtype,
+            vars: Vec::new(),
+        }
     }
 
     /// The model's `loss`: mean cross-entropy of the logits against `targets (B, S)`.
@@ -301,15 +367,82 @@ impl Gpt {
     }
 }
 
+/// What the checkpointed forward keeps (mirror of `phase::checkpoint::Forward`).
+struct CkptForward {
+    loss: Sym,
+    head_in: Sym,
+    inputs: Vec<Sym>,
+    mask: Sym,
+}
+
+/// Mirror of `phase::checkpoint::forward`.
+fn ckpt_forward(model: &Gpt, detached: &Gpt, tokens: &Sym, targets: &Sym, k: usize) -> CkptForward {
+    let s = tokens.dims()[1];
+    let mask = model.mask(tokens, s);
+    let mut x = detached.embed(tokens);
+    let mut inputs = Vec::new();
+    for seg in segments(model.blocks.len(), k) {
+        inputs.push(x.clone());
+        x = detached.blocks_forward(&x, &mask, seg);
+    }
+    let head_in = x.var_from();
+    drop(x);
+    let loss = Gpt::loss(&model.head_forward(&head_in), targets);
+    CkptForward {
+        loss,
+        head_in,
+        inputs,
+        mask,
+    }
+}
+
+fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Sym]) {
+    for v in vars {
+        if let Some(g) = from.remove(v) {
+            into.insert(v, g);
+        }
+    }
+}
+
+/// Mirror of `phase::checkpoint::backward`.
+fn ckpt_backward(model: &Gpt, fwd: CkptForward, tokens: &Sym, k: usize) -> GradStore {
+    let CkptForward {
+        loss,
+        head_in,
+        mut inputs,
+        mask,
+    } = fwd;
+    let vars = model.vars.clone();
+    let mut grads = GradStore::default();
+    let mut all = backward(&loss);
+    let mut grad_out = all.remove(&head_in).expect("head input gradient");
+    keep(&mut grads, &mut all, &vars);
+    drop((all, loss, head_in));
+    for seg in segments(model.blocks.len(), k).into_iter().rev() {
+        let xin = inputs.pop().expect("one input per segment").var_from();
+        let out = model.blocks_forward(&xin, &mask, seg);
+        let mut all = backward(&out.mul(&grad_out).sum_all());
+        drop(out);
+        grad_out = all.remove(&xin).expect("segment input gradient");
+        keep(&mut grads, &mut all, &vars);
+    }
+    let x0 = model.embed(tokens);
+    let mut all = backward(&x0.mul(&grad_out).sum_all());
+    keep(&mut grads, &mut all, &vars);
+    grads
+}
+
 /// Replayed peaks of one case, in bytes above each window's baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replay {
-    /// Training forward: the graph kept for backward.
+    /// Training forward: its peak, and the graph it keeps for backward.
+    pub forward_peak: u64,
     pub forward_retained: u64,
     /// `loss.backward()` peak above the graph.
     pub backward_peak: u64,
-    /// What backward leaves after pruning the store to the parameters' gradients.
-    pub backward_retained: u64,
+    /// What backward leaves after pruning the store to the parameters' gradients, minus what
+    /// it used up (the checkpointed forward's kept tensors).
+    pub backward_retained: i64,
     /// No-graph forward to the logits: peak and what stays (the logits).
     pub inference_peak: u64,
     pub inference_retained: u64,
@@ -324,17 +457,34 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     let model = Gpt::new(&ledger, shape, true);
     let tokens = Sym::new(&ledger, &[b, s], DType::U32);
     let targets = Sym::new(&ledger, &[b, s], DType::U32);
+    let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
-    let loss = Gpt::loss(&model.forward(&tokens), &targets);
-    let forward_retained = ledger.current() - base;
-    let base = ledger.reset_peak();
-    let mut all = backward(&loss);
-    let backward_peak = ledger.peak() - base;
-    let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
-    drop(all);
-    let backward_retained = ledger.current() - base;
-    drop(loss);
-    drop(kept);
+    let (forward_peak, forward_retained, backward_peak, backward_retained);
+    if k == 0 {
+        let loss = Gpt::loss(&model.forward(&tokens), &targets);
+        forward_peak = ledger.peak() - base;
+        forward_retained = ledger.current() - base;
+        let base = ledger.reset_peak();
+        let mut all = backward(&loss);
+        backward_peak = ledger.peak() - base;
+        let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
+        drop(all);
+        backward_retained = ledger.current() as i64 - base as i64;
+        drop(loss);
+        drop(kept);
+    } else {
+        let fwd = {
+            let detached = model.detached();
+            ckpt_forward(&model, &detached, &tokens, &targets, k)
+        };
+        forward_peak = ledger.peak() - base;
+        forward_retained = ledger.current() - base;
+        let base = ledger.reset_peak();
+        let grads = ckpt_backward(&model, fwd, &tokens, k);
+        backward_peak = ledger.peak() - base;
+        backward_retained = ledger.current() as i64 - base as i64;
+        drop(grads);
+    }
     drop(model);
 
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
@@ -347,6 +497,7 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     drop(logits);
 
     Replay {
+        forward_peak,
         forward_retained,
         backward_peak,
         backward_retained,
@@ -395,7 +546,7 @@ mod tests {
     fn backward_leaves_the_gradients() {
         for s in [shape(2, 77, 120, 5, 3, 1000), shape(3, 50, 48, 1, 2, 97)] {
             let r = replay(&s, 0, None);
-            assert_eq!(r.backward_retained, 4 * s.params(), "{s:?}");
+            assert_eq!(r.backward_retained, 4 * s.params() as i64, "{s:?}");
         }
     }
 

@@ -331,6 +331,14 @@ impl Sym {
         }
     }
 
+    /// `Var::from_tensor`: the same tensor if it is a variable, else a copy made a variable.
+    pub fn var_from(&self) -> Sym {
+        if self.0.is_variable {
+            return self.clone();
+        }
+        Sym::fresh_var(self.ledger(), self.dims(), self.0.dtype, None, true)
+    }
+
     // ---- element-wise ----------------------------------------------------------------------
 
     fn binary(&self, rhs: &Sym, f: fn(Sym, Sym) -> Op) -> Sym {

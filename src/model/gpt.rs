@@ -284,17 +284,46 @@ impl Gpt {
     /// `tokens (B, S)` u32 → logits `(B, S, V)`.
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
         let (_b, s) = tokens.dims2()?;
-        if s > self.cfg.max_seq {
-            candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
-        }
-        // f32 → the model's type: no copy for f32.
-        let mask = Self::causal_mask(s, tokens.device())?.to_dtype(self.dtype)?;
-        let pos = self.wpe.narrow(0, 0, s)?;
-        let mut x = self.wte.forward(tokens)?.broadcast_add(&pos)?;
+        let mask = self.mask(s, tokens.device())?;
+        let mut x = self.embed(tokens)?;
         for block in &self.blocks {
             x = block.forward(&x, &mask)?;
         }
-        let x = self.ln_f.forward(&x)?;
+        self.head_forward(&x)
+    }
+
+    /// The causal mask in the model's element type (f32 → the model's type: no copy for f32).
+    pub fn mask(&self, s: usize, device: &Device) -> Result<Tensor> {
+        Self::causal_mask(s, device)?.to_dtype(self.dtype)
+    }
+
+    /// Token plus position embedding: `tokens (B, S)` → `(B, S, H)`.
+    pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        let (_b, s) = tokens.dims2()?;
+        if s > self.cfg.max_seq {
+            candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
+        }
+        let pos = self.wpe.narrow(0, 0, s)?;
+        self.wte.forward(tokens)?.broadcast_add(&pos)
+    }
+
+    /// Blocks `range` applied to `x (B, S, H)`.
+    pub fn blocks_forward(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        range: std::ops::Range<usize>,
+    ) -> Result<Tensor> {
+        let mut x = x.clone();
+        for block in &self.blocks[range] {
+            x = block.forward(&x, mask)?;
+        }
+        Ok(x)
+    }
+
+    /// Final LayerNorm and LM head: `(B, S, H)` → logits `(B, S, V)`.
+    pub fn head_forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.ln_f.forward(x)?;
         self.head.forward(&x)
     }
 

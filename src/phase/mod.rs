@@ -18,6 +18,7 @@
 //! is still allocated when it closes (for `forward` the graph, for `backward` the gradients,
 //! for `optimizer` its state, for `inference` the logits).
 
+pub mod checkpoint;
 pub mod runner;
 
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@ use candle_nn::{VarBuilder, VarMap};
 
 use crate::optim::Opt;
 
-use super::Phase;
+use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
 use crate::model::gpt::{Gpt, synthetic_batch};
 use crate::workload::Case;
@@ -27,6 +27,8 @@ struct Trainer {
     model: Gpt,
     tokens: Tensor,
     targets: Tensor,
+    /// Blocks per checkpoint segment; 0 = no checkpointing.
+    checkpoint: usize,
 }
 
 impl Trainer {
@@ -42,10 +44,47 @@ impl Trainer {
         Gpt::loss(&logits, &self.targets)
     }
 
+    /// The training forward: the whole graph, or with checkpointing the segment inputs and the
+    /// head's graph.
+    fn forward(&self) -> candle_core::Result<Graph> {
+        if self.checkpoint == 0 {
+            Ok(Graph::Plain(self.loss()?))
+        } else {
+            let detached = self.model.detached();
+            Ok(Graph::Checkpointed(checkpoint::forward(
+                &self.model,
+                &detached,
+                &self.tokens,
+                &self.targets,
+                self.checkpoint,
+            )?))
+        }
+    }
+
+    /// The backward of either graph. The plain graph stays with the caller (the `backward`
+    /// window ends with it alive, as before); the checkpointed one is used up.
+    fn backward(&self, graph: &mut Option<Graph>) -> candle_core::Result<GradStore> {
+        match graph.take() {
+            Some(Graph::Plain(loss)) => {
+                let grads = self.backward_plain(&loss);
+                *graph = Some(Graph::Plain(loss));
+                grads
+            }
+            Some(Graph::Checkpointed(f)) => checkpoint::backward(
+                &self.model,
+                &self.varmap.all_vars(),
+                f,
+                &self.tokens,
+                self.checkpoint,
+            ),
+            None => Err(candle_core::Error::Msg("backward without a forward".into())),
+        }
+    }
+
     /// `loss.backward()`, keeping only the parameters' gradients. candle also stores gradients
     /// for constant operands (the causal mask's broadcast) and never removes them; they are
     /// freed here.
-    fn backward(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
+    fn backward_plain(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
         let mut all = loss.backward()?;
         let mut grads = GradStore::default();
         for var in self.varmap.all_vars() {
@@ -57,11 +96,17 @@ impl Trainer {
     }
 
     fn train_step(&self, opt: &mut Opt) -> candle_core::Result<()> {
-        let loss = self.loss()?;
-        let grads = self.backward(&loss)?;
-        drop(loss);
+        let mut graph = Some(self.forward()?);
+        let grads = self.backward(&mut graph)?;
+        drop(graph);
         opt.step(&grads)
     }
+}
+
+/// What a training forward leaves for the backward.
+enum Graph {
+    Plain(Tensor),
+    Checkpointed(checkpoint::Forward),
 }
 
 /// One unmetered training step on a throwaway model of the case's shape, plus a small matmul on
@@ -82,6 +127,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         model,
         tokens,
         targets,
+        checkpoint: case.checkpoint,
     };
     let mut opt = Opt::new(case.optimizer, t.varmap.all_vars())?;
     t.train_step(&mut opt)?;
@@ -163,6 +209,7 @@ fn run_chain(
         model,
         tokens,
         targets,
+        checkpoint: case.checkpoint,
     };
     if last == Phase::Init {
         return Ok(());
@@ -176,21 +223,20 @@ fn run_chain(
             .any(|&p| p <= Phase::Optimizer && p > Phase::Init)
     {
         // forward
-        let mut loss = None;
+        let mut graph = None;
         metered(Phase::Forward, results, meters, &mut || {
-            loss = Some(t.loss()?);
+            graph = Some(t.forward()?);
             Ok(())
         })?;
-        let loss_t = loss.take().expect("forward ran");
         // backward
         let mut grads = None;
         if last >= Phase::Backward {
             metered(Phase::Backward, results, meters, &mut || {
-                grads = Some(t.backward(&loss_t)?);
+                grads = Some(t.backward(&mut graph)?);
                 Ok(())
             })?;
         }
-        drop(loss_t);
+        drop(graph);
         // optimizer
         if last >= Phase::Optimizer {
             let g = grads.take().expect("backward ran");

@@ -64,6 +64,7 @@ pub fn units_of(field: &str) -> &'static str {
         "heads" => "heads",
         "layers" => "layers",
         "threads" => "threads",
+        "checkpoint" => "blocks",
         "case" => "index",
         _ => "",
     }
@@ -87,7 +88,8 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "vocab" => "Vocabulary size.",
         "dtype" => "Element type of weights and activations.",
         "device" => "Device the case ran on: cpu or cuda:N.",
-        "optimizer" => "Optimizer: sgd or adamw.",
+        "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
+        "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",
         "phase" => "Measured phase: init, forward, backward, optimizer, train-step or inference.",
         "status" => "Outcome of the phase: ok, oom, error or timeout.",
         "error" => "Error message when status is not ok.",
@@ -183,6 +185,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("dtype", rows, |r| Some(&r.dtype))?;
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
+        w.plain_u64("checkpoint", rows, |r| r.checkpoint)?;
         w.string("phase", rows, |r| Some(&r.phase))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
         w.opt_string("error", rows, |r| r.error.as_deref())?;
@@ -511,6 +514,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let dtype = r.string("dtype")?;
     let device = r.string("device")?;
     let optimizer = r.string("optimizer")?;
+    let checkpoint = r.plain_u64("checkpoint")?;
     let phase = r.string("phase")?;
     let status = r.status("status")?;
     let error = r.opt_string("error")?;
@@ -563,6 +567,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             dtype: next(&mut dtype),
             device: next(&mut device),
             optimizer: next(&mut optimizer),
+            checkpoint: checkpoint[i],
             phase: next(&mut phase),
             status: status[i],
             error: error.next().flatten(),

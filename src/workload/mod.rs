@@ -69,6 +69,8 @@ pub struct GridSpec {
     pub phases: Option<Vec<String>>,
     pub dtype: Option<OneOrMany<String>>,
     pub device: Option<String>,
+    /// Blocks per gradient-checkpoint segment (0 = off).
+    pub checkpoint: Option<OneOrMany<i64>>,
 }
 
 impl GridSpec {
@@ -79,7 +81,7 @@ impl GridSpec {
         }
         pick!(
             model, preset, batch, seq, max_seq, hidden, heads, layers, vocab, optimizer, phases,
-            dtype, device
+            dtype, device, checkpoint
         )
     }
 }
@@ -109,6 +111,8 @@ pub struct Case {
     pub dtype: ElemType,
     pub device: DeviceSpec,
     pub optimizer: OptimizerKind,
+    /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
+    pub checkpoint: usize,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
 }
@@ -305,6 +309,10 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
     let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
     let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+    let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
+        .into_iter()
+        .map(|k| k.expect("checkpoint has a default"))
+        .collect();
 
     for &b in &batches {
         for &s in &seqs {
@@ -359,23 +367,34 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &dtype in &dtypes {
-                                        cases.push(Case {
-                                            index: cases.len(),
-                                            model,
-                                            preset: if custom {
-                                                "custom".into()
-                                            } else {
-                                                preset_name.clone()
-                                            },
-                                            cfg: cfg.clone(),
-                                            batch,
-                                            seq,
-                                            dtype,
-                                            device,
-                                            optimizer: opt,
-                                            phases: phases.clone(),
-                                        });
+                                    for &k in &checkpoints {
+                                        if k > cfg.layers {
+                                            return Err(ctx.bad(
+                                                "checkpoint",
+                                                &k.to_string(),
+                                                "more blocks per segment than the model has",
+                                                &format!("0..={} (layers)", cfg.layers),
+                                            ));
+                                        }
+                                        for &dtype in &dtypes {
+                                            cases.push(Case {
+                                                index: cases.len(),
+                                                model,
+                                                preset: if custom {
+                                                    "custom".into()
+                                                } else {
+                                                    preset_name.clone()
+                                                },
+                                                cfg: cfg.clone(),
+                                                batch,
+                                                seq,
+                                                dtype,
+                                                device,
+                                                optimizer: opt,
+                                                checkpoint: k,
+                                                phases: phases.clone(),
+                                            });
+                                        }
                                     }
                                 }
                             }

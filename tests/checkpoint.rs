@@ -1,0 +1,88 @@
+//! Gradient checkpointing gives the plain backward's gradients bit for bit (f32, CPU), for
+//! every segment length, and its memory is predicted like the plain path's.
+
+mod common;
+
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use common::{run_rows, within};
+use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::phase::checkpoint;
+
+#[test]
+fn checkpointed_gradients_equal_the_plain_ones_bit_for_bit() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let model = Gpt::new(&Config::new(50, 24, 3, 5, 12), vb).unwrap();
+    let (tokens, targets) = synthetic_batch(2, 11, 50, &dev).unwrap();
+    let vars = varmap.all_vars();
+    let plain = Gpt::loss(&model.forward(&tokens).unwrap(), &targets)
+        .unwrap()
+        .backward()
+        .unwrap();
+    for k in [1, 2, 3, 5] {
+        let detached = model.detached();
+        let fwd = checkpoint::forward(&model, &detached, &tokens, &targets, k).unwrap();
+        let ckpt = checkpoint::backward(&model, &vars, fwd, &tokens, k).unwrap();
+        for v in &vars {
+            let a = plain.get(v.as_tensor()).expect("plain gradient");
+            let b = ckpt.get(v.as_tensor()).expect("checkpointed gradient");
+            let (a, b) = (
+                a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "K = {k}: a gradient differs"
+            );
+        }
+        assert_eq!(
+            ckpt.get_ids().count(),
+            vars.len(),
+            "K = {k}: only parameter gradients"
+        );
+    }
+}
+
+#[test]
+fn checkpointed_memory_is_predicted() {
+    for k in ["1", "2", "3"] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--batch",
+                "2",
+                "--seq",
+                "40",
+                "--hidden",
+                "64",
+                "--heads",
+                "4",
+                "--layers",
+                "3",
+                "--vocab",
+                "300",
+                "--checkpoint",
+                k,
+                "--phases",
+                "forward,backward,train-step",
+            ],
+        );
+        for r in &rows {
+            assert_eq!(r.checkpoint.to_string(), k);
+            let (rel, abs) = match r.phase.as_str() {
+                "forward" => (0.001, 64 * 1024),
+                _ => (0.01, 0),
+            };
+            assert!(
+                within(r, rel, abs),
+                "K = {k} {}: measured {:?} predicted {:?}",
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+    }
+}
