@@ -74,6 +74,9 @@ pub struct RunArgs {
     /// Optimizers: sgd, adamw.
     #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<String>,
+    /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
+    #[arg(long, value_delimiter = ',')]
+    pub attention: Vec<String>,
     /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub checkpoint: Vec<i64>,
@@ -114,6 +117,7 @@ impl RunArgs {
             phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
             dtype: many(&self.dtype),
             checkpoint: many(&self.checkpoint),
+            attention: many(&self.attention),
             device: self.device.clone(),
         }
     }

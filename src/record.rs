@@ -60,6 +60,8 @@ pub struct Row {
     pub optimizer: String,
     /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
     pub checkpoint: u64,
+    /// `standard` or `efficient` attention.
+    pub attention: String,
     /// `init`, `forward`, `backward`, `optimizer`, `train-step`, `inference`.
     pub phase: String,
     pub status: Status,

@@ -81,6 +81,27 @@ fn backward_peak_inside_the_blocks() {
     ]);
 }
 
+/// Efficient attention: no score matrix in the graph; every phase still predicted.
+#[test]
+fn efficient_attention_odd_shape() {
+    check(&[
+        "--batch",
+        "2",
+        "--seq",
+        "77",
+        "--hidden",
+        "120",
+        "--heads",
+        "5",
+        "--layers",
+        "3",
+        "--vocab",
+        "1000",
+        "--attention",
+        "efficient",
+    ]);
+}
+
 #[test]
 fn small_preset() {
     check(&["--preset", "small", "--batch", "2", "--seq", "64"]);

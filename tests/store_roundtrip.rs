@@ -24,6 +24,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         device: "cpu".into(),
         optimizer: "adamw".into(),
         checkpoint: 0,
+        attention: "standard".into(),
         phase: phase.into(),
         status: Status::Ok,
         error: None,

@@ -283,6 +283,12 @@ pub fn case_rows(
                 device: case.device.to_string(),
                 optimizer: case.optimizer.as_str().into(),
                 checkpoint: case.checkpoint as u64,
+                attention: if case.cfg.efficient_attention {
+                    "efficient"
+                } else {
+                    "standard"
+                }
+                .into(),
                 phase: res.phase.as_str().into(),
                 status,
                 error,

@@ -28,6 +28,8 @@ pub struct Shape {
     pub elem: ElemType,
     /// Blocks per gradient-checkpoint segment (0 = off).
     pub checkpoint: u64,
+    /// Efficient attention (no `(S, S)` scores).
+    pub efficient: bool,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -45,6 +47,7 @@ impl Shape {
             s_max: case.cfg.max_seq as u64,
             elem: case.dtype,
             checkpoint: case.checkpoint as u64,
+            efficient: case.cfg.efficient_attention,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -61,6 +64,7 @@ impl Shape {
             s_max,
             elem: ElemType::F32,
             checkpoint: 0,
+            efficient: false,
             cpu: true,
         }
     }
@@ -203,9 +207,14 @@ impl Shape {
         )
     }
 
+    /// The closed-form activations describe the plain f32 graph with standard attention.
+    fn closed_form_forward(&self) -> bool {
+        self.elem == ElemType::F32 && self.checkpoint == 0 && !self.efficient
+    }
+
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
         let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference)
-            || (phase == Phase::Forward && (self.elem != ElemType::F32 || self.checkpoint > 0));
+            || (phase == Phase::Forward && !self.closed_form_forward());
         let r = needs_replay.then(|| self.replay(threads));
         self.predict_with(phase, opt, r.as_ref())
     }
@@ -219,7 +228,7 @@ impl Shape {
                 retained_bytes: self.weights_bytes() as i64,
             },
             // f32: the closed form; bf16/f16: the replay (LayerNorm computes in f32 inside).
-            Phase::Forward if self.elem == ElemType::F32 && self.checkpoint == 0 => Prediction {
+            Phase::Forward if self.closed_form_forward() => Prediction {
                 peak_bytes: self.activation_bytes(),
                 retained_bytes: self.activation_bytes() as i64,
             },

@@ -129,6 +129,7 @@ struct Attention {
     v: Linear,
     o: Linear,
     heads: usize,
+    efficient: bool,
 }
 
 impl Attention {
@@ -140,6 +141,12 @@ impl Attention {
         let q = split(self.q.forward(x));
         let k = split(self.k.forward(x));
         let v = split(self.v.forward(x));
+        if self.efficient {
+            let y = q.efficient_attention(&k, &v);
+            drop((q, k, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, h]);
+            return self.o.forward(&y);
+        }
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
@@ -240,6 +247,7 @@ impl Gpt {
                     v: Linear::new(&p, h, h, true),
                     o: Linear::new(&p, h, h, true),
                     heads: shape.a as usize,
+                    efficient: shape.efficient,
                 },
                 ln2: LayerNorm::new(&p, h),
                 mlp: Mlp {
@@ -344,6 +352,7 @@ impl Gpt {
                         v: lin(&b.attn.v),
                         o: lin(&b.attn.o),
                         heads: b.attn.heads,
+                        efficient: b.attn.efficient,
                     },
                     ln2: ln(&b.ln2),
                     mlp: Mlp {

@@ -181,6 +181,8 @@ pub enum Op {
     Tanh(Sym),
     Gelu(Sym),
     Powf(Sym, f64),
+    /// memfit's efficient attention (a candle `CustomOp3` on q, k, v).
+    Attn(Sym, Sym, Sym),
 }
 
 #[derive(Debug)]
@@ -506,6 +508,13 @@ impl Sym {
         self.out(&dims, self.0.dtype, op)
     }
 
+    /// `q.apply_op3(k, v, EfficientAttention)`: an output shaped like `q`.
+    pub fn efficient_attention(&self, k: &Sym, v: &Sym) -> Sym {
+        let op = (self.track_op() || k.track_op() || v.track_op())
+            .then(|| Op::Attn(self.clone(), k.clone(), v.clone()));
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
     pub fn gather(&self, indexes: &Sym, dim: usize) -> Sym {
         let op = self.op2(indexes, |a, i| Op::Gather(a, i, dim));
         self.out(indexes.dims(), self.0.dtype, op)
@@ -702,6 +711,7 @@ impl Op {
             | Op::Matmul(a, b)
             | Op::Gather(a, b, _)
             | Op::IndexSelect(a, b, _) => vec![a, b],
+            Op::Attn(q, k, v) => vec![q, k, v],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -897,6 +907,16 @@ pub fn backward(root: &Sym) -> GradStore {
                 };
                 let s = grads.or_insert(arg);
                 *s = s.add(&arg_grad);
+            }
+            Op::Attn(q, k, v) => {
+                // The op's backward returns three fresh gradients; each is added to its
+                // operand's and dropped before the next (`if let Some(g) = …` in candle).
+                let (g1, g2, g3) = (q.zeros_like(), k.zeros_like(), v.zeros_like());
+                for (arg, g) in [(q, g1), (k, g2), (v, g3)] {
+                    let s = grads.or_insert(arg);
+                    *s = s.add(&g);
+                    drop(g);
+                }
             }
             Op::Cmp(_) => {}
             Op::ToDType(arg) => {

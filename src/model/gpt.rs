@@ -30,6 +30,8 @@ use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias, ops};
 use serde::{Deserialize, Serialize};
 
+use super::efficient_attention::EfficientAttention;
+
 /// Shape of a GPT-style decoder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
@@ -40,6 +42,9 @@ pub struct Config {
     /// Rows of the position-embedding table: the longest sequence the model accepts.
     pub max_seq: usize,
     pub layer_norm_eps: f64,
+    /// Attention without the `(S, S)` scores ([`super::efficient_attention`]; CPU only).
+    #[serde(default)]
+    pub efficient_attention: bool,
 }
 
 /// Names accepted by [`Config::preset`].
@@ -71,6 +76,7 @@ impl Config {
             layers,
             max_seq,
             layer_norm_eps: 1e-5,
+            efficient_attention: false,
         }
     }
 
@@ -132,6 +138,7 @@ pub struct Attention {
     v: Linear,
     o: Linear,
     heads: usize,
+    efficient: bool,
 }
 
 impl Attention {
@@ -143,6 +150,7 @@ impl Attention {
             v: linear(h, h, vb.pp("v"))?,
             o: linear(h, h, vb.pp("o"))?,
             heads: cfg.heads,
+            efficient: cfg.efficient_attention,
         })
     }
 
@@ -158,6 +166,15 @@ impl Attention {
         let q = split(self.q.forward(x)?)?;
         let k = split(self.k.forward(x)?)?;
         let v = split(self.v.forward(x)?)?;
+        if self.efficient {
+            let op = EfficientAttention {
+                scale: (1.0 / (d as f64).sqrt()) as f32,
+            };
+            let y = q.apply_op3(&k, &v, op)?;
+            drop((q, k, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, h))?;
+            return self.o.forward(&y);
+        }
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
         drop((q, k));
         let scores = scores.broadcast_add(mask)?;
@@ -360,6 +377,7 @@ impl Gpt {
                         v: lin(&b.attn.v),
                         o: lin(&b.attn.o),
                         heads: b.attn.heads,
+                        efficient: b.attn.efficient,
                     },
                     ln2: ln(&b.ln2),
                     mlp: Mlp {

@@ -1,6 +1,7 @@
 //! Synthetic models written the candle way: a `Config` with named presets and layers built by
 //! `new(cfg, vb)` with sub-layers named through `vb.pp`.
 
+pub mod efficient_attention;
 pub mod gpt;
 
 /// Model families memfit can build.

@@ -90,6 +90,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "device" => "Device the case ran on: cpu or cuda:N.",
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
         "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",
+        "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
         "phase" => "Measured phase: init, forward, backward, optimizer, train-step or inference.",
         "status" => "Outcome of the phase: ok, oom, error or timeout.",
         "error" => "Error message when status is not ok.",
@@ -186,6 +187,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
         w.plain_u64("checkpoint", rows, |r| r.checkpoint)?;
+        w.string("attention", rows, |r| Some(&r.attention))?;
         w.string("phase", rows, |r| Some(&r.phase))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
         w.opt_string("error", rows, |r| r.error.as_deref())?;
@@ -515,6 +517,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let device = r.string("device")?;
     let optimizer = r.string("optimizer")?;
     let checkpoint = r.plain_u64("checkpoint")?;
+    let attention = r.string("attention")?;
     let phase = r.string("phase")?;
     let status = r.status("status")?;
     let error = r.opt_string("error")?;
@@ -546,6 +549,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut phase = phase.into_iter();
     let mut error = error.into_iter();
     let mut peak_meter = peak_meter.into_iter();
+    let mut attention = attention.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -568,6 +572,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             device: next(&mut device),
             optimizer: next(&mut optimizer),
             checkpoint: checkpoint[i],
+            attention: next(&mut attention),
             phase: next(&mut phase),
             status: status[i],
             error: error.next().flatten(),

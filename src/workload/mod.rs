@@ -71,6 +71,8 @@ pub struct GridSpec {
     pub device: Option<String>,
     /// Blocks per gradient-checkpoint segment (0 = off).
     pub checkpoint: Option<OneOrMany<i64>>,
+    /// `standard` or `efficient` attention.
+    pub attention: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -81,7 +83,7 @@ impl GridSpec {
         }
         pick!(
             model, preset, batch, seq, max_seq, hidden, heads, layers, vocab, optimizer, phases,
-            dtype, device, checkpoint
+            dtype, device, checkpoint, attention
         )
     }
 }
@@ -309,6 +311,36 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
     let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
     let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+    let mut attentions: Vec<bool> = Vec::new();
+    for name in spec
+        .attention
+        .as_ref()
+        .map_or_else(|| vec!["standard".to_string()], OneOrMany::to_vec)
+    {
+        let efficient = match name.as_str() {
+            "standard" => false,
+            "efficient" => true,
+            _ => {
+                return Err(ctx.bad(
+                    "attention",
+                    &name,
+                    "unknown attention",
+                    "standard, efficient",
+                ));
+            }
+        };
+        if efficient && device.is_cuda() {
+            return Err(ctx.bad(
+                "attention",
+                &name,
+                "efficient attention has no CUDA kernel (CPU only)",
+                "standard on cuda",
+            ));
+        }
+        if !attentions.contains(&efficient) {
+            attentions.push(efficient);
+        }
+    }
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -367,33 +399,38 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &k in &checkpoints {
-                                        if k > cfg.layers {
-                                            return Err(ctx.bad(
-                                                "checkpoint",
-                                                &k.to_string(),
-                                                "more blocks per segment than the model has",
-                                                &format!("0..={} (layers)", cfg.layers),
-                                            ));
-                                        }
-                                        for &dtype in &dtypes {
-                                            cases.push(Case {
-                                                index: cases.len(),
-                                                model,
-                                                preset: if custom {
-                                                    "custom".into()
-                                                } else {
-                                                    preset_name.clone()
-                                                },
-                                                cfg: cfg.clone(),
-                                                batch,
-                                                seq,
-                                                dtype,
-                                                device,
-                                                optimizer: opt,
-                                                checkpoint: k,
-                                                phases: phases.clone(),
-                                            });
+                                    for &efficient in &attentions {
+                                        for &k in &checkpoints {
+                                            if k > cfg.layers {
+                                                return Err(ctx.bad(
+                                                    "checkpoint",
+                                                    &k.to_string(),
+                                                    "more blocks per segment than the model has",
+                                                    &format!("0..={} (layers)", cfg.layers),
+                                                ));
+                                            }
+                                            for &dtype in &dtypes {
+                                                cases.push(Case {
+                                                    index: cases.len(),
+                                                    model,
+                                                    preset: if custom {
+                                                        "custom".into()
+                                                    } else {
+                                                        preset_name.clone()
+                                                    },
+                                                    cfg: Config {
+                                                        efficient_attention: efficient,
+                                                        ..cfg.clone()
+                                                    },
+                                                    batch,
+                                                    seq,
+                                                    dtype,
+                                                    device,
+                                                    optimizer: opt,
+                                                    checkpoint: k,
+                                                    phases: phases.clone(),
+                                                });
+                                            }
                                         }
                                     }
                                 }
