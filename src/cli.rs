@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// Optimizers: sgd, adamw.
     #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<String>,
+    /// Precision: pure (everything in --dtype) or mixed (f32 master weights, gradients and
+    /// optimizer state; --dtype f16/bf16 working copies and activations).
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -118,6 +122,7 @@ impl RunArgs {
             dtype: many(&self.dtype),
             checkpoint: many(&self.checkpoint),
             attention: many(&self.attention),
+            precision: many(&self.precision),
             device: self.device.clone(),
         }
     }

@@ -61,6 +61,32 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// How the element type is used: `pure` (weights, activations, gradients and optimizer state
+/// all in it) or `mixed` (f32 master weights, gradients and optimizer state; a 16-bit working
+/// copy of the weights and 16-bit activations; the loss in f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Pure,
+    Mixed,
+}
+
+impl Precision {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pure" => Some(Self::Pure),
+            "mixed" => Some(Self::Mixed),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pure => "pure",
+            Self::Mixed => "mixed",
+        }
+    }
+}
+
 /// Element type of weights, activations, gradients and optimizer state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemType {

@@ -62,6 +62,9 @@ pub struct Row {
     pub checkpoint: u64,
     /// `standard` or `efficient` attention.
     pub attention: String,
+    /// `pure` (everything in `dtype`) or `mixed` (f32 master weights, gradients, optimizer
+    /// state; `dtype` working copies and activations).
+    pub precision: String,
     /// `init`, `forward`, `backward`, `optimizer`, `train-step`, `inference`.
     pub phase: String,
     pub status: Status,

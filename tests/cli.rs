@@ -188,7 +188,19 @@ fn missing_file_and_unknown_names() {
         &["device", "gpu0", "cuda:0..=63"],
     );
     rejects(&["--dtype", "f64"], &[], &["dtype", "f64", "bf16"]);
-    rejects(&["--dtype", "bf16"], &[], &["dtype", "bf16", "f32 only"]);
+    rejects(&["--dtype", "bf16"], &[], &["dtype", "bf16", "no bf16"]);
+    rejects(
+        &["--precision", "mixed"],
+        &[],
+        &["precision", "mixed", "16-bit dtype"],
+    );
+    rejects(&["--attention", "flash"], &[], &["attention", "flash", "efficient"]);
+    rejects(
+        &["--layers", "2", "--checkpoint", "3"],
+        &[],
+        &["checkpoint", "3", "0..=2"],
+    );
+    rejects(&["--optimizer", "lion"], &[], &["optimizer", "lion", "adamw-8bit"]);
 }
 
 /// A CPU-only build refuses CUDA cases up front and says how to get the CUDA binary.

@@ -28,9 +28,15 @@ fn check(args: &[&str]) {
             r.predicted_peak_bytes
         );
     }
-    // Weights: parameters × 4 bytes exactly, plus metadata only.
+    // Weights: parameters × bytes per element exactly (f32 masters under mixed precision), plus
+    // metadata only.
     let init = rows.iter().find(|r| r.phase == "init").unwrap();
-    let weights = 4 * init.params;
+    let e = if init.dtype == "f16" && init.precision == "pure" {
+        2
+    } else {
+        4
+    };
+    let weights = e * init.params;
     let retained = init.retained_bytes.unwrap() as u64;
     assert!(retained >= weights && retained - weights < META, "{init:?}");
 }
@@ -99,6 +105,38 @@ fn efficient_attention_odd_shape() {
         "1000",
         "--attention",
         "efficient",
+    ]);
+}
+
+/// f16 on the CPU: everything in 16 bits (candle's AdamW keeps f16 moments), gemm-f16's packing.
+#[test]
+fn pure_f16() {
+    check(&[
+        "--batch", "2", "--seq", "40", "--hidden", "64", "--heads", "4", "--layers", "2",
+        "--vocab", "300", "--dtype", "f16",
+    ]);
+}
+
+/// Mixed precision: f32 master weights, gradients and AdamW state; an f16 working copy.
+#[test]
+fn mixed_f16() {
+    check(&[
+        "--batch",
+        "2",
+        "--seq",
+        "40",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--vocab",
+        "300",
+        "--dtype",
+        "f16",
+        "--precision",
+        "mixed",
     ]);
 }
 

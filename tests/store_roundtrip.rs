@@ -25,6 +25,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         optimizer: "adamw".into(),
         checkpoint: 0,
         attention: "standard".into(),
+        precision: "pure".into(),
         phase: phase.into(),
         status: Status::Ok,
         error: None,

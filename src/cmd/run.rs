@@ -283,6 +283,7 @@ pub fn case_rows(
                 device: case.device.to_string(),
                 optimizer: case.optimizer.as_str().into(),
                 checkpoint: case.checkpoint as u64,
+                precision: case.precision.as_str().into(),
                 attention: if case.cfg.efficient_attention {
                     "efficient"
                 } else {

@@ -31,6 +31,53 @@ fn round_up(bytes: usize, align: usize) -> usize {
 /// Strides of one matmul operand's last two dimensions: (column stride, row stride).
 pub type Strides = (usize, usize);
 
+/// Bytes of `gemm-f16`'s buffer for an f16 product: it always packs the right operand (in
+/// f32), pre-packs the left one under the same condition as f32, and has no tiny-product path.
+pub fn scratch_bytes_f16(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Strides,
+    rhs: Strides,
+    threads: usize,
+) -> u64 {
+    if m == 0 || n == 0 || k == 0 {
+        return 0;
+    }
+    let (m, n, (lhs_cs, lhs_rs), (_rhs_cs, rhs_rs)) = if 1 < n {
+        (n, m, (rhs.1, rhs.0), (lhs.1, lhs.0))
+    } else {
+        (m, n, lhs, rhs)
+    };
+    let (lanes, mr, nr, _) = microkernel();
+    if k <= 2 {
+        return 0;
+    }
+    if n <= 1 && (lhs_rs == 1 || (lhs_cs == 1 && rhs_rs == 1)) {
+        return 0;
+    }
+    if m <= 1 && rhs_rs == 1 && lhs_cs == 1 {
+        return 0;
+    }
+    let f = std::mem::size_of::<f32>();
+    let KernelParams { kc, mc, nc } = kernel_params(m, n, k, mr, nr, f);
+    let nc = if nc > 0 {
+        nc
+    } else if threads > 1 {
+        n.next_multiple_of(nr)
+    } else {
+        128 * nr
+    };
+    let prepack_lhs = m <= 2 * mc && (m % lanes != 0 || lhs_rs != 1);
+    let rhs_bytes = kc * nr * (nc / nr) * f;
+    let lhs_bytes = if prepack_lhs {
+        kc * mr * m.div_ceil(mr) * f
+    } else {
+        0
+    };
+    (round_up(rhs_bytes, CACHELINE_ALIGN) + round_up(lhs_bytes, CACHELINE_ALIGN)) as u64
+}
+
 /// Bytes of `gemm`'s packing buffer for candle's `(m × k) · (k × n)` f32 product with the given
 /// operand strides; `threads` is candle's thread count (`RAYON_NUM_THREADS`).
 pub fn scratch_bytes(

@@ -30,6 +30,8 @@ pub struct Shape {
     pub checkpoint: u64,
     /// Efficient attention (no `(S, S)` scores).
     pub efficient: bool,
+    /// Mixed precision: f32 parameters, gradients and optimizer state; `elem` activations.
+    pub mixed: bool,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -48,6 +50,7 @@ impl Shape {
             elem: case.dtype,
             checkpoint: case.checkpoint as u64,
             efficient: case.cfg.efficient_attention,
+            mixed: case.precision == crate::device::Precision::Mixed,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -65,13 +68,14 @@ impl Shape {
             elem: ElemType::F32,
             checkpoint: 0,
             efficient: false,
+            mixed: false,
             cpu: true,
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per parameter, gradient and optimizer-state element (f32 under mixed precision).
     pub fn e(&self) -> u64 {
-        self.elem.size()
+        if self.mixed { 4 } else { self.elem.size() }
     }
 
     /// A CPU metadata term; on CUDA the pool never sees host bookkeeping.
@@ -175,7 +179,7 @@ impl Shape {
     /// update from unfused per-tensor ops whose results stay referenced until the parameter is
     /// written, 14 tensors the size of the largest parameter; SGD's `θ − lr·g` and momentum's
     /// `μ·v + g` / `θ − lr·v` need 2; 8-bit AdamW's host copies `10·n + 8⌈n/block⌉ + 8·block`
-    /// bytes for the largest tensor (f32 path).
+    /// bytes for the largest tensor (f32 θ; `max(12n, …)` for 16-bit θ on the CPU).
     pub fn optimizer_step_temp_bytes(&self, opt: OptimizerKind) -> u64 {
         let n = self.largest_param();
         match opt {
@@ -183,7 +187,20 @@ impl Shape {
             OptimizerKind::Adam | OptimizerKind::Adamw => {
                 14 * self.e() * n + self.meta(OPT_META_FIXED + OPT_META_PER_LAYER * self.l)
             }
-            OptimizerKind::Adamw8bit => 10 * n + 8 * n.div_ceil(BLOCK_8BIT) + 8 * BLOCK_8BIT,
+            OptimizerKind::Adamw8bit => {
+                let host = 10 * n + 8 * n.div_ceil(BLOCK_8BIT) + 8 * BLOCK_8BIT;
+                let half = self.e() == 2;
+                match (self.cpu, half) {
+                    // The f32 copies of a 16-bit θ pass through an f32 tensor: g's host copy
+                    // (4n) + θ's f32 tensor (4n) + θ's host copy (4n) at once.
+                    (true, true) => host.max(12 * n),
+                    (true, false) => host,
+                    // On CUDA the host copies are not device memory: θ's f32 upload (4n) and,
+                    // for 16-bit θ, its conversion (2n).
+                    (false, false) => 4 * n,
+                    (false, true) => 6 * n,
+                }
+            }
         }
     }
 

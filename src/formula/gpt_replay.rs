@@ -225,15 +225,22 @@ pub struct Gpt {
 impl Gpt {
     /// Weights on `ledger`, as variables when `vars`.
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
+        // Activations' type; under mixed precision the variables stay f32 (the working copy
+        // is made by `cast`), a serving copy (`vars` false) is 16-bit.
         let dtype = if shape.elem == ElemType::F32 {
             DType::F32
         } else {
             DType::Half
         };
+        let param_dtype = if shape.mixed && vars {
+            DType::F32
+        } else {
+            dtype
+        };
         let p = Params {
             ledger,
             vars,
-            dtype,
+            dtype: param_dtype,
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let wte = p.tensor(&[v, h]);
@@ -277,7 +284,7 @@ impl Gpt {
             ln_f,
             head,
             hidden: h,
-            dtype,
+            dtype: param_dtype,
             vars: all,
         }
     }
@@ -326,6 +333,47 @@ impl Gpt {
     pub fn head_forward(&self, x: &Sym) -> Sym {
         let x = self.ln_f.forward(x);
         self.head.forward(&x)
+    }
+
+    /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
+    pub fn cast(&self, dtype: DType) -> Gpt {
+        let lin = |l: &Linear| Linear {
+            weight: l.weight.to_dtype(dtype),
+            bias: l.bias.as_ref().map(|b| b.to_dtype(dtype)),
+        };
+        let ln = |l: &LayerNorm| LayerNorm {
+            weight: l.weight.to_dtype(dtype),
+            bias: l.bias.to_dtype(dtype),
+        };
+        Gpt {
+            wte: self.wte.to_dtype(dtype),
+            wpe: self.wpe.to_dtype(dtype),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    ln1: ln(&b.ln1),
+                    attn: Attention {
+                        q: lin(&b.attn.q),
+                        k: lin(&b.attn.k),
+                        v: lin(&b.attn.v),
+                        o: lin(&b.attn.o),
+                        heads: b.attn.heads,
+                        efficient: b.attn.efficient,
+                    },
+                    ln2: ln(&b.ln2),
+                    mlp: Mlp {
+                        fc1: lin(&b.mlp.fc1),
+                        fc2: lin(&b.mlp.fc2),
+                    },
+                })
+                .collect(),
+            ln_f: ln(&self.ln_f),
+            head: lin(&self.head),
+            hidden: self.hidden,
+            dtype,
+            vars: Vec::new(),
+        }
     }
 
     /// The model with detached weights (views of the same storages, no graph).
@@ -470,7 +518,14 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     let base = ledger.reset_peak();
     let (forward_peak, forward_retained, backward_peak, backward_retained);
     if k == 0 {
-        let loss = Gpt::loss(&model.forward(&tokens), &targets);
+        let loss = if shape.mixed {
+            // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
+            let half = model.cast(DType::Half);
+            let logits = half.forward(&tokens);
+            Gpt::loss(&logits.to_dtype(DType::F32), &targets)
+        } else {
+            Gpt::loss(&model.forward(&tokens), &targets)
+        };
         forward_peak = ledger.peak() - base;
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();

@@ -479,7 +479,10 @@ impl Sym {
         };
         let lhs = (la.strides[r - 1], la.strides[r - 2]);
         let rhs = (ra.strides[r - 1], ra.strides[r - 2]);
-        super::gemm::scratch_bytes(m, n, k, lhs, rhs, threads)
+        match self.0.dtype {
+            DType::Half => super::gemm::scratch_bytes_f16(m, n, k, lhs, rhs, threads),
+            _ => super::gemm::scratch_bytes(m, n, k, lhs, rhs, threads),
+        }
     }
 
     pub fn sum_keepdim(&self, sum_dims: &[usize]) -> Sym {

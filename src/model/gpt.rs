@@ -350,6 +350,56 @@ impl Gpt {
         candle_nn::loss::cross_entropy(&logits.reshape((b * s, v))?, &targets.flatten_all()?)
     }
 
+    /// A copy of the model whose weights are `w.to_dtype(dtype)` (mixed precision's 16-bit
+    /// working copy). With variables the conversions are recorded, so the gradients flow back,
+    /// converted, to the f32 master weights; the copies (`2·P` bytes for 16 bits) live as long
+    /// as the copy or a graph that uses it.
+    pub fn cast(&self, dtype: DType) -> Result<Self> {
+        let lin = |l: &Linear| -> Result<Linear> {
+            Ok(Linear::new(
+                l.weight().to_dtype(dtype)?,
+                l.bias().map(|b| b.to_dtype(dtype)).transpose()?,
+            ))
+        };
+        let ln = |l: &LayerNorm| -> Result<LayerNorm> {
+            Ok(LayerNorm {
+                weight: l.weight.to_dtype(dtype)?,
+                bias: l.bias.to_dtype(dtype)?,
+                eps: l.eps,
+            })
+        };
+        Ok(Self {
+            wte: Embedding::new(self.wte.embeddings().to_dtype(dtype)?, self.cfg.hidden),
+            wpe: self.wpe.to_dtype(dtype)?,
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| {
+                    Ok(Block {
+                        ln1: ln(&b.ln1)?,
+                        attn: Attention {
+                            q: lin(&b.attn.q)?,
+                            k: lin(&b.attn.k)?,
+                            v: lin(&b.attn.v)?,
+                            o: lin(&b.attn.o)?,
+                            heads: b.attn.heads,
+                            efficient: b.attn.efficient,
+                        },
+                        ln2: ln(&b.ln2)?,
+                        mlp: Mlp {
+                            fc1: lin(&b.mlp.fc1)?,
+                            fc2: lin(&b.mlp.fc2)?,
+                        },
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
+            ln_f: ln(&self.ln_f)?,
+            head: lin(&self.head)?,
+            cfg: self.cfg.clone(),
+            dtype,
+        })
+    }
+
     /// A copy of the model whose weights are detached views of the same storage: running it
     /// records no graph (inference) and allocates nothing for the weights.
     pub fn detached(&self) -> Self {

@@ -7,6 +7,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
+use crate::device::Precision;
 use crate::optim::Opt;
 
 use super::{Phase, checkpoint};
@@ -29,19 +30,37 @@ struct Trainer {
     targets: Tensor,
     /// Blocks per checkpoint segment; 0 = no checkpointing.
     checkpoint: usize,
+    /// Mixed precision: the working element type of the forward.
+    compute: Option<DType>,
 }
 
 impl Trainer {
     fn init(case: &Case, device: &Device) -> candle_core::Result<(VarMap, Gpt)> {
         let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, case.dtype.candle(), device);
+        // Mixed precision keeps f32 master weights; the 16-bit copies are made per forward.
+        let param_dtype = match case.precision {
+            Precision::Pure => case.dtype.candle(),
+            Precision::Mixed => DType::F32,
+        };
+        let vb = VarBuilder::from_varmap(&varmap, param_dtype, device);
         let model = Gpt::new(&case.cfg, vb)?;
         Ok((varmap, model))
     }
 
     fn loss(&self) -> candle_core::Result<Tensor> {
-        let logits = self.model.forward(&self.tokens)?;
-        Gpt::loss(&logits, &self.targets)
+        match self.compute {
+            None => {
+                let logits = self.model.forward(&self.tokens)?;
+                Gpt::loss(&logits, &self.targets)
+            }
+            // Mixed precision: a 16-bit working copy of the weights (recorded conversions, so
+            // the gradients reach the f32 masters), 16-bit activations, the loss in f32.
+            Some(dtype) => {
+                let half = self.model.cast(dtype)?;
+                let logits = half.forward(&self.tokens)?;
+                Gpt::loss(&logits.to_dtype(DType::F32)?, &self.targets)
+            }
+        }
     }
 
     /// The training forward: the whole graph, or with checkpointing the segment inputs and the
@@ -128,6 +147,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         tokens,
         targets,
         checkpoint: case.checkpoint,
+        compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
     };
     let mut opt = Opt::new(case.optimizer, t.varmap.all_vars())?;
     t.train_step(&mut opt)?;
@@ -210,6 +230,7 @@ fn run_chain(
         tokens,
         targets,
         checkpoint: case.checkpoint,
+        compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
     };
     if last == Phase::Init {
         return Ok(());
@@ -267,7 +288,11 @@ fn run_chain(
     if last < Phase::Inference {
         return Ok(());
     }
-    let detached = t.model.detached();
+    // Serving in mixed precision means serving the 16-bit copy (made before the window).
+    let detached = match t.compute {
+        None => t.model.detached(),
+        Some(dtype) => t.model.detached().cast(dtype)?,
+    };
     let mut logits = None;
     metered(Phase::Inference, results, meters, &mut || {
         logits = Some(detached.forward(&t.tokens)?);

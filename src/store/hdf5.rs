@@ -91,6 +91,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
         "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
+        "precision" => {
+            "pure (everything in dtype) or mixed (f32 master weights, gradients, optimizer state)."
+        }
         "phase" => "Measured phase: init, forward, backward, optimizer, train-step or inference.",
         "status" => "Outcome of the phase: ok, oom, error or timeout.",
         "error" => "Error message when status is not ok.",
@@ -188,6 +191,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
         w.plain_u64("checkpoint", rows, |r| r.checkpoint)?;
         w.string("attention", rows, |r| Some(&r.attention))?;
+        w.string("precision", rows, |r| Some(&r.precision))?;
         w.string("phase", rows, |r| Some(&r.phase))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
         w.opt_string("error", rows, |r| r.error.as_deref())?;
@@ -518,6 +522,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let optimizer = r.string("optimizer")?;
     let checkpoint = r.plain_u64("checkpoint")?;
     let attention = r.string("attention")?;
+    let precision = r.string("precision")?;
     let phase = r.string("phase")?;
     let status = r.status("status")?;
     let error = r.opt_string("error")?;
@@ -550,6 +555,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut error = error.into_iter();
     let mut peak_meter = peak_meter.into_iter();
     let mut attention = attention.into_iter();
+    let mut precision = precision.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -573,6 +579,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             optimizer: next(&mut optimizer),
             checkpoint: checkpoint[i],
             attention: next(&mut attention),
+            precision: next(&mut precision),
             phase: next(&mut phase),
             status: status[i],
             error: error.next().flatten(),

@@ -26,7 +26,7 @@
 
 use serde::Deserialize;
 
-use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA};
+use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA, Precision};
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::gpt::{self, Config};
@@ -73,6 +73,8 @@ pub struct GridSpec {
     pub checkpoint: Option<OneOrMany<i64>>,
     /// `standard` or `efficient` attention.
     pub attention: Option<OneOrMany<String>>,
+    /// `pure` or `mixed` precision.
+    pub precision: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -83,7 +85,7 @@ impl GridSpec {
         }
         pick!(
             model, preset, batch, seq, max_seq, hidden, heads, layers, vocab, optimizer, phases,
-            dtype, device, checkpoint, attention
+            dtype, device, checkpoint, attention, precision
         )
     }
 }
@@ -111,6 +113,9 @@ pub struct Case {
     pub batch: usize,
     pub seq: usize,
     pub dtype: ElemType,
+    /// `Mixed`: f32 master weights, gradients and optimizer state; `dtype` is the 16-bit
+    /// working type of weights copies and activations.
+    pub precision: Precision,
     pub device: DeviceSpec,
     pub optimizer: OptimizerKind,
     /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
@@ -239,12 +244,12 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     for name in &dtype_names {
         let dtype = ElemType::parse(name)
             .ok_or_else(|| ctx.bad("dtype", name, "unknown element type", ElemType::NAMES))?;
-        if device == DeviceSpec::Cpu && dtype != ElemType::F32 {
+        if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
             return Err(ctx.bad(
                 "dtype",
                 name,
-                "the CPU backend runs f32 only (candle's CPU matmul has no bf16)",
-                "f32 on cpu; f32, bf16, f16 on cuda",
+                "candle's CPU matmul has no bf16",
+                "f32, f16 on cpu; f32, bf16, f16 on cuda",
             ));
         }
         if !dtypes.contains(&dtype) {
@@ -311,6 +316,26 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
     let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
     let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+    let mut precisions: Vec<Precision> = Vec::new();
+    for name in spec
+        .precision
+        .as_ref()
+        .map_or_else(|| vec!["pure".to_string()], OneOrMany::to_vec)
+    {
+        let p = Precision::parse(&name)
+            .ok_or_else(|| ctx.bad("precision", &name, "unknown precision", "pure, mixed"))?;
+        if p == Precision::Mixed && dtypes.contains(&ElemType::F32) {
+            return Err(ctx.bad(
+                "precision",
+                &name,
+                "mixed precision needs a 16-bit dtype (its f32 part is the master copy)",
+                "dtype = f16 or bf16 with precision = mixed",
+            ));
+        }
+        if !precisions.contains(&p) {
+            precisions.push(p);
+        }
+    }
     let mut attentions: Vec<bool> = Vec::new();
     for name in spec
         .attention
@@ -399,37 +424,56 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &efficient in &attentions {
-                                        for &k in &checkpoints {
-                                            if k > cfg.layers {
-                                                return Err(ctx.bad(
-                                                    "checkpoint",
-                                                    &k.to_string(),
-                                                    "more blocks per segment than the model has",
-                                                    &format!("0..={} (layers)", cfg.layers),
-                                                ));
-                                            }
-                                            for &dtype in &dtypes {
-                                                cases.push(Case {
-                                                    index: cases.len(),
-                                                    model,
-                                                    preset: if custom {
-                                                        "custom".into()
-                                                    } else {
-                                                        preset_name.clone()
-                                                    },
-                                                    cfg: Config {
-                                                        efficient_attention: efficient,
-                                                        ..cfg.clone()
-                                                    },
-                                                    batch,
-                                                    seq,
-                                                    dtype,
-                                                    device,
-                                                    optimizer: opt,
-                                                    checkpoint: k,
-                                                    phases: phases.clone(),
-                                                });
+                                    for &precision in &precisions {
+                                        for &efficient in &attentions {
+                                            for &k in &checkpoints {
+                                                if k > cfg.layers {
+                                                    return Err(ctx.bad(
+                                                        "checkpoint",
+                                                        &k.to_string(),
+                                                        "more blocks per segment than the model has",
+                                                        &format!("0..={} (layers)", cfg.layers),
+                                                    ));
+                                                }
+                                                for &dtype in &dtypes {
+                                                    if efficient && dtype != ElemType::F32 {
+                                                        return Err(ctx.bad(
+                                                            "attention",
+                                                            "efficient",
+                                                            "the efficient attention op computes in f32 only",
+                                                            "standard with f16 or bf16",
+                                                        ));
+                                                    }
+                                                    if precision == Precision::Mixed && k > 0 {
+                                                        return Err(ctx.bad(
+                                                            "checkpoint",
+                                                            &k.to_string(),
+                                                            "checkpointing is not combined with mixed precision yet",
+                                                            "0 with precision = mixed",
+                                                        ));
+                                                    }
+                                                    cases.push(Case {
+                                                        index: cases.len(),
+                                                        model,
+                                                        preset: if custom {
+                                                            "custom".into()
+                                                        } else {
+                                                            preset_name.clone()
+                                                        },
+                                                        cfg: Config {
+                                                            efficient_attention: efficient,
+                                                            ..cfg.clone()
+                                                        },
+                                                        batch,
+                                                        seq,
+                                                        dtype,
+                                                        precision,
+                                                        device,
+                                                        optimizer: opt,
+                                                        checkpoint: k,
+                                                        phases: phases.clone(),
+                                                    });
+                                                }
                                             }
                                         }
                                     }
