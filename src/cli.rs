@@ -78,6 +78,12 @@ pub struct RunArgs {
     /// optimizer state; --dtype f16/bf16 working copies and activations).
     #[arg(long, value_delimiter = ',')]
     pub precision: Vec<String>,
+    /// LoRA ranks, comma-separated (0 = off): base weights frozen, adapters train.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub lora_rank: Vec<i64>,
+    /// Projections with LoRA adapters: q, k, v, o, fc1, fc2 or all (default q,v).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_targets: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -123,6 +129,8 @@ impl RunArgs {
             checkpoint: many(&self.checkpoint),
             attention: many(&self.attention),
             precision: many(&self.precision),
+            lora_rank: many(&self.lora_rank),
+            lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),
             device: self.device.clone(),
         }
     }

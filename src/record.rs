@@ -62,6 +62,10 @@ pub struct Row {
     pub checkpoint: u64,
     /// `standard` or `efficient` attention.
     pub attention: String,
+    /// LoRA rank; 0 = no adapters (every weight trains).
+    pub lora_rank: u64,
+    /// Projections with adapters, comma-separated (empty when `lora_rank` is 0).
+    pub lora_targets: String,
     /// `pure` (everything in `dtype`) or `mixed` (f32 master weights, gradients, optimizer
     /// state; `dtype` working copies and activations).
     pub precision: String,

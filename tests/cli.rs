@@ -194,13 +194,21 @@ fn missing_file_and_unknown_names() {
         &[],
         &["precision", "mixed", "16-bit dtype"],
     );
-    rejects(&["--attention", "flash"], &[], &["attention", "flash", "efficient"]);
+    rejects(
+        &["--attention", "flash"],
+        &[],
+        &["attention", "flash", "efficient"],
+    );
     rejects(
         &["--layers", "2", "--checkpoint", "3"],
         &[],
         &["checkpoint", "3", "0..=2"],
     );
-    rejects(&["--optimizer", "lion"], &[], &["optimizer", "lion", "adamw-8bit"]);
+    rejects(
+        &["--optimizer", "lion"],
+        &[],
+        &["optimizer", "lion", "adamw-8bit"],
+    );
 }
 
 /// A CPU-only build refuses CUDA cases up front and says how to get the CUDA binary.

@@ -25,6 +25,8 @@ fn base_row(case: u64, phase: &str) -> Row {
         optimizer: "adamw".into(),
         checkpoint: 0,
         attention: "standard".into(),
+        lora_rank: 0,
+        lora_targets: String::new(),
         precision: "pure".into(),
         phase: phase.into(),
         status: Status::Ok,

@@ -284,6 +284,14 @@ pub fn case_rows(
                 optimizer: case.optimizer.as_str().into(),
                 checkpoint: case.checkpoint as u64,
                 precision: case.precision.as_str().into(),
+                lora_rank: case.cfg.lora_rank as u64,
+                lora_targets: case
+                    .cfg
+                    .lora_targets
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
                 attention: if case.cfg.efficient_attention {
                     "efficient"
                 } else {

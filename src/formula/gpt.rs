@@ -8,6 +8,7 @@
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
 use crate::device::ElemType;
+use crate::model::gpt::LoraTarget;
 use crate::phase::{OptimizerKind, Phase};
 use crate::workload::Case;
 
@@ -32,6 +33,10 @@ pub struct Shape {
     pub efficient: bool,
     /// Mixed precision: f32 parameters, gradients and optimizer state; `elem` activations.
     pub mixed: bool,
+    /// LoRA rank (0 = off) and the adapted projections.
+    pub lora_rank: u64,
+    /// One bit per [`LoraTarget`] (its index in `LoraTarget::ALL`).
+    pub lora_targets: u8,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -51,6 +56,8 @@ impl Shape {
             checkpoint: case.checkpoint as u64,
             efficient: case.cfg.efficient_attention,
             mixed: case.precision == crate::device::Precision::Mixed,
+            lora_rank: case.cfg.lora_rank as u64,
+            lora_targets: lora_bits(&case.cfg.lora_targets),
             cpu: !case.device.is_cuda(),
         }
     }
@@ -69,6 +76,8 @@ impl Shape {
             checkpoint: 0,
             efficient: false,
             mixed: false,
+            lora_rank: 0,
+            lora_targets: 0,
             cpu: true,
         }
     }
@@ -83,10 +92,47 @@ impl Shape {
         if self.cpu { bytes } else { 0 }
     }
 
-    /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`.
+    /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`, plus the LoRA adapters.
     pub fn params(&self) -> u64 {
         let Shape { h, l, v, s_max, .. } = *self;
-        2 * v * h + s_max * h + l * (12 * h * h + 13 * h) + 2 * h
+        2 * v * h
+            + s_max * h
+            + l * (12 * h * h + 13 * h)
+            + 2 * h
+            + self.lora_sizes().iter().sum::<u64>()
+    }
+
+    /// True when projection `t` has an adapter.
+    pub fn has_lora(&self, t: LoraTarget) -> bool {
+        self.lora_rank > 0 && self.lora_targets & lora_bits(&[t]) != 0
+    }
+
+    /// Elements of every adapter tensor (A then B per adapted projection, per layer).
+    pub fn lora_sizes(&self) -> Vec<u64> {
+        let (h, r) = (self.h, self.lora_rank);
+        let mut sizes = Vec::new();
+        for _ in 0..self.l {
+            for t in LoraTarget::ALL {
+                if self.has_lora(t) {
+                    let (inp, out) = match t {
+                        LoraTarget::Fc1 => (h, 4 * h),
+                        LoraTarget::Fc2 => (4 * h, h),
+                        _ => (h, h),
+                    };
+                    sizes.extend([r * inp, out * r]);
+                }
+            }
+        }
+        sizes
+    }
+
+    /// Elements of every tensor the optimizer updates: all parameters, or the adapters.
+    pub fn trainable_sizes(&self) -> Vec<u64> {
+        if self.lora_rank > 0 {
+            self.lora_sizes()
+        } else {
+            self.param_tensor_sizes()
+        }
     }
 
     /// Parameter tensors: 5 outside the blocks, 16 per block.
@@ -102,7 +148,15 @@ impl Shape {
 
     /// Weights after `init`: `e·P` plus the `VarMap`'s metadata (names, `Var`s, hash table).
     pub fn weights_bytes(&self) -> u64 {
-        self.e() * self.params() + self.meta(INIT_META_FIXED + INIT_META_PER_LAYER * self.l)
+        // LoRA adds its adapter variables and the frozen model's detached views.
+        let lora_meta = if self.lora_rank > 0 {
+            self.lora_sizes().len() as u64 * INIT_META_PER_VAR
+                + self.param_tensors() * META_PER_TENSOR
+        } else {
+            0
+        };
+        self.e() * self.params()
+            + self.meta(INIT_META_FIXED + INIT_META_PER_LAYER * self.l + lora_meta)
     }
 
     /// Tensor data the training forward keeps alive for backward (the graph), in bytes.
@@ -132,6 +186,11 @@ impl Shape {
 
     /// Gradients of all parameters after pruning the store: `e·P` plus metadata.
     pub fn gradient_bytes(&self) -> u64 {
+        if self.lora_rank > 0 {
+            let sizes = self.lora_sizes();
+            return self.e() * sizes.iter().sum::<u64>()
+                + self.meta(GRAD_META_PER_TENSOR * sizes.len() as u64);
+        }
         self.e() * self.params() + self.meta(GRAD_META_FIXED + GRAD_META_PER_LAYER * self.l)
     }
 
@@ -155,7 +214,8 @@ impl Shape {
     /// `2e·P`; 8-bit AdamW `Σ_t 2·(n_t + 4⌈n_t/block⌉)`. Plus, on the CPU, the metadata of the
     /// state tensors.
     pub fn optimizer_state_bytes(&self, opt: OptimizerKind) -> u64 {
-        let (p, t) = (self.params(), self.param_tensors());
+        let sizes = self.trainable_sizes();
+        let (p, t) = (sizes.iter().sum::<u64>(), sizes.len() as u64);
         match opt {
             OptimizerKind::Sgd => 0,
             OptimizerKind::SgdMomentum => self.e() * p + self.meta(INIT_META_PER_VAR * t),
@@ -163,7 +223,7 @@ impl Shape {
                 2 * self.e() * p + self.meta(2 * INIT_META_PER_VAR * t)
             }
             OptimizerKind::Adamw8bit => {
-                self.param_tensor_sizes()
+                sizes
                     .iter()
                     .map(|&n| state_bytes_8bit(n, BLOCK_8BIT))
                     .sum::<u64>()
@@ -181,11 +241,17 @@ impl Shape {
     /// `μ·v + g` / `θ − lr·v` need 2; 8-bit AdamW's host copies `10·n + 8⌈n/block⌉ + 8·block`
     /// bytes for the largest tensor (f32 θ; `max(12n, …)` for 16-bit θ on the CPU).
     pub fn optimizer_step_temp_bytes(&self, opt: OptimizerKind) -> u64 {
-        let n = self.largest_param();
+        let n = self.trainable_sizes().into_iter().max().unwrap_or(0);
         match opt {
             OptimizerKind::Sgd | OptimizerKind::SgdMomentum => 2 * self.e() * n,
             OptimizerKind::Adam | OptimizerKind::Adamw => {
-                14 * self.e() * n + self.meta(OPT_META_FIXED + OPT_META_PER_LAYER * self.l)
+                // The fitted metadata is per block of 16 tensors; LoRA's few adapters scale it.
+                let meta = if self.lora_rank > 0 {
+                    OPT_META_PER_LAYER / 16 * self.lora_sizes().len() as u64
+                } else {
+                    OPT_META_FIXED + OPT_META_PER_LAYER * self.l
+                };
+                14 * self.e() * n + self.meta(meta)
             }
             OptimizerKind::Adamw8bit => {
                 let host = 10 * n + 8 * n.div_ceil(BLOCK_8BIT) + 8 * BLOCK_8BIT;
@@ -226,7 +292,7 @@ impl Shape {
 
     /// The closed-form activations describe the plain f32 graph with standard attention.
     fn closed_form_forward(&self) -> bool {
-        self.elem == ElemType::F32 && self.checkpoint == 0 && !self.efficient
+        self.elem == ElemType::F32 && self.checkpoint == 0 && !self.efficient && self.lora_rank == 0
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
@@ -261,7 +327,9 @@ impl Shape {
                 // The state's own metadata is inside the step's fitted metadata constant.
                 peak_bytes: match opt {
                     // AdamW's state metadata is inside the step's fitted metadata constant.
-                    OptimizerKind::Adam | OptimizerKind::Adamw => 2 * self.e() * self.params(),
+                    OptimizerKind::Adam | OptimizerKind::Adamw => {
+                        2 * self.e() * self.trainable_sizes().iter().sum::<u64>()
+                    }
                     _ => self.optimizer_state_bytes(opt),
                 } + self.optimizer_step_temp_bytes(opt),
                 retained_bytes: self.optimizer_state_bytes(opt) as i64,
@@ -297,12 +365,25 @@ pub const GRAPH_META_FIXED: u64 = 8_882;
 pub const GRAPH_META_PER_LAYER: u64 = 22_270;
 /// Gradient-store metadata (measured 5,840 B at L = 1; +4,420 B per block).
 pub const GRAD_META_FIXED: u64 = 1_420;
+/// Gradient-store metadata per gradient tensor (LoRA's few adapter gradients).
+pub const GRAD_META_PER_TENSOR: u64 = 280;
 /// Gradient-store metadata per block.
 pub const GRAD_META_PER_LAYER: u64 = 4_420;
 /// AdamW step metadata (measured 14,912 B at L = 1, 23,712 B at L = 2, 41,312 B at L = 4).
 pub const OPT_META_FIXED: u64 = 6_112;
 /// AdamW step metadata per block.
 pub const OPT_META_PER_LAYER: u64 = 8_800;
+/// The bit set of LoRA targets.
+pub fn lora_bits(targets: &[LoraTarget]) -> u8 {
+    targets.iter().fold(0, |m, t| {
+        m | 1
+            << LoraTarget::ALL
+                .iter()
+                .position(|x| x == t)
+                .expect("a target")
+    })
+}
+
 /// Elements per block of the 8-bit optimizer (its default).
 pub const BLOCK_8BIT: u64 = 2048;
 /// Bytes of the 8-bit optimizer's state for a tensor of `n` elements.

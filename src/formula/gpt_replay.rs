@@ -19,12 +19,15 @@ use std::rc::Rc;
 use super::gpt::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::ElemType;
+use crate::model::gpt::LoraTarget;
 use crate::phase::checkpoint::segments;
 
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 struct Linear {
     weight: Sym,
     bias: Option<Sym>,
+    /// LoRA adapter A `(r, in)`, B `(out, r)` (the model's `Proj`).
+    lora: Option<(Sym, Sym)>,
 }
 
 impl Linear {
@@ -32,10 +35,54 @@ impl Linear {
         Self {
             weight: p.tensor(&[out, inp]),
             bias: bias.then(|| p.tensor(&[out])),
+            lora: None,
         }
     }
 
+    /// A projection, with an adapter of rank `r` when `r > 0`: the adapter is a variable, the
+    /// base weights are frozen (not variables) under LoRA.
+    fn proj(p: &Params, inp: usize, out: usize, r: usize) -> Self {
+        if r == 0 {
+            return Self::new(p, inp, out, true);
+        }
+        let lora = Some((p.adapter(&[r, inp]), p.adapter(&[out, r])));
+        Self {
+            weight: p.frozen(&[out, inp]),
+            bias: Some(p.frozen(&[out])),
+            lora,
+        }
+    }
+
+    /// `Proj::map`: `base` on weight and bias, `adapter` on A and B.
+    fn map(&self, base: &dyn Fn(&Sym) -> Sym, adapter: &dyn Fn(&Sym) -> Sym) -> Self {
+        Self {
+            weight: base(&self.weight),
+            bias: self.bias.as_ref().map(base),
+            lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
+        }
+    }
+
+    /// `Proj::forward`: the linear layer, plus `scale·(x·Aᵀ)·Bᵀ` with an adapter.
     fn forward(&self, x: &Sym) -> Sym {
+        let y = self.linear_forward(x);
+        match &self.lora {
+            None => y,
+            Some((a, b)) => {
+                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+                let down = x.reshape(&[bs * s, inp]).matmul(&a.t());
+                let up = down.matmul(&b.t()).reshape(&[bs, s, b.dims()[0]]);
+                // `y + (up * scale)?`: both operands passed by value.
+                let scaled = up.affine(1.0);
+                drop(up);
+                let r = y.add(&scaled);
+                drop((y, scaled));
+                r
+            }
+        }
+    }
+
+    /// candle-nn's `Linear::forward`.
+    fn linear_forward(&self, x: &Sym) -> Sym {
         let x = match *x.dims() {
             [bsize, m, k] => {
                 if x.is_contiguous() {
@@ -198,10 +245,29 @@ struct Params<'a> {
     ledger: &'a Rc<Ledger>,
     vars: bool,
     dtype: DType,
+    /// LoRA: everything but the adapters is frozen.
+    lora: bool,
 }
 
 impl Params<'_> {
     fn tensor(&self, dims: &[usize]) -> Sym {
+        if self.lora {
+            return self.frozen(dims);
+        }
+        if self.vars {
+            Sym::var(self.ledger, dims, self.dtype)
+        } else {
+            Sym::new(self.ledger, dims, self.dtype)
+        }
+    }
+
+    /// A weight that never trains.
+    fn frozen(&self, dims: &[usize]) -> Sym {
+        Sym::new(self.ledger, dims, self.dtype)
+    }
+
+    /// A LoRA adapter tensor: a variable when training.
+    fn adapter(&self, dims: &[usize]) -> Sym {
         if self.vars {
             Sym::var(self.ledger, dims, self.dtype)
         } else {
@@ -241,6 +307,14 @@ impl Gpt {
             ledger,
             vars,
             dtype: param_dtype,
+            lora: shape.lora_rank > 0,
+        };
+        let rank = |t: LoraTarget| {
+            if shape.has_lora(t) {
+                shape.lora_rank as usize
+            } else {
+                0
+            }
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let wte = p.tensor(&[v, h]);
@@ -249,17 +323,17 @@ impl Gpt {
             .map(|_| Block {
                 ln1: LayerNorm::new(&p, h),
                 attn: Attention {
-                    q: Linear::new(&p, h, h, true),
-                    k: Linear::new(&p, h, h, true),
-                    v: Linear::new(&p, h, h, true),
-                    o: Linear::new(&p, h, h, true),
+                    q: Linear::proj(&p, h, h, rank(LoraTarget::Q)),
+                    k: Linear::proj(&p, h, h, rank(LoraTarget::K)),
+                    v: Linear::proj(&p, h, h, rank(LoraTarget::V)),
+                    o: Linear::proj(&p, h, h, rank(LoraTarget::O)),
                     heads: shape.a as usize,
                     efficient: shape.efficient,
                 },
                 ln2: LayerNorm::new(&p, h),
                 mlp: Mlp {
-                    fc1: Linear::new(&p, h, 4 * h, true),
-                    fc2: Linear::new(&p, 4 * h, h, true),
+                    fc1: Linear::proj(&p, h, 4 * h, rank(LoraTarget::Fc1)),
+                    fc2: Linear::proj(&p, 4 * h, h, rank(LoraTarget::Fc2)),
                 },
             })
             .collect();
@@ -273,6 +347,9 @@ impl Gpt {
             ] {
                 all.push(l.weight.clone());
                 all.extend(l.bias.clone());
+                if let Some((a, b)) = &l.lora {
+                    all.extend([a.clone(), b.clone()]);
+                }
             }
             all.extend([b.ln2.weight.clone(), b.ln2.bias.clone()]);
         }
@@ -337,10 +414,8 @@ impl Gpt {
 
     /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
     pub fn cast(&self, dtype: DType) -> Gpt {
-        let lin = |l: &Linear| Linear {
-            weight: l.weight.to_dtype(dtype),
-            bias: l.bias.as_ref().map(|b| b.to_dtype(dtype)),
-        };
+        let f = |t: &Sym| t.to_dtype(dtype);
+        let lin = |l: &Linear| l.map(&f, &f);
         let ln = |l: &LayerNorm| LayerNorm {
             weight: l.weight.to_dtype(dtype),
             bias: l.bias.to_dtype(dtype),
@@ -378,10 +453,8 @@ impl Gpt {
 
     /// The model with detached weights (views of the same storages, no graph).
     pub fn detached(&self) -> Gpt {
-        let lin = |l: &Linear| Linear {
-            weight: l.weight.detach(),
-            bias: l.bias.as_ref().map(Sym::detach),
-        };
+        let f = |t: &Sym| t.detach();
+        let lin = |l: &Linear| l.map(&f, &f);
         let ln = |l: &LayerNorm| LayerNorm {
             weight: l.weight.detach(),
             bias: l.bias.detach(),

@@ -45,6 +45,12 @@ pub struct Config {
     /// Attention without the `(S, S)` scores ([`super::efficient_attention`]; CPU only).
     #[serde(default)]
     pub efficient_attention: bool,
+    /// LoRA rank (0 = no adapters).
+    #[serde(default)]
+    pub lora_rank: usize,
+    /// Projections that get an adapter when `lora_rank > 0`.
+    #[serde(default)]
+    pub lora_targets: Vec<LoraTarget>,
 }
 
 /// Names accepted by [`Config::preset`].
@@ -77,6 +83,8 @@ impl Config {
             max_seq,
             layer_norm_eps: 1e-5,
             efficient_attention: false,
+            lora_rank: 0,
+            lora_targets: Vec::new(),
         }
     }
 
@@ -98,7 +106,29 @@ impl Config {
             self.layers as u64,
             self.max_seq as u64,
         );
-        2 * v * h + s * h + l * (12 * h * h + 13 * h) + 2 * h
+        2 * v * h + s * h + l * (12 * h * h + 13 * h) + 2 * h + self.lora_params()
+    }
+
+    /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)` (in + out is 2H for q, k,
+    /// v, o and 5H for fc1, fc2).
+    pub fn lora_params(&self) -> u64 {
+        let (h, l, r) = (
+            self.hidden as u64,
+            self.layers as u64,
+            self.lora_rank as u64,
+        );
+        if r == 0 {
+            return 0;
+        }
+        let per_layer: u64 = self
+            .lora_targets
+            .iter()
+            .map(|t| match t {
+                LoraTarget::Fc1 | LoraTarget::Fc2 => r * 5 * h,
+                _ => r * 2 * h,
+            })
+            .sum();
+        l * per_layer
     }
 
     /// Number of parameter tensors (each costs a little allocator metadata).
@@ -130,13 +160,130 @@ impl Module for LayerNorm {
     }
 }
 
+/// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
+/// zero at the start, scale `α/r` with α = r.
+#[derive(Debug, Clone)]
+pub struct Lora {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+/// A projection (candle-nn `Linear`) with an optional LoRA adapter.
+#[derive(Debug, Clone)]
+pub struct Proj {
+    pub linear: Linear,
+    pub lora: Option<Lora>,
+}
+
+impl Proj {
+    /// `in → out` with bias; an adapter of rank `cfg.lora_rank` when `target` is adapted.
+    fn new(
+        inp: usize,
+        out: usize,
+        cfg: &Config,
+        target: LoraTarget,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let lora = if cfg.lora_rank > 0 && cfg.lora_targets.contains(&target) {
+            let r = cfg.lora_rank;
+            Some(Lora {
+                a: vb.get_with_hints(
+                    (r, inp),
+                    "lora_a",
+                    Init::Randn {
+                        mean: 0.,
+                        stdev: 0.02,
+                    },
+                )?,
+                b: vb.get_with_hints((out, r), "lora_b", Init::Const(0.))?,
+                scale: 1.0,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            linear: linear(inp, out, vb)?,
+            lora,
+        })
+    }
+
+    /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
+    fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        Ok(Self {
+            linear: Linear::new(
+                base(self.linear.weight())?,
+                self.linear.bias().map(base).transpose()?,
+            ),
+            lora: match &self.lora {
+                None => None,
+                Some(l) => Some(Lora {
+                    a: adapter(&l.a)?,
+                    b: adapter(&l.b)?,
+                    scale: l.scale,
+                }),
+            },
+        })
+    }
+}
+
+impl Module for Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.linear.forward(x)?;
+        match &self.lora {
+            None => Ok(y),
+            Some(l) => {
+                let (b, s, inp) = x.dims3()?;
+                let down = x.reshape((b * s, inp))?.matmul(&l.a.t()?)?;
+                let up = down.matmul(&l.b.t()?)?.reshape((b, s, ()))?;
+                y + (up * l.scale)?
+            }
+        }
+    }
+}
+
+/// Projections that can carry a LoRA adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Fc1,
+    Fc2,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 6] = [Self::Q, Self::K, Self::V, Self::O, Self::Fc1, Self::Fc2];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Q => "q",
+            Self::K => "k",
+            Self::V => "v",
+            Self::O => "o",
+            Self::Fc1 => "fc1",
+            Self::Fc2 => "fc2",
+        }
+    }
+}
+
 /// Multi-head causal self-attention with separate q, k, v, o projections (with bias).
 #[derive(Debug, Clone)]
 pub struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: Proj,
+    k: Proj,
+    v: Proj,
+    o: Proj,
     heads: usize,
     efficient: bool,
 }
@@ -145,10 +292,10 @@ impl Attention {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let h = cfg.hidden;
         Ok(Self {
-            q: linear(h, h, vb.pp("q"))?,
-            k: linear(h, h, vb.pp("k"))?,
-            v: linear(h, h, vb.pp("v"))?,
-            o: linear(h, h, vb.pp("o"))?,
+            q: Proj::new(h, h, cfg, LoraTarget::Q, vb.pp("q"))?,
+            k: Proj::new(h, h, cfg, LoraTarget::K, vb.pp("k"))?,
+            v: Proj::new(h, h, cfg, LoraTarget::V, vb.pp("v"))?,
+            o: Proj::new(h, h, cfg, LoraTarget::O, vb.pp("o"))?,
             heads: cfg.heads,
             efficient: cfg.efficient_attention,
         })
@@ -190,16 +337,16 @@ impl Attention {
 /// Position-wise MLP: `fc2(gelu(fc1(x)))` with hidden width 4H and GELU (tanh approximation).
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    fc1: Linear,
-    fc2: Linear,
+    fc1: Proj,
+    fc2: Proj,
 }
 
 impl Mlp {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let h = cfg.hidden;
         Ok(Self {
-            fc1: linear(h, 4 * h, vb.pp("fc1"))?,
-            fc2: linear(4 * h, h, vb.pp("fc2"))?,
+            fc1: Proj::new(h, 4 * h, cfg, LoraTarget::Fc1, vb.pp("fc1"))?,
+            fc2: Proj::new(4 * h, h, cfg, LoraTarget::Fc2, vb.pp("fc2"))?,
         })
     }
 }
@@ -355,22 +502,44 @@ impl Gpt {
     /// converted, to the f32 master weights; the copies (`2·P` bytes for 16 bits) live as long
     /// as the copy or a graph that uses it.
     pub fn cast(&self, dtype: DType) -> Result<Self> {
-        let lin = |l: &Linear| -> Result<Linear> {
-            Ok(Linear::new(
-                l.weight().to_dtype(dtype)?,
-                l.bias().map(|b| b.to_dtype(dtype)).transpose()?,
-            ))
-        };
+        let f = |t: &Tensor| t.to_dtype(dtype);
+        self.map(&f, &f, dtype)
+    }
+
+    /// A copy of the model whose weights are detached views of the same storage: running it
+    /// records no graph (inference) and allocates nothing for the weights.
+    pub fn detached(&self) -> Self {
+        let f = |t: &Tensor| Ok(t.detach());
+        self.map(&f, &f, self.dtype).expect("detach cannot fail")
+    }
+
+    /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
+    /// adapters still variables.
+    pub fn frozen(&self) -> Self {
+        let base = |t: &Tensor| Ok(t.detach());
+        let adapter = |t: &Tensor| Ok(t.clone());
+        self.map(&base, &adapter, self.dtype)
+            .expect("detach cannot fail")
+    }
+
+    /// A copy with `base` applied to every base weight and `adapter` to every LoRA tensor, in
+    /// model order (for each projection: weight, bias, A, B).
+    fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+        dtype: DType,
+    ) -> Result<Self> {
         let ln = |l: &LayerNorm| -> Result<LayerNorm> {
             Ok(LayerNorm {
-                weight: l.weight.to_dtype(dtype)?,
-                bias: l.bias.to_dtype(dtype)?,
+                weight: base(&l.weight)?,
+                bias: base(&l.bias)?,
                 eps: l.eps,
             })
         };
         Ok(Self {
-            wte: Embedding::new(self.wte.embeddings().to_dtype(dtype)?, self.cfg.hidden),
-            wpe: self.wpe.to_dtype(dtype)?,
+            wte: Embedding::new(base(self.wte.embeddings())?, self.cfg.hidden),
+            wpe: base(&self.wpe)?,
             blocks: self
                 .blocks
                 .iter()
@@ -378,69 +547,29 @@ impl Gpt {
                     Ok(Block {
                         ln1: ln(&b.ln1)?,
                         attn: Attention {
-                            q: lin(&b.attn.q)?,
-                            k: lin(&b.attn.k)?,
-                            v: lin(&b.attn.v)?,
-                            o: lin(&b.attn.o)?,
+                            q: b.attn.q.map(base, adapter)?,
+                            k: b.attn.k.map(base, adapter)?,
+                            v: b.attn.v.map(base, adapter)?,
+                            o: b.attn.o.map(base, adapter)?,
                             heads: b.attn.heads,
                             efficient: b.attn.efficient,
                         },
                         ln2: ln(&b.ln2)?,
                         mlp: Mlp {
-                            fc1: lin(&b.mlp.fc1)?,
-                            fc2: lin(&b.mlp.fc2)?,
+                            fc1: b.mlp.fc1.map(base, adapter)?,
+                            fc2: b.mlp.fc2.map(base, adapter)?,
                         },
                     })
                 })
                 .collect::<Result<Vec<_>>>()?,
             ln_f: ln(&self.ln_f)?,
-            head: lin(&self.head)?,
+            head: Linear::new(
+                base(self.head.weight())?,
+                self.head.bias().map(base).transpose()?,
+            ),
             cfg: self.cfg.clone(),
             dtype,
         })
-    }
-
-    /// A copy of the model whose weights are detached views of the same storage: running it
-    /// records no graph (inference) and allocates nothing for the weights.
-    pub fn detached(&self) -> Self {
-        fn lin(l: &Linear) -> Linear {
-            Linear::new(l.weight().detach(), l.bias().map(|b| b.detach()))
-        }
-        fn ln(l: &LayerNorm) -> LayerNorm {
-            LayerNorm {
-                weight: l.weight.detach(),
-                bias: l.bias.detach(),
-                eps: l.eps,
-            }
-        }
-        Self {
-            wte: Embedding::new(self.wte.embeddings().detach(), self.cfg.hidden),
-            wpe: self.wpe.detach(),
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    ln1: ln(&b.ln1),
-                    attn: Attention {
-                        q: lin(&b.attn.q),
-                        k: lin(&b.attn.k),
-                        v: lin(&b.attn.v),
-                        o: lin(&b.attn.o),
-                        heads: b.attn.heads,
-                        efficient: b.attn.efficient,
-                    },
-                    ln2: ln(&b.ln2),
-                    mlp: Mlp {
-                        fc1: lin(&b.mlp.fc1),
-                        fc2: lin(&b.mlp.fc2),
-                    },
-                })
-                .collect(),
-            ln_f: ln(&self.ln_f),
-            head: lin(&self.head),
-            cfg: self.cfg.clone(),
-            dtype: self.dtype,
-        }
     }
 }
 

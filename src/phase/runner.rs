@@ -32,6 +32,8 @@ struct Trainer {
     checkpoint: usize,
     /// Mixed precision: the working element type of the forward.
     compute: Option<DType>,
+    /// LoRA: only the adapters train.
+    lora: bool,
 }
 
 impl Trainer {
@@ -44,7 +46,25 @@ impl Trainer {
         };
         let vb = VarBuilder::from_varmap(&varmap, param_dtype, device);
         let model = Gpt::new(&case.cfg, vb)?;
+        // LoRA: the base weights are frozen (detached views), only the adapters train.
+        let model = if case.cfg.lora_rank > 0 {
+            model.frozen()
+        } else {
+            model
+        };
         Ok((varmap, model))
+    }
+
+    /// The variables the optimizer updates: all, or with LoRA the adapters only.
+    fn trainable(&self) -> Vec<candle_core::Var> {
+        if self.lora {
+            let data = self.varmap.data().lock().expect("varmap lock");
+            let mut names: Vec<&String> = data.keys().filter(|k| k.contains("lora_")).collect();
+            names.sort();
+            names.into_iter().map(|k| data[k].clone()).collect()
+        } else {
+            self.varmap.all_vars()
+        }
     }
 
     fn loss(&self) -> candle_core::Result<Tensor> {
@@ -148,8 +168,9 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         targets,
         checkpoint: case.checkpoint,
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
+        lora: case.cfg.lora_rank > 0,
     };
-    let mut opt = Opt::new(case.optimizer, t.varmap.all_vars())?;
+    let mut opt = Opt::new(case.optimizer, t.trainable())?;
     t.train_step(&mut opt)?;
     let _ = t.model.detached().forward(&t.tokens)?;
     Ok(())
@@ -231,6 +252,7 @@ fn run_chain(
         targets,
         checkpoint: case.checkpoint,
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
+        lora: case.cfg.lora_rank > 0,
     };
     if last == Phase::Init {
         return Ok(());
@@ -262,7 +284,7 @@ fn run_chain(
         if last >= Phase::Optimizer {
             let g = grads.take().expect("backward ran");
             metered(Phase::Optimizer, results, meters, &mut || {
-                let mut o = Opt::new(case.optimizer, t.varmap.all_vars())?;
+                let mut o = Opt::new(case.optimizer, t.trainable())?;
                 o.step(&g)?;
                 opt = Some(o);
                 Ok(())
@@ -276,7 +298,7 @@ fn run_chain(
         Some(o) => o,
         None => {
             // The optimizer's state belongs to the steady state the later phases start from.
-            let mut o = Opt::new(case.optimizer, t.varmap.all_vars())?;
+            let mut o = Opt::new(case.optimizer, t.trainable())?;
             t.train_step(&mut o)?;
             o
         }

@@ -65,6 +65,7 @@ pub fn units_of(field: &str) -> &'static str {
         "layers" => "layers",
         "threads" => "threads",
         "checkpoint" => "blocks",
+        "lora_rank" => "rank",
         "case" => "index",
         _ => "",
     }
@@ -91,6 +92,8 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
         "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
+        "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
+        "lora_targets" => "Projections with LoRA adapters, comma-separated.",
         "precision" => {
             "pure (everything in dtype) or mixed (f32 master weights, gradients, optimizer state)."
         }
@@ -191,6 +194,8 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
         w.plain_u64("checkpoint", rows, |r| r.checkpoint)?;
         w.string("attention", rows, |r| Some(&r.attention))?;
+        w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
+        w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("precision", rows, |r| Some(&r.precision))?;
         w.string("phase", rows, |r| Some(&r.phase))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
@@ -522,6 +527,8 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let optimizer = r.string("optimizer")?;
     let checkpoint = r.plain_u64("checkpoint")?;
     let attention = r.string("attention")?;
+    let lora_rank = r.plain_u64("lora_rank")?;
+    let lora_targets = r.string("lora_targets")?;
     let precision = r.string("precision")?;
     let phase = r.string("phase")?;
     let status = r.status("status")?;
@@ -555,6 +562,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut error = error.into_iter();
     let mut peak_meter = peak_meter.into_iter();
     let mut attention = attention.into_iter();
+    let mut lora_targets = lora_targets.into_iter();
     let mut precision = precision.into_iter();
 
     let n = r.len.unwrap_or(0);
@@ -579,6 +587,8 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             optimizer: next(&mut optimizer),
             checkpoint: checkpoint[i],
             attention: next(&mut attention),
+            lora_rank: lora_rank[i],
+            lora_targets: next(&mut lora_targets),
             precision: next(&mut precision),
             phase: next(&mut phase),
             status: status[i],

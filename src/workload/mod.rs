@@ -29,7 +29,7 @@ use serde::Deserialize;
 use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA, Precision};
 use crate::error::UserError;
 use crate::model::ModelKind;
-use crate::model::gpt::{self, Config};
+use crate::model::gpt::{self, Config, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -75,6 +75,10 @@ pub struct GridSpec {
     pub attention: Option<OneOrMany<String>>,
     /// `pure` or `mixed` precision.
     pub precision: Option<OneOrMany<String>>,
+    /// LoRA rank (0 = off); a list expands.
+    pub lora_rank: Option<OneOrMany<i64>>,
+    /// Projections with adapters: names from q, k, v, o, fc1, fc2, or `all` (default q, v).
+    pub lora_targets: Option<Vec<String>>,
 }
 
 impl GridSpec {
@@ -84,8 +88,24 @@ impl GridSpec {
             ($($f:ident),*) => { GridSpec { $($f: over.$f.clone().or_else(|| self.$f.clone()),)* } };
         }
         pick!(
-            model, preset, batch, seq, max_seq, hidden, heads, layers, vocab, optimizer, phases,
-            dtype, device, checkpoint, attention, precision
+            model,
+            preset,
+            batch,
+            seq,
+            max_seq,
+            hidden,
+            heads,
+            layers,
+            vocab,
+            optimizer,
+            phases,
+            dtype,
+            device,
+            checkpoint,
+            attention,
+            precision,
+            lora_rank,
+            lora_targets
         )
     }
 }
@@ -366,6 +386,40 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             attentions.push(efficient);
         }
     }
+    let lora_ranks: Vec<usize> = list("lora_rank", &spec.lora_rank, Some(0), 0, MAX_HIDDEN)?
+        .into_iter()
+        .map(|r| r.expect("lora_rank has a default"))
+        .collect();
+    let mut lora_targets: Vec<LoraTarget> = Vec::new();
+    for name in spec
+        .lora_targets
+        .clone()
+        .unwrap_or_else(|| vec!["q".into(), "v".into()])
+    {
+        if name == "all" {
+            lora_targets = LoraTarget::ALL.to_vec();
+            continue;
+        }
+        let t = LoraTarget::parse(&name).ok_or_else(|| {
+            ctx.bad(
+                "lora_targets",
+                &name,
+                "unknown projection",
+                "q, k, v, o, fc1, fc2, all",
+            )
+        })?;
+        if !lora_targets.contains(&t) {
+            lora_targets.push(t);
+        }
+    }
+    if lora_targets.is_empty() {
+        return Err(ctx.bad(
+            "lora_targets",
+            "[]",
+            "empty list",
+            "q, k, v, o, fc1, fc2, all",
+        ));
+    }
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -424,55 +478,71 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &precision in &precisions {
-                                        for &efficient in &attentions {
-                                            for &k in &checkpoints {
-                                                if k > cfg.layers {
-                                                    return Err(ctx.bad(
-                                                        "checkpoint",
-                                                        &k.to_string(),
-                                                        "more blocks per segment than the model has",
-                                                        &format!("0..={} (layers)", cfg.layers),
-                                                    ));
-                                                }
-                                                for &dtype in &dtypes {
-                                                    if efficient && dtype != ElemType::F32 {
-                                                        return Err(ctx.bad(
-                                                            "attention",
-                                                            "efficient",
-                                                            "the efficient attention op computes in f32 only",
-                                                            "standard with f16 or bf16",
-                                                        ));
-                                                    }
-                                                    if precision == Precision::Mixed && k > 0 {
+                                    for &rank in &lora_ranks {
+                                        if rank > cfg.hidden {
+                                            return Err(ctx.bad(
+                                                "lora_rank",
+                                                &rank.to_string(),
+                                                "a rank above the hidden size",
+                                                &format!("0..={} (hidden)", cfg.hidden),
+                                            ));
+                                        }
+                                        for &precision in &precisions {
+                                            for &efficient in &attentions {
+                                                for &k in &checkpoints {
+                                                    if k > cfg.layers {
                                                         return Err(ctx.bad(
                                                             "checkpoint",
                                                             &k.to_string(),
-                                                            "checkpointing is not combined with mixed precision yet",
-                                                            "0 with precision = mixed",
+                                                            "more blocks per segment than the model has",
+                                                            &format!("0..={} (layers)", cfg.layers),
                                                         ));
                                                     }
-                                                    cases.push(Case {
-                                                        index: cases.len(),
-                                                        model,
-                                                        preset: if custom {
-                                                            "custom".into()
-                                                        } else {
-                                                            preset_name.clone()
-                                                        },
-                                                        cfg: Config {
-                                                            efficient_attention: efficient,
-                                                            ..cfg.clone()
-                                                        },
-                                                        batch,
-                                                        seq,
-                                                        dtype,
-                                                        precision,
-                                                        device,
-                                                        optimizer: opt,
-                                                        checkpoint: k,
-                                                        phases: phases.clone(),
-                                                    });
+                                                    for &dtype in &dtypes {
+                                                        if efficient && dtype != ElemType::F32 {
+                                                            return Err(ctx.bad(
+                                                                "attention",
+                                                                "efficient",
+                                                                "the efficient attention op computes in f32 only",
+                                                                "standard with f16 or bf16",
+                                                            ));
+                                                        }
+                                                        if precision == Precision::Mixed && k > 0 {
+                                                            return Err(ctx.bad(
+                                                                "checkpoint",
+                                                                &k.to_string(),
+                                                                "checkpointing is not combined with mixed precision yet",
+                                                                "0 with precision = mixed",
+                                                            ));
+                                                        }
+                                                        cases.push(Case {
+                                                            index: cases.len(),
+                                                            model,
+                                                            preset: if custom {
+                                                                "custom".into()
+                                                            } else {
+                                                                preset_name.clone()
+                                                            },
+                                                            cfg: Config {
+                                                                efficient_attention: efficient,
+                                                                lora_rank: rank,
+                                                                lora_targets: if rank > 0 {
+                                                                    lora_targets.clone()
+                                                                } else {
+                                                                    Vec::new()
+                                                                },
+                                                                ..cfg.clone()
+                                                            },
+                                                            batch,
+                                                            seq,
+                                                            dtype,
+                                                            precision,
+                                                            device,
+                                                            optimizer: opt,
+                                                            checkpoint: k,
+                                                            phases: phases.clone(),
+                                                        });
+                                                    }
                                                 }
                                             }
                                         }

@@ -1,0 +1,113 @@
+//! LoRA: only the adapters train (no gradient, no optimizer state, no change for the frozen
+//! base), and the memory of every phase is predicted.
+
+mod common;
+
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use common::{run_rows, within};
+use memfit::model::gpt::{Config, Gpt, LoraTarget, synthetic_batch};
+use memfit::optim::Opt;
+use memfit::phase::OptimizerKind;
+
+#[test]
+fn only_adapters_train() {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let cfg = Config {
+        lora_rank: 4,
+        lora_targets: vec![LoraTarget::Q, LoraTarget::V, LoraTarget::Fc2],
+        ..Config::new(50, 32, 2, 2, 16)
+    };
+    let model = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev))
+        .unwrap()
+        .frozen();
+    let (tokens, targets) = synthetic_batch(2, 16, 50, &dev).unwrap();
+    let named: Vec<(String, candle_core::Var)> = {
+        let data = varmap.data().lock().unwrap();
+        let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let adapters: Vec<_> = named.iter().filter(|(k, _)| k.contains("lora_")).collect();
+    assert_eq!(
+        adapters.len(),
+        2 * 3 * 2,
+        "A and B for 3 targets in 2 layers"
+    );
+    assert_eq!(cfg.lora_params(), 2 * (4 * 64 + 4 * 64 + 4 * 160));
+    let before: Vec<Vec<f32>> = named
+        .iter()
+        .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
+    let trainable: Vec<_> = adapters.iter().map(|(_, v)| v.clone()).collect();
+    let mut opt = Opt::new(OptimizerKind::Adamw, trainable).unwrap();
+    for _ in 0..3 {
+        let loss = Gpt::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
+        let grads = loss.backward().unwrap();
+        for (name, v) in &named {
+            let has = grads.get(v.as_tensor()).is_some();
+            assert_eq!(has, name.contains("lora_"), "{name}: gradient {has}");
+        }
+        opt.step(&grads).unwrap();
+    }
+    for ((name, v), old) in named.iter().zip(&before) {
+        let now: Vec<f32> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(
+            &now != old,
+            name.contains("lora_"),
+            "{name} changed: {}",
+            &now != old
+        );
+    }
+}
+
+#[test]
+fn lora_memory_is_predicted() {
+    for targets in ["q,v", "all"] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--batch",
+                "2",
+                "--seq",
+                "40",
+                "--hidden",
+                "64",
+                "--heads",
+                "4",
+                "--layers",
+                "2",
+                "--vocab",
+                "300",
+                "--lora-rank",
+                "8",
+                "--lora-targets",
+                targets,
+            ],
+        );
+        for r in &rows {
+            let (rel, abs) = match r.phase.as_str() {
+                "backward" | "train-step" => (0.01, 0),
+                _ => (0.001, 64 * 1024),
+            };
+            assert!(
+                within(r, rel, abs),
+                "{targets} {}: measured {:?} predicted {:?}",
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+        // The optimizer keeps state for the adapters only: 8 bytes per adapter parameter.
+        let opt = rows.iter().find(|r| r.phase == "optimizer").unwrap();
+        let base = 2 * 300 * 64 + 40 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64;
+        let adapter_params = opt.params - base;
+        let state = opt.retained_bytes.unwrap() as u64;
+        assert!(
+            state >= 8 * adapter_params && state < 8 * adapter_params + 16 * 1024,
+            "{state}"
+        );
+    }
+}
