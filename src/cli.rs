@@ -84,6 +84,9 @@ pub struct RunArgs {
     /// Projections with LoRA adapters: q, k, v, o, fc1, fc2 or all (default q,v).
     #[arg(long, value_delimiter = ',')]
     pub lora_targets: Vec<String>,
+    /// How LoRA freezes the base projections: detach, op, q4_0, q8_0 (QLoRA), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub lora_base: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -131,6 +134,7 @@ impl RunArgs {
             precision: many(&self.precision),
             lora_rank: many(&self.lora_rank),
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),
+            lora_base: many(&self.lora_base),
             device: self.device.clone(),
         }
     }

@@ -66,6 +66,9 @@ pub struct Row {
     pub lora_rank: u64,
     /// Projections with adapters, comma-separated (empty when `lora_rank` is 0).
     pub lora_targets: String,
+    /// How the base projections are frozen under LoRA: `detach`, `op`, `q4_0`, `q8_0`
+    /// (empty when `lora_rank` is 0).
+    pub lora_base: String,
     /// `pure` (everything in `dtype`) or `mixed` (f32 master weights, gradients, optimizer
     /// state; `dtype` working copies and activations).
     pub precision: String,

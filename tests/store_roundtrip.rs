@@ -27,6 +27,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         attention: "standard".into(),
         lora_rank: 0,
         lora_targets: String::new(),
+        lora_base: String::new(),
         precision: "pure".into(),
         phase: phase.into(),
         status: Status::Ok,

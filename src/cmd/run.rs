@@ -292,6 +292,11 @@ pub fn case_rows(
                     .map(|t| t.as_str())
                     .collect::<Vec<_>>()
                     .join(","),
+                lora_base: if case.cfg.lora_rank > 0 {
+                    case.cfg.lora_base.as_str().into()
+                } else {
+                    String::new()
+                },
                 attention: if case.cfg.efficient_attention {
                     "efficient"
                 } else {

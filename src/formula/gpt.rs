@@ -8,9 +8,11 @@
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
 use crate::device::ElemType;
-use crate::model::gpt::LoraTarget;
+use crate::model::frozen::quantized_bytes;
+use crate::model::gpt::{LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
 use crate::workload::Case;
+use candle_core::quantized::GgmlDType;
 
 use super::Prediction;
 use super::gpt_replay::{Replay, replay};
@@ -37,6 +39,8 @@ pub struct Shape {
     pub lora_rank: u64,
     /// One bit per [`LoraTarget`] (its index in `LoraTarget::ALL`).
     pub lora_targets: u8,
+    /// How LoRA's projections are frozen.
+    pub lora_base: LoraBase,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -58,6 +62,7 @@ impl Shape {
             mixed: case.precision == crate::device::Precision::Mixed,
             lora_rank: case.cfg.lora_rank as u64,
             lora_targets: lora_bits(&case.cfg.lora_targets),
+            lora_base: case.cfg.lora_base,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -78,6 +83,7 @@ impl Shape {
             mixed: false,
             lora_rank: 0,
             lora_targets: 0,
+            lora_base: LoraBase::Op,
             cpu: true,
         }
     }
@@ -100,6 +106,15 @@ impl Shape {
             + l * (12 * h * h + 13 * h)
             + 2 * h
             + self.lora_sizes().iter().sum::<u64>()
+    }
+
+    /// The GGML type of QLoRA's frozen projections, if any.
+    pub fn quantized_base(&self) -> Option<GgmlDType> {
+        match (self.lora_rank > 0, self.lora_base) {
+            (true, LoraBase::Q4_0) => Some(GgmlDType::Q4_0),
+            (true, LoraBase::Q8_0) => Some(GgmlDType::Q8_0),
+            _ => None,
+        }
     }
 
     /// True when projection `t` has an adapter.
@@ -306,6 +321,20 @@ impl Shape {
         let step = self.gradient_bytes() + self.optimizer_step_temp_bytes(opt);
         let r = || r.expect("replayed");
         match phase {
+            // QLoRA: the f32 projection weights exist until quantized, then only their GGML
+            // blocks (and a 4-byte placeholder each) stay.
+            Phase::Init if self.quantized_base().is_some() => {
+                let q = self.quantized_base().expect("checked");
+                let (h, l) = (self.h, self.l);
+                let proj_elems = l * 12 * h * h;
+                let q_bytes =
+                    l * (4 * quantized_bytes(h * h, q) + 2 * quantized_bytes(4 * h * h, q));
+                Prediction {
+                    peak_bytes: self.weights_bytes() + q_bytes,
+                    retained_bytes: (self.weights_bytes() - 4 * proj_elems + q_bytes + 4 * 6 * l)
+                        as i64,
+                }
+            }
             Phase::Init => Prediction {
                 peak_bytes: self.weights_bytes(),
                 retained_bytes: self.weights_bytes() as i64,

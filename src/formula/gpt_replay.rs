@@ -19,8 +19,10 @@ use std::rc::Rc;
 use super::gpt::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::ElemType;
-use crate::model::gpt::LoraTarget;
+use crate::model::frozen::quantized_bytes;
+use crate::model::gpt::{LoraBase, LoraTarget};
 use crate::phase::checkpoint::segments;
+use candle_core::quantized::GgmlDType;
 
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 struct Linear {
@@ -28,6 +30,8 @@ struct Linear {
     bias: Option<Sym>,
     /// LoRA adapter A `(r, in)`, B `(out, r)` (the model's `Proj`).
     lora: Option<(Sym, Sym)>,
+    /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
+    frozen: Option<bool>,
 }
 
 impl Linear {
@@ -36,20 +40,37 @@ impl Linear {
             weight: p.tensor(&[out, inp]),
             bias: bias.then(|| p.tensor(&[out])),
             lora: None,
+            frozen: None,
         }
     }
 
     /// A projection, with an adapter of rank `r` when `r > 0`: the adapter is a variable, the
     /// base weights are frozen (not variables) under LoRA.
     fn proj(p: &Params, inp: usize, out: usize, r: usize) -> Self {
-        if r == 0 {
+        if !p.lora {
             return Self::new(p, inp, out, true);
         }
-        let lora = Some((p.adapter(&[r, inp]), p.adapter(&[out, r])));
+        // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
+        // carry an adapter.
+        let lora = (r > 0).then(|| (p.adapter(&[r, inp]), p.adapter(&[out, r])));
+        let (weight, frozen) = match p.base {
+            LoraBase::Detach => (p.frozen(&[out, inp]), None),
+            LoraBase::Op => (p.frozen(&[out, inp]), Some(false)),
+            LoraBase::Q4_0 | LoraBase::Q8_0 => {
+                let q = if p.base == LoraBase::Q4_0 {
+                    GgmlDType::Q4_0
+                } else {
+                    GgmlDType::Q8_0
+                };
+                let bytes = quantized_bytes((out * inp) as u64, q) as usize;
+                (Sym::new(p.ledger, &[bytes], DType::U8), Some(true))
+            }
+        };
         Self {
-            weight: p.frozen(&[out, inp]),
+            weight,
             bias: Some(p.frozen(&[out])),
             lora,
+            frozen,
         }
     }
 
@@ -59,12 +80,24 @@ impl Linear {
             weight: base(&self.weight),
             bias: self.bias.as_ref().map(base),
             lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
+            frozen: self.frozen,
         }
     }
 
-    /// `Proj::forward`: the linear layer, plus `scale·(x·Aᵀ)·Bᵀ` with an adapter.
+    /// `Proj::forward`: the linear layer (or the frozen-linear op), plus `scale·(x·Aᵀ)·Bᵀ`
+    /// with an adapter.
     fn forward(&self, x: &Sym) -> Sym {
-        let y = self.linear_forward(x);
+        let y = match self.frozen {
+            None => self.linear_forward(x),
+            Some(quantized) => {
+                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+                let out = self.bias.as_ref().expect("projections have a bias").dims()[0];
+                let w = (!quantized).then(|| self.weight.clone());
+                x.reshape(&[bs * s, inp])
+                    .frozen_linear(w, out, self.bias.as_ref())
+                    .reshape(&[bs, s, out])
+            }
+        };
         match &self.lora {
             None => y,
             Some((a, b)) => {
@@ -247,6 +280,8 @@ struct Params<'a> {
     dtype: DType,
     /// LoRA: everything but the adapters is frozen.
     lora: bool,
+    /// How LoRA's projections are frozen.
+    base: LoraBase,
 }
 
 impl Params<'_> {
@@ -308,6 +343,7 @@ impl Gpt {
             vars,
             dtype: param_dtype,
             lora: shape.lora_rank > 0,
+            base: shape.lora_base,
         };
         let rank = |t: LoraTarget| {
             if shape.has_lora(t) {

@@ -183,6 +183,9 @@ pub enum Op {
     Powf(Sym, f64),
     /// memfit's efficient attention (a candle `CustomOp3` on q, k, v).
     Attn(Sym, Sym, Sym),
+    /// memfit's frozen linear (a `CustomOp1` on x): the dense weight, or `None` when quantized
+    /// (dequantized to `(out, in)` f32 per call).
+    Frozen(Sym, Option<Sym>, usize),
 }
 
 #[derive(Debug)]
@@ -518,6 +521,31 @@ impl Sym {
         self.out(self.dims(), self.0.dtype, op)
     }
 
+    /// `x.apply_op1(FrozenLinear)` for `x (r, in)`: see `model::frozen` for the allocations.
+    /// `w` is the dense weight `(out, in)`, `None` when quantized.
+    pub fn frozen_linear(&self, w: Option<Sym>, out: usize, bias: Option<&Sym>) -> Sym {
+        let (rows, inp) = (self.dims()[0], self.dims()[1]);
+        let l = self.ledger().clone();
+        let x = Sym::new(&l, &[rows, inp], self.0.dtype);
+        let wd = w
+            .clone()
+            .unwrap_or_else(|| Sym::new(&l, &[out, inp], DType::F32));
+        let y = x.matmul(&wd.t());
+        drop((x, wd));
+        let y = match bias {
+            Some(b) => {
+                let z = y.broadcast_add(b);
+                drop(y);
+                z
+            }
+            None => y,
+        };
+        let op = self.op1(|a| Op::Frozen(a, w, out));
+        let res = self.out(&[rows, out], self.0.dtype, op);
+        drop(y);
+        res
+    }
+
     pub fn gather(&self, indexes: &Sym, dim: usize) -> Sym {
         let op = self.op2(indexes, |a, i| Op::Gather(a, i, dim));
         self.out(indexes.dims(), self.0.dtype, op)
@@ -715,6 +743,7 @@ impl Op {
             | Op::Gather(a, b, _)
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) => vec![q, k, v],
+            Op::Frozen(x, _, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -920,6 +949,17 @@ pub fn backward(root: &Sym) -> GradStore {
                     *s = s.add(&g);
                     drop(g);
                 }
+            }
+            Op::Frozen(arg, w, out) => {
+                // bwd: the dense weight (dequantized when quantized) and grad·W.
+                let inp = arg.dims()[1];
+                let wd = w
+                    .clone()
+                    .unwrap_or_else(|| Sym::new(grad.ledger(), &[*out, inp], DType::F32));
+                let arg_grad = grad.matmul(&wd);
+                drop(wd);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
             }
             Op::Cmp(_) => {}
             Op::ToDType(arg) => {

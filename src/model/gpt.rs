@@ -31,6 +31,8 @@ use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_n
 use serde::{Deserialize, Serialize};
 
 use super::efficient_attention::EfficientAttention;
+use super::frozen::{FrozenLinear, FrozenWeight};
+use candle_core::quantized::GgmlDType;
 
 /// Shape of a GPT-style decoder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +53,9 @@ pub struct Config {
     /// Projections that get an adapter when `lora_rank > 0`.
     #[serde(default)]
     pub lora_targets: Vec<LoraTarget>,
+    /// How the base projections are frozen under LoRA.
+    #[serde(default)]
+    pub lora_base: LoraBase,
 }
 
 /// Names accepted by [`Config::preset`].
@@ -85,6 +90,7 @@ impl Config {
             efficient_attention: false,
             lora_rank: 0,
             lora_targets: Vec::new(),
+            lora_base: LoraBase::Op,
         }
     }
 
@@ -169,11 +175,14 @@ pub struct Lora {
     pub scale: f64,
 }
 
-/// A projection (candle-nn `Linear`) with an optional LoRA adapter.
+/// A projection (candle-nn `Linear`) with an optional LoRA adapter. Under LoRA with
+/// `lora_base` `op`, `q4_0` or `q8_0` the base runs as a [`FrozenLinear`] instead (`frozen`),
+/// and `linear` keeps only what the op does not hold.
 #[derive(Debug, Clone)]
 pub struct Proj {
     pub linear: Linear,
     pub lora: Option<Lora>,
+    pub frozen: Option<FrozenWeight>,
 }
 
 impl Proj {
@@ -205,6 +214,7 @@ impl Proj {
         Ok(Self {
             linear: linear(inp, out, vb)?,
             lora,
+            frozen: None,
         })
     }
 
@@ -227,13 +237,52 @@ impl Proj {
                     scale: l.scale,
                 }),
             },
+            frozen: match &self.frozen {
+                None => None,
+                Some(FrozenWeight::Dense(w)) => Some(FrozenWeight::Dense(base(w)?)),
+                Some(q) => Some(q.clone()),
+            },
+        })
+    }
+
+    /// The projection with its base frozen as `mode` says (adapters untouched).
+    fn freeze(&self, mode: LoraBase) -> Result<Self> {
+        let bias = self.linear.bias().map(|b| b.detach());
+        let weight = self.linear.weight().detach();
+        let frozen = match mode {
+            LoraBase::Detach => None,
+            LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
+            LoraBase::Q4_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q4_0)?),
+            LoraBase::Q8_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q8_0)?),
+        };
+        // A quantized projection keeps no f32 weight: a 1-element placeholder stands in.
+        let weight = match mode {
+            LoraBase::Q4_0 | LoraBase::Q8_0 => Tensor::zeros(1, weight.dtype(), weight.device())?,
+            _ => weight,
+        };
+        Ok(Self {
+            linear: Linear::new(weight, bias),
+            lora: self.lora.clone(),
+            frozen,
         })
     }
 }
 
 impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.linear.forward(x)?;
+        let y = match &self.frozen {
+            None => self.linear.forward(x)?,
+            Some(w) => {
+                let (b, s, inp) = x.dims3()?;
+                let op = FrozenLinear {
+                    weight: w.clone(),
+                    bias: self.linear.bias().cloned(),
+                };
+                x.reshape((b * s, inp))?
+                    .apply_op1(op)?
+                    .reshape((b, s, ()))?
+            }
+        };
         match &self.lora {
             None => Ok(y),
             Some(l) => {
@@ -242,6 +291,45 @@ impl Module for Proj {
                 let up = down.matmul(&l.b.t()?)?.reshape((b, s, ()))?;
                 y + (up * l.scale)?
             }
+        }
+    }
+}
+
+/// How LoRA freezes the base projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraBase {
+    /// Detached weights in candle's own matmul: their gradients are still computed and held
+    /// until the gradient store is dropped.
+    Detach,
+    /// [`FrozenLinear`]: no gradient for the weight.
+    #[default]
+    Op,
+    /// QLoRA: [`FrozenLinear`] over 4-bit GGML blocks (18 B per 32 weights).
+    Q4_0,
+    /// [`FrozenLinear`] over 8-bit GGML blocks (34 B per 32 weights).
+    Q8_0,
+}
+
+impl LoraBase {
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "detach" => Some(Self::Detach),
+            "op" => Some(Self::Op),
+            "q4_0" => Some(Self::Q4_0),
+            "q8_0" => Some(Self::Q8_0),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Detach => "detach",
+            Self::Op => "op",
+            Self::Q4_0 => "q4_0",
+            Self::Q8_0 => "q8_0",
         }
     }
 }
@@ -514,12 +602,25 @@ impl Gpt {
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
-    /// adapters still variables.
-    pub fn frozen(&self) -> Self {
+    /// adapters still variables; the six projections frozen as `cfg.lora_base` says.
+    pub fn frozen(&self) -> Result<Self> {
         let base = |t: &Tensor| Ok(t.detach());
         let adapter = |t: &Tensor| Ok(t.clone());
-        self.map(&base, &adapter, self.dtype)
-            .expect("detach cannot fail")
+        let mut m = self.map(&base, &adapter, self.dtype)?;
+        let mode = self.cfg.lora_base;
+        for b in &mut m.blocks {
+            for p in [
+                &mut b.attn.q,
+                &mut b.attn.k,
+                &mut b.attn.v,
+                &mut b.attn.o,
+                &mut b.mlp.fc1,
+                &mut b.mlp.fc2,
+            ] {
+                *p = p.freeze(mode)?;
+            }
+        }
+        Ok(m)
     }
 
     /// A copy with `base` applied to every base weight and `adapter` to every LoRA tensor, in

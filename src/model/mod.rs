@@ -2,6 +2,7 @@
 //! `new(cfg, vb)` with sub-layers named through `vb.pp`.
 
 pub mod efficient_attention;
+pub mod frozen;
 pub mod gpt;
 
 /// Model families memfit can build.

@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::device::Precision;
+use crate::model::gpt::LoraBase;
 use crate::optim::Opt;
 
 use super::{Phase, checkpoint};
@@ -48,7 +49,17 @@ impl Trainer {
         let model = Gpt::new(&case.cfg, vb)?;
         // LoRA: the base weights are frozen (detached views), only the adapters train.
         let model = if case.cfg.lora_rank > 0 {
-            model.frozen()
+            let frozen = model.frozen()?;
+            if matches!(case.cfg.lora_base, LoraBase::Q4_0 | LoraBase::Q8_0) {
+                // QLoRA keeps only the quantized copy of the projections' weights.
+                let mut data = varmap.data().lock().expect("varmap lock");
+                for i in 0..case.cfg.layers {
+                    for p in ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2"] {
+                        data.remove(&format!("h.{i}.{p}.weight"));
+                    }
+                }
+            }
+            frozen
         } else {
             model
         };

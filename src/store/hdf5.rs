@@ -94,6 +94,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
+        "lora_base" => "How LoRA freezes the base projections: detach, op, q4_0 or q8_0.",
         "precision" => {
             "pure (everything in dtype) or mixed (f32 master weights, gradients, optimizer state)."
         }
@@ -196,6 +197,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("attention", rows, |r| Some(&r.attention))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
+        w.string("lora_base", rows, |r| Some(&r.lora_base))?;
         w.string("precision", rows, |r| Some(&r.precision))?;
         w.string("phase", rows, |r| Some(&r.phase))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
@@ -529,6 +531,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let attention = r.string("attention")?;
     let lora_rank = r.plain_u64("lora_rank")?;
     let lora_targets = r.string("lora_targets")?;
+    let lora_base = r.string("lora_base")?;
     let precision = r.string("precision")?;
     let phase = r.string("phase")?;
     let status = r.status("status")?;
@@ -563,6 +566,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut peak_meter = peak_meter.into_iter();
     let mut attention = attention.into_iter();
     let mut lora_targets = lora_targets.into_iter();
+    let mut lora_base = lora_base.into_iter();
     let mut precision = precision.into_iter();
 
     let n = r.len.unwrap_or(0);
@@ -589,6 +593,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             attention: next(&mut attention),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),
+            lora_base: next(&mut lora_base),
             precision: next(&mut precision),
             phase: next(&mut phase),
             status: status[i],

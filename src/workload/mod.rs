@@ -29,7 +29,7 @@ use serde::Deserialize;
 use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA, Precision};
 use crate::error::UserError;
 use crate::model::ModelKind;
-use crate::model::gpt::{self, Config, LoraTarget};
+use crate::model::gpt::{self, Config, LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -79,6 +79,8 @@ pub struct GridSpec {
     pub lora_rank: Option<OneOrMany<i64>>,
     /// Projections with adapters: names from q, k, v, o, fc1, fc2, or `all` (default q, v).
     pub lora_targets: Option<Vec<String>>,
+    /// How LoRA freezes the base projections: detach, op (default), q4_0, q8_0 (QLoRA).
+    pub lora_base: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -105,7 +107,8 @@ impl GridSpec {
             attention,
             precision,
             lora_rank,
-            lora_targets
+            lora_targets,
+            lora_base
         )
     }
 }
@@ -420,6 +423,26 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             "q, k, v, o, fc1, fc2, all",
         ));
     }
+    let mut lora_bases: Vec<LoraBase> = Vec::new();
+    for name in spec
+        .lora_base
+        .as_ref()
+        .map_or_else(|| vec!["op".to_string()], OneOrMany::to_vec)
+    {
+        let b = LoraBase::parse(&name)
+            .ok_or_else(|| ctx.bad("lora_base", &name, "unknown LoRA base", LoraBase::NAMES))?;
+        if b != LoraBase::Detach && device.is_cuda() {
+            return Err(ctx.bad(
+                "lora_base",
+                &name,
+                "the frozen-linear op has no CUDA kernel (CPU only)",
+                "detach on cuda",
+            ));
+        }
+        if !lora_bases.contains(&b) {
+            lora_bases.push(b);
+        }
+    }
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -478,70 +501,75 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &rank in &lora_ranks {
-                                        if rank > cfg.hidden {
-                                            return Err(ctx.bad(
-                                                "lora_rank",
-                                                &rank.to_string(),
-                                                "a rank above the hidden size",
-                                                &format!("0..={} (hidden)", cfg.hidden),
-                                            ));
-                                        }
-                                        for &precision in &precisions {
-                                            for &efficient in &attentions {
-                                                for &k in &checkpoints {
-                                                    if k > cfg.layers {
-                                                        return Err(ctx.bad(
-                                                            "checkpoint",
-                                                            &k.to_string(),
-                                                            "more blocks per segment than the model has",
-                                                            &format!("0..={} (layers)", cfg.layers),
-                                                        ));
-                                                    }
-                                                    for &dtype in &dtypes {
-                                                        if efficient && dtype != ElemType::F32 {
-                                                            return Err(ctx.bad(
-                                                                "attention",
-                                                                "efficient",
-                                                                "the efficient attention op computes in f32 only",
-                                                                "standard with f16 or bf16",
-                                                            ));
-                                                        }
-                                                        if precision == Precision::Mixed && k > 0 {
+                                    for &lora_base in &lora_bases {
+                                        for &rank in &lora_ranks {
+                                            if rank > cfg.hidden {
+                                                return Err(ctx.bad(
+                                                    "lora_rank",
+                                                    &rank.to_string(),
+                                                    "a rank above the hidden size",
+                                                    &format!("0..={} (hidden)", cfg.hidden),
+                                                ));
+                                            }
+                                            for &precision in &precisions {
+                                                for &efficient in &attentions {
+                                                    for &k in &checkpoints {
+                                                        if k > cfg.layers {
                                                             return Err(ctx.bad(
                                                                 "checkpoint",
                                                                 &k.to_string(),
-                                                                "checkpointing is not combined with mixed precision yet",
-                                                                "0 with precision = mixed",
+                                                                "more blocks per segment than the model has",
+                                                                &format!("0..={} (layers)", cfg.layers),
                                                             ));
                                                         }
-                                                        cases.push(Case {
-                                                            index: cases.len(),
-                                                            model,
-                                                            preset: if custom {
-                                                                "custom".into()
-                                                            } else {
-                                                                preset_name.clone()
-                                                            },
-                                                            cfg: Config {
-                                                                efficient_attention: efficient,
-                                                                lora_rank: rank,
-                                                                lora_targets: if rank > 0 {
-                                                                    lora_targets.clone()
+                                                        for &dtype in &dtypes {
+                                                            if efficient && dtype != ElemType::F32 {
+                                                                return Err(ctx.bad(
+                                                                    "attention",
+                                                                    "efficient",
+                                                                    "the efficient attention op computes in f32 only",
+                                                                    "standard with f16 or bf16",
+                                                                ));
+                                                            }
+                                                            if precision == Precision::Mixed
+                                                                && k > 0
+                                                            {
+                                                                return Err(ctx.bad(
+                                                                    "checkpoint",
+                                                                    &k.to_string(),
+                                                                    "checkpointing is not combined with mixed precision yet",
+                                                                    "0 with precision = mixed",
+                                                                ));
+                                                            }
+                                                            cases.push(Case {
+                                                                index: cases.len(),
+                                                                model,
+                                                                preset: if custom {
+                                                                    "custom".into()
                                                                 } else {
-                                                                    Vec::new()
+                                                                    preset_name.clone()
                                                                 },
-                                                                ..cfg.clone()
-                                                            },
-                                                            batch,
-                                                            seq,
-                                                            dtype,
-                                                            precision,
-                                                            device,
-                                                            optimizer: opt,
-                                                            checkpoint: k,
-                                                            phases: phases.clone(),
-                                                        });
+                                                                cfg: Config {
+                                                                    efficient_attention: efficient,
+                                                                    lora_rank: rank,
+                                                                    lora_targets: if rank > 0 {
+                                                                        lora_targets.clone()
+                                                                    } else {
+                                                                        Vec::new()
+                                                                    },
+                                                                    lora_base,
+                                                                    ..cfg.clone()
+                                                                },
+                                                                batch,
+                                                                seq,
+                                                                dtype,
+                                                                precision,
+                                                                device,
+                                                                optimizer: opt,
+                                                                checkpoint: k,
+                                                                phases: phases.clone(),
+                                                            });
+                                                        }
                                                     }
                                                 }
                                             }
