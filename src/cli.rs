@@ -87,6 +87,9 @@ pub struct RunArgs {
     /// How LoRA freezes the base projections: detach, op, q4_0, q8_0 (QLoRA), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub lora_base: Vec<String>,
+    /// Elements per quantization block of adamw-8bit, comma-separated (default 2048).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub optimizer_block: Vec<i64>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -135,6 +138,7 @@ impl RunArgs {
             lora_rank: many(&self.lora_rank),
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),
             lora_base: many(&self.lora_base),
+            optimizer_block: many(&self.optimizer_block),
             device: self.device.clone(),
         }
     }

@@ -58,6 +58,8 @@ pub struct Row {
     pub device: String,
     /// `sgd`, `sgd-momentum`, `adam`, `adamw` or `adamw-8bit`.
     pub optimizer: String,
+    /// Elements per quantization block of `adamw-8bit` (recorded for every optimizer).
+    pub optimizer_block: u64,
     /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
     pub checkpoint: u64,
     /// `standard` or `efficient` attention.

@@ -171,3 +171,50 @@ fn optimizer_state_and_step_match_their_formulas() {
         );
     }
 }
+
+/// The 8-bit optimizer's block size is a workload key: smaller blocks, more scales.
+#[test]
+fn eight_bit_block_size_changes_the_state_as_predicted() {
+    let mut states = Vec::new();
+    for block in ["64", "2048"] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--batch",
+                "2",
+                "--seq",
+                "16",
+                "--hidden",
+                "64",
+                "--heads",
+                "2",
+                "--layers",
+                "2",
+                "--vocab",
+                "300",
+                "--phases",
+                "optimizer",
+                "--optimizer",
+                "adamw-8bit",
+                "--optimizer-block",
+                block,
+            ],
+        );
+        let r = &rows[0];
+        assert_eq!(r.optimizer_block.to_string(), block);
+        let (kept, pred) = (
+            r.retained_bytes.unwrap(),
+            r.predicted_retained_bytes.unwrap(),
+        );
+        assert!(
+            kept.abs_diff(pred) < 2048,
+            "block {block}: {kept} vs {pred}"
+        );
+        states.push(kept);
+    }
+    assert!(
+        states[0] > states[1],
+        "blocks of 64 keep more scales: {states:?}"
+    );
+}

@@ -23,6 +23,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         dtype: "f32".into(),
         device: "cpu".into(),
         optimizer: "adamw".into(),
+        optimizer_block: 2048,
         checkpoint: 0,
         attention: "standard".into(),
         lora_rank: 0,

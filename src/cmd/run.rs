@@ -282,6 +282,7 @@ pub fn case_rows(
                 dtype: case.dtype.to_string(),
                 device: case.device.to_string(),
                 optimizer: case.optimizer.as_str().into(),
+                optimizer_block: case.optimizer_block as u64,
                 checkpoint: case.checkpoint as u64,
                 precision: case.precision.as_str().into(),
                 lora_rank: case.cfg.lora_rank as u64,

@@ -41,6 +41,8 @@ pub struct Shape {
     pub lora_targets: u8,
     /// How LoRA's projections are frozen.
     pub lora_base: LoraBase,
+    /// Elements per quantization block of `adamw-8bit`.
+    pub block: u64,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -63,6 +65,7 @@ impl Shape {
             lora_rank: case.cfg.lora_rank as u64,
             lora_targets: lora_bits(&case.cfg.lora_targets),
             lora_base: case.cfg.lora_base,
+            block: case.optimizer_block as u64,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -84,6 +87,7 @@ impl Shape {
             lora_rank: 0,
             lora_targets: 0,
             lora_base: LoraBase::Op,
+            block: BLOCK_8BIT,
             cpu: true,
         }
     }
@@ -240,7 +244,7 @@ impl Shape {
             OptimizerKind::Adamw8bit => {
                 sizes
                     .iter()
-                    .map(|&n| state_bytes_8bit(n, BLOCK_8BIT))
+                    .map(|&n| state_bytes_8bit(n, self.block))
                     .sum::<u64>()
                     + self.meta(
                         4 * META_PER_STATE_TENSOR_8BIT * t
@@ -269,7 +273,7 @@ impl Shape {
                 14 * self.e() * n + self.meta(meta)
             }
             OptimizerKind::Adamw8bit => {
-                let host = 10 * n + 8 * n.div_ceil(BLOCK_8BIT) + 8 * BLOCK_8BIT;
+                let host = 10 * n + 8 * n.div_ceil(self.block) + 8 * self.block;
                 let half = self.e() == 2;
                 match (self.cpu, half) {
                     // The f32 copies of a 16-bit θ pass through an f32 tensor: g's host copy
@@ -413,7 +417,7 @@ pub fn lora_bits(targets: &[LoraTarget]) -> u8 {
     })
 }
 
-/// Elements per block of the 8-bit optimizer (its default).
+/// Elements per block of the 8-bit optimizer by default.
 pub const BLOCK_8BIT: u64 = 2048;
 /// Bytes of the 8-bit optimizer's state for a tensor of `n` elements.
 pub fn state_bytes_8bit(n: u64, block: u64) -> u64 {

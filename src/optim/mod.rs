@@ -36,7 +36,13 @@ pub enum Opt {
 }
 
 impl Opt {
+    /// The optimizer with default settings (8-bit blocks of 2048).
     pub fn new(kind: OptimizerKind, vars: Vec<Var>) -> Result<Self> {
+        Self::with_block(kind, vars, adamw8bit::Params::default().block)
+    }
+
+    /// `block`: elements per quantization block of `adamw-8bit` (ignored by the others).
+    pub fn with_block(kind: OptimizerKind, vars: Vec<Var>, block: usize) -> Result<Self> {
         Ok(match kind {
             OptimizerKind::Sgd => Opt::Sgd(SGD::new(vars, LEARNING_RATE)?),
             OptimizerKind::SgdMomentum => Opt::SgdMomentum(sgd_momentum::SgdMomentum::new(
@@ -65,6 +71,7 @@ impl Opt {
                 vars,
                 adamw8bit::Params {
                     lr: LEARNING_RATE,
+                    block,
                     ..Default::default()
                 },
             )?)),

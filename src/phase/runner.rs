@@ -181,7 +181,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
-    let mut opt = Opt::new(case.optimizer, t.trainable())?;
+    let mut opt = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
     t.train_step(&mut opt)?;
     let _ = t.model.detached().forward(&t.tokens)?;
     Ok(())
@@ -295,7 +295,7 @@ fn run_chain(
         if last >= Phase::Optimizer {
             let g = grads.take().expect("backward ran");
             metered(Phase::Optimizer, results, meters, &mut || {
-                let mut o = Opt::new(case.optimizer, t.trainable())?;
+                let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
                 o.step(&g)?;
                 opt = Some(o);
                 Ok(())
@@ -309,7 +309,7 @@ fn run_chain(
         Some(o) => o,
         None => {
             // The optimizer's state belongs to the steady state the later phases start from.
-            let mut o = Opt::new(case.optimizer, t.trainable())?;
+            let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
             t.train_step(&mut o)?;
             o
         }

@@ -66,6 +66,7 @@ pub fn units_of(field: &str) -> &'static str {
         "threads" => "threads",
         "checkpoint" => "blocks",
         "lora_rank" => "rank",
+        "optimizer_block" => "elements",
         "case" => "index",
         _ => "",
     }
@@ -91,6 +92,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "device" => "Device the case ran on: cpu or cuda:N.",
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
         "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",
+        "optimizer_block" => "Elements per quantization block of adamw-8bit.",
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
@@ -193,6 +195,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("dtype", rows, |r| Some(&r.dtype))?;
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
+        w.plain_u64("optimizer_block", rows, |r| r.optimizer_block)?;
         w.plain_u64("checkpoint", rows, |r| r.checkpoint)?;
         w.string("attention", rows, |r| Some(&r.attention))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
@@ -527,6 +530,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let dtype = r.string("dtype")?;
     let device = r.string("device")?;
     let optimizer = r.string("optimizer")?;
+    let optimizer_block = r.plain_u64("optimizer_block")?;
     let checkpoint = r.plain_u64("checkpoint")?;
     let attention = r.string("attention")?;
     let lora_rank = r.plain_u64("lora_rank")?;
@@ -589,6 +593,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             dtype: next(&mut dtype),
             device: next(&mut device),
             optimizer: next(&mut optimizer),
+            optimizer_block: optimizer_block[i],
             checkpoint: checkpoint[i],
             attention: next(&mut attention),
             lora_rank: lora_rank[i],

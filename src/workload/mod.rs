@@ -81,6 +81,8 @@ pub struct GridSpec {
     pub lora_targets: Option<Vec<String>>,
     /// How LoRA freezes the base projections: detach, op (default), q4_0, q8_0 (QLoRA).
     pub lora_base: Option<OneOrMany<String>>,
+    /// Elements per quantization block of `adamw-8bit` (default 2048); a list expands.
+    pub optimizer_block: Option<OneOrMany<i64>>,
 }
 
 impl GridSpec {
@@ -108,7 +110,8 @@ impl GridSpec {
             precision,
             lora_rank,
             lora_targets,
-            lora_base
+            lora_base,
+            optimizer_block
         )
     }
 }
@@ -143,6 +146,8 @@ pub struct Case {
     pub optimizer: OptimizerKind,
     /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
     pub checkpoint: usize,
+    /// Elements per quantization block of `adamw-8bit`.
+    pub optimizer_block: usize,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
 }
@@ -443,6 +448,16 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             lora_bases.push(b);
         }
     }
+    let optimizer_blocks: Vec<usize> = list(
+        "optimizer_block",
+        &spec.optimizer_block,
+        Some(2048),
+        1,
+        1 << 24,
+    )?
+    .into_iter()
+    .map(|b| b.expect("optimizer_block has a default"))
+    .collect();
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -501,74 +516,80 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &lora_base in &lora_bases {
-                                        for &rank in &lora_ranks {
-                                            if rank > cfg.hidden {
-                                                return Err(ctx.bad(
-                                                    "lora_rank",
-                                                    &rank.to_string(),
-                                                    "a rank above the hidden size",
-                                                    &format!("0..={} (hidden)", cfg.hidden),
-                                                ));
-                                            }
-                                            for &precision in &precisions {
-                                                for &efficient in &attentions {
-                                                    for &k in &checkpoints {
-                                                        if k > cfg.layers {
-                                                            return Err(ctx.bad(
-                                                                "checkpoint",
-                                                                &k.to_string(),
-                                                                "more blocks per segment than the model has",
-                                                                &format!("0..={} (layers)", cfg.layers),
-                                                            ));
-                                                        }
-                                                        for &dtype in &dtypes {
-                                                            if efficient && dtype != ElemType::F32 {
-                                                                return Err(ctx.bad(
-                                                                    "attention",
-                                                                    "efficient",
-                                                                    "the efficient attention op computes in f32 only",
-                                                                    "standard with f16 or bf16",
-                                                                ));
-                                                            }
-                                                            if precision == Precision::Mixed
-                                                                && k > 0
-                                                            {
+                                    for &optimizer_block in &optimizer_blocks {
+                                        for &lora_base in &lora_bases {
+                                            for &rank in &lora_ranks {
+                                                if rank > cfg.hidden {
+                                                    return Err(ctx.bad(
+                                                        "lora_rank",
+                                                        &rank.to_string(),
+                                                        "a rank above the hidden size",
+                                                        &format!("0..={} (hidden)", cfg.hidden),
+                                                    ));
+                                                }
+                                                for &precision in &precisions {
+                                                    for &efficient in &attentions {
+                                                        for &k in &checkpoints {
+                                                            if k > cfg.layers {
                                                                 return Err(ctx.bad(
                                                                     "checkpoint",
                                                                     &k.to_string(),
-                                                                    "checkpointing is not combined with mixed precision yet",
-                                                                    "0 with precision = mixed",
+                                                                    "more blocks per segment than the model has",
+                                                                    &format!("0..={} (layers)", cfg.layers),
                                                                 ));
                                                             }
-                                                            cases.push(Case {
-                                                                index: cases.len(),
-                                                                model,
-                                                                preset: if custom {
-                                                                    "custom".into()
-                                                                } else {
-                                                                    preset_name.clone()
-                                                                },
-                                                                cfg: Config {
-                                                                    efficient_attention: efficient,
-                                                                    lora_rank: rank,
-                                                                    lora_targets: if rank > 0 {
-                                                                        lora_targets.clone()
+                                                            for &dtype in &dtypes {
+                                                                if efficient
+                                                                    && dtype != ElemType::F32
+                                                                {
+                                                                    return Err(ctx.bad(
+                                                                        "attention",
+                                                                        "efficient",
+                                                                        "the efficient attention op computes in f32 only",
+                                                                        "standard with f16 or bf16",
+                                                                    ));
+                                                                }
+                                                                if precision == Precision::Mixed
+                                                                    && k > 0
+                                                                {
+                                                                    return Err(ctx.bad(
+                                                                        "checkpoint",
+                                                                        &k.to_string(),
+                                                                        "checkpointing is not combined with mixed precision yet",
+                                                                        "0 with precision = mixed",
+                                                                    ));
+                                                                }
+                                                                cases.push(Case {
+                                                                    index: cases.len(),
+                                                                    model,
+                                                                    preset: if custom {
+                                                                        "custom".into()
                                                                     } else {
-                                                                        Vec::new()
+                                                                        preset_name.clone()
                                                                     },
-                                                                    lora_base,
-                                                                    ..cfg.clone()
-                                                                },
-                                                                batch,
-                                                                seq,
-                                                                dtype,
-                                                                precision,
-                                                                device,
-                                                                optimizer: opt,
-                                                                checkpoint: k,
-                                                                phases: phases.clone(),
-                                                            });
+                                                                    cfg: Config {
+                                                                        efficient_attention:
+                                                                            efficient,
+                                                                        lora_rank: rank,
+                                                                        lora_targets: if rank > 0 {
+                                                                            lora_targets.clone()
+                                                                        } else {
+                                                                            Vec::new()
+                                                                        },
+                                                                        lora_base,
+                                                                        ..cfg.clone()
+                                                                    },
+                                                                    batch,
+                                                                    seq,
+                                                                    dtype,
+                                                                    precision,
+                                                                    device,
+                                                                    optimizer: opt,
+                                                                    checkpoint: k,
+                                                                    optimizer_block,
+                                                                    phases: phases.clone(),
+                                                                });
+                                                            }
                                                         }
                                                     }
                                                 }
