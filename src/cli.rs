@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// Elements per quantization block of adamw-8bit, comma-separated (default 2048).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub optimizer_block: Vec<i64>,
+    /// Tokens the decode phase generates, comma-separated (default 16).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub decode_tokens: Vec<i64>,
+    /// Decode with a key/value cache (on) or recompute the prefix per token (off).
+    #[arg(long, value_delimiter = ',')]
+    pub kv_cache: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -139,6 +145,8 @@ impl RunArgs {
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),
             lora_base: many(&self.lora_base),
             optimizer_block: many(&self.optimizer_block),
+            decode_tokens: many(&self.decode_tokens),
+            kv_cache: many(&self.kv_cache),
             device: self.device.clone(),
         }
     }

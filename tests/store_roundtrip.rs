@@ -25,6 +25,8 @@ fn base_row(case: u64, phase: &str) -> Row {
         optimizer: "adamw".into(),
         optimizer_block: 2048,
         checkpoint: 0,
+        decode_tokens: 0,
+        kv_cache: "on".into(),
         attention: "standard".into(),
         lora_rank: 0,
         lora_targets: String::new(),

@@ -284,6 +284,8 @@ pub fn case_rows(
                 optimizer: case.optimizer.as_str().into(),
                 optimizer_block: case.optimizer_block as u64,
                 checkpoint: case.checkpoint as u64,
+                decode_tokens: case.decode_tokens as u64,
+                kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
                 precision: case.precision.as_str().into(),
                 lora_rank: case.cfg.lora_rank as u64,
                 lora_targets: case

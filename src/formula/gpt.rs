@@ -43,6 +43,9 @@ pub struct Shape {
     pub lora_base: LoraBase,
     /// Elements per quantization block of `adamw-8bit`.
     pub block: u64,
+    /// Tokens the decode phase generates, and whether it keeps a key/value cache.
+    pub decode_tokens: u64,
+    pub kv_cache: bool,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -66,6 +69,8 @@ impl Shape {
             lora_targets: lora_bits(&case.cfg.lora_targets),
             lora_base: case.cfg.lora_base,
             block: case.optimizer_block as u64,
+            decode_tokens: case.decode_tokens as u64,
+            kv_cache: case.kv_cache,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -88,6 +93,8 @@ impl Shape {
             lora_targets: 0,
             lora_base: LoraBase::Op,
             block: BLOCK_8BIT,
+            decode_tokens: 0,
+            kv_cache: true,
             cpu: true,
         }
     }
@@ -315,8 +322,10 @@ impl Shape {
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
-        let needs_replay = matches!(phase, Phase::Backward | Phase::TrainStep | Phase::Inference)
-            || (phase == Phase::Forward && !self.closed_form_forward());
+        let needs_replay = matches!(
+            phase,
+            Phase::Backward | Phase::TrainStep | Phase::Inference | Phase::Prefill | Phase::Decode
+        ) || (phase == Phase::Forward && !self.closed_form_forward());
         let r = needs_replay.then(|| self.replay(threads));
         self.predict_with(phase, opt, r.as_ref())
     }
@@ -378,6 +387,14 @@ impl Shape {
             Phase::Inference => Prediction {
                 peak_bytes: r().inference_peak,
                 retained_bytes: r().inference_retained as i64,
+            },
+            Phase::Prefill => Prediction {
+                peak_bytes: r().prefill_peak,
+                retained_bytes: r().prefill_retained as i64,
+            },
+            Phase::Decode => Prediction {
+                peak_bytes: r().decode_peak,
+                retained_bytes: r().decode_retained,
             },
         }
     }

@@ -243,6 +243,44 @@ impl Attention {
         let y = y.transpose(1, 2).reshape(&[b, s, h]);
         self.o.forward(&y)
     }
+
+    /// Mirror of the model's `Attention::forward_cached`.
+    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
+        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let d = h / self.heads;
+        let heads = self.heads;
+        let split = |t: Sym| -> Sym { t.reshape(&[b, s, heads, d]).transpose(1, 2).contiguous() };
+        let q = split(self.q.forward(x));
+        let k = split(self.k.forward(x));
+        let v = split(self.v.forward(x));
+        let (k, v) = match cache.take() {
+            None => (k, v),
+            Some((pk, pv)) => {
+                let k = Sym::cat(&[&pk, &k], 2);
+                drop(pk);
+                let v = Sym::cat(&[&pv, &v], 2);
+                (k, v)
+            }
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let scores = {
+            let m = q.matmul(&k.t());
+            let r = m.affine(1.0);
+            drop(m);
+            r
+        };
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m),
+            None => scores,
+        };
+        let probs = softmax(&scores, 3);
+        drop(scores);
+        let y = probs.matmul(&v);
+        drop((probs, v));
+        let y = y.transpose(1, 2).reshape(&[b, s, h]);
+        self.o.forward(&y)
+    }
 }
 
 struct Mlp {
@@ -267,6 +305,13 @@ struct Block {
 impl Block {
     fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
         let a = self.attn.forward(&self.ln1.forward(x), mask);
+        let x = add_owned(x, a);
+        let m = self.mlp.forward(&self.ln2.forward(&x));
+        add_owned(&x, m)
+    }
+
+    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
+        let a = self.attn.forward_cached(&self.ln1.forward(x), mask, cache);
         let x = add_owned(x, a);
         let m = self.mlp.forward(&self.ln2.forward(&x));
         add_owned(&x, m)
@@ -411,6 +456,36 @@ impl Gpt {
             x = block.forward(&x, &mask);
         }
         self.head_forward(&x)
+    }
+
+    /// Mirror of the model's `forward_cached`: the last position's logits `(B, V)`.
+    pub fn forward_cached(&self, tokens: &Sym, cache: &mut Vec<Option<(Sym, Sym)>>) -> Sym {
+        let s = tokens.dims()[1];
+        let offset = match cache.first() {
+            Some(Some((k, _))) => k.dims()[2],
+            _ => 0,
+        };
+        if cache.len() != self.blocks.len() {
+            *cache = (0..self.blocks.len()).map(|_| None).collect();
+        }
+        let mask = (s > 1).then(|| self.mask(tokens, s));
+        let pos = self.wpe.narrow(0, offset, s);
+        let mut x = {
+            let mut final_dims = tokens.dims().to_vec();
+            final_dims.push(self.hidden);
+            let indexes = tokens.flatten_all();
+            let values = self.wte.index_select(&indexes, 0);
+            values.reshape(&final_dims)
+        }
+        .broadcast_add(&pos);
+        drop(pos);
+        for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
+            x = block.forward_cached(&x, mask.as_ref(), c);
+        }
+        let last = x.narrow(1, s - 1, 1).contiguous();
+        drop(x);
+        let logits = self.head_forward(&last);
+        logits.squeeze(1)
     }
 
     /// The causal mask in the model's element type.
@@ -612,6 +687,12 @@ pub struct Replay {
     /// No-graph forward to the logits: peak and what stays (the logits).
     pub inference_peak: u64,
     pub inference_retained: u64,
+    /// Prefill (the prompt into the key/value cache) and decode (T tokens), above their
+    /// baselines; decode's retained is the cache growth (or the grown prefix without a cache).
+    pub prefill_peak: u64,
+    pub prefill_retained: u64,
+    pub decode_peak: u64,
+    pub decode_retained: i64,
 }
 
 /// Replays the training forward and backward, and the inference forward, of `shape`.
@@ -669,6 +750,33 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     let inference_retained = ledger.current() - base;
     drop(logits);
 
+    // Mirror of the runner's prefill and decode windows.
+    let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
+    let base = ledger.reset_peak();
+    let next = {
+        let logits = model.forward_cached(&tokens, &mut cache);
+        logits.argmax_last()
+    };
+    let prefill_peak = ledger.peak() - base;
+    let prefill_retained = ledger.current() - base;
+    let base = ledger.reset_peak();
+    let mut next = next;
+    let mut prefix = tokens.clone();
+    for _ in 0..shape.decode_tokens {
+        let token = next.unsqueeze(1);
+        let logits = if shape.kv_cache {
+            model.forward_cached(&token, &mut cache)
+        } else {
+            prefix = Sym::cat(&[&prefix, &token], 1);
+            model.forward_cached(&prefix, &mut Vec::new())
+        };
+        drop(token);
+        next = logits.argmax_last();
+    }
+    let decode_peak = ledger.peak() - base;
+    let decode_retained = ledger.current() as i64 - base as i64;
+    drop((cache, next, prefix));
+
     Replay {
         forward_peak,
         forward_retained,
@@ -676,6 +784,10 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
         backward_retained,
         inference_peak,
         inference_retained,
+        prefill_peak,
+        prefill_retained,
+        decode_peak,
+        decode_retained,
     }
 }
 

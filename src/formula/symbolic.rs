@@ -546,6 +546,12 @@ impl Sym {
         res
     }
 
+    /// `argmax` over the last dimension: a fresh `u32` tensor without it (never tracked).
+    pub fn argmax_last(&self) -> Sym {
+        let dims = &self.dims()[..self.dims().len() - 1];
+        self.out(dims, DType::U32, None)
+    }
+
     pub fn gather(&self, indexes: &Sym, dim: usize) -> Sym {
         let op = self.op2(indexes, |a, i| Op::Gather(a, i, dim));
         self.out(indexes.dims(), self.0.dtype, op)

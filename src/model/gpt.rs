@@ -420,6 +420,49 @@ impl Attention {
         let y = y.transpose(1, 2)?.reshape((b, s, h))?;
         self.o.forward(&y)
     }
+
+    /// Inference with a key/value cache `(B, A, T, D)` each: the new keys and values are
+    /// appended (`Tensor::cat`, a new allocation; the old cache is freed after), and the
+    /// queries attend to every cached position (`mask` only for a prompt of several tokens).
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (b, s, h) = x.dims3()?;
+        let d = h / self.heads;
+        let split = |t: Tensor| -> Result<Tensor> {
+            t.reshape((b, s, self.heads, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = split(self.q.forward(x)?)?;
+        let k = split(self.k.forward(x)?)?;
+        let v = split(self.v.forward(x)?)?;
+        let (k, v) = match cache.take() {
+            None => (k, v),
+            Some((pk, pv)) => {
+                let k = Tensor::cat(&[&pk, &k], 2)?;
+                drop(pk);
+                let v = Tensor::cat(&[&pv, &v], 2)?;
+                (k, v)
+            }
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = ops::softmax(&scores, D::Minus1)?;
+        drop(scores);
+        let y = probs.matmul(&v)?;
+        drop((probs, v));
+        let y = y.transpose(1, 2)?.reshape((b, s, h))?;
+        self.o.forward(&y)
+    }
 }
 
 /// Position-wise MLP: `fc2(gelu(fc1(x)))` with hidden width 4H and GELU (tanh approximation).
@@ -470,6 +513,41 @@ impl Block {
         let x = (x + a)?;
         let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
         x + m
+    }
+
+    /// [`Block::forward`] with the attention's key/value cache.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let a = self
+            .attn
+            .forward_cached(&self.ln1.forward(x)?, mask, cache)?;
+        let x = (x + a)?;
+        let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
+        x + m
+    }
+}
+
+/// The key/value cache of a decoder: per block, keys and values `(B, A, T, D)`.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    pub layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        match self.layers.first() {
+            Some(Some((k, _))) => k.dim(2).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -542,6 +620,39 @@ impl Gpt {
             x = block.forward(&x, &mask)?;
         }
         self.head_forward(&x)
+    }
+
+    /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
+    /// to the cache; returns the logits of the last position `(B, V)`. A prompt of several
+    /// tokens uses the causal mask; a single new token attends to everything cached.
+    pub fn forward_cached(&self, tokens: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (_b, s) = tokens.dims2()?;
+        let offset = cache.len();
+        if offset + s > self.cfg.max_seq {
+            candle_core::bail!(
+                "position {} is beyond max_seq {}",
+                offset + s,
+                self.cfg.max_seq
+            )
+        }
+        if cache.layers.len() != self.blocks.len() {
+            cache.layers = (0..self.blocks.len()).map(|_| None).collect();
+        }
+        let mask = if s > 1 {
+            Some(self.mask(s, tokens.device())?)
+        } else {
+            None
+        };
+        let pos = self.wpe.narrow(0, offset, s)?;
+        let mut x = self.wte.forward(tokens)?.broadcast_add(&pos)?;
+        drop(pos);
+        for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = block.forward_cached(&x, mask.as_ref(), c)?;
+        }
+        let last = x.narrow(1, s - 1, 1)?.contiguous()?;
+        drop(x);
+        let logits = self.head_forward(&last)?;
+        logits.squeeze(1)
     }
 
     /// The causal mask in the model's element type (f32 → the model's type: no copy for f32).

@@ -33,17 +33,31 @@ pub enum Phase {
     Optimizer,
     TrainStep,
     Inference,
+    Prefill,
+    Decode,
 }
 
 impl Phase {
-    /// Every phase in run order.
-    pub const ALL: [Phase; 6] = [
+    /// The phases a case runs when it names none: training and one inference forward.
+    pub const DEFAULT: [Phase; 6] = [
         Phase::Init,
         Phase::Forward,
         Phase::Backward,
         Phase::Optimizer,
         Phase::TrainStep,
         Phase::Inference,
+    ];
+
+    /// Every phase in run order.
+    pub const ALL: [Phase; 8] = [
+        Phase::Init,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::TrainStep,
+        Phase::Inference,
+        Phase::Prefill,
+        Phase::Decode,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -54,6 +68,8 @@ impl Phase {
             Phase::Optimizer => "optimizer",
             Phase::TrainStep => "train-step",
             Phase::Inference => "inference",
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
         }
     }
 

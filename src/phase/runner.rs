@@ -4,11 +4,11 @@
 
 use anyhow::Context;
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::device::Precision;
-use crate::model::gpt::LoraBase;
+use crate::model::gpt::{KvCache, LoraBase};
 use crate::optim::Opt;
 
 use super::{Phase, checkpoint};
@@ -332,5 +332,37 @@ fn run_chain(
         Ok(())
     })?;
     drop(logits);
+    if last < Phase::Prefill {
+        return Ok(());
+    }
+    // prefill: the prompt fills the key/value cache; the greedy next token is kept.
+    let mut cache = KvCache::default();
+    let mut next = None;
+    metered(Phase::Prefill, results, meters, &mut || {
+        let logits = detached.forward_cached(&t.tokens, &mut cache)?;
+        next = Some(logits.argmax(D::Minus1)?);
+        Ok(())
+    })?;
+    if last < Phase::Decode {
+        return Ok(());
+    }
+    // decode: T greedy tokens, with the cache or recomputing the whole prefix each time.
+    let mut next = next.expect("prefill ran");
+    let mut prefix = t.tokens.clone();
+    metered(Phase::Decode, results, meters, &mut || {
+        for _ in 0..case.decode_tokens {
+            let token = next.unsqueeze(1)?;
+            let logits = if case.kv_cache {
+                detached.forward_cached(&token, &mut cache)?
+            } else {
+                prefix = Tensor::cat(&[&prefix, &token], 1)?;
+                detached.forward_cached(&prefix, &mut KvCache::default())?
+            };
+            drop(token);
+            next = logits.argmax(D::Minus1)?;
+        }
+        Ok(())
+    })?;
+    drop((cache, next, prefix));
     Ok(())
 }

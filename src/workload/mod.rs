@@ -83,6 +83,10 @@ pub struct GridSpec {
     pub lora_base: Option<OneOrMany<String>>,
     /// Elements per quantization block of `adamw-8bit` (default 2048); a list expands.
     pub optimizer_block: Option<OneOrMany<i64>>,
+    /// New tokens the `decode` phase generates (default 16); a list expands.
+    pub decode_tokens: Option<OneOrMany<i64>>,
+    /// `on` (default): decode with a key/value cache; `off`: recompute the prefix per token.
+    pub kv_cache: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -111,7 +115,9 @@ impl GridSpec {
             lora_rank,
             lora_targets,
             lora_base,
-            optimizer_block
+            optimizer_block,
+            decode_tokens,
+            kv_cache
         )
     }
 }
@@ -148,6 +154,10 @@ pub struct Case {
     pub checkpoint: usize,
     /// Elements per quantization block of `adamw-8bit`.
     pub optimizer_block: usize,
+    /// Tokens the `decode` phase generates.
+    pub decode_tokens: usize,
+    /// Decode with a key/value cache (else recompute the prefix per token).
+    pub kv_cache: bool,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
 }
@@ -285,7 +295,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         }
     }
     let phases: Vec<Phase> = match &spec.phases {
-        None => Phase::ALL.to_vec(),
+        None => Phase::DEFAULT.to_vec(),
         Some(list) => {
             let mut ps = Vec::new();
             for p in list {
@@ -458,6 +468,27 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     .into_iter()
     .map(|b| b.expect("optimizer_block has a default"))
     .collect();
+    let decode_tokens: Vec<usize> =
+        list("decode_tokens", &spec.decode_tokens, Some(16), 1, MAX_SEQ)?
+            .into_iter()
+            .map(|t| t.expect("decode_tokens has a default"))
+            .collect();
+    let mut kv_caches: Vec<bool> = Vec::new();
+    for name in spec
+        .kv_cache
+        .as_ref()
+        .map_or_else(|| vec!["on".to_string()], OneOrMany::to_vec)
+    {
+        let on = match name.as_str() {
+            "on" => true,
+            "off" => false,
+            _ => return Err(ctx.bad("kv_cache", &name, "unknown setting", "on, off")),
+        };
+        if !kv_caches.contains(&on) {
+            kv_caches.push(on);
+        }
+    }
+    let decodes = phases.contains(&Phase::Decode);
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -516,79 +547,107 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &optimizer_block in &optimizer_blocks {
-                                        for &lora_base in &lora_bases {
-                                            for &rank in &lora_ranks {
-                                                if rank > cfg.hidden {
+                                    for &decode in &decode_tokens {
+                                        for &kv_cache in &kv_caches {
+                                            // Decoding needs positions for the new tokens.
+                                            let mut cfg = cfg.clone();
+                                            if decodes {
+                                                if custom && ms.is_none() {
+                                                    cfg.max_seq = seq + decode;
+                                                } else if seq + decode > cfg.max_seq {
                                                     return Err(ctx.bad(
-                                                        "lora_rank",
-                                                        &rank.to_string(),
-                                                        "a rank above the hidden size",
-                                                        &format!("0..={} (hidden)", cfg.hidden),
+                                                        "decode_tokens",
+                                                        &decode.to_string(),
+                                                        "prompt + new tokens exceed the position table",
+                                                        &format!(
+                                                            "1..={} (max_seq - seq)",
+                                                            cfg.max_seq.saturating_sub(seq)
+                                                        ),
                                                     ));
                                                 }
-                                                for &precision in &precisions {
-                                                    for &efficient in &attentions {
-                                                        for &k in &checkpoints {
-                                                            if k > cfg.layers {
-                                                                return Err(ctx.bad(
-                                                                    "checkpoint",
-                                                                    &k.to_string(),
-                                                                    "more blocks per segment than the model has",
-                                                                    &format!("0..={} (layers)", cfg.layers),
-                                                                ));
-                                                            }
-                                                            for &dtype in &dtypes {
-                                                                if efficient
-                                                                    && dtype != ElemType::F32
-                                                                {
-                                                                    return Err(ctx.bad(
-                                                                        "attention",
-                                                                        "efficient",
-                                                                        "the efficient attention op computes in f32 only",
-                                                                        "standard with f16 or bf16",
-                                                                    ));
+                                            }
+                                            for &optimizer_block in &optimizer_blocks {
+                                                for &lora_base in &lora_bases {
+                                                    for &rank in &lora_ranks {
+                                                        if rank > cfg.hidden {
+                                                            return Err(ctx.bad(
+                                                                "lora_rank",
+                                                                &rank.to_string(),
+                                                                "a rank above the hidden size",
+                                                                &format!(
+                                                                    "0..={} (hidden)",
+                                                                    cfg.hidden
+                                                                ),
+                                                            ));
+                                                        }
+                                                        for &precision in &precisions {
+                                                            for &efficient in &attentions {
+                                                                for &k in &checkpoints {
+                                                                    if k > cfg.layers {
+                                                                        return Err(ctx.bad(
+                                                                            "checkpoint",
+                                                                            &k.to_string(),
+                                                                            "more blocks per segment than the model has",
+                                                                            &format!("0..={} (layers)", cfg.layers),
+                                                                        ));
+                                                                    }
+                                                                    for &dtype in &dtypes {
+                                                                        if efficient
+                                                                            && dtype
+                                                                                != ElemType::F32
+                                                                        {
+                                                                            return Err(ctx.bad(
+                                                                                "attention",
+                                                                                "efficient",
+                                                                                "the efficient attention op computes in f32 only",
+                                                                                "standard with f16 or bf16",
+                                                                            ));
+                                                                        }
+                                                                        if precision
+                                                                            == Precision::Mixed
+                                                                            && k > 0
+                                                                        {
+                                                                            return Err(ctx.bad(
+                                                                                "checkpoint",
+                                                                                &k.to_string(),
+                                                                                "checkpointing is not combined with mixed precision yet",
+                                                                                "0 with precision = mixed",
+                                                                            ));
+                                                                        }
+                                                                        cases.push(Case {
+                                                                            index: cases.len(),
+                                                                            model,
+                                                                            preset: if custom {
+                                                                                "custom".into()
+                                                                            } else {
+                                                                                preset_name.clone()
+                                                                            },
+                                                                            cfg: Config {
+                                                                                efficient_attention:
+                                                                                    efficient,
+                                                                                lora_rank: rank,
+                                                                                lora_targets: if rank > 0 {
+                                                                                    lora_targets.clone()
+                                                                                } else {
+                                                                                    Vec::new()
+                                                                                },
+                                                                                lora_base,
+                                                                                ..cfg.clone()
+                                                                            },
+                                                                            batch,
+                                                                            seq,
+                                                                            dtype,
+                                                                            precision,
+                                                                            device,
+                                                                            optimizer: opt,
+                                                                            checkpoint: k,
+                                                                            optimizer_block,
+                                                                            decode_tokens: if decodes { decode } else { 0 },
+                                                                            kv_cache,
+                                                                            phases: phases.clone(),
+                                                                        });
+                                                                    }
                                                                 }
-                                                                if precision == Precision::Mixed
-                                                                    && k > 0
-                                                                {
-                                                                    return Err(ctx.bad(
-                                                                        "checkpoint",
-                                                                        &k.to_string(),
-                                                                        "checkpointing is not combined with mixed precision yet",
-                                                                        "0 with precision = mixed",
-                                                                    ));
-                                                                }
-                                                                cases.push(Case {
-                                                                    index: cases.len(),
-                                                                    model,
-                                                                    preset: if custom {
-                                                                        "custom".into()
-                                                                    } else {
-                                                                        preset_name.clone()
-                                                                    },
-                                                                    cfg: Config {
-                                                                        efficient_attention:
-                                                                            efficient,
-                                                                        lora_rank: rank,
-                                                                        lora_targets: if rank > 0 {
-                                                                            lora_targets.clone()
-                                                                        } else {
-                                                                            Vec::new()
-                                                                        },
-                                                                        lora_base,
-                                                                        ..cfg.clone()
-                                                                    },
-                                                                    batch,
-                                                                    seq,
-                                                                    dtype,
-                                                                    precision,
-                                                                    device,
-                                                                    optimizer: opt,
-                                                                    checkpoint: k,
-                                                                    optimizer_block,
-                                                                    phases: phases.clone(),
-                                                                });
                                                             }
                                                         }
                                                     }
