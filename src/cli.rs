@@ -96,6 +96,9 @@ pub struct RunArgs {
     /// Decode with a key/value cache (on) or recompute the prefix per token (off).
     #[arg(long, value_delimiter = ',')]
     pub kv_cache: Vec<String>,
+    /// Weights the inference phases serve with: model, f16, q8_0, q4_0 (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub weights: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -147,6 +150,7 @@ impl RunArgs {
             optimizer_block: many(&self.optimizer_block),
             decode_tokens: many(&self.decode_tokens),
             kv_cache: many(&self.kv_cache),
+            weights: many(&self.weights),
             device: self.device.clone(),
         }
     }

@@ -87,6 +87,41 @@ impl Precision {
     }
 }
 
+/// The weights the inference phases (inference, prefill, decode) serve with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServingWeights {
+    /// The trained model's own weights (its dtype; the 16-bit copy under mixed precision).
+    Model,
+    /// An f16 copy.
+    F16,
+    /// The six projections as GGML Q8_0 / Q4_0 blocks through the frozen-linear op.
+    Q8_0,
+    Q4_0,
+}
+
+impl ServingWeights {
+    pub const NAMES: &'static str = "model, f16, q8_0, q4_0";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "model" => Some(Self::Model),
+            "f16" => Some(Self::F16),
+            "q8_0" => Some(Self::Q8_0),
+            "q4_0" => Some(Self::Q4_0),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::F16 => "f16",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+        }
+    }
+}
+
 /// Element type of weights, activations, gradients and optimizer state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemType {

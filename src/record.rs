@@ -66,6 +66,8 @@ pub struct Row {
     pub decode_tokens: u64,
     /// `on`: decoding uses a key/value cache; `off`: it recomputes the prefix per token.
     pub kv_cache: String,
+    /// Weights the inference phases serve with: `model`, `f16`, `q8_0`, `q4_0`.
+    pub weights: String,
     /// `standard` or `efficient` attention.
     pub attention: String,
     /// LoRA rank; 0 = no adapters (every weight trains).
@@ -103,6 +105,9 @@ pub struct Row {
     pub wall_s: Option<f64>,
     /// Host resident-set high-water mark during the window (VmHWM after a reset), whole process.
     pub rss_peak_bytes: Option<u64>,
+    /// Inference rows served with other weights: relative L2 error of the logits against the
+    /// model's own weights (random weights compound it; recorded, not hidden).
+    pub logits_rel_error: Option<f64>,
     /// The meter `peak_bytes` and `retained_bytes` come from: `cpu-allocator` (the counting
     /// allocator, every tensor byte on the CPU) or `cuda-pool` (the CUDA memory pool's exact
     /// tensor high-water mark).

@@ -27,6 +27,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         checkpoint: 0,
         decode_tokens: 0,
         kv_cache: "on".into(),
+        weights: "model".into(),
         attention: "standard".into(),
         lora_rank: 0,
         lora_targets: String::new(),
@@ -45,6 +46,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         cpu_sys_s: Some(0.0625),
         wall_s: Some(0.5),
         rss_peak_bytes: Some(300_000_000),
+        logits_rel_error: None,
         peak_meter: "cpu-allocator".into(),
         reserved_peak_bytes: None,
         device_used_bytes: None,
@@ -223,7 +225,7 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
     assert!(lines[0].starts_with("run_id,case,model,"), "{}", lines[0]);
     assert!(
         lines[0].ends_with(
-            ",rss_peak_bytes,peak_meter,reserved_peak_bytes,device_used_bytes,\
+            ",rss_peak_bytes,logits_rel_error,peak_meter,reserved_peak_bytes,device_used_bytes,\
              nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,threads"
         ),
         "{}",

@@ -286,6 +286,7 @@ pub fn case_rows(
                 checkpoint: case.checkpoint as u64,
                 decode_tokens: case.decode_tokens as u64,
                 kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
+                weights: case.weights.as_str().into(),
                 precision: case.precision.as_str().into(),
                 lora_rank: case.cfg.lora_rank as u64,
                 lora_targets: case
@@ -319,6 +320,7 @@ pub fn case_rows(
                 cpu_sys_s: reading.cpu_sys_s,
                 wall_s: reading.wall_s,
                 rss_peak_bytes: reading.rss_peak_bytes,
+                logits_rel_error: reading.logits_rel_error,
                 peak_meter: peak_meter.into(),
                 reserved_peak_bytes: reading.reserved_peak_bytes,
                 device_used_bytes: reading.device_used_bytes,

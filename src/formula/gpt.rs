@@ -7,7 +7,7 @@
 //! CUDA kernels and cuBLAS allocate beyond that is left to the calibration fit (issue 6). "Metadata" is candle's per-tensor bookkeeping
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
-use crate::device::ElemType;
+use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
 use crate::model::gpt::{LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
@@ -46,6 +46,8 @@ pub struct Shape {
     /// Tokens the decode phase generates, and whether it keeps a key/value cache.
     pub decode_tokens: u64,
     pub kv_cache: bool,
+    /// Weights the inference phases serve with.
+    pub serve: ServingWeights,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -71,6 +73,7 @@ impl Shape {
             block: case.optimizer_block as u64,
             decode_tokens: case.decode_tokens as u64,
             kv_cache: case.kv_cache,
+            serve: case.weights,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -95,6 +98,7 @@ impl Shape {
             block: BLOCK_8BIT,
             decode_tokens: 0,
             kv_cache: true,
+            serve: ServingWeights::Model,
             cpu: true,
         }
     }

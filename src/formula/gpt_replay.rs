@@ -18,7 +18,7 @@ use std::rc::Rc;
 
 use super::gpt::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
-use crate::device::ElemType;
+use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
 use crate::model::gpt::{LoraBase, LoraTarget};
 use crate::phase::checkpoint::segments;
@@ -373,7 +373,14 @@ impl Gpt {
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
         // Activations' type; under mixed precision the variables stay f32 (the working copy
         // is made by `cast`), a serving copy (`vars` false) is 16-bit.
-        let dtype = if shape.elem == ElemType::F32 {
+        // A serving copy (`vars` false) takes the case's serving weights: an f16 copy, or the
+        // projections quantized behind the frozen-linear op.
+        let serve = if vars {
+            ServingWeights::Model
+        } else {
+            shape.serve
+        };
+        let dtype = if shape.elem == ElemType::F32 && serve != ServingWeights::F16 {
             DType::F32
         } else {
             DType::Half
@@ -383,12 +390,17 @@ impl Gpt {
         } else {
             dtype
         };
+        let (lora, base) = match serve {
+            ServingWeights::Q8_0 => (true, LoraBase::Q8_0),
+            ServingWeights::Q4_0 => (true, LoraBase::Q4_0),
+            _ => (shape.lora_rank > 0, shape.lora_base),
+        };
         let p = Params {
             ledger,
             vars,
             dtype: param_dtype,
-            lora: shape.lora_rank > 0,
-            base: shape.lora_base,
+            lora,
+            base,
         };
         let rank = |t: LoraTarget| {
             if shape.has_lora(t) {

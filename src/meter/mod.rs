@@ -31,6 +31,8 @@ pub struct Reading {
     pub gpu_util_mean_pct: Option<f64>,
     pub gpu_power_peak_w: Option<f64>,
     pub nvml_samples_count: Option<u64>,
+    /// Inference with other weights than the model's: ‖logits − logits_model‖ / ‖logits_model‖.
+    pub logits_rel_error: Option<f64>,
 }
 
 /// A source of measurements around a window.

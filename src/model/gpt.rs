@@ -715,10 +715,25 @@ impl Gpt {
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
     /// adapters still variables; the six projections frozen as `cfg.lora_base` says.
     pub fn frozen(&self) -> Result<Self> {
+        self.frozen_with(self.cfg.lora_base, false)
+    }
+
+    /// A serving copy whose six projections run through the frozen-linear op over `mode`'s
+    /// weights (`q4_0`, `q8_0`: quantized inference); everything detached.
+    pub fn serving(&self, mode: LoraBase) -> Result<Self> {
+        self.frozen_with(mode, true)
+    }
+
+    fn frozen_with(&self, mode: LoraBase, detach_adapters: bool) -> Result<Self> {
         let base = |t: &Tensor| Ok(t.detach());
-        let adapter = |t: &Tensor| Ok(t.clone());
+        let adapter = |t: &Tensor| {
+            Ok(if detach_adapters {
+                t.detach()
+            } else {
+                t.clone()
+            })
+        };
         let mut m = self.map(&base, &adapter, self.dtype)?;
-        let mode = self.cfg.lora_base;
         for b in &mut m.blocks {
             for p in [
                 &mut b.attn.q,

@@ -7,7 +7,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
-use crate::device::Precision;
+use crate::device::{Precision, ServingWeights};
 use crate::model::gpt::{KvCache, LoraBase};
 use crate::optim::Opt;
 
@@ -321,16 +321,41 @@ fn run_chain(
     if last < Phase::Inference {
         return Ok(());
     }
-    // Serving in mixed precision means serving the 16-bit copy (made before the window).
-    let detached = match t.compute {
-        None => t.model.detached(),
-        Some(dtype) => t.model.detached().cast(dtype)?,
+    // The serving copy is made before the windows. Serving the model in mixed precision means
+    // serving its 16-bit copy.
+    let own = || -> candle_core::Result<Gpt> {
+        match t.compute {
+            None => Ok(t.model.detached()),
+            Some(dtype) => t.model.detached().cast(dtype),
+        }
+    };
+    let detached = match case.weights {
+        ServingWeights::Model => own()?,
+        ServingWeights::F16 => t.model.detached().cast(DType::F16)?,
+        ServingWeights::Q8_0 => t.model.serving(LoraBase::Q8_0)?,
+        ServingWeights::Q4_0 => t.model.serving(LoraBase::Q4_0)?,
     };
     let mut logits = None;
     metered(Phase::Inference, results, meters, &mut || {
         logits = Some(detached.forward(&t.tokens)?);
         Ok(())
     })?;
+    // Other weights than the model's: how far the logits moved (after the window).
+    if case.weights != ServingWeights::Model && case.phases.contains(&Phase::Inference) {
+        let served = logits.take().expect("inference ran").to_dtype(DType::F32)?;
+        let reference = own()?.forward(&t.tokens)?.to_dtype(DType::F32)?;
+        let norm = |x: &Tensor| -> candle_core::Result<f64> {
+            Ok(x.sqr()?.sum_all()?.to_scalar::<f32>()?.sqrt() as f64)
+        };
+        let rel = norm(&(served - &reference)?)? / norm(&reference)?;
+        if let Some(PhaseResult {
+            phase: Phase::Inference,
+            outcome: Ok(reading),
+        }) = results.last_mut()
+        {
+            reading.logits_rel_error = Some(rel);
+        }
+    }
     drop(logits);
     if last < Phase::Prefill {
         return Ok(());

@@ -26,7 +26,9 @@
 
 use serde::Deserialize;
 
-use crate::device::{DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA, Precision};
+use crate::device::{
+    DeviceSpec, ElemType, HAS_CUDA, MAX_CUDA_ORDINAL, NO_CUDA, Precision, ServingWeights,
+};
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::gpt::{self, Config, LoraBase, LoraTarget};
@@ -87,6 +89,8 @@ pub struct GridSpec {
     pub decode_tokens: Option<OneOrMany<i64>>,
     /// `on` (default): decode with a key/value cache; `off`: recompute the prefix per token.
     pub kv_cache: Option<OneOrMany<String>>,
+    /// Weights the inference phases serve with: model (default), f16, q8_0, q4_0.
+    pub weights: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -117,7 +121,8 @@ impl GridSpec {
             lora_base,
             optimizer_block,
             decode_tokens,
-            kv_cache
+            kv_cache,
+            weights
         )
     }
 }
@@ -158,6 +163,8 @@ pub struct Case {
     pub decode_tokens: usize,
     /// Decode with a key/value cache (else recompute the prefix per token).
     pub kv_cache: bool,
+    /// Weights of the inference phases.
+    pub weights: ServingWeights,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
 }
@@ -489,6 +496,35 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         }
     }
     let decodes = phases.contains(&Phase::Decode);
+    let mut weights: Vec<ServingWeights> = Vec::new();
+    for name in spec
+        .weights
+        .as_ref()
+        .map_or_else(|| vec!["model".to_string()], OneOrMany::to_vec)
+    {
+        let w = ServingWeights::parse(&name)
+            .ok_or_else(|| ctx.bad("weights", &name, "unknown weights", ServingWeights::NAMES))?;
+        let quantized = matches!(w, ServingWeights::Q8_0 | ServingWeights::Q4_0);
+        if quantized && (device.is_cuda() || dtypes.iter().any(|d| *d != ElemType::F32)) {
+            return Err(ctx.bad(
+                "weights",
+                &name,
+                "quantized serving runs the frozen-linear op: f32 models on the CPU only",
+                "model, f16 (or q8_0, q4_0 with dtype f32 on cpu)",
+            ));
+        }
+        if quantized && lora_ranks.iter().any(|&r| r > 0) {
+            return Err(ctx.bad(
+                "weights",
+                &name,
+                "quantized serving of a LoRA model is not supported",
+                "model, f16",
+            ));
+        }
+        if !weights.contains(&w) {
+            weights.push(w);
+        }
+    }
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
@@ -547,105 +583,108 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &decode in &decode_tokens {
-                                        for &kv_cache in &kv_caches {
-                                            // Decoding needs positions for the new tokens.
-                                            let mut cfg = cfg.clone();
-                                            if decodes {
-                                                if custom && ms.is_none() {
-                                                    cfg.max_seq = seq + decode;
-                                                } else if seq + decode > cfg.max_seq {
-                                                    return Err(ctx.bad(
-                                                        "decode_tokens",
-                                                        &decode.to_string(),
-                                                        "prompt + new tokens exceed the position table",
-                                                        &format!(
-                                                            "1..={} (max_seq - seq)",
-                                                            cfg.max_seq.saturating_sub(seq)
-                                                        ),
-                                                    ));
+                                    for &serve in &weights {
+                                        for &decode in &decode_tokens {
+                                            for &kv_cache in &kv_caches {
+                                                // Decoding needs positions for the new tokens.
+                                                let mut cfg = cfg.clone();
+                                                if decodes {
+                                                    if custom && ms.is_none() {
+                                                        cfg.max_seq = seq + decode;
+                                                    } else if seq + decode > cfg.max_seq {
+                                                        return Err(ctx.bad(
+                                                            "decode_tokens",
+                                                            &decode.to_string(),
+                                                            "prompt + new tokens exceed the position table",
+                                                            &format!(
+                                                                "1..={} (max_seq - seq)",
+                                                                cfg.max_seq.saturating_sub(seq)
+                                                            ),
+                                                        ));
+                                                    }
                                                 }
-                                            }
-                                            for &optimizer_block in &optimizer_blocks {
-                                                for &lora_base in &lora_bases {
-                                                    for &rank in &lora_ranks {
-                                                        if rank > cfg.hidden {
-                                                            return Err(ctx.bad(
-                                                                "lora_rank",
-                                                                &rank.to_string(),
-                                                                "a rank above the hidden size",
-                                                                &format!(
-                                                                    "0..={} (hidden)",
-                                                                    cfg.hidden
-                                                                ),
-                                                            ));
-                                                        }
-                                                        for &precision in &precisions {
-                                                            for &efficient in &attentions {
-                                                                for &k in &checkpoints {
-                                                                    if k > cfg.layers {
-                                                                        return Err(ctx.bad(
-                                                                            "checkpoint",
-                                                                            &k.to_string(),
-                                                                            "more blocks per segment than the model has",
-                                                                            &format!("0..={} (layers)", cfg.layers),
-                                                                        ));
-                                                                    }
-                                                                    for &dtype in &dtypes {
-                                                                        if efficient
-                                                                            && dtype
-                                                                                != ElemType::F32
-                                                                        {
-                                                                            return Err(ctx.bad(
-                                                                                "attention",
-                                                                                "efficient",
-                                                                                "the efficient attention op computes in f32 only",
-                                                                                "standard with f16 or bf16",
-                                                                            ));
-                                                                        }
-                                                                        if precision
-                                                                            == Precision::Mixed
-                                                                            && k > 0
-                                                                        {
+                                                for &optimizer_block in &optimizer_blocks {
+                                                    for &lora_base in &lora_bases {
+                                                        for &rank in &lora_ranks {
+                                                            if rank > cfg.hidden {
+                                                                return Err(ctx.bad(
+                                                                    "lora_rank",
+                                                                    &rank.to_string(),
+                                                                    "a rank above the hidden size",
+                                                                    &format!(
+                                                                        "0..={} (hidden)",
+                                                                        cfg.hidden
+                                                                    ),
+                                                                ));
+                                                            }
+                                                            for &precision in &precisions {
+                                                                for &efficient in &attentions {
+                                                                    for &k in &checkpoints {
+                                                                        if k > cfg.layers {
                                                                             return Err(ctx.bad(
                                                                                 "checkpoint",
                                                                                 &k.to_string(),
-                                                                                "checkpointing is not combined with mixed precision yet",
-                                                                                "0 with precision = mixed",
+                                                                                "more blocks per segment than the model has",
+                                                                                &format!("0..={} (layers)", cfg.layers),
                                                                             ));
                                                                         }
-                                                                        cases.push(Case {
-                                                                            index: cases.len(),
-                                                                            model,
-                                                                            preset: if custom {
-                                                                                "custom".into()
-                                                                            } else {
-                                                                                preset_name.clone()
-                                                                            },
-                                                                            cfg: Config {
-                                                                                efficient_attention:
-                                                                                    efficient,
-                                                                                lora_rank: rank,
-                                                                                lora_targets: if rank > 0 {
-                                                                                    lora_targets.clone()
+                                                                        for &dtype in &dtypes {
+                                                                            if efficient
+                                                                                && dtype
+                                                                                    != ElemType::F32
+                                                                            {
+                                                                                return Err(ctx.bad(
+                                                                                    "attention",
+                                                                                    "efficient",
+                                                                                    "the efficient attention op computes in f32 only",
+                                                                                    "standard with f16 or bf16",
+                                                                                ));
+                                                                            }
+                                                                            if precision
+                                                                                == Precision::Mixed
+                                                                                && k > 0
+                                                                            {
+                                                                                return Err(ctx.bad(
+                                                                                    "checkpoint",
+                                                                                    &k.to_string(),
+                                                                                    "checkpointing is not combined with mixed precision yet",
+                                                                                    "0 with precision = mixed",
+                                                                                ));
+                                                                            }
+                                                                            cases.push(Case {
+                                                                                index: cases.len(),
+                                                                                model,
+                                                                                preset: if custom {
+                                                                                    "custom".into()
                                                                                 } else {
-                                                                                    Vec::new()
+                                                                                    preset_name.clone()
                                                                                 },
-                                                                                lora_base,
-                                                                                ..cfg.clone()
-                                                                            },
-                                                                            batch,
-                                                                            seq,
-                                                                            dtype,
-                                                                            precision,
-                                                                            device,
-                                                                            optimizer: opt,
-                                                                            checkpoint: k,
-                                                                            optimizer_block,
-                                                                            decode_tokens: if decodes { decode } else { 0 },
-                                                                            kv_cache,
-                                                                            phases: phases.clone(),
-                                                                        });
+                                                                                cfg: Config {
+                                                                                    efficient_attention:
+                                                                                        efficient,
+                                                                                    lora_rank: rank,
+                                                                                    lora_targets: if rank > 0 {
+                                                                                        lora_targets.clone()
+                                                                                    } else {
+                                                                                        Vec::new()
+                                                                                    },
+                                                                                    lora_base,
+                                                                                    ..cfg.clone()
+                                                                                },
+                                                                                batch,
+                                                                                seq,
+                                                                                dtype,
+                                                                                precision,
+                                                                                device,
+                                                                                optimizer: opt,
+                                                                                checkpoint: k,
+                                                                                optimizer_block,
+                                                                                decode_tokens: if decodes { decode } else { 0 },
+                                                                                kv_cache,
+                                                                                weights: serve,
+                                                                                phases: phases.clone(),
+                                                                            });
+                                                                        }
                                                                     }
                                                                 }
                                                             }

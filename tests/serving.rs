@@ -1,0 +1,58 @@
+//! Serving with other weights (f16 copy, q8_0/q4_0 projections): every inference window
+//! predicted, and the logits' error against the model's own weights recorded, growing as the
+//! weights get coarser.
+
+mod common;
+
+use common::{run_rows, within};
+
+#[test]
+fn serving_weights_are_predicted_and_their_error_recorded() {
+    let mut errors = Vec::new();
+    for w in ["model", "f16", "q8_0", "q4_0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--batch",
+                "2",
+                "--seq",
+                "24",
+                "--hidden",
+                "64",
+                "--heads",
+                "2",
+                "--layers",
+                "2",
+                "--vocab",
+                "150",
+                "--phases",
+                "inference,prefill,decode",
+                "--decode-tokens",
+                "3",
+                "--weights",
+                w,
+            ],
+        );
+        for r in &rows {
+            assert_eq!(r.weights, w);
+            assert!(
+                within(r, 0.001, 64 * 1024),
+                "{w} {}: measured {:?} predicted {:?}",
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+        let inference = rows.iter().find(|r| r.phase == "inference").unwrap();
+        match w {
+            "model" => assert_eq!(inference.logits_rel_error, None),
+            _ => errors.push(inference.logits_rel_error.expect("recorded")),
+        }
+    }
+    // f16 < q8_0 < q4_0, none zero.
+    assert!(
+        errors[0] > 0.0 && errors[0] < errors[1] && errors[1] < errors[2],
+        "{errors:?}"
+    );
+}
