@@ -99,6 +99,9 @@ pub struct RunArgs {
     /// Weights the inference phases serve with: model, f16, q8_0, q4_0 (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub weights: Vec<String>,
+    /// How the load phase reads the safetensors file: read, mmap (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub load: Vec<String>,
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
@@ -151,6 +154,7 @@ impl RunArgs {
             decode_tokens: many(&self.decode_tokens),
             kv_cache: many(&self.kv_cache),
             weights: many(&self.weights),
+            load: many(&self.load),
             device: self.device.clone(),
         }
     }

@@ -68,6 +68,8 @@ pub struct Row {
     pub kv_cache: String,
     /// Weights the inference phases serve with: `model`, `f16`, `q8_0`, `q4_0`.
     pub weights: String,
+    /// How the `load` phase reads the weights file: `read` or `mmap`.
+    pub load: String,
     /// `standard` or `efficient` attention.
     pub attention: String,
     /// LoRA rank; 0 = no adapters (every weight trains).

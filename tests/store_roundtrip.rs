@@ -28,6 +28,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         decode_tokens: 0,
         kv_cache: "on".into(),
         weights: "model".into(),
+        load: "read".into(),
         attention: "standard".into(),
         lora_rank: 0,
         lora_targets: String::new(),

@@ -287,6 +287,7 @@ pub fn case_rows(
                 decode_tokens: case.decode_tokens as u64,
                 kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
                 weights: case.weights.as_str().into(),
+                load: if case.load_mmap { "mmap" } else { "read" }.into(),
                 precision: case.precision.as_str().into(),
                 lora_rank: case.cfg.lora_rank as u64,
                 lora_targets: case

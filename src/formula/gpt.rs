@@ -48,6 +48,8 @@ pub struct Shape {
     pub kv_cache: bool,
     /// Weights the inference phases serve with.
     pub serve: ServingWeights,
+    /// The load phase memory-maps the file.
+    pub load_mmap: bool,
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
@@ -74,6 +76,7 @@ impl Shape {
             decode_tokens: case.decode_tokens as u64,
             kv_cache: case.kv_cache,
             serve: case.weights,
+            load_mmap: case.load_mmap,
             cpu: !case.device.is_cuda(),
         }
     }
@@ -99,6 +102,7 @@ impl Shape {
             decode_tokens: 0,
             kv_cache: true,
             serve: ServingWeights::Model,
+            load_mmap: false,
             cpu: true,
         }
     }
@@ -111,6 +115,93 @@ impl Shape {
     /// A CPU metadata term; on CUDA the pool never sees host bookkeeping.
     fn meta(&self, bytes: u64) -> u64 {
         if self.cpu { bytes } else { 0 }
+    }
+
+    /// The variables the model's `VarMap` holds: names and shapes (QLoRA's quantized
+    /// projection weights are not variables any more).
+    pub fn named_variables(&self) -> Vec<(String, Vec<u64>)> {
+        let Shape { h, l, v, s_max, .. } = *self;
+        let r = self.lora_rank;
+        let quantized = self.quantized_base().is_some();
+        let mut vars = vec![
+            ("wte.weight".to_string(), vec![v, h]),
+            ("wpe".to_string(), vec![s_max, h]),
+            ("ln_f.weight".to_string(), vec![h]),
+            ("ln_f.bias".to_string(), vec![h]),
+            ("head.weight".to_string(), vec![v, h]),
+        ];
+        for i in 0..l {
+            for ln in ["ln1", "ln2"] {
+                vars.push((format!("h.{i}.{ln}.weight"), vec![h]));
+                vars.push((format!("h.{i}.{ln}.bias"), vec![h]));
+            }
+            for (t, name, inp, out) in [
+                (LoraTarget::Q, "attn.q", h, h),
+                (LoraTarget::K, "attn.k", h, h),
+                (LoraTarget::V, "attn.v", h, h),
+                (LoraTarget::O, "attn.o", h, h),
+                (LoraTarget::Fc1, "mlp.fc1", h, 4 * h),
+                (LoraTarget::Fc2, "mlp.fc2", 4 * h, h),
+            ] {
+                if !quantized {
+                    vars.push((format!("h.{i}.{name}.weight"), vec![out, inp]));
+                }
+                vars.push((format!("h.{i}.{name}.bias"), vec![out]));
+                if self.has_lora(t) {
+                    vars.push((format!("h.{i}.{name}.lora_a"), vec![r, inp]));
+                    vars.push((format!("h.{i}.{name}.lora_b"), vec![out, r]));
+                }
+            }
+        }
+        vars
+    }
+
+    /// Bytes of the safetensors file `VarMap::save` writes: an 8-byte length, the JSON header
+    /// (tensors sorted by name, `{"name":{"dtype":…,"shape":[…],"data_offsets":[a,b]},…}`,
+    /// padded with spaces to a multiple of 8), then the data.
+    pub fn safetensors_file_bytes(&self) -> u64 {
+        let mut vars = self.named_variables();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let dtype = match (self.mixed, self.elem) {
+            (true, _) | (false, ElemType::F32) => "F32",
+            (false, ElemType::F16) => "F16",
+            (false, ElemType::Bf16) => "BF16",
+        };
+        let mut offset = 0;
+        let entries: Vec<String> = vars
+            .iter()
+            .map(|(name, shape)| {
+                let n = self.e() * shape.iter().product::<u64>();
+                let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                let e = format!(
+                    "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{offset},{}]}}",
+                    dims.join(","),
+                    offset + n
+                );
+                offset += n;
+                e
+            })
+            .collect();
+        let header = (entries.join(",").len() as u64 + 2).next_multiple_of(8);
+        8 + header + offset
+    }
+
+    /// The `load` phase: `read` holds the whole file beside the tensors made from it; `mmap`
+    /// only the tensors (the mapping is not heap memory). Plus, on the CPU, the header's parsed
+    /// form and the tensors' bookkeeping.
+    pub fn load_bytes(&self, mmap: bool) -> (u64, u64) {
+        let vars = self.named_variables();
+        let data: u64 = vars
+            .iter()
+            .map(|(_, s)| self.e() * s.iter().product::<u64>())
+            .sum();
+        let kept = data + self.meta(LOAD_META_PER_TENSOR * vars.len() as u64);
+        let file = if mmap {
+            0
+        } else {
+            self.safetensors_file_bytes()
+        };
+        (kept + file, kept)
     }
 
     /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`, plus the LoRA adapters.
@@ -396,6 +487,13 @@ impl Shape {
                 peak_bytes: r().prefill_peak,
                 retained_bytes: r().prefill_retained as i64,
             },
+            Phase::Load => {
+                let (peak, kept) = self.load_bytes(self.load_mmap);
+                Prediction {
+                    peak_bytes: peak,
+                    retained_bytes: kept as i64,
+                }
+            }
             Phase::Decode => Prediction {
                 peak_bytes: r().decode_peak,
                 retained_bytes: r().decode_retained,
@@ -446,6 +544,9 @@ pub fn state_bytes_8bit(n: u64, block: u64) -> u64 {
 }
 /// Metadata per state tensor of the 8-bit optimizer (four per parameter tensor).
 pub const META_PER_STATE_TENSOR_8BIT: u64 = 272;
+
+/// Bookkeeping per loaded tensor (its name in the map, the tensor, the parsed header entry).
+pub const LOAD_META_PER_TENSOR: u64 = 300;
 
 /// Bookkeeping per live tensor in the replay (`Arc<Tensor_>`, shape and stride vectors, op
 /// node): fitted on the replay's residuals, which stay under 8 KiB over the tested configs.

@@ -12,11 +12,16 @@
 //! | `backward` | `loss.backward()` and pruning the gradient store to the parameters' gradients | weights, graph (activations) |
 //! | `optimizer` | creating the optimizer (its state) and its first `step` | weights, gradients |
 //! | `train-step` | a steady-state step: forward, backward, drop the graph, `step`, drop the gradients | weights, optimizer state |
-//! | `inference` | forward to the logits with detached weights (no graph) | weights, optimizer state |
+//! | `inference` | forward to the logits with the serving weights (no graph) | weights, optimizer state |
+//! | `prefill` | the prompt through the model, filling the key/value cache; greedy next token | weights |
+//! | `decode` | `decode_tokens` greedy tokens (with the cache, or recomputing the prefix) | weights, the prompt's cache |
+//! | `load` | the weights read back from a safetensors file (whole, or memory-mapped) | weights, the file on disk |
 //!
 //! `peak_bytes` is the window's high-water mark above its baseline; `retained_bytes` is what
 //! is still allocated when it closes (for `forward` the graph, for `backward` the gradients,
-//! for `optimizer` its state, for `inference` the logits).
+//! for `optimizer` its state, for `inference` the logits, for `prefill` the cache, for `decode`
+//! the cache's growth, for `load` the loaded tensors). The default phase list is the first six;
+//! `prefill`, `decode` and `load` run when asked for.
 
 pub mod checkpoint;
 pub mod runner;
@@ -35,6 +40,7 @@ pub enum Phase {
     Inference,
     Prefill,
     Decode,
+    Load,
 }
 
 impl Phase {
@@ -49,7 +55,7 @@ impl Phase {
     ];
 
     /// Every phase in run order.
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Init,
         Phase::Forward,
         Phase::Backward,
@@ -58,6 +64,7 @@ impl Phase {
         Phase::Inference,
         Phase::Prefill,
         Phase::Decode,
+        Phase::Load,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +77,7 @@ impl Phase {
             Phase::Inference => "inference",
             Phase::Prefill => "prefill",
             Phase::Decode => "decode",
+            Phase::Load => "load",
         }
     }
 

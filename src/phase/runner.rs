@@ -302,22 +302,22 @@ fn run_chain(
             })?;
         }
     }
-    if last < Phase::TrainStep {
-        return Ok(());
+    let wants = |p: Phase| case.phases.contains(&p);
+    if wants(Phase::TrainStep) {
+        let mut opt = match opt {
+            Some(o) => o,
+            None => {
+                // The optimizer's state belongs to the steady state the step starts from.
+                let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
+                t.train_step(&mut o)?;
+                o
+            }
+        };
+        metered(Phase::TrainStep, results, meters, &mut || {
+            t.train_step(&mut opt)?;
+            Ok(())
+        })?;
     }
-    let mut opt = match opt {
-        Some(o) => o,
-        None => {
-            // The optimizer's state belongs to the steady state the later phases start from.
-            let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
-            t.train_step(&mut o)?;
-            o
-        }
-    };
-    metered(Phase::TrainStep, results, meters, &mut || {
-        t.train_step(&mut opt)?;
-        Ok(())
-    })?;
     if last < Phase::Inference {
         return Ok(());
     }
@@ -336,10 +336,12 @@ fn run_chain(
         ServingWeights::Q4_0 => t.model.serving(LoraBase::Q4_0)?,
     };
     let mut logits = None;
-    metered(Phase::Inference, results, meters, &mut || {
-        logits = Some(detached.forward(&t.tokens)?);
-        Ok(())
-    })?;
+    if wants(Phase::Inference) {
+        metered(Phase::Inference, results, meters, &mut || {
+            logits = Some(detached.forward(&t.tokens)?);
+            Ok(())
+        })?;
+    }
     // Other weights than the model's: how far the logits moved (after the window).
     if case.weights != ServingWeights::Model && case.phases.contains(&Phase::Inference) {
         let served = logits.take().expect("inference ran").to_dtype(DType::F32)?;
@@ -357,10 +359,34 @@ fn run_chain(
         }
     }
     drop(logits);
-    if last < Phase::Prefill {
-        return Ok(());
+    if wants(Phase::Prefill) || wants(Phase::Decode) {
+        generate(case, &t, &detached, results, meters, &metered)?;
     }
-    // prefill: the prompt fills the key/value cache; the greedy next token is kept.
+    if wants(Phase::Load) {
+        load(case, &t, &device, results, meters, &metered)?;
+    }
+    Ok(())
+}
+
+/// A metered window of `run_chain` (or the unmetered run of a phase the case did not ask for).
+type Metered<'a> = dyn Fn(
+        Phase,
+        &mut Vec<PhaseResult>,
+        &mut [Box<dyn Meter>],
+        &mut dyn FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()>
+    + 'a;
+
+/// prefill (the prompt fills the key/value cache; the greedy next token is kept), then decode
+/// (T greedy tokens, with the cache or recomputing the whole prefix each time).
+fn generate(
+    case: &Case,
+    t: &Trainer,
+    detached: &Gpt,
+    results: &mut Vec<PhaseResult>,
+    meters: &mut [Box<dyn Meter>],
+    metered: &Metered,
+) -> anyhow::Result<()> {
     let mut cache = KvCache::default();
     let mut next = None;
     metered(Phase::Prefill, results, meters, &mut || {
@@ -368,10 +394,9 @@ fn run_chain(
         next = Some(logits.argmax(D::Minus1)?);
         Ok(())
     })?;
-    if last < Phase::Decode {
+    if !case.phases.contains(&Phase::Decode) {
         return Ok(());
     }
-    // decode: T greedy tokens, with the cache or recomputing the whole prefix each time.
     let mut next = next.expect("prefill ran");
     let mut prefix = t.tokens.clone();
     metered(Phase::Decode, results, meters, &mut || {
@@ -389,5 +414,45 @@ fn run_chain(
         Ok(())
     })?;
     drop((cache, next, prefix));
+    Ok(())
+}
+
+/// load: every variable saved to a safetensors file (outside the window), then read back whole
+/// (`read`) or from a memory map (`mmap`); the loaded tensors are what stays.
+fn load(
+    case: &Case,
+    t: &Trainer,
+    device: &Device,
+    results: &mut Vec<PhaseResult>,
+    meters: &mut [Box<dyn Meter>],
+    metered: &Metered,
+) -> anyhow::Result<()> {
+    let path = std::env::temp_dir().join(format!(
+        "memfit-{}-{}.safetensors",
+        std::process::id(),
+        case.index
+    ));
+    t.varmap.save(&path)?;
+    let mut loaded = None;
+    let outcome = metered(Phase::Load, results, meters, &mut || {
+        let tensors = if case.load_mmap {
+            // SAFETY: the file is ours, written above and not modified while mapped.
+            let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(&path)? };
+            let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+            let mut tensors = std::collections::HashMap::new();
+            for n in names {
+                let tensor = st.load(&n, device)?;
+                tensors.insert(n, tensor);
+            }
+            tensors
+        } else {
+            candle_core::safetensors::load(&path, device)?
+        };
+        loaded = Some(tensors);
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&path);
+    outcome?;
+    drop(loaded);
     Ok(())
 }

@@ -99,6 +99,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         }
         "weights" => "Weights the inference phases serve with: model, f16, q8_0 or q4_0.",
         "logits_rel_error" => "Relative L2 error of the logits against the model's own weights.",
+        "load" => "How the load phase reads the safetensors file: read or mmap.",
         "kv_cache" => {
             "on: decoding uses a key/value cache; off: it recomputes the prefix per token."
         }
@@ -110,7 +111,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "pure (everything in dtype) or mixed (f32 master weights, gradients, optimizer state)."
         }
         "phase" => {
-            "Measured phase: init, forward, backward, optimizer, train-step, inference, prefill or decode."
+            "Measured phase: init, forward, backward, optimizer, train-step, inference, prefill, decode or load."
         }
         "status" => "Outcome of the phase: ok, oom, error or timeout.",
         "error" => "Error message when status is not ok.",
@@ -211,6 +212,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.plain_u64("decode_tokens", rows, |r| r.decode_tokens)?;
         w.string("kv_cache", rows, |r| Some(&r.kv_cache))?;
         w.string("weights", rows, |r| Some(&r.weights))?;
+        w.string("load", rows, |r| Some(&r.load))?;
         w.string("attention", rows, |r| Some(&r.attention))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
@@ -550,6 +552,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let decode_tokens = r.plain_u64("decode_tokens")?;
     let kv_cache = r.string("kv_cache")?;
     let weights = r.string("weights")?;
+    let load = r.string("load")?;
     let attention = r.string("attention")?;
     let lora_rank = r.plain_u64("lora_rank")?;
     let lora_targets = r.string("lora_targets")?;
@@ -590,6 +593,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut attention = attention.into_iter();
     let mut kv_cache = kv_cache.into_iter();
     let mut weights = weights.into_iter();
+    let mut load = load.into_iter();
     let mut lora_targets = lora_targets.into_iter();
     let mut lora_base = lora_base.into_iter();
     let mut precision = precision.into_iter();
@@ -619,6 +623,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             decode_tokens: decode_tokens[i],
             kv_cache: next(&mut kv_cache),
             weights: next(&mut weights),
+            load: next(&mut load),
             attention: next(&mut attention),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),

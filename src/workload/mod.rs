@@ -91,6 +91,8 @@ pub struct GridSpec {
     pub kv_cache: Option<OneOrMany<String>>,
     /// Weights the inference phases serve with: model (default), f16, q8_0, q4_0.
     pub weights: Option<OneOrMany<String>>,
+    /// How the `load` phase reads the safetensors file: read (default) or mmap.
+    pub load: Option<OneOrMany<String>>,
 }
 
 impl GridSpec {
@@ -122,7 +124,8 @@ impl GridSpec {
             optimizer_block,
             decode_tokens,
             kv_cache,
-            weights
+            weights,
+            load
         )
     }
 }
@@ -165,6 +168,8 @@ pub struct Case {
     pub kv_cache: bool,
     /// Weights of the inference phases.
     pub weights: ServingWeights,
+    /// `load` phase: memory-map the file instead of reading it.
+    pub load_mmap: bool,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
 }
@@ -496,6 +501,21 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         }
     }
     let decodes = phases.contains(&Phase::Decode);
+    let mut loads: Vec<bool> = Vec::new();
+    for name in spec
+        .load
+        .as_ref()
+        .map_or_else(|| vec!["read".to_string()], OneOrMany::to_vec)
+    {
+        let mmap = match name.as_str() {
+            "read" => false,
+            "mmap" => true,
+            _ => return Err(ctx.bad("load", &name, "unknown load mode", "read, mmap")),
+        };
+        if !loads.contains(&mmap) {
+            loads.push(mmap);
+        }
+    }
     let mut weights: Vec<ServingWeights> = Vec::new();
     for name in spec
         .weights
@@ -583,107 +603,110 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                                     }
                                     let batch = b.expect("batch has a default");
                                     check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &serve in &weights {
-                                        for &decode in &decode_tokens {
-                                            for &kv_cache in &kv_caches {
-                                                // Decoding needs positions for the new tokens.
-                                                let mut cfg = cfg.clone();
-                                                if decodes {
-                                                    if custom && ms.is_none() {
-                                                        cfg.max_seq = seq + decode;
-                                                    } else if seq + decode > cfg.max_seq {
-                                                        return Err(ctx.bad(
-                                                            "decode_tokens",
-                                                            &decode.to_string(),
-                                                            "prompt + new tokens exceed the position table",
-                                                            &format!(
-                                                                "1..={} (max_seq - seq)",
-                                                                cfg.max_seq.saturating_sub(seq)
-                                                            ),
-                                                        ));
+                                    for &load_mmap in &loads {
+                                        for &serve in &weights {
+                                            for &decode in &decode_tokens {
+                                                for &kv_cache in &kv_caches {
+                                                    // Decoding needs positions for the new tokens.
+                                                    let mut cfg = cfg.clone();
+                                                    if decodes {
+                                                        if custom && ms.is_none() {
+                                                            cfg.max_seq = seq + decode;
+                                                        } else if seq + decode > cfg.max_seq {
+                                                            return Err(ctx.bad(
+                                                                "decode_tokens",
+                                                                &decode.to_string(),
+                                                                "prompt + new tokens exceed the position table",
+                                                                &format!(
+                                                                    "1..={} (max_seq - seq)",
+                                                                    cfg.max_seq.saturating_sub(seq)
+                                                                ),
+                                                            ));
+                                                        }
                                                     }
-                                                }
-                                                for &optimizer_block in &optimizer_blocks {
-                                                    for &lora_base in &lora_bases {
-                                                        for &rank in &lora_ranks {
-                                                            if rank > cfg.hidden {
-                                                                return Err(ctx.bad(
-                                                                    "lora_rank",
-                                                                    &rank.to_string(),
-                                                                    "a rank above the hidden size",
-                                                                    &format!(
-                                                                        "0..={} (hidden)",
-                                                                        cfg.hidden
-                                                                    ),
-                                                                ));
-                                                            }
-                                                            for &precision in &precisions {
-                                                                for &efficient in &attentions {
-                                                                    for &k in &checkpoints {
-                                                                        if k > cfg.layers {
-                                                                            return Err(ctx.bad(
-                                                                                "checkpoint",
-                                                                                &k.to_string(),
-                                                                                "more blocks per segment than the model has",
-                                                                                &format!("0..={} (layers)", cfg.layers),
-                                                                            ));
-                                                                        }
-                                                                        for &dtype in &dtypes {
-                                                                            if efficient
-                                                                                && dtype
-                                                                                    != ElemType::F32
-                                                                            {
-                                                                                return Err(ctx.bad(
-                                                                                    "attention",
-                                                                                    "efficient",
-                                                                                    "the efficient attention op computes in f32 only",
-                                                                                    "standard with f16 or bf16",
-                                                                                ));
-                                                                            }
-                                                                            if precision
-                                                                                == Precision::Mixed
-                                                                                && k > 0
-                                                                            {
+                                                    for &optimizer_block in &optimizer_blocks {
+                                                        for &lora_base in &lora_bases {
+                                                            for &rank in &lora_ranks {
+                                                                if rank > cfg.hidden {
+                                                                    return Err(ctx.bad(
+                                                                        "lora_rank",
+                                                                        &rank.to_string(),
+                                                                        "a rank above the hidden size",
+                                                                        &format!(
+                                                                            "0..={} (hidden)",
+                                                                            cfg.hidden
+                                                                        ),
+                                                                    ));
+                                                                }
+                                                                for &precision in &precisions {
+                                                                    for &efficient in &attentions {
+                                                                        for &k in &checkpoints {
+                                                                            if k > cfg.layers {
                                                                                 return Err(ctx.bad(
                                                                                     "checkpoint",
                                                                                     &k.to_string(),
-                                                                                    "checkpointing is not combined with mixed precision yet",
-                                                                                    "0 with precision = mixed",
+                                                                                    "more blocks per segment than the model has",
+                                                                                    &format!("0..={} (layers)", cfg.layers),
                                                                                 ));
                                                                             }
-                                                                            cases.push(Case {
-                                                                                index: cases.len(),
-                                                                                model,
-                                                                                preset: if custom {
-                                                                                    "custom".into()
-                                                                                } else {
-                                                                                    preset_name.clone()
-                                                                                },
-                                                                                cfg: Config {
-                                                                                    efficient_attention:
-                                                                                        efficient,
-                                                                                    lora_rank: rank,
-                                                                                    lora_targets: if rank > 0 {
-                                                                                        lora_targets.clone()
+                                                                            for &dtype in &dtypes {
+                                                                                if efficient
+                                                                                    && dtype
+                                                                                        != ElemType::F32
+                                                                                {
+                                                                                    return Err(ctx.bad(
+                                                                                        "attention",
+                                                                                        "efficient",
+                                                                                        "the efficient attention op computes in f32 only",
+                                                                                        "standard with f16 or bf16",
+                                                                                    ));
+                                                                                }
+                                                                                if precision
+                                                                                    == Precision::Mixed
+                                                                                    && k > 0
+                                                                                {
+                                                                                    return Err(ctx.bad(
+                                                                                        "checkpoint",
+                                                                                        &k.to_string(),
+                                                                                        "checkpointing is not combined with mixed precision yet",
+                                                                                        "0 with precision = mixed",
+                                                                                    ));
+                                                                                }
+                                                                                cases.push(Case {
+                                                                                    index: cases.len(),
+                                                                                    model,
+                                                                                    preset: if custom {
+                                                                                        "custom".into()
                                                                                     } else {
-                                                                                        Vec::new()
+                                                                                        preset_name.clone()
                                                                                     },
-                                                                                    lora_base,
-                                                                                    ..cfg.clone()
-                                                                                },
-                                                                                batch,
-                                                                                seq,
-                                                                                dtype,
-                                                                                precision,
-                                                                                device,
-                                                                                optimizer: opt,
-                                                                                checkpoint: k,
-                                                                                optimizer_block,
-                                                                                decode_tokens: if decodes { decode } else { 0 },
-                                                                                kv_cache,
-                                                                                weights: serve,
-                                                                                phases: phases.clone(),
-                                                                            });
+                                                                                    cfg: Config {
+                                                                                        efficient_attention:
+                                                                                            efficient,
+                                                                                        lora_rank: rank,
+                                                                                        lora_targets: if rank > 0 {
+                                                                                            lora_targets.clone()
+                                                                                        } else {
+                                                                                            Vec::new()
+                                                                                        },
+                                                                                        lora_base,
+                                                                                        ..cfg.clone()
+                                                                                    },
+                                                                                    batch,
+                                                                                    seq,
+                                                                                    dtype,
+                                                                                    precision,
+                                                                                    device,
+                                                                                    optimizer: opt,
+                                                                                    checkpoint: k,
+                                                                                    optimizer_block,
+                                                                                    decode_tokens: if decodes { decode } else { 0 },
+                                                                                    kv_cache,
+                                                                                    weights: serve,
+                                                                                    load_mmap,
+                                                                                    phases: phases.clone(),
+                                                                                });
+                                                                            }
                                                                         }
                                                                     }
                                                                 }
