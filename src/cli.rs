@@ -29,6 +29,30 @@ pub enum Command {
     /// GPU run whose machine had no HDF5 library).
     #[command(after_help = "Example:\n  memfit convert results/h200/20261202T120000Z")]
     Convert(ConvertArgs),
+    /// Predict every phase's memory for a workload or flags, without running anything.
+    #[command(
+        after_help = "Examples:\n  memfit predict --preset gpt2-medium --batch 8 --seq 1024 --dtype bf16 --precision mixed\n  memfit predict --preset llama-7b-shape --batch 4 --seq 4096 --dtype bf16 --precision mixed \\\n      --attention standard --fit-in 80GiB\n  memfit predict workloads/default.toml --json"
+    )]
+    Predict(Box<PredictArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// Workload TOML file; without it the flags describe the cases (default: the embedded
+    /// default workload).
+    pub workload: Option<PathBuf>,
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// CPU threads the CPU formulas assume (gemm's packing buffers); default: all cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// A memory budget (e.g. 80GiB, 24G, 512MiB): says whether each case's training step fits
+    /// and the largest batch that would.
+    #[arg(long)]
+    pub fit_in: Option<String>,
+    /// One JSON object per case instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -41,6 +65,22 @@ pub struct ConvertArgs {
 pub struct RunArgs {
     /// Workload TOML file; without it the embedded default workload runs.
     pub workload: Option<PathBuf>,
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// Worker threads of the CPU backend (default: the workload's, else all cores).
+    #[arg(long, allow_negative_numbers = true)]
+    pub threads: Option<i64>,
+    /// Folder for everything the run writes (default: runs/<run id>). Must not hold a journal.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print no table.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Every workload key as a flag (comma lists expand like TOML lists).
+#[derive(Debug, Args, Default)]
+pub struct GridArgs {
     /// Model family (gpt).
     #[arg(long)]
     pub model: Option<String>,
@@ -114,18 +154,21 @@ pub struct RunArgs {
     /// Device: cpu or cuda:N (the CUDA build).
     #[arg(long)]
     pub device: Option<String>,
-    /// Worker threads of the CPU backend (default: the workload's, else all cores).
-    #[arg(long, allow_negative_numbers = true)]
-    pub threads: Option<i64>,
-    /// Folder for everything the run writes (default: runs/<run id>). Must not hold a journal.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Print no table.
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 impl RunArgs {
+    /// The workload keys given as flags, to lay over every grid.
+    pub fn grid_flags(&self) -> GridSpec {
+        self.grid.grid_flags()
+    }
+
+    /// True when any workload key was given as a flag.
+    pub fn has_grid_flags(&self) -> bool {
+        self.grid.has_grid_flags()
+    }
+}
+
+impl GridArgs {
     /// The workload keys given as flags, to lay over every grid.
     pub fn grid_flags(&self) -> GridSpec {
         fn many<T: Clone>(v: &[T]) -> Option<OneOrMany<T>> {

@@ -259,3 +259,47 @@ fn cuda_launcher_without_a_driver_points_to_the_cpu_build() {
         "{err}"
     );
 }
+
+/// `predict` runs nothing and agrees with the predictions `run` stores; `--fit-in` answers.
+#[test]
+fn predict_agrees_with_run_and_answers_fit_in() {
+    let args = [
+        "--batch", "2", "--seq", "33", "--hidden", "96", "--heads", "3", "--layers", "2",
+        "--vocab", "300",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run_rows(dir.path(), &args);
+    let out = memfit()
+        .arg("predict")
+        .args(args)
+        .args(["--threads", "1", "--json", "--fit-in", "1GiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let phases = p["phase_peak_bytes"].as_array().unwrap();
+    assert_eq!(phases.len(), rows.len());
+    for (ph, r) in phases.iter().zip(&rows) {
+        assert_eq!(ph[0].as_str().unwrap(), r.phase);
+        assert_eq!(ph[1].as_u64(), r.predicted_peak_bytes, "{}", r.phase);
+    }
+    assert_eq!(p["params"].as_u64(), Some(rows[0].params));
+    assert_eq!(p["fits"], serde_json::json!(true));
+    assert!(p["max_batch"].as_u64().unwrap() >= 2);
+    // A budget below the weights: does not fit, not even at batch 1.
+    let out = memfit()
+        .arg("predict")
+        .args(args)
+        .args(["--json", "--fit-in", "100KiB"])
+        .output()
+        .unwrap();
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(p["fits"], serde_json::json!(false));
+    assert_eq!(p["max_batch"], serde_json::json!(0));
+    // Bad budgets are user errors naming the flag.
+    memfit()
+        .args(["predict", "--fit-in", "lots"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("fit-in").and(predicate::str::contains("lots")));
+}

@@ -20,6 +20,10 @@ fn every_workload_file_expands() {
             .device
             .as_deref()
             .is_some_and(|d| d.starts_with("cuda"));
+        // Every file's cases must be valid as predictions, GPU ones included.
+        let predicted = workload::expand_for_prediction(&file, &GridSpec::default(), &origin)
+            .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        assert!(!predicted.is_empty(), "{origin}");
         match workload::expand(&file, &GridSpec::default(), &origin) {
             Ok(cases) => {
                 assert!(!cases.is_empty(), "{origin}");

@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod convert;
+pub mod predict;
 pub mod run;
 
 use crate::cli::{Cli, Command};
@@ -10,5 +11,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Convert(args) => convert::convert(&args),
+        Command::Predict(args) => predict::predict(&args),
     }
 }

@@ -59,7 +59,13 @@ pub struct Config {
 }
 
 /// Names accepted by [`Config::preset`].
-pub const PRESETS: &[&str] = &["tiny", "small", "gpt2-small", "gpt2-medium"];
+pub const PRESETS: &[&str] = &[
+    "tiny",
+    "small",
+    "gpt2-small",
+    "gpt2-medium",
+    "llama-7b-shape",
+];
 
 impl Config {
     /// Test-sized: V 300, H 96, A 3, L 2, S_max 128.
@@ -77,6 +83,12 @@ impl Config {
     /// GPT-2 medium shape: V 50257, H 1024, A 16, L 24, S_max 1024.
     pub fn gpt2_medium() -> Self {
         Self::new(50257, 1024, 16, 24, 1024)
+    }
+
+    /// LLaMA-7B's sizes in this GPT architecture (LayerNorm, 4H GELU MLP, learned positions):
+    /// V 32000, H 4096, A 32, L 32, S_max 4096, 6.74 B parameters. For predictions (F3).
+    pub fn llama_7b_shape() -> Self {
+        Self::new(32000, 4096, 32, 32, 4096)
     }
 
     pub fn new(vocab: usize, hidden: usize, heads: usize, layers: usize, max_seq: usize) -> Self {
@@ -100,6 +112,7 @@ impl Config {
             "small" => Some(Self::small()),
             "gpt2-small" => Some(Self::gpt2_small()),
             "gpt2-medium" => Some(Self::gpt2_medium()),
+            "llama-7b-shape" => Some(Self::llama_7b_shape()),
             _ => None,
         }
     }

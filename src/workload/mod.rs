@@ -205,6 +205,8 @@ pub fn load(path: &std::path::Path) -> Result<WorkloadFile, UserError> {
 struct Ctx<'a> {
     origin: &'a str,
     grid: usize,
+    /// Cases that are only predicted may name a device this build cannot run.
+    predict_only: bool,
 }
 
 impl Ctx<'_> {
@@ -243,6 +245,25 @@ impl Ctx<'_> {
 /// Expands the grids of `file` (with `flags` laid over every grid) into validated cases.
 /// A file without `[[grid]]` tables is one grid made of its defaults.
 pub fn expand(file: &WorkloadFile, flags: &GridSpec, origin: &str) -> Result<Vec<Case>, UserError> {
+    expand_with(file, flags, origin, false)
+}
+
+/// [`expand`] for cases that are only predicted (`memfit predict`): a CUDA device is accepted
+/// even by a build without the `cuda` feature.
+pub fn expand_for_prediction(
+    file: &WorkloadFile,
+    flags: &GridSpec,
+    origin: &str,
+) -> Result<Vec<Case>, UserError> {
+    expand_with(file, flags, origin, true)
+}
+
+fn expand_with(
+    file: &WorkloadFile,
+    flags: &GridSpec,
+    origin: &str,
+    predict_only: bool,
+) -> Result<Vec<Case>, UserError> {
     let grids: Vec<GridSpec> = if file.grid.is_empty() {
         vec![GridSpec::default()]
     } else {
@@ -251,7 +272,11 @@ pub fn expand(file: &WorkloadFile, flags: &GridSpec, origin: &str) -> Result<Vec
     let mut cases = Vec::new();
     for (gi, g) in grids.iter().enumerate() {
         let spec = file.defaults.overlay(g).overlay(flags);
-        let ctx = Ctx { origin, grid: gi };
+        let ctx = Ctx {
+            origin,
+            grid: gi,
+            predict_only,
+        };
         expand_grid(&spec, &ctx, &mut cases)?;
     }
     Ok(cases)
@@ -280,7 +305,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &format!("cpu, cuda, cuda:0..={MAX_CUDA_ORDINAL}"),
         )
     })?;
-    if device.is_cuda() && !HAS_CUDA {
+    if device.is_cuda() && !HAS_CUDA && !ctx.predict_only {
         return Err(ctx.bad("device", &device_name, NO_CUDA, "cpu"));
     }
     let dtype_names = spec
@@ -451,14 +476,16 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         ));
     }
     let mut lora_bases: Vec<LoraBase> = Vec::new();
+    // The frozen-linear op is CPU-only: CUDA's default is candle's own matmul.
+    let default_base = if device.is_cuda() { "detach" } else { "op" };
     for name in spec
         .lora_base
         .as_ref()
-        .map_or_else(|| vec!["op".to_string()], OneOrMany::to_vec)
+        .map_or_else(|| vec![default_base.to_string()], OneOrMany::to_vec)
     {
         let b = LoraBase::parse(&name)
             .ok_or_else(|| ctx.bad("lora_base", &name, "unknown LoRA base", LoraBase::NAMES))?;
-        if b != LoraBase::Detach && device.is_cuda() {
+        if b != LoraBase::Detach && device.is_cuda() && lora_ranks.iter().any(|&r| r > 0) {
             return Err(ctx.bad(
                 "lora_base",
                 &name,

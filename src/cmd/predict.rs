@@ -1,0 +1,211 @@
+//! `memfit predict`: every phase's memory for the cases of a workload (or flags), from the
+//! formula module alone — nothing is run. Per case: the model state (weights, gradients,
+//! optimizer state), the graph a training forward keeps, each phase's peak above its baseline,
+//! the totals in use at the training step's and at inference's peak, and with `--fit-in` whether
+//! the training step fits and the largest batch that would.
+
+use crate::cli::PredictArgs;
+use crate::error::UserError;
+use crate::formula::gpt::Shape;
+use crate::phase::Phase;
+use crate::units;
+
+fn human_bytes(b: u64) -> String {
+    units::human_bytes(b as f64)
+}
+use crate::workload::{self, Case, WorkloadFile};
+
+/// What `predict` says about one case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CasePrediction {
+    pub case: usize,
+    pub preset: String,
+    pub batch: usize,
+    pub seq: usize,
+    pub params: u64,
+    pub weights_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_state_bytes: u64,
+    pub graph_bytes: u64,
+    /// Peak above its baseline, per phase of the case.
+    pub phase_peak_bytes: Vec<(String, u64)>,
+    /// Weights + optimizer state + the training step's peak.
+    pub train_total_bytes: u64,
+    /// Weights + the inference forward's peak.
+    pub inference_total_bytes: u64,
+    pub fits: Option<bool>,
+    /// Largest batch whose training step fits the budget (0: not even batch 1).
+    pub max_batch: Option<usize>,
+}
+
+pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
+    let (file, origin) = match &args.workload {
+        Some(path) => (workload::load(path)?, path.display().to_string()),
+        None if args.grid.has_grid_flags() => (WorkloadFile::default(), "flags".to_string()),
+        None => (
+            workload::parse(workload::DEFAULT_TOML, "<embedded default>")?,
+            "<embedded default>".to_string(),
+        ),
+    };
+    let cases = workload::expand_for_prediction(&file, &args.grid.grid_flags(), &origin)?;
+    let budget = args.fit_in.as_deref().map(parse_size).transpose()?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if !args.json {
+        println!(
+            "{:>4} {:<14} {:>5} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{}",
+            "case",
+            "preset",
+            "B",
+            "S",
+            "weights",
+            "grads",
+            "opt state",
+            "graph",
+            "train total",
+            "infer total",
+            "train step",
+            if budget.is_some() {
+                "  fits  max B"
+            } else {
+                ""
+            }
+        );
+    }
+    for case in &cases {
+        let p = predict_case(case, threads, budget);
+        if args.json {
+            println!("{}", serde_json::to_string(&p)?);
+        } else {
+            let step = p
+                .phase_peak_bytes
+                .iter()
+                .find(|(ph, _)| ph == "train-step")
+                .map_or("-".to_string(), |(_, b)| human_bytes(*b));
+            let fit = match (p.fits, p.max_batch) {
+                (Some(f), Some(m)) => format!("  {:<5} {m:>5}", if f { "yes" } else { "no" }),
+                _ => String::new(),
+            };
+            println!(
+                "{:>4} {:<14} {:>5} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{fit}",
+                p.case,
+                p.preset,
+                p.batch,
+                p.seq,
+                human_bytes(p.weights_bytes),
+                human_bytes(p.gradient_bytes),
+                human_bytes(p.optimizer_state_bytes),
+                human_bytes(p.graph_bytes),
+                human_bytes(p.train_total_bytes),
+                human_bytes(p.inference_total_bytes),
+                step,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The prediction of one case (and, with a budget, the largest batch that fits).
+pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePrediction {
+    let shape = Shape::of(case);
+    let at = |phase| shape.predict(phase, case.optimizer, threads).peak_bytes;
+    let train_total = |s: &Shape| {
+        s.weights_bytes()
+            + s.optimizer_state_bytes(case.optimizer)
+            + s.predict(Phase::TrainStep, case.optimizer, threads)
+                .peak_bytes
+    };
+    let (fits, max_batch) = match budget {
+        None => (None, None),
+        Some(b) => {
+            let total_at = |batch: u64| train_total(&Shape { b: batch, ..shape });
+            // Memory grows with the batch: the largest batch ≤ 2^20 whose step fits.
+            let (mut lo, mut hi) = (0u64, 1u64 << 20);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if total_at(mid) <= b {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            (Some(train_total(&shape) <= b), Some(lo as usize))
+        }
+    };
+    CasePrediction {
+        case: case.index,
+        preset: case.preset.clone(),
+        batch: case.batch,
+        seq: case.seq,
+        params: shape.params(),
+        weights_bytes: shape.weights_bytes(),
+        gradient_bytes: shape.gradient_bytes(),
+        optimizer_state_bytes: shape.optimizer_state_bytes(case.optimizer),
+        graph_bytes: shape
+            .predict(Phase::Forward, case.optimizer, threads)
+            .retained_bytes
+            .max(0) as u64,
+        phase_peak_bytes: case
+            .phases
+            .iter()
+            .map(|&ph| (ph.as_str().to_string(), at(ph)))
+            .collect(),
+        train_total_bytes: train_total(&shape),
+        inference_total_bytes: shape.weights_bytes() + at(Phase::Inference),
+        fits,
+        max_batch,
+    }
+}
+
+/// `80GiB`, `24G`, `512MiB`, `1.5TB`, `1000000` (bytes): binary units for `Ki/Mi/Gi/Ti` and the
+/// bare letters, decimal for `KB/MB/GB/TB`.
+pub fn parse_size(s: &str) -> Result<u64, UserError> {
+    let bad = || UserError::OutOfRange {
+        origin: "flags".into(),
+        key: "fit-in".into(),
+        value: s.into(),
+        reason: "not a size".into(),
+        allowed: "a number with an optional unit: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB"
+            .into(),
+    };
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(bad()),
+    };
+    if !(x.is_finite() && x > 0.0) {
+        return Err(bad());
+    }
+    Ok((x * mult).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("80GiB").unwrap(), 80 << 30);
+        assert_eq!(parse_size("24G").unwrap(), 24 << 30);
+        assert_eq!(parse_size("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5TB").unwrap(), 1_500_000_000_000);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-3G").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}
