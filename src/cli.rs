@@ -34,6 +34,22 @@ pub enum Command {
         after_help = "Examples:\n  memfit predict --preset gpt2-medium --batch 8 --seq 1024 --dtype bf16 --precision mixed\n  memfit predict --preset llama-7b-shape --batch 4 --seq 4096 --dtype bf16 --precision mixed \\\n      --attention standard --fit-in 80GiB\n  memfit predict workloads/default.toml --json"
     )]
     Predict(Box<PredictArgs>),
+    /// Fit each phase's peak to the decoder features from stored results (never measures),
+    /// with 5-fold and extrapolation held-out errors.
+    #[command(
+        after_help = "Examples:\n  memfit fit runs/\n  memfit fit results/h200 runs/a/results.jsonl --json"
+    )]
+    Fit(FitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// Result files (results.jsonl, results.h5) or folders searched for them.
+    #[arg(required = true)]
+    pub results: Vec<PathBuf>,
+    /// One JSON object per group instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod cmd;
 pub mod device;
 pub mod error;
+pub mod fit;
 pub mod formula;
 pub mod meter;
 pub mod model;

@@ -303,3 +303,59 @@ fn predict_agrees_with_run_and_answers_fit_in() {
         .failure()
         .stderr(predicate::str::contains("fit-in").and(predicate::str::contains("lots")));
 }
+
+/// `fit` reads a run folder (never measures) and fits each phase; the forward graph is linear
+/// in the decoder features, so its fit is near exact and the held-out errors small.
+#[test]
+fn fit_reads_results_and_fits_the_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    memfit()
+        .args([
+            "run",
+            "--batch",
+            "1,2,3",
+            "--seq",
+            "16,40",
+            "--hidden",
+            "32,64",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--vocab",
+            "50",
+            "--phases",
+            "forward",
+            "--threads",
+            "1",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let o = memfit()
+        .args(["fit", "--json"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let groups: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(groups.len(), 1);
+    let g = &groups[0];
+    assert_eq!(g["phase"], "forward");
+    assert_eq!(g["rows"], 12);
+    assert!(g["r2"].as_f64().unwrap() > 0.999, "{g}");
+    let kfold = g["kfold"].as_array().unwrap();
+    assert!(kfold[1].as_f64().unwrap() < 10.0, "{g}");
+    memfit()
+        .args(["fit", "no/such/dir"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("no/such/dir"));
+}

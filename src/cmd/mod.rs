@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod convert;
+pub mod fit;
 pub mod predict;
 pub mod run;
 
@@ -12,5 +13,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Convert(args) => convert::convert(&args),
         Command::Predict(args) => predict::predict(&args),
+        Command::Fit(args) => fit::fit_cmd(&args),
     }
 }

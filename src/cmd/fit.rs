@@ -1,0 +1,194 @@
+//! `memfit fit RESULTS…`: fit each phase's peak to the decoder features by least squares, per
+//! group of comparable rows, from stored results only (JSONL or HDF5 files, or folders searched
+//! for them), with held-out errors: 5-fold over cases and the extrapolation split.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::cli::FitArgs;
+use crate::error::UserError;
+use crate::fit::{self, FEATURES, HeldOut};
+use crate::record::{Row, Status};
+use crate::store;
+
+/// Rows measured under the same conditions: one fit each.
+type GroupKey = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    u64,
+    u64,
+    String,
+    String,
+);
+
+fn key(r: &Row) -> GroupKey {
+    (
+        r.phase.clone(),
+        r.device.clone(),
+        r.dtype.clone(),
+        r.precision.clone(),
+        r.attention.clone(),
+        r.checkpoint,
+        r.lora_rank,
+        r.optimizer.clone(),
+        r.weights.clone(),
+    )
+}
+
+/// The result files under `p`: itself, or every `results.jsonl` (else `results.h5`) below it.
+fn result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
+    let unreadable = |e: std::io::Error| UserError::Unreadable {
+        origin: p.display().to_string(),
+        message: e.to_string(),
+    };
+    if p.is_file() {
+        out.push(p.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+        .map_err(unreadable)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    let jsonl = p.join("results.jsonl");
+    let h5 = p.join("results.h5");
+    if jsonl.is_file() {
+        out.push(jsonl);
+    } else if h5.is_file() {
+        out.push(h5);
+    }
+    for e in entries.iter().filter(|e| e.is_dir()) {
+        result_files(e, out)?;
+    }
+    Ok(())
+}
+
+fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("h5") | Some("hdf5") => Ok(store::hdf5::read(path)?.1),
+        _ => store::jsonl::read(path),
+    }
+}
+
+/// One group's fit and its held-out errors.
+#[derive(Debug, serde::Serialize)]
+pub struct GroupFit {
+    pub phase: String,
+    pub device: String,
+    pub dtype: String,
+    pub variant: String,
+    pub rows: usize,
+    pub coefficients: Vec<(String, f64, f64)>,
+    pub r2: f64,
+    pub in_sample_max_pct: f64,
+    pub kfold: Option<(f64, f64)>,
+    pub extrapolation: Option<(f64, f64)>,
+}
+
+pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    for p in &args.results {
+        if !p.exists() {
+            return Err(UserError::Unreadable {
+                origin: p.display().to_string(),
+                message: "no such file or folder".into(),
+            }
+            .into());
+        }
+        result_files(p, &mut files)?;
+    }
+    let mut groups: BTreeMap<GroupKey, Vec<Row>> = BTreeMap::new();
+    for f in &files {
+        for r in read_rows(f)? {
+            if r.status == Status::Ok && r.peak_bytes.is_some() {
+                groups.entry(key(&r)).or_default().push(r);
+            }
+        }
+    }
+    if groups.is_empty() {
+        anyhow::bail!("no measured rows in {} file(s)", files.len());
+    }
+    if !args.json {
+        println!(
+            "{:<10} {:<7} {:<5} {:<28} {:>4} {:>9}  {:>16}  {:>16}  bytes =",
+            "phase",
+            "device",
+            "dtype",
+            "variant",
+            "rows",
+            "R²",
+            "5-fold mean/max%",
+            "extrap mean/max%",
+        );
+    }
+    for (k, rows) in &groups {
+        let g = fit_group(k, rows);
+        if args.json {
+            println!("{}", serde_json::to_string(&g)?);
+            continue;
+        }
+        let pair =
+            |h: Option<(f64, f64)>| h.map_or("-".to_string(), |(a, b)| format!("{a:.3}/{b:.3}"));
+        let formula: Vec<String> = g
+            .coefficients
+            .iter()
+            .filter(|(_, c, _)| *c != 0.0)
+            .map(|(n, c, _)| format!("{c:.4}·{n}"))
+            .collect();
+        println!(
+            "{:<10} {:<7} {:<5} {:<28} {:>4} {:>9.6}  {:>16}  {:>16}  {}",
+            g.phase,
+            g.device,
+            g.dtype,
+            g.variant,
+            g.rows,
+            g.r2,
+            pair(g.kfold),
+            pair(g.extrapolation),
+            formula.join(" + ")
+        );
+    }
+    Ok(())
+}
+
+fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
+    let x: Vec<Vec<f64>> = rows.iter().map(|r| fit::features(r).to_vec()).collect();
+    let y: Vec<f64> = rows
+        .iter()
+        .map(|r| r.peak_bytes.unwrap_or(0) as f64)
+        .collect();
+    let size: Vec<f64> = rows.iter().map(|r| r.params as f64).collect();
+    let f = fit::least_squares(&x, &y);
+    let pair = |h: Option<HeldOut>| h.map(|h| (h.mean_pct, h.max_pct));
+    let in_sample = f.as_ref().map_or(f64::NAN, |f| {
+        x.iter()
+            .zip(&y)
+            .filter(|(_, v)| **v != 0.0)
+            .map(|(xi, v)| ((f.predict(xi) - v) / v).abs() * 100.0)
+            .fold(0.0, f64::max)
+    });
+    GroupFit {
+        phase: k.0.clone(),
+        device: k.1.clone(),
+        dtype: k.2.clone(),
+        variant: format!("{} {} ck{} lora{} {} {}", k.3, k.4, k.5, k.6, k.7, k.8),
+        rows: rows.len(),
+        coefficients: FEATURES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let (c, e) = f
+                    .as_ref()
+                    .map_or((f64::NAN, f64::NAN), |f| (f.coef[i], f.stderr[i]));
+                (n.to_string(), c, e)
+            })
+            .collect(),
+        r2: f.as_ref().map_or(f64::NAN, |f| f.r2),
+        in_sample_max_pct: in_sample,
+        kfold: pair(fit::k_fold(&x, &y, 5)),
+        extrapolation: pair(fit::extrapolation(&x, &y, &size)),
+    }
+}
