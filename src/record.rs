@@ -177,3 +177,23 @@ pub struct RunMeta {
     #[serde(default)]
     pub cuda_version: Option<String>,
 }
+
+/// An error chain as stored in a row: without the backtrace candle appends to its errors when
+/// `RUST_BACKTRACE` is set (it would bury the message and bloat every store).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let full = format!("{e:#}");
+    let cut = full
+        .find("\n   0: ")
+        .or_else(|| full.find("\nstack backtrace:"))
+        .unwrap_or(full.len());
+    full[..cut].trim_end().to_string()
+}
+
+/// `oom` when the error chain is the device running out of memory, else `error`.
+pub fn status_of(message: &str) -> Status {
+    if message.contains("OUT_OF_MEMORY") || message.contains("out of memory") {
+        Status::Oom
+    } else {
+        Status::Error
+    }
+}

@@ -15,7 +15,7 @@ use crate::meter::cpu_alloc::AllocMeter;
 use crate::meter::rusage::HostMeter;
 use crate::meter::{Meter, Reading};
 use crate::phase::runner::{PhaseResult, run_case};
-use crate::record::{Row, RunMeta, Status};
+use crate::record::{Row, RunMeta, Status, error_text, status_of};
 use crate::report::table;
 use crate::store;
 use crate::workload::{self, Case, WorkloadFile};
@@ -226,26 +226,6 @@ fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSe
             let _ = meta;
             anyhow::bail!(crate::device::NO_CUDA)
         }
-    }
-}
-
-/// An error chain as stored in a row: without the backtrace candle appends to its errors when
-/// `RUST_BACKTRACE` is set (it would bury the message and bloat every store).
-pub fn error_text(e: &anyhow::Error) -> String {
-    let full = format!("{e:#}");
-    let cut = full
-        .find("\n   0: ")
-        .or_else(|| full.find("\nstack backtrace:"))
-        .unwrap_or(full.len());
-    full[..cut].trim_end().to_string()
-}
-
-/// `oom` when the error chain is the device running out of memory, else `error`.
-pub fn status_of(message: &str) -> Status {
-    if message.contains("OUT_OF_MEMORY") || message.contains("out of memory") {
-        Status::Oom
-    } else {
-        Status::Error
     }
 }
 

@@ -16,7 +16,7 @@
 
 use std::rc::Rc;
 
-use super::gpt::Shape;
+use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;

@@ -4,6 +4,7 @@
 pub mod gemm;
 pub mod gpt;
 pub mod gpt_replay;
+pub mod shape;
 pub mod symbolic;
 pub mod zero;
 

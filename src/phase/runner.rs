@@ -193,7 +193,7 @@ pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>]) -> Vec<PhaseResult> 
     let mut results = Vec::new();
     if let Err(e) = run_chain(case, meters, &mut results) {
         let failed_at = results.len();
-        let msg = crate::cmd::run::error_text(&e);
+        let msg = crate::record::error_text(&e);
         for (i, &phase) in case.phases.iter().enumerate().skip(failed_at) {
             let text = if i == failed_at {
                 msg.clone()

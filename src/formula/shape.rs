@@ -1,0 +1,112 @@
+//! The shape of a case as the formulas see it: sizes in u64 and every variant that changes
+//! memory. The formulas themselves are in [`super::gpt`] (closed forms) and
+//! [`super::gpt_replay`] (candle replayed on shapes).
+
+use crate::device::{ElemType, ServingWeights};
+use crate::model::gpt::{LoraBase, LoraTarget};
+use crate::workload::Case;
+
+/// Elements per block of the 8-bit optimizer by default.
+pub const BLOCK_8BIT: u64 = 2048;
+
+/// The bit set of LoRA targets.
+pub fn lora_bits(targets: &[LoraTarget]) -> u8 {
+    targets.iter().fold(0, |m, t| {
+        m | 1
+            << LoraTarget::ALL
+                .iter()
+                .position(|x| x == t)
+                .expect("a target")
+    })
+}
+
+/// The shape of a case, in u64 for the arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub b: u64,
+    pub s: u64,
+    pub h: u64,
+    pub a: u64,
+    pub l: u64,
+    pub v: u64,
+    pub s_max: u64,
+    /// Element type of weights, activations, gradients and optimizer state.
+    pub elem: ElemType,
+    /// Blocks per gradient-checkpoint segment (0 = off).
+    pub checkpoint: u64,
+    /// Efficient attention (no `(S, S)` scores).
+    pub efficient: bool,
+    /// Mixed precision: f32 parameters, gradients and optimizer state; `elem` activations.
+    pub mixed: bool,
+    /// LoRA rank (0 = off) and the adapted projections.
+    pub lora_rank: u64,
+    /// One bit per [`LoraTarget`] (its index in `LoraTarget::ALL`).
+    pub lora_targets: u8,
+    /// How LoRA's projections are frozen.
+    pub lora_base: LoraBase,
+    /// Elements per quantization block of `adamw-8bit`.
+    pub block: u64,
+    /// Tokens the decode phase generates, and whether it keeps a key/value cache.
+    pub decode_tokens: u64,
+    pub kv_cache: bool,
+    /// Weights the inference phases serve with.
+    pub serve: ServingWeights,
+    /// The load phase memory-maps the file.
+    pub load_mmap: bool,
+    /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
+    /// data only).
+    pub cpu: bool,
+}
+
+impl Shape {
+    pub fn of(case: &Case) -> Self {
+        Self {
+            b: case.batch as u64,
+            s: case.seq as u64,
+            h: case.cfg.hidden as u64,
+            a: case.cfg.heads as u64,
+            l: case.cfg.layers as u64,
+            v: case.cfg.vocab as u64,
+            s_max: case.cfg.max_seq as u64,
+            elem: case.dtype,
+            checkpoint: case.checkpoint as u64,
+            efficient: case.cfg.efficient_attention,
+            mixed: case.precision == crate::device::Precision::Mixed,
+            lora_rank: case.cfg.lora_rank as u64,
+            lora_targets: lora_bits(&case.cfg.lora_targets),
+            lora_base: case.cfg.lora_base,
+            block: case.optimizer_block as u64,
+            decode_tokens: case.decode_tokens as u64,
+            kv_cache: case.kv_cache,
+            serve: case.weights,
+            load_mmap: case.load_mmap,
+            cpu: !case.device.is_cuda(),
+        }
+    }
+
+    /// An f32 CPU shape.
+    pub fn new(b: u64, s: u64, h: u64, a: u64, l: u64, v: u64, s_max: u64) -> Self {
+        Self {
+            b,
+            s,
+            h,
+            a,
+            l,
+            v,
+            s_max,
+            elem: ElemType::F32,
+            checkpoint: 0,
+            efficient: false,
+            mixed: false,
+            lora_rank: 0,
+            lora_targets: 0,
+            lora_base: LoraBase::Op,
+            block: BLOCK_8BIT,
+            decode_tokens: 0,
+            kv_cache: true,
+            serve: ServingWeights::Model,
+            load_mmap: false,
+            cpu: true,
+        }
+    }
+}
