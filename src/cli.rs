@@ -40,6 +40,29 @@ pub enum Command {
         after_help = "Examples:\n  memfit fit runs/\n  memfit fit results/h200 runs/a/results.jsonl --json"
     )]
     Fit(FitArgs),
+    /// The largest batch whose training step fits a memory budget: predicted, then verified
+    /// by running trials (each in a child process) around the prediction.
+    #[command(
+        after_help = "Example:\n  memfit max-batch --preset small --seq 128 --budget 1GiB\n  memfit max-batch --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 64 --budget 64MiB --json"
+    )]
+    MaxBatch(Box<MaxBatchArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct MaxBatchArgs {
+    /// The case: workload keys as flags (one case; `--batch` is what is searched).
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// The memory budget (e.g. 1GiB): on the CPU the heap cap of `run --mem-budget`, on CUDA
+    /// the device's own memory decides.
+    #[arg(long)]
+    pub budget: String,
+    /// CPU threads of the trials.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// One JSON object instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +115,10 @@ pub struct RunArgs {
     /// Print no table.
     #[arg(long)]
     pub quiet: bool,
+    /// Cap the process's heap (e.g. 512MiB): an allocation beyond it fails and the process
+    /// aborts, as a device of that size would run out (CPU; used by `max-batch`).
+    #[arg(long)]
+    pub mem_budget: Option<String>,
 }
 
 /// Every workload key as a flag (comma lists expand like TOML lists).

@@ -1,5 +1,7 @@
 //! Unit helpers: human-readable bytes and UTC timestamps.
 
+use crate::error::UserError;
+
 /// `1536` → `1.50 KiB`; exact bytes below 1 KiB.
 pub fn human_bytes(bytes: f64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -36,6 +38,41 @@ pub fn utc_stamp(secs: u64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// A size from the command line: `80GiB`, `24G`, `512MiB`, `1.5TB`, `1000000` (bytes): binary units for `Ki/Mi/Gi/Ti` and the
+/// bare letters, decimal for `KB/MB/GB/TB`.
+pub fn parse_size(s: &str, key: &str) -> Result<u64, UserError> {
+    let bad = || UserError::OutOfRange {
+        origin: "flags".into(),
+        key: key.into(),
+        value: s.into(),
+        reason: "not a size".into(),
+        allowed: "a number with an optional unit: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB"
+            .into(),
+    };
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(bad()),
+    };
+    if !(x.is_finite() && x > 0.0) {
+        return Err(bad());
+    }
+    Ok((x * mult).round() as u64)
 }
 
 #[cfg(test)]

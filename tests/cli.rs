@@ -359,3 +359,72 @@ fn fit_reads_results_and_fits_the_forward() {
         .failure()
         .stderr(predicate::str::contains("no/such/dir"));
 }
+
+/// `max-batch` predicts, then verifies in child processes under the allocator's budget; on
+/// these shapes the formula's answer is the found one (budget trials: found passes, found + 1
+/// fails).
+#[test]
+fn max_batch_finds_the_predicted_batch() {
+    let out = memfit()
+        .args([
+            "max-batch",
+            "--hidden",
+            "96",
+            "--heads",
+            "3",
+            "--layers",
+            "2",
+            "--vocab",
+            "300",
+            "--seq",
+            "64",
+            "--budget",
+            "32MiB",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (predicted, found) = (
+        m["predicted"].as_u64().unwrap(),
+        m["found"].as_u64().unwrap(),
+    );
+    assert!(found >= 1);
+    assert_eq!(predicted, found, "{m}");
+    let trials = m["trials"].as_array().unwrap();
+    let verdict = |b: u64| {
+        trials
+            .iter()
+            .find(|t| t["batch"].as_u64() == Some(b))
+            .map(|t| t["fits"].as_bool().unwrap())
+    };
+    assert_eq!(verdict(found), Some(true), "{m}");
+    assert_eq!(verdict(found + 1), Some(false), "{m}");
+    // The budget really binds: the same case far above it fails.
+    memfit()
+        .args([
+            "run",
+            "--hidden",
+            "96",
+            "--heads",
+            "3",
+            "--layers",
+            "2",
+            "--vocab",
+            "300",
+            "--seq",
+            "64",
+            "--batch",
+            "64",
+            "--phases",
+            "train-step",
+            "--mem-budget",
+            "32MiB",
+            "--quiet",
+            "--out",
+        ])
+        .arg(tempfile::tempdir().unwrap().path().join("o"))
+        .assert()
+        .failure();
+}

@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod fit;
+pub mod max_batch;
 pub mod predict;
 pub mod run;
 
@@ -14,5 +15,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(args) => convert::convert(&args),
         Command::Predict(args) => predict::predict(&args),
         Command::Fit(args) => fit::fit_cmd(&args),
+        Command::MaxBatch(args) => max_batch::max_batch(&args),
     }
 }

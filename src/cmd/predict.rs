@@ -5,7 +5,6 @@
 //! the training step fits and the largest batch that would.
 
 use crate::cli::PredictArgs;
-use crate::error::UserError;
 use crate::formula::gpt::Shape;
 use crate::phase::Phase;
 use crate::units;
@@ -48,7 +47,11 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
         ),
     };
     let cases = workload::expand_for_prediction(&file, &args.grid.grid_flags(), &origin)?;
-    let budget = args.fit_in.as_deref().map(parse_size).transpose()?;
+    let budget = args
+        .fit_in
+        .as_deref()
+        .map(|v| units::parse_size(v, "fit-in"))
+        .transpose()?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -158,54 +161,20 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     }
 }
 
-/// `80GiB`, `24G`, `512MiB`, `1.5TB`, `1000000` (bytes): binary units for `Ki/Mi/Gi/Ti` and the
-/// bare letters, decimal for `KB/MB/GB/TB`.
-pub fn parse_size(s: &str) -> Result<u64, UserError> {
-    let bad = || UserError::OutOfRange {
-        origin: "flags".into(),
-        key: "fit-in".into(),
-        value: s.into(),
-        reason: "not a size".into(),
-        allowed: "a number with an optional unit: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB"
-            .into(),
-    };
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let x: f64 = num.parse().map_err(|_| bad())?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024f64.powi(2),
-        "g" | "gib" => 1024f64.powi(3),
-        "t" | "tib" => 1024f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return Err(bad()),
-    };
-    if !(x.is_finite() && x > 0.0) {
-        return Err(bad());
-    }
-    Ok((x * mult).round() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {
-        assert_eq!(parse_size("80GiB").unwrap(), 80 << 30);
-        assert_eq!(parse_size("24G").unwrap(), 24 << 30);
-        assert_eq!(parse_size("512 MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1.5TB").unwrap(), 1_500_000_000_000);
-        assert_eq!(parse_size("1000").unwrap(), 1000);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-3G").is_err());
-        assert!(parse_size("0").is_err());
+        let p = |s| units::parse_size(s, "fit-in");
+        assert_eq!(p("80GiB").unwrap(), 80 << 30);
+        assert_eq!(p("24G").unwrap(), 24 << 30);
+        assert_eq!(p("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(p("1.5TB").unwrap(), 1_500_000_000_000);
+        assert_eq!(p("1000").unwrap(), 1000);
+        assert!(p("lots").is_err());
+        assert!(p("-3G").is_err());
+        assert!(p("0").is_err());
     }
 }

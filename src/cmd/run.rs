@@ -54,6 +54,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .into());
     }
     pin_threads(threads)?;
+    let budget = args
+        .mem_budget
+        .as_deref()
+        .map(|v| crate::units::parse_size(v, "mem-budget"))
+        .transpose()?;
 
     let cpu = cpu_model();
     let mut meta = RunMeta {
@@ -78,6 +83,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     write_meta(&out.join("meta.json"), &meta)?;
     let mut journal = store::jsonl::Journal::open(&journal_path)?;
     let mut meter_sets = MeterSets::default();
+    if let Some(b) = budget {
+        crate::meter::cpu_alloc::set_budget(b);
+    }
     if !args.quiet {
         println!(
             "memfit {} · {} case(s) from {} · {} thread(s) · out {}",

@@ -7,7 +7,8 @@
 //! The bookkeeping is three atomic operations and allocates nothing itself, so it is never
 //! counted and cannot recurse. Because the counters are process-wide, a window measures every
 //! thread of the process: keep other work out of it (and, in tests, one measuring test per
-//! process).
+//! process). An optional budget ([`set_budget`], `memfit run --mem-budget`) makes allocations
+//! beyond it fail, which is how the CPU emulates a device of a given size.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -15,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use super::{Meter, Reading};
 
 static CURRENT: AtomicU64 = AtomicU64::new(0);
+/// Allocations that would take [`CURRENT`] above this fail (`--mem-budget`); `u64::MAX`: none.
+static BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 static COUNT: AtomicU64 = AtomicU64::new(0);
 
@@ -28,6 +31,13 @@ fn grow(bytes: u64) {
     COUNT.fetch_add(1, Relaxed);
 }
 
+/// True when `bytes` more would exceed the budget (checked before the system allocates).
+#[inline]
+fn over_budget(bytes: u64) -> bool {
+    let budget = BUDGET.load(Relaxed);
+    budget != u64::MAX && CURRENT.load(Relaxed).saturating_add(bytes) > budget
+}
+
 #[inline]
 fn shrink(bytes: u64) {
     CURRENT.fetch_sub(bytes, Relaxed);
@@ -37,6 +47,9 @@ fn shrink(bytes: u64) {
 // updates counters after a successful call.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if over_budget(layout.size() as u64) {
+            return std::ptr::null_mut();
+        }
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grow(layout.size() as u64);
@@ -45,6 +58,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if over_budget(layout.size() as u64) {
+            return std::ptr::null_mut();
+        }
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             grow(layout.size() as u64);
@@ -58,6 +74,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > layout.size() && over_budget((new_size - layout.size()) as u64) {
+            return std::ptr::null_mut();
+        }
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             let old = layout.size() as u64;
@@ -74,6 +93,12 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Makes every allocation that would take the process's heap above `bytes` fail (the process
+/// then aborts with "memory allocation failed": run budget trials in a child process).
+pub fn set_budget(bytes: u64) {
+    BUDGET.store(bytes, Relaxed);
+}
 
 /// Bytes allocated now.
 pub fn current() -> u64 {
