@@ -341,12 +341,20 @@ fn fit_reads_results_and_fits_the_forward() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
-    let groups: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    let groups: Vec<&serde_json::Value> =
+        lines.iter().filter(|v| v.get("phase").is_some()).collect();
     assert_eq!(groups.len(), 1);
+    // The textbook activations formula is evaluated on the same forward rows.
+    let korthikanti = lines
+        .iter()
+        .find(|v| v["formula"] == "Korthikanti 34+5as/h")
+        .expect("textbook line");
+    assert_eq!(korthikanti["cases"], 12);
     let g = &groups[0];
     assert_eq!(g["phase"], "forward");
     assert_eq!(g["rows"], 12);

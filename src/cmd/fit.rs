@@ -101,11 +101,13 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
         result_files(p, &mut files)?;
     }
     let mut groups: BTreeMap<GroupKey, Vec<Row>> = BTreeMap::new();
+    let mut all = Vec::new();
     for f in &files {
         for r in read_rows(f)? {
             if r.status == Status::Ok && r.peak_bytes.is_some() {
-                groups.entry(key(&r)).or_default().push(r);
+                groups.entry(key(&r)).or_default().push(r.clone());
             }
+            all.push(r);
         }
     }
     if groups.is_empty() {
@@ -124,6 +126,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
             "extrap mean/max%",
         );
     }
+    let textbook = fit::textbook::evaluate(&all);
     for (k, rows) in &groups {
         let g = fit_group(k, rows);
         if args.json {
@@ -150,6 +153,22 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
             pair(g.extrapolation),
             formula.join(" + ")
         );
+    }
+    // The textbook formulas on the same rows, beside ours.
+    if args.json {
+        for t in &textbook {
+            println!("{}", serde_json::to_string(t)?);
+        }
+    } else if !textbook.is_empty() {
+        println!(
+            "\ntextbook formula            against                     cases   mean %    max %"
+        );
+        for t in &textbook {
+            println!(
+                "{:<27} {:<27} {:>5} {:>8.2} {:>8.2}",
+                t.formula, t.against, t.cases, t.mean_pct, t.max_pct
+            );
+        }
     }
     Ok(())
 }
