@@ -107,12 +107,8 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
         } else {
             elem_bytes(d)
         };
-        let k = 2.0
-            * d.layers as f64
-            * d.batch as f64
-            * d.decode_tokens as f64
-            * d.hidden as f64
-            * e;
+        let k =
+            2.0 * d.layers as f64 * d.batch as f64 * d.decode_tokens as f64 * d.hidden as f64 * e;
         out.push(("KV cache 2·L·B·T·H·e (N4)", "decode cache growth", k, m));
     }
     out
