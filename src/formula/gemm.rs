@@ -41,41 +41,7 @@ pub fn scratch_bytes_f16(
     rhs: Strides,
     threads: usize,
 ) -> u64 {
-    if m == 0 || n == 0 || k == 0 {
-        return 0;
-    }
-    let (m, n, (lhs_cs, lhs_rs), (_rhs_cs, rhs_rs)) = if 1 < n {
-        (n, m, (rhs.1, rhs.0), (lhs.1, lhs.0))
-    } else {
-        (m, n, lhs, rhs)
-    };
-    let (lanes, mr, nr, _) = microkernel();
-    if k <= 2 {
-        return 0;
-    }
-    if n <= 1 && (lhs_rs == 1 || (lhs_cs == 1 && rhs_rs == 1)) {
-        return 0;
-    }
-    if m <= 1 && rhs_rs == 1 && lhs_cs == 1 {
-        return 0;
-    }
-    let f = std::mem::size_of::<f32>();
-    let KernelParams { kc, mc, nc } = kernel_params(m, n, k, mr, nr, f);
-    let nc = if nc > 0 {
-        nc
-    } else if threads > 1 {
-        n.next_multiple_of(nr)
-    } else {
-        128 * nr
-    };
-    let prepack_lhs = m <= 2 * mc && (m % lanes != 0 || lhs_rs != 1);
-    let rhs_bytes = kc * nr * (nc / nr) * f;
-    let lhs_bytes = if prepack_lhs {
-        kc * mr * m.div_ceil(mr) * f
-    } else {
-        0
-    };
-    (round_up(rhs_bytes, CACHELINE_ALIGN) + round_up(lhs_bytes, CACHELINE_ALIGN)) as u64
+    scratch(false, m, n, k, lhs, rhs, threads)
 }
 
 /// Bytes of `gemm`'s packing buffer for candle's `(m × k) · (k × n)` f32 product with the given
@@ -88,33 +54,46 @@ pub fn scratch_bytes(
     rhs: Strides,
     threads: usize,
 ) -> u64 {
+    scratch(true, m, n, k, lhs, rhs, threads)
+}
+
+/// Both crates' buffer rule; `f32` selects `gemm-f32`'s extra paths (tiny products without a
+/// buffer, small-size block sizes, a conditional right-operand pack).
+fn scratch(
+    f32: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Strides,
+    rhs: Strides,
+    threads: usize,
+) -> u64 {
     if m == 0 || n == 0 || k == 0 {
         return 0;
     }
     // candle's destination is row-major (column stride 1 < row stride n): gemm transposes the
-    // problem when n > 1.
-    let (m, n, (lhs_cs, lhs_rs), (rhs_cs, rhs_rs)) = if 1 < n {
+    // problem when n > 1, and the destination is then column-major.
+    let (m, n, (lhs_cs, lhs_rs), (_, rhs_rs)) = if 1 < n {
         (n, m, (rhs.1, rhs.0), (lhs.1, lhs.0))
     } else {
         (m, n, lhs, rhs)
     };
     let (lanes, mr, nr, horizontal) = microkernel();
-    if horizontal && lhs_cs == 1 && rhs_rs == 1 && m * n <= 16 * 16 {
+    if f32 && horizontal && lhs_cs == 1 && rhs_rs == 1 && m * n <= 16 * 16 {
         return 0;
     }
+    // k ≤ 2 and matrix–vector products take paths without a buffer.
     if k <= 2 {
         return 0;
     }
-    let dst_rs = 1; // after the transpose the destination is column-major
-    if n <= 1 && ((lhs_rs == 1 && dst_rs == 1) || (lhs_cs == 1 && rhs_rs == 1)) {
+    if n <= 1 && (lhs_rs == 1 || (lhs_cs == 1 && rhs_rs == 1)) {
         return 0;
     }
-    let dst_cs_is_one = false;
-    if m <= 1 && ((rhs_cs == 1 && dst_cs_is_one) || (rhs_rs == 1 && lhs_cs == 1)) {
+    if m <= 1 && rhs_rs == 1 && lhs_cs == 1 {
         return 0;
     }
     let f = std::mem::size_of::<f32>();
-    let KernelParams { kc, mc, nc } = if m <= 64 && n <= 64 {
+    let KernelParams { kc, mc, nc } = if f32 && m <= 64 && n <= 64 {
         let kc = k.min(512);
         let alloc = gemm_common::cache::CACHE_INFO[1].cache_bytes / f;
         KernelParams {
@@ -132,18 +111,19 @@ pub fn scratch_bytes(
     } else {
         128 * nr
     };
-    let pack_rhs =
-        (rhs_rs != 1 && m > 2 * mr) || (rhs_rs == 1 && m > get_rhs_packing_threshold() * mr);
+    let pack_rhs = !f32
+        || (rhs_rs != 1 && m > 2 * mr)
+        || (rhs_rs == 1 && m > get_rhs_packing_threshold() * mr);
     let prepack_lhs = m <= 2 * mc && (m % lanes != 0 || lhs_rs != 1);
+    if !pack_rhs && !prepack_lhs {
+        return 0;
+    }
     let rhs_bytes = if pack_rhs { kc * nr * (nc / nr) * f } else { 0 };
     let lhs_bytes = if prepack_lhs {
         kc * mr * m.div_ceil(mr) * f
     } else {
         0
     };
-    if !pack_rhs && !prepack_lhs {
-        return 0;
-    }
     (round_up(rhs_bytes, CACHELINE_ALIGN) + round_up(lhs_bytes, CACHELINE_ALIGN)) as u64
 }
 

@@ -537,15 +537,24 @@ impl Gpt {
 
     /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
     pub fn cast(&self, dtype: DType) -> Gpt {
-        let f = |t: &Sym| t.to_dtype(dtype);
-        let lin = |l: &Linear| l.map(&f, &f);
+        self.map(&|t: &Sym| t.to_dtype(dtype), dtype)
+    }
+
+    /// The model with detached weights (views of the same storages, no graph).
+    pub fn detached(&self) -> Gpt {
+        self.map(&Sym::detach, self.dtype)
+    }
+
+    /// Mirror of the model's `map`: `f` on every weight, in model order.
+    fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Gpt {
+        let lin = |l: &Linear| l.map(f, f);
         let ln = |l: &LayerNorm| LayerNorm {
-            weight: l.weight.to_dtype(dtype),
-            bias: l.bias.to_dtype(dtype),
+            weight: f(&l.weight),
+            bias: f(&l.bias),
         };
         Gpt {
-            wte: self.wte.to_dtype(dtype),
-            wpe: self.wpe.to_dtype(dtype),
+            wte: f(&self.wte),
+            wpe: f(&self.wpe),
             blocks: self
                 .blocks
                 .iter()
@@ -570,45 +579,6 @@ impl Gpt {
             head: lin(&self.head),
             hidden: self.hidden,
             dtype,
-            vars: Vec::new(),
-        }
-    }
-
-    /// The model with detached weights (views of the same storages, no graph).
-    pub fn detached(&self) -> Gpt {
-        let f = |t: &Sym| t.detach();
-        let lin = |l: &Linear| l.map(&f, &f);
-        let ln = |l: &LayerNorm| LayerNorm {
-            weight: l.weight.detach(),
-            bias: l.bias.detach(),
-        };
-        Gpt {
-            wte: self.wte.detach(),
-            wpe: self.wpe.detach(),
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    ln1: ln(&b.ln1),
-                    attn: Attention {
-                        q: lin(&b.attn.q),
-                        k: lin(&b.attn.k),
-                        v: lin(&b.attn.v),
-                        o: lin(&b.attn.o),
-                        heads: b.attn.heads,
-                        efficient: b.attn.efficient,
-                    },
-                    ln2: ln(&b.ln2),
-                    mlp: Mlp {
-                        fc1: lin(&b.mlp.fc1),
-                        fc2: lin(&b.mlp.fc2),
-                    },
-                })
-                .collect(),
-            ln_f: ln(&self.ln_f),
-            head: lin(&self.head),
-            hidden: self.hidden,
-            dtype: self.dtype,
             vars: Vec::new(),
         }
     }
