@@ -24,6 +24,7 @@
 //! position table is as long as its sequence. Flags given beside a file override that key in
 //! every grid. Validation happens before anything runs, so bad input writes nothing.
 
+use itertools::iproduct;
 use serde::Deserialize;
 
 use crate::device::{
@@ -577,179 +578,167 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         .map(|k| k.expect("checkpoint has a default"))
         .collect();
 
-    for &b in &batches {
-        for &s in &seqs {
-            for &ms in &max_seqs {
-                for &h in &hiddens {
-                    for &a in &heads {
-                        for &l in &layers {
-                            for &v in &vocabs {
-                                for &opt in &optimizers {
-                                    let custom = [ms, h, a, l, v].iter().any(Option::is_some)
-                                        || (s.is_some() && spec.preset.is_none());
-                                    let mut cfg = preset.clone();
-                                    if let Some(h) = h {
-                                        cfg.hidden = h;
-                                    }
-                                    if let Some(a) = a {
-                                        cfg.heads = a;
-                                    }
-                                    if let Some(l) = l {
-                                        cfg.layers = l;
-                                    }
-                                    if let Some(v) = v {
-                                        cfg.vocab = v;
-                                    }
-                                    let seq = s.unwrap_or(cfg.max_seq.min(64));
-                                    cfg.max_seq = if let Some(ms) = ms {
-                                        ms
-                                    } else if custom && spec.preset.is_none() {
-                                        // A custom shape gets a position table as long as its sequence.
-                                        seq
-                                    } else {
-                                        cfg.max_seq
-                                    };
-                                    if cfg.hidden % cfg.heads != 0 {
-                                        return Err(ctx.bad(
-                                            "heads",
-                                            &cfg.heads.to_string(),
-                                            &format!(
-                                                "hidden = {} is not divisible by heads",
-                                                cfg.hidden
-                                            ),
-                                            "a divisor of hidden",
-                                        ));
-                                    }
-                                    if seq > cfg.max_seq {
-                                        return Err(ctx.bad(
-                                            "seq",
-                                            &seq.to_string(),
-                                            "longer than the position table",
-                                            &format!("1..={} (max_seq)", cfg.max_seq),
-                                        ));
-                                    }
-                                    let batch = b.expect("batch has a default");
-                                    check_bytes(&cfg, batch, seq, ctx)?;
-                                    for &load_mmap in &loads {
-                                        for &serve in &weights {
-                                            for &decode in &decode_tokens {
-                                                for &kv_cache in &kv_caches {
-                                                    // Decoding needs positions for the new tokens.
-                                                    let mut cfg = cfg.clone();
-                                                    if decodes {
-                                                        if custom && ms.is_none() {
-                                                            cfg.max_seq = seq + decode;
-                                                        } else if seq + decode > cfg.max_seq {
-                                                            return Err(ctx.bad(
-                                                                "decode_tokens",
-                                                                &decode.to_string(),
-                                                                "prompt + new tokens exceed the position table",
-                                                                &format!(
-                                                                    "1..={} (max_seq - seq)",
-                                                                    cfg.max_seq.saturating_sub(seq)
-                                                                ),
-                                                            ));
-                                                        }
-                                                    }
-                                                    for &optimizer_block in &optimizer_blocks {
-                                                        for &lora_base in &lora_bases {
-                                                            for &rank in &lora_ranks {
-                                                                if rank > cfg.hidden {
-                                                                    return Err(ctx.bad(
-                                                                        "lora_rank",
-                                                                        &rank.to_string(),
-                                                                        "a rank above the hidden size",
-                                                                        &format!(
-                                                                            "0..={} (hidden)",
-                                                                            cfg.hidden
-                                                                        ),
-                                                                    ));
-                                                                }
-                                                                for &precision in &precisions {
-                                                                    for &efficient in &attentions {
-                                                                        for &k in &checkpoints {
-                                                                            if k > cfg.layers {
-                                                                                return Err(ctx.bad(
-                                                                                    "checkpoint",
-                                                                                    &k.to_string(),
-                                                                                    "more blocks per segment than the model has",
-                                                                                    &format!("0..={} (layers)", cfg.layers),
-                                                                                ));
-                                                                            }
-                                                                            for &dtype in &dtypes {
-                                                                                if efficient
-                                                                                    && dtype
-                                                                                        != ElemType::F32
-                                                                                {
-                                                                                    return Err(ctx.bad(
-                                                                                        "attention",
-                                                                                        "efficient",
-                                                                                        "the efficient attention op computes in f32 only",
-                                                                                        "standard with f16 or bf16",
-                                                                                    ));
-                                                                                }
-                                                                                if precision
-                                                                                    == Precision::Mixed
-                                                                                    && k > 0
-                                                                                {
-                                                                                    return Err(ctx.bad(
-                                                                                        "checkpoint",
-                                                                                        &k.to_string(),
-                                                                                        "checkpointing is not combined with mixed precision yet",
-                                                                                        "0 with precision = mixed",
-                                                                                    ));
-                                                                                }
-                                                                                cases.push(Case {
-                                                                                    index: cases.len(),
-                                                                                    model,
-                                                                                    preset: if custom {
-                                                                                        "custom".into()
-                                                                                    } else {
-                                                                                        preset_name.clone()
-                                                                                    },
-                                                                                    cfg: Config {
-                                                                                        efficient_attention:
-                                                                                            efficient,
-                                                                                        lora_rank: rank,
-                                                                                        lora_targets: if rank > 0 {
-                                                                                            lora_targets.clone()
-                                                                                        } else {
-                                                                                            Vec::new()
-                                                                                        },
-                                                                                        lora_base,
-                                                                                        ..cfg.clone()
-                                                                                    },
-                                                                                    batch,
-                                                                                    seq,
-                                                                                    dtype,
-                                                                                    precision,
-                                                                                    device,
-                                                                                    optimizer: opt,
-                                                                                    checkpoint: k,
-                                                                                    optimizer_block,
-                                                                                    decode_tokens: if decodes { decode } else { 0 },
-                                                                                    kv_cache,
-                                                                                    weights: serve,
-                                                                                    load_mmap,
-                                                                                    phases: phases.clone(),
-                                                                                });
-                                                                            }
-                                                                        }
-                                                                    }
-                                                                }
-                                                            }
-                                                        }
-                                                    }
-                                                }
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
+    // One case per combination, the axes in this order (the last varies fastest); each check
+    // runs on the first combination it concerns.
+    let shapes = iproduct!(
+        &batches,
+        &seqs,
+        &max_seqs,
+        &hiddens,
+        &heads,
+        &layers,
+        &vocabs,
+        &optimizers
+    );
+    for (&b, &s, &ms, &h, &a, &l, &v, &opt) in shapes {
+        let custom =
+            [ms, h, a, l, v].iter().any(Option::is_some) || (s.is_some() && spec.preset.is_none());
+        let mut cfg = preset.clone();
+        if let Some(h) = h {
+            cfg.hidden = h;
+        }
+        if let Some(a) = a {
+            cfg.heads = a;
+        }
+        if let Some(l) = l {
+            cfg.layers = l;
+        }
+        if let Some(v) = v {
+            cfg.vocab = v;
+        }
+        let seq = s.unwrap_or(cfg.max_seq.min(64));
+        cfg.max_seq = if let Some(ms) = ms {
+            ms
+        } else if custom && spec.preset.is_none() {
+            // A custom shape gets a position table as long as its sequence.
+            seq
+        } else {
+            cfg.max_seq
+        };
+        if cfg.hidden % cfg.heads != 0 {
+            return Err(ctx.bad(
+                "heads",
+                &cfg.heads.to_string(),
+                &format!("hidden = {} is not divisible by heads", cfg.hidden),
+                "a divisor of hidden",
+            ));
+        }
+        if seq > cfg.max_seq {
+            return Err(ctx.bad(
+                "seq",
+                &seq.to_string(),
+                "longer than the position table",
+                &format!("1..={} (max_seq)", cfg.max_seq),
+            ));
+        }
+        let batch = b.expect("batch has a default");
+        check_bytes(&cfg, batch, seq, ctx)?;
+        let variants = iproduct!(
+            &loads,
+            &weights,
+            &decode_tokens,
+            &kv_caches,
+            &optimizer_blocks,
+            &lora_bases,
+            &lora_ranks,
+            &precisions,
+            &attentions,
+            &checkpoints,
+            &dtypes
+        );
+        for (
+            &load_mmap,
+            &serve,
+            &decode,
+            &kv_cache,
+            &optimizer_block,
+            &lora_base,
+            &rank,
+            &precision,
+            &efficient,
+            &k,
+            &dtype,
+        ) in variants
+        {
+            // Decoding needs positions for the new tokens.
+            let mut cfg = cfg.clone();
+            if decodes {
+                if custom && ms.is_none() {
+                    cfg.max_seq = seq + decode;
+                } else if seq + decode > cfg.max_seq {
+                    return Err(ctx.bad(
+                        "decode_tokens",
+                        &decode.to_string(),
+                        "prompt + new tokens exceed the position table",
+                        &format!("1..={} (max_seq - seq)", cfg.max_seq.saturating_sub(seq)),
+                    ));
                 }
             }
+            if rank > cfg.hidden {
+                return Err(ctx.bad(
+                    "lora_rank",
+                    &rank.to_string(),
+                    "a rank above the hidden size",
+                    &format!("0..={} (hidden)", cfg.hidden),
+                ));
+            }
+            if k > cfg.layers {
+                return Err(ctx.bad(
+                    "checkpoint",
+                    &k.to_string(),
+                    "more blocks per segment than the model has",
+                    &format!("0..={} (layers)", cfg.layers),
+                ));
+            }
+            if efficient && dtype != ElemType::F32 {
+                return Err(ctx.bad(
+                    "attention",
+                    "efficient",
+                    "the efficient attention op computes in f32 only",
+                    "standard with f16 or bf16",
+                ));
+            }
+            if precision == Precision::Mixed && k > 0 {
+                return Err(ctx.bad(
+                    "checkpoint",
+                    &k.to_string(),
+                    "checkpointing is not combined with mixed precision yet",
+                    "0 with precision = mixed",
+                ));
+            }
+            cases.push(Case {
+                index: cases.len(),
+                model,
+                preset: if custom {
+                    "custom".into()
+                } else {
+                    preset_name.clone()
+                },
+                cfg: Config {
+                    efficient_attention: efficient,
+                    lora_rank: rank,
+                    lora_targets: if rank > 0 {
+                        lora_targets.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    lora_base,
+                    ..cfg.clone()
+                },
+                batch,
+                seq,
+                dtype,
+                precision,
+                device,
+                optimizer: opt,
+                checkpoint: k,
+                optimizer_block,
+                decode_tokens: if decodes { decode } else { 0 },
+                kv_cache,
+                weights: serve,
+                load_mmap,
+                phases: phases.clone(),
+            });
         }
     }
     Ok(())
