@@ -157,6 +157,21 @@ fn zero_and_negative_sizes() {
     rejects(&["--threads", "0"], &[], &["threads", "1..=1024"]);
 }
 
+/// An empty list of names is refused like an empty list of sizes, not expanded to no cases.
+#[test]
+fn empty_name_lists() {
+    rejects(
+        &["w.toml"],
+        &[("w.toml", "[[grid]]\nkv_cache = []\n")],
+        &["w.toml", "grid[0].kv_cache", "empty list", "on, off"],
+    );
+    rejects(
+        &["w.toml"],
+        &[("w.toml", "[[grid]]\nweights = []\n")],
+        &["w.toml", "grid[0].weights", "empty list"],
+    );
+}
+
 #[test]
 fn hidden_not_divisible_by_heads() {
     rejects(

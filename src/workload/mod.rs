@@ -232,6 +232,34 @@ impl Ctx<'_> {
         Ok(v as usize)
     }
 
+    /// The names under `k` (`default` when absent), each parsed and checked, each value kept
+    /// once in the order given; an empty list, an unknown name or a failed check is an error.
+    fn choices<T: PartialEq>(
+        &self,
+        k: &str,
+        names: &Option<OneOrMany<String>>,
+        default: &str,
+        (unknown, allowed): (&str, &str),
+        parse: impl Fn(&str) -> Option<T>,
+        check: impl Fn(&str, &T) -> Result<(), UserError>,
+    ) -> Result<Vec<T>, UserError> {
+        let names = names
+            .as_ref()
+            .map_or_else(|| vec![default.to_string()], OneOrMany::to_vec);
+        if names.is_empty() {
+            return Err(self.bad(k, "[]", "empty list", allowed));
+        }
+        let mut values = Vec::new();
+        for name in &names {
+            let value = parse(name).ok_or_else(|| self.bad(k, name, unknown, allowed))?;
+            check(name, &value)?;
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        Ok(values)
+    }
+
     fn bad(&self, k: &str, value: &str, reason: &str, allowed: &str) -> UserError {
         UserError::OutOfRange {
             origin: self.origin.into(),
@@ -309,29 +337,24 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     if device.is_cuda() && !HAS_CUDA && !ctx.predict_only {
         return Err(ctx.bad("device", &device_name, NO_CUDA, "cpu"));
     }
-    let dtype_names = spec
-        .dtype
-        .as_ref()
-        .map_or_else(|| vec!["f32".to_string()], OneOrMany::to_vec);
-    if dtype_names.is_empty() {
-        return Err(ctx.bad("dtype", "[]", "empty list", ElemType::NAMES));
-    }
-    let mut dtypes = Vec::new();
-    for name in &dtype_names {
-        let dtype = ElemType::parse(name)
-            .ok_or_else(|| ctx.bad("dtype", name, "unknown element type", ElemType::NAMES))?;
-        if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
-            return Err(ctx.bad(
-                "dtype",
-                name,
-                "candle's CPU matmul has no bf16",
-                "f32, f16 on cpu; f32, bf16, f16 on cuda",
-            ));
-        }
-        if !dtypes.contains(&dtype) {
-            dtypes.push(dtype);
-        }
-    }
+    let dtypes = ctx.choices(
+        "dtype",
+        &spec.dtype,
+        "f32",
+        ("unknown element type", ElemType::NAMES),
+        ElemType::parse,
+        |name, &dtype| {
+            if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
+                return Err(ctx.bad(
+                    "dtype",
+                    name,
+                    "candle's CPU matmul has no bf16",
+                    "f32, f16 on cpu; f32, bf16, f16 on cuda",
+                ));
+            }
+            Ok(())
+        },
+    )?;
     let phases: Vec<Phase> = match &spec.phases {
         None => Phase::DEFAULT.to_vec(),
         Some(list) => {
@@ -392,56 +415,46 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
     let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
     let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
-    let mut precisions: Vec<Precision> = Vec::new();
-    for name in spec
-        .precision
-        .as_ref()
-        .map_or_else(|| vec!["pure".to_string()], OneOrMany::to_vec)
-    {
-        let p = Precision::parse(&name)
-            .ok_or_else(|| ctx.bad("precision", &name, "unknown precision", "pure, mixed"))?;
-        if p == Precision::Mixed && dtypes.contains(&ElemType::F32) {
-            return Err(ctx.bad(
-                "precision",
-                &name,
-                "mixed precision needs a 16-bit dtype (its f32 part is the master copy)",
-                "dtype = f16 or bf16 with precision = mixed",
-            ));
-        }
-        if !precisions.contains(&p) {
-            precisions.push(p);
-        }
-    }
-    let mut attentions: Vec<bool> = Vec::new();
-    for name in spec
-        .attention
-        .as_ref()
-        .map_or_else(|| vec!["standard".to_string()], OneOrMany::to_vec)
-    {
-        let efficient = match name.as_str() {
-            "standard" => false,
-            "efficient" => true,
-            _ => {
+    let precisions = ctx.choices(
+        "precision",
+        &spec.precision,
+        "pure",
+        ("unknown precision", "pure, mixed"),
+        Precision::parse,
+        |name, &p| {
+            if p == Precision::Mixed && dtypes.contains(&ElemType::F32) {
                 return Err(ctx.bad(
-                    "attention",
-                    &name,
-                    "unknown attention",
-                    "standard, efficient",
+                    "precision",
+                    name,
+                    "mixed precision needs a 16-bit dtype (its f32 part is the master copy)",
+                    "dtype = f16 or bf16 with precision = mixed",
                 ));
             }
-        };
-        if efficient && device.is_cuda() {
-            return Err(ctx.bad(
-                "attention",
-                &name,
-                "efficient attention has no CUDA kernel (CPU only)",
-                "standard on cuda",
-            ));
-        }
-        if !attentions.contains(&efficient) {
-            attentions.push(efficient);
-        }
-    }
+            Ok(())
+        },
+    )?;
+    let attentions = ctx.choices(
+        "attention",
+        &spec.attention,
+        "standard",
+        ("unknown attention", "standard, efficient"),
+        |name| match name {
+            "standard" => Some(false),
+            "efficient" => Some(true),
+            _ => None,
+        },
+        |name, &efficient| {
+            if efficient && device.is_cuda() {
+                return Err(ctx.bad(
+                    "attention",
+                    name,
+                    "efficient attention has no CUDA kernel (CPU only)",
+                    "standard on cuda",
+                ));
+            }
+            Ok(())
+        },
+    )?;
     let lora_ranks: Vec<usize> = list("lora_rank", &spec.lora_rank, Some(0), 0, MAX_HIDDEN)?
         .into_iter()
         .map(|r| r.expect("lora_rank has a default"))
@@ -476,28 +489,25 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             "q, k, v, o, fc1, fc2, all",
         ));
     }
-    let mut lora_bases: Vec<LoraBase> = Vec::new();
     // The frozen-linear op is CPU-only: CUDA's default is candle's own matmul.
-    let default_base = if device.is_cuda() { "detach" } else { "op" };
-    for name in spec
-        .lora_base
-        .as_ref()
-        .map_or_else(|| vec![default_base.to_string()], OneOrMany::to_vec)
-    {
-        let b = LoraBase::parse(&name)
-            .ok_or_else(|| ctx.bad("lora_base", &name, "unknown LoRA base", LoraBase::NAMES))?;
-        if b != LoraBase::Detach && device.is_cuda() && lora_ranks.iter().any(|&r| r > 0) {
-            return Err(ctx.bad(
-                "lora_base",
-                &name,
-                "the frozen-linear op has no CUDA kernel (CPU only)",
-                "detach on cuda",
-            ));
-        }
-        if !lora_bases.contains(&b) {
-            lora_bases.push(b);
-        }
-    }
+    let lora_bases = ctx.choices(
+        "lora_base",
+        &spec.lora_base,
+        if device.is_cuda() { "detach" } else { "op" },
+        ("unknown LoRA base", LoraBase::NAMES),
+        LoraBase::parse,
+        |name, &b| {
+            if b != LoraBase::Detach && device.is_cuda() && lora_ranks.iter().any(|&r| r > 0) {
+                return Err(ctx.bad(
+                    "lora_base",
+                    name,
+                    "the frozen-linear op has no CUDA kernel (CPU only)",
+                    "detach on cuda",
+                ));
+            }
+            Ok(())
+        },
+    )?;
     let optimizer_blocks: Vec<usize> = list(
         "optimizer_block",
         &spec.optimizer_block,
@@ -513,66 +523,58 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             .into_iter()
             .map(|t| t.expect("decode_tokens has a default"))
             .collect();
-    let mut kv_caches: Vec<bool> = Vec::new();
-    for name in spec
-        .kv_cache
-        .as_ref()
-        .map_or_else(|| vec!["on".to_string()], OneOrMany::to_vec)
-    {
-        let on = match name.as_str() {
-            "on" => true,
-            "off" => false,
-            _ => return Err(ctx.bad("kv_cache", &name, "unknown setting", "on, off")),
-        };
-        if !kv_caches.contains(&on) {
-            kv_caches.push(on);
-        }
-    }
+    let kv_caches = ctx.choices(
+        "kv_cache",
+        &spec.kv_cache,
+        "on",
+        ("unknown setting", "on, off"),
+        |name| match name {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+        |_, _| Ok(()),
+    )?;
     let decodes = phases.contains(&Phase::Decode);
-    let mut loads: Vec<bool> = Vec::new();
-    for name in spec
-        .load
-        .as_ref()
-        .map_or_else(|| vec!["read".to_string()], OneOrMany::to_vec)
-    {
-        let mmap = match name.as_str() {
-            "read" => false,
-            "mmap" => true,
-            _ => return Err(ctx.bad("load", &name, "unknown load mode", "read, mmap")),
-        };
-        if !loads.contains(&mmap) {
-            loads.push(mmap);
-        }
-    }
-    let mut weights: Vec<ServingWeights> = Vec::new();
-    for name in spec
-        .weights
-        .as_ref()
-        .map_or_else(|| vec!["model".to_string()], OneOrMany::to_vec)
-    {
-        let w = ServingWeights::parse(&name)
-            .ok_or_else(|| ctx.bad("weights", &name, "unknown weights", ServingWeights::NAMES))?;
-        let quantized = matches!(w, ServingWeights::Q8_0 | ServingWeights::Q4_0);
-        if quantized && (device.is_cuda() || dtypes.iter().any(|d| *d != ElemType::F32)) {
-            return Err(ctx.bad(
-                "weights",
-                &name,
-                "quantized serving runs the frozen-linear op: f32 models on the CPU only",
-                "model, f16 (or q8_0, q4_0 with dtype f32 on cpu)",
-            ));
-        }
-        if quantized && lora_ranks.iter().any(|&r| r > 0) {
-            return Err(ctx.bad(
-                "weights",
-                &name,
-                "quantized serving of a LoRA model is not supported",
-                "model, f16",
-            ));
-        }
-        if !weights.contains(&w) {
-            weights.push(w);
-        }
-    }
+    let loads = ctx.choices(
+        "load",
+        &spec.load,
+        "read",
+        ("unknown load mode", "read, mmap"),
+        |name| match name {
+            "read" => Some(false),
+            "mmap" => Some(true),
+            _ => None,
+        },
+        |_, _| Ok(()),
+    )?;
+    let weights = ctx.choices(
+        "weights",
+        &spec.weights,
+        "model",
+        ("unknown weights", ServingWeights::NAMES),
+        ServingWeights::parse,
+        |name, &w| {
+            let quantized = matches!(w, ServingWeights::Q8_0 | ServingWeights::Q4_0);
+            if quantized && (device.is_cuda() || dtypes.iter().any(|d| *d != ElemType::F32)) {
+                return Err(ctx.bad(
+                    "weights",
+                    name,
+                    "quantized serving runs the frozen-linear op: f32 models on the CPU only",
+                    "model, f16 (or q8_0, q4_0 with dtype f32 on cpu)",
+                ));
+            }
+            if quantized && lora_ranks.iter().any(|&r| r > 0) {
+                return Err(ctx.bad(
+                    "weights",
+                    name,
+                    "quantized serving of a LoRA model is not supported",
+                    "model, f16",
+                ));
+            }
+            Ok(())
+        },
+    )?;
     let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
         .into_iter()
         .map(|k| k.expect("checkpoint has a default"))
