@@ -404,6 +404,22 @@ impl Attention {
 
     /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above.
     pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x)?;
+        if self.efficient {
+            let (b, _, s, d) = q.dims4()?;
+            let op = EfficientAttention {
+                scale: (1.0 / (d as f64).sqrt()) as f32,
+            };
+            let y = q.apply_op3(&k, &v, op)?;
+            drop((q, k, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
+        self.attend(q, k, v, Some(mask))
+    }
+
+    /// The queries, keys and values of `x (B, S, H)`, each `(B, A, S, D)`, contiguous.
+    fn qkv(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, h) = x.dims3()?;
         let d = h / self.heads;
         let split = |t: Tensor| -> Result<Tensor> {
@@ -414,23 +430,24 @@ impl Attention {
         let q = split(self.q.forward(x)?)?;
         let k = split(self.k.forward(x)?)?;
         let v = split(self.v.forward(x)?)?;
-        if self.efficient {
-            let op = EfficientAttention {
-                scale: (1.0 / (d as f64).sqrt()) as f32,
-            };
-            let y = q.apply_op3(&k, &v, op)?;
-            drop((q, k, v));
-            let y = y.transpose(1, 2)?.reshape((b, s, h))?;
-            return self.o.forward(&y);
-        }
+        Ok((q, k, v))
+    }
+
+    /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, H)`, through `o`;
+    /// each intermediate is freed as soon as the next exists.
+    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let (b, _, s, d) = q.dims4()?;
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
         drop((q, k));
-        let scores = scores.broadcast_add(mask)?;
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
         let probs = ops::softmax(&scores, D::Minus1)?;
         drop(scores);
         let y = probs.matmul(&v)?;
         drop((probs, v));
-        let y = y.transpose(1, 2)?.reshape((b, s, h))?;
+        let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
         self.o.forward(&y)
     }
 
@@ -443,16 +460,7 @@ impl Attention {
         mask: Option<&Tensor>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let (b, s, h) = x.dims3()?;
-        let d = h / self.heads;
-        let split = |t: Tensor| -> Result<Tensor> {
-            t.reshape((b, s, self.heads, d))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let q = split(self.q.forward(x)?)?;
-        let k = split(self.k.forward(x)?)?;
-        let v = split(self.v.forward(x)?)?;
+        let (q, k, v) = self.qkv(x)?;
         let (k, v) = match cache.take() {
             None => (k, v),
             Some((pk, pv)) => {
@@ -463,18 +471,7 @@ impl Attention {
             }
         };
         *cache = Some((k.clone(), v.clone()));
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        drop((q, k));
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
-        };
-        let probs = ops::softmax(&scores, D::Minus1)?;
-        drop(scores);
-        let y = probs.matmul(&v)?;
-        drop((probs, v));
-        let y = y.transpose(1, 2)?.reshape((b, s, h))?;
-        self.o.forward(&y)
+        self.attend(q, k, v, mask)
     }
 }
 
