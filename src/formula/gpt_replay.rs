@@ -214,38 +214,19 @@ struct Attention {
 
 impl Attention {
     fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
-        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-        let d = h / self.heads;
-        let heads = self.heads;
-        let split = |t: Sym| -> Sym { t.reshape(&[b, s, heads, d]).transpose(1, 2).contiguous() };
-        let q = split(self.q.forward(x));
-        let k = split(self.k.forward(x));
-        let v = split(self.v.forward(x));
+        let (q, k, v) = self.qkv(x);
         if self.efficient {
+            let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
             let y = q.efficient_attention(&k, &v);
             drop((q, k, v));
-            let y = y.transpose(1, 2).reshape(&[b, s, h]);
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
             return self.o.forward(&y);
         }
-        // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
-        let scores = {
-            let m = q.matmul(&k.t());
-            let r = m.affine(1.0);
-            drop(m);
-            r
-        };
-        drop((q, k));
-        let scores = scores.broadcast_add(mask);
-        let probs = softmax(&scores, 3);
-        drop(scores);
-        let y = probs.matmul(&v);
-        drop((probs, v));
-        let y = y.transpose(1, 2).reshape(&[b, s, h]);
-        self.o.forward(&y)
+        self.attend(q, k, v, Some(mask))
     }
 
-    /// Mirror of the model's `Attention::forward_cached`.
-    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
+    /// Mirror of the model's `Attention::qkv`.
+    fn qkv(&self, x: &Sym) -> (Sym, Sym, Sym) {
         let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let d = h / self.heads;
         let heads = self.heads;
@@ -253,16 +234,13 @@ impl Attention {
         let q = split(self.q.forward(x));
         let k = split(self.k.forward(x));
         let v = split(self.v.forward(x));
-        let (k, v) = match cache.take() {
-            None => (k, v),
-            Some((pk, pv)) => {
-                let k = Sym::cat(&[&pk, &k], 2);
-                drop(pk);
-                let v = Sym::cat(&[&pv, &v], 2);
-                (k, v)
-            }
-        };
-        *cache = Some((k.clone(), v.clone()));
+        (q, k, v)
+    }
+
+    /// Mirror of the model's `Attention::attend`.
+    fn attend(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
+        let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
             let r = m.affine(1.0);
@@ -278,8 +256,24 @@ impl Attention {
         drop(scores);
         let y = probs.matmul(&v);
         drop((probs, v));
-        let y = y.transpose(1, 2).reshape(&[b, s, h]);
+        let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
         self.o.forward(&y)
+    }
+
+    /// Mirror of the model's `Attention::forward_cached`.
+    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
+        let (q, k, v) = self.qkv(x);
+        let (k, v) = match cache.take() {
+            None => (k, v),
+            Some((pk, pv)) => {
+                let k = Sym::cat(&[&pk, &k], 2);
+                drop(pk);
+                let v = Sym::cat(&[&pv, &v], 2);
+                (k, v)
+            }
+        };
+        *cache = Some((k.clone(), v.clone()));
+        self.attend(q, k, v, mask)
     }
 }
 
