@@ -170,6 +170,11 @@ fn empty_name_lists() {
         &[("w.toml", "[[grid]]\nweights = []\n")],
         &["w.toml", "grid[0].weights", "empty list"],
     );
+    rejects(
+        &["w.toml"],
+        &[("w.toml", "[[grid]]\noptimizer = []\n")],
+        &["w.toml", "grid[0].optimizer", "empty list", "adamw"],
+    );
 }
 
 #[test]

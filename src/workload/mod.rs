@@ -373,21 +373,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             ps
         }
     };
-    let mut optimizers = Vec::new();
-    for o in spec
-        .optimizer
-        .as_ref()
-        .map_or(vec!["adamw".into()], |o| o.to_vec())
-    {
-        optimizers.push(OptimizerKind::parse(&o).ok_or_else(|| {
-            ctx.bad(
-                "optimizer",
-                &o,
-                "unknown optimizer",
-                &OptimizerKind::names(),
-            )
-        })?);
-    }
+    let optimizers = ctx.choices(
+        "optimizer",
+        &spec.optimizer,
+        "adamw",
+        ("unknown optimizer", &OptimizerKind::names()),
+        OptimizerKind::parse,
+        |_, _| Ok(()),
+    )?;
 
     let list = |k: &str,
                 v: &Option<OneOrMany<i64>>,
