@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::{run_rows, within};
-use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 use memfit::phase::checkpoint;
 
 #[test]
@@ -14,10 +14,10 @@ fn checkpointed_gradients_equal_the_plain_ones_bit_for_bit() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-    let model = Gpt::new(&Config::new(50, 24, 3, 5, 12), vb).unwrap();
+    let model = Transformer::new(&Config::new(50, 24, 3, 5, 12), vb).unwrap();
     let (tokens, targets) = synthetic_batch(2, 11, 50, &dev).unwrap();
     let vars = varmap.all_vars();
-    let plain = Gpt::loss(&model.forward(&tokens).unwrap(), &targets)
+    let plain = Transformer::loss(&model.forward(&tokens).unwrap(), &targets)
         .unwrap()
         .backward()
         .unwrap();

@@ -3,9 +3,9 @@
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use memfit::formula::gpt::Shape;
-use memfit::formula::gpt_replay::replay;
-use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::formula::replay::replay;
+use memfit::formula::transformer::Shape;
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 
 /// Both attentions on the same weights (one VarMap): the loss agrees to 1e-6 relative and every
 /// gradient element to 1e-5 of the largest gradient element of the model (measured 8.9e-7).
@@ -16,8 +16,9 @@ fn gradients_match_standard_attention() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
     let cfg = Config::new(60, 48, 4, 2, 37);
-    let standard = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
-    let efficient = Gpt::new(
+    let standard =
+        Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
+    let efficient = Transformer::new(
         &Config {
             efficient_attention: true,
             ..cfg.clone()
@@ -26,8 +27,8 @@ fn gradients_match_standard_attention() {
     )
     .unwrap();
     let (tokens, targets) = synthetic_batch(3, 37, 60, &dev).unwrap();
-    let loss_s = Gpt::loss(&standard.forward(&tokens).unwrap(), &targets).unwrap();
-    let loss_e = Gpt::loss(&efficient.forward(&tokens).unwrap(), &targets).unwrap();
+    let loss_s = Transformer::loss(&standard.forward(&tokens).unwrap(), &targets).unwrap();
+    let loss_e = Transformer::loss(&efficient.forward(&tokens).unwrap(), &targets).unwrap();
     let (ls, le) = (
         loss_s.to_scalar::<f32>().unwrap(),
         loss_e.to_scalar::<f32>().unwrap(),

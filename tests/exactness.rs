@@ -146,7 +146,7 @@ fn small_preset() {
 }
 
 /// Where the vocabulary dominates, the backward peak is the cross-entropy head's, derived
-/// exactly: 7 tensors of B·S·V floats (see `formula::gpt::Shape::backward_head_bytes`).
+/// exactly: 7 tensors of B·S·V floats (see `formula::transformer::Shape::backward_head_bytes`).
 #[test]
 fn backward_head_point_is_exact() {
     let dir = tempfile::tempdir().unwrap();

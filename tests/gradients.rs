@@ -3,14 +3,14 @@
 
 use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 
 #[test]
 fn every_parameter_gets_a_gradient_and_a_step_lowers_the_loss() {
     let dev = Device::Cpu;
     let cfg = Config::new(53, 30, 3, 2, 19);
     let varmap = VarMap::new();
-    let model = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
+    let model = Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
     let (tokens, targets) = synthetic_batch(2, 19, cfg.vocab, &dev).unwrap();
 
     let vars = varmap.all_vars();
@@ -18,7 +18,7 @@ fn every_parameter_gets_a_gradient_and_a_step_lowers_the_loss() {
     let n: usize = vars.iter().map(|v| v.elem_count()).sum();
     assert_eq!(n as u64, cfg.params());
 
-    let loss0 = Gpt::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
+    let loss0 = Transformer::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
     let grads = loss0.backward().unwrap();
     let data = varmap.data().lock().unwrap();
     for (name, var) in data.iter() {
@@ -46,10 +46,10 @@ fn every_parameter_gets_a_gradient_and_a_step_lowers_the_loss() {
     .unwrap();
     let l0 = loss0.to_scalar::<f32>().unwrap();
     for _ in 0..5 {
-        let loss = Gpt::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
+        let loss = Transformer::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
         opt.backward_step(&loss).unwrap();
     }
-    let l1 = Gpt::loss(&model.forward(&tokens).unwrap(), &targets)
+    let l1 = Transformer::loss(&model.forward(&tokens).unwrap(), &targets)
         .unwrap()
         .to_scalar::<f32>()
         .unwrap();
@@ -62,7 +62,7 @@ fn detached_model_matches() {
     let dev = Device::Cpu;
     let cfg = Config::tiny();
     let varmap = VarMap::new();
-    let model = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
+    let model = Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
     let (tokens, _) = synthetic_batch(2, 16, cfg.vocab, &dev).unwrap();
     let a = model.forward(&tokens).unwrap();
     let b = model.detached().forward(&tokens).unwrap();

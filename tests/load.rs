@@ -6,8 +6,8 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::{run_rows, within};
-use memfit::formula::gpt::Shape;
-use memfit::model::gpt::{Config, Gpt, LoraTarget};
+use memfit::formula::transformer::Shape;
+use memfit::model::transformer::{Config, LoraTarget, Transformer};
 
 #[test]
 fn safetensors_file_size_is_exact() {
@@ -24,7 +24,7 @@ fn safetensors_file_size_is_exact() {
         ),
     ] {
         let varmap = VarMap::new();
-        let _model = Gpt::new(
+        let _model = Transformer::new(
             &cfg,
             VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         )
@@ -42,7 +42,7 @@ fn safetensors_file_size_is_exact() {
         );
         if lora {
             shape.lora_rank = 4;
-            shape.lora_targets = memfit::formula::gpt::lora_bits(&cfg.lora_targets);
+            shape.lora_targets = memfit::formula::transformer::lora_bits(&cfg.lora_targets);
         }
         let size = std::fs::metadata(&path).unwrap().len();
         assert_eq!(size, shape.safetensors_file_bytes(), "lora {lora}");

@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::{run_rows, within};
-use memfit::model::gpt::{Config, Gpt, LoraBase, LoraTarget, synthetic_batch};
+use memfit::model::transformer::{Config, LoraBase, LoraTarget, Transformer, synthetic_batch};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
 
@@ -19,7 +19,7 @@ fn only_adapters_train() {
         lora_targets: vec![LoraTarget::Q, LoraTarget::V, LoraTarget::Fc2],
         ..Config::new(50, 32, 2, 2, 16)
     };
-    let model = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev))
+    let model = Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev))
         .unwrap()
         .frozen()
         .unwrap();
@@ -44,7 +44,7 @@ fn only_adapters_train() {
     let trainable: Vec<_> = adapters.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = Opt::new(OptimizerKind::Adamw, trainable).unwrap();
     for _ in 0..3 {
-        let loss = Gpt::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
+        let loss = Transformer::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
         let grads = loss.backward().unwrap();
         for (name, v) in &named {
             let has = grads.get(v.as_tensor()).is_some();
@@ -77,7 +77,8 @@ fn frozen_op_gradients_equal_detached_ones() {
             lora_base: base,
             ..Config::new(50, 32, 2, 2, 16)
         };
-        let model = Gpt::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
+        let model =
+            Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
         // Same weights in both runs: overwrite every variable with a fixed pattern.
         let data = varmap.data().lock().unwrap();
         let mut names: Vec<_> = data.keys().cloned().collect();
@@ -91,7 +92,7 @@ fn frozen_op_gradients_equal_detached_ones() {
                 .unwrap();
         }
         let model = model.frozen().unwrap();
-        let g = Gpt::loss(&model.forward(&tokens).unwrap(), &targets)
+        let g = Transformer::loss(&model.forward(&tokens).unwrap(), &targets)
             .unwrap()
             .backward()
             .unwrap();

@@ -6,14 +6,14 @@ mod common;
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use common::run_rows;
-use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
 
 /// One small decoder on one fixed batch, with a snapshot of its initial weights.
 struct Bench {
     varmap: VarMap,
-    model: Gpt,
+    model: Transformer,
     init: Vec<(candle_core::Var, candle_core::Tensor)>,
     tokens: candle_core::Tensor,
     targets: candle_core::Tensor,
@@ -24,7 +24,7 @@ impl Bench {
         let dev = Device::Cpu;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-        let model = Gpt::new(&Config::new(64, 32, 2, 2, 16), vb).unwrap();
+        let model = Transformer::new(&Config::new(64, 32, 2, 2, 16), vb).unwrap();
         // candle's CPU RNG cannot be seeded: replace the random weights with a fixed
         // pseudo-random draw (uniform in ±0.05; LayerNorm's constant 1 and 0 stay), so the
         // test is the same every run.
@@ -75,7 +75,8 @@ impl Bench {
         (0..steps)
             .map(|_| {
                 let loss =
-                    Gpt::loss(&self.model.forward(&self.tokens).unwrap(), &self.targets).unwrap();
+                    Transformer::loss(&self.model.forward(&self.tokens).unwrap(), &self.targets)
+                        .unwrap();
                 let value = loss.to_scalar::<f32>().unwrap();
                 let grads = loss.backward().unwrap();
                 opt.step(&grads).unwrap();

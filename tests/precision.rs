@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use memfit::model::gpt::{Config, Gpt, synthetic_batch};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
 
@@ -10,7 +10,7 @@ use memfit::phase::OptimizerKind;
 fn mixed_precision_updates_f32_masters_and_learns() {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
-    let model = Gpt::new(
+    let model = Transformer::new(
         &Config::new(64, 32, 2, 2, 16),
         VarBuilder::from_varmap(&varmap, DType::F32, &dev),
     )
@@ -22,7 +22,7 @@ fn mixed_precision_updates_f32_masters_and_learns() {
         let half = model.cast(DType::F16).unwrap();
         let logits = half.forward(&tokens).unwrap();
         assert_eq!(logits.dtype(), DType::F16);
-        let loss = Gpt::loss(&logits.to_dtype(DType::F32).unwrap(), &targets).unwrap();
+        let loss = Transformer::loss(&logits.to_dtype(DType::F32).unwrap(), &targets).unwrap();
         losses.push(loss.to_scalar::<f32>().unwrap());
         let grads = loss.backward().unwrap();
         for v in varmap.all_vars() {

@@ -60,7 +60,8 @@ fn gpu_sweep_spans_the_promised_range() {
         g.dtype = Some(workload::OneOrMany::One("f32".into()));
     }
     let cases = workload::expand(&cpu, &GridSpec::default(), "gpu-h200.toml").unwrap();
-    let act = |c: &workload::Case| memfit::formula::gpt::Shape::of(c).activation_data_bytes();
+    let act =
+        |c: &workload::Case| memfit::formula::transformer::Shape::of(c).activation_data_bytes();
     let max = cases.iter().map(act).max().unwrap();
     assert!(max > 141_000_000_000, "a case beyond the H200: {max}");
     assert!(

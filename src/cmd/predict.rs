@@ -5,7 +5,7 @@
 //! the training step fits and the largest batch that would.
 
 use crate::cli::PredictArgs;
-use crate::formula::gpt::Shape;
+use crate::formula::transformer::Shape;
 use crate::phase::Phase;
 use crate::units;
 

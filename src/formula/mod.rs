@@ -1,11 +1,11 @@
 //! Predicted bytes per phase. Every function here is a formula of the case's shape, derived from
-//! what the model and candle 0.11.1's CPU backend allocate; `gpt` holds the derivations.
+//! what the model and candle 0.11.1's CPU backend allocate; `transformer` holds the derivations.
 
 pub mod gemm;
-pub mod gpt;
-pub mod gpt_replay;
+pub mod replay;
 pub mod shape;
 pub mod symbolic;
+pub mod transformer;
 pub mod zero;
 
 use crate::phase::Phase;
@@ -20,5 +20,5 @@ pub struct Prediction {
 
 /// Prediction for `phase` of `case` on the CPU backend running `threads` threads.
 pub fn predict(case: &Case, phase: Phase, threads: usize) -> Prediction {
-    gpt::Shape::of(case).predict(phase, case.optimizer, threads)
+    transformer::Shape::of(case).predict(phase, case.optimizer, threads)
 }

@@ -1,9 +1,9 @@
 //! The shape of a case as the formulas see it: sizes in u64 and every variant that changes
-//! memory. The formulas themselves are in [`super::gpt`] (closed forms) and
-//! [`super::gpt_replay`] (candle replayed on shapes).
+//! memory. The formulas themselves are in [`super::transformer`] (closed forms) and
+//! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
-use crate::model::gpt::{LoraBase, LoraTarget};
+use crate::model::transformer::{LoraBase, LoraTarget};
 use crate::workload::Case;
 
 /// Elements per block of the 8-bit optimizer by default.

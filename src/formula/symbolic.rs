@@ -17,7 +17,7 @@
 //!
 //! The counts are of tensor *data*. candle's per-tensor bookkeeping (the `Arc<Tensor_>`, shape
 //! and stride vectors, op nodes) is modelled as [`Ledger::meta_per_tensor`] bytes per live tensor
-//! (measured; see `formula::gpt`).
+//! (measured; see `formula::transformer`).
 
 use std::cell::Cell;
 use std::collections::HashMap;

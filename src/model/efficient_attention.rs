@@ -8,7 +8,7 @@
 //! accumulates `dV += p·dO`, `dS = p·(dO·v − dO·O)`, `dQ += dS·k/√D`, `dK += dS·q/√D`, so it
 //! allocates only the three gradients `(B, A, S, D)` plus one row of scratch per thread.
 //!
-//! Memory against the standard attention of `model::gpt`: the graph keeps `e·B·S·H` (the
+//! Memory against the standard attention of `model::transformer`: the graph keeps `e·B·S·H` (the
 //! output) instead of `6·e·A·B·S²` + `2·e·A·B·S` (scores, mask add, softmax pieces), so the
 //! activations lose their `A·B·S²` term; the backward's peak loses it too. There is no CUDA
 //! kernel: on CUDA the op fails with a clear error (a fused GPU kernel is out of scope).

@@ -3,7 +3,7 @@
 
 pub mod efficient_attention;
 pub mod frozen;
-pub mod gpt;
+pub mod transformer;
 
 /// Model families memfit can build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

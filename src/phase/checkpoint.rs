@@ -19,7 +19,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
-use crate::model::gpt::Gpt;
+use crate::model::transformer::Transformer;
 
 /// Segments of `k` blocks (the last may be shorter) over `layers` blocks.
 pub fn segments(layers: usize, k: usize) -> Vec<std::ops::Range<usize>> {
@@ -41,8 +41,8 @@ pub struct Forward {
 
 /// Checkpointed forward to the loss. `detached` is `model.detached()` (same storage).
 pub fn forward(
-    model: &Gpt,
-    detached: &Gpt,
+    model: &Transformer,
+    detached: &Transformer,
     tokens: &Tensor,
     targets: &Tensor,
     k: usize,
@@ -57,7 +57,7 @@ pub fn forward(
     }
     let head_in = Var::from_tensor(&x)?;
     drop(x);
-    let loss = Gpt::loss(&model.head_forward(head_in.as_tensor())?, targets)?;
+    let loss = Transformer::loss(&model.head_forward(head_in.as_tensor())?, targets)?;
     Ok(Forward {
         loss,
         head_in,
@@ -77,7 +77,7 @@ fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) {
 
 /// Checkpointed backward: every parameter's gradient, nothing else.
 pub fn backward(
-    model: &Gpt,
+    model: &Transformer,
     vars: &[Var],
     fwd: Forward,
     tokens: &Tensor,

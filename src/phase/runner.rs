@@ -8,12 +8,12 @@ use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::device::{Precision, ServingWeights};
-use crate::model::gpt::{KvCache, LoraBase};
+use crate::model::transformer::{KvCache, LoraBase};
 use crate::optim::Opt;
 
 use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
-use crate::model::gpt::{Gpt, synthetic_batch};
+use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::workload::Case;
 
 /// The result of one requested phase.
@@ -26,7 +26,7 @@ pub struct PhaseResult {
 /// The training state a case builds up phase by phase.
 struct Trainer {
     varmap: VarMap,
-    model: Gpt,
+    model: Transformer,
     tokens: Tensor,
     targets: Tensor,
     /// Blocks per checkpoint segment; 0 = no checkpointing.
@@ -38,7 +38,7 @@ struct Trainer {
 }
 
 impl Trainer {
-    fn init(case: &Case, device: &Device) -> candle_core::Result<(VarMap, Gpt)> {
+    fn init(case: &Case, device: &Device) -> candle_core::Result<(VarMap, Transformer)> {
         let varmap = VarMap::new();
         // Mixed precision keeps f32 master weights; the 16-bit copies are made per forward.
         let param_dtype = match case.precision {
@@ -46,7 +46,7 @@ impl Trainer {
             Precision::Mixed => DType::F32,
         };
         let vb = VarBuilder::from_varmap(&varmap, param_dtype, device);
-        let model = Gpt::new(&case.cfg, vb)?;
+        let model = Transformer::new(&case.cfg, vb)?;
         // LoRA: the base weights are frozen (detached views), only the adapters train.
         let model = if case.cfg.lora_rank > 0 {
             let frozen = model.frozen()?;
@@ -82,14 +82,14 @@ impl Trainer {
         match self.compute {
             None => {
                 let logits = self.model.forward(&self.tokens)?;
-                Gpt::loss(&logits, &self.targets)
+                Transformer::loss(&logits, &self.targets)
             }
             // Mixed precision: a 16-bit working copy of the weights (recorded conversions, so
             // the gradients reach the f32 masters), 16-bit activations, the loss in f32.
             Some(dtype) => {
                 let half = self.model.cast(dtype)?;
                 let logits = half.forward(&self.tokens)?;
-                Gpt::loss(&logits.to_dtype(DType::F32)?, &self.targets)
+                Transformer::loss(&logits.to_dtype(DType::F32)?, &self.targets)
             }
         }
     }
@@ -323,7 +323,7 @@ fn run_chain(
     }
     // The serving copy is made before the windows. Serving the model in mixed precision means
     // serving its 16-bit copy.
-    let own = || -> candle_core::Result<Gpt> {
+    let own = || -> candle_core::Result<Transformer> {
         match t.compute {
             None => Ok(t.model.detached()),
             Some(dtype) => t.model.detached().cast(dtype),
@@ -382,7 +382,7 @@ type Metered<'a> = dyn Fn(
 fn generate(
     case: &Case,
     t: &Trainer,
-    detached: &Gpt,
+    detached: &Transformer,
     results: &mut Vec<PhaseResult>,
     meters: &mut [Box<dyn Meter>],
     metered: &Metered,

@@ -32,7 +32,7 @@ use crate::device::{
 };
 use crate::error::UserError;
 use crate::model::ModelKind;
-use crate::model::gpt::{self, Config, LoraBase, LoraTarget};
+use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -322,7 +322,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             "preset",
             &preset_name,
             "unknown preset",
-            &gpt::PRESETS.join(", "),
+            &transformer::PRESETS.join(", "),
         )
     })?;
     let device_name = spec.device.clone().unwrap_or_else(|| "cpu".into());

@@ -12,16 +12,16 @@
 //! Only ops with a backward in candle 0.11.1 are used: `ops::layer_norm_slow` (not
 //! `LayerNorm::forward`, which has none) and the composed `ops::softmax` (not
 //! `softmax_last_dim`). The same code runs with `Var`s (training: every op is recorded) or with
-//! detached weights (`Gpt::detached`, inference: no graph).
+//! detached weights (`Transformer::detached`, inference: no graph).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
 //! use candle_nn::{VarBuilder, VarMap};
-//! use memfit::model::gpt::{Config, Gpt};
+//! use memfit::model::transformer::{Config, Transformer};
 //! let cfg = Config::tiny();
 //! let varmap = VarMap::new();
 //! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-//! let model = Gpt::new(&cfg, vb).unwrap();
+//! let model = Transformer::new(&cfg, vb).unwrap();
 //! let tokens = Tensor::zeros((2, 16), DType::U32, &Device::Cpu).unwrap();
 //! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
 //! ```
@@ -563,7 +563,7 @@ impl KvCache {
 
 /// The whole decoder.
 #[derive(Debug, Clone)]
-pub struct Gpt {
+pub struct Transformer {
     wte: Embedding,
     wpe: Tensor,
     blocks: Vec<Block>,
@@ -574,7 +574,7 @@ pub struct Gpt {
     dtype: DType,
 }
 
-impl Gpt {
+impl Transformer {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let wte = embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?;
         let wpe = vb.get_with_hints(

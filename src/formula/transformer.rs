@@ -1,4 +1,4 @@
-//! Formulas for the GPT decoder of [`crate::model::gpt`] on candle 0.11.1's CPU backend, f32.
+//! Formulas for the GPT decoder of [`crate::model::transformer`] on candle 0.11.1's CPU backend, f32.
 //!
 //! Notation: B batch, S sequence, H hidden, A heads, L layers, V vocab, S_max position table,
 //! P parameters, e bytes per element (4 for f32, 2 for bf16/f16). The activation closed form is
@@ -9,14 +9,14 @@
 
 use crate::device::ElemType;
 use crate::model::frozen::quantized_bytes;
-use crate::model::gpt::{LoraBase, LoraTarget};
+use crate::model::transformer::{LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
 use candle_core::quantized::GgmlDType;
 
 pub use super::shape::{BLOCK_8BIT, Shape, lora_bits};
 
 use super::Prediction;
-use super::gpt_replay::{Replay, replay};
+use super::replay::{Replay, replay};
 
 impl Shape {
     /// Bytes per parameter, gradient and optimizer-state element (f32 under mixed precision).
@@ -313,7 +313,7 @@ impl Shape {
     }
 
     /// Backward, inference and the graph from replaying candle on symbolic tensors
-    /// ([`super::gpt_replay`]), with [`META_PER_TENSOR`] bytes of bookkeeping per live tensor
+    /// ([`super::replay`]), with [`META_PER_TENSOR`] bytes of bookkeeping per live tensor
     /// and gemm's packing buffers for candle running on `threads` threads.
     pub fn replay(&self, threads: usize) -> Replay {
         replay(

@@ -1,4 +1,4 @@
-//! The GPT decoder of [`crate::model::gpt`] on [`Sym`] tensors: the backward and inference
+//! The GPT decoder of [`crate::model::transformer`] on [`Sym`] tensors: the backward and inference
 //! predictions.
 //!
 //! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
@@ -11,7 +11,7 @@
 //! Why replay rather than a closed form: candle's backward peak is where the most gradients and
 //! backward temporaries overlap, and which point that is (the cross-entropy head, an attention
 //! block's softmax, a GELU, the embeddings) moves with the shape. Replaying candle's own
-//! algorithm on shapes gives that peak exactly; the closed forms in [`super::gpt`] give the
+//! algorithm on shapes gives that peak exactly; the closed forms in [`super::transformer`] give the
 //! terms (weights, activations, gradients) and agree with the replay where both exist.
 
 use std::rc::Rc;
@@ -20,7 +20,7 @@ use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
-use crate::model::gpt::{LoraBase, LoraTarget};
+use crate::model::transformer::{LoraBase, LoraTarget};
 use crate::phase::checkpoint::segments;
 use candle_core::quantized::GgmlDType;
 
@@ -351,7 +351,7 @@ impl Params<'_> {
 }
 
 /// The decoder's weights and forward.
-pub struct Gpt {
+pub struct Transformer {
     wte: Sym,
     wpe: Sym,
     blocks: Vec<Block>,
@@ -362,7 +362,7 @@ pub struct Gpt {
     vars: Vec<Sym>,
 }
 
-impl Gpt {
+impl Transformer {
     /// Weights on `ledger`, as variables when `vars`.
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
         // Activations' type; under mixed precision the variables stay f32 (the working copy
@@ -530,23 +530,23 @@ impl Gpt {
     }
 
     /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
-    pub fn cast(&self, dtype: DType) -> Gpt {
+    pub fn cast(&self, dtype: DType) -> Transformer {
         self.map(&|t: &Sym| t.to_dtype(dtype), dtype)
     }
 
     /// The model with detached weights (views of the same storages, no graph).
-    pub fn detached(&self) -> Gpt {
+    pub fn detached(&self) -> Transformer {
         self.map(&Sym::detach, self.dtype)
     }
 
     /// Mirror of the model's `map`: `f` on every weight, in model order.
-    fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Gpt {
+    fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
         let lin = |l: &Linear| l.map(f, f);
         let ln = |l: &LayerNorm| LayerNorm {
             weight: f(&l.weight),
             bias: f(&l.bias),
         };
-        Gpt {
+        Transformer {
             wte: f(&self.wte),
             wpe: f(&self.wpe),
             blocks: self
@@ -593,7 +593,13 @@ struct CkptForward {
 }
 
 /// Mirror of `phase::checkpoint::forward`.
-fn ckpt_forward(model: &Gpt, detached: &Gpt, tokens: &Sym, targets: &Sym, k: usize) -> CkptForward {
+fn ckpt_forward(
+    model: &Transformer,
+    detached: &Transformer,
+    tokens: &Sym,
+    targets: &Sym,
+    k: usize,
+) -> CkptForward {
     let s = tokens.dims()[1];
     let mask = model.mask(tokens, s);
     let mut x = detached.embed(tokens);
@@ -604,7 +610,7 @@ fn ckpt_forward(model: &Gpt, detached: &Gpt, tokens: &Sym, targets: &Sym, k: usi
     }
     let head_in = x.var_from();
     drop(x);
-    let loss = Gpt::loss(&model.head_forward(&head_in), targets);
+    let loss = Transformer::loss(&model.head_forward(&head_in), targets);
     CkptForward {
         loss,
         head_in,
@@ -622,7 +628,7 @@ fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Sym]) {
 }
 
 /// Mirror of `phase::checkpoint::backward`.
-fn ckpt_backward(model: &Gpt, fwd: CkptForward, tokens: &Sym, k: usize) -> GradStore {
+fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) -> GradStore {
     let CkptForward {
         loss,
         head_in,
@@ -677,7 +683,7 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     let (b, s) = (shape.b as usize, shape.s as usize);
 
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    let model = Gpt::new(&ledger, shape, true);
+    let model = Transformer::new(&ledger, shape, true);
     let tokens = Sym::new(&ledger, &[b, s], DType::U32);
     let targets = Sym::new(&ledger, &[b, s], DType::U32);
     let k = shape.checkpoint as usize;
@@ -688,9 +694,9 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
             // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
             let half = model.cast(DType::Half);
             let logits = half.forward(&tokens);
-            Gpt::loss(&logits.to_dtype(DType::F32), &targets)
+            Transformer::loss(&logits.to_dtype(DType::F32), &targets)
         } else {
-            Gpt::loss(&model.forward(&tokens), &targets)
+            Transformer::loss(&model.forward(&tokens), &targets)
         };
         forward_peak = ledger.peak() - base;
         forward_retained = ledger.current() - base;
@@ -718,7 +724,7 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     drop(model);
 
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    let model = Gpt::new(&ledger, shape, false);
+    let model = Transformer::new(&ledger, shape, false);
     let tokens = Sym::new(&ledger, &[b, s], DType::U32);
     let base = ledger.reset_peak();
     let logits = model.forward(&tokens);
