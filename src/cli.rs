@@ -124,10 +124,11 @@ pub struct RunArgs {
 /// Every workload key as a flag (comma lists expand like TOML lists).
 #[derive(Debug, Args, Default)]
 pub struct GridArgs {
-    /// Model family (gpt).
+    /// Model family: gpt (decoder) or vit (image encoder); a vit-… preset implies vit.
     #[arg(long)]
     pub model: Option<String>,
-    /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium).
+    /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium,
+    /// llama-7b-shape; vit-tiny, vit-s16, vit-b16, vit-l16).
     #[arg(long)]
     pub preset: Option<String>,
     /// Batch sizes, comma-separated.
@@ -197,6 +198,18 @@ pub struct GridArgs {
     /// Device: cpu or cuda:N (the CUDA build).
     #[arg(long)]
     pub device: Option<String>,
+    /// ViT: image sides in pixels, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub image: Vec<i64>,
+    /// ViT: patch sides in pixels (divide the image), comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub patch: Vec<i64>,
+    /// ViT: colour channels, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub channels: Vec<i64>,
+    /// ViT: classes of the classifier, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub classes: Vec<i64>,
 }
 
 impl RunArgs {
@@ -242,6 +255,10 @@ impl GridArgs {
             weights: many(&self.weights),
             load: many(&self.load),
             device: self.device.clone(),
+            image: many(&self.image),
+            patch: many(&self.patch),
+            channels: many(&self.channels),
+            classes: many(&self.classes),
         }
     }
 

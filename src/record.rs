@@ -41,7 +41,7 @@ pub struct Row {
     pub run_id: String,
     /// Index of the case in the expanded workload (0-based).
     pub case: u64,
-    /// Model family: `gpt`.
+    /// Model family: `gpt` or `vit`.
     pub model: String,
     /// Preset name the case started from, or `custom`.
     pub preset: String,
@@ -53,6 +53,16 @@ pub struct Row {
     pub heads: u64,
     pub layers: u64,
     pub vocab: u64,
+    /// ViT: side of the input image in pixels (0 for a GPT case; then `seq` is the patches +
+    /// 1 and `vocab` the classes).
+    #[serde(default)]
+    pub image_px: u64,
+    /// ViT: side of a patch in pixels (0 for a GPT case).
+    #[serde(default)]
+    pub patch_px: u64,
+    /// ViT: colour channels of the image (0 for a GPT case).
+    #[serde(default)]
+    pub channels: u64,
     /// Element type of weights and activations: `f32`.
     pub dtype: String,
     /// `cpu` or `cuda:N`.

@@ -18,6 +18,8 @@ use crate::workload::{self, Case, WorkloadFile};
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CasePrediction {
     pub case: usize,
+    /// `gpt` or `vit`.
+    pub model: String,
     pub preset: String,
     pub batch: usize,
     pub seq: usize,
@@ -138,6 +140,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     };
     CasePrediction {
         case: case.index,
+        model: case.model.as_str().to_string(),
         preset: case.preset.clone(),
         batch: case.batch,
         seq: case.seq,

@@ -1,5 +1,5 @@
-//! The GPT decoder of [`crate::model::transformer`] on [`Sym`] tensors: the backward and inference
-//! predictions.
+//! The transformer of [`crate::model::transformer`] (GPT decoder or ViT encoder) on [`Sym`]
+//! tensors: the backward and inference predictions.
 //!
 //! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
 //! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for
@@ -213,7 +213,7 @@ struct Attention {
 }
 
 impl Attention {
-    fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
+    fn forward(&self, x: &Sym, mask: Option<&Sym>) -> Sym {
         let (q, k, v) = self.qkv(x);
         if self.efficient {
             let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
@@ -222,7 +222,7 @@ impl Attention {
             let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
             return self.o.forward(&y);
         }
-        self.attend(q, k, v, Some(mask))
+        self.attend(q, k, v, mask)
     }
 
     /// Mirror of the model's `Attention::qkv`.
@@ -297,7 +297,7 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Sym, mask: &Sym) -> Sym {
+    fn forward(&self, x: &Sym, mask: Option<&Sym>) -> Sym {
         let a = self.attn.forward(&self.ln1.forward(x), mask);
         let x = add_owned(x, a);
         let m = self.mlp.forward(&self.ln2.forward(&x));
@@ -350,9 +350,29 @@ impl Params<'_> {
     }
 }
 
-/// The decoder's weights and forward.
+/// Mirror of the model's `Stem`.
+enum Stem {
+    Tokens(Sym),
+    Patches {
+        proj: Linear,
+        cls: Sym,
+        patch: usize,
+    },
+}
+
+/// Mirror of `vit::patchify`: `(B, C, I, I)` → `(B, N, C·p²)` (the last reshape copies).
+fn patchify(images: &Sym, p: usize) -> Sym {
+    let d = images.dims();
+    let (b, c, nh, nw) = (d[0], d[1], d[2] / p, d[3] / p);
+    images
+        .reshape(&[b, c, nh, p, nw, p])
+        .permute(&[0, 2, 4, 1, 3, 5])
+        .reshape(&[b, nh * nw, c * p * p])
+}
+
+/// The model's weights and forward.
 pub struct Transformer {
-    wte: Sym,
+    stem: Stem,
     wpe: Sym,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
@@ -404,7 +424,14 @@ impl Transformer {
             }
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
-        let wte = p.tensor(&[v, h]);
+        let stem = match shape.vision {
+            None => Stem::Tokens(p.tensor(&[v, h])),
+            Some(vis) => Stem::Patches {
+                proj: Linear::new(&p, vis.patch_dim(), h, true),
+                cls: p.tensor(&[1, 1, h]),
+                patch: vis.patch,
+            },
+        };
         let wpe = p.tensor(&[s_max, h]);
         let blocks: Vec<Block> = (0..shape.l)
             .map(|_| Block {
@@ -425,8 +452,17 @@ impl Transformer {
             })
             .collect();
         let ln_f = LayerNorm::new(&p, h);
-        let head = Linear::new(&p, h, v, false);
-        let mut all = vec![wte.clone(), wpe.clone()];
+        let head = Linear::new(&p, h, v, shape.vision.is_some());
+        let mut all = match &stem {
+            Stem::Tokens(wte) => vec![wte.clone()],
+            Stem::Patches { proj, cls, .. } => {
+                let mut v = vec![proj.weight.clone()];
+                v.extend(proj.bias.clone());
+                v.push(cls.clone());
+                v
+            }
+        };
+        all.push(wpe.clone());
         for b in &blocks {
             all.extend([b.ln1.weight.clone(), b.ln1.bias.clone()]);
             for l in [
@@ -441,8 +477,9 @@ impl Transformer {
             all.extend([b.ln2.weight.clone(), b.ln2.bias.clone()]);
         }
         all.extend([ln_f.weight.clone(), ln_f.bias.clone(), head.weight.clone()]);
+        all.extend(head.bias.clone());
         Self {
-            wte,
+            stem,
             wpe,
             blocks,
             ln_f,
@@ -453,19 +490,30 @@ impl Transformer {
         }
     }
 
-    /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`.
-    pub fn forward(&self, tokens: &Sym) -> Sym {
-        let s = tokens.dims()[1];
-        let mask = self.mask(tokens, s);
-        let mut x = self.embed(tokens);
+    /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: images →
+    /// `(B, 1, K)`.
+    pub fn forward(&self, input: &Sym) -> Sym {
+        let mask = self.input_mask(input);
+        let mut x = self.embed(input);
         for block in &self.blocks {
-            x = block.forward(&x, &mask);
+            x = block.forward(&x, mask.as_ref());
         }
         self.head_forward(&x)
     }
 
+    /// Mirror of the model's `input_mask`.
+    pub fn input_mask(&self, input: &Sym) -> Option<Sym> {
+        match self.stem {
+            Stem::Tokens(_) => Some(self.mask(input, input.dims()[1])),
+            Stem::Patches { .. } => None,
+        }
+    }
+
     /// Mirror of the model's `forward_cached`: the last position's logits `(B, V)`.
     pub fn forward_cached(&self, tokens: &Sym, cache: &mut Vec<Option<(Sym, Sym)>>) -> Sym {
+        let Stem::Tokens(wte) = &self.stem else {
+            panic!("generation replayed on a ViT (the workload refuses it)")
+        };
         let s = tokens.dims()[1];
         let offset = match cache.first() {
             Some(Some((k, _))) => k.dims()[2],
@@ -480,7 +528,7 @@ impl Transformer {
             let mut final_dims = tokens.dims().to_vec();
             final_dims.push(self.hidden);
             let indexes = tokens.flatten_all();
-            let values = self.wte.index_select(&indexes, 0);
+            let values = wte.index_select(&indexes, 0);
             values.reshape(&final_dims)
         }
         .broadcast_add(&pos);
@@ -499,23 +547,43 @@ impl Transformer {
         Sym::new(tokens.ledger(), &[s, s], DType::F32).to_dtype(self.dtype)
     }
 
-    /// Token plus position embedding.
-    pub fn embed(&self, tokens: &Sym) -> Sym {
-        let s = tokens.dims()[1];
-        let pos = self.wpe.narrow(0, 0, s);
-        {
-            // candle-nn `Embedding::forward`.
-            let mut final_dims = tokens.dims().to_vec();
-            final_dims.push(self.hidden);
-            let indexes = tokens.flatten_all();
-            let values = self.wte.index_select(&indexes, 0);
-            values.reshape(&final_dims)
+    /// Token plus position embedding; ViT: projected patches after the class token, plus
+    /// position embedding.
+    pub fn embed(&self, input: &Sym) -> Sym {
+        match &self.stem {
+            Stem::Tokens(wte) => {
+                let s = input.dims()[1];
+                let pos = self.wpe.narrow(0, 0, s);
+                {
+                    // candle-nn `Embedding::forward`.
+                    let mut final_dims = input.dims().to_vec();
+                    final_dims.push(self.hidden);
+                    let indexes = input.flatten_all();
+                    let values = wte.index_select(&indexes, 0);
+                    values.reshape(&final_dims)
+                }
+                .broadcast_add(&pos)
+            }
+            Stem::Patches { proj, cls, patch } => {
+                let patches = patchify(&input.to_dtype(self.dtype), *patch);
+                let x = proj.forward(&patches);
+                drop(patches);
+                let (b, h) = (x.dims()[0], x.dims()[2]);
+                let cls = cls.broadcast_as(&[b, 1, h]).contiguous();
+                let x = Sym::cat(&[&cls, &x], 1);
+                drop(cls);
+                x.broadcast_add(&self.wpe)
+            }
         }
-        .broadcast_add(&pos)
     }
 
     /// Blocks `range` applied to `x`.
-    pub fn blocks_forward(&self, x: &Sym, mask: &Sym, range: std::ops::Range<usize>) -> Sym {
+    pub fn blocks_forward(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        range: std::ops::Range<usize>,
+    ) -> Sym {
         let mut x = x.clone();
         for block in &self.blocks[range] {
             x = block.forward(&x, mask);
@@ -523,9 +591,12 @@ impl Transformer {
         x
     }
 
-    /// Final LayerNorm and LM head.
+    /// Final LayerNorm and LM head (ViT: of the class token).
     pub fn head_forward(&self, x: &Sym) -> Sym {
-        let x = self.ln_f.forward(x);
+        let x = match self.stem {
+            Stem::Tokens(_) => self.ln_f.forward(x),
+            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()),
+        };
         self.head.forward(&x)
     }
 
@@ -546,8 +617,16 @@ impl Transformer {
             weight: f(&l.weight),
             bias: f(&l.bias),
         };
+        let stem = match &self.stem {
+            Stem::Tokens(wte) => Stem::Tokens(f(wte)),
+            Stem::Patches { proj, cls, patch } => Stem::Patches {
+                proj: lin(proj),
+                cls: f(cls),
+                patch: *patch,
+            },
+        };
         Transformer {
-            wte: f(&self.wte),
+            stem,
             wpe: f(&self.wpe),
             blocks: self
                 .blocks
@@ -589,7 +668,7 @@ struct CkptForward {
     loss: Sym,
     head_in: Sym,
     inputs: Vec<Sym>,
-    mask: Sym,
+    mask: Option<Sym>,
 }
 
 /// Mirror of `phase::checkpoint::forward`.
@@ -600,13 +679,12 @@ fn ckpt_forward(
     targets: &Sym,
     k: usize,
 ) -> CkptForward {
-    let s = tokens.dims()[1];
-    let mask = model.mask(tokens, s);
+    let mask = model.input_mask(tokens);
     let mut x = detached.embed(tokens);
     let mut inputs = Vec::new();
     for seg in segments(model.blocks.len(), k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, &mask, seg);
+        x = detached.blocks_forward(&x, mask.as_ref(), seg);
     }
     let head_in = x.var_from();
     drop(x);
@@ -643,7 +721,7 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
     drop((all, loss, head_in));
     for seg in segments(model.blocks.len(), k).into_iter().rev() {
         let xin = inputs.pop().expect("one input per segment").var_from();
-        let out = model.blocks_forward(&xin, &mask, seg);
+        let out = model.blocks_forward(&xin, mask.as_ref(), seg);
         let mut all = backward(&out.mul(&grad_out).sum_all());
         drop(out);
         grad_out = all.remove(&xin).expect("segment input gradient");
@@ -677,15 +755,28 @@ pub struct Replay {
     pub decode_retained: i64,
 }
 
+/// The runner's synthetic input and targets: tokens and next tokens `(B, S)`, or images
+/// `(B, C, I, I)` f32 and classes `(B, 1)`.
+fn inputs(ledger: &Rc<Ledger>, shape: &Shape) -> (Sym, Sym) {
+    let (b, s) = (shape.b as usize, shape.s as usize);
+    match shape.vision {
+        None => (
+            Sym::new(ledger, &[b, s], DType::U32),
+            Sym::new(ledger, &[b, s], DType::U32),
+        ),
+        Some(v) => (
+            Sym::new(ledger, &[b, v.channels, v.image, v.image], DType::F32),
+            Sym::new(ledger, &[b, 1], DType::U32),
+        ),
+    }
+}
+
 /// Replays the training forward and backward, and the inference forward, of `shape`.
 /// `meta_per_tensor` is the bookkeeping charged per live tensor.
 pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) -> Replay {
-    let (b, s) = (shape.b as usize, shape.s as usize);
-
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let model = Transformer::new(&ledger, shape, true);
-    let tokens = Sym::new(&ledger, &[b, s], DType::U32);
-    let targets = Sym::new(&ledger, &[b, s], DType::U32);
+    let (tokens, targets) = inputs(&ledger, shape);
     let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
     let (forward_peak, forward_retained, backward_peak, backward_retained);
@@ -725,12 +816,27 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
 
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let model = Transformer::new(&ledger, shape, false);
-    let tokens = Sym::new(&ledger, &[b, s], DType::U32);
+    let (tokens, _) = inputs(&ledger, shape);
     let base = ledger.reset_peak();
     let logits = model.forward(&tokens);
     let inference_peak = ledger.peak() - base;
     let inference_retained = ledger.current() - base;
     drop(logits);
+    if shape.vision.is_some() {
+        // A ViT does not generate (the workload refuses prefill and decode).
+        return Replay {
+            forward_peak,
+            forward_retained,
+            backward_peak,
+            backward_retained,
+            inference_peak,
+            inference_retained,
+            prefill_peak: 0,
+            prefill_retained: 0,
+            decode_peak: 0,
+            decode_retained: 0,
+        };
+    }
 
     // Mirror of the runner's prefill and decode windows.
     let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
@@ -797,6 +903,33 @@ mod tests {
         for s in shapes {
             let r = replay(&s, 0, None);
             assert_eq!(r.forward_retained, s.activation_data_bytes(), "{s:?}");
+        }
+    }
+
+    /// The same for ViT shapes: odd heads, one head, batch 1 (no class-token copy), one
+    /// channel.
+    #[test]
+    fn replayed_vit_graph_equals_the_closed_form() {
+        use crate::model::vit::Vision;
+        for (b, image, patch, channels, h, a, l, k) in [
+            (3, 24, 6, 3, 60, 5, 3, 7),
+            (1, 32, 8, 3, 96, 3, 2, 10),
+            (2, 16, 4, 1, 32, 1, 2, 5),
+        ] {
+            let vis = Vision {
+                image,
+                patch,
+                channels,
+            };
+            let s = vis.seq() as u64;
+            let mut shape = Shape::new(b, s, h, a, l, k, s);
+            shape.vision = Some(vis);
+            let r = replay(&shape, 0, None);
+            assert_eq!(
+                r.forward_retained,
+                shape.activation_data_bytes(),
+                "{shape:?}"
+            );
         }
     }
 

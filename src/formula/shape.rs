@@ -4,6 +4,7 @@
 
 use crate::device::{ElemType, ServingWeights};
 use crate::model::transformer::{LoraBase, LoraTarget};
+use crate::model::vit::Vision;
 use crate::workload::Case;
 
 /// Elements per block of the 8-bit optimizer by default.
@@ -56,6 +57,8 @@ pub struct Shape {
     /// The CPU backend (host metadata is counted, gemm packs) or CUDA (the pool sees tensor
     /// data only).
     pub cpu: bool,
+    /// A ViT (images cut into patches; `s` = patches + 1, `v` = classes), or the decoder.
+    pub vision: Option<Vision>,
 }
 
 impl Shape {
@@ -81,6 +84,7 @@ impl Shape {
             serve: case.weights,
             load_mmap: case.load_mmap,
             cpu: !case.device.is_cuda(),
+            vision: case.cfg.vision,
         }
     }
 
@@ -107,6 +111,7 @@ impl Shape {
             serve: ServingWeights::Model,
             load_mmap: false,
             cpu: true,
+            vision: None,
         }
     }
 }

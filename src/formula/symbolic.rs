@@ -166,6 +166,10 @@ pub enum Op {
     Broadcast(Sym),
     Reshape(Sym),
     Transpose(Sym, usize, usize),
+    /// `permute`: the dimensions in their new order.
+    Permute(Sym, Vec<usize>),
+    /// `Tensor::cat` along a dimension (recorded when any part is tracked).
+    Cat(Vec<Sym>, usize),
     Copy(Sym),
     Narrow(Sym, usize, usize, usize),
     Sum(Sym, Vec<usize>),
@@ -578,11 +582,16 @@ impl Sym {
         self.updated_copy()
     }
 
-    /// `Tensor::cat` of same-rank tensors along `dim`: one fresh output.
+    /// `Tensor::cat` of same-rank tensors along `dim`: one fresh output (candle's
+    /// `cat_contiguous` or `cat0`; callers make the parts contiguous, as the model does).
     pub fn cat(parts: &[&Sym], dim: usize) -> Sym {
         let mut dims = parts[0].dims().to_vec();
         dims[dim] = parts.iter().map(|p| p.dims()[dim]).sum();
-        parts[0].out(&dims, parts[0].0.dtype, None)
+        let op = parts
+            .iter()
+            .any(|p| p.track_op())
+            .then(|| Op::Cat(parts.iter().map(|&p| p.clone()).collect(), dim));
+        parts[0].out(&dims, parts[0].0.dtype, op)
     }
 
     // ---- views -----------------------------------------------------------------------------
@@ -618,6 +627,17 @@ impl Sym {
         layout.dims.swap(d1, d2);
         layout.strides.swap(d1, d2);
         let op = self.op1(|a| Op::Transpose(a, d1, d2));
+        self.view_with(layout, op, false)
+    }
+
+    /// `permute`: a view with the dimensions reordered as `order` says.
+    pub fn permute(&self, order: &[usize]) -> Sym {
+        let l = &self.0.layout;
+        let layout = Layout {
+            dims: order.iter().map(|&i| l.dims[i]).collect(),
+            strides: order.iter().map(|&i| l.strides[i]).collect(),
+        };
+        let op = self.op1(|a| Op::Permute(a, order.to_vec()));
         self.view_with(layout, op, false)
     }
 
@@ -749,6 +769,7 @@ impl Op {
             | Op::Gather(a, b, _)
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) => vec![q, k, v],
+            Op::Cat(parts, _) => parts.iter().collect(),
             Op::Frozen(x, _, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
@@ -761,6 +782,7 @@ impl Op {
             | Op::Broadcast(a)
             | Op::Reshape(a)
             | Op::Transpose(a, _, _)
+            | Op::Permute(a, _)
             | Op::Copy(a)
             | Op::Narrow(a, _, _, _)
             | Op::Sum(a, _)
@@ -1033,6 +1055,25 @@ pub fn backward(root: &Sym) -> GradStore {
                 let arg_grad = grad.transpose(*d1, *d2);
                 let s = grads.or_insert(arg);
                 *s = s.add(&arg_grad);
+            }
+            Op::Permute(arg, order) => {
+                let mut inverse = vec![0; order.len()];
+                for (i, &d) in order.iter().enumerate() {
+                    inverse[d] = i;
+                }
+                let arg_grad = grad.permute(&inverse);
+                let s = grads.or_insert(arg);
+                *s = s.add(&arg_grad);
+            }
+            Op::Cat(parts, dim) => {
+                let mut start = 0;
+                for part in parts {
+                    let len = part.dims()[*dim];
+                    let part_grad = grad.narrow(*dim, start, len);
+                    let s = grads.or_insert(part);
+                    *s = s.add(&part_grad);
+                    start += len;
+                }
             }
         }
     }

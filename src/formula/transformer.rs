@@ -35,13 +35,21 @@ impl Shape {
         let Shape { h, l, v, s_max, .. } = *self;
         let r = self.lora_rank;
         let quantized = self.quantized_base().is_some();
-        let mut vars = vec![
-            ("wte.weight".to_string(), vec![v, h]),
+        let mut vars = match self.vision {
+            None => vec![("wte.weight".to_string(), vec![v, h])],
+            Some(vis) => vec![
+                ("patch.weight".to_string(), vec![h, vis.patch_dim() as u64]),
+                ("patch.bias".to_string(), vec![h]),
+                ("cls".to_string(), vec![1, 1, h]),
+                ("head.bias".to_string(), vec![v]),
+            ],
+        };
+        vars.extend([
             ("wpe".to_string(), vec![s_max, h]),
             ("ln_f.weight".to_string(), vec![h]),
             ("ln_f.bias".to_string(), vec![h]),
             ("head.weight".to_string(), vec![v, h]),
-        ];
+        ]);
         for i in 0..l {
             for ln in ["ln1", "ln2"] {
                 vars.push((format!("h.{i}.{ln}.weight"), vec![h]));
@@ -116,14 +124,27 @@ impl Shape {
         (kept + file, kept)
     }
 
-    /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`, plus the LoRA adapters.
+    /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`, plus the LoRA adapters; ViT: the token
+    /// table becomes the patch projection and class token `C·p²·H + 2H`, the head gains its
+    /// bias `K` (see `model::vit`).
     pub fn params(&self) -> u64 {
-        let Shape { h, l, v, s_max, .. } = *self;
-        2 * v * h
+        let Shape { h, l, s_max, .. } = *self;
+        let (stem, head) = self.stem_head_params();
+        stem + head
             + s_max * h
             + l * (12 * h * h + 13 * h)
             + 2 * h
             + self.lora_sizes().iter().sum::<u64>()
+    }
+
+    /// Parameters of the input stem (token table, or patch projection + class token) and of
+    /// the output head (LM head, or classifier with bias).
+    fn stem_head_params(&self) -> (u64, u64) {
+        let (h, v) = (self.h, self.v);
+        match self.vision {
+            None => (v * h, v * h),
+            Some(vis) => (vis.patch_dim() as u64 * h + 2 * h, v * h + v),
+        }
     }
 
     /// The GGML type of QLoRA's frozen projections, if any.
@@ -168,15 +189,15 @@ impl Shape {
         }
     }
 
-    /// Parameter tensors: 5 outside the blocks, 16 per block.
+    /// Parameter tensors: 5 outside the blocks (ViT: 8), 16 per block.
     pub fn param_tensors(&self) -> u64 {
-        5 + 16 * self.l
+        let outside = if self.vision.is_some() { 8 } else { 5 };
+        outside + 16 * self.l
     }
 
     /// Elements of the largest parameter tensor.
     pub fn largest_param(&self) -> u64 {
-        let Shape { h, v, s_max, .. } = *self;
-        (v * h).max(4 * h * h).max(s_max * h)
+        self.param_tensor_sizes().into_iter().max().unwrap_or(0)
     }
 
     /// Weights after `init`: `e·P` plus the `VarMap`'s metadata (names, `Var`s, hash table).
@@ -203,11 +224,27 @@ impl Shape {
     /// Outside the blocks: embedding + position add 2·BSH, final LayerNorm 5·BSH + 6·BS, logits
     /// and log-softmax 4·BSV + 4·BS (max, its sum of exponentials and log, the gathered
     /// log-probabilities), the S² causal mask, and 2 scalars (the sum and the loss).
+    ///
+    /// ViT (no mask: 5·A·B·S² per block; N = S − 1 patches, K = v classes): the blocks as
+    /// above, then outside them the patch copy B·N·C·p², the projection and its bias 2·BNH, the
+    /// class token's broadcast copy BH, the concatenation and position add 2·BSH; the head sees
+    /// the class token only: its copy BH, LayerNorm 5·BH + 6·B, logits and bias 2·BK,
+    /// log-softmax 3·BK + 4·B, and the 2 scalars. Both BH copies are views when B = 1.
     pub fn activation_data_bytes(&self) -> u64 {
         let Shape {
             b, s, h, a, l, v, ..
         } = *self;
         let copies = if a == 1 || s == 1 { 0 } else { 4 * b * s * h };
+        if let Some(vis) = self.vision {
+            let n = s - 1;
+            let per_layer =
+                35 * b * s * h + copies + 5 * a * b * s * s + 2 * a * b * s + 12 * b * s;
+            // The class token's copy and the head's copy are views when B = 1.
+            let token_copy = if b == 1 { 0 } else { b * h };
+            let stem = b * n * vis.patch_dim() as u64 + 2 * b * n * h + token_copy + 2 * b * s * h;
+            let head = token_copy + 5 * b * h + 5 * b * v + 10 * b + 2;
+            return 4 * (l * per_layer + stem + head);
+        }
         let per_layer = 35 * b * s * h + copies + 6 * a * b * s * s + 2 * a * b * s + 12 * b * s;
         4 * (l * per_layer + 7 * b * s * h + s * s + 4 * b * s * v + 10 * b * s + 2)
     }
@@ -230,7 +267,11 @@ impl Shape {
     /// Elements of every parameter tensor, in model order.
     pub fn param_tensor_sizes(&self) -> Vec<u64> {
         let Shape { h, l, v, s_max, .. } = *self;
-        let mut sizes = vec![v * h, s_max * h];
+        let mut sizes = match self.vision {
+            None => vec![v * h],
+            Some(vis) => vec![vis.patch_dim() as u64 * h, h, h],
+        };
+        sizes.push(s_max * h);
         for _ in 0..l {
             sizes.extend([h, h]); // ln1
             for _ in 0..4 {
@@ -240,6 +281,9 @@ impl Shape {
             sizes.extend([4 * h * h, 4 * h, 4 * h * h, h]); // fc1, fc2
         }
         sizes.extend([h, h, v * h]); // ln_f, head
+        if self.vision.is_some() {
+            sizes.push(v); // the classifier's bias
+        }
         sizes
     }
 

@@ -1,5 +1,6 @@
-//! Memory-efficient causal attention (CPU): softmax(q·kᵀ/√D + causal mask)·v without ever
-//! holding the `(S, S)` score matrix.
+//! Memory-efficient attention (CPU): softmax(q·kᵀ/√D [+ causal mask])·v without ever holding
+//! the `(S, S)` score matrix. Causal for the GPT decoder (query `i` sees keys `0..=i`), full
+//! for the ViT encoder (every query sees every key).
 //!
 //! A candle `CustomOp3` on q, k, v `(B, A, S, D)` (contiguous f32). The forward runs an online
 //! softmax per query row (running maximum and sum, rescaling the accumulator when the maximum
@@ -20,6 +21,15 @@ use rayon::prelude::*;
 #[derive(Debug, Clone, Copy)]
 pub struct EfficientAttention {
     pub scale: f32,
+    /// Query `i` attends to keys `0..=i` (decoder); otherwise to all `S` keys (encoder).
+    pub causal: bool,
+}
+
+impl EfficientAttention {
+    /// Keys query `i` attends to, of `s`.
+    fn keys(&self, i: usize, s: usize) -> usize {
+        if self.causal { i + 1 } else { s }
+    }
 }
 
 fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
@@ -36,14 +46,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Row `i`'s maximum and softmax denominator over keys `0..=i`.
-fn row_stats(qi: &[f32], k: &[f32], i: usize, d: usize, scale: f32) -> (f32, f32) {
+/// A row's maximum and softmax denominator over keys `0..n`.
+fn row_stats(qi: &[f32], k: &[f32], n: usize, d: usize, scale: f32) -> (f32, f32) {
     let mut m = f32::NEG_INFINITY;
-    for j in 0..=i {
+    for j in 0..n {
         m = m.max(dot(qi, &k[j * d..(j + 1) * d]) * scale);
     }
     let mut l = 0.0;
-    for j in 0..=i {
+    for j in 0..n {
         l += (dot(qi, &k[j * d..(j + 1) * d]) * scale - m).exp();
     }
     (m, l)
@@ -51,7 +61,11 @@ fn row_stats(qi: &[f32], k: &[f32], i: usize, d: usize, scale: f32) -> (f32, f32
 
 impl CustomOp3 for EfficientAttention {
     fn name(&self) -> &'static str {
-        "efficient-causal-attention"
+        if self.causal {
+            "efficient-causal-attention"
+        } else {
+            "efficient-attention"
+        }
     }
 
     fn cpu_fwd(
@@ -85,7 +99,7 @@ impl CustomOp3 for EfficientAttention {
                 let qi = &q[i * d..(i + 1) * d];
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
                 acc.iter_mut().for_each(|x| *x = 0.0);
-                for j in 0..=i {
+                for j in 0..self.keys(i, s) {
                     let x = dot(qi, &k[j * d..(j + 1) * d]) * scale;
                     if x > m {
                         let r = (m - x).exp();
@@ -161,9 +175,10 @@ impl CustomOp3 for EfficientAttention {
                 );
                 for i in 0..s {
                     let (qi, gi) = (&q[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
-                    let (m, l) = row_stats(qi, k, i, d, scale);
+                    let keys = self.keys(i, s);
+                    let (m, l) = row_stats(qi, k, keys, d, scale);
                     let di = dot(gi, &o[i * d..(i + 1) * d]);
-                    for j in 0..=i {
+                    for j in 0..keys {
                         let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                         let p = (dot(qi, kj) * scale - m).exp() / l;
                         for (x, gv) in dv[j * d..(j + 1) * d].iter_mut().zip(gi) {

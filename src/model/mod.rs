@@ -4,18 +4,21 @@
 pub mod efficient_attention;
 pub mod frozen;
 pub mod transformer;
+pub mod vit;
 
 /// Model families memfit can build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     Gpt,
+    Vit,
 }
 
 impl ModelKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ModelKind::Gpt => "gpt",
+            ModelKind::Vit => "vit",
         }
     }
 }

@@ -1,5 +1,8 @@
-//! GPT-style decoder: token + position embedding, `L` pre-LayerNorm blocks of multi-head causal
-//! self-attention and a 4H GELU MLP, a final LayerNorm, an untied LM head and cross-entropy.
+//! The transformer memfit measures: a GPT-style decoder (token + position embedding, `L`
+//! pre-LayerNorm blocks of multi-head causal self-attention and a 4H GELU MLP, a final
+//! LayerNorm, an untied LM head and cross-entropy), or with `Config::vision` the ViT encoder of
+//! [`super::vit`] (patch embedding and class token in front, the same blocks without the mask,
+//! a classifier on the class token). Everything below the embedding is shared.
 //!
 //! Shapes (B batch, S sequence, H hidden, A heads, D = H/A, V vocab):
 //! tokens `(B, S)` u32 → embeddings `(B, S, H)` → blocks `(B, S, H)` → logits `(B, S, V)`;
@@ -32,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::efficient_attention::EfficientAttention;
 use super::frozen::{FrozenLinear, FrozenWeight};
+use super::vit::{self, Vision};
 use candle_core::quantized::GgmlDType;
 
 /// Shape of a GPT-style decoder.
@@ -56,9 +60,14 @@ pub struct Config {
     /// How the base projections are frozen under LoRA.
     #[serde(default)]
     pub lora_base: LoraBase,
+    /// A ViT: the input is images cut into patches ([`super::vit`]); `vocab` is then the number
+    /// of classes and `max_seq` the patches + 1.
+    #[serde(default)]
+    pub vision: Option<Vision>,
 }
 
-/// Names accepted by [`Config::preset`].
+/// Names of the GPT presets accepted by [`Config::preset`] (the ViT ones are
+/// [`vit::PRESETS`]).
 pub const PRESETS: &[&str] = &[
     "tiny",
     "small",
@@ -103,6 +112,7 @@ impl Config {
             lora_rank: 0,
             lora_targets: Vec::new(),
             lora_base: LoraBase::Op,
+            vision: None,
         }
     }
 
@@ -113,11 +123,11 @@ impl Config {
             "gpt2-small" => Some(Self::gpt2_small()),
             "gpt2-medium" => Some(Self::gpt2_medium()),
             "llama-7b-shape" => Some(Self::llama_7b_shape()),
-            _ => None,
+            _ => vit::preset(name),
         }
     }
 
-    /// Exact parameter count (see the module docs).
+    /// Exact parameter count (see the module docs and [`super::vit`]'s).
     pub fn params(&self) -> u64 {
         let (v, h, l, s) = (
             self.vocab as u64,
@@ -125,7 +135,12 @@ impl Config {
             self.layers as u64,
             self.max_seq as u64,
         );
-        2 * v * h + s * h + l * (12 * h * h + 13 * h) + 2 * h + self.lora_params()
+        let (stem, head) = match self.vision {
+            None => (v * h, v * h),
+            // Patch projection with bias, class token; classifier with bias.
+            Some(vis) => (vis.patch_dim() as u64 * h + 2 * h, v * h + v),
+        };
+        stem + s * h + l * (12 * h * h + 13 * h) + 2 * h + head + self.lora_params()
     }
 
     /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)` (in + out is 2H for q, k,
@@ -152,8 +167,15 @@ impl Config {
 
     /// Number of parameter tensors (each costs a little allocator metadata).
     pub fn param_tensors(&self) -> u64 {
-        // wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2.
-        5 + 16 * self.layers as u64
+        // wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2. ViT:
+        // patch (2), cls, wpe, lnf (2), head (2).
+        let outside = if self.vision.is_some() { 8 } else { 5 };
+        outside + 16 * self.layers as u64
+    }
+
+    /// The model's sequence for an input of `seq` tokens: ViT's is fixed by its image.
+    pub fn seq_for(&self, seq: usize) -> usize {
+        self.vision.map_or(seq, |v| v.seq())
     }
 }
 
@@ -402,20 +424,22 @@ impl Attention {
         })
     }
 
-    /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above.
-    pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above (decoder),
+    /// or none (encoder: every position attends to every position).
+    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x)?;
         if self.efficient {
             let (b, _, s, d) = q.dims4()?;
             let op = EfficientAttention {
                 scale: (1.0 / (d as f64).sqrt()) as f32,
+                causal: mask.is_some(),
             };
             let y = q.apply_op3(&k, &v, op)?;
             drop((q, k, v));
             let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
             return self.o.forward(&y);
         }
-        self.attend(q, k, v, Some(mask))
+        self.attend(q, k, v, mask)
     }
 
     /// The queries, keys and values of `x (B, S, H)`, each `(B, A, S, D)`, contiguous.
@@ -518,7 +542,7 @@ impl Block {
         })
     }
 
-    pub fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let a = self.attn.forward(&self.ln1.forward(x)?, mask)?;
         let x = (x + a)?;
         let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
@@ -561,10 +585,24 @@ impl KvCache {
     }
 }
 
-/// The whole decoder.
+/// What turns the input into the blocks' `(B, S, H)`.
+#[derive(Debug, Clone)]
+enum Stem {
+    /// GPT: token embedding (`wte`).
+    Tokens(Embedding),
+    /// ViT: patch projection (`patch`) and class token (`cls`, `(1, 1, H)`).
+    Patches {
+        proj: Linear,
+        cls: Tensor,
+        patch: usize,
+    },
+}
+
+/// The whole model: decoder or encoder.
 #[derive(Debug, Clone)]
 pub struct Transformer {
-    wte: Embedding,
+    stem: Stem,
+    /// Position embeddings `(S_max, H)`.
     wpe: Tensor,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
@@ -576,7 +614,21 @@ pub struct Transformer {
 
 impl Transformer {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
-        let wte = embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?;
+        let stem = match cfg.vision {
+            None => Stem::Tokens(embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?),
+            Some(v) => Stem::Patches {
+                proj: linear(v.patch_dim(), cfg.hidden, vb.pp("patch"))?,
+                cls: vb.get_with_hints(
+                    (1, 1, cfg.hidden),
+                    "cls",
+                    Init::Randn {
+                        mean: 0.,
+                        stdev: 0.02,
+                    },
+                )?,
+                patch: v.patch,
+            },
+        };
         let wpe = vb.get_with_hints(
             (cfg.max_seq, cfg.hidden),
             "wpe",
@@ -589,10 +641,13 @@ impl Transformer {
             .map(|i| Block::new(cfg, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln_f"))?;
-        let head = linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?;
+        let head = match cfg.vision {
+            None => linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+            Some(_) => linear(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+        };
         let dtype = vb.dtype();
         Ok(Self {
-            wte,
+            stem,
             wpe,
             blocks,
             ln_f,
@@ -621,21 +676,31 @@ impl Transformer {
         Tensor::from_vec(mask, (seq, seq), device)
     }
 
-    /// `tokens (B, S)` u32 → logits `(B, S, V)`.
-    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
-        let (_b, s) = tokens.dims2()?;
-        let mask = self.mask(s, tokens.device())?;
-        let mut x = self.embed(tokens)?;
+    /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        let mask = self.input_mask(input)?;
+        let mut x = self.embed(input)?;
         for block in &self.blocks {
-            x = block.forward(&x, &mask)?;
+            x = block.forward(&x, mask.as_ref())?;
         }
         self.head_forward(&x)
+    }
+
+    /// The attention mask for `input`: the causal mask of its length (decoder), none (ViT).
+    pub fn input_mask(&self, input: &Tensor) -> Result<Option<Tensor>> {
+        match self.stem {
+            Stem::Tokens(_) => Ok(Some(self.mask(input.dim(1)?, input.device())?)),
+            Stem::Patches { .. } => Ok(None),
+        }
     }
 
     /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
     /// to the cache; returns the logits of the last position `(B, V)`. A prompt of several
     /// tokens uses the causal mask; a single new token attends to everything cached.
     pub fn forward_cached(&self, tokens: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let Stem::Tokens(wte) = &self.stem else {
+            candle_core::bail!("generation (prefill, decode) needs a decoder, not a ViT")
+        };
         let (_b, s) = tokens.dims2()?;
         let offset = cache.len();
         if offset + s > self.cfg.max_seq {
@@ -654,7 +719,7 @@ impl Transformer {
             None
         };
         let pos = self.wpe.narrow(0, offset, s)?;
-        let mut x = self.wte.forward(tokens)?.broadcast_add(&pos)?;
+        let mut x = wte.forward(tokens)?.broadcast_add(&pos)?;
         drop(pos);
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(&x, mask.as_ref(), c)?;
@@ -670,21 +735,43 @@ impl Transformer {
         Self::causal_mask(s, device)?.to_dtype(self.dtype)
     }
 
-    /// Token plus position embedding: `tokens (B, S)` → `(B, S, H)`.
-    pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
-        let (_b, s) = tokens.dims2()?;
-        if s > self.cfg.max_seq {
-            candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
+    /// Token plus position embedding: `tokens (B, S)` → `(B, S, H)`. ViT: the patches
+    /// projected, the class token in front, plus position embedding: `images (B, C, I, I)` →
+    /// `(B, N + 1, H)`.
+    pub fn embed(&self, input: &Tensor) -> Result<Tensor> {
+        match &self.stem {
+            Stem::Tokens(wte) => {
+                let (_b, s) = input.dims2()?;
+                if s > self.cfg.max_seq {
+                    candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
+                }
+                let pos = self.wpe.narrow(0, 0, s)?;
+                wte.forward(input)?.broadcast_add(&pos)
+            }
+            Stem::Patches { proj, cls, patch } => {
+                let patches = vit::patchify(&input.to_dtype(self.dtype)?, *patch)?;
+                let x = proj.forward(&patches)?;
+                drop(patches);
+                let (b, n, h) = x.dims3()?;
+                if n + 1 != self.cfg.max_seq {
+                    candle_core::bail!(
+                        "{n} patches do not match the {} positions of the model",
+                        self.cfg.max_seq
+                    )
+                }
+                let cls = cls.broadcast_as((b, 1, h))?.contiguous()?;
+                let x = Tensor::cat(&[&cls, &x], 1)?;
+                drop(cls);
+                x.broadcast_add(&self.wpe)
+            }
         }
-        let pos = self.wpe.narrow(0, 0, s)?;
-        self.wte.forward(tokens)?.broadcast_add(&pos)
     }
 
     /// Blocks `range` applied to `x (B, S, H)`.
     pub fn blocks_forward(
         &self,
         x: &Tensor,
-        mask: &Tensor,
+        mask: Option<&Tensor>,
         range: std::ops::Range<usize>,
     ) -> Result<Tensor> {
         let mut x = x.clone();
@@ -694,9 +781,13 @@ impl Transformer {
         Ok(x)
     }
 
-    /// Final LayerNorm and LM head: `(B, S, H)` → logits `(B, S, V)`.
+    /// Final LayerNorm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
+    /// only (taken first: the LayerNorm is per position), `(B, 1, K)`.
     pub fn head_forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = self.ln_f.forward(x)?;
+        let x = match self.stem {
+            Stem::Tokens(_) => self.ln_f.forward(x)?,
+            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
+        };
         self.head.forward(&x)
     }
 
@@ -774,8 +865,18 @@ impl Transformer {
                 eps: l.eps,
             })
         };
+        let stem = match &self.stem {
+            Stem::Tokens(wte) => {
+                Stem::Tokens(Embedding::new(base(wte.embeddings())?, self.cfg.hidden))
+            }
+            Stem::Patches { proj, cls, patch } => Stem::Patches {
+                proj: Linear::new(base(proj.weight())?, proj.bias().map(base).transpose()?),
+                cls: base(cls)?,
+                patch: *patch,
+            },
+        };
         Ok(Self {
-            wte: Embedding::new(base(self.wte.embeddings())?, self.cfg.hidden),
+            stem,
             wpe: base(&self.wpe)?,
             blocks: self
                 .blocks

@@ -36,7 +36,7 @@ pub struct Forward {
     head_in: Var,
     /// Each segment's input, detached.
     inputs: Vec<Tensor>,
-    mask: Tensor,
+    mask: Option<Tensor>,
 }
 
 /// Checkpointed forward to the loss. `detached` is `model.detached()` (same storage).
@@ -47,13 +47,12 @@ pub fn forward(
     targets: &Tensor,
     k: usize,
 ) -> Result<Forward> {
-    let (_b, s) = tokens.dims2()?;
-    let mask = model.mask(s, tokens.device())?;
+    let mask = model.input_mask(tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
     for seg in segments(model.config().layers, k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, &mask, seg)?;
+        x = detached.blocks_forward(&x, mask.as_ref(), seg)?;
     }
     let head_in = Var::from_tensor(&x)?;
     drop(x);
@@ -98,7 +97,7 @@ pub fn backward(
     drop((all, loss, head_in));
     for seg in segments(model.config().layers, k).into_iter().rev() {
         let xin = Var::from_tensor(&inputs.pop().expect("one input per segment"))?;
-        let out = model.blocks_forward(xin.as_tensor(), &mask, seg)?;
+        let out = model.blocks_forward(xin.as_tensor(), mask.as_ref(), seg)?;
         let mut all = out.mul(&grad_out)?.sum_all()?.backward()?;
         drop(out);
         grad_out = all.remove(xin.as_tensor()).ok_or_else(|| {

@@ -14,6 +14,7 @@ use crate::optim::Opt;
 use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
 use crate::model::transformer::{Transformer, synthetic_batch};
+use crate::model::vit;
 use crate::workload::Case;
 
 /// The result of one requested phase.
@@ -159,6 +160,15 @@ enum Graph {
     Checkpointed(checkpoint::Forward),
 }
 
+/// The case's synthetic input and targets: tokens `(B, S)` for the decoder, images
+/// `(B, C, I, I)` and classes `(B, 1)` for a ViT.
+fn synthetic_input(case: &Case, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    match case.cfg.vision {
+        None => synthetic_batch(case.batch, case.seq, case.cfg.vocab, device),
+        Some(_) => vit::synthetic_batch(case.batch, &case.cfg, device),
+    }
+}
+
 /// One unmetered training step on a throwaway model of the case's shape, plus a small matmul on
 /// every pool thread: first-use allocations (gemm scratch, thread-locals) happen here.
 pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
@@ -171,7 +181,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         .collect::<candle_core::Result<Vec<_>>>()?;
     }
     let (varmap, model) = Trainer::init(case, device)?;
-    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, device)?;
+    let (tokens, targets) = synthetic_input(case, device)?;
     let t = Trainer {
         varmap,
         model,
@@ -255,7 +265,7 @@ fn run_chain(
         Ok(())
     })?;
     let (varmap, model) = built.take().expect("init ran");
-    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
+    let (tokens, targets) = synthetic_input(case, &device)?;
     let t = Trainer {
         varmap,
         model,

@@ -57,12 +57,14 @@ pub fn units_of(field: &str) -> &'static str {
         f if f.ends_with("_s") => "s",
         f if f.ends_with("_pct") => "percent",
         f if f.ends_with("_w") => "W",
+        f if f.ends_with("_px") => "pixels",
         "params" => "parameters",
         "batch" => "sequences",
         "seq" | "max_seq" | "vocab" => "tokens",
         "hidden" => "features",
         "heads" => "heads",
         "layers" => "layers",
+        "channels" => "channels",
         "threads" => "threads",
         "checkpoint" => "blocks",
         "lora_rank" => "rank",
@@ -88,7 +90,10 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "hidden" => "Width of the hidden state.",
         "heads" => "Attention heads per layer.",
         "layers" => "Number of transformer blocks.",
-        "vocab" => "Vocabulary size.",
+        "vocab" => "Vocabulary size (ViT: classes).",
+        "image_px" => "ViT: side of the input image in pixels (0 for GPT).",
+        "patch_px" => "ViT: side of a patch in pixels (0 for GPT).",
+        "channels" => "ViT: colour channels of the image (0 for GPT).",
         "dtype" => "Element type of weights and activations.",
         "device" => "Device the case ran on: cpu or cuda:N.",
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
@@ -204,6 +209,9 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.plain_u64("heads", rows, |r| r.heads)?;
         w.plain_u64("layers", rows, |r| r.layers)?;
         w.plain_u64("vocab", rows, |r| r.vocab)?;
+        w.plain_u64("image_px", rows, |r| r.image_px)?;
+        w.plain_u64("patch_px", rows, |r| r.patch_px)?;
+        w.plain_u64("channels", rows, |r| r.channels)?;
         w.string("dtype", rows, |r| Some(&r.dtype))?;
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
@@ -544,6 +552,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let heads = r.plain_u64("heads")?;
     let layers = r.plain_u64("layers")?;
     let vocab = r.plain_u64("vocab")?;
+    let image_px = r.plain_u64("image_px")?;
+    let patch_px = r.plain_u64("patch_px")?;
+    let channels = r.plain_u64("channels")?;
     let dtype = r.string("dtype")?;
     let device = r.string("device")?;
     let optimizer = r.string("optimizer")?;
@@ -615,6 +626,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             heads: heads[i],
             layers: layers[i],
             vocab: vocab[i],
+            image_px: image_px[i],
+            patch_px: patch_px[i],
+            channels: channels[i],
             dtype: next(&mut dtype),
             device: next(&mut device),
             optimizer: next(&mut optimizer),

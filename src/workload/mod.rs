@@ -33,6 +33,7 @@ use crate::device::{
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
+use crate::model::vit;
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -94,6 +95,14 @@ pub struct GridSpec {
     pub weights: Option<OneOrMany<String>>,
     /// How the `load` phase reads the safetensors file: read (default) or mmap.
     pub load: Option<OneOrMany<String>>,
+    /// ViT: side of the square input image in pixels; a list expands.
+    pub image: Option<OneOrMany<i64>>,
+    /// ViT: side of a square patch in pixels (divides `image`); a list expands.
+    pub patch: Option<OneOrMany<i64>>,
+    /// ViT: colour channels of the image; a list expands.
+    pub channels: Option<OneOrMany<i64>>,
+    /// ViT: classes of the classifier; a list expands.
+    pub classes: Option<OneOrMany<i64>>,
 }
 
 impl GridSpec {
@@ -126,7 +135,11 @@ impl GridSpec {
             decode_tokens,
             kv_cache,
             weights,
-            load
+            load,
+            image,
+            patch,
+            channels,
+            classes
         )
     }
 }
@@ -182,6 +195,8 @@ pub const MAX_HIDDEN: i64 = 1 << 20;
 pub const MAX_HEADS: i64 = 1 << 16;
 pub const MAX_LAYERS: i64 = 1 << 14;
 pub const MAX_VOCAB: i64 = 1 << 24;
+pub const MAX_IMAGE: i64 = 1 << 16;
+pub const MAX_CHANNELS: i64 = 1 << 10;
 /// Largest single tensor memfit will try: Rust allocations are limited to `isize::MAX` bytes.
 pub const MAX_TENSOR_BYTES: u128 = isize::MAX as u128;
 
@@ -312,19 +327,64 @@ fn expand_with(
 }
 
 fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), UserError> {
-    let model = match spec.model.as_deref().unwrap_or("gpt") {
-        "gpt" => ModelKind::Gpt,
-        other => return Err(ctx.bad("model", other, "unknown model", "gpt")),
+    // The model family: given, or that of the preset (a `vit-…` preset means ViT).
+    let family_of = |name: &str| {
+        if vit::PRESETS.contains(&name) {
+            ModelKind::Vit
+        } else {
+            ModelKind::Gpt
+        }
     };
-    let preset_name = spec.preset.clone().unwrap_or_else(|| "tiny".into());
-    let preset = Config::preset(&preset_name).ok_or_else(|| {
-        ctx.bad(
-            "preset",
-            &preset_name,
-            "unknown preset",
-            &transformer::PRESETS.join(", "),
-        )
-    })?;
+    let model = match spec.model.as_deref() {
+        None => spec.preset.as_deref().map_or(ModelKind::Gpt, family_of),
+        Some("gpt") => ModelKind::Gpt,
+        Some("vit") => ModelKind::Vit,
+        Some(other) => return Err(ctx.bad("model", other, "unknown model", "gpt, vit")),
+    };
+    let presets = match model {
+        ModelKind::Gpt => transformer::PRESETS,
+        ModelKind::Vit => vit::PRESETS,
+    };
+    let preset_name = spec.preset.clone().unwrap_or_else(|| presets[0].into());
+    let preset = Config::preset(&preset_name)
+        .filter(|_| family_of(&preset_name) == model)
+        .ok_or_else(|| {
+            ctx.bad(
+                "preset",
+                &preset_name,
+                &format!("unknown preset for model = {}", model.as_str()),
+                &presets.join(", "),
+            )
+        })?;
+    // Keys that belong to the other family are refused rather than ignored.
+    let vision_keys = [
+        ("image", spec.image.is_some()),
+        ("patch", spec.patch.is_some()),
+        ("channels", spec.channels.is_some()),
+        ("classes", spec.classes.is_some()),
+    ];
+    let token_keys = [
+        ("seq", spec.seq.is_some()),
+        ("max_seq", spec.max_seq.is_some()),
+        ("vocab", spec.vocab.is_some()),
+    ];
+    match model {
+        ModelKind::Gpt => {
+            if let Some((k, _)) = vision_keys.iter().find(|(_, set)| *set) {
+                return Err(ctx.bad(k, "set", "a ViT key on a GPT case", "model = vit"));
+            }
+        }
+        ModelKind::Vit => {
+            if let Some((k, _)) = token_keys.iter().find(|(_, set)| *set) {
+                return Err(ctx.bad(
+                    k,
+                    "set",
+                    "a ViT's sequence is its patches + 1 and its outputs are classes",
+                    "image, patch, channels, classes",
+                ));
+            }
+        }
+    }
     let device_name = spec.device.clone().unwrap_or_else(|| "cpu".into());
     let device = DeviceSpec::parse(&device_name).ok_or_else(|| {
         ctx.bad(
@@ -369,6 +429,18 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             if ps.is_empty() {
                 return Err(ctx.bad("phases", "[]", "no phase given", &Phase::names()));
             }
+            if model == ModelKind::Vit
+                && let Some(p) = ps
+                    .iter()
+                    .find(|p| matches!(p, Phase::Prefill | Phase::Decode))
+            {
+                return Err(ctx.bad(
+                    "phases",
+                    p.as_str(),
+                    "generation needs a decoder, not a ViT",
+                    "init, forward, backward, optimizer, train-step, inference, load",
+                ));
+            }
             ps.sort();
             ps
         }
@@ -408,6 +480,11 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
     let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
     let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+    let images = list("image", &spec.image, None, 1, MAX_IMAGE)?;
+    let patches = list("patch", &spec.patch, None, 1, MAX_IMAGE)?;
+    let channels = list("channels", &spec.channels, None, 1, MAX_CHANNELS)?;
+    let classes = list("classes", &spec.classes, None, 1, MAX_VOCAB)?;
+    let visions: Vec<_> = iproduct!(&images, &patches, &channels, &classes).collect();
     let precisions = ctx.choices(
         "precision",
         &spec.precision,
@@ -583,12 +660,29 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         &heads,
         &layers,
         &vocabs,
+        &visions,
         &optimizers
     );
-    for (&b, &s, &ms, &h, &a, &l, &v, &opt) in shapes {
-        let custom =
-            [ms, h, a, l, v].iter().any(Option::is_some) || (s.is_some() && spec.preset.is_none());
+    for (&b, &s, &ms, &h, &a, &l, &v, &(&img, &p, &c, &k), &opt) in shapes {
+        let custom = [ms, h, a, l, v, img, p, c, k].iter().any(Option::is_some)
+            || (s.is_some() && spec.preset.is_none());
         let mut cfg = preset.clone();
+        if let Some(mut vis) = cfg.vision {
+            vis.image = img.unwrap_or(vis.image);
+            vis.patch = p.unwrap_or(vis.patch);
+            vis.channels = c.unwrap_or(vis.channels);
+            if vis.patch > vis.image || vis.image % vis.patch != 0 {
+                return Err(ctx.bad(
+                    "patch",
+                    &vis.patch.to_string(),
+                    &format!("does not divide image = {}", vis.image),
+                    "a divisor of image",
+                ));
+            }
+            cfg.vision = Some(vis);
+            cfg.max_seq = vis.seq();
+            cfg.vocab = k.unwrap_or(cfg.vocab);
+        }
         if let Some(h) = h {
             cfg.hidden = h;
         }
@@ -601,10 +695,13 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         if let Some(v) = v {
             cfg.vocab = v;
         }
-        let seq = s.unwrap_or(cfg.max_seq.min(64));
+        let seq = match cfg.vision {
+            Some(vis) => vis.seq(),
+            None => s.unwrap_or(cfg.max_seq.min(64)),
+        };
         cfg.max_seq = if let Some(ms) = ms {
             ms
-        } else if custom && spec.preset.is_none() {
+        } else if custom && spec.preset.is_none() && cfg.vision.is_none() {
             // A custom shape gets a position table as long as its sequence.
             seq
         } else {
@@ -750,8 +847,15 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
     );
     let l = cfg.layers as u128;
     let ms = cfg.max_seq as u128;
-    let params = 2 * v * h + ms * h + l * (12 * h * h + 13 * h) + 2 * h;
-    let checks: [(&str, &str, u128); 4] = [
+    let (stem, head) = match cfg.vision {
+        None => (v * h, v * h),
+        Some(vis) => (vis.patch_dim() as u128 * h + 2 * h, v * h + v),
+    };
+    let params = stem + ms * h + l * (12 * h * h + 13 * h) + 2 * h + head;
+    let image = cfg.vision.map_or(0, |vis| {
+        4 * b * (vis.channels * vis.image * vis.image) as u128
+    });
+    let checks: [(&str, &str, u128); 5] = [
         (
             "seq",
             "attention scores batch × heads × seq² × 4 B",
@@ -764,6 +868,7 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
             16 * b * s * h,
         ),
         ("hidden", "parameters × 4 B", 4 * params),
+        ("image", "images batch × channels × image² × 4 B", image),
     ];
     for (key, what, bytes) in checks {
         if bytes > MAX_TENSOR_BYTES {
