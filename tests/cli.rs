@@ -177,6 +177,31 @@ fn empty_name_lists() {
     );
 }
 
+/// LoRA's frozen-linear op and QLoRA's blocks take f32 input: a 16-bit LoRA case with them
+/// would only record error rows, so it is refused before anything runs.
+#[test]
+fn lora_frozen_op_needs_f32() {
+    rejects(
+        &["w.toml"],
+        &[(
+            "w.toml",
+            "[[grid]]\nlora_rank = 4\ndtype = \"f16\"\nprecision = \"mixed\"\n",
+        )],
+        &[
+            "w.toml",
+            "grid[0].lora_base",
+            "op",
+            "f32 input only",
+            "detach",
+        ],
+    );
+    rejects(
+        &["--lora-rank", "4", "--lora-base", "q4_0", "--dtype", "f16"],
+        &[],
+        &["lora_base", "q4_0", "f32 input only"],
+    );
+}
+
 #[test]
 fn hidden_not_divisible_by_heads() {
     rejects(

@@ -367,9 +367,16 @@ impl Shape {
         )
     }
 
-    /// The closed-form activations describe the plain f32 graph with standard attention.
+    /// The closed-form activations describe the plain f32 graph with standard attention. A
+    /// ViT's forward ends in a head of `B·K` floats, so the packing buffer of an earlier matmul
+    /// can stand above the final graph: its forward peak comes from the replay, which models
+    /// the buffers (the graph it keeps equals the closed form, tested).
     fn closed_form_forward(&self) -> bool {
-        self.elem == ElemType::F32 && self.checkpoint == 0 && !self.efficient && self.lora_rank == 0
+        self.elem == ElemType::F32
+            && self.checkpoint == 0
+            && !self.efficient
+            && self.lora_rank == 0
+            && self.vision.is_none()
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {

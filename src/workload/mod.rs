@@ -790,6 +790,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "standard with f16 or bf16",
                 ));
             }
+            if rank > 0 && lora_base != LoraBase::Detach && dtype != ElemType::F32 {
+                return Err(ctx.bad(
+                    "lora_base",
+                    lora_base.as_str(),
+                    "the frozen-linear op (and QLoRA's blocks) take f32 input only",
+                    "detach with f16 or bf16",
+                ));
+            }
             if precision == Precision::Mixed && k > 0 {
                 return Err(ctx.bad(
                     "checkpoint",
