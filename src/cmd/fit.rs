@@ -18,6 +18,7 @@ type GroupKey = (
     String,
     String,
     String,
+    String,
     u64,
     u64,
     String,
@@ -27,6 +28,7 @@ type GroupKey = (
 fn key(r: &Row) -> GroupKey {
     (
         r.phase.clone(),
+        r.model.clone(),
         r.device.clone(),
         r.dtype.clone(),
         r.precision.clone(),
@@ -191,9 +193,12 @@ fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
     });
     GroupFit {
         phase: k.0.clone(),
-        device: k.1.clone(),
-        dtype: k.2.clone(),
-        variant: format!("{} {} ck{} lora{} {} {}", k.3, k.4, k.5, k.6, k.7, k.8),
+        device: k.2.clone(),
+        dtype: k.3.clone(),
+        variant: format!(
+            "{} {} {} ck{} lora{} {} {}",
+            k.1, k.4, k.5, k.6, k.7, k.8, k.9
+        ),
         rows: rows.len(),
         coefficients: FEATURES
             .iter()

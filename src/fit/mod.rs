@@ -3,7 +3,8 @@
 //! fits the smaller half of the configs by parameter count and tests on the larger half).
 //!
 //! The generic model of a phase's peak is `bytes = c₀ + c₁·P + c₂·B·S·H·L + c₃·A·B·S²·L +
-//! c₄·B·S·V` (P parameters; the activation terms of a decoder). Features that do not vary in a
+//! c₄·B·S·V` (P parameters; the activation terms of a decoder; a ViT's head sees the class
+//! token only, so its last term is `B·K`, S = 1 at the head). Features that do not vary in a
 //! group are dropped before solving (their coefficient is reported as 0 with no error), so small
 //! groups still fit; the solve uses an SVD, so collinear features give the minimum-norm solution
 //! instead of failing.
@@ -27,12 +28,13 @@ pub fn features(r: &Row) -> [f64; 5] {
         r.layers as f64,
         r.vocab as f64,
     );
+    let head_seq = if r.model == "vit" { 1.0 } else { s };
     [
         1.0,
         r.params as f64,
         b * s * h * l,
         a * b * s * s * l,
-        b * s * v,
+        b * head_seq * v,
     ]
 }
 
