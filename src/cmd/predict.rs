@@ -30,7 +30,7 @@ pub struct CasePrediction {
     pub graph_bytes: u64,
     /// Peak above its baseline, per phase of the case.
     pub phase_peak_bytes: Vec<(String, u64)>,
-    /// Weights + optimizer state + the training step's peak.
+    /// Weights + the input batch + optimizer state + the training step's peak.
     pub train_total_bytes: u64,
     /// Weights + the inference forward's peak.
     pub inference_total_bytes: u64,
@@ -117,6 +117,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     let at = |phase| shape.predict(phase, case.optimizer, threads).peak_bytes;
     let train_total = |s: &Shape| {
         s.weights_bytes()
+            + s.input_bytes()
             + s.optimizer_state_bytes(case.optimizer)
             + s.predict(Phase::TrainStep, case.optimizer, threads)
                 .peak_bytes

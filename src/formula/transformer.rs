@@ -200,6 +200,15 @@ impl Shape {
         self.param_tensor_sizes().into_iter().max().unwrap_or(0)
     }
 
+    /// The synthetic batch the runner makes before any window: tokens and targets `(B, S)` u32
+    /// for the decoder; images `(B, C, I, I)` f32 and classes `(B, 1)` u32 for a ViT.
+    pub fn input_bytes(&self) -> u64 {
+        match self.vision {
+            None => 2 * 4 * self.b * self.s,
+            Some(v) => 4 * self.b * (v.channels * v.image * v.image) as u64 + 4 * self.b,
+        }
+    }
+
     /// Weights after `init`: `e·P` plus the `VarMap`'s metadata (names, `Var`s, hash table).
     pub fn weights_bytes(&self) -> u64 {
         // LoRA adds its adapter variables and the frozen model's detached views.
