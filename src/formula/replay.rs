@@ -755,6 +755,42 @@ pub struct Replay {
     pub decode_retained: i64,
 }
 
+/// Mirror of the runner's prefill and decode windows: their peaks and what they keep.
+fn generation(
+    ledger: &Rc<Ledger>,
+    model: &Transformer,
+    tokens: &Sym,
+    shape: &Shape,
+) -> (u64, u64, u64, i64) {
+    let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
+    let base = ledger.reset_peak();
+    let next = {
+        let logits = model.forward_cached(tokens, &mut cache);
+        logits.argmax_last()
+    };
+    let prefill_peak = ledger.peak() - base;
+    let prefill_retained = ledger.current() - base;
+    let base = ledger.reset_peak();
+    let mut next = next;
+    let mut prefix = tokens.clone();
+    for _ in 0..shape.decode_tokens {
+        let token = next.unsqueeze(1);
+        let logits = if shape.kv_cache {
+            model.forward_cached(&token, &mut cache)
+        } else {
+            prefix = Sym::cat(&[&prefix, &token], 1);
+            model.forward_cached(&prefix, &mut Vec::new())
+        };
+        drop(token);
+        next = logits.argmax_last();
+    }
+    let decode_peak = ledger.peak() - base;
+    let decode_retained = ledger.current() as i64 - base as i64;
+    drop((cache, next, prefix));
+
+    (prefill_peak, prefill_retained, decode_peak, decode_retained)
+}
+
 /// The runner's synthetic input and targets: tokens and next tokens `(B, S)`, or images
 /// `(B, C, I, I)` f32 and classes `(B, 1)`.
 fn inputs(ledger: &Rc<Ledger>, shape: &Shape) -> (Sym, Sym) {
@@ -822,48 +858,11 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     let inference_peak = ledger.peak() - base;
     let inference_retained = ledger.current() - base;
     drop(logits);
-    if shape.vision.is_some() {
-        // A ViT does not generate (the workload refuses prefill and decode).
-        return Replay {
-            forward_peak,
-            forward_retained,
-            backward_peak,
-            backward_retained,
-            inference_peak,
-            inference_retained,
-            prefill_peak: 0,
-            prefill_retained: 0,
-            decode_peak: 0,
-            decode_retained: 0,
-        };
-    }
-
-    // Mirror of the runner's prefill and decode windows.
-    let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
-    let base = ledger.reset_peak();
-    let next = {
-        let logits = model.forward_cached(&tokens, &mut cache);
-        logits.argmax_last()
+    // A ViT does not generate (the workload refuses prefill and decode).
+    let (prefill_peak, prefill_retained, decode_peak, decode_retained) = match shape.vision {
+        None => generation(&ledger, &model, &tokens, shape),
+        Some(_) => (0, 0, 0, 0),
     };
-    let prefill_peak = ledger.peak() - base;
-    let prefill_retained = ledger.current() - base;
-    let base = ledger.reset_peak();
-    let mut next = next;
-    let mut prefix = tokens.clone();
-    for _ in 0..shape.decode_tokens {
-        let token = next.unsqueeze(1);
-        let logits = if shape.kv_cache {
-            model.forward_cached(&token, &mut cache)
-        } else {
-            prefix = Sym::cat(&[&prefix, &token], 1);
-            model.forward_cached(&prefix, &mut Vec::new())
-        };
-        drop(token);
-        next = logits.argmax_last();
-    }
-    let decode_peak = ledger.peak() - base;
-    let decode_retained = ledger.current() as i64 - base as i64;
-    drop((cache, next, prefix));
 
     Replay {
         forward_peak,
