@@ -136,17 +136,17 @@ fn mixed_f16() {
 }
 
 fn odd_config() -> Config {
-    vit::config(
-        Vision {
+    Config::vit(vit::Sizes {
+        vision: Vision {
             image: 24,
             patch: 6,
             channels: 3,
         },
-        7,
-        60,
-        5,
-        3,
-    )
+        classes: 7,
+        hidden: 60,
+        heads: 5,
+        layers: 3,
+    })
 }
 
 fn gradients(varmap: &VarMap, g: &candle_core::backprop::GradStore) -> Vec<(String, Vec<f32>)> {
@@ -184,7 +184,7 @@ fn gradients_of_the_variants() {
         VarBuilder::from_varmap(&varmap, DType::F32, &dev),
     )
     .unwrap();
-    let (images, targets) = vit::synthetic_batch(3, &cfg, &dev).unwrap();
+    let (images, targets) = vit::synthetic_batch(3, cfg.vision.unwrap(), 7, &dev).unwrap();
     let logits = model.forward(&images).unwrap();
     assert_eq!(logits.dims(), &[3, 1, 7]);
     let plain = Transformer::loss(&logits, &targets)
@@ -260,4 +260,17 @@ fn workload_rules() {
     let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(text.contains("\"vit\""), "{text}");
     assert!(text.contains("86567656"), "{text}");
+}
+
+/// ViT-B/16 at 224 px with 1000 classes: 86,567,656 parameters (the reference implementation's
+/// count), 197 positions.
+#[test]
+fn vit_b16_parameter_count() {
+    let b16 = Config::preset("vit-b16").unwrap();
+    assert_eq!(b16.max_seq, 197);
+    assert_eq!(b16.params(), 86_567_656);
+    for name in vit::PRESETS {
+        let cfg = Config::preset(name).unwrap();
+        assert_eq!(cfg.max_seq, cfg.vision.unwrap().seq(), "{name}");
+    }
 }

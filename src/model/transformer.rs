@@ -100,6 +100,15 @@ impl Config {
         Self::new(32000, 4096, 32, 32, 4096)
     }
 
+    /// A ViT of the given sizes ([`super::vit`]): `vocab` holds the classes, `max_seq` the
+    /// patches + 1.
+    pub fn vit(s: vit::Sizes) -> Self {
+        let mut cfg = Self::new(s.classes, s.hidden, s.heads, s.layers, s.vision.seq());
+        cfg.layer_norm_eps = 1e-6;
+        cfg.vision = Some(s.vision);
+        cfg
+    }
+
     pub fn new(vocab: usize, hidden: usize, heads: usize, layers: usize, max_seq: usize) -> Self {
         Self {
             vocab,
@@ -123,7 +132,7 @@ impl Config {
             "gpt2-small" => Some(Self::gpt2_small()),
             "gpt2-medium" => Some(Self::gpt2_medium()),
             "llama-7b-shape" => Some(Self::llama_7b_shape()),
-            _ => vit::preset(name),
+            _ => vit::preset(name).map(Self::vit),
         }
     }
 

@@ -25,14 +25,13 @@
 //! let varmap = VarMap::new();
 //! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
 //! let model = Transformer::new(&cfg, vb).unwrap();
-//! let (images, targets) = vit::synthetic_batch(2, &cfg, &Device::Cpu).unwrap();
+//! let vision = cfg.vision.unwrap();
+//! let (images, targets) = vit::synthetic_batch(2, vision, cfg.vocab, &Device::Cpu).unwrap();
 //! let logits = model.forward(&images).unwrap(); // (2, 1, classes)
 //! ```
 
 use candle_core::{Device, Result, Tensor};
 use serde::{Deserialize, Serialize};
-
-use super::transformer::Config;
 
 /// The image side of a ViT configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -62,46 +61,46 @@ impl Vision {
     }
 }
 
-/// Names of the ViT presets (also accepted by [`Config::preset`]).
+/// Names of the ViT presets (also accepted by `transformer::Config::preset`).
 pub const PRESETS: &[&str] = &["vit-tiny", "vit-s16", "vit-b16", "vit-l16"];
 
-/// A ViT of the given sizes: `vocab` holds the classes, `max_seq` the patches + 1.
-pub fn config(
-    vision: Vision,
-    classes: usize,
-    hidden: usize,
-    heads: usize,
-    layers: usize,
-) -> Config {
-    let mut cfg = Config::new(classes, hidden, heads, layers, vision.seq());
-    cfg.layer_norm_eps = 1e-6;
-    cfg.vision = Some(vision);
-    cfg
+/// The sizes of a named ViT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub vision: Vision,
+    pub classes: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub layers: usize,
 }
 
 /// The presets: `vit-tiny` (test-sized: 32 px, patch 8, H 96, A 3, L 2, 10 classes) and
 /// ViT-S/16, ViT-B/16, ViT-L/16 at 224 px with 1000 classes (Dosovitskiy et al. 2021's sizes).
-pub fn preset(name: &str) -> Option<Config> {
+pub fn preset(name: &str) -> Option<Sizes> {
     let at224 = Vision {
         image: 224,
         patch: 16,
         channels: 3,
     };
+    let sizes = |vision, classes, hidden, heads, layers| Sizes {
+        vision,
+        classes,
+        hidden,
+        heads,
+        layers,
+    };
     match name {
-        "vit-tiny" => Some(config(
-            Vision {
+        "vit-tiny" => {
+            let tiny = Vision {
                 image: 32,
                 patch: 8,
                 channels: 3,
-            },
-            10,
-            96,
-            3,
-            2,
-        )),
-        "vit-s16" => Some(config(at224, 1000, 384, 6, 12)),
-        "vit-b16" => Some(config(at224, 1000, 768, 12, 12)),
-        "vit-l16" => Some(config(at224, 1000, 1024, 16, 24)),
+            };
+            Some(sizes(tiny, 10, 96, 3, 2))
+        }
+        "vit-s16" => Some(sizes(at224, 1000, 384, 6, 12)),
+        "vit-b16" => Some(sizes(at224, 1000, 768, 12, 12)),
+        "vit-l16" => Some(sizes(at224, 1000, 1024, 16, 24)),
         _ => None,
     }
 }
@@ -118,11 +117,13 @@ pub fn patchify(images: &Tensor, patch: usize) -> Result<Tensor> {
 }
 
 /// Deterministic synthetic batch: images `(B, C, I, I)` f32 in `[-1, 1)` and class targets
-/// `(B, 1)` u32 in `0..K`.
-pub fn synthetic_batch(batch: usize, cfg: &Config, device: &Device) -> Result<(Tensor, Tensor)> {
-    let Some(v) = cfg.vision else {
-        candle_core::bail!("synthetic images need a ViT configuration")
-    };
+/// `(B, 1)` u32 in `0..classes`.
+pub fn synthetic_batch(
+    batch: usize,
+    v: Vision,
+    classes: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let mut state: u64 = 0x2545_F491_4F6C_DD1D;
     let mut next = || {
         state ^= state << 13;
@@ -135,7 +136,7 @@ pub fn synthetic_batch(batch: usize, cfg: &Config, device: &Device) -> Result<(T
         .map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
         .collect();
     let targets: Vec<u32> = (0..batch)
-        .map(|_| (next() % cfg.vocab as u64) as u32)
+        .map(|_| (next() % classes as u64) as u32)
         .collect();
     Ok((
         Tensor::from_vec(pixels, (batch, v.channels, v.image, v.image), device)?,
@@ -160,13 +161,12 @@ mod tests {
     }
 
     #[test]
-    fn presets_have_patches_plus_one_positions() {
+    fn every_preset_name_has_sizes() {
         let b16 = preset("vit-b16").unwrap();
-        assert_eq!(b16.max_seq, 197);
-        assert_eq!(b16.params(), 86_567_656);
+        assert_eq!(b16.vision.seq(), 197);
+        assert_eq!(b16.vision.patch_dim(), 768);
         for name in PRESETS {
-            let cfg = preset(name).unwrap();
-            assert_eq!(cfg.max_seq, cfg.vision.unwrap().seq(), "{name}");
+            assert!(preset(name).is_some(), "{name}");
         }
     }
 }

@@ -165,7 +165,7 @@ enum Graph {
 fn synthetic_input(case: &Case, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
     match case.cfg.vision {
         None => synthetic_batch(case.batch, case.seq, case.cfg.vocab, device),
-        Some(_) => vit::synthetic_batch(case.batch, &case.cfg, device),
+        Some(v) => vit::synthetic_batch(case.batch, v, case.cfg.vocab, device),
     }
 }
 
