@@ -6,9 +6,43 @@
 //! is ≈ `0 + 1·predicted`; on CUDA it absorbs what kernels and cuBLAS allocate beyond tensors.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::{HeldOut, k_fold, least_squares};
+use crate::error::UserError;
 use crate::record::{Row, Status};
+
+/// Reads the stored rows under `path` (a results file or a folder searched like `memfit fit`'s
+/// arguments) and fits the corrections.
+pub fn load(path: &Path) -> anyhow::Result<Calibration> {
+    if !path.exists() {
+        return Err(UserError::Unreadable {
+            origin: path.display().to_string(),
+            message: "no such calibration file or folder".into(),
+        }
+        .into());
+    }
+    let mut files = Vec::new();
+    crate::cmd::fit::result_files(path, &mut files)?;
+    let mut rows = Vec::new();
+    for f in &files {
+        rows.extend(crate::cmd::fit::read_rows(f)?);
+    }
+    let mut c = Calibration::fit(&rows);
+    c.origin = path.display().to_string();
+    Ok(c)
+}
+
+/// One phase of a case, calibrated.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Calibrated {
+    pub phase: String,
+    pub analytical_bytes: u64,
+    pub calibrated_bytes: u64,
+    pub rows: usize,
+    /// Held-out mean and max error of the calibration (percent), when it has ≥ 3 rows.
+    pub held_out_pct: Option<(f64, f64)>,
+}
 
 /// `cpu` or `cuda` (all `cuda:N` of a machine are the same model).
 pub fn device_kind(device: &str) -> &str {
@@ -43,6 +77,8 @@ impl Correction {
 #[derive(Debug, Clone, Default)]
 pub struct Calibration {
     pub groups: BTreeMap<(String, String, String), Correction>,
+    /// Where the rows came from (for messages).
+    pub origin: String,
 }
 
 impl Calibration {
@@ -90,7 +126,38 @@ impl Calibration {
                 ))
             })
             .collect();
-        Self { groups }
+        Self {
+            groups,
+            origin: String::new(),
+        }
+    }
+
+    /// Every phase of a case calibrated, or a user error naming the first phase the
+    /// calibration has no rows for.
+    pub fn apply(
+        &self,
+        device: &str,
+        dtype: &str,
+        phases: &[(String, u64)],
+    ) -> Result<Vec<Calibrated>, UserError> {
+        phases
+            .iter()
+            .map(|(phase, analytical)| {
+                let c = self
+                    .get(phase, device, dtype)
+                    .map_err(|message| UserError::Calibration {
+                        origin: self.origin.clone(),
+                        message,
+                    })?;
+                Ok(Calibrated {
+                    phase: phase.clone(),
+                    analytical_bytes: *analytical,
+                    calibrated_bytes: c.apply(*analytical),
+                    rows: c.rows,
+                    held_out_pct: c.held_out,
+                })
+            })
+            .collect()
     }
 
     /// The correction for a phase on a device and element type, or a message saying what the
@@ -178,5 +245,13 @@ mod tests {
         let e = c.get("forward", "cpu", "f32").unwrap_err();
         assert!(e.contains("phase forward on cpu in f32") && e.contains("forward/cuda/bf16"));
         assert!(c.get("decode", "cuda:0", "bf16").is_err());
+        let e = c
+            .apply("cuda:0", "bf16", &[("forward".into(), 30), ("decode".into(), 5)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("phase decode on cuda in bf16"), "{e}");
+        // forward: 2 + 1·30 = 32.
+        let ok = c.apply("cuda:0", "bf16", &[("forward".into(), 30)]).unwrap();
+        assert_eq!(ok[0].calibrated_bytes, 32);
     }
 }

@@ -65,7 +65,9 @@ fn gflops(x: f64) -> String {
 
 /// The comparison table: header and rows. Rows are (configuration, phase) present in at least
 /// one set with a FLOP count; each set adds peak, wall, tokens/s, achieved FLOP/s, % of peak.
-pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>) {
+/// Also returns the largest achieved fraction of a peak (above 1: the peak is too low).
+pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>, f64) {
+    let mut top = 0f64;
     let mut head = vec!["configuration".to_string(), "phase".into(), "FLOPs".into()];
     for s in sets {
         for c in ["peak mem", "wall s", "tokens/s", "achieved", "% of peak"] {
@@ -111,7 +113,10 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>) {
                     });
                     line.push(achieved.map_or("—".into(), gflops));
                     line.push(match (achieved, peak) {
-                        (Some(a), Some(p)) => format!("{:.1} %", a / p.flops * 100.0),
+                        (Some(a), Some(p)) => {
+                            top = top.max(a / p.flops);
+                            format!("{:.1} %", a / p.flops * 100.0)
+                        }
                         _ => "unknown peak".into(),
                     });
                 }
@@ -119,7 +124,7 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>) {
         }
         rows.push(line);
     }
-    (head, rows)
+    (head, rows, top)
 }
 
 /// A short description of a row's configuration.

@@ -393,8 +393,14 @@ fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
             peak: p.as_ref(),
         })
         .collect();
-    let (head, rows) = hardware::table(&views);
+    let (head, rows, top) = hardware::table(&views);
     b.push(Block::Table(head, rows));
+    if top > 1.0 {
+        b.push(Block::Para(format!(
+            "Some rows reach {:.0} % of the peak used: a measured peak is one sample, and when the              benchmark ran on a busier machine than the rows did it is only a lower bound of the              device's matmul rate.",
+            top * 100.0
+        )));
+    }
     let mut notes = Vec::new();
     for v in &views {
         for dtype in ["f32", "bf16", "f16"] {
@@ -473,10 +479,12 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                 diagonal: true,
                 series: by
                     .into_iter()
-                    .map(|(p, pts)| Series {
+                    .enumerate()
+                    .map(|(i, (p, pts))| Series {
                         name: p.to_string(),
                         points: pts,
                         line: false,
+                        color: i,
                     })
                     .collect(),
             }),
@@ -489,7 +497,7 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
     ] {
         let get = |r: &Row| if axis == "batch" { r.batch } else { r.seq };
         let mut series = Vec::new();
-        for phase in ["forward", "backward", "train-step", "inference", "optimizer"] {
+        for phase in ["forward", "backward", "train-step"] {
             let mut sw = claims::sweeps(ok, phase, axis, get);
             sw.sort_by_key(|s| std::cmp::Reverse(s.len()));
             for s in sw.into_iter().take(if axis == "seq" { 2 } else { 1 }) {
@@ -498,6 +506,7 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                 } else {
                     phase.to_string()
                 };
+                let color = series.len() / 2;
                 series.push(Series {
                     name: format!("{tag} measured"),
                     points: s
@@ -505,27 +514,30 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                         .filter_map(|r| Some((get(r) as f64, mib(r.peak_bytes? as f64))))
                         .collect(),
                     line: false,
+                    color,
                 });
+                // The fit at every integer size between the sweep's ends (B and S are whole).
                 let (lo, hi) = (get(s[0]), get(s[s.len() - 1]));
-                let curve: Vec<(f64, f64)> = (0..=40)
-                    .filter_map(|i| {
-                        let x = lo as f64 + (hi - lo) as f64 * i as f64 / 40.0;
+                let step = ((hi - lo) / 64).max(1) as usize;
+                let curve: Vec<(f64, f64)> = (lo..=hi)
+                    .step_by(step)
+                    .chain(std::iter::once(hi))
+                    .filter_map(|x| {
                         let mut r = s[0].clone();
                         if axis == "batch" {
-                            r.batch = x.round() as u64;
+                            r.batch = x;
                         } else {
-                            r.seq = x.round() as u64;
+                            r.seq = x;
                         }
-                        Some((x, mib((inp.fitted)(&r)?)))
+                        Some((x as f64, mib((inp.fitted)(&r)?)))
                     })
                     .collect();
-                if !curve.is_empty() {
-                    series.push(Series {
-                        name: format!("{tag} fit"),
-                        points: curve,
-                        line: true,
-                    });
-                }
+                series.push(Series {
+                    name: format!("{tag} fit"),
+                    points: curve,
+                    line: true,
+                    color,
+                });
             }
         }
         if !series.is_empty() {
@@ -585,12 +597,13 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
     }
     if !kv.is_empty() {
         let mut series = Vec::new();
-        for (k, (pts, (l, bsz, h, e))) in kv {
+        for (i, (k, (pts, (l, bsz, h, e)))) in kv.into_iter().enumerate() {
             let top = pts.iter().map(|p| p.0).fold(0.0, f64::max);
             series.push(Series {
                 name: format!("{k} measured"),
                 points: pts,
                 line: false,
+                color: i,
             });
             series.push(Series {
                 name: format!("{k}: 2·L·B·n·H·e"),
@@ -599,6 +612,7 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                     .map(|&n| (n, mib(2.0 * (l * bsz * h) as f64 * n * e)))
                     .collect(),
                 line: true,
+                color: i,
             });
         }
         out.push((
@@ -651,7 +665,7 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                     "Optimizers on {}: gradients, state, and the first step's transient",
                     hardware::describe(group[0]).split(' ').take(3).collect::<Vec<_>>().join(" ")
                 ),
-                y_label: "MiB".into(),
+                y_label: "memory (MiB)".into(),
                 categories: group.iter().map(|r| r.optimizer.clone()).collect(),
                 stacks: vec![
                     ("gradients".into(), grads),

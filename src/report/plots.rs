@@ -29,6 +29,27 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// A line through the points (a fitted or formula curve) instead of markers.
     pub line: bool,
+    /// Index into the palette (a measured series and its curve share one).
+    pub color: usize,
+}
+
+/// Ten colours that stay apart on white (the Tableau 10 palette).
+const PALETTE: [(u8, u8, u8); 10] = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+];
+
+fn color(i: usize) -> RGBAColor {
+    let (r, g, b) = PALETTE[i % PALETTE.len()];
+    RGBColor(r, g, b).to_rgba()
 }
 
 /// Points and curves on linear or log-log axes.
@@ -145,8 +166,8 @@ macro_rules! draw_xy_body {
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
             }
         }
-        for (i, s) in c.series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+        for s in c.series.iter() {
+            let color = color(s.color);
             let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()
@@ -206,13 +227,14 @@ where
         .map(|i| c.stacks.iter().map(|(_, v)| v[i].max(0.0)).sum::<f64>())
         .fold(0.0, f64::max)
         .max(1e-9)
-        * 1.15;
+        // Headroom for the legend above the tallest bar.
+        * (1.1 + 0.07 * c.stacks.len() as f64);
     let mut ctx = ChartBuilder::on(root)
         .caption(&c.title, (FAMILY, 24))
         .margin(16)
         .x_label_area_size(64)
         .y_label_area_size(84)
-        .build_cartesian_2d((0..n).into_segmented(), 0.0..top)
+        .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..top)
         .map_err(err)?;
     let names = c.categories.clone();
     ctx.configure_mesh()
@@ -231,7 +253,7 @@ where
         .map_err(err)?;
     let mut base = vec![0.0; n];
     for (k, (name, vals)) in c.stacks.iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
+        let color = color(k);
         let rects: Vec<Rectangle<(SegmentValue<usize>, f64)>> = (0..n)
             .map(|i| {
                 let (y0, y1) = (base[i], base[i] + vals[i].max(0.0));
@@ -316,6 +338,7 @@ mod tests {
                 name: "forward".into(),
                 points: vec![(1.0, 1.1), (10.0, 9.0), (100.0, 100.0)],
                 line: false,
+                color: 0,
             }],
         })
     }
