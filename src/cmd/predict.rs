@@ -127,7 +127,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     human_bytes(c.calibrated_bytes),
                     c.rows,
                     c.held_out_pct
-                        .map_or("- (under 3 rows)".into(), |(a, m)| format!("{a:.3}/{m:.3} %"))
+                        .map_or("- (under 3 rows)".into(), |(a, m)| format!(
+                            "{a:.3}/{m:.3} %"
+                        ))
                 );
             }
         }

@@ -116,7 +116,8 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
         groups.entry(key(r)).or_default().push(r.clone());
     }
     let fits: Vec<_> = groups.iter().map(|(k, rows)| fit_group(k, rows)).collect();
-    let by_key: BTreeMap<&GroupKey, &crate::cmd::fit::GroupFit> = groups.keys().zip(&fits).collect();
+    let by_key: BTreeMap<&GroupKey, &crate::cmd::fit::GroupFit> =
+        groups.keys().zip(&fits).collect();
     let fitted = |r: &Row| -> Option<f64> {
         let g = by_key.get(&key(r))?;
         let x = crate::fit::features(r);

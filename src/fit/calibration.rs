@@ -69,7 +69,9 @@ pub struct Correction {
 
 impl Correction {
     pub fn apply(&self, predicted: u64) -> u64 {
-        (self.intercept + self.slope * predicted as f64).round().max(0.0) as u64
+        (self.intercept + self.slope * predicted as f64)
+            .round()
+            .max(0.0) as u64
     }
 }
 
@@ -143,12 +145,12 @@ impl Calibration {
         phases
             .iter()
             .map(|(phase, analytical)| {
-                let c = self
-                    .get(phase, device, dtype)
-                    .map_err(|message| UserError::Calibration {
-                        origin: self.origin.clone(),
-                        message,
-                    })?;
+                let c =
+                    self.get(phase, device, dtype)
+                        .map_err(|message| UserError::Calibration {
+                            origin: self.origin.clone(),
+                            message,
+                        })?;
                 Ok(Calibrated {
                     phase: phase.clone(),
                     analytical_bytes: *analytical,
@@ -246,12 +248,18 @@ mod tests {
         assert!(e.contains("phase forward on cpu in f32") && e.contains("forward/cuda/bf16"));
         assert!(c.get("decode", "cuda:0", "bf16").is_err());
         let e = c
-            .apply("cuda:0", "bf16", &[("forward".into(), 30), ("decode".into(), 5)])
+            .apply(
+                "cuda:0",
+                "bf16",
+                &[("forward".into(), 30), ("decode".into(), 5)],
+            )
             .unwrap_err()
             .to_string();
         assert!(e.contains("phase decode on cuda in bf16"), "{e}");
         // forward: 2 + 1·30 = 32.
-        let ok = c.apply("cuda:0", "bf16", &[("forward".into(), 30)]).unwrap();
+        let ok = c
+            .apply("cuda:0", "bf16", &[("forward".into(), 30)])
+            .unwrap();
         assert_eq!(ok[0].calibrated_bytes, 32);
     }
 }

@@ -234,6 +234,27 @@ mod tests {
         assert_eq!(off.phase("decode"), Ok(38_336));
     }
 
+    /// Achieved FLOP/s is the phase's FLOPs over the row's wall time; phases without products
+    /// and rows without a time say so instead of giving a number.
+    #[test]
+    fn achieved_from_a_row() {
+        let mut r: Row = serde_json::from_str(
+            r#"{"run_id":"r","case":0,"model":"gpt","preset":"custom","batch":2,"seq":4,
+            "max_seq":4,"hidden":8,"heads":2,"layers":1,"vocab":10,"dtype":"f32",
+            "device":"cpu","optimizer":"adamw","phase":"forward","status":"ok","error":null,
+            "params":1000,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
+            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":null,
+            "cpu_sys_s":null,"wall_s":0.5,"rss_peak_bytes":null,"threads":1}"#,
+        )
+        .unwrap();
+        assert_eq!(achieved(&r), Ok(14_592.0 * 2.0));
+        r.phase = "optimizer".into();
+        assert!(achieved(&r).is_err());
+        r.phase = "forward".into();
+        r.wall_s = None;
+        assert_eq!(achieved(&r), Err("no wall time"));
+    }
+
     /// GPT-2 small's train step at B 1, S 128: 6·P_mm·tokens + attention, with
     /// P_mm = 12·12·768² + 50257·768 = 123,532,032 → 6·P_mm·128 = 94,872,600,576, attention
     /// 3·12·4·128²·768 = 1,811,939,328: 96.68 GFLOP.

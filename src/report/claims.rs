@@ -27,25 +27,46 @@ pub const IDS: [(&str, &str); 27] = [
     ("D1", "big datasets sit in RAM or are memory-mapped"),
     ("D2", "more loader workers, more RAM"),
     ("D3", "augmentation makes temporary images (RAM peaks)"),
-    ("D4", "decoding/augmenting costs CPU; workers ≈ 0.5–0.8 × cores"),
+    (
+        "D4",
+        "decoding/augmenting costs CPU; workers ≈ 0.5–0.8 × cores",
+    ),
     ("D5", "loading barely touches GPU memory"),
-    ("D6", "pinned memory speeds copies; persistent workers avoid re-spawns"),
+    (
+        "D6",
+        "pinned memory speeds copies; persistent workers avoid re-spawns",
+    ),
     ("F1", "activations ∝ batch × sequence × hidden × layers"),
-    ("F2", "ViT-B/16, 224 px, batch 32: activations of several GB"),
+    (
+        "F2",
+        "ViT-B/16, 224 px, batch 32: activations of several GB",
+    ),
     ("F3", "an LLM at S 4096, B 4: activations over 20 GB"),
     ("F4", "a smaller batch is the most direct fix"),
     ("F5", "checkpointing trades compute for memory"),
     ("F6", "memory-efficient attention cuts attention memory"),
     ("B1", "gradients are as large as the parameters"),
     ("B2", "SGD keeps no state; Adam keeps 2 × the parameters"),
-    ("B3", "AdamW + fp16 ≈ 2 + 2 + 4 bytes per parameter (\"6×\"); literature 16–18 B"),
+    (
+        "B3",
+        "AdamW + fp16 ≈ 2 + 2 + 4 bytes per parameter (\"6×\"); literature 16–18 B",
+    ),
     ("B4", "1 B parameters, fp16 + AdamW ≈ 18 GB"),
-    ("B5", "ZeRO 2/3 shards state: memory falls with the GPU count"),
-    ("B6", "LoRA/QLoRA train small adapters: memory drops sharply"),
+    (
+        "B5",
+        "ZeRO 2/3 shards state: memory falls with the GPU count",
+    ),
+    (
+        "B6",
+        "LoRA/QLoRA train small adapters: memory drops sharply",
+    ),
     ("B7", "8-bit optimizer states halve optimizer memory"),
     ("I1", "weights ≈ parameters × bytes per element"),
     ("I2", "half precision halves it"),
-    ("N1", "inference holds only parameters, inputs and activations"),
+    (
+        "N1",
+        "inference holds only parameters, inputs and activations",
+    ),
     ("N2", "inference total ≈ 2 × parameter memory"),
     ("N3", "loading holds the model file in host RAM"),
     ("N4", "a KV cache costs 2 × L × B × S × H × bytes"),
@@ -54,9 +75,7 @@ pub const IDS: [(&str, &str); 27] = [
 ];
 
 fn statement(id: &str) -> &'static str {
-    IDS.iter()
-        .find(|(i, _)| *i == id)
-        .map_or("", |(_, s)| s)
+    IDS.iter().find(|(i, _)| *i == id).map_or("", |(_, s)| s)
 }
 
 /// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name.
@@ -126,7 +145,10 @@ pub fn config_key(r: &Row, skip: &str) -> String {
         f("weights", r.weights.clone()),
         f("load", r.load.clone()),
         f("attention", r.attention.clone()),
-        f("lora", format!("{} {} {}", r.lora_rank, r.lora_targets, r.lora_base)),
+        f(
+            "lora",
+            format!("{} {} {}", r.lora_rank, r.lora_targets, r.lora_base),
+        ),
         f("precision", r.precision.clone()),
         f("phase", r.phase.clone()),
     ]
@@ -274,12 +296,21 @@ impl<'a> Ctx<'a> {
         let mut b_ok = true;
         for (_, rows, e) in &b {
             used.extend(rows.iter().copied());
-            let g: Vec<String> = rows.iter().map(|r| mb(ret(r).unwrap_or(f64::NAN))).collect();
+            let g: Vec<String> = rows
+                .iter()
+                .map(|r| mb(ret(r).unwrap_or(f64::NAN)))
+                .collect();
             measured.push(format!(
                 "B {}: graph {} (exponent {})",
-                rows.iter().map(|r| r.batch.to_string()).collect::<Vec<_>>().join("/"),
+                rows.iter()
+                    .map(|r| r.batch.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/"),
                 g.join("/"),
-                e.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(", ")
+                e.iter()
+                    .map(|v| format!("{v:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
             b_ok &= e.iter().all(|v| (v - 1.0).abs() < 0.05);
         }
@@ -289,9 +320,18 @@ impl<'a> Ctx<'a> {
             used.extend(rows.iter().copied());
             measured.push(format!(
                 "S {} ({att}): graph {} (exponent {})",
-                rows.iter().map(|r| r.seq.to_string()).collect::<Vec<_>>().join("/"),
-                rows.iter().map(|r| mb(ret(r).unwrap_or(f64::NAN))).collect::<Vec<_>>().join("/"),
-                e.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(", ")
+                rows.iter()
+                    .map(|r| r.seq.to_string())
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                rows.iter()
+                    .map(|r| mb(ret(r).unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                e.iter()
+                    .map(|v| format!("{v:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
             if att == "efficient" {
                 s_eff.extend(e.iter().copied());
@@ -346,21 +386,26 @@ impl<'a> Ctx<'a> {
             .filter_map(|r| Some(format!("{} B{}: graph {}", r.preset, r.batch, mb(ret(r)?))))
             .collect();
         let big = v.iter().filter_map(|r| ret(r)).fold(0f64, f64::max);
-        Some(self.make(
-            "F2",
-            &v,
-            m.join("; "),
-            v.iter()
-                .filter_map(|r| r.predicted_retained_bytes)
-                .map(|b| mb(b as f64))
-                .collect::<Vec<_>>()
-                .join("; "),
-            if big >= 1e9 {
-                "several GB measured".into()
-            } else {
-                format!("largest graph measured {}: the claim's size was not reached", mb(big))
-            },
-        ))
+        Some(
+            self.make(
+                "F2",
+                &v,
+                m.join("; "),
+                v.iter()
+                    .filter_map(|r| r.predicted_retained_bytes)
+                    .map(|b| mb(b as f64))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                if big >= 1e9 {
+                    "several GB measured".into()
+                } else {
+                    format!(
+                        "largest graph measured {}: the claim's size was not reached",
+                        mb(big)
+                    )
+                },
+            ),
+        )
     }
 
     fn f3(&self) -> Option<Claim> {
@@ -376,13 +421,20 @@ impl<'a> Ctx<'a> {
                 .collect::<Vec<_>>()
                 .join("; ");
             let max = big.iter().filter_map(|r| ret(r)).fold(0f64, f64::max);
-            return Some(self.make(
-                "F3",
-                &big,
-                m,
-                "> 20 GB".into(),
-                if max > 20e9 { "holds (measured)" } else { "below 20 GB here" }.into(),
-            ));
+            return Some(
+                self.make(
+                    "F3",
+                    &big,
+                    m,
+                    "> 20 GB".into(),
+                    if max > 20e9 {
+                        "holds (measured)"
+                    } else {
+                        "below 20 GB here"
+                    }
+                    .into(),
+                ),
+            );
         }
         let p = crate::report::predicted_llama_forward().ok()?;
         Some(Claim {
@@ -404,7 +456,10 @@ impl<'a> Ctx<'a> {
         let s = sweeps(&ts, "train-step", "batch", |r| r.batch);
         let best = s.into_iter().max_by_key(|v| v.len())?;
         let x: Vec<Vec<f64>> = best.iter().map(|r| vec![1.0, r.batch as f64]).collect();
-        let y: Vec<f64> = best.iter().map(|r| r.peak_bytes.unwrap_or(0) as f64).collect();
+        let y: Vec<f64> = best
+            .iter()
+            .map(|r| r.peak_bytes.unwrap_or(0) as f64)
+            .collect();
         let f = crate::fit::least_squares(&x, &y)?;
         Some(self.make(
             "F4",
@@ -436,7 +491,9 @@ impl<'a> Ctx<'a> {
         let s = sweeps(&ts, "train-step", "checkpoint", |r| r.checkpoint);
         let best = s.into_iter().max_by_key(|v| v.len())?;
         let off = best.iter().find(|r| r.checkpoint == 0)?;
-        let min = best.iter().min_by_key(|r| r.peak_bytes.unwrap_or(u64::MAX))?;
+        let min = best
+            .iter()
+            .min_by_key(|r| r.peak_bytes.unwrap_or(u64::MAX))?;
         let (p0, p1) = (off.peak_bytes? as f64, min.peak_bytes? as f64);
         let wall = |r: &Row| r.wall_s.map_or("-".into(), |w| format!("{w:.2} s"));
         Some(self.make(
@@ -469,7 +526,9 @@ impl<'a> Ctx<'a> {
 
     fn f6(&self) -> Option<Claim> {
         let fw: Vec<&Row> = self.phase("forward").filter(|r| r.lora_rank == 0).collect();
-        let pairs = sweeps(&fw, "forward", "attention", |r| (r.attention == "efficient") as u64);
+        let pairs = sweeps(&fw, "forward", "attention", |r| {
+            (r.attention == "efficient") as u64
+        });
         let mut used = Vec::new();
         let mut m = Vec::new();
         let mut ratios = Vec::new();
@@ -516,10 +575,16 @@ impl<'a> Ctx<'a> {
         Some(self.make(
             "B1",
             &used,
-            format!("gradients kept after backward: {lo:.4}–{hi:.4} B/param over {} cases", g.len()),
+            format!(
+                "gradients kept after backward: {lo:.4}–{hi:.4} B/param over {} cases",
+                g.len()
+            ),
             "e B/param (4 for f32, 2 for 16-bit)".into(),
             if worst < 0.02 {
-                format!("holds (within {:.2} %: candle's bookkeeping)", worst * 100.0)
+                format!(
+                    "holds (within {:.2} %: candle's bookkeeping)",
+                    worst * 100.0
+                )
             } else {
                 format!("off by up to {:.1} %", worst * 100.0)
             },
@@ -580,7 +645,15 @@ impl<'a> Ctx<'a> {
                 let total = ret(i)? + ret(b)? + ret(o)?;
                 Some((
                     *i,
-                    format!("{} {}", o.dtype, if o.precision.is_empty() { "pure" } else { &o.precision }),
+                    format!(
+                        "{} {}",
+                        o.dtype,
+                        if o.precision.is_empty() {
+                            "pure"
+                        } else {
+                            &o.precision
+                        }
+                    ),
                     total / o.params as f64,
                 ))
             })
@@ -608,8 +681,10 @@ impl<'a> Ctx<'a> {
 
     fn b4(&self) -> Option<Claim> {
         let s = self.model_state();
-        let mixed: Vec<&(&Row, String, f64)> =
-            s.iter().filter(|(r, _, _)| r.precision == "mixed").collect();
+        let mixed: Vec<&(&Row, String, f64)> = s
+            .iter()
+            .filter(|(r, _, _)| r.precision == "mixed")
+            .collect();
         let pure16: Vec<&(&Row, String, f64)> = s
             .iter()
             .filter(|(r, _, _)| r.precision != "mixed" && r.dtype != "f32")
@@ -689,7 +764,13 @@ impl<'a> Ctx<'a> {
             if let Some(v) = state(r) {
                 used.push(r);
                 best = best.min(v);
-                m.push(format!("r{} {} {} {}", r.lora_rank, r.lora_targets, r.lora_base, mb(v)));
+                m.push(format!(
+                    "r{} {} {} {}",
+                    r.lora_rank,
+                    r.lora_targets,
+                    r.lora_base,
+                    mb(v)
+                ));
             }
         }
         if used.len() < 2 {
@@ -715,7 +796,10 @@ impl<'a> Ctx<'a> {
 
     fn b7(&self) -> Option<Claim> {
         let s = self.per_param("optimizer", |r| plain(r) && r.dtype == "f32");
-        let (r8, v8) = s.iter().find(|(r, _)| r.optimizer == "adamw-8bit").copied()?;
+        let (r8, v8) = s
+            .iter()
+            .find(|(r, _)| r.optimizer == "adamw-8bit")
+            .copied()?;
         let (ra, va) = s
             .iter()
             .find(|(r, _)| {
@@ -770,8 +854,9 @@ impl<'a> Ctx<'a> {
             let i = self.per_param(phase, |r| r.lora_rank == 0 && r.precision != "mixed");
             let half = i.iter().find(|(r, _)| r.dtype != "f32");
             let f32s = half.and_then(|(h, _)| {
-                i.iter()
-                    .find(|(r, _)| r.dtype == "f32" && config_key(r, "dtype") == config_key(h, "dtype"))
+                i.iter().find(|(r, _)| {
+                    r.dtype == "f32" && config_key(r, "dtype") == config_key(h, "dtype")
+                })
             });
             if let (Some((a, va)), Some((b, vb))) = (f32s, half) {
                 return Some(self.make(
@@ -814,7 +899,10 @@ impl<'a> Ctx<'a> {
         let mut used = Vec::new();
         let mut m = Vec::new();
         let mut ratios = Vec::new();
-        for r in self.phase("inference").filter(|r| r.lora_rank == 0 && r.weights != "f16") {
+        for r in self
+            .phase("inference")
+            .filter(|r| r.lora_rank == 0 && r.weights != "f16")
+        {
             let c = self.case_of(r);
             let Some(w) = c.get("init").and_then(|i| ret(i)) else {
                 continue;
@@ -882,7 +970,12 @@ impl<'a> Ctx<'a> {
             let want = 2.0 * (r.layers * r.batch * r.decode_tokens * r.hidden) as f64 * elem(r);
             let got = ret(r)?;
             worst = worst.max((got / want - 1.0).abs());
-            m.push(format!("{} T{}: {} B", label(r), r.decode_tokens, got as u64));
+            m.push(format!(
+                "{} T{}: {} B",
+                label(r),
+                r.decode_tokens,
+                got as u64
+            ));
         }
         let per_token = |r: &Row| r.wall_s.map(|w| w / r.decode_tokens.max(1) as f64);
         let speed: Vec<String> = d
@@ -937,15 +1030,20 @@ impl<'a> Ctx<'a> {
         let mut used = Vec::new();
         let m: Vec<String> = inf
             .iter()
-            .filter(|r| q.iter().any(|x| config_key(x, "weights") == config_key(r, "weights")))
+            .filter(|r| {
+                q.iter()
+                    .any(|x| config_key(x, "weights") == config_key(r, "weights"))
+            })
             .map(|r| {
                 used.push(*r);
                 format!(
                     "{}: peak {}{}",
                     r.weights,
                     mb(r.peak_bytes.unwrap_or(0) as f64),
-                    r.logits_rel_error
-                        .map_or(String::new(), |e| format!(", logits error {:.2} %", e * 100.0))
+                    r.logits_rel_error.map_or(String::new(), |e| format!(
+                        ", logits error {:.2} %",
+                        e * 100.0
+                    ))
                 )
             })
             .collect();
@@ -993,7 +1091,9 @@ impl<'a> Ctx<'a> {
 }
 
 fn minmax(v: impl Iterator<Item = f64>) -> (f64, f64) {
-    v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)))
+    v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    })
 }
 
 /// Mean value per label, in first-seen order.
@@ -1017,14 +1117,18 @@ fn would(id: &str) -> &'static str {
         "D1" | "D2" | "D3" | "D4" | "D5" | "D6" => {
             "a data-loading workload (the data phase of issue 7) would"
         }
-        "F1" => "forward rows differing only in batch or sequence (`seed-attention`, `seed-checkpoint`) would",
+        "F1" => {
+            "forward rows differing only in batch or sequence (`seed-attention`, `seed-checkpoint`) would"
+        }
         "F2" => "a ViT-B/16 forward at 224 px, batch 32 would",
         "F3" => "a B 4 × S 4096 forward (the H200 workload) would",
         "F4" => "train-step rows at several batch sizes (`seed-checkpoint`) would",
         "F5" => "train-step rows at several checkpoint segment lengths (`seed-checkpoint`) would",
         "F6" => "standard and efficient attention at the same shape (`seed-attention`) would",
         "B1" | "B2" | "B7" => "`seed-optimizers` would",
-        "B3" | "B4" | "B5" => "`seed-precision` (init, backward and optimizer of AdamW in f16 pure and mixed) would",
+        "B3" | "B4" | "B5" => {
+            "`seed-precision` (init, backward and optimizer of AdamW in f16 pure and mixed) would"
+        }
         "B6" => "`seed-lora` would",
         "I1" => "init rows (the default workload) would",
         "I2" => "f32 and f16 init or load rows (`seed-precision`, `seed-load`) would",
@@ -1049,7 +1153,19 @@ mod tests {
         }
         let d1 = &c[0];
         assert!(d1.measured.starts_with("not measured in these results:"));
-        assert!(c.iter().find(|c| c.id == "N6").unwrap().measured.contains("candle has no graph compilation"));
-        assert!(c.iter().find(|c| c.id == "B1").unwrap().measured.contains("seed-optimizers"));
+        assert!(
+            c.iter()
+                .find(|c| c.id == "N6")
+                .unwrap()
+                .measured
+                .contains("candle has no graph compilation")
+        );
+        assert!(
+            c.iter()
+                .find(|c| c.id == "B1")
+                .unwrap()
+                .measured
+                .contains("seed-optimizers")
+        );
     }
 }

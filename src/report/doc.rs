@@ -9,7 +9,10 @@ pub enum Block {
     /// Header cells and rows of cells (plain text; `|` is escaped in Markdown).
     Table(Vec<String>, Vec<Vec<String>>),
     /// A plot: its file stem (`NAME.svg`, `NAME.png` beside the report) and a caption.
-    Plot { name: String, caption: String },
+    Plot {
+        name: String,
+        caption: String,
+    },
 }
 
 fn md_cell(s: &str) -> String {
@@ -83,7 +86,9 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
     );
     for b in blocks {
         match b {
-            Block::Heading(level, t) => out.push_str(&format!("<h{level}>{}</h{level}>\n", inline(t))),
+            Block::Heading(level, t) => {
+                out.push_str(&format!("<h{level}>{}</h{level}>\n", inline(t)))
+            }
             Block::Para(t) => out.push_str(&format!("<p>{}</p>\n", inline(t))),
             Block::Table(head, rows) => {
                 out.push_str("<table>\n<tr>");
@@ -110,7 +115,10 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                     }
                     None => out.push_str(&format!("<p>(plot {} missing)</p>", escape(name))),
                 }
-                out.push_str(&format!("\n<figcaption>{}</figcaption>\n</figure>\n", inline(caption)));
+                out.push_str(&format!(
+                    "\n<figcaption>{}</figcaption>\n</figure>\n",
+                    inline(caption)
+                ));
             }
         }
     }

@@ -147,7 +147,10 @@ pub fn describe(r: &Row) -> String {
     if r.phase == "decode" {
         s.push_str(&format!(" T{} cache {}", r.decode_tokens, r.kv_cache));
     }
-    if !r.weights.is_empty() && r.weights != "model" && matches!(r.phase.as_str(), "inference" | "prefill" | "decode") {
+    if !r.weights.is_empty()
+        && r.weights != "model"
+        && matches!(r.phase.as_str(), "inference" | "prefill" | "decode")
+    {
         s.push_str(&format!(" {}", r.weights));
     }
     if matches!(r.phase.as_str(), "backward" | "train-step" | "optimizer") {

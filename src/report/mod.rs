@@ -56,6 +56,12 @@ pub struct Report {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// A set's peak FLOP/s per element type.
+type PeakFn = Box<dyn Fn(&str) -> Option<hardware::Peak>>;
+
+/// KV cache points (tokens, MiB) of one configuration and its (L, B, H, bytes per element).
+type KvSeries = (Vec<(f64, f64)>, (u64, u64, u64, f64));
+
 fn err_pct(r: &Row) -> Option<f64> {
     match (r.peak_bytes, r.predicted_peak_bytes) {
         (Some(m), Some(p)) => table::error_pct(m, p),
@@ -93,7 +99,11 @@ pub fn predicted_llama_forward() -> anyhow::Result<(u64, u64)> {
 /// Builds the whole report.
 pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     let mut b: Vec<Block> = Vec::new();
-    let all: Vec<Row> = inp.sets.iter().flat_map(|s| s.rows.iter().cloned()).collect();
+    let all: Vec<Row> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.rows.iter().cloned())
+        .collect();
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
     b.push(Block::Para(format!(
@@ -151,16 +161,29 @@ fn environment(b: &mut Vec<Block>, inp: &Inputs) {
                 format!("{} ({} cores)", m.cpu_model, m.cores),
                 m.threads.to_string(),
                 m.os.clone(),
-                format!("memfit {} ({}), candle {}", m.memfit_version, m.git_commit, m.candle_version),
-                m.device_memory_bytes.map_or("—".into(), |v| human_bytes(v as f64)),
-                m.cuda_context_bytes.map_or("—".into(), |v| human_bytes(v as f64)),
+                format!(
+                    "memfit {} ({}), candle {}",
+                    m.memfit_version, m.git_commit, m.candle_version
+                ),
+                m.device_memory_bytes
+                    .map_or("—".into(), |v| human_bytes(v as f64)),
+                m.cuda_context_bytes
+                    .map_or("—".into(), |v| human_bytes(v as f64)),
             ]);
         }
     }
     b.push(Block::Table(
         [
-            "set", "run", "workload", "device", "CPU", "threads", "OS", "software",
-            "device memory", "CUDA context",
+            "set",
+            "run",
+            "workload",
+            "device",
+            "CPU",
+            "threads",
+            "OS",
+            "software",
+            "device memory",
+            "CUDA context",
         ]
         .map(String::from)
         .to_vec(),
@@ -177,7 +200,10 @@ fn environment(b: &mut Vec<Block>, inp: &Inputs) {
 }
 
 fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
-    b.push(Block::Heading(2, "Per phase: measured against the formulas".into()));
+    b.push(Block::Heading(
+        2,
+        "Per phase: measured against the formulas".into(),
+    ));
     let mut by: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
     for r in ok {
         by.entry(r.phase.as_str()).or_default().push(r);
@@ -186,7 +212,10 @@ fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
         .iter()
         .map(|(p, rs)| {
             let errs: Vec<f64> = rs.iter().filter_map(|r| err_pct(r).map(f64::abs)).collect();
-            let peaks: Vec<f64> = rs.iter().filter_map(|r| r.peak_bytes.map(|v| v as f64)).collect();
+            let peaks: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.peak_bytes.map(|v| v as f64))
+                .collect();
             vec![
                 p.to_string(),
                 rs.len().to_string(),
@@ -209,9 +238,15 @@ fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
         })
         .collect();
     b.push(Block::Table(
-        ["phase", "rows", "peak range", "mean |error| %", "max |error| %"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "phase",
+            "rows",
+            "peak range",
+            "mean |error| %",
+            "max |error| %",
+        ]
+        .map(String::from)
+        .to_vec(),
         summary,
     ));
     for (p, rs) in &by {
@@ -233,8 +268,14 @@ fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
             .collect();
         b.push(Block::Table(
             [
-                "configuration", "device", "measured peak", "predicted", "error %", "retained",
-                "RSS peak", "wall s",
+                "configuration",
+                "device",
+                "measured peak",
+                "predicted",
+                "error %",
+                "retained",
+                "RSS peak",
+                "wall s",
             ]
             .map(String::from)
             .to_vec(),
@@ -252,7 +293,8 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
          a group has too few rows."
             .into(),
     ));
-    let pair = |h: Option<(f64, f64)>| h.map_or("—".to_string(), |(a, m)| format!("{a:.2} / {m:.2}"));
+    let pair =
+        |h: Option<(f64, f64)>| h.map_or("—".to_string(), |(a, m)| format!("{a:.2} / {m:.2}"));
     let rows = inp
         .fits
         .iter()
@@ -263,7 +305,11 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
                 g.dtype.clone(),
                 g.variant.clone(),
                 g.rows.to_string(),
-                if g.r2.is_nan() { "—".into() } else { format!("{:.6}", g.r2) },
+                if g.r2.is_nan() {
+                    "—".into()
+                } else {
+                    format!("{:.6}", g.r2)
+                },
                 pair(g.kfold),
                 pair(g.extrapolation),
                 g.coefficients
@@ -277,18 +323,34 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
         .collect();
     b.push(Block::Table(
         [
-            "phase", "device", "dtype", "variant", "rows", "R²", "5-fold mean / max %",
-            "extrapolation mean / max %", "fit (bytes)",
+            "phase",
+            "device",
+            "dtype",
+            "variant",
+            "rows",
+            "R²",
+            "5-fold mean / max %",
+            "extrapolation mean / max %",
+            "fit (bytes)",
         ]
         .map(String::from)
         .to_vec(),
         rows,
     ));
-    b.push(Block::Heading(2, "Textbook formulas on the same rows".into()));
+    b.push(Block::Heading(
+        2,
+        "Textbook formulas on the same rows".into(),
+    ));
     b.push(Block::Table(
-        ["formula", "against", "cases", "mean |error| %", "max |error| %"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "formula",
+            "against",
+            "cases",
+            "mean |error| %",
+            "max |error| %",
+        ]
+        .map(String::from)
+        .to_vec(),
         inp.textbook
             .iter()
             .map(|t| {
@@ -335,9 +397,16 @@ fn claims_section(b: &mut Vec<Block>, all: &[Row], inp: &Inputs) {
         })
         .collect();
     b.push(Block::Table(
-        ["claim", "statement", "workload", "measured", "predicted", "verdict"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "claim",
+            "statement",
+            "workload",
+            "measured",
+            "predicted",
+            "verdict",
+        ]
+        .map(String::from)
+        .to_vec(),
         rows,
     ));
 }
@@ -354,9 +423,13 @@ fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
     let device_names: Vec<String> = inp
         .sets
         .iter()
-        .map(|s| s.metas.first().map_or(String::new(), |m| m.device_name.clone()))
+        .map(|s| {
+            s.metas
+                .first()
+                .map_or(String::new(), |m| m.device_name.clone())
+        })
         .collect();
-    let peak_fns: Vec<Box<dyn Fn(&str) -> Option<hardware::Peak>>> = inp
+    let peak_fns: Vec<PeakFn> = inp
         .sets
         .iter()
         .zip(&device_names)
@@ -370,7 +443,11 @@ fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
                     return Some(p);
                 }
                 match &cpu {
-                    Some(c) if is_cpu && dtype == "f32" && cpu_model.as_deref() == Some(c.cpu_model.as_str()) => {
+                    Some(c)
+                        if is_cpu
+                            && dtype == "f32"
+                            && cpu_model.as_deref() == Some(c.cpu_model.as_str()) =>
+                    {
                         Some(hardware::Peak {
                             flops: c.flops,
                             source: c.how.clone(),
@@ -378,7 +455,7 @@ fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
                     }
                     _ => None,
                 }
-            }) as Box<dyn Fn(&str) -> Option<hardware::Peak>>
+            }) as PeakFn
         })
         .collect();
     let views: Vec<hardware::SetView> = inp
@@ -407,7 +484,10 @@ fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
             if let Some(p) = (v.peak)(dtype) {
                 notes.push(format!(
                     "{} ({}), {dtype}: peak {:.1} GFLOP/s — {}",
-                    v.label, v.device_name, p.flops / 1e9, p.source
+                    v.label,
+                    v.device_name,
+                    p.flops / 1e9,
+                    p.source
                 ));
             }
         }
@@ -445,7 +525,10 @@ fn breakdown_legend(b: &mut Vec<Block>, ok: &[&Row]) {
             let r = c["optimizer"];
             let mut d = hardware::describe(r);
             if r.lora_rank > 0 {
-                d.push_str(&format!(" LoRA r{} {} {}", r.lora_rank, r.lora_targets, r.lora_base));
+                d.push_str(&format!(
+                    " LoRA r{} {} {}",
+                    r.lora_rank, r.lora_targets, r.lora_base
+                ));
             }
             vec![(i + 1).to_string(), d]
         })
@@ -557,13 +640,13 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
     // 3. Stacked breakdown of training cases.
     let cases = breakdown_cases(ok);
     if !cases.is_empty() {
-        let val = |c: &BTreeMap<&str, &Row>, p: &str| {
-            mib(c[p].retained_bytes.unwrap_or(0).max(0) as f64)
-        };
+        let val =
+            |c: &BTreeMap<&str, &Row>, p: &str| mib(c[p].retained_bytes.unwrap_or(0).max(0) as f64);
         out.push((
             "breakdown".to_string(),
             Chart::Bars(BarChart {
-                title: "What a training step holds, per case (bars numbered as in the table)".into(),
+                title: "What a training step holds, per case (bars numbered as in the table)"
+                    .into(),
                 y_label: "retained after the phase (MiB)".into(),
                 categories: (1..=cases.len()).map(|i| i.to_string()).collect(),
                 stacks: [
@@ -579,21 +662,33 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
         ));
     }
     // 4. KV cache growth: prefill's cache (S tokens) and after decode (S + T), with 2·L·B·n·H·e.
-    let mut kv: BTreeMap<String, (Vec<(f64, f64)>, (u64, u64, u64, f64))> = BTreeMap::new();
-    for d in ok.iter().filter(|r| r.phase == "decode" && r.kv_cache == "on") {
-        let Some(p) = ok.iter().find(|p| {
-            p.phase == "prefill" && p.run_id == d.run_id && p.case == d.case
-        }) else {
+    let mut kv: BTreeMap<String, KvSeries> = BTreeMap::new();
+    for d in ok
+        .iter()
+        .filter(|r| r.phase == "decode" && r.kv_cache == "on")
+    {
+        let Some(p) = ok
+            .iter()
+            .find(|p| p.phase == "prefill" && p.run_id == d.run_id && p.case == d.case)
+        else {
             continue;
         };
         let (Some(pr), Some(dr)) = (p.retained_bytes, d.retained_bytes) else {
             continue;
         };
-        let e = if d.weights == "f16" || d.precision == "mixed" || d.dtype != "f32" { 2.0 } else { 4.0 };
+        let e = if d.weights == "f16" || d.precision == "mixed" || d.dtype != "f32" {
+            2.0
+        } else {
+            4.0
+        };
         let key = format!("{} B{} {}", d.preset, d.batch, d.weights);
-        let entry = kv.entry(key).or_insert((Vec::new(), (d.layers, d.batch, d.hidden, e)));
+        let entry = kv
+            .entry(key)
+            .or_insert((Vec::new(), (d.layers, d.batch, d.hidden, e)));
         entry.0.push((d.seq as f64, mib(pr as f64)));
-        entry.0.push(((d.seq + d.decode_tokens) as f64, mib((pr + dr) as f64)));
+        entry
+            .0
+            .push(((d.seq + d.decode_tokens) as f64, mib((pr + dr) as f64)));
     }
     if !kv.is_empty() {
         let mut series = Vec::new();
@@ -651,11 +746,17 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                     .map_or(0.0, |v| mib(v as f64))
             })
             .collect();
-        let state: Vec<f64> = group.iter().map(|o| mib(o.retained_bytes.unwrap_or(0) as f64)).collect();
+        let state: Vec<f64> = group
+            .iter()
+            .map(|o| mib(o.retained_bytes.unwrap_or(0) as f64))
+            .collect();
         let step: Vec<f64> = group
             .iter()
             .map(|o| {
-                mib((o.peak_bytes.unwrap_or(0) as f64 - o.retained_bytes.unwrap_or(0) as f64).max(0.0))
+                mib(
+                    (o.peak_bytes.unwrap_or(0) as f64 - o.retained_bytes.unwrap_or(0) as f64)
+                        .max(0.0),
+                )
             })
             .collect();
         out.push((
@@ -663,7 +764,11 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             Chart::Bars(BarChart {
                 title: format!(
                     "Optimizers on {}: gradients, state, and the first step's transient",
-                    hardware::describe(group[0]).split(' ').take(3).collect::<Vec<_>>().join(" ")
+                    hardware::describe(group[0])
+                        .split(' ')
+                        .take(3)
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 ),
                 y_label: "memory (MiB)".into(),
                 categories: group.iter().map(|r| r.optimizer.clone()).collect(),
