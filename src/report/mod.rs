@@ -584,10 +584,21 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             let mut sw = claims::sweeps(ok, phase, axis, get);
             sw.sort_by_key(|s| std::cmp::Reverse(s.len()));
             for s in sw.into_iter().take(if axis == "seq" { 2 } else { 1 }) {
-                let tag = if axis == "seq" && s[0].attention == "efficient" {
-                    format!("{phase} (efficient attn)")
+                let r0 = s[0];
+                let shape = if r0.preset == "custom" {
+                    format!("H{} L{}", r0.hidden, r0.layers)
                 } else {
-                    phase.to_string()
+                    r0.preset.clone()
+                };
+                let fixed = if axis == "batch" {
+                    format!("{shape} L{} S{}", r0.layers, r0.seq)
+                } else {
+                    format!("{shape} L{} B{}", r0.layers, r0.batch)
+                };
+                let tag = if axis == "seq" && r0.attention == "efficient" {
+                    format!("{phase}, efficient attn ({fixed})")
+                } else {
+                    format!("{phase} ({fixed})")
                 };
                 let color = series.len() / 2;
                 series.push(Series {
