@@ -153,7 +153,10 @@ pub fn describe(r: &Row) -> String {
     {
         s.push_str(&format!(" {}", r.weights));
     }
-    if matches!(r.phase.as_str(), "backward" | "train-step" | "optimizer") {
+    if matches!(
+        r.phase.as_str(),
+        "init" | "forward" | "backward" | "train-step" | "optimizer"
+    ) {
         s.push_str(&format!(" {}", r.optimizer));
     }
     s
