@@ -571,12 +571,24 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|(r, v)| (v / elem(r) - 1.0).abs())
             .fold(0f64, f64::max);
-        let (lo, hi) = minmax(g.iter().map(|x| x.1));
+        let per_dtype: Vec<String> = ["f32", "f16", "bf16"]
+            .iter()
+            .filter_map(|d| {
+                let v: Vec<f64> = g
+                    .iter()
+                    .filter(|(r, _)| r.dtype == *d)
+                    .map(|x| x.1)
+                    .collect();
+                let (lo, hi) = minmax(v.iter().copied());
+                (!v.is_empty()).then(|| format!("{d} {lo:.4}–{hi:.4}"))
+            })
+            .collect();
         Some(self.make(
             "B1",
             &used,
             format!(
-                "gradients kept after backward: {lo:.4}–{hi:.4} B/param over {} cases",
+                "gradients kept after backward, B/param: {} ({} cases)",
+                per_dtype.join(", "),
                 g.len()
             ),
             "e B/param (4 for f32, 2 for 16-bit)".into(),
@@ -675,7 +687,20 @@ impl<'a> Ctx<'a> {
             &used,
             format!("AdamW weights + gradients + state, B/param: {}", m.join(", ")),
             "the note: 2 + 2 + 4 = 8 B (\"6×\"); literature 16–18 B with f32 masters".into(),
-            "the note's 6× matches nothing measured: pure 16-bit is 8 B/param, mixed precision 16 B/param plus a 2 B/param working copy while a graph lives (the literature's 16–18)".into(),
+            {
+                let pick = |mixed: bool| {
+                    s.iter()
+                        .find(|(r, _, _)| r.dtype != "f32" && (r.precision == "mixed") == mixed)
+                        .map(|(r, _, v)| (elem(r), *v))
+                };
+                match (pick(false), pick(true)) {
+                    (Some((_, p)), Some((e, m))) => format!(
+                        "\"6×\" matches nothing measured: pure 16-bit {p:.1} B/param; mixed {m:.1} B/param plus the {e:.0} B/param working copy while a graph lives = {:.1} (the literature's 16–18 holds)",
+                        m + e
+                    ),
+                    _ => "needs both pure and mixed 16-bit AdamW cases to judge".into(),
+                }
+            },
         ))
     }
 
@@ -701,7 +726,17 @@ impl<'a> Ctx<'a> {
                 pure16.first().map_or(String::new(), |p| format!(", pure 16-bit {}", gb(p.2)))
             ),
             "≈ 18 GB".into(),
-            "holds as the mixed-precision figure plus the 2 GB working copy; pure fp16 needs less than half".into(),
+            {
+                let e = elem(m.0);
+                format!(
+                    "holds for mixed precision: {:.1} GB + the {e:.0} GB 16-bit working copy = {:.1} GB of model state{}",
+                    m.2,
+                    m.2 + e,
+                    pure16
+                        .first()
+                        .map_or(String::new(), |p| format!("; pure 16-bit needs {:.1} GB", p.2))
+                )
+            },
         ))
     }
 
@@ -1143,6 +1178,71 @@ fn would(id: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(phase: &str, optimizer: &str, retained: i64) -> Row {
+        let mut r: Row = serde_json::from_str(
+            r#"{"run_id":"r","case":0,"model":"gpt","preset":"custom","batch":2,"seq":8,
+            "max_seq":8,"hidden":16,"heads":2,"layers":3,"vocab":10,"dtype":"f32",
+            "device":"cpu","optimizer":"adamw","phase":"init","status":"ok","error":null,
+            "params":1000,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
+            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":null,
+            "cpu_sys_s":null,"wall_s":null,"rss_peak_bytes":null,"threads":1}"#,
+        )
+        .unwrap();
+        r.phase = phase.into();
+        r.optimizer = optimizer.into();
+        r.retained_bytes = Some(retained);
+        r.peak_bytes = Some(retained.max(0) as u64 + 100);
+        r
+    }
+
+    /// Worked by hand: 1000 parameters; gradients 4004 B → 4.004 B/param (0.1 % over 4);
+    /// AdamW state 8000 B → 8.000, SGD 0; a decode of T 5 with the cache, L 3, B 2, H 16, f32
+    /// grows by 2·3·2·5·16·4 = 3840 B exactly.
+    #[test]
+    fn claims_from_hand_made_rows() {
+        let mut sgd = row("optimizer", "sgd", 0);
+        sgd.case = 1;
+        let mut dec = row("decode", "adamw", 3840);
+        dec.case = 2;
+        dec.decode_tokens = 5;
+        dec.kv_cache = "on".into();
+        dec.weights = "model".into();
+        let rows = vec![
+            row("backward", "adamw", 4004),
+            row("optimizer", "adamw", 8000),
+            sgd,
+            dec,
+        ];
+        let c = evaluate(&rows, &BTreeMap::from([("r".into(), "hand".into())]));
+        let get = |id: &str| c.iter().find(|c| c.id == id).unwrap();
+        assert!(
+            get("B1").measured.contains("f32 4.0040–4.0040"),
+            "{:?}",
+            get("B1")
+        );
+        assert!(get("B1").verdict.starts_with("holds (within 0.10 %"));
+        assert_eq!(get("B1").workload, "hand");
+        assert!(
+            get("B2").measured.contains("adamw 8.000") && get("B2").measured.contains("sgd 0.000")
+        );
+        assert!(get("B2").verdict.starts_with("holds"));
+        assert!(
+            get("N4").measured.contains("T5: 3840 B")
+                && get("N4").verdict.starts_with("holds exactly")
+        );
+        // Off by one byte: no longer exact.
+        let mut off = rows.clone();
+        off[3].retained_bytes = Some(3841);
+        let c = evaluate(&off, &BTreeMap::new());
+        assert!(
+            c.iter()
+                .find(|c| c.id == "N4")
+                .unwrap()
+                .verdict
+                .starts_with("off by")
+        );
+    }
 
     #[test]
     fn every_id_once_and_missing_says_why() {
