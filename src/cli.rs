@@ -46,6 +46,27 @@ pub enum Command {
         after_help = "Example:\n  memfit max-batch --preset small --seq 128 --budget 1GiB\n  memfit max-batch --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 64 --budget 64MiB --json"
     )]
     MaxBatch(Box<MaxBatchArgs>),
+    /// Write a report (Markdown, HTML, PNG and SVG plots) from stored results: per-phase
+    /// tables, fits, textbook formulas, the claims table and a hardware comparison. Each
+    /// argument is one result set (a machine); nothing is measured.
+    #[command(
+        after_help = "Examples:\n  memfit report results/cpu --out docs/report\n  memfit report results/cpu results/h200 --out report --measure-cpu-peak"
+    )]
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Result sets: folders searched for results.jsonl (else results.h5), or files; one set each.
+    #[arg(required = true)]
+    pub results: Vec<PathBuf>,
+    /// Folder the report is written to (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Measure this CPU's f32 matmul FLOP/s (a few seconds) as the CPU sets' peak, when this
+    /// host's CPU model is the results' one.
+    #[arg(long)]
+    pub measure_cpu_peak: bool,
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +113,10 @@ pub struct PredictArgs {
     /// One JSON object per case instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Stored results (folder or file, any format `fit` reads) to calibrate the analytical
+    /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

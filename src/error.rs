@@ -24,4 +24,6 @@ pub enum UserError {
     },
     #[error("{path}: {message}")]
     Output { path: String, message: String },
+    #[error("calibration {origin}: {message}")]
+    Calibration { origin: String, message: String },
 }

@@ -12,7 +12,7 @@ use crate::record::{Row, Status};
 use crate::store;
 
 /// Rows measured under the same conditions: one fit each.
-type GroupKey = (
+pub type GroupKey = (
     String,
     String,
     String,
@@ -25,7 +25,7 @@ type GroupKey = (
     String,
 );
 
-fn key(r: &Row) -> GroupKey {
+pub fn key(r: &Row) -> GroupKey {
     (
         r.phase.clone(),
         r.model.clone(),
@@ -41,7 +41,7 @@ fn key(r: &Row) -> GroupKey {
 }
 
 /// The result files under `p`: itself, or every `results.jsonl` (else `results.h5`) below it.
-fn result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
+pub fn result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
     let unreadable = |e: std::io::Error| UserError::Unreadable {
         origin: p.display().to_string(),
         message: e.to_string(),
@@ -68,7 +68,7 @@ fn result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
     Ok(())
 }
 
-fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
+pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("h5") | Some("hdf5") => Ok(store::hdf5::read(path)?.1),
         _ => store::jsonl::read(path),
@@ -175,7 +175,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
+pub fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
     let x: Vec<Vec<f64>> = rows.iter().map(|r| fit::features(r).to_vec()).collect();
     let y: Vec<f64> = rows
         .iter()

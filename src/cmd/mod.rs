@@ -4,6 +4,7 @@ pub mod convert;
 pub mod fit;
 pub mod max_batch;
 pub mod predict;
+pub mod report;
 pub mod run;
 
 use crate::cli::{Cli, Command};
@@ -16,5 +17,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Predict(args) => predict::predict(&args),
         Command::Fit(args) => fit::fit_cmd(&args),
         Command::MaxBatch(args) => max_batch::max_batch(&args),
+        Command::Report(args) => report::report(&args),
     }
 }

@@ -37,6 +37,9 @@ pub struct CasePrediction {
     pub fits: Option<bool>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
+    /// With `--calibration`: each phase's peak corrected by the stored measurements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<Vec<crate::fit::calibration::Calibrated>>,
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
@@ -78,8 +81,20 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             }
         );
     }
+    let calibration = args
+        .calibration
+        .as_deref()
+        .map(crate::fit::calibration::load)
+        .transpose()?;
     for case in &cases {
-        let p = predict_case(case, threads, budget);
+        let mut p = predict_case(case, threads, budget);
+        if let Some(c) = &calibration {
+            p.calibrated = Some(c.apply(
+                &case.device.to_string(),
+                case.dtype.as_str(),
+                &p.phase_peak_bytes,
+            )?);
+        }
         if args.json {
             println!("{}", serde_json::to_string(&p)?);
         } else {
@@ -106,6 +121,19 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 human_bytes(p.inference_total_bytes),
                 step,
             );
+            for c in p.calibrated.iter().flatten() {
+                println!(
+                    "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {})",
+                    c.phase,
+                    human_bytes(c.analytical_bytes),
+                    human_bytes(c.calibrated_bytes),
+                    c.rows,
+                    c.held_out_pct
+                        .map_or("- (under 3 rows)".into(), |(a, m)| format!(
+                            "{a:.3}/{m:.3} %"
+                        ))
+                );
+            }
         }
     }
     Ok(())
@@ -162,6 +190,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         inference_total_bytes: shape.weights_bytes() + at(Phase::Inference),
         fits,
         max_batch,
+        calibrated: None,
     }
 }
 

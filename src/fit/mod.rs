@@ -9,6 +9,7 @@
 //! groups still fit; the solve uses an SVD, so collinear features give the minimum-norm solution
 //! instead of failing.
 
+pub mod calibration;
 pub mod textbook;
 
 use nalgebra::{DMatrix, DVector};

@@ -1,3 +1,795 @@
-//! Human-readable output. Pure functions from rows to text.
+//! Human-readable output. Pure functions from rows (and fit results) to text and bytes: the run
+//! table (`table`), and `memfit report`'s document (`build`): environment, per-phase tables,
+//! the fit table with held-out errors, the textbook formulas, the claims table, the hardware
+//! comparison with FLOP/s, and the plots (`plots`, drawn to SVG and PNG).
 
+pub mod claims;
+pub mod doc;
+pub mod hardware;
+pub mod plots;
 pub mod table;
+
+use std::collections::BTreeMap;
+
+use crate::cmd::fit::GroupFit;
+use crate::fit::textbook::TextbookError;
+use crate::record::{Row, RunMeta, Status};
+use crate::units::human_bytes;
+use doc::Block;
+use plots::{BarChart, Chart, Series, XyChart};
+
+/// One result set (one argument of `memfit report`): its rows and the runs' metadata.
+#[derive(Debug, Clone)]
+pub struct ResultSet {
+    pub label: String,
+    pub metas: Vec<RunMeta>,
+    pub rows: Vec<Row>,
+}
+
+/// The CPU's peak FLOP/s, measured by `memfit report --measure-cpu-peak` (never asserted).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuPeak {
+    pub flops: f64,
+    /// How and where it was measured.
+    pub how: String,
+    /// The CPU model it was measured on: it applies to result sets of that CPU only.
+    pub cpu_model: String,
+}
+
+/// Everything `build` needs besides the rows.
+pub struct Inputs<'a> {
+    pub sets: &'a [ResultSet],
+    pub fits: &'a [GroupFit],
+    pub textbook: &'a [TextbookError],
+    /// The fitted peak of a row's phase and group (the least-squares fit of `memfit fit`).
+    pub fitted: &'a dyn Fn(&Row) -> Option<f64>,
+    pub cpu_peak: Option<&'a CpuPeak>,
+}
+
+/// The rendered report: Markdown, HTML (plots inlined) and the charts to draw as files.
+pub struct Report {
+    pub markdown: String,
+    pub html: String,
+    pub charts: Vec<(String, Chart)>,
+    pub svgs: BTreeMap<String, String>,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A set's peak FLOP/s per element type.
+type PeakFn = Box<dyn Fn(&str) -> Option<hardware::Peak>>;
+
+/// KV cache points (tokens, MiB) of one configuration and its (L, B, H, bytes per element).
+type KvSeries = (Vec<(f64, f64)>, (u64, u64, u64, f64));
+
+fn err_pct(r: &Row) -> Option<f64> {
+    match (r.peak_bytes, r.predicted_peak_bytes) {
+        (Some(m), Some(p)) => table::error_pct(m, p),
+        _ => None,
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or("—".into(), f)
+}
+
+/// The predicted F3 graph (bytes) of a LLaMA-7B-shaped GPT, B 4 × S 4096, bf16 on CUDA, with
+/// standard attention: without checkpointing and with a checkpoint every block.
+pub fn predicted_llama_forward() -> anyhow::Result<(u64, u64)> {
+    use crate::workload::{GridSpec, OneOrMany, WorkloadFile, expand_for_prediction};
+    let grid = GridSpec {
+        preset: Some("llama-7b-shape".into()),
+        batch: Some(OneOrMany::One(4)),
+        seq: Some(OneOrMany::One(4096)),
+        dtype: Some(OneOrMany::One("bf16".into())),
+        device: Some("cuda:0".into()),
+        checkpoint: Some(OneOrMany::Many(vec![0, 1])),
+        ..GridSpec::default()
+    };
+    let cases = expand_for_prediction(&WorkloadFile::default(), &grid, "F3")?;
+    let graph = |c: &crate::workload::Case| {
+        crate::formula::predict(c, crate::phase::Phase::Forward, 1)
+            .retained_bytes
+            .max(0) as u64
+    };
+    anyhow::ensure!(cases.len() == 2, "F3: expected two cases");
+    Ok((graph(&cases[0]), graph(&cases[1])))
+}
+
+/// Builds the whole report.
+pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
+    let mut b: Vec<Block> = Vec::new();
+    let all: Vec<Row> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.rows.iter().cloned())
+        .collect();
+    let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
+    b.push(Block::Heading(1, "memfit report".into()));
+    b.push(Block::Para(format!(
+        "{} row(s) from {} result set(s) ({} ok). Every number below is read from the stored rows \
+         or computed from them; `memfit report` runs no model.",
+        all.len(),
+        inp.sets.len(),
+        ok.len()
+    )));
+
+    environment(&mut b, inp);
+    let charts = plots_for(&ok, inp);
+    phase_tables(&mut b, &ok);
+    fit_section(&mut b, inp);
+    claims_section(&mut b, &all, inp);
+    hardware_section(&mut b, inp);
+    b.push(Block::Heading(2, "Plots".into()));
+    for (name, chart) in &charts {
+        let caption = match chart {
+            Chart::Xy(c) => c.title.clone(),
+            Chart::Bars(c) => c.title.clone(),
+        };
+        b.push(Block::Plot {
+            name: name.clone(),
+            caption,
+        });
+        if name == "breakdown" {
+            breakdown_legend(&mut b, &ok);
+        }
+    }
+    let mut svgs = BTreeMap::new();
+    for (name, chart) in &charts {
+        svgs.insert(name.clone(), plots::svg(chart)?);
+    }
+    let markdown = doc::markdown(&b);
+    let html = doc::html("memfit report", &b, &|n| svgs.get(n).cloned());
+    Ok(Report {
+        markdown,
+        html,
+        charts,
+        svgs,
+    })
+}
+
+fn environment(b: &mut Vec<Block>, inp: &Inputs) {
+    b.push(Block::Heading(2, "Environment".into()));
+    let mut rows = Vec::new();
+    for s in inp.sets {
+        for m in &s.metas {
+            rows.push(vec![
+                s.label.clone(),
+                m.run_id.clone(),
+                m.workload.clone(),
+                m.device_name.clone(),
+                format!("{} ({} cores)", m.cpu_model, m.cores),
+                m.threads.to_string(),
+                m.os.clone(),
+                format!(
+                    "memfit {} ({}), candle {}",
+                    m.memfit_version, m.git_commit, m.candle_version
+                ),
+                m.device_memory_bytes
+                    .map_or("—".into(), |v| human_bytes(v as f64)),
+                m.cuda_context_bytes
+                    .map_or("—".into(), |v| human_bytes(v as f64)),
+            ]);
+        }
+    }
+    b.push(Block::Table(
+        [
+            "set",
+            "run",
+            "workload",
+            "device",
+            "CPU",
+            "threads",
+            "OS",
+            "software",
+            "device memory",
+            "CUDA context",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    ));
+    b.push(Block::Para(match inp.cpu_peak {
+        Some(p) => format!(
+            "CPU peak FLOP/s: {:.1} GFLOP/s, {} (the denominator of the CPU's \"% of peak\").",
+            p.flops / 1e9,
+            p.how
+        ),
+        None => "CPU peak FLOP/s: unknown (no datasheet figure; `memfit report --measure-cpu-peak` measures one with a matmul benchmark on this host when its CPU is the results').".into(),
+    }));
+}
+
+fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
+    b.push(Block::Heading(
+        2,
+        "Per phase: measured against the formulas".into(),
+    ));
+    let mut by: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for r in ok {
+        by.entry(r.phase.as_str()).or_default().push(r);
+    }
+    let summary: Vec<Vec<String>> = by
+        .iter()
+        .map(|(p, rs)| {
+            let errs: Vec<f64> = rs.iter().filter_map(|r| err_pct(r).map(f64::abs)).collect();
+            let peaks: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.peak_bytes.map(|v| v as f64))
+                .collect();
+            vec![
+                p.to_string(),
+                rs.len().to_string(),
+                format!(
+                    "{} – {}",
+                    human_bytes(peaks.iter().copied().fold(f64::INFINITY, f64::min)),
+                    human_bytes(peaks.iter().copied().fold(0.0, f64::max))
+                ),
+                if errs.is_empty() {
+                    "—".into()
+                } else {
+                    format!("{:.4}", errs.iter().sum::<f64>() / errs.len() as f64)
+                },
+                if errs.is_empty() {
+                    "—".into()
+                } else {
+                    format!("{:.4}", errs.iter().fold(0f64, |m, e| m.max(*e)))
+                },
+            ]
+        })
+        .collect();
+    b.push(Block::Table(
+        [
+            "phase",
+            "rows",
+            "peak range",
+            "mean |error| %",
+            "max |error| %",
+        ]
+        .map(String::from)
+        .to_vec(),
+        summary,
+    ));
+    for (p, rs) in &by {
+        b.push(Block::Heading(3, format!("`{p}`")));
+        let lines = rs
+            .iter()
+            .map(|r| {
+                vec![
+                    hardware::describe(r),
+                    r.device.clone(),
+                    opt(r.peak_bytes.map(|v| v as f64), human_bytes),
+                    opt(r.predicted_peak_bytes.map(|v| v as f64), human_bytes),
+                    opt(err_pct(r), |e| format!("{e:+.4}")),
+                    opt(r.retained_bytes.map(|v| v as f64), human_bytes),
+                    opt(r.rss_peak_bytes.map(|v| v as f64), human_bytes),
+                    opt(r.wall_s, |w| format!("{w:.3}")),
+                ]
+            })
+            .collect();
+        b.push(Block::Table(
+            [
+                "configuration",
+                "device",
+                "measured peak",
+                "predicted",
+                "error %",
+                "retained",
+                "RSS peak",
+                "wall s",
+            ]
+            .map(String::from)
+            .to_vec(),
+            lines,
+        ));
+    }
+}
+
+fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
+    b.push(Block::Heading(2, "Fits with held-out errors".into()));
+    b.push(Block::Para(
+        "Per phase and group of comparable rows, `bytes = c₀ + c₁·P + c₂·B·S·H·L + c₃·A·B·S²·L + c₄·B·S·V` \
+         by least squares (`memfit fit`). Held out: 5-fold over cases, and extrapolation (fit the \
+         smaller half by parameters, test on the larger). Mean/max absolute error in percent; — where \
+         a group has too few rows."
+            .into(),
+    ));
+    let pair =
+        |h: Option<(f64, f64)>| h.map_or("—".to_string(), |(a, m)| format!("{a:.2} / {m:.2}"));
+    let rows = inp
+        .fits
+        .iter()
+        .map(|g| {
+            vec![
+                g.phase.clone(),
+                g.device.clone(),
+                g.dtype.clone(),
+                g.variant.clone(),
+                g.rows.to_string(),
+                if g.r2.is_nan() {
+                    "—".into()
+                } else {
+                    format!("{:.6}", g.r2)
+                },
+                pair(g.kfold),
+                pair(g.extrapolation),
+                g.coefficients
+                    .iter()
+                    .filter(|(_, c, _)| *c != 0.0 && c.is_finite())
+                    .map(|(n, c, _)| format!("{c:.4}·{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+            ]
+        })
+        .collect();
+    b.push(Block::Table(
+        [
+            "phase",
+            "device",
+            "dtype",
+            "variant",
+            "rows",
+            "R²",
+            "5-fold mean / max %",
+            "extrapolation mean / max %",
+            "fit (bytes)",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    ));
+    b.push(Block::Heading(
+        2,
+        "Textbook formulas on the same rows".into(),
+    ));
+    b.push(Block::Table(
+        [
+            "formula",
+            "against",
+            "cases",
+            "mean |error| %",
+            "max |error| %",
+        ]
+        .map(String::from)
+        .to_vec(),
+        inp.textbook
+            .iter()
+            .map(|t| {
+                vec![
+                    t.formula.to_string(),
+                    t.against.to_string(),
+                    t.cases.to_string(),
+                    format!("{:.2}", t.mean_pct),
+                    format!("{:.2}", t.max_pct),
+                ]
+            })
+            .collect(),
+    ));
+}
+
+fn claims_section(b: &mut Vec<Block>, all: &[Row], inp: &Inputs) {
+    b.push(Block::Heading(2, "Claims".into()));
+    b.push(Block::Para(
+        "Every claim of the seed note, evaluated on these rows. \"not measured\" names the workload \
+         that would measure it; B5 is derived from measured per-device state, F3 predicted when no \
+         such run is present."
+            .into(),
+    ));
+    let mut workload_of = BTreeMap::new();
+    for s in inp.sets {
+        for m in &s.metas {
+            let name = std::path::Path::new(&m.workload)
+                .file_stem()
+                .map_or(m.workload.clone(), |n| n.to_string_lossy().to_string());
+            workload_of.insert(m.run_id.clone(), name);
+        }
+    }
+    let rows = claims::evaluate(all, &workload_of)
+        .into_iter()
+        .map(|c| {
+            vec![
+                c.id.to_string(),
+                c.claim.to_string(),
+                c.workload,
+                c.measured,
+                c.predicted,
+                c.verdict,
+            ]
+        })
+        .collect();
+    b.push(Block::Table(
+        [
+            "claim",
+            "statement",
+            "workload",
+            "measured",
+            "predicted",
+            "verdict",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    ));
+}
+
+fn hardware_section(b: &mut Vec<Block>, inp: &Inputs) {
+    b.push(Block::Heading(2, "Hardware comparison".into()));
+    b.push(Block::Para(
+        "The same configuration and phase in each result set. FLOPs are the matrix products of \
+         `formula::flops` (≈ 6·P·tokens + the attention term for a training step); achieved = FLOPs \
+         / the row's wall time (one sample, on whatever else the machine was doing); % of peak \
+         against the datasheet (accelerators) or the measured CPU peak."
+            .into(),
+    ));
+    let device_names: Vec<String> = inp
+        .sets
+        .iter()
+        .map(|s| {
+            s.metas
+                .first()
+                .map_or(String::new(), |m| m.device_name.clone())
+        })
+        .collect();
+    let peak_fns: Vec<PeakFn> = inp
+        .sets
+        .iter()
+        .zip(&device_names)
+        .map(|(s, name)| {
+            let name = name.clone();
+            let cpu_model = s.metas.first().map(|m| m.cpu_model.clone());
+            let cpu = inp.cpu_peak.cloned();
+            let is_cpu = s.rows.iter().all(|r| r.device == "cpu");
+            Box::new(move |dtype: &str| {
+                if let Some(p) = hardware::datasheet_peak(&name, dtype) {
+                    return Some(p);
+                }
+                match &cpu {
+                    Some(c)
+                        if is_cpu
+                            && dtype == "f32"
+                            && cpu_model.as_deref() == Some(c.cpu_model.as_str()) =>
+                    {
+                        Some(hardware::Peak {
+                            flops: c.flops,
+                            source: c.how.clone(),
+                        })
+                    }
+                    _ => None,
+                }
+            }) as PeakFn
+        })
+        .collect();
+    let views: Vec<hardware::SetView> = inp
+        .sets
+        .iter()
+        .zip(&device_names)
+        .zip(&peak_fns)
+        .map(|((s, n), p)| hardware::SetView {
+            label: &s.label,
+            device_name: n,
+            rows: &s.rows,
+            peak: p.as_ref(),
+        })
+        .collect();
+    let (head, rows, top) = hardware::table(&views);
+    b.push(Block::Table(head, rows));
+    if top > 1.0 {
+        b.push(Block::Para(format!(
+            "Some rows reach {:.0} % of the peak used: a measured peak is one sample, and when the              benchmark ran on a busier machine than the rows did it is only a lower bound of the              device's matmul rate.",
+            top * 100.0
+        )));
+    }
+    let mut notes = Vec::new();
+    for v in &views {
+        for dtype in ["f32", "bf16", "f16"] {
+            if let Some(p) = (v.peak)(dtype) {
+                notes.push(format!(
+                    "{} ({}), {dtype}: peak {:.1} GFLOP/s — {}",
+                    v.label,
+                    v.device_name,
+                    p.flops / 1e9,
+                    p.source
+                ));
+            }
+        }
+    }
+    if !notes.is_empty() {
+        b.push(Block::Para(format!("Peaks used: {}.", notes.join("; "))));
+    }
+}
+
+/// Training cases with init, forward, backward and optimizer rows: their model state and graph.
+fn breakdown_cases<'a>(ok: &[&'a Row]) -> Vec<BTreeMap<&'a str, &'a Row>> {
+    let mut cases: BTreeMap<(&str, u64), BTreeMap<&str, &Row>> = BTreeMap::new();
+    for r in ok {
+        cases
+            .entry((r.run_id.as_str(), r.case))
+            .or_default()
+            .insert(r.phase.as_str(), r);
+    }
+    cases
+        .into_values()
+        .filter(|c| {
+            ["init", "forward", "backward", "optimizer"]
+                .iter()
+                .all(|p| c.get(p).is_some_and(|r| r.retained_bytes.is_some()))
+        })
+        .take(16)
+        .collect()
+}
+
+fn breakdown_legend(b: &mut Vec<Block>, ok: &[&Row]) {
+    let rows = breakdown_cases(ok)
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let r = c["optimizer"];
+            let mut d = hardware::describe(r);
+            if r.lora_rank > 0 {
+                d.push_str(&format!(
+                    " LoRA r{} {} {}",
+                    r.lora_rank, r.lora_targets, r.lora_base
+                ));
+            }
+            vec![(i + 1).to_string(), d]
+        })
+        .collect();
+    b.push(Block::Table(vec!["bar".into(), "case".into()], rows));
+}
+
+fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
+    let mut out = Vec::new();
+    let mib = |v: f64| v / MIB;
+    // 1. Predicted vs measured, per phase, log-log.
+    let mut by: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in ok {
+        if let (Some(m), Some(p)) = (r.peak_bytes, r.predicted_peak_bytes)
+            && m > 0
+            && p > 0
+        {
+            by.entry(r.phase.as_str())
+                .or_default()
+                .push((mib(m as f64), mib(p as f64)));
+        }
+    }
+    if !by.is_empty() {
+        out.push((
+            "predicted_vs_measured".to_string(),
+            Chart::Xy(XyChart {
+                title: "Predicted vs measured peak per phase (log-log)".into(),
+                x_label: "measured peak (MiB)".into(),
+                y_label: "predicted peak (MiB)".into(),
+                log: true,
+                diagonal: true,
+                series: by
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (p, pts))| Series {
+                        name: p.to_string(),
+                        points: pts,
+                        line: false,
+                        color: i,
+                    })
+                    .collect(),
+            }),
+        ));
+    }
+    // 2. Memory vs batch and vs sequence, per phase, with the fitted curve.
+    for (axis, name, what) in [
+        ("batch", "memory_vs_batch", "batch (sequences)"),
+        ("seq", "memory_vs_seq", "sequence length (tokens)"),
+    ] {
+        let get = |r: &Row| if axis == "batch" { r.batch } else { r.seq };
+        let mut series = Vec::new();
+        for phase in ["forward", "backward", "train-step"] {
+            let mut sw = claims::sweeps(ok, phase, axis, get);
+            sw.sort_by_key(|s| std::cmp::Reverse(s.len()));
+            for s in sw.into_iter().take(if axis == "seq" { 2 } else { 1 }) {
+                let r0 = s[0];
+                let shape = if r0.preset == "custom" {
+                    format!("H{} L{}", r0.hidden, r0.layers)
+                } else {
+                    r0.preset.clone()
+                };
+                let fixed = if axis == "batch" {
+                    format!("{shape} L{} S{}", r0.layers, r0.seq)
+                } else {
+                    format!("{shape} L{} B{}", r0.layers, r0.batch)
+                };
+                let tag = if axis == "seq" && r0.attention == "efficient" {
+                    format!("{phase}, efficient attn ({fixed})")
+                } else {
+                    format!("{phase} ({fixed})")
+                };
+                let color = series.len() / 2;
+                series.push(Series {
+                    name: format!("{tag} measured"),
+                    points: s
+                        .iter()
+                        .filter_map(|r| Some((get(r) as f64, mib(r.peak_bytes? as f64))))
+                        .collect(),
+                    line: false,
+                    color,
+                });
+                // The fit at every integer size between the sweep's ends (B and S are whole).
+                let (lo, hi) = (get(s[0]), get(s[s.len() - 1]));
+                let step = ((hi - lo) / 64).max(1) as usize;
+                let curve: Vec<(f64, f64)> = (lo..=hi)
+                    .step_by(step)
+                    .chain(std::iter::once(hi))
+                    .filter_map(|x| {
+                        let mut r = s[0].clone();
+                        if axis == "batch" {
+                            r.batch = x;
+                        } else {
+                            r.seq = x;
+                        }
+                        Some((x as f64, mib((inp.fitted)(&r)?)))
+                    })
+                    .collect();
+                series.push(Series {
+                    name: format!("{tag} fit"),
+                    points: curve,
+                    line: true,
+                    color,
+                });
+            }
+        }
+        if !series.is_empty() {
+            out.push((
+                name.to_string(),
+                Chart::Xy(XyChart {
+                    title: format!("Peak memory vs {what}, per phase, with the least-squares fit"),
+                    x_label: what.into(),
+                    y_label: "peak above the phase's start (MiB)".into(),
+                    log: false,
+                    diagonal: false,
+                    series,
+                }),
+            ));
+        }
+    }
+    // 3. Stacked breakdown of training cases.
+    let cases = breakdown_cases(ok);
+    if !cases.is_empty() {
+        let val =
+            |c: &BTreeMap<&str, &Row>, p: &str| mib(c[p].retained_bytes.unwrap_or(0).max(0) as f64);
+        out.push((
+            "breakdown".to_string(),
+            Chart::Bars(BarChart {
+                title: "What a training step holds, per case (bars numbered as in the table)"
+                    .into(),
+                y_label: "retained after the phase (MiB)".into(),
+                categories: (1..=cases.len()).map(|i| i.to_string()).collect(),
+                stacks: [
+                    ("weights (init)", "init"),
+                    ("activations (forward graph)", "forward"),
+                    ("gradients (backward)", "backward"),
+                    ("optimizer state", "optimizer"),
+                ]
+                .iter()
+                .map(|(n, p)| (n.to_string(), cases.iter().map(|c| val(c, p)).collect()))
+                .collect(),
+            }),
+        ));
+    }
+    // 4. KV cache growth: prefill's cache (S tokens) and after decode (S + T), with 2·L·B·n·H·e.
+    let mut kv: BTreeMap<String, KvSeries> = BTreeMap::new();
+    for d in ok
+        .iter()
+        .filter(|r| r.phase == "decode" && r.kv_cache == "on")
+    {
+        let Some(p) = ok
+            .iter()
+            .find(|p| p.phase == "prefill" && p.run_id == d.run_id && p.case == d.case)
+        else {
+            continue;
+        };
+        let (Some(pr), Some(dr)) = (p.retained_bytes, d.retained_bytes) else {
+            continue;
+        };
+        let e = if d.weights == "f16" || d.precision == "mixed" || d.dtype != "f32" {
+            2.0
+        } else {
+            4.0
+        };
+        let key = format!("{} B{} {}", d.preset, d.batch, d.weights);
+        let entry = kv
+            .entry(key)
+            .or_insert((Vec::new(), (d.layers, d.batch, d.hidden, e)));
+        entry.0.push((d.seq as f64, mib(pr as f64)));
+        entry
+            .0
+            .push(((d.seq + d.decode_tokens) as f64, mib((pr + dr) as f64)));
+    }
+    if !kv.is_empty() {
+        let mut series = Vec::new();
+        for (i, (k, (pts, (l, bsz, h, e)))) in kv.into_iter().enumerate() {
+            let top = pts.iter().map(|p| p.0).fold(0.0, f64::max);
+            series.push(Series {
+                name: format!("{k} measured"),
+                points: pts,
+                line: false,
+                color: i,
+            });
+            series.push(Series {
+                name: format!("{k}: 2·L·B·n·H·e"),
+                points: [0.0, top]
+                    .iter()
+                    .map(|&n| (n, mib(2.0 * (l * bsz * h) as f64 * n * e)))
+                    .collect(),
+                line: true,
+                color: i,
+            });
+        }
+        out.push((
+            "kv_cache".to_string(),
+            Chart::Xy(XyChart {
+                title: "KV cache size vs tokens in the cache (prefill, then after decoding)".into(),
+                x_label: "tokens in the cache n (per sequence)".into(),
+                y_label: "cache held (MiB)".into(),
+                log: false,
+                diagonal: false,
+                series,
+            }),
+        ));
+    }
+    // 5. Optimizer comparison: the config with the most optimizers.
+    let opt_rows: Vec<&Row> = ok
+        .iter()
+        .copied()
+        .filter(|r| r.phase == "optimizer" && r.lora_rank == 0 && r.precision != "mixed")
+        .collect();
+    if let Some(group) = claims::sweeps(&opt_rows, "optimizer", "optimizer", |r| {
+        ["sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit"]
+            .iter()
+            .position(|o| *o == r.optimizer)
+            .unwrap_or(9) as u64
+    })
+    .into_iter()
+    .max_by_key(|g| g.len())
+    {
+        let grads: Vec<f64> = group
+            .iter()
+            .map(|o| {
+                ok.iter()
+                    .find(|b| b.phase == "backward" && b.run_id == o.run_id && b.case == o.case)
+                    .and_then(|b| b.retained_bytes)
+                    .map_or(0.0, |v| mib(v as f64))
+            })
+            .collect();
+        let state: Vec<f64> = group
+            .iter()
+            .map(|o| mib(o.retained_bytes.unwrap_or(0) as f64))
+            .collect();
+        let step: Vec<f64> = group
+            .iter()
+            .map(|o| {
+                mib(
+                    (o.peak_bytes.unwrap_or(0) as f64 - o.retained_bytes.unwrap_or(0) as f64)
+                        .max(0.0),
+                )
+            })
+            .collect();
+        out.push((
+            "optimizers".to_string(),
+            Chart::Bars(BarChart {
+                title: format!(
+                    "Optimizers on {}: gradients, state, and the first step's transient",
+                    hardware::describe(group[0])
+                        .split(' ')
+                        .take(3)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+                y_label: "memory (MiB)".into(),
+                categories: group.iter().map(|r| r.optimizer.clone()).collect(),
+                stacks: vec![
+                    ("gradients".into(), grads),
+                    ("optimizer state (kept)".into(), state),
+                    ("step transient (peak − kept)".into(), step),
+                ],
+            }),
+        ));
+    }
+    out
+}

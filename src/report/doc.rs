@@ -1,0 +1,158 @@
+//! A small document model for the report, rendered two ways: Markdown (plots linked as files)
+//! and a self-contained HTML page (plots inlined as SVG). Pure functions, no I/O.
+
+/// One block of the report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Block {
+    Heading(u8, String),
+    Para(String),
+    /// Header cells and rows of cells (plain text; `|` is escaped in Markdown).
+    Table(Vec<String>, Vec<Vec<String>>),
+    /// A plot: its file stem (`NAME.svg`, `NAME.png` beside the report) and a caption.
+    Plot {
+        name: String,
+        caption: String,
+    },
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Markdown: tables as GitHub pipe tables, plots as PNG images linking to the SVG.
+pub fn markdown(blocks: &[Block]) -> String {
+    let mut out = String::new();
+    for b in blocks {
+        match b {
+            Block::Heading(level, t) => {
+                out.push_str(&format!("{} {t}\n\n", "#".repeat(*level as usize)))
+            }
+            Block::Para(t) => out.push_str(&format!("{t}\n\n")),
+            Block::Table(head, rows) => {
+                let line = |cells: &[String]| {
+                    format!(
+                        "| {} |\n",
+                        cells.iter().map(|c| md_cell(c)).collect::<Vec<_>>().join(" | ")
+                    )
+                };
+                out.push_str(&line(head));
+                out.push_str(&format!("|{}\n", "---|".repeat(head.len())));
+                for r in rows {
+                    out.push_str(&line(r));
+                }
+                out.push('\n');
+            }
+            Block::Plot { name, caption } => out.push_str(&format!(
+                "[![{caption}]({name}.png)]({name}.svg)\n\n*{caption}* ([SVG]({name}.svg), [PNG]({name}.png))\n\n"
+            )),
+        }
+    }
+    out
+}
+
+/// Escapes text for HTML.
+pub fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Inline Markdown used in paragraphs and cells: `code` spans only.
+fn inline(s: &str) -> String {
+    let e = escape(s);
+    let mut out = String::new();
+    for (i, part) in e.split('`').enumerate() {
+        if i % 2 == 1 {
+            out.push_str(&format!("<code>{part}</code>"));
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// A self-contained HTML page: `svg(name)` returns the plot's SVG text, inlined as is.
+pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>\n\
+         body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}\n\
+         table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}\n\
+         th, td {{ border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}\n\
+         th {{ background: #eee; }}\n code {{ background: #f4f4f4; padding: 0 0.2em; }}\n\
+         figure {{ margin: 1.5em 0; }} figure svg {{ max-width: 100%; height: auto; }}\n\
+         </style>\n</head>\n<body>\n",
+        escape(title)
+    );
+    for b in blocks {
+        match b {
+            Block::Heading(level, t) => {
+                out.push_str(&format!("<h{level}>{}</h{level}>\n", inline(t)))
+            }
+            Block::Para(t) => out.push_str(&format!("<p>{}</p>\n", inline(t))),
+            Block::Table(head, rows) => {
+                out.push_str("<table>\n<tr>");
+                for h in head {
+                    out.push_str(&format!("<th>{}</th>", inline(h)));
+                }
+                out.push_str("</tr>\n");
+                for r in rows {
+                    out.push_str("<tr>");
+                    for c in r {
+                        out.push_str(&format!("<td>{}</td>", inline(c)));
+                    }
+                    out.push_str("</tr>\n");
+                }
+                out.push_str("</table>\n");
+            }
+            Block::Plot { name, caption } => {
+                out.push_str("<figure>\n");
+                match svg(name) {
+                    Some(s) => {
+                        // Drop the XML declaration: the SVG is an element of the page.
+                        let body = s.find("<svg").map_or(s.as_str(), |i| &s[i..]);
+                        out.push_str(body);
+                    }
+                    None => out.push_str(&format!("<p>(plot {} missing)</p>", escape(name))),
+                }
+                out.push_str(&format!(
+                    "\n<figcaption>{}</figcaption>\n</figure>\n",
+                    inline(caption)
+                ));
+            }
+        }
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_renderings() {
+        let blocks = vec![
+            Block::Heading(1, "memfit report".into()),
+            Block::Para("peak of `train-step` a<b".into()),
+            Block::Table(
+                vec!["phase".into(), "bytes".into()],
+                vec![vec!["forward".into(), "1|2".into()]],
+            ),
+            Block::Plot {
+                name: "p".into(),
+                caption: "cap".into(),
+            },
+        ];
+        let md = markdown(&blocks);
+        assert!(md.starts_with("# memfit report\n\n"));
+        assert!(md.contains("| phase | bytes |\n|---|---|\n| forward | 1\\|2 |\n"));
+        assert!(md.contains("(p.png)](p.svg)"));
+        let h = html("t", &blocks, &|n| {
+            (n == "p").then(|| "<?xml version=\"1.0\"?><svg>x</svg>".to_string())
+        });
+        assert!(h.contains("<p>peak of <code>train-step</code> a&lt;b</p>"));
+        assert!(h.contains("<figure>\n<svg>x</svg>") && !h.contains("<?xml"));
+        assert!(h.contains("<td>1|2</td>"));
+    }
+}
