@@ -36,7 +36,12 @@ pub fn key(r: &Row) -> GroupKey {
         r.checkpoint,
         r.lora_rank,
         r.optimizer.clone(),
-        r.weights.clone(),
+        // Decoding with and without the cache are different computations: separate fits.
+        if r.phase == "decode" {
+            format!("{} kv-{}", r.weights, r.kv_cache)
+        } else {
+            r.weights.clone()
+        },
     )
 }
 
