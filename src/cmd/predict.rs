@@ -60,6 +60,24 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let calibration = args
+        .calibration
+        .as_deref()
+        .map(crate::fit::calibration::load)
+        .transpose()?;
+    // Every case first, so a calibration that lacks a case's rows fails before any output.
+    let mut predictions = Vec::with_capacity(cases.len());
+    for case in &cases {
+        let mut p = predict_case(case, threads, budget);
+        if let Some(c) = &calibration {
+            p.calibrated = Some(c.apply(
+                &case.device.to_string(),
+                case.dtype.as_str(),
+                &p.phase_peak_bytes,
+            )?);
+        }
+        predictions.push(p);
+    }
     if !args.json {
         println!(
             "{:>4} {:<14} {:>5} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{}",
@@ -81,20 +99,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             }
         );
     }
-    let calibration = args
-        .calibration
-        .as_deref()
-        .map(crate::fit::calibration::load)
-        .transpose()?;
-    for case in &cases {
-        let mut p = predict_case(case, threads, budget);
-        if let Some(c) = &calibration {
-            p.calibrated = Some(c.apply(
-                &case.device.to_string(),
-                case.dtype.as_str(),
-                &p.phase_peak_bytes,
-            )?);
-        }
+    for p in predictions {
         if args.json {
             println!("{}", serde_json::to_string(&p)?);
         } else {
