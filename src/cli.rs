@@ -46,6 +46,52 @@ pub enum Command {
         after_help = "Example:\n  memfit max-batch --preset small --seq 128 --budget 1GiB\n  memfit max-batch --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 64 --budget 64MiB --json"
     )]
     MaxBatch(Box<MaxBatchArgs>),
+    /// Synthetic image datasets for the dataload phase.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
+    #[command(hide = true)]
+    DataloadWorker(DataloadWorkerArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DatasetCommand {
+    /// Write a deterministic synthetic JPEG/PNG dataset: loose files and one packed file.
+    #[command(
+        after_help = "Example:\n  memfit dataset make --out data/synth --count 512 --size 256-512\n  memfit run --phases dataload --dataset data/synth --workers 0,1,2 --batch 32"
+    )]
+    Make(DatasetMakeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DatasetMakeArgs {
+    /// Folder to create (must not hold a dataset yet).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Number of images.
+    #[arg(long, default_value_t = 256)]
+    pub count: usize,
+    /// Side in pixels: `PX` (square) or `MIN-MAX` (width and height drawn per image).
+    #[arg(long, default_value = "256-512")]
+    pub size: String,
+    /// Encodings, cycled over the images: jpeg, png.
+    #[arg(long, value_delimiter = ',', default_value = "jpeg,png")]
+    pub format: Vec<String>,
+    /// Seed: the same seed and sizes give the same bytes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct DataloadWorkerArgs {
+    #[arg(long)]
+    pub dataset: PathBuf,
+    #[arg(long)]
+    pub storage: String,
+    #[arg(long)]
+    pub crop: u32,
+    #[arg(long)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +243,30 @@ pub struct GridArgs {
     /// Device: cpu or cuda:N (the CUDA build).
     #[arg(long)]
     pub device: Option<String>,
+    /// dataload: the dataset folder (`memfit dataset make`).
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// dataload: worker counts, comma-separated (0 = the main thread).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub workers: Vec<i64>,
+    /// dataload: thread, process (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub worker_kind: Vec<String>,
+    /// dataload: batches requested ahead per worker, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub prefetch: Vec<i64>,
+    /// dataload: ram, mmap, stream (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub storage: Vec<String>,
+    /// dataload: persistent workers on, off (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub persistent: Vec<String>,
+    /// dataload: passes over the dataset, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub epochs: Vec<i64>,
+    /// dataload: crop side in pixels, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub crop: Vec<i64>,
 }
 
 impl RunArgs {
@@ -242,6 +312,14 @@ impl GridArgs {
             weights: many(&self.weights),
             load: many(&self.load),
             device: self.device.clone(),
+            dataset: self.dataset.clone(),
+            workers: many(&self.workers),
+            worker_kind: many(&self.worker_kind),
+            prefetch: many(&self.prefetch),
+            storage: many(&self.storage),
+            persistent: many(&self.persistent),
+            epochs: many(&self.epochs),
+            crop: many(&self.crop),
         }
     }
 

@@ -97,9 +97,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         );
         println!("{}", table::header());
     }
+    let exe = crate::data::workers::current_exe()?;
     for case in &cases {
         let rows = match meter_sets.get(case.device, &mut meta) {
-            Ok((meters, label)) => case_rows(case, &meta, run_case(case, meters), label),
+            Ok((meters, label)) => {
+                let results = if case.data.is_some() {
+                    crate::data::bench::run_case(case, meters, &exe)
+                } else {
+                    run_case(case, meters)
+                };
+                case_rows(case, &meta, results, label)
+            }
             Err(e) => {
                 let msg = error_text(&e);
                 let failed = case
@@ -248,14 +256,15 @@ pub fn case_rows(
         .into_iter()
         .map(|res| {
             let pred = formula::predict(case, res.phase, meta.threads as usize);
-            let (status, error, reading) = match res.outcome {
+            let (status, error, mut reading) = match res.outcome {
                 Ok(r) => (Status::Ok, None, r),
                 Err(e) => {
                     let msg = error_text(&e);
                     (status_of(&msg), Some(msg), Reading::default())
                 }
             };
-            Row {
+            let figures = reading.data.take();
+            let row = Row {
                 run_id: meta.run_id.clone(),
                 case: case.index as u64,
                 model: case.model.as_str().into(),
@@ -318,9 +327,91 @@ pub fn case_rows(
                 gpu_power_peak_w: reading.gpu_power_peak_w,
                 nvml_samples_count: reading.nvml_samples_count,
                 threads: meta.threads,
+                dataset: String::new(),
+                workers: None,
+                worker_kind: String::new(),
+                prefetch: None,
+                storage: String::new(),
+                persistent: String::new(),
+                epochs: None,
+                crop_px: None,
+                images: None,
+                images_per_s: None,
+                startup_s: None,
+                tree_processes_count: None,
+                tree_rss_peak_bytes: None,
+                tree_rss_steady_bytes: None,
+                pss_peak_bytes: None,
+                pss_steady_bytes: None,
+                h2d_pinned_bytes_per_s: None,
+                h2d_pageable_bytes_per_s: None,
+            };
+            match &case.data {
+                Some(d) => data_row(row, d, figures),
+                None => row,
             }
         })
         .collect()
+}
+
+/// A `dataload` row: no model (its fields empty, no prediction), the pipeline's settings and
+/// figures.
+fn data_row(row: Row, d: &crate::data::DataCase, f: Option<crate::data::DataFigures>) -> Row {
+    let f = f.as_ref();
+    Row {
+        model: String::new(),
+        preset: String::new(),
+        batch: d.batch as u64,
+        seq: 0,
+        max_seq: 0,
+        hidden: 0,
+        heads: 0,
+        layers: 0,
+        vocab: 0,
+        dtype: String::new(),
+        optimizer: String::new(),
+        optimizer_block: 0,
+        kv_cache: String::new(),
+        weights: String::new(),
+        load: String::new(),
+        attention: String::new(),
+        precision: String::new(),
+        params: 0,
+        predicted_peak_bytes: None,
+        predicted_retained_bytes: None,
+        dataset: d.dataset.display().to_string(),
+        workers: Some(d.workers as u64),
+        worker_kind: if d.workers == 0 {
+            "main".into()
+        } else {
+            d.kind.as_str().into()
+        },
+        prefetch: Some(d.prefetch as u64),
+        storage: d.storage.as_str().into(),
+        persistent: if d.workers == 0 {
+            String::new()
+        } else if d.persistent {
+            "on".into()
+        } else {
+            "off".into()
+        },
+        epochs: Some(d.epochs as u64),
+        crop_px: Some(d.crop as u64),
+        images: f.map(|f| f.images),
+        images_per_s: f.map(|f| f.images_per_s),
+        startup_s: f.map(|f| f.startup_s),
+        tree_processes_count: f.and_then(|f| f.tree_processes_count),
+        tree_rss_peak_bytes: f.and_then(|f| f.tree_rss_peak_bytes),
+        tree_rss_steady_bytes: f.and_then(|f| f.tree_rss_steady_bytes),
+        pss_peak_bytes: f.and_then(|f| f.pss_peak_bytes),
+        pss_steady_bytes: f.and_then(|f| f.pss_steady_bytes),
+        h2d_pinned_bytes_per_s: f.and_then(|f| f.h2d_pinned_bytes_per_s),
+        h2d_pageable_bytes_per_s: f.and_then(|f| f.h2d_pageable_bytes_per_s),
+        device_used_bytes: row
+            .device_used_bytes
+            .or_else(|| f.and_then(|f| f.device_used_bytes)),
+        ..row
+    }
 }
 
 fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {

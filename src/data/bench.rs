@@ -1,0 +1,117 @@
+//! The `dataload` phase: one metered window over `epochs` passes of the dataset, batches
+//! consumed in order by the main thread as candle tensors (moved to the case's device on CUDA).
+//!
+//! Inside the window: opening the dataset in its storage mode (`ram` reads the pack here),
+//! starting the workers (per epoch when not persistent), every batch, stopping the workers.
+//! Around it: the process-tree sampler (started before, stopped after, 10 ms period) and
+//! `RUSAGE_CHILDREN` (worker processes are reaped inside the window, so their CPU seconds are
+//! the difference). On CUDA, after the window, one batch is copied host→device from a pageable
+//! and from a pinned buffer to time both (`h2d_*_bytes_per_s`, D6).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+
+use super::DataFigures;
+use super::workers::run_epochs;
+use crate::meter::proctree::TreeSampler;
+use crate::meter::{Meter, measure};
+use crate::phase::Phase;
+use crate::phase::runner::PhaseResult;
+use crate::workload::Case;
+
+/// Sampling period of the process tree's memory.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
+
+fn children_cpu() -> (f64, f64) {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    (s(ru.ru_utime), s(ru.ru_stime))
+}
+
+/// Runs the case's dataload window; `exe` is the binary worker processes run.
+pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>], exe: &Path) -> Vec<PhaseResult> {
+    let outcome = window(case, meters, exe).map(|(mut reading, figures)| {
+        reading.cpu_user_s = reading.cpu_user_s.map(|u| u + figures.children_user_s);
+        reading.cpu_sys_s = reading.cpu_sys_s.map(|s| s + figures.children_sys_s);
+        reading.data = Some(figures);
+        reading
+    });
+    vec![PhaseResult {
+        phase: Phase::Dataload,
+        outcome,
+    }]
+}
+
+fn window(
+    case: &Case,
+    meters: &mut [Box<dyn Meter>],
+    exe: &Path,
+) -> anyhow::Result<(crate::meter::Reading, DataFigures)> {
+    let data = case
+        .data
+        .as_ref()
+        .context("a dataload case without its data settings")?;
+    let device = case
+        .device
+        .candle()
+        .with_context(|| format!("opening device {}", case.device))?;
+    // Checked before the window: a missing dataset is an error row, not a measurement.
+    super::dataset::read_manifest(&data.dataset)?;
+    let c = data.crop as usize;
+    let sampler = TreeSampler::start(std::process::id(), SAMPLE_PERIOD)?;
+    let mut children = (0.0, 0.0);
+    let result = measure(meters, || {
+        let (u0, s0) = children_cpu();
+        let stats = run_epochs(data, exe, |_epoch, floats, n| {
+            let t = Tensor::from_vec(floats, (n, 3, c, c), &Device::Cpu)?;
+            if !device.is_cpu() {
+                let on_device = t.to_device(&device)?;
+                device.synchronize()?;
+                drop(on_device);
+            }
+            drop(t);
+            Ok(())
+        })
+        .context("phase dataload")?;
+        let (u1, s1) = children_cpu();
+        children = (u1 - u0, s1 - s0);
+        Ok(stats)
+    });
+    let tree = sampler.stop()?;
+    let (stats, reading) = result?;
+    let wall = reading.wall_s.unwrap_or(f64::NAN);
+    let mut figures = DataFigures {
+        images: stats.images,
+        images_per_s: stats.images as f64 / wall,
+        startup_s: stats.startup_s,
+        tree_rss_peak_bytes: Some(tree.rss_peak_bytes),
+        tree_rss_steady_bytes: Some(tree.rss_steady_bytes),
+        pss_peak_bytes: Some(tree.pss_peak_bytes),
+        pss_steady_bytes: Some(tree.pss_steady_bytes),
+        tree_processes_count: Some(tree.processes_max),
+        children_user_s: children.0,
+        children_sys_s: children.1,
+        ..DataFigures::default()
+    };
+    if tree.samples == 0 || tree.pss_peak_bytes == 0 {
+        // /proc unreadable: no tree figures rather than zeros.
+        figures.tree_rss_peak_bytes = None;
+        figures.tree_rss_steady_bytes = None;
+        figures.pss_peak_bytes = None;
+        figures.pss_steady_bytes = None;
+        figures.tree_processes_count = None;
+    }
+    #[cfg(feature = "cuda")]
+    if let crate::device::DeviceSpec::Cuda(n) = case.device {
+        let (pinned, pageable) = super::cuda::h2d_bandwidth(n, data.batch_bytes() as usize)
+            .context("timing host→device copies")?;
+        figures.h2d_pinned_bytes_per_s = Some(pinned);
+        figures.h2d_pageable_bytes_per_s = Some(pageable);
+    }
+    Ok((reading, figures))
+}
