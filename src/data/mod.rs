@@ -23,7 +23,10 @@
 //! `prefetch_factor` is per worker).
 
 pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dataset;
+pub mod fit;
 pub mod pipeline;
 pub mod workers;
 
