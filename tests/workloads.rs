@@ -43,7 +43,10 @@ fn every_workload_file_expands() {
             .unwrap_or_else(|e| panic!("{origin}: {e}"));
         assert!(!predicted.is_empty(), "{origin}");
         let with_flags = workload::expand(&file, &flags, &origin);
-        if with_flags.as_ref().is_ok_and(|c| c.iter().all(|c| c.data.is_none())) {
+        if with_flags
+            .as_ref()
+            .is_ok_and(|c| c.iter().all(|c| c.data.is_none()))
+        {
             assert_eq!(
                 workload::expand(&file, &GridSpec::default(), &origin).ok(),
                 with_flags.as_ref().ok().cloned(),

@@ -99,7 +99,21 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let exe = crate::data::workers::current_exe()?;
     for case in &cases {
+        let isolated = case.data.is_some() && !crate::data::bench::in_child();
         let rows = match meter_sets.get(case.device, &mut meta) {
+            // A dataload case runs in a fresh process of its own (`data::bench`).
+            Ok(_) if isolated => crate::data::bench::rows_in_child(case, &meta, &exe)
+                .unwrap_or_else(|e| {
+                    let failed = case
+                        .phases
+                        .iter()
+                        .map(|&phase| PhaseResult {
+                            phase,
+                            outcome: Err(anyhow::anyhow!("{}", error_text(&e))),
+                        })
+                        .collect();
+                    case_rows(case, &meta, failed, "none")
+                }),
             Ok((meters, label)) => {
                 let results = if case.data.is_some() {
                     crate::data::bench::run_case(case, meters, &exe)

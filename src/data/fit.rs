@@ -7,7 +7,8 @@
 //! `memory = base + per_worker · workers + k · in_flight_bytes`
 //!
 //! with `in_flight_bytes = min(in-flight batches, batches per epoch) · B·3·C²·4`, in-flight =
-//! `prefetch × workers` (1 with no worker). `memory` is the tree's PSS peak (shared pages once)
+//! `prefetch × workers` (1 with no worker). With a single prefetch depth in a group the two
+//! terms are proportional: `k` is then not fitted (NaN) and `per_worker` holds both. `memory` is the tree's PSS peak (shared pages once)
 //! and, beside it, the tree's summed RSS peak (shared pages once per process). `k ≈ 1` means
 //! each requested batch costs its bytes once; `k ≈ 2` that it exists twice (a worker's copy
 //! and the main thread's, or pipe buffers).
@@ -109,13 +110,34 @@ pub fn ram_fits(rows: &[Row]) -> Vec<RamFit> {
             if y.len() < 4 {
                 continue;
             }
-            let Some(f) = least_squares(&x, &y) else {
+            // One prefetch depth only: in-flight bytes ∝ workers, the two terms cannot be told
+            // apart; fit the per-worker term alone and leave k unknown (NaN).
+            let mut depths: Vec<u64> = rs
+                .iter()
+                .filter(|r| r.workers.unwrap_or(0) > 0)
+                .filter_map(|r| r.prefetch)
+                .collect();
+            depths.sort_unstable();
+            depths.dedup();
+            let separable = depths.len() > 1;
+            if !separable {
+                for xi in &mut x {
+                    xi[2] = 0.0;
+                }
+            }
+            let Some(mut f) = least_squares(&x, &y) else {
                 continue;
+            };
+            if !separable {
+                f.coef[2] = f64::NAN;
+            }
+            let fitted = |xi: &Vec<f64>| {
+                f.coef[0] + f.coef[1] * xi[1] + if separable { f.coef[2] * xi[2] } else { 0.0 }
             };
             let max_err_pct = x
                 .iter()
                 .zip(&y)
-                .map(|(xi, v)| ((f.predict(xi) - v) / v).abs() * 100.0)
+                .map(|(xi, v)| ((fitted(xi) - v) / v).abs() * 100.0)
                 .fold(0.0, f64::max);
             out.push(RamFit {
                 device: device.clone(),
@@ -141,9 +163,13 @@ pub fn curves(rows: &[Row]) -> Vec<Curve> {
     for ((device, kind, storage), rs) in groups(rows) {
         let mut by_w: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
         for r in rs.iter().filter(|r| r.persistent != "off") {
-            if let (Some(w), Some(ips), Some(u), Some(s), Some(wall)) =
-                (r.workers, r.images_per_s, r.cpu_user_s, r.cpu_sys_s, r.wall_s)
-            {
+            if let (Some(w), Some(ips), Some(u), Some(s), Some(wall)) = (
+                r.workers,
+                r.images_per_s,
+                r.cpu_user_s,
+                r.cpu_sys_s,
+                r.wall_s,
+            ) {
                 by_w.entry(w).or_default().push((ips, (u + s) / wall));
             }
         }
@@ -199,7 +225,16 @@ pub fn print(rows: &[Row], json: bool) -> anyhow::Result<()> {
     );
     println!(
         "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11} {:>15} {:>12} {:>9} {:>8}",
-        "device", "kind", "storage", "sum", "rows", "base MiB", "per worker MiB", "k", "R²", "max err%"
+        "device",
+        "kind",
+        "storage",
+        "sum",
+        "rows",
+        "base MiB",
+        "per worker MiB",
+        "k",
+        "R²",
+        "max err%"
     );
     for f in &fits {
         println!(
@@ -270,7 +305,12 @@ mod tests {
         let bb = 1536.0;
         let mk = |kind: &str, w: u64, p: u64| {
             let flight = if w == 0 { 1 } else { p * w } as f64;
-            row(kind, w, p, (1000.0 + 300.0 * w as f64 + 2.0 * flight * bb) as u64)
+            row(
+                kind,
+                w,
+                p,
+                (1000.0 + 300.0 * w as f64 + 2.0 * flight * bb) as u64,
+            )
         };
         let rows = vec![
             mk("main", 0, 0),
@@ -286,6 +326,19 @@ mod tests {
         assert!((f.base_bytes - 1000.0).abs() < 1e-6, "{f:?}");
         assert!((f.per_worker_bytes - 300.0).abs() < 1e-6);
         assert!((f.in_flight_factor - 2.0).abs() < 1e-9);
+        // A single prefetch depth: k is not identifiable.
+        let single = vec![
+            mk("thread", 1, 2),
+            mk("thread", 2, 2),
+            mk("thread", 3, 2),
+            mk("thread", 4, 2),
+        ];
+        let g = &ram_fits(&single)[0];
+        assert!(g.in_flight_factor.is_nan());
+        assert!(
+            (g.per_worker_bytes - (300.0 + 2.0 * 2.0 * bb)).abs() < 1e-6,
+            "{g:?}"
+        );
         let c = &curves(&rows)[0];
         // 0 → 10, 1 → 20, 2 and 3 → 30: saturates at 2; CPU (1 + 0.5) / 3 = 0.5 cores.
         assert_eq!(c.saturation_workers, 2);
