@@ -2,7 +2,8 @@
 //! (never measures; `memfit fit` prints it after the model fits).
 //!
 //! RAM, per group of rows with the same device, worker kind and storage (the `workers = 0`
-//! rows join every kind's group as its zero point), by least squares (`crate::fit`):
+//! rows join the thread groups as their zero point; with processes the main process no longer
+//! holds the data, so they stay out of the process fits), by least squares (`crate::fit`):
 //!
 //! `memory = base + per_worker · workers + k · in_flight_bytes`
 //!
@@ -94,6 +95,12 @@ fn groups(rows: &[Row]) -> BTreeMap<Key, Vec<&Row>> {
 pub fn ram_fits(rows: &[Row]) -> Vec<RamFit> {
     let mut out = Vec::new();
     for ((device, kind, storage), rs) in groups(rows) {
+        // With worker processes the main process no longer holds the dataset (`ram`) or maps
+        // it (`mmap`): the main-thread rows are another regime, not the zero point of the line.
+        let rs: Vec<&Row> = rs
+            .into_iter()
+            .filter(|r| kind != "process" || r.worker_kind != "main")
+            .collect();
         for measure in ["pss", "rss"] {
             let mut x = Vec::new();
             let mut y = Vec::new();
@@ -313,7 +320,7 @@ mod tests {
             )
         };
         let rows = vec![
-            mk("main", 0, 0),
+            mk("process", 4, 1),
             mk("process", 1, 2),
             mk("process", 2, 2),
             mk("process", 3, 2),
@@ -323,6 +330,9 @@ mod tests {
         assert_eq!(in_flight_bytes(&rows[4]), Some(8.0 * bb));
         let f = &ram_fits(&rows)[0];
         assert_eq!((f.worker_kind.as_str(), f.rows), ("process", 6));
+        // The main-thread row is every group's throughput reference, not a process RAM point.
+        let with_main: Vec<Row> = rows.iter().cloned().chain([mk("main", 0, 0)]).collect();
+        assert_eq!(ram_fits(&with_main)[0].rows, 6);
         assert!((f.base_bytes - 1000.0).abs() < 1e-6, "{f:?}");
         assert!((f.per_worker_bytes - 300.0).abs() < 1e-6);
         assert!((f.in_flight_factor - 2.0).abs() < 1e-9);
@@ -339,7 +349,7 @@ mod tests {
             (g.per_worker_bytes - (300.0 + 2.0 * 2.0 * bb)).abs() < 1e-6,
             "{g:?}"
         );
-        let c = &curves(&rows)[0];
+        let c = &curves(&with_main)[0];
         // 0 → 10, 1 → 20, 2 and 3 → 30: saturates at 2; CPU (1 + 0.5) / 3 = 0.5 cores.
         assert_eq!(c.saturation_workers, 2);
         assert_eq!(c.points[0], (0, 10.0, 0.5));
