@@ -103,17 +103,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         let rows = match meter_sets.get(case.device, &mut meta) {
             // A dataload case runs in a fresh process of its own (`data::bench`).
             Ok(_) if isolated => crate::data::bench::rows_in_child(case, &meta, &exe)
-                .unwrap_or_else(|e| {
-                    let failed = case
-                        .phases
-                        .iter()
-                        .map(|&phase| PhaseResult {
-                            phase,
-                            outcome: Err(anyhow::anyhow!("{}", error_text(&e))),
-                        })
-                        .collect();
-                    case_rows(case, &meta, failed, "none")
-                }),
+                .unwrap_or_else(|e| failed_rows(case, &meta, &e)),
             Ok((meters, label)) => {
                 let results = if case.data.is_some() {
                     crate::data::bench::run_case(case, meters, &exe)
@@ -122,18 +112,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 };
                 case_rows(case, &meta, results, label)
             }
-            Err(e) => {
-                let msg = error_text(&e);
-                let failed = case
-                    .phases
-                    .iter()
-                    .map(|&phase| PhaseResult {
-                        phase,
-                        outcome: Err(anyhow::anyhow!("{msg}")),
-                    })
-                    .collect();
-                case_rows(case, &meta, failed, "none")
-            }
+            Err(e) => failed_rows(case, &meta, &e),
         };
         journal
             .append(&rows)
@@ -259,6 +238,20 @@ fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSe
     }
 }
 
+/// Rows of a case that could not run: every phase failed with `e`.
+fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
+    let msg = error_text(e);
+    let failed = case
+        .phases
+        .iter()
+        .map(|&phase| PhaseResult {
+            phase,
+            outcome: Err(anyhow::anyhow!("{msg}")),
+        })
+        .collect();
+    case_rows(case, meta, failed, "none")
+}
+
 /// Rows of one case: measured figures beside the formula's predictions.
 pub fn case_rows(
     case: &Case,
@@ -361,71 +354,11 @@ pub fn case_rows(
                 h2d_pageable_bytes_per_s: None,
             };
             match &case.data {
-                Some(d) => data_row(row, d, figures),
+                Some(d) => crate::data::bench::row(row, d, figures),
                 None => row,
             }
         })
         .collect()
-}
-
-/// A `dataload` row: no model (its fields empty, no prediction), the pipeline's settings and
-/// figures.
-fn data_row(row: Row, d: &crate::data::DataCase, f: Option<crate::data::DataFigures>) -> Row {
-    let f = f.as_ref();
-    Row {
-        model: String::new(),
-        preset: String::new(),
-        batch: d.batch as u64,
-        seq: 0,
-        max_seq: 0,
-        hidden: 0,
-        heads: 0,
-        layers: 0,
-        vocab: 0,
-        dtype: String::new(),
-        optimizer: String::new(),
-        optimizer_block: 0,
-        kv_cache: String::new(),
-        weights: String::new(),
-        load: String::new(),
-        attention: String::new(),
-        precision: String::new(),
-        params: 0,
-        predicted_peak_bytes: None,
-        predicted_retained_bytes: None,
-        dataset: d.dataset.display().to_string(),
-        workers: Some(d.workers as u64),
-        worker_kind: if d.workers == 0 {
-            "main".into()
-        } else {
-            d.kind.as_str().into()
-        },
-        prefetch: Some(d.prefetch as u64),
-        storage: d.storage.as_str().into(),
-        persistent: if d.workers == 0 {
-            String::new()
-        } else if d.persistent {
-            "on".into()
-        } else {
-            "off".into()
-        },
-        epochs: Some(d.epochs as u64),
-        crop_px: Some(d.crop as u64),
-        images: f.map(|f| f.images),
-        images_per_s: f.map(|f| f.images_per_s),
-        startup_s: f.map(|f| f.startup_s),
-        tree_processes_count: f.and_then(|f| f.tree_processes_count),
-        tree_rss_peak_bytes: f.and_then(|f| f.tree_rss_peak_bytes),
-        tree_rss_steady_bytes: f.and_then(|f| f.tree_rss_steady_bytes),
-        pss_peak_bytes: f.and_then(|f| f.pss_peak_bytes),
-        pss_steady_bytes: f.and_then(|f| f.pss_steady_bytes),
-        h2d_pinned_bytes_per_s: f.and_then(|f| f.h2d_pinned_bytes_per_s),
-        h2d_pageable_bytes_per_s: f.and_then(|f| f.h2d_pageable_bytes_per_s),
-        device_used_bytes: row
-            .device_used_bytes
-            .or_else(|| f.and_then(|f| f.device_used_bytes)),
-        ..row
-    }
 }
 
 fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {

@@ -185,3 +185,60 @@ fn window(
     }
     Ok((reading, figures))
 }
+
+/// A `dataload` row: no model (its fields empty, no prediction), the pipeline's settings and
+/// figures.
+pub fn row(row: Row, d: &super::DataCase, f: Option<DataFigures>) -> Row {
+    let f = f.as_ref();
+    Row {
+        model: String::new(),
+        preset: String::new(),
+        batch: d.batch as u64,
+        seq: 0,
+        max_seq: 0,
+        hidden: 0,
+        heads: 0,
+        layers: 0,
+        vocab: 0,
+        dtype: String::new(),
+        optimizer: String::new(),
+        optimizer_block: 0,
+        kv_cache: String::new(),
+        weights: String::new(),
+        load: String::new(),
+        attention: String::new(),
+        precision: String::new(),
+        params: 0,
+        predicted_peak_bytes: None,
+        predicted_retained_bytes: None,
+        dataset: d.dataset.display().to_string(),
+        workers: Some(d.workers as u64),
+        worker_kind: if d.workers == 0 {
+            "main".into()
+        } else {
+            d.kind.as_str().into()
+        },
+        prefetch: Some(d.prefetch as u64),
+        storage: d.storage.as_str().into(),
+        persistent: if d.workers == 0 {
+            String::new()
+        } else if d.persistent {
+            "on".into()
+        } else {
+            "off".into()
+        },
+        epochs: Some(d.epochs as u64),
+        crop_px: Some(d.crop as u64),
+        images: f.map(|f| f.images),
+        images_per_s: f.map(|f| f.images_per_s),
+        startup_s: f.map(|f| f.startup_s),
+        tree_processes_count: f.and_then(|f| f.tree_processes_count),
+        tree_rss_peak_bytes: f.and_then(|f| f.tree_rss_peak_bytes),
+        tree_rss_steady_bytes: f.and_then(|f| f.tree_rss_steady_bytes),
+        pss_peak_bytes: f.and_then(|f| f.pss_peak_bytes),
+        pss_steady_bytes: f.and_then(|f| f.pss_steady_bytes),
+        h2d_pinned_bytes_per_s: f.and_then(|f| f.h2d_pinned_bytes_per_s),
+        h2d_pageable_bytes_per_s: f.and_then(|f| f.h2d_pageable_bytes_per_s),
+        ..row
+    }
+}

@@ -26,7 +26,7 @@ pub fn h2d_bandwidth(ordinal: usize, bytes: usize) -> anyhow::Result<(f64, f64)>
     pinned.as_mut_slice()?.fill(0.5);
     let mut dst = stream.alloc_zeros::<f32>(n).context("device buffer")?;
     let mut time = |pinned_src: bool| -> anyhow::Result<f64> {
-        let mut copy = |dst: &mut _| -> anyhow::Result<()> {
+        let copy = |dst: &mut _| -> anyhow::Result<()> {
             if pinned_src {
                 stream.memcpy_htod(&pinned, dst)?;
             } else {

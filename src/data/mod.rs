@@ -151,6 +151,4 @@ pub struct DataFigures {
     /// CUDA: host→device copy bandwidth from a pinned and a pageable buffer of one batch.
     pub h2d_pinned_bytes_per_s: Option<f64>,
     pub h2d_pageable_bytes_per_s: Option<f64>,
-    /// CUDA: device memory used after the window minus before (`cuMemGetInfo`).
-    pub device_used_bytes: Option<i64>,
 }
