@@ -165,8 +165,11 @@ pub fn encode(img: &RgbImage, format: Format) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// One encoded image: format, width, height, bytes.
+pub type Encoded = (Format, u32, u32, Vec<u8>);
+
 /// The encoded images of a spec, in index order (pure; parallel over the rayon pool).
-pub fn encoded(spec: &Spec) -> anyhow::Result<Vec<(Format, u32, u32, Vec<u8>)>> {
+pub fn encoded(spec: &Spec) -> anyhow::Result<Vec<Encoded>> {
     (0..spec.count)
         .into_par_iter()
         .map(|i| {

@@ -312,15 +312,14 @@ pub fn serve(dataset: &Path, storage: Storage, crop: u32, seed: u64) -> anyhow::
     let mut out = BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     for line in stdin.lines() {
         let line = line.context("reading a job")?;
-        let result = parse_job(&line)
-            .and_then(|job| {
-                let r = pipeline.batch(&source, &job.indices, seed, job.epoch);
-                Ok((job.seq, r))
-            })
-            .map_err(|e| format!("{e:#}"));
-        let (seq, result) = match result {
-            Ok((seq, r)) => (seq, r.map_err(|e| format!("{e:#}"))),
-            Err(e) => (usize::MAX, Err(e)),
+        let (seq, result) = match parse_job(&line) {
+            Ok(job) => (
+                job.seq,
+                pipeline
+                    .batch(&source, &job.indices, seed, job.epoch)
+                    .map_err(|e| format!("{e:#}")),
+            ),
+            Err(e) => (usize::MAX, Err(format!("{e:#}"))),
         };
         write_reply(&mut out, seq, &result).context("writing a batch")?;
     }

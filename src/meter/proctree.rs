@@ -166,10 +166,8 @@ pub fn summarise(samples: &[(f64, Mem, usize)], end: f64) -> TreeStats {
             k += 1;
         }
     }
-    if k > 0 {
-        s.rss_steady_bytes = (rss / k) as u64;
-        s.pss_steady_bytes = (pss / k) as u64;
-    }
+    s.rss_steady_bytes = rss.checked_div(k).unwrap_or(0) as u64;
+    s.pss_steady_bytes = pss.checked_div(k).unwrap_or(0) as u64;
     s
 }
 
