@@ -53,6 +53,12 @@ pub enum Command {
         after_help = "Examples:\n  memfit report results/cpu --out docs/report\n  memfit report results/cpu results/h200 --out report --measure-cpu-peak"
     )]
     Report(ReportArgs),
+    /// Synthetic image datasets for the dataload phase.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
+    #[command(hide = true)]
+    DataloadWorker(DataloadWorkerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -67,6 +73,46 @@ pub struct ReportArgs {
     /// host's CPU model is the results' one.
     #[arg(long)]
     pub measure_cpu_peak: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DatasetCommand {
+    /// Write a deterministic synthetic JPEG/PNG dataset: loose files and one packed file.
+    #[command(
+        after_help = "Example:\n  memfit dataset make --out data/synth --count 512 --size 256-512\n  memfit run --phases dataload --dataset data/synth --workers 0,1,2 --batch 32"
+    )]
+    Make(DatasetMakeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DatasetMakeArgs {
+    /// Folder to create (must not hold a dataset yet).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Number of images.
+    #[arg(long, default_value_t = 256)]
+    pub count: usize,
+    /// Side in pixels: `PX` (square) or `MIN-MAX` (width and height drawn per image).
+    #[arg(long, default_value = "256-512")]
+    pub size: String,
+    /// Encodings, cycled over the images: jpeg, png.
+    #[arg(long, value_delimiter = ',', default_value = "jpeg,png")]
+    pub format: Vec<String>,
+    /// Seed: the same seed and sizes give the same bytes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct DataloadWorkerArgs {
+    #[arg(long)]
+    pub dataset: PathBuf,
+    #[arg(long)]
+    pub storage: String,
+    #[arg(long)]
+    pub crop: u32,
+    #[arg(long)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -235,6 +281,30 @@ pub struct GridArgs {
     /// ViT: classes of the classifier, comma-separated.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub classes: Vec<i64>,
+    /// dataload: the dataset folder (`memfit dataset make`).
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// dataload: worker counts, comma-separated (0 = the main thread).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub workers: Vec<i64>,
+    /// dataload: thread, process (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub worker_kind: Vec<String>,
+    /// dataload: batches requested ahead per worker, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub prefetch: Vec<i64>,
+    /// dataload: ram, mmap, stream (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub storage: Vec<String>,
+    /// dataload: persistent workers on, off (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub persistent: Vec<String>,
+    /// dataload: passes over the dataset, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub epochs: Vec<i64>,
+    /// dataload: crop side in pixels, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub crop: Vec<i64>,
 }
 
 impl RunArgs {
@@ -284,6 +354,14 @@ impl GridArgs {
             patch: many(&self.patch),
             channels: many(&self.channels),
             classes: many(&self.classes),
+            dataset: self.dataset.clone(),
+            workers: many(&self.workers),
+            worker_kind: many(&self.worker_kind),
+            prefetch: many(&self.prefetch),
+            storage: many(&self.storage),
+            persistent: many(&self.persistent),
+            epochs: many(&self.epochs),
+            crop: many(&self.crop),
         }
     }
 

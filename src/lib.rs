@@ -3,8 +3,9 @@
 //!
 //! The data path, one module each:
 //! workload (TOML → cases) → model (candle) → phase (one step, metered) → meter (counting
-//! allocator, rusage/VmHWM) → record (one row per case × phase) → store (JSONL journal, CSV,
-//! HDF5) → formula (predicted bytes per phase) → report (tables).
+//! allocator, rusage/VmHWM, process-tree RSS/PSS) → record (one row per case × phase) → store (JSONL journal, CSV,
+//! HDF5) → formula (predicted bytes per phase) → report (tables). `data` is the image
+//! pipeline the `dataload` phase measures (dataset, transforms, workers).
 //!
 //! What it measures on the CPU: every byte the process allocates through Rust's global allocator
 //! (which is where candle's CPU tensors live), as a resettable peak and a current count. It does
@@ -13,6 +14,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod fit;

@@ -158,6 +158,60 @@ pub struct Row {
     pub nvml_samples_count: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
+    /// `dataload` rows (empty / missing elsewhere): the dataset folder.
+    #[serde(default)]
+    pub dataset: String,
+    /// `dataload`: pipeline workers (0 = the main thread).
+    #[serde(default)]
+    pub workers: Option<u64>,
+    /// `dataload`: `thread`, `process`, or `main` when `workers` is 0.
+    #[serde(default)]
+    pub worker_kind: String,
+    /// `dataload`: batches requested ahead per worker (0 when `workers` is 0).
+    #[serde(default)]
+    pub prefetch: Option<u64>,
+    /// `dataload`: where the encoded images are read from: `ram`, `mmap`, `stream`.
+    #[serde(default)]
+    pub storage: String,
+    /// `dataload`: `on` (workers live through every epoch) or `off` (started per epoch).
+    #[serde(default)]
+    pub persistent: String,
+    /// `dataload`: passes over the dataset in the window.
+    #[serde(default)]
+    pub epochs: Option<u64>,
+    /// `dataload`: side of the square crop, in pixels.
+    #[serde(default)]
+    pub crop_px: Option<u64>,
+    /// `dataload`: images delivered as batch tensors in the window.
+    #[serde(default)]
+    pub images: Option<u64>,
+    /// `dataload`: `images / wall_s`.
+    #[serde(default)]
+    pub images_per_s: Option<f64>,
+    /// `dataload`: seconds from each epoch's start to its first batch, summed over epochs.
+    #[serde(default)]
+    pub startup_s: Option<f64>,
+    /// `dataload`: most processes in the tree (memfit + worker processes) in one sample.
+    #[serde(default)]
+    pub tree_processes_count: Option<u64>,
+    /// `dataload`: peak of the process tree's summed RSS (shared pages once per process).
+    #[serde(default)]
+    pub tree_rss_peak_bytes: Option<u64>,
+    /// `dataload`: mean of the tree's summed RSS over the window's second half.
+    #[serde(default)]
+    pub tree_rss_steady_bytes: Option<u64>,
+    /// `dataload`: peak of the process tree's summed PSS (shared pages counted once).
+    #[serde(default)]
+    pub pss_peak_bytes: Option<u64>,
+    /// `dataload`: mean of the tree's summed PSS over the window's second half.
+    #[serde(default)]
+    pub pss_steady_bytes: Option<u64>,
+    /// `dataload` on CUDA: host→device copy bandwidth of one batch from pinned memory.
+    #[serde(default)]
+    pub h2d_pinned_bytes_per_s: Option<f64>,
+    /// `dataload` on CUDA: the same copy from pageable (ordinary heap) memory.
+    #[serde(default)]
+    pub h2d_pageable_bytes_per_s: Option<f64>,
 }
 
 /// Where and with what a run happened; stored once per run (`meta.json`, HDF5 attributes).

@@ -59,6 +59,24 @@ fn base_row(case: u64, phase: &str) -> Row {
         gpu_power_peak_w: None,
         nvml_samples_count: None,
         threads: 2,
+        dataset: String::new(),
+        workers: None,
+        worker_kind: String::new(),
+        prefetch: None,
+        storage: String::new(),
+        persistent: String::new(),
+        epochs: None,
+        crop_px: None,
+        images: None,
+        images_per_s: None,
+        startup_s: None,
+        tree_processes_count: None,
+        tree_rss_peak_bytes: None,
+        tree_rss_steady_bytes: None,
+        pss_peak_bytes: None,
+        pss_steady_bytes: None,
+        h2d_pinned_bytes_per_s: None,
+        h2d_pageable_bytes_per_s: None,
     }
 }
 
@@ -95,7 +113,28 @@ fn rows() -> Vec<Row> {
         alloc_count: None,
         ..base_row(1, "backward")
     };
-    let ok = base_row(2, "train-step");
+    // A dataload row: every data column filled.
+    let ok = Row {
+        dataset: "data/synth".into(),
+        workers: Some(2),
+        worker_kind: "process".into(),
+        prefetch: Some(8),
+        storage: "mmap".into(),
+        persistent: "off".into(),
+        epochs: Some(3),
+        crop_px: Some(224),
+        images: Some(1_536),
+        images_per_s: Some(211.25),
+        startup_s: Some(0.375),
+        tree_processes_count: Some(3),
+        tree_rss_peak_bytes: Some(812_000_000),
+        tree_rss_steady_bytes: Some(700_000_000),
+        pss_peak_bytes: Some(640_000_000),
+        pss_steady_bytes: Some(600_000_000),
+        h2d_pinned_bytes_per_s: Some(5.0e10),
+        h2d_pageable_bytes_per_s: Some(1.25e10),
+        ..base_row(2, "dataload")
+    };
     vec![failed, large, ok]
 }
 
@@ -230,7 +269,10 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
     assert!(
         lines[0].ends_with(
             ",rss_peak_bytes,logits_rel_error,peak_meter,reserved_peak_bytes,device_used_bytes,\
-             nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,threads"
+             nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,threads,\
+             dataset,workers,worker_kind,prefetch,storage,persistent,epochs,crop_px,images,\
+             images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
+             pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s"
         ),
         "{}",
         lines[0]

@@ -6,6 +6,24 @@ use memfit::workload::{self, GridSpec};
 #[test]
 fn every_workload_file_expands() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads");
+    // dataload grids need an existing dataset: a tiny one, given as a flag (model grids ignore
+    // the data keys, so the flag changes nothing there).
+    let data = tempfile::tempdir().unwrap();
+    memfit::data::dataset::make(
+        data.path(),
+        &memfit::data::dataset::Spec {
+            seed: 0,
+            count: 2,
+            min_px: 8,
+            max_px: 8,
+            formats: vec![memfit::data::dataset::Format::Png],
+        },
+    )
+    .unwrap();
+    let flags = GridSpec {
+        dataset: Some(data.path().display().to_string()),
+        ..GridSpec::default()
+    };
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -21,10 +39,21 @@ fn every_workload_file_expands() {
             .as_deref()
             .is_some_and(|d| d.starts_with("cuda"));
         // Every file's cases must be valid as predictions, GPU ones included.
-        let predicted = workload::expand_for_prediction(&file, &GridSpec::default(), &origin)
+        let predicted = workload::expand_for_prediction(&file, &flags, &origin)
             .unwrap_or_else(|e| panic!("{origin}: {e}"));
         assert!(!predicted.is_empty(), "{origin}");
-        match workload::expand(&file, &GridSpec::default(), &origin) {
+        let with_flags = workload::expand(&file, &flags, &origin);
+        if with_flags
+            .as_ref()
+            .is_ok_and(|c| c.iter().all(|c| c.data.is_none()))
+        {
+            assert_eq!(
+                workload::expand(&file, &GridSpec::default(), &origin).ok(),
+                with_flags.as_ref().ok().cloned(),
+                "{origin}: the dataset flag must not change a model workload"
+            );
+        }
+        match workload::expand(&file, &flags, &origin) {
             Ok(cases) => {
                 assert!(!cases.is_empty(), "{origin}");
                 assert!(

@@ -111,16 +111,18 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for f in &files {
         for r in read_rows(f)? {
-            if r.status == Status::Ok && r.peak_bytes.is_some() {
+            // dataload rows have their own formula (crate::data::fit), printed below.
+            if r.status == Status::Ok && r.peak_bytes.is_some() && r.phase != "dataload" {
                 groups.entry(key(&r)).or_default().push(r.clone());
             }
             all.push(r);
         }
     }
-    if groups.is_empty() {
+    let has_data = all.iter().any(|r| r.phase == "dataload");
+    if groups.is_empty() && !has_data {
         anyhow::bail!("no measured rows in {} file(s)", files.len());
     }
-    if !args.json {
+    if !args.json && !groups.is_empty() {
         println!(
             "{:<10} {:<7} {:<5} {:<28} {:>4} {:>9}  {:>16}  {:>16}  bytes =",
             "phase",
@@ -161,6 +163,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
             formula.join(" + ")
         );
     }
+    crate::data::fit::print(&all, args.json)?;
     // The textbook formulas on the same rows, beside ours.
     if args.json {
         for t in &textbook {

@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod convert;
+pub mod dataset;
 pub mod fit;
 pub mod max_batch;
 pub mod predict;
@@ -18,5 +19,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Fit(args) => fit::fit_cmd(&args),
         Command::MaxBatch(args) => max_batch::max_batch(&args),
         Command::Report(args) => report::report(&args),
+        Command::Dataset(cmd) => dataset::dataset(&cmd),
+        Command::DataloadWorker(a) => {
+            let storage = crate::data::Storage::parse(&a.storage)
+                .ok_or_else(|| anyhow::anyhow!("unknown storage {}", a.storage))?;
+            crate::data::workers::serve(&a.dataset, storage, a.crop, a.seed)
+        }
     }
 }

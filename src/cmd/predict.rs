@@ -51,7 +51,10 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             "<embedded default>".to_string(),
         ),
     };
-    let cases = workload::expand_for_prediction(&file, &args.grid.grid_flags(), &origin)?;
+    let mut cases = workload::expand_for_prediction(&file, &args.grid.grid_flags(), &origin)?;
+    // dataload cases build no model: nothing to predict (their RAM formula is fitted from
+    // measurements, `memfit fit`).
+    cases.retain(|c| c.data.is_none());
     let budget = args
         .fit_in
         .as_deref()

@@ -97,21 +97,22 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         );
         println!("{}", table::header());
     }
+    let exe = crate::data::workers::current_exe()?;
     for case in &cases {
+        let isolated = case.data.is_some() && !crate::data::bench::in_child();
         let rows = match meter_sets.get(case.device, &mut meta) {
-            Ok((meters, label)) => case_rows(case, &meta, run_case(case, meters), label),
-            Err(e) => {
-                let msg = error_text(&e);
-                let failed = case
-                    .phases
-                    .iter()
-                    .map(|&phase| PhaseResult {
-                        phase,
-                        outcome: Err(anyhow::anyhow!("{msg}")),
-                    })
-                    .collect();
-                case_rows(case, &meta, failed, "none")
+            // A dataload case runs in a fresh process of its own (`data::bench`).
+            Ok(_) if isolated => crate::data::bench::rows_in_child(case, &meta, &exe)
+                .unwrap_or_else(|e| failed_rows(case, &meta, &e)),
+            Ok((meters, label)) => {
+                let results = if case.data.is_some() {
+                    crate::data::bench::run_case(case, meters, &exe)
+                } else {
+                    run_case(case, meters)
+                };
+                case_rows(case, &meta, results, label)
             }
+            Err(e) => failed_rows(case, &meta, &e),
         };
         journal
             .append(&rows)
@@ -237,6 +238,20 @@ fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSe
     }
 }
 
+/// Rows of a case that could not run: every phase failed with `e`.
+fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
+    let msg = error_text(e);
+    let failed = case
+        .phases
+        .iter()
+        .map(|&phase| PhaseResult {
+            phase,
+            outcome: Err(anyhow::anyhow!("{msg}")),
+        })
+        .collect();
+    case_rows(case, meta, failed, "none")
+}
+
 /// Rows of one case: measured figures beside the formula's predictions.
 pub fn case_rows(
     case: &Case,
@@ -248,14 +263,15 @@ pub fn case_rows(
         .into_iter()
         .map(|res| {
             let pred = formula::predict(case, res.phase, meta.threads as usize);
-            let (status, error, reading) = match res.outcome {
+            let (status, error, mut reading) = match res.outcome {
                 Ok(r) => (Status::Ok, None, r),
                 Err(e) => {
                     let msg = error_text(&e);
                     (status_of(&msg), Some(msg), Reading::default())
                 }
             };
-            Row {
+            let figures = reading.data.take();
+            let row = Row {
                 run_id: meta.run_id.clone(),
                 case: case.index as u64,
                 model: case.model.as_str().into(),
@@ -321,6 +337,28 @@ pub fn case_rows(
                 gpu_power_peak_w: reading.gpu_power_peak_w,
                 nvml_samples_count: reading.nvml_samples_count,
                 threads: meta.threads,
+                dataset: String::new(),
+                workers: None,
+                worker_kind: String::new(),
+                prefetch: None,
+                storage: String::new(),
+                persistent: String::new(),
+                epochs: None,
+                crop_px: None,
+                images: None,
+                images_per_s: None,
+                startup_s: None,
+                tree_processes_count: None,
+                tree_rss_peak_bytes: None,
+                tree_rss_steady_bytes: None,
+                pss_peak_bytes: None,
+                pss_steady_bytes: None,
+                h2d_pinned_bytes_per_s: None,
+                h2d_pageable_bytes_per_s: None,
+            };
+            match &case.data {
+                Some(d) => crate::data::bench::row(row, d, figures),
+                None => row,
             }
         })
         .collect()

@@ -470,6 +470,13 @@ impl Shape {
                 peak_bytes: r().decode_peak,
                 retained_bytes: r().decode_retained,
             },
+            // The data pipeline builds no model: nothing of it is allocated. Its rows carry no
+            // prediction (`cmd::run::case_rows`); its RAM model is fitted from measurements
+            // (`crate::data`, docs/claims.md D2).
+            Phase::Dataload => Prediction {
+                peak_bytes: 0,
+                retained_bytes: 0,
+            },
         }
     }
 }

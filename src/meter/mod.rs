@@ -9,6 +9,7 @@ pub mod cpu_alloc;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod pool;
+pub mod proctree;
 pub mod rusage;
 pub mod sampler;
 
@@ -33,6 +34,8 @@ pub struct Reading {
     pub nvml_samples_count: Option<u64>,
     /// Inference with other weights than the model's: ‖logits − logits_model‖ / ‖logits_model‖.
     pub logits_rel_error: Option<f64>,
+    /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
+    pub data: Option<crate::data::DataFigures>,
 }
 
 /// A source of measurements around a window.

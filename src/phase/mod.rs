@@ -16,6 +16,7 @@
 //! | `prefill` | the prompt through the model, filling the key/value cache; greedy next token | weights |
 //! | `decode` | `decode_tokens` greedy tokens (with the cache, or recomputing the prefix) | weights, the prompt's cache |
 //! | `load` | the weights read back from a safetensors file (whole, or memory-mapped) | weights, the file on disk |
+//! | `dataload` | epochs of the image pipeline (`crate::data::bench`); no model | nothing of the case |
 //!
 //! `peak_bytes` is the window's high-water mark above its baseline; `retained_bytes` is what
 //! is still allocated when it closes (for `forward` the graph, for `backward` the gradients,
@@ -41,6 +42,8 @@ pub enum Phase {
     Prefill,
     Decode,
     Load,
+    /// The image data pipeline (`crate::data`); a case with it runs no model phase.
+    Dataload,
 }
 
 impl Phase {
@@ -55,7 +58,7 @@ impl Phase {
     ];
 
     /// Every phase in run order.
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Init,
         Phase::Forward,
         Phase::Backward,
@@ -65,6 +68,7 @@ impl Phase {
         Phase::Prefill,
         Phase::Decode,
         Phase::Load,
+        Phase::Dataload,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +82,7 @@ impl Phase {
             Phase::Prefill => "prefill",
             Phase::Decode => "decode",
             Phase::Load => "load",
+            Phase::Dataload => "dataload",
         }
     }
 

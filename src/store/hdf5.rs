@@ -116,7 +116,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "pure (everything in dtype) or mixed (f32 master weights, gradients, optimizer state)."
         }
         "phase" => {
-            "Measured phase: init, forward, backward, optimizer, train-step, inference, prefill, decode or load."
+            "Measured phase: init, forward, backward, optimizer, train-step, inference, prefill, decode, load or dataload."
         }
         "status" => "Outcome of the phase: ok, oom, error or timeout.",
         "error" => "Error message when status is not ok.",
@@ -150,6 +150,26 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "gpu_util_mean_pct" => "CUDA: mean GPU utilisation over the NVML samples.",
         "gpu_power_peak_w" => "CUDA: peak board power over the NVML samples.",
         "nvml_samples_count" => "CUDA: number of NVML samples taken in the window.",
+        "dataset" => "dataload: the dataset folder.",
+        "workers" => "dataload: pipeline workers (0 = the main thread).",
+        "worker_kind" => "dataload: thread, process, or main when workers is 0.",
+        "prefetch" => "dataload: batches requested ahead per worker.",
+        "storage" => "dataload: where images are read from: ram, mmap or stream.",
+        "persistent" => "dataload: on (workers live through every epoch) or off.",
+        "epochs" => "dataload: passes over the dataset in the window.",
+        "crop_px" => "dataload: side of the square crop in pixels.",
+        "images" => "dataload: images delivered as batch tensors in the window.",
+        "images_per_s" => "dataload: images / wall_s.",
+        "startup_s" => "dataload: seconds from each epoch's start to its first batch, summed.",
+        "tree_processes_count" => "dataload: most processes in the tree in one sample.",
+        "tree_rss_peak_bytes" => "dataload: peak of the process tree's summed RSS.",
+        "tree_rss_steady_bytes" => "dataload: mean tree RSS over the window's second half.",
+        "pss_peak_bytes" => "dataload: peak of the process tree's summed PSS.",
+        "pss_steady_bytes" => "dataload: mean tree PSS over the window's second half.",
+        "h2d_pinned_bytes_per_s" => "dataload on CUDA: host-to-device copy rate, pinned buffer.",
+        "h2d_pageable_bytes_per_s" => {
+            "dataload on CUDA: host-to-device copy rate, pageable buffer."
+        }
         _ => return None,
     })
 }
@@ -252,6 +272,26 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.opt_f64("gpu_power_peak_w", rows, |r| r.gpu_power_peak_w)?;
         w.opt_u64("nvml_samples_count", rows, |r| r.nvml_samples_count)?;
         w.plain_u64("threads", rows, |r| r.threads)?;
+        w.string("dataset", rows, |r| Some(&r.dataset))?;
+        w.opt_u64("workers", rows, |r| r.workers)?;
+        w.string("worker_kind", rows, |r| Some(&r.worker_kind))?;
+        w.opt_u64("prefetch", rows, |r| r.prefetch)?;
+        w.string("storage", rows, |r| Some(&r.storage))?;
+        w.string("persistent", rows, |r| Some(&r.persistent))?;
+        w.opt_u64("epochs", rows, |r| r.epochs)?;
+        w.opt_u64("crop_px", rows, |r| r.crop_px)?;
+        w.opt_u64("images", rows, |r| r.images)?;
+        w.opt_f64("images_per_s", rows, |r| r.images_per_s)?;
+        w.opt_f64("startup_s", rows, |r| r.startup_s)?;
+        w.opt_u64("tree_processes_count", rows, |r| r.tree_processes_count)?;
+        w.opt_u64("tree_rss_peak_bytes", rows, |r| r.tree_rss_peak_bytes)?;
+        w.opt_u64("tree_rss_steady_bytes", rows, |r| r.tree_rss_steady_bytes)?;
+        w.opt_u64("pss_peak_bytes", rows, |r| r.pss_peak_bytes)?;
+        w.opt_u64("pss_steady_bytes", rows, |r| r.pss_steady_bytes)?;
+        w.opt_f64("h2d_pinned_bytes_per_s", rows, |r| r.h2d_pinned_bytes_per_s)?;
+        w.opt_f64("h2d_pageable_bytes_per_s", rows, |r| {
+            r.h2d_pageable_bytes_per_s
+        })?;
     }
     file.flush().context("flushing")?;
     file.close().context("closing")?;
@@ -591,6 +631,24 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let gpu_power_peak_w = r.opt_f64("gpu_power_peak_w")?;
     let nvml_samples_count = r.opt_u64("nvml_samples_count")?;
     let threads = r.plain_u64("threads")?;
+    let dataset = r.string("dataset")?;
+    let workers = r.opt_u64("workers")?;
+    let worker_kind = r.string("worker_kind")?;
+    let prefetch = r.opt_u64("prefetch")?;
+    let storage = r.string("storage")?;
+    let persistent = r.string("persistent")?;
+    let epochs = r.opt_u64("epochs")?;
+    let crop_px = r.opt_u64("crop_px")?;
+    let images = r.opt_u64("images")?;
+    let images_per_s = r.opt_f64("images_per_s")?;
+    let startup_s = r.opt_f64("startup_s")?;
+    let tree_processes_count = r.opt_u64("tree_processes_count")?;
+    let tree_rss_peak_bytes = r.opt_u64("tree_rss_peak_bytes")?;
+    let tree_rss_steady_bytes = r.opt_u64("tree_rss_steady_bytes")?;
+    let pss_peak_bytes = r.opt_u64("pss_peak_bytes")?;
+    let pss_steady_bytes = r.opt_u64("pss_steady_bytes")?;
+    let h2d_pinned_bytes_per_s = r.opt_f64("h2d_pinned_bytes_per_s")?;
+    let h2d_pageable_bytes_per_s = r.opt_f64("h2d_pageable_bytes_per_s")?;
 
     let mut run_id = run_id.into_iter();
     let mut model = model.into_iter();
@@ -608,6 +666,10 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut lora_targets = lora_targets.into_iter();
     let mut lora_base = lora_base.into_iter();
     let mut precision = precision.into_iter();
+    let mut dataset = dataset.into_iter();
+    let mut worker_kind = worker_kind.into_iter();
+    let mut storage = storage.into_iter();
+    let mut persistent = persistent.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -665,6 +727,24 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             gpu_power_peak_w: gpu_power_peak_w[i],
             nvml_samples_count: nvml_samples_count[i],
             threads: threads[i],
+            dataset: next(&mut dataset),
+            workers: workers[i],
+            worker_kind: next(&mut worker_kind),
+            prefetch: prefetch[i],
+            storage: next(&mut storage),
+            persistent: next(&mut persistent),
+            epochs: epochs[i],
+            crop_px: crop_px[i],
+            images: images[i],
+            images_per_s: images_per_s[i],
+            startup_s: startup_s[i],
+            tree_processes_count: tree_processes_count[i],
+            tree_rss_peak_bytes: tree_rss_peak_bytes[i],
+            tree_rss_steady_bytes: tree_rss_steady_bytes[i],
+            pss_peak_bytes: pss_peak_bytes[i],
+            pss_steady_bytes: pss_steady_bytes[i],
+            h2d_pinned_bytes_per_s: h2d_pinned_bytes_per_s[i],
+            h2d_pageable_bytes_per_s: h2d_pageable_bytes_per_s[i],
         });
     }
     Ok((meta, rows))

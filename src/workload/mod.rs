@@ -23,6 +23,14 @@
 //! (default `tiny`); a case that changes any size is recorded with preset `custom`, and its
 //! position table is as long as its sequence. Flags given beside a file override that key in
 //! every grid. Validation happens before anything runs, so bad input writes nothing.
+//!
+//! A grid whose phases include `dataload` is a data-pipeline grid (`dataload.rs`): it takes
+//! only `dataload` and no model phase, expands `batch` (images per batch), `dataset`,
+//! `workers`, `worker_kind`, `prefetch`, `storage`, `persistent`, `epochs`, `crop` and
+//! `device`, and ignores the model keys. Every other grid ignores the data keys, so they never
+//! multiply model cases (a `--workers` flag beside a model workload changes nothing there).
+
+mod dataload;
 
 use itertools::iproduct;
 use serde::Deserialize;
@@ -103,6 +111,22 @@ pub struct GridSpec {
     pub channels: Option<OneOrMany<i64>>,
     /// ViT: classes of the classifier; a list expands.
     pub classes: Option<OneOrMany<i64>>,
+    /// `dataload` only (see `dataload.rs`): the folder of `memfit dataset make`.
+    pub dataset: Option<String>,
+    /// `dataload` only: worker count (0 = the main thread); a list expands.
+    pub workers: Option<OneOrMany<i64>>,
+    /// `dataload` only: thread (default) or process.
+    pub worker_kind: Option<OneOrMany<String>>,
+    /// `dataload` only: batches requested ahead per worker (default 2).
+    pub prefetch: Option<OneOrMany<i64>>,
+    /// `dataload` only: ram (default), mmap or stream.
+    pub storage: Option<OneOrMany<String>>,
+    /// `dataload` only: on (default, workers live through all epochs) or off.
+    pub persistent: Option<OneOrMany<String>>,
+    /// `dataload` only: passes over the dataset in the window (default 2).
+    pub epochs: Option<OneOrMany<i64>>,
+    /// `dataload` only: side of the square crop in pixels (default 224).
+    pub crop: Option<OneOrMany<i64>>,
 }
 
 impl GridSpec {
@@ -139,7 +163,15 @@ impl GridSpec {
             image,
             patch,
             channels,
-            classes
+            classes,
+            dataset,
+            workers,
+            worker_kind,
+            prefetch,
+            storage,
+            persistent,
+            epochs,
+            crop
         )
     }
 }
@@ -186,6 +218,8 @@ pub struct Case {
     pub load_mmap: bool,
     /// Requested phases, sorted in run order, no duplicates.
     pub phases: Vec<Phase>,
+    /// `dataload` cases: the pipeline's settings (the model fields are unused).
+    pub data: Option<crate::data::DataCase>,
 }
 
 /// Upper bounds of the size keys (inclusive).
@@ -445,6 +479,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             ps
         }
     };
+    if phases.contains(&Phase::Dataload) {
+        return dataload::expand(spec, ctx, &phases, device, cases);
+    }
     let optimizers = ctx.choices(
         "optimizer",
         &spec.optimizer,
@@ -838,6 +875,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 weights: serve,
                 load_mmap,
                 phases: phases.clone(),
+                data: None,
             });
         }
     }

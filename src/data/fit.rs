@@ -1,0 +1,357 @@
+//! The data pipeline's RAM formula and throughput curve, fitted from stored `dataload` rows
+//! (never measures; `memfit fit` prints it after the model fits).
+//!
+//! RAM, per group of rows with the same device, worker kind and storage (the `workers = 0`
+//! rows join the thread groups as their zero point; with processes the main process no longer
+//! holds the data, so they stay out of the process fits), by least squares (`crate::fit`):
+//!
+//! `memory = base + per_worker · workers + k · in_flight_bytes`
+//!
+//! with `in_flight_bytes = min(in-flight batches, batches per epoch) · B·3·C²·4`, in-flight =
+//! `prefetch × workers` (1 with no worker). With a single prefetch depth in a group the two
+//! terms are proportional: `k` is then not fitted (NaN) and `per_worker` holds both. `memory` is the tree's PSS peak (shared pages once)
+//! and, beside it, the tree's summed RSS peak (shared pages once per process). `k ≈ 1` means
+//! each requested batch costs its bytes once; `k ≈ 2` that it exists twice (a worker's copy
+//! and the main thread's, or pipe buffers).
+//!
+//! Throughput: images/s per worker count; saturation = the fewest workers reaching 95 % of the
+//! group's best; CPU utilisation = (user + sys) / wall, in cores.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::fit::least_squares;
+use crate::record::{Row, Status};
+
+/// `(device, worker kind, storage)`.
+type Key = (String, String, String);
+
+/// One RAM fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RamFit {
+    pub device: String,
+    pub worker_kind: String,
+    pub storage: String,
+    /// `pss` or `rss` (the tree's sums).
+    pub measure: String,
+    pub rows: usize,
+    pub base_bytes: f64,
+    pub per_worker_bytes: f64,
+    pub in_flight_factor: f64,
+    /// Standard errors of the three, in the same order.
+    pub stderr: [f64; 3],
+    pub r2: f64,
+    /// Largest |fitted − measured| / measured over the rows, percent.
+    pub max_err_pct: f64,
+}
+
+/// Throughput of one group against the worker count.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Curve {
+    pub device: String,
+    pub worker_kind: String,
+    pub storage: String,
+    /// `(workers, images/s, CPU cores busy)`, the mean per worker count.
+    pub points: Vec<(u64, f64, f64)>,
+    pub saturation_workers: u64,
+}
+
+/// Bytes of the batches that can be in flight in a row's case.
+pub fn in_flight_bytes(r: &Row) -> Option<f64> {
+    let (w, p, e, n, c) = (r.workers?, r.prefetch?, r.epochs?, r.images?, r.crop_px?);
+    let per_epoch = n.checked_div(e)?;
+    let batches = per_epoch.div_ceil(r.batch.max(1));
+    let flight = if w == 0 { 1 } else { p * w };
+    Some((flight.min(batches) * r.batch * 3 * c * c * 4) as f64)
+}
+
+fn groups(rows: &[Row]) -> BTreeMap<Key, Vec<&Row>> {
+    let ok: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.phase == "dataload" && r.status == Status::Ok && r.workers.is_some())
+        .collect();
+    let mut g: BTreeMap<Key, Vec<&Row>> = BTreeMap::new();
+    for r in &ok {
+        if r.worker_kind != "main" {
+            g.entry((r.device.clone(), r.worker_kind.clone(), r.storage.clone()))
+                .or_default()
+                .push(r);
+        }
+    }
+    // The main-thread rows are every kind's zero point.
+    let keys: Vec<Key> = g.keys().cloned().collect();
+    for k in keys {
+        for r in &ok {
+            if r.worker_kind == "main" && r.device == k.0 && r.storage == k.2 {
+                g.get_mut(&k).expect("key exists").push(r);
+            }
+        }
+    }
+    g
+}
+
+/// The RAM fits (PSS and RSS) of every group with enough rows.
+pub fn ram_fits(rows: &[Row]) -> Vec<RamFit> {
+    let mut out = Vec::new();
+    for ((device, kind, storage), rs) in groups(rows) {
+        // With worker processes the main process no longer holds the dataset (`ram`) or maps
+        // it (`mmap`): the main-thread rows are another regime, not the zero point of the line.
+        let rs: Vec<&Row> = rs
+            .into_iter()
+            .filter(|r| kind != "process" || r.worker_kind != "main")
+            .collect();
+        for measure in ["pss", "rss"] {
+            let mut x = Vec::new();
+            let mut y = Vec::new();
+            for r in &rs {
+                let m = match measure {
+                    "pss" => r.pss_peak_bytes,
+                    _ => r.tree_rss_peak_bytes,
+                };
+                if let (Some(m), Some(b), Some(w)) = (m, in_flight_bytes(r), r.workers) {
+                    x.push(vec![1.0, w as f64, b]);
+                    y.push(m as f64);
+                }
+            }
+            if y.len() < 4 {
+                continue;
+            }
+            // One prefetch depth only: in-flight bytes ∝ workers, the two terms cannot be told
+            // apart; fit the per-worker term alone and leave k unknown (NaN).
+            let mut depths: Vec<u64> = rs
+                .iter()
+                .filter(|r| r.workers.unwrap_or(0) > 0)
+                .filter_map(|r| r.prefetch)
+                .collect();
+            depths.sort_unstable();
+            depths.dedup();
+            let separable = depths.len() > 1;
+            if !separable {
+                for xi in &mut x {
+                    xi[2] = 0.0;
+                }
+            }
+            let Some(mut f) = least_squares(&x, &y) else {
+                continue;
+            };
+            if !separable {
+                f.coef[2] = f64::NAN;
+            }
+            let fitted = |xi: &Vec<f64>| {
+                f.coef[0] + f.coef[1] * xi[1] + if separable { f.coef[2] * xi[2] } else { 0.0 }
+            };
+            let max_err_pct = x
+                .iter()
+                .zip(&y)
+                .map(|(xi, v)| ((fitted(xi) - v) / v).abs() * 100.0)
+                .fold(0.0, f64::max);
+            out.push(RamFit {
+                device: device.clone(),
+                worker_kind: kind.clone(),
+                storage: storage.clone(),
+                measure: measure.into(),
+                rows: y.len(),
+                base_bytes: f.coef[0],
+                per_worker_bytes: f.coef[1],
+                in_flight_factor: f.coef[2],
+                stderr: [f.stderr[0], f.stderr[1], f.stderr[2]],
+                r2: f.r2,
+                max_err_pct,
+            });
+        }
+    }
+    out
+}
+
+/// Throughput curves (persistent-worker rows and main-thread rows only).
+pub fn curves(rows: &[Row]) -> Vec<Curve> {
+    let mut out = Vec::new();
+    for ((device, kind, storage), rs) in groups(rows) {
+        let mut by_w: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+        for r in rs.iter().filter(|r| r.persistent != "off") {
+            if let (Some(w), Some(ips), Some(u), Some(s), Some(wall)) = (
+                r.workers,
+                r.images_per_s,
+                r.cpu_user_s,
+                r.cpu_sys_s,
+                r.wall_s,
+            ) {
+                by_w.entry(w).or_default().push((ips, (u + s) / wall));
+            }
+        }
+        let points: Vec<(u64, f64, f64)> = by_w
+            .into_iter()
+            .map(|(w, v)| {
+                let n = v.len() as f64;
+                (
+                    w,
+                    v.iter().map(|p| p.0).sum::<f64>() / n,
+                    v.iter().map(|p| p.1).sum::<f64>() / n,
+                )
+            })
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let best = points.iter().map(|p| p.1).fold(0.0, f64::max);
+        let saturation_workers = points
+            .iter()
+            .find(|p| p.1 >= 0.95 * best)
+            .map_or(0, |p| p.0);
+        out.push(Curve {
+            device,
+            worker_kind: kind,
+            storage,
+            points,
+            saturation_workers,
+        });
+    }
+    out
+}
+
+/// Prints the fits and curves (text or one JSON object per line).
+pub fn print(rows: &[Row], json: bool) -> anyhow::Result<()> {
+    let fits = ram_fits(rows);
+    let curves = curves(rows);
+    if json {
+        for f in &fits {
+            println!("{}", serde_json::to_string(f)?);
+        }
+        for c in &curves {
+            println!("{}", serde_json::to_string(c)?);
+        }
+        return Ok(());
+    }
+    if fits.is_empty() && curves.is_empty() {
+        return Ok(());
+    }
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    println!(
+        "\ndataload RAM = base + per_worker·workers + k·in-flight batch bytes (tree peak, least squares)"
+    );
+    println!(
+        "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11} {:>15} {:>12} {:>9} {:>8}",
+        "device",
+        "kind",
+        "storage",
+        "sum",
+        "rows",
+        "base MiB",
+        "per worker MiB",
+        "k",
+        "R²",
+        "max err%"
+    );
+    for f in &fits {
+        println!(
+            "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11.1} {:>8.1} ± {:<4.1} {:>5.2} ± {:<4.2} {:>9.4} {:>8.1}",
+            f.device,
+            f.worker_kind,
+            f.storage,
+            f.measure,
+            f.rows,
+            mib(f.base_bytes),
+            mib(f.per_worker_bytes),
+            mib(f.stderr[1]),
+            f.in_flight_factor,
+            f.stderr[2],
+            f.r2,
+            f.max_err_pct
+        );
+    }
+    println!("\ndataload throughput (persistent workers): workers → images/s (CPU cores busy)");
+    for c in &curves {
+        let pts: Vec<String> = c
+            .points
+            .iter()
+            .map(|(w, ips, u)| format!("{w}→{ips:.0} ({u:.2})"))
+            .collect();
+        println!(
+            "{:<7} {:<8} {:<7} {}   saturates at {} worker(s)",
+            c.device,
+            c.worker_kind,
+            c.storage,
+            pts.join("  "),
+            c.saturation_workers
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(kind: &str, w: u64, prefetch: u64, pss: u64) -> Row {
+        let mut r: Row = serde_json::from_str(
+            r#"{"run_id":"r","case":0,"model":"","preset":"","batch":2,"seq":0,
+            "max_seq":0,"hidden":0,"heads":0,"layers":0,"vocab":0,"dtype":"",
+            "device":"cpu","optimizer":"","phase":"dataload","status":"ok","error":null,
+            "params":0,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
+            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":1.0,
+            "cpu_sys_s":0.5,"wall_s":3.0,"rss_peak_bytes":null,"threads":1}"#,
+        )
+        .unwrap();
+        r.worker_kind = kind.into();
+        r.workers = Some(w);
+        r.prefetch = Some(prefetch);
+        r.storage = "ram".into();
+        r.epochs = Some(1);
+        r.images = Some(64);
+        r.crop_px = Some(8);
+        r.pss_peak_bytes = Some(pss);
+        r.tree_rss_peak_bytes = Some(pss);
+        r.images_per_s = Some(10.0 * (w.min(2) + 1) as f64);
+        r
+    }
+
+    /// Built from base 1000, 300 per worker, k = 2 exactly: batch bytes 2·3·64·4 = 1536.
+    #[test]
+    fn recovers_constructed_constants() {
+        let bb = 1536.0;
+        let mk = |kind: &str, w: u64, p: u64| {
+            let flight = if w == 0 { 1 } else { p * w } as f64;
+            row(
+                kind,
+                w,
+                p,
+                (1000.0 + 300.0 * w as f64 + 2.0 * flight * bb) as u64,
+            )
+        };
+        let rows = vec![
+            mk("process", 4, 1),
+            mk("process", 1, 2),
+            mk("process", 2, 2),
+            mk("process", 3, 2),
+            mk("process", 2, 4),
+            mk("process", 1, 8),
+        ];
+        assert_eq!(in_flight_bytes(&rows[4]), Some(8.0 * bb));
+        let f = &ram_fits(&rows)[0];
+        assert_eq!((f.worker_kind.as_str(), f.rows), ("process", 6));
+        // The main-thread row is every group's throughput reference, not a process RAM point.
+        let with_main: Vec<Row> = rows.iter().cloned().chain([mk("main", 0, 0)]).collect();
+        assert_eq!(ram_fits(&with_main)[0].rows, 6);
+        assert!((f.base_bytes - 1000.0).abs() < 1e-6, "{f:?}");
+        assert!((f.per_worker_bytes - 300.0).abs() < 1e-6);
+        assert!((f.in_flight_factor - 2.0).abs() < 1e-9);
+        // A single prefetch depth: k is not identifiable.
+        let single = vec![
+            mk("thread", 1, 2),
+            mk("thread", 2, 2),
+            mk("thread", 3, 2),
+            mk("thread", 4, 2),
+        ];
+        let g = &ram_fits(&single)[0];
+        assert!(g.in_flight_factor.is_nan());
+        assert!(
+            (g.per_worker_bytes - (300.0 + 2.0 * 2.0 * bb)).abs() < 1e-6,
+            "{g:?}"
+        );
+        let c = &curves(&with_main)[0];
+        // 0 → 10, 1 → 20, 2 and 3 → 30: saturates at 2; CPU (1 + 0.5) / 3 = 0.5 cores.
+        assert_eq!(c.saturation_workers, 2);
+        assert_eq!(c.points[0], (0, 10.0, 0.5));
+    }
+}
