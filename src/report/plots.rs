@@ -311,12 +311,14 @@ pub fn png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
         chart,
     )?;
     let mut out = Vec::new();
-    let mut enc = png::Encoder::new(&mut out, WIDTH, HEIGHT);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut w = enc.write_header().context("encoding a PNG")?;
-    w.write_image_data(&rgb).context("encoding a PNG")?;
-    w.finish().context("encoding a PNG")?;
+    image::ImageEncoder::write_image(
+        image::codecs::png::PngEncoder::new(&mut out),
+        &rgb,
+        WIDTH,
+        HEIGHT,
+        image::ExtendedColorType::Rgb8,
+    )
+    .context("encoding a PNG")?;
     Ok(out)
 }
 
