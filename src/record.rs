@@ -156,8 +156,6 @@ pub struct Row {
     /// CUDA: number of NVML samples taken in the window.
     #[serde(default)]
     pub nvml_samples_count: Option<u64>,
-    /// Worker threads of the CPU backend (rayon pool) for this run.
-    pub threads: u64,
     /// `dataload` rows (empty / missing elsewhere): the dataset folder.
     #[serde(default)]
     pub dataset: String,
@@ -212,6 +210,8 @@ pub struct Row {
     /// `dataload` on CUDA: the same copy from pageable (ordinary heap) memory.
     #[serde(default)]
     pub h2d_pageable_bytes_per_s: Option<f64>,
+    /// Worker threads of the CPU backend (rayon pool) for this run.
+    pub threads: u64,
 }
 
 /// Where and with what a run happened; stored once per run (`meta.json`, HDF5 attributes).

@@ -269,10 +269,10 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
     assert!(
         lines[0].ends_with(
             ",rss_peak_bytes,logits_rel_error,peak_meter,reserved_peak_bytes,device_used_bytes,\
-             nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,threads,\
+             nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,\
              dataset,workers,worker_kind,prefetch,storage,persistent,epochs,crop_px,images,\
              images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
-             pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s"
+             pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,threads"
         ),
         "{}",
         lines[0]
