@@ -10,7 +10,12 @@ id="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])
 dst="results/h200/$id"
 mkdir -p "$dst"
 cp "$src/run/results.jsonl" "$src/run/meta.json" "$dst/"
-for f in machine.txt sweep.log time.txt; do [[ -f "$src/$f" ]] && cp "$src/$f" "$dst/"; done
+for f in machine.txt sweep.log dataload.log time.txt; do [[ -f "$src/$f" ]] && cp "$src/$f" "$dst/"; done
 cargo build --release --quiet
 target/release/memfit convert "$dst"
+if [[ -f "$src/dataload/results.jsonl" ]]; then
+  mkdir -p "$dst/dataload"
+  cp "$src/dataload/results.jsonl" "$src/dataload/meta.json" "$dst/dataload/"
+  target/release/memfit convert "$dst/dataload"
+fi
 echo "$dst"

@@ -46,6 +46,9 @@ pub fn line(r: &Row) -> String {
         (Some(m), Some(p)) => opt_f(error_pct(m, p), 3),
         _ => "-".into(),
     };
+    if r.phase == "dataload" {
+        return dataload_line(r, &measured);
+    }
     let mut s = format!(
         "{:>4} {:<10} {:>4} {:>5} {:>5} {:>3} {:>3} {:>6} {:<12} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
         r.case,
@@ -62,6 +65,45 @@ pub fn line(r: &Row) -> String {
         measured,
         predicted,
         err,
+        opt_f(r.cpu_user_s, 3),
+        opt_f(r.cpu_sys_s, 3),
+        opt_f(r.wall_s, 3),
+    );
+    if let (true, Some(e)) = (r.status != Status::Ok, &r.error) {
+        s.push_str(&format!("\n     {e}"));
+    }
+    s
+}
+
+/// A `dataload` row has no model: the model columns show the pipeline (storage, workers,
+/// prefetch), the throughput, and the process tree's PSS peak where the prediction would be.
+fn dataload_line(r: &Row, measured: &str) -> String {
+    let n = |v: Option<u64>| v.map_or("-".into(), |x| x.to_string());
+    let pipeline = format!(
+        "{} {}×{} p{}",
+        r.storage,
+        r.worker_kind,
+        n(r.workers),
+        n(r.prefetch)
+    );
+    let rate = r
+        .images_per_s
+        .map_or("-".into(), |x| format!("{x:.0} img/s"));
+    let pss = r
+        .pss_peak_bytes
+        .map_or("-".into(), |b| format!("PSS {}", human_bytes(b as f64)));
+    let mut s = format!(
+        "{:>4} {:<10} {:>4} {:<26} {:<12} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
+        r.case,
+        "dataload",
+        r.batch,
+        pipeline,
+        rate,
+        r.phase,
+        r.status.as_str(),
+        measured,
+        pss,
+        "-",
         opt_f(r.cpu_user_s, 3),
         opt_f(r.cpu_sys_s, 3),
         opt_f(r.wall_s, 3),
