@@ -214,6 +214,24 @@ pub struct Row {
     pub threads: u64,
 }
 
+impl Row {
+    /// A GPT row (L 3, B 2, S 8, H 16, A 2, V 10, 1000 parameters, f32 on the CPU, AdamW,
+    /// phase `init`, status ok) with nothing measured: the base of the unit tests'
+    /// hand-worked rows.
+    #[cfg(test)]
+    pub(crate) fn example() -> Row {
+        serde_json::from_str(
+            r#"{"run_id":"r","case":0,"model":"gpt","preset":"custom","batch":2,"seq":8,
+            "max_seq":8,"hidden":16,"heads":2,"layers":3,"vocab":10,"dtype":"f32",
+            "device":"cpu","optimizer":"adamw","phase":"init","status":"ok","error":null,
+            "params":1000,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
+            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":null,
+            "cpu_sys_s":null,"wall_s":null,"rss_peak_bytes":null,"threads":1}"#,
+        )
+        .expect("the example row parses")
+    }
+}
+
 /// Where and with what a run happened; stored once per run (`meta.json`, HDF5 attributes).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunMeta {

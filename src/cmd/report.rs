@@ -86,18 +86,6 @@ fn measure_cpu_peak() -> anyhow::Result<f64> {
     Ok(best)
 }
 
-fn host_cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
 pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
     let sets: Vec<ResultSet> = args
         .results
@@ -131,7 +119,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
     };
     let textbook = crate::fit::textbook::evaluate(&all);
     let cpu_peak = if args.measure_cpu_peak {
-        let model = host_cpu_model();
+        let model = crate::cmd::run::cpu_model();
         let flops = measure_cpu_peak().context("measuring the CPU's matmul FLOP/s")?;
         let threads = rayon::current_num_threads();
         Some(CpuPeak {

@@ -369,7 +369,8 @@ fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-fn cpu_model() -> String {
+/// The host CPU's model name (`/proc/cpuinfo`), else the architecture.
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -284,15 +284,9 @@ mod tests {
     use super::*;
 
     fn row(kind: &str, w: u64, prefetch: u64, pss: u64) -> Row {
-        let mut r: Row = serde_json::from_str(
-            r#"{"run_id":"r","case":0,"model":"","preset":"","batch":2,"seq":0,
-            "max_seq":0,"hidden":0,"heads":0,"layers":0,"vocab":0,"dtype":"",
-            "device":"cpu","optimizer":"","phase":"dataload","status":"ok","error":null,
-            "params":0,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
-            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":1.0,
-            "cpu_sys_s":0.5,"wall_s":3.0,"rss_peak_bytes":null,"threads":1}"#,
-        )
-        .unwrap();
+        let mut r = Row::example();
+        r.phase = "dataload".into();
+        (r.cpu_user_s, r.cpu_sys_s, r.wall_s) = (Some(1.0), Some(0.5), Some(3.0));
         r.worker_kind = kind.into();
         r.workers = Some(w);
         r.prefetch = Some(prefetch);

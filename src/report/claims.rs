@@ -1467,15 +1467,7 @@ mod tests {
     use super::*;
 
     fn row(phase: &str, optimizer: &str, retained: i64) -> Row {
-        let mut r: Row = serde_json::from_str(
-            r#"{"run_id":"r","case":0,"model":"gpt","preset":"custom","batch":2,"seq":8,
-            "max_seq":8,"hidden":16,"heads":2,"layers":3,"vocab":10,"dtype":"f32",
-            "device":"cpu","optimizer":"adamw","phase":"init","status":"ok","error":null,
-            "params":1000,"peak_bytes":null,"retained_bytes":null,"alloc_count":null,
-            "predicted_peak_bytes":null,"predicted_retained_bytes":null,"cpu_user_s":null,
-            "cpu_sys_s":null,"wall_s":null,"rss_peak_bytes":null,"threads":1}"#,
-        )
-        .unwrap();
+        let mut r = Row::example();
         r.phase = phase.into();
         r.optimizer = optimizer.into();
         r.retained_bytes = Some(retained);

@@ -97,18 +97,7 @@ pub(super) fn expand(
         Storage::parse,
         |_, _| Ok(()),
     )?;
-    let persistents = ctx.choices(
-        "persistent",
-        &spec.persistent,
-        "on",
-        ("unknown setting", "on, off"),
-        |name| match name {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
-        },
-        |_, _| Ok(()),
-    )?;
+    let persistents = ctx.on_off("persistent", &spec.persistent)?;
     let tiny = Config::preset("tiny").expect("the tiny preset exists");
     let grid = iproduct!(
         &batches,

@@ -309,6 +309,22 @@ impl Ctx<'_> {
         Ok(values)
     }
 
+    /// An `on`/`off` switch under `k` (default `on`), as booleans.
+    fn on_off(&self, k: &str, names: &Option<OneOrMany<String>>) -> Result<Vec<bool>, UserError> {
+        self.choices(
+            k,
+            names,
+            "on",
+            ("unknown setting", "on, off"),
+            |name| match name {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            },
+            |_, _| Ok(()),
+        )
+    }
+
     fn bad(&self, k: &str, value: &str, reason: &str, allowed: &str) -> UserError {
         UserError::OutOfRange {
             origin: self.origin.into(),
@@ -630,18 +646,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             .into_iter()
             .map(|t| t.expect("decode_tokens has a default"))
             .collect();
-    let kv_caches = ctx.choices(
-        "kv_cache",
-        &spec.kv_cache,
-        "on",
-        ("unknown setting", "on, off"),
-        |name| match name {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
-        },
-        |_, _| Ok(()),
-    )?;
+    let kv_caches = ctx.on_off("kv_cache", &spec.kv_cache)?;
     let decodes = phases.contains(&Phase::Decode);
     let loads = ctx.choices(
         "load",
