@@ -441,7 +441,18 @@ impl<'a> Ctx<'a> {
                 sat.join(", ")
             ),
             "workers ≈ 0.5–0.8 × cores".into(),
-            "holds that it is CPU work (a constant cost per image, so more images/s means more CPU); the saturation point needs quiet cores (recorded, not judged)".into(),
+            {
+                let mut at: Vec<u64> = curves.iter().map(|c| c.saturation_workers).collect();
+                at.sort_unstable();
+                at.dedup();
+                let sat = match at.as_slice() {
+                    [n] => format!("every pipeline saturates at {n} worker(s)"),
+                    _ => "the saturation point differs between pipelines (shared cores?)".into(),
+                };
+                format!(
+                    "holds that it is CPU work (a constant cost per image, so more images/s means more CPU); {sat}, to compare with the machine's cores (environment section)"
+                )
+            },
         ))
     }
 
