@@ -1445,7 +1445,7 @@ fn dedup_mean(v: &[(&Row, String, f64)]) -> Vec<(String, f64)> {
 fn would(id: &str) -> &'static str {
     match id {
         "D5" => {
-            "`dataload` rows on a CUDA device (`seed-dataload` with `device = \"cuda:0\"`) would"
+            "`dataload` rows on a CUDA device (`workloads/gpu-dataload.toml`, run by `scripts/gpu-run.sh`) would"
         }
         "D1" | "D2" | "D3" | "D4" | "D6" => {
             "`dataload` rows (`workloads/seed-dataload.toml`) would"
