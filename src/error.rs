@@ -1,11 +1,17 @@
-//! Errors the user can fix: bad workload files and flags. Everything else is `anyhow` with
-//! context naming the file or phase.
+//! Errors the user can fix: bad workload files and flags, missing or unreadable input files.
+//! Everything else is `anyhow` with context naming the file or phase.
 
-/// A mistake in a workload file or in flags. `origin` is the file path or `flags`.
+/// A mistake in a workload file, in flags or in an input path. `origin` is the file path or
+/// `flags`.
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
-    #[error("{origin}: cannot read the workload file: {message}")]
-    Unreadable { origin: String, message: String },
+    /// `what` names the kind of input: "workload file", "results", …
+    #[error("{origin}: cannot read the {what}: {message}")]
+    Unreadable {
+        origin: String,
+        what: &'static str,
+        message: String,
+    },
     #[error("{origin}: {message}")]
     Syntax { origin: String, message: String },
     #[error("{origin}: key `{key}` = {value} is out of range: {reason}; allowed: {allowed}")]

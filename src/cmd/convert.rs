@@ -15,6 +15,7 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<()> {
         if !p.is_file() {
             return Err(UserError::Unreadable {
                 origin: p.display().to_string(),
+                what: "run folder",
                 message: "not found: a run folder holds results.jsonl and meta.json".into(),
             }
             .into());

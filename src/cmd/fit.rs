@@ -3,10 +3,8 @@
 //! for them), with held-out errors: 5-fold over cases and the extrapolation split.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use crate::cli::FitArgs;
-use crate::error::UserError;
 use crate::fit::{self, FEATURES, HeldOut};
 use crate::record::{Row, Status};
 use crate::store;
@@ -45,41 +43,6 @@ pub fn key(r: &Row) -> GroupKey {
     )
 }
 
-/// The result files under `p`: itself, or every `results.jsonl` (else `results.h5`) below it.
-pub fn result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
-    let unreadable = |e: std::io::Error| UserError::Unreadable {
-        origin: p.display().to_string(),
-        message: e.to_string(),
-    };
-    if p.is_file() {
-        out.push(p.to_path_buf());
-        return Ok(());
-    }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-        .map_err(unreadable)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    entries.sort();
-    let jsonl = p.join("results.jsonl");
-    let h5 = p.join("results.h5");
-    if jsonl.is_file() {
-        out.push(jsonl);
-    } else if h5.is_file() {
-        out.push(h5);
-    }
-    for e in entries.iter().filter(|e| e.is_dir()) {
-        result_files(e, out)?;
-    }
-    Ok(())
-}
-
-pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("h5") | Some("hdf5") => Ok(store::hdf5::read(path)?.1),
-        _ => store::jsonl::read(path),
-    }
-}
-
 /// One group's fit and its held-out errors.
 #[derive(Debug, serde::Serialize)]
 pub struct GroupFit {
@@ -98,19 +61,12 @@ pub struct GroupFit {
 pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     let mut files = Vec::new();
     for p in &args.results {
-        if !p.exists() {
-            return Err(UserError::Unreadable {
-                origin: p.display().to_string(),
-                message: "no such file or folder".into(),
-            }
-            .into());
-        }
-        result_files(p, &mut files)?;
+        files.extend(store::result_files(p)?);
     }
     let mut groups: BTreeMap<GroupKey, Vec<Row>> = BTreeMap::new();
     let mut all = Vec::new();
     for f in &files {
-        for r in read_rows(f)? {
+        for r in store::read_rows(f)? {
             // dataload rows have their own formula (crate::data::fit), printed below.
             if r.status == Status::Ok && r.peak_bytes.is_some() && r.phase != "dataload" {
                 groups.entry(key(&r)).or_default().push(r.clone());

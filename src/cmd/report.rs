@@ -9,26 +9,20 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::cli::ReportArgs;
-use crate::cmd::fit::{GroupKey, fit_group, key, read_rows, result_files};
+use crate::cmd::fit::{GroupKey, fit_group, key};
 use crate::error::UserError;
 use crate::record::{Row, RunMeta, Status};
 use crate::report::{self, CpuPeak, Inputs, ResultSet};
+use crate::store::{read_rows, result_files};
 
 /// Reads one result set: every result file under `path`, and each run's metadata
 /// (`meta.json` beside a journal, the attributes of an HDF5 file).
 pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
-    if !path.exists() {
-        return Err(UserError::Unreadable {
-            origin: path.display().to_string(),
-            message: "no such file or folder".into(),
-        }
-        .into());
-    }
-    let mut files = Vec::new();
-    result_files(path, &mut files)?;
+    let files = result_files(path)?;
     if files.is_empty() {
         return Err(UserError::Unreadable {
             origin: path.display().to_string(),
+            what: "result set",
             message: "no results.jsonl or results.h5 in it".into(),
         }
         .into());

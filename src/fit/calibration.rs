@@ -18,15 +18,14 @@ pub fn load(path: &Path) -> anyhow::Result<Calibration> {
     if !path.exists() {
         return Err(UserError::Unreadable {
             origin: path.display().to_string(),
-            message: "no such calibration file or folder".into(),
+            what: "calibration results",
+            message: "no such file or folder".into(),
         }
         .into());
     }
-    let mut files = Vec::new();
-    crate::cmd::fit::result_files(path, &mut files)?;
     let mut rows = Vec::new();
-    for f in &files {
-        rows.extend(crate::cmd::fit::read_rows(f)?);
+    for f in crate::store::result_files(path)? {
+        rows.extend(crate::store::read_rows(&f)?);
     }
     let mut c = Calibration::fit(&rows);
     c.origin = path.display().to_string();

@@ -9,6 +9,61 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::error::UserError;
+use crate::record::Row;
+
+/// The result files under `p`: itself when it is a file, else every `results.jsonl` (else
+/// `results.h5`) in it and in the folders below, in name order. A path that does not exist is
+/// an error naming it.
+pub fn result_files(p: &Path) -> Result<Vec<PathBuf>, UserError> {
+    if !p.exists() {
+        return Err(UserError::Unreadable {
+            origin: p.display().to_string(),
+            what: "results",
+            message: "no such file or folder".into(),
+        });
+    }
+    let mut out = Vec::new();
+    collect_result_files(p, &mut out)?;
+    Ok(out)
+}
+
+fn collect_result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserError> {
+    let unreadable = |e: std::io::Error| UserError::Unreadable {
+        origin: p.display().to_string(),
+        what: "results",
+        message: e.to_string(),
+    };
+    if p.is_file() {
+        out.push(p.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+        .map_err(unreadable)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    let jsonl = p.join("results.jsonl");
+    let h5 = p.join("results.h5");
+    if jsonl.is_file() {
+        out.push(jsonl);
+    } else if h5.is_file() {
+        out.push(h5);
+    }
+    for e in entries.iter().filter(|e| e.is_dir()) {
+        collect_result_files(e, out)?;
+    }
+    Ok(())
+}
+
+/// The rows of one result file: an HDF5 file (`.h5`, `.hdf5`) or a JSONL journal.
+pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("h5") | Some("hdf5") => Ok(hdf5::read(path)?.1),
+        _ => jsonl::read(path),
+    }
+}
+
 /// A name for a temporary sibling of `path`: `.<name>.<pid>.<nanos>.tmp` in the same directory.
 fn temp_path(path: &Path) -> anyhow::Result<PathBuf> {
     let name = path

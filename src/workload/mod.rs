@@ -247,6 +247,7 @@ pub fn load(path: &std::path::Path) -> Result<WorkloadFile, UserError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| UserError::Unreadable {
         origin: origin.clone(),
+        what: "workload file",
         message: e.to_string(),
     })?;
     parse(&text, &origin)
