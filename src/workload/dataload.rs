@@ -62,19 +62,15 @@ pub(super) fn expand(
             "a folder written by `memfit dataset make --out DIR`",
         ));
     }
-    let ints = |k: &str, v: &Option<OneOrMany<i64>>, default: i64, lo: i64, hi: i64| {
-        let v = v.as_ref().map_or_else(|| vec![default], OneOrMany::to_vec);
-        if v.is_empty() {
-            return Err(ctx.bad(k, "[]", "empty list", &format!("{lo}..={hi}")));
-        }
+    // Each value once, in the order given.
+    let ints = |k: &str, v: &Option<OneOrMany<i64>>, default: usize, lo: i64, hi: i64| {
         let mut out: Vec<usize> = Vec::new();
-        for x in v {
-            let x = ctx.range(k, x, lo, hi)?;
+        for x in ctx.values(k, v, default, lo, hi)? {
             if !out.contains(&x) {
                 out.push(x);
             }
         }
-        Ok(out)
+        Ok::<_, UserError>(out)
     };
     let batches = ints("batch", &spec.batch, 32, 1, 4096)?;
     let workers = ints("workers", &spec.workers, 0, 0, 256)?;

@@ -310,6 +310,46 @@ impl Ctx<'_> {
         Ok(values)
     }
 
+    /// The sizes under `k`, each checked against `lo..=hi`; `[default]` when the key is absent
+    /// (`None`: the preset decides); an empty list is an error.
+    fn list(
+        &self,
+        k: &str,
+        v: &Option<OneOrMany<i64>>,
+        default: Option<usize>,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<Option<usize>>, UserError> {
+        match v {
+            None => Ok(vec![default]),
+            Some(v) => {
+                let v = v.to_vec();
+                if v.is_empty() {
+                    return Err(self.bad(k, "[]", "empty list", &format!("{lo}..={hi}")));
+                }
+                v.into_iter()
+                    .map(|x| self.range(k, x, lo, hi).map(Some))
+                    .collect()
+            }
+        }
+    }
+
+    /// [`Ctx::list`] for a key with a default value.
+    fn values(
+        &self,
+        k: &str,
+        v: &Option<OneOrMany<i64>>,
+        default: usize,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<usize>, UserError> {
+        Ok(self
+            .list(k, v, Some(default), lo, hi)?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
     /// An `on`/`off` switch under `k` (default `on`), as booleans.
     fn on_off(&self, k: &str, names: &Option<OneOrMany<String>>) -> Result<Vec<bool>, UserError> {
         self.choices(
@@ -508,36 +548,17 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         |_, _| Ok(()),
     )?;
 
-    let list = |k: &str,
-                v: &Option<OneOrMany<i64>>,
-                default: Option<usize>,
-                lo: i64,
-                hi: i64|
-     -> Result<Vec<Option<usize>>, UserError> {
-        match v {
-            None => Ok(vec![default]),
-            Some(v) => {
-                let v = v.to_vec();
-                if v.is_empty() {
-                    return Err(ctx.bad(k, "[]", "empty list", &format!("{lo}..={hi}")));
-                }
-                v.into_iter()
-                    .map(|x| ctx.range(k, x, lo, hi).map(Some))
-                    .collect()
-            }
-        }
-    };
-    let batches = list("batch", &spec.batch, Some(1), 1, MAX_BATCH)?;
-    let seqs = list("seq", &spec.seq, None, 1, MAX_SEQ)?;
-    let max_seqs = list("max_seq", &spec.max_seq, None, 1, MAX_SEQ)?;
-    let hiddens = list("hidden", &spec.hidden, None, 1, MAX_HIDDEN)?;
-    let heads = list("heads", &spec.heads, None, 1, MAX_HEADS)?;
-    let layers = list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
-    let vocabs = list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
-    let images = list("image", &spec.image, None, 1, MAX_IMAGE)?;
-    let patches = list("patch", &spec.patch, None, 1, MAX_IMAGE)?;
-    let channels = list("channels", &spec.channels, None, 1, MAX_CHANNELS)?;
-    let classes = list("classes", &spec.classes, None, 1, MAX_VOCAB)?;
+    let batches = ctx.list("batch", &spec.batch, Some(1), 1, MAX_BATCH)?;
+    let seqs = ctx.list("seq", &spec.seq, None, 1, MAX_SEQ)?;
+    let max_seqs = ctx.list("max_seq", &spec.max_seq, None, 1, MAX_SEQ)?;
+    let hiddens = ctx.list("hidden", &spec.hidden, None, 1, MAX_HIDDEN)?;
+    let heads = ctx.list("heads", &spec.heads, None, 1, MAX_HEADS)?;
+    let layers = ctx.list("layers", &spec.layers, None, 1, MAX_LAYERS)?;
+    let vocabs = ctx.list("vocab", &spec.vocab, None, 1, MAX_VOCAB)?;
+    let images = ctx.list("image", &spec.image, None, 1, MAX_IMAGE)?;
+    let patches = ctx.list("patch", &spec.patch, None, 1, MAX_IMAGE)?;
+    let channels = ctx.list("channels", &spec.channels, None, 1, MAX_CHANNELS)?;
+    let classes = ctx.list("classes", &spec.classes, None, 1, MAX_VOCAB)?;
     let visions: Vec<_> = iproduct!(&images, &patches, &channels, &classes).collect();
     let precisions = ctx.choices(
         "precision",
@@ -579,10 +600,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
-    let lora_ranks: Vec<usize> = list("lora_rank", &spec.lora_rank, Some(0), 0, MAX_HIDDEN)?
-        .into_iter()
-        .map(|r| r.expect("lora_rank has a default"))
-        .collect();
+    let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
     for name in spec
         .lora_targets
@@ -632,21 +650,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
-    let optimizer_blocks: Vec<usize> = list(
-        "optimizer_block",
-        &spec.optimizer_block,
-        Some(2048),
-        1,
-        1 << 24,
-    )?
-    .into_iter()
-    .map(|b| b.expect("optimizer_block has a default"))
-    .collect();
-    let decode_tokens: Vec<usize> =
-        list("decode_tokens", &spec.decode_tokens, Some(16), 1, MAX_SEQ)?
-            .into_iter()
-            .map(|t| t.expect("decode_tokens has a default"))
-            .collect();
+    let optimizer_blocks =
+        ctx.values("optimizer_block", &spec.optimizer_block, 2048, 1, 1 << 24)?;
+    let decode_tokens = ctx.values("decode_tokens", &spec.decode_tokens, 16, 1, MAX_SEQ)?;
     let kv_caches = ctx.on_off("kv_cache", &spec.kv_cache)?;
     let decodes = phases.contains(&Phase::Decode);
     let loads = ctx.choices(
@@ -688,10 +694,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
-    let checkpoints: Vec<usize> = list("checkpoint", &spec.checkpoint, Some(0), 0, MAX_LAYERS)?
-        .into_iter()
-        .map(|k| k.expect("checkpoint has a default"))
-        .collect();
+    let checkpoints = ctx.values("checkpoint", &spec.checkpoint, 0, 0, MAX_LAYERS)?;
 
     // One case per combination, the axes in this order (the last varies fastest); each check
     // runs on the first combination it concerns.
