@@ -1,38 +1,151 @@
 #!/usr/bin/env bash
 # The GPU sweep in one call, on the GPU machine (through the device tool, from the repository
-# root, with dist/gpu in `carry`):
-#   run(command="scripts/gpu-run.sh", carry=["dist/gpu"], timeout_s=560)
-# Unpacks the CUDA build (scripts/build-cuda.sh made it here), records the machine (read-only
-# queries: no GPU setting is touched), runs workloads/gpu-h200.toml (or $1), and leaves under
-# $OUT: run/ (results.jsonl, meta.json, and CSV/HDF5 when they could be written), dataload/
-# (workloads/gpu-dataload.toml, when time is left), machine.txt, sweep.log, dataload.log, time.txt. Back here: scripts/gpu-collect.sh FILES_AT.
+# root, with the CUDA build carried):
+#   run(command="scripts/gpu-run.sh", carry=["dist/gpu"], timeout_s=570)
+# then, back here: scripts/gpu-collect.sh FILES_AT
+#
+# It stays inside the call's limits: at most 8 files come back from $OUT (16 MiB each, two
+# folders down, plain names), and the command is killed at its time limit. So it writes
+# exactly six files, all at the top of $OUT:
+#   machine.txt     what ran where (read-only queries: no GPU setting is touched)
+#   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s)
+#   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
+#   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
+#   time.txt        each step's exit status and seconds
+#   results.tar.gz  every run folder (results/{smoke,run,dataload}/: journal, meta.json, CSV,
+#                   HDF5, superseded rows); without the CSV/HDF5 copies if it would pass 16 MiB
+#                   (gpu-collect.sh rebuilds them from the journals)
+# A failed smoke test stops the call at once (a broken build costs a minute). The sweep runs
+# under --deadline, leaving MEMFIT_GPU_RESERVE_S (60) for packing; data loading gets what is
+# left; every memfit run is also under `timeout`. MEMFIT_GPU_BUDGET_S (540) is the whole
+# script's time; keep it below the call's timeout_s.
+#
+# Dry run on the CPU (MEMFIT_GPU_DRY_RUN=1 OUT=DIR scripts/gpu-run.sh): the same script with the
+# CPU build ($MEMFIT_BIN, else target/release/memfit) and the CPU stand-ins
+# workloads/gpu-h200-cpu.toml and workloads/gpu-dataload-cpu.toml (same grids, toy sizes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:?OUT must name the folder to bring back}"
-workload="${1:-workloads/gpu-h200.toml}"
+budget="${MEMFIT_GPU_BUDGET_S:-540}"
+reserve="${MEMFIT_GPU_RESERVE_S:-60}"
+dry="${MEMFIT_GPU_DRY_RUN:-0}"
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
 mkdir -p "$out"
+
+if [[ "$dry" == 1 ]]; then
+  memfit=("${MEMFIT_BIN:-target/release/memfit}")
+  device=cpu
+  workload="${1:-workloads/gpu-h200-cpu.toml}"
+  dl_workload=workloads/gpu-dataload-cpu.toml
+  dl_make=(--count 16 --size 48-64)
+  smoke_meter=cpu-allocator
+else
+  memfit=(scripts/memfit-cuda)
+  device=cuda:0
+  workload="${1:-workloads/gpu-h200.toml}"
+  dl_workload=workloads/gpu-dataload.toml
+  dl_make=(--count 128 --size 256-512)
+  smoke_meter=cuda-pool
+fi
+work="$(mktemp -d "${TMPDIR:-/tmp}/memfit-gpu.XXXXXX")"
+res="$work/results"
+mkdir -p "$res"
+: > "$out/time.txt"
+step() { # NAME RC SECONDS
+  echo "$1: exit $2, $3 s" >> "$out/time.txt"
+}
+
+pack() {
+  local tarball="$out/results.tar.gz" limit=$((16 * 1024 * 1024))
+  tar -C "$work" -czf "$tarball" results
+  if (( $(stat -c %s "$tarball") > limit )); then
+    # The derived stores go first: the journals are what gpu-collect.sh rebuilds them from.
+    tar -C "$work" -czf "$tarball" --exclude='*.h5' --exclude='*.csv' results
+    echo "pack: CSV/HDF5 left out to stay under 16 MiB" >> "$out/time.txt"
+  fi
+  echo "pack: $(stat -c %s "$tarball") bytes, total $(( $(date +%s) - t0 )) s" >> "$out/time.txt"
+  rm -rf "$work"
+}
+
 {
   echo "# date"; date -u +%Y-%m-%dT%H:%M:%SZ
-  echo "# nvidia-smi (query only)"; nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm --format=csv 2>&1
+  echo "# mode"; if [[ "$dry" == 1 ]]; then echo "dry run on the CPU"; else echo "GPU"; fi
+  if [[ "$dry" != 1 ]]; then
+    echo "# nvidia-smi (query only)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm --format=csv 2>&1
+  fi
   echo "# uname"; uname -a
-  echo "# build"; cat dist/gpu/BUILD 2>&1
-} > "$out/machine.txt"
-start=$(date +%s%N)
-scripts/memfit-cuda run "$workload" --out "$out/run" > "$out/sweep.log" 2>&1
+  echo "# cpu"; grep -m1 "model name" /proc/cpuinfo; nproc
+  echo "# build"; cat dist/gpu/BUILD 2>&1; "${memfit[@]}" --version 2>&1
+} > "$out/machine.txt" 2>&1
+
+# 1. Smoke test: one small case, every training phase and inference, every meter layer.
+s=$(date +%s)
+timeout 120 "${memfit[@]}" run --preset tiny --batch 2 --seq 16 \
+  --phases init,forward,backward,optimizer,train-step,inference \
+  --device "$device" --threads 2 --case-timeout 90 --out "$res/smoke" > "$out/smoke.log" 2>&1
 rc=$?
-end=$(date +%s%N)
-echo "exit $rc, $(( (end - start) / 1000000 )) ms" > "$out/time.txt"
-# Data loading onto the device (D5, D6's pinned copies) when at least 2 minutes are left.
-elapsed=$(( (end - start) / 1000000000 ))
-if (( elapsed < 400 )); then
-  timeout $(( 520 - elapsed )) bash -c '
-    scripts/memfit-cuda dataset make --out data/gpu-dataload --count 128 --size 256-512 &&
-    scripts/memfit-cuda run workloads/gpu-dataload.toml --out "$1/dataload"' _ "$out" \
-    > "$out/dataload.log" 2>&1
-  echo "dataload: exit $?" >> "$out/time.txt"
-else
-  echo "dataload: skipped (the sweep took ${elapsed} s)" >> "$out/time.txt"
+if (( rc == 0 )); then
+  python3 - "$res/smoke/results.jsonl" "$smoke_meter" "$device" >> "$out/smoke.log" 2>&1 <<'PY'
+import json, sys
+path, meter, device = sys.argv[1:]
+rows = [json.loads(l) for l in open(path) if l.strip()]
+bad = [f"{r['phase']}: {r['status']} {r.get('error') or ''}" for r in rows if r["status"] != "ok"]
+bad += [f"{r['phase']}: peak_meter {r['peak_meter']}, not {meter}" for r in rows if r["peak_meter"] != meter]
+need = ["peak_bytes", "retained_bytes", "cpu_user_s", "wall_s"]
+if device.startswith("cuda"):
+    need += ["reserved_peak_bytes", "device_used_bytes", "nvml_process_peak_bytes", "nvml_samples_count"]
+else:
+    need += ["alloc_count", "rss_peak_bytes"]
+bad += [f"{r['phase']}: {k} missing" for r in rows for k in need if r.get(k) is None]
+if len(rows) != 6:
+    bad.append(f"{len(rows)} rows, not 6")
+print("smoke check:", "ok" if not bad else "FAILED")
+for b in bad:
+    print("  " + b)
+sys.exit(1 if bad else 0)
+PY
+  rc=$?
 fi
-tail -n 40 "$out/sweep.log"
+step smoke "$rc" $(( $(date +%s) - s ))
+if (( rc != 0 )); then
+  echo "smoke test failed: the sweep is not run (see smoke.log)" | tee -a "$out/time.txt"
+  tail -n 30 "$out/smoke.log"
+  pack
+  exit 1
+fi
+
+# 2. The sweep, under a deadline that leaves the reserve (and some time for data loading).
+s=$(date +%s)
+dl_share=$(( $(left) / 5 ))
+deadline=$(( $(left) - reserve - dl_share ))
+if (( deadline > 10 )); then
+  timeout $(( deadline + 30 )) "${memfit[@]}" run "$workload" --deadline "$deadline" \
+    --out "$res/run" > "$out/sweep.log" 2>&1
+  rc=$?
+else
+  echo "no time left for the sweep" > "$out/sweep.log"; rc=124
+fi
+step sweep "$rc" $(( $(date +%s) - s ))
+sweep_rc=$rc
+
+# 3. Data loading onto the device (D5, D6's pinned copies) with what is left.
+s=$(date +%s)
+dl_deadline=$(( $(left) - reserve ))
+if (( dl_deadline > 20 )); then
+  timeout $(( dl_deadline + 20 )) bash -c '
+    "${@:4}" dataset make --out "$1/dataset" '"${dl_make[*]}"' &&
+    "${@:4}" run "$2" --dataset "$1/dataset" --deadline "$3" --out "$1/results/dataload"' \
+    _ "$work" "$dl_workload" "$(( dl_deadline - 10 ))" "${memfit[@]}" > "$out/dataload.log" 2>&1
+  rc=$?
+else
+  echo "skipped: ${dl_deadline} s left before the reserve" > "$out/dataload.log"; rc=0
+fi
+step dataload "$rc" $(( $(date +%s) - s ))
+rm -rf "$work/dataset"
+
+pack
+tail -n 25 "$out/sweep.log"
 cat "$out/time.txt"
-exit $rc
+exit "$sweep_rc"

@@ -186,10 +186,27 @@ pub struct RunArgs {
     /// Print no table.
     #[arg(long)]
     pub quiet: bool,
-    /// Cap the process's heap (e.g. 512MiB): an allocation beyond it fails and the process
-    /// aborts, as a device of that size would run out (CPU; used by `max-batch`).
+    /// Cap each case's heap (e.g. 512MiB): an allocation beyond it fails and the case's
+    /// process aborts, as a device of that size would run out (CPU; used by `max-batch`);
+    /// the phase that was running is recorded `oom`.
     #[arg(long)]
     pub mem_budget: Option<String>,
+    /// Seconds one case may run (its process is killed then; the phase running is recorded
+    /// `timeout`, later ones `skipped`). Default: the workload's `case_timeout`, else 3600.
+    #[arg(long)]
+    pub case_timeout: Option<f64>,
+    /// Seconds from now after which no case runs: a case that would likely end past it (from
+    /// the finished cases' times scaled by predicted work) is not started, and a running case
+    /// is killed at it. The summary lists what was not run; `--resume` runs it later.
+    #[arg(long)]
+    pub deadline: Option<f64>,
+    /// Continue the run in `--out`: run only the cases its journal has no finished rows for
+    /// (the rows of unfinished ones move to superseded.jsonl first).
+    #[arg(long)]
+    pub resume: bool,
+    /// (internal) Run only this case, streaming events on stdout, for a parent `memfit run`.
+    #[arg(long, hide = true)]
+    pub child_case: Option<usize>,
 }
 
 /// Every workload key as a flag (comma lists expand like TOML lists).

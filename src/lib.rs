@@ -4,7 +4,8 @@
 //! The data path, one module each:
 //! workload (TOML → cases) → model (candle) → phase (one step, metered) → meter (counting
 //! allocator, rusage/VmHWM, process-tree RSS/PSS) → record (one row per case × phase) → store (JSONL journal, CSV,
-//! HDF5) → formula (predicted bytes per phase) → report (tables). `data` is the image
+//! HDF5) → formula (predicted bytes per phase) → report (tables). `sweep` runs each case of a
+//! workload in a process of its own and keeps the journal whole (resume, deadline, signals). `data` is the image
 //! pipeline the `dataload` phase measures (dataset, transforms, workers).
 //!
 //! What it measures on the CPU: every byte the process allocates through Rust's global allocator
@@ -26,5 +27,6 @@ pub mod phase;
 pub mod record;
 pub mod report;
 pub mod store;
+pub mod sweep;
 pub mod units;
 pub mod workload;

@@ -6,7 +6,12 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            if e.downcast_ref::<memfit::sweep::Interrupted>().is_some() {
+                // The shell's code for "stopped by SIGINT".
+                std::process::ExitCode::from(130)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

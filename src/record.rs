@@ -17,8 +17,14 @@ pub enum Status {
     Oom,
     /// The phase failed; `error` holds the message.
     Error,
-    /// The phase ran past its time limit.
+    /// The case's process was killed at its time limit (`--case-timeout`, or the run's
+    /// `--deadline`) while this phase (or the warm-up before it) was running.
     Timeout,
+    /// The case's process died while this phase (or the warm-up before it) was running: a
+    /// signal, a panic, an abort, or a kill by a second SIGINT/SIGTERM to `memfit run`.
+    Crashed,
+    /// The phase never started: an earlier phase of the case failed.
+    Skipped,
 }
 
 impl Status {
@@ -28,6 +34,53 @@ impl Status {
             Status::Oom => "oom",
             Status::Error => "error",
             Status::Timeout => "timeout",
+            Status::Crashed => "crashed",
+            Status::Skipped => "skipped",
+        }
+    }
+
+    /// Every status, in the order above.
+    pub const ALL: [Status; 6] = [
+        Status::Ok,
+        Status::Oom,
+        Status::Error,
+        Status::Timeout,
+        Status::Crashed,
+        Status::Skipped,
+    ];
+
+    /// Final statuses are kept by `memfit run --resume`; a case with a `timeout` or `crashed`
+    /// row (or with a phase missing) is run again and its old rows are set aside.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Status::Timeout | Status::Crashed)
+    }
+}
+
+/// An error that knows its row status (a phase skipped after an earlier failure, a case's
+/// process that crashed or ran out of time); other errors get theirs from [`status_of`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct StatusError {
+    pub status: Status,
+    pub message: String,
+}
+
+impl StatusError {
+    pub fn new(status: Status, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(StatusError {
+            status,
+            message: message.into(),
+        })
+    }
+}
+
+/// The status and stored message of a failed phase's error.
+pub fn failure_of(e: &anyhow::Error) -> (Status, String) {
+    match e.downcast_ref::<StatusError>() {
+        Some(se) => (se.status, se.message.clone()),
+        None => {
+            let msg = error_text(e);
+            (status_of(&msg), msg)
         }
     }
 }
@@ -271,9 +324,13 @@ pub fn error_text(e: &anyhow::Error) -> String {
     full[..cut].trim_end().to_string()
 }
 
-/// `oom` when the error chain is the device running out of memory, else `error`.
+/// `oom` when the error chain is the device (or the CPU budget) running out of memory, else
+/// `error`. Rust's allocation-failure abort reads "memory allocation of N bytes failed".
 pub fn status_of(message: &str) -> Status {
-    if message.contains("OUT_OF_MEMORY") || message.contains("out of memory") {
+    if message.contains("OUT_OF_MEMORY")
+        || message.contains("out of memory")
+        || (message.contains("memory allocation of") && message.contains("failed"))
+    {
         Status::Oom
     } else {
         Status::Error

@@ -1,30 +1,34 @@
-//! `memfit run`: resolve the workload, run every case, append rows to the journal after each
-//! case, then derive CSV and HDF5 from the journal and print the table.
+//! `memfit run`: resolve the workload, then run every case in a process of its own
+//! (`crate::sweep`), appending its rows to the journal as it ends; CSV and HDF5 are derived
+//! from the journal at the end (also after an interrupt). `--resume` continues a journal;
+//! `--child-case` is the process of one case.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use crate::cli::RunArgs;
-use crate::device::DeviceSpec;
 use crate::error::UserError;
-use crate::formula;
-use crate::meter::cpu_alloc::AllocMeter;
-use crate::meter::rusage::HostMeter;
-use crate::meter::{Meter, Reading};
-use crate::phase::runner::{PhaseResult, run_case};
-use crate::record::{Row, RunMeta, Status, error_text, status_of};
+use crate::record::RunMeta;
 use crate::report::table;
 use crate::store;
+use crate::sweep;
 use crate::workload::{self, Case, WorkloadFile};
 
 /// Most CPU threads accepted by `--threads`.
 pub const MAX_THREADS: i64 = 1024;
 
-pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    // 1. Resolve everything before touching the disk.
+/// The cases of a run and what they run with, resolved before anything is touched.
+struct Resolved {
+    cases: Vec<Case>,
+    origin: String,
+    threads: usize,
+    budget: Option<u64>,
+    case_timeout: f64,
+}
+
+fn resolve(args: &RunArgs) -> anyhow::Result<Resolved> {
     let (file, origin) = match &args.workload {
         Some(path) => (workload::load(path)?, path.display().to_string()),
         None if args.has_grid_flags() => (WorkloadFile::default(), "flags".to_string()),
@@ -35,34 +39,44 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let cases = workload::expand(&file, &args.grid_flags(), &origin)?;
     let threads = resolve_threads(args.threads, file.threads, &origin)?;
-    let run_id = crate::units::utc_stamp(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    );
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&run_id));
-    let journal_path = out.join("results.jsonl");
-    if journal_path.exists() {
-        return Err(UserError::Output {
-            path: journal_path.display().to_string(),
-            message: "a journal is already there; choose another --out or remove it".into(),
-        }
-        .into());
-    }
-    pin_threads(threads)?;
     let budget = args
         .mem_budget
         .as_deref()
         .map(|v| crate::units::parse_size(v, "mem-budget"))
         .transpose()?;
+    let case_timeout = match (args.case_timeout, file.case_timeout) {
+        (Some(t), _) => seconds(t, "flags", "case-timeout")?,
+        (None, Some(t)) => seconds(t, &origin, "case_timeout")?,
+        (None, None) => sweep::DEFAULT_CASE_TIMEOUT_S,
+    };
+    Ok(Resolved {
+        cases,
+        origin,
+        threads,
+        budget,
+        case_timeout,
+    })
+}
 
+/// A positive, finite number of seconds.
+fn seconds(v: f64, origin: &str, key: &str) -> Result<f64, UserError> {
+    if v.is_finite() && v > 0.0 && v <= 1e9 {
+        Ok(v)
+    } else {
+        Err(UserError::OutOfRange {
+            origin: origin.into(),
+            key: key.into(),
+            value: v.to_string(),
+            reason: "a time limit is a positive number of seconds".into(),
+            allowed: "0 < seconds ≤ 1e9".into(),
+        })
+    }
+}
+
+fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
     let cpu = cpu_model();
-    let mut meta = RunMeta {
-        run_id: run_id.clone(),
+    RunMeta {
+        run_id,
         memfit_version: env!("CARGO_PKG_VERSION").into(),
         git_commit: env!("MEMFIT_GIT_COMMIT").into(),
         candle_version: env!("MEMFIT_CANDLE_VERSION").into(),
@@ -71,74 +85,267 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
         os: os_name(),
         threads: threads as u64,
-        workload: origin.clone(),
+        workload: origin.to_string(),
         cuda_context_bytes: None,
         device_memory_bytes: None,
         driver_version: None,
         cuda_version: None,
-    };
-
-    // 2. Measure, appending after every case.
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    write_meta(&out.join("meta.json"), &meta)?;
-    let mut journal = store::jsonl::Journal::open(&journal_path)?;
-    let mut meter_sets = MeterSets::default();
-    if let Some(b) = budget {
-        crate::meter::cpu_alloc::set_budget(b);
     }
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    // 1. Resolve everything before touching the disk.
+    let r = resolve(args)?;
+    if let Some(index) = args.child_case {
+        // The process of one case, for a parent `memfit run` (`sweep::child`).
+        let case = r
+            .cases
+            .iter()
+            .find(|c| c.index == index)
+            .with_context(|| format!("the workload has no case {index}"))?;
+        pin_threads(r.threads)?;
+        let run_id = std::env::var(sweep::child::RUN_ID_ENV).unwrap_or_else(|_| "child".into());
+        return sweep::child::serve(case, base_meta(run_id, r.threads, &r.origin), r.budget);
+    }
+    let deadline = args
+        .deadline
+        .map(|d| seconds(d, "flags", "deadline"))
+        .transpose()?
+        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let stamp = crate::units::utc_stamp(unix_now());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&stamp));
+    let journal_path = out.join("results.jsonl");
+    let meta_path = out.join("meta.json");
+    if journal_path.exists() && !args.resume {
+        return Err(UserError::Output {
+            path: journal_path.display().to_string(),
+            message:
+                "a journal is already there; continue it with --resume, or choose another --out"
+                    .into(),
+        }
+        .into());
+    }
+    // The children read RAYON_NUM_THREADS; this process runs no kernel itself.
+    // SAFETY: called before memfit starts any thread of its own.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", r.threads.to_string()) };
+    sweep::signals::install()?;
+
+    // 2. The journal: a new one, or the one to resume (its unfinished cases set aside).
+    std::fs::create_dir_all(&out).map_err(|e| UserError::Output {
+        path: out.display().to_string(),
+        message: format!("cannot create the output folder: {e}"),
+    })?;
+    let keys: Vec<(String, Vec<&str>)> = r
+        .cases
+        .iter()
+        .map(|c| {
+            let skeleton = sweep::rows::row_of(
+                c,
+                &base_meta(String::new(), r.threads, &r.origin),
+                c.phases[0],
+                &Err(anyhow::anyhow!("skeleton")),
+                "none",
+            );
+            (
+                sweep::resume::case_key(&skeleton),
+                c.phases.iter().map(|p| p.as_str()).collect(),
+            )
+        })
+        .collect();
+    let (mut meta, todo) = if journal_path.exists() {
+        let prior_meta: Option<RunMeta> = std::fs::read_to_string(&meta_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        let rows = store::jsonl::read(&journal_path)?;
+        let run_id = prior_meta
+            .as_ref()
+            .map(|m| m.run_id.clone())
+            .or_else(|| rows.first().map(|r| r.run_id.clone()))
+            .unwrap_or_else(|| stamp.clone());
+        let prior = sweep::resume::split(rows, &keys);
+        store::jsonl::rewrite(
+            &journal_path,
+            &prior.kept,
+            &out.join("superseded.jsonl"),
+            &prior.superseded,
+        )?;
+        let todo: Vec<&Case> = r
+            .cases
+            .iter()
+            .zip(&keys)
+            .filter(|(_, (k, _))| !prior.finished.contains(k))
+            .map(|(c, _)| c)
+            .collect();
+        if !args.quiet {
+            println!(
+                "resuming {}: {} of {} case(s) finished, {} to run{}",
+                journal_path.display(),
+                r.cases.len() - todo.len(),
+                r.cases.len(),
+                todo.len(),
+                if prior.superseded.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; {} row(s) of unfinished cases moved to superseded.jsonl",
+                        prior.superseded.len()
+                    )
+                }
+            );
+        }
+        let mut meta = base_meta(run_id, r.threads, &r.origin);
+        if let Some(p) = prior_meta.filter(|p| p.device_memory_bytes.is_some()) {
+            meta.device_name = p.device_name;
+            meta.device_memory_bytes = p.device_memory_bytes;
+            meta.cuda_context_bytes = p.cuda_context_bytes;
+            meta.driver_version = p.driver_version;
+            meta.cuda_version = p.cuda_version;
+        }
+        (meta, todo)
+    } else {
+        (
+            base_meta(stamp, r.threads, &r.origin),
+            r.cases.iter().collect(),
+        )
+    };
+    write_meta(&meta_path, &meta)?;
+    let mut journal = store::jsonl::Journal::open(&journal_path)?;
     if !args.quiet {
         println!(
             "memfit {} · {} case(s) from {} · {} thread(s) · out {}",
             meta.memfit_version,
-            cases.len(),
-            origin,
-            threads,
+            todo.len(),
+            r.origin,
+            r.threads,
             out.display()
         );
         println!("{}", table::header());
     }
-    let exe = crate::data::workers::current_exe()?;
-    for case in &cases {
-        let isolated = case.data.is_some() && !crate::data::bench::in_child();
-        let rows = match meter_sets.get(case.device, &mut meta) {
-            // A dataload case runs in a fresh process of its own (`data::bench`).
-            Ok(_) if isolated => crate::data::bench::rows_in_child(case, &meta, &exe)
-                .unwrap_or_else(|e| failed_rows(case, &meta, &e)),
-            Ok((meters, label)) => {
-                let results = if case.data.is_some() {
-                    crate::data::bench::run_case(case, meters, &exe)
-                } else {
-                    run_case(case, meters)
-                };
-                case_rows(case, &meta, results, label)
-            }
-            Err(e) => failed_rows(case, &meta, &e),
-        };
-        journal
-            .append(&rows)
-            .with_context(|| format!("appending case {} to the journal", case.index))?;
-        if !args.quiet {
-            for r in &rows {
-                println!("{}", table::line(r));
+
+    // 3. Measure, each case in a process of its own, appending after every case.
+    let sweep_args = sweep::Sweep {
+        exe: sweep::child::exe()?,
+        args: std::env::args_os().skip(1).collect(),
+        case_timeout: Duration::from_secs_f64(r.case_timeout),
+        deadline,
+        quiet: args.quiet,
+        out: &out,
+    };
+    let summary = sweep::run(&sweep_args, &todo, &mut meta, &mut journal, &|m| {
+        write_meta(&meta_path, m)
+    });
+    drop(journal);
+
+    // 4. Derive the other stores from the journal (what is on disk, not what is in memory).
+    let derived = store::jsonl::read(&journal_path).and_then(|rows| {
+        store::csv::write(&out.join("results.csv"), &rows)?;
+        store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
+        Ok(rows.len())
+    });
+    print_summary(args, &summary, &journal_path, &derived);
+    if let Some(e) = summary.write_error {
+        return Err(e.context(format!("resume with: {}", resume_command(&out))));
+    }
+    let written = derived?;
+    if summary.interrupted > 0 || sweep::signals::count() > 0 {
+        return Err(sweep::Interrupted {
+            resume: resume_command(&out),
+        }
+        .into());
+    }
+    let _ = written;
+    Ok(())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// This run's command line with `--resume` (and `--out`) so that it continues in `out`.
+fn resume_command(out: &Path) -> String {
+    let mut parts: Vec<String> = vec!["memfit".into()];
+    let mut has_out = false;
+    for a in std::env::args().skip(1) {
+        if a == "--resume" {
+            continue;
+        }
+        if a == "--out" || a.starts_with("--out=") {
+            has_out = true;
+        }
+        parts.push(shell_word(&a));
+    }
+    if !has_out {
+        parts.push("--out".into());
+        parts.push(shell_word(&out.display().to_string()));
+    }
+    parts.push("--resume".into());
+    parts.join(" ")
+}
+
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+fn print_summary(
+    args: &RunArgs,
+    s: &sweep::Summary,
+    journal: &Path,
+    derived: &anyhow::Result<usize>,
+) {
+    if args.quiet && s.not_run.is_empty() {
+        return;
+    }
+    let counts = sweep::progress::status_counts(&s.rows);
+    eprintln!("memfit: {} case(s) run: {counts}", s.cases_run);
+    if !s.startup.is_empty() {
+        let n = s.startup.len() as f64;
+        let wall = s.startup.iter().map(|x| x.0).sum::<f64>() / n;
+        let cpu = s.startup.iter().map(|x| x.1).sum::<f64>() / n;
+        eprintln!(
+            "memfit: a process per case: {:.1} ms to start on average ({:.1} ms of CPU)",
+            wall * 1e3,
+            cpu * 1e3
+        );
+    }
+    if !s.not_run.is_empty() {
+        eprintln!(
+            "memfit: {} case(s) not run: they would likely end past --deadline:",
+            s.not_run.len()
+        );
+        for (_, label, guess) in &s.not_run {
+            match guess {
+                Some(g) => eprintln!("  case {label} (estimated {g:.1} s)"),
+                None => eprintln!("  case {label} (no time was left)"),
             }
         }
     }
-    drop(journal);
-    // What the devices told us while running (CUDA context size, driver) joins the metadata.
-    write_meta(&out.join("meta.json"), &meta)?;
-
-    // 3. Derive the other stores from the journal (what is on disk, not what is in memory).
-    let rows = store::jsonl::read(&journal_path)?;
-    store::csv::write(&out.join("results.csv"), &rows)?;
-    store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
-    if !args.quiet {
-        println!(
-            "wrote {} row(s): {}, results.csv, results.h5, meta.json",
-            rows.len(),
-            journal_path.display()
+    if s.interrupted > 0 {
+        eprintln!(
+            "memfit: {} case(s) not reached (interrupted)",
+            s.interrupted
         );
     }
-    Ok(())
+    match derived {
+        Ok(n) if !args.quiet => println!(
+            "wrote {n} row(s): {}, results.csv, results.h5, meta.json",
+            journal.display()
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("memfit: could not write results.csv / results.h5: {e:#}"),
+    }
 }
 
 fn resolve_threads(flag: Option<i64>, file: Option<i64>, origin: &str) -> Result<usize, UserError> {
@@ -181,192 +388,13 @@ fn pin_threads(threads: usize) -> anyhow::Result<()> {
     }
 }
 
-/// The meters of each device a run uses, built when a case first needs the device.
-#[derive(Default)]
-struct MeterSets {
-    sets: HashMap<DeviceSpec, MeterSet>,
-}
-
-/// A device's meters and the label of the one that fills `peak_bytes`.
-type MeterSet = (Vec<Box<dyn Meter>>, &'static str);
-
-impl MeterSets {
-    /// The meters of `device` and the label of the meter that fills `peak_bytes`. Opening a
-    /// CUDA device records what it tells about itself in `meta` (the first one does).
-    fn get(
-        &mut self,
-        device: DeviceSpec,
-        meta: &mut RunMeta,
-    ) -> anyhow::Result<(&mut [Box<dyn Meter>], &'static str)> {
-        let (m, label) = match self.sets.entry(device) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(open_meters(device, meta)?),
-        };
-        Ok((m.as_mut_slice(), *label))
-    }
-}
-
-fn open_meters(device: DeviceSpec, meta: &mut RunMeta) -> anyhow::Result<MeterSet> {
-    match device {
-        DeviceSpec::Cpu => Ok((
-            vec![
-                Box::new(HostMeter::default()),
-                Box::new(AllocMeter::default()),
-            ],
-            "cpu-allocator",
-        )),
-        #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(n) => {
-            let s = crate::meter::cuda::setup(n)?;
-            if let Some(why) = &s.nvml_missing {
-                eprintln!("warning: cuda:{n}: {why}; the NVML fields stay empty");
-            }
-            if meta.device_memory_bytes.is_none() {
-                meta.device_name = format!("cuda:{n}: {}", s.device_name);
-                meta.device_memory_bytes = Some(s.memory_bytes);
-                meta.cuda_context_bytes = s.context_bytes;
-                meta.driver_version = s.driver_version;
-                meta.cuda_version = s.cuda_version;
-            }
-            Ok((s.meters, "cuda-pool"))
-        }
-        #[cfg(not(feature = "cuda"))]
-        DeviceSpec::Cuda(_) => {
-            let _ = meta;
-            anyhow::bail!(crate::device::NO_CUDA)
-        }
-    }
-}
-
-/// Rows of a case that could not run: every phase failed with `e`.
-fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
-    let msg = error_text(e);
-    let failed = case
-        .phases
-        .iter()
-        .map(|&phase| PhaseResult {
-            phase,
-            outcome: Err(anyhow::anyhow!("{msg}")),
-        })
-        .collect();
-    case_rows(case, meta, failed, "none")
-}
-
-/// Rows of one case: measured figures beside the formula's predictions.
-pub fn case_rows(
-    case: &Case,
-    meta: &RunMeta,
-    results: Vec<PhaseResult>,
-    peak_meter: &str,
-) -> Vec<Row> {
-    results
-        .into_iter()
-        .map(|res| {
-            let pred = formula::predict(case, res.phase, meta.threads as usize);
-            let (status, error, mut reading) = match res.outcome {
-                Ok(r) => (Status::Ok, None, r),
-                Err(e) => {
-                    let msg = error_text(&e);
-                    (status_of(&msg), Some(msg), Reading::default())
-                }
-            };
-            let figures = reading.data.take();
-            let row = Row {
-                run_id: meta.run_id.clone(),
-                case: case.index as u64,
-                model: case.model.as_str().into(),
-                preset: case.preset.clone(),
-                batch: case.batch as u64,
-                seq: case.seq as u64,
-                max_seq: case.cfg.max_seq as u64,
-                hidden: case.cfg.hidden as u64,
-                heads: case.cfg.heads as u64,
-                layers: case.cfg.layers as u64,
-                vocab: case.cfg.vocab as u64,
-                image_px: case.cfg.vision.map_or(0, |v| v.image as u64),
-                patch_px: case.cfg.vision.map_or(0, |v| v.patch as u64),
-                channels: case.cfg.vision.map_or(0, |v| v.channels as u64),
-                dtype: case.dtype.to_string(),
-                device: case.device.to_string(),
-                optimizer: case.optimizer.as_str().into(),
-                optimizer_block: case.optimizer_block as u64,
-                checkpoint: case.checkpoint as u64,
-                decode_tokens: case.decode_tokens as u64,
-                kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
-                weights: case.weights.as_str().into(),
-                load: if case.load_mmap { "mmap" } else { "read" }.into(),
-                precision: case.precision.as_str().into(),
-                lora_rank: case.cfg.lora_rank as u64,
-                lora_targets: case
-                    .cfg
-                    .lora_targets
-                    .iter()
-                    .map(|t| t.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                lora_base: if case.cfg.lora_rank > 0 {
-                    case.cfg.lora_base.as_str().into()
-                } else {
-                    String::new()
-                },
-                attention: if case.cfg.efficient_attention {
-                    "efficient"
-                } else {
-                    "standard"
-                }
-                .into(),
-                phase: res.phase.as_str().into(),
-                status,
-                error,
-                params: case.cfg.params(),
-                peak_bytes: reading.peak_bytes,
-                retained_bytes: reading.retained_bytes,
-                alloc_count: reading.alloc_count,
-                predicted_peak_bytes: Some(pred.peak_bytes),
-                predicted_retained_bytes: Some(pred.retained_bytes),
-                cpu_user_s: reading.cpu_user_s,
-                cpu_sys_s: reading.cpu_sys_s,
-                wall_s: reading.wall_s,
-                rss_peak_bytes: reading.rss_peak_bytes,
-                logits_rel_error: reading.logits_rel_error,
-                peak_meter: peak_meter.into(),
-                reserved_peak_bytes: reading.reserved_peak_bytes,
-                device_used_bytes: reading.device_used_bytes,
-                nvml_process_peak_bytes: reading.nvml_process_peak_bytes,
-                gpu_util_mean_pct: reading.gpu_util_mean_pct,
-                gpu_power_peak_w: reading.gpu_power_peak_w,
-                nvml_samples_count: reading.nvml_samples_count,
-                threads: meta.threads,
-                dataset: String::new(),
-                workers: None,
-                worker_kind: String::new(),
-                prefetch: None,
-                storage: String::new(),
-                persistent: String::new(),
-                epochs: None,
-                crop_px: None,
-                images: None,
-                images_per_s: None,
-                startup_s: None,
-                tree_processes_count: None,
-                tree_rss_peak_bytes: None,
-                tree_rss_steady_bytes: None,
-                pss_peak_bytes: None,
-                pss_steady_bytes: None,
-                h2d_pinned_bytes_per_s: None,
-                h2d_pageable_bytes_per_s: None,
-            };
-            match &case.data {
-                Some(d) => crate::data::bench::row(row, d, figures),
-                None => row,
-            }
-        })
-        .collect()
-}
-
+/// Rewrites `meta.json` atomically (a sweep that dies later still says what it ran on).
 fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(meta)?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+    let text = serde_json::to_string_pretty(meta)? + "\n";
+    store::replace_atomically(path, |tmp| {
+        std::fs::write(tmp, text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))
+    })
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The host CPU's model name (`/proc/cpuinfo`), else the architecture.
@@ -405,7 +433,7 @@ fn os_name() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::record::{Status, error_text, status_of};
 
     #[test]
     fn stored_errors_lose_the_backtrace_and_oom_is_recognised() {

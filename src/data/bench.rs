@@ -8,12 +8,11 @@
 //! the difference). On CUDA, after the window, one batch is copied host→device from a pageable
 //! and from a pinned buffer to time both (`h2d_*_bytes_per_s`, D6).
 //!
-//! Each case runs in a fresh process ([`rows_in_child`]: `memfit run` on that one case), so
+//! Each case runs in a fresh process (as every case does: `crate::sweep::child`), so
 //! the tree's memory starts from a bare memfit and no earlier case's freed-but-kept heap
 //! (glibc arenas of finished worker threads, measured: ≈ 47 MiB after a sweep) is counted.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,66 +24,8 @@ use crate::meter::proctree::TreeSampler;
 use crate::meter::{Meter, measure};
 use crate::phase::Phase;
 use crate::phase::runner::PhaseResult;
-use crate::record::{Row, RunMeta};
+use crate::record::Row;
 use crate::workload::Case;
-
-/// Set in the child `memfit run` that measures one dataload case in its own process.
-pub const IN_CHILD_ENV: &str = "MEMFIT_DATALOAD_CHILD";
-
-/// True in the child `memfit run` of [`rows_in_child`].
-pub fn in_child() -> bool {
-    std::env::var_os(IN_CHILD_ENV).is_some()
-}
-
-/// Measures `case` in a fresh `memfit run` (this binary) and returns its rows renumbered into
-/// this run. An error means no row came back (the caller records the failure).
-pub fn rows_in_child(case: &Case, meta: &RunMeta, exe: &Path) -> anyhow::Result<Vec<Row>> {
-    let d = case.data.as_ref().context("not a dataload case")?;
-    let out = std::env::temp_dir().join(format!(
-        "memfit-dataload-{}-{}",
-        std::process::id(),
-        case.index
-    ));
-    let _ = std::fs::remove_dir_all(&out);
-    let output = Command::new(exe)
-        .env(IN_CHILD_ENV, "1")
-        .args(["run", "--quiet", "--phases", "dataload", "--dataset"])
-        .arg(&d.dataset)
-        .args(["--workers", &d.workers.to_string()])
-        .args(["--worker-kind", d.kind.as_str()])
-        .args(["--prefetch", &d.prefetch.max(1).to_string()])
-        .args(["--storage", d.storage.as_str()])
-        .args(["--persistent", if d.persistent { "on" } else { "off" }])
-        .args(["--epochs", &d.epochs.to_string()])
-        .args(["--batch", &d.batch.to_string()])
-        .args(["--crop", &d.crop.to_string()])
-        .args(["--device", &case.device.to_string()])
-        .args(["--threads", &meta.threads.to_string()])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .with_context(|| format!("starting {} run for a dataload case", exe.display()))?;
-    let journal = out.join("results.jsonl");
-    let rows = if output.status.success() || journal.exists() {
-        crate::store::jsonl::read(&journal)
-    } else {
-        Err(anyhow::anyhow!("no journal"))
-    };
-    let _ = std::fs::remove_dir_all(&out);
-    let mut rows = rows.with_context(|| {
-        format!(
-            "the case's process exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )
-    })?;
-    anyhow::ensure!(!rows.is_empty(), "the case's process wrote no row");
-    for r in &mut rows {
-        r.run_id = meta.run_id.clone();
-        r.case = case.index as u64;
-    }
-    Ok(rows)
-}
 
 /// Sampling period of the process tree's memory.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);

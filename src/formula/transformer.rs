@@ -415,6 +415,11 @@ impl Shape {
                         as i64,
                 }
             }
+            // 16-bit weights on CUDA: each random draw is made in f32, then cast.
+            Phase::Init if !self.cpu && !self.mixed && self.elem.size() == 2 => Prediction {
+                peak_bytes: self.cuda_half_init_peak(),
+                retained_bytes: self.weights_bytes() as i64,
+            },
             Phase::Init => Prediction {
                 peak_bytes: self.weights_bytes(),
                 retained_bytes: self.weights_bytes() as i64,

@@ -97,6 +97,85 @@ impl Meter for MemInfoMeter {
     }
 }
 
+/// The peak layer on a device without memory pools: a thread samples `cuMemGetInfo` every
+/// millisecond while the window is open; `peak_bytes` is the highest used figure above the one
+/// at the start (device-wide, sampled: a lower bound of the true peak), `retained_bytes` the
+/// used figure after minus before. Labelled `cuda-meminfo-sampled` in the rows.
+pub struct MemInfoPeak {
+    ctx: Arc<CudaContext>,
+    running: Option<(
+        Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<anyhow::Result<u64>>,
+        u64,
+    )>,
+}
+
+impl MemInfoPeak {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        Self { ctx, running: None }
+    }
+
+    fn used(ctx: &CudaContext) -> anyhow::Result<u64> {
+        let (free, total) = ctx.mem_get_info().context("cuMemGetInfo")?;
+        Ok((total - free) as u64)
+    }
+
+    fn stop(&mut self) -> Option<(anyhow::Result<u64>, u64)> {
+        let (flag, handle, before) = self.running.take()?;
+        flag.store(true, std::sync::atomic::Ordering::Release);
+        let high = handle
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the cuMemGetInfo sampler panicked")));
+        Some((high, before))
+    }
+}
+
+impl Drop for MemInfoPeak {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+impl Meter for MemInfoPeak {
+    fn label(&self) -> &'static str {
+        "cuda-meminfo-sampled"
+    }
+    fn start(&mut self) -> anyhow::Result<()> {
+        let _ = self.stop();
+        self.ctx.synchronize().context("cuCtxSynchronize")?;
+        let before = Self::used(&self.ctx)?;
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f, ctx) = (flag.clone(), self.ctx.clone());
+        let handle = std::thread::Builder::new()
+            .name("memfit-meminfo".into())
+            .spawn(move || -> anyhow::Result<u64> {
+                ctx.bind_to_thread()?;
+                let mut high = 0u64;
+                loop {
+                    let last = f.load(std::sync::atomic::Ordering::Acquire);
+                    high = high.max(Self::used(&ctx)?);
+                    if last {
+                        return Ok(high);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            })?;
+        self.running = Some((flag, handle, before));
+        Ok(())
+    }
+    fn read(&mut self, into: &mut Reading) -> anyhow::Result<()> {
+        self.ctx.synchronize().context("cuCtxSynchronize")?;
+        let after = Self::used(&self.ctx)?;
+        let (high, before) = self
+            .stop()
+            .ok_or_else(|| anyhow::anyhow!("cuMemGetInfo sampler read without start"))?;
+        let high = high?.max(after);
+        into.peak_bytes = Some(high.saturating_sub(before));
+        into.retained_bytes = Some(after as i64 - before as i64);
+        Ok(())
+    }
+}
+
 /// NVML figures of this process on one GPU (read-only queries: no setting is changed, and
 /// accounting mode is never enabled).
 pub struct NvmlSource {
@@ -144,6 +223,9 @@ impl SampleSource for NvmlSource {
 pub struct CudaSetup {
     /// Started in order, read in reverse: host figures, NVML sampler, `cuMemGetInfo`, pool.
     pub meters: Vec<Box<dyn Meter>>,
+    /// The meter `peak_bytes` comes from: `cuda-pool`, or, on a device without memory pools
+    /// (candle then allocates with `cuMemAlloc`, which no pool sees), `cuda-meminfo-sampled`.
+    pub peak_meter: &'static str,
     pub device_name: String,
     pub memory_bytes: u64,
     /// This process's device memory (NVML) once the context and candle's handles exist, before
@@ -180,10 +262,25 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
         }
         Err(why) => nvml_missing = Some(why),
     }
-    meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
-    meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
+    // cudarc allocates from the default pool (`cuMemAllocAsync`) only when the device says it
+    // supports memory pools; otherwise every allocation is a `cuMemAlloc` the pool never sees
+    // and its watermark would read 0.
+    let peak_meter = if ctx.has_async_alloc() {
+        meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
+        meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
+        "cuda-pool"
+    } else {
+        eprintln!(
+            "warning: cuda:{ordinal}: the device has no memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 0): \
+             peak_bytes falls back to sampled cuMemGetInfo (peak_meter cuda-meminfo-sampled)"
+        );
+        meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
+        meters.push(Box::new(MemInfoPeak::new(ctx)));
+        "cuda-meminfo-sampled"
+    };
     Ok(CudaSetup {
         meters,
+        peak_meter,
         device_name,
         memory_bytes,
         context_bytes,

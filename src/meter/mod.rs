@@ -49,17 +49,127 @@ pub trait Meter {
 }
 
 /// Runs `window` between `start` and `read` of every meter (started in order, read in reverse).
+///
+/// Every meter that was started is read, whatever fails: a meter whose `start` fails stops the
+/// window before it opens (the meters already started are read and their readings dropped),
+/// and a failing `read` does not keep the meters after it from being read. So no meter is
+/// left running (a sampler thread, a held lock) after an error. The first error is returned.
 pub fn measure<T>(
     meters: &mut [Box<dyn Meter>],
     window: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, Reading)> {
+    let mut started = 0;
+    let mut first_err = None;
     for m in meters.iter_mut() {
-        m.start()?;
+        match m.start() {
+            Ok(()) => started += 1,
+            Err(e) => {
+                first_err = Some(e.context(format!("starting meter {}", m.label())));
+                break;
+            }
+        }
     }
-    let out = window();
+    let out = if first_err.is_none() {
+        Some(window())
+    } else {
+        None
+    };
     let mut reading = Reading::default();
-    for m in meters.iter_mut().rev() {
-        m.read(&mut reading)?;
+    for m in meters[..started].iter_mut().rev() {
+        if let Err(e) = m.read(&mut reading) {
+            let e = e.context(format!("reading meter {}", m.label()));
+            first_err.get_or_insert(e);
+        }
     }
-    Ok((out?, reading))
+    match (out, first_err) {
+        (Some(Err(e)), _) => Err(e),
+        (_, Some(e)) => Err(e),
+        (Some(Ok(v)), None) => Ok((v, reading)),
+        (None, None) => unreachable!("the window runs unless a meter failed to start"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts its starts and reads; fails where told.
+    struct Probe {
+        starts: Arc<AtomicUsize>,
+        reads: Arc<AtomicUsize>,
+        fail_start: bool,
+        fail_read: bool,
+    }
+
+    impl Meter for Probe {
+        fn label(&self) -> &'static str {
+            "probe"
+        }
+        fn start(&mut self) -> anyhow::Result<()> {
+            if self.fail_start {
+                anyhow::bail!("start failed");
+            }
+            self.starts.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn read(&mut self, _: &mut Reading) -> anyhow::Result<()> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            if self.fail_read {
+                anyhow::bail!("read failed");
+            }
+            Ok(())
+        }
+    }
+
+    fn probes(
+        fail_start: [bool; 3],
+        fail_read: [bool; 3],
+    ) -> (Vec<Box<dyn Meter>>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (s, r) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let v = (0..3)
+            .map(|i| {
+                Box::new(Probe {
+                    starts: s.clone(),
+                    reads: r.clone(),
+                    fail_start: fail_start[i],
+                    fail_read: fail_read[i],
+                }) as Box<dyn Meter>
+            })
+            .collect();
+        (v, s, r)
+    }
+
+    #[test]
+    fn a_failing_read_does_not_leave_later_meters_running() {
+        let (mut m, starts, reads) = probes([false; 3], [false, false, true]);
+        let e = measure(&mut m, || Ok(())).unwrap_err();
+        assert!(format!("{e:#}").contains("read failed"));
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        assert_eq!(reads.load(Ordering::SeqCst), 3, "every started meter read");
+    }
+
+    #[test]
+    fn a_failing_start_reads_the_started_ones_and_skips_the_window() {
+        let (mut m, starts, reads) = probes([false, true, false], [false; 3]);
+        let mut ran = false;
+        let e = measure(&mut m, || {
+            ran = true;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("start failed"));
+        assert!(!ran);
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_window_error_comes_first() {
+        let (mut m, _, reads) = probes([false; 3], [true; 3]);
+        let e = measure(&mut m, || -> anyhow::Result<()> { anyhow::bail!("window") }).unwrap_err();
+        assert_eq!(e.to_string(), "window");
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+    }
 }

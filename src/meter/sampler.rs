@@ -58,6 +58,11 @@ impl Stats {
 }
 
 /// Samples a source on a thread between `start` and `read`.
+///
+/// The thread takes the source's lock for one sample at a time (never across the sleep), and
+/// a sampler is never left running: `start` stops a thread a failed window left behind, and
+/// dropping the sampler stops its thread. A source that panics poisons nothing for the next
+/// window (the lock's poison is cleared) and the window reports the panic.
 pub struct Sampler<S: SampleSource> {
     source: Arc<Mutex<S>>,
     running: Option<(Arc<AtomicBool>, JoinHandle<Stats>)>,
@@ -73,6 +78,19 @@ impl<S: SampleSource> Sampler<S> {
             running: None,
         }
     }
+
+    /// Stops the thread (if one runs) and returns its figures.
+    fn stop(&mut self) -> Option<std::thread::Result<Stats>> {
+        let (stop, handle) = self.running.take()?;
+        stop.store(true, Ordering::Release);
+        Some(handle.join())
+    }
+}
+
+impl<S: SampleSource> Drop for Sampler<S> {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
 }
 
 impl<S: SampleSource> Meter for Sampler<S> {
@@ -81,17 +99,20 @@ impl<S: SampleSource> Meter for Sampler<S> {
     }
 
     fn start(&mut self) -> anyhow::Result<()> {
+        // A window that failed before `read` left its thread: it ends here.
+        let _ = self.stop();
+        self.source.clear_poison();
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, source) = (stop.clone(), self.source.clone());
         let handle = std::thread::Builder::new()
             .name("memfit-nvml".into())
             .spawn(move || {
                 let mut stats = Stats::default();
-                let mut src = source.lock().expect("sampler source");
                 loop {
                     // Sample once more after the stop flag: the window's last state counts.
                     let last = flag.load(Ordering::Acquire);
-                    stats.add(src.sample());
+                    let sample = source.lock().unwrap_or_else(|p| p.into_inner()).sample();
+                    stats.add(sample);
                     if last {
                         return stats;
                     }
@@ -103,13 +124,9 @@ impl<S: SampleSource> Meter for Sampler<S> {
     }
 
     fn read(&mut self, into: &mut Reading) -> anyhow::Result<()> {
-        let (stop, handle) = self
-            .running
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("sampler read without start"))?;
-        stop.store(true, Ordering::Release);
-        let stats = handle
-            .join()
+        let stats = self
+            .stop()
+            .ok_or_else(|| anyhow::anyhow!("sampler read without start"))?
             .map_err(|_| anyhow::anyhow!("the NVML sampler thread panicked"))?;
         into.nvml_process_peak_bytes = stats.process_peak_bytes;
         into.gpu_util_mean_pct = stats.util_mean_pct();
@@ -185,5 +202,78 @@ mod tests {
             m.read(&mut r).is_err(),
             "a second read without start is an error"
         );
+    }
+
+    /// Panics on its third sample, then works again.
+    struct Flaky(u32);
+    impl SampleSource for Flaky {
+        fn sample(&mut self) -> Sample {
+            self.0 += 1;
+            if self.0 == 3 {
+                panic!("the fake source fails");
+            }
+            Sample {
+                process_bytes: Some(7),
+                ..Sample::default()
+            }
+        }
+    }
+
+    /// A meter that always fails to read, standing in for any meter after the sampler.
+    struct Broken;
+    impl Meter for Broken {
+        fn label(&self) -> &'static str {
+            "broken"
+        }
+        fn start(&mut self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn read(&mut self, _: &mut Reading) -> anyhow::Result<()> {
+            anyhow::bail!("broken meter")
+        }
+    }
+
+    /// Runs `f` on a thread and fails the test if it does not end within 5 s (a hang).
+    fn within_5s(f: impl FnOnce() + Send + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the sampler hung");
+    }
+
+    #[test]
+    fn a_failing_source_or_meter_never_leaves_a_thread_or_a_lock_behind() {
+        within_5s(|| {
+            // The source panics in the first window: that window fails, the next one works.
+            let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(Sampler::new(Flaky(0)))];
+            let e = crate::meter::measure(&mut meters, || {
+                std::thread::sleep(Duration::from_millis(40));
+                Ok(())
+            })
+            .unwrap_err();
+            assert!(format!("{e:#}").contains("panicked"), "{e:#}");
+            let ((), r) = crate::meter::measure(&mut meters, || Ok(())).unwrap();
+            assert_eq!(r.nvml_process_peak_bytes, Some(7));
+
+            // A meter after the sampler fails to read: the sampler is still stopped, and
+            // the next window's sampler does not wait on the old thread's lock.
+            let mut meters: Vec<Box<dyn Meter>> =
+                vec![Box::new(Sampler::new(Ramp(0))), Box::new(Broken)];
+            for _ in 0..3 {
+                assert!(crate::meter::measure(&mut meters, || Ok(())).is_err());
+            }
+            // A sampler started and never read (a window abandoned) is stopped by the next
+            // start and when dropped.
+            let mut s = Sampler::new(Ramp(0));
+            s.start().unwrap();
+            s.start().unwrap();
+            let mut r = Reading::default();
+            s.read(&mut r).unwrap();
+            s.start().unwrap();
+            drop(s);
+        });
     }
 }

@@ -10,6 +10,7 @@ use candle_nn::{VarBuilder, VarMap};
 use crate::device::{Precision, ServingWeights};
 use crate::model::transformer::{KvCache, LoraBase};
 use crate::optim::Opt;
+use crate::record::{Status, StatusError};
 
 use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
@@ -197,22 +198,42 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Told where a case is, before each asked phase's window opens, with the results so far (all
+/// final): the warm-up step is announced as the first asked phase, since it prepares that
+/// window. The per-case process ([`crate::sweep`]) streams them to `memfit run`, so that a
+/// crash loses only the phase that was running.
+pub type Observer<'a> = dyn Fn(Phase, &[PhaseResult]) + 'a;
+
 /// Runs the case's phases in order; returns one result per requested phase. Stops at the first
-/// failure (later requested phases are reported as not run because of it).
+/// failure: that phase gets the failure's status (`oom`, `error`), every later requested phase
+/// `skipped`, naming it.
 pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>]) -> Vec<PhaseResult> {
+    run_case_observed(case, meters, &|_, _| {})
+}
+
+/// [`run_case`], telling `observe` before each window.
+pub fn run_case_observed(
+    case: &Case,
+    meters: &mut [Box<dyn Meter>],
+    observe: &Observer,
+) -> Vec<PhaseResult> {
     let mut results = Vec::new();
-    if let Err(e) = run_chain(case, meters, &mut results) {
+    if let Err(e) = run_chain(case, meters, &mut results, observe) {
         let failed_at = results.len();
-        let msg = crate::record::error_text(&e);
+        let (status, msg) = crate::record::failure_of(&e);
+        let failed = case.phases.get(failed_at).map_or("?", |p| p.as_str());
         for (i, &phase) in case.phases.iter().enumerate().skip(failed_at) {
-            let text = if i == failed_at {
-                msg.clone()
+            let error = if i == failed_at {
+                StatusError::new(status, msg.clone())
             } else {
-                format!("not run: an earlier phase failed: {msg}")
+                StatusError::new(
+                    Status::Skipped,
+                    format!("not run: phase {failed} failed: {msg}"),
+                )
             };
             results.push(PhaseResult {
                 phase,
-                outcome: Err(anyhow::anyhow!(text)),
+                outcome: Err(error),
             });
         }
     }
@@ -223,6 +244,7 @@ fn run_chain(
     case: &Case,
     meters: &mut [Box<dyn Meter>],
     results: &mut Vec<PhaseResult>,
+    observe: &Observer,
 ) -> anyhow::Result<()> {
     let device = case
         .device
@@ -233,7 +255,8 @@ fn run_chain(
         .iter()
         .max()
         .context("the case asks for no phase")?;
-    warm_up(case, &device).context("warm-up step")?;
+    observe(case.phases[0], results);
+    warm_up(case, &device).context("the unmetered warm-up step before the first window")?;
 
     let metered = |phase: Phase,
                    results: &mut Vec<PhaseResult>,
@@ -241,6 +264,7 @@ fn run_chain(
                    f: &mut dyn FnMut() -> anyhow::Result<()>|
      -> anyhow::Result<()> {
         if case.phases.contains(&phase) {
+            observe(phase, results);
             let ((), reading) = measure(meters, || {
                 f()?;
                 // Queued GPU work belongs to this window (a no-op on the CPU).

@@ -107,19 +107,62 @@ pub fn to_bytes(rows: &[Row]) -> anyhow::Result<Vec<u8>> {
 
 /// Reads every row of the journal at `path`, in file order.
 ///
-/// Blank lines (empty or whitespace only) are skipped. A line that is not a valid [`Row`]
-/// fails the whole read, with an error naming the file and the 1-based line number.
+/// Blank lines (empty or whitespace only) are skipped. A line cut short — a kill or a full
+/// disk in the middle of a write: JSON that ends early — is skipped with a warning on stderr
+/// naming the file and line. Any other line that is not a valid [`Row`] fails the whole read,
+/// with an error naming the file and the 1-based line number.
 pub fn read(path: &Path) -> anyhow::Result<Vec<Row>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading journal {}", path.display()))?;
+    let (rows, torn) = read_lenient(path)?;
+    for line in torn {
+        eprintln!(
+            "warning: {}: line {line} is cut short (a write was interrupted); skipped",
+            path.display()
+        );
+    }
+    Ok(rows)
+}
+
+/// The rows of the journal at `path` and the line numbers of the lines cut short (see
+/// [`read()`]).
+pub fn read_lenient(path: &Path) -> anyhow::Result<(Vec<Row>, Vec<usize>)> {
+    let text =
+        std::fs::read(path).with_context(|| format!("reading journal {}", path.display()))?;
+    // A cut can fall inside a multi-byte character: that line is torn, not the file unreadable.
+    let text = String::from_utf8_lossy(&text);
     let mut rows = Vec::new();
+    let mut torn = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let row: Row = serde_json::from_str(line)
-            .with_context(|| format!("{}: line {}: not a valid row", path.display(), i + 1))?;
-        rows.push(row);
+        match serde_json::from_str::<Row>(line) {
+            Ok(row) => rows.push(row),
+            Err(e) if e.is_eof() || line.contains('\u{FFFD}') => torn.push(i + 1),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "{}: line {}: not a valid row",
+                    path.display(),
+                    i + 1
+                )));
+            }
+        }
     }
-    Ok(rows)
+    Ok((rows, torn))
+}
+
+/// Replaces the journal at `path` with `kept` (atomically), after appending `superseded` to
+/// the file `aside` (synced first, so no row is ever only in memory). Nothing is written when
+/// the journal already holds exactly `kept`.
+pub fn rewrite(path: &Path, kept: &[Row], aside: &Path, superseded: &[Row]) -> anyhow::Result<()> {
+    let (now, torn) = read_lenient(path)?;
+    if superseded.is_empty() && torn.is_empty() && now == kept {
+        return Ok(());
+    }
+    if !superseded.is_empty() {
+        Journal::open(aside)?.append(superseded)?;
+    }
+    let bytes = to_bytes(kept)?;
+    super::replace_atomically(path, |tmp| {
+        std::fs::write(tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))
+    })
 }

@@ -183,6 +183,8 @@ pub struct WorkloadFile {
     pub name: Option<String>,
     pub description: Option<String>,
     pub threads: Option<i64>,
+    /// Seconds one case may run before its process is killed (`--case-timeout`).
+    pub case_timeout: Option<f64>,
     #[serde(default)]
     pub defaults: GridSpec,
     #[serde(default)]

@@ -1,0 +1,141 @@
+//! `init` on CUDA with 16-bit weights: candle 0.11.1 draws random numbers on CUDA in f32 only
+//! (`Device::rand_normal_f64` / `rand_uniform_f64` draw an f32 tensor, then cast it), so each
+//! randomly initialised variable of `n` elements briefly holds `4·n'` bytes of f32 beside its
+//! `2·n` bytes of 16-bit data (`n'` = `n` rounded up to even for a normal draw: cuRAND's normal
+//! generator makes pairs; `n` for a uniform one). Constants (`Init::Const` 0 or 1: LayerNorm,
+//! LoRA's B) are made in the 16-bit type directly.
+//!
+//! The window's peak is therefore `max_i (Σ_{j≤i} 2·n_j + 4·n'_i)` over the variables in the
+//! order the model creates them (`Transformer::new`): the stem (GPT: `wte` normal; ViT: the
+//! patch projection's weight normal and bias uniform, then `cls` normal), `wpe` normal, per
+//! block `ln1` (constants), `q, k, v, o` (each: LoRA A normal and B constant when adapted,
+//! then the weight normal (Kaiming) and the bias uniform), `ln2`, `fc1`, `fc2`, then `ln_f`
+//! and the head (GPT: weight normal, no bias; ViT: weight normal, bias uniform). For GPT-2
+//! small in bf16 that is 248.9 MB of weights plus the head's 154.4 MB f32 draw.
+
+use super::shape::Shape;
+use crate::model::transformer::LoraTarget;
+
+/// How a variable is initialised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Draw {
+    Normal,
+    Uniform,
+    Const,
+}
+
+impl Shape {
+    /// The model's variables in creation order: elements and how each is drawn.
+    fn creation_order(&self) -> Vec<(u64, Draw)> {
+        let Shape { h, l, v, s_max, .. } = *self;
+        let r = self.lora_rank;
+        let mut vars = Vec::new();
+        match self.vision {
+            None => vars.push((v * h, Draw::Normal)),
+            Some(vis) => {
+                vars.push((h * vis.patch_dim() as u64, Draw::Normal));
+                vars.push((h, Draw::Uniform));
+                vars.push((h, Draw::Normal));
+            }
+        }
+        vars.push((s_max * h, Draw::Normal));
+        let ln = |vars: &mut Vec<(u64, Draw)>| {
+            vars.push((h, Draw::Const));
+            vars.push((h, Draw::Const));
+        };
+        for _ in 0..l {
+            ln(&mut vars);
+            for (t, inp, out) in [
+                (LoraTarget::Q, h, h),
+                (LoraTarget::K, h, h),
+                (LoraTarget::V, h, h),
+                (LoraTarget::O, h, h),
+                (LoraTarget::Fc1, h, 4 * h),
+                (LoraTarget::Fc2, 4 * h, h),
+            ] {
+                if t == LoraTarget::Fc1 {
+                    ln(&mut vars);
+                }
+                if self.has_lora(t) {
+                    vars.push((r * inp, Draw::Normal));
+                    vars.push((out * r, Draw::Const));
+                }
+                vars.push((out * inp, Draw::Normal));
+                vars.push((out, Draw::Uniform));
+            }
+        }
+        ln(&mut vars);
+        vars.push((v * h, Draw::Normal));
+        if self.vision.is_some() {
+            vars.push((v, Draw::Uniform));
+        }
+        vars
+    }
+
+    /// Peak of `init` for 16-bit weights on CUDA: the held 16-bit variables plus the f32 draw
+    /// of the one being made (see the module doc).
+    pub fn cuda_half_init_peak(&self) -> u64 {
+        let e = self.elem.size();
+        let mut held = 0u64;
+        let mut peak = 0u64;
+        for (n, draw) in self.creation_order() {
+            held += e * n;
+            let f32_draw = match draw {
+                Draw::Normal => 4 * n.next_multiple_of(2),
+                Draw::Uniform => 4 * n,
+                Draw::Const => 0,
+            };
+            peak = peak.max(held + f32_draw);
+        }
+        peak
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::ElemType;
+
+    fn bf16_cuda(mut s: Shape) -> Shape {
+        s.elem = ElemType::Bf16;
+        s.cpu = false;
+        s
+    }
+
+    #[test]
+    fn the_creation_order_holds_every_parameter() {
+        for s in [
+            Shape::new(1, 128, 768, 12, 12, 50257, 1024),
+            Shape::new(2, 7, 24, 3, 2, 31, 9),
+        ] {
+            let total: u64 = s.creation_order().iter().map(|v| v.0).sum();
+            assert_eq!(total, s.params());
+        }
+    }
+
+    #[test]
+    fn gpt2_small_bf16_peaks_at_the_head_draw() {
+        let s = bf16_cuda(Shape::new(1, 128, 768, 12, 12, 50257, 1024));
+        // The head (50257 × 768, created last) drawn in f32 on top of every 16-bit weight.
+        let head = 50257 * 768;
+        assert_eq!(s.cuda_half_init_peak(), 2 * s.params() + 4 * head);
+        assert_eq!(4 * head, 154_389_504);
+    }
+
+    #[test]
+    fn an_early_large_draw_can_top_the_end() {
+        // A ViT with 32-px patches and tiny blocks: the patch projection (H × 3·32², made
+        // first) drawn in f32 is the peak, far above the 16-bit weights at the end.
+        let mut s = bf16_cuda(Shape::new(1, 5, 8, 2, 1, 3, 5));
+        s.vision = Some(crate::model::vit::Vision {
+            image: 64,
+            patch: 32,
+            channels: 3,
+        });
+        let patch = 8 * 3 * 32 * 32;
+        assert_eq!(s.cuda_half_init_peak(), 2 * patch + 4 * patch);
+        assert!(s.cuda_half_init_peak() > 2 * s.params() + 4 * 3 * 8);
+        let total: u64 = s.creation_order().iter().map(|v| v.0).sum();
+        assert_eq!(total, s.params());
+    }
+}

@@ -1,0 +1,188 @@
+//! A sweep: every case of a workload measured in a process of its own, its rows appended to
+//! the journal as soon as the case ends, so that a crash, a kill, an out-of-memory, a time
+//! limit or a full disk costs at most the case that was running.
+//!
+//! The loop (`memfit run`, [`run`]), for each case still to run:
+//! 1. stop if SIGINT/SIGTERM came (after the running case: [`signals`]);
+//! 2. with `--deadline`, skip a case that would likely end past it ([`estimate`]; such cases
+//!    get no row, so `--resume` runs them later; the summary names them);
+//! 3. run it in a child ([`child`]) limited to `--case-timeout` (and to what is left of the
+//!    deadline); the child streams its rows, and what it could not finish gets the true status
+//!    (`oom`, `timeout`, `crashed`, `skipped`);
+//! 4. append its rows to the journal (written and fsync'd as one block); a failed write stops
+//!    the sweep there (the journal keeps every earlier case);
+//! 5. record the device's description in `meta.json` as soon as a child opened it.
+//!
+//! `--resume` ([`resume`]) runs only the cases without finished rows.
+
+pub mod child;
+pub mod estimate;
+pub mod fault;
+pub mod progress;
+pub mod resume;
+pub mod rows;
+pub mod signals;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::record::{Row, RunMeta};
+use crate::store::jsonl::Journal;
+use crate::workload::Case;
+
+/// Default `--case-timeout`: generous, so only a hung case meets it.
+pub const DEFAULT_CASE_TIMEOUT_S: f64 = 3600.0;
+
+/// `memfit run` was stopped by SIGINT/SIGTERM (exit status 130), after writing what it had.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted; the journal holds every finished case. Continue with:\n  {resume}")]
+pub struct Interrupted {
+    pub resume: String,
+}
+
+/// What the loop needs besides the cases.
+pub struct Sweep<'a> {
+    pub exe: PathBuf,
+    /// This run's arguments (after `memfit`), passed on to each child.
+    pub args: Vec<OsString>,
+    pub case_timeout: Duration,
+    /// Instant past which no case may run.
+    pub deadline: Option<Instant>,
+    pub quiet: bool,
+    pub out: &'a Path,
+}
+
+/// What a sweep did.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub rows: Vec<Row>,
+    pub cases_run: usize,
+    /// Cases the deadline left out, with their estimated seconds.
+    pub not_run: Vec<(usize, String, Option<f64>)>,
+    /// Cases not reached because of SIGINT/SIGTERM.
+    pub interrupted: usize,
+    /// The journal write that failed, if one did (the sweep stopped there).
+    pub write_error: Option<anyhow::Error>,
+    /// Per case: process start to its first event (s) and its CPU seconds then.
+    pub startup: Vec<(f64, f64)>,
+}
+
+/// A short label of a case for progress lines: `3 small B4 S128 f32 adamw`.
+pub fn label(case: &Case) -> String {
+    match &case.data {
+        Some(d) => format!(
+            "{} dataload w{} {} {} B{}",
+            case.index,
+            d.workers,
+            d.kind.as_str(),
+            d.storage.as_str(),
+            d.batch
+        ),
+        None => format!(
+            "{} {} B{} S{} {} {}",
+            case.index,
+            case.preset,
+            case.batch,
+            case.seq,
+            case.dtype,
+            case.optimizer.as_str()
+        ),
+    }
+}
+
+/// Runs `cases` in order, appending to `journal`; `meta.json` under `out` is rewritten when a
+/// child first describes its device.
+pub fn run(
+    sweep: &Sweep,
+    cases: &[&Case],
+    meta: &mut RunMeta,
+    journal: &mut Journal,
+    write_meta: &dyn Fn(&RunMeta) -> anyhow::Result<()>,
+) -> Summary {
+    let mut summary = Summary::default();
+    let mut progress = progress::Progress::new(cases.len(), sweep.quiet);
+    let mut est = estimate::Estimator::default();
+    let mut device_recorded = meta.device_memory_bytes.is_some();
+    let mut warned = false;
+    for (i, case) in cases.iter().enumerate() {
+        if signals::count() > 0 {
+            summary.interrupted = cases.len() - i;
+            break;
+        }
+        let skeleton = rows::row_of(
+            case,
+            meta,
+            case.phases[0],
+            &Err(anyhow::anyhow!("skeleton")),
+            "none",
+        );
+        let names: Vec<&str> = case.phases.iter().map(|p| p.as_str()).collect();
+        let work = estimate::work(&skeleton, &names);
+        let mut limit = sweep.case_timeout;
+        let mut deadline_bound = false;
+        if let Some(d) = sweep.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            let guess = est.estimate(work);
+            if left.is_zero() || guess.is_some_and(|g| g > left.as_secs_f64()) {
+                summary.not_run.push((case.index, label(case), guess));
+                continue;
+            }
+            if left < limit {
+                limit = left;
+                deadline_bound = true;
+            }
+        }
+        progress.start(&label(case));
+        let run = child::run_one(
+            &sweep.exe,
+            &sweep.args,
+            case,
+            &meta.run_id,
+            limit,
+            deadline_bound,
+            sweep.quiet,
+        );
+        if signals::count() > 0 && !warned {
+            warned = true;
+            progress.note(
+                "memfit: interrupted: stopping after this case (a second SIGINT/SIGTERM kills it)",
+            );
+        }
+        let wall = run.wall_s;
+        if let (Some(s), Some(c)) = (run.startup_s, run.startup_cpu_s) {
+            summary.startup.push((s, c));
+        }
+        if let Some(dev) = &run.device
+            && !device_recorded
+            && dev.device_name != meta.device_name
+        {
+            meta.device_name = dev.device_name.clone();
+            meta.device_memory_bytes = dev.device_memory_bytes;
+            meta.cuda_context_bytes = dev.cuda_context_bytes;
+            meta.driver_version = dev.driver_version.clone();
+            meta.cuda_version = dev.cuda_version.clone();
+            device_recorded = true;
+            if let Err(e) = write_meta(meta) {
+                progress.note(&format!("memfit: warning: {e:#}"));
+            }
+        }
+        let rows = run.into_rows(case, meta);
+        summary.cases_run += 1;
+        if let Err(e) = journal.append(&rows) {
+            summary.write_error = Some(e.context(format!(
+                "appending case {} to the journal; the sweep stops here",
+                case.index
+            )));
+            break;
+        }
+        for r in &rows {
+            progress.println(&crate::report::table::line(r));
+        }
+        est.record(work, wall);
+        progress.finish(&label(case), &rows, wall);
+        summary.rows.extend(rows);
+    }
+    progress.done();
+    summary
+}

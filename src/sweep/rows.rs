@@ -1,0 +1,153 @@
+//! Rows of a case: each phase's reading (or failure) beside the formula's prediction, one row
+//! per asked phase. Built in the case's own process as its phases finish, and in `memfit run`
+//! for the phases a dead or killed process left without a row.
+
+use crate::formula;
+use crate::meter::Reading;
+use crate::phase::Phase;
+use crate::phase::runner::PhaseResult;
+use crate::record::{Row, RunMeta, Status, StatusError, failure_of};
+use crate::workload::Case;
+
+/// Rows of a case that could not run at all: its first phase failed with `e` (true status),
+/// the others `skipped`.
+pub fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
+    let (status, msg) = failure_of(e);
+    let first = case.phases.first().map_or("?", |p| p.as_str());
+    case.phases
+        .iter()
+        .enumerate()
+        .map(|(i, &phase)| {
+            let err = if i == 0 {
+                StatusError::new(status, msg.clone())
+            } else {
+                StatusError::new(
+                    Status::Skipped,
+                    format!("not run: phase {first} failed: {msg}"),
+                )
+            };
+            row_of(case, meta, phase, &Err(err), "none")
+        })
+        .collect()
+}
+
+/// Rows of one case: measured figures beside the formula's predictions.
+pub fn case_rows(
+    case: &Case,
+    meta: &RunMeta,
+    results: &[PhaseResult],
+    peak_meter: &str,
+) -> Vec<Row> {
+    results
+        .iter()
+        .map(|res| row_of(case, meta, res.phase, &res.outcome, peak_meter))
+        .collect()
+}
+
+/// The row of one phase of `case`.
+pub fn row_of(
+    case: &Case,
+    meta: &RunMeta,
+    phase: Phase,
+    outcome: &anyhow::Result<Reading>,
+    peak_meter: &str,
+) -> Row {
+    let pred = formula::predict(case, phase, meta.threads as usize);
+    let (status, error, mut reading) = match outcome {
+        Ok(r) => (Status::Ok, None, r.clone()),
+        Err(e) => {
+            let (status, msg) = failure_of(e);
+            (status, Some(msg), Reading::default())
+        }
+    };
+    let figures = reading.data.take();
+    let row = Row {
+        run_id: meta.run_id.clone(),
+        case: case.index as u64,
+        model: case.model.as_str().into(),
+        preset: case.preset.clone(),
+        batch: case.batch as u64,
+        seq: case.seq as u64,
+        max_seq: case.cfg.max_seq as u64,
+        hidden: case.cfg.hidden as u64,
+        heads: case.cfg.heads as u64,
+        layers: case.cfg.layers as u64,
+        vocab: case.cfg.vocab as u64,
+        image_px: case.cfg.vision.map_or(0, |v| v.image as u64),
+        patch_px: case.cfg.vision.map_or(0, |v| v.patch as u64),
+        channels: case.cfg.vision.map_or(0, |v| v.channels as u64),
+        dtype: case.dtype.to_string(),
+        device: case.device.to_string(),
+        optimizer: case.optimizer.as_str().into(),
+        optimizer_block: case.optimizer_block as u64,
+        checkpoint: case.checkpoint as u64,
+        decode_tokens: case.decode_tokens as u64,
+        kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
+        weights: case.weights.as_str().into(),
+        load: if case.load_mmap { "mmap" } else { "read" }.into(),
+        precision: case.precision.as_str().into(),
+        lora_rank: case.cfg.lora_rank as u64,
+        lora_targets: case
+            .cfg
+            .lora_targets
+            .iter()
+            .map(|t| t.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        lora_base: if case.cfg.lora_rank > 0 {
+            case.cfg.lora_base.as_str().into()
+        } else {
+            String::new()
+        },
+        attention: if case.cfg.efficient_attention {
+            "efficient"
+        } else {
+            "standard"
+        }
+        .into(),
+        phase: phase.as_str().into(),
+        status,
+        error,
+        params: case.cfg.params(),
+        peak_bytes: reading.peak_bytes,
+        retained_bytes: reading.retained_bytes,
+        alloc_count: reading.alloc_count,
+        predicted_peak_bytes: Some(pred.peak_bytes),
+        predicted_retained_bytes: Some(pred.retained_bytes),
+        cpu_user_s: reading.cpu_user_s,
+        cpu_sys_s: reading.cpu_sys_s,
+        wall_s: reading.wall_s,
+        rss_peak_bytes: reading.rss_peak_bytes,
+        logits_rel_error: reading.logits_rel_error,
+        peak_meter: peak_meter.into(),
+        reserved_peak_bytes: reading.reserved_peak_bytes,
+        device_used_bytes: reading.device_used_bytes,
+        nvml_process_peak_bytes: reading.nvml_process_peak_bytes,
+        gpu_util_mean_pct: reading.gpu_util_mean_pct,
+        gpu_power_peak_w: reading.gpu_power_peak_w,
+        nvml_samples_count: reading.nvml_samples_count,
+        threads: meta.threads,
+        dataset: String::new(),
+        workers: None,
+        worker_kind: String::new(),
+        prefetch: None,
+        storage: String::new(),
+        persistent: String::new(),
+        epochs: None,
+        crop_px: None,
+        images: None,
+        images_per_s: None,
+        startup_s: None,
+        tree_processes_count: None,
+        tree_rss_peak_bytes: None,
+        tree_rss_steady_bytes: None,
+        pss_peak_bytes: None,
+        pss_steady_bytes: None,
+        h2d_pinned_bytes_per_s: None,
+        h2d_pageable_bytes_per_s: None,
+    };
+    match &case.data {
+        Some(d) => crate::data::bench::row(row, d, figures),
+        None => row,
+    }
+}
