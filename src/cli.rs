@@ -193,12 +193,12 @@ pub struct RunArgs {
     pub mem_budget: Option<String>,
     /// Seconds one case may run (its process is killed then; the phase running is recorded
     /// `timeout`, later ones `skipped`). Default: the workload's `case_timeout`, else 3600.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub case_timeout: Option<f64>,
     /// Seconds from now after which no case runs: a case that would likely end past it (from
     /// the finished cases' times scaled by predicted work) is not started, and a running case
     /// is killed at it. The summary lists what was not run; `--resume` runs it later.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub deadline: Option<f64>,
     /// Continue the run in `--out`: run only the cases its journal has no finished rows for
     /// (the rows of unfinished ones move to superseded.jsonl first).

@@ -87,6 +87,7 @@ fn gpu_sweep_spans_the_promised_range() {
     cpu.defaults.device = Some("cpu".into());
     for g in &mut cpu.grid {
         g.dtype = Some(workload::OneOrMany::One("f32".into()));
+        g.precision = None;
     }
     let cases = workload::expand(&cpu, &GridSpec::default(), "gpu-h200.toml").unwrap();
     let act =

@@ -1,0 +1,214 @@
+//! The GPU call (`scripts/gpu-run.sh` through the device tool) within its limits, checked here
+//! on the CPU: the dry run writes at most 8 files to `$OUT` (≤ 16 MiB each, ≤ 2 folders down,
+//! plain names), `scripts/gpu-collect.sh` rebuilds the results from them, and the GPU
+//! workload covers every model family and variant that runs on CUDA while its CPU stand-in
+//! keeps the same grids.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memfit::workload::{self, GridSpec};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn toml_of(name: &str) -> toml::Value {
+    let text = std::fs::read_to_string(root().join("workloads").join(name)).unwrap();
+    text.parse().unwrap()
+}
+
+fn keys(t: &toml::Value) -> BTreeSet<String> {
+    t.as_table().unwrap().keys().cloned().collect()
+}
+
+#[test]
+fn the_cpu_stand_in_keeps_the_gpu_sweeps_grids_and_keys() {
+    for (gpu, cpu) in [
+        ("gpu-h200.toml", "gpu-h200-cpu.toml"),
+        ("gpu-dataload.toml", "gpu-dataload-cpu.toml"),
+    ] {
+        let (g, c) = (toml_of(gpu), toml_of(cpu));
+        assert_eq!(
+            keys(&g["defaults"]),
+            keys(&c["defaults"]),
+            "{cpu}: [defaults]"
+        );
+        let (gg, cg) = (g["grid"].as_array().unwrap(), c["grid"].as_array().unwrap());
+        assert_eq!(gg.len(), cg.len(), "{cpu}: as many grids as {gpu}");
+        for (i, (a, b)) in gg.iter().zip(cg).enumerate() {
+            assert_eq!(
+                keys(a),
+                keys(b),
+                "{cpu}: grid {i} has other keys than {gpu}'s"
+            );
+        }
+        assert_eq!(c["defaults"]["device"].as_str(), Some("cpu"));
+    }
+}
+
+#[test]
+fn the_gpu_workload_covers_every_family_and_cuda_variant() {
+    let text = std::fs::read_to_string(root().join("workloads/gpu-h200.toml")).unwrap();
+    let file = workload::parse(&text, "gpu-h200.toml").unwrap();
+    let cases =
+        workload::expand_for_prediction(&file, &GridSpec::default(), "gpu-h200.toml").unwrap();
+    let set = |f: &dyn Fn(&workload::Case) -> String| -> BTreeSet<String> {
+        cases.iter().map(f).collect()
+    };
+    let phases: BTreeSet<String> = cases
+        .iter()
+        .flat_map(|c| c.phases.iter().map(|p| p.as_str().to_string()))
+        .collect();
+    let want = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let all_phases: Vec<&str> = memfit::phase::Phase::ALL
+        .iter()
+        .filter(|p| **p != memfit::phase::Phase::Dataload)
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(phases, want(&all_phases), "every model phase");
+    assert_eq!(set(&|c| c.model.as_str().into()), want(&["gpt", "vit"]));
+    assert_eq!(set(&|c| c.dtype.to_string()), want(&["bf16", "f16", "f32"]));
+    let opts: Vec<&str> = memfit::phase::OptimizerKind::ALL
+        .iter()
+        .map(|o| o.as_str())
+        .collect();
+    assert_eq!(set(&|c| c.optimizer.as_str().into()), want(&opts));
+    assert_eq!(
+        set(&|c| c.precision.as_str().into()),
+        want(&["mixed", "pure"])
+    );
+    assert!(cases.iter().any(|c| c.checkpoint > 0), "checkpointing");
+    assert!(cases.iter().any(|c| c.cfg.lora_rank > 0), "LoRA");
+    assert_eq!(set(&|c| c.kv_cache.to_string()), want(&["false", "true"]));
+    assert_eq!(set(&|c| c.weights.as_str().into()), want(&["f16", "model"]));
+    assert_eq!(set(&|c| c.load_mmap.to_string()), want(&["false", "true"]));
+    assert!(
+        file.case_timeout.is_some(),
+        "a case time limit for the call"
+    );
+}
+
+/// Every file under `dir`: its path relative to `dir` and its size.
+fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+                out.push((rel, e.metadata().unwrap().len()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_dry_run_brings_back_everything_within_the_out_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let exe = env!("CARGO_BIN_EXE_memfit");
+    let o = Command::new(root().join("scripts/gpu-run.sh"))
+        .env("MEMFIT_GPU_DRY_RUN", "1")
+        .env("MEMFIT_BIN", exe)
+        .env("MEMFIT_GPU_BUDGET_S", "400")
+        .env("OUT", &out)
+        .env("TMPDIR", tmp.path())
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{log}");
+
+    // The call's limits on what comes back.
+    let got = files(&out);
+    assert!(got.len() <= 8, "at most 8 files: {got:?}");
+    for (p, size) in &got {
+        assert!(
+            p.components().count() <= 3,
+            "at most two folders down: {p:?}"
+        );
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)),
+            "a plain name: {name}"
+        );
+        assert!(*size <= 16 << 20, "{p:?}: {size} bytes");
+    }
+    assert!(got.iter().map(|f| f.1).sum::<u64>() <= 64 << 20);
+    let names: BTreeSet<String> = got.iter().map(|f| f.0.display().to_string()).collect();
+    let want: BTreeSet<String> = [
+        "dataload.log",
+        "machine.txt",
+        "results.tar.gz",
+        "smoke.log",
+        "sweep.log",
+        "time.txt",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(names, want);
+    let time = std::fs::read_to_string(out.join("time.txt")).unwrap();
+    for step in [
+        "smoke: exit 0",
+        "sweep: exit 0",
+        "dataload: exit 0",
+        "pack: ",
+    ] {
+        assert!(time.contains(step), "{step}: {time}");
+    }
+    assert!(
+        std::fs::read_to_string(out.join("smoke.log"))
+            .unwrap()
+            .contains("smoke check: ok")
+    );
+
+    // Back here: collected into a run folder, CSV and HDF5 rebuilt from the journals.
+    let results = tmp.path().join("results");
+    let o = Command::new(root().join("scripts/gpu-collect.sh"))
+        .arg(&out)
+        .env("MEMFIT_BIN", exe)
+        .env("MEMFIT_RESULTS", &results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let dst = PathBuf::from(stdout.lines().last().unwrap().trim());
+    assert!(dst.starts_with(&results), "{dst:?}");
+    let cpu = std::fs::read_to_string(root().join("workloads/gpu-h200-cpu.toml")).unwrap();
+    let file = workload::parse(&cpu, "gpu-h200-cpu.toml").unwrap();
+    let cases = workload::expand(&file, &GridSpec::default(), "gpu-h200-cpu.toml").unwrap();
+    let phases: usize = cases.iter().map(|c| c.phases.len()).sum();
+    for (sub, n) in [("", phases), ("smoke", 6), ("dataload", 2)] {
+        let d = dst.join(sub);
+        let rows = memfit::store::jsonl::read(&d.join("results.jsonl")).unwrap();
+        assert_eq!(rows.len(), n, "{d:?}");
+        assert!(
+            rows.iter().all(|r| r.status == memfit::record::Status::Ok),
+            "{d:?}: {:?}",
+            rows.iter().find(|r| r.status != memfit::record::Status::Ok)
+        );
+        let (_, from_h5) = memfit::store::hdf5::read(&d.join("results.h5")).unwrap();
+        assert_eq!(from_h5, rows, "{d:?}: HDF5 rebuilt from the journal");
+        assert!(d.join("results.csv").is_file() && d.join("meta.json").is_file());
+    }
+    for log in ["machine.txt", "sweep.log", "time.txt"] {
+        assert!(dst.join(log).is_file(), "{log}");
+    }
+}
