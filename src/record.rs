@@ -66,7 +66,8 @@ pub struct StatusError {
 }
 
 impl StatusError {
-    pub fn new(status: Status, message: impl Into<String>) -> anyhow::Error {
+    /// The error, as an `anyhow::Error` a phase result can carry.
+    pub fn error(status: Status, message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(StatusError {
             status,
             message: message.into(),

@@ -224,9 +224,9 @@ pub fn run_case_observed(
         let failed = case.phases.get(failed_at).map_or("?", |p| p.as_str());
         for (i, &phase) in case.phases.iter().enumerate().skip(failed_at) {
             let error = if i == failed_at {
-                StatusError::new(status, msg.clone())
+                StatusError::error(status, msg.clone())
             } else {
-                StatusError::new(
+                StatusError::error(
                     Status::Skipped,
                     format!("not run: phase {failed} failed: {msg}"),
                 )

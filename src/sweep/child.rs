@@ -430,14 +430,14 @@ impl CaseRun {
                 } else {
                     "during this phase"
                 };
-                StatusError::new(status, format!("{what} {when}{stderr}"))
+                StatusError::error(status, format!("{what} {when}{stderr}"))
             } else if phase < running {
-                StatusError::new(
+                StatusError::error(
                     Status::Error,
                     format!("the case's process sent no row for this phase ({what})"),
                 )
             } else {
-                StatusError::new(
+                StatusError::error(
                     Status::Skipped,
                     format!("not run: phase {}: {what}", running.as_str()),
                 )

@@ -19,9 +19,9 @@ pub fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
         .enumerate()
         .map(|(i, &phase)| {
             let err = if i == 0 {
-                StatusError::new(status, msg.clone())
+                StatusError::error(status, msg.clone())
             } else {
-                StatusError::new(
+                StatusError::error(
                     Status::Skipped,
                     format!("not run: phase {first} failed: {msg}"),
                 )
