@@ -53,6 +53,13 @@ pub enum Command {
         after_help = "Examples:\n  memfit report results/cpu --out docs/report\n  memfit report results/cpu results/h200 --out report --measure-cpu-peak"
     )]
     Report(ReportArgs),
+    /// Merge the run folders of a sharded sweep (`run --shard I/N`) into one: rows keyed by
+    /// case and phase, identical duplicates kept once, conflicts refused (or --on-conflict),
+    /// every shard's meta.json kept, CSV and HDF5 rebuilt.
+    #[command(
+        after_help = "Example:\n  memfit merge runs/sweep/shard-0 runs/sweep/shard-1 --out runs/sweep/merged"
+    )]
+    Merge(MergeArgs),
     /// Synthetic image datasets for the dataload phase.
     #[command(subcommand)]
     Dataset(DatasetCommand),
@@ -166,6 +173,20 @@ pub struct PredictArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The shards' run folders (each holds results.jsonl and meta.json).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// The merged folder (must not hold a journal).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// What to do when two folders hold different rows for one case and phase: refuse (the
+    /// default), first, last (in the order given).
+    #[arg(long)]
+    pub on_conflict: Option<String>,
+}
+
+#[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// A run folder holding results.jsonl and meta.json.
     pub dir: PathBuf,
@@ -204,6 +225,14 @@ pub struct RunArgs {
     /// (the rows of unfinished ones move to superseded.jsonl first).
     #[arg(long)]
     pub resume: bool,
+    /// Run only shard I of N (0-based): a deterministic slice of the cases balanced by
+    /// predicted cost, the same on every machine; `auto` takes I and N from a Slurm job
+    /// array task (`SLURM_ARRAY_TASK_ID`, `SLURM_ARRAY_TASK_COUNT`).
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Print every case with its shard (with --shard) and predicted cost, and run nothing.
+    #[arg(long, alias = "dry-run")]
+    pub list_cases: bool,
     /// (internal) Run only this case, streaming events on stdout, for a parent `memfit run`.
     #[arg(long, hide = true)]
     pub child_case: Option<usize>,

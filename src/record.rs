@@ -188,8 +188,9 @@ pub struct Row {
     #[serde(default)]
     pub logits_rel_error: Option<f64>,
     /// The meter `peak_bytes` and `retained_bytes` come from: `cpu-allocator` (the counting
-    /// allocator, every tensor byte on the CPU) or `cuda-pool` (the CUDA memory pool's exact
-    /// tensor high-water mark).
+    /// allocator, every tensor byte on the CPU), `cuda-pool` (the CUDA memory pool's exact
+    /// tensor high-water mark), `cuda-meminfo-sampled` (a device without memory pools) or
+    /// `none` (no figure).
     #[serde(default)]
     pub peak_meter: String,
     /// CUDA: the memory pool's reservation high-water mark (what it took from the device).
@@ -312,6 +313,54 @@ pub struct RunMeta {
     /// CUDA runs: CUDA version the driver supports.
     #[serde(default)]
     pub cuda_version: Option<String>,
+    /// Where and as what part of a sweep it ran (`--shard`, Slurm); see [`ClusterMeta`].
+    #[serde(default)]
+    pub cluster: ClusterMeta,
+}
+
+/// A run's place in a sweep spread over machines: its host, its shard, the Slurm job it was,
+/// the cases it was asked to run; for a merged folder (`memfit merge`), every shard's
+/// metadata.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMeta {
+    /// The host name (`/proc/sys/kernel/hostname`).
+    #[serde(default)]
+    pub host: String,
+    /// `I/N` when the run was one shard of N (0-based I).
+    #[serde(default)]
+    pub shard: Option<String>,
+    /// `SLURM_JOB_ID`, `SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID` when Slurm ran it.
+    #[serde(default)]
+    pub slurm_job_id: Option<String>,
+    #[serde(default)]
+    pub slurm_array_job_id: Option<String>,
+    #[serde(default)]
+    pub slurm_array_task_id: Option<String>,
+    /// Indices of the cases this run was asked to run (its shard), so a merge can tell an
+    /// incomplete shard.
+    #[serde(default)]
+    pub planned_cases: Vec<u64>,
+    /// A merged folder: the metadata of every run merged into it.
+    #[serde(default)]
+    pub merged_from: Vec<RunMeta>,
+}
+
+impl ClusterMeta {
+    /// This process's host and Slurm job (from the environment), nothing planned yet.
+    pub fn here() -> Self {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            shard: None,
+            slurm_job_id: env("SLURM_JOB_ID"),
+            slurm_array_job_id: env("SLURM_ARRAY_JOB_ID"),
+            slurm_array_task_id: env("SLURM_ARRAY_TASK_ID"),
+            planned_cases: Vec::new(),
+            merged_from: Vec::new(),
+        }
+    }
 }
 
 /// An error chain as stored in a row: without the backtrace candle appends to its errors when

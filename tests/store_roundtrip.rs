@@ -154,6 +154,7 @@ fn meta() -> RunMeta {
         device_memory_bytes: None,
         driver_version: None,
         cuda_version: None,
+        cluster: Default::default(),
     }
 }
 

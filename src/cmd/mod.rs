@@ -4,6 +4,7 @@ pub mod convert;
 pub mod dataset;
 pub mod fit;
 pub mod max_batch;
+pub mod merge;
 pub mod predict;
 pub mod report;
 pub mod run;
@@ -18,6 +19,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Predict(args) => predict::predict(&args),
         Command::Fit(args) => fit::fit_cmd(&args),
         Command::MaxBatch(args) => max_batch::max_batch(&args),
+        Command::Merge(args) => merge::merge(&args),
         Command::Report(args) => report::report(&args),
         Command::Dataset(cmd) => dataset::dataset(&cmd),
         Command::DataloadWorker(a) => {

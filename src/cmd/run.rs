@@ -90,6 +90,7 @@ fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
         device_memory_bytes: None,
         driver_version: None,
         cuda_version: None,
+        cluster: crate::record::ClusterMeta::here(),
     }
 }
 
@@ -112,6 +113,40 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .map(|d| seconds(d, "flags", "deadline"))
         .transpose()?
         .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    // Each case's skeleton row (its key for --resume, its cost for --deadline and --shard).
+    let skel_meta = base_meta(String::new(), r.threads, &r.origin);
+    let skeletons: Vec<crate::record::Row> = r
+        .cases
+        .iter()
+        .map(|c| {
+            sweep::rows::row_of(
+                c,
+                &skel_meta,
+                c.phases[0],
+                &Err(anyhow::anyhow!("skeleton")),
+                "none",
+            )
+        })
+        .collect();
+    let costs: Vec<Option<f64>> = r
+        .cases
+        .iter()
+        .zip(&skeletons)
+        .map(|(c, sk)| {
+            let names: Vec<&str> = c.phases.iter().map(|p| p.as_str()).collect();
+            sweep::estimate::work(sk, &names)
+        })
+        .collect();
+    let shard = args.shard.as_deref().map(sweep::shard::parse).transpose()?;
+    let shard_of = shard.map(|s| sweep::shard::assign(&costs, s.count));
+    if args.list_cases {
+        list_cases(&r.cases, &costs, shard, shard_of.as_deref());
+        return Ok(());
+    }
+    let in_shard = |i: usize| match (shard, &shard_of) {
+        (Some(s), Some(of)) => of[i] == s.index,
+        _ => true,
+    };
     let stamp = crate::units::utc_stamp(unix_now());
     let out = args
         .out
@@ -141,16 +176,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let keys: Vec<(String, Vec<&str>)> = r
         .cases
         .iter()
-        .map(|c| {
-            let skeleton = sweep::rows::row_of(
-                c,
-                &base_meta(String::new(), r.threads, &r.origin),
-                c.phases[0],
-                &Err(anyhow::anyhow!("skeleton")),
-                "none",
-            );
+        .zip(&skeletons)
+        .map(|(c, sk)| {
             (
-                sweep::resume::case_key(&skeleton),
+                sweep::resume::case_key(sk),
                 c.phases.iter().map(|p| p.as_str()).collect(),
             )
         })
@@ -166,6 +195,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             .or_else(|| rows.first().map(|r| r.run_id.clone()))
             .unwrap_or_else(|| stamp.clone());
         let prior = sweep::resume::split(rows, &keys);
+        let planned = (0..r.cases.len()).filter(|&i| in_shard(i)).count();
         store::jsonl::rewrite(
             &journal_path,
             &prior.kept,
@@ -176,15 +206,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             .cases
             .iter()
             .zip(&keys)
-            .filter(|(_, (k, _))| !prior.finished.contains(k))
-            .map(|(c, _)| c)
+            .enumerate()
+            .filter(|(i, (_, (k, _)))| in_shard(*i) && !prior.finished.contains(k))
+            .map(|(_, (c, _))| c)
             .collect();
         if !args.quiet {
             println!(
                 "resuming {}: {} of {} case(s) finished, {} to run{}",
                 journal_path.display(),
-                r.cases.len() - todo.len(),
-                r.cases.len(),
+                planned - todo.len(),
+                planned,
                 todo.len(),
                 if prior.superseded.is_empty() {
                     String::new()
@@ -206,11 +237,20 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         (meta, todo)
     } else {
-        (
-            base_meta(stamp, r.threads, &r.origin),
-            r.cases.iter().collect(),
-        )
+        let todo: Vec<&Case> = r
+            .cases
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| in_shard(*i))
+            .map(|(_, c)| c)
+            .collect();
+        (base_meta(stamp, r.threads, &r.origin), todo)
     };
+    meta.cluster.shard = shard.map(|s| s.to_string());
+    meta.cluster.planned_cases = (0..r.cases.len())
+        .filter(|&i| in_shard(i))
+        .map(|i| r.cases[i].index as u64)
+        .collect();
     write_meta(&meta_path, &meta)?;
     let mut journal = store::jsonl::Journal::open(&journal_path)?;
     if !args.quiet {
@@ -258,6 +298,30 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let _ = written;
     Ok(())
+}
+
+/// `--list-cases`: every case, its shard and predicted cost; per-shard totals.
+fn list_cases(
+    cases: &[Case],
+    costs: &[Option<f64>],
+    shard: Option<sweep::shard::Shard>,
+    shard_of: Option<&[usize]>,
+) {
+    println!("{:>5} {:>5} {:>14}  case", "case", "shard", "cost GFLOP");
+    for (i, c) in cases.iter().enumerate() {
+        let s = shard_of.map_or("-".to_string(), |of| of[i].to_string());
+        let cost = costs[i].map_or("— (dataload)".to_string(), |w| format!("{:.3}", w / 1e9));
+        println!("{:>5} {:>5} {:>14}  {}", c.index, s, cost, sweep::label(c));
+    }
+    if let (Some(s), Some(of)) = (shard, shard_of) {
+        println!("shard  cases   cost GFLOP");
+        for k in 0..s.count {
+            let mine: Vec<usize> = (0..cases.len()).filter(|&i| of[i] == k).collect();
+            let total: f64 = mine.iter().filter_map(|&i| costs[i]).sum();
+            let mark = if k == s.index { " ← this shard" } else { "" };
+            println!("{k:>5} {:>6} {:>12.3}{mark}", mine.len(), total / 1e9);
+        }
+    }
 }
 
 fn unix_now() -> u64 {

@@ -314,6 +314,7 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
         device_memory_bytes,
         driver_version,
         cuda_version,
+        cluster,
     } = meta;
     str_attr(root, "run_id", run_id)?;
     str_attr(root, "memfit_version", memfit_version)?;
@@ -337,6 +338,10 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
     }
     if let Some(v) = cuda_version {
         str_attr(root, "cuda_version", v)?;
+    }
+    // Where it ran as part of a sweep (host, shard, Slurm ids; a merge's shards), as JSON.
+    if *cluster != crate::record::ClusterMeta::default() {
+        str_attr(root, "cluster", &serde_json::to_string(cluster)?)?;
     }
     scalar_attr(root, "schema_version", &SCHEMA_VERSION)?;
     Ok(())
@@ -563,6 +568,11 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
         device_memory_bytes: read_opt(&file, "device_memory_bytes", |n| read_attr(&file, n))?,
         driver_version: read_opt(&file, "driver_version", |n| read_str_attr(&file, n))?,
         cuda_version: read_opt(&file, "cuda_version", |n| read_str_attr(&file, n))?,
+        cluster: read_opt(&file, "cluster", |n| {
+            let text = read_str_attr(&file, n)?;
+            serde_json::from_str(&text).with_context(|| format!("attribute /{n} is not valid JSON"))
+        })?
+        .unwrap_or_default(),
     };
 
     let group = file

@@ -367,6 +367,7 @@ impl CaseRun {
             .map(|mut r| {
                 r.run_id = meta.run_id.clone();
                 r.case = case.index as u64;
+                super::rows::predict(case, &mut r, meta.threads as usize);
                 r
             })
             .collect();

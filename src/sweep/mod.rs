@@ -21,6 +21,7 @@ pub mod fault;
 pub mod progress;
 pub mod resume;
 pub mod rows;
+pub mod shard;
 pub mod signals;
 
 use std::ffi::OsString;

@@ -31,7 +31,9 @@ pub fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
         .collect()
 }
 
-/// Rows of one case: measured figures beside the formula's predictions.
+/// Rows of one case: measured figures, without the predictions (the case's process sends
+/// these: a prediction replays the model symbolically, whose memory would count against the
+/// case's `--mem-budget`; `memfit run` adds them with [`predict`]).
 pub fn case_rows(
     case: &Case,
     meta: &RunMeta,
@@ -40,8 +42,25 @@ pub fn case_rows(
 ) -> Vec<Row> {
     results
         .iter()
-        .map(|res| row_of(case, meta, res.phase, &res.outcome, peak_meter))
+        .map(|res| {
+            let mut row = row_of(case, meta, res.phase, &res.outcome, peak_meter);
+            row.predicted_peak_bytes = None;
+            row.predicted_retained_bytes = None;
+            row
+        })
         .collect()
+}
+
+/// Fills in the formula's predictions of a model row (data-loading rows have none).
+pub fn predict(case: &Case, row: &mut Row, threads: usize) {
+    if case.data.is_some() {
+        return;
+    }
+    if let Some(phase) = Phase::parse(&row.phase) {
+        let pred = formula::predict(case, phase, threads);
+        row.predicted_peak_bytes = Some(pred.peak_bytes);
+        row.predicted_retained_bytes = Some(pred.retained_bytes);
+    }
 }
 
 /// The row of one phase of `case`.
@@ -52,7 +71,7 @@ pub fn row_of(
     outcome: &anyhow::Result<Reading>,
     peak_meter: &str,
 ) -> Row {
-    let pred = formula::predict(case, phase, meta.threads as usize);
+    let pred = (case.data.is_none()).then(|| formula::predict(case, phase, meta.threads as usize));
     let (status, error, mut reading) = match outcome {
         Ok(r) => (Status::Ok, None, r.clone()),
         Err(e) => {
@@ -112,8 +131,8 @@ pub fn row_of(
         peak_bytes: reading.peak_bytes,
         retained_bytes: reading.retained_bytes,
         alloc_count: reading.alloc_count,
-        predicted_peak_bytes: Some(pred.peak_bytes),
-        predicted_retained_bytes: Some(pred.retained_bytes),
+        predicted_peak_bytes: pred.map(|p| p.peak_bytes),
+        predicted_retained_bytes: pred.map(|p| p.retained_bytes),
         cpu_user_s: reading.cpu_user_s,
         cpu_sys_s: reading.cpu_sys_s,
         wall_s: reading.wall_s,
