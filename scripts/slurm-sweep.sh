@@ -33,10 +33,10 @@ fi
 wl="$(realpath "$workload")"
 array=$(sbatch --parsable --job-name=memfit-sweep --array="0-$((n - 1))" --requeue \
   --output="$out/shard-%a.log" --open-mode=append "${gpu[@]}" "$@" \
-  --wrap="exec '$bin' run '$wl' --shard auto --resume --quiet ${MEMFIT_RUN_ARGS:-} --out '$out/shard-\$SLURM_ARRAY_TASK_ID'")
+  --wrap="exec '$bin' run '$wl' --shard auto --resume --quiet ${MEMFIT_RUN_ARGS:-} --out \"$out/shard-\$SLURM_ARRAY_TASK_ID\"")
 array="${array%%;*}"
 merge=$(sbatch --parsable --job-name=memfit-merge --dependency="afterany:$array" \
   --output="$out/merge.log" "$@" \
-  --wrap="shopt -s nullglob; exec '$bin' merge '$out'/shard-*/ --out '$out/merged'")
+  --wrap="for i in \$(seq 0 $((n - 1))); do [ -d '$out'/shard-\$i ] || echo \"shard \$i: no folder (the task never ran)\"; done; exec '$bin' merge '$out'/shard-*/ --out '$out/merged'")
 merge="${merge%%;*}"
 echo "array job $array ($n tasks), merge job $merge, out $out"

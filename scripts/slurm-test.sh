@@ -58,8 +58,9 @@ merge="$(echo "$sub" | awk '{print $8}' | tr -d ,)"
 squeue -o "%.12i %.10j %.8T %.10M %R"
 
 say "waiting for task 2 to be in the middle of its slow case"
-for _ in $(seq 600); do
-  n="$(cat "$work/sweep/shard-2/results.jsonl" 2>/dev/null | wc -l)"
+for _ in $(seq 1200); do
+  n=0
+  [[ -f "$work/sweep/shard-2/results.jsonl" ]] && n="$(wc -l < "$work/sweep/shard-2/results.jsonl")"
   if [[ "$(squeue -h -j "${array}_2" -o %T 2>/dev/null)" == RUNNING && "$n" -ge 6 ]]; then break; fi
   sleep 0.1
 done
@@ -73,8 +74,11 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 say "task 2: $st; rows so far: $(wc -l < "$work/sweep/shard-2/results.jsonl")"
+[[ "$st" == JobState=CANCELLED ]] || { echo "slurm-test: task 2 was not cancelled mid-case ($st)" >&2; exit 1; }
 say "scontrol requeue ${array}_2"
 scontrol requeue "${array}_2"
+# Slurm holds a requeued job back for a while before it is eligible again; let it start now.
+scontrol update JobId="${array}_2" StartTime=now
 squeue -o "%.12i %.10j %.8T %.10M %R"
 
 say "waiting for the merge job $merge"
@@ -88,8 +92,11 @@ say "merge log:"
 cat "$work/sweep/merge.log"
 if [[ -f "$work/sweep/shard-2.log" ]]; then say "task 2's log:"; cat "$work/sweep/shard-2.log"; fi
 
-python3 - "$work/ref/results.jsonl" "$work/sweep/merged/results.jsonl" "$work/sweep/shard-2" <<'PY'
+python3 - "$work/ref/results.jsonl" "$work/sweep/merged/results.jsonl" "$work/sweep/shard-2" "$work/sweep/merged/meta.json" <<'PY'
 import collections, json, os, sys
+shards = json.load(open(sys.argv[4]))["cluster"]["merged_from"]
+assert sorted(m["cluster"]["shard"] for m in shards) == [f"{i}/4" for i in range(4)], "the merge holds the 4 shards"
+assert all(m["cluster"]["slurm_array_task_id"] is not None for m in shards), "each shard records its Slurm task"
 def rows(p):
     return [json.loads(l) for l in open(p) if l.strip()]
 ref, merged = rows(sys.argv[1]), rows(sys.argv[2])

@@ -1,0 +1,35 @@
+//! The sweep on a real Slurm (Debian's slurm-wlm and munge on this machine, root needed):
+//! `scripts/slurm-test.sh` starts a one-node cluster, runs a 4-task job array of a small CPU
+//! workload with one task cancelled mid-case and requeued, merges, and compares with an
+//! unsharded run. ≈ 30 s (plus the packages' install the first time).
+
+#[test]
+fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test starts slurmctld, slurmd and munged: run the suite as root (CI does)"
+    );
+    let o = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-test.sh"),
+    )
+    .env("MEMFIT_BIN", env!("CARGO_BIN_EXE_memfit"))
+    .output()
+    .unwrap();
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("every shard complete"), "{log}");
+    assert!(
+        log.contains("JobState=CANCELLED"),
+        "a task was cancelled mid-case: {log}"
+    );
+    assert!(
+        log.contains("OK: 48 rows, every case x phase once"),
+        "{log}"
+    );
+}
