@@ -1023,6 +1023,38 @@ fn generation(
     (prefill_peak, prefill_retained, decode_peak, decode_retained)
 }
 
+/// One decode step of the serving model over a key/value cache already holding `cached`
+/// tokens per sequence (the case's batch): the serving weights' bytes (with metadata), the
+/// cache's bytes, and the step's peak above them (the grown cache, the keys and values
+/// repeated to the query heads for one layer at a time, the scores of one query).
+pub fn decode_step(
+    shape: &Shape,
+    cached: usize,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> (u64, u64, u64) {
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    let model = Transformer::new(&ledger, shape, false);
+    let weights = ledger.current();
+    let (g, d) = shape.kv_dims();
+    let dims = [shape.b as usize, g as usize, cached, d as usize];
+    let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l)
+        .map(|_| {
+            Some((
+                Sym::new(&ledger, &dims, model.dtype),
+                Sym::new(&ledger, &dims, model.dtype),
+            ))
+        })
+        .collect();
+    let token = Sym::new(&ledger, &[shape.b as usize, 1], DType::U32);
+    let cache_bytes = ledger.current() - weights;
+    let base = ledger.reset_peak();
+    let logits = model.forward_cached(&token, &mut cache);
+    let peak = ledger.peak() - base;
+    drop((logits, cache, token));
+    (weights, cache_bytes, peak)
+}
+
 /// The runner's synthetic input and targets: tokens and next tokens `(B, S)`, or images
 /// `(B, C, I, I)` f32 and classes `(B, 1)`.
 fn inputs(ledger: &Rc<Ledger>, shape: &Shape) -> (Sym, Sym) {

@@ -7,7 +7,7 @@
 //! CUDA kernels and cuBLAS allocate beyond that is left to the calibration fit (issue 6). "Metadata" is candle's per-tensor bookkeeping
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
-use crate::device::ElemType;
+use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
 use crate::model::transformer::{LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
@@ -410,6 +410,28 @@ impl Shape {
     pub fn replay(&self, threads: usize) -> Replay {
         replay(
             self,
+            self.meta(META_PER_TENSOR),
+            self.cpu.then_some(threads),
+        )
+    }
+
+    /// Bytes of keys and values one cached token adds: `2 · L · G · D · e` (G K/V heads of
+    /// width D; G = A and D = H/A outside LLaMA), e the serving activations' bytes.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let (g, d) = self.kv_dims();
+        let e = match (self.serve, self.elem) {
+            (ServingWeights::F16, _) | (_, ElemType::F16 | ElemType::Bf16) => 2,
+            _ => 4,
+        };
+        2 * self.l * g * d * e
+    }
+
+    /// [`super::replay::decode_step`] with this backend's metadata and gemm buffers: the
+    /// serving weights, a cache of `cached` tokens per sequence, and one step's peak above them.
+    pub fn decode_step(&self, cached: u64, threads: usize) -> (u64, u64, u64) {
+        super::replay::decode_step(
+            self,
+            cached as usize,
             self.meta(META_PER_TENSOR),
             self.cpu.then_some(threads),
         )

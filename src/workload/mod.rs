@@ -544,7 +544,17 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     match model {
         ModelKind::Gpt | ModelKind::Llama => {
             if let Some((k, _)) = vision_keys.iter().find(|(_, set)| *set) {
-                return Err(ctx.bad(k, "set", "a ViT key on a decoder case", "model = vit"));
+                let family = if model == ModelKind::Gpt {
+                    "GPT"
+                } else {
+                    "LLaMA"
+                };
+                return Err(ctx.bad(
+                    k,
+                    "set",
+                    &format!("a ViT key on a {family} case"),
+                    "model = vit",
+                ));
             }
         }
         ModelKind::Vit => {
