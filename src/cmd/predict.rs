@@ -33,7 +33,8 @@ pub struct CasePrediction {
     pub graph_bytes: u64,
     /// Peak above its baseline, per phase of the case.
     pub phase_peak_bytes: Vec<(String, u64)>,
-    /// Weights + the input batch + optimizer state + the training step's peak.
+    /// Weights (after init: QLoRA's projections quantized) + the input batch + optimizer state +
+    /// the training step's peak.
     pub train_total_bytes: u64,
     /// Weights + the inference forward's peak.
     pub inference_total_bytes: u64,
@@ -198,8 +199,14 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
 pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePrediction {
     let shape = Shape::of(case);
     let at = |phase| shape.predict(phase, case.optimizer, threads).peak_bytes;
+    // The weights after init: QLoRA's projections are GGML blocks by then.
+    let weights = |s: &Shape| {
+        s.predict(Phase::Init, case.optimizer, threads)
+            .retained_bytes
+            .max(0) as u64
+    };
     let train_total = |s: &Shape| {
-        s.weights_bytes()
+        weights(s)
             + s.input_bytes()
             + s.optimizer_state_bytes(case.optimizer)
             + s.predict(Phase::TrainStep, case.optimizer, threads)
@@ -231,7 +238,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         batch: case.batch,
         seq: case.seq,
         params: shape.params(),
-        weights_bytes: shape.weights_bytes(),
+        weights_bytes: weights(&shape),
         gradient_bytes: shape.gradient_bytes(),
         optimizer_state_bytes: shape.optimizer_state_bytes(case.optimizer),
         graph_bytes: shape
@@ -244,7 +251,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             .map(|&ph| (ph.as_str().to_string(), at(ph)))
             .collect(),
         train_total_bytes: train_total(&shape),
-        inference_total_bytes: shape.weights_bytes() + at(Phase::Inference),
+        inference_total_bytes: weights(&shape) + at(Phase::Inference),
         fits,
         max_batch,
         max_seq,

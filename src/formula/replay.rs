@@ -1,5 +1,11 @@
-//! The transformer of [`crate::model::transformer`] (GPT decoder or ViT encoder) on [`Sym`]
-//! tensors: the backward and inference predictions.
+//! The transformer of [`crate::model::transformer`] (GPT decoder, ViT encoder or the
+//! LLaMA-family decoder of [`crate::model::llama`]) on [`Sym`] tensors: the backward and
+//! inference predictions. For LLaMA the replay follows `rms_norm_slow` (x², mean, `+ eps`,
+//! sqrt, divide, scale), the composed rotary embedding (two halves, four broadcast products, a
+//! sub, an add and a `cat` per rotated tensor, the tables narrowed at the cache offset),
+//! `repeat_kv` (one `cat` of `heads/kv_heads` copies), SiLU with candle's backward (`neg`,
+//! `exp`, `+ 1`, `recip`, `1 − node`, two products and a sum, all recorded), and SwiGLU's
+//! product.
 //!
 //! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
 //! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for

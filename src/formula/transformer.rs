@@ -1,4 +1,9 @@
 //! Formulas for the GPT decoder of [`crate::model::transformer`] on candle 0.11.1's CPU backend, f32.
+//! The LLaMA family and the ViT share the weight, gradient, optimizer and load terms (their
+//! parameter tensors come from `block_projections`); their forward, backward and inference
+//! peaks come from the replay ([`super::replay`]). A LLaMA model's weights also hold the
+//! rotary tables `2 · S_max · D/2 · e`; its KV cache grows by `2 · L · B · T · G · D · e`
+//! ([`Shape::kv_bytes_per_token`]).
 //!
 //! Notation: B batch, S sequence, H hidden, A heads, L layers, V vocab, S_max position table,
 //! P parameters, e bytes per element (4 for f32, 2 for bf16/f16). The activation closed form is

@@ -1041,6 +1041,24 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "standard with f16 or bf16",
                 ));
             }
+            let quantized = matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0)
+                || (rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0));
+            if quantized && let Some(p) = cfg.projections().iter().find(|p| p.inp % 32 != 0) {
+                let key = if rank > 0 { "lora_base" } else { "weights" };
+                return Err(ctx.bad(
+                    key,
+                    if rank > 0 {
+                        lora_base.as_str()
+                    } else {
+                        serve.as_str()
+                    },
+                    &format!(
+                        "GGML blocks hold 32 weights: {}'s input width {} is not a multiple of 32",
+                        p.path, p.inp
+                    ),
+                    "model, f16 (or sizes whose projection inputs are multiples of 32)",
+                ));
+            }
             if rank > 0 && lora_base != LoraBase::Detach && dtype != ElemType::F32 {
                 return Err(ctx.bad(
                     "lora_base",
@@ -1105,13 +1123,9 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
         cfg.heads as u128,
         cfg.vocab as u128,
     );
-    let l = cfg.layers as u128;
-    let ms = cfg.max_seq as u128;
-    let (stem, head) = match cfg.vision {
-        None => (v * h, v * h),
-        Some(vis) => (vis.patch_dim() as u128 * h + 2 * h, v * h + v),
-    };
-    let params = stem + ms * h + l * (12 * h * h + 13 * h) + 2 * h + head;
+    // Every size is ≤ 2^24, so the parameter count (≤ 2^14 layers of a few 2^40) fits u64.
+    let params = cfg.params() as u128;
+    let mlp = cfg.llama.map_or(4 * h, |l| l.intermediate as u128);
     let image = cfg.vision.map_or(0, |vis| {
         4 * b * (vis.channels * vis.image * vis.image) as u128
     });
@@ -1124,8 +1138,8 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
         ("vocab", "logits batch × seq × vocab × 4 B", 4 * b * s * v),
         (
             "batch",
-            "MLP activations batch × seq × 4·hidden × 4 B",
-            16 * b * s * h,
+            "MLP activations batch × seq × MLP width × 4 B",
+            4 * b * s * mlp,
         ),
         ("hidden", "parameters × 4 B", 4 * params),
         ("image", "images batch × channels × image² × 4 B", image),
