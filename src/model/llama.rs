@@ -15,9 +15,8 @@
 //! Final RMSNorm, logits `(B, S, V)`.
 //!
 //! Parameter count (exact):
-//! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm)
-//!    + L·(2H + H·A·D + 2·H·G·D + A·D·H + 3·H·I + biases)`,
-//! biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H` (MLP) where the config has them.
+//! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm) + L·(2H + H·A·D + 2·H·G·D +
+//! A·D·H + 3·H·I + biases)`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H` (MLP) where the config has them.
 //! The rotary tables (cos and sin, `S_max × D/2` each, in the weights' type) are buffers, not
 //! parameters.
 //!
