@@ -241,11 +241,14 @@ pub struct RunArgs {
 /// Every workload key as a flag (comma lists expand like TOML lists).
 #[derive(Debug, Args, Default)]
 pub struct GridArgs {
-    /// Model family: gpt (decoder) or vit (image encoder); a vit-… preset implies vit.
+    /// Model family: gpt (decoder), vit (image encoder) or llama (RMSNorm, rotary, GQA,
+    /// SwiGLU); a vit-… or LLaMA preset implies its family.
     #[arg(long)]
     pub model: Option<String>,
     /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium,
-    /// llama-7b-shape; vit-tiny, vit-s16, vit-b16, vit-l16).
+    /// llama-7b-shape; vit-tiny, vit-s16, vit-b16, vit-l16; llama-tiny, llama-2-7b,
+    /// llama-2-70b, llama-3-8b, llama-3.2-1b, mistral-7b, qwen2-0.5b, tinyllama-1.1b,
+    /// smollm2-135m).
     #[arg(long)]
     pub preset: Option<String>,
     /// Batch sizes, comma-separated.
@@ -282,7 +285,8 @@ pub struct GridArgs {
     /// LoRA ranks, comma-separated (0 = off): base weights frozen, adapters train.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub lora_rank: Vec<i64>,
-    /// Projections with LoRA adapters: q, k, v, o, fc1, fc2 or all (default q,v).
+    /// Projections with LoRA adapters: q, k, v, o, fc1, fc2 (GPT) or gate, up, down (LLaMA),
+    /// or all (default q,v).
     #[arg(long, value_delimiter = ',')]
     pub lora_targets: Vec<String>,
     /// How LoRA freezes the base projections: detach, op, q4_0, q8_0 (QLoRA), comma-separated.
@@ -327,6 +331,25 @@ pub struct GridArgs {
     /// ViT: classes of the classifier, comma-separated.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub classes: Vec<i64>,
+    /// A Hugging Face config.json (local path): the model family and sizes; size flags
+    /// override its fields (e.g. --layers 2 for a two-block slice).
+    #[arg(long)]
+    pub hf_config: Option<String>,
+    /// LLaMA: K/V heads (divide --heads), comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub kv_heads: Vec<i64>,
+    /// LLaMA: width of one head (even), comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub head_dim: Vec<i64>,
+    /// LLaMA: width of the SwiGLU MLP, comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub intermediate: Vec<i64>,
+    /// GPT, LLaMA: tie the LM head to the token embedding: on, off (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub tied: Vec<String>,
+    /// LLaMA: attention biases off, qkv (Qwen2) or on (q, k, v, o), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub attention_bias: Vec<String>,
     /// dataload: the dataset folder (`memfit dataset make`).
     #[arg(long)]
     pub dataset: Option<String>,
@@ -400,6 +423,12 @@ impl GridArgs {
             patch: many(&self.patch),
             channels: many(&self.channels),
             classes: many(&self.classes),
+            hf_config: self.hf_config.clone(),
+            kv_heads: many(&self.kv_heads),
+            head_dim: many(&self.head_dim),
+            intermediate: many(&self.intermediate),
+            tied: many(&self.tied),
+            attention_bias: many(&self.attention_bias),
             dataset: self.dataset.clone(),
             workers: many(&self.workers),
             worker_kind: many(&self.worker_kind),

@@ -2,7 +2,10 @@
 //! formula module alone — nothing is run. Per case: the model state (weights, gradients,
 //! optimizer state), the graph a training forward keeps, each phase's peak above its baseline,
 //! the totals in use at the training step's and at inference's peak, and with `--fit-in` whether
-//! the training step fits and the largest batch that would.
+//! the training step fits and the largest batch and sequence that would. For a decoder, the
+//! serving answers: the serving weights, the key/value bytes per cached token, a prefill's
+//! activations, and with `--fit-in` how many tokens of cache fit (vLLM's question) and the
+//! longest context each of the case's sequences can reach.
 
 use crate::cli::PredictArgs;
 use crate::formula::transformer::Shape;
@@ -30,16 +33,44 @@ pub struct CasePrediction {
     pub graph_bytes: u64,
     /// Peak above its baseline, per phase of the case.
     pub phase_peak_bytes: Vec<(String, u64)>,
-    /// Weights + the input batch + optimizer state + the training step's peak.
+    /// Weights (after init: QLoRA's projections quantized) + the input batch + optimizer state +
+    /// the training step's peak.
     pub train_total_bytes: u64,
     /// Weights + the inference forward's peak.
     pub inference_total_bytes: u64,
     pub fits: Option<bool>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
+    /// Largest sequence (≤ the position table) whose training step fits at the case's batch
+    /// (0: not even 1 token).
+    pub max_seq: Option<usize>,
+    /// Decoders: what serving needs (`None` for a ViT).
+    pub serving: Option<Serving>,
     /// With `--calibration`: each phase's peak corrected by the stored measurements.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibrated: Option<Vec<crate::fit::calibration::Calibrated>>,
+}
+
+/// Serving a decoder: weights, cache and activations (all from the replay of the serving model).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Serving {
+    /// The serving copy's weights (`--weights`: the model's type, f16, q8_0, q4_0), with the
+    /// rotary tables and metadata.
+    pub weights_bytes: u64,
+    /// `2 · L · kv_heads · head_dim · e`: what one cached token of one sequence costs.
+    pub kv_bytes_per_token: u64,
+    /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
+    /// it leaves.
+    pub prefill_activation_bytes: u64,
+    /// With a budget: `(budget − weights − prefill activations) / kv_bytes_per_token`, the
+    /// tokens of cache that fit across all sequences (vLLM's KV capacity; 0 when even the
+    /// prefill does not fit).
+    pub kv_capacity_tokens: Option<u64>,
+    /// With a budget: the longest context (cached tokens per sequence, ≤ the position table)
+    /// at which one more decode step of the case's batch still fits, counting the step's own
+    /// temporaries (the grown cache, the K/V repeated to the query heads, the scores); 0 when
+    /// none fits.
+    pub max_context: Option<u64>,
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
@@ -111,8 +142,10 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 .iter()
                 .find(|(ph, _)| ph == "train-step")
                 .map_or("-".to_string(), |(_, b)| human_bytes(*b));
-            let fit = match (p.fits, p.max_batch) {
-                (Some(f), Some(m)) => format!("  {:<5} {m:>5}", if f { "yes" } else { "no" }),
+            let fit = match (p.fits, p.max_batch, p.max_seq) {
+                (Some(f), Some(m), Some(ms)) => {
+                    format!("  {:<5} {m:>5}  (max S {ms})", if f { "yes" } else { "no" })
+                }
                 _ => String::new(),
             };
             println!(
@@ -129,6 +162,21 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 human_bytes(p.inference_total_bytes),
                 step,
             );
+            if let Some(sv) = &p.serving {
+                let budget = match (sv.kv_capacity_tokens, sv.max_context) {
+                    (Some(c), Some(t)) => format!(
+                        "; in the budget: {c} cached tokens (vLLM's count), context {t} per sequence at B {}",
+                        p.batch
+                    ),
+                    _ => String::new(),
+                };
+                println!(
+                    "       serving: weights {}, KV {} per token, prefill activations {}{budget}",
+                    human_bytes(sv.weights_bytes),
+                    human_bytes(sv.kv_bytes_per_token),
+                    human_bytes(sv.prefill_activation_bytes),
+                );
+            }
             for c in p.calibrated.iter().flatten() {
                 println!(
                     "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {})",
@@ -151,30 +199,38 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
 pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePrediction {
     let shape = Shape::of(case);
     let at = |phase| shape.predict(phase, case.optimizer, threads).peak_bytes;
+    // The weights after init: QLoRA's projections are GGML blocks by then.
+    let weights = |s: &Shape| {
+        s.predict(Phase::Init, case.optimizer, threads)
+            .retained_bytes
+            .max(0) as u64
+    };
     let train_total = |s: &Shape| {
-        s.weights_bytes()
+        weights(s)
             + s.input_bytes()
             + s.optimizer_state_bytes(case.optimizer)
             + s.predict(Phase::TrainStep, case.optimizer, threads)
                 .peak_bytes
     };
-    let (fits, max_batch) = match budget {
-        None => (None, None),
+    let (fits, max_batch, max_seq) = match budget {
+        None => (None, None, None),
         Some(b) => {
-            let total_at = |batch: u64| train_total(&Shape { b: batch, ..shape });
-            // Memory grows with the batch: the largest batch ≤ 2^20 whose step fits.
-            let (mut lo, mut hi) = (0u64, 1u64 << 20);
-            while lo < hi {
-                let mid = (lo + hi).div_ceil(2);
-                if total_at(mid) <= b {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            (Some(train_total(&shape) <= b), Some(lo as usize))
+            // Memory grows with the batch and with the sequence.
+            let batch = largest(1 << 20, |batch| {
+                train_total(&Shape { b: batch, ..shape }) <= b
+            });
+            let seq = largest(shape.s_max, |s| train_total(&Shape { s, ..shape }) <= b);
+            (
+                Some(train_total(&shape) <= b),
+                Some(batch as usize),
+                Some(seq as usize),
+            )
         }
     };
+    let serving = shape
+        .vision
+        .is_none()
+        .then(|| serving(&shape, threads, budget));
     CasePrediction {
         case: case.index,
         model: case.model.as_str().to_string(),
@@ -182,7 +238,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         batch: case.batch,
         seq: case.seq,
         params: shape.params(),
-        weights_bytes: shape.weights_bytes(),
+        weights_bytes: weights(&shape),
         gradient_bytes: shape.gradient_bytes(),
         optimizer_state_bytes: shape.optimizer_state_bytes(case.optimizer),
         graph_bytes: shape
@@ -195,10 +251,57 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             .map(|&ph| (ph.as_str().to_string(), at(ph)))
             .collect(),
         train_total_bytes: train_total(&shape),
-        inference_total_bytes: shape.weights_bytes() + at(Phase::Inference),
+        inference_total_bytes: weights(&shape) + at(Phase::Inference),
         fits,
         max_batch,
+        max_seq,
+        serving,
         calibrated: None,
+    }
+}
+
+/// The largest `n` in `0..=hi` with `ok(n)`, for `ok` true up to some point and false after
+/// (0 when `ok(1)` is false).
+fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
+    let (mut lo, mut hi) = (0u64, hi);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// The serving answers of a decoder case (see [`Serving`]).
+fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
+    let prefill = shape.predict(Phase::Prefill, crate::phase::OptimizerKind::Sgd, threads);
+    let activations = prefill
+        .peak_bytes
+        .saturating_sub(prefill.retained_bytes.max(0) as u64);
+    let (weights, _, _) = shape.decode_step(1, threads);
+    let per_token = shape.kv_bytes_per_token();
+    let (capacity, context) = match budget {
+        None => (None, None),
+        Some(b) => {
+            let capacity = b.saturating_sub(weights + activations) / per_token;
+            // One more token must have a position: contexts up to S_max − 1.
+            let fits = |t: u64| {
+                let (w, cache, step) = shape.decode_step(t, threads);
+                w + cache + step <= b && weights + prefill.peak_bytes <= b
+            };
+            let context = largest(shape.s_max.saturating_sub(1), fits);
+            (Some(capacity), Some(context))
+        }
+    };
+    Serving {
+        weights_bytes: weights,
+        kv_bytes_per_token: per_token,
+        prefill_activation_bytes: activations,
+        kv_capacity_tokens: capacity,
+        max_context: context,
     }
 }
 

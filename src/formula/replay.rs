@@ -1,5 +1,11 @@
-//! The transformer of [`crate::model::transformer`] (GPT decoder or ViT encoder) on [`Sym`]
-//! tensors: the backward and inference predictions.
+//! The transformer of [`crate::model::transformer`] (GPT decoder, ViT encoder or the
+//! LLaMA-family decoder of [`crate::model::llama`]) on [`Sym`] tensors: the backward and
+//! inference predictions. For LLaMA the replay follows `rms_norm_slow` (x², mean, `+ eps`,
+//! sqrt, divide, scale), the composed rotary embedding (two halves, four broadcast products, a
+//! sub, an add and a `cat` per rotated tensor, the tables narrowed at the cache offset),
+//! `repeat_kv` (one `cat` of `heads/kv_heads` copies), SiLU with candle's backward (`neg`,
+//! `exp`, `+ 1`, `recip`, `1 − node`, two products and a sum, all recorded), and SwiGLU's
+//! product.
 //!
 //! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
 //! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for
@@ -20,7 +26,7 @@ use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
-use crate::model::transformer::{LoraBase, LoraTarget};
+use crate::model::transformer::{LoraBase, ProjSpec};
 use crate::phase::checkpoint::segments;
 use candle_core::quantized::GgmlDType;
 
@@ -28,6 +34,8 @@ use candle_core::quantized::GgmlDType;
 struct Linear {
     weight: Sym,
     bias: Option<Sym>,
+    /// Output width (the weight's rows; a quantized weight is only bytes).
+    out: usize,
     /// LoRA adapter A `(r, in)`, B `(out, r)` (the model's `Proj`).
     lora: Option<(Sym, Sym)>,
     /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
@@ -39,16 +47,18 @@ impl Linear {
         Self {
             weight: p.tensor(&[out, inp]),
             bias: bias.then(|| p.tensor(&[out])),
+            out,
             lora: None,
             frozen: None,
         }
     }
 
-    /// A projection, with an adapter of rank `r` when `r > 0`: the adapter is a variable, the
-    /// base weights are frozen (not variables) under LoRA.
-    fn proj(p: &Params, inp: usize, out: usize, r: usize) -> Self {
+    /// A projection `spec`, with an adapter of rank `r` when `r > 0`: the adapter is a
+    /// variable, the base weights are frozen (not variables) under LoRA.
+    fn proj(p: &Params, spec: &ProjSpec, r: usize) -> Self {
+        let (inp, out) = (spec.inp, spec.out);
         if !p.lora {
-            return Self::new(p, inp, out, true);
+            return Self::new(p, inp, out, spec.bias);
         }
         // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
         // carry an adapter.
@@ -68,7 +78,8 @@ impl Linear {
         };
         Self {
             weight,
-            bias: Some(p.frozen(&[out])),
+            bias: spec.bias.then(|| p.frozen(&[out])),
+            out,
             lora,
             frozen,
         }
@@ -79,6 +90,7 @@ impl Linear {
         Self {
             weight: base(&self.weight),
             bias: self.bias.as_ref().map(base),
+            out: self.out,
             lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
             frozen: self.frozen,
         }
@@ -91,7 +103,7 @@ impl Linear {
             None => self.linear_forward(x),
             Some(quantized) => {
                 let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-                let out = self.bias.as_ref().expect("projections have a bias").dims()[0];
+                let out = self.out;
                 let w = (!quantized).then(|| self.weight.clone());
                 x.reshape(&[bs * s, inp])
                     .frozen_linear(w, out, self.bias.as_ref())
@@ -141,17 +153,41 @@ impl Linear {
     }
 }
 
-/// `layer_norm_slow` with weight and bias, over the last dimension.
-struct LayerNorm {
-    weight: Sym,
-    bias: Sym,
+/// `layer_norm_slow` with weight and bias (GPT, ViT), or `rms_norm_slow` with a weight
+/// (LLaMA), over the last dimension.
+enum Norm {
+    Layer { weight: Sym, bias: Sym },
+    Rms { weight: Sym },
 }
 
-impl LayerNorm {
-    fn new(p: &Params, h: usize) -> Self {
-        Self {
-            weight: p.tensor(&[h]),
-            bias: p.tensor(&[h]),
+impl Norm {
+    fn new(p: &Params, h: usize, rms: bool) -> Self {
+        if rms {
+            Norm::Rms {
+                weight: p.tensor(&[h]),
+            }
+        } else {
+            Norm::Layer {
+                weight: p.tensor(&[h]),
+                bias: p.tensor(&[h]),
+            }
+        }
+    }
+
+    fn map(&self, f: &dyn Fn(&Sym) -> Sym) -> Self {
+        match self {
+            Norm::Layer { weight, bias } => Norm::Layer {
+                weight: f(weight),
+                bias: f(bias),
+            },
+            Norm::Rms { weight } => Norm::Rms { weight: f(weight) },
+        }
+    }
+
+    fn weights(&self) -> Vec<Sym> {
+        match self {
+            Norm::Layer { weight, bias } => vec![weight.clone(), bias.clone()],
+            Norm::Rms { weight } => vec![weight.clone()],
         }
     }
 
@@ -160,16 +196,26 @@ impl LayerNorm {
         let x_dtype = x.dtype();
         // Half-precision input is normalised in f32.
         let x = x.to_dtype(DType::F32);
-        let x = {
-            let mean_x = x.sum_keepdim(&[last]).affine(1.0);
-            x.broadcast_sub(&mean_x)
-        };
-        let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
-        let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
-        x_normed
-            .to_dtype(x_dtype)
-            .broadcast_mul(&self.weight)
-            .broadcast_add(&self.bias)
+        match self {
+            Norm::Layer { weight, bias } => {
+                let x = {
+                    let mean_x = x.sum_keepdim(&[last]).affine(1.0);
+                    x.broadcast_sub(&mean_x)
+                };
+                let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
+                let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
+                x_normed
+                    .to_dtype(x_dtype)
+                    .broadcast_mul(weight)
+                    .broadcast_add(bias)
+            }
+            Norm::Rms { weight } => {
+                // `(x.sqr()?.sum_keepdim(D::Minus1)? / h)?`, then `x / (norm_x + eps).sqrt()`.
+                let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
+                let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
+                x_normed.to_dtype(x_dtype).broadcast_mul(weight)
+            }
+        }
     }
 }
 
@@ -203,18 +249,57 @@ fn add_owned(a: &Sym, b: Sym) -> Sym {
     r
 }
 
+/// Mirror of `model::llama::apply_rotary`.
+fn apply_rotary(x: &Sym, cos: &Sym, sin: &Sym, offset: usize) -> Sym {
+    let (s, d) = (x.dims()[2], x.dims()[3]);
+    let cos = cos.narrow(0, offset, s);
+    let sin = sin.narrow(0, offset, s);
+    let x1 = x.narrow(3, 0, d / 2);
+    let x2 = x.narrow(3, d / 2, d / 2);
+    let (a, b) = (x1.broadcast_mul(&cos), x2.broadcast_mul(&sin));
+    let r1 = a.sub(&b);
+    drop((a, b));
+    let (a, b) = (x2.broadcast_mul(&cos), x1.broadcast_mul(&sin));
+    let r2 = a.add(&b);
+    drop((a, b));
+    Sym::cat(&[&r1, &r2], 3)
+}
+
+/// Mirror of `model::llama::repeat_kv` (candle-transformers' `utils::repeat_kv`).
+fn repeat_kv(x: Sym, n: usize) -> Sym {
+    if n == 1 {
+        return x;
+    }
+    let d = x.dims().to_vec();
+    let parts: Vec<&Sym> = vec![&x; n];
+    Sym::cat(&parts, 2).reshape(&[d[0], d[1] * n, d[2], d[3]])
+}
+
+/// The rotary tables and the first position (mirror of the model's `Rotary`).
+#[derive(Clone, Copy)]
+struct Rotary<'a> {
+    cos: &'a Sym,
+    sin: &'a Sym,
+    offset: usize,
+}
+
 struct Attention {
     q: Linear,
     k: Linear,
     v: Linear,
     o: Linear,
     heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
     efficient: bool,
 }
 
 impl Attention {
-    fn forward(&self, x: &Sym, mask: Option<&Sym>) -> Sym {
-        let (q, k, v) = self.qkv(x);
+    fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        let (q, k, v) = self.qkv(x, rotary);
+        let group = self.heads / self.kv_heads;
+        let k = repeat_kv(k, group);
+        let v = repeat_kv(v, group);
         if self.efficient {
             let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
             let y = q.efficient_attention(&k, &v);
@@ -226,14 +311,20 @@ impl Attention {
     }
 
     /// Mirror of the model's `Attention::qkv`.
-    fn qkv(&self, x: &Sym) -> (Sym, Sym, Sym) {
-        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-        let d = h / self.heads;
-        let heads = self.heads;
-        let split = |t: Sym| -> Sym { t.reshape(&[b, s, heads, d]).transpose(1, 2).contiguous() };
-        let q = split(self.q.forward(x));
-        let k = split(self.k.forward(x));
-        let v = split(self.v.forward(x));
+    fn qkv(&self, x: &Sym, rotary: Option<Rotary>) -> (Sym, Sym, Sym) {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
+        let d = self.head_dim;
+        let split =
+            |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
+        let rotate = |t: Sym| -> Sym {
+            match rotary {
+                None => t,
+                Some(r) => apply_rotary(&t, r.cos, r.sin, r.offset),
+            }
+        };
+        let q = rotate(split(self.q.forward(x), self.heads));
+        let k = rotate(split(self.k.forward(x), self.kv_heads));
+        let v = split(self.v.forward(x), self.kv_heads);
         (q, k, v)
     }
 
@@ -261,8 +352,14 @@ impl Attention {
     }
 
     /// Mirror of the model's `Attention::forward_cached`.
-    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
-        let (q, k, v) = self.qkv(x);
+    fn forward_cached(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Sym, Sym)>,
+    ) -> Sym {
+        let (q, k, v) = self.qkv(x, rotary);
         let (k, v) = match cache.take() {
             None => (k, v),
             Some((pk, pv)) => {
@@ -273,42 +370,114 @@ impl Attention {
             }
         };
         *cache = Some((k.clone(), v.clone()));
+        let group = self.heads / self.kv_heads;
+        let k = repeat_kv(k, group);
+        let v = repeat_kv(v, group);
         self.attend(q, k, v, mask)
+    }
+
+    fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        Attention {
+            q: f(&self.q),
+            k: f(&self.k),
+            v: f(&self.v),
+            o: f(&self.o),
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            efficient: self.efficient,
+        }
     }
 }
 
-struct Mlp {
-    fc1: Linear,
-    fc2: Linear,
+/// GPT's `fc2(gelu(fc1(x)))` or LLaMA's `down(silu(gate(x)) · up(x))`.
+enum Mlp {
+    Gelu {
+        fc1: Linear,
+        fc2: Linear,
+    },
+    SwiGlu {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
 }
 
 impl Mlp {
     fn forward(&self, x: &Sym) -> Sym {
-        let a = self.fc1.forward(x).gelu();
-        self.fc2.forward(&a)
+        match self {
+            Mlp::Gelu { fc1, fc2 } => {
+                let a = fc1.forward(x).gelu();
+                fc2.forward(&a)
+            }
+            Mlp::SwiGlu { gate, up, down } => {
+                let g = gate.forward(x).silu();
+                let u = up.forward(x);
+                let m = g.mul(&u);
+                drop((g, u));
+                down.forward(&m)
+            }
+        }
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Mlp::Gelu { fc1, fc2 } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
+        }
+    }
+
+    fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        match self {
+            Mlp::Gelu { fc1, fc2 } => Mlp::Gelu {
+                fc1: f(fc1),
+                fc2: f(fc2),
+            },
+            Mlp::SwiGlu { gate, up, down } => Mlp::SwiGlu {
+                gate: f(gate),
+                up: f(up),
+                down: f(down),
+            },
+        }
     }
 }
 
 struct Block {
-    ln1: LayerNorm,
+    ln1: Norm,
     attn: Attention,
-    ln2: LayerNorm,
+    ln2: Norm,
     mlp: Mlp,
 }
 
 impl Block {
-    fn forward(&self, x: &Sym, mask: Option<&Sym>) -> Sym {
-        let a = self.attn.forward(&self.ln1.forward(x), mask);
+    fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        let a = self.attn.forward(&self.ln1.forward(x), mask, rotary);
         let x = add_owned(x, a);
         let m = self.mlp.forward(&self.ln2.forward(&x));
         add_owned(&x, m)
     }
 
-    fn forward_cached(&self, x: &Sym, mask: Option<&Sym>, cache: &mut Option<(Sym, Sym)>) -> Sym {
-        let a = self.attn.forward_cached(&self.ln1.forward(x), mask, cache);
+    fn forward_cached(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Sym, Sym)>,
+    ) -> Sym {
+        let a = self
+            .attn
+            .forward_cached(&self.ln1.forward(x), mask, rotary, cache);
         let x = add_owned(x, a);
         let m = self.mlp.forward(&self.ln2.forward(&x));
         add_owned(&x, m)
+    }
+
+    /// The block's projections in model order.
+    fn linears(&self) -> Vec<&Linear> {
+        let a = &self.attn;
+        let mut v = vec![&a.q, &a.k, &a.v, &a.o];
+        v.extend(self.mlp.linears());
+        v
     }
 }
 
@@ -373,10 +542,13 @@ fn patchify(images: &Sym, p: usize) -> Sym {
 /// The model's weights and forward.
 pub struct Transformer {
     stem: Stem,
-    wpe: Sym,
+    wpe: Option<Sym>,
+    /// LLaMA's rotary tables cos, sin `(S_max, D/2)`.
+    rope: Option<(Sym, Sym)>,
     blocks: Vec<Block>,
-    ln_f: LayerNorm,
+    ln_f: Norm,
     head: Linear,
+    tied: bool,
     hidden: usize,
     dtype: DType,
     vars: Vec<Sym>,
@@ -416,14 +588,16 @@ impl Transformer {
             lora,
             base,
         };
-        let rank = |t: LoraTarget| {
-            if shape.has_lora(t) {
-                shape.lora_rank as usize
-            } else {
-                0
-            }
-        };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
+        let llama = shape.llama.is_some();
+        // The rotary tables are buffers (never variables), in the weights' type.
+        let rope = shape.llama.map(|l| {
+            let half = l.head_dim / 2;
+            (
+                Sym::new(ledger, &[s_max, half], param_dtype),
+                Sym::new(ledger, &[s_max, half], param_dtype),
+            )
+        });
         let stem = match shape.vision {
             None => Stem::Tokens(p.tensor(&[v, h])),
             Some(vis) => Stem::Patches {
@@ -432,27 +606,63 @@ impl Transformer {
                 patch: vis.patch,
             },
         };
-        let wpe = p.tensor(&[s_max, h]);
+        let wpe = (!llama).then(|| p.tensor(&[s_max, h]));
+        let projs = shape.projections();
+        let (kv_heads, head_dim) = shape.kv_dims();
         let blocks: Vec<Block> = (0..shape.l)
-            .map(|_| Block {
-                ln1: LayerNorm::new(&p, h),
-                attn: Attention {
-                    q: Linear::proj(&p, h, h, rank(LoraTarget::Q)),
-                    k: Linear::proj(&p, h, h, rank(LoraTarget::K)),
-                    v: Linear::proj(&p, h, h, rank(LoraTarget::V)),
-                    o: Linear::proj(&p, h, h, rank(LoraTarget::O)),
+            .map(|_| {
+                let mut lin = projs.iter().map(|spec| {
+                    let r = if shape.has_lora(spec.target) {
+                        shape.lora_rank as usize
+                    } else {
+                        0
+                    };
+                    Linear::proj(&p, spec, r)
+                });
+                let mut next = || lin.next().expect("a projection");
+                let ln1 = Norm::new(&p, h, llama);
+                let attn = Attention {
+                    q: next(),
+                    k: next(),
+                    v: next(),
+                    o: next(),
                     heads: shape.a as usize,
+                    kv_heads: kv_heads as usize,
+                    head_dim: head_dim as usize,
                     efficient: shape.efficient,
-                },
-                ln2: LayerNorm::new(&p, h),
-                mlp: Mlp {
-                    fc1: Linear::proj(&p, h, 4 * h, rank(LoraTarget::Fc1)),
-                    fc2: Linear::proj(&p, 4 * h, h, rank(LoraTarget::Fc2)),
-                },
+                };
+                let ln2 = Norm::new(&p, h, llama);
+                let mlp = if llama {
+                    Mlp::SwiGlu {
+                        gate: next(),
+                        up: next(),
+                        down: next(),
+                    }
+                } else {
+                    Mlp::Gelu {
+                        fc1: next(),
+                        fc2: next(),
+                    }
+                };
+                Block {
+                    ln1,
+                    attn,
+                    ln2,
+                    mlp,
+                }
             })
             .collect();
-        let ln_f = LayerNorm::new(&p, h);
-        let head = Linear::new(&p, h, v, shape.vision.is_some());
+        let ln_f = Norm::new(&p, h, llama);
+        let head = match (&stem, shape.tied) {
+            (Stem::Tokens(wte), true) => Linear {
+                weight: wte.clone(),
+                bias: None,
+                out: v,
+                lora: None,
+                frozen: None,
+            },
+            _ => Linear::new(&p, h, v, shape.vision.is_some()),
+        };
         let mut all = match &stem {
             Stem::Tokens(wte) => vec![wte.clone()],
             Stem::Patches { proj, cls, .. } => {
@@ -462,32 +672,42 @@ impl Transformer {
                 v
             }
         };
-        all.push(wpe.clone());
+        all.extend(wpe.clone());
         for b in &blocks {
-            all.extend([b.ln1.weight.clone(), b.ln1.bias.clone()]);
-            for l in [
-                &b.attn.q, &b.attn.k, &b.attn.v, &b.attn.o, &b.mlp.fc1, &b.mlp.fc2,
-            ] {
+            all.extend(b.ln1.weights());
+            for l in b.linears() {
                 all.push(l.weight.clone());
                 all.extend(l.bias.clone());
                 if let Some((a, b)) = &l.lora {
                     all.extend([a.clone(), b.clone()]);
                 }
             }
-            all.extend([b.ln2.weight.clone(), b.ln2.bias.clone()]);
+            all.extend(b.ln2.weights());
         }
-        all.extend([ln_f.weight.clone(), ln_f.bias.clone(), head.weight.clone()]);
-        all.extend(head.bias.clone());
+        all.extend(ln_f.weights());
+        if !shape.tied {
+            all.push(head.weight.clone());
+            all.extend(head.bias.clone());
+        }
         Self {
             stem,
             wpe,
+            rope,
             blocks,
             ln_f,
             head,
+            tied: shape.tied,
             hidden: h,
             dtype: param_dtype,
             vars: all,
         }
+    }
+
+    /// The rotary tables at positions `offset..` (LLaMA).
+    fn rotary(&self, offset: usize) -> Option<Rotary<'_>> {
+        self.rope
+            .as_ref()
+            .map(|(cos, sin)| Rotary { cos, sin, offset })
     }
 
     /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: images →
@@ -496,7 +716,7 @@ impl Transformer {
         let mask = self.input_mask(input);
         let mut x = self.embed(input);
         for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref());
+            x = block.forward(&x, mask.as_ref(), self.rotary(0));
         }
         self.head_forward(&x)
     }
@@ -523,18 +743,22 @@ impl Transformer {
             *cache = (0..self.blocks.len()).map(|_| None).collect();
         }
         let mask = (s > 1).then(|| self.mask(tokens, s));
-        let pos = self.wpe.narrow(0, offset, s);
-        let mut x = {
+        let tokens_embedded = {
             let mut final_dims = tokens.dims().to_vec();
             final_dims.push(self.hidden);
             let indexes = tokens.flatten_all();
             let values = wte.index_select(&indexes, 0);
             values.reshape(&final_dims)
-        }
-        .broadcast_add(&pos);
-        drop(pos);
+        };
+        let mut x = match &self.wpe {
+            Some(wpe) => {
+                let pos = wpe.narrow(0, offset, s);
+                tokens_embedded.broadcast_add(&pos)
+            }
+            None => tokens_embedded,
+        };
         for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            x = block.forward_cached(&x, mask.as_ref(), c);
+            x = block.forward_cached(&x, mask.as_ref(), self.rotary(offset), c);
         }
         let last = x.narrow(1, s - 1, 1).contiguous();
         drop(x);
@@ -553,16 +777,21 @@ impl Transformer {
         match &self.stem {
             Stem::Tokens(wte) => {
                 let s = input.dims()[1];
-                let pos = self.wpe.narrow(0, 0, s);
-                {
-                    // candle-nn `Embedding::forward`.
+                // candle-nn `Embedding::forward`.
+                let embedded = || {
                     let mut final_dims = input.dims().to_vec();
                     final_dims.push(self.hidden);
                     let indexes = input.flatten_all();
                     let values = wte.index_select(&indexes, 0);
                     values.reshape(&final_dims)
+                };
+                match &self.wpe {
+                    Some(wpe) => {
+                        let pos = wpe.narrow(0, 0, s);
+                        embedded().broadcast_add(&pos)
+                    }
+                    None => embedded(),
                 }
-                .broadcast_add(&pos)
             }
             Stem::Patches { proj, cls, patch } => {
                 let patches = patchify(&input.to_dtype(self.dtype), *patch);
@@ -572,7 +801,7 @@ impl Transformer {
                 let cls = cls.broadcast_as(&[b, 1, h]).contiguous();
                 let x = Sym::cat(&[&cls, &x], 1);
                 drop(cls);
-                x.broadcast_add(&self.wpe)
+                x.broadcast_add(self.wpe.as_ref().expect("a ViT has a position table"))
             }
         }
     }
@@ -586,7 +815,7 @@ impl Transformer {
     ) -> Sym {
         let mut x = x.clone();
         for block in &self.blocks[range] {
-            x = block.forward(&x, mask);
+            x = block.forward(&x, mask, self.rotary(0));
         }
         x
     }
@@ -610,13 +839,11 @@ impl Transformer {
         self.map(&Sym::detach, self.dtype)
     }
 
-    /// Mirror of the model's `map`: `f` on every weight, in model order.
+    /// Mirror of the model's `map`: `f` on every weight (and the rotary tables), in model
+    /// order; a tied head is the mapped token table.
     fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
         let lin = |l: &Linear| l.map(f, f);
-        let ln = |l: &LayerNorm| LayerNorm {
-            weight: f(&l.weight),
-            bias: f(&l.bias),
-        };
+        let rope = self.rope.as_ref().map(|(c, s)| (f(c), f(s)));
         let stem = match &self.stem {
             Stem::Tokens(wte) => Stem::Tokens(f(wte)),
             Stem::Patches { proj, cls, patch } => Stem::Patches {
@@ -625,31 +852,42 @@ impl Transformer {
                 patch: *patch,
             },
         };
+        let wpe = self.wpe.as_ref().map(f);
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let ln1 = b.ln1.map(f);
+                let attn = b.attn.map(&lin);
+                let ln2 = b.ln2.map(f);
+                let mlp = b.mlp.map(&lin);
+                Block {
+                    ln1,
+                    attn,
+                    ln2,
+                    mlp,
+                }
+            })
+            .collect();
+        let ln_f = self.ln_f.map(f);
+        let head = match (&stem, self.tied) {
+            (Stem::Tokens(wte), true) => Linear {
+                weight: wte.clone(),
+                bias: None,
+                out: self.head.out,
+                lora: None,
+                frozen: None,
+            },
+            _ => lin(&self.head),
+        };
         Transformer {
             stem,
-            wpe: f(&self.wpe),
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    ln1: ln(&b.ln1),
-                    attn: Attention {
-                        q: lin(&b.attn.q),
-                        k: lin(&b.attn.k),
-                        v: lin(&b.attn.v),
-                        o: lin(&b.attn.o),
-                        heads: b.attn.heads,
-                        efficient: b.attn.efficient,
-                    },
-                    ln2: ln(&b.ln2),
-                    mlp: Mlp {
-                        fc1: lin(&b.mlp.fc1),
-                        fc2: lin(&b.mlp.fc2),
-                    },
-                })
-                .collect(),
-            ln_f: ln(&self.ln_f),
-            head: lin(&self.head),
+            wpe,
+            rope,
+            blocks,
+            ln_f,
+            head,
+            tied: self.tied,
             hidden: self.hidden,
             dtype,
             vars: Vec::new(),
@@ -789,6 +1027,38 @@ fn generation(
     drop((cache, next, prefix));
 
     (prefill_peak, prefill_retained, decode_peak, decode_retained)
+}
+
+/// One decode step of the serving model over a key/value cache already holding `cached`
+/// tokens per sequence (the case's batch): the serving weights' bytes (with metadata), the
+/// cache's bytes, and the step's peak above them (the grown cache, the keys and values
+/// repeated to the query heads for one layer at a time, the scores of one query).
+pub fn decode_step(
+    shape: &Shape,
+    cached: usize,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> (u64, u64, u64) {
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    let model = Transformer::new(&ledger, shape, false);
+    let weights = ledger.current();
+    let (g, d) = shape.kv_dims();
+    let dims = [shape.b as usize, g as usize, cached, d as usize];
+    let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l)
+        .map(|_| {
+            Some((
+                Sym::new(&ledger, &dims, model.dtype),
+                Sym::new(&ledger, &dims, model.dtype),
+            ))
+        })
+        .collect();
+    let token = Sym::new(&ledger, &[shape.b as usize, 1], DType::U32);
+    let cache_bytes = ledger.current() - weights;
+    let base = ledger.reset_peak();
+    let logits = model.forward_cached(&token, &mut cache);
+    let peak = ledger.peak() - base;
+    drop((logits, cache, token));
+    (weights, cache_bytes, peak)
 }
 
 /// The runner's synthetic input and targets: tokens and next tokens `(B, S)`, or images

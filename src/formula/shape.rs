@@ -3,7 +3,8 @@
 //! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
-use crate::model::transformer::{LoraBase, LoraTarget};
+use crate::model::llama::Llama;
+use crate::model::transformer::{LoraBase, LoraTarget, ProjSpec, block_projections};
 use crate::model::vit::Vision;
 use crate::workload::Case;
 
@@ -11,7 +12,7 @@ use crate::workload::Case;
 pub const BLOCK_8BIT: u64 = 2048;
 
 /// The bit set of LoRA targets.
-pub fn lora_bits(targets: &[LoraTarget]) -> u8 {
+pub fn lora_bits(targets: &[LoraTarget]) -> u16 {
     targets.iter().fold(0, |m, t| {
         m | 1
             << LoraTarget::ALL
@@ -42,7 +43,7 @@ pub struct Shape {
     /// LoRA rank (0 = off) and the adapted projections.
     pub lora_rank: u64,
     /// One bit per [`LoraTarget`] (its index in `LoraTarget::ALL`).
-    pub lora_targets: u8,
+    pub lora_targets: u16,
     /// How LoRA's projections are frozen.
     pub lora_base: LoraBase,
     /// Elements per quantization block of `adamw-8bit`.
@@ -59,6 +60,10 @@ pub struct Shape {
     pub cpu: bool,
     /// A ViT (images cut into patches; `s` = patches + 1, `v` = classes), or the decoder.
     pub vision: Option<Vision>,
+    /// A LLaMA-family decoder ([`crate::model::llama`]), or GPT/ViT.
+    pub llama: Option<Llama>,
+    /// The LM head is the token embedding.
+    pub tied: bool,
 }
 
 impl Shape {
@@ -85,6 +90,8 @@ impl Shape {
             load_mmap: case.load_mmap,
             cpu: !case.device.is_cuda(),
             vision: case.cfg.vision,
+            llama: case.cfg.llama,
+            tied: case.cfg.tied,
         }
     }
 
@@ -112,6 +119,21 @@ impl Shape {
             load_mmap: false,
             cpu: true,
             vision: None,
+            llama: None,
+            tied: false,
+        }
+    }
+
+    /// The projections of one block (`model::transformer::block_projections`), in u64.
+    pub fn projections(&self) -> Vec<ProjSpec> {
+        block_projections(self.h as usize, self.a as usize, self.llama.as_ref())
+    }
+
+    /// K/V heads and head width (`A` and `H/A` outside LLaMA).
+    pub fn kv_dims(&self) -> (u64, u64) {
+        match self.llama {
+            None => (self.a, self.h / self.a),
+            Some(l) => (l.kv_heads as u64, l.head_dim as u64),
         }
     }
 }

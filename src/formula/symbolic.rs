@@ -184,6 +184,10 @@ pub enum Op {
     Sqrt(Sym),
     Tanh(Sym),
     Gelu(Sym),
+    /// `silu` (LLaMA's MLP), and the `neg` and `recip` its backward makes.
+    Silu(Sym),
+    Neg(Sym),
+    Recip(Sym),
     Powf(Sym, f64),
     /// memfit's efficient attention (a candle `CustomOp3` on q, k, v).
     Attn(Sym, Sym, Sym),
@@ -419,6 +423,15 @@ impl Sym {
     }
     pub fn gelu(&self) -> Sym {
         self.unary(Op::Gelu)
+    }
+    pub fn silu(&self) -> Sym {
+        self.unary(Op::Silu)
+    }
+    pub fn neg(&self) -> Sym {
+        self.unary(Op::Neg)
+    }
+    pub fn recip(&self) -> Sym {
+        self.unary(Op::Recip)
     }
     pub fn powf(&self, e: f64) -> Sym {
         let op = self.op1(|a| Op::Powf(a, e));
@@ -794,6 +807,9 @@ impl Op {
             | Op::Sqrt(a)
             | Op::Tanh(a)
             | Op::Gelu(a)
+            | Op::Silu(a)
+            | Op::Neg(a)
+            | Op::Recip(a)
             | Op::Powf(a, _) => vec![a],
         }
     }
@@ -1035,6 +1051,23 @@ pub fn backward(root: &Sym) -> GradStore {
                     )
                     .affine(1.0);
                 *s = s.add(&grad.mul(&gelu_grad));
+            }
+            Op::Silu(arg) => {
+                let s = grads.or_insert(arg);
+                // d/dx silu = sigmoid(x) · (1 − node) + node; every temporary is recorded
+                // (computed from tracked tensors), so it lives inside the gradient.
+                let sigmoid_arg = arg.neg().exp().affine(1.0).recip();
+                let silu_grad = sigmoid_arg.mul(&node.affine(-1.0)).add(node);
+                *s = s.add(&grad.mul(&silu_grad));
+            }
+            Op::Neg(arg) => {
+                let s = grads.or_insert(arg);
+                *s = s.sub(&grad);
+            }
+            Op::Recip(arg) => {
+                let s = grads.or_insert(arg);
+                let arg_grad = grad.div(&arg.sqr());
+                *s = s.sub(&arg_grad);
             }
             Op::Powf(arg, e) => {
                 let arg_grad = grad.mul(&arg.powf(e - 1.)).affine(*e);

@@ -1,4 +1,9 @@
 //! Formulas for the GPT decoder of [`crate::model::transformer`] on candle 0.11.1's CPU backend, f32.
+//! The LLaMA family and the ViT share the weight, gradient, optimizer and load terms (their
+//! parameter tensors come from `block_projections`); their forward, backward and inference
+//! peaks come from the replay ([`super::replay`]). A LLaMA model's weights also hold the
+//! rotary tables `2 · S_max · D/2 · e`; its KV cache grows by `2 · L · B · T · G · D · e`
+//! ([`Shape::kv_bytes_per_token`]).
 //!
 //! Notation: B batch, S sequence, H hidden, A heads, L layers, V vocab, S_max position table,
 //! P parameters, e bytes per element (4 for f32, 2 for bf16/f16). The activation closed form is
@@ -7,7 +12,7 @@
 //! CUDA kernels and cuBLAS allocate beyond that is left to the calibration fit (issue 6). "Metadata" is candle's per-tensor bookkeeping
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
-use crate::device::ElemType;
+use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
 use crate::model::transformer::{LoraBase, LoraTarget};
 use crate::phase::{OptimizerKind, Phase};
@@ -30,11 +35,12 @@ impl Shape {
     }
 
     /// The variables the model's `VarMap` holds: names and shapes (QLoRA's quantized
-    /// projection weights are not variables any more).
+    /// projection weights are not variables any more; a tied head is the token table).
     pub fn named_variables(&self) -> Vec<(String, Vec<u64>)> {
         let Shape { h, l, v, s_max, .. } = *self;
         let r = self.lora_rank;
         let quantized = self.quantized_base().is_some();
+        let llama = self.llama.is_some();
         let mut vars = match self.vision {
             None => vec![("wte.weight".to_string(), vec![v, h])],
             Some(vis) => vec![
@@ -44,30 +50,33 @@ impl Shape {
                 ("head.bias".to_string(), vec![v]),
             ],
         };
-        vars.extend([
-            ("wpe".to_string(), vec![s_max, h]),
-            ("ln_f.weight".to_string(), vec![h]),
-            ("ln_f.bias".to_string(), vec![h]),
-            ("head.weight".to_string(), vec![v, h]),
-        ]);
+        if !llama {
+            vars.push(("wpe".to_string(), vec![s_max, h]));
+        }
+        vars.push(("ln_f.weight".to_string(), vec![h]));
+        if !llama {
+            vars.push(("ln_f.bias".to_string(), vec![h]));
+        }
+        if !self.tied {
+            vars.push(("head.weight".to_string(), vec![v, h]));
+        }
+        let projs = self.projections();
         for i in 0..l {
             for ln in ["ln1", "ln2"] {
                 vars.push((format!("h.{i}.{ln}.weight"), vec![h]));
-                vars.push((format!("h.{i}.{ln}.bias"), vec![h]));
+                if !llama {
+                    vars.push((format!("h.{i}.{ln}.bias"), vec![h]));
+                }
             }
-            for (t, name, inp, out) in [
-                (LoraTarget::Q, "attn.q", h, h),
-                (LoraTarget::K, "attn.k", h, h),
-                (LoraTarget::V, "attn.v", h, h),
-                (LoraTarget::O, "attn.o", h, h),
-                (LoraTarget::Fc1, "mlp.fc1", h, 4 * h),
-                (LoraTarget::Fc2, "mlp.fc2", 4 * h, h),
-            ] {
+            for p in &projs {
+                let (name, inp, out) = (p.path, p.inp as u64, p.out as u64);
                 if !quantized {
                     vars.push((format!("h.{i}.{name}.weight"), vec![out, inp]));
                 }
-                vars.push((format!("h.{i}.{name}.bias"), vec![out]));
-                if self.has_lora(t) {
+                if p.bias {
+                    vars.push((format!("h.{i}.{name}.bias"), vec![out]));
+                }
+                if self.has_lora(p.target) {
                     vars.push((format!("h.{i}.{name}.lora_a"), vec![r, inp]));
                     vars.push((format!("h.{i}.{name}.lora_b"), vec![out, r]));
                 }
@@ -126,25 +135,10 @@ impl Shape {
 
     /// `P = 2VH + S_max·H + L(12H² + 13H) + 2H`, plus the LoRA adapters; ViT: the token
     /// table becomes the patch projection and class token `C·p²·H + 2H`, the head gains its
-    /// bias `K` (see `model::vit`).
+    /// bias `K` (see `model::vit`); LLaMA: no position table, RMSNorms `H` each, the block's
+    /// projections as `model::llama` says; a tied head adds nothing.
     pub fn params(&self) -> u64 {
-        let Shape { h, l, s_max, .. } = *self;
-        let (stem, head) = self.stem_head_params();
-        stem + head
-            + s_max * h
-            + l * (12 * h * h + 13 * h)
-            + 2 * h
-            + self.lora_sizes().iter().sum::<u64>()
-    }
-
-    /// Parameters of the input stem (token table, or patch projection + class token) and of
-    /// the output head (LM head, or classifier with bias).
-    fn stem_head_params(&self) -> (u64, u64) {
-        let (h, v) = (self.h, self.v);
-        match self.vision {
-            None => (v * h, v * h),
-            Some(vis) => (vis.patch_dim() as u64 * h + 2 * h, v * h + v),
-        }
+        self.param_tensor_sizes().iter().sum::<u64>() + self.lora_sizes().iter().sum::<u64>()
     }
 
     /// The GGML type of QLoRA's frozen projections, if any.
@@ -163,17 +157,13 @@ impl Shape {
 
     /// Elements of every adapter tensor (A then B per adapted projection, per layer).
     pub fn lora_sizes(&self) -> Vec<u64> {
-        let (h, r) = (self.h, self.lora_rank);
+        let r = self.lora_rank;
+        let projs = self.projections();
         let mut sizes = Vec::new();
         for _ in 0..self.l {
-            for t in LoraTarget::ALL {
-                if self.has_lora(t) {
-                    let (inp, out) = match t {
-                        LoraTarget::Fc1 => (h, 4 * h),
-                        LoraTarget::Fc2 => (4 * h, h),
-                        _ => (h, h),
-                    };
-                    sizes.extend([r * inp, out * r]);
+            for p in &projs {
+                if self.has_lora(p.target) {
+                    sizes.extend([r * p.inp as u64, p.out as u64 * r]);
                 }
             }
         }
@@ -189,10 +179,35 @@ impl Shape {
         }
     }
 
-    /// Parameter tensors: 5 outside the blocks (ViT: 8), 16 per block.
+    /// Parameter tensors: 5 outside the blocks (ViT: 8), 16 per block (LLaMA: 2 norms and
+    /// the projections' weights and biases).
     pub fn param_tensors(&self) -> u64 {
-        let outside = if self.vision.is_some() { 8 } else { 5 };
-        outside + 16 * self.l
+        self.param_tensor_sizes().len() as u64
+    }
+
+    /// Parameter tensors of one block.
+    fn tensors_per_block(&self) -> u64 {
+        let norms = if self.llama.is_some() { 2 } else { 4 };
+        norms
+            + self
+                .projections()
+                .iter()
+                .map(|p| 1 + u64::from(p.bias))
+                .sum::<u64>()
+    }
+
+    /// A per-block metadata constant fitted on GPT's 16 tensors per block, scaled to this
+    /// model's block.
+    fn per_block_meta(&self, gpt_per_layer: u64) -> u64 {
+        gpt_per_layer * self.tensors_per_block() / 16
+    }
+
+    /// Bytes of the rotary tables (cos and sin, `S_max × D/2` each, in the weights' type).
+    pub fn rotary_bytes(&self) -> u64 {
+        match self.llama {
+            None => 0,
+            Some(l) => 2 * self.s_max * (l.head_dim as u64 / 2) * self.e(),
+        }
     }
 
     /// Elements of the largest parameter tensor.
@@ -219,7 +234,17 @@ impl Shape {
             0
         };
         self.e() * self.params()
-            + self.meta(INIT_META_FIXED + INIT_META_PER_LAYER * self.l + lora_meta)
+            + self.rotary_bytes()
+            + self.meta(
+                INIT_META_FIXED
+                    + self.per_block_meta(INIT_META_PER_LAYER) * self.l
+                    + lora_meta
+                    + if self.llama.is_some() {
+                        2 * META_PER_TENSOR
+                    } else {
+                        0
+                    },
+            )
     }
 
     /// Tensor data the training forward keeps alive for backward (the graph), in bytes.
@@ -270,26 +295,45 @@ impl Shape {
             return self.e() * sizes.iter().sum::<u64>()
                 + self.meta(GRAD_META_PER_TENSOR * sizes.len() as u64);
         }
-        self.e() * self.params() + self.meta(GRAD_META_FIXED + GRAD_META_PER_LAYER * self.l)
+        self.e() * self.params()
+            + self.meta(GRAD_META_FIXED + self.per_block_meta(GRAD_META_PER_LAYER) * self.l)
     }
 
-    /// Elements of every parameter tensor, in model order.
+    /// Elements of every parameter tensor, in model order (a tied head is the token table).
     pub fn param_tensor_sizes(&self) -> Vec<u64> {
         let Shape { h, l, v, s_max, .. } = *self;
+        let llama = self.llama.is_some();
         let mut sizes = match self.vision {
             None => vec![v * h],
             Some(vis) => vec![vis.patch_dim() as u64 * h, h, h],
         };
-        sizes.push(s_max * h);
-        for _ in 0..l {
-            sizes.extend([h, h]); // ln1
-            for _ in 0..4 {
-                sizes.extend([h * h, h]); // q, k, v, o
-            }
-            sizes.extend([h, h]); // ln2
-            sizes.extend([4 * h * h, 4 * h, 4 * h * h, h]); // fc1, fc2
+        if !llama {
+            sizes.push(s_max * h);
         }
-        sizes.extend([h, h, v * h]); // ln_f, head
+        let projs = self.projections();
+        for _ in 0..l {
+            sizes.push(h); // ln1
+            if !llama {
+                sizes.push(h);
+            }
+            for p in &projs {
+                sizes.push((p.inp * p.out) as u64);
+                if p.bias {
+                    sizes.push(p.out as u64);
+                }
+            }
+            sizes.push(h); // ln2
+            if !llama {
+                sizes.push(h);
+            }
+        }
+        sizes.push(h); // ln_f
+        if !llama {
+            sizes.push(h);
+        }
+        if !self.tied {
+            sizes.push(v * h); // head
+        }
         if self.vision.is_some() {
             sizes.push(v); // the classifier's bias
         }
@@ -335,7 +379,7 @@ impl Shape {
                 let meta = if self.lora_rank > 0 {
                     OPT_META_PER_LAYER / 16 * self.lora_sizes().len() as u64
                 } else {
-                    OPT_META_FIXED + OPT_META_PER_LAYER * self.l
+                    OPT_META_FIXED + self.per_block_meta(OPT_META_PER_LAYER) * self.l
                 };
                 14 * self.e() * n + self.meta(meta)
             }
@@ -376,6 +420,28 @@ impl Shape {
         )
     }
 
+    /// Bytes of keys and values one cached token adds: `2 · L · G · D · e` (G K/V heads of
+    /// width D; G = A and D = H/A outside LLaMA), e the serving activations' bytes.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let (g, d) = self.kv_dims();
+        let e = match (self.serve, self.elem) {
+            (ServingWeights::F16, _) | (_, ElemType::F16 | ElemType::Bf16) => 2,
+            _ => 4,
+        };
+        2 * self.l * g * d * e
+    }
+
+    /// [`super::replay::decode_step`] with this backend's metadata and gemm buffers: the
+    /// serving weights, a cache of `cached` tokens per sequence, and one step's peak above them.
+    pub fn decode_step(&self, cached: u64, threads: usize) -> (u64, u64, u64) {
+        super::replay::decode_step(
+            self,
+            cached as usize,
+            self.meta(META_PER_TENSOR),
+            self.cpu.then_some(threads),
+        )
+    }
+
     /// The closed-form activations describe the plain f32 graph with standard attention. A
     /// ViT's forward ends in a head of `B·K` floats, so the packing buffer of an earlier matmul
     /// can stand above the final graph: its forward peak comes from the replay, which models
@@ -386,6 +452,7 @@ impl Shape {
             && !self.efficient
             && self.lora_rank == 0
             && self.vision.is_none()
+            && self.llama.is_none()
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
@@ -405,13 +472,17 @@ impl Shape {
             // blocks (and a 4-byte placeholder each) stay.
             Phase::Init if self.quantized_base().is_some() => {
                 let q = self.quantized_base().expect("checked");
-                let (h, l) = (self.h, self.l);
-                let proj_elems = l * 12 * h * h;
-                let q_bytes =
-                    l * (4 * quantized_bytes(h * h, q) + 2 * quantized_bytes(4 * h * h, q));
+                let (projs, l) = (self.projections(), self.l);
+                let proj_elems = l * projs.iter().map(|p| (p.inp * p.out) as u64).sum::<u64>();
+                let q_bytes = l * projs
+                    .iter()
+                    .map(|p| quantized_bytes((p.inp * p.out) as u64, q))
+                    .sum::<u64>();
+                // Each quantized projection keeps a 1-element f32 placeholder.
+                let placeholders = 4 * projs.len() as u64 * l;
                 Prediction {
                     peak_bytes: self.weights_bytes() + q_bytes,
-                    retained_bytes: (self.weights_bytes() - 4 * proj_elems + q_bytes + 4 * 6 * l)
+                    retained_bytes: (self.weights_bytes() - 4 * proj_elems + q_bytes + placeholders)
                         as i64,
                 }
             }

@@ -3,6 +3,8 @@
 
 pub mod efficient_attention;
 pub mod frozen;
+pub mod hf_config;
+pub mod llama;
 pub mod transformer;
 pub mod vit;
 
@@ -12,6 +14,8 @@ pub mod vit;
 pub enum ModelKind {
     Gpt,
     Vit,
+    /// The LLaMA-family decoder ([`llama`]).
+    Llama,
 }
 
 impl ModelKind {
@@ -19,6 +23,7 @@ impl ModelKind {
         match self {
             ModelKind::Gpt => "gpt",
             ModelKind::Vit => "vit",
+            ModelKind::Llama => "llama",
         }
     }
 }

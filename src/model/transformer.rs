@@ -2,7 +2,9 @@
 //! pre-LayerNorm blocks of multi-head causal self-attention and a 4H GELU MLP, a final
 //! LayerNorm, an untied LM head and cross-entropy), or with `Config::vision` the ViT encoder of
 //! [`super::vit`] (patch embedding and class token in front, the same blocks without the mask,
-//! a classifier on the class token). Everything below the embedding is shared.
+//! a classifier on the class token), or with `Config::llama` the LLaMA-family decoder of
+//! [`super::llama`] (RMSNorm, rotary positions, grouped-query attention, SwiGLU, optionally a
+//! tied head). Everything below the embedding is shared.
 //!
 //! Shapes (B batch, S sequence, H hidden, A heads, D = H/A, V vocab):
 //! tokens `(B, S)` u32 → embeddings `(B, S, H)` → blocks `(B, S, H)` → logits `(B, S, V)`;
@@ -35,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::efficient_attention::EfficientAttention;
 use super::frozen::{FrozenLinear, FrozenWeight};
+use super::llama::{self, Llama};
 use super::vit::{self, Vision};
 use candle_core::quantized::GgmlDType;
 
@@ -64,6 +67,66 @@ pub struct Config {
     /// of classes and `max_seq` the patches + 1.
     #[serde(default)]
     pub vision: Option<Vision>,
+    /// A LLaMA-family decoder ([`super::llama`]): RMSNorm, rotary positions (no position
+    /// table), grouped-query attention, SwiGLU.
+    #[serde(default)]
+    pub llama: Option<Llama>,
+    /// The LM head is the token embedding itself (`tie_word_embeddings`).
+    #[serde(default)]
+    pub tied: bool,
+    /// Base of the rotary angles (`rope_theta`; LLaMA only).
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+}
+
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+
+/// One projection of a block: its LoRA target, its path under the block, `in → out`, bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjSpec {
+    pub target: LoraTarget,
+    pub path: &'static str,
+    pub inp: usize,
+    pub out: usize,
+    pub bias: bool,
+}
+
+/// The projections of one block, in model order: GPT q, k, v, o `H → H` and fc1 `H → 4H`,
+/// fc2 `4H → H`, all with bias; LLaMA q `H → A·D`, k and v `H → G·D`, o `A·D → H`, gate and
+/// up `H → I`, down `I → H`, with the biases the config names.
+pub fn block_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
+    let p = |target, path, inp, out, bias| ProjSpec {
+        target,
+        path,
+        inp,
+        out,
+        bias,
+    };
+    let h = hidden;
+    match llama {
+        None => vec![
+            p(LoraTarget::Q, "attn.q", h, h, true),
+            p(LoraTarget::K, "attn.k", h, h, true),
+            p(LoraTarget::V, "attn.v", h, h, true),
+            p(LoraTarget::O, "attn.o", h, h, true),
+            p(LoraTarget::Fc1, "mlp.fc1", h, 4 * h, true),
+            p(LoraTarget::Fc2, "mlp.fc2", 4 * h, h, true),
+        ],
+        Some(l) => {
+            let (q, kv, i) = (heads * l.head_dim, l.kv_heads * l.head_dim, l.intermediate);
+            vec![
+                p(LoraTarget::Q, "attn.q", h, q, l.qkv_bias),
+                p(LoraTarget::K, "attn.k", h, kv, l.qkv_bias),
+                p(LoraTarget::V, "attn.v", h, kv, l.qkv_bias),
+                p(LoraTarget::O, "attn.o", q, h, l.o_bias),
+                p(LoraTarget::Gate, "mlp.gate", h, i, l.mlp_bias),
+                p(LoraTarget::Up, "mlp.up", h, i, l.mlp_bias),
+                p(LoraTarget::Down, "mlp.down", i, h, l.mlp_bias),
+            ]
+        }
+    }
 }
 
 /// Names of the GPT presets accepted by [`Config::preset`] (the ViT ones are
@@ -122,6 +185,50 @@ impl Config {
             lora_targets: Vec::new(),
             lora_base: LoraBase::Op,
             vision: None,
+            llama: None,
+            tied: false,
+            rope_theta: default_rope_theta(),
+        }
+    }
+
+    /// A LLaMA-family decoder ([`super::llama`]); the RMSNorm epsilon is 1e-5 and θ 10,000
+    /// until set.
+    pub fn llama(
+        vocab: usize,
+        hidden: usize,
+        heads: usize,
+        layers: usize,
+        max_seq: usize,
+        llama: Llama,
+        tied: bool,
+    ) -> Self {
+        let mut cfg = Self::new(vocab, hidden, heads, layers, max_seq);
+        cfg.llama = Some(llama);
+        cfg.tied = tied;
+        cfg
+    }
+
+    /// K/V heads (the query heads outside LLaMA).
+    pub fn kv_heads(&self) -> usize {
+        self.llama.map_or(self.heads, |l| l.kv_heads)
+    }
+
+    /// Width of one head (`H/A` outside LLaMA).
+    pub fn head_dim(&self) -> usize {
+        self.llama.map_or(self.hidden / self.heads, |l| l.head_dim)
+    }
+
+    /// The projections of one block ([`block_projections`]).
+    pub fn projections(&self) -> Vec<ProjSpec> {
+        block_projections(self.hidden, self.heads, self.llama.as_ref())
+    }
+
+    /// The LoRA targets this family has.
+    pub fn lora_target_names(&self) -> &'static str {
+        if self.llama.is_some() {
+            "q, k, v, o, gate, up, down, all"
+        } else {
+            "q, k, v, o, fc1, fc2, all"
         }
     }
 
@@ -132,11 +239,13 @@ impl Config {
             "gpt2-small" => Some(Self::gpt2_small()),
             "gpt2-medium" => Some(Self::gpt2_medium()),
             "llama-7b-shape" => Some(Self::llama_7b_shape()),
-            _ => vit::preset(name).map(Self::vit),
+            _ => vit::preset(name)
+                .map(Self::vit)
+                .or_else(|| llama::preset(name)),
         }
     }
 
-    /// Exact parameter count (see the module docs and [`super::vit`]'s).
+    /// Exact parameter count (see the module docs, [`super::vit`]'s and [`super::llama`]'s).
     pub fn params(&self) -> u64 {
         let (v, h, l, s) = (
             self.vocab as u64,
@@ -144,42 +253,64 @@ impl Config {
             self.layers as u64,
             self.max_seq as u64,
         );
-        let (stem, head) = match self.vision {
-            None => (v * h, v * h),
-            // Patch projection with bias, class token; classifier with bias.
-            Some(vis) => (vis.patch_dim() as u64 * h + 2 * h, v * h + v),
+        let head = if self.tied { 0 } else { v * h };
+        let block: u64 = self
+            .projections()
+            .iter()
+            .map(|p| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64)
+            .sum::<u64>()
+            + self.norm_params();
+        let outside = match (self.vision, self.llama) {
+            // Token table, position table, final LayerNorm, head.
+            (None, None) => v * h + s * h + 2 * h + head,
+            // Patch projection with bias, class token, positions, final LayerNorm, classifier
+            // with bias.
+            (Some(vis), _) => vis.patch_dim() as u64 * h + 2 * h + s * h + 2 * h + v * h + v,
+            // Token table, final RMSNorm, head.
+            (None, Some(_)) => v * h + h + head,
         };
-        stem + s * h + l * (12 * h * h + 13 * h) + 2 * h + head + self.lora_params()
+        outside + l * block + self.lora_params()
     }
 
-    /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)` (in + out is 2H for q, k,
-    /// v, o and 5H for fc1, fc2).
+    /// Parameters of a block's two norms: LayerNorm weight and bias `4H`, RMSNorm weight `2H`.
+    fn norm_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        if self.llama.is_some() { 2 * h } else { 4 * h }
+    }
+
+    /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)`.
     pub fn lora_params(&self) -> u64 {
-        let (h, l, r) = (
-            self.hidden as u64,
-            self.layers as u64,
-            self.lora_rank as u64,
-        );
-        if r == 0 {
+        if self.lora_rank == 0 {
             return 0;
         }
+        let r = self.lora_rank as u64;
         let per_layer: u64 = self
-            .lora_targets
+            .projections()
             .iter()
-            .map(|t| match t {
-                LoraTarget::Fc1 | LoraTarget::Fc2 => r * 5 * h,
-                _ => r * 2 * h,
-            })
+            .filter(|p| self.lora_targets.contains(&p.target))
+            .map(|p| r * (p.inp + p.out) as u64)
             .sum();
-        l * per_layer
+        self.layers as u64 * per_layer
     }
 
     /// Number of parameter tensors (each costs a little allocator metadata).
     pub fn param_tensors(&self) -> u64 {
-        // wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2. ViT:
-        // patch (2), cls, wpe, lnf (2), head (2).
-        let outside = if self.vision.is_some() { 8 } else { 5 };
-        outside + 16 * self.layers as u64
+        // GPT: wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2. ViT:
+        // patch (2), cls, wpe, lnf (2), head (2). LLaMA: wte, ln_f, head; per block two norms
+        // and the projections' weights and biases.
+        let tied = u64::from(self.tied);
+        let per_block = self
+            .projections()
+            .iter()
+            .map(|p| 1 + u64::from(p.bias))
+            .sum::<u64>()
+            + if self.llama.is_some() { 2 } else { 4 };
+        let outside = match (self.vision, self.llama) {
+            (Some(_), _) => 8,
+            (None, None) => 5 - tied,
+            (None, Some(_)) => 3 - tied,
+        };
+        outside + per_block * self.layers as u64
     }
 
     /// The model's sequence for an input of `seq` tokens: ViT's is fixed by its image.
@@ -210,6 +341,53 @@ impl Module for LayerNorm {
     }
 }
 
+/// The block's normalisation: LayerNorm (GPT, ViT) or RMSNorm (LLaMA: weight only, computed
+/// with `ops::rms_norm_slow`, which has a backward; `ops::rms_norm` has none).
+#[derive(Debug, Clone)]
+pub enum Norm {
+    Layer(LayerNorm),
+    Rms { weight: Tensor, eps: f64 },
+}
+
+impl Norm {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        match cfg.llama {
+            None => Ok(Norm::Layer(LayerNorm::new(
+                cfg.hidden,
+                cfg.layer_norm_eps,
+                vb,
+            )?)),
+            Some(_) => Ok(Norm::Rms {
+                weight: vb.get_with_hints(cfg.hidden, "weight", Init::Const(1.0))?,
+                eps: cfg.layer_norm_eps,
+            }),
+        }
+    }
+
+    fn map(&self, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Self> {
+        Ok(match self {
+            Norm::Layer(l) => Norm::Layer(LayerNorm {
+                weight: f(&l.weight)?,
+                bias: f(&l.bias)?,
+                eps: l.eps,
+            }),
+            Norm::Rms { weight, eps } => Norm::Rms {
+                weight: f(weight)?,
+                eps: *eps,
+            },
+        })
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Layer(l) => l.forward(x),
+            Norm::Rms { weight, eps } => ops::rms_norm_slow(x, weight, *eps as f32),
+        }
+    }
+}
+
 /// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
 /// zero at the start, scale `α/r` with α = r.
 #[derive(Debug, Clone)]
@@ -230,15 +408,12 @@ pub struct Proj {
 }
 
 impl Proj {
-    /// `in → out` with bias; an adapter of rank `cfg.lora_rank` when `target` is adapted.
-    fn new(
-        inp: usize,
-        out: usize,
-        cfg: &Config,
-        target: LoraTarget,
-        vb: VarBuilder,
-    ) -> Result<Self> {
-        let lora = if cfg.lora_rank > 0 && cfg.lora_targets.contains(&target) {
+    /// The projection `spec` (`in → out`, with or without bias); an adapter of rank
+    /// `cfg.lora_rank` when its target is adapted.
+    fn new(spec: &ProjSpec, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp(spec.path.rsplit('.').next().expect("a path"));
+        let (inp, out) = (spec.inp, spec.out);
+        let lora = if cfg.lora_rank > 0 && cfg.lora_targets.contains(&spec.target) {
             let r = cfg.lora_rank;
             Some(Lora {
                 a: vb.get_with_hints(
@@ -255,13 +430,17 @@ impl Proj {
         } else {
             None
         };
+        let linear = if spec.bias {
+            linear(inp, out, vb)?
+        } else {
+            linear_no_bias(inp, out, vb)?
+        };
         Ok(Self {
-            linear: linear(inp, out, vb)?,
+            linear,
             lora,
             frozen: None,
         })
     }
-
     /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
     fn map(
         &self,
@@ -388,10 +567,24 @@ pub enum LoraTarget {
     O,
     Fc1,
     Fc2,
+    /// LLaMA's SwiGLU projections.
+    Gate,
+    Up,
+    Down,
 }
 
 impl LoraTarget {
-    pub const ALL: [LoraTarget; 6] = [Self::Q, Self::K, Self::V, Self::O, Self::Fc1, Self::Fc2];
+    pub const ALL: [LoraTarget; 9] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Fc1,
+        Self::Fc2,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == s)
@@ -405,11 +598,25 @@ impl LoraTarget {
             Self::O => "o",
             Self::Fc1 => "fc1",
             Self::Fc2 => "fc2",
+            Self::Gate => "gate",
+            Self::Up => "up",
+            Self::Down => "down",
         }
     }
 }
 
-/// Multi-head causal self-attention with separate q, k, v, o projections (with bias).
+/// The rotary tables of a LLaMA model and the position of the first token: what a block needs
+/// to embed positions.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary<'a> {
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    pub offset: usize,
+}
+
+/// Multi-head causal self-attention with separate q, k, v, o projections; with `kv_heads` <
+/// `heads` (LLaMA's grouped-query attention) k and v have fewer heads and are repeated before
+/// the scores ([`llama::repeat_kv`]).
 #[derive(Debug, Clone)]
 pub struct Attention {
     q: Proj,
@@ -417,26 +624,39 @@ pub struct Attention {
     v: Proj,
     o: Proj,
     heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
     efficient: bool,
 }
 
 impl Attention {
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
-        let h = cfg.hidden;
+    /// `projs` are the block's q, k, v, o.
+    fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
         Ok(Self {
-            q: Proj::new(h, h, cfg, LoraTarget::Q, vb.pp("q"))?,
-            k: Proj::new(h, h, cfg, LoraTarget::K, vb.pp("k"))?,
-            v: Proj::new(h, h, cfg, LoraTarget::V, vb.pp("v"))?,
-            o: Proj::new(h, h, cfg, LoraTarget::O, vb.pp("o"))?,
+            q: p(0)?,
+            k: p(1)?,
+            v: p(2)?,
+            o: p(3)?,
             heads: cfg.heads,
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
             efficient: cfg.efficient_attention,
         })
     }
 
     /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above (decoder),
     /// or none (encoder: every position attends to every position).
-    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x)?;
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x, rotary)?;
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
         if self.efficient {
             let (b, _, s, d) = q.dims4()?;
             let op = EfficientAttention {
@@ -451,22 +671,27 @@ impl Attention {
         self.attend(q, k, v, mask)
     }
 
-    /// The queries, keys and values of `x (B, S, H)`, each `(B, A, S, D)`, contiguous.
-    fn qkv(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let (b, s, h) = x.dims3()?;
-        let d = h / self.heads;
-        let split = |t: Tensor| -> Result<Tensor> {
-            t.reshape((b, s, self.heads, d))?
-                .transpose(1, 2)?
-                .contiguous()
+    /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
+    /// contiguous; with rotary tables, queries and keys rotated.
+    fn qkv(&self, x: &Tensor, rotary: Option<Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, s, _h) = x.dims3()?;
+        let d = self.head_dim;
+        let split = |t: Tensor, n: usize| -> Result<Tensor> {
+            t.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()
         };
-        let q = split(self.q.forward(x)?)?;
-        let k = split(self.k.forward(x)?)?;
-        let v = split(self.v.forward(x)?)?;
+        let rotate = |t: Tensor| -> Result<Tensor> {
+            match rotary {
+                None => Ok(t),
+                Some(r) => llama::apply_rotary(&t, r.cos, r.sin, r.offset),
+            }
+        };
+        let q = rotate(split(self.q.forward(x)?, self.heads)?)?;
+        let k = rotate(split(self.k.forward(x)?, self.kv_heads)?)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
         Ok((q, k, v))
     }
 
-    /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, H)`, through `o`;
+    /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, A·D)`, through `o`;
     /// each intermediate is freed as soon as the next exists.
     fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, _, s, d) = q.dims4()?;
@@ -484,16 +709,18 @@ impl Attention {
         self.o.forward(&y)
     }
 
-    /// Inference with a key/value cache `(B, A, T, D)` each: the new keys and values are
-    /// appended (`Tensor::cat`, a new allocation; the old cache is freed after), and the
-    /// queries attend to every cached position (`mask` only for a prompt of several tokens).
+    /// Inference with a key/value cache `(B, G, T, D)` each (at the K/V heads): the new keys
+    /// and values are appended (`Tensor::cat`, a new allocation; the old cache is freed
+    /// after), then repeated to the query heads for this step only, and the queries attend to
+    /// every cached position (`mask` only for a prompt of several tokens).
     pub fn forward_cached(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x)?;
+        let (q, k, v) = self.qkv(x, rotary)?;
         let (k, v) = match cache.take() {
             None => (k, v),
             Some((pk, pv)) => {
@@ -504,55 +731,95 @@ impl Attention {
             }
         };
         *cache = Some((k.clone(), v.clone()));
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
         self.attend(q, k, v, mask)
+    }
+
+    fn projs_mut(&mut self) -> [&mut Proj; 4] {
+        [&mut self.q, &mut self.k, &mut self.v, &mut self.o]
     }
 }
 
-/// Position-wise MLP: `fc2(gelu(fc1(x)))` with hidden width 4H and GELU (tanh approximation).
+/// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
+/// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).
 #[derive(Debug, Clone)]
-pub struct Mlp {
-    fc1: Proj,
-    fc2: Proj,
+pub enum Mlp {
+    Gelu { fc1: Proj, fc2: Proj },
+    SwiGlu { gate: Proj, up: Proj, down: Proj },
 }
 
 impl Mlp {
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
-        let h = cfg.hidden;
-        Ok(Self {
-            fc1: Proj::new(h, 4 * h, cfg, LoraTarget::Fc1, vb.pp("fc1"))?,
-            fc2: Proj::new(4 * h, h, cfg, LoraTarget::Fc2, vb.pp("fc2"))?,
+    /// `projs` are the block's MLP projections (fc1, fc2 or gate, up, down).
+    fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        Ok(match projs.len() {
+            2 => Mlp::Gelu {
+                fc1: p(0)?,
+                fc2: p(1)?,
+            },
+            _ => Mlp::SwiGlu {
+                gate: p(0)?,
+                up: p(1)?,
+                down: p(2)?,
+            },
         })
+    }
+
+    fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        match self {
+            Mlp::Gelu { fc1, fc2 } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
+        }
     }
 }
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let a = self.fc1.forward(x)?.gelu()?;
-        self.fc2.forward(&a)
+        match self {
+            Mlp::Gelu { fc1, fc2 } => {
+                let a = fc1.forward(x)?.gelu()?;
+                fc2.forward(&a)
+            }
+            Mlp::SwiGlu { gate, up, down } => {
+                let g = gate.forward(x)?.silu()?;
+                let u = up.forward(x)?;
+                let m = g.mul(&u)?;
+                drop((g, u));
+                down.forward(&m)
+            }
+        }
     }
 }
 
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 #[derive(Debug, Clone)]
 pub struct Block {
-    ln1: LayerNorm,
+    ln1: Norm,
     attn: Attention,
-    ln2: LayerNorm,
+    ln2: Norm,
     mlp: Mlp,
 }
 
 impl Block {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let projs = cfg.projections();
         Ok(Self {
-            ln1: LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln1"))?,
-            attn: Attention::new(cfg, vb.pp("attn"))?,
-            ln2: LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln2"))?,
-            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            ln1: Norm::new(cfg, vb.pp("ln1"))?,
+            attn: Attention::new(cfg, &projs[..4], vb.pp("attn"))?,
+            ln2: Norm::new(cfg, vb.pp("ln2"))?,
+            mlp: Mlp::new(cfg, &projs[4..], vb.pp("mlp"))?,
         })
     }
 
-    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let a = self.attn.forward(&self.ln1.forward(x)?, mask)?;
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
+        let a = self.attn.forward(&self.ln1.forward(x)?, mask, rotary)?;
         let x = (x + a)?;
         let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
         x + m
@@ -563,18 +830,57 @@ impl Block {
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let a = self
             .attn
-            .forward_cached(&self.ln1.forward(x)?, mask, cache)?;
+            .forward_cached(&self.ln1.forward(x)?, mask, rotary, cache)?;
         let x = (x + a)?;
         let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
         x + m
     }
+
+    /// The block's projections in model order.
+    fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        let mut v: Vec<&mut Proj> = self.attn.projs_mut().into_iter().collect();
+        v.extend(self.mlp.projs_mut());
+        v
+    }
+
+    fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let a = &self.attn;
+        Ok(Block {
+            ln1: self.ln1.map(base)?,
+            attn: Attention {
+                q: a.q.map(base, adapter)?,
+                k: a.k.map(base, adapter)?,
+                v: a.v.map(base, adapter)?,
+                o: a.o.map(base, adapter)?,
+                ..a.clone()
+            },
+            ln2: self.ln2.map(base)?,
+            mlp: match &self.mlp {
+                Mlp::Gelu { fc1, fc2 } => Mlp::Gelu {
+                    fc1: fc1.map(base, adapter)?,
+                    fc2: fc2.map(base, adapter)?,
+                },
+                Mlp::SwiGlu { gate, up, down } => Mlp::SwiGlu {
+                    gate: gate.map(base, adapter)?,
+                    up: up.map(base, adapter)?,
+                    down: down.map(base, adapter)?,
+                },
+            },
+        })
+    }
 }
 
-/// The key/value cache of a decoder: per block, keys and values `(B, A, T, D)`.
+/// The key/value cache of a decoder: per block, keys and values `(B, G, T, D)` (G = A outside
+/// LLaMA).
 #[derive(Debug, Default)]
 pub struct KvCache {
     pub layers: Vec<Option<(Tensor, Tensor)>>,
@@ -611,10 +917,12 @@ enum Stem {
 #[derive(Debug, Clone)]
 pub struct Transformer {
     stem: Stem,
-    /// Position embeddings `(S_max, H)`.
-    wpe: Tensor,
+    /// Position embeddings `(S_max, H)` (GPT, ViT).
+    wpe: Option<Tensor>,
+    /// Rotary tables cos and sin `(S_max, D/2)` (LLaMA).
+    rope: Option<(Tensor, Tensor)>,
     blocks: Vec<Block>,
-    ln_f: LayerNorm,
+    ln_f: Norm,
     head: Linear,
     cfg: Config,
     /// Element type of the weights (the causal mask is converted to it).
@@ -623,6 +931,17 @@ pub struct Transformer {
 
 impl Transformer {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        // The rotary tables first: their f32 originals are freed before the weights exist.
+        let rope = match cfg.llama {
+            None => None,
+            Some(l) => Some(llama::rotary_tables(
+                cfg.max_seq,
+                l.head_dim,
+                cfg.rope_theta,
+                vb.dtype(),
+                vb.device(),
+            )?),
+        };
         let stem = match cfg.vision {
             None => Stem::Tokens(embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?),
             Some(v) => Stem::Patches {
@@ -638,26 +957,31 @@ impl Transformer {
                 patch: v.patch,
             },
         };
-        let wpe = vb.get_with_hints(
-            (cfg.max_seq, cfg.hidden),
-            "wpe",
-            Init::Randn {
-                mean: 0.,
-                stdev: 0.02,
-            },
-        )?;
+        let wpe = match cfg.llama {
+            Some(_) => None,
+            None => Some(vb.get_with_hints(
+                (cfg.max_seq, cfg.hidden),
+                "wpe",
+                Init::Randn {
+                    mean: 0.,
+                    stdev: 0.02,
+                },
+            )?),
+        };
         let blocks = (0..cfg.layers)
             .map(|i| Block::new(cfg, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
-        let ln_f = LayerNorm::new(cfg.hidden, cfg.layer_norm_eps, vb.pp("ln_f"))?;
-        let head = match cfg.vision {
-            None => linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?,
-            Some(_) => linear(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+        let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
+        let head = match (&stem, cfg.vision, cfg.tied) {
+            (Stem::Tokens(wte), None, true) => Linear::new(wte.embeddings().clone(), None),
+            (_, None, _) => linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+            (_, Some(_), _) => linear(cfg.hidden, cfg.vocab, vb.pp("head"))?,
         };
         let dtype = vb.dtype();
         Ok(Self {
             stem,
             wpe,
+            rope,
             blocks,
             ln_f,
             head,
@@ -668,6 +992,13 @@ impl Transformer {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The rotary tables at positions `offset..` (LLaMA), or none.
+    fn rotary(&self, offset: usize) -> Option<Rotary<'_>> {
+        self.rope
+            .as_ref()
+            .map(|(cos, sin)| Rotary { cos, sin, offset })
     }
 
     /// The causal mask `(S, S)`: 0 where a position may attend, −∞ above the diagonal.
@@ -690,7 +1021,7 @@ impl Transformer {
         let mask = self.input_mask(input)?;
         let mut x = self.embed(input)?;
         for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref())?;
+            x = block.forward(&x, mask.as_ref(), self.rotary(0))?;
         }
         self.head_forward(&x)
     }
@@ -727,11 +1058,15 @@ impl Transformer {
         } else {
             None
         };
-        let pos = self.wpe.narrow(0, offset, s)?;
-        let mut x = wte.forward(tokens)?.broadcast_add(&pos)?;
-        drop(pos);
+        let mut x = match &self.wpe {
+            Some(wpe) => {
+                let pos = wpe.narrow(0, offset, s)?;
+                wte.forward(tokens)?.broadcast_add(&pos)?
+            }
+            None => wte.forward(tokens)?,
+        };
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward_cached(&x, mask.as_ref(), c)?;
+            x = block.forward_cached(&x, mask.as_ref(), self.rotary(offset), c)?;
         }
         let last = x.narrow(1, s - 1, 1)?.contiguous()?;
         drop(x);
@@ -744,9 +1079,9 @@ impl Transformer {
         Self::causal_mask(s, device)?.to_dtype(self.dtype)
     }
 
-    /// Token plus position embedding: `tokens (B, S)` → `(B, S, H)`. ViT: the patches
-    /// projected, the class token in front, plus position embedding: `images (B, C, I, I)` →
-    /// `(B, N + 1, H)`.
+    /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):
+    /// `tokens (B, S)` → `(B, S, H)`. ViT: the patches projected, the class token in front,
+    /// plus position embedding: `images (B, C, I, I)` → `(B, N + 1, H)`.
     pub fn embed(&self, input: &Tensor) -> Result<Tensor> {
         match &self.stem {
             Stem::Tokens(wte) => {
@@ -754,10 +1089,16 @@ impl Transformer {
                 if s > self.cfg.max_seq {
                     candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
                 }
-                let pos = self.wpe.narrow(0, 0, s)?;
-                wte.forward(input)?.broadcast_add(&pos)
+                match &self.wpe {
+                    Some(wpe) => {
+                        let pos = wpe.narrow(0, 0, s)?;
+                        wte.forward(input)?.broadcast_add(&pos)
+                    }
+                    None => wte.forward(input),
+                }
             }
             Stem::Patches { proj, cls, patch } => {
+                let wpe = self.wpe.as_ref().expect("a ViT has a position table");
                 let patches = vit::patchify(&input.to_dtype(self.dtype)?, *patch)?;
                 let x = proj.forward(&patches)?;
                 drop(patches);
@@ -771,7 +1112,7 @@ impl Transformer {
                 let cls = cls.broadcast_as((b, 1, h))?.contiguous()?;
                 let x = Tensor::cat(&[&cls, &x], 1)?;
                 drop(cls);
-                x.broadcast_add(&self.wpe)
+                x.broadcast_add(wpe)
             }
         }
     }
@@ -785,12 +1126,12 @@ impl Transformer {
     ) -> Result<Tensor> {
         let mut x = x.clone();
         for block in &self.blocks[range] {
-            x = block.forward(&x, mask)?;
+            x = block.forward(&x, mask, self.rotary(0))?;
         }
         Ok(x)
     }
 
-    /// Final LayerNorm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
+    /// Final norm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
     /// only (taken first: the LayerNorm is per position), `(B, 1, K)`.
     pub fn head_forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = match self.stem {
@@ -809,7 +1150,7 @@ impl Transformer {
     /// A copy of the model whose weights are `w.to_dtype(dtype)` (mixed precision's 16-bit
     /// working copy). With variables the conversions are recorded, so the gradients flow back,
     /// converted, to the f32 master weights; the copies (`2·P` bytes for 16 bits) live as long
-    /// as the copy or a graph that uses it.
+    /// as the copy or a graph that uses it. The rotary tables are converted too.
     pub fn cast(&self, dtype: DType) -> Result<Self> {
         let f = |t: &Tensor| t.to_dtype(dtype);
         self.map(&f, &f, dtype)
@@ -823,12 +1164,12 @@ impl Transformer {
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
-    /// adapters still variables; the six projections frozen as `cfg.lora_base` says.
+    /// adapters still variables; the block projections frozen as `cfg.lora_base` says.
     pub fn frozen(&self) -> Result<Self> {
         self.frozen_with(self.cfg.lora_base, false)
     }
 
-    /// A serving copy whose six projections run through the frozen-linear op over `mode`'s
+    /// A serving copy whose block projections run through the frozen-linear op over `mode`'s
     /// weights (`q4_0`, `q8_0`: quantized inference); everything detached.
     pub fn serving(&self, mode: LoraBase) -> Result<Self> {
         self.frozen_with(mode, true)
@@ -845,34 +1186,25 @@ impl Transformer {
         };
         let mut m = self.map(&base, &adapter, self.dtype)?;
         for b in &mut m.blocks {
-            for p in [
-                &mut b.attn.q,
-                &mut b.attn.k,
-                &mut b.attn.v,
-                &mut b.attn.o,
-                &mut b.mlp.fc1,
-                &mut b.mlp.fc2,
-            ] {
+            for p in b.projs_mut() {
                 *p = p.freeze(mode)?;
             }
         }
         Ok(m)
     }
 
-    /// A copy with `base` applied to every base weight and `adapter` to every LoRA tensor, in
-    /// model order (for each projection: weight, bias, A, B).
+    /// A copy with `base` applied to every base weight (and the rotary tables) and `adapter`
+    /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B). A tied
+    /// head is the mapped token table itself.
     fn map(
         &self,
         base: &dyn Fn(&Tensor) -> Result<Tensor>,
         adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
         dtype: DType,
     ) -> Result<Self> {
-        let ln = |l: &LayerNorm| -> Result<LayerNorm> {
-            Ok(LayerNorm {
-                weight: base(&l.weight)?,
-                bias: base(&l.bias)?,
-                eps: l.eps,
-            })
+        let rope = match &self.rope {
+            None => None,
+            Some((c, s)) => Some((base(c)?, base(s)?)),
         };
         let stem = match &self.stem {
             Stem::Tokens(wte) => {
@@ -884,36 +1216,27 @@ impl Transformer {
                 patch: *patch,
             },
         };
-        Ok(Self {
-            stem,
-            wpe: base(&self.wpe)?,
-            blocks: self
-                .blocks
-                .iter()
-                .map(|b| {
-                    Ok(Block {
-                        ln1: ln(&b.ln1)?,
-                        attn: Attention {
-                            q: b.attn.q.map(base, adapter)?,
-                            k: b.attn.k.map(base, adapter)?,
-                            v: b.attn.v.map(base, adapter)?,
-                            o: b.attn.o.map(base, adapter)?,
-                            heads: b.attn.heads,
-                            efficient: b.attn.efficient,
-                        },
-                        ln2: ln(&b.ln2)?,
-                        mlp: Mlp {
-                            fc1: b.mlp.fc1.map(base, adapter)?,
-                            fc2: b.mlp.fc2.map(base, adapter)?,
-                        },
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
-            ln_f: ln(&self.ln_f)?,
-            head: Linear::new(
+        let wpe = self.wpe.as_ref().map(base).transpose()?;
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| b.map(base, adapter))
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = self.ln_f.map(base)?;
+        let head = match (&stem, self.cfg.tied) {
+            (Stem::Tokens(wte), true) => Linear::new(wte.embeddings().clone(), None),
+            _ => Linear::new(
                 base(self.head.weight())?,
                 self.head.bias().map(base).transpose()?,
             ),
+        };
+        Ok(Self {
+            stem,
+            wpe,
+            rope,
+            blocks,
+            ln_f,
+            head,
             cfg: self.cfg.clone(),
             dtype,
         })

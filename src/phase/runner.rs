@@ -56,8 +56,8 @@ impl Trainer {
                 // QLoRA keeps only the quantized copy of the projections' weights.
                 let mut data = varmap.data().lock().expect("varmap lock");
                 for i in 0..case.cfg.layers {
-                    for p in ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2"] {
-                        data.remove(&format!("h.{i}.{p}.weight"));
+                    for p in case.cfg.projections() {
+                        data.remove(&format!("h.{i}.{}.weight", p.path));
                     }
                 }
             }

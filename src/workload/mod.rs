@@ -41,7 +41,7 @@ use crate::device::{
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
-use crate::model::vit;
+use crate::model::{hf_config, llama, vit};
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -111,6 +111,21 @@ pub struct GridSpec {
     pub channels: Option<OneOrMany<i64>>,
     /// ViT: classes of the classifier; a list expands.
     pub classes: Option<OneOrMany<i64>>,
+    /// A Hugging Face `config.json` (a path, relative to the working directory) giving the
+    /// model family and sizes (`model::hf_config`); the size keys override its fields.
+    pub hf_config: Option<String>,
+    /// LLaMA: K/V heads (divide `heads`); a list expands.
+    pub kv_heads: Option<OneOrMany<i64>>,
+    /// LLaMA: width of one head (even; default the preset's, or hidden/heads when the sizes
+    /// change); a list expands.
+    pub head_dim: Option<OneOrMany<i64>>,
+    /// LLaMA: width of the SwiGLU MLP; a list expands.
+    pub intermediate: Option<OneOrMany<i64>>,
+    /// GPT, LLaMA: `on` ties the LM head to the token embedding; `off` (the default for
+    /// memfit's own presets) gives it its own matrix.
+    pub tied: Option<OneOrMany<String>>,
+    /// LLaMA: biases on `qkv` (Qwen2), on q, k, v and o (`on`), or none (`off`).
+    pub attention_bias: Option<OneOrMany<String>>,
     /// `dataload` only (see `dataload.rs`): the folder of `memfit dataset make`.
     pub dataset: Option<String>,
     /// `dataload` only: worker count (0 = the main thread); a list expands.
@@ -164,6 +179,12 @@ impl GridSpec {
             patch,
             channels,
             classes,
+            hf_config,
+            kv_heads,
+            head_dim,
+            intermediate,
+            tied,
+            attention_bias,
             dataset,
             workers,
             worker_kind,
@@ -420,36 +441,85 @@ fn expand_with(
 }
 
 fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), UserError> {
-    // The model family: given, or that of the preset (a `vit-…` preset means ViT).
+    // A Hugging Face config gives the family and the sizes; else the family is given, or that
+    // of the preset (a `vit-…` preset means ViT, a LLaMA one LLaMA).
+    let hf = match &spec.hf_config {
+        None => None,
+        Some(path) => {
+            if let Some(p) = &spec.preset {
+                return Err(ctx.bad(
+                    "preset",
+                    p,
+                    "a preset beside hf_config (the config gives the sizes)",
+                    "one of preset, hf_config",
+                ));
+            }
+            Some(hf_config::load(std::path::Path::new(path))?)
+        }
+    };
     let family_of = |name: &str| {
         if vit::PRESETS.contains(&name) {
             ModelKind::Vit
+        } else if llama::PRESETS.contains(&name) {
+            ModelKind::Llama
         } else {
             ModelKind::Gpt
         }
     };
-    let model = match spec.model.as_deref() {
-        None => spec.preset.as_deref().map_or(ModelKind::Gpt, family_of),
-        Some("gpt") => ModelKind::Gpt,
-        Some("vit") => ModelKind::Vit,
-        Some(other) => return Err(ctx.bad("model", other, "unknown model", "gpt, vit")),
+    let given = match spec.model.as_deref() {
+        None => None,
+        Some("gpt") => Some(ModelKind::Gpt),
+        Some("vit") => Some(ModelKind::Vit),
+        Some("llama") => Some(ModelKind::Llama),
+        Some(other) => return Err(ctx.bad("model", other, "unknown model", "gpt, vit, llama")),
+    };
+    let model = match (&hf, given) {
+        (Some(hf), Some(m)) if hf.kind != m => {
+            return Err(ctx.bad(
+                "model",
+                m.as_str(),
+                &format!(
+                    "hf_config's model_type = {} is the {} family",
+                    hf.model_type,
+                    hf.kind.as_str()
+                ),
+                hf.kind.as_str(),
+            ));
+        }
+        (Some(hf), _) => hf.kind,
+        (None, Some(m)) => m,
+        (None, None) => spec.preset.as_deref().map_or(ModelKind::Gpt, family_of),
     };
     let presets = match model {
         ModelKind::Gpt => transformer::PRESETS,
         ModelKind::Vit => vit::PRESETS,
+        ModelKind::Llama => llama::PRESETS,
     };
-    let preset_name = spec.preset.clone().unwrap_or_else(|| presets[0].into());
-    let preset = Config::preset(&preset_name)
-        .filter(|_| family_of(&preset_name) == model)
-        .ok_or_else(|| {
-            ctx.bad(
-                "preset",
-                &preset_name,
-                &format!("unknown preset for model = {}", model.as_str()),
-                &presets.join(", "),
-            )
-        })?;
-    // Keys that belong to the other family are refused rather than ignored.
+    let (preset_name, preset) = match &hf {
+        Some(hf) => {
+            let path = spec.hf_config.as_deref().unwrap_or_default();
+            let stem = std::path::Path::new(path)
+                .file_stem()
+                .map_or("config".into(), |s| s.to_string_lossy().to_string());
+            (format!("hf:{stem}"), hf.cfg.clone())
+        }
+        None => {
+            let name = spec.preset.clone().unwrap_or_else(|| presets[0].into());
+            let cfg = Config::preset(&name)
+                .filter(|_| family_of(&name) == model)
+                .ok_or_else(|| {
+                    ctx.bad(
+                        "preset",
+                        &name,
+                        &format!("unknown preset for model = {}", model.as_str()),
+                        &presets.join(", "),
+                    )
+                })?;
+            (name, cfg)
+        }
+    };
+    let sliding_window = hf.as_ref().and_then(|h| h.sliding_window);
+    // Keys that belong to another family are refused rather than ignored.
     let vision_keys = [
         ("image", spec.image.is_some()),
         ("patch", spec.patch.is_some()),
@@ -460,11 +530,33 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         ("seq", spec.seq.is_some()),
         ("max_seq", spec.max_seq.is_some()),
         ("vocab", spec.vocab.is_some()),
+        ("tied", spec.tied.is_some()),
     ];
+    let llama_keys = [
+        ("kv_heads", spec.kv_heads.is_some()),
+        ("head_dim", spec.head_dim.is_some()),
+        ("intermediate", spec.intermediate.is_some()),
+        ("attention_bias", spec.attention_bias.is_some()),
+    ];
+    if model != ModelKind::Llama
+        && let Some((k, _)) = llama_keys.iter().find(|(_, set)| *set)
+    {
+        return Err(ctx.bad(k, "set", "a LLaMA key on another family", "model = llama"));
+    }
     match model {
-        ModelKind::Gpt => {
+        ModelKind::Gpt | ModelKind::Llama => {
             if let Some((k, _)) = vision_keys.iter().find(|(_, set)| *set) {
-                return Err(ctx.bad(k, "set", "a ViT key on a GPT case", "model = vit"));
+                let family = if model == ModelKind::Gpt {
+                    "GPT"
+                } else {
+                    "LLaMA"
+                };
+                return Err(ctx.bad(
+                    k,
+                    "set",
+                    &format!("a ViT key on a {family} case"),
+                    "model = vit",
+                ));
             }
         }
         ModelKind::Vit => {
@@ -604,34 +696,33 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     )?;
     let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
+    let family_targets: Vec<LoraTarget> = preset.projections().iter().map(|p| p.target).collect();
+    let target_names = preset.lora_target_names();
     for name in spec
         .lora_targets
         .clone()
         .unwrap_or_else(|| vec!["q".into(), "v".into()])
     {
         if name == "all" {
-            lora_targets = LoraTarget::ALL.to_vec();
+            lora_targets = family_targets.clone();
             continue;
         }
-        let t = LoraTarget::parse(&name).ok_or_else(|| {
-            ctx.bad(
-                "lora_targets",
-                &name,
-                "unknown projection",
-                "q, k, v, o, fc1, fc2, all",
-            )
-        })?;
+        let t = LoraTarget::parse(&name)
+            .filter(|t| family_targets.contains(t))
+            .ok_or_else(|| {
+                ctx.bad(
+                    "lora_targets",
+                    &name,
+                    &format!("not a projection of model = {}", model.as_str()),
+                    target_names,
+                )
+            })?;
         if !lora_targets.contains(&t) {
             lora_targets.push(t);
         }
     }
     if lora_targets.is_empty() {
-        return Err(ctx.bad(
-            "lora_targets",
-            "[]",
-            "empty list",
-            "q, k, v, o, fc1, fc2, all",
-        ));
+        return Err(ctx.bad("lora_targets", "[]", "empty list", target_names));
     }
     // The frozen-linear op is CPU-only: CUDA's default is candle's own matmul.
     let lora_bases = ctx.choices(
@@ -700,6 +791,38 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
 
     // One case per combination, the axes in this order (the last varies fastest); each check
     // runs on the first combination it concerns.
+    let kv_heads = ctx.list("kv_heads", &spec.kv_heads, None, 1, MAX_HEADS)?;
+    let head_dims = ctx.list("head_dim", &spec.head_dim, None, 2, MAX_HIDDEN)?;
+    let intermediates = ctx.list("intermediate", &spec.intermediate, None, 1, MAX_HIDDEN)?;
+    let tieds = match &spec.tied {
+        None => vec![None],
+        Some(_) => ctx
+            .on_off("tied", &spec.tied)?
+            .into_iter()
+            .map(Some)
+            .collect(),
+    };
+    let biases = match &spec.attention_bias {
+        None => vec![None],
+        Some(_) => ctx
+            .choices(
+                "attention_bias",
+                &spec.attention_bias,
+                "off",
+                ("unknown setting", "off, qkv, on"),
+                |name| match name {
+                    "off" => Some((false, false)),
+                    "qkv" => Some((true, false)),
+                    "on" => Some((true, true)),
+                    _ => None,
+                },
+                |_, _| Ok(()),
+            )?
+            .into_iter()
+            .map(Some)
+            .collect(),
+    };
+    let archs: Vec<_> = iproduct!(&kv_heads, &head_dims, &intermediates, &tieds, &biases).collect();
     let shapes = iproduct!(
         &batches,
         &seqs,
@@ -709,11 +832,28 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         &layers,
         &vocabs,
         &visions,
+        &archs,
         &optimizers
     );
-    for (&b, &s, &ms, &h, &a, &l, &v, &(&img, &p, &c, &k), &opt) in shapes {
-        let custom = [ms, h, a, l, v, img, p, c, k].iter().any(Option::is_some)
-            || (s.is_some() && spec.preset.is_none());
+    for (
+        &b,
+        &s,
+        &ms,
+        &h,
+        &a,
+        &l,
+        &v,
+        &(&img, &p, &c, &k),
+        &(&g, &hd, &inter, &tied, &bias),
+        &opt,
+    ) in shapes
+    {
+        let custom = [ms, h, a, l, v, img, p, c, k, g, hd, inter]
+            .iter()
+            .any(Option::is_some)
+            || tied.is_some()
+            || bias.is_some()
+            || (s.is_some() && spec.preset.is_none() && hf.is_none());
         let mut cfg = preset.clone();
         if let Some(mut vis) = cfg.vision {
             vis.image = img.unwrap_or(vis.image);
@@ -743,19 +883,70 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         if let Some(v) = v {
             cfg.vocab = v;
         }
+        if let Some(t) = tied {
+            cfg.tied = t;
+        }
+        if let Some(mut ll) = cfg.llama {
+            if let Some(g) = g {
+                ll.kv_heads = g;
+            }
+            if let Some(i) = inter {
+                ll.intermediate = i;
+            }
+            if let Some((qkv, o)) = bias {
+                ll.qkv_bias = qkv;
+                ll.o_bias = o;
+            }
+            ll.head_dim = match hd {
+                Some(d) => d,
+                // New widths without a head_dim: hidden / heads.
+                None if h.is_some() || a.is_some() => {
+                    if cfg.hidden % cfg.heads != 0 {
+                        return Err(ctx.bad(
+                            "heads",
+                            &cfg.heads.to_string(),
+                            &format!(
+                                "hidden = {} is not divisible by heads (give head_dim)",
+                                cfg.hidden
+                            ),
+                            "a divisor of hidden, or a head_dim",
+                        ));
+                    }
+                    cfg.hidden / cfg.heads
+                }
+                None => ll.head_dim,
+            };
+            if ll.head_dim % 2 != 0 {
+                return Err(ctx.bad(
+                    "head_dim",
+                    &ll.head_dim.to_string(),
+                    "the rotary embedding rotates pairs",
+                    "an even head_dim",
+                ));
+            }
+            if cfg.heads % ll.kv_heads != 0 {
+                return Err(ctx.bad(
+                    "kv_heads",
+                    &ll.kv_heads.to_string(),
+                    &format!("does not divide heads = {}", cfg.heads),
+                    "a divisor of heads",
+                ));
+            }
+            cfg.llama = Some(ll);
+        }
         let seq = match cfg.vision {
             Some(vis) => vis.seq(),
             None => s.unwrap_or(cfg.max_seq.min(64)),
         };
         cfg.max_seq = if let Some(ms) = ms {
             ms
-        } else if custom && spec.preset.is_none() && cfg.vision.is_none() {
+        } else if custom && spec.preset.is_none() && hf.is_none() && cfg.vision.is_none() {
             // A custom shape gets a position table as long as its sequence.
             seq
         } else {
             cfg.max_seq
         };
-        if cfg.hidden % cfg.heads != 0 {
+        if cfg.llama.is_none() && cfg.hidden % cfg.heads != 0 {
             return Err(ctx.bad(
                 "heads",
                 &cfg.heads.to_string(),
@@ -802,8 +993,22 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         {
             // Decoding needs positions for the new tokens.
             let mut cfg = cfg.clone();
+            if let Some(w) = sliding_window {
+                let longest = seq + if decodes { decode } else { 0 };
+                if longest > w {
+                    return Err(UserError::OutOfRange {
+                        origin: spec.hf_config.clone().unwrap_or_default(),
+                        key: "sliding_window".into(),
+                        value: w.to_string(),
+                        reason: format!(
+                            "shorter than the {longest} tokens asked for (seq + decode_tokens): memfit has no sliding-window attention"
+                        ),
+                        allowed: format!("seq + decode_tokens ≤ {w}"),
+                    });
+                }
+            }
             if decodes {
-                if custom && ms.is_none() {
+                if custom && ms.is_none() && hf.is_none() {
                     cfg.max_seq = seq + decode;
                 } else if seq + decode > cfg.max_seq {
                     return Err(ctx.bad(
@@ -836,6 +1041,24 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "efficient",
                     "the efficient attention op computes in f32 only",
                     "standard with f16 or bf16",
+                ));
+            }
+            let quantized = matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0)
+                || (rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0));
+            if quantized && let Some(p) = cfg.projections().iter().find(|p| p.inp % 32 != 0) {
+                let key = if rank > 0 { "lora_base" } else { "weights" };
+                return Err(ctx.bad(
+                    key,
+                    if rank > 0 {
+                        lora_base.as_str()
+                    } else {
+                        serve.as_str()
+                    },
+                    &format!(
+                        "GGML blocks hold 32 weights: {}'s input width {} is not a multiple of 32",
+                        p.path, p.inp
+                    ),
+                    "model, f16 (or sizes whose projection inputs are multiples of 32)",
                 ));
             }
             if rank > 0 && lora_base != LoraBase::Detach && dtype != ElemType::F32 {
@@ -902,13 +1125,9 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
         cfg.heads as u128,
         cfg.vocab as u128,
     );
-    let l = cfg.layers as u128;
-    let ms = cfg.max_seq as u128;
-    let (stem, head) = match cfg.vision {
-        None => (v * h, v * h),
-        Some(vis) => (vis.patch_dim() as u128 * h + 2 * h, v * h + v),
-    };
-    let params = stem + ms * h + l * (12 * h * h + 13 * h) + 2 * h + head;
+    // Every size is ≤ 2^24, so the parameter count (≤ 2^14 layers of a few 2^40) fits u64.
+    let params = cfg.params() as u128;
+    let mlp = cfg.llama.map_or(4 * h, |l| l.intermediate as u128);
     let image = cfg.vision.map_or(0, |vis| {
         4 * b * (vis.channels * vis.image * vis.image) as u128
     });
@@ -921,8 +1140,8 @@ fn check_bytes(cfg: &Config, batch: usize, seq: usize, ctx: &Ctx) -> Result<(), 
         ("vocab", "logits batch × seq × vocab × 4 B", 4 * b * s * v),
         (
             "batch",
-            "MLP activations batch × seq × 4·hidden × 4 B",
-            16 * b * s * h,
+            "MLP activations batch × seq × MLP width × 4 B",
+            4 * b * s * mlp,
         ),
         ("hidden", "parameters × 4 B", 4 * params),
         ("image", "images batch × channels × image² × 4 B", image),

@@ -1,0 +1,182 @@
+//! The LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM): the blocks of
+//! [`super::transformer`] with RMSNorm instead of LayerNorm, rotary position embeddings instead
+//! of a position table, grouped-query attention (`kv_heads` K/V heads, each shared by
+//! `heads / kv_heads` query heads), an explicit `head_dim`, a SwiGLU MLP
+//! `down(silu(gate(x)) · up(x))` of intermediate size `I`, optional q/k/v (and o, MLP) biases
+//! and an LM head that may be the token embedding itself (tied).
+//!
+//! Shapes (B batch, S sequence, H hidden, A heads, G kv_heads, D head_dim, I intermediate,
+//! V vocab): tokens `(B, S)` → embeddings `(B, S, H)` → per block: RMSNorm; q `(B, A, S, D)`,
+//! k and v `(B, G, S, D)` (the cache stores these), rotary embedding on q and k, then k and v
+//! repeated to `(B, A, S, D)` as candle-transformers' `utils::repeat_kv` does (a
+//! `Tensor::cat` of `A/G` copies along the sequence and a reshape: one copy the size of the
+//! repeated tensor, measured); scores `(B, A, S, S)`; heads merged to `(B, S, A·D)`, `o` back
+//! to `(B, S, H)`; residual; RMSNorm; gate and up `(B, S, I)`, down to `(B, S, H)`; residual.
+//! Final RMSNorm, logits `(B, S, V)`.
+//!
+//! Parameter count (exact):
+//! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm) + L·(2H + H·A·D + 2·H·G·D +
+//! A·D·H + 3·H·I + biases)`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H` (MLP) where the config has them.
+//! The rotary tables (cos and sin, `S_max × D/2` each, in the weights' type) are buffers, not
+//! parameters.
+//!
+//! Differentiable compositions (candle 0.11.1's fused kernels have no backward on the CPU):
+//! RMSNorm is `candle_nn::ops::rms_norm_slow` (x² mean, `+ eps`, sqrt, divide, scale), not
+//! `ops::rms_norm`; the rotary embedding is composed from `narrow`, `broadcast_mul`, `sub`,
+//! `add` and `cat` (the non-interleaved "rotate half" form of Hugging Face's Llama), not
+//! `candle_nn::rotary_emb::rope`; SiLU is `Tensor::silu` (a unary op with a backward).
+//! Every parameter gets a gradient (tests/llama.rs).
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{VarBuilder, VarMap};
+//! use memfit::model::transformer::{Config, Transformer};
+//! let cfg = Config::preset("llama-tiny").unwrap();
+//! let varmap = VarMap::new();
+//! let model = Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+//! let tokens = Tensor::zeros((2, 16), DType::U32, &Device::Cpu).unwrap();
+//! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
+//! ```
+
+use candle_core::{DType, Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::transformer::Config;
+
+/// What a LLaMA-family decoder has beyond the GPT sizes (`hidden`, `heads`, `layers`, `vocab`,
+/// `max_seq` stay in [`Config`]; the RMSNorm epsilon is `Config::layer_norm_eps`, the rotary
+/// base `Config::rope_theta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Llama {
+    /// Width of the SwiGLU MLP (`intermediate_size`).
+    pub intermediate: usize,
+    /// K/V heads (`num_key_value_heads`); divides `heads`.
+    pub kv_heads: usize,
+    /// Width of one head (`head_dim`; even).
+    pub head_dim: usize,
+    /// Biases on q, k, v (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on o (Llama's `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on gate, up, down (`mlp_bias`).
+    pub mlp_bias: bool,
+}
+
+impl Llama {
+    /// Query heads per K/V head.
+    pub fn group(&self, heads: usize) -> usize {
+        heads / self.kv_heads
+    }
+}
+
+/// Presets: `llama-tiny` (test-sized) and the shipped Hugging Face configs
+/// (`workloads/configs/*.json`, embedded in the binary).
+pub const PRESETS: &[&str] = &[
+    "llama-tiny",
+    "llama-2-7b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3.2-1b",
+    "mistral-7b",
+    "qwen2-0.5b",
+    "tinyllama-1.1b",
+    "smollm2-135m",
+];
+
+/// The embedded `config.json` of a shipped preset.
+pub fn preset_json(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "llama-2-7b" => include_str!("../../workloads/configs/llama-2-7b.json"),
+        "llama-2-70b" => include_str!("../../workloads/configs/llama-2-70b.json"),
+        "llama-3-8b" => include_str!("../../workloads/configs/llama-3-8b.json"),
+        "llama-3.2-1b" => include_str!("../../workloads/configs/llama-3.2-1b.json"),
+        "mistral-7b" => include_str!("../../workloads/configs/mistral-7b.json"),
+        "qwen2-0.5b" => include_str!("../../workloads/configs/qwen2-0.5b.json"),
+        "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
+        "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
+        _ => return None,
+    })
+}
+
+/// A LLaMA preset's config (`None` for other names).
+pub fn preset(name: &str) -> Option<Config> {
+    if name == "llama-tiny" {
+        return Some(tiny());
+    }
+    let text = preset_json(name)?;
+    let hf = super::hf_config::parse(text, &format!("<preset {name}>"))
+        .expect("the shipped preset configs parse (tests/hf_config.rs)");
+    Some(hf.cfg)
+}
+
+/// Test-sized: V 300, H 96, A 6, G 2, D 16, I 160, L 2, S_max 128, untied, no biases.
+pub fn tiny() -> Config {
+    Config::llama(
+        300,
+        96,
+        6,
+        2,
+        128,
+        Llama {
+            intermediate: 160,
+            kv_heads: 2,
+            head_dim: 16,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+        },
+        false,
+    )
+}
+
+/// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · θ^(−2j/D)` for position `p`
+/// and frequency `j` (computed in f32, then converted to `dtype`, as candle-transformers'
+/// llama does).
+pub fn rotary_tables(
+    max_seq: usize,
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
+    let angle = |k: usize| {
+        let (p, j) = ((k / half) as f64, (k % half) as f64);
+        p / theta.powf(2.0 * j / head_dim as f64)
+    };
+    // Exact-size iterators: the Vecs the tensors keep have no spare capacity.
+    let cos: Vec<f32> = (0..max_seq * half).map(|k| angle(k).cos() as f32).collect();
+    let sin: Vec<f32> = (0..max_seq * half).map(|k| angle(k).sin() as f32).collect();
+    let cos = Tensor::from_vec(cos, (max_seq, half), device)?.to_dtype(dtype)?;
+    let sin = Tensor::from_vec(sin, (max_seq, half), device)?.to_dtype(dtype)?;
+    Ok((cos, sin))
+}
+
+/// The rotary embedding of `x (B, n, S, D)` at positions `offset..offset + S`, "rotate half":
+/// `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]` with `x₁, x₂` the two halves of the last dimension.
+/// Each product and sum is a fresh `(B, n, S, D/2)` tensor, the result a fresh `(B, n, S, D)`;
+/// the products are dropped as soon as their sum exists.
+pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, offset: usize) -> Result<Tensor> {
+    let (_b, _n, s, d) = x.dims4()?;
+    let cos = cos.narrow(0, offset, s)?;
+    let sin = sin.narrow(0, offset, s)?;
+    let x1 = x.narrow(3, 0, d / 2)?;
+    let x2 = x.narrow(3, d / 2, d / 2)?;
+    let (a, b) = (x1.broadcast_mul(&cos)?, x2.broadcast_mul(&sin)?);
+    let r1 = a.sub(&b)?;
+    drop((a, b));
+    let (a, b) = (x2.broadcast_mul(&cos)?, x1.broadcast_mul(&sin)?);
+    let r2 = a.add(&b)?;
+    drop((a, b));
+    Tensor::cat(&[&r1, &r2], 3)
+}
+
+/// candle-transformers' `utils::repeat_kv`: `(B, G, T, D)` → `(B, G·n, T, D)` by a `cat` of
+/// `n` copies along T and a reshape (the same tensor when `n` is 1).
+pub fn repeat_kv(x: Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(x);
+    }
+    let (b, g, t, d) = x.dims4()?;
+    Tensor::cat(&vec![&x; n], 2)?.reshape((b, g * n, t, d))
+}

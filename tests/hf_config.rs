@@ -1,0 +1,164 @@
+//! Hugging Face `config.json` input: the shipped presets have their published parameter
+//! counts, flags override fields, and every field memfit cannot honour is an error naming the
+//! file and the field.
+
+mod common;
+
+use common::memfit;
+use memfit::model::hf_config;
+use memfit::model::llama;
+use memfit::model::transformer::Config;
+use predicates::str::contains;
+
+/// Published parameter counts: Llama-2-7B, Llama-3-8B and Mistral-7B as in the issue (the
+/// models' cards / `model.num_parameters()`); Llama-2-70B 68,976,648,192, Llama-3.2-1B
+/// 1,235,814,400, Qwen2-0.5B 494,032,768, TinyLlama-1.1B 1,100,048,384 and SmolLM2-135M
+/// 134,515,008 are transformers' `num_parameters()` of the same configs (tied embeddings
+/// counted once).
+#[test]
+fn presets_have_the_published_parameter_counts() {
+    for (name, want) in [
+        ("llama-2-7b", 6_738_415_616u64),
+        ("llama-2-70b", 68_976_648_192),
+        ("llama-3-8b", 8_030_261_248),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("mistral-7b", 7_241_732_096),
+        ("qwen2-0.5b", 494_032_768),
+        ("tinyllama-1.1b", 1_100_048_384),
+        ("smollm2-135m", 134_515_008),
+    ] {
+        let cfg = Config::preset(name).unwrap_or_else(|| panic!("{name} is a preset"));
+        assert_eq!(cfg.params(), want, "{name}");
+        // The formula module's count is the model's.
+        let shape = memfit::formula::transformer::Shape {
+            llama: cfg.llama,
+            tied: cfg.tied,
+            ..memfit::formula::transformer::Shape::new(
+                1,
+                1,
+                cfg.hidden as u64,
+                cfg.heads as u64,
+                cfg.layers as u64,
+                cfg.vocab as u64,
+                cfg.max_seq as u64,
+            )
+        };
+        assert_eq!(shape.params(), want, "{name} (formula)");
+    }
+    assert!(llama::PRESETS.iter().all(|p| Config::preset(p).is_some()));
+}
+
+#[test]
+fn gpt2_and_vit_configs_map_onto_the_existing_families() {
+    let gpt2 = r#"{"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "vocab_size": 50257, "n_positions": 1024, "activation_function": "gelu_new",
+        "n_inner": null}"#;
+    let hf = hf_config::parse(gpt2, "gpt2.json").unwrap();
+    assert_eq!(hf.kind, memfit::model::ModelKind::Gpt);
+    // GPT-2 ties its head: 124,439,808 parameters (transformers' num_parameters()).
+    assert_eq!(hf.cfg.params(), 124_439_808);
+    let vit = r#"{"model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
+        "num_attention_heads": 12, "intermediate_size": 3072, "image_size": 224,
+        "patch_size": 16, "num_channels": 3, "num_labels": 1000, "hidden_act": "gelu"}"#;
+    let hf = hf_config::parse(vit, "vit.json").unwrap();
+    assert_eq!(hf.kind, memfit::model::ModelKind::Vit);
+    let b16 = Config::preset("vit-b16").unwrap();
+    assert_eq!(hf.cfg.vision, b16.vision);
+    assert_eq!(hf.cfg.params(), b16.params());
+    assert_eq!(hf.cfg.params(), 86_567_656);
+}
+
+/// Each refusal names the file and the field.
+#[test]
+fn errors_name_the_file_and_the_field() {
+    let base = r#""hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 128"#;
+    for (body, field) in [
+        (
+            format!(r#"{{"model_type": "mamba", {base}}}"#),
+            "model_type",
+        ),
+        (
+            format!(r#"{{"model_type": "llama", {base}, "num_key_value_heads": 3}}"#),
+            "num_key_value_heads",
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": 64}"#.to_string(),
+            "intermediate_size",
+        ),
+        (
+            format!(r#"{{"model_type": "llama", {base}, "rope_theta": "big"}}"#),
+            "rope_theta",
+        ),
+        (
+            format!(r#"{{"model_type": "mistral", {base}, "num_local_experts": 8}}"#),
+            "num_local_experts",
+        ),
+        (
+            format!(r#"{{"model_type": "llama", {base}, "hidden_act": "gelu"}}"#),
+            "hidden_act",
+        ),
+        (
+            r#"{"model_type": "llama", "hidden_size": "64"}"#.to_string(),
+            "hidden_size",
+        ),
+    ] {
+        let err = hf_config::parse(&body, "cfg.json").unwrap_err().to_string();
+        assert!(err.starts_with("cfg.json"), "{err}");
+        assert!(err.contains(&format!("`{field}`")), "{field}: {err}");
+    }
+}
+
+#[test]
+fn a_sliding_window_shorter_than_the_sequence_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mistral.json");
+    std::fs::write(&path, llama::preset_json("mistral-7b").unwrap()).unwrap();
+    memfit()
+        .args(["predict", "--hf-config"])
+        .arg(&path)
+        .args(["--seq", "4097", "--phases", "init"])
+        .assert()
+        .failure()
+        .stderr(contains("mistral.json"))
+        .stderr(contains("sliding_window"));
+    memfit()
+        .args(["predict", "--hf-config"])
+        .arg(&path)
+        .args(["--seq", "4096", "--phases", "init"])
+        .assert()
+        .success();
+}
+
+/// A two-block slice of Llama-2-7B from its config file: the flags override the file.
+#[test]
+fn flags_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("llama-2-7b.json");
+    std::fs::write(&path, llama::preset_json("llama-2-7b").unwrap()).unwrap();
+    let out = memfit()
+        .args([
+            "predict",
+            "--json",
+            "--layers",
+            "2",
+            "--seq",
+            "16",
+            "--hf-config",
+        ])
+        .arg(&path)
+        .args(["--phases", "init"])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    // 2·V·H + 2 blocks of 202,383,360 + the final norm.
+    assert_eq!(v["params"], 2 * 32000 * 4096 + 2 * 202_383_360 + 4096);
+    assert_eq!(v["model"], "llama");
+    // A missing file is an error naming it.
+    memfit()
+        .args(["predict", "--hf-config", "no/such/config.json"])
+        .assert()
+        .failure()
+        .stderr(contains("no/such/config.json"));
+}

@@ -1,0 +1,285 @@
+//! The LLaMA-family decoder: every parameter gets a gradient (RMSNorm, the rotary embedding and
+//! SiLU are differentiable compositions), the parameter count is the formula's, and every phase
+//! and variant is predicted from the replay on odd shapes (`kv_heads` 1 and 3, `head_dim` ≠
+//! hidden/heads, an intermediate size that is not a multiple of 64, tied and untied, with and
+//! without biases). Each measured config runs in its own `memfit` process.
+
+mod common;
+
+use candle_core::{DType, Device};
+use candle_nn::{VarBuilder, VarMap};
+use common::{run_rows, within};
+use memfit::model::llama::Llama;
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
+
+/// 64 KiB: the documented metadata allowance.
+const META: u64 = 64 * 1024;
+
+fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) -> Config {
+    Config::llama(
+        53,
+        30,
+        6,
+        2,
+        19,
+        Llama {
+            intermediate: i,
+            kv_heads: kv,
+            head_dim: d,
+            qkv_bias: bias.0,
+            o_bias: bias.1,
+            mlp_bias: bias.2,
+        },
+        tied,
+    )
+}
+
+#[test]
+fn every_parameter_gets_a_gradient() {
+    let dev = Device::Cpu;
+    for cfg in [
+        llama(1, 8, 70, (true, true, true), true),
+        llama(3, 4, 45, (false, false, false), false),
+        llama(6, 6, 120, (true, false, false), false),
+    ] {
+        let varmap = VarMap::new();
+        let model =
+            Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
+        let (tokens, targets) = synthetic_batch(2, 19, cfg.vocab, &dev).unwrap();
+        let vars = varmap.all_vars();
+        assert_eq!(vars.len() as u64, cfg.param_tensors(), "{cfg:?}");
+        let n: usize = vars.iter().map(|v| v.elem_count()).sum();
+        assert_eq!(n as u64, cfg.params(), "{cfg:?}");
+        let loss = Transformer::loss(&model.forward(&tokens).unwrap(), &targets).unwrap();
+        let grads = loss.backward().unwrap();
+        let data = varmap.data().lock().unwrap();
+        for (name, var) in data.iter() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name} has no gradient"));
+            let norm = g
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(norm > 0.0, "{name}: gradient is all zeros ({cfg:?})");
+        }
+    }
+}
+
+/// The cached decode computes the same last-position logits as the full forward (the rotary
+/// offset and the K/V repeat are right).
+#[test]
+fn cached_generation_matches_the_full_forward() {
+    let dev = Device::Cpu;
+    let cfg = llama(2, 8, 50, (true, false, false), true);
+    let varmap = VarMap::new();
+    let model = Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev))
+        .unwrap()
+        .detached();
+    let (tokens, _) = synthetic_batch(2, 12, cfg.vocab, &dev).unwrap();
+    let full = model.forward(&tokens).unwrap();
+    let mut cache = memfit::model::transformer::KvCache::default();
+    let _ = model
+        .forward_cached(&tokens.narrow(1, 0, 9).unwrap(), &mut cache)
+        .unwrap();
+    let mut last = None;
+    for t in 9..12 {
+        last = Some(
+            model
+                .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+                .unwrap(),
+        );
+    }
+    let want = full.narrow(1, 11, 1).unwrap().squeeze(1).unwrap();
+    let diff = (last.unwrap() - want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-4, "cached logits differ by {diff}");
+}
+
+/// Runs `memfit run --model llama ARGS` and checks every row against its prediction: 0.1 % +
+/// 64 KiB (init, forward, optimizer, inference, prefill, decode, load), 1 % (backward,
+/// train-step).
+fn check(args: &[&str], rows_expected: usize) -> Vec<memfit::record::Row> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = vec!["--model", "llama"];
+    all.extend_from_slice(args);
+    let rows = run_rows(dir.path(), &all);
+    assert_eq!(rows.len(), rows_expected, "one row per phase");
+    for r in &rows {
+        assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+        let (rel, abs) = match r.phase.as_str() {
+            "backward" | "train-step" => (0.01, 0),
+            _ => (0.001, META),
+        };
+        assert!(
+            within(r, rel, abs),
+            "{args:?} {}: measured {:?} predicted {:?}",
+            r.phase,
+            r.peak_bytes,
+            r.predicted_peak_bytes
+        );
+    }
+    rows
+}
+
+const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,decode";
+
+/// One K/V head for six query heads, head_dim 14 ≠ 60/6, I = 100, tied, q/k/v biases.
+#[test]
+fn single_kv_head_tied_with_bias() {
+    let rows = check(
+        &[
+            "--batch",
+            "3",
+            "--seq",
+            "37",
+            "--hidden",
+            "60",
+            "--heads",
+            "6",
+            "--kv-heads",
+            "1",
+            "--head-dim",
+            "14",
+            "--intermediate",
+            "100",
+            "--layers",
+            "3",
+            "--vocab",
+            "97",
+            "--tied",
+            "on",
+            "--attention-bias",
+            "qkv",
+            "--phases",
+            ALL,
+            "--decode-tokens",
+            "5",
+        ],
+        8,
+    );
+    // The cache stores keys and values at the K/V heads: 2·L·B·T·G·D·e exactly.
+    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    assert_eq!(decode.retained_bytes, Some(2 * 3 * 3 * 5 * 14 * 4));
+}
+
+/// Three K/V heads for nine query heads, head_dim 8 ≠ 72/9, I = 200, untied, every bias.
+#[test]
+fn three_kv_heads_all_biases() {
+    let rows = check(
+        &[
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--hidden",
+            "72",
+            "--heads",
+            "9",
+            "--kv-heads",
+            "3",
+            "--head-dim",
+            "8",
+            "--intermediate",
+            "200",
+            "--layers",
+            "2",
+            "--vocab",
+            "150",
+            "--attention-bias",
+            "on",
+            "--phases",
+            ALL,
+            "--decode-tokens",
+            "7",
+            "--optimizer",
+            "sgd",
+        ],
+        8,
+    );
+    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    assert_eq!(decode.retained_bytes, Some(2 * 2 * 2 * 7 * 3 * 8 * 4));
+}
+
+/// The variants on one GQA shape: checkpointing, f16, mixed precision, LoRA on every
+/// projection, QLoRA over q4_0, efficient attention, quantized serving, load.
+#[test]
+fn variants() {
+    let shape = [
+        "--batch",
+        "2",
+        "--seq",
+        "96",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "96",
+        "--layers",
+        "3",
+        "--vocab",
+        "128",
+    ];
+    let train = "init,forward,backward,optimizer,train-step";
+    let with = |extra: &[&str], n: usize| {
+        let mut a = shape.to_vec();
+        a.extend_from_slice(extra);
+        check(&a, n);
+    };
+    with(&["--phases", train, "--checkpoint", "1"], 5);
+    with(&["--phases", ALL, "--dtype", "f16"], 8);
+    with(
+        &["--phases", train, "--dtype", "f16", "--precision", "mixed"],
+        5,
+    );
+    with(
+        &[
+            "--phases",
+            train,
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            "all",
+        ],
+        5,
+    );
+    with(
+        &[
+            "--phases",
+            train,
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            "q,v,gate,up,down",
+            "--lora-base",
+            "q4_0",
+        ],
+        5,
+    );
+    with(
+        &[
+            "--phases",
+            "init,forward,backward,inference",
+            "--attention",
+            "efficient",
+        ],
+        4,
+    );
+    with(
+        &["--phases", "inference,prefill,decode", "--weights", "q8_0"],
+        3,
+    );
+    with(&["--phases", "load", "--load", "mmap", "--tied", "on"], 1);
+}
