@@ -217,8 +217,33 @@ where
 {
     let n = c.categories.len();
     anyhow::ensure!(n > 0, "a bar chart without bars");
+    // A bar with a missing (NaN) segment says so under it: the segment is not drawn as 0.
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            let missing = c.stacks.iter().any(|(_, v)| !v[i].is_finite());
+            format!(
+                "{}{}",
+                c.categories[i],
+                if missing { " (— missing)" } else { "" }
+            )
+        })
+        .collect();
+    // Labels wider than a bar are written upwards under it.
+    let longest = names.iter().map(|s| s.chars().count()).max().unwrap_or(0) as u32;
+    let per_bar = (WIDTH - 120) / n as u32;
+    let rotate = longest * 7 > per_bar;
+    let label_area = if rotate {
+        (longest * 7 + 16).min(300)
+    } else {
+        64
+    };
     let top = (0..n)
-        .map(|i| c.stacks.iter().map(|(_, v)| v[i].max(0.0)).sum::<f64>())
+        .map(|i| {
+            c.stacks
+                .iter()
+                .map(|(_, v)| if v[i].is_finite() { v[i].max(0.0) } else { 0.0 })
+                .sum::<f64>()
+        })
         .fold(0.0, f64::max)
         .max(1e-9)
         // Headroom for the legend above the tallest bar.
@@ -226,11 +251,15 @@ where
     let mut ctx = ChartBuilder::on(root)
         .caption(&c.title, (FAMILY, 24))
         .margin(16)
-        .x_label_area_size(64)
+        .x_label_area_size(label_area)
         .y_label_area_size(84)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..top)
         .map_err(err)?;
-    let names = c.categories.clone();
+    let x_style = if rotate {
+        TextStyle::from((FAMILY, 12).into_font()).transform(FontTransform::Rotate270)
+    } else {
+        TextStyle::from((FAMILY, 14).into_font())
+    };
     ctx.configure_mesh()
         .disable_x_mesh()
         .y_desc(c.y_label.as_str())
@@ -241,6 +270,7 @@ where
         })
         .y_label_formatter(&|v| tick(*v))
         .label_style((FAMILY, 14))
+        .x_label_style(x_style)
         .axis_desc_style((FAMILY, 17))
         .light_line_style(WHITE.mix(0.0))
         .draw()
@@ -249,6 +279,7 @@ where
     for (k, (name, vals)) in c.stacks.iter().enumerate() {
         let color = color(k);
         let rects: Vec<Rectangle<(SegmentValue<usize>, f64)>> = (0..n)
+            .filter(|&i| vals[i].is_finite())
             .map(|i| {
                 let (y0, y1) = (base[i], base[i] + vals[i].max(0.0));
                 base[i] = y1;
