@@ -399,12 +399,7 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
                 },
                 pair(g.kfold),
                 pair(g.extrapolation),
-                g.coefficients
-                    .iter()
-                    .filter(|(_, c, _)| *c != 0.0 && c.is_finite())
-                    .map(|(n, c, _)| format!("{c:.4}·{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
+                g.formula(),
             ]
         })
         .collect();

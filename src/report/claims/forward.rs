@@ -413,11 +413,10 @@ impl<'a> Ctx<'a> {
                 time.1
             ),
         };
-        Some(
-            self.make(
-                "F5",
-                &used,
-                format!(
+        Some(self.make(
+            "F5",
+            &used,
+            format!(
                     "train-step peak, K = {}: {}; wall {}",
                     slash(best.iter().map(|r| r.checkpoint)),
                     slash(
@@ -426,21 +425,24 @@ impl<'a> Ctx<'a> {
                     ),
                     times.join(", ")
                 ),
-                format!(
+            format!(
                     "formula peaks {}",
                     slash(
                         best.iter()
                             .map(|r| r.predicted_peak_bytes.map_or("—".into(), |b| mb(b as f64)))
                     )
                 ),
-                F5_CRITERION,
-                verdict,
-            ),
-        )
+            F5_CRITERION,
+            verdict,
+        ))
     }
 
     pub(super) fn f6(&self) -> Option<Claim> {
-        let fw: Vec<&Row> = self.phase("forward").filter(|r| r.lora_rank == 0).collect();
+        // Checkpointed forwards keep only the segment inputs: attention changes nothing there.
+        let fw: Vec<&Row> = self
+            .phase("forward")
+            .filter(|r| r.lora_rank == 0 && r.checkpoint == 0)
+            .collect();
         let pairs = sweeps(&fw, "forward", "attention", |r| {
             (r.attention == "efficient") as u64
         });

@@ -167,7 +167,8 @@ fn label_without(r: &Row, axis: &str) -> String {
             } else {
                 format!("L{}", r.layers)
             };
-            format!("{} {h}{l}", r.preset).trim().to_string()
+            let name = if r.preset == "custom" { "" } else { &r.preset };
+            format!("{name} {h}{l}").trim().to_string()
         } else {
             format!("{} L{}", r.preset, r.layers)
         },
