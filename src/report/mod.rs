@@ -272,7 +272,7 @@ fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim
             ]
         })
         .collect();
-    b.push(Block::Table(
+    b.push(Block::OpenTable(
         ["phase", "rows", "worst error %", "worst row"]
             .map(String::from)
             .to_vec(),
@@ -471,7 +471,7 @@ fn claims_section(b: &mut Vec<Block>, claims: &[claims::Claim]) {
             ]
         })
         .collect();
-    b.push(Block::Table(
+    b.push(Block::OpenTable(
         [
             "claim",
             "statement",

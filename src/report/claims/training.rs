@@ -235,7 +235,7 @@ impl<'a> Ctx<'a> {
                 "derived (`formula::zero`), 1 B params on {gpus} GPUs, stage 0/1/2/3: {} GB per GPU",
                 stages.join("/")
             ),
-            "— (one GPU: per-GPU state computed from measured bytes per parameter)",
+            "derived, not measured: ZeRO stage s divides the sharded terms by N (`formula::zero`), from the measured bytes per parameter",
             "derived, not measured: only the sharded terms fall as 1/N; activations and communication buffers are not sharded".into(),
         ))
     }
