@@ -153,7 +153,8 @@ fn predict_calibrates_from_stored_rows_and_refuses_what_they_lack() {
     memfit().args(shape).arg(&res).assert().success().stdout(
         predicate::str::contains("calibrated")
             .and(predicate::str::contains("train-step analytical"))
-            .and(predicate::str::contains("held out mean/max")),
+            .and(predicate::str::contains("held out mean/max 5-fold"))
+            .and(predicate::str::contains("by size")),
     );
     // The calibration holds CPU f32 rows only.
     memfit()
