@@ -84,6 +84,9 @@ impl Correction {
     }
 }
 
+/// One row's (predicted, measured, parameters).
+type Point = (f64, f64, f64);
+
 /// The corrections fitted from `rows`, keyed by (phase, device kind, dtype).
 #[derive(Debug, Clone, Default)]
 pub struct Calibration {
@@ -94,7 +97,7 @@ pub struct Calibration {
 
 impl Calibration {
     pub fn fit(rows: &[Row]) -> Self {
-        let mut by: BTreeMap<(String, String, String), Vec<(f64, f64, f64)>> = BTreeMap::new();
+        let mut by: BTreeMap<(String, String, String), Vec<Point>> = BTreeMap::new();
         for r in rows.iter().filter(|r| r.status == Status::Ok) {
             if let (Some(m), Some(p)) = (r.peak_bytes, r.predicted_peak_bytes) {
                 by.entry((

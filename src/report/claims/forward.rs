@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// An axis a sweep varies: config key, symbol, value.
+type Axis = (&'static str, &'static str, fn(&Row) -> u64);
+
 /// F1: a sweep is proportional when the line through it fits (R² at least this) and passes
 /// near the origin (its fixed part at most this share of the largest value, in percent).
 const F1_R2: f64 = 0.999;
@@ -29,7 +32,7 @@ impl<'a> Ctx<'a> {
             .phase("forward")
             .filter(|r| r.lora_rank == 0 && r.checkpoint == 0 && r.precision != "mixed")
             .collect();
-        let axes: [(&str, &str, fn(&Row) -> u64); 4] = [
+        let axes: [Axis; 4] = [
             ("batch", "B", |r| r.batch),
             ("seq", "S", |r| r.seq),
             ("hidden", "H", |r| r.hidden),

@@ -3,6 +3,9 @@
 use super::*;
 use crate::report::hardware;
 
+/// Half of a two-part claim: its rows, measured, predicted, whether it holds, its verdict.
+type Part<'a> = (Vec<&'a Row>, String, String, bool, String);
+
 /// N1: what an inference window may keep beyond the logits (bookkeeping), in bytes.
 const N1_SLACK: f64 = 64.0 * 1024.0;
 /// N2: "≈ 2×" holds for a ratio within 2 ± this.
@@ -217,8 +220,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// N3's loading half: the heap peak of a whole-file read against a memory map.
-    #[allow(clippy::type_complexity)]
-    fn n3_load(&self) -> Option<(Vec<&'a Row>, String, String, bool, String)> {
+    fn n3_load(&self) -> Option<Part<'a>> {
         let l: Vec<&Row> = self.phase("load").collect();
         let read = l.iter().find(|r| r.load == "read")?;
         let mmap = l
@@ -257,8 +259,7 @@ impl<'a> Ctx<'a> {
 
     /// N3's decoding half: decode CPU seconds, cores busy and tokens/s against `--threads`
     /// (the same configuration in runs of different thread counts).
-    #[allow(clippy::type_complexity)]
-    fn n3_decode(&self) -> Option<(Vec<&'a Row>, String, String, bool, String)> {
+    fn n3_decode(&self) -> Option<Part<'a>> {
         let d: Vec<&Row> = self
             .phase("decode")
             .filter(|r| r.kv_cache == "on" && r.wall_s.is_some_and(|w| w > 0.0))
