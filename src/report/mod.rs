@@ -297,7 +297,7 @@ fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim
         )
     } else {
         format!(
-            "No CUDA rows: every figure is the CPU's exact allocator count. Needs a GPU (`scripts/gpu-run.sh`): {}, the pool's trim for I2 (`cuMemPoolTrimTo`), and every CUDA calibration of `memfit predict`.",
+            "No CUDA rows: every figure is the CPU's exact allocator count. Needs a GPU (`scripts/gpu-run.sh`): {} (I2: the pool's reservation around `cuMemPoolTrimTo`), and every CUDA calibration of `memfit predict`.",
             if gpu_open.is_empty() { "—".into() } else { gpu_open.join(", ") }
         )
     }));
