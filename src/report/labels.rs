@@ -1,8 +1,9 @@
 //! Configuration labels that tell the rows of one table apart: [`hardware::describe`]'s short
-//! label, then every case key that differs within the table and that the short label does not
-//! already show (LoRA rank/targets/base, serving weights, KV cache, optimizer block, pipeline
-//! settings, threads, …). Rows that still print the same label (the same configuration in two
-//! runs) get their workload's name, then their run id.
+//! label, then every case key that differs among the table's rows sharing that short label
+//! (LoRA rank/targets/base, serving weights, KV cache, optimizer block, pipeline settings,
+//! threads, …), so a key is shown exactly where the short label leaves rows alike. Rows that
+//! still print the same label (the same configuration in two runs) get their workload's name,
+//! then their run id.
 
 use std::collections::BTreeMap;
 
@@ -65,17 +66,25 @@ fn keys(r: &Row) -> Vec<(&'static str, String)> {
 /// or case.
 pub fn labels(rows: &[&Row], workload_of: &BTreeMap<String, String>) -> Vec<String> {
     let ks: Vec<Vec<(&str, String)>> = rows.iter().map(|r| keys(r)).collect();
-    let n = ks.first().map_or(0, |k| k.len());
-    let varies: Vec<bool> = (0..n)
-        .map(|j| ks.iter().any(|k| k[j].1 != ks[0][j].1))
-        .collect();
-    let mut out: Vec<String> = rows
+    let base: Vec<String> = rows.iter().map(|r| hardware::describe(r)).collect();
+    // Per short label: the keys that differ among its rows.
+    let mut varies: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
+    for (i, b) in base.iter().enumerate() {
+        let first = base.iter().position(|x| x == b).expect("b is in base");
+        let v = varies
+            .entry(b.as_str())
+            .or_insert_with(|| vec![false; ks[i].len()]);
+        for (j, (_, val)) in ks[i].iter().enumerate() {
+            v[j] |= *val != ks[first][j].1;
+        }
+    }
+    let mut out: Vec<String> = base
         .iter()
         .zip(&ks)
-        .map(|(r, k)| {
-            let mut s = hardware::describe(r);
+        .map(|(b, k)| {
+            let mut s = b.clone();
             for (j, (name, v)) in k.iter().enumerate() {
-                if varies[j] && !v.is_empty() {
+                if varies[b.as_str()][j] && !v.is_empty() {
                     s.push_str(&format!(" {name} {v}"));
                 }
             }

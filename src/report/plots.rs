@@ -255,22 +255,17 @@ where
         .y_label_area_size(84)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..top)
         .map_err(err)?;
-    let x_style = if rotate {
-        TextStyle::from((FAMILY, 12).into_font()).transform(FontTransform::Rotate270)
-    } else {
-        TextStyle::from((FAMILY, 14).into_font())
-    };
     ctx.configure_mesh()
         .disable_x_mesh()
         .y_desc(c.y_label.as_str())
         .x_labels(n)
         .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+            // Long labels are drawn below, rotated.
+            SegmentValue::CenterOf(i) if !rotate => names.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
         .y_label_formatter(&|v| tick(*v))
         .label_style((FAMILY, 14))
-        .x_label_style(x_style)
         .axis_desc_style((FAMILY, 17))
         .light_line_style(WHITE.mix(0.0))
         .draw()
@@ -298,6 +293,15 @@ where
             .map_err(err)?
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    if rotate {
+        // Each label runs down from under its bar (rotated a quarter turn clockwise).
+        let style = TextStyle::from((FAMILY, 12).into_font()).transform(FontTransform::Rotate90);
+        for (i, name) in names.iter().enumerate() {
+            let (x, y) = ctx.backend_coord(&(SegmentValue::CenterOf(i), 0.0));
+            root.draw(&Text::new(name.clone(), (x + 6, y + 6), style.clone()))
+                .map_err(err)?;
+        }
     }
     ctx.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
