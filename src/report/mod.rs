@@ -233,7 +233,7 @@ fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim
                     .filter(|c| c.kind() == *k)
                     .map(|c| c.id)
                     .collect();
-                format!("**{k}** {n} ({})", ids.join(", "))
+                format!("{k} {n} ({})", ids.join(", "))
             })
         })
         .collect();
