@@ -54,6 +54,13 @@ fn report_writes_markdown_html_plots_and_every_claim() {
         .stdout(predicate::str::contains("report.md"));
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    // The first screen answers the question: the summary, then the claims, then the details.
+    let at = |h: &str| md.find(h).unwrap_or_else(|| panic!("report.md lacks {h}"));
+    assert!(at("## Summary") < at("## Claims") && at("## Claims") < at("## Details"));
+    assert!(at("## Details") < at("## Environment"));
+    let summary = &md[at("## Summary")..at("## Claims")];
+    assert!(summary.contains("Verdicts of the 27 claims") && summary.contains("worst error %"));
+    assert!(summary.contains("No CUDA rows"), "{summary}");
     for section in [
         "## Environment",
         "## Per phase",
@@ -146,7 +153,8 @@ fn predict_calibrates_from_stored_rows_and_refuses_what_they_lack() {
     memfit().args(shape).arg(&res).assert().success().stdout(
         predicate::str::contains("calibrated")
             .and(predicate::str::contains("train-step analytical"))
-            .and(predicate::str::contains("held out mean/max")),
+            .and(predicate::str::contains("held out mean/max 5-fold"))
+            .and(predicate::str::contains("by size")),
     );
     // The calibration holds CPU f32 rows only.
     memfit()
@@ -160,4 +168,140 @@ fn predict_calibrates_from_stored_rows_and_refuses_what_they_lack() {
                 .and(predicate::str::contains("on cuda in bf16"))
                 .and(predicate::str::contains("init/cpu/f32")),
         );
+}
+
+/// The committed CPU results: every per-phase table tells its rows apart (no two rows print
+/// the same configuration), and every claim's verdict starts with a kind word and has a
+/// criterion unless it is open or not applicable.
+#[test]
+fn committed_results_rows_apart_and_verdicts_classified() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/cpu");
+    let set = memfit::cmd::report::load_set(&root).unwrap();
+    let mut workload_of = std::collections::BTreeMap::new();
+    for m in &set.metas {
+        let name = std::path::Path::new(&m.workload)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        workload_of.insert(m.run_id.clone(), name);
+    }
+    let tables = memfit::report::phase_labels(&set.rows, &workload_of);
+    assert!(tables.len() >= 8, "{:?}", tables.keys());
+    for (phase, labels) in &tables {
+        let mut seen = std::collections::BTreeMap::new();
+        for l in labels {
+            *seen.entry(l.as_str()).or_insert(0) += 1;
+        }
+        let dup: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(dup.is_empty(), "{phase}: labels printed twice: {dup:?}");
+    }
+    for c in memfit::report::claims::evaluate(&set.rows, &workload_of) {
+        assert_ne!(c.kind(), "other", "{c:?}");
+        if !matches!(c.kind(), "open" | "not applicable") {
+            assert_ne!(c.criterion, "—", "{c:?}");
+        }
+    }
+}
+
+/// `report.html` rendered in headless Chromium: every inline SVG plot lays out with a non-zero
+/// size, every PNG beside the report loads (non-zero natural size), and no console error or
+/// failed resource is reported. Fails when Chromium is missing (`scripts/setup.sh` installs
+/// it).
+#[test]
+fn report_html_renders_in_headless_chromium() {
+    let chromium = std::path::Path::new("/usr/bin/chromium");
+    assert!(
+        chromium.exists(),
+        "/usr/bin/chromium missing: install chromium (scripts/setup.sh does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let res = results(dir.path());
+    let out = dir.path().join("rep");
+    memfit()
+        .arg("report")
+        .arg(&res)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .success();
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let pngs: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().to_string();
+            n.ends_with(".png").then_some(n)
+        })
+        .collect();
+    assert!(pngs.len() >= 5, "{pngs:?}");
+    // A harness in the page's head: records console errors and failed loads, adds the PNGs,
+    // and once everything has loaded writes what it saw into the DOM that --dump-dom prints.
+    let harness = format!(
+        r#"<script>
+window.__errors = [];
+const origError = console.error;
+console.error = (...a) => {{ window.__errors.push('console: ' + a.join(' ')); origError(...a); }};
+window.addEventListener('error', e => window.__errors.push('error: ' + (e.message || (e.target && (e.target.src || e.target.href)))), true);
+document.addEventListener('DOMContentLoaded', () => {{
+  for (const src of {pngs:?}) {{ const i = document.createElement('img'); i.src = src; i.className = 'memfit-png'; document.body.appendChild(i); }}
+}});
+window.addEventListener('load', () => {{
+  const svgs = [...document.querySelectorAll('figure svg')].map(s => {{ const r = s.getBoundingClientRect(); return [r.width, r.height]; }});
+  const imgs = [...document.querySelectorAll('img.memfit-png')].map(i => [i.getAttribute('src'), i.naturalWidth, i.naturalHeight]);
+  const pre = document.createElement('pre'); pre.id = 'memfit-check';
+  pre.textContent = JSON.stringify({{svgs, imgs, errors: window.__errors}});
+  document.body.appendChild(pre);
+}});
+</script>"#
+    );
+    let page = out.join("check.html");
+    std::fs::write(
+        &page,
+        html.replacen("<head>", &format!("<head>\n{harness}"), 1),
+    )
+    .unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=10000",
+            "--window-size=1280,900",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "chromium failed: {run:?}");
+    let start = dom
+        .find("<pre id=\"memfit-check\">")
+        .unwrap_or_else(|| panic!("the harness wrote nothing: {dom}"));
+    let json = &dom[start + "<pre id=\"memfit-check\">".len()..];
+    let json = &json[..json.find("</pre>").unwrap()];
+    let v: serde_json::Value = serde_json::from_str(&json.replace("&quot;", "\"")).unwrap();
+    let svgs = v["svgs"].as_array().unwrap();
+    assert!(svgs.len() >= 5, "{v}");
+    for s in svgs {
+        assert!(
+            s[0].as_f64().unwrap() > 0.0 && s[1].as_f64().unwrap() > 0.0,
+            "{v}"
+        );
+    }
+    let imgs = v["imgs"].as_array().unwrap();
+    assert_eq!(imgs.len(), pngs.len(), "{v}");
+    for i in imgs {
+        assert!(
+            i[1].as_u64().unwrap() > 0 && i[2].as_u64().unwrap() > 0,
+            "{v}"
+        );
+    }
+    assert_eq!(v["errors"].as_array().unwrap().len(), 0, "{v}");
 }

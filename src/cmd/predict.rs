@@ -179,15 +179,21 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             }
             for c in p.calibrated.iter().flatten() {
                 println!(
-                    "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {})",
+                    "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {}; by size {})",
                     c.phase,
                     human_bytes(c.analytical_bytes),
                     human_bytes(c.calibrated_bytes),
                     c.rows,
                     c.held_out_pct
-                        .map_or("- (under 3 rows)".into(), |(a, m)| format!(
-                            "{a:.3}/{m:.3} %"
-                        ))
+                        .map_or("— (under 3 rows)".into(), |(a, m)| format!(
+                            "5-fold {a:.3}/{m:.3} %"
+                        )),
+                    match (c.by_size_pct, c.by_size_fit_params) {
+                        (Some((a, m)), Some(p)) => format!(
+                            "{a:.3}/{m:.3} % (fitted on configs ≤ {p} parameters, tested on the larger)"
+                        ),
+                        _ => "— (one config size)".into(),
+                    }
                 );
             }
         }

@@ -100,17 +100,8 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
     let fits: Vec<_> = groups.iter().map(|(k, rows)| fit_group(k, rows)).collect();
     let by_key: BTreeMap<&GroupKey, &crate::cmd::fit::GroupFit> =
         groups.keys().zip(&fits).collect();
-    let fitted = |r: &Row| -> Option<f64> {
-        let g = by_key.get(&key(r))?;
-        let x = crate::fit::features(r);
-        let v: f64 = g
-            .coefficients
-            .iter()
-            .zip(x)
-            .map(|((_, c, _), xi)| c * xi)
-            .sum();
-        v.is_finite().then_some(v)
-    };
+    let fitted =
+        |r: &Row| -> Option<f64> { by_key.get(&key(r))?.predict(&crate::fit::features(r)) };
     let textbook = crate::fit::textbook::evaluate(&all);
     let cpu_peak = if args.measure_cpu_peak {
         let model = crate::cmd::run::cpu_model();

@@ -41,6 +41,11 @@ pub struct Calibrated {
     pub rows: usize,
     /// Held-out mean and max error of the calibration (percent), when it has ≥ 3 rows.
     pub held_out_pct: Option<(f64, f64)>,
+    /// Held out by size: mean and max error (percent) on the larger half of the configs (by
+    /// parameter count) of a calibration fitted on the smaller half; `None` with one size.
+    pub by_size_pct: Option<(f64, f64)>,
+    /// The largest parameter count the by-size calibration was fitted on.
+    pub by_size_fit_params: Option<u64>,
 }
 
 /// `cpu` or `cuda` (all `cuda:N` of a machine are the same model).
@@ -64,6 +69,11 @@ pub struct Correction {
     pub slope: f64,
     /// Held-out error of the calibrated prediction (percent of measured); `None` below 3 rows.
     pub held_out: Option<(f64, f64)>,
+    /// Held out by size ([`super::extrapolation`]): fitted on the smaller half of the configs
+    /// by parameter count, tested on the larger half; `None` with one size.
+    pub by_size: Option<(f64, f64)>,
+    /// The largest parameter count of the smaller half.
+    pub by_size_fit_params: Option<u64>,
 }
 
 impl Correction {
@@ -73,6 +83,9 @@ impl Correction {
             .max(0.0) as u64
     }
 }
+
+/// One row's (predicted, measured, parameters).
+type Point = (f64, f64, f64);
 
 /// The corrections fitted from `rows`, keyed by (phase, device kind, dtype).
 #[derive(Debug, Clone, Default)]
@@ -84,7 +97,7 @@ pub struct Calibration {
 
 impl Calibration {
     pub fn fit(rows: &[Row]) -> Self {
-        let mut by: BTreeMap<(String, String, String), Vec<(f64, f64)>> = BTreeMap::new();
+        let mut by: BTreeMap<(String, String, String), Vec<Point>> = BTreeMap::new();
         for r in rows.iter().filter(|r| r.status == Status::Ok) {
             if let (Some(m), Some(p)) = (r.peak_bytes, r.predicted_peak_bytes) {
                 by.entry((
@@ -93,14 +106,22 @@ impl Calibration {
                     r.dtype.clone(),
                 ))
                 .or_default()
-                .push((p as f64, m as f64));
+                .push((p as f64, m as f64, r.params as f64));
             }
         }
         let groups = by
             .into_iter()
             .filter_map(|(k, pts)| {
-                let x: Vec<Vec<f64>> = pts.iter().map(|(p, _)| vec![1.0, *p]).collect();
-                let y: Vec<f64> = pts.iter().map(|(_, m)| *m).collect();
+                let x: Vec<Vec<f64>> = pts.iter().map(|(p, _, _)| vec![1.0, *p]).collect();
+                let y: Vec<f64> = pts.iter().map(|(_, m, _)| *m).collect();
+                let size: Vec<f64> = pts.iter().map(|(_, _, s)| *s).collect();
+                let by_size = super::extrapolation(&x, &y, &size).map(|h| (h.mean_pct, h.max_pct));
+                let by_size_fit_params = by_size.and_then(|_| {
+                    let mut d = size.clone();
+                    d.sort_by(f64::total_cmp);
+                    d.dedup();
+                    d.get(d.len() / 2 - 1).map(|v| *v as u64)
+                });
                 let f = least_squares(&x, &y)?;
                 // A single predicted value gives no slope: the line is the mean offset.
                 let (intercept, slope) = if f.used[1] {
@@ -123,6 +144,8 @@ impl Calibration {
                         intercept,
                         slope,
                         held_out: held,
+                        by_size,
+                        by_size_fit_params,
                     },
                 ))
             })
@@ -156,6 +179,8 @@ impl Calibration {
                     calibrated_bytes: c.apply(*analytical),
                     rows: c.rows,
                     held_out_pct: c.held_out,
+                    by_size_pct: c.by_size,
+                    by_size_fit_params: c.by_size_fit_params,
                 })
             })
             .collect()
@@ -232,6 +257,34 @@ mod tests {
         assert!((g.intercept - 0.6).abs() < 1e-9 && (g.slope - 0.8).abs() < 1e-9);
         assert_eq!(g.apply(10), 9); // 8.6 rounds to 9
         assert!(g.held_out.unwrap().1 >= 100.0 / 3.0 - 1e-9);
+    }
+
+    /// Held out by size: configs of 100, 200, 300 and 400 parameters, measured = 2·predicted
+    /// below 250 parameters and 3·predicted above. Fitted on the smaller two (slope 2), the
+    /// larger two are predicted 2/3 of their measured value: 33.3 % off, both.
+    #[test]
+    fn held_out_by_size_fits_small_tests_large() {
+        let rows: Vec<Row> = [(100u64, 10u64), (200, 20), (300, 30), (400, 40)]
+            .iter()
+            .flat_map(|&(params, p)| {
+                let k = if params < 250 { 2 } else { 3 };
+                // Two rows per config (two batch sizes).
+                [1u64, 2].map(|b| {
+                    let mut r = row("forward", p * b, k * p * b);
+                    r.params = params;
+                    r.batch = b;
+                    r
+                })
+            })
+            .collect();
+        let c = Calibration::fit(&rows);
+        let g = c.get("forward", "cuda:0", "bf16").unwrap();
+        let (mean, max) = g.by_size.unwrap();
+        assert!((mean - 100.0 / 3.0).abs() < 1e-9 && (max - 100.0 / 3.0).abs() < 1e-9);
+        assert_eq!(g.by_size_fit_params, Some(200));
+        // One size only: nothing to extrapolate to.
+        let one = Calibration::fit(&rows[..2]);
+        assert_eq!(one.get("forward", "cuda:0", "bf16").unwrap().by_size, None);
     }
 
     #[test]

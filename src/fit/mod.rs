@@ -154,21 +154,23 @@ pub fn k_fold(x: &[Vec<f64>], y: &[f64], k: usize) -> Option<HeldOut> {
     summarize(&errs)
 }
 
-/// Extrapolation: fit on the observations whose `size` is at most the median, test on the
-/// larger ones. `None` when either half is empty.
+/// Extrapolation held out by size: the distinct sizes (parameter counts: one per config) are
+/// split in half; the fit sees every observation of the smaller half of the configs and is
+/// tested on every observation of the larger half. `None` with fewer than two distinct sizes.
 pub fn extrapolation(x: &[Vec<f64>], y: &[f64], size: &[f64]) -> Option<HeldOut> {
-    let mut order: Vec<usize> = (0..y.len()).collect();
-    order.sort_by(|&a, &b| size[a].total_cmp(&size[b]));
-    let half = order.len() / 2;
-    let (small, large) = order.split_at(half.max(1).min(order.len()));
-    if large.is_empty() {
+    let mut distinct: Vec<f64> = size.to_vec();
+    distinct.sort_by(f64::total_cmp);
+    distinct.dedup();
+    if distinct.len() < 2 {
         return None;
     }
+    let cut = distinct[distinct.len() / 2 - 1];
+    let (small, large): (Vec<usize>, Vec<usize>) = (0..y.len()).partition(|&i| size[i] <= cut);
     let xt: Vec<Vec<f64>> = small.iter().map(|&i| x[i].clone()).collect();
     let yt: Vec<f64> = small.iter().map(|&i| y[i]).collect();
     let fit = least_squares(&xt, &yt)?;
     let mut errs = Vec::new();
-    errors(&fit, x, y, large, &mut errs);
+    errors(&fit, x, y, &large, &mut errs);
     summarize(&errs)
 }
 

@@ -2,7 +2,12 @@
 //! function of one case's rows (grouped by run and case) that predicts one measured figure.
 //!
 //! - Korthikanti et al.: activations per layer `s·b·h·(34 + 5·a·s/h)` bytes in 16 bits, scaled
-//!   to the element size, times L — against the forward's retained graph.
+//!   to the element size, times L — against the forward's retained graph (raw), and on equal
+//!   terms: without the dropout terms memfit's model does not have (the 1-byte masks `sbh` and
+//!   `a·s²·b`, and the dropped-out softmax copy `2·a·s²·b`), i.e. `s·b·h·(32 + 2·a·s/h)`, plus
+//!   what the paper leaves out and memfit's graph holds outside the blocks, counted separately:
+//!   the embedding output and the final LayerNorm's input `2·e·BSH`, the logits and their
+//!   log-softmax `2·e·BSV`. [`candle_extra`] itemises what candle keeps beyond that, in bytes.
 //! - Adam keeps two copies (B2): state `2·e·P` (momentum `e·P`, SGD 0) — against the
 //!   optimizer's retained bytes.
 //! - Mixed precision "16 bytes per parameter" (weights, gradients, AdamW state) — against init +
@@ -49,8 +54,20 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
             f.heads as f64,
             f.layers as f64,
         );
-        let k = l * s * b * h * (34.0 + 5.0 * a * s / h) * elem_bytes(f) / 2.0;
+        let e = elem_bytes(f);
+        let k = l * s * b * h * (34.0 + 5.0 * a * s / h) * e / 2.0;
         out.push(("Korthikanti 34+5as/h", "forward graph", k, m));
+        if f.model == "gpt" {
+            let v = f.vocab as f64;
+            let equal = l * s * b * h * (32.0 + 2.0 * a * s / h) * e / 2.0
+                + e * (2.0 * b * s * h + 2.0 * b * s * v);
+            out.push((
+                "Korthikanti, no dropout, + embedding/head/loss",
+                "forward graph",
+                equal,
+                m,
+            ));
+        }
     }
     if let Some(o) = get("optimizer")
         && o.lora_rank == 0
@@ -114,6 +131,53 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     out
 }
 
+/// What candle's graph keeps (memfit's per-block accounting, `formula::transformer`) that the
+/// paper's dropout-free accounting does not, per item, in bytes for the whole model, for a GPT
+/// forward row with A > 1 and S > 1 (f32 elements; `None` otherwise). Per block the paper keeps
+/// 16·BSH + A·B·S² elements (LayerNorm inputs and outputs, Q, K, V, the softmax output, the
+/// o-projection input, GELU's input and output); memfit measures 39·BSH + 6·ABS² + 2·ABS +
+/// 12·BS.
+pub fn candle_extra(f: &Row) -> Option<Vec<(&'static str, f64)>> {
+    if f.model != "gpt" || f.heads < 2 || f.seq < 2 || f.dtype != "f32" {
+        return None;
+    }
+    let (b, s, h, a, l, v) = (
+        f.batch as f64,
+        f.seq as f64,
+        f.hidden as f64,
+        f.heads as f64,
+        f.layers as f64,
+        f.vocab as f64,
+    );
+    let (bsh, abs2, e) = (b * s * h, a * b * s * s, 4.0);
+    Some(vec![
+        (
+            "unfused softmax chain: scores, scale, mask add, difference, exp (5·A·B·S²) and the row max and sum (2·A·B·S)",
+            e * l * (5.0 * abs2 + 2.0 * a * b * s),
+        ),
+        (
+            "LayerNorm's intermediates (`layer_norm_slow`: 3·BSH + 6·BS per norm, 2 per block)",
+            e * l * (6.0 * bsh + 12.0 * b * s),
+        ),
+        (
+            "matmul outputs before their bias add (q, k, v 3·BSH, o BSH, fc1 4·BSH, fc2 BSH)",
+            e * l * 9.0 * bsh,
+        ),
+        (
+            "head split/merge `contiguous()` copies (4·BSH)",
+            e * l * 4.0 * bsh,
+        ),
+        (
+            "projection outputs and residual sums (o and fc2 bias outputs, 2 residuals: 4·BSH)",
+            e * l * 4.0 * bsh,
+        ),
+        (
+            "outside the blocks beyond the equal-terms count: the position add and the final LayerNorm's intermediates (5·BSH + 6·BS), two more B·S·V tensors of the log-softmax and its max/sum/log (2·BSV + 4·BS), the causal mask (S²) and the 2 loss scalars",
+            e * (5.0 * bsh + 10.0 * b * s + 2.0 * b * s * v + s * s + 2.0),
+        ),
+    ])
+}
+
 /// Every textbook formula's error over `rows` (ok rows grouped by run and case).
 pub fn evaluate(rows: &[Row]) -> Vec<TextbookError> {
     let mut cases: BTreeMap<(String, u64), BTreeMap<String, &Row>> = BTreeMap::new();
@@ -172,5 +236,37 @@ mod tests {
         assert!((find("Korthikanti 34+5as/h").mean_pct - 20.0).abs() < 1e-9);
         assert_eq!(find("Adam 2×P (B2)").mean_pct, 0.0);
         assert!((find("inference ≈ 2×P (N2)").mean_pct - 60.0).abs() < 1e-9);
+        // On equal terms: 3·8·2·16·(32 + 2·2·8/16)·2 = 768·34·2 = 52,224, plus
+        // 4·(2·2·8·16 + 2·2·8·10) = 4·(512 + 320) = 3,328: 55,552 against 49,920 → 11.28 %.
+        let eq = find("Korthikanti, no dropout, + embedding/head/loss").mean_pct;
+        assert!(
+            (eq - (55_552.0 / 49_920.0 - 1.0) * 100.0).abs() < 1e-9,
+            "{eq}"
+        );
+    }
+
+    /// The itemised extra of one block set is memfit's accounting minus the paper's: per block
+    /// (39 − 16)·BSH + (6 − 1)·ABS² + 2·ABS + 12·BS floats; a ViT or f16 row gets none.
+    #[test]
+    fn candle_extra_is_memfit_minus_the_paper() {
+        let mut r = Row::example();
+        r.phase = "forward".into();
+        let items = candle_extra(&r).unwrap();
+        let blocks: f64 = items[..5].iter().map(|x| x.1).sum();
+        let (bsh, abs2, abs, bs) = (256.0, 256.0, 32.0, 16.0);
+        assert_eq!(
+            blocks,
+            4.0 * 3.0 * (23.0 * bsh + 5.0 * abs2 + 2.0 * abs + 12.0 * bs)
+        );
+        // Equal-terms count + every item = memfit's graph data to the byte (L 3, B 2, S 8,
+        // H 16, A 2, V 10).
+        let equal = 3.0 * 8.0 * 2.0 * 16.0 * (32.0 + 2.0 * 2.0 * 8.0 / 16.0) * 2.0
+            + 4.0 * (2.0 * bsh + 2.0 * 2.0 * 8.0 * 10.0);
+        let all: f64 = items.iter().map(|x| x.1).sum();
+        let memfit = crate::formula::transformer::Shape::new(2, 8, 16, 2, 3, 10, 8)
+            .activation_data_bytes() as f64;
+        assert_eq!(equal + all, memfit);
+        r.model = "vit".into();
+        assert!(candle_extra(&r).is_none());
     }
 }

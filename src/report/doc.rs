@@ -6,14 +6,20 @@
 pub enum Block {
     Heading(u8, String),
     Para(String),
-    /// Header cells and rows of cells (plain text; `|` is escaped in Markdown).
+    /// Header cells and rows of cells (plain text; `|` is escaped in Markdown). In HTML a
+    /// table of more than [`COLLAPSE_ROWS`] rows is collapsed under a line saying its size.
     Table(Vec<String>, Vec<Vec<String>>),
+    /// A table the reader came for (the claims): never collapsed.
+    OpenTable(Vec<String>, Vec<Vec<String>>),
     /// A plot: its file stem (`NAME.svg`, `NAME.png` beside the report) and a caption.
     Plot {
         name: String,
         caption: String,
     },
 }
+
+/// Tables longer than this are collapsed (`<details>`) in the HTML.
+pub const COLLAPSE_ROWS: usize = 12;
 
 fn md_cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
@@ -28,7 +34,7 @@ pub fn markdown(blocks: &[Block]) -> String {
                 out.push_str(&format!("{} {t}\n\n", "#".repeat(*level as usize)))
             }
             Block::Para(t) => out.push_str(&format!("{t}\n\n")),
-            Block::Table(head, rows) => {
+            Block::Table(head, rows) | Block::OpenTable(head, rows) => {
                 let line = |cells: &[String]| {
                     format!(
                         "| {} |\n",
@@ -90,7 +96,15 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                 out.push_str(&format!("<h{level}>{}</h{level}>\n", inline(t)))
             }
             Block::Para(t) => out.push_str(&format!("<p>{}</p>\n", inline(t))),
-            Block::Table(head, rows) => {
+            Block::Table(head, rows) | Block::OpenTable(head, rows) => {
+                let collapse = matches!(b, Block::Table(..)) && rows.len() > COLLAPSE_ROWS;
+                if collapse {
+                    out.push_str(&format!(
+                        "<details>\n<summary>{} rows ({})</summary>\n",
+                        rows.len(),
+                        inline(head.first().map_or("", |h| h.as_str()))
+                    ));
+                }
                 out.push_str("<table>\n<tr>");
                 for h in head {
                     out.push_str(&format!("<th>{}</th>", inline(h)));
@@ -104,6 +118,9 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                     out.push_str("</tr>\n");
                 }
                 out.push_str("</table>\n");
+                if collapse {
+                    out.push_str("</details>\n");
+                }
             }
             Block::Plot { name, caption } => {
                 out.push_str("<figure>\n");
@@ -154,5 +171,17 @@ mod tests {
         assert!(h.contains("<p>peak of <code>train-step</code> a&lt;b</p>"));
         assert!(h.contains("<figure>\n<svg>x</svg>") && !h.contains("<?xml"));
         assert!(h.contains("<td>1|2</td>"));
+        assert!(!h.contains("<details>"));
+        // A long table collapses in HTML (not in Markdown); an open one never does.
+        let rows: Vec<Vec<String>> = (0..=COLLAPSE_ROWS).map(|i| vec![i.to_string()]).collect();
+        let long = [Block::Table(vec!["n".into()], rows.clone())];
+        let h = html("t", &long, &|_| None);
+        assert!(
+            h.contains("<details>\n<summary>13 rows (n)</summary>")
+                && h.contains("</table>\n</details>")
+        );
+        assert!(!markdown(&long).contains("details"));
+        let open = [Block::OpenTable(vec!["n".into()], rows)];
+        assert!(!html("t", &open, &|_| None).contains("<details>"));
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::formula::flops::{self, FlopCase};
 use crate::record::{Row, Status};
-use crate::report::claims::config_key;
+use crate::report::claims::config_key_without;
 use crate::units::human_bytes;
 
 /// A device's peak dense FLOP/s for an element type, with where the number comes from.
@@ -75,15 +75,7 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>, f64) {
         }
     }
     // Configuration without run, device and threads: the same work on different machines.
-    let key = |r: &Row| {
-        let k = config_key(r, "run");
-        k.split('|')
-            .enumerate()
-            .filter(|(i, _)| *i != 10) // device
-            .map(|(_, v)| v)
-            .collect::<Vec<_>>()
-            .join("|")
-    };
+    let key = |r: &Row| config_key_without(r, &["run", "device", "threads"]);
     let mut keys: BTreeMap<(String, String), (String, u64)> = BTreeMap::new();
     let mut cells: BTreeMap<((String, String), usize), &Row> = BTreeMap::new();
     for (i, s) in sets.iter().enumerate() {
@@ -129,6 +121,24 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>, f64) {
 
 /// A short description of a row's configuration.
 pub fn describe(r: &Row) -> String {
+    if r.phase == "dataload" {
+        let n = |v: Option<u64>| v.map_or("—".into(), |x| x.to_string());
+        return format!(
+            "{} {}×{} prefetch {} persistent {} E{} B{} crop {}",
+            r.storage,
+            r.worker_kind,
+            n(r.workers),
+            n(r.prefetch),
+            if r.persistent.is_empty() {
+                "—"
+            } else {
+                &r.persistent
+            },
+            n(r.epochs),
+            r.batch,
+            n(r.crop_px)
+        );
+    }
     let shape = if r.preset == "custom" {
         format!("H{} A{} L{} V{}", r.hidden, r.heads, r.layers, r.vocab)
     } else {

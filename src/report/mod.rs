@@ -6,6 +6,7 @@
 pub mod claims;
 pub mod doc;
 pub mod hardware;
+pub mod labels;
 pub mod plots;
 pub mod table;
 
@@ -106,19 +107,16 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .collect();
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
-    b.push(Block::Para(format!(
-        "{} row(s) from {} result set(s) ({} ok). Every number below is read from the stored rows \
-         or computed from them; `memfit report` runs no model.",
-        all.len(),
-        inp.sets.len(),
-        ok.len()
-    )));
-
+    let workload_of = workload_names(inp);
+    let claims = claims::evaluate(&all, &workload_of);
+    summary(&mut b, &all, &ok, &claims);
+    claims_section(&mut b, &claims);
+    b.push(Block::Heading(2, "Details".into()));
     environment(&mut b, inp);
-    let charts = plots_for(&ok, inp);
-    phase_tables(&mut b, &ok);
+    let charts = plots_for(&ok, inp, &workload_of);
+    phase_tables(&mut b, &ok, &workload_of);
     fit_section(&mut b, inp);
-    claims_section(&mut b, &all, inp);
+    candle_extra_section(&mut b, &ok);
     hardware_section(&mut b, inp);
     b.push(Block::Heading(2, "Plots".into()));
     for (name, chart) in &charts {
@@ -130,9 +128,6 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
             name: name.clone(),
             caption,
         });
-        if name == "breakdown" {
-            breakdown_legend(&mut b, &ok);
-        }
     }
     let mut svgs = BTreeMap::new();
     for (name, chart) in &charts {
@@ -199,63 +194,132 @@ fn environment(b: &mut Vec<Block>, inp: &Inputs) {
     }));
 }
 
-fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
-    b.push(Block::Heading(
-        2,
-        "Per phase: measured against the formulas".into(),
-    ));
+/// Run id → the workload's file stem.
+fn workload_names(inp: &Inputs) -> BTreeMap<String, String> {
+    let mut workload_of = BTreeMap::new();
+    for s in inp.sets {
+        for m in &s.metas {
+            let name = std::path::Path::new(&m.workload)
+                .file_stem()
+                .map_or(m.workload.clone(), |n| n.to_string_lossy().to_string());
+            workload_of.insert(m.run_id.clone(), name);
+        }
+    }
+    workload_of
+}
+
+/// The first screen: what was measured, how close the formulas are, and the verdicts.
+fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim]) {
+    let mut devices: Vec<String> = all.iter().map(|r| r.device.clone()).collect();
+    devices.sort();
+    devices.dedup();
+    let runs: std::collections::BTreeSet<&str> = all.iter().map(|r| r.run_id.as_str()).collect();
+    b.push(Block::Heading(2, "Summary".into()));
+    b.push(Block::Para(format!(
+        "{} row(s) from {} run(s) ({} ok, {} failed or out of memory) on {}. Every number below is read from the stored rows or computed from them; `memfit report` runs no model.",
+        all.len(),
+        runs.len(),
+        ok.len(),
+        all.len() - ok.len(),
+        devices.join(", ")
+    )));
+    let mut counts: Vec<String> = claims::KINDS
+        .iter()
+        .filter_map(|k| {
+            let n = claims.iter().filter(|c| c.kind() == *k).count();
+            (n > 0).then(|| {
+                let ids: Vec<&str> = claims
+                    .iter()
+                    .filter(|c| c.kind() == *k)
+                    .map(|c| c.id)
+                    .collect();
+                format!("{k} {n} ({})", ids.join(", "))
+            })
+        })
+        .collect();
+    let other: Vec<&str> = claims
+        .iter()
+        .filter(|c| c.kind() == "other")
+        .map(|c| c.id)
+        .collect();
+    if !other.is_empty() {
+        counts.push(format!(
+            "unclassified {} ({})",
+            other.len(),
+            other.join(", ")
+        ));
+    }
+    b.push(Block::Para(format!(
+        "Verdicts of the {} claims: {}.",
+        claims.len(),
+        counts.join("; ")
+    )));
     let mut by: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
     for r in ok {
         by.entry(r.phase.as_str()).or_default().push(r);
     }
-    let summary: Vec<Vec<String>> = by
+    let worst: Vec<Vec<String>> = by
         .iter()
         .map(|(p, rs)| {
-            let errs: Vec<f64> = rs.iter().filter_map(|r| err_pct(r).map(f64::abs)).collect();
-            let peaks: Vec<f64> = rs
+            let w = rs
                 .iter()
-                .filter_map(|r| r.peak_bytes.map(|v| v as f64))
-                .collect();
+                .filter_map(|r| Some((*r, err_pct(r)?)))
+                .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()));
             vec![
                 p.to_string(),
                 rs.len().to_string(),
-                format!(
-                    "{} – {}",
-                    human_bytes(peaks.iter().copied().fold(f64::INFINITY, f64::min)),
-                    human_bytes(peaks.iter().copied().fold(0.0, f64::max))
-                ),
-                if errs.is_empty() {
-                    "—".into()
-                } else {
-                    format!("{:.4}", errs.iter().sum::<f64>() / errs.len() as f64)
-                },
-                if errs.is_empty() {
-                    "—".into()
-                } else {
-                    format!("{:.4}", errs.iter().fold(0f64, |m, e| m.max(*e)))
-                },
+                w.map_or("—".into(), |(_, e)| format!("{e:+.4}")),
+                w.map_or("— (no prediction)".into(), |(r, _)| hardware::describe(r)),
             ]
         })
         .collect();
-    b.push(Block::Table(
-        [
-            "phase",
-            "rows",
-            "peak range",
-            "mean |error| %",
-            "max |error| %",
-        ]
-        .map(String::from)
-        .to_vec(),
-        summary,
+    b.push(Block::OpenTable(
+        ["phase", "rows", "worst error %", "worst row"]
+            .map(String::from)
+            .to_vec(),
+        worst,
     ));
-    for (p, rs) in &by {
+    let cuda = all.iter().any(|r| r.device.starts_with("cuda"));
+    let gpu_open: Vec<String> = claims
+        .iter()
+        .filter(|c| {
+            c.kind() != "holds"
+                && (c.verdict.contains("GPU")
+                    || c.verdict.contains("CUDA")
+                    || c.measured.contains("CUDA"))
+        })
+        .map(|c| c.id.to_string())
+        .collect();
+    b.push(Block::Para(if cuda {
+        format!(
+            "CUDA rows are present. Still open on a GPU: {}.",
+            if gpu_open.is_empty() { "nothing".into() } else { gpu_open.join(", ") }
+        )
+    } else {
+        format!(
+            "No CUDA rows: every figure is the CPU's exact allocator count. Needs a GPU (`scripts/gpu-run.sh`): {} (I2: the pool's reservation around `cuMemPoolTrimTo`), and every CUDA calibration of `memfit predict`.",
+            if gpu_open.is_empty() { "—".into() } else { gpu_open.join(", ") }
+        )
+    }));
+}
+
+fn phase_tables(b: &mut Vec<Block>, ok: &[&Row], workload_of: &BTreeMap<String, String>) {
+    b.push(Block::Heading(
+        2,
+        "Per phase: measured against the formulas".into(),
+    ));
+    b.push(Block::Para(
+        "A configuration shows every case key that differs within its table; the same configuration in two runs carries its workload's name.".into(),
+    ));
+    for (p, rs) in &phase_groups(ok) {
         b.push(Block::Heading(3, format!("`{p}`")));
+        let names = labels::labels(rs, workload_of);
         let lines = rs
             .iter()
-            .map(|r| {
+            .zip(names)
+            .map(|(r, name)| {
                 vec![
-                    hardware::describe(r),
+                    name,
                     r.device.clone(),
                     opt(r.peak_bytes.map(|v| v as f64), human_bytes),
                     opt(r.predicted_peak_bytes.map(|v| v as f64), human_bytes),
@@ -282,6 +346,30 @@ fn phase_tables(b: &mut Vec<Block>, ok: &[&Row]) {
             lines,
         ));
     }
+}
+
+/// The ok rows by phase: one per-phase table each.
+pub fn phase_groups<'a>(ok: &[&'a Row]) -> BTreeMap<String, Vec<&'a Row>> {
+    let mut by: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
+    for r in ok {
+        by.entry(r.phase.clone()).or_default().push(r);
+    }
+    by
+}
+
+/// The per-phase tables' configuration labels of a result set, by phase (for tests).
+pub fn phase_labels(
+    rows: &[Row],
+    workload_of: &BTreeMap<String, String>,
+) -> BTreeMap<String, Vec<String>> {
+    let ok: Vec<&Row> = rows.iter().filter(|r| r.status == Status::Ok).collect();
+    phase_groups(&ok)
+        .into_iter()
+        .map(|(p, rs)| {
+            let l = labels::labels(&rs, workload_of);
+            (p, l)
+        })
+        .collect()
 }
 
 fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
@@ -312,12 +400,7 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
                 },
                 pair(g.kfold),
                 pair(g.extrapolation),
-                g.coefficients
-                    .iter()
-                    .filter(|(_, c, _)| *c != 0.0 && c.is_finite())
-                    .map(|(n, c, _)| format!("{c:.4}·{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
+                g.formula(),
             ]
         })
         .collect();
@@ -366,44 +449,114 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
     ));
 }
 
-fn claims_section(b: &mut Vec<Block>, all: &[Row], inp: &Inputs) {
+/// What candle keeps that Korthikanti's dropout-free accounting does not, itemised in bytes for
+/// the largest plain f32 GPT forward graph of the rows.
+fn candle_extra_section(b: &mut Vec<Block>, ok: &[&Row]) {
+    let Some((r, items)) = ok
+        .iter()
+        .filter(|r| {
+            r.phase == "forward"
+                && r.checkpoint == 0
+                && r.lora_rank == 0
+                && r.attention != "efficient"
+                && r.precision != "mixed"
+                && r.retained_bytes.is_some()
+        })
+        .filter_map(|r| Some((*r, crate::fit::textbook::candle_extra(r)?)))
+        .max_by_key(|(r, _)| r.retained_bytes)
+    else {
+        return;
+    };
+    let Some(m) = r.retained_bytes.map(|v| v as f64) else {
+        return;
+    };
+    let (bb, s, h, a, l, v) = (
+        r.batch as f64,
+        r.seq as f64,
+        r.hidden as f64,
+        r.heads as f64,
+        r.layers as f64,
+        r.vocab as f64,
+    );
+    let raw = l * s * bb * h * (34.0 + 5.0 * a * s / h) * 2.0;
+    let equal = l * s * bb * h * (32.0 + 2.0 * a * s / h) * 2.0
+        + 4.0 * (2.0 * bb * s * h + 2.0 * bb * s * v);
+    let sum: f64 = items.iter().map(|x| x.1).sum();
+    b.push(Block::Heading(
+        3,
+        format!(
+            "What candle keeps that the paper's accounting does not ({})",
+            hardware::describe(r)
+        ),
+    ));
+    b.push(Block::Para(format!(
+        "Measured forward graph {}; Korthikanti raw {} ({:+.1} %), on equal terms (no dropout, embedding/head/loss counted) {} ({:+.1} %). The rest, item by item from memfit's per-op accounting (f32):",
+        human_bytes(m),
+        human_bytes(raw),
+        (raw / m - 1.0) * 100.0,
+        human_bytes(equal),
+        (equal / m - 1.0) * 100.0
+    )));
+    let mut rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|(what, bytes)| {
+            vec![
+                what.to_string(),
+                human_bytes(*bytes),
+                format!("{:.1}", bytes / m * 100.0),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "equal-terms count + these items".into(),
+        human_bytes(equal + sum),
+        format!("{:.1}", (equal + sum) / m * 100.0),
+    ]);
+    rows.push(vec![
+        "measured − that (candle's per-tensor metadata)".into(),
+        human_bytes(m - equal - sum),
+        format!("{:.3}", (m - equal - sum) / m * 100.0),
+    ]);
+    b.push(Block::OpenTable(
+        ["item", "bytes", "% of the measured graph"]
+            .map(String::from)
+            .to_vec(),
+        rows,
+    ));
+}
+
+fn claims_section(b: &mut Vec<Block>, claims: &[claims::Claim]) {
     b.push(Block::Heading(2, "Claims".into()));
     b.push(Block::Para(
-        "Every claim of the seed note, evaluated on these rows. \"not measured\" names the workload \
-         that would measure it; B5 is derived from measured per-device state, F3 predicted when no \
-         such run is present."
+        "Every claim of the seed note, decided from these rows by the criterion in its row. A verdict \
+         starts with its kind (holds, partly, does not hold, open, derived, not applicable); \"open\" \
+         names the workload that would decide it; B5 is derived from measured per-device state, F3 \
+         predicted when no such run is present."
             .into(),
     ));
-    let mut workload_of = BTreeMap::new();
-    for s in inp.sets {
-        for m in &s.metas {
-            let name = std::path::Path::new(&m.workload)
-                .file_stem()
-                .map_or(m.workload.clone(), |n| n.to_string_lossy().to_string());
-            workload_of.insert(m.run_id.clone(), name);
-        }
-    }
-    let rows = claims::evaluate(all, &workload_of)
-        .into_iter()
+    let rows = claims
+        .iter()
         .map(|c| {
             vec![
                 c.id.to_string(),
                 c.claim.to_string(),
-                c.workload,
-                c.measured,
-                c.predicted,
-                c.verdict,
+                c.verdict.clone(),
+                c.criterion.clone(),
+                c.workload.clone(),
+                c.measured.clone(),
+                c.predicted.clone(),
             ]
         })
         .collect();
-    b.push(Block::Table(
+    b.push(Block::OpenTable(
         [
             "claim",
             "statement",
+            "verdict",
+            "criterion",
             "workload",
             "measured",
             "predicted",
-            "verdict",
         ]
         .map(String::from)
         .to_vec(),
@@ -517,26 +670,11 @@ fn breakdown_cases<'a>(ok: &[&'a Row]) -> Vec<BTreeMap<&'a str, &'a Row>> {
         .collect()
 }
 
-fn breakdown_legend(b: &mut Vec<Block>, ok: &[&Row]) {
-    let rows = breakdown_cases(ok)
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let r = c["optimizer"];
-            let mut d = hardware::describe(r);
-            if r.lora_rank > 0 {
-                d.push_str(&format!(
-                    " LoRA r{} {} {}",
-                    r.lora_rank, r.lora_targets, r.lora_base
-                ));
-            }
-            vec![(i + 1).to_string(), d]
-        })
-        .collect();
-    b.push(Block::Table(vec!["bar".into(), "case".into()], rows));
-}
-
-fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
+fn plots_for(
+    ok: &[&Row],
+    inp: &Inputs,
+    workload_of: &BTreeMap<String, String>,
+) -> Vec<(String, Chart)> {
     let mut out = Vec::new();
     let mib = |v: f64| v / MIB;
     // 1. Predicted vs measured, per phase, log-log.
@@ -648,18 +786,22 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             ));
         }
     }
-    // 3. Stacked breakdown of training cases.
+    // 3. Stacked breakdown of training cases, each bar labelled by its configuration. A
+    // missing figure is NaN: no segment is drawn and the bar's label says so.
     let cases = breakdown_cases(ok);
     if !cases.is_empty() {
-        let val =
-            |c: &BTreeMap<&str, &Row>, p: &str| mib(c[p].retained_bytes.unwrap_or(0).max(0) as f64);
+        let val = |c: &BTreeMap<&str, &Row>, p: &str| {
+            c.get(p)
+                .and_then(|r| r.retained_bytes)
+                .map_or(f64::NAN, |v| mib(v.max(0) as f64))
+        };
+        let opt_rows: Vec<&Row> = cases.iter().map(|c| c["optimizer"]).collect();
         out.push((
             "breakdown".to_string(),
             Chart::Bars(BarChart {
-                title: "What a training step holds, per case (bars numbered as in the table)"
-                    .into(),
+                title: "What a training step holds, per case".into(),
                 y_label: "retained after the phase (MiB)".into(),
-                categories: (1..=cases.len()).map(|i| i.to_string()).collect(),
+                categories: labels::labels(&opt_rows, workload_of),
                 stacks: [
                     ("weights (init)", "init"),
                     ("activations (forward graph)", "forward"),
@@ -754,20 +896,18 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                 ok.iter()
                     .find(|b| b.phase == "backward" && b.run_id == o.run_id && b.case == o.case)
                     .and_then(|b| b.retained_bytes)
-                    .map_or(0.0, |v| mib(v as f64))
+                    .map_or(f64::NAN, |v| mib(v as f64))
             })
             .collect();
         let state: Vec<f64> = group
             .iter()
-            .map(|o| mib(o.retained_bytes.unwrap_or(0) as f64))
+            .map(|o| o.retained_bytes.map_or(f64::NAN, |v| mib(v as f64)))
             .collect();
         let step: Vec<f64> = group
             .iter()
-            .map(|o| {
-                mib(
-                    (o.peak_bytes.unwrap_or(0) as f64 - o.retained_bytes.unwrap_or(0) as f64)
-                        .max(0.0),
-                )
+            .map(|o| match (o.peak_bytes, o.retained_bytes) {
+                (Some(p), Some(r)) => mib((p as f64 - r as f64).max(0.0)),
+                _ => f64::NAN,
             })
             .collect();
         out.push((

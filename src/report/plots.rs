@@ -217,8 +217,33 @@ where
 {
     let n = c.categories.len();
     anyhow::ensure!(n > 0, "a bar chart without bars");
+    // A bar with a missing (NaN) segment says so under it: the segment is not drawn as 0.
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            let missing = c.stacks.iter().any(|(_, v)| !v[i].is_finite());
+            format!(
+                "{}{}",
+                c.categories[i],
+                if missing { " (— missing)" } else { "" }
+            )
+        })
+        .collect();
+    // Labels wider than a bar are written upwards under it.
+    let longest = names.iter().map(|s| s.chars().count()).max().unwrap_or(0) as u32;
+    let per_bar = (WIDTH - 120) / n as u32;
+    let rotate = longest * 7 > per_bar;
+    let label_area = if rotate {
+        (longest * 7 + 16).min(300)
+    } else {
+        64
+    };
     let top = (0..n)
-        .map(|i| c.stacks.iter().map(|(_, v)| v[i].max(0.0)).sum::<f64>())
+        .map(|i| {
+            c.stacks
+                .iter()
+                .map(|(_, v)| if v[i].is_finite() { v[i].max(0.0) } else { 0.0 })
+                .sum::<f64>()
+        })
         .fold(0.0, f64::max)
         .max(1e-9)
         // Headroom for the legend above the tallest bar.
@@ -226,17 +251,17 @@ where
     let mut ctx = ChartBuilder::on(root)
         .caption(&c.title, (FAMILY, 24))
         .margin(16)
-        .x_label_area_size(64)
+        .x_label_area_size(label_area)
         .y_label_area_size(84)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..top)
         .map_err(err)?;
-    let names = c.categories.clone();
     ctx.configure_mesh()
         .disable_x_mesh()
         .y_desc(c.y_label.as_str())
         .x_labels(n)
         .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
+            // Long labels are drawn below, rotated.
+            SegmentValue::CenterOf(i) if !rotate => names.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
         .y_label_formatter(&|v| tick(*v))
@@ -249,6 +274,7 @@ where
     for (k, (name, vals)) in c.stacks.iter().enumerate() {
         let color = color(k);
         let rects: Vec<Rectangle<(SegmentValue<usize>, f64)>> = (0..n)
+            .filter(|&i| vals[i].is_finite())
             .map(|i| {
                 let (y0, y1) = (base[i], base[i] + vals[i].max(0.0));
                 base[i] = y1;
@@ -267,6 +293,15 @@ where
             .map_err(err)?
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    if rotate {
+        // Each label runs down from under its bar (rotated a quarter turn clockwise).
+        let style = TextStyle::from((FAMILY, 12).into_font()).transform(FontTransform::Rotate90);
+        for (i, name) in names.iter().enumerate() {
+            let (x, y) = ctx.backend_coord(&(SegmentValue::CenterOf(i), 0.0));
+            root.draw(&Text::new(name.clone(), (x + 6, y + 6), style.clone()))
+                .map_err(err)?;
+        }
     }
     ctx.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)

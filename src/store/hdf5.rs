@@ -44,35 +44,63 @@ pub const MISSING_U64: i64 = -1;
 /// differences) may be negative.
 pub const MISSING_I64: i64 = i64::MIN;
 
-/// The unit of a [`Row`] field, derived from its name; `""` for strings and dimensionless
-/// fields.
-///
-/// `_bytes` → `bytes`, `_s` → `s`, `_count` → `count`, `params` → `parameters`, `batch` →
-/// `sequences`, `seq`/`max_seq`/`vocab` → `tokens`, `hidden` → `features`, `heads` → `heads`,
-/// `layers` → `layers`, `threads` → `threads`, `case` → `index`.
-pub fn units_of(field: &str) -> &'static str {
-    match field {
-        f if f.ends_with("_bytes") => "bytes",
-        f if f.ends_with("_count") => "count",
-        f if f.ends_with("_s") => "s",
-        f if f.ends_with("_pct") => "percent",
-        f if f.ends_with("_w") => "W",
-        f if f.ends_with("_px") => "pixels",
-        "params" => "parameters",
+/// The unit of a [`Row`] field: one explicit entry per column (a test checks every column
+/// has one, so a new field cannot inherit a wrong unit from its name's ending); `""` for
+/// strings and dimensionless numbers (ratios, the status). `None` for a name that is not a
+/// field of `Row`.
+pub fn unit(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
+        | "weights" | "load" | "attention" | "lora_targets" | "lora_base" | "precision"
+        | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage"
+        | "persistent" => "",
+        // A relative L2 error: a ratio.
+        "logits_rel_error" => "",
+        "case" => "index",
         "batch" => "sequences",
-        "seq" | "max_seq" | "vocab" => "tokens",
+        "seq" | "max_seq" | "decode_tokens" => "tokens",
+        "vocab" => "tokens",
         "hidden" => "features",
         "heads" => "heads",
         "layers" => "layers",
+        "image_px" | "patch_px" | "crop_px" => "pixels",
         "channels" => "channels",
-        "threads" => "threads",
+        "optimizer_block" => "elements",
         "checkpoint" => "blocks",
         "lora_rank" => "rank",
-        "decode_tokens" => "tokens",
-        "optimizer_block" => "elements",
-        "case" => "index",
-        _ => "",
-    }
+        "params" => "parameters",
+        "peak_bytes"
+        | "retained_bytes"
+        | "predicted_peak_bytes"
+        | "predicted_retained_bytes"
+        | "rss_peak_bytes"
+        | "reserved_peak_bytes"
+        | "device_used_bytes"
+        | "nvml_process_peak_bytes"
+        | "tree_rss_peak_bytes"
+        | "tree_rss_steady_bytes"
+        | "pss_peak_bytes"
+        | "pss_steady_bytes" => "bytes",
+        "alloc_count" | "nvml_samples_count" => "count",
+        "tree_processes_count" => "processes",
+        "cpu_user_s" | "cpu_sys_s" | "wall_s" | "startup_s" => "s",
+        "gpu_util_mean_pct" => "percent",
+        "gpu_power_peak_w" => "W",
+        "workers" => "workers",
+        "prefetch" => "batches",
+        "epochs" => "epochs",
+        "images" => "images",
+        "images_per_s" => "images/s",
+        "h2d_pinned_bytes_per_s" | "h2d_pageable_bytes_per_s" => "bytes/s",
+        "threads" => "threads",
+        _ => return None,
+    })
+}
+
+/// The unit written as a dataset's `units` attribute (see [`unit`]); `""` for a name that is
+/// not a field.
+pub fn units_of(field: &str) -> &'static str {
+    unit(field).unwrap_or("")
 }
 
 /// A one-sentence description of a [`Row`] field, stored as the dataset's `description`.
@@ -908,6 +936,28 @@ mod tests {
                 "{field} lacks a description"
             );
         }
+    }
+
+    /// Every column has an explicit unit; rates are per second of their quantity, not `s`.
+    #[test]
+    fn every_column_has_its_unit() {
+        for field in crate::store::csv::columns() {
+            let u = unit(field).unwrap_or_else(|| panic!("{field} has no unit entry"));
+            if field.ends_with("_per_s") {
+                assert!(u.ends_with("/s"), "{field}: {u}");
+            } else if field.ends_with("_bytes") {
+                assert_eq!(u, "bytes", "{field}");
+            } else if field.ends_with("_s") {
+                assert_eq!(u, "s", "{field}");
+            } else if field.ends_with("_px") {
+                assert_eq!(u, "pixels", "{field}");
+            }
+        }
+        assert_eq!(units_of("images_per_s"), "images/s");
+        assert_eq!(units_of("h2d_pinned_bytes_per_s"), "bytes/s");
+        assert_eq!(units_of("h2d_pageable_bytes_per_s"), "bytes/s");
+        assert_eq!(units_of("workers"), "workers");
+        assert_eq!(unit("no_such_field"), None);
     }
 
     #[test]

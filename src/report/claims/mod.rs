@@ -24,7 +24,32 @@ pub struct Claim {
     pub workload: String,
     pub measured: String,
     pub predicted: String,
+    /// The rule the verdict follows from, with its thresholds.
+    pub criterion: String,
+    /// Starts with one of [`KINDS`]' words; the rest says why, with numbers from the rows.
     pub verdict: String,
+}
+
+/// The words a verdict starts with, in the order the summary counts them.
+pub const KINDS: [&str; 6] = [
+    "holds",
+    "partly",
+    "does not hold",
+    "open",
+    "derived",
+    "not applicable",
+];
+
+impl Claim {
+    /// The verdict's kind: the first of [`KINDS`] it starts with (`"other"` for none, which a
+    /// test on the committed results forbids).
+    pub fn kind(&self) -> &'static str {
+        KINDS
+            .iter()
+            .find(|k| self.verdict.starts_with(*k))
+            .copied()
+            .unwrap_or("other")
+    }
 }
 
 /// Every claim ID, in the seed note's order, with its short statement.
@@ -127,9 +152,54 @@ fn label(r: &Row) -> String {
     format!("{shape} B{} S{}", r.batch, r.seq)
 }
 
+/// A config's label without one axis (the one a sweep varies): shape, B, S and dtype, and
+/// the attention kind when it is not the standard one.
+fn label_without(r: &Row, axis: &str) -> String {
+    let mut parts = vec![
+        if r.preset == "custom" || axis == "hidden" || axis == "layers" {
+            let h = if axis == "hidden" {
+                String::new()
+            } else {
+                format!("H{} ", r.hidden)
+            };
+            let l = if axis == "layers" {
+                String::new()
+            } else {
+                format!("L{}", r.layers)
+            };
+            let name = if r.preset == "custom" { "" } else { &r.preset };
+            format!("{name} {h}{l}").trim().to_string()
+        } else {
+            format!("{} L{}", r.preset, r.layers)
+        },
+    ];
+    if axis != "batch" {
+        parts.push(format!("B{}", r.batch));
+    }
+    if axis != "seq" {
+        parts.push(format!("S{}", r.seq));
+    }
+    parts.push(r.dtype.clone());
+    if r.attention == "efficient" && axis != "seq" {
+        parts.push("efficient attention".into());
+    }
+    parts.join(" ")
+}
+
 /// Every configuration field but `skip`, to find rows that differ in one axis only.
 pub fn config_key(r: &Row, skip: &str) -> String {
-    let f = |name: &str, v: String| if name == skip { "*".to_string() } else { v };
+    config_key_without(r, &[skip])
+}
+
+/// Every configuration field but those in `skip` (`"run"` and `"threads"` included).
+pub fn config_key_without(r: &Row, skip: &[&str]) -> String {
+    let f = |name: &str, v: String| {
+        if skip.contains(&name) {
+            "*".to_string()
+        } else {
+            v
+        }
+    };
     [
         f("run", r.run_id.clone()),
         f("model", r.model.clone()),
@@ -156,6 +226,7 @@ pub fn config_key(r: &Row, skip: &str) -> String {
         ),
         f("precision", r.precision.clone()),
         f("phase", r.phase.clone()),
+        f("threads", r.threads.to_string()),
     ]
     .join("|")
 }
@@ -216,6 +287,7 @@ impl<'a> Ctx<'a> {
         used: &[&Row],
         measured: String,
         predicted: String,
+        criterion: &str,
         verdict: String,
     ) -> Claim {
         Claim {
@@ -224,6 +296,7 @@ impl<'a> Ctx<'a> {
             workload: self.workloads(used),
             measured,
             predicted,
+            criterion: criterion.to_string(),
             verdict,
         }
     }
@@ -235,7 +308,8 @@ impl<'a> Ctx<'a> {
             workload: "—".into(),
             measured: format!("not measured in these results: {would}"),
             predicted: "—".into(),
-            verdict: "open".into(),
+            criterion: "—".into(),
+            verdict: format!("open: {would} decide it"),
         }
     }
 
@@ -272,6 +346,40 @@ impl<'a> Ctx<'a> {
         };
         c.unwrap_or_else(|| self.missing(id, would(id)))
     }
+}
+
+/// A straight line `y = fixed + slope·x` fitted by least squares, with its R².
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Affine {
+    pub fixed: f64,
+    pub slope: f64,
+    pub r2: f64,
+}
+
+impl Affine {
+    /// The line through `points` (x, y); `None` with fewer than two distinct x.
+    pub fn fit(points: &[(f64, f64)]) -> Option<Affine> {
+        let x: Vec<Vec<f64>> = points.iter().map(|(x, _)| vec![1.0, *x]).collect();
+        let y: Vec<f64> = points.iter().map(|(_, y)| *y).collect();
+        let f = crate::fit::least_squares(&x, &y)?;
+        f.used[1].then_some(Affine {
+            fixed: f.coef[0],
+            slope: f.coef[1],
+            r2: f.r2,
+        })
+    }
+
+    pub fn at(&self, x: f64) -> f64 {
+        self.fixed + self.slope * x
+    }
+}
+
+/// `a/b/c` of a list.
+fn slash<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
+    v.into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 fn minmax(v: impl Iterator<Item = f64>) -> (f64, f64) {
@@ -326,6 +434,9 @@ fn would(id: &str) -> &'static str {
         _ => "no workload",
     }
 }
+
+#[cfg(test)]
+mod sides;
 
 #[cfg(test)]
 mod tests {
@@ -384,7 +495,7 @@ mod tests {
                 .find(|c| c.id == "N4")
                 .unwrap()
                 .verdict
-                .starts_with("off by")
+                .starts_with("does not hold exactly")
         );
     }
 

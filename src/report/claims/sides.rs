@@ -1,0 +1,327 @@
+//! Each computed verdict on hand-made rows on both sides of its criterion: one set of rows
+//! where the claim holds and one where it does not, so a verdict that ignores its rows fails.
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn eval(rows: &[Row], id: &str) -> Claim {
+    evaluate(rows, &BTreeMap::new())
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("every id is evaluated")
+}
+
+fn row(phase: &str) -> Row {
+    let mut r = Row::example();
+    r.phase = phase.into();
+    r
+}
+
+/// `phase` rows of a batch sweep whose `retained_bytes` (and peak) are `f(B)`.
+fn batch_sweep(phase: &str, batches: &[u64], f: impl Fn(u64) -> u64) -> Vec<Row> {
+    batches
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let mut r = row(phase);
+            r.case = i as u64;
+            r.batch = b;
+            r.retained_bytes = Some(f(b) as i64);
+            r.peak_bytes = Some(f(b));
+            r
+        })
+        .collect()
+}
+
+/// F1: a graph of 1000·B bytes is proportional (fixed part 0); 500,000 + 1000·B has a fixed
+/// part of 98 % at B 8; a graph ∝ B² is not affine (R² < 0.999); two sizes decide nothing.
+#[test]
+fn f1_affine_in_each_axis() {
+    let c = eval(&batch_sweep("forward", &[1, 2, 4, 8], |b| 1000 * b), "F1");
+    assert!(c.verdict.starts_with("holds"), "{c:?}");
+    assert!(
+        c.verdict.contains("proportional in B (1 sweep(s))"),
+        "{c:?}"
+    );
+    assert!(c.criterion.contains("R² ≥ 0.999"));
+    let c = eval(
+        &batch_sweep("forward", &[1, 2, 4, 8], |b| 500_000 + 1000 * b),
+        "F1",
+    );
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    assert!(c.verdict.contains("fixed +98.4 %"), "{c:?}");
+    let c = eval(
+        &batch_sweep("forward", &[1, 2, 4, 8], |b| 1000 * b * b),
+        "F1",
+    );
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    let c = eval(&batch_sweep("forward", &[1, 2], |b| 1000 * b), "F1");
+    assert!(c.verdict.starts_with("open"), "{c:?}");
+}
+
+/// F4: a step of 1 MiB + 10 MiB per sequence: the per-sequence part is 80/81 of the B 8 peak
+/// (holds); 100 MiB + 1 KiB per sequence: fixed part dominates (does not hold). A missing peak
+/// is left out, not read as 0: B 1/2/4/8 with B 2 missing still fits exactly.
+#[test]
+fn f4_per_sequence_share() {
+    let mut rows = batch_sweep("train-step", &[1, 2, 4, 8], |b| MIB + 10 * MIB * b);
+    let c = eval(&rows, "F4");
+    assert!(
+        c.verdict
+            .starts_with("holds: the per-sequence part is 99 %"),
+        "{c:?}"
+    );
+    rows[1].peak_bytes = None;
+    let c = eval(&rows, "F4");
+    assert!(c.verdict.starts_with("holds"), "{c:?}");
+    assert!(c.measured.contains("B 1/4/8"), "{c:?}");
+    assert!(c.predicted.contains("R² 1.00000"), "{c:?}");
+    let c = eval(
+        &batch_sweep("train-step", &[1, 2, 4, 8], |b| 100 * MIB + 1024 * b),
+        "F4",
+    );
+    assert!(
+        c.verdict.starts_with("does not hold here: the fixed part"),
+        "{c:?}"
+    );
+}
+
+/// N1: an inference case keeping its logits (4·B·S·V = 640 B) holds; one keeping 1 MiB more
+/// (a gradient left behind) does not.
+#[test]
+fn n1_only_the_logits_stay() {
+    let mut r = row("inference");
+    r.weights = "model".into();
+    r.retained_bytes = Some(4 * 2 * 8 * 10);
+    r.peak_bytes = Some(10_000);
+    let c = eval(std::slice::from_ref(&r), "N1");
+    assert!(c.verdict.starts_with("holds"), "{c:?}");
+    r.retained_bytes = Some(640 + MIB as i64);
+    let c = eval(&[r], "N1");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    assert!(c.verdict.contains("1.00 MiB beyond its logits"), "{c:?}");
+}
+
+/// N3: a read holding file + tensors (2×) and a map holding the tensors (1×) holds the
+/// loading half; a read at 1.2× does not. Decoding at 2 threads with 1.8 cores busy holds the
+/// CPU half; with 1.0 core busy it does not.
+#[test]
+fn n3_loading_and_decoding_cpu() {
+    let load = |how: &str, peak: u64| {
+        let mut r = row("load");
+        r.load = how.into();
+        r.preset = "gpt2-small".into();
+        r.retained_bytes = Some(1000);
+        r.peak_bytes = Some(peak);
+        r
+    };
+    let decode = |threads: u64, cpu: f64| {
+        let mut r = row("decode");
+        r.run_id = format!("t{threads}");
+        r.threads = threads;
+        r.kv_cache = "on".into();
+        r.decode_tokens = 16;
+        r.wall_s = Some(1.0);
+        r.cpu_user_s = Some(cpu);
+        r.cpu_sys_s = Some(0.0);
+        r
+    };
+    let c = eval(&[load("read", 2000), load("mmap", 1000)], "N3");
+    assert!(
+        c.verdict
+            .starts_with("partly: a whole-file read holds the file"),
+        "{c:?}"
+    );
+    assert!(c.verdict.contains("decoding CPU not measured"), "{c:?}");
+    let c = eval(&[load("read", 1200), load("mmap", 1000)], "N3");
+    assert!(
+        c.verdict.starts_with("partly: loading: read 1.20×"),
+        "{c:?}"
+    );
+    let rows = [
+        load("read", 2000),
+        load("mmap", 1000),
+        decode(1, 0.98),
+        decode(2, 1.8),
+    ];
+    let c = eval(&rows, "N3");
+    assert!(c.verdict.starts_with("holds"), "{c:?}");
+    assert!(
+        c.measured
+            .contains("2: CPU 1.80 s, 1.80 cores busy, 32.0 tokens/s"),
+        "{c:?}"
+    );
+    let rows = [
+        load("read", 1200),
+        load("mmap", 1000),
+        decode(1, 0.98),
+        decode(2, 1.0),
+    ];
+    let c = eval(&rows, "N3");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    assert!(
+        c.verdict
+            .contains("at 2 threads keeps only 1.00 cores busy"),
+        "{c:?}"
+    );
+}
+
+fn dataload(kind: &str, storage: &str, workers: u64, pss_mib: u64) -> Row {
+    let mut r = row("dataload");
+    r.case = workers + 10 * storage.len() as u64 + 100 * kind.len() as u64;
+    r.model = String::new();
+    r.batch = 16;
+    r.worker_kind = kind.into();
+    r.storage = storage.into();
+    r.workers = Some(workers);
+    r.prefetch = Some(if workers == 0 { 0 } else { 2 });
+    r.epochs = Some(1);
+    r.images = Some(256);
+    r.crop_px = Some(224);
+    r.persistent = "on".into();
+    r.pss_peak_bytes = Some(pss_mib * MIB);
+    r.peak_bytes = Some(pss_mib * MIB);
+    r
+}
+
+/// D2: a 50 MiB dataset; worker processes add 70 MiB each with `ram` (the dataset + 20 MiB),
+/// 20 MiB streaming; threads 15 MiB either way: holds, copies, threads share. When a process
+/// adds 20 MiB with `ram` too it does not copy (partly); with no growth at all it does not hold.
+#[test]
+fn d2_workers_copy_the_dataset() {
+    let set = |proc_ram: u64, per_thread: u64| {
+        let mut v = vec![
+            dataload("main", "ram", 0, 60),
+            dataload("main", "stream", 0, 10),
+        ];
+        for w in 1..=4 {
+            v.push(dataload("process", "ram", w, 10 + proc_ram * w));
+            v.push(dataload(
+                "process",
+                "stream",
+                w,
+                10 + per_thread.max(1) * w * 20 / 15,
+            ));
+        }
+        for w in 1..=3 {
+            v.push(dataload("thread", "ram", w, 60 + per_thread * w));
+            v.push(dataload("thread", "stream", w, 10 + per_thread * w));
+        }
+        v
+    };
+    let c = eval(&set(70, 15), "D2");
+    assert!(
+        c.verdict.starts_with("holds: RAM rises with workers"),
+        "{c:?}"
+    );
+    assert!(
+        c.verdict
+            .contains("a worker process copies the in-heap dataset"),
+        "{c:?}"
+    );
+    assert!(c.verdict.contains("threads share it"), "{c:?}");
+    let c = eval(&set(20, 15), "D2");
+    assert!(c.verdict.starts_with("partly"), "{c:?}");
+    assert!(c.verdict.contains("does not copy"), "{c:?}");
+    let c = eval(&set(0, 0), "D2");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+}
+
+/// D3: one batch is 16·3·224²·4 = 9,633,792 B; a peak of three batches leaves two of
+/// temporaries (holds); a quarter batch of temporaries is no high peak (partly); a peak of one
+/// batch has none (does not hold).
+#[test]
+fn d3_temporaries_against_a_batch() {
+    let batch = 9_633_792u64;
+    let at = |peak: u64| {
+        let mut r = dataload("main", "stream", 0, 10);
+        r.peak_bytes = Some(peak);
+        eval(&[r], "D3")
+    };
+    let c = at(3 * batch);
+    assert!(
+        c.verdict.starts_with("holds: the temporaries are 200 %"),
+        "{c:?}"
+    );
+    let c = at(batch + batch / 4);
+    assert!(c.verdict.starts_with("partly"), "{c:?}");
+    assert!(c.verdict.contains("25 % of a batch"), "{c:?}");
+    assert!(!c.verdict.contains("256–512"), "{c:?}");
+    let c = at(batch);
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+}
+
+/// F5: K 0 and K 1 train steps, three timed samples each (three runs). Every K 1 sample slower:
+/// holds with its time cost; overlapping samples: partly (no cost shown); one sample: partly,
+/// too few; a checkpointed peak above half of K 0's: does not hold.
+#[test]
+fn f5_memory_and_time_samples() {
+    let step = |run: &str, k: u64, peak: u64, wall: f64| {
+        let mut r = row("train-step");
+        r.run_id = run.into();
+        r.case = k;
+        r.checkpoint = k;
+        r.peak_bytes = Some(peak);
+        r.wall_s = Some(wall);
+        r
+    };
+    let set = |walls0: [f64; 3], walls1: [f64; 3], peak1: u64| {
+        let mut v = Vec::new();
+        for (i, run) in ["a", "b", "c"].iter().enumerate() {
+            v.push(step(run, 0, 1000, walls0[i]));
+            v.push(step(run, 1, peak1, walls1[i]));
+        }
+        v
+    };
+    let c = eval(&set([1.0, 1.1, 0.9], [1.3, 1.4, 1.2], 300), "F5");
+    assert!(
+        c.verdict
+            .starts_with("holds: 3.3× less memory at K = 1; time +30 %"),
+        "{c:?}"
+    );
+    assert!(
+        c.measured.contains("K 0: 1.000 s (0.900–1.100, n 3)"),
+        "{c:?}"
+    );
+    let c = eval(&set([1.0, 1.2, 0.9], [1.0, 1.1, 0.95], 300), "F5");
+    assert!(
+        c.verdict.starts_with("partly") && c.verdict.contains("no cost shown"),
+        "{c:?}"
+    );
+    let c = eval(&set([1.0, 1.1, 0.9], [1.3, 1.4, 1.2], 300)[..2], "F5");
+    assert!(
+        c.verdict.starts_with("partly") && c.verdict.contains("too few"),
+        "{c:?}"
+    );
+    let c = eval(&set([1.0, 1.1, 0.9], [1.3, 1.4, 1.2], 600), "F5");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+}
+
+/// I2: f16 weights at 2.004 vs f32 at 4.004 B/param halve (partly: the trim is not measured);
+/// at 3 B/param they do not.
+#[test]
+fn i2_half_precision() {
+    let init = |dtype: &str, bytes: i64| {
+        let mut r = row("init");
+        r.case = dtype.len() as u64;
+        r.dtype = dtype.into();
+        r.retained_bytes = Some(bytes);
+        r
+    };
+    let c = eval(&[init("f32", 4004), init("f16", 2004)], "I2");
+    assert!(
+        c.verdict.starts_with("partly: half precision halves it"),
+        "{c:?}"
+    );
+    let c = eval(&[init("f32", 4004), init("f16", 3000)], "I2");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+}
+
+/// Every verdict of every claim on the empty set starts with a kind word.
+#[test]
+fn every_verdict_has_a_kind() {
+    for c in evaluate(&[], &BTreeMap::new()) {
+        assert_ne!(c.kind(), "other", "{c:?}");
+    }
+}
