@@ -68,7 +68,10 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
         .map(|p| p.as_str())
         .collect();
     assert_eq!(phases, want(&all_phases), "every model phase");
-    assert_eq!(set(&|c| c.model.as_str().into()), want(&["gpt", "vit"]));
+    assert_eq!(
+        set(&|c| c.model.as_str().into()),
+        want(&["gpt", "llama", "vit"])
+    );
     assert_eq!(set(&|c| c.dtype.to_string()), want(&["bf16", "f16", "f32"]));
     let opts: Vec<&str> = memfit::phase::OptimizerKind::ALL
         .iter()

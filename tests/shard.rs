@@ -76,7 +76,10 @@ fn assert_same_figures(a: &[Row], b: &[Row]) {
 }
 
 /// (case, phase) → (status, peak, retained): what must not depend on sharding.
-fn figures(rows: &[Row]) -> BTreeMap<(u64, String), (String, Option<u64>, Option<i64>)> {
+/// Status, peak and retained bytes of one row.
+type Figures = (String, Option<u64>, Option<i64>);
+
+fn figures(rows: &[Row]) -> BTreeMap<(u64, String), Figures> {
     rows.iter()
         .map(|r| {
             (

@@ -11,10 +11,11 @@
 //! block `ln1` (constants), `q, k, v, o` (each: LoRA A normal and B constant when adapted,
 //! then the weight normal (Kaiming) and the bias uniform), `ln2`, `fc1`, `fc2`, then `ln_f`
 //! and the head (GPT: weight normal, no bias; ViT: weight normal, bias uniform). For GPT-2
-//! small in bf16 that is 248.9 MB of weights plus the head's 154.4 MB f32 draw.
+//! small in bf16 that is 248.9 MB of weights plus the head's 154.4 MB f32 draw. A LLaMA has no
+//! position table and RMSNorm weights only, its rotary tables (made first, held throughout),
+//! its block's projections (`Shape::projections`), and no head variable when tied.
 
 use super::shape::Shape;
-use crate::model::transformer::LoraTarget;
 
 /// How a variable is initialised.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +30,7 @@ impl Shape {
     fn creation_order(&self) -> Vec<(u64, Draw)> {
         let Shape { h, l, v, s_max, .. } = *self;
         let r = self.lora_rank;
+        let llama = self.llama.is_some();
         let mut vars = Vec::new();
         match self.vision {
             None => vars.push((v * h, Draw::Normal)),
@@ -38,34 +40,39 @@ impl Shape {
                 vars.push((h, Draw::Normal));
             }
         }
-        vars.push((s_max * h, Draw::Normal));
-        let ln = |vars: &mut Vec<(u64, Draw)>| {
+        if !llama {
+            vars.push((s_max * h, Draw::Normal));
+        }
+        // LayerNorm: weight and bias; RMSNorm: weight only (constants either way).
+        let norm = |vars: &mut Vec<(u64, Draw)>| {
             vars.push((h, Draw::Const));
-            vars.push((h, Draw::Const));
+            if !llama {
+                vars.push((h, Draw::Const));
+            }
         };
+        let projs = self.projections();
         for _ in 0..l {
-            ln(&mut vars);
-            for (t, inp, out) in [
-                (LoraTarget::Q, h, h),
-                (LoraTarget::K, h, h),
-                (LoraTarget::V, h, h),
-                (LoraTarget::O, h, h),
-                (LoraTarget::Fc1, h, 4 * h),
-                (LoraTarget::Fc2, 4 * h, h),
-            ] {
-                if t == LoraTarget::Fc1 {
-                    ln(&mut vars);
+            norm(&mut vars);
+            for (i, p) in projs.iter().enumerate() {
+                // The second norm comes before the MLP (after q, k, v, o).
+                if i == 4 {
+                    norm(&mut vars);
                 }
-                if self.has_lora(t) {
+                let (inp, out) = (p.inp as u64, p.out as u64);
+                if self.has_lora(p.target) {
                     vars.push((r * inp, Draw::Normal));
                     vars.push((out * r, Draw::Const));
                 }
                 vars.push((out * inp, Draw::Normal));
-                vars.push((out, Draw::Uniform));
+                if p.bias {
+                    vars.push((out, Draw::Uniform));
+                }
             }
         }
-        ln(&mut vars);
-        vars.push((v * h, Draw::Normal));
+        norm(&mut vars);
+        if !self.tied {
+            vars.push((v * h, Draw::Normal));
+        }
         if self.vision.is_some() {
             vars.push((v, Draw::Uniform));
         }
@@ -76,7 +83,9 @@ impl Shape {
     /// of the one being made (see the module doc).
     pub fn cuda_half_init_peak(&self) -> u64 {
         let e = self.elem.size();
-        let mut held = 0u64;
+        // What the weights hold beyond the variables (a LLaMA's rotary tables, made first;
+        // their own making is not modelled).
+        let mut held = self.weights_bytes().saturating_sub(e * self.params());
         let mut peak = 0u64;
         for (n, draw) in self.creation_order() {
             held += e * n;
@@ -104,10 +113,26 @@ mod tests {
 
     #[test]
     fn the_creation_order_holds_every_parameter() {
-        for s in [
+        let mut shapes = vec![
             Shape::new(1, 128, 768, 12, 12, 50257, 1024),
             Shape::new(2, 7, 24, 3, 2, 31, 9),
-        ] {
+        ];
+        for name in ["llama-tiny", "smollm2-135m", "llama-3.2-1b"] {
+            let cfg = crate::model::transformer::Config::preset(name).expect("a llama preset");
+            let mut s = Shape::new(
+                1,
+                8,
+                cfg.hidden as u64,
+                cfg.heads as u64,
+                cfg.layers as u64,
+                cfg.vocab as u64,
+                cfg.max_seq as u64,
+            );
+            s.llama = cfg.llama;
+            s.tied = cfg.tied;
+            shapes.push(s);
+        }
+        for s in shapes {
             let total: u64 = s.creation_order().iter().map(|v| v.0).sum();
             assert_eq!(total, s.params());
         }

@@ -164,7 +164,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "rss_peak_bytes" => "Host resident-set high-water mark during the window, whole process.",
         "threads" => "Worker threads of the CPU backend for this run.",
         "peak_meter" => {
-            "Meter that peak_bytes and retained_bytes come from: cpu-allocator or cuda-pool."
+            "Meter that peak_bytes and retained_bytes come from: cpu-allocator, cuda-pool, cuda-meminfo-sampled, or none."
         }
         "reserved_peak_bytes" => {
             "CUDA: the memory pool's reservation high-water mark in the window."
