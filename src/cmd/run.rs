@@ -37,7 +37,12 @@ fn resolve(args: &RunArgs) -> anyhow::Result<Resolved> {
             "<embedded default>".to_string(),
         ),
     };
-    let cases = workload::expand(&file, &args.grid_flags(), &origin)?;
+    // Listing runs nothing: a CUDA workload lists on a CPU build too.
+    let cases = if args.list_cases {
+        workload::expand_for_prediction(&file, &args.grid_flags(), &origin)?
+    } else {
+        workload::expand(&file, &args.grid_flags(), &origin)?
+    };
     let threads = resolve_threads(args.threads, file.threads, &origin)?;
     let budget = args
         .mem_budget
