@@ -241,9 +241,20 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b6(&self) -> Option<Claim> {
+        // The first run with LoRA cases that also holds their full fine-tune (a run of LoRA
+        // cases alone, e.g. a LLaMA slice, cannot decide it).
+        let mut runs: Vec<String> = Vec::new();
+        for r in self.phase("optimizer").filter(|r| r.lora_rank > 0) {
+            if !runs.contains(&r.run_id) {
+                runs.push(r.run_id.clone());
+            }
+        }
+        runs.iter().find_map(|run| self.b6_in(run))
+    }
+
+    fn b6_in(&self, lora_run: &str) -> Option<Claim> {
         let opt: Vec<&Row> = self.phase("optimizer").collect();
         // The full fine-tune of the same run as the LoRA cases.
-        let lora_run = opt.iter().find(|r| r.lora_rank > 0)?.run_id.clone();
         let full = opt.iter().find(|r| {
             r.lora_rank == 0 && r.precision != "mixed" && r.dtype == "f32" && r.run_id == lora_run
         })?;
