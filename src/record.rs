@@ -66,6 +66,14 @@ pub struct StatusError {
 }
 
 impl StatusError {
+    /// A phase that never started because phase `failed` did, with `msg`.
+    pub fn skipped_after(failed: &str, msg: &str) -> anyhow::Error {
+        Self::error(
+            Status::Skipped,
+            format!("not run: phase {failed} failed: {msg}"),
+        )
+    }
+
     /// The error, as an `anyhow::Error` a phase result can carry.
     pub fn error(status: Status, message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(StatusError {
@@ -343,6 +351,17 @@ pub struct ClusterMeta {
     /// A merged folder: the metadata of every run merged into it.
     #[serde(default)]
     pub merged_from: Vec<RunMeta>,
+}
+
+impl RunMeta {
+    /// Takes what `from`'s device said about itself (name, memory, CUDA context, driver).
+    pub fn adopt_device(&mut self, from: &RunMeta) {
+        self.device_name = from.device_name.clone();
+        self.device_memory_bytes = from.device_memory_bytes;
+        self.cuda_context_bytes = from.cuda_context_bytes;
+        self.driver_version = from.driver_version.clone();
+        self.cuda_version = from.cuda_version.clone();
+    }
 }
 
 impl ClusterMeta {

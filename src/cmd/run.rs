@@ -118,20 +118,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .map(|d| seconds(d, "flags", "deadline"))
         .transpose()?
         .map(|d| Instant::now() + Duration::from_secs_f64(d));
-    // Each case's skeleton row (its key for --resume, its cost for --deadline and --shard).
+    // Each case's skeleton row (its key for --resume) and predicted work (for --deadline and
+    // --shard).
     let skel_meta = base_meta(String::new(), r.threads, &r.origin);
     let skeletons: Vec<crate::record::Row> = r
         .cases
         .iter()
-        .map(|c| {
-            sweep::rows::row_of(
-                c,
-                &skel_meta,
-                c.phases[0],
-                &Err(anyhow::anyhow!("skeleton")),
-                "none",
-            )
-        })
+        .map(|c| sweep::rows::skeleton(c, &skel_meta))
         .collect();
     let costs: Vec<Option<f64>> = r
         .cases
@@ -148,10 +141,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         list_cases(&r.cases, &costs, shard, shard_of.as_deref());
         return Ok(());
     }
-    let in_shard = |i: usize| match (shard, &shard_of) {
-        (Some(s), Some(of)) => of[i] == s.index,
-        _ => true,
-    };
+    // Positions (in `r.cases`) of the cases this run is asked to run.
+    let planned: Vec<usize> = (0..r.cases.len())
+        .filter(|&i| match (shard, &shard_of) {
+            (Some(s), Some(of)) => of[i] == s.index,
+            _ => true,
+        })
+        .collect();
     let stamp = crate::units::utc_stamp(unix_now());
     let out = args
         .out
@@ -200,27 +196,23 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             .or_else(|| rows.first().map(|r| r.run_id.clone()))
             .unwrap_or_else(|| stamp.clone());
         let prior = sweep::resume::split(rows, &keys);
-        let planned = (0..r.cases.len()).filter(|&i| in_shard(i)).count();
         store::jsonl::rewrite(
             &journal_path,
             &prior.kept,
             &out.join("superseded.jsonl"),
             &prior.superseded,
         )?;
-        let todo: Vec<&Case> = r
-            .cases
+        let todo: Vec<usize> = planned
             .iter()
-            .zip(&keys)
-            .enumerate()
-            .filter(|(i, (_, (k, _)))| in_shard(*i) && !prior.finished.contains(k))
-            .map(|(_, (c, _))| c)
+            .copied()
+            .filter(|&i| !prior.finished.contains(&keys[i].0))
             .collect();
         if !args.quiet {
             println!(
                 "resuming {}: {} of {} case(s) finished, {} to run{}",
                 journal_path.display(),
-                planned - todo.len(),
-                planned,
+                planned.len() - todo.len(),
+                planned.len(),
                 todo.len(),
                 if prior.superseded.is_empty() {
                     String::new()
@@ -234,28 +226,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         let mut meta = base_meta(run_id, r.threads, &r.origin);
         if let Some(p) = prior_meta.filter(|p| p.device_memory_bytes.is_some()) {
-            meta.device_name = p.device_name;
-            meta.device_memory_bytes = p.device_memory_bytes;
-            meta.cuda_context_bytes = p.cuda_context_bytes;
-            meta.driver_version = p.driver_version;
-            meta.cuda_version = p.cuda_version;
+            meta.adopt_device(&p);
         }
         (meta, todo)
     } else {
-        let todo: Vec<&Case> = r
-            .cases
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| in_shard(*i))
-            .map(|(_, c)| c)
-            .collect();
-        (base_meta(stamp, r.threads, &r.origin), todo)
+        (base_meta(stamp, r.threads, &r.origin), planned.clone())
     };
     meta.cluster.shard = shard.map(|s| s.to_string());
-    meta.cluster.planned_cases = (0..r.cases.len())
-        .filter(|&i| in_shard(i))
-        .map(|i| r.cases[i].index as u64)
-        .collect();
+    meta.cluster.planned_cases = planned.iter().map(|&i| r.cases[i].index as u64).collect();
+    let todo: Vec<(&Case, Option<f64>)> =
+        todo.into_iter().map(|i| (&r.cases[i], costs[i])).collect();
     write_meta(&meta_path, &meta)?;
     let mut journal = store::jsonl::Journal::open(&journal_path)?;
     if !args.quiet {
@@ -272,12 +252,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
 
     // 3. Measure, each case in a process of its own, appending after every case.
     let sweep_args = sweep::Sweep {
-        exe: sweep::child::exe()?,
+        exe: crate::data::workers::current_exe()?,
         args: std::env::args_os().skip(1).collect(),
         case_timeout: Duration::from_secs_f64(r.case_timeout),
         deadline,
         quiet: args.quiet,
-        out: &out,
     };
     let summary = sweep::run(&sweep_args, &todo, &mut meta, &mut journal, &|m| {
         write_meta(&meta_path, m)
@@ -294,14 +273,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(e) = summary.write_error {
         return Err(e.context(format!("resume with: {}", resume_command(&out))));
     }
-    let written = derived?;
+    derived?;
     if summary.interrupted > 0 || sweep::signals::count() > 0 {
         return Err(sweep::Interrupted {
             resume: resume_command(&out),
         }
         .into());
     }
-    let _ = written;
     Ok(())
 }
 

@@ -19,7 +19,8 @@ pub struct HostMeter {
     hwm_reset: bool,
 }
 
-fn cpu_times() -> (f64, f64) {
+/// User and system CPU seconds of this process so far (all threads).
+pub fn cpu_times() -> (f64, f64) {
     // SAFETY: getrusage writes into the zeroed struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };

@@ -10,7 +10,7 @@ use candle_nn::{VarBuilder, VarMap};
 use crate::device::{Precision, ServingWeights};
 use crate::model::transformer::{KvCache, LoraBase};
 use crate::optim::Opt;
-use crate::record::{Status, StatusError};
+use crate::record::StatusError;
 
 use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
@@ -226,10 +226,7 @@ pub fn run_case_observed(
             let error = if i == failed_at {
                 StatusError::error(status, msg.clone())
             } else {
-                StatusError::error(
-                    Status::Skipped,
-                    format!("not run: phase {failed} failed: {msg}"),
-                )
+                StatusError::skipped_after(failed, &msg)
             };
             results.push(PhaseResult {
                 phase,

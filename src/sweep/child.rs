@@ -25,7 +25,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::rows::{case_rows, failed_rows, row_of};
@@ -72,19 +71,11 @@ fn emit(ev: &Event) {
     let _ = writeln!(out, "{PREFIX}{line}").and_then(|()| out.flush());
 }
 
-/// CPU seconds (user + system) of this process so far.
-fn own_cpu_s() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    s(ru.ru_utime) + s(ru.ru_stime)
-}
-
 /// The child's side: runs `case` and streams its events. `meta` is the run's (the child's
 /// device figures join it).
 pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Result<()> {
-    emit(&Event::Hello { cpu_s: own_cpu_s() });
+    let (user, sys) = crate::meter::rusage::cpu_times();
+    emit(&Event::Hello { cpu_s: user + sys });
     let faults = super::fault::from_env()?;
     if let Some(b) = budget {
         crate::meter::cpu_alloc::set_budget(b);
@@ -438,10 +429,7 @@ impl CaseRun {
                     format!("the case's process sent no row for this phase ({what})"),
                 )
             } else {
-                StatusError::error(
-                    Status::Skipped,
-                    format!("not run: phase {}: {what}", running.as_str()),
-                )
+                StatusError::skipped_after(running.as_str(), &what)
             };
             rows.push(row_of(case, meta, phase, &Err(err), "none"));
         }
@@ -485,9 +473,4 @@ fn describe(s: ExitStatus) -> String {
         }
         _ => "unknown exit".into(),
     }
-}
-
-/// Makes sure `path` can be started: the binary's own path.
-pub fn exe() -> anyhow::Result<std::path::PathBuf> {
-    std::env::current_exe().context("finding this binary to run each case in a process of its own")
 }

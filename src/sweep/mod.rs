@@ -25,7 +25,7 @@ pub mod shard;
 pub mod signals;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::record::{Row, RunMeta};
@@ -43,7 +43,7 @@ pub struct Interrupted {
 }
 
 /// What the loop needs besides the cases.
-pub struct Sweep<'a> {
+pub struct Sweep {
     pub exe: PathBuf,
     /// This run's arguments (after `memfit`), passed on to each child.
     pub args: Vec<OsString>,
@@ -51,7 +51,6 @@ pub struct Sweep<'a> {
     /// Instant past which no case may run.
     pub deadline: Option<Instant>,
     pub quiet: bool,
-    pub out: &'a Path,
 }
 
 /// What a sweep did.
@@ -92,11 +91,11 @@ pub fn label(case: &Case) -> String {
     }
 }
 
-/// Runs `cases` in order, appending to `journal`; `meta.json` under `out` is rewritten when a
-/// child first describes its device.
+/// Runs `cases` in order (each with its predicted work, [`estimate::work`]), appending to
+/// `journal`; `write_meta` is called when a child first describes its device.
 pub fn run(
     sweep: &Sweep,
-    cases: &[&Case],
+    cases: &[(&Case, Option<f64>)],
     meta: &mut RunMeta,
     journal: &mut Journal,
     write_meta: &dyn Fn(&RunMeta) -> anyhow::Result<()>,
@@ -106,20 +105,11 @@ pub fn run(
     let mut est = estimate::Estimator::default();
     let mut device_recorded = meta.device_memory_bytes.is_some();
     let mut warned = false;
-    for (i, case) in cases.iter().enumerate() {
+    for (i, &(case, work)) in cases.iter().enumerate() {
         if signals::count() > 0 {
             summary.interrupted = cases.len() - i;
             break;
         }
-        let skeleton = rows::row_of(
-            case,
-            meta,
-            case.phases[0],
-            &Err(anyhow::anyhow!("skeleton")),
-            "none",
-        );
-        let names: Vec<&str> = case.phases.iter().map(|p| p.as_str()).collect();
-        let work = estimate::work(&skeleton, &names);
         let mut limit = sweep.case_timeout;
         let mut deadline_bound = false;
         if let Some(d) = sweep.deadline {
@@ -158,11 +148,7 @@ pub fn run(
             && !device_recorded
             && dev.device_name != meta.device_name
         {
-            meta.device_name = dev.device_name.clone();
-            meta.device_memory_bytes = dev.device_memory_bytes;
-            meta.cuda_context_bytes = dev.cuda_context_bytes;
-            meta.driver_version = dev.driver_version.clone();
-            meta.cuda_version = dev.cuda_version.clone();
+            meta.adopt_device(dev);
             device_recorded = true;
             if let Err(e) = write_meta(meta) {
                 progress.note(&format!("memfit: warning: {e:#}"));

@@ -1,6 +1,8 @@
 //! Rows of a case: each phase's reading (or failure) beside the formula's prediction, one row
-//! per asked phase. Built in the case's own process as its phases finish, and in `memfit run`
-//! for the phases a dead or killed process left without a row.
+//! per asked phase. The case's own process builds them without predictions as its phases
+//! finish ([`bare_row`]: a prediction replays the model symbolically, work whose memory would
+//! count against the case's `--mem-budget`); `memfit run` adds the predictions ([`predict`])
+//! and builds the rows a dead or killed process left out.
 
 use crate::formula;
 use crate::meter::Reading;
@@ -21,19 +23,14 @@ pub fn failed_rows(case: &Case, meta: &RunMeta, e: &anyhow::Error) -> Vec<Row> {
             let err = if i == 0 {
                 StatusError::error(status, msg.clone())
             } else {
-                StatusError::error(
-                    Status::Skipped,
-                    format!("not run: phase {first} failed: {msg}"),
-                )
+                StatusError::skipped_after(first, &msg)
             };
-            row_of(case, meta, phase, &Err(err), "none")
+            bare_row(case, meta, phase, &Err(err), "none")
         })
         .collect()
 }
 
-/// Rows of one case: measured figures, without the predictions (the case's process sends
-/// these: a prediction replays the model symbolically, whose memory would count against the
-/// case's `--mem-budget`; `memfit run` adds them with [`predict`]).
+/// Rows of one case: measured figures, without the predictions.
 pub fn case_rows(
     case: &Case,
     meta: &RunMeta,
@@ -42,12 +39,7 @@ pub fn case_rows(
 ) -> Vec<Row> {
     results
         .iter()
-        .map(|res| {
-            let mut row = row_of(case, meta, res.phase, &res.outcome, peak_meter);
-            row.predicted_peak_bytes = None;
-            row.predicted_retained_bytes = None;
-            row
-        })
+        .map(|res| bare_row(case, meta, res.phase, &res.outcome, peak_meter))
         .collect()
 }
 
@@ -63,7 +55,7 @@ pub fn predict(case: &Case, row: &mut Row, threads: usize) {
     }
 }
 
-/// The row of one phase of `case`.
+/// The row of one phase of `case`, with the formula's prediction.
 pub fn row_of(
     case: &Case,
     meta: &RunMeta,
@@ -71,7 +63,26 @@ pub fn row_of(
     outcome: &anyhow::Result<Reading>,
     peak_meter: &str,
 ) -> Row {
-    let pred = (case.data.is_none()).then(|| formula::predict(case, phase, meta.threads as usize));
+    let mut row = bare_row(case, meta, phase, outcome, peak_meter);
+    predict(case, &mut row, meta.threads as usize);
+    row
+}
+
+/// What identifies `case` (its key for `--resume`, its work for `--deadline` and `--shard`):
+/// a row of its first phase with nothing measured or predicted.
+pub fn skeleton(case: &Case, meta: &RunMeta) -> Row {
+    let none = Err(anyhow::anyhow!("not run"));
+    bare_row(case, meta, case.phases[0], &none, "none")
+}
+
+/// The row of one phase of `case`, without the prediction.
+pub fn bare_row(
+    case: &Case,
+    meta: &RunMeta,
+    phase: Phase,
+    outcome: &anyhow::Result<Reading>,
+    peak_meter: &str,
+) -> Row {
     let (status, error, mut reading) = match outcome {
         Ok(r) => (Status::Ok, None, r.clone()),
         Err(e) => {
@@ -131,8 +142,8 @@ pub fn row_of(
         peak_bytes: reading.peak_bytes,
         retained_bytes: reading.retained_bytes,
         alloc_count: reading.alloc_count,
-        predicted_peak_bytes: pred.map(|p| p.peak_bytes),
-        predicted_retained_bytes: pred.map(|p| p.retained_bytes),
+        predicted_peak_bytes: None,
+        predicted_retained_bytes: None,
         cpu_user_s: reading.cpu_user_s,
         cpu_sys_s: reading.cpu_sys_s,
         wall_s: reading.wall_s,
