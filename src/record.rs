@@ -103,7 +103,7 @@ pub struct Row {
     pub run_id: String,
     /// Index of the case in the expanded workload (0-based).
     pub case: u64,
-    /// Model family: `gpt` or `vit`.
+    /// Model family: `gpt`, `vit` or `llama`.
     pub model: String,
     /// Preset name the case started from, or `custom`.
     pub preset: String,
@@ -125,6 +125,24 @@ pub struct Row {
     /// ViT: colour channels of the image (0 for a GPT case).
     #[serde(default)]
     pub channels: u64,
+    /// K/V heads of attention (grouped-query attention in the LLaMA family; `heads` for GPT
+    /// and ViT). 0 in rows written before the column existed.
+    #[serde(default)]
+    pub kv_heads: u64,
+    /// Width of one attention head (`hidden / heads` for GPT and ViT; 0 in older rows).
+    #[serde(default)]
+    pub head_dim: u64,
+    /// Width of the MLP: LLaMA's SwiGLU intermediate size, `4·hidden` for GPT and ViT (0 in
+    /// older rows).
+    #[serde(default)]
+    pub intermediate: u64,
+    /// Whether the LM head is the token embedding: `on` or `off` (empty in older rows).
+    #[serde(default)]
+    pub tied: String,
+    /// Which projections carry biases: a comma list of `qkv`, `o`, `mlp`, or `none` (GPT and
+    /// ViT: `qkv,o,mlp`; empty in older rows).
+    #[serde(default)]
+    pub biases: String,
     /// Element type of weights and activations: `f32`.
     pub dtype: String,
     /// `cpu` or `cuda:N`.
@@ -278,6 +296,25 @@ pub struct Row {
 }
 
 impl Row {
+    /// K/V heads of attention; rows written before the column existed read as GPT/ViT rows
+    /// (`heads`), an older LLaMA row as unknown.
+    pub fn kv_heads_or_heads(&self) -> Option<u64> {
+        match (self.kv_heads, self.model.as_str()) {
+            (0, "llama") => None,
+            (0, _) => Some(self.heads),
+            (g, _) => Some(g),
+        }
+    }
+
+    /// Width of one head; older rows as in [`Row::kv_heads_or_heads`] (`hidden / heads`).
+    pub fn head_dim_or_default(&self) -> Option<u64> {
+        match (self.head_dim, self.model.as_str()) {
+            (0, "llama") => None,
+            (0, _) => Some(self.hidden / self.heads.max(1)),
+            (d, _) => Some(d),
+        }
+    }
+
     /// A GPT row (L 3, B 2, S 8, H 16, A 2, V 10, 1000 parameters, f32 on the CPU, AdamW,
     /// phase `init`, status ok) with nothing measured: the base of the unit tests'
     /// hand-worked rows.

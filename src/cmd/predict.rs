@@ -211,13 +211,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             .retained_bytes
             .max(0) as u64
     };
-    let train_total = |s: &Shape| {
-        weights(s)
-            + s.input_bytes()
-            + s.optimizer_state_bytes(case.optimizer)
-            + s.predict(Phase::TrainStep, case.optimizer, threads)
-                .peak_bytes
-    };
+    let train_total = |s: &Shape| s.train_total_bytes(case.optimizer, threads);
     let (fits, max_batch, max_seq) = match budget {
         None => (None, None, None),
         Some(b) => {

@@ -13,7 +13,11 @@
 //! - Mixed precision "16 bytes per parameter" (weights, gradients, AdamW state) — against init +
 //!   backward + optimizer retained of a mixed-precision AdamW case.
 //! - The seed's "inference ≈ 2 × parameter memory" (N2) — against weights + inference peak.
-//! - The KV cache `2·L·B·T·H·e` (N4) — against the decode phase's retained bytes.
+//! - The KV cache `2·L·B·T·H·e` (N4) and with grouped-query attention's `2·L·B·T·G·D·e` —
+//!   against the decode phase's retained bytes.
+//! - Megatron-LM's `theoretical_memory_usage` ([`megatron`]) and accelerate's
+//!   `estimate-memory` ([`accelerate`]), the calculators users compare against, on the same
+//!   rows.
 
 use std::collections::BTreeMap;
 
@@ -127,6 +131,149 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
         let k =
             2.0 * d.layers as f64 * d.batch as f64 * d.decode_tokens as f64 * d.hidden as f64 * e;
         out.push(("KV cache 2·L·B·T·H·e (N4)", "decode cache growth", k, m));
+        if let (Some(g), Some(dh)) = (d.kv_heads_or_heads(), d.head_dim_or_default()) {
+            let k = k / d.hidden as f64 * (g * dh) as f64;
+            out.push(("KV cache 2·L·B·T·G·D·e (GQA)", "decode cache growth", k, m));
+        }
+    }
+    out.extend(megatron(case));
+    out.extend(accelerate(case));
+    out
+}
+
+/// The decoder's sizes Megatron and accelerate read from a config, from a row: (H, A, G, D,
+/// I, L, V, tied, RMSNorm). `None` for a ViT or an older LLaMA row without the columns.
+fn decoder(r: &Row) -> Option<(f64, f64, f64, f64, f64, f64, f64, bool, bool)> {
+    if r.model == "vit" {
+        return None;
+    }
+    let llama = r.model == "llama";
+    let inter = match (r.intermediate, llama) {
+        (0, true) => return None,
+        (0, false) => 4 * r.hidden,
+        (i, _) => i,
+    };
+    let tied = match r.tied.as_str() {
+        "" if llama => return None,
+        t => t == "on",
+    };
+    Some((
+        r.hidden as f64,
+        r.heads as f64,
+        r.kv_heads_or_heads()? as f64,
+        r.head_dim_or_default()? as f64,
+        inter as f64,
+        r.layers as f64,
+        r.vocab as f64,
+        tied,
+        llama,
+    ))
+}
+
+/// Megatron-LM's `theoretical_memory_usage.py` (no parallelism: t = p = 1, no distributed
+/// optimizer), read as written there:
+/// - parameters `L·(2·H·(I·g + n) + 2·H·(A·D + G·D)) + n·H + V·H·(2 untied | 1 tied)` with
+///   `g = 3/2` for SwiGLU (LLaMA) else 1, `n` = 1 for RMSNorm else 2; it counts no linear
+///   biases and no position table. Against the row's parameter count (the model memfit built).
+/// - weights and optimizer state `18 B` per parameter (16-bit weights, f32 gradients, f32
+///   master copy and Adam moments) — against weights + gradients + state of a mixed-precision
+///   AdamW case.
+/// - activations without sequence parallelism (`compute_activation_memory_without_sp`):
+///   `L·s·b·h·34 + 8·s·b + s·b·h + 2·(s·b·V + s·b·h)`, times 1.05, bytes for 16-bit activations
+///   (scaled to e/2 here, as Korthikanti's) — against the forward's retained graph.
+fn megatron(case: &BTreeMap<String, &Row>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let Some(any) = case.values().next().copied() else {
+        return out;
+    };
+    let Some((h, a, g, d, i, l, v, tied, llama)) = decoder(any) else {
+        return out;
+    };
+    let (gate, norm) = if llama { (1.5, 1.0) } else { (1.0, 2.0) };
+    let p = l * (2.0 * h * (i * gate + norm) + 2.0 * h * (a * d + g * d))
+        + norm * h
+        + v * h * if tied { 1.0 } else { 2.0 };
+    let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
+    if let Some(init) = case.get("init") {
+        out.push((
+            "Megatron parameter count (GQA, SwiGLU)",
+            "parameters of the built model",
+            p,
+            init.params as f64,
+        ));
+    }
+    if let (Some(ini), Some(bw), Some(o)) = (
+        case.get("init"),
+        case.get("backward"),
+        case.get("optimizer"),
+    ) && o.optimizer == "adamw"
+        && o.precision == "mixed"
+        && o.lora_rank == 0
+        && let (Some(x), Some(y), Some(z)) = (retained(ini), retained(bw), retained(o))
+    {
+        out.push((
+            "Megatron 18 B/param",
+            "weights + grads + state",
+            18.0 * p,
+            x + y + z,
+        ));
+    }
+    if let Some(f) = case.get("forward")
+        && f.checkpoint == 0
+        && f.lora_rank == 0
+        && let Some(m) = retained(f)
+    {
+        let (b, s) = (f.batch as f64, f.seq as f64);
+        let act = (l * s * b * h * 34.0 + 8.0 * s * b + s * b * h + 2.0 * (s * b * v + s * b * h))
+            * 1.05
+            * elem_bytes(f)
+            / 2.0;
+        out.push(("Megatron activations (no SP)", "forward graph", act, m));
+    }
+    out
+}
+
+/// Accelerate's `accelerate estimate-memory` (commands/estimate.py): the parameters of the
+/// Hugging Face `AutoModel` (the base model: no LM head, so an untied head is not counted) at
+/// the type's size is "Total Size" — against init's weights; "Training using Adam" is the
+/// largest of its model, gradient, optimizer and step terms, `4 ×` the f32 size (16 B/param)
+/// for float32 and `2 ×` the f32 size (8 B/param) for float16 — against weights + gradients +
+/// state of a pure f32 or a mixed-precision AdamW case. It counts no activations.
+fn accelerate(case: &BTreeMap<String, &Row>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let Some(any) = case.values().next().copied() else {
+        return out;
+    };
+    let Some((h, _, _, _, _, _, v, tied, _)) = decoder(any) else {
+        return out;
+    };
+    let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
+    if let Some(init) = case.get("init")
+        && init.lora_rank == 0
+        && init.precision != "mixed"
+        && let Some(w) = retained(init)
+    {
+        let base = init.params as f64 - if tied { 0.0 } else { v * h };
+        out.push((
+            "accelerate estimate-memory: Total Size",
+            "weights",
+            base * elem_bytes(init),
+            w,
+        ));
+        if let (Some(bw), Some(o)) = (case.get("backward"), case.get("optimizer"))
+            && o.optimizer == "adamw"
+            && o.lora_rank == 0
+            && (o.dtype == "f32" || o.precision == "mixed")
+            && let (Some(y), Some(z)) = (retained(bw), retained(o))
+        {
+            let per = if o.precision == "mixed" { 8.0 } else { 16.0 };
+            out.push((
+                "accelerate estimate-memory: Training using Adam",
+                "weights + grads + state",
+                per * base,
+                w + y + z,
+            ));
+        }
     }
     out
 }
@@ -242,6 +389,66 @@ mod tests {
         assert!(
             (eq - (55_552.0 / 49_920.0 - 1.0) * 100.0).abs() < 1e-9,
             "{eq}"
+        );
+    }
+
+    /// Megatron and accelerate on hand-worked rows. GPT (L 3, B 2, S 8, H 16, A 2, V 10,
+    /// f32, untied): Megatron's count 3·(2·16·(64 + 2) + 2·16·(16 + 16)) + 2·16 + 2·10·16 =
+    /// 9,760; its activations (3·8·2·16·34 + 8·16 + 256 + 2·(160 + 256))·1.05·4/2 = 57,388.8
+    /// against a graph of 49,920. accelerate's base model drops the untied head: (1000 − 160)
+    /// params, 3,360 B against 4,000 of weights (16 %), and 16·840 = 13,440 against 4,000 +
+    /// 4,000 + 8,000 (16 %).
+    #[test]
+    fn megatron_and_accelerate_by_hand() {
+        let rows = vec![
+            row("init", 4000, 4000),
+            row("forward", 49_920, 49_920),
+            row("backward", 4000, 4000),
+            row("optimizer", 8000, 9000),
+        ];
+        let e = evaluate(&rows);
+        let find = |f: &str| e.iter().find(|x| x.formula == f).unwrap().mean_pct;
+        let pct = |k: f64, m: f64| ((k - m) / m).abs() * 100.0;
+        assert!(
+            (find("Megatron parameter count (GQA, SwiGLU)") - pct(9760.0, 1000.0)).abs() < 1e-9
+        );
+        assert!((find("Megatron activations (no SP)") - pct(57_388.8, 49_920.0)).abs() < 1e-9);
+        assert!((find("accelerate estimate-memory: Total Size") - 16.0).abs() < 1e-9);
+        assert!((find("accelerate estimate-memory: Training using Adam") - 16.0).abs() < 1e-9);
+        // Mixed precision only: no 18 B/param row for a pure f32 case.
+        assert!(e.iter().all(|x| x.formula != "Megatron 18 B/param"));
+    }
+
+    /// LLaMA without biases (H 16, A 2, G 1, D 8, I 24, L 3, V 10, untied): Megatron's count
+    /// 3·(2·16·(24·3/2 + 1) + 2·16·(2·8 + 8)) + 16 + 2·160 = 6,192 equals the model's
+    /// (embedding and head 320, final norm 16, per block 2·16 + 16·16 + 2·16·8 + 16·16 +
+    /// 3·16·24 = 1,952): 0 %. With GQA the cache is 2·L·B·T·G·D·e: a growth of
+    /// 2·3·2·4·8·4 = 1,536 B is exact; the seed's H form says 2× that.
+    #[test]
+    fn megatron_counts_llama_exactly_and_gqa_cache() {
+        let llama = |phase: &str, retained: i64| {
+            let mut r = row(phase, retained, retained as u64);
+            r.model = "llama".into();
+            (r.kv_heads, r.head_dim, r.intermediate) = (1, 8, 24);
+            r.tied = "off".into();
+            r.biases = "none".into();
+            r.params = 6192;
+            r.decode_tokens = 4;
+            r.kv_cache = "on".into();
+            r
+        };
+        let e = evaluate(&[llama("init", 24_768), llama("decode", 1536)]);
+        let find = |f: &str| e.iter().find(|x| x.formula == f).unwrap().mean_pct;
+        assert_eq!(find("Megatron parameter count (GQA, SwiGLU)"), 0.0);
+        assert_eq!(find("KV cache 2·L·B·T·G·D·e (GQA)"), 0.0);
+        assert_eq!(find("KV cache 2·L·B·T·H·e (N4)"), 100.0);
+        // An older LLaMA row without the columns: no Megatron figure, never a guess.
+        let mut old = llama("init", 24_768);
+        (old.kv_heads, old.head_dim, old.intermediate) = (0, 0, 0);
+        assert!(
+            evaluate(&[old])
+                .iter()
+                .all(|x| !x.formula.starts_with("Megatron"))
         );
     }
 

@@ -455,6 +455,17 @@ impl Shape {
             && self.llama.is_none()
     }
 
+    /// What a training step holds at its peak: the weights after init (QLoRA's projections
+    /// already GGML blocks), the input batch, the optimizer state and the step's peak above them.
+    pub fn train_total_bytes(&self, opt: OptimizerKind, threads: usize) -> u64 {
+        self.predict(Phase::Init, opt, threads)
+            .retained_bytes
+            .max(0) as u64
+            + self.input_bytes()
+            + self.optimizer_state_bytes(opt)
+            + self.predict(Phase::TrainStep, opt, threads).peak_bytes
+    }
+
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
         let needs_replay = matches!(
             phase,

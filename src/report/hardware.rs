@@ -139,7 +139,12 @@ pub fn describe(r: &Row) -> String {
             n(r.crop_px)
         );
     }
-    let shape = if r.preset == "custom" {
+    let shape = if r.preset == "custom" && r.model == "llama" && r.kv_heads > 0 {
+        format!(
+            "llama H{} A{} G{} D{} I{} L{} V{}",
+            r.hidden, r.heads, r.kv_heads, r.head_dim, r.intermediate, r.layers, r.vocab
+        )
+    } else if r.preset == "custom" {
         format!("H{} A{} L{} V{}", r.hidden, r.heads, r.layers, r.vocab)
     } else {
         r.preset.clone()

@@ -31,6 +31,12 @@ fn keys(r: &Row) -> Vec<(&'static str, String)> {
         ("A", shown(custom, r.heads.to_string())),
         ("L", shown(custom, r.layers.to_string())),
         ("V", shown(custom, r.vocab.to_string())),
+        // 0: a row written before the column existed.
+        ("G", opt(Some(r.kv_heads).filter(|&g| g > 0))),
+        ("D", opt(Some(r.head_dim).filter(|&d| d > 0))),
+        ("I", opt(Some(r.intermediate).filter(|&i| i > 0))),
+        ("tied", r.tied.clone()),
+        ("biases", r.biases.clone()),
         ("max S", r.max_seq.to_string()),
         ("image px", r.image_px.to_string()),
         ("patch px", r.patch_px.to_string()),

@@ -74,29 +74,6 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or("—".into(), f)
 }
 
-/// The predicted F3 graph (bytes) of a LLaMA-7B-shaped GPT, B 4 × S 4096, bf16 on CUDA, with
-/// standard attention: without checkpointing and with a checkpoint every block.
-pub fn predicted_llama_forward() -> anyhow::Result<(u64, u64)> {
-    use crate::workload::{GridSpec, OneOrMany, WorkloadFile, expand_for_prediction};
-    let grid = GridSpec {
-        preset: Some("llama-7b-shape".into()),
-        batch: Some(OneOrMany::One(4)),
-        seq: Some(OneOrMany::One(4096)),
-        dtype: Some(OneOrMany::One("bf16".into())),
-        device: Some("cuda:0".into()),
-        checkpoint: Some(OneOrMany::Many(vec![0, 1])),
-        ..GridSpec::default()
-    };
-    let cases = expand_for_prediction(&WorkloadFile::default(), &grid, "F3")?;
-    let graph = |c: &crate::workload::Case| {
-        crate::formula::predict(c, crate::phase::Phase::Forward, 1)
-            .retained_bytes
-            .max(0) as u64
-    };
-    anyhow::ensure!(cases.len() == 2, "F3: expected two cases");
-    Ok((graph(&cases[0]), graph(&cases[1])))
-}
-
 /// Builds the whole report.
 pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     let mut b: Vec<Block> = Vec::new();
@@ -446,6 +423,19 @@ fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
                 ]
             })
             .collect(),
+    ));
+    b.push(Block::Para(
+        "The calculators users compare against, read as their code is written (`src/fit/textbook.rs`): \
+         Megatron-LM's `theoretical_memory_usage` counts parameters with grouped-query attention and \
+         SwiGLU but without linear biases or a position table, charges 18 B per parameter (16-bit \
+         weights, f32 gradients, master copy and Adam moments; memfit's mixed precision keeps 16 B: \
+         no separate 16-bit copy between steps), and without sequence parallelism counts 34·s·b·h \
+         per layer with no attention-score term (it assumes fused attention; candle keeps the \
+         A·B·S² scores). Accelerate's `estimate-memory` sizes the Hugging Face base model \
+         (`AutoModel`: no LM head, so an untied head is missed) and its \"Training using Adam\" is \
+         the largest of four terms (16 B/param in f32, 8 B/param for float16), not their sum; \
+         neither counts activations."
+            .into(),
     ));
 }
 

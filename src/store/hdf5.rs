@@ -53,7 +53,7 @@ pub fn unit(field: &str) -> Option<&'static str> {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
         | "weights" | "load" | "attention" | "lora_targets" | "lora_base" | "precision"
         | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage"
-        | "persistent" => "",
+        | "persistent" | "tied" | "biases" => "",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -65,6 +65,8 @@ pub fn unit(field: &str) -> Option<&'static str> {
         "layers" => "layers",
         "image_px" | "patch_px" | "crop_px" => "pixels",
         "channels" => "channels",
+        "kv_heads" => "heads",
+        "head_dim" | "intermediate" => "features",
         "optimizer_block" => "elements",
         "checkpoint" => "blocks",
         "lora_rank" => "rank",
@@ -122,6 +124,11 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "image_px" => "ViT: side of the input image in pixels (0 for GPT).",
         "patch_px" => "ViT: side of a patch in pixels (0 for GPT).",
         "channels" => "ViT: colour channels of the image (0 for GPT).",
+        "kv_heads" => "K/V heads of attention (grouped-query attention; heads for GPT and ViT).",
+        "head_dim" => "Width of one attention head (hidden / heads for GPT and ViT).",
+        "intermediate" => "Width of the MLP (LLaMA: SwiGLU intermediate size; GPT, ViT: 4 hidden).",
+        "tied" => "on when the LM head is the token embedding, else off.",
+        "biases" => "Projections with biases: comma list of qkv, o, mlp, or none.",
         "dtype" => "Element type of weights and activations.",
         "device" => "Device the case ran on: cpu or cuda:N.",
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
@@ -260,6 +267,11 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.plain_u64("image_px", rows, |r| r.image_px)?;
         w.plain_u64("patch_px", rows, |r| r.patch_px)?;
         w.plain_u64("channels", rows, |r| r.channels)?;
+        w.plain_u64("kv_heads", rows, |r| r.kv_heads)?;
+        w.plain_u64("head_dim", rows, |r| r.head_dim)?;
+        w.plain_u64("intermediate", rows, |r| r.intermediate)?;
+        w.string("tied", rows, |r| Some(&r.tied))?;
+        w.string("biases", rows, |r| Some(&r.biases))?;
         w.string("dtype", rows, |r| Some(&r.dtype))?;
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
@@ -633,6 +645,11 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let image_px = r.plain_u64("image_px")?;
     let patch_px = r.plain_u64("patch_px")?;
     let channels = r.plain_u64("channels")?;
+    let kv_heads = r.plain_u64("kv_heads")?;
+    let head_dim = r.plain_u64("head_dim")?;
+    let intermediate = r.plain_u64("intermediate")?;
+    let tied = r.string("tied")?;
+    let biases = r.string("biases")?;
     let dtype = r.string("dtype")?;
     let device = r.string("device")?;
     let optimizer = r.string("optimizer")?;
@@ -692,6 +709,8 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut model = model.into_iter();
     let mut preset = preset.into_iter();
     let mut dtype = dtype.into_iter();
+    let mut tied = tied.into_iter();
+    let mut biases = biases.into_iter();
     let mut device = device.into_iter();
     let mut optimizer = optimizer.into_iter();
     let mut phase = phase.into_iter();
@@ -729,6 +748,11 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             image_px: image_px[i],
             patch_px: patch_px[i],
             channels: channels[i],
+            kv_heads: kv_heads[i],
+            head_dim: head_dim[i],
+            intermediate: intermediate[i],
+            tied: next(&mut tied),
+            biases: next(&mut biases),
             dtype: next(&mut dtype),
             device: next(&mut device),
             optimizer: next(&mut optimizer),

@@ -106,6 +106,14 @@ pub fn bare_row(
         image_px: case.cfg.vision.map_or(0, |v| v.image as u64),
         patch_px: case.cfg.vision.map_or(0, |v| v.patch as u64),
         channels: case.cfg.vision.map_or(0, |v| v.channels as u64),
+        kv_heads: case.cfg.kv_heads() as u64,
+        head_dim: case.cfg.head_dim() as u64,
+        intermediate: case
+            .cfg
+            .llama
+            .map_or(4 * case.cfg.hidden, |l| l.intermediate) as u64,
+        tied: if case.cfg.tied { "on" } else { "off" }.into(),
+        biases: biases(&case.cfg),
         dtype: case.dtype.to_string(),
         device: case.device.to_string(),
         optimizer: case.optimizer.as_str().into(),
@@ -179,5 +187,22 @@ pub fn bare_row(
     match &case.data {
         Some(d) => crate::data::bench::row(row, d, figures),
         None => row,
+    }
+}
+
+/// Which projections of a block carry biases: `qkv`, `o`, `mlp` (comma-separated), or `none`.
+pub fn biases(cfg: &crate::model::transformer::Config) -> String {
+    let (qkv, o, mlp) = cfg
+        .llama
+        .map_or((true, true, true), |l| (l.qkv_bias, l.o_bias, l.mlp_bias));
+    let v: Vec<&str> = [(qkv, "qkv"), (o, "o"), (mlp, "mlp")]
+        .iter()
+        .filter(|x| x.0)
+        .map(|x| x.1)
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(",")
     }
 }

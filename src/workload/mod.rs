@@ -848,7 +848,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         &opt,
     ) in shapes
     {
-        let custom = [ms, h, a, l, v, img, p, c, k, g, hd, inter]
+        // A preset with only its depth changed keeps its name (a slice of it: the `layers`
+        // column says how many blocks); any other size key makes it `custom`.
+        let custom = [ms, h, a, v, img, p, c, k, g, hd, inter]
             .iter()
             .any(Option::is_some)
             || tied.is_some()

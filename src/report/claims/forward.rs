@@ -1,5 +1,6 @@
 //! F1–F6: activations against batch, sequence, checkpointing and attention.
 
+use super::full_size;
 use super::*;
 
 /// An axis a sweep varies: config key, symbol, value.
@@ -190,25 +191,38 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn f3(&self) -> Option<Claim> {
-        // A slice of the LLaMA-7B shape: blocks of H 4096, A 32; two depths at one (B, S)
-        // give one block's activations, measured.
-        let slice: Vec<&Row> = self
-            .phase("forward")
-            .filter(|r| r.model == "gpt" && plain(r) && r.hidden == 4096 && r.heads == 32)
-            .collect();
-        let pair = slice.iter().find_map(|a| {
-            slice
-                .iter()
-                .find(|b| {
-                    b.layers > a.layers
-                        && (b.batch, b.seq, &b.dtype, &b.run_id)
-                            == (a.batch, a.seq, &a.dtype, &a.run_id)
-                })
-                .map(|b| (*a, *b))
-        });
-        let (full, checkpointed) = crate::report::predicted_llama_forward().ok()?;
+        // Slices of a 7B model at its real width (H 4096, A 32): two depths at one (B, S)
+        // give one block's activations, measured. Llama-2-7B's own blocks (SwiGLU, RoPE) when
+        // present, else the GPT with LLaMA's widths (`llama-7b-shape`).
+        let at_width = |model: &str| -> Vec<&'a Row> {
+            self.phase("forward")
+                .filter(|r| r.model == model && plain(r) && r.hidden == 4096 && r.heads == 32)
+                .collect()
+        };
+        let pair_in = |slice: &[&'a Row]| {
+            slice.iter().find_map(|a| {
+                slice
+                    .iter()
+                    .find(|b| {
+                        b.layers > a.layers
+                            && (b.batch, b.seq, &b.dtype, &b.run_id, &b.preset)
+                                == (a.batch, a.seq, &a.dtype, &a.run_id, &a.preset)
+                    })
+                    .map(|b| (*a, *b))
+            })
+        };
+        let llama = at_width("llama");
+        let gpt = at_width("gpt");
+        let (slice, pair, preset) = match pair_in(&llama) {
+            Some(p) => (llama, Some(p), "llama-2-7b"),
+            None => {
+                let p = pair_in(&gpt);
+                (gpt, p, "llama-7b-shape")
+            }
+        };
+        let (full, checkpointed, per_block) = full_size::b4_s4096(preset).ok()?;
         let carried = format!(
-            "B 4 × S 4096, 32 blocks, bf16: graph {} with standard attention, {} checkpointing every block",
+            "{preset}, B 4 × S 4096, 32 blocks, bf16: graph {} with standard attention, {} checkpointing every block",
             mb(full as f64),
             mb(checkpointed as f64)
         );
@@ -216,8 +230,8 @@ impl<'a> Ctx<'a> {
             return Some(Claim {
                 id: "F3",
                 claim: statement("F3"),
-                workload: "`memfit predict --preset llama-7b-shape --batch 4 --seq 4096 --dtype bf16 --device cuda --checkpoint 0,1`".into(),
-                measured: "not measured in these results (seed-f3-slice measures one- and two-block slices)".into(),
+                workload: "`memfit predict --preset llama-2-7b --batch 4 --seq 4096 --dtype bf16 --device cuda --checkpoint 0,1`".into(),
+                measured: "not measured in these results (seed-llama-real measures one- and two-block slices of Llama-2-7B)".into(),
                 predicted: carried,
                 criterion: F3_CRITERION.into(),
                 verdict: "open: holds by the formulas, not measured here".into(),
@@ -226,15 +240,13 @@ impl<'a> Ctx<'a> {
         let dl = (b.layers - a.layers) as f64;
         let block = (ret(b)? - ret(a)?) / dl;
         let block_pred = (b.predicted_retained_bytes? - a.predicted_retained_bytes?) as f64 / dl;
-        let mut shape = crate::formula::transformer::Shape::new(4, 4096, 4096, 32, 1, 32000, 4096);
-        let one = shape.activation_data_bytes();
-        shape.l = 2;
-        let per_block = (shape.activation_data_bytes() - one) as f64;
+        let per_block = per_block as f64;
         Some(self.make(
             "F3",
             &slice,
             format!(
-                "H 4096, A 32, {} B{} S{}: graph L{} {} / L{} {} → one block {}",
+                "{}, {} B{} S{}: graph L{} {} / L{} {} → one block {}",
+                a.preset,
                 a.dtype,
                 a.batch,
                 a.seq,
@@ -252,12 +264,20 @@ impl<'a> Ctx<'a> {
             F3_CRITERION,
             if per_block > 20e9 {
                 format!(
-                    "holds by far: one block alone is {} at B 4 × S 4096 (f32); the per-block formula is within {:.0} B of the measured block on the real width",
+                    "holds by far: one block alone is {} at B 4 × S 4096 (f32), the whole bf16 graph {}; the per-block formula is within {:.0} B of the measured block on the real width",
+                    mb(per_block),
+                    mb(full as f64),
+                    (block_pred - block).abs()
+                )
+            } else if full as f64 > 20e9 {
+                format!(
+                    "holds for the whole model: {} in bf16 (one f32 block {}); the per-block formula is within {:.0} B of the measured block",
+                    mb(full as f64),
                     mb(per_block),
                     (block_pred - block).abs()
                 )
             } else {
-                format!("does not hold: one block is {} at B 4 × S 4096 (f32)", mb(per_block))
+                format!("does not hold: the whole bf16 graph is {}", mb(full as f64))
             },
         ))
     }

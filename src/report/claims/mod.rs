@@ -11,6 +11,7 @@ use crate::units::human_bytes;
 
 mod data;
 mod forward;
+pub mod full_size;
 mod inference;
 mod training;
 
@@ -210,6 +211,13 @@ pub fn config_key_without(r: &Row, skip: &[&str]) -> String {
         f("heads", r.heads.to_string()),
         f("layers", r.layers.to_string()),
         f("vocab", r.vocab.to_string()),
+        f(
+            "arch",
+            format!(
+                "{} {} {} {} {}",
+                r.kv_heads, r.head_dim, r.intermediate, r.tied, r.biases
+            ),
+        ),
         f("dtype", r.dtype.clone()),
         f("device", r.device.clone()),
         f("optimizer", r.optimizer.clone()),

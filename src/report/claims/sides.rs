@@ -34,6 +34,98 @@ fn batch_sweep(phase: &str, batches: &[u64], f: impl Fn(u64) -> u64) -> Vec<Row>
         .collect()
 }
 
+/// I1: 4.004 B/param (f32) holds; a LLaMA row holds once its rotary tables (S_max·D·e =
+/// 8·8·4 = 256 B) are counted apart, an older LLaMA row without `head_dim` is left out, and
+/// 4.4 B/param does not hold. Llama-2-7B f16 is quoted by the formula (13.48 GB).
+#[test]
+fn i1_weights_with_rotary_tables_apart() {
+    let init = |model: &str, retained: i64, head_dim: u64| {
+        let mut r = row("init");
+        r.model = model.into();
+        r.case = retained as u64;
+        r.head_dim = head_dim;
+        r.retained_bytes = Some(retained);
+        r
+    };
+    let c = eval(&[init("gpt", 4004, 8), init("llama", 4256, 8)], "I1");
+    assert!(c.verdict.starts_with("holds: within 0.10 %"), "{c:?}");
+    assert!(c.predicted.contains("13.48 GB"), "{c:?}");
+    let c = eval(&[init("llama", 4256, 0)], "I1");
+    assert!(c.verdict.starts_with("open"), "{c:?}");
+    let c = eval(&[init("gpt", 4400, 8)], "I1");
+    assert!(
+        c.verdict.starts_with("does not hold: off by up to 10.0 %"),
+        "{c:?}"
+    );
+}
+
+/// N4: L 3, B 2, T 4, f32. Without GQA (G·D = H = 16) a growth of 2·3·2·4·16·4 = 3,072 B
+/// holds exactly; with one K/V head of width 8 the growth is 1,536 B and the seed's H form
+/// overstates it ×2 (partly); 1,600 B is not exact.
+#[test]
+fn n4_cache_with_and_without_gqa() {
+    let decode = |kv: u64, d: u64, retained: i64| {
+        let mut r = row("decode");
+        r.case = retained as u64;
+        r.kv_cache = "on".into();
+        r.weights = "model".into();
+        r.decode_tokens = 4;
+        (r.kv_heads, r.head_dim) = (kv, d);
+        r.retained_bytes = Some(retained);
+        r
+    };
+    let c = eval(&[decode(2, 8, 3072)], "N4");
+    assert!(c.verdict.starts_with("holds exactly without GQA"), "{c:?}");
+    let c = eval(&[decode(2, 8, 3072), decode(1, 8, 1536)], "N4");
+    assert!(
+        c.verdict.starts_with("partly") && c.verdict.contains("×2.0"),
+        "{c:?}"
+    );
+    let c = eval(&[decode(1, 8, 1600)], "N4");
+    assert!(c.verdict.starts_with("does not hold exactly"), "{c:?}");
+}
+
+/// B6: a full fine-tune's state of 16,000 B against LoRA's 4,400 (≤ ½: sharp) holds, with
+/// Llama-2-70B predicted to fit 48 GiB at rank 8 on q, v only; LoRA's 12,000 is only partly.
+#[test]
+fn b6_lora_state_and_the_70b_card() {
+    let case = |case: u64, rank: u64, [i, b, o]: [i64; 3]| {
+        ["init", "backward", "optimizer"]
+            .iter()
+            .zip([i, b, o])
+            .map(|(p, v)| {
+                let mut r = row(p);
+                r.case = case;
+                r.lora_rank = rank;
+                r.lora_targets = if rank > 0 {
+                    "q,v".into()
+                } else {
+                    String::new()
+                };
+                r.lora_base = if rank > 0 { "op".into() } else { String::new() };
+                r.retained_bytes = Some(v);
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut rows = case(0, 0, [4000, 4000, 8000]);
+    rows.extend(case(1, 8, [4100, 100, 200]));
+    let c = eval(&rows, "B6");
+    assert!(
+        c.verdict.starts_with("holds: the model state drops 3.6×"),
+        "{c:?}"
+    );
+    assert!(c.verdict.contains("fits 48 GiB with r8 q, v only"), "{c:?}");
+    assert!(c.predicted.contains("r64 all"), "{c:?}");
+    let mut rows = case(0, 0, [4000, 4000, 8000]);
+    rows.extend(case(1, 8, [4000, 3000, 5000]));
+    let c = eval(&rows, "B6");
+    assert!(
+        c.verdict.starts_with("partly: LoRA's model state is 75 %"),
+        "{c:?}"
+    );
+}
+
 /// F1: a graph of 1000·B bytes is proportional (fixed part 0); 500,000 + 1000·B has a fixed
 /// part of 98 % at B 8; a graph ∝ B² is not affine (R² < 0.999); two sizes decide nothing.
 #[test]

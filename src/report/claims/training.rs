@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// B6: the card of the QLoRA claim: a "48 GB" card (RTX A6000, L40S) has 48 GiB of device
+/// memory (GDDR is sized in binary units; `nvidia-smi` shows 49,140 MiB usable).
+const B6_CARD: f64 = 48.0 * 1024.0 * 1024.0 * 1024.0;
+
 impl<'a> Ctx<'a> {
     pub(super) fn per_param(
         &self,
@@ -290,6 +294,51 @@ impl<'a> Ctx<'a> {
         }
         let act = |r: &Row| self.case_of(r).get("forward").and_then(|x| ret(x));
         let acts: Vec<String> = used.iter().take(2).filter_map(|r| act(r)).map(mb).collect();
+        // QLoRA on Llama-2-70B against a 48 GB card, by the formulas these rows check.
+        let q = super::full_size::llama2_70b_qlora().ok()?;
+        let fits: Vec<&super::full_size::Qlora> =
+            q.iter().filter(|x| x.total as f64 <= B6_CARD).collect();
+        let seventy = q
+            .iter()
+            .map(|x| {
+                format!(
+                    "{}: {} = weights {} + AdamW state {} + step {}",
+                    x.setting,
+                    mb(x.total as f64),
+                    mb(x.weights as f64),
+                    mb(x.state as f64),
+                    mb(x.step as f64)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let sharp = best <= 0.5 * f;
+        let state_part = if sharp {
+            format!(
+                "the model state drops {:.1}× (the activations do not shrink)",
+                f / best
+            )
+        } else {
+            format!(
+                "LoRA's model state is {:.0} % of the full fine-tune's",
+                100.0 * best / f
+            )
+        };
+        let card_part = match (fits.len(), q.len()) {
+            (0, _) => {
+                "Llama-2-70B under QLoRA does not fit 48 GiB in any setting predicted".to_string()
+            }
+            (n, all) if n == all => {
+                "Llama-2-70B under QLoRA fits 48 GiB in every setting predicted".to_string()
+            }
+            _ => format!(
+                "Llama-2-70B fits 48 GiB with {} only; the seed leaves out the f32 adapters' AdamW state, the unquantized embedding and head, and the step's activations",
+                fits.iter()
+                    .map(|x| x.setting.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
         Some(self.make(
             "B6",
             &used,
@@ -298,15 +347,14 @@ impl<'a> Ctx<'a> {
                 m.join(", "),
                 acts.join(" → ")
             ),
-            "state of the adapters only (the replayed formulas, per row)".into(),
-            "\"sharply\": the smallest LoRA model state ≤ ½ the full fine-tune's",
-            if best <= 0.5 * f {
-                format!(
-                    "holds for the model state (down to {:.1}× less); the activations do not shrink",
-                    f / best
-                )
-            } else {
-                format!("does not hold: LoRA's model state is {:.0} % of the full fine-tune's", 100.0 * best / f)
+            format!(
+                "state of the adapters only (the replayed formulas, per row); Llama-2-70B, q4_0 base, B 1 × S 512, checkpointing every block: {seventy}"
+            ),
+            "\"sharply\": the smallest LoRA model state ≤ ½ the full fine-tune's; \"70B on 48 GB\": a predicted QLoRA training total of Llama-2-70B ≤ 48 GiB (a 48 GB card)",
+            match (sharp, !fits.is_empty()) {
+                (true, true) => format!("holds: {state_part}; {card_part}"),
+                (false, false) => format!("does not hold: {state_part}; {card_part}"),
+                _ => format!("partly: {state_part}; {card_part}"),
             },
         ))
     }

@@ -1,0 +1,102 @@
+//! Full-size figures the claims quote beside their measured slices: the formulas (which each
+//! claim checks on its rows first) evaluated on the shipped presets at the sizes the seed's
+//! claims name — Llama-2-7B in f16, B 4 × S 4096, Llama-2-70B under QLoRA. Nothing here
+//! measures; every figure is labelled "predicted" where it is shown.
+
+use crate::formula::transformer::Shape;
+use crate::phase::Phase;
+use crate::workload::{self, Case, GridSpec};
+
+/// The cases of a workload text (one or more `[[grid]]` tables of presets at full size),
+/// expanded for prediction (CUDA cases included on a CPU build).
+pub fn cases(toml: &str, what: &str) -> anyhow::Result<Vec<Case>> {
+    let file = workload::parse(toml, what)?;
+    Ok(workload::expand_for_prediction(
+        &file,
+        &GridSpec::default(),
+        what,
+    )?)
+}
+
+/// `phase`'s retained bytes of each case (one thread: the figures quoted are CUDA's or the
+/// weights', where the CPU's per-thread gemm scratch plays no part).
+pub fn retained(cases: &[Case], phase: Phase) -> Vec<u64> {
+    cases
+        .iter()
+        .map(|c| crate::formula::predict(c, phase, 1).retained_bytes.max(0) as u64)
+        .collect()
+}
+
+/// What a case's training step holds at its peak ([`Shape::train_total_bytes`]).
+pub fn train_total(c: &Case) -> u64 {
+    Shape::of(c).train_total_bytes(c.optimizer, 1)
+}
+
+/// Llama-2-7B's weights in f16 (the seed's "≈ 14 GB"): init's retained bytes.
+pub fn llama2_7b_f16_weights() -> anyhow::Result<u64> {
+    let c = cases(
+        "[[grid]]\npreset = \"llama-2-7b\"\ndtype = \"f16\"\nbatch = 1\nseq = 1\nphases = [\"init\"]\n",
+        "I1",
+    )?;
+    Ok(retained(&c, Phase::Init)[0])
+}
+
+/// The forward graph of `preset` at B 4 × S 4096 in bf16 on CUDA, without and with
+/// checkpointing every block (claim F3), and one block's share in f32 at that size (the
+/// difference between one and two blocks).
+pub fn b4_s4096(preset: &str) -> anyhow::Result<(u64, u64, u64)> {
+    let graph = cases(
+        &format!(
+            "[[grid]]\npreset = \"{preset}\"\nbatch = 4\nseq = 4096\ndtype = \"bf16\"\ndevice = \"cuda:0\"\ncheckpoint = [0, 1]\n"
+        ),
+        "F3",
+    )?;
+    let g = retained(&graph, Phase::Forward);
+    let depth = cases(
+        &format!("[[grid]]\npreset = \"{preset}\"\nbatch = 4\nseq = 4096\nlayers = [1, 2]\n"),
+        "F3",
+    )?;
+    let d = retained(&depth, Phase::Forward);
+    anyhow::ensure!(g.len() == 2 && d.len() == 2, "F3: expected two cases each");
+    Ok((g[0], g[1], d[1].saturating_sub(d[0])))
+}
+
+/// A QLoRA setting of Llama-2-70B and what its training step holds (bytes).
+#[derive(Debug, Clone)]
+pub struct Qlora {
+    /// `r8 q, v`, `r64 all`.
+    pub setting: String,
+    /// Weights after init: q4_0 projections, f32 embedding, head and norms, the adapters.
+    pub weights: u64,
+    /// AdamW's state of the adapters.
+    pub state: u64,
+    /// The training step's peak above weights, input and state (gradients, checkpointed
+    /// activations, the dequantized layer).
+    pub step: u64,
+    pub total: u64,
+}
+
+/// Llama-2-70B under QLoRA (q4_0 frozen projections, f32 adapters and AdamW, B 1 × S 512,
+/// checkpointing every block): rank 8 on q and v, and rank 64 on every projection (the QLoRA
+/// paper's setting).
+pub fn llama2_70b_qlora() -> anyhow::Result<Vec<Qlora>> {
+    let mut out = Vec::new();
+    for (rank, targets) in [(8, "\"q\", \"v\""), (64, "\"all\"")] {
+        let c = cases(
+            &format!(
+                "[[grid]]\npreset = \"llama-2-70b\"\nbatch = 1\nseq = 512\ncheckpoint = 1\noptimizer = \"adamw\"\nlora_rank = {rank}\nlora_targets = [{targets}]\nlora_base = \"q4_0\"\nphases = [\"train-step\"]\n"
+            ),
+            "B6",
+        )?;
+        let shape = Shape::of(&c[0]);
+        let opt = c[0].optimizer;
+        out.push(Qlora {
+            setting: format!("r{rank} {}", targets.replace('"', "")),
+            weights: shape.predict(Phase::Init, opt, 1).retained_bytes.max(0) as u64,
+            state: shape.optimizer_state_bytes(opt),
+            step: shape.predict(Phase::TrainStep, opt, 1).peak_bytes,
+            total: train_total(&c[0]),
+        });
+    }
+    Ok(out)
+}
