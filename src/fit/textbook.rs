@@ -141,9 +141,22 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     out
 }
 
-/// The decoder's sizes Megatron and accelerate read from a config, from a row: (H, A, G, D,
-/// I, L, V, tied, RMSNorm). `None` for a ViT or an older LLaMA row without the columns.
-fn decoder(r: &Row) -> Option<(f64, f64, f64, f64, f64, f64, f64, bool, bool)> {
+/// The decoder's sizes Megatron and accelerate read from a config.
+struct Decoder {
+    h: f64,
+    a: f64,
+    g: f64,
+    d: f64,
+    i: f64,
+    l: f64,
+    v: f64,
+    tied: bool,
+    /// The LLaMA family: RMSNorm and SwiGLU.
+    llama: bool,
+}
+
+/// A row's [`Decoder`]; `None` for a ViT or an older LLaMA row without the columns.
+fn decoder(r: &Row) -> Option<Decoder> {
     if r.model == "vit" {
         return None;
     }
@@ -157,17 +170,17 @@ fn decoder(r: &Row) -> Option<(f64, f64, f64, f64, f64, f64, f64, bool, bool)> {
         "" if llama => return None,
         t => t == "on",
     };
-    Some((
-        r.hidden as f64,
-        r.heads as f64,
-        r.kv_heads_or_heads()? as f64,
-        r.head_dim_or_default()? as f64,
-        inter as f64,
-        r.layers as f64,
-        r.vocab as f64,
+    Some(Decoder {
+        h: r.hidden as f64,
+        a: r.heads as f64,
+        g: r.kv_heads_or_heads()? as f64,
+        d: r.head_dim_or_default()? as f64,
+        i: inter as f64,
+        l: r.layers as f64,
+        v: r.vocab as f64,
         tied,
         llama,
-    ))
+    })
 }
 
 /// Megatron-LM's `theoretical_memory_usage.py` (no parallelism: t = p = 1, no distributed
@@ -186,7 +199,18 @@ fn megatron(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     let Some(any) = case.values().next().copied() else {
         return out;
     };
-    let Some((h, a, g, d, i, l, v, tied, llama)) = decoder(any) else {
+    let Some(Decoder {
+        h,
+        a,
+        g,
+        d,
+        i,
+        l,
+        v,
+        tied,
+        llama,
+    }) = decoder(any)
+    else {
         return out;
     };
     let (gate, norm) = if llama { (1.5, 1.0) } else { (1.0, 2.0) };
@@ -244,7 +268,7 @@ fn accelerate(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     let Some(any) = case.values().next().copied() else {
         return out;
     };
-    let Some((h, _, _, _, _, _, v, tied, _)) = decoder(any) else {
+    let Some(Decoder { h, v, tied, .. }) = decoder(any) else {
         return out;
     };
     let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
