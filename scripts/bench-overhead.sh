@@ -10,6 +10,7 @@
 #   MEMFIT_BENCH_LOCK=/tmp/x.lock …          # each timed run under flock
 source "$(dirname "$0")/bench-common.sh"
 PAIRS="${PAIRS:-9}"
+# PAIRS or BIG_PAIRS 0: that config is skipped.
 BIG_PAIRS="${BIG_PAIRS:-3}"
 ISO_CASES="${ISO_CASES:-200}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
@@ -39,17 +40,22 @@ pairs() {
   done
 }
 
-: >"$WORK/times.txt"
-pairs "small-B4-S128" "$PAIRS" --preset small --batch 4 --seq 128
+# KEEP_TIMES=1 adds to the pairs already in $WORK/times.txt (e.g. PAIRS=0 BIG_PAIRS=0 to redo only
+# the summary and the isolation sweep).
+[[ "${KEEP_TIMES:-0}" == 1 ]] || : >"$WORK/times.txt"
+if ((PAIRS > 0)); then
+  pairs "small-B4-S128" "$PAIRS" --preset small --batch 4 --seq 128
+fi
 if ((BIG_PAIRS > 0)); then
   pairs "gpt2-small-B1-S128" "$BIG_PAIRS" --preset gpt2-small --batch 1 --seq 128
 fi
 
-# Isolation: a sweep of ISO_CASES tiny inference cases; memfit prints the mean spawn-to-hello
-# time per case process. Its total wall / cases beside the case windows' own wall.
-iso_out="$WORK/iso"
+# Isolation: a sweep of ISO_CASES tiny inference cases (batches × 100 sequence lengths 8..107);
+# memfit prints the mean spawn-to-hello time per case process. Its total wall / cases beside
+# the case windows' own wall.
+iso_out="$WORK/iso"; rm -rf "$iso_out"
 t0="$(now)"
-locked "$BIN_DIR/memfit-metered" run --preset tiny --batch 1 --seq "$(seq -s, 8 $((8 + ISO_CASES - 1)))" \
+locked "$BIN_DIR/memfit-metered" run --preset tiny --batch "$(seq -s, 1 $(( (ISO_CASES + 99) / 100 )))" --seq "$(seq -s, 8 107)" \
   --phases inference --threads "$RAYON_NUM_THREADS" --out "$iso_out" >"$WORK/iso.log" 2>&1
 t1="$(now)"
 
