@@ -38,3 +38,10 @@ machine() {
 
 # Seconds since the epoch, nanosecond resolution.
 now() { date +%s.%N; }
+
+# timed_locked FILE CMD… : runs CMD under the lock (if any) and writes "START END" (seconds since
+# the epoch) to FILE, taken inside the lock, so waiting for it is never timed. Returns CMD's status.
+timed_locked() {
+  local file="$1"; shift
+  locked bash -c 's=$(date +%s.%N); "${@:2}"; rc=$?; e=$(date +%s.%N); echo "$s $e" >"$1"; exit $rc' _ "$file" "$@"
+}

@@ -20,9 +20,8 @@ build_bins both
 run_one() {
   local bin="$1" tag="$2"; shift 2
   local out="$WORK/$tag-$RANDOM$RANDOM" t0 t1
-  t0="$(now)"
-  locked "$BIN_DIR/$bin" run "$@" --phases train-step --threads "$RAYON_NUM_THREADS" --out "$out" >/dev/null 2>&1
-  t1="$(now)"
+  timed_locked "$WORK/t" "$BIN_DIR/$bin" run "$@" --phases train-step --threads "$RAYON_NUM_THREADS" --out "$out" >/dev/null 2>&1
+  read -r t0 t1 <"$WORK/t"
   python3 - "$out/results.jsonl" "$tag" "$t0" "$t1" >>"$WORK/times.txt" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -54,10 +53,9 @@ fi
 # memfit prints the mean spawn-to-hello time per case process. Its total wall / cases beside
 # the case windows' own wall.
 iso_out="$WORK/iso"; rm -rf "$iso_out"
-t0="$(now)"
-locked "$BIN_DIR/memfit-metered" run --preset tiny --batch "$(seq -s, 1 $(( (ISO_CASES + 99) / 100 )))" --seq "$(seq -s, 8 107)" \
+timed_locked "$WORK/t" "$BIN_DIR/memfit-metered" run --preset tiny --batch "$(seq -s, 1 $(( (ISO_CASES + 99) / 100 )))" --seq "$(seq -s, 8 107)" \
   --phases inference --threads "$RAYON_NUM_THREADS" --out "$iso_out" >"$WORK/iso.log" 2>&1
-t1="$(now)"
+read -r t0 t1 <"$WORK/t"
 
 python3 - "$WORK/times.txt" "$iso_out/results.jsonl" "$WORK/iso.log" "$t0" "$t1" "$(machine)" <<'PY'
 import json, re, statistics as st, sys

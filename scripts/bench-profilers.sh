@@ -19,15 +19,13 @@ BIN="$BIN_DIR/memfit-metered"
 # shellcheck disable=SC2206
 ARGS=(run $CASE --phases train-step --threads "$RAYON_NUM_THREADS" --child-case 0)
 cd "$WORK"
-t0="$(now)"; MEMFIT_ALLOC_TRACE=1 locked "$BIN" "${ARGS[@]}" >native.out 2>native.err; t1="$(now)"
+MEMFIT_ALLOC_TRACE=1 timed_locked t.native "$BIN" "${ARGS[@]}" >native.out 2>native.err; read -r t0 t1 <t.native
 native_s="$(python3 -c "print($t1 - $t0)")"
-t0="$(now)"
-MEMFIT_ALLOC_TRACE=1 locked valgrind --tool=massif --peak-inaccuracy=0.0 --massif-out-file=massif.out \
+MEMFIT_ALLOC_TRACE=1 timed_locked t.massif valgrind --tool=massif --peak-inaccuracy=0.0 --massif-out-file=massif.out \
   "$BIN" "${ARGS[@]}" >massif.stdout 2>massif.err
-t1="$(now)"; massif_s="$(python3 -c "print($t1 - $t0)")"
-t0="$(now)"
-MEMFIT_ALLOC_TRACE=1 locked heaptrack -o "$WORK/heaptrack" "$BIN" "${ARGS[@]}" >heaptrack.stdout 2>heaptrack.err
-t1="$(now)"; heaptrack_s="$(python3 -c "print($t1 - $t0)")"
+read -r t0 t1 <t.massif; massif_s="$(python3 -c "print($t1 - $t0)")"
+MEMFIT_ALLOC_TRACE=1 timed_locked t.heaptrack heaptrack -o "$WORK/heaptrack" "$BIN" "${ARGS[@]}" >heaptrack.stdout 2>heaptrack.err
+read -r t0 t1 <t.heaptrack; heaptrack_s="$(python3 -c "print($t1 - $t0)")"
 heaptrack_print "$WORK"/heaptrack*.zst >heaptrack.txt 2>/dev/null
 
 python3 - "$native_s" "$massif_s" "$heaptrack_s" "$(machine)" "$CASE" <<'PY'

@@ -15,7 +15,8 @@ BIN="$BIN_DIR/memfit-metered"
 T="$RAYON_NUM_THREADS"
 timed() { # timed NAME CMD… : wall seconds into $WORK/NAME.s
   local name="$1" t0 t1; shift
-  t0="$(now)"; locked "$@" >"$WORK/$name.log" 2>&1; t1="$(now)"
+  timed_locked "$WORK/$name.t" "$@" >"$WORK/$name.log" 2>&1
+  read -r t0 t1 <"$WORK/$name.t"
   python3 -c "print($t1 - $t0)" >"$WORK/$name.s"
 }
 if [[ "$DEFAULT_SWEEP" == 1 ]]; then
