@@ -6,11 +6,14 @@
 #
 # It stays inside the call's limits: at most 8 files come back from $OUT (16 MiB each, two
 # folders down, plain names), and the command is killed at its time limit. So it writes
-# exactly six files, all at the top of $OUT:
+# exactly seven files, all at the top of $OUT:
 #   machine.txt     what ran where (read-only queries: no GPU setting is touched)
 #   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s)
 #   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
 #   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
+#   torch.log       the PyTorch reference (scripts/torch_reference.py, JSON lines + tables) on
+#                   gpu-h200 shapes, and accelerate's `estimate-memory` for the same configs;
+#                   "skipped" where the machine has no torch (the dry run on a CPU without it)
 #   time.txt        each step's exit status and seconds
 #   results.tar.gz  every run folder (results/{smoke,run,dataload}/: journal, meta.json, CSV,
 #                   HDF5, superseded rows); without the CSV/HDF5 copies if it would pass 16 MiB
@@ -116,10 +119,12 @@ if (( rc != 0 )); then
   exit 1
 fi
 
-# 2. The sweep, under a deadline that leaves the reserve (and some time for data loading).
+# 2. The sweep, under a deadline that leaves the reserve (and some time for data loading and
+# the PyTorch reference).
 s=$(date +%s)
 dl_share=$(( $(left) / 5 ))
-deadline=$(( $(left) - reserve - dl_share ))
+torch_share=$(( $(left) / 6 ))
+deadline=$(( $(left) - reserve - dl_share - torch_share ))
 if (( deadline > 10 )); then
   timeout $(( deadline + 30 )) "${memfit[@]}" run "$workload" --deadline "$deadline" \
     --out "$res/run" > "$out/sweep.log" 2>&1
@@ -144,6 +149,47 @@ else
 fi
 step dataload "$rc" $(( $(date +%s) - s ))
 rm -rf "$work/dataset"
+
+# 4. The same models in PyTorch eager (and accelerate's estimate) with what is left before the
+# reserve; every output line goes into torch.log.
+s=$(date +%s)
+torch_deadline=$(( $(left) - reserve / 2 ))
+trc=0
+{
+  if ! python3 -c "import torch" 2>/dev/null; then
+    echo "skipped: no torch on this machine"
+  elif (( torch_deadline < 20 )); then
+    echo "skipped: ${torch_deadline} s left"
+  else
+    if [[ "$dry" == 1 ]]; then
+      tdev=cpu; tcfgs=("--preset tiny --batch 2 --seq 16 --dtype f32")
+    else
+      tdev=cuda:0
+      tcfgs=("--preset small --batch 4 --seq 128 --dtype f32"
+             "--preset gpt2-small --batch 1 --seq 128 --dtype f32"
+             "--preset gpt2-small --batch 8 --seq 1024 --dtype bf16"
+             "--hf-config workloads/configs/llama-3.2-1b.json --batch 4 --seq 1024 --dtype bf16")
+    fi
+    end=$(( $(date +%s) + torch_deadline ))
+    for c in "${tcfgs[@]}"; do
+      rest=$(( end - $(date +%s) )); (( rest > 10 )) || { echo "skipped (time): $c"; continue; }
+      echo "# torch_reference.py $c --device $tdev"
+      # shellcheck disable=SC2086
+      timeout "$rest" python3 scripts/torch_reference.py $c --device "$tdev" --threads 2 --steps 5 2>&1 \
+        | grep -v "gpuGetDeviceCount\|CPUAllocator.cpp"
+      r=${PIPESTATUS[0]}; (( r == 0 )) || trc=$r
+    done
+    if [[ "$dry" != 1 ]] && command -v accelerate >/dev/null; then
+      for m in workloads/configs/llama-3.2-1b.json workloads/configs/llama-2-7b.json; do
+        echo "# accelerate estimate-memory $m (transformers, from the local config.json)"
+        rest=$(( end - $(date +%s) )); (( rest > 5 )) || { echo "skipped (time)"; continue; }
+        d="$work/hf-$(basename "$m" .json)"; mkdir -p "$d"; cp "$m" "$d/config.json"
+        timeout "$rest" accelerate estimate-memory "$d" --library_name transformers 2>&1 | tail -n 20
+      done
+    fi
+  fi
+} > "$out/torch.log" 2>&1
+step torch "$trc" $(( $(date +%s) - s ))
 
 pack
 tail -n 25 "$out/sweep.log"

@@ -159,6 +159,7 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
         "smoke.log",
         "sweep.log",
         "time.txt",
+        "torch.log",
     ]
     .map(String::from)
     .into();
@@ -168,6 +169,7 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
         "smoke: exit 0",
         "sweep: exit 0",
         "dataload: exit 0",
+        "torch: exit 0",
         "pack: ",
     ] {
         assert!(time.contains(step), "{step}: {time}");

@@ -91,8 +91,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
+/// The counting allocator is the process's allocator, except in the `unmetered` build (the
+/// meter-overhead benchmark), which keeps Rust's default (the system allocator, no bookkeeping).
+#[cfg(not(feature = "unmetered"))]
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// True in the `unmetered` build: no counting allocator, no memory meters.
+pub const UNMETERED: bool = cfg!(feature = "unmetered");
 
 /// Makes every allocation that would take the process's heap above `bytes` fail (the process
 /// then aborts with "memory allocation failed": run budget trials in a child process).
@@ -115,8 +121,25 @@ pub fn count() -> u64 {
     COUNT.load(Relaxed)
 }
 
+/// The high-water mark since the process started: [`peak`] folded with the marks that
+/// [`reset_peak`] dropped (kept off the allocation path: updated only when a mark is reset or
+/// read here).
+pub fn process_peak() -> u64 {
+    LIFETIME_PEAK.fetch_max(PEAK.load(Relaxed), Relaxed);
+    LIFETIME_PEAK.load(Relaxed)
+}
+
+static LIFETIME_PEAK: AtomicU64 = AtomicU64::new(0);
+
+/// `MEMFIT_ALLOC_TRACE=1`: the allocator meter prints its absolute figures to stderr after each
+/// window (outside it).
+fn trace_enabled() -> bool {
+    std::env::var_os("MEMFIT_ALLOC_TRACE").is_some_and(|v| v == "1")
+}
+
 /// Sets the high-water mark to the current value and returns that value (the baseline).
 pub fn reset_peak() -> u64 {
+    LIFETIME_PEAK.fetch_max(PEAK.load(Relaxed), Relaxed);
     let now = CURRENT.load(Relaxed);
     PEAK.store(now, Relaxed);
     // An allocation racing with the store may have raised CURRENT; fold it in.
@@ -147,6 +170,18 @@ impl Meter for AllocMeter {
         into.peak_bytes = Some(peak.saturating_sub(self.baseline));
         into.retained_bytes = Some(now as i64 - self.baseline as i64);
         into.alloc_count = Some(n - self.count0);
+        if trace_enabled() {
+            // After the window: for comparing with heap profilers (scripts/bench-profilers.sh),
+            // the window's absolute figures and the process's peak so far.
+            eprintln!(
+                "memfit-alloc-trace baseline_bytes={} window_peak_bytes={} abs_peak_bytes={} \
+                 process_peak_bytes={} current_bytes={now}",
+                self.baseline,
+                peak - self.baseline,
+                peak,
+                process_peak(),
+            );
+        }
         Ok(())
     }
 }

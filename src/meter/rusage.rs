@@ -5,7 +5,8 @@
 //! writing `5` to `/proc/self/clear_refs` resets `VmHWM` to the current RSS; after the window
 //! `VmHWM` from `/proc/self/status` is the window's peak (absolute, whole process). Without the
 //! trim, pages freed earlier are reused silently and the rise under-reads. If `clear_refs` cannot
-//! be written (not Linux, no permission), `rss_peak_bytes` is `None`.
+//! be written (not Linux, no permission), `rss_peak_bytes` is `None`. In the `unmetered` build
+//! (the overhead benchmark) only the clocks run: no trim, no reset, `rss_peak_bytes` `None`.
 
 use std::time::Instant;
 
@@ -55,12 +56,15 @@ impl Meter for HostMeter {
     }
 
     fn start(&mut self) -> anyhow::Result<()> {
-        // SAFETY: malloc_trim only releases free heap memory.
-        #[cfg(target_os = "linux")]
-        unsafe {
-            libc::malloc_trim(0);
+        // The `unmetered` build keeps only the clocks: no trim, no high-water-mark reset.
+        if !super::cpu_alloc::UNMETERED {
+            // SAFETY: malloc_trim only releases free heap memory.
+            #[cfg(target_os = "linux")]
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            self.hwm_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
         }
-        self.hwm_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
         let (u, s) = cpu_times();
         self.user0 = u;
         self.sys0 = s;

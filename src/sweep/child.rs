@@ -78,6 +78,10 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
     emit(&Event::Hello { cpu_s: user + sys });
     let faults = super::fault::from_env()?;
     if let Some(b) = budget {
+        anyhow::ensure!(
+            !crate::meter::cpu_alloc::UNMETERED,
+            "--mem-budget needs the counting allocator, which the `unmetered` build leaves out"
+        );
         crate::meter::cpu_alloc::set_budget(b);
     }
     let exe = crate::data::workers::current_exe()?;
@@ -128,6 +132,25 @@ fn open_meters(
 ) -> anyhow::Result<(Vec<Box<dyn Meter>>, &'static str)> {
     use crate::device::DeviceSpec;
     match device {
+        // The meter-overhead benchmark's build: the clocks only (wall, CPU seconds); every
+        // memory field stays missing and `peak_meter` says so.
+        DeviceSpec::Cpu if crate::meter::cpu_alloc::UNMETERED => {
+            let _ = meta;
+            Ok((
+                vec![Box::new(crate::meter::rusage::HostMeter::default())],
+                "unmetered",
+            ))
+        }
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(n) if crate::meter::cpu_alloc::UNMETERED => {
+            let s = crate::meter::cuda::setup(n)?;
+            meta.device_name = format!("cuda:{n}: {}", s.device_name);
+            meta.device_memory_bytes = Some(s.memory_bytes);
+            Ok((
+                vec![Box::new(crate::meter::rusage::HostMeter::default())],
+                "unmetered",
+            ))
+        }
         DeviceSpec::Cpu => {
             let _ = meta;
             Ok((

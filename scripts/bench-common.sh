@@ -1,0 +1,47 @@
+# Sourced by scripts/bench-*.sh: building the two binaries, locking, the machine's description.
+# shellcheck shell=bash
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN_DIR="$ROOT/target/bench"
+export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-2}"
+
+# MEMFIT_BENCH_LOCK=FILE: every timed run holds `flock FILE` (a shared machine: no build runs
+# beside a timing). Unset: no lock.
+locked() {
+  if [[ -n "${MEMFIT_BENCH_LOCK:-}" ]]; then flock "$MEMFIT_BENCH_LOCK" "$@"; else "$@"; fi
+}
+
+# The metered release binary (the usual one) and the `unmetered` one, kept side by side in
+# target/bench (building one feature set after the other rebuilds only memfit itself).
+# MEMFIT_BENCH_REBUILD=1 rebuilds them.
+build_bins() {
+  mkdir -p "$BIN_DIR"
+  if [[ "${MEMFIT_BENCH_REBUILD:-0}" == 1 || ! -x "$BIN_DIR/memfit-metered" ]]; then
+    (cd "$ROOT" && locked cargo build --release --quiet)
+    cp "$ROOT/target/release/memfit" "$BIN_DIR/memfit-metered"
+  fi
+  if [[ "${1:-}" == both && ( "${MEMFIT_BENCH_REBUILD:-0}" == 1 || ! -x "$BIN_DIR/memfit-unmetered" ) ]]; then
+    (cd "$ROOT" && locked cargo build --release --quiet --features unmetered)
+    cp "$ROOT/target/release/memfit" "$BIN_DIR/memfit-unmetered"
+    # Leave target/release/memfit as the metered build.
+    (cd "$ROOT" && locked cargo build --release --quiet)
+  fi
+}
+
+# One line about the machine, for the summaries.
+machine() {
+  local cpu mem
+  cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+  mem="$(free -g | awk '/^Mem:/{print $2 " GiB"}')"
+  echo "$(nproc) CPUs ($cpu), $mem RAM, RAYON_NUM_THREADS=$RAYON_NUM_THREADS"
+}
+
+# Seconds since the epoch, nanosecond resolution.
+now() { date +%s.%N; }
+
+# timed_locked FILE CMD… : runs CMD under the lock (if any) and writes "START END" (seconds since
+# the epoch) to FILE, taken inside the lock, so waiting for it is never timed. Returns CMD's status.
+timed_locked() {
+  local file="$1"; shift
+  locked bash -c 's=$(date +%s.%N); "${@:2}"; rc=$?; e=$(date +%s.%N); echo "$s $e" >"$1"; exit $rc' _ "$file" "$@"
+}

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The same models as memfit's, in PyTorch eager: per phase step time and memory.
+
+GPT: memfit's decoder (token + position embedding, pre-LayerNorm blocks with separate q/k/v/o
+Linears with bias, causal softmax attention written out (scores, mask, softmax), 4H MLP with
+tanh-GELU, final LayerNorm, untied head without bias, cross-entropy, AdamW) — the same parameter
+count as memfit's. LLaMA: `transformers.LlamaForCausalLM` built from a `config.json` (memfit's
+workloads/configs/*.json), optionally with fewer layers, eager attention.
+
+Phases as memfit's: init (build the model), forward (training forward to the loss), backward,
+optimizer (AdamW created + first step), train-step (a steady-state step: forward, backward,
+step), inference (no-grad forward). Time: the median of --steps runs of each phase after one
+warm-up. Memory, per phase, the bytes above the phase's start: on CUDA
+`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`; on the CPU the running sum of
+the PyTorch profiler's memory events (profile_memory=True) in one extra profiled run.
+
+Prints one JSON line per phase (`{"phase":…, "wall_s":…, "peak_bytes":…}`) and a table on stderr.
+"""
+import argparse, json, math, statistics, sys, time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # V, H, A, L, S_max as memfit's presets
+    "tiny": (300, 96, 3, 2, 128),
+    "small": (2048, 256, 4, 4, 256),
+    "gpt2-small": (50257, 768, 12, 12, 1024),
+    "gpt2-medium": (50257, 1024, 16, 24, 1024),
+}
+
+
+class Block(nn.Module):
+    def __init__(s, h, a, smax):
+        super().__init__()
+        s.a = a
+        s.ln1, s.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        s.q, s.k, s.v, s.o = (nn.Linear(h, h) for _ in range(4))
+        s.fc1, s.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        s.register_buffer("mask", torch.triu(torch.full((smax, smax), float("-inf")), 1), persistent=False)
+
+    def forward(s, x):
+        b, t, h = x.shape
+        y = s.ln1(x)
+        split = lambda z: z.view(b, t, s.a, h // s.a).transpose(1, 2)
+        q, k, v = split(s.q(y)), split(s.k(y)), split(s.v(y))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // s.a)) + s.mask[:t, :t]
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
+        x = x + s.o(y)
+        return x + s.fc2(F.gelu(s.fc1(s.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s, v, h, a, l, smax):
+        super().__init__()
+        s.wte, s.wpe = nn.Embedding(v, h), nn.Embedding(smax, h)
+        s.h = nn.ModuleList(Block(h, a, smax) for _ in range(l))
+        s.ln_f = nn.LayerNorm(h)
+        s.head = nn.Linear(h, v, bias=False)
+
+    def forward(s, idx):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in s.h:
+            x = blk(x)
+        return s.head(s.ln_f(x))
+
+
+def build(args, dev, dtype):
+    if args.hf_config:
+        import transformers
+
+        cfg = transformers.LlamaConfig.from_json_file(args.hf_config)
+        if args.layers:
+            cfg.num_hidden_layers = args.layers
+        cfg._attn_implementation = "eager"
+        m = transformers.LlamaForCausalLM(cfg).to(device=dev, dtype=dtype)
+        return m, cfg.vocab_size, lambda idx: m(input_ids=idx).logits
+    v, h, a, l, smax = PRESETS[args.preset]
+    m = GPT(v, h, a, args.layers or l, smax).to(device=dev, dtype=dtype)
+    return m, v, m
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--hf-config", help="a LLaMA-family config.json (transformers.LlamaConfig)")
+    p.add_argument("--layers", type=int, default=0, help="override the layer count")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    dev = torch.device(a.device)
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    cuda = dev.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+
+    # Memory above the phase's start: CUDA's peak counter, or the CPU profiler's memory events.
+    def measure(fn):
+        if cuda:
+            sync(); torch.cuda.reset_peak_memory_stats(dev); base = torch.cuda.memory_allocated(dev)
+            out = fn(); sync()
+            return out, torch.cuda.max_memory_allocated(dev) - base
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn()
+        # The raw (kineto) memory events: every allocation (+bytes) and free (-bytes) in order.
+        ev = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+        cur = peak = 0
+        for e in ev:
+            cur += e.nbytes()
+            peak = max(peak, cur)
+        return out, (peak if ev else None)
+
+    def timed(fn, setup=lambda: None, n=a.steps):
+        ts = []
+        for _ in range(n):
+            st = setup(); sync(); t0 = time.perf_counter(); fn(st); sync(); ts.append(time.perf_counter() - t0)
+        return statistics.median(ts), min(ts), max(ts)
+
+    t0 = time.perf_counter()
+    (model, vocab, fwd), init_peak = measure(lambda: build(a, dev, dtype))
+    init_s = time.perf_counter() - t0
+    params = sum(x.numel() for x in model.parameters())
+    idx = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
+    tgt = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
+    loss_of = lambda: F.cross_entropy(fwd(idx).float().reshape(-1, vocab), tgt.reshape(-1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(_=None):
+        opt.zero_grad(set_to_none=True)
+        loss_of().backward()
+        opt.step()
+
+    step(); step()  # warm-up (and the optimizer's state exists from here on)
+    res = {"init": ((init_s, init_s, init_s), init_peak)}
+    res["forward"] = (timed(lambda _: loss_of()), measure(loss_of)[1])
+
+    def fresh_loss():
+        opt.zero_grad(set_to_none=True)
+        return loss_of()
+
+    res["backward"] = (timed(lambda l: l.backward(), fresh_loss), None)
+    l = fresh_loss()
+    res["backward"] = (res["backward"][0], measure(lambda: l.backward())[1])
+    del l
+
+    def grads():
+        opt.zero_grad(set_to_none=True); loss_of().backward()
+
+    # optimizer: memfit's window creates AdamW and takes its first step.
+    def first_step(_):
+        o = torch.optim.AdamW(model.parameters(), lr=1e-4); o.step()
+
+    res["optimizer"] = (timed(first_step, grads), None)
+    grads()
+    res["optimizer"] = (res["optimizer"][0], measure(lambda: first_step(None))[1])
+    opt.zero_grad(set_to_none=True)
+    res["train-step"] = (timed(step), measure(step)[1])
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1])
+    meta = {"torch": torch.__version__, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
+            "params": params, "batch": a.batch, "seq": a.seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
+    print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
+    for ph, ((med, lo, hi), pk) in res.items():
+        print(json.dumps({"phase": ph, "wall_s": med, "wall_min_s": lo, "wall_max_s": hi, "peak_bytes": pk, **meta}))
+        pks = f"{pk / 2**20:10.2f}" if pk is not None else f"{'-':>10}"
+        print(f"{ph:<11} {med:13.4f} [{lo:.4f}–{hi:.4f}] {pks}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
