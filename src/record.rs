@@ -291,6 +291,23 @@ pub struct Row {
     /// `dataload` on CUDA: the same copy from pageable (ordinary heap) memory.
     #[serde(default)]
     pub h2d_pageable_bytes_per_s: Option<f64>,
+    /// The allocator layer the `trim_*` figures read: `rss` (CPU: the process's resident set
+    /// around `malloc_trim(0)`), `cuda-pool-reserved` (CUDA: the pool's reservation around
+    /// `cuMemPoolTrimTo(pool, 0)`); empty when not measured (a failed phase, a CUDA device
+    /// without memory pools, rows written before these columns).
+    #[serde(default)]
+    pub trim_layer: String,
+    /// After the window (its temporaries freed, what it keeps alive): what `trim_layer` held
+    /// before the trim.
+    #[serde(default)]
+    pub trim_before_bytes: Option<u64>,
+    /// The same right after the trim; `before − after` is what the trim gave back.
+    #[serde(default)]
+    pub trim_after_bytes: Option<u64>,
+    /// Bytes live in the tensor allocator at that moment (CPU: the counting allocator; CUDA:
+    /// the pool's `USED_MEM_CURRENT`): what no trim can give back.
+    #[serde(default)]
+    pub trim_live_bytes: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
 }

@@ -31,6 +31,23 @@ fn every_phase_is_metered_by_the_device_meter(device: &str) {
         if r.phase == "init" {
             assert!(peak >= 4 * r.params, "{r:?}");
         }
+        // The trim after the window (claim I2): a trim gives back, never takes; what stays
+        // live holds at least the weights (alive through every phase); on CUDA the pool's
+        // reservation covers its used bytes.
+        let layer = if device == "cpu" {
+            "rss"
+        } else {
+            "cuda-pool-reserved"
+        };
+        assert_eq!(r.trim_layer, layer, "{r:?}");
+        let before = r.trim_before_bytes.expect("held before the trim");
+        let after = r.trim_after_bytes.expect("held after the trim");
+        let live = r.trim_live_bytes.expect("live bytes at the trim");
+        assert!(after <= before, "{r:?}");
+        assert!(live >= 4 * r.params, "{r:?}");
+        if device != "cpu" {
+            assert!(after >= live, "{r:?}");
+        }
         if device == "cpu" {
             // The CPU figures are exact (tests/exactness.rs holds the tight bounds).
             assert!(

@@ -82,6 +82,10 @@ fn base_row(case: u64, phase: &str) -> Row {
         pss_steady_bytes: None,
         h2d_pinned_bytes_per_s: None,
         h2d_pageable_bytes_per_s: None,
+        trim_layer: "rss".into(),
+        trim_before_bytes: Some(900_000_000),
+        trim_after_bytes: Some(610_000_000),
+        trim_live_bytes: Some(512_000_000),
     }
 }
 
@@ -100,6 +104,10 @@ fn rows() -> Vec<Row> {
         cpu_sys_s: None,
         wall_s: None,
         rss_peak_bytes: None,
+        trim_layer: String::new(),
+        trim_before_bytes: None,
+        trim_after_bytes: None,
+        trim_live_bytes: None,
         ..base_row(0, "forward")
     };
     let large = Row {
@@ -116,6 +124,10 @@ fn rows() -> Vec<Row> {
         predicted_peak_bytes: Some(69_000_000_000),
         predicted_retained_bytes: Some(-1),
         alloc_count: None,
+        trim_layer: "cuda-pool-reserved".into(),
+        trim_before_bytes: Some(71_000_000_000),
+        trim_after_bytes: Some(69_994_000_000),
+        trim_live_bytes: Some(69_990_000_000),
         ..base_row(1, "backward")
     };
     // A dataload row: every data column filled.
@@ -282,7 +294,8 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
              nvml_process_peak_bytes,gpu_util_mean_pct,gpu_power_peak_w,nvml_samples_count,\
              dataset,workers,worker_kind,prefetch,storage,persistent,epochs,crop_px,images,\
              images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
-             pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,threads"
+             pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,\
+             trim_layer,trim_before_bytes,trim_after_bytes,trim_live_bytes,threads"
         ),
         "{}",
         lines[0]
@@ -307,6 +320,10 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
         "cpu_sys_s",
         "wall_s",
         "rss_peak_bytes",
+        "trim_layer",
+        "trim_before_bytes",
+        "trim_after_bytes",
+        "trim_live_bytes",
     ] {
         assert_eq!(&records[0][col(name)], "", "{name}");
     }
@@ -359,6 +376,45 @@ fn hdf5_write_then_read_gives_the_same_rows_and_meta() {
     // Zero rows round-trip too.
     hdf5::write(&path, &meta(), &[]).unwrap();
     assert_eq!(hdf5::read(&path).unwrap(), (meta(), Vec::new()));
+}
+
+/// A file written before the trim columns existed reads them as not measured (empty layer,
+/// missing figures), not as zeros.
+#[test]
+fn hdf5_without_the_trim_columns_reads_them_as_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.h5");
+    let all = rows();
+    hdf5::write(&path, &meta(), &all).unwrap();
+    {
+        let f = ::hdf5::File::open_rw(&path).unwrap();
+        let g = f.group("rows").unwrap();
+        for name in [
+            "trim_layer",
+            "trim_before_bytes",
+            "trim_after_bytes",
+            "trim_live_bytes",
+        ] {
+            g.unlink(name).unwrap();
+        }
+    }
+    let (_, back) = hdf5::read(&path).unwrap();
+    assert_eq!(back.len(), all.len());
+    for (b, a) in back.iter().zip(&all) {
+        assert_eq!(b.trim_layer, "");
+        assert_eq!(
+            (b.trim_before_bytes, b.trim_after_bytes, b.trim_live_bytes),
+            (None, None, None)
+        );
+        let cleared = Row {
+            trim_layer: String::new(),
+            trim_before_bytes: None,
+            trim_after_bytes: None,
+            trim_live_bytes: None,
+            ..a.clone()
+        };
+        assert_eq!(*b, cleared);
+    }
 }
 
 #[test]

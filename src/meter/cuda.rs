@@ -62,6 +62,29 @@ impl PoolSource for CudaPool {
     }
 }
 
+/// The pool's trim ([`super::trim`]): its reservation (`RESERVED_MEM_CURRENT`) around
+/// `cuMemPoolTrimTo(pool, 0)`, the bytes handed out (`USED_MEM_CURRENT`) as the live ones.
+impl super::trim::TrimSource for CudaPool {
+    fn layer(&self) -> &'static str {
+        "cuda-pool-reserved"
+    }
+    fn held(&mut self) -> anyhow::Result<Option<u64>> {
+        self.sync()?;
+        self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            .map(Some)
+    }
+    fn live(&mut self) -> anyhow::Result<u64> {
+        self.sync()?;
+        self.used_current()
+    }
+    fn trim(&mut self) -> anyhow::Result<()> {
+        // SAFETY: the pool is valid for the context's lifetime; the driver releases only
+        // memory that backs no outstanding allocation.
+        unsafe { result::mem_pool::trim_to(self.pool, 0) }.context("cuMemPoolTrimTo(pool, 0)")?;
+        self.sync()
+    }
+}
+
 /// `cuMemGetInfo`: device memory in use by everyone (after − before the window).
 pub struct MemInfoMeter {
     ctx: Arc<CudaContext>,
@@ -221,7 +244,8 @@ impl SampleSource for NvmlSource {
 
 /// The meters of one CUDA device and what is known about it.
 pub struct CudaSetup {
-    /// Started in order, read in reverse: host figures, NVML sampler, `cuMemGetInfo`, pool.
+    /// Started in order, read in reverse: the pool's trim (devices with memory pools), host
+    /// figures, NVML sampler, `cuMemGetInfo`, pool.
     pub meters: Vec<Box<dyn Meter>>,
     /// The meter `peak_bytes` comes from: `cuda-pool`, or, on a device without memory pools
     /// (candle then allocates with `cuMemAlloc`, which no pool sees), `cuda-meminfo-sampled`.
@@ -266,6 +290,9 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
     // supports memory pools; otherwise every allocation is a `cuMemAlloc` the pool never sees
     // and its watermark would read 0.
     let peak_meter = if ctx.has_async_alloc() {
+        // First, so read last: the trim comes after every other figure of the window.
+        let trim = super::trim::TrimMeter::new(CudaPool::new(ctx.clone())?);
+        meters.insert(0, Box::new(trim));
         meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
         meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
         "cuda-pool"

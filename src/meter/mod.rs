@@ -12,6 +12,7 @@ pub mod pool;
 pub mod proctree;
 pub mod rusage;
 pub mod sampler;
+pub mod trim;
 
 /// Figures of one phase window. Units are in the names.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,6 +35,13 @@ pub struct Reading {
     pub nvml_samples_count: Option<u64>,
     /// Inference with other weights than the model's: ‖logits − logits_model‖ / ‖logits_model‖.
     pub logits_rel_error: Option<f64>,
+    /// After the window, the allocator layer asked to give back what it holds unused
+    /// ([`trim`]): its name (`rss`, `cuda-pool-reserved`), what it held before and after the
+    /// trim, and the bytes live in the tensor allocator at that moment.
+    pub trim_layer: Option<&'static str>,
+    pub trim_before_bytes: Option<u64>,
+    pub trim_after_bytes: Option<u64>,
+    pub trim_live_bytes: Option<u64>,
     /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
     pub data: Option<crate::data::DataFigures>,
 }

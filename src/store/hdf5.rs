@@ -53,7 +53,7 @@ pub fn unit(field: &str) -> Option<&'static str> {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
         | "weights" | "load" | "attention" | "lora_targets" | "lora_base" | "precision"
         | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage"
-        | "persistent" | "tied" | "biases" => "",
+        | "persistent" | "tied" | "biases" | "trim_layer" => "",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -82,7 +82,10 @@ pub fn unit(field: &str) -> Option<&'static str> {
         | "tree_rss_peak_bytes"
         | "tree_rss_steady_bytes"
         | "pss_peak_bytes"
-        | "pss_steady_bytes" => "bytes",
+        | "pss_steady_bytes"
+        | "trim_before_bytes"
+        | "trim_after_bytes"
+        | "trim_live_bytes" => "bytes",
         "alloc_count" | "nvml_samples_count" => "count",
         "tree_processes_count" => "processes",
         "cpu_user_s" | "cpu_sys_s" | "wall_s" | "startup_s" => "s",
@@ -204,6 +207,14 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "h2d_pinned_bytes_per_s" => "dataload on CUDA: host-to-device copy rate, pinned buffer.",
         "h2d_pageable_bytes_per_s" => {
             "dataload on CUDA: host-to-device copy rate, pageable buffer."
+        }
+        "trim_layer" => {
+            "Layer of the trim figures: rss (CPU, malloc_trim) or cuda-pool-reserved (cuMemPoolTrimTo)."
+        }
+        "trim_before_bytes" => "After the window: what trim_layer held before the trim.",
+        "trim_after_bytes" => "After the window: what trim_layer held right after the trim.",
+        "trim_live_bytes" => {
+            "After the window: bytes live in the tensor allocator (CPU counting allocator, CUDA pool used)."
         }
         _ => return None,
     })
@@ -332,6 +343,10 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.opt_f64("h2d_pageable_bytes_per_s", rows, |r| {
             r.h2d_pageable_bytes_per_s
         })?;
+        w.string("trim_layer", rows, |r| Some(&r.trim_layer))?;
+        w.opt_u64("trim_before_bytes", rows, |r| r.trim_before_bytes)?;
+        w.opt_u64("trim_after_bytes", rows, |r| r.trim_after_bytes)?;
+        w.opt_u64("trim_live_bytes", rows, |r| r.trim_live_bytes)?;
     }
     file.flush().context("flushing")?;
     file.close().context("closing")?;
@@ -618,10 +633,10 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let group = file
         .group(ROWS_GROUP)
         .with_context(|| format!("opening group /{ROWS_GROUP}"))?;
-    for member in group
+    let members = group
         .member_names()
-        .with_context(|| format!("listing group /{ROWS_GROUP}"))?
-    {
+        .with_context(|| format!("listing group /{ROWS_GROUP}"))?;
+    for member in &members {
         if !crate::store::csv::columns().contains(&member.as_str()) {
             bail!("/{ROWS_GROUP}/{member} is not a field of Row");
         }
@@ -704,6 +719,24 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let pss_steady_bytes = r.opt_u64("pss_steady_bytes")?;
     let h2d_pinned_bytes_per_s = r.opt_f64("h2d_pinned_bytes_per_s")?;
     let h2d_pageable_bytes_per_s = r.opt_f64("h2d_pageable_bytes_per_s")?;
+    // Files written before the trim columns existed read them as not measured.
+    let has = |name: &str| members.iter().any(|m| m == name);
+    let n = r.len.unwrap_or(0);
+    let trim_layer = if has("trim_layer") {
+        r.string("trim_layer")?
+    } else {
+        vec![String::new(); n]
+    };
+    let mut trim_u64 = |name: &str| {
+        if has(name) {
+            r.opt_u64(name)
+        } else {
+            Ok(vec![None; n])
+        }
+    };
+    let trim_before_bytes = trim_u64("trim_before_bytes")?;
+    let trim_after_bytes = trim_u64("trim_after_bytes")?;
+    let trim_live_bytes = trim_u64("trim_live_bytes")?;
 
     let mut run_id = run_id.into_iter();
     let mut model = model.into_iter();
@@ -727,6 +760,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut worker_kind = worker_kind.into_iter();
     let mut storage = storage.into_iter();
     let mut persistent = persistent.into_iter();
+    let mut trim_layer = trim_layer.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -807,6 +841,10 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             pss_steady_bytes: pss_steady_bytes[i],
             h2d_pinned_bytes_per_s: h2d_pinned_bytes_per_s[i],
             h2d_pageable_bytes_per_s: h2d_pageable_bytes_per_s[i],
+            trim_layer: next(&mut trim_layer),
+            trim_before_bytes: trim_before_bytes[i],
+            trim_after_bytes: trim_after_bytes[i],
+            trim_live_bytes: trim_live_bytes[i],
         });
     }
     Ok((meta, rows))

@@ -155,6 +155,10 @@ fn open_meters(
             let _ = meta;
             Ok((
                 vec![
+                    // First: read last, trimming the heap once the window's figures are in.
+                    Box::new(crate::meter::trim::TrimMeter::new(
+                        crate::meter::trim::HeapTrim,
+                    )),
                     Box::new(crate::meter::rusage::HostMeter::default()),
                     Box::new(crate::meter::cpu_alloc::AllocMeter::default()),
                 ],

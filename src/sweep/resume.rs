@@ -47,6 +47,10 @@ const NOT_KEY: &[&str] = &[
     "pss_steady_bytes",
     "h2d_pinned_bytes_per_s",
     "h2d_pageable_bytes_per_s",
+    "trim_layer",
+    "trim_before_bytes",
+    "trim_after_bytes",
+    "trim_live_bytes",
 ];
 
 /// The case a row belongs to, as a string: its case fields (and device) as compact JSON.

@@ -183,6 +183,10 @@ pub fn bare_row(
         pss_steady_bytes: None,
         h2d_pinned_bytes_per_s: None,
         h2d_pageable_bytes_per_s: None,
+        trim_layer: reading.trim_layer.unwrap_or_default().into(),
+        trim_before_bytes: reading.trim_before_bytes,
+        trim_after_bytes: reading.trim_after_bytes,
+        trim_live_bytes: reading.trim_live_bytes,
     };
     match &case.data {
         Some(d) => crate::data::bench::row(row, d, figures),
