@@ -136,8 +136,11 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
             out.push(("KV cache 2·L·B·T·G·D·e (GQA)", "decode cache growth", k, m));
         }
     }
-    out.extend(megatron(case));
-    out.extend(accelerate(case));
+    // The decoder's sizes, read once for both calculators (none for a ViT or an older LLaMA row).
+    if let Some(dec) = case.values().next().and_then(|r| decoder(r)) {
+        out.extend(megatron(case, &dec));
+        out.extend(accelerate(case, &dec));
+    }
     out
 }
 
@@ -194,12 +197,9 @@ fn decoder(r: &Row) -> Option<Decoder> {
 /// - activations without sequence parallelism (`compute_activation_memory_without_sp`):
 ///   `L·s·b·h·34 + 8·s·b + s·b·h + 2·(s·b·V + s·b·h)`, times 1.05, bytes for 16-bit activations
 ///   (scaled to e/2 here, as Korthikanti's) — against the forward's retained graph.
-fn megatron(case: &BTreeMap<String, &Row>) -> Vec<Check> {
+fn megatron(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
     let mut out = Vec::new();
-    let Some(any) = case.values().next().copied() else {
-        return out;
-    };
-    let Some(Decoder {
+    let &Decoder {
         h,
         a,
         g,
@@ -209,10 +209,7 @@ fn megatron(case: &BTreeMap<String, &Row>) -> Vec<Check> {
         v,
         tied,
         llama,
-    }) = decoder(any)
-    else {
-        return out;
-    };
+    } = dec;
     let (gate, norm) = if llama { (1.5, 1.0) } else { (1.0, 2.0) };
     let p = l * (2.0 * h * (i * gate + norm) + 2.0 * h * (a * d + g * d))
         + norm * h
@@ -263,14 +260,9 @@ fn megatron(case: &BTreeMap<String, &Row>) -> Vec<Check> {
 /// largest of its model, gradient, optimizer and step terms, `4 ×` the f32 size (16 B/param)
 /// for float32 and `2 ×` the f32 size (8 B/param) for float16 — against weights + gradients +
 /// state of a pure f32 or a mixed-precision AdamW case. It counts no activations.
-fn accelerate(case: &BTreeMap<String, &Row>) -> Vec<Check> {
+fn accelerate(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
     let mut out = Vec::new();
-    let Some(any) = case.values().next().copied() else {
-        return out;
-    };
-    let Some(Decoder { h, v, tied, .. }) = decoder(any) else {
-        return out;
-    };
+    let &Decoder { h, v, tied, .. } = dec;
     let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
     if let Some(init) = case.get("init")
         && init.lora_rank == 0
