@@ -61,6 +61,8 @@ fn report_writes_markdown_html_plots_and_every_claim() {
     let summary = &md[at("## Summary")..at("## Claims")];
     assert!(summary.contains("Verdicts of the 27 claims") && summary.contains("worst error %"));
     assert!(summary.contains("No CUDA rows"), "{summary}");
+    // What needs a GPU is read off the verdicts: I2's CPU half is decided here, its pool half not.
+    assert!(summary.contains("I2 (CUDA pool not measured"), "{summary}");
     for section in [
         "## Environment",
         "## Per phase",

@@ -257,27 +257,42 @@ fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim
         worst,
     ));
     let cuda = all.iter().any(|r| r.device.starts_with("cuda"));
-    let gpu_open: Vec<String> = claims
-        .iter()
-        .filter(|c| {
-            c.kind() != "holds"
-                && (c.verdict.contains("GPU")
-                    || c.verdict.contains("CUDA")
-                    || c.measured.contains("CUDA"))
-        })
-        .map(|c| c.id.to_string())
-        .collect();
     b.push(Block::Para(if cuda {
+        let open: Vec<&str> = claims
+            .iter()
+            .filter(|c| c.kind() != "holds" && !gpu_clauses(c).is_empty())
+            .map(|c| c.id)
+            .collect();
         format!(
             "CUDA rows are present. Still open on a GPU: {}.",
-            if gpu_open.is_empty() { "nothing".into() } else { gpu_open.join(", ") }
+            if open.is_empty() { "nothing".into() } else { open.join(", ") }
         )
     } else {
+        // Every claim whose verdict names a GPU or CUDA part, whatever its kind (a CPU half that
+        // holds can leave a CUDA half unmeasured), with the clause that names it.
+        let open: Vec<String> = claims
+            .iter()
+            .filter_map(|c| {
+                let parts = gpu_clauses(c);
+                (!parts.is_empty()).then(|| format!("{} ({})", c.id, parts.join("; ")))
+            })
+            .collect();
         format!(
-            "No CUDA rows: every figure is the CPU's exact allocator count. Needs a GPU (`scripts/gpu-run.sh`): {} (I2: the pool's reservation around `cuMemPoolTrimTo`), and every CUDA calibration of `memfit predict`.",
-            if gpu_open.is_empty() { "—".into() } else { gpu_open.join(", ") }
+            "No CUDA rows: every figure is the CPU's exact allocator count. Needs a GPU (`scripts/gpu-run.sh`): {}; and every CUDA calibration of `memfit predict`.",
+            if open.is_empty() { "no claim".into() } else { open.join("; ") }
         )
     }));
+}
+
+/// The clauses of a claim's verdict (split at `;`) that name a GPU or CUDA: what a GPU run would
+/// add to it. Empty when the verdict names neither.
+fn gpu_clauses(c: &claims::Claim) -> Vec<String> {
+    c.verdict
+        .split(';')
+        .map(str::trim)
+        .filter(|p| p.contains("GPU") || p.contains("CUDA"))
+        .map(|p| p.trim_start_matches("open: ").to_string())
+        .collect()
 }
 
 fn phase_tables(b: &mut Vec<Block>, ok: &[&Row], workload_of: &BTreeMap<String, String>) {

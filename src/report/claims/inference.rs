@@ -509,12 +509,25 @@ impl<'a> Ctx<'a> {
     /// N3's loading half: the heap peak of a whole-file read against a memory map.
     fn n3_load(&self) -> Option<Part<'a>> {
         let l: Vec<&Row> = self.phase("load").collect();
-        let read = l.iter().find(|r| r.load == "read")?;
-        let mmap = l
+        // Of the read rows with a memory-mapped twin (same configuration but the load mode),
+        // the one with the largest weights: a read without a twin decides nothing.
+        let (read, mmap, pr, rr, pm) = l
             .iter()
-            .find(|r| r.load == "mmap" && r.preset == read.preset && r.dtype == read.dtype)?;
-        let (pr, rr) = (read.peak_bytes? as f64, ret(read)?);
-        let pm = mmap.peak_bytes? as f64;
+            .filter(|r| r.load == "read")
+            .filter_map(|read| {
+                let key = config_key_without(read, &["run", "load"]);
+                let mmap = l
+                    .iter()
+                    .find(|r| r.load == "mmap" && config_key_without(r, &["run", "load"]) == key)?;
+                Some((
+                    read,
+                    mmap,
+                    read.peak_bytes? as f64,
+                    ret(read)?,
+                    mmap.peak_bytes? as f64,
+                ))
+            })
+            .max_by(|a, b| a.3.total_cmp(&b.3))?;
         let (xr, xm) = (pr / rr, pm / rr);
         let ok = xr >= N3_READ && xm <= N3_MMAP;
         Some((

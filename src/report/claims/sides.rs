@@ -231,6 +231,15 @@ fn n3_loading_and_decoding_cpu() {
         c.verdict.starts_with("partly: loading: read 1.20×"),
         "{c:?}"
     );
+    // A read without a memory-mapped twin (another preset) comes first: the pair still decides.
+    let mut lone = load("read", 5000);
+    lone.preset = "llama-tiny".into();
+    let c = eval(&[lone, load("read", 2000), load("mmap", 1000)], "N3");
+    assert!(
+        c.verdict
+            .starts_with("partly: a whole-file read holds the file"),
+        "{c:?}"
+    );
     let rows = [
         load("read", 2000),
         load("mmap", 1000),
