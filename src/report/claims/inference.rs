@@ -782,7 +782,14 @@ impl<'a> Ctx<'a> {
                 })?;
                 let (a, b) = (ret(q)?, ret(full)?);
                 used.extend([*q, *full]);
-                ratios.push((q.lora_base.clone(), a / b));
+                // Told apart in the verdict: the preset, rank and targets of each pair.
+                ratios.push((
+                    format!(
+                        "{} {} r{} {}",
+                        q.preset, q.lora_base, q.lora_rank, q.lora_targets
+                    ),
+                    a / b,
+                ));
                 Some(format!(
                     "QLoRA {} r{} {}: weights {} vs {} with {} frozen projections (×{:.3})",
                     q.lora_base,

@@ -567,3 +567,340 @@ fn every_verdict_has_a_kind() {
         assert_ne!(c.kind(), "other", "{c:?}");
     }
 }
+
+/// One case's rows: `phase` → retained bytes, all in case `case` of run "r".
+fn case_rows(case: u64, edit: impl Fn(&mut Row), phases: &[(&str, i64)]) -> Vec<Row> {
+    phases
+        .iter()
+        .map(|&(phase, retained)| {
+            let mut r = row(phase);
+            r.case = case;
+            edit(&mut r);
+            r.retained_bytes = Some(retained);
+            r.peak_bytes = Some(retained.max(0) as u64 + 100);
+            r
+        })
+        .collect()
+}
+
+/// B1: gradients of 4004 B for 1000 f32 parameters hold (0.1 %); 4100 B (2.5 %) do not.
+#[test]
+fn b1_gradients_the_size_of_the_weights() {
+    let c = eval(&case_rows(0, |_| {}, &[("backward", 4004)]), "B1");
+    assert!(c.verdict.starts_with("holds (within 0.10 %"), "{c:?}");
+    let c = eval(&case_rows(0, |_| {}, &[("backward", 4100)]), "B1");
+    assert!(
+        c.verdict.starts_with("does not hold: off by up to 2.5 %"),
+        "{c:?}"
+    );
+}
+
+/// B2: AdamW 8 B/param and SGD 0 hold; AdamW at 9 B/param does not.
+#[test]
+fn b2_optimizer_state() {
+    let set = |adamw: i64| {
+        let mut v = case_rows(0, |_| {}, &[("optimizer", adamw)]);
+        v.extend(case_rows(
+            1,
+            |r| r.optimizer = "sgd".into(),
+            &[("optimizer", 0)],
+        ));
+        v
+    };
+    assert!(eval(&set(8000), "B2").verdict.starts_with("holds"));
+    let c = eval(&set(9000), "B2");
+    assert!(
+        c.verdict
+            .starts_with("does not hold on these rows: adamw 9.000"),
+        "{c:?}"
+    );
+}
+
+/// AdamW model-state rows (init, backward, optimizer) of one f16 case per B/param given.
+fn state_case(case: u64, precision: &str, bytes_per_param: [i64; 3]) -> Vec<Row> {
+    let [w, g, o] = bytes_per_param.map(|b| b * 1000);
+    case_rows(
+        case,
+        |r| {
+            r.dtype = "f16".into();
+            r.precision = precision.into();
+        },
+        &[("init", w), ("backward", g), ("optimizer", o)],
+    )
+}
+
+/// B3 ("6×" = 12 B/param): pure 16-bit at 2 + 2 + 8 = 12 holds; at 2 + 2 + 4 = 8 with mixed
+/// 4 + 4 + 8 (+ 2) = 18 it does not (the literature's 16–18 does).
+#[test]
+fn b3_six_times_against_pure_and_mixed() {
+    let mut holds = state_case(0, "pure", [2, 2, 8]);
+    holds.extend(state_case(1, "mixed", [4, 4, 8]));
+    let c = eval(&holds, "B3");
+    assert!(c.verdict.starts_with("holds: pure 16-bit 12.0"), "{c:?}");
+    let mut not = state_case(0, "pure", [2, 2, 4]);
+    not.extend(state_case(1, "mixed", [4, 4, 8]));
+    let c = eval(&not, "B3");
+    assert!(
+        c.verdict.starts_with("does not hold: pure 16-bit 8.0"),
+        "{c:?}"
+    );
+    assert!(
+        c.verdict.contains("= 18.0 (the literature's 16–18 holds)"),
+        "{c:?}"
+    );
+    let c = eval(&state_case(0, "pure", [2, 2, 4]), "B3");
+    assert!(c.verdict.starts_with("open"), "{c:?}");
+}
+
+/// B4: mixed 16 B/param + the 2 B copy = 18 GB per 1 B parameters holds; 20 + 2 does not.
+#[test]
+fn b4_one_billion_parameters_mixed() {
+    let c = eval(&state_case(0, "mixed", [4, 4, 8]), "B4");
+    assert!(
+        c.verdict.starts_with("holds for mixed precision: 16.0 GB"),
+        "{c:?}"
+    );
+    let c = eval(&state_case(0, "mixed", [4, 4, 12]), "B4");
+    assert!(
+        c.verdict
+            .starts_with("does not hold for mixed precision: 20.0 GB"),
+        "{c:?}"
+    );
+}
+
+/// B7: 8-bit AdamW at 2 B/param beside AdamW's 8 holds (≤ ½ of 4 + 5 %); at 3 it does not.
+#[test]
+fn b7_eight_bit_state() {
+    let set = |eight: i64| {
+        let mut v = case_rows(0, |_| {}, &[("optimizer", 8000)]);
+        v.extend(case_rows(
+            1,
+            |r| r.optimizer = "adamw-8bit".into(),
+            &[("optimizer", eight)],
+        ));
+        v
+    };
+    let c = eval(&set(2000), "B7");
+    assert!(
+        c.verdict.starts_with("holds against 16-bit states"),
+        "{c:?}"
+    );
+    assert!(c.verdict.contains("the cut is 4.0×"), "{c:?}");
+    let c = eval(&set(3000), "B7");
+    assert!(
+        c.verdict.starts_with("does not hold: 8-bit state 3.00"),
+        "{c:?}"
+    );
+}
+
+/// N2: weights 1000 B and an inference peak of 1000 B (2×) holds; 3000 B (4×) does not; one
+/// of each is partly.
+#[test]
+fn n2_twice_the_weights() {
+    let case = |case: u64, peak: u64| {
+        let mut v = case_rows(
+            case,
+            |r| r.weights = "model".into(),
+            &[("init", 1000), ("inference", 0)],
+        );
+        v[1].peak_bytes = Some(peak);
+        v
+    };
+    assert!(
+        eval(&case(0, 1000), "N2")
+            .verdict
+            .starts_with("holds: 2.00×–2.00×")
+    );
+    let c = eval(&case(0, 3000), "N2");
+    assert!(c.verdict.starts_with("does not hold: 4.00×–4.00×"), "{c:?}");
+    let mut both = case(0, 1000);
+    both.extend(case(1, 3000));
+    let c = eval(&both, "N2");
+    assert!(c.verdict.starts_with("partly: 1 of 2 cases"), "{c:?}");
+}
+
+/// D1: the main thread's `ram` PSS 60 MiB against `stream` 10 MiB holds; equal does not.
+#[test]
+fn d1_dataset_held_in_ram() {
+    let c = eval(
+        &[
+            dataload("main", "ram", 0, 60),
+            dataload("main", "stream", 0, 10),
+        ],
+        "D1",
+    );
+    assert!(c.verdict.starts_with("holds: holding"), "{c:?}");
+    assert!(c.verdict.contains("50.00 MiB more"), "{c:?}");
+    let c = eval(
+        &[
+            dataload("main", "ram", 0, 10),
+            dataload("main", "stream", 0, 10),
+        ],
+        "D1",
+    );
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+}
+
+/// D4: 2.5 ms of CPU per image in every kind holds (CPU work); 2.5 ms against 5 ms is partly.
+#[test]
+fn d4_cpu_per_image() {
+    let kinds = |process_ms: f64| {
+        [
+            ("main", 0, 2.5),
+            ("thread", 2, 2.5),
+            ("process", 2, process_ms),
+        ]
+        .map(|(kind, w, ms)| {
+            let mut r = dataload(kind, "ram", w, 10);
+            r.cpu_user_s = Some(ms * 1e-3 * 256.0);
+            r.cpu_sys_s = Some(0.0);
+            r.images_per_s = Some(100.0);
+            r
+        })
+        .to_vec()
+    };
+    let c = eval(&kinds(2.5), "D4");
+    assert!(
+        c.verdict
+            .starts_with("holds that it is CPU work (a constant 2.50–2.50 ms"),
+        "{c:?}"
+    );
+    let c = eval(&kinds(5.0), "D4");
+    assert!(
+        c.verdict
+            .starts_with("partly: the CPU per image differs between kinds (2.50–5.00 ms)"),
+        "{c:?}"
+    );
+}
+
+/// D6: persistent workers faster in every pair (no CUDA copies) is partly; slower in every
+/// pair does not hold; a pinned copy faster than pageable with faster persistent workers holds.
+#[test]
+fn d6_persistent_and_pinned() {
+    let pair = |on: f64, off: f64| {
+        let mut a = dataload("process", "ram", 2, 10);
+        a.images_per_s = Some(on);
+        let mut b = a.clone();
+        b.case += 1000;
+        b.persistent = "off".into();
+        b.images_per_s = Some(off);
+        vec![a, b]
+    };
+    let c = eval(&pair(600.0, 500.0), "D6");
+    assert!(
+        c.verdict.starts_with(
+            "partly: persistent workers faster in all 1 pairs; pinned memory: needs a GPU"
+        ),
+        "{c:?}"
+    );
+    let c = eval(&pair(500.0, 600.0), "D6");
+    assert!(
+        c.verdict
+            .starts_with("does not hold: persistent workers slower"),
+        "{c:?}"
+    );
+    let mut rows = pair(600.0, 500.0);
+    let mut gpu = dataload("process", "ram", 2, 10);
+    gpu.case = 5000;
+    gpu.device = "cuda:0".into();
+    gpu.h2d_pinned_bytes_per_s = Some(20e9);
+    gpu.h2d_pageable_bytes_per_s = Some(10e9);
+    rows.push(gpu);
+    let c = eval(&rows, "D6");
+    assert!(c.verdict.starts_with("holds:"), "{c:?}");
+    assert!(c.verdict.contains("pinned copies 2.00× faster"), "{c:?}");
+}
+
+/// F2: ViT-B/16 forwards whose graph is 40 MB per image reach 1.28 GB at B 32 (holds); at
+/// 20 MB per image 0.64 GB (does not), both carried from batch 8.
+#[test]
+fn f2_vit_b16_at_batch_32() {
+    let vit = |per_image: u64| {
+        let mut v = batch_sweep("forward", &[1, 8], |b| b * per_image);
+        for r in &mut v {
+            r.model = "vit".into();
+            (r.image_px, r.patch_px, r.hidden, r.layers) = (224, 16, 768, 12);
+        }
+        v
+    };
+    let c = eval(&vit(40_000_000), "F2");
+    assert!(c.verdict.starts_with("holds:"), "{c:?}");
+    assert!(
+        c.verdict
+            .contains("at batch 32 by the linear per-image term"),
+        "{c:?}"
+    );
+    let c = eval(&vit(20_000_000), "F2");
+    assert!(c.verdict.starts_with("does not hold here"), "{c:?}");
+}
+
+/// F6: an efficient graph of 60 % of the standard one at each S holds; one shape where it is
+/// larger does not.
+#[test]
+fn f6_efficient_attention_smaller() {
+    let pairs = |worse_at_256: bool| {
+        let mut v = Vec::new();
+        for (i, s) in [128u64, 256].into_iter().enumerate() {
+            for (j, attention) in ["standard", "efficient"].into_iter().enumerate() {
+                let mut r = row("forward");
+                r.case = (2 * i + j) as u64;
+                r.seq = s;
+                r.attention = attention.into();
+                let standard = 1000 * s;
+                let bytes = match (j, worse_at_256 && s == 256) {
+                    (0, _) => standard,
+                    (_, false) => standard * 6 / 10,
+                    (_, true) => standard * 11 / 10,
+                };
+                r.retained_bytes = Some(bytes as i64);
+                v.push(r);
+            }
+        }
+        v
+    };
+    let c = eval(&pairs(false), "F6");
+    assert!(
+        c.verdict.starts_with("holds for memory (1.67×–1.67×"),
+        "{c:?}"
+    );
+    let c = eval(&pairs(true), "F6");
+    assert!(
+        c.verdict
+            .starts_with("does not hold: the efficient graph is not smaller"),
+        "{c:?}"
+    );
+}
+
+/// N5: a QLoRA init whose weights are 40 % of the same LoRA case's with f32 frozen projections
+/// holds for storage, told apart by preset, rank and targets; at 60 % it does not.
+#[test]
+fn n5_quantized_storage() {
+    let set = |q4_bytes: i64| {
+        let lora = |case: u64, base: &str, retained: i64| {
+            let mut r = row("init");
+            r.case = case;
+            r.lora_rank = 8;
+            r.lora_targets = "q,v".into();
+            r.lora_base = base.into();
+            r.retained_bytes = Some(retained);
+            r
+        };
+        let mut inf = row("inference");
+        inf.case = 9;
+        inf.weights = "q4_0".into();
+        inf.peak_bytes = Some(5000);
+        vec![lora(0, "detach", 1000), lora(1, "q4_0", q4_bytes), inf]
+    };
+    let c = eval(&set(400), "N5");
+    assert!(
+        c.verdict
+            .starts_with("holds for storage (custom q4_0 r8 q,v ×0.400)"),
+        "{c:?}"
+    );
+    let c = eval(&set(600), "N5");
+    assert!(
+        c.verdict
+            .starts_with("does not hold: custom q4_0 r8 q,v ×0.600"),
+        "{c:?}"
+    );
+}
