@@ -13,9 +13,18 @@ locked() {
 
 # The metered release binary (the usual one) and the `unmetered` one, kept side by side in
 # target/bench (building one feature set after the other rebuilds only memfit itself).
-# MEMFIT_BENCH_REBUILD=1 rebuilds them.
+# MEMFIT_BENCH_REBUILD=1 rebuilds them. MEMFIT_BENCH_BIN=PATH (the smoke test in
+# tests/bench_scripts.rs) builds nothing and uses that one binary in both roles: the script's
+# plumbing is exercised, its figures mean nothing (the summaries say so).
 build_bins() {
   mkdir -p "$BIN_DIR"
+  if [[ -n "${MEMFIT_BENCH_BIN:-}" ]]; then
+    BIN_DIR="$(mktemp -d)"
+    ln -s "$MEMFIT_BENCH_BIN" "$BIN_DIR/memfit-metered"
+    ln -s "$MEMFIT_BENCH_BIN" "$BIN_DIR/memfit-unmetered"
+    echo "bench: smoke run with $MEMFIT_BENCH_BIN in both roles: the figures below mean nothing" >&2
+    return
+  fi
   if [[ "${MEMFIT_BENCH_REBUILD:-0}" == 1 || ! -x "$BIN_DIR/memfit-metered" ]]; then
     (cd "$ROOT" && locked cargo build --release --quiet)
     cp "$ROOT/target/release/memfit" "$BIN_DIR/memfit-metered"

@@ -11,9 +11,7 @@
 source "$(dirname "$0")/bench-common.sh"
 CASE="${CASE:---preset small --batch 2 --seq 64}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
-if ! command -v valgrind >/dev/null || ! command -v heaptrack >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind heaptrack
-fi
+"$ROOT/scripts/setup.sh"  # valgrind and heaptrack among the rest, idempotently
 build_bins
 BIN="$BIN_DIR/memfit-metered"
 # shellcheck disable=SC2206

@@ -8,7 +8,12 @@
 source "$(dirname "$0")/bench-common.sh"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
 DEFAULT_SWEEP="${DEFAULT_SWEEP:-1}"
-TINY_B="${TINY_B:-10}"      # batches 1..TINY_B × 100 sequence lengths
+TINY_B="${TINY_B:-10}"      # batches 1..TINY_B × TINY_SEQS sequence lengths
+TINY_SEQS="${TINY_SEQS:-100}"
+# The predict latency case (the largest preset by default) and the scaling series' preset.
+PREDICT_PRESET="${PREDICT_PRESET:-llama-2-70b}"
+PREDICT_B="${PREDICT_B:-8}"
+PREDICT_S="${PREDICT_S:-8192}"
 SCALING="${SCALING:-1}"
 build_bins
 BIN="$BIN_DIR/memfit-metered"
@@ -22,16 +27,16 @@ timed() { # timed NAME CMD… : wall seconds into $WORK/NAME.s
 if [[ "$DEFAULT_SWEEP" == 1 ]]; then
   timed default "$BIN" run --threads "$T" --out "$WORK/default"
 fi
-timed tiny "$BIN" run --preset tiny --batch "$(seq -s, 1 "$TINY_B")" --seq "$(seq -s, 8 107)" \
+timed tiny "$BIN" run --preset tiny --batch "$(seq -s, 1 "$TINY_B")" --seq "$(seq -s, 8 $((7 + TINY_SEQS)))" \
   --phases inference --threads "$T" --out "$WORK/tiny"
 
 # predict: every variant of LLaMA-2-70B at B 8 × S 8192 that the workload rules accept.
-cat >"$WORK/predict-70b.toml" <<'TOML'
+cat >"$WORK/predict-70b.toml" <<TOML
 [defaults]
-preset = "llama-2-70b"
-batch = 8
-seq = 8192
-max_seq = 8208  # S + the 16 decode tokens
+preset = "$PREDICT_PRESET"
+batch = $PREDICT_B
+seq = $PREDICT_S
+max_seq = $((PREDICT_S + 16))  # S + the 16 decode tokens
 phases = ["init", "forward", "backward", "optimizer", "train-step", "inference", "prefill", "decode", "load"]
 [[grid]]  # f32: checkpointing, memory-efficient attention, three optimizers
 dtype = "f32"
@@ -54,11 +59,11 @@ timed predict70b "$BIN" predict "$WORK/predict-70b.toml" --json
 : >"$WORK/scaling.txt"
 if [[ "$SCALING" == 1 ]]; then
   for L in 5 10 20 40 80; do
-    timed "L$L" "$BIN" predict --preset llama-2-70b --layers "$L" --batch 8 --seq 1024 --phases train-step,inference
+    timed "L$L" "$BIN" predict --preset "$PREDICT_PRESET" --layers "$L" --batch 8 --seq 1024 --phases train-step,inference
     echo "layers $L $(cat "$WORK/L$L.s")" >>"$WORK/scaling.txt"
   done
   for S in 256 512 1024 2048 4096 8192; do
-    timed "S$S" "$BIN" predict --preset llama-2-70b --batch 8 --seq "$S" --max-seq "$S" --phases train-step,inference
+    timed "S$S" "$BIN" predict --preset "$PREDICT_PRESET" --batch 8 --seq "$S" --max-seq "$S" --phases train-step,inference
     echo "seq $S $(cat "$WORK/S$S.s")" >>"$WORK/scaling.txt"
   done
 fi
@@ -78,7 +83,7 @@ print(f"tiny sweep: {cases} cases in {t:.1f} s = {60*cases/t:.0f} cases/min ({10
       f"windows {1000*sum(x['wall_s'] or 0 for x in r)/cases:.2f} ms per case"
       + (f"; spawn to hello {m.group(1)} ms, {m.group(2)} ms CPU" if m else "") + ")")
 n = sum(1 for _ in open(os.path.join(work, "predict70b.log")))
-print(f"predict llama-2-70b B 8 S 8192, {n} variant cases × 9 phases: {rd('predict70b'):.2f} s ({rd('predict70b')/n:.3f} s per case)")
+print(f"predict {os.environ.get('PREDICT_PRESET', 'llama-2-70b')} B {os.environ.get('PREDICT_B', 8)} S {os.environ.get('PREDICT_S', 8192)}, {n} variant cases × 9 phases: {rd('predict70b'):.2f} s ({rd('predict70b')/n:.3f} s per case)")
 pts = {"layers": [], "seq": []}
 for line in open(os.path.join(work, "scaling.txt")):
     k, x, s = line.split(); pts[k].append((int(x), float(s)))

@@ -5,13 +5,17 @@
 # allocator; PyTorch: its profiler's memory events). PyTorch is installed on demand into
 # $TORCH_VENV (pinned versions; ≈ 7 GB, minutes): never in CI.
 #
-#   scripts/bench-torch.sh                         # small B4 S128 and gpt2-small B1 S128, f32
+# CONFIGS: PRESET:BATCH:SEQ[:LAYERS] each. A vit-… preset takes SEQ "-" (its sequence is its
+# patches + 1); a LLaMA preset (a workloads/configs/PRESET.json) is built by transformers from
+# that config.json, LAYERS blocks of it when given (memfit: --preset PRESET --layers LAYERS).
+#
+#   scripts/bench-torch.sh                         # the GPT, ViT and LLaMA configs below, f32
 #   CONFIGS="small:4:128" RUNS=1 scripts/bench-torch.sh
 source "$(dirname "$0")/bench-common.sh"
 TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
 TORCH_VERSION="${TORCH_VERSION:-2.9.1}"
 TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.1}"
-CONFIGS="${CONFIGS:-small:4:128 gpt2-small:1:128}"
+CONFIGS="${CONFIGS:-small:4:128 gpt2-small:1:128 vit-tiny:8:- vit-b16:2:- smollm2-135m:1:128 tinyllama-1.1b:1:128:2}"
 RUNS="${RUNS:-3}"
 STEPS="${STEPS:-5}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
@@ -23,13 +27,24 @@ fi
 build_bins
 PHASES=init,forward,backward,optimizer,train-step,inference
 for c in $CONFIGS; do
-  IFS=: read -r preset b s <<<"$c"
+  IFS=: read -r preset b s layers <<<"$c"
+  mf=(--preset "$preset" --batch "$b")
+  tr=(--batch "$b")
+  [[ "$s" != - ]] && mf+=(--seq "$s") && tr+=(--seq "$s")
+  [[ -n "$layers" ]] && mf+=(--layers "$layers") && tr+=(--layers "$layers")
+  if [[ -f "$ROOT/workloads/configs/$preset.json" ]]; then
+    tr+=(--hf-config "$ROOT/workloads/configs/$preset.json")
+  else
+    tr+=(--preset "$preset")
+  fi
   for ((i = 0; i < RUNS; i++)); do
-    locked "$BIN_DIR/memfit-metered" run --preset "$preset" --batch "$b" --seq "$s" --phases "$PHASES" \
-      --optimizer adamw --threads "$RAYON_NUM_THREADS" --out "$WORK/memfit-$c-$i" >/dev/null 2>&1
+    locked "$BIN_DIR/memfit-metered" run "${mf[@]}" --phases "$PHASES" \
+      --optimizer adamw --threads "$RAYON_NUM_THREADS" --out "$WORK/memfit-$c-$i" >"$WORK/memfit-$c-$i.log" 2>&1 ||
+      { echo "memfit failed on $c: $WORK/memfit-$c-$i.log" >&2; exit 1; }
   done
-  locked "$TORCH_VENV/bin/python" "$ROOT/scripts/torch_reference.py" --preset "$preset" --batch "$b" --seq "$s" \
-    --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c.jsonl" 2>"$WORK/torch-$c.err"
+  locked "$TORCH_VENV/bin/python" "$ROOT/scripts/torch_reference.py" "${tr[@]}" \
+    --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c.jsonl" 2>"$WORK/torch-$c.err" ||
+    { echo "torch_reference failed on $c: $WORK/torch-$c.err" >&2; exit 1; }
 done
 
 python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'

@@ -4,7 +4,9 @@
 GPT: memfit's decoder (token + position embedding, pre-LayerNorm blocks with separate q/k/v/o
 Linears with bias, causal softmax attention written out (scores, mask, softmax), 4H MLP with
 tanh-GELU, final LayerNorm, untied head without bias, cross-entropy, AdamW) — the same parameter
-count as memfit's. LLaMA: `transformers.LlamaForCausalLM` built from a `config.json` (memfit's
+count as memfit's. ViT: memfit's encoder (patches unfolded and projected by a Linear with bias,
+a class token, learned positions, the same pre-LayerNorm blocks without the causal mask, final
+LayerNorm, a classifier with bias on the class token, cross-entropy over the classes). LLaMA: `transformers.LlamaForCausalLM` built from a `config.json` (memfit's
 workloads/configs/*.json), optionally with fewer layers, eager attention.
 
 Phases as memfit's: init (build the model), forward (training forward to the loss), backward,
@@ -28,23 +30,32 @@ PRESETS = {  # V, H, A, L, S_max as memfit's presets
     "gpt2-small": (50257, 768, 12, 12, 1024),
     "gpt2-medium": (50257, 1024, 16, 24, 1024),
 }
+VIT_PRESETS = {  # image, patch, channels, classes, H, A, L as memfit's vit presets
+    "vit-tiny": (32, 8, 3, 10, 96, 3, 2),
+    "vit-s16": (224, 16, 3, 1000, 384, 6, 12),
+    "vit-b16": (224, 16, 3, 1000, 768, 12, 12),
+    "vit-l16": (224, 16, 3, 1000, 1024, 16, 24),
+}
 
 
 class Block(nn.Module):
-    def __init__(s, h, a, smax):
+    def __init__(s, h, a, smax, causal=True):
         super().__init__()
-        s.a = a
+        s.a, s.causal = a, causal
         s.ln1, s.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         s.q, s.k, s.v, s.o = (nn.Linear(h, h) for _ in range(4))
         s.fc1, s.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-        s.register_buffer("mask", torch.triu(torch.full((smax, smax), float("-inf")), 1), persistent=False)
+        if causal:
+            s.register_buffer("mask", torch.triu(torch.full((smax, smax), float("-inf")), 1), persistent=False)
 
     def forward(s, x):
         b, t, h = x.shape
         y = s.ln1(x)
         split = lambda z: z.view(b, t, s.a, h // s.a).transpose(1, 2)
         q, k, v = split(s.q(y)), split(s.k(y)), split(s.v(y))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // s.a)) + s.mask[:t, :t]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // s.a))
+        if s.causal:
+            att = att + s.mask[:t, :t]
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
         x = x + s.o(y)
         return x + s.fc2(F.gelu(s.fc1(s.ln2(x)), approximate="tanh"))
@@ -65,6 +76,27 @@ class GPT(nn.Module):
         return s.head(s.ln_f(x))
 
 
+class ViT(nn.Module):
+    def __init__(s, image, patch, channels, classes, h, a, l):
+        super().__init__()
+        s.p, n = patch, (image // patch) ** 2
+        s.patch = nn.Linear(channels * patch * patch, h)
+        s.cls = nn.Parameter(torch.zeros(1, 1, h))
+        s.wpe = nn.Parameter(torch.zeros(1, n + 1, h))
+        s.h = nn.ModuleList(Block(h, a, n + 1, causal=False) for _ in range(l))
+        s.ln_f = nn.LayerNorm(h)
+        s.head = nn.Linear(h, classes)
+
+    def forward(s, img):
+        b, c, i, _ = img.shape
+        g = i // s.p  # (B, C, I, I) -> (B, N, C·p²), channel-major patches as memfit's patchify
+        x = img.reshape(b, c, g, s.p, g, s.p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, c * s.p * s.p)
+        x = torch.cat([s.cls.expand(b, -1, -1), s.patch(x)], 1) + s.wpe
+        for blk in s.h:
+            x = blk(x)
+        return s.head(s.ln_f(x[:, :1]))  # (B, 1, classes), as memfit's
+
+
 def build(args, dev, dtype):
     if args.hf_config:
         import transformers
@@ -75,6 +107,10 @@ def build(args, dev, dtype):
         cfg._attn_implementation = "eager"
         m = transformers.LlamaForCausalLM(cfg).to(device=dev, dtype=dtype)
         return m, cfg.vocab_size, lambda idx: m(input_ids=idx).logits
+    if args.preset in VIT_PRESETS:
+        image, patch, c, k, h, a, l = VIT_PRESETS[args.preset]
+        m = ViT(image, patch, c, k, h, a, args.layers or l).to(device=dev, dtype=dtype)
+        return m, k, m
     v, h, a, l, smax = PRESETS[args.preset]
     m = GPT(v, h, a, args.layers or l, smax).to(device=dev, dtype=dtype)
     return m, v, m
@@ -82,7 +118,7 @@ def build(args, dev, dtype):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS) + sorted(VIT_PRESETS))
     p.add_argument("--hf-config", help="a LLaMA-family config.json (transformers.LlamaConfig)")
     p.add_argument("--layers", type=int, default=0, help="override the layer count")
     p.add_argument("--batch", type=int, default=4)
@@ -128,8 +164,13 @@ def main():
     (model, vocab, fwd), init_peak = measure(lambda: build(a, dev, dtype))
     init_s = time.perf_counter() - t0
     params = sum(x.numel() for x in model.parameters())
-    idx = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
-    tgt = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
+    if a.preset in VIT_PRESETS and not a.hf_config:
+        image, _, c = VIT_PRESETS[a.preset][:3]
+        idx = torch.rand(a.batch, c, image, image, device=dev, dtype=dtype) * 2 - 1
+        tgt = torch.randint(0, vocab, (a.batch, 1), device=dev)
+    else:
+        idx = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
+        tgt = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
     loss_of = lambda: F.cross_entropy(fwd(idx).float().reshape(-1, vocab), tgt.reshape(-1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -167,7 +208,7 @@ def main():
     with torch.no_grad():
         res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1])
     meta = {"torch": torch.__version__, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
-            "params": params, "batch": a.batch, "seq": a.seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
+            "params": params, "batch": a.batch, "seq": a.seq if idx.dim() == 2 else (image // VIT_PRESETS[a.preset][1]) ** 2 + 1, "model": a.hf_config or a.preset, "layers": a.layers or None}
     print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
     for ph, ((med, lo, hi), pk) in res.items():
         print(json.dumps({"phase": ph, "wall_s": med, "wall_min_s": lo, "wall_max_s": hi, "peak_bytes": pk, **meta}))
