@@ -48,7 +48,7 @@ pairs() {
   for ((i = 0; i < n; i++)); do
     run_one memfit-metered "$name/metered" "$@"
     run_one memfit-unmetered "$name/unmetered" "$@"
-    [[ "$NOTRIM" == 1 ]] && run_one memfit-metered "$name/metered-notrim" "$@"
+    if [[ "$NOTRIM" == 1 ]]; then run_one memfit-metered "$name/metered-notrim" "$@"; fi
   done
 }
 
