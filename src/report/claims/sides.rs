@@ -648,6 +648,15 @@ fn b3_six_times_against_pure_and_mixed() {
         c.verdict.contains("= 18.0 (the literature's 16–18 holds)"),
         "{c:?}"
     );
+    // Mixed at 4 + 4 + 10 (+ 2) = 20 B/param: beyond the literature's 18 + 2 %.
+    let mut far = state_case(0, "pure", [2, 2, 4]);
+    far.extend(state_case(1, "mixed", [4, 4, 10]));
+    let c = eval(&far, "B3");
+    assert!(
+        c.verdict
+            .contains("= 20.0 (outside the literature's 16–18)"),
+        "{c:?}"
+    );
     let c = eval(&state_case(0, "pure", [2, 2, 4]), "B3");
     assert!(c.verdict.starts_with("open"), "{c:?}");
 }
