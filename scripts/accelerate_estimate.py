@@ -12,8 +12,9 @@ Adam". Prints one JSON line per dtype with exact bytes, and the CLI's table on s
 
     python scripts/accelerate_estimate.py workloads/configs/llama-2-7b.json [more.json ...]
 """
-import json, os, sys, tempfile
+import json, sys
 
+import accelerate
 import torch
 import transformers
 from accelerate import init_empty_weights
@@ -24,10 +25,7 @@ DIVISOR = {"float32": 1, "float16": 2, "int8": 4, "int4": 8}
 
 
 def estimate(config_json):
-    with tempfile.TemporaryDirectory() as d:  # AutoConfig reads a folder's config.json
-        with open(config_json) as src, open(os.path.join(d, "config.json"), "w") as dst:
-            dst.write(src.read())
-        config = transformers.AutoConfig.from_pretrained(d)
+    config = transformers.AutoConfig.from_pretrained(config_json)  # a config.json path works
     with init_empty_weights():
         model = transformers.AutoModel.from_config(config, torch_dtype=torch.float32)
     total, largest = calculate_maximum_sizes(model)
@@ -37,7 +35,7 @@ def estimate(config_json):
         train = estimate_training_usage(total, dtype)
         adam = max(train.values())
         rows.append({
-            "config": config_json, "accelerate": __import__("accelerate").__version__,
+            "config": config_json, "accelerate": accelerate.__version__,
             "transformers": transformers.__version__, "model_class": type(model).__name__,
             "params": params, "dtype": dtype, "largest_layer_bytes": largest[0] / div,
             "total_size_bytes": total / div, "training_adam_bytes": adam if adam != -1 else None,

@@ -17,7 +17,6 @@ locked() {
 # tests/bench_scripts.rs) builds nothing and uses that one binary in both roles: the script's
 # plumbing is exercised, its figures mean nothing (the summaries say so).
 build_bins() {
-  mkdir -p "$BIN_DIR"
   if [[ -n "${MEMFIT_BENCH_BIN:-}" ]]; then
     BIN_DIR="$(mktemp -d)"
     ln -s "$MEMFIT_BENCH_BIN" "$BIN_DIR/memfit-metered"
@@ -25,6 +24,7 @@ build_bins() {
     echo "bench: smoke run with $MEMFIT_BENCH_BIN in both roles: the figures below mean nothing" >&2
     return
   fi
+  mkdir -p "$BIN_DIR"
   if [[ "${MEMFIT_BENCH_REBUILD:-0}" == 1 || ! -x "$BIN_DIR/memfit-metered" ]]; then
     (cd "$ROOT" && locked cargo build --release --quiet)
     cp "$ROOT/target/release/memfit" "$BIN_DIR/memfit-metered"

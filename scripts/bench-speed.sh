@@ -68,9 +68,9 @@ if [[ "$SCALING" == 1 ]]; then
   done
 fi
 
-python3 - "$WORK" "$(machine)" "$DEFAULT_SWEEP" <<'PY'
+python3 - "$WORK" "$(machine)" "$DEFAULT_SWEEP" "$PREDICT_PRESET B $PREDICT_B S $PREDICT_S" <<'PY'
 import json, math, os, re, sys
-work, machine, default = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+work, machine, default, predict_case = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 rd = lambda n: float(open(os.path.join(work, n + ".s")).read())
 rows = lambda d: [json.loads(l) for l in open(os.path.join(work, d, "results.jsonl"))]
 print(f"\n== memfit's own speed ({machine}) ==")
@@ -83,7 +83,7 @@ print(f"tiny sweep: {cases} cases in {t:.1f} s = {60*cases/t:.0f} cases/min ({10
       f"windows {1000*sum(x['wall_s'] or 0 for x in r)/cases:.2f} ms per case"
       + (f"; spawn to hello {m.group(1)} ms, {m.group(2)} ms CPU" if m else "") + ")")
 n = sum(1 for _ in open(os.path.join(work, "predict70b.log")))
-print(f"predict {os.environ.get('PREDICT_PRESET', 'llama-2-70b')} B {os.environ.get('PREDICT_B', 8)} S {os.environ.get('PREDICT_S', 8192)}, {n} variant cases × 9 phases: {rd('predict70b'):.2f} s ({rd('predict70b')/n:.3f} s per case)")
+print(f"predict {predict_case}, {n} variant cases × 9 phases: {rd('predict70b'):.2f} s ({rd('predict70b')/n:.3f} s per case)")
 pts = {"layers": [], "seq": []}
 for line in open(os.path.join(work, "scaling.txt")):
     k, x, s = line.split(); pts[k].append((int(x), float(s)))

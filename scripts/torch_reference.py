@@ -164,8 +164,10 @@ def main():
     (model, vocab, fwd), init_peak = measure(lambda: build(a, dev, dtype))
     init_s = time.perf_counter() - t0
     params = sum(x.numel() for x in model.parameters())
+    seq = a.seq
     if a.preset in VIT_PRESETS and not a.hf_config:
-        image, _, c = VIT_PRESETS[a.preset][:3]
+        image, patch, c = VIT_PRESETS[a.preset][:3]
+        seq = (image // patch) ** 2 + 1  # patches + the class token
         idx = torch.rand(a.batch, c, image, image, device=dev, dtype=dtype) * 2 - 1
         tgt = torch.randint(0, vocab, (a.batch, 1), device=dev)
     else:
@@ -208,7 +210,7 @@ def main():
     with torch.no_grad():
         res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1])
     meta = {"torch": torch.__version__, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
-            "params": params, "batch": a.batch, "seq": a.seq if idx.dim() == 2 else (image // VIT_PRESETS[a.preset][1]) ** 2 + 1, "model": a.hf_config or a.preset, "layers": a.layers or None}
+            "params": params, "batch": a.batch, "seq": seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
     print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
     for ph, ((med, lo, hi), pk) in res.items():
         print(json.dumps({"phase": ph, "wall_s": med, "wall_min_s": lo, "wall_max_s": hi, "peak_bytes": pk, **meta}))

@@ -287,11 +287,12 @@ fn summary(b: &mut Vec<Block>, all: &[Row], ok: &[&Row], claims: &[claims::Claim
 /// The clauses of a claim's verdict (split at `;`) that name a GPU or CUDA: what a GPU run would
 /// add to it. Empty when the verdict names neither.
 fn gpu_clauses(c: &claims::Claim) -> Vec<String> {
+    let kind = format!("{}: ", c.kind());
     c.verdict
         .split(';')
         .map(str::trim)
         .filter(|p| p.contains("GPU") || p.contains("CUDA"))
-        .map(|p| p.trim_start_matches("open: ").to_string())
+        .map(|p| p.strip_prefix(kind.as_str()).unwrap_or(p).to_string())
         .collect()
 }
 
