@@ -310,6 +310,11 @@ pub struct GridArgs {
     /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
+    /// Norms, attention softmax, activations and loss: fused (memfit's kernels with a
+    /// backward; the default on the CPU) or composed (candle's stock ops; the default on
+    /// CUDA), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub kernels: Vec<String>,
     /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub checkpoint: Vec<i64>,
@@ -409,6 +414,7 @@ impl GridArgs {
             dtype: many(&self.dtype),
             checkpoint: many(&self.checkpoint),
             attention: many(&self.attention),
+            kernels: many(&self.kernels),
             precision: many(&self.precision),
             lora_rank: many(&self.lora_rank),
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),

@@ -170,6 +170,10 @@ pub struct Row {
     /// `standard` or `efficient` attention.
     #[serde(default)]
     pub attention: String,
+    /// `fused` (memfit's kernels with a backward) or `composed` (candle's stock ops); rows
+    /// written before the column existed were composed.
+    #[serde(default = "composed")]
+    pub kernels: String,
     /// LoRA rank; 0 = no adapters (every weight trains).
     #[serde(default)]
     pub lora_rank: u64,
@@ -458,4 +462,9 @@ pub fn status_of(message: &str) -> Status {
     } else {
         Status::Error
     }
+}
+
+/// The kernels of rows written before the `kernels` column: candle's composed ops.
+fn composed() -> String {
+    "composed".into()
 }

@@ -8,7 +8,16 @@ use common::{run_rows, within};
 /// 64 KiB: the documented metadata allowance.
 const META: u64 = 64 * 1024;
 
+/// Every case twice: with candle's composed ops and with memfit's fused kernels.
 fn check(args: &[&str]) {
+    for kernels in ["composed", "fused"] {
+        let mut with = args.to_vec();
+        with.extend(["--kernels", kernels]);
+        check_one(&with);
+    }
+}
+
+fn check_one(args: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let rows = run_rows(dir.path(), args);
     assert_eq!(rows.len(), 6, "one row per phase");
@@ -145,8 +154,8 @@ fn small_preset() {
     check(&["--preset", "small", "--batch", "2", "--seq", "64"]);
 }
 
-/// Where the vocabulary dominates, the backward peak is the cross-entropy head's, derived
-/// exactly: 7 tensors of B·S·V floats (see `formula::transformer::Shape::backward_head_bytes`).
+/// Where the vocabulary dominates, the composed backward peak is the cross-entropy head's,
+/// derived exactly: 7 tensors of B·S·V floats (see `formula::transformer::Shape::backward_head_bytes`).
 #[test]
 fn backward_head_point_is_exact() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,6 +176,8 @@ fn backward_head_point_is_exact() {
             "8192",
             "--phases",
             "forward,backward",
+            "--kernels",
+            "composed",
         ],
     );
     let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();

@@ -38,6 +38,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         weights: "model".into(),
         load: "read".into(),
         attention: "standard".into(),
+        kernels: "fused".into(),
         lora_rank: 0,
         lora_targets: String::new(),
         lora_base: String::new(),

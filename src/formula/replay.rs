@@ -26,6 +26,7 @@ use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
+use crate::model::kernels::{Kernel, Kernels};
 use crate::model::transformer::{LoraBase, ProjSpec};
 use crate::phase::checkpoint::segments;
 use candle_core::quantized::GgmlDType;
@@ -155,9 +156,11 @@ impl Linear {
 
 /// `layer_norm_slow` with weight and bias (GPT, ViT), or `rms_norm_slow` with a weight
 /// (LLaMA), over the last dimension.
+///
+/// Fused (`model::kernels`): one op on x and the weights (its `eps` does not change memory).
 enum Norm {
-    Layer { weight: Sym, bias: Sym },
-    Rms { weight: Sym },
+    Layer { weight: Sym, bias: Sym, fused: bool },
+    Rms { weight: Sym, fused: bool },
 }
 
 impl Norm {
@@ -165,39 +168,67 @@ impl Norm {
         if rms {
             Norm::Rms {
                 weight: p.tensor(&[h]),
+                fused: p.fused,
             }
         } else {
             Norm::Layer {
                 weight: p.tensor(&[h]),
                 bias: p.tensor(&[h]),
+                fused: p.fused,
             }
         }
     }
 
     fn map(&self, f: &dyn Fn(&Sym) -> Sym) -> Self {
         match self {
-            Norm::Layer { weight, bias } => Norm::Layer {
+            Norm::Layer {
+                weight,
+                bias,
+                fused,
+            } => Norm::Layer {
                 weight: f(weight),
                 bias: f(bias),
+                fused: *fused,
             },
-            Norm::Rms { weight } => Norm::Rms { weight: f(weight) },
+            Norm::Rms { weight, fused } => Norm::Rms {
+                weight: f(weight),
+                fused: *fused,
+            },
         }
     }
 
     fn weights(&self) -> Vec<Sym> {
         match self {
-            Norm::Layer { weight, bias } => vec![weight.clone(), bias.clone()],
-            Norm::Rms { weight } => vec![weight.clone()],
+            Norm::Layer { weight, bias, .. } => vec![weight.clone(), bias.clone()],
+            Norm::Rms { weight, .. } => vec![weight.clone()],
         }
     }
 
     fn forward(&self, x: &Sym) -> Sym {
+        match self {
+            Norm::Layer {
+                weight,
+                bias,
+                fused: true,
+            } => {
+                let k = Kernel::LayerNorm { eps: 0.0 };
+                return Sym::kernel(k, &[x, weight, bias], x.dims(), x.dtype());
+            }
+            Norm::Rms {
+                weight,
+                fused: true,
+            } => {
+                let k = Kernel::RmsNorm { eps: 0.0 };
+                return Sym::kernel(k, &[x, weight], x.dims(), x.dtype());
+            }
+            _ => {}
+        }
         let last = x.dims().len() - 1;
         let x_dtype = x.dtype();
         // Half-precision input is normalised in f32.
         let x = x.to_dtype(DType::F32);
         match self {
-            Norm::Layer { weight, bias } => {
+            Norm::Layer { weight, bias, .. } => {
                 let x = {
                     let mean_x = x.sum_keepdim(&[last]).affine(1.0);
                     x.broadcast_sub(&mean_x)
@@ -209,7 +240,7 @@ impl Norm {
                     .broadcast_mul(weight)
                     .broadcast_add(bias)
             }
-            Norm::Rms { weight } => {
+            Norm::Rms { weight, .. } => {
                 // `(x.sqr()?.sum_keepdim(D::Minus1)? / h)?`, then `x / (norm_x + eps).sqrt()`.
                 let norm_x = x.sqr().sum_keepdim(&[last]).affine(1.0);
                 let x_normed = x.broadcast_div(&norm_x.affine(1.0).sqrt());
@@ -292,6 +323,8 @@ struct Attention {
     kv_heads: usize,
     head_dim: usize,
     efficient: bool,
+    fused: bool,
+    causal: bool,
 }
 
 impl Attention {
@@ -331,6 +364,15 @@ impl Attention {
     /// Mirror of the model's `Attention::attend`.
     fn attend(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
         let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        if self.fused {
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let probs = q.attn_probs(&k, scale, self.causal);
+            drop((q, k));
+            let y = probs.matmul(&v);
+            drop((probs, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+            return self.o.forward(&y);
+        }
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
@@ -386,6 +428,8 @@ impl Attention {
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             efficient: self.efficient,
+            fused: self.fused,
+            causal: self.causal,
         }
     }
 }
@@ -395,22 +439,47 @@ enum Mlp {
     Gelu {
         fc1: Linear,
         fc2: Linear,
+        fused: bool,
     },
     SwiGlu {
         gate: Linear,
         up: Linear,
         down: Linear,
+        fused: bool,
     },
 }
 
 impl Mlp {
     fn forward(&self, x: &Sym) -> Sym {
         match self {
-            Mlp::Gelu { fc1, fc2 } => {
+            Mlp::Gelu {
+                fc1,
+                fc2,
+                fused: true,
+            } => {
+                let a = {
+                    let y = fc1.forward(x);
+                    Sym::kernel(Kernel::Gelu, &[&y], y.dims(), y.dtype())
+                };
+                fc2.forward(&a)
+            }
+            Mlp::Gelu { fc1, fc2, .. } => {
                 let a = fc1.forward(x).gelu();
                 fc2.forward(&a)
             }
-            Mlp::SwiGlu { gate, up, down } => {
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+            } => {
+                let g = gate.forward(x);
+                let u = up.forward(x);
+                let m = Sym::kernel(Kernel::SiluMul, &[&g, &u], g.dims(), g.dtype());
+                drop((g, u));
+                down.forward(&m)
+            }
+            Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x).silu();
                 let u = up.forward(x);
                 let m = g.mul(&u);
@@ -422,21 +491,28 @@ impl Mlp {
 
     fn linears(&self) -> Vec<&Linear> {
         match self {
-            Mlp::Gelu { fc1, fc2 } => vec![fc1, fc2],
-            Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
+            Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
         }
     }
 
     fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
         match self {
-            Mlp::Gelu { fc1, fc2 } => Mlp::Gelu {
+            Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
                 fc1: f(fc1),
                 fc2: f(fc2),
+                fused: *fused,
             },
-            Mlp::SwiGlu { gate, up, down } => Mlp::SwiGlu {
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused,
+            } => Mlp::SwiGlu {
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
+                fused: *fused,
             },
         }
     }
@@ -490,6 +566,8 @@ struct Params<'a> {
     lora: bool,
     /// How LoRA's projections are frozen.
     base: LoraBase,
+    /// Fused kernels (`model::kernels`).
+    fused: bool,
 }
 
 impl Params<'_> {
@@ -552,6 +630,7 @@ pub struct Transformer {
     hidden: usize,
     dtype: DType,
     vars: Vec<Sym>,
+    kernels: Kernels,
 }
 
 impl Transformer {
@@ -587,6 +666,7 @@ impl Transformer {
             dtype: param_dtype,
             lora,
             base,
+            fused: shape.kernels.fused(),
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let llama = shape.llama.is_some();
@@ -630,6 +710,8 @@ impl Transformer {
                     kv_heads: kv_heads as usize,
                     head_dim: head_dim as usize,
                     efficient: shape.efficient,
+                    fused: shape.kernels.fused(),
+                    causal: shape.vision.is_none(),
                 };
                 let ln2 = Norm::new(&p, h, llama);
                 let mlp = if llama {
@@ -637,11 +719,13 @@ impl Transformer {
                         gate: next(),
                         up: next(),
                         down: next(),
+                        fused: shape.kernels.fused(),
                     }
                 } else {
                     Mlp::Gelu {
                         fc1: next(),
                         fc2: next(),
+                        fused: shape.kernels.fused(),
                     }
                 };
                 Block {
@@ -700,6 +784,7 @@ impl Transformer {
             hidden: h,
             dtype: param_dtype,
             vars: all,
+            kernels: shape.kernels,
         }
     }
 
@@ -724,8 +809,8 @@ impl Transformer {
     /// Mirror of the model's `input_mask`.
     pub fn input_mask(&self, input: &Sym) -> Option<Sym> {
         match self.stem {
-            Stem::Tokens(_) => Some(self.mask(input, input.dims()[1])),
-            Stem::Patches { .. } => None,
+            Stem::Tokens(_) if !self.kernels.fused() => Some(self.mask(input, input.dims()[1])),
+            _ => None,
         }
     }
 
@@ -742,7 +827,7 @@ impl Transformer {
         if cache.len() != self.blocks.len() {
             *cache = (0..self.blocks.len()).map(|_| None).collect();
         }
-        let mask = (s > 1).then(|| self.mask(tokens, s));
+        let mask = (s > 1 && !self.kernels.fused()).then(|| self.mask(tokens, s));
         let tokens_embedded = {
             let mut final_dims = tokens.dims().to_vec();
             final_dims.push(self.hidden);
@@ -891,6 +976,7 @@ impl Transformer {
             hidden: self.hidden,
             dtype,
             vars: Vec::new(),
+            kernels: self.kernels,
         }
     }
 
@@ -898,6 +984,16 @@ impl Transformer {
     pub fn loss(logits: &Sym, targets: &Sym) -> Sym {
         let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
         cross_entropy(&logits.reshape(&[b * s, v]), &targets.flatten_all())
+    }
+
+    /// Mirror of the model's `train_loss` (`loss_with` its kernels).
+    pub fn train_loss(&self, logits: &Sym, targets: &Sym) -> Sym {
+        if !self.kernels.fused() {
+            return Transformer::loss(logits, targets);
+        }
+        let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+        let (logits, targets) = (logits.reshape(&[b * s, v]), targets.flatten_all());
+        Sym::kernel(Kernel::CrossEntropy, &[&logits, &targets], &[], logits.dtype())
     }
 }
 
@@ -926,7 +1022,7 @@ fn ckpt_forward(
     }
     let head_in = x.var_from();
     drop(x);
-    let loss = Transformer::loss(&model.head_forward(&head_in), targets);
+    let loss = model.train_loss(&model.head_forward(&head_in), targets);
     CkptForward {
         loss,
         head_in,
@@ -1091,9 +1187,9 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
             // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
             let half = model.cast(DType::Half);
             let logits = half.forward(&tokens);
-            Transformer::loss(&logits.to_dtype(DType::F32), &targets)
+            model.train_loss(&logits.to_dtype(DType::F32), &targets)
         } else {
-            Transformer::loss(&model.forward(&tokens), &targets)
+            model.train_loss(&model.forward(&tokens), &targets)
         };
         forward_peak = ledger.peak() - base;
         forward_retained = ledger.current() - base;

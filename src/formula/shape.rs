@@ -3,6 +3,7 @@
 //! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
+use crate::model::kernels::Kernels;
 use crate::model::llama::Llama;
 use crate::model::transformer::{LoraBase, LoraTarget, ProjSpec, block_projections};
 use crate::model::vit::Vision;
@@ -64,6 +65,8 @@ pub struct Shape {
     pub llama: Option<Llama>,
     /// The LM head is the token embedding.
     pub tied: bool,
+    /// Fused kernels or candle's composed ops.
+    pub kernels: Kernels,
 }
 
 impl Shape {
@@ -92,6 +95,7 @@ impl Shape {
             vision: case.cfg.vision,
             llama: case.cfg.llama,
             tied: case.cfg.tied,
+            kernels: case.cfg.kernels,
         }
     }
 
@@ -121,6 +125,7 @@ impl Shape {
             vision: None,
             llama: None,
             tied: false,
+            kernels: Kernels::Composed,
         }
     }
 

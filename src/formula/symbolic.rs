@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::rc::Rc;
 
+use crate::model::kernels::{Graph, Kernel};
+
 /// Live bytes and their high-water mark.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -194,6 +196,8 @@ pub enum Op {
     /// memfit's frozen linear (a `CustomOp1` on x): the dense weight, or `None` when quantized
     /// (dequantized to `(out, in)` f32 per call).
     Frozen(Sym, Option<Sym>, usize),
+    /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
+    Kernel(Kernel, Vec<Sym>),
 }
 
 #[derive(Debug)]
@@ -476,33 +480,9 @@ impl Sym {
         out
     }
 
-    /// The packing buffer of one of the `gemm` calls candle makes for `self · rhs` (one call per
-    /// batch element, or one for all when `rhs` is shared by the batch).
+    /// The packing buffer of one of the `gemm` calls candle makes for `self · rhs`.
     fn gemm_scratch(&self, rhs: &Sym, threads: usize) -> u64 {
-        let (la, ra) = (&self.0.layout, &rhs.0.layout);
-        let r = la.dims.len();
-        let (m, k, n) = (la.dims[r - 2], la.dims[r - 1], ra.dims[r - 1]);
-        let skip = |l: &Layout, whole: usize| -> Option<usize> {
-            match (&l.strides[..r - 2], &l.dims[..r - 2]) {
-                ([], _) => Some(whole),
-                ([st], _) => Some(*st),
-                ([s1, st], [_, d1]) if *s1 == st * d1 => Some(*st),
-                ([_, st], [d0, _]) if *d0 == 1 => Some(*st),
-                ([st, _], [_, d1]) if *d1 == 1 => Some(*st),
-                _ => None,
-            }
-        };
-        let batch: usize = la.dims[..r - 2].iter().product();
-        let m = match (skip(la, m * k), skip(ra, n * k)) {
-            (Some(a), Some(0)) if a == m * k => batch * m,
-            _ => m,
-        };
-        let lhs = (la.strides[r - 1], la.strides[r - 2]);
-        let rhs = (ra.strides[r - 1], ra.strides[r - 2]);
-        match self.0.dtype {
-            DType::Half => super::gemm::scratch_bytes_f16(m, n, k, lhs, rhs, threads),
-            _ => super::gemm::scratch_bytes(m, n, k, lhs, rhs, threads),
-        }
+        gemm_scratch(&self.0.layout, &rhs.0.layout, self.0.dtype, threads)
     }
 
     pub fn sum_keepdim(&self, sum_dims: &[usize]) -> Sym {
@@ -561,6 +541,34 @@ impl Sym {
         let res = self.out(&[rows, out], self.0.dtype, op);
         drop(y);
         res
+    }
+
+    /// A fused kernel's output (`model::kernels`): one fresh `dims` tensor of `dtype`, recorded
+    /// when any arg is tracked.
+    pub fn kernel(kernel: Kernel, args: &[&Sym], dims: &[usize], dtype: DType) -> Sym {
+        let op = args
+            .iter()
+            .any(|a| a.track_op())
+            .then(|| Op::Kernel(kernel, args.iter().map(|&a| a.clone()).collect()));
+        args[0].out(dims, dtype, op)
+    }
+
+    /// `model::kernels::attn_probs`: the `q·kᵀ` gemm writes the output (and packs in its
+    /// scratch), then the softmax runs in place.
+    pub fn attn_probs(&self, k: &Sym, scale: f32, causal: bool) -> Sym {
+        let d = self.dims();
+        let dims = [d[0], d[1], d[2], k.dims()[2]];
+        let kernel = Kernel::AttnProbs { scale, causal };
+        let out = Sym::kernel(kernel, &[self, k], &dims, self.0.dtype);
+        if let Some(threads) = self.ledger().gemm_threads {
+            let mut kt = k.0.layout.clone();
+            kt.dims.swap(2, 3);
+            kt.strides.swap(2, 3);
+            let scratch = gemm_scratch(&self.0.layout, &kt, self.0.dtype, threads);
+            self.ledger().alloc(scratch);
+            self.ledger().free(scratch);
+        }
+        out
     }
 
     /// `argmax` over the last dimension: a fresh `u32` tensor without it (never tracked).
@@ -782,7 +790,7 @@ impl Op {
             | Op::Gather(a, b, _)
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) => vec![q, k, v],
-            Op::Cat(parts, _) => parts.iter().collect(),
+            Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
             Op::Frozen(x, _, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
@@ -812,6 +820,34 @@ impl Op {
             | Op::Recip(a)
             | Op::Powf(a, _) => vec![a],
         }
+    }
+}
+
+/// The packing buffer of one of the `gemm` calls candle makes for `self · rhs` (one call per
+/// batch element, or one for all when `rhs` is shared by the batch).
+fn gemm_scratch(la: &Layout, ra: &Layout, dtype: DType, threads: usize) -> u64 {
+    let r = la.dims.len();
+    let (m, k, n) = (la.dims[r - 2], la.dims[r - 1], ra.dims[r - 1]);
+    let skip = |l: &Layout, whole: usize| -> Option<usize> {
+        match (&l.strides[..r - 2], &l.dims[..r - 2]) {
+            ([], _) => Some(whole),
+            ([st], _) => Some(*st),
+            ([s1, st], [_, d1]) if *s1 == st * d1 => Some(*st),
+            ([_, st], [d0, _]) if *d0 == 1 => Some(*st),
+            ([st, _], [_, d1]) if *d1 == 1 => Some(*st),
+            _ => None,
+        }
+    };
+    let batch: usize = la.dims[..r - 2].iter().product();
+    let m = match (skip(la, m * k), skip(ra, n * k)) {
+        (Some(a), Some(0)) if a == m * k => batch * m,
+        _ => m,
+    };
+    let lhs = (la.strides[r - 1], la.strides[r - 2]);
+    let rhs = (ra.strides[r - 1], ra.strides[r - 2]);
+    match dtype {
+        DType::Half => super::gemm::scratch_bytes_f16(m, n, k, lhs, rhs, threads),
+        _ => super::gemm::scratch_bytes(m, n, k, lhs, rhs, threads),
     }
 }
 
@@ -1005,6 +1041,21 @@ pub fn backward(root: &Sym) -> GradStore {
                 let s = grads.or_insert(arg);
                 *s = s.add(&arg_grad);
             }
+            Op::Kernel(kernel, args) => {
+                // candle's `CustomOpN` arm: `bwd` returns every gradient, then each is added to
+                // its arg's (constant args included) and dropped before the next.
+                let refs: Vec<&Sym> = args.iter().collect();
+                let gs = kernel
+                    .backward(&refs, node, &grad)
+                    .expect("symbolic backward");
+                for (arg, g) in args.iter().zip(gs) {
+                    if let Some(g) = g {
+                        let s = grads.or_insert(arg);
+                        *s = s.add(&g);
+                        drop(g);
+                    }
+                }
+            }
             Op::Cmp(_) => {}
             Op::ToDType(arg) => {
                 let s = grads.or_insert(arg);
@@ -1111,6 +1162,91 @@ pub fn backward(root: &Sym) -> GradStore {
         }
     }
     grads
+}
+
+/// The fused kernels' backward on symbolic tensors: each method is the candle op of the same
+/// name (`model::kernels::graph`), so [`Kernel::backward`] replays statement for statement.
+impl Graph for Sym {
+    fn dims(&self) -> Vec<usize> {
+        Sym::dims(self).to_vec()
+    }
+    fn detach(&self) -> Self {
+        Sym::detach(self)
+    }
+    fn to_f32(&self) -> candle_core::Result<Self> {
+        Ok(self.to_dtype(DType::F32))
+    }
+    fn to_dtype_of(&self, like: &Self) -> candle_core::Result<Self> {
+        Ok(self.to_dtype(like.dtype()))
+    }
+    fn add(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::add(self, rhs))
+    }
+    fn sub(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::sub(self, rhs))
+    }
+    fn mul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::mul(self, rhs))
+    }
+    fn broadcast_sub(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_sub(self, rhs))
+    }
+    fn broadcast_mul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_mul(self, rhs))
+    }
+    fn broadcast_div(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_div(self, rhs))
+    }
+    fn affine(&self, mul: f64, _add: f64) -> candle_core::Result<Self> {
+        Ok(Sym::affine(self, mul))
+    }
+    fn exp(&self) -> candle_core::Result<Self> {
+        Ok(Sym::exp(self))
+    }
+    fn sqr(&self) -> candle_core::Result<Self> {
+        Ok(Sym::sqr(self))
+    }
+    fn sqrt(&self) -> candle_core::Result<Self> {
+        Ok(Sym::sqrt(self))
+    }
+    fn recip(&self) -> candle_core::Result<Self> {
+        Ok(Sym::recip(self))
+    }
+    fn tanh(&self) -> candle_core::Result<Self> {
+        Ok(Sym::tanh(self))
+    }
+    fn neg(&self) -> candle_core::Result<Self> {
+        Ok(Sym::neg(self))
+    }
+    fn sum_last_keepdim(&self) -> candle_core::Result<Self> {
+        Ok(self.sum_keepdim(&[self.dims().len() - 1]))
+    }
+    fn max_last_keepdim(&self) -> candle_core::Result<Self> {
+        Ok(self.max_keepdim(self.dims().len() - 1))
+    }
+    fn sum_leading(&self) -> candle_core::Result<Self> {
+        let dims: Vec<usize> = (0..self.dims().len() - 1).collect();
+        Ok(self.sum(&dims))
+    }
+    fn matmul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::matmul(self, rhs))
+    }
+    fn t(&self) -> candle_core::Result<Self> {
+        Ok(Sym::t(self))
+    }
+    fn narrow(&self, dim: usize, start: usize, len: usize) -> candle_core::Result<Self> {
+        Ok(Sym::narrow(self, dim, start, len))
+    }
+    fn cat(parts: &[&Self], dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::cat(parts, dim))
+    }
+    /// `Tensor::full(−1f32, (N, 1))` converted to the type, then `scatter_add_set` in place.
+    fn minus_one_at(self, targets: &Self) -> candle_core::Result<Self> {
+        let idx = targets.unsqueeze(1);
+        let src = Sym::new(self.ledger(), idx.dims(), DType::F32).to_dtype(self.dtype());
+        drop((idx, src));
+        Ok(self)
+    }
 }
 
 #[cfg(test)]

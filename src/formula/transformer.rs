@@ -448,6 +448,7 @@ impl Shape {
     /// the buffers (the graph it keeps equals the closed form, tested).
     fn closed_form_forward(&self) -> bool {
         self.elem == ElemType::F32
+            && !self.kernels.fused()
             && self.checkpoint == 0
             && !self.efficient
             && self.lora_rank == 0

@@ -4,6 +4,7 @@
 pub mod efficient_attention;
 pub mod frozen;
 pub mod hf_config;
+pub mod kernels;
 pub mod llama;
 pub mod transformer;
 pub mod vit;

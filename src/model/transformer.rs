@@ -36,6 +36,7 @@ use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_n
 use serde::{Deserialize, Serialize};
 
 use super::efficient_attention::EfficientAttention;
+use super::kernels::{self, Kernels};
 use super::frozen::{FrozenLinear, FrozenWeight};
 use super::llama::{self, Llama};
 use super::vit::{self, Vision};
@@ -77,6 +78,10 @@ pub struct Config {
     /// Base of the rotary angles (`rope_theta`; LLaMA only).
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
+    /// Fused kernels with a backward ([`super::kernels`]) or candle's composed ops for the
+    /// norms, attention softmax, activations and loss.
+    #[serde(default)]
+    pub kernels: Kernels,
 }
 
 fn default_rope_theta() -> f64 {
@@ -188,6 +193,7 @@ impl Config {
             llama: None,
             tied: false,
             rope_theta: default_rope_theta(),
+            kernels: Kernels::Composed,
         }
     }
 
@@ -325,18 +331,28 @@ pub struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
     eps: f64,
+    /// [`kernels::layer_norm`] instead of `layer_norm_slow`.
+    fused: bool,
 }
 
 impl LayerNorm {
-    pub fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+    pub fn new(size: usize, eps: f64, fused: bool, vb: VarBuilder) -> Result<Self> {
         let weight = vb.get_with_hints(size, "weight", Init::Const(1.0))?;
         let bias = vb.get_with_hints(size, "bias", Init::Const(0.0))?;
-        Ok(Self { weight, bias, eps })
+        Ok(Self {
+            weight,
+            bias,
+            eps,
+            fused,
+        })
     }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.fused {
+            return kernels::layer_norm(x, &self.weight, &self.bias, self.eps as f32);
+        }
         ops::layer_norm_slow(x, &self.weight, &self.bias, self.eps as f32)
     }
 }
@@ -346,7 +362,11 @@ impl Module for LayerNorm {
 #[derive(Debug, Clone)]
 pub enum Norm {
     Layer(LayerNorm),
-    Rms { weight: Tensor, eps: f64 },
+    Rms {
+        weight: Tensor,
+        eps: f64,
+        fused: bool,
+    },
 }
 
 impl Norm {
@@ -355,11 +375,13 @@ impl Norm {
             None => Ok(Norm::Layer(LayerNorm::new(
                 cfg.hidden,
                 cfg.layer_norm_eps,
+                cfg.kernels.fused(),
                 vb,
             )?)),
             Some(_) => Ok(Norm::Rms {
                 weight: vb.get_with_hints(cfg.hidden, "weight", Init::Const(1.0))?,
                 eps: cfg.layer_norm_eps,
+                fused: cfg.kernels.fused(),
             }),
         }
     }
@@ -370,10 +392,12 @@ impl Norm {
                 weight: f(&l.weight)?,
                 bias: f(&l.bias)?,
                 eps: l.eps,
+                fused: l.fused,
             }),
-            Norm::Rms { weight, eps } => Norm::Rms {
+            Norm::Rms { weight, eps, fused } => Norm::Rms {
                 weight: f(weight)?,
                 eps: *eps,
+                fused: *fused,
             },
         })
     }
@@ -383,7 +407,12 @@ impl Module for Norm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Norm::Layer(l) => l.forward(x),
-            Norm::Rms { weight, eps } => ops::rms_norm_slow(x, weight, *eps as f32),
+            Norm::Rms {
+                weight,
+                eps,
+                fused: true,
+            } => kernels::rms_norm(x, weight, *eps as f32),
+            Norm::Rms { weight, eps, .. } => ops::rms_norm_slow(x, weight, *eps as f32),
         }
     }
 }
@@ -627,6 +656,10 @@ pub struct Attention {
     kv_heads: usize,
     head_dim: usize,
     efficient: bool,
+    /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
+    fused: bool,
+    /// A decoder (causal); the ViT encoder attends everywhere.
+    causal: bool,
 }
 
 impl Attention {
@@ -642,6 +675,8 @@ impl Attention {
             kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
             efficient: cfg.efficient_attention,
+            fused: cfg.kernels.fused(),
+            causal: cfg.vision.is_none(),
         })
     }
 
@@ -693,8 +728,20 @@ impl Attention {
 
     /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, A·D)`, through `o`;
     /// each intermediate is freed as soon as the next exists.
+    ///
+    /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
+    /// (no mask tensor: a single cached query sees every key, a prompt is masked).
     fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let (b, _, s, d) = q.dims4()?;
+        if self.fused {
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let probs = kernels::attn_probs(&q, &k, scale, self.causal)?;
+            drop((q, k));
+            let y = probs.matmul(&v)?;
+            drop((probs, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
         drop((q, k));
         let scores = match mask {
@@ -746,31 +793,43 @@ impl Attention {
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).
 #[derive(Debug, Clone)]
 pub enum Mlp {
-    Gelu { fc1: Proj, fc2: Proj },
-    SwiGlu { gate: Proj, up: Proj, down: Proj },
+    Gelu {
+        fc1: Proj,
+        fc2: Proj,
+        fused: bool,
+    },
+    SwiGlu {
+        gate: Proj,
+        up: Proj,
+        down: Proj,
+        fused: bool,
+    },
 }
 
 impl Mlp {
     /// `projs` are the block's MLP projections (fc1, fc2 or gate, up, down).
     fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
         let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        let fused = cfg.kernels.fused();
         Ok(match projs.len() {
             2 => Mlp::Gelu {
                 fc1: p(0)?,
                 fc2: p(1)?,
+                fused,
             },
             _ => Mlp::SwiGlu {
                 gate: p(0)?,
                 up: p(1)?,
                 down: p(2)?,
+                fused,
             },
         })
     }
 
     fn projs_mut(&mut self) -> Vec<&mut Proj> {
         match self {
-            Mlp::Gelu { fc1, fc2 } => vec![fc1, fc2],
-            Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
+            Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
         }
     }
 }
@@ -778,11 +837,31 @@ impl Mlp {
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Mlp::Gelu { fc1, fc2 } => {
+            Mlp::Gelu {
+                fc1,
+                fc2,
+                fused: true,
+            } => {
+                let a = kernels::gelu(&fc1.forward(x)?)?;
+                fc2.forward(&a)
+            }
+            Mlp::Gelu { fc1, fc2, .. } => {
                 let a = fc1.forward(x)?.gelu()?;
                 fc2.forward(&a)
             }
-            Mlp::SwiGlu { gate, up, down } => {
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+            } => {
+                let g = gate.forward(x)?;
+                let u = up.forward(x)?;
+                let m = kernels::silu_mul(&g, &u)?;
+                drop((g, u));
+                down.forward(&m)
+            }
+            Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x)?.silu()?;
                 let u = up.forward(x)?;
                 let m = g.mul(&u)?;
@@ -865,14 +944,21 @@ impl Block {
             },
             ln2: self.ln2.map(base)?,
             mlp: match &self.mlp {
-                Mlp::Gelu { fc1, fc2 } => Mlp::Gelu {
+                Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
                     fc1: fc1.map(base, adapter)?,
                     fc2: fc2.map(base, adapter)?,
+                    fused: *fused,
                 },
-                Mlp::SwiGlu { gate, up, down } => Mlp::SwiGlu {
+                Mlp::SwiGlu {
+                    gate,
+                    up,
+                    down,
+                    fused,
+                } => Mlp::SwiGlu {
                     gate: gate.map(base, adapter)?,
                     up: up.map(base, adapter)?,
                     down: down.map(base, adapter)?,
+                    fused: *fused,
                 },
             },
         })
@@ -1029,9 +1115,17 @@ impl Transformer {
     /// The attention mask for `input`: the causal mask of its length (decoder), none (ViT).
     pub fn input_mask(&self, input: &Tensor) -> Result<Option<Tensor>> {
         match self.stem {
-            Stem::Tokens(_) => Ok(Some(self.mask(input.dim(1)?, input.device())?)),
-            Stem::Patches { .. } => Ok(None),
+            Stem::Tokens(_) if self.needs_mask() => {
+                Ok(Some(self.mask(input.dim(1)?, input.device())?))
+            }
+            _ => Ok(None),
         }
+    }
+
+    /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
+    /// attention masks inside ([`kernels::attn_probs`]).
+    pub fn needs_mask(&self) -> bool {
+        !self.cfg.kernels.fused()
     }
 
     /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
@@ -1053,7 +1147,7 @@ impl Transformer {
         if cache.layers.len() != self.blocks.len() {
             cache.layers = (0..self.blocks.len()).map(|_| None).collect();
         }
-        let mask = if s > 1 {
+        let mask = if s > 1 && self.needs_mask() {
             Some(self.mask(s, tokens.device())?)
         } else {
             None
@@ -1141,10 +1235,25 @@ impl Transformer {
         self.head.forward(&x)
     }
 
-    /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32.
+    /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32 (candle-nn's
+    /// composed `cross_entropy`).
     pub fn loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        Self::loss_with(Kernels::Composed, logits, targets)
+    }
+
+    /// [`Transformer::loss`] with the model's kernels ([`kernels::cross_entropy`] when fused).
+    pub fn train_loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        Self::loss_with(self.cfg.kernels, logits, targets)
+    }
+
+    /// Mean cross-entropy with the given kernels.
+    pub fn loss_with(kernels: Kernels, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let (b, s, v) = logits.dims3()?;
-        candle_nn::loss::cross_entropy(&logits.reshape((b * s, v))?, &targets.flatten_all()?)
+        let (logits, targets) = (logits.reshape((b * s, v))?, targets.flatten_all()?);
+        match kernels {
+            Kernels::Fused => kernels::cross_entropy(&logits, &targets),
+            Kernels::Composed => candle_nn::loss::cross_entropy(&logits, &targets),
+        }
     }
 
     /// A copy of the model whose weights are `w.to_dtype(dtype)` (mixed precision's 16-bit

@@ -56,7 +56,7 @@ pub fn forward(
     }
     let head_in = Var::from_tensor(&x)?;
     drop(x);
-    let loss = Transformer::loss(&model.head_forward(head_in.as_tensor())?, targets)?;
+    let loss = model.train_loss(&model.head_forward(head_in.as_tensor())?, targets)?;
     Ok(Forward {
         loss,
         head_in,

@@ -84,14 +84,15 @@ impl Trainer {
         match self.compute {
             None => {
                 let logits = self.model.forward(&self.tokens)?;
-                Transformer::loss(&logits, &self.targets)
+                self.model.train_loss(&logits, &self.targets)
             }
             // Mixed precision: a 16-bit working copy of the weights (recorded conversions, so
             // the gradients reach the f32 masters), 16-bit activations, the loss in f32.
             Some(dtype) => {
                 let half = self.model.cast(dtype)?;
                 let logits = half.forward(&self.tokens)?;
-                Transformer::loss(&logits.to_dtype(DType::F32)?, &self.targets)
+                self.model
+                    .train_loss(&logits.to_dtype(DType::F32)?, &self.targets)
             }
         }
     }

@@ -51,7 +51,7 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "lora_targets" | "lora_base" | "precision"
+        | "weights" | "load" | "attention" | "kernels" | "lora_targets" | "lora_base" | "precision"
         | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage"
         | "persistent" | "tied" | "biases" | "trim_layer" => "",
         // A relative L2 error: a ratio.
@@ -147,6 +147,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "on: decoding uses a key/value cache; off: it recomputes the prefix per token."
         }
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
+        "kernels" => "Norms, attention softmax, activations, loss: fused (one op each) or composed.",
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
         "lora_base" => "How LoRA freezes the base projections: detach, op, q4_0 or q8_0.",
@@ -293,6 +294,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("weights", rows, |r| Some(&r.weights))?;
         w.string("load", rows, |r| Some(&r.load))?;
         w.string("attention", rows, |r| Some(&r.attention))?;
+        w.string("kernels", rows, |r| Some(&r.kernels))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("lora_base", rows, |r| Some(&r.lora_base))?;
@@ -722,6 +724,12 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     // Files written before the trim columns existed read them as not measured.
     let has = |name: &str| members.iter().any(|m| m == name);
     let n = r.len.unwrap_or(0);
+    // Files written before the kernels column held composed rows only.
+    let kernels = if has("kernels") {
+        r.string("kernels")?
+    } else {
+        vec!["composed".to_string(); n]
+    };
     let trim_layer = if has("trim_layer") {
         r.string("trim_layer")?
     } else {
@@ -761,6 +769,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut storage = storage.into_iter();
     let mut persistent = persistent.into_iter();
     let mut trim_layer = trim_layer.into_iter();
+    let mut kernels = kernels.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -797,6 +806,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             weights: next(&mut weights),
             load: next(&mut load),
             attention: next(&mut attention),
+            kernels: next(&mut kernels),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),
             lora_base: next(&mut lora_base),

@@ -143,6 +143,7 @@ pub fn bare_row(
             "standard"
         }
         .into(),
+        kernels: case.cfg.kernels.as_str().into(),
         phase: phase.as_str().into(),
         status,
         error,

@@ -40,6 +40,7 @@ use crate::device::{
 };
 use crate::error::UserError;
 use crate::model::ModelKind;
+use crate::model::kernels::Kernels;
 use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
 use crate::model::{hf_config, llama, vit};
 use crate::phase::{OptimizerKind, Phase};
@@ -85,6 +86,8 @@ pub struct GridSpec {
     pub checkpoint: Option<OneOrMany<i64>>,
     /// `standard` or `efficient` attention.
     pub attention: Option<OneOrMany<String>>,
+    /// `fused` (memfit's kernels with a backward) or `composed` (candle's stock ops).
+    pub kernels: Option<OneOrMany<String>>,
     /// `pure` or `mixed` precision.
     pub precision: Option<OneOrMany<String>>,
     /// LoRA rank (0 = off); a list expands.
@@ -166,6 +169,7 @@ impl GridSpec {
             device,
             checkpoint,
             attention,
+            kernels,
             precision,
             lora_rank,
             lora_targets,
@@ -694,6 +698,26 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
+    // Fused is the default where its forward exists (the CPU); on CUDA the norms, attention
+    // softmax and loss have no fused forward yet, so the default there is composed.
+    let kernel_choices = ctx.choices(
+        "kernels",
+        &spec.kernels,
+        if device.is_cuda() { "composed" } else { "fused" },
+        ("unknown kernels", Kernels::NAMES),
+        Kernels::parse,
+        |name, &k| {
+            if k.fused() && device.is_cuda() {
+                return Err(ctx.bad(
+                    "kernels",
+                    name,
+                    "the fused norms, attention softmax and cross-entropy have a CPU forward only",
+                    "composed on cuda",
+                ));
+            }
+            Ok(())
+        },
+    )?;
     let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
     let family_targets: Vec<LoraTarget> = preset.projections().iter().map(|p| p.target).collect();
@@ -976,6 +1000,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &lora_ranks,
             &precisions,
             &attentions,
+            &kernel_choices,
             &checkpoints,
             &dtypes
         );
@@ -989,6 +1014,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &rank,
             &precision,
             &efficient,
+            &kernels,
             &k,
             &dtype,
         ) in variants
@@ -1089,6 +1115,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 },
                 cfg: Config {
                     efficient_attention: efficient,
+                    kernels,
                     lora_rank: rank,
                     lora_targets: if rank > 0 {
                         lora_targets.clone()

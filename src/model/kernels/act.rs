@@ -1,0 +1,121 @@
+//! GELU (tanh approximation) and SwiGLU's `silu(gate)·up` as single ops. The forward keeps
+//! the inputs only; the backward ([`Kernel::backward`]) recomputes the rest in f32 on detached
+//! tensors, where candle's own `gelu`/`silu` backward records a chain of temporaries that
+//! stay inside the accumulated gradient.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use super::Kernel;
+use super::cpu::{Float, dispatch, rows, same, slice, zeros};
+
+/// `gelu(x)` (tanh approximation, candle's `Tensor::gelu`) with a fused backward.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    x.apply_op1(GeluOp)
+}
+
+/// `silu(gate)·up` with a fused backward; `gate` and `up` of one shape, contiguous.
+pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.shape() != up.shape() {
+        candle_core::bail!(
+            "silu_mul: gate {:?} and up {:?} differ",
+            gate.shape(),
+            up.shape()
+        )
+    }
+    gate.apply_op2(up, SiluMulOp)
+}
+
+struct GeluOp;
+
+struct SiluMulOp;
+
+impl CustomOp1 for GeluOp {
+    fn name(&self) -> &'static str {
+        Kernel::Gelu.name()
+    }
+
+    /// candle's own element-wise GELU: one output, exactly the composed forward's values.
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((s.unary_impl::<candle_core::op::Gelu>(l)?, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((s.unary_impl::<candle_core::op::Gelu>(l)?, l.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Kernel::Gelu
+            .backward(&[arg], res, grad)?
+            .into_iter()
+            .next()
+            .flatten())
+    }
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+impl CustomOp2 for SiluMulOp {
+    fn name(&self) -> &'static str {
+        Kernel::SiluMul.name()
+    }
+
+    /// One pass, one output.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        dispatch!(op, s1, |g: T| {
+            let g = slice(g, l1, op, "gate")?;
+            let u = slice(same::<T>(op, s2)?, l2, op, "up")?;
+            let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+            let mut out = zeros::<T>(g.len());
+            rows(&mut out, n, |i, o| {
+                let (g, u) = (&g[i * n..(i + 1) * n], &u[i * n..(i + 1) * n]);
+                for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
+                    *o = T::of(silu(g.f()) * u.f());
+                }
+            });
+            Ok((<T as candle_core::WithDType>::to_cpu_storage_owned(out), l1.shape().clone()))
+        })
+    }
+
+    /// candle's SiLU kernel, then its product kernel (one transient of the output's size).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let a = s1.unary_impl::<candle_core::op::Silu>(l1)?;
+        let la = Layout::contiguous(l1.shape());
+        let out = a.binary_impl::<candle_core::op::Mul>(s2, &la, l2)?;
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = Kernel::SiluMul
+            .backward(&[gate, up], res, grad)?
+            .into_iter();
+        Ok((g.next().flatten(), g.next().flatten()))
+    }
+}

@@ -1,0 +1,109 @@
+//! Attention probabilities as one op: `P = softmax(q·kᵀ·scale + causal mask)` from q
+//! `(B, A, Sq, D)` and k `(B, A, Sk, D)` to `(B, A, Sq, Sk)`. The scores are never a graph
+//! node: the product is written by candle's own gemm into the output buffer, then scaled,
+//! masked and normalised in place. The graph keeps q, k (which the model keeps anyway) and P,
+//! as PyTorch's eager attention keeps its softmax output; there is no mask tensor and no mask
+//! gradient. With `causal`, query `i` sees keys `0..=i + Sk − Sq` (the decoder; with a cache
+//! the new queries sit at the end).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+
+use super::Kernel;
+use super::cpu::{Float, rows};
+
+/// `softmax(q·kᵀ·scale [+ causal mask])` with a fused backward; q and k contiguous.
+pub fn attn_probs(q: &Tensor, k: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
+    q.apply_op2(k, AttnProbsOp { scale, causal })
+}
+
+struct AttnProbsOp {
+    scale: f32,
+    causal: bool,
+}
+
+/// Scale, mask and softmax one row of scores in place; `keys` of them are visible.
+fn softmax_row<T: Float>(row: &mut [T], keys: usize, scale: f32) {
+    let (seen, hidden) = row.split_at_mut(keys.min(row.len()));
+    let mut m = f32::NEG_INFINITY;
+    for v in seen.iter() {
+        m = m.max(v.f() * scale);
+    }
+    let mut sum = 0.0;
+    for v in seen.iter_mut() {
+        let e = (v.f() * scale - m).exp();
+        sum += e;
+        *v = T::of(e);
+    }
+    for v in seen.iter_mut() {
+        *v = T::of(v.f() / sum);
+    }
+    hidden.iter_mut().for_each(|v| *v = T::of(0.0));
+}
+
+impl AttnProbsOp {
+    fn dims(&self, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, usize)> {
+        let (b, a, sq, d) = l1.shape().dims4()?;
+        let (b2, a2, sk, d2) = l2.shape().dims4()?;
+        if (b, a, d) != (b2, a2, d2) || (self.causal && sk < sq) {
+            candle_core::bail!(
+                "attn_probs: q {:?} and k {:?} do not match",
+                l1.shape(),
+                l2.shape()
+            )
+        }
+        Ok((b * a, sq, sk, d))
+    }
+
+    fn softmax<T: Float>(&self, p: &mut [T], sq: usize, sk: usize) {
+        let (causal, scale) = (self.causal, self.scale);
+        rows(p, sk, |r, row| {
+            let keys = if causal { r % sq + 1 + (sk - sq) } else { sk };
+            softmax_row(row, keys, scale)
+        });
+    }
+}
+
+impl CustomOp2 for AttnProbsOp {
+    fn name(&self) -> &'static str {
+        Kernel::AttnProbs {
+            scale: self.scale,
+            causal: self.causal,
+        }
+        .name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (ba, sq, sk, d) = self.dims(l1, l2)?;
+        let (b, a, _, _) = l1.shape().dims4()?;
+        let mut p = s1.matmul(s2, (ba, sq, sk, d), l1, &l2.transpose(2, 3)?)?;
+        match &mut p {
+            CpuStorage::F32(v) => self.softmax(v, sq, sk),
+            CpuStorage::F16(v) => self.softmax(v, sq, sk),
+            CpuStorage::BF16(v) => self.softmax(v, sq, sk),
+            other => candle_core::bail!("attn_probs: unsupported type {:?}", other.dtype()),
+        }
+        Ok((p, Shape::from_dims(&[b, a, sq, sk])))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let kernel = Kernel::AttnProbs {
+            scale: self.scale,
+            causal: self.causal,
+        };
+        let mut g = kernel.backward(&[q, k], res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten()))
+    }
+}

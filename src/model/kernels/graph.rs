@@ -1,0 +1,133 @@
+//! The tensor operations a fused kernel's backward is written in, as a trait: implemented by
+//! candle's [`Tensor`] (the backward that runs) and by the replay's symbolic tensor
+//! ([`crate::formula::symbolic::Sym`], the backward that is predicted). Each kernel's backward
+//! is one generic function ([`super::Kernel::backward`]), so both run the same statements, and
+//! Rust's drop order (a temporary dies at the end of its statement) is the same for both.
+//!
+//! Every method allocates what the candle op of the same name allocates; none is recorded in a
+//! graph, because the backward works on detached tensors.
+
+use candle_core::{D, DType, Result, Tensor};
+
+/// Tensor operations used by the fused kernels' backward passes.
+pub trait Graph: Clone + Sized {
+    fn dims(&self) -> Vec<usize>;
+    /// The tensor without its op (shares the storage).
+    fn detach(&self) -> Self;
+    /// f32 (the same tensor when already f32).
+    fn to_f32(&self) -> Result<Self>;
+    /// Converted to `like`'s element type (the same tensor when equal).
+    fn to_dtype_of(&self, like: &Self) -> Result<Self>;
+    fn add(&self, rhs: &Self) -> Result<Self>;
+    fn sub(&self, rhs: &Self) -> Result<Self>;
+    fn mul(&self, rhs: &Self) -> Result<Self>;
+    fn broadcast_sub(&self, rhs: &Self) -> Result<Self>;
+    fn broadcast_mul(&self, rhs: &Self) -> Result<Self>;
+    fn broadcast_div(&self, rhs: &Self) -> Result<Self>;
+    /// `x·mul + add`.
+    fn affine(&self, mul: f64, add: f64) -> Result<Self>;
+    fn exp(&self) -> Result<Self>;
+    fn sqr(&self) -> Result<Self>;
+    fn sqrt(&self) -> Result<Self>;
+    fn recip(&self) -> Result<Self>;
+    fn tanh(&self) -> Result<Self>;
+    fn neg(&self) -> Result<Self>;
+    /// Sum over the last dimension, kept.
+    fn sum_last_keepdim(&self) -> Result<Self>;
+    /// Maximum over the last dimension, kept.
+    fn max_last_keepdim(&self) -> Result<Self>;
+    /// Sum over every dimension but the last: `(…, H)` → `(H)`.
+    fn sum_leading(&self) -> Result<Self>;
+    fn matmul(&self, rhs: &Self) -> Result<Self>;
+    /// Swaps the last two dimensions (a view).
+    fn t(&self) -> Result<Self>;
+    fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self>;
+    fn cat(parts: &[&Self], dim: usize) -> Result<Self>;
+    /// `self` with −1 added, in place, at column `targets[i]` of each row `i` (`self (N, V)`
+    /// fresh and unshared, `targets (N)` u32): candle's `scatter_add_set` of a `(N, 1)` f32
+    /// tensor of −1 (converted to `self`'s type).
+    fn minus_one_at(self, targets: &Self) -> Result<Self>;
+}
+
+impl Graph for Tensor {
+    fn dims(&self) -> Vec<usize> {
+        Tensor::dims(self).to_vec()
+    }
+    fn detach(&self) -> Self {
+        Tensor::detach(self)
+    }
+    fn to_f32(&self) -> Result<Self> {
+        self.to_dtype(DType::F32)
+    }
+    fn to_dtype_of(&self, like: &Self) -> Result<Self> {
+        self.to_dtype(like.dtype())
+    }
+    fn add(&self, rhs: &Self) -> Result<Self> {
+        Tensor::add(self, rhs)
+    }
+    fn sub(&self, rhs: &Self) -> Result<Self> {
+        Tensor::sub(self, rhs)
+    }
+    fn mul(&self, rhs: &Self) -> Result<Self> {
+        Tensor::mul(self, rhs)
+    }
+    fn broadcast_sub(&self, rhs: &Self) -> Result<Self> {
+        Tensor::broadcast_sub(self, rhs)
+    }
+    fn broadcast_mul(&self, rhs: &Self) -> Result<Self> {
+        Tensor::broadcast_mul(self, rhs)
+    }
+    fn broadcast_div(&self, rhs: &Self) -> Result<Self> {
+        Tensor::broadcast_div(self, rhs)
+    }
+    fn affine(&self, mul: f64, add: f64) -> Result<Self> {
+        Tensor::affine(self, mul, add)
+    }
+    fn exp(&self) -> Result<Self> {
+        Tensor::exp(self)
+    }
+    fn sqr(&self) -> Result<Self> {
+        Tensor::sqr(self)
+    }
+    fn sqrt(&self) -> Result<Self> {
+        Tensor::sqrt(self)
+    }
+    fn recip(&self) -> Result<Self> {
+        Tensor::recip(self)
+    }
+    fn tanh(&self) -> Result<Self> {
+        Tensor::tanh(self)
+    }
+    fn neg(&self) -> Result<Self> {
+        Tensor::neg(self)
+    }
+    fn sum_last_keepdim(&self) -> Result<Self> {
+        self.sum_keepdim(D::Minus1)
+    }
+    fn max_last_keepdim(&self) -> Result<Self> {
+        self.max_keepdim(D::Minus1)
+    }
+    fn sum_leading(&self) -> Result<Self> {
+        let n = self.rank();
+        let dims: Vec<usize> = (0..n - 1).collect();
+        self.sum(dims)
+    }
+    fn matmul(&self, rhs: &Self) -> Result<Self> {
+        Tensor::matmul(self, rhs)
+    }
+    fn t(&self) -> Result<Self> {
+        Tensor::t(self)
+    }
+    fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
+        Tensor::narrow(self, dim, start, len)
+    }
+    fn cat(parts: &[&Self], dim: usize) -> Result<Self> {
+        Tensor::cat(parts, dim)
+    }
+    fn minus_one_at(self, targets: &Self) -> Result<Self> {
+        let idx = targets.unsqueeze(1)?;
+        let src = Tensor::full(-1f32, idx.dims(), self.device())?.to_dtype(self.dtype())?;
+        self.scatter_add_set(&idx, &src, 1)?;
+        Ok(self)
+    }
+}

@@ -1,0 +1,289 @@
+//! Fused kernels with a backward: what a PyTorch user's autograd runs, written for candle.
+//!
+//! candle 0.11.1's fused ops (`candle_nn::ops::{rms_norm, layer_norm, softmax_last_dim}`) have
+//! no backward, so memfit's `composed` models build every norm, softmax, activation and loss
+//! from elementary ops, and candle's graph keeps every intermediate of them until the backward
+//! ends. `--kernels fused` replaces each with one op ([`Kernel`]) whose graph node keeps only
+//! its inputs and its output, which is what PyTorch's autograd nodes save:
+//!
+//! | kernel | args → output | kept for backward (besides args/output the model keeps anyway) |
+//! |---|---|---|
+//! | [`layer_norm`] | x `(…, H)`, w, b `(H)` → `(…, H)` | nothing (PyTorch: mean, rstd `(…)`) |
+//! | [`rms_norm`] | x `(…, H)`, w `(H)` → `(…, H)` | nothing (PyTorch: rstd `(…)`) |
+//! | [`gelu`] (tanh) | x → gelu(x) | x |
+//! | [`silu_mul`] (SwiGLU) | gate, up → silu(gate)·up | gate, up |
+//! | [`attn_probs`] | q `(B, A, Sq, D)`, k `(B, A, Sk, D)` → softmax(q·kᵀ·scale + causal) | the probabilities only: no scores, no mask, no mask gradient |
+//! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
+//!
+//! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
+//! saved: they are `O(rows)`, which is below what the allocator can tell apart from metadata.
+//!
+//! Forward: a CPU kernel per op for f32, f16 and bf16 (`cpu.rs`), allocating only its output
+//! ([`attn_probs`]: the `q·kᵀ` product through candle's own gemm, then the scale, mask and
+//! softmax in place). On CUDA, [`gelu`] and [`silu_mul`] run candle's own element-wise kernels;
+//! the others have no CUDA forward yet, and the workload refuses `kernels = "fused"` on a CUDA
+//! device (see `workload`).
+//!
+//! Backward: [`Kernel::backward`], composed of ordinary candle ops on detached tensors (so it
+//! runs on every device, and its temporaries die at the end of their statements instead of
+//! living inside the accumulated gradients). It is generic over [`Graph`], so the replay
+//! (`formula::replay`) predicts it by running the same function on symbolic tensors.
+
+mod act;
+mod attn;
+mod cpu;
+pub mod graph;
+mod loss;
+mod norm;
+
+pub use act::{gelu, silu_mul};
+pub use attn::attn_probs;
+pub use graph::Graph;
+pub use loss::cross_entropy;
+pub use norm::{layer_norm, rms_norm};
+
+use candle_core::Result;
+use serde::{Deserialize, Serialize};
+
+/// Which implementation of the norms, softmax, activations and loss a model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// candle's stock composed ops (what a candle user gets from `candle_nn::ops::*_slow`,
+    /// `ops::softmax`, `loss::cross_entropy`): every intermediate is a graph node.
+    #[default]
+    Composed,
+    /// memfit's fused kernels of this module.
+    Fused,
+}
+
+impl Kernels {
+    pub const NAMES: &'static str = "fused, composed";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fused" => Some(Self::Fused),
+            "composed" => Some(Self::Composed),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fused => "fused",
+            Self::Composed => "composed",
+        }
+    }
+
+    pub fn fused(self) -> bool {
+        self == Self::Fused
+    }
+}
+
+/// A fused kernel: its parameters; [`Kernel::backward`] is its gradient.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kernel {
+    /// args x, w, b.
+    LayerNorm { eps: f32 },
+    /// args x, w.
+    RmsNorm { eps: f32 },
+    /// GELU with the tanh approximation (candle's `gelu`); arg x.
+    Gelu,
+    /// `silu(gate)·up`; args gate, up.
+    SiluMul,
+    /// `softmax(q·kᵀ·scale + mask)`; args q, k. With `causal`, query `i` of `Sq` sees keys
+    /// `0..=i + Sk − Sq`.
+    AttnProbs { scale: f32, causal: bool },
+    /// Mean cross-entropy of logits `(N, V)` against targets `(N)` u32.
+    CrossEntropy,
+}
+
+/// `√(2/π)` and the cubic coefficient of the tanh GELU.
+const GELU_C: f64 = 0.797_884_560_802_865_4;
+const GELU_A: f64 = 0.044_715;
+
+impl Kernel {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kernel::LayerNorm { .. } => "fused-layer-norm",
+            Kernel::RmsNorm { .. } => "fused-rms-norm",
+            Kernel::Gelu => "fused-gelu",
+            Kernel::SiluMul => "fused-silu-mul",
+            Kernel::AttnProbs { .. } => "fused-attn-probs",
+            Kernel::CrossEntropy => "fused-cross-entropy",
+        }
+    }
+
+    /// The gradients of the args (in their order; `None` for the integer targets) from the
+    /// output `res` and its gradient `grad`. Works on detached copies of the args: nothing it
+    /// computes is recorded, and each temporary is freed at the end of its statement.
+    pub fn backward<G: Graph>(&self, args: &[&G], res: &G, grad: &G) -> Result<Vec<Option<G>>> {
+        match *self {
+            Kernel::LayerNorm { eps } => layer_norm_bwd(args, grad, eps),
+            Kernel::RmsNorm { eps } => rms_norm_bwd(args, grad, eps),
+            Kernel::Gelu => gelu_bwd(args[0], grad),
+            Kernel::SiluMul => silu_mul_bwd(args[0], args[1], grad),
+            Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
+            Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
+        }
+    }
+}
+
+fn last_dim<G: Graph>(x: &G) -> f64 {
+    *x.dims().last().expect("a dimension") as f64
+}
+
+/// `dx = rstd·(dy − mean(dy) − x̂·mean(dy·x̂))`, `dw = Σ g·x̂`, `db = Σ g` (rows summed), with
+/// `dy = g·w`, `x̂ = (x − μ)·rstd`; computed in f32.
+fn layer_norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32) -> Result<Vec<Option<G>>> {
+    let x = args[0].detach().to_f32()?;
+    let w = args[1].detach().to_f32()?;
+    let g = grad.to_f32()?;
+    let n = last_dim(&x);
+    let mu = x.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
+    let xc = x.broadcast_sub(&mu)?;
+    drop((x, mu));
+    let var = xc.sqr()?.sum_last_keepdim()?.affine(1.0 / n, eps as f64)?;
+    let rstd = var.sqrt()?.recip()?;
+    drop(var);
+    let xhat = xc.broadcast_mul(&rstd)?;
+    drop(xc);
+    let db = g.sum_leading()?;
+    let dw = g.mul(&xhat)?.sum_leading()?;
+    let dy = g.broadcast_mul(&w)?;
+    drop((g, w));
+    let dx = norm_dx(dy, xhat, &rstd, true)?;
+    Ok(vec![
+        Some(dx.to_dtype_of(args[0])?),
+        Some(dw.to_dtype_of(args[1])?),
+        Some(db.to_dtype_of(args[2])?),
+    ])
+}
+
+/// `dx = rstd·(dy − x̂·mean(dy·x̂))`, `dw = Σ g·x̂`, with `dy = g·w`, `x̂ = x·rstd`,
+/// `rstd = 1/√(mean(x²) + eps)`; computed in f32.
+fn rms_norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32) -> Result<Vec<Option<G>>> {
+    let x = args[0].detach().to_f32()?;
+    let w = args[1].detach().to_f32()?;
+    let g = grad.to_f32()?;
+    let n = last_dim(&x);
+    let ms = x.sqr()?.sum_last_keepdim()?.affine(1.0 / n, eps as f64)?;
+    let rstd = ms.sqrt()?.recip()?;
+    drop(ms);
+    let xhat = x.broadcast_mul(&rstd)?;
+    drop(x);
+    let dw = g.mul(&xhat)?.sum_leading()?;
+    let dy = g.broadcast_mul(&w)?;
+    drop((g, w));
+    let dx = norm_dx(dy, xhat, &rstd, false)?;
+    Ok(vec![
+        Some(dx.to_dtype_of(args[0])?),
+        Some(dw.to_dtype_of(args[1])?),
+    ])
+}
+
+/// The input gradient shared by both norms: `rstd·(dy [− mean(dy)] − x̂·mean(dy·x̂))`.
+fn norm_dx<G: Graph>(dy: G, xhat: G, rstd: &G, center: bool) -> Result<G> {
+    let n = last_dim(&dy);
+    let m2 = dy.mul(&xhat)?.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
+    let t = if center {
+        let m1 = dy.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
+        dy.broadcast_sub(&m1)?
+    } else {
+        dy.clone()
+    };
+    drop(dy);
+    let u = xhat.broadcast_mul(&m2)?;
+    drop((xhat, m2));
+    let v = t.sub(&u)?;
+    drop((t, u));
+    v.broadcast_mul(rstd)
+}
+
+/// `d gelu/dx = ½(1 + tanh u) + ½·x·(1 − tanh² u)·u'`, `u = c(x + a x³)`, `u' = c(1 + 3a x²)`;
+/// computed in f32.
+fn gelu_bwd<G: Graph>(arg: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let x = arg.detach().to_f32()?;
+    let x2 = x.sqr()?;
+    let inner = x2.affine(GELU_C * GELU_A, GELU_C)?;
+    let u = inner.mul(&x)?;
+    drop(inner);
+    let t = u.tanh()?;
+    drop(u);
+    let du = x2.affine(3.0 * GELU_C * GELU_A, GELU_C)?;
+    drop(x2);
+    let sech2 = t.sqr()?.affine(-1.0, 1.0)?;
+    let a = sech2.mul(&du)?;
+    drop((sech2, du));
+    let b = a.mul(&x)?.affine(0.5, 0.0)?;
+    drop((a, x));
+    let c = t.affine(0.5, 0.5)?;
+    drop(t);
+    let d = c.add(&b)?;
+    drop((c, b));
+    let g = grad.to_f32()?;
+    let dx = d.mul(&g)?;
+    drop((d, g));
+    Ok(vec![Some(dx.to_dtype_of(arg)?)])
+}
+
+/// `d/d gate = up·σ(gate)·(1 + gate·(1 − σ(gate)))·g`, `d/d up = silu(gate)·g`; in f32.
+fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let a = gate.detach().to_f32()?;
+    let g = grad.to_f32()?;
+    let e = a.neg()?.exp()?;
+    let s = e.affine(1.0, 1.0)?.recip()?;
+    drop(e);
+    let silu = a.mul(&s)?;
+    let db = silu.mul(&g)?;
+    drop(silu);
+    let one_minus = s.affine(-1.0, 1.0)?;
+    let t = one_minus.mul(&a)?.affine(1.0, 1.0)?;
+    drop((one_minus, a));
+    let dsilu = t.mul(&s)?;
+    drop((t, s));
+    let b = up.detach().to_f32()?;
+    let t = dsilu.mul(&b)?;
+    drop((dsilu, b));
+    let da = t.mul(&g)?;
+    drop((t, g));
+    Ok(vec![
+        Some(da.to_dtype_of(gate)?),
+        Some(db.to_dtype_of(up)?),
+    ])
+}
+
+/// `dS = P·(dP − Σ_row dP·P)`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`, in the probabilities'
+/// type (masked entries have `P = 0`, so they get no gradient).
+fn attn_probs_bwd<G: Graph>(q: &G, k: &G, res: &G, grad: &G, scale: f32) -> Result<Vec<Option<G>>> {
+    let p = res.detach();
+    let gp = grad.mul(&p)?;
+    let r = gp.sum_last_keepdim()?;
+    drop(gp);
+    let t = grad.broadcast_sub(&r)?;
+    drop(r);
+    let ds = t.mul(&p)?;
+    drop((t, p));
+    let scale = scale as f64;
+    let dq = ds.matmul(&k.detach())?.affine(scale, 0.0)?;
+    let dk = ds.t()?.matmul(&q.detach())?.affine(scale, 0.0)?;
+    drop(ds);
+    Ok(vec![Some(dq), Some(dk)])
+}
+
+/// `dlogits = (softmax(logits) − onehot(targets))·g/N`, in the logits' type.
+fn cross_entropy_bwd<G: Graph>(logits: &G, targets: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let x = logits.detach();
+    let n = x.dims()[0] as f64;
+    let m = x.max_last_keepdim()?;
+    let e = x.broadcast_sub(&m)?.exp()?;
+    drop(m);
+    let z = e.sum_last_keepdim()?;
+    let p = e.broadcast_div(&z)?;
+    drop((e, z));
+    let d = p.minus_one_at(&targets.detach())?;
+    let gs = grad.affine(1.0 / n, 0.0)?;
+    let dx = d.broadcast_mul(&gs)?;
+    drop((d, gs));
+    Ok(vec![Some(dx), None])
+}

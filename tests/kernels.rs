@@ -1,0 +1,303 @@
+//! The fused kernels (`model::kernels`) against candle's composed ops: the same forward values
+//! and the same gradients, per op in f32 and f16, and on whole models of every family (the
+//! fused model and the composed model share their weights). Each comparison prints its
+//! largest difference relative to the largest composed value (`cargo test -- --nocapture`).
+
+use candle_core::{D, DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap, ops};
+use memfit::model::kernels::{self, Kernels};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
+use memfit::model::{llama, vit};
+
+/// Deterministic values in about −1..1 (an LCG), shaped `dims`, in `dtype`.
+fn data(dims: &[usize], seed: u64, dtype: DType) -> Tensor {
+    let n: usize = dims.iter().product();
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(v, dims, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn var(dims: &[usize], seed: u64, dtype: DType) -> Var {
+    Var::from_tensor(&data(dims, seed, dtype)).unwrap()
+}
+
+/// `max |a − b| / max |b|`, in f32.
+fn rel(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.to_dtype(DType::F32).unwrap();
+    let b = b.to_dtype(DType::F32).unwrap();
+    let diff = (a - &b).unwrap().abs().unwrap().max_all().unwrap();
+    let scale = b.abs().unwrap().max_all().unwrap();
+    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-30)
+}
+
+fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+/// Runs `f` on the args as fused and as composed, weights each output element by a fixed
+/// random tensor, and compares outputs and the gradients of every arg.
+fn compare(
+    name: &str,
+    args: &[Var],
+    dtype: DType,
+    fused: impl Fn(&[Tensor]) -> Tensor,
+    composed: impl Fn(&[Tensor]) -> Tensor,
+) {
+    let ts: Vec<Tensor> = args.iter().map(|v| v.as_tensor().clone()).collect();
+    let (yf, yc) = (fused(&ts), composed(&ts));
+    let r = data(yc.dims(), 99, yc.dtype());
+    let loss = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap();
+    let (gf, gc) = (
+        loss(&yf).backward().unwrap(),
+        loss(&yc).backward().unwrap(),
+    );
+    let tol = tolerance(dtype);
+    let out = rel(&yf, &yc);
+    println!("{name} {dtype:?}: output {out:.2e}");
+    assert!(out <= tol, "{name} {dtype:?}: outputs differ by {out}");
+    for (i, t) in ts.iter().enumerate() {
+        let (Some(a), Some(b)) = (gf.get(t), gc.get(t)) else {
+            panic!("{name} {dtype:?}: arg {i} has no gradient")
+        };
+        let e = rel(a, b);
+        println!("{name} {dtype:?}: gradient of arg {i} {e:.2e}");
+        assert!(e <= tol, "{name} {dtype:?}: gradient {i} differs by {e}");
+    }
+}
+
+const DTYPES: [DType; 2] = [DType::F32, DType::F16];
+
+#[test]
+fn layer_norm_matches_layer_norm_slow() {
+    for dtype in DTYPES {
+        let args = [
+            var(&[2, 5, 24], 1, dtype),
+            var(&[24], 2, dtype),
+            var(&[24], 3, dtype),
+        ];
+        compare(
+            "layer_norm",
+            &args,
+            dtype,
+            |a| kernels::layer_norm(&a[0], &a[1], &a[2], 1e-5).unwrap(),
+            |a| ops::layer_norm_slow(&a[0], &a[1], &a[2], 1e-5).unwrap(),
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_rms_norm_slow() {
+    for dtype in DTYPES {
+        let args = [var(&[3, 4, 32], 4, dtype), var(&[32], 5, dtype)];
+        compare(
+            "rms_norm",
+            &args,
+            dtype,
+            |a| kernels::rms_norm(&a[0], &a[1], 1e-5).unwrap(),
+            |a| ops::rms_norm_slow(&a[0], &a[1], 1e-5).unwrap(),
+        );
+    }
+}
+
+#[test]
+fn gelu_matches_candle_gelu() {
+    for dtype in DTYPES {
+        // Wider than −1..1, to reach the tails.
+        let x = Var::from_tensor(&(data(&[4, 7, 33], 6, dtype) * 4.0).unwrap()).unwrap();
+        compare(
+            "gelu",
+            &[x],
+            dtype,
+            |a| kernels::gelu(&a[0]).unwrap(),
+            |a| a[0].gelu().unwrap(),
+        );
+    }
+}
+
+#[test]
+fn silu_mul_matches_silu_times_up() {
+    for dtype in DTYPES {
+        let g = Var::from_tensor(&(data(&[2, 9, 40], 7, dtype) * 3.0).unwrap()).unwrap();
+        let args = [g, var(&[2, 9, 40], 8, dtype)];
+        compare(
+            "silu_mul",
+            &args,
+            dtype,
+            |a| kernels::silu_mul(&a[0], &a[1]).unwrap(),
+            |a| (a[0].silu().unwrap() * &a[1]).unwrap(),
+        );
+    }
+}
+
+/// The composed attention probabilities: `softmax(q·kᵀ·scale + mask)` with queries at the
+/// end of the keys when `causal`.
+fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {
+    let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
+    let scores = if causal {
+        let (sq, sk) = (q.dim(2).unwrap(), k.dim(2).unwrap());
+        let mask: Vec<f32> = (0..sq * sk)
+            .map(|i| {
+                if i % sk > i / sk + (sk - sq) {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (sq, sk), &Device::Cpu)
+            .unwrap()
+            .to_dtype(q.dtype())
+            .unwrap();
+        scores.broadcast_add(&mask).unwrap()
+    } else {
+        scores
+    };
+    ops::softmax(&scores, D::Minus1).unwrap()
+}
+
+#[test]
+fn attn_probs_match_the_composed_softmax() {
+    // (queries, keys, causal): a decoder, a prompt after a cache, an encoder.
+    for (sq, sk, causal) in [(11, 11, true), (4, 13, true), (9, 9, false)] {
+        for dtype in DTYPES {
+            let d = 8;
+            let scale = 1.0 / (d as f64).sqrt();
+            let args = [var(&[2, 3, sq, d], 9, dtype), var(&[2, 3, sk, d], 10, dtype)];
+            compare(
+                &format!("attn_probs {sq}x{sk} causal={causal}"),
+                &args,
+                dtype,
+                |a| kernels::attn_probs(&a[0], &a[1], scale as f32, causal).unwrap(),
+                |a| composed_probs(&a[0], &a[1], scale, causal),
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_matches_candle_nn() {
+    for dtype in DTYPES {
+        let x = Var::from_tensor(&(data(&[12, 50], 11, dtype) * 3.0).unwrap()).unwrap();
+        let targets: Vec<u32> = (0..12).map(|i| (i * 7 % 50) as u32).collect();
+        let t = Tensor::new(targets, &Device::Cpu).unwrap();
+        let (lf, lc) = (
+            kernels::cross_entropy(x.as_tensor(), &t).unwrap(),
+            candle_nn::loss::cross_entropy(x.as_tensor(), &t).unwrap(),
+        );
+        let tol = tolerance(dtype);
+        let out = rel(&lf, &lc);
+        let g = rel(
+            lf.backward().unwrap().get(x.as_tensor()).unwrap(),
+            lc.backward().unwrap().get(x.as_tensor()).unwrap(),
+        );
+        println!("cross_entropy {dtype:?}: loss {out:.2e}, gradient {g:.2e}");
+        assert!(out <= tol && g <= tol, "{dtype:?}: loss {out}, gradient {g}");
+    }
+}
+
+/// A target out of range is an error, not a read past the row.
+#[test]
+fn cross_entropy_refuses_a_target_beyond_the_vocabulary() {
+    let x = data(&[2, 5], 12, DType::F32);
+    let t = Tensor::new(&[1u32, 5], &Device::Cpu).unwrap();
+    let err = kernels::cross_entropy(&x, &t).unwrap_err().to_string();
+    assert!(err.contains("target 5 of row 1"), "{err}");
+}
+
+/// The fused and the composed model on the same weights: the same loss and, for every
+/// parameter, the same gradient (none missing, none zero).
+fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let composed = Transformer::new(
+        &Config {
+            kernels: Kernels::Composed,
+            ..cfg.clone()
+        },
+        vb.clone(),
+    )
+    .unwrap();
+    let fused = Transformer::new(
+        &Config {
+            kernels: Kernels::Fused,
+            ..cfg
+        },
+        vb,
+    )
+    .unwrap();
+    let lc = composed
+        .train_loss(&composed.forward(input).unwrap(), targets)
+        .unwrap();
+    let lf = fused
+        .train_loss(&fused.forward(input).unwrap(), targets)
+        .unwrap();
+    let loss = rel(&lf, &lc);
+    assert!(loss <= 1e-5, "{name}: loss differs by {loss}");
+    let (gc, gf) = (lc.backward().unwrap(), lf.backward().unwrap());
+    let data = varmap.data().lock().unwrap();
+    let max_abs = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    // Gradients that are zero in exact arithmetic (the key bias: a constant added to every
+    // key leaves the softmax unchanged) are rounding noise in both; they are compared against
+    // 1e-3 of the model's largest gradient instead of their own size.
+    let largest = data
+        .values()
+        .filter_map(|v| gc.get(v.as_tensor()))
+        .map(max_abs)
+        .fold(0f32, f32::max);
+    let mut worst = (0f32, String::new());
+    for (pname, v) in data.iter() {
+        let (Some(a), Some(b)) = (gf.get(v.as_tensor()), gc.get(v.as_tensor())) else {
+            panic!("{name}: {pname} has no gradient")
+        };
+        let norm = a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(norm > 0.0, "{name}: {pname}'s fused gradient is all zeros");
+        let diff = max_abs(&(a - b).unwrap());
+        let e = diff / max_abs(b).max(1e-3 * largest);
+        if e > worst.0 {
+            worst = (e, pname.clone());
+        }
+    }
+    println!(
+        "{name}: {} parameters, loss {loss:.2e}, worst gradient {:.2e} ({})",
+        data.len(),
+        worst.0,
+        worst.1
+    );
+    assert!(worst.0 <= 1e-4, "{name}: {} differs by {}", worst.1, worst.0);
+}
+
+#[test]
+fn gpt_fused_gradients_equal_composed() {
+    let cfg = Config::new(53, 30, 3, 2, 19);
+    let (tokens, targets) = synthetic_batch(2, 19, cfg.vocab, &Device::Cpu).unwrap();
+    whole_model("gpt", cfg, &tokens, &targets);
+}
+
+#[test]
+fn llama_fused_gradients_equal_composed() {
+    let cfg = llama::tiny();
+    let (tokens, targets) = synthetic_batch(2, 17, cfg.vocab, &Device::Cpu).unwrap();
+    whole_model("llama", cfg, &tokens, &targets);
+}
+
+#[test]
+fn vit_fused_gradients_equal_composed() {
+    let sizes = vit::preset("vit-tiny").unwrap();
+    let cfg = Config::vit(sizes);
+    let (images, labels) = vit::synthetic_batch(2, sizes.vision, cfg.vocab, &Device::Cpu).unwrap();
+    whole_model("vit", cfg, &images, &labels);
+}
