@@ -12,7 +12,9 @@ use memfit::model::{llama, vit};
 /// Deterministic values in about −1..1 (an LCG), shaped `dims`, in `dtype`.
 fn data(dims: &[usize], seed: u64, dtype: DType) -> Tensor {
     let n: usize = dims.iter().product();
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let v: Vec<f32> = (0..n)
         .map(|_| {
             s = s
@@ -60,10 +62,7 @@ fn compare(
     let (yf, yc) = (fused(&ts), composed(&ts));
     let r = data(yc.dims(), 99, yc.dtype());
     let loss = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap();
-    let (gf, gc) = (
-        loss(&yf).backward().unwrap(),
-        loss(&yc).backward().unwrap(),
-    );
+    let (gf, gc) = (loss(&yf).backward().unwrap(), loss(&yc).backward().unwrap());
     let tol = tolerance(dtype);
     let out = rel(&yf, &yc);
     println!("{name} {dtype:?}: output {out:.2e}");
@@ -175,7 +174,10 @@ fn attn_probs_match_the_composed_softmax() {
         for dtype in DTYPES {
             let d = 8;
             let scale = 1.0 / (d as f64).sqrt();
-            let args = [var(&[2, 3, sq, d], 9, dtype), var(&[2, 3, sk, d], 10, dtype)];
+            let args = [
+                var(&[2, 3, sq, d], 9, dtype),
+                var(&[2, 3, sk, d], 10, dtype),
+            ];
             compare(
                 &format!("attn_probs {sq}x{sk} causal={causal}"),
                 &args,
@@ -204,7 +206,10 @@ fn cross_entropy_matches_candle_nn() {
             lc.backward().unwrap().get(x.as_tensor()).unwrap(),
         );
         println!("cross_entropy {dtype:?}: loss {out:.2e}, gradient {g:.2e}");
-        assert!(out <= tol && g <= tol, "{dtype:?}: loss {out}, gradient {g}");
+        assert!(
+            out <= tol && g <= tol,
+            "{dtype:?}: loss {out}, gradient {g}"
+        );
     }
 }
 
@@ -249,7 +254,14 @@ fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
     assert!(loss <= 1e-5, "{name}: loss differs by {loss}");
     let (gc, gf) = (lc.backward().unwrap(), lf.backward().unwrap());
     let data = varmap.data().lock().unwrap();
-    let max_abs = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let max_abs = |t: &Tensor| {
+        t.abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
     // Gradients that are zero in exact arithmetic (the key bias: a constant added to every
     // key leaves the softmax unchanged) are rounding noise in both; they are compared against
     // 1e-3 of the model's largest gradient instead of their own size.
@@ -263,7 +275,13 @@ fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
         let (Some(a), Some(b)) = (gf.get(v.as_tensor()), gc.get(v.as_tensor())) else {
             panic!("{name}: {pname} has no gradient")
         };
-        let norm = a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        let norm = a
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(norm > 0.0, "{name}: {pname}'s fused gradient is all zeros");
         let diff = max_abs(&(a - b).unwrap());
         let e = diff / max_abs(b).max(1e-3 * largest);
@@ -277,7 +295,12 @@ fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
         worst.0,
         worst.1
     );
-    assert!(worst.0 <= 1e-4, "{name}: {} differs by {}", worst.1, worst.0);
+    assert!(
+        worst.0 <= 1e-4,
+        "{name}: {} differs by {}",
+        worst.1,
+        worst.0
+    );
 }
 
 #[test]

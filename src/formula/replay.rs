@@ -993,7 +993,12 @@ impl Transformer {
         }
         let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
         let (logits, targets) = (logits.reshape(&[b * s, v]), targets.flatten_all());
-        Sym::kernel(Kernel::CrossEntropy, &[&logits, &targets], &[], logits.dtype())
+        Sym::kernel(
+            Kernel::CrossEntropy,
+            &[&logits, &targets],
+            &[],
+            logits.dtype(),
+        )
     }
 }
 

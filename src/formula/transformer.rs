@@ -400,6 +400,22 @@ impl Shape {
         }
     }
 
+    /// The update's transient bytes inside a steady-state train step: the optimizer's step
+    /// temporaries without AdamW's per-tensor state metadata ([`OPT_META_PER_LAYER`], which
+    /// the optimizer phase's window sees because it creates the state, and a train step's
+    /// does not: its optimizer exists before). This point is the train step's peak wherever
+    /// the backward keeps less than the gradients plus the step's scratch (fused kernels on
+    /// small batches: measured within 2.1 KB on `small` B1 S16 and a 3-block ViT).
+    pub fn train_step_update_bytes(&self, opt: OptimizerKind) -> u64 {
+        match opt {
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                let n = self.trainable_sizes().into_iter().max().unwrap_or(0);
+                14 * self.e() * n + self.meta(OPT_META_FIXED)
+            }
+            _ => self.optimizer_step_temp_bytes(opt),
+        }
+    }
+
     /// The cross-entropy head's backward point, in closed form (the replay finds it too):
     /// the log-softmax and `nll` backward hold 7 tensors of `B·S·V` at once (the gradient being
     /// processed, the accumulated gradients of both `broadcast_sub` operands, and `or_insert`'s
@@ -477,7 +493,7 @@ impl Shape {
     }
 
     fn predict_with(&self, phase: Phase, opt: OptimizerKind, r: Option<&Replay>) -> Prediction {
-        let step = self.gradient_bytes() + self.optimizer_step_temp_bytes(opt);
+        let step = self.gradient_bytes() + self.train_step_update_bytes(opt);
         let r = || r.expect("replayed");
         match phase {
             // QLoRA: the f32 projection weights exist until quantized, then only their GGML

@@ -14,10 +14,13 @@
 //! (token and head matrices `V·H` each, position table `S_max·H`, per block two LayerNorms `4H`,
 //! q/k/v/o `4(H² + H)`, MLP `8H² + 5H`; final LayerNorm `2H`).
 //!
-//! Only ops with a backward in candle 0.11.1 are used: `ops::layer_norm_slow` (not
-//! `LayerNorm::forward`, which has none) and the composed `ops::softmax` (not
-//! `softmax_last_dim`). The same code runs with `Var`s (training: every op is recorded) or with
-//! detached weights (`Transformer::detached`, inference: no graph).
+//! Only ops with a backward are used. With `Config::kernels` composed: candle 0.11.1's
+//! `ops::layer_norm_slow` (not `LayerNorm::forward`, which has none), the composed
+//! `ops::softmax` (not `softmax_last_dim`) with an additive causal mask, and
+//! `loss::cross_entropy`. With fused: memfit's single ops of [`super::kernels`] (norms,
+//! attention probabilities with the causal mask inside, GELU, SiLU·mul, cross-entropy), each
+//! with its own backward, and no mask tensor. The same code runs with `Var`s (training: every
+//! op is recorded) or with detached weights (`Transformer::detached`, inference: no graph).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
@@ -36,8 +39,8 @@ use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_n
 use serde::{Deserialize, Serialize};
 
 use super::efficient_attention::EfficientAttention;
-use super::kernels::{self, Kernels};
 use super::frozen::{FrozenLinear, FrozenWeight};
+use super::kernels::{self, Kernels};
 use super::llama::{self, Llama};
 use super::vit::{self, Vision};
 use candle_core::quantized::GgmlDType;

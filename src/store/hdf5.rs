@@ -51,9 +51,9 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "lora_targets" | "lora_base" | "precision"
-        | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage"
-        | "persistent" | "tied" | "biases" | "trim_layer" => "",
+        | "weights" | "load" | "attention" | "kernels" | "lora_targets" | "lora_base"
+        | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind"
+        | "storage" | "persistent" | "tied" | "biases" | "trim_layer" => "",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -147,7 +147,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "on: decoding uses a key/value cache; off: it recomputes the prefix per token."
         }
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
-        "kernels" => "Norms, attention softmax, activations, loss: fused (one op each) or composed.",
+        "kernels" => {
+            "Norms, attention softmax, activations, loss: fused (one op each) or composed."
+        }
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
         "lora_base" => "How LoRA freezes the base projections: detach, op, q4_0 or q8_0.",

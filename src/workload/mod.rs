@@ -703,7 +703,11 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let kernel_choices = ctx.choices(
         "kernels",
         &spec.kernels,
-        if device.is_cuda() { "composed" } else { "fused" },
+        if device.is_cuda() {
+            "composed"
+        } else {
+            "fused"
+        },
         ("unknown kernels", Kernels::NAMES),
         Kernels::parse,
         |name, &k| {

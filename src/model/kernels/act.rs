@@ -87,7 +87,10 @@ impl CustomOp2 for SiluMulOp {
                     *o = T::of(silu(g.f()) * u.f());
                 }
             });
-            Ok((<T as candle_core::WithDType>::to_cpu_storage_owned(out), l1.shape().clone()))
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                l1.shape().clone(),
+            ))
         })
     }
 

@@ -54,7 +54,10 @@ impl CustomOp2 for CrossEntropyOp {
         dispatch!(op, s1, |x: T| {
             let x = slice(x, l1, op, "logits")?;
             let l = loss(x, t, v)?;
-            Ok((<T as candle_core::WithDType>::to_cpu_storage_owned(vec![T::of(l)]), Shape::from_dims(&[])))
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(vec![T::of(l)]),
+                Shape::from_dims(&[]),
+            ))
         })
     }
 

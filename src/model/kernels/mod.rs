@@ -247,10 +247,7 @@ fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G) -> Result<Vec<Option<G>>> 
     drop((dsilu, b));
     let da = t.mul(&g)?;
     drop((t, g));
-    Ok(vec![
-        Some(da.to_dtype_of(gate)?),
-        Some(db.to_dtype_of(up)?),
-    ])
+    Ok(vec![Some(da.to_dtype_of(gate)?), Some(db.to_dtype_of(up)?)])
 }
 
 /// `dS = P·(dP − Σ_row dP·P)`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`, in the probabilities'

@@ -68,7 +68,10 @@ fn norm_fwd<T: Float>(
     rows(&mut out, n, |i, o| {
         norm_row(&x[i * n..(i + 1) * n], w, b, eps, centre, o)
     });
-    Ok((<T as candle_core::WithDType>::to_cpu_storage_owned(out), lx.shape().clone()))
+    Ok((
+        <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+        lx.shape().clone(),
+    ))
 }
 
 impl CustomOp3 for LayerNormOp {
