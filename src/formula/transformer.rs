@@ -15,6 +15,7 @@
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
 use crate::model::transformer::{LoraBase, LoraTarget};
+use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
 use candle_core::quantized::GgmlDType;
 
@@ -346,6 +347,18 @@ impl Shape {
     pub fn optimizer_state_bytes(&self, opt: OptimizerKind) -> u64 {
         let sizes = self.trainable_sizes();
         let (p, t) = (sizes.iter().sum::<u64>(), sizes.len() as u64);
+        if self.in_place_step(opt) {
+            // `optim::inplace`: candle's state tensors and one slot per parameter tensor.
+            let slots = self.meta(inplace::SLOT_BYTES * t);
+            return slots
+                + match opt {
+                    OptimizerKind::SgdMomentum => self.e() * p + self.meta(INIT_META_PER_VAR * t),
+                    OptimizerKind::Adam | OptimizerKind::Adamw => {
+                        2 * self.e() * p + self.meta(2 * INIT_META_PER_VAR * t)
+                    }
+                    _ => 0,
+                };
+        }
         match opt {
             OptimizerKind::Sgd => 0,
             OptimizerKind::SgdMomentum => self.e() * p + self.meta(INIT_META_PER_VAR * t),
@@ -372,6 +385,10 @@ impl Shape {
     /// bytes for the largest tensor (f32 θ; `max(12n, …)` for 16-bit θ on the CPU).
     pub fn optimizer_step_temp_bytes(&self, opt: OptimizerKind) -> u64 {
         let n = self.trainable_sizes().into_iter().max().unwrap_or(0);
+        if self.in_place_step(opt) {
+            // `optim::inplace`: every update is written into θ and its state.
+            return 0;
+        }
         match opt {
             OptimizerKind::Sgd | OptimizerKind::SgdMomentum => 2 * self.e() * n,
             OptimizerKind::Adam | OptimizerKind::Adamw => {
@@ -407,6 +424,9 @@ impl Shape {
     /// the backward keeps less than the gradients plus the step's scratch (fused kernels on
     /// small batches: measured within 2.1 KB on `small` B1 S16 and a 3-block ViT).
     pub fn train_step_update_bytes(&self, opt: OptimizerKind) -> u64 {
+        if self.in_place_step(opt) {
+            return 0;
+        }
         match opt {
             OptimizerKind::Adam | OptimizerKind::Adamw => {
                 let n = self.trainable_sizes().into_iter().max().unwrap_or(0);
@@ -414,6 +434,12 @@ impl Shape {
             }
             _ => self.optimizer_step_temp_bytes(opt),
         }
+    }
+
+    /// Whether the runner steps `opt` in place (`optim::inplace`): with fused kernels, for every
+    /// optimizer but `adamw-8bit`.
+    pub fn in_place_step(&self, opt: OptimizerKind) -> bool {
+        self.kernels.fused() && opt != OptimizerKind::Adamw8bit
     }
 
     /// The cross-entropy head's backward point, in closed form (the replay finds it too):
@@ -539,6 +565,12 @@ impl Shape {
             Phase::Optimizer => Prediction {
                 // The state's own metadata is inside the step's fitted metadata constant.
                 peak_bytes: match opt {
+                    // In place: the state (created in the window) and the list of trainable
+                    // Vars it was built from; the step allocates nothing.
+                    _ if self.in_place_step(opt) => {
+                        let t = self.trainable_sizes().len() as u64;
+                        self.optimizer_state_bytes(opt) + self.meta(inplace::VAR_BYTES * t)
+                    }
                     // AdamW's state metadata is inside the step's fitted metadata constant.
                     OptimizerKind::Adam | OptimizerKind::Adamw => {
                         2 * self.e() * self.trainable_sizes().iter().sum::<u64>()

@@ -15,6 +15,7 @@
 
 pub mod adamw8bit;
 pub mod code8;
+pub mod inplace;
 pub mod sgd_momentum;
 
 use candle_core::backprop::GradStore;
@@ -33,6 +34,8 @@ pub enum Opt {
     Adam(AdamW),
     Adamw(AdamW),
     Adamw8bit(Box<adamw8bit::AdamW8bit>),
+    /// `sgd`, `sgd-momentum`, `adam`, `adamw` stepping in place ([`inplace`]).
+    InPlace(inplace::InPlace),
 }
 
 impl Opt {
@@ -43,6 +46,25 @@ impl Opt {
 
     /// `block`: elements per quantization block of `adamw-8bit` (ignored by the others).
     pub fn with_block(kind: OptimizerKind, vars: Vec<Var>, block: usize) -> Result<Self> {
+        Self::build(kind, vars, block, false)
+    }
+
+    /// With `in_place`, `sgd`, `sgd-momentum`, `adam` and `adamw` update in place
+    /// ([`inplace::InPlace`]: the runner's choice with fused kernels); `adamw-8bit` is memfit's
+    /// own either way.
+    pub fn build(
+        kind: OptimizerKind,
+        vars: Vec<Var>,
+        block: usize,
+        in_place: bool,
+    ) -> Result<Self> {
+        if in_place && kind != OptimizerKind::Adamw8bit {
+            return Ok(Opt::InPlace(inplace::InPlace::new(
+                kind,
+                vars,
+                LEARNING_RATE,
+            )?));
+        }
         Ok(match kind {
             OptimizerKind::Sgd => Opt::Sgd(SGD::new(vars, LEARNING_RATE)?),
             OptimizerKind::SgdMomentum => Opt::SgdMomentum(sgd_momentum::SgdMomentum::new(
@@ -84,6 +106,7 @@ impl Opt {
             Opt::SgdMomentum(o) => o.step(grads),
             Opt::Adam(o) | Opt::Adamw(o) => o.step(grads),
             Opt::Adamw8bit(o) => o.step(grads),
+            Opt::InPlace(o) => o.step(grads),
         }
     }
 }

@@ -193,7 +193,12 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
-    let mut opt = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
+    let mut opt = Opt::build(
+        case.optimizer,
+        t.trainable(),
+        case.optimizer_block,
+        case.cfg.kernels.fused(),
+    )?;
     t.train_step(&mut opt)?;
     let _ = t.model.detached().forward(&t.tokens)?;
     Ok(())
@@ -327,7 +332,12 @@ fn run_chain(
         if last >= Phase::Optimizer {
             let g = grads.take().expect("backward ran");
             metered(Phase::Optimizer, results, meters, &mut || {
-                let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
+                let mut o = Opt::build(
+                    case.optimizer,
+                    t.trainable(),
+                    case.optimizer_block,
+                    case.cfg.kernels.fused(),
+                )?;
                 o.step(&g)?;
                 opt = Some(o);
                 Ok(())
@@ -340,7 +350,12 @@ fn run_chain(
             Some(o) => o,
             None => {
                 // The optimizer's state belongs to the steady state the step starts from.
-                let mut o = Opt::with_block(case.optimizer, t.trainable(), case.optimizer_block)?;
+                let mut o = Opt::build(
+                    case.optimizer,
+                    t.trainable(),
+                    case.optimizer_block,
+                    case.cfg.kernels.fused(),
+                )?;
                 t.train_step(&mut o)?;
                 o
             }

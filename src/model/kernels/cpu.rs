@@ -89,6 +89,11 @@ pub(crate) use dispatch;
 
 /// The `$t` data of a second operand, which must have the first's type.
 pub fn same<'a, T: 'static>(op: &str, s: &'a CpuStorage) -> Result<&'a [T]> {
+    same_vec(op, s).map(|v| v.as_slice())
+}
+
+/// [`same`], as the storage's vector.
+pub fn same_vec<'a, T: 'static>(op: &str, s: &'a CpuStorage) -> Result<&'a Vec<T>> {
     let any: &dyn std::any::Any = match s {
         CpuStorage::F32(v) => v,
         CpuStorage::F16(v) => v,

@@ -31,7 +31,7 @@
 
 mod act;
 mod attn;
-mod cpu;
+pub(crate) mod cpu;
 pub mod graph;
 mod loss;
 mod norm;

@@ -1,0 +1,290 @@
+//! Optimizer steps that update in place, as PyTorch's `foreach`/`fused` optimizers do: the
+//! state and the weights are rewritten through candle's in-place ops (`InplaceOp2/3`), so a
+//! step allocates nothing but, for a gradient that is not contiguous, one contiguous copy of
+//! it. candle-nn's own AdamW builds each update from unfused tensor ops (14 tensors the size of
+//! the largest parameter at its peak) and its SGD from two.
+//!
+//! Per parameter θ with gradient g (f32 arithmetic, stored in θ's type):
+//! - `sgd`: `θ ← θ − lr·g`;
+//! - `sgd-momentum`: `v ← μ·v + g`, `θ ← θ − lr·v` (state `v`, as `sgd_momentum`);
+//! - `adam`/`adamw`: `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
+//!   `θ ← θ·(1 − lr·λ) − lr·m̂/(√v̂ + ε)` with `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)` — candle-nn's
+//!   AdamW exactly, in three passes (m, v, θ).
+//!
+//! The state tensors are created as candle's optimizers create theirs (`zeros` of θ's shape and
+//! type), so the state's bytes and bookkeeping are the same; only the step's temporaries go.
+//! CPU kernels only (no CUDA forward yet): the runner uses these with `kernels = fused`, which
+//! the workload allows on the CPU only.
+
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var, bail};
+use candle_nn::ParamsAdamW;
+
+use crate::model::kernels::cpu::{Float, slice};
+use crate::phase::OptimizerKind;
+
+/// The update rule.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    Sgd,
+    Momentum {
+        mu: f64,
+    },
+    AdamW {
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        wd: f64,
+    },
+}
+
+/// Host bytes of the optimizer's per-tensor slot (the `Var` and its two optional state
+/// tensors), beside the state's own data and bookkeeping.
+pub const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
+
+/// Host bytes per entry of the list of trainable `Var`s the optimizer is built from (freed once
+/// the slots exist).
+pub const VAR_BYTES: u64 = std::mem::size_of::<Var>() as u64;
+
+/// One parameter and its state.
+struct Slot {
+    var: Var,
+    m: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+/// An in-place optimizer.
+pub struct InPlace {
+    rule: Rule,
+    lr: f64,
+    slots: Vec<Slot>,
+    step_t: i32,
+}
+
+impl InPlace {
+    /// `kind` with learning rate `lr` (AdamW's other settings candle-nn's defaults; `adam`
+    /// without weight decay; momentum 0.9 as `sgd_momentum`); `adamw-8bit` is an error (it
+    /// has its own step).
+    pub fn new(kind: OptimizerKind, vars: Vec<Var>, lr: f64) -> Result<Self> {
+        let d = ParamsAdamW::default();
+        let rule = match kind {
+            OptimizerKind::Sgd => Rule::Sgd,
+            OptimizerKind::SgdMomentum => Rule::Momentum {
+                mu: super::sgd_momentum::Params::default().momentum,
+            },
+            OptimizerKind::Adam | OptimizerKind::Adamw => Rule::AdamW {
+                beta1: d.beta1,
+                beta2: d.beta2,
+                eps: d.eps,
+                wd: if kind == OptimizerKind::Adam {
+                    0.0
+                } else {
+                    d.weight_decay
+                },
+            },
+            OptimizerKind::Adamw8bit => bail!("adamw-8bit has no in-place step here"),
+        };
+        let (moments, second) = match rule {
+            Rule::Sgd => (false, false),
+            Rule::Momentum { .. } => (true, false),
+            Rule::AdamW { .. } => (true, true),
+        };
+        // Exactly one slot per parameter tensor (a collected `filter` would grow by doubling).
+        let mut slots = Vec::with_capacity(vars.len());
+        for var in vars.into_iter().filter(|v| v.dtype().is_float()) {
+            let zeros = || Tensor::zeros(var.shape(), var.dtype(), var.device());
+            slots.push(Slot {
+                m: moments.then(zeros).transpose()?,
+                v: second.then(zeros).transpose()?,
+                var,
+            });
+        }
+        Ok(Self {
+            rule,
+            lr,
+            slots,
+            step_t: 0,
+        })
+    }
+
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_t += 1;
+        let lr = self.lr;
+        for slot in &self.slots {
+            let theta = slot.var.as_tensor();
+            let Some(g) = grads.get(theta) else { continue };
+            // The one scratch a step may make: a contiguous copy of a strided gradient.
+            let g = if g.is_contiguous() {
+                g.clone()
+            } else {
+                g.contiguous()?
+            };
+            match (self.rule, &slot.m, &slot.v) {
+                (Rule::Sgd, _, _) => theta.inplace_op2(&g, &Axpby { a: 1.0, b: -lr })?,
+                (Rule::Momentum { mu }, Some(v), _) => {
+                    v.inplace_op2(&g, &Axpby { a: mu, b: 1.0 })?;
+                    theta.inplace_op2(v, &Axpby { a: 1.0, b: -lr })?;
+                }
+                (
+                    Rule::AdamW {
+                        beta1,
+                        beta2,
+                        eps,
+                        wd,
+                    },
+                    Some(m),
+                    Some(v),
+                ) => {
+                    m.inplace_op2(
+                        &g,
+                        &Axpby {
+                            a: beta1,
+                            b: 1.0 - beta1,
+                        },
+                    )?;
+                    v.inplace_op2(
+                        &g,
+                        &SquareAxpby {
+                            a: beta2,
+                            b: 1.0 - beta2,
+                        },
+                    )?;
+                    let update = AdamUpdate {
+                        lr,
+                        decay: 1.0 - lr * wd,
+                        scale_m: 1.0 / (1.0 - beta1.powi(self.step_t)),
+                        scale_v: 1.0 / (1.0 - beta2.powi(self.step_t)),
+                        eps,
+                    };
+                    theta.inplace_op3(m, v, &update)?;
+                }
+                _ => bail!("in-place optimizer: state missing for its rule"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `dst ← f(dst, srcs)` element by element over contiguous operands of one float type; no
+/// allocation.
+fn run<T: Float, const N: usize>(
+    d: &mut [T],
+    dl: &Layout,
+    srcs: [(&[T], &Layout); N],
+    f: impl Fn(f32, [f32; N]) -> f32,
+) -> Result<()> {
+    let Some((a, b)) = dl.contiguous_offsets() else {
+        bail!("in-place optimizer: the parameter must be contiguous")
+    };
+    let d = &mut d[a..b];
+    let mut s: [&[T]; N] = [&[]; N];
+    for (i, (data, l)) in srcs.iter().enumerate() {
+        s[i] = slice(data, l, "in-place optimizer", "an operand")?;
+        if s[i].len() != d.len() {
+            bail!("in-place optimizer: operands of different sizes")
+        }
+    }
+    for (i, di) in d.iter_mut().enumerate() {
+        *di = T::of(f(di.f(), std::array::from_fn(|k| s[k][i].f())));
+    }
+    Ok(())
+}
+
+/// [`run`] on the storage's type (f32, f16, bf16).
+macro_rules! elementwise {
+    ($name:expr, $dst:expr, $dl:expr, [$(($s:expr, $sl:expr)),*], $f:expr) => {
+        match $dst {
+            CpuStorage::F32(d) => run(d, $dl, [$((same::<f32>($s)?.as_slice(), $sl)),*], $f),
+            CpuStorage::F16(d) => run(d, $dl, [$((same::<half::f16>($s)?.as_slice(), $sl)),*], $f),
+            CpuStorage::BF16(d) => run(d, $dl, [$((same::<half::bf16>($s)?.as_slice(), $sl)),*], $f),
+            other => bail!(
+                "{}: unsupported type {:?}",
+                $name,
+                candle_core::backend::BackendStorage::dtype(other)
+            ),
+        }
+    };
+}
+
+fn same<T: 'static>(s: &CpuStorage) -> Result<&Vec<T>> {
+    crate::model::kernels::cpu::same_vec::<T>("in-place optimizer", s)
+}
+
+/// `dst ← a·dst + b·src`.
+struct Axpby {
+    a: f64,
+    b: f64,
+}
+
+/// `dst ← a·dst + b·src²`.
+struct SquareAxpby {
+    a: f64,
+    b: f64,
+}
+
+/// AdamW's weight update from the updated moments.
+struct AdamUpdate {
+    lr: f64,
+    decay: f64,
+    scale_m: f64,
+    scale_v: f64,
+    eps: f64,
+}
+
+impl InplaceOp2 for Axpby {
+    fn name(&self) -> &'static str {
+        "inplace-axpby"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let (a, b) = (self.a as f32, self.b as f32);
+        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| a * d + b * x)
+    }
+}
+
+impl InplaceOp2 for SquareAxpby {
+    fn name(&self) -> &'static str {
+        "inplace-square-axpby"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let (a, b) = (self.a as f32, self.b as f32);
+        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| a * d + b * x * x)
+    }
+}
+
+impl InplaceOp3 for AdamUpdate {
+    fn name(&self) -> &'static str {
+        "inplace-adamw-update"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let (lr, decay, sm, sv, eps) = (
+            self.lr as f32,
+            self.decay as f32,
+            self.scale_m as f32,
+            self.scale_v as f32,
+            self.eps as f32,
+        );
+        elementwise!(self.name(), s1, l1, [(s2, l2), (s3, l3)], |d, [m, v]| {
+            d * decay - lr * (m * sm) / ((v * sv).sqrt() + eps)
+        })
+    }
+}
