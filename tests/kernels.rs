@@ -141,6 +141,29 @@ fn silu_mul_matches_silu_times_up() {
     }
 }
 
+#[test]
+fn linear_matches_candle_nn_linear() {
+    for dtype in DTYPES {
+        let args = [
+            var(&[3, 5, 24], 13, dtype),
+            var(&[40, 24], 14, dtype),
+            var(&[40], 15, dtype),
+        ];
+        compare(
+            "linear",
+            &args,
+            dtype,
+            |a| kernels::linear(&a[0], &a[1], &a[2]).unwrap(),
+            |a| {
+                use candle_core::Module;
+                candle_nn::Linear::new(a[1].clone(), Some(a[2].clone()))
+                    .forward(&a[0])
+                    .unwrap()
+            },
+        );
+    }
+}
+
 /// The composed attention probabilities: `softmax(q·kᵀ·scale + mask)` with queries at the
 /// end of the keys when `causal`.
 fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {

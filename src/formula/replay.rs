@@ -41,6 +41,8 @@ struct Linear {
     lora: Option<(Sym, Sym)>,
     /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
     frozen: Option<bool>,
+    /// A block projection with fused kernels: with a bias, one `kernels::linear` op.
+    fused: bool,
 }
 
 impl Linear {
@@ -51,6 +53,7 @@ impl Linear {
             out,
             lora: None,
             frozen: None,
+            fused: false,
         }
     }
 
@@ -59,7 +62,10 @@ impl Linear {
     fn proj(p: &Params, spec: &ProjSpec, r: usize) -> Self {
         let (inp, out) = (spec.inp, spec.out);
         if !p.lora {
-            return Self::new(p, inp, out, spec.bias);
+            return Self {
+                fused: p.fused,
+                ..Self::new(p, inp, out, spec.bias)
+            };
         }
         // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
         // carry an adapter.
@@ -83,6 +89,7 @@ impl Linear {
             out,
             lora,
             frozen,
+            fused: p.fused,
         }
     }
 
@@ -94,15 +101,17 @@ impl Linear {
             out: self.out,
             lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
             frozen: self.frozen,
+            fused: self.fused,
         }
     }
 
     /// `Proj::forward`: the linear layer (or the frozen-linear op), plus `scale·(x·Aᵀ)·Bᵀ`
     /// with an adapter.
     fn forward(&self, x: &Sym) -> Sym {
-        let y = match self.frozen {
-            None => self.linear_forward(x),
-            Some(quantized) => {
+        let y = match (self.frozen, &self.bias) {
+            (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
+            (None, _) => self.linear_forward(x),
+            (Some(quantized), _) => {
                 let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
                 let out = self.out;
                 let w = (!quantized).then(|| self.weight.clone());
@@ -744,6 +753,7 @@ impl Transformer {
                 out: v,
                 lora: None,
                 frozen: None,
+                fused: false,
             },
             _ => Linear::new(&p, h, v, shape.vision.is_some()),
         };
@@ -962,6 +972,7 @@ impl Transformer {
                 out: self.head.out,
                 lora: None,
                 frozen: None,
+                fused: false,
             },
             _ => lin(&self.head),
         };

@@ -571,6 +571,26 @@ impl Sym {
         out
     }
 
+    /// `model::kernels::linear`: `self (…, in)·wᵀ + b` written by one gemm call (as candle's
+    /// `Linear` on `(rows, in)`), the bias added in place.
+    pub fn fused_linear(&self, w: &Sym, b: &Sym) -> Sym {
+        let mut dims = self.dims().to_vec();
+        let inp = *dims.last().expect("a dimension");
+        let rows = dims.iter().product::<usize>() / inp.max(1);
+        *dims.last_mut().expect("a dimension") = w.dims()[0];
+        let y = Sym::kernel(Kernel::Linear, &[self, w, b], &dims, self.0.dtype);
+        if let Some(threads) = self.ledger().gemm_threads {
+            let mut wt = w.0.layout.clone();
+            wt.dims.swap(0, 1);
+            wt.strides.swap(0, 1);
+            let la = Layout::contiguous(&[rows, inp]);
+            let scratch = gemm_scratch(&la, &wt, self.0.dtype, threads);
+            self.ledger().alloc(scratch);
+            self.ledger().free(scratch);
+        }
+        y
+    }
+
     /// `argmax` over the last dimension: a fresh `u32` tensor without it (never tracked).
     pub fn argmax_last(&self) -> Sym {
         let dims = &self.dims()[..self.dims().len() - 1];
@@ -1233,6 +1253,9 @@ impl Graph for Sym {
     }
     fn t(&self) -> candle_core::Result<Self> {
         Ok(Sym::t(self))
+    }
+    fn reshape(&self, dims: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::reshape(self, dims))
     }
     fn narrow(&self, dim: usize, start: usize, len: usize) -> candle_core::Result<Self> {
         Ok(Sym::narrow(self, dim, start, len))

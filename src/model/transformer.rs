@@ -437,6 +437,8 @@ pub struct Proj {
     pub linear: Linear,
     pub lora: Option<Lora>,
     pub frozen: Option<FrozenWeight>,
+    /// With a bias and no frozen base: one [`kernels::linear`] op.
+    pub fused: bool,
 }
 
 impl Proj {
@@ -471,6 +473,7 @@ impl Proj {
             linear,
             lora,
             frozen: None,
+            fused: cfg.kernels.fused(),
         })
     }
     /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
@@ -497,6 +500,7 @@ impl Proj {
                 Some(FrozenWeight::Dense(w)) => Some(FrozenWeight::Dense(base(w)?)),
                 Some(q) => Some(q.clone()),
             },
+            fused: self.fused,
         })
     }
 
@@ -519,15 +523,17 @@ impl Proj {
             linear: Linear::new(weight, bias),
             lora: self.lora.clone(),
             frozen,
+            fused: self.fused,
         })
     }
 }
 
 impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.frozen {
-            None => self.linear.forward(x)?,
-            Some(w) => {
+        let y = match (&self.frozen, self.linear.bias()) {
+            (None, Some(b)) if self.fused => kernels::linear(x, self.linear.weight(), b)?,
+            (None, _) => self.linear.forward(x)?,
+            (Some(w), _) => {
                 let (b, s, inp) = x.dims3()?;
                 let op = FrozenLinear {
                     weight: w.clone(),

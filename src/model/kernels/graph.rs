@@ -41,6 +41,8 @@ pub trait Graph: Clone + Sized {
     fn matmul(&self, rhs: &Self) -> Result<Self>;
     /// Swaps the last two dimensions (a view).
     fn t(&self) -> Result<Self>;
+    /// A view when contiguous, else a copy.
+    fn reshape(&self, dims: &[usize]) -> Result<Self>;
     fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self>;
     fn cat(parts: &[&Self], dim: usize) -> Result<Self>;
     /// `self` with −1 added, in place, at column `targets[i]` of each row `i` (`self (N, V)`
@@ -117,6 +119,9 @@ impl Graph for Tensor {
     }
     fn t(&self) -> Result<Self> {
         Tensor::t(self)
+    }
+    fn reshape(&self, dims: &[usize]) -> Result<Self> {
+        Tensor::reshape(self, dims)
     }
     fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
         Tensor::narrow(self, dim, start, len)

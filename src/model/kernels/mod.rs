@@ -14,6 +14,7 @@
 //! | [`silu_mul`] (SwiGLU) | gate, up → silu(gate)·up | gate, up |
 //! | [`attn_probs`] | q `(B, A, Sq, D)`, k `(B, A, Sk, D)` → softmax(q·kᵀ·scale + causal) | the probabilities only: no scores, no mask, no mask gradient |
 //! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
+//! | [`linear`] (with bias) | x `(…, in)`, w `(out, in)`, b `(out)` → `x·wᵀ + b` | x (no separate product and bias sum) |
 //!
 //! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
 //! saved: they are `O(rows)`, which is below what the allocator can tell apart from metadata.
@@ -33,12 +34,14 @@ mod act;
 mod attn;
 pub(crate) mod cpu;
 pub mod graph;
+mod linear;
 mod loss;
 mod norm;
 
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
 pub use graph::Graph;
+pub use linear::linear;
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 
@@ -96,6 +99,8 @@ pub enum Kernel {
     AttnProbs { scale: f32, causal: bool },
     /// Mean cross-entropy of logits `(N, V)` against targets `(N)` u32.
     CrossEntropy,
+    /// `x·wᵀ + b`; args x, w, b.
+    Linear,
 }
 
 /// `√(2/π)` and the cubic coefficient of the tanh GELU.
@@ -111,6 +116,7 @@ impl Kernel {
             Kernel::SiluMul => "fused-silu-mul",
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
+            Kernel::Linear => "fused-linear",
         }
     }
 
@@ -125,6 +131,7 @@ impl Kernel {
             Kernel::SiluMul => silu_mul_bwd(args[0], args[1], grad),
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
+            Kernel::Linear => linear_bwd(args[0], args[1], grad),
         }
     }
 }
@@ -283,4 +290,18 @@ fn cross_entropy_bwd<G: Graph>(logits: &G, targets: &G, grad: &G) -> Result<Vec<
     let dx = d.broadcast_mul(&gs)?;
     drop((d, gs));
     Ok(vec![Some(dx), None])
+}
+
+/// `dx = g·w`, `dw = gᵀ·x`, `db = Σ_rows g`, with x and g seen as `(rows, ·)` matrices.
+fn linear_bwd<G: Graph>(x: &G, w: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let dims = x.dims();
+    let (inp, out) = (dims[dims.len() - 1], w.dims()[0]);
+    let rows = dims.iter().product::<usize>() / inp.max(1);
+    let g = grad.reshape(&[rows, out])?;
+    let dx = g.matmul(&w.detach())?.reshape(&dims)?;
+    let x2 = x.detach().reshape(&[rows, inp])?;
+    let dw = g.t()?.matmul(&x2)?;
+    drop(x2);
+    let db = g.sum_leading()?;
+    Ok(vec![Some(dx), Some(dw), Some(db)])
 }

@@ -1,0 +1,83 @@
+//! A linear layer with bias as one op: `x (…, in)`, `w (out, in)`, `b (out)` → `x·wᵀ + b`
+//! `(…, out)`. candle-nn's `Linear` makes the product and then a second tensor for the bias
+//! sum, and the graph keeps both; here the bias is added in place into the product (candle's
+//! own gemm writes it), so the graph keeps x (which the model keeps anyway) and the output,
+//! as PyTorch's `addmm` does.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+use super::Kernel;
+use super::cpu::{Float, same};
+
+/// `x·wᵀ + b` with a fused backward; `x` contiguous.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    x.apply_op3(w, b, LinearOp)
+}
+
+struct LinearOp;
+
+fn add_bias<T: Float>(y: &mut [T], b: &[T]) {
+    for row in y.chunks_mut(b.len()) {
+        for (v, b) in row.iter_mut().zip(b) {
+            *v = T::of(v.f() + b.f());
+        }
+    }
+}
+
+impl CustomOp3 for LinearOp {
+    fn name(&self) -> &'static str {
+        Kernel::Linear.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let dims = l1.shape().dims();
+        let inp = *dims.last().unwrap_or(&1);
+        let (out, win) = l2.shape().dims2()?;
+        if win != inp || l3.shape().elem_count() != out {
+            candle_core::bail!(
+                "{op}: x {:?}, w {:?}, b {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            )
+        }
+        if !l1.is_contiguous() || !l3.is_contiguous() {
+            candle_core::bail!("{op}: x and b must be contiguous")
+        }
+        let rows = l1.shape().elem_count() / inp.max(1);
+        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let mut y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
+        let b0 = l3.start_offset();
+        match &mut y {
+            CpuStorage::F32(v) => add_bias(v, &same::<f32>(op, s3)?[b0..b0 + out]),
+            CpuStorage::F16(v) => add_bias(v, &same::<half::f16>(op, s3)?[b0..b0 + out]),
+            CpuStorage::BF16(v) => add_bias(v, &same::<half::bf16>(op, s3)?[b0..b0 + out]),
+            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
+        }
+        let mut shape = dims.to_vec();
+        *shape.last_mut().expect("a dimension") = out;
+        Ok((y, Shape::from_dims(&shape)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = Kernel::Linear.backward(&[x, w, b], res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
+    }
+}
