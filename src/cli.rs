@@ -315,6 +315,10 @@ pub struct GridArgs {
     /// CUDA), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub kernels: Vec<String>,
+    /// on: the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes results, can make
+    /// a backward several times faster); off (the default); comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub flush_denormals: Vec<String>,
     /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub checkpoint: Vec<i64>,
@@ -415,6 +419,7 @@ impl GridArgs {
             checkpoint: many(&self.checkpoint),
             attention: many(&self.attention),
             kernels: many(&self.kernels),
+            flush_denormals: many(&self.flush_denormals),
             precision: many(&self.precision),
             lora_rank: many(&self.lora_rank),
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),

@@ -174,6 +174,10 @@ pub struct Row {
     /// written before the column existed were composed.
     #[serde(default = "composed")]
     pub kernels: String,
+    /// `on` when the CPU threads flushed subnormal floats to zero; `off` (and in rows written
+    /// before the column existed).
+    #[serde(default = "off")]
+    pub flush_denormals: String,
     /// LoRA rank; 0 = no adapters (every weight trains).
     #[serde(default)]
     pub lora_rank: u64,
@@ -467,4 +471,9 @@ pub fn status_of(message: &str) -> Status {
 /// The kernels of rows written before the `kernels` column: candle's composed ops.
 fn composed() -> String {
     "composed".into()
+}
+
+/// The setting of rows written before the `flush_denormals` column.
+fn off() -> String {
+    "off".into()
 }

@@ -39,6 +39,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         load: "read".into(),
         attention: "standard".into(),
         kernels: "fused".into(),
+        flush_denormals: "on".into(),
         lora_rank: 0,
         lora_targets: String::new(),
         lora_base: String::new(),

@@ -25,6 +25,7 @@
 //! `prefill`, `decode` and `load` run when asked for.
 
 pub mod checkpoint;
+pub mod denormals;
 pub mod runner;
 
 use serde::{Deserialize, Serialize};

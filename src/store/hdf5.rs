@@ -51,9 +51,9 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "lora_targets" | "lora_base"
-        | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset" | "worker_kind"
-        | "storage" | "persistent" | "tied" | "biases" | "trim_layer" => "",
+        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "lora_targets"
+        | "lora_base" | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset"
+        | "worker_kind" | "storage" | "persistent" | "tied" | "biases" | "trim_layer" => "",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -150,6 +150,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "kernels" => {
             "Norms, attention softmax, activations, loss: fused (one op each) or composed."
         }
+        "flush_denormals" => "on: the CPU threads flushed subnormal floats to zero (FTZ/DAZ).",
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
         "lora_base" => "How LoRA freezes the base projections: detach, op, q4_0 or q8_0.",
@@ -297,6 +298,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("load", rows, |r| Some(&r.load))?;
         w.string("attention", rows, |r| Some(&r.attention))?;
         w.string("kernels", rows, |r| Some(&r.kernels))?;
+        w.string("flush_denormals", rows, |r| Some(&r.flush_denormals))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("lora_base", rows, |r| Some(&r.lora_base))?;
@@ -732,6 +734,11 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     } else {
         vec!["composed".to_string(); n]
     };
+    let flush_denormals = if has("flush_denormals") {
+        r.string("flush_denormals")?
+    } else {
+        vec!["off".to_string(); n]
+    };
     let trim_layer = if has("trim_layer") {
         r.string("trim_layer")?
     } else {
@@ -772,6 +779,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut persistent = persistent.into_iter();
     let mut trim_layer = trim_layer.into_iter();
     let mut kernels = kernels.into_iter();
+    let mut flush_denormals = flush_denormals.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -809,6 +817,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             load: next(&mut load),
             attention: next(&mut attention),
             kernels: next(&mut kernels),
+            flush_denormals: next(&mut flush_denormals),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),
             lora_base: next(&mut lora_base),

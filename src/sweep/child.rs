@@ -85,7 +85,13 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
         crate::meter::cpu_alloc::set_budget(b);
     }
     let exe = crate::data::workers::current_exe()?;
-    match open_meters(case.device, &mut meta) {
+    let opened = open_meters(case.device, &mut meta).and_then(|m| {
+        if case.flush_denormals {
+            crate::phase::denormals::set_all_threads()?;
+        }
+        Ok(m)
+    });
+    match opened {
         Err(e) => {
             super::fault::trigger(&faults, case.index, case.phases[0]);
             emit(&Event::Rows {

@@ -140,6 +140,7 @@ pub(super) fn expand(
                 crop: crop as u32,
                 seed: 0,
             }),
+            flush_denormals: false,
         });
     }
     Ok(())

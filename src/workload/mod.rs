@@ -88,6 +88,8 @@ pub struct GridSpec {
     pub attention: Option<OneOrMany<String>>,
     /// `fused` (memfit's kernels with a backward) or `composed` (candle's stock ops).
     pub kernels: Option<OneOrMany<String>>,
+    /// `on`: the CPU threads flush subnormal floats to zero (FTZ/DAZ); `off` (the default).
+    pub flush_denormals: Option<OneOrMany<String>>,
     /// `pure` or `mixed` precision.
     pub precision: Option<OneOrMany<String>>,
     /// LoRA rank (0 = off); a list expands.
@@ -170,6 +172,7 @@ impl GridSpec {
             checkpoint,
             attention,
             kernels,
+            flush_denormals,
             precision,
             lora_rank,
             lora_targets,
@@ -247,6 +250,8 @@ pub struct Case {
     pub phases: Vec<Phase>,
     /// `dataload` cases: the pipeline's settings (the model fields are unused).
     pub data: Option<crate::data::DataCase>,
+    /// The CPU threads flush subnormal floats to zero (`phase::denormals`).
+    pub flush_denormals: bool,
 }
 
 /// Upper bounds of the size keys (inclusive).
@@ -722,6 +727,22 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
+    let flushes = ctx.choices(
+        "flush_denormals",
+        &spec.flush_denormals,
+        "off",
+        ("unknown setting", "on, off"),
+        |name| match name {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+        |_, _| Ok(()),
+    )?;
+    // One axis for both (the product macro takes at most twelve).
+    let kernel_flush: Vec<(Kernels, bool)> = iproduct!(&kernel_choices, &flushes)
+        .map(|(&k, &f)| (k, f))
+        .collect();
     let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
     let family_targets: Vec<LoraTarget> = preset.projections().iter().map(|p| p.target).collect();
@@ -1004,7 +1025,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &lora_ranks,
             &precisions,
             &attentions,
-            &kernel_choices,
+            &kernel_flush,
             &checkpoints,
             &dtypes
         );
@@ -1018,7 +1039,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &rank,
             &precision,
             &efficient,
-            &kernels,
+            &(kernels, flush_denormals),
             &k,
             &dtype,
         ) in variants
@@ -1143,6 +1164,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 load_mmap,
                 phases: phases.clone(),
                 data: None,
+                flush_denormals,
             });
         }
     }

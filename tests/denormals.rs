@@ -1,0 +1,51 @@
+//! `--flush-denormals`: recorded in every row, off by default, the same memory either way, and
+//! a clear error for a bad value.
+
+mod common;
+
+use common::{memfit, run_rows, within};
+use memfit::record::Status;
+
+const TINY: &[&str] = &[
+    "--preset",
+    "tiny",
+    "--batch",
+    "2",
+    "--seq",
+    "16",
+    "--phases",
+    "forward,backward",
+];
+
+#[test]
+fn the_setting_is_recorded_and_changes_no_memory() {
+    let (off_dir, on_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let off = run_rows(off_dir.path(), TINY);
+    let mut args = TINY.to_vec();
+    args.extend(["--flush-denormals", "on"]);
+    let on = run_rows(on_dir.path(), &args);
+    assert_eq!(off.len(), 2);
+    for (a, b) in off.iter().zip(&on) {
+        assert_eq!(
+            (a.flush_denormals.as_str(), b.flush_denormals.as_str()),
+            ("off", "on")
+        );
+        assert_eq!((a.status, b.status), (Status::Ok, Status::Ok), "{b:?}");
+        assert_eq!(a.peak_bytes, b.peak_bytes, "{}", a.phase);
+        assert!(within(b, 0.01, 0), "{b:?}");
+    }
+}
+
+#[test]
+fn a_bad_value_names_the_key() {
+    let out = memfit()
+        .args(["run", "--preset", "tiny", "--flush-denormals", "sometimes"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("flush_denormals") && err.contains("on, off"),
+        "{err}"
+    );
+}
