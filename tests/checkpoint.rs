@@ -86,3 +86,48 @@ fn checkpointed_memory_is_predicted() {
         }
     }
 }
+
+/// Mixed precision with checkpointing (f16 working copy, f32 masters, fused and composed
+/// kernels): the masters' gradients equal the plain mixed backward's bit for bit, and only
+/// the masters get gradients.
+#[test]
+fn mixed_precision_checkpointed_gradients_equal_the_plain_mixed_ones() {
+    use memfit::model::kernels::Kernels;
+    let dev = Device::Cpu;
+    for kernels in [Kernels::Composed, Kernels::Fused] {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let cfg = Config {
+            kernels,
+            ..Config::new(50, 24, 3, 4, 12)
+        };
+        let model = Transformer::new(&cfg, vb).unwrap();
+        let (tokens, targets) = synthetic_batch(2, 11, 50, &dev).unwrap();
+        let vars = varmap.all_vars();
+        let half = model.cast(DType::F16).unwrap();
+        let logits = half.forward(&tokens).unwrap().to_dtype(DType::F32).unwrap();
+        let plain = half
+            .train_loss(&logits, &targets)
+            .unwrap()
+            .backward()
+            .unwrap();
+        for k in [1, 3] {
+            let fwd = checkpoint::forward_mixed(&model, DType::F16, &tokens, &targets, k).unwrap();
+            let ckpt = checkpoint::backward(&model, &vars, fwd, &tokens, k).unwrap();
+            assert_eq!(ckpt.get_ids().count(), vars.len(), "{kernels:?} K = {k}");
+            for v in &vars {
+                let a = plain.get(v.as_tensor()).expect("plain gradient");
+                let b = ckpt.get(v.as_tensor()).expect("checkpointed gradient");
+                assert_eq!(b.dtype(), DType::F32, "the masters' gradients are f32");
+                let (a, b) = (
+                    a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                );
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernels:?} K = {k}: a gradient differs"
+                );
+            }
+        }
+    }
+}

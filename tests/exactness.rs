@@ -149,6 +149,32 @@ fn mixed_f16() {
     ]);
 }
 
+/// Mixed precision with checkpointing: the working copy lives from the forward to the end of
+/// the backward; segments recomputed on it.
+#[test]
+fn mixed_f16_checkpointed() {
+    check(&[
+        "--batch",
+        "2",
+        "--seq",
+        "40",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "3",
+        "--vocab",
+        "300",
+        "--dtype",
+        "f16",
+        "--precision",
+        "mixed",
+        "--checkpoint",
+        "1",
+    ]);
+}
+
 #[test]
 fn small_preset() {
     check(&["--preset", "small", "--batch", "2", "--seq", "64"]);

@@ -1019,6 +1019,8 @@ struct CkptForward {
     head_in: Sym,
     inputs: Vec<Sym>,
     mask: Option<Sym>,
+    /// Mixed precision's working copy (mirror of `Forward::half`).
+    half: Option<Transformer>,
 }
 
 /// Mirror of `phase::checkpoint::forward`.
@@ -1028,6 +1030,7 @@ fn ckpt_forward(
     tokens: &Sym,
     targets: &Sym,
     k: usize,
+    f32_loss: bool,
 ) -> CkptForward {
     let mask = model.input_mask(tokens);
     let mut x = detached.embed(tokens);
@@ -1038,12 +1041,19 @@ fn ckpt_forward(
     }
     let head_in = x.var_from();
     drop(x);
-    let loss = model.train_loss(&model.head_forward(&head_in), targets);
+    let logits = model.head_forward(&head_in);
+    let loss = if f32_loss {
+        model.train_loss(&logits.to_dtype(DType::F32), targets)
+    } else {
+        model.train_loss(&logits, targets)
+    };
+    drop(logits);
     CkptForward {
         loss,
         head_in,
         inputs,
         mask,
+        half: None,
     }
 }
 
@@ -1062,8 +1072,10 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
         head_in,
         mut inputs,
         mask,
+        half,
     } = fwd;
     let vars = model.vars.clone();
+    let model = half.as_ref().unwrap_or(model);
     let mut grads = GradStore::default();
     let mut all = backward(&loss);
     let mut grad_out = all.remove(&head_in).expect("head input gradient");
@@ -1218,9 +1230,16 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
         drop(loss);
         drop(kept);
     } else {
-        let fwd = {
+        let fwd = if shape.mixed {
+            // Mirror of `checkpoint::forward_mixed`.
+            let half = model.cast(DType::Half);
+            let detached = half.detached();
+            let mut f = ckpt_forward(&half, &detached, &tokens, &targets, k, true);
+            f.half = Some(half);
+            f
+        } else {
             let detached = model.detached();
-            ckpt_forward(&model, &detached, &tokens, &targets, k)
+            ckpt_forward(&model, &detached, &tokens, &targets, k, false)
         };
         forward_peak = ledger.peak() - base;
         forward_retained = ledger.current() - base;

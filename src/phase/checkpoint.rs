@@ -12,6 +12,10 @@
 //! bit in f32 (tested): the same ops run on the same values, and the seeding product multiplies
 //! by exactly 1.
 //!
+//! Under mixed precision ([`forward_mixed`]) the segments run on the 16-bit working copy,
+//! which lives from the forward to the end of the backward; the gradients reach the f32
+//! masters through its recorded conversions.
+//!
 //! Memory: the forward keeps `⌈L/K⌉` segment inputs (`e·B·S·H` each) plus the head's graph and
 //! its input copy; the backward peaks while recomputing one segment (K blocks' graph and their
 //! backward temporaries) beside all gradients computed so far.
@@ -37,6 +41,10 @@ pub struct Forward {
     /// Each segment's input, detached.
     inputs: Vec<Tensor>,
     mask: Option<Tensor>,
+    /// Mixed precision: the 16-bit working copy the forward ran on and the backward
+    /// recomputes with (its conversions recorded, so gradients reach the f32 masters); it
+    /// lives until the backward ends.
+    half: Option<Transformer>,
 }
 
 /// Checkpointed forward to the loss. `detached` is `model.detached()` (same storage).
@@ -47,6 +55,34 @@ pub fn forward(
     targets: &Tensor,
     k: usize,
 ) -> Result<Forward> {
+    run_forward(model, detached, tokens, targets, k, false)
+}
+
+/// Checkpointed forward under mixed precision: the `dtype` working copy of `model` is made
+/// first (as the plain mixed forward makes it), the segments run on its detached views, the
+/// head on the copy, the loss in f32.
+pub fn forward_mixed(
+    model: &Transformer,
+    dtype: candle_core::DType,
+    tokens: &Tensor,
+    targets: &Tensor,
+    k: usize,
+) -> Result<Forward> {
+    let half = model.cast(dtype)?;
+    let detached = half.detached();
+    let mut f = run_forward(&half, &detached, tokens, targets, k, true)?;
+    f.half = Some(half);
+    Ok(f)
+}
+
+fn run_forward(
+    model: &Transformer,
+    detached: &Transformer,
+    tokens: &Tensor,
+    targets: &Tensor,
+    k: usize,
+    f32_loss: bool,
+) -> Result<Forward> {
     let mask = model.input_mask(tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
@@ -56,12 +92,19 @@ pub fn forward(
     }
     let head_in = Var::from_tensor(&x)?;
     drop(x);
-    let loss = model.train_loss(&model.head_forward(head_in.as_tensor())?, targets)?;
+    let logits = model.head_forward(head_in.as_tensor())?;
+    let loss = if f32_loss {
+        model.train_loss(&logits.to_dtype(candle_core::DType::F32)?, targets)?
+    } else {
+        model.train_loss(&logits, targets)?
+    };
+    drop(logits);
     Ok(Forward {
         loss,
         head_in,
         inputs,
         mask,
+        half: None,
     })
 }
 
@@ -87,7 +130,9 @@ pub fn backward(
         head_in,
         mut inputs,
         mask,
+        half,
     } = fwd;
+    let model = half.as_ref().unwrap_or(model);
     let mut grads = GradStore::default();
     let mut all = loss.backward()?;
     let mut grad_out = all.remove(head_in.as_tensor()).ok_or_else(|| {

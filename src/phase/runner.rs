@@ -102,6 +102,14 @@ impl Trainer {
     fn forward(&self) -> candle_core::Result<Graph> {
         if self.checkpoint == 0 {
             Ok(Graph::Plain(self.loss()?))
+        } else if let Some(dtype) = self.compute {
+            Ok(Graph::Checkpointed(checkpoint::forward_mixed(
+                &self.model,
+                dtype,
+                &self.tokens,
+                &self.targets,
+                self.checkpoint,
+            )?))
         } else {
             let detached = self.model.detached();
             Ok(Graph::Checkpointed(checkpoint::forward(

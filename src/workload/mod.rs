@@ -1122,14 +1122,6 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "detach with f16 or bf16",
                 ));
             }
-            if precision == Precision::Mixed && k > 0 {
-                return Err(ctx.bad(
-                    "checkpoint",
-                    &k.to_string(),
-                    "checkpointing is not combined with mixed precision yet",
-                    "0 with precision = mixed",
-                ));
-            }
             cases.push(Case {
                 index: cases.len(),
                 model,
