@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The same GPT in memfit (candle) and in PyTorch eager on this CPU, side by side per phase:
+# The same models in memfit (candle; composed and fused kernels) and in PyTorch (eager and
+# scaled_dot_product_attention) on this CPU, side by side per phase:
 # step time (memfit: the window's wall_s, median over RUNS processes; PyTorch: the median of
 # STEPS steps after a warm-up) and memory above the phase's start (memfit: the counting
 # allocator; PyTorch: its profiler's memory events). PyTorch is installed on demand into
@@ -26,6 +27,9 @@ if ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
 fi
 build_bins
 PHASES=init,forward,backward,optimizer,train-step,inference
+# memfit with each kernel set, PyTorch with each attention (sdpa: its memory-efficient path).
+KERNELS="${KERNELS:-composed fused}"
+TORCH_ATTENTION="${TORCH_ATTENTION:-eager sdpa}"
 for c in $CONFIGS; do
   IFS=: read -r preset b s layers <<<"$c"
   mf=(--preset "$preset" --batch "$b")
@@ -37,37 +41,59 @@ for c in $CONFIGS; do
   else
     tr+=(--preset "$preset")
   fi
-  for ((i = 0; i < RUNS; i++)); do
-    locked "$BIN_DIR/memfit-metered" run "${mf[@]}" --phases "$PHASES" \
-      --optimizer adamw --threads "$RAYON_NUM_THREADS" --out "$WORK/memfit-$c-$i" >"$WORK/memfit-$c-$i.log" 2>&1 ||
-      { echo "memfit failed on $c: $WORK/memfit-$c-$i.log" >&2; exit 1; }
+  for k in $KERNELS; do
+    for ((i = 0; i < RUNS; i++)); do
+      locked "$BIN_DIR/memfit-metered" run "${mf[@]}" --phases "$PHASES" --kernels "$k" \
+        --optimizer adamw --threads "$RAYON_NUM_THREADS" --out "$WORK/memfit-$c-$k-$i" >"$WORK/memfit-$c-$k-$i.log" 2>&1 ||
+        { echo "memfit failed on $c ($k): $WORK/memfit-$c-$k-$i.log" >&2; exit 1; }
+    done
   done
-  locked "$TORCH_VENV/bin/python" "$ROOT/scripts/torch_reference.py" "${tr[@]}" \
-    --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c.jsonl" 2>"$WORK/torch-$c.err" ||
-    { echo "torch_reference failed on $c: $WORK/torch-$c.err" >&2; exit 1; }
+  for att in $TORCH_ATTENTION; do
+    locked "$TORCH_VENV/bin/python" "$ROOT/scripts/torch_reference.py" "${tr[@]}" --attention "$att" \
+      --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c-$att.jsonl" 2>"$WORK/torch-$c-$att.err" ||
+      { echo "torch_reference failed on $c ($att): $WORK/torch-$c-$att.err" >&2; exit 1; }
+  done
 done
 
-python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'
+KERNELS="$KERNELS" TORCH_ATTENTION="$TORCH_ATTENTION" python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'
 import glob, json, os, statistics as st, sys
 work, machine, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
-print(f"\n== candle (memfit) vs PyTorch eager, f32, CPU ({machine}) ==")
-print(f"{'config':<18} {'phase':<11} {'memfit s':>9} {'torch s':>9} {'time ×':>7} {'memfit MiB':>11} {'torch MiB':>10} {'mem ×':>7}")
+kernels, atts = os.environ["KERNELS"].split(), os.environ["TORCH_ATTENTION"].split()
+cols = [f"memfit {k}" for k in kernels] + [f"torch {a}" for a in atts]
+print(f"\n== memfit (candle) vs PyTorch, f32, CPU ({machine}): seconds / MiB per phase ==")
+print(f"{'config':<22} {'phase':<11} " + " ".join(f"{c:>22}" for c in cols)
+      + "".join(f" {k[:5]}/{a[:5]} t× m×" for k in kernels for a in atts))
 for c in configs:
-    mf = {}
-    for f in glob.glob(os.path.join(work, f"memfit-{c}-*", "results.jsonl")):
-        for l in open(f):
-            r = json.loads(l)
-            if r["status"] == "ok":
-                mf.setdefault(r["phase"], []).append((r["wall_s"], r["peak_bytes"]))
+    fig = {}  # column -> phase -> (seconds, bytes)
+    for k in kernels:
+        runs = {}
+        for f in glob.glob(os.path.join(work, f"memfit-{c}-{k}-*", "results.jsonl")):
+            for l in open(f):
+                r = json.loads(l)
+                if r["status"] == "ok":
+                    runs.setdefault(r["phase"], []).append((r["wall_s"], r["peak_bytes"]))
+        fig[f"memfit {k}"] = {p: (st.median(x[0] for x in v), st.median(x[1] for x in v)) for p, v in runs.items()}
     tv = ""
-    for l in open(os.path.join(work, f"torch-{c}.jsonl")):
-        t = json.loads(l); tv = t["torch"]
-        m = mf.get(t["phase"])
-        if not m: continue
-        mw, mp = st.median(x[0] for x in m), st.median(x[1] for x in m)
-        tp = t["peak_bytes"]
-        ratio_m = f"{mp / tp:7.2f}" if tp else f"{'-':>7}"
-        tps = f"{tp / 2**20:10.2f}" if tp is not None else f"{'-':>10}"
-        print(f"{c:<18} {t['phase']:<11} {mw:9.4f} {t['wall_s']:9.4f} {mw / t['wall_s']:7.2f} {mp / 2**20:11.2f} {tps} {ratio_m}")
-    print(f"{'':<18} (torch {tv}; memfit: median of {len(mf.get('forward', []))} runs)")
+    for a in atts:
+        fig[f"torch {a}"] = {}
+        for l in open(os.path.join(work, f"torch-{c}-{a}.jsonl")):
+            t = json.loads(l); tv = t["torch"]
+            fig[f"torch {a}"][t["phase"]] = (t["wall_s"], t["peak_bytes"])
+    for ph in ["init", "forward", "backward", "optimizer", "train-step", "inference"]:
+        cells = []
+        for col in cols:
+            s_b = fig[col].get(ph)
+            cells.append(f"{s_b[0]:9.4f} s {s_b[1] / 2**20:9.2f}" if s_b and s_b[1] is not None
+                         else f"{'-':>22}")
+        ratios = ""
+        for k in kernels:
+            for a in atts:
+                m, t = fig[f"memfit {k}"].get(ph), fig[f"torch {a}"].get(ph)
+                if m and t and t[0] and t[1]:
+                    ratios += f" {m[0] / t[0]:12.2f} {m[1] / t[1]:5.2f}"
+                else:
+                    ratios += f" {'-':>12} {'-':>5}"
+        print(f"{c:<22} {ph:<11} " + " ".join(cells) + ratios)
+    n = len(glob.glob(os.path.join(work, f"memfit-{c}-{kernels[0]}-*", "results.jsonl")))
+    print(f"{'':<22} (torch {tv}; memfit: median of {n} runs)")
 PY

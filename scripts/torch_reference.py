@@ -7,7 +7,9 @@ tanh-GELU, final LayerNorm, untied head without bias, cross-entropy, AdamW) — 
 count as memfit's. ViT: memfit's encoder (patches unfolded and projected by a Linear with bias,
 a class token, learned positions, the same pre-LayerNorm blocks without the causal mask, final
 LayerNorm, a classifier with bias on the class token, cross-entropy over the classes). LLaMA: `transformers.LlamaForCausalLM` built from a `config.json` (memfit's
-workloads/configs/*.json), optionally with fewer layers, eager attention.
+workloads/configs/*.json), optionally with fewer layers. Attention: `--attention eager` (written
+out; transformers' eager) or `sdpa` (`F.scaled_dot_product_attention`: PyTorch's
+memory-efficient path; transformers' sdpa).
 
 Phases as memfit's: init (build the model), forward (training forward to the loss), backward,
 optimizer (AdamW created + first step), train-step (a steady-state step: forward, backward,
@@ -38,6 +40,9 @@ VIT_PRESETS = {  # image, patch, channels, classes, H, A, L as memfit's vit pres
 }
 
 
+SDPA = False  # --attention sdpa: F.scaled_dot_product_attention instead of the written-out scores
+
+
 class Block(nn.Module):
     def __init__(s, h, a, smax, causal=True):
         super().__init__()
@@ -53,10 +58,13 @@ class Block(nn.Module):
         y = s.ln1(x)
         split = lambda z: z.view(b, t, s.a, h // s.a).transpose(1, 2)
         q, k, v = split(s.q(y)), split(s.k(y)), split(s.v(y))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // s.a))
-        if s.causal:
-            att = att + s.mask[:t, :t]
-        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
+        if SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=s.causal).transpose(1, 2).reshape(b, t, h)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // s.a))
+            if s.causal:
+                att = att + s.mask[:t, :t]
+            y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
         x = x + s.o(y)
         return x + s.fc2(F.gelu(s.fc1(s.ln2(x)), approximate="tanh"))
 
@@ -104,7 +112,7 @@ def build(args, dev, dtype):
         cfg = transformers.LlamaConfig.from_json_file(args.hf_config)
         if args.layers:
             cfg.num_hidden_layers = args.layers
-        cfg._attn_implementation = "eager"
+        cfg._attn_implementation = "sdpa" if SDPA else "eager"
         m = transformers.LlamaForCausalLM(cfg).to(device=dev, dtype=dtype)
         return m, cfg.vocab_size, lambda idx: m(input_ids=idx).logits
     if args.preset in VIT_PRESETS:
@@ -127,7 +135,11 @@ def main():
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
+                   help="attention written out (scores, mask, softmax) or scaled_dot_product_attention")
+    global SDPA
     a = p.parse_args()
+    SDPA = a.attention == "sdpa"
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     dev = torch.device(a.device)
@@ -209,7 +221,7 @@ def main():
     opt.zero_grad(set_to_none=True)
     with torch.no_grad():
         res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1])
-    meta = {"torch": torch.__version__, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
+    meta = {"torch": torch.__version__, "attention": a.attention, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
             "params": params, "batch": a.batch, "seq": seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
     print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
     for ph, ((med, lo, hi), pk) in res.items():

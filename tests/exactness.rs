@@ -117,6 +117,29 @@ fn efficient_attention_odd_shape() {
     ]);
 }
 
+/// Efficient attention in f16 (arithmetic in f32 inside the op, stored in f16).
+#[test]
+fn efficient_attention_f16() {
+    check(&[
+        "--batch",
+        "2",
+        "--seq",
+        "45",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--vocab",
+        "300",
+        "--dtype",
+        "f16",
+        "--attention",
+        "efficient",
+    ]);
+}
+
 /// f16 on the CPU: everything in 16 bits (candle's AdamW keeps f16 moments), gemm-f16's packing.
 #[test]
 fn pure_f16() {

@@ -212,6 +212,39 @@ fn attn_probs_match_the_composed_softmax() {
     }
 }
 
+/// memfit's efficient attention (online softmax, two-pass backward) against the composed
+/// `softmax(q·kᵀ·scale + mask)·v`, in f32 and f16, causal and not.
+#[test]
+fn efficient_attention_matches_the_composed_attention() {
+    use memfit::model::efficient_attention::EfficientAttention;
+    for causal in [true, false] {
+        for dtype in DTYPES {
+            let (s, d) = (13, 8);
+            let scale = 1.0 / (d as f64).sqrt();
+            let args = [
+                var(&[2, 3, s, d], 16, dtype),
+                var(&[2, 3, s, d], 17, dtype),
+                var(&[2, 3, s, d], 18, dtype),
+            ];
+            let op = EfficientAttention {
+                scale: scale as f32,
+                causal,
+            };
+            compare(
+                &format!("efficient attention causal={causal}"),
+                &args,
+                dtype,
+                |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
+                |a| {
+                    composed_probs(&a[0], &a[1], scale, causal)
+                        .matmul(&a[2])
+                        .unwrap()
+                },
+            );
+        }
+    }
+}
+
 #[test]
 fn cross_entropy_matches_candle_nn() {
     for dtype in DTYPES {

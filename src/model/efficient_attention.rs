@@ -2,20 +2,25 @@
 //! the `(S, S)` score matrix. Causal for the GPT decoder (query `i` sees keys `0..=i`), full
 //! for the ViT encoder (every query sees every key).
 //!
-//! A candle `CustomOp3` on q, k, v `(B, A, S, D)` (contiguous f32). The forward runs an online
+//! A candle `CustomOp3` on q, k, v `(B, A, S, D)` (contiguous f32, f16 or bf16; arithmetic
+//! in f32, results stored in the inputs' type). The forward runs an online
 //! softmax per query row (running maximum and sum, rescaling the accumulator when the maximum
 //! grows) and keeps nothing but its output `(B, A, S, D)`. The backward recomputes each row's
-//! scores from q and k (the row's maximum and sum first, then the probabilities) and
-//! accumulates `dV += p·dO`, `dS = p·(dO·v − dO·O)`, `dQ += dS·k/√D`, `dK += dS·q/√D`, so it
-//! allocates only the three gradients `(B, A, S, D)` plus one row of scratch per thread.
+//! scores from q and k in two passes per head: by query row (the row's maximum, sum and
+//! `dO·O`, kept in f32 per row, then `dQ_i = Σ_j dS_ij·k_j/√D`), and by key (`dK_j = Σ_i
+//! dS_ij·q_i/√D`, `dV_j = Σ_i p_ij·dO_i`), with `dS = p·(dO·v − dO·O)`. Each gradient row is
+//! accumulated in f32 and written once, so it allocates the three gradients `(B, A, S, D)` in
+//! the inputs' type plus `3·S` f32 of row statistics per head being processed.
 //!
 //! Memory against the standard attention of `model::transformer`: the graph keeps `e·B·S·H` (the
 //! output) instead of `6·e·A·B·S²` + `2·e·A·B·S` (scores, mask add, softmax pieces), so the
 //! activations lose their `A·B·S²` term; the backward's peak loses it too. There is no CUDA
 //! kernel: on CUDA the op fails with a clear error (a fused GPU kernel is out of scope).
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
+
+use super::kernels::cpu::{Float, same};
 
 /// The op; `scale` is `1/√D`.
 #[derive(Debug, Clone, Copy)]
@@ -30,24 +35,26 @@ impl EfficientAttention {
     fn keys(&self, i: usize, s: usize) -> usize {
         if self.causal { i + 1 } else { s }
     }
+
+    /// The first query that sees key `j`.
+    fn first_query(&self, j: usize) -> usize {
+        if self.causal { j } else { 0 }
+    }
 }
 
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        bail!("efficient attention: {what} must be f32")
-    };
+fn contiguous<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => bail!("efficient attention: {what} must be contiguous"),
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+fn dot<T: Float>(a: &[T], b: &[T]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x.f() * y.f()).sum()
 }
 
 /// A row's maximum and softmax denominator over keys `0..n`.
-fn row_stats(qi: &[f32], k: &[f32], n: usize, d: usize, scale: f32) -> (f32, f32) {
+fn row_stats<T: Float>(qi: &[T], k: &[T], n: usize, d: usize, scale: f32) -> (f32, f32) {
     let mut m = f32::NEG_INFINITY;
     for j in 0..n {
         m = m.max(dot(qi, &k[j * d..(j + 1) * d]) * scale);
@@ -59,35 +66,10 @@ fn row_stats(qi: &[f32], k: &[f32], n: usize, d: usize, scale: f32) -> (f32, f32
     (m, l)
 }
 
-impl CustomOp3 for EfficientAttention {
-    fn name(&self) -> &'static str {
-        if self.causal {
-            "efficient-causal-attention"
-        } else {
-            "efficient-attention"
-        }
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (
-            contiguous_f32(s1, l1, "q")?,
-            contiguous_f32(s2, l2, "k")?,
-            contiguous_f32(s3, l3, "v")?,
-        );
-        let (_b, _a, s, d) = l1.shape().dims4()?;
-        if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
-            bail!("efficient attention: q, k, v shapes differ")
-        }
+impl EfficientAttention {
+    fn forward<T: Float>(&self, q: &[T], k: &[T], v: &[T], s: usize, d: usize) -> Vec<T> {
         let scale = self.scale;
-        let mut out = vec![0f32; q.len()];
+        let mut out = vec![T::of(0.0); q.len()];
         out.par_chunks_mut(s * d).enumerate().for_each(|(h, o)| {
             let (q, k, v) = (
                 &q[h * s * d..(h + 1) * s * d],
@@ -110,55 +92,28 @@ impl CustomOp3 for EfficientAttention {
                     let p = (x - m).exp();
                     l += p;
                     for (a, vj) in acc.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                        *a += p * vj;
+                        *a += p * vj.f();
                     }
                 }
                 for (o, a) in o[i * d..(i + 1) * d].iter_mut().zip(&acc) {
-                    *o = a / l;
+                    *o = T::of(a / l);
                 }
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        out
     }
 
-    fn bwd(
+    /// The three gradients, each in the inputs' type.
+    #[allow(clippy::type_complexity)]
+    fn backward<T: Float>(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        out: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        if q.dtype() != DType::F32 || !q.device().is_cpu() {
-            bail!("efficient attention: the backward runs on the CPU in f32 only")
-        }
-        let dev = q.device().clone();
-        let grad = grad.contiguous()?;
-        let (sq, lq) = q.storage_and_layout();
-        let (sk, lk) = k.storage_and_layout();
-        let (sv, lv) = v.storage_and_layout();
-        let (so, lo) = out.storage_and_layout();
-        let (sg, lg) = grad.storage_and_layout();
-        fn cpu<'a>(s: &'a candle_core::Storage, l: &Layout, w: &str) -> Result<&'a [f32]> {
-            match s {
-                candle_core::Storage::Cpu(c) => contiguous_f32(c, l, w),
-                _ => bail!("efficient attention: {w} is not on the CPU"),
-            }
-        }
-        let (q, k, v, o, g) = (
-            cpu(&sq, lq, "q")?,
-            cpu(&sk, lk, "k")?,
-            cpu(&sv, lv, "v")?,
-            cpu(&so, lo, "out")?,
-            cpu(&sg, lg, "grad")?,
-        );
-        let (_b, _a, s, d) = lq.shape().dims4()?;
+        [q, k, v, o, g]: [&[T]; 5],
+        s: usize,
+        d: usize,
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let scale = self.scale;
-        let (mut dq, mut dk, mut dv) = (
-            vec![0f32; q.len()],
-            vec![0f32; q.len()],
-            vec![0f32; q.len()],
-        );
+        let zeros = || vec![T::of(0.0); q.len()];
+        let (mut dq, mut dk, mut dv) = (zeros(), zeros(), zeros());
         let n = s * d;
         dq.par_chunks_mut(n)
             .zip(dk.par_chunks_mut(n))
@@ -173,33 +128,158 @@ impl CustomOp3 for EfficientAttention {
                     &o[r.clone()],
                     &g[r],
                 );
+                // Pass 1, by query row: its statistics, then dQ_i.
+                let mut stats = vec![(0f32, 0f32, 0f32); s];
+                let mut acc = vec![0f32; d];
                 for i in 0..s {
                     let (qi, gi) = (&q[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
                     let keys = self.keys(i, s);
                     let (m, l) = row_stats(qi, k, keys, d, scale);
                     let di = dot(gi, &o[i * d..(i + 1) * d]);
+                    stats[i] = (m, l, di);
+                    acc.iter_mut().for_each(|x| *x = 0.0);
                     for j in 0..keys {
                         let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                         let p = (dot(qi, kj) * scale - m).exp() / l;
-                        for (x, gv) in dv[j * d..(j + 1) * d].iter_mut().zip(gi) {
-                            *x += p * gv;
-                        }
                         let ds = p * (dot(gi, vj) - di) * scale;
-                        for (x, kv) in dq[i * d..(i + 1) * d].iter_mut().zip(kj) {
-                            *x += ds * kv;
+                        for (x, kv) in acc.iter_mut().zip(kj) {
+                            *x += ds * kv.f();
                         }
-                        for (x, qv) in dk[j * d..(j + 1) * d].iter_mut().zip(qi) {
-                            *x += ds * qv;
+                    }
+                    for (x, a) in dq[i * d..(i + 1) * d].iter_mut().zip(&acc) {
+                        *x = T::of(*a);
+                    }
+                }
+                // Pass 2, by key: dK_j and dV_j over the queries that see key j.
+                let mut acc_v = vec![0f32; d];
+                for j in 0..s {
+                    let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
+                    acc.iter_mut().for_each(|x| *x = 0.0);
+                    acc_v.iter_mut().for_each(|x| *x = 0.0);
+                    for (i, &(m, l, di)) in stats.iter().enumerate().skip(self.first_query(j)) {
+                        let (qi, gi) = (&q[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
+                        let p = (dot(qi, kj) * scale - m).exp() / l;
+                        let ds = p * (dot(gi, vj) - di) * scale;
+                        for ((x, xv), (qv, gv)) in
+                            acc.iter_mut().zip(acc_v.iter_mut()).zip(qi.iter().zip(gi))
+                        {
+                            *x += ds * qv.f();
+                            *xv += p * gv.f();
                         }
+                    }
+                    for ((x, xv), (a, av)) in dk[j * d..(j + 1) * d]
+                        .iter_mut()
+                        .zip(dv[j * d..(j + 1) * d].iter_mut())
+                        .zip(acc.iter().zip(&acc_v))
+                    {
+                        *x = T::of(*a);
+                        *xv = T::of(*av);
                     }
                 }
             });
+        (dq, dk, dv)
+    }
+}
+
+impl CustomOp3 for EfficientAttention {
+    fn name(&self) -> &'static str {
+        if self.causal {
+            "efficient-causal-attention"
+        } else {
+            "efficient-attention"
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_b, _a, s, d) = l1.shape().dims4()?;
+        if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
+            bail!("efficient attention: q, k, v shapes differ")
+        }
+        let op = self.name();
+        macro_rules! run {
+            ($t:ty, $q:expr) => {{
+                let q = contiguous($q, l1, "q")?;
+                let k = contiguous(same::<$t>(op, s2)?, l2, "k")?;
+                let v = contiguous(same::<$t>(op, s3)?, l3, "v")?;
+                let out = self.forward::<$t>(q, k, v, s, d);
+                <$t as candle_core::WithDType>::to_cpu_storage_owned(out)
+            }};
+        }
+        let out = match s1 {
+            CpuStorage::F32(q) => run!(f32, q),
+            CpuStorage::F16(q) => run!(half::f16, q),
+            CpuStorage::BF16(q) => run!(half::bf16, q),
+            _ => bail!("efficient attention: q must be f32, f16 or bf16"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if !q.device().is_cpu() {
+            bail!("efficient attention: the backward runs on the CPU only")
+        }
+        let dev = q.device().clone();
+        let grad = grad.contiguous()?;
+        let (sq, lq) = q.storage_and_layout();
+        let (sk, lk) = k.storage_and_layout();
+        let (sv, lv) = v.storage_and_layout();
+        let (so, lo) = out.storage_and_layout();
+        let (sg, lg) = grad.storage_and_layout();
+        fn cpu<'a>(s: &'a candle_core::Storage, w: &str) -> Result<&'a CpuStorage> {
+            match s {
+                candle_core::Storage::Cpu(c) => Ok(c),
+                _ => bail!("efficient attention: {w} is not on the CPU"),
+            }
+        }
+        let (cq, ck, cv, co, cg) = (
+            cpu(&sq, "q")?,
+            cpu(&sk, "k")?,
+            cpu(&sv, "v")?,
+            cpu(&so, "out")?,
+            cpu(&sg, "grad")?,
+        );
+        let (_b, _a, s, d) = lq.shape().dims4()?;
         let shape = lq.shape().clone();
-        drop((sq, sk, sv, so, sg));
-        Ok((
-            Some(Tensor::from_vec(dq, shape.clone(), &dev)?),
-            Some(Tensor::from_vec(dk, shape.clone(), &dev)?),
-            Some(Tensor::from_vec(dv, shape, &dev)?),
-        ))
+        let op = self.name();
+        macro_rules! run {
+            ($t:ty) => {{
+                let slices = [
+                    contiguous(same::<$t>(op, cq)?, lq, "q")?,
+                    contiguous(same::<$t>(op, ck)?, lk, "k")?,
+                    contiguous(same::<$t>(op, cv)?, lv, "v")?,
+                    contiguous(same::<$t>(op, co)?, lo, "out")?,
+                    contiguous(same::<$t>(op, cg)?, lg, "grad")?,
+                ];
+                let (dq, dk, dv) = self.backward::<$t>(slices, s, d);
+                drop((sq, sk, sv, so, sg));
+                (
+                    Tensor::from_vec(dq, shape.clone(), &dev)?,
+                    Tensor::from_vec(dk, shape.clone(), &dev)?,
+                    Tensor::from_vec(dv, shape, &dev)?,
+                )
+            }};
+        }
+        let (dq, dk, dv) = match cq {
+            CpuStorage::F32(_) => run!(f32),
+            CpuStorage::F16(_) => run!(half::f16),
+            CpuStorage::BF16(_) => run!(half::bf16),
+            _ => bail!("efficient attention: q must be f32, f16 or bf16"),
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

@@ -1088,14 +1088,6 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     &format!("0..={} (layers)", cfg.layers),
                 ));
             }
-            if efficient && dtype != ElemType::F32 {
-                return Err(ctx.bad(
-                    "attention",
-                    "efficient",
-                    "the efficient attention op computes in f32 only",
-                    "standard with f16 or bf16",
-                ));
-            }
             let quantized = matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0)
                 || (rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0));
             if quantized && let Some(p) = cfg.projections().iter().find(|p| p.inp % 32 != 0) {
