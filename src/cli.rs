@@ -307,7 +307,9 @@ pub struct GridArgs {
     /// How the load phase reads the safetensors file: read, mmap (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub load: Vec<String>,
-    /// Attention: standard (scores materialised) or efficient (online softmax, CPU only).
+    /// Attention: standard (scores materialised), efficient (no S×S tensor kept: the
+    /// online-softmax op on the CPU, the tiled composition on CUDA) or tiled (the composition of
+    /// ordinary ops, every device and type), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub attention: Vec<String>,
     /// Norms, attention softmax, activations and loss: fused (memfit's kernels with a

@@ -117,6 +117,31 @@ fn efficient_attention_odd_shape() {
     ]);
 }
 
+/// The tiled attention composition (two tiles of queries), f32 and f16.
+#[test]
+fn tiled_attention_two_tiles() {
+    for dtype in ["f32", "f16"] {
+        check(&[
+            "--batch",
+            "1",
+            "--seq",
+            "150",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--layers",
+            "2",
+            "--vocab",
+            "200",
+            "--attention",
+            "tiled",
+            "--dtype",
+            dtype,
+        ]);
+    }
+}
+
 /// Efficient attention in f16 (arithmetic in f32 inside the op, stored in f16).
 #[test]
 fn efficient_attention_f16() {

@@ -245,6 +245,36 @@ fn efficient_attention_matches_the_composed_attention() {
     }
 }
 
+/// The tiled attention composition (several tiles: S = 300 > 2·TILE), in f32 and f16,
+/// causal and not, against the composed attention.
+#[test]
+fn tiled_attention_matches_the_composed_attention() {
+    use memfit::model::tiled_attention;
+    let s = 2 * tiled_attention::TILE + 44;
+    for causal in [true, false] {
+        for dtype in DTYPES {
+            let d = 8;
+            let scale = 1.0 / (d as f64).sqrt();
+            let args = [
+                var(&[1, 2, s, d], 19, dtype),
+                var(&[1, 2, s, d], 20, dtype),
+                var(&[1, 2, s, d], 21, dtype),
+            ];
+            compare(
+                &format!("tiled attention causal={causal}"),
+                &args,
+                dtype,
+                |a| tiled_attention::attention(&a[0], &a[1], &a[2], scale as f32, causal).unwrap(),
+                |a| {
+                    composed_probs(&a[0], &a[1], scale, causal)
+                        .matmul(&a[2])
+                        .unwrap()
+                },
+            );
+        }
+    }
+}
+
 #[test]
 fn cross_entropy_matches_candle_nn() {
     for dtype in DTYPES {

@@ -332,6 +332,7 @@ struct Attention {
     kv_heads: usize,
     head_dim: usize,
     efficient: bool,
+    tiled: bool,
     fused: bool,
     causal: bool,
 }
@@ -342,6 +343,28 @@ impl Attention {
         let group = self.heads / self.kv_heads;
         let k = repeat_kv(k, group);
         let v = repeat_kv(v, group);
+        if self.tiled {
+            // Mirror of `tiled_attention::attention`: the tiled forward on detached views, then
+            // the node's copy of the output (the precomputed one freed inside its forward).
+            let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let (out, lse) = crate::model::tiled_attention::forward(
+                &q.detach(),
+                &k.detach(),
+                &v.detach(),
+                scale as f64,
+                self.causal,
+            )
+            .expect("symbolic tiled attention");
+            let kernel = Kernel::TiledAttention {
+                scale,
+                causal: self.causal,
+            };
+            let y = Sym::kernel(kernel, &[&q, &k, &v, &lse], out.dims(), out.dtype());
+            drop((out, lse, q, k, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+            return self.o.forward(&y);
+        }
         if self.efficient {
             let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
             let y = q.efficient_attention(&k, &v);
@@ -437,6 +460,7 @@ impl Attention {
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             efficient: self.efficient,
+            tiled: self.tiled,
             fused: self.fused,
             causal: self.causal,
         }
@@ -719,6 +743,7 @@ impl Transformer {
                     kv_heads: kv_heads as usize,
                     head_dim: head_dim as usize,
                     efficient: shape.efficient,
+                    tiled: shape.tiled,
                     fused: shape.kernels.fused(),
                     causal: shape.vision.is_none(),
                 };

@@ -39,6 +39,8 @@ pub struct Shape {
     pub checkpoint: u64,
     /// Efficient attention (no `(S, S)` scores).
     pub efficient: bool,
+    /// The tiled attention composition (`model::tiled_attention`).
+    pub tiled: bool,
     /// Mixed precision: f32 parameters, gradients and optimizer state; `elem` activations.
     pub mixed: bool,
     /// LoRA rank (0 = off) and the adapted projections.
@@ -82,6 +84,7 @@ impl Shape {
             elem: case.dtype,
             checkpoint: case.checkpoint as u64,
             efficient: case.cfg.efficient_attention,
+            tiled: case.cfg.tiled_attention,
             mixed: case.precision == crate::device::Precision::Mixed,
             lora_rank: case.cfg.lora_rank as u64,
             lora_targets: lora_bits(&case.cfg.lora_targets),
@@ -112,6 +115,7 @@ impl Shape {
             elem: ElemType::F32,
             checkpoint: 0,
             efficient: false,
+            tiled: false,
             mixed: false,
             lora_rank: 0,
             lora_targets: 0,

@@ -1223,6 +1223,22 @@ impl Graph for Sym {
     fn exp(&self) -> candle_core::Result<Self> {
         Ok(Sym::exp(self))
     }
+    fn log(&self) -> candle_core::Result<Self> {
+        Ok(Sym::log(self))
+    }
+    fn broadcast_add(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_add(self, rhs))
+    }
+    /// `Tensor::from_vec` of f32 on the device (the vector becomes the storage on the CPU),
+    /// then `to_dtype`.
+    fn causal_mask(
+        &self,
+        rows: usize,
+        cols: usize,
+        _first_row: usize,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), &[rows, cols], DType::F32).to_dtype(self.dtype()))
+    }
     fn sqr(&self) -> candle_core::Result<Self> {
         Ok(Sym::sqr(self))
     }

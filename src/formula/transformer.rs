@@ -493,6 +493,7 @@ impl Shape {
             && !self.kernels.fused()
             && self.checkpoint == 0
             && !self.efficient
+            && !self.tiled
             && self.lora_rank == 0
             && self.vision.is_none()
             && self.llama.is_none()

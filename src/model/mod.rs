@@ -6,6 +6,7 @@ pub mod frozen;
 pub mod hf_config;
 pub mod kernels;
 pub mod llama;
+pub mod tiled_attention;
 pub mod transformer;
 pub mod vit;
 

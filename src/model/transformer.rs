@@ -58,6 +58,10 @@ pub struct Config {
     /// Attention without the `(S, S)` scores ([`super::efficient_attention`]; CPU only).
     #[serde(default)]
     pub efficient_attention: bool,
+    /// Attention as the tiled composition of [`super::tiled_attention`] (every device and
+    /// type; what `efficient` runs on CUDA).
+    #[serde(default)]
+    pub tiled_attention: bool,
     /// LoRA rank (0 = no adapters).
     #[serde(default)]
     pub lora_rank: usize,
@@ -189,6 +193,7 @@ impl Config {
             max_seq,
             layer_norm_eps: 1e-5,
             efficient_attention: false,
+            tiled_attention: false,
             lora_rank: 0,
             lora_targets: Vec::new(),
             lora_base: LoraBase::Op,
@@ -665,6 +670,8 @@ pub struct Attention {
     kv_heads: usize,
     head_dim: usize,
     efficient: bool,
+    /// [`super::tiled_attention`].
+    tiled: bool,
     /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
     fused: bool,
     /// A decoder (causal); the ViT encoder attends everywhere.
@@ -684,6 +691,7 @@ impl Attention {
             kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
             efficient: cfg.efficient_attention,
+            tiled: cfg.tiled_attention,
             fused: cfg.kernels.fused(),
             causal: cfg.vision.is_none(),
         })
@@ -701,6 +709,14 @@ impl Attention {
         let group = self.heads / self.kv_heads;
         let k = llama::repeat_kv(k, group)?;
         let v = llama::repeat_kv(v, group)?;
+        if self.tiled {
+            let (b, _, s, d) = q.dims4()?;
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let y = super::tiled_attention::attention(&q, &k, &v, scale, self.causal)?;
+            drop((q, k, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
         if self.efficient {
             let (b, _, s, d) = q.dims4()?;
             let op = EfficientAttention {

@@ -120,10 +120,31 @@ impl InPlace {
                 g.contiguous()?
             };
             match (self.rule, &slot.m, &slot.v) {
-                (Rule::Sgd, _, _) => theta.inplace_op2(&g, &Axpby { a: 1.0, b: -lr })?,
+                (Rule::Sgd, _, _) => theta.inplace_op2(
+                    &g,
+                    &Axpby {
+                        a: 1.0,
+                        b: -lr,
+                        square: false,
+                    },
+                )?,
                 (Rule::Momentum { mu }, Some(v), _) => {
-                    v.inplace_op2(&g, &Axpby { a: mu, b: 1.0 })?;
-                    theta.inplace_op2(v, &Axpby { a: 1.0, b: -lr })?;
+                    v.inplace_op2(
+                        &g,
+                        &Axpby {
+                            a: mu,
+                            b: 1.0,
+                            square: false,
+                        },
+                    )?;
+                    theta.inplace_op2(
+                        v,
+                        &Axpby {
+                            a: 1.0,
+                            b: -lr,
+                            square: false,
+                        },
+                    )?;
                 }
                 (
                     Rule::AdamW {
@@ -140,13 +161,15 @@ impl InPlace {
                         &Axpby {
                             a: beta1,
                             b: 1.0 - beta1,
+                            square: false,
                         },
                     )?;
                     v.inplace_op2(
                         &g,
-                        &SquareAxpby {
+                        &Axpby {
                             a: beta2,
                             b: 1.0 - beta2,
+                            square: true,
                         },
                     )?;
                     let update = AdamUpdate {
@@ -210,16 +233,11 @@ fn same<T: 'static>(s: &CpuStorage) -> Result<&Vec<T>> {
     crate::model::kernels::cpu::same_vec::<T>("in-place optimizer", s)
 }
 
-/// `dst ← a·dst + b·src`.
+/// `dst ← a·dst + b·src` (or `b·src²` with `square`).
 struct Axpby {
     a: f64,
     b: f64,
-}
-
-/// `dst ← a·dst + b·src²`.
-struct SquareAxpby {
-    a: f64,
-    b: f64,
+    square: bool,
 }
 
 /// AdamW's weight update from the updated moments.
@@ -242,24 +260,10 @@ impl InplaceOp2 for Axpby {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let (a, b) = (self.a as f32, self.b as f32);
-        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| a * d + b * x)
-    }
-}
-
-impl InplaceOp2 for SquareAxpby {
-    fn name(&self) -> &'static str {
-        "inplace-square-axpby"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<()> {
-        let (a, b) = (self.a as f32, self.b as f32);
-        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| a * d + b * x * x)
+        let (a, b, square) = (self.a as f32, self.b as f32, self.square);
+        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| {
+            a * d + b * if square { x * x } else { x }
+        })
     }
 }
 

@@ -10,6 +10,10 @@
 //! | `adamw` | m, v: `2e·P` | 14 × largest (unfused per-tensor ops) |
 //! | `adamw-8bit` | m, v as bytes + one f32 scale per block: `Σ_t 2·(n_t + 4⌈n_t/block⌉)` | on the host: `10·n + 8·⌈n/block⌉ + 8·block` bytes for the largest tensor (f32 copies of θ and g, the four state arrays, two block buffers) |
 //!
+//! With fused kernels the runner builds `sgd`, `sgd-momentum`, `adam` and `adamw` as
+//! [`inplace::InPlace`]: the same state, and no step temporaries (the update is written into θ,
+//! m and v).
+//!
 //! Every optimizer is created in the `optimizer` phase's window, so the phase's peak is its state
 //! plus its first step's temporaries.
 

@@ -68,6 +68,16 @@ impl Trainer {
         Ok((varmap, model))
     }
 
+    /// The case's optimizer over the trainable variables: in place with fused kernels.
+    fn optimizer(&self, case: &Case) -> candle_core::Result<Opt> {
+        Opt::build(
+            case.optimizer,
+            self.trainable(),
+            case.optimizer_block,
+            case.cfg.kernels.fused(),
+        )
+    }
+
     /// The variables the optimizer updates: all, or with LoRA the adapters only.
     fn trainable(&self) -> Vec<candle_core::Var> {
         if self.lora {
@@ -201,12 +211,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
-    let mut opt = Opt::build(
-        case.optimizer,
-        t.trainable(),
-        case.optimizer_block,
-        case.cfg.kernels.fused(),
-    )?;
+    let mut opt = t.optimizer(case)?;
     t.train_step(&mut opt)?;
     let _ = t.model.detached().forward(&t.tokens)?;
     Ok(())
@@ -340,12 +345,7 @@ fn run_chain(
         if last >= Phase::Optimizer {
             let g = grads.take().expect("backward ran");
             metered(Phase::Optimizer, results, meters, &mut || {
-                let mut o = Opt::build(
-                    case.optimizer,
-                    t.trainable(),
-                    case.optimizer_block,
-                    case.cfg.kernels.fused(),
-                )?;
+                let mut o = t.optimizer(case)?;
                 o.step(&g)?;
                 opt = Some(o);
                 Ok(())
@@ -358,12 +358,7 @@ fn run_chain(
             Some(o) => o,
             None => {
                 // The optimizer's state belongs to the steady state the step starts from.
-                let mut o = Opt::build(
-                    case.optimizer,
-                    t.trainable(),
-                    case.optimizer_block,
-                    case.cfg.kernels.fused(),
-                )?;
+                let mut o = t.optimizer(case)?;
                 t.train_step(&mut o)?;
                 o
             }

@@ -139,6 +139,8 @@ pub fn bare_row(
         },
         attention: if case.cfg.efficient_attention {
             "efficient"
+        } else if case.cfg.tiled_attention {
+            "tiled"
         } else {
             "standard"
         }

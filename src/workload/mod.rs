@@ -84,7 +84,8 @@ pub struct GridSpec {
     pub device: Option<String>,
     /// Blocks per gradient-checkpoint segment (0 = off).
     pub checkpoint: Option<OneOrMany<i64>>,
-    /// `standard` or `efficient` attention.
+    /// `standard`, `efficient` (the online-softmax op on the CPU, the tiled composition on
+    /// CUDA) or `tiled` attention.
     pub attention: Option<OneOrMany<String>>,
     /// `fused` (memfit's kernels with a backward) or `composed` (candle's stock ops).
     pub kernels: Option<OneOrMany<String>>,
@@ -681,27 +682,21 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             Ok(())
         },
     )?;
+    // (efficient op, tiled composition): `efficient` is the CPU op on the CPU and the tiled
+    // composition on CUDA, where the op has no kernel.
     let attentions = ctx.choices(
         "attention",
         &spec.attention,
         "standard",
-        ("unknown attention", "standard, efficient"),
+        ("unknown attention", "standard, efficient, tiled"),
         |name| match name {
-            "standard" => Some(false),
-            "efficient" => Some(true),
+            "standard" => Some((false, false)),
+            "efficient" if device.is_cuda() => Some((false, true)),
+            "efficient" => Some((true, false)),
+            "tiled" => Some((false, true)),
             _ => None,
         },
-        |name, &efficient| {
-            if efficient && device.is_cuda() {
-                return Err(ctx.bad(
-                    "attention",
-                    name,
-                    "efficient attention has no CUDA kernel (CPU only)",
-                    "standard on cuda",
-                ));
-            }
-            Ok(())
-        },
+        |_, _| Ok(()),
     )?;
     // Fused is the default where its forward exists (the CPU); on CUDA the norms, attention
     // softmax and loss have no fused forward yet, so the default there is composed.
@@ -1038,7 +1033,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &lora_base,
             &rank,
             &precision,
-            &efficient,
+            &(efficient, tiled),
             &(kernels, flush_denormals),
             &k,
             &dtype,
@@ -1124,6 +1119,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 },
                 cfg: Config {
                     efficient_attention: efficient,
+                    tiled_attention: tiled,
                     kernels,
                     lora_rank: rank,
                     lora_targets: if rank > 0 {

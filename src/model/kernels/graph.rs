@@ -27,6 +27,12 @@ pub trait Graph: Clone + Sized {
     /// `x·mul + add`.
     fn affine(&self, mul: f64, add: f64) -> Result<Self>;
     fn exp(&self) -> Result<Self>;
+    fn log(&self) -> Result<Self>;
+    fn broadcast_add(&self, rhs: &Self) -> Result<Self>;
+    /// The additive causal mask of `rows` queries starting at query `first_row` over `cols`
+    /// keys: 0 where key ≤ query, −∞ above; made as f32 `(rows, cols)` on `self`'s device,
+    /// then converted to `self`'s type.
+    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self>;
     fn sqr(&self) -> Result<Self>;
     fn sqrt(&self) -> Result<Self>;
     fn recip(&self) -> Result<Self>;
@@ -87,6 +93,24 @@ impl Graph for Tensor {
     }
     fn exp(&self) -> Result<Self> {
         Tensor::exp(self)
+    }
+    fn log(&self) -> Result<Self> {
+        Tensor::log(self)
+    }
+    fn broadcast_add(&self, rhs: &Self) -> Result<Self> {
+        Tensor::broadcast_add(self, rhs)
+    }
+    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self> {
+        let mask: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                if i % cols > i / cols + first_row {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Tensor::from_vec(mask, (rows, cols), self.device())?.to_dtype(self.dtype())
     }
     fn sqr(&self) -> Result<Self> {
         Tensor::sqr(self)

@@ -101,6 +101,9 @@ pub enum Kernel {
     CrossEntropy,
     /// `x·wᵀ + b`; args x, w, b.
     Linear,
+    /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
+    /// forward's `lse` (kept by the node, no gradient).
+    TiledAttention { scale: f32, causal: bool },
 }
 
 /// `√(2/π)` and the cubic coefficient of the tanh GELU.
@@ -117,6 +120,7 @@ impl Kernel {
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
             Kernel::Linear => "fused-linear",
+            Kernel::TiledAttention { .. } => "tiled-attention",
         }
     }
 
@@ -132,6 +136,19 @@ impl Kernel {
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
             Kernel::Linear => linear_bwd(args[0], args[1], grad),
+            Kernel::TiledAttention { scale, causal } => {
+                let (dq, dk, dv) = crate::model::tiled_attention::backward(
+                    &args[0].detach(),
+                    &args[1].detach(),
+                    &args[2].detach(),
+                    &res.detach(),
+                    args[3],
+                    grad,
+                    scale as f64,
+                    causal,
+                )?;
+                Ok(vec![Some(dq), Some(dk), Some(dv), None])
+            }
         }
     }
 }
