@@ -43,8 +43,8 @@ pub struct Forward {
     mask: Option<Tensor>,
     /// Mixed precision: the 16-bit working copy the forward ran on and the backward
     /// recomputes with (its conversions recorded, so gradients reach the f32 masters); it
-    /// lives until the backward ends.
-    half: Option<Transformer>,
+    /// lives until the backward ends (boxed: the model struct is large beside the rest).
+    half: Option<Box<Transformer>>,
 }
 
 /// Checkpointed forward to the loss. `detached` is `model.detached()` (same storage).
@@ -71,7 +71,7 @@ pub fn forward_mixed(
     let half = model.cast(dtype)?;
     let detached = half.detached();
     let mut f = run_forward(&half, &detached, tokens, targets, k, true)?;
-    f.half = Some(half);
+    f.half = Some(Box::new(half));
     Ok(f)
 }
 
@@ -132,7 +132,7 @@ pub fn backward(
         mask,
         half,
     } = fwd;
-    let model = half.as_ref().unwrap_or(model);
+    let model = half.as_deref().unwrap_or(model);
     let mut grads = GradStore::default();
     let mut all = loss.backward()?;
     let mut grad_out = all.remove(head_in.as_tensor()).ok_or_else(|| {
