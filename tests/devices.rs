@@ -43,7 +43,11 @@ fn every_phase_is_metered_by_the_device_meter(device: &str) {
         let before = r.trim_before_bytes.expect("held before the trim");
         let after = r.trim_after_bytes.expect("held after the trim");
         let live = r.trim_live_bytes.expect("live bytes at the trim");
-        assert!(after <= before, "{r:?}");
+        // Never more than a few pages up: on the CPU `malloc_trim` consolidates free chunks
+        // (writing their headers) and the meter's own `/proc` read allocates, so RSS can rise
+        // by a few pages across a trim that frees nothing (seen: +64 KiB after `init`).
+        let slack = if device == "cpu" { 128 << 10 } else { 0 };
+        assert!(after <= before + slack, "{r:?}");
         assert!(live >= 4 * r.params, "{r:?}");
         if device != "cpu" {
             assert!(after >= live, "{r:?}");

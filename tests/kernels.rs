@@ -164,6 +164,28 @@ fn linear_matches_candle_nn_linear() {
     }
 }
 
+#[test]
+fn rotary_matches_apply_rotary() {
+    for dtype in DTYPES {
+        let (s_max, d, offset, s) = (20, 16, 5, 9);
+        let (cos, sin) = llama::rotary_tables(s_max, d, 10_000.0, dtype, &Device::Cpu).unwrap();
+        let x = var(&[2, 3, s, d], 22, dtype);
+        compare(
+            "rotary",
+            &[x],
+            dtype,
+            |a| {
+                let (c, sn) = (
+                    cos.narrow(0, offset, s).unwrap(),
+                    sin.narrow(0, offset, s).unwrap(),
+                );
+                kernels::rotary(&a[0], &c, &sn).unwrap()
+            },
+            |a| llama::apply_rotary(&a[0], &cos, &sin, offset).unwrap(),
+        );
+    }
+}
+
 /// The composed attention probabilities: `softmax(q·kᵀ·scale + mask)` with queries at the
 /// end of the keys when `causal`.
 fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {

@@ -384,6 +384,16 @@ impl Attention {
         let rotate = |t: Sym| -> Sym {
             match rotary {
                 None => t,
+                Some(r) if self.fused => Sym::kernel(
+                    Kernel::Rotary,
+                    &[
+                        &t,
+                        &r.cos.narrow(0, r.offset, s),
+                        &r.sin.narrow(0, r.offset, s),
+                    ],
+                    t.dims(),
+                    t.dtype(),
+                ),
                 Some(r) => apply_rotary(&t, r.cos, r.sin, r.offset),
             }
         };

@@ -742,6 +742,11 @@ impl Attention {
         let rotate = |t: Tensor| -> Result<Tensor> {
             match rotary {
                 None => Ok(t),
+                Some(r) if self.fused => kernels::rotary(
+                    &t,
+                    &r.cos.narrow(0, r.offset, s)?,
+                    &r.sin.narrow(0, r.offset, s)?,
+                ),
                 Some(r) => llama::apply_rotary(&t, r.cos, r.sin, r.offset),
             }
         };

@@ -14,6 +14,7 @@
 //! | [`silu_mul`] (SwiGLU) | gate, up → silu(gate)·up | gate, up |
 //! | [`attn_probs`] | q `(B, A, Sq, D)`, k `(B, A, Sk, D)` → softmax(q·kᵀ·scale + causal) | the probabilities only: no scores, no mask, no mask gradient |
 //! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
+//! | [`rotary`] | x `(B, n, S, D)`, cos, sin `(S, D/2)` → x rotated ("rotate half") | x (no halves, products or `cat`; no gradient for the tables) |
 //! | [`linear`] (with bias) | x `(…, in)`, w `(out, in)`, b `(out)` → `x·wᵀ + b` | x (no separate product and bias sum) |
 //!
 //! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
@@ -37,6 +38,7 @@ pub mod graph;
 mod linear;
 mod loss;
 mod norm;
+mod rotary;
 
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
@@ -44,6 +46,7 @@ pub use graph::Graph;
 pub use linear::linear;
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
+pub use rotary::rotary;
 
 use candle_core::Result;
 use serde::{Deserialize, Serialize};
@@ -101,6 +104,8 @@ pub enum Kernel {
     CrossEntropy,
     /// `x·wᵀ + b`; args x, w, b.
     Linear,
+    /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
+    Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
     /// forward's `lse` (kept by the node, no gradient).
     TiledAttention { scale: f32, causal: bool },
@@ -120,6 +125,7 @@ impl Kernel {
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
             Kernel::Linear => "fused-linear",
+            Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
     }
@@ -136,6 +142,7 @@ impl Kernel {
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
             Kernel::Linear => linear_bwd(args[0], args[1], grad),
+            Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
             Kernel::TiledAttention { scale, causal } => {
                 let (dq, dk, dv) = crate::model::tiled_attention::backward(
                     &args[0].detach(),
@@ -321,4 +328,19 @@ fn linear_bwd<G: Graph>(x: &G, w: &G, grad: &G) -> Result<Vec<Option<G>>> {
     drop(x2);
     let db = g.sum_leading()?;
     Ok(vec![Some(dx), Some(dw), Some(db)])
+}
+
+/// The rotation by −θ: `[g₁·cos + g₂·sin, g₂·cos − g₁·sin]` (the tables get no gradient).
+fn rotary_bwd<G: Graph>(cos: &G, sin: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let h = *grad.dims().last().expect("a dimension") / 2;
+    let (c, s) = (cos.detach(), sin.detach());
+    let (g1, g2) = (grad.narrow(3, 0, h)?, grad.narrow(3, h, h)?);
+    let (a, b) = (g1.broadcast_mul(&c)?, g2.broadcast_mul(&s)?);
+    let r1 = a.add(&b)?;
+    drop((a, b));
+    let (a, b) = (g2.broadcast_mul(&c)?, g1.broadcast_mul(&s)?);
+    let r2 = a.sub(&b)?;
+    drop((a, b));
+    let dx = G::cat(&[&r1, &r2], 3)?;
+    Ok(vec![Some(dx), None, None])
 }
