@@ -352,9 +352,11 @@ impl Shape {
             let slots = self.meta(inplace::SLOT_BYTES * t);
             return slots
                 + match opt {
-                    OptimizerKind::SgdMomentum => self.e() * p + self.meta(INIT_META_PER_VAR * t),
+                    OptimizerKind::SgdMomentum => {
+                        self.e() * p + self.meta(inplace::STATE_META_PER_TENSOR * t)
+                    }
                     OptimizerKind::Adam | OptimizerKind::Adamw => {
-                        2 * self.e() * p + self.meta(2 * INIT_META_PER_VAR * t)
+                        2 * self.e() * p + self.meta(2 * inplace::STATE_META_PER_TENSOR * t)
                     }
                     _ => 0,
                 };

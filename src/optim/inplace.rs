@@ -42,6 +42,11 @@ enum Rule {
 /// tensors), beside the state's own data and bookkeeping.
 pub const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
 
+/// Bookkeeping per state tensor (`Tensor::zeros`: the `Arc`'d tensor, its shape and strides,
+/// the storage's lock and vector header), measured: 251 B (fit over 1–5 blocks of an odd GPT,
+/// within 18 B).
+pub const STATE_META_PER_TENSOR: u64 = 251;
+
 /// Host bytes per entry of the list of trainable `Var`s the optimizer is built from (freed once
 /// the slots exist).
 pub const VAR_BYTES: u64 = std::mem::size_of::<Var>() as u64;
