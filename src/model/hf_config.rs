@@ -223,7 +223,7 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
     })
 }
 
-const MAX_SIZE: i64 = crate::workload::MAX_HIDDEN;
+const MAX_SIZE: i64 = super::limits::MAX_HIDDEN;
 
 fn llama_config(
     f: &Fields,
@@ -232,13 +232,13 @@ fn llama_config(
     f.require("hidden_act", &["silu"])?;
     let hidden = f.size("hidden_size", MAX_SIZE)?;
     let intermediate = f.size("intermediate_size", MAX_SIZE)?;
-    let layers = f.size("num_hidden_layers", crate::workload::MAX_LAYERS)?;
-    let heads = f.size("num_attention_heads", crate::workload::MAX_HEADS)?;
+    let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
+    let heads = f.size("num_attention_heads", super::limits::MAX_HEADS)?;
     let kv_heads = f
-        .size_opt("num_key_value_heads", crate::workload::MAX_HEADS)?
+        .size_opt("num_key_value_heads", super::limits::MAX_HEADS)?
         .unwrap_or(heads);
-    let vocab = f.size("vocab_size", crate::workload::MAX_VOCAB)?;
-    let max_seq = f.size("max_position_embeddings", crate::workload::MAX_SEQ)?;
+    let vocab = f.size("vocab_size", super::limits::MAX_VOCAB)?;
+    let max_seq = f.size("max_position_embeddings", super::limits::MAX_SEQ)?;
     if heads % kv_heads != 0 {
         return Err(f.bad(
             "num_key_value_heads",
@@ -272,9 +272,9 @@ fn llama_config(
         f.bool_or("attention_bias", false)?
     };
     let sliding_window = match model_type {
-        "mistral" => f.size_opt("sliding_window", crate::workload::MAX_SEQ)?,
+        "mistral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
         "qwen2" if f.bool_or("use_sliding_window", false)? => {
-            f.size_opt("sliding_window", crate::workload::MAX_SEQ)?
+            f.size_opt("sliding_window", super::limits::MAX_SEQ)?
         }
         _ => None,
     };
@@ -303,7 +303,7 @@ fn llama_config(
 fn gpt2_config(f: &Fields) -> Result<Config, UserError> {
     f.require("activation_function", &["gelu_new"])?;
     let hidden = f.size("n_embd", MAX_SIZE)?;
-    let heads = f.size("n_head", crate::workload::MAX_HEADS)?;
+    let heads = f.size("n_head", super::limits::MAX_HEADS)?;
     if let Some(inner) = f.size_opt("n_inner", MAX_SIZE)?
         && inner != 4 * hidden
     {
@@ -323,11 +323,11 @@ fn gpt2_config(f: &Fields) -> Result<Config, UserError> {
         ));
     }
     let mut cfg = Config::new(
-        f.size("vocab_size", crate::workload::MAX_VOCAB)?,
+        f.size("vocab_size", super::limits::MAX_VOCAB)?,
         hidden,
         heads,
-        f.size("n_layer", crate::workload::MAX_LAYERS)?,
-        f.size("n_positions", crate::workload::MAX_SEQ)?,
+        f.size("n_layer", super::limits::MAX_LAYERS)?,
+        f.size("n_positions", super::limits::MAX_SEQ)?,
     );
     cfg.layer_norm_eps = f.float_or("layer_norm_epsilon", 1e-5)?;
     cfg.tied = f.bool_or("tie_word_embeddings", true)?;
@@ -336,7 +336,7 @@ fn gpt2_config(f: &Fields) -> Result<Config, UserError> {
 
 fn vit_config(f: &Fields) -> Result<Config, UserError> {
     let hidden = f.size("hidden_size", MAX_SIZE)?;
-    let heads = f.size("num_attention_heads", crate::workload::MAX_HEADS)?;
+    let heads = f.size("num_attention_heads", super::limits::MAX_HEADS)?;
     let inter = f.size("intermediate_size", MAX_SIZE)?;
     if inter != 4 * hidden {
         return Err(f.bad(
@@ -354,8 +354,8 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
             "a divisor of hidden_size",
         ));
     }
-    let image = f.size("image_size", crate::workload::MAX_IMAGE)?;
-    let patch = f.size("patch_size", crate::workload::MAX_IMAGE)?;
+    let image = f.size("image_size", super::limits::MAX_IMAGE)?;
+    let patch = f.size("patch_size", super::limits::MAX_IMAGE)?;
     if image % patch != 0 {
         return Err(f.bad(
             "patch_size",
@@ -364,7 +364,7 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
             "a divisor of image_size",
         ));
     }
-    let classes = match f.size_opt("num_labels", crate::workload::MAX_VOCAB)? {
+    let classes = match f.size_opt("num_labels", super::limits::MAX_VOCAB)? {
         Some(k) => k,
         None => match f.get("id2label") {
             Some(Value::Object(m)) if !m.is_empty() => m.len(),
@@ -377,13 +377,13 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
             image,
             patch,
             channels: f
-                .size_opt("num_channels", crate::workload::MAX_CHANNELS)?
+                .size_opt("num_channels", super::limits::MAX_CHANNELS)?
                 .unwrap_or(3),
         },
         classes,
         hidden,
         heads,
-        layers: f.size("num_hidden_layers", crate::workload::MAX_LAYERS)?,
+        layers: f.size("num_hidden_layers", super::limits::MAX_LAYERS)?,
     });
     cfg.layer_norm_eps = f.float_or("layer_norm_eps", 1e-12)?;
     Ok(cfg)

@@ -1,11 +1,17 @@
 //! Synthetic models written the candle way: a `Config` with named presets and layers built by
 //! `new(cfg, vb)` with sub-layers named through `vb.pp`.
 
+pub mod attention;
+pub mod config;
 pub mod efficient_attention;
 pub mod frozen;
 pub mod hf_config;
 pub mod kernels;
+pub mod limits;
 pub mod llama;
+pub mod mlp;
+pub mod norm;
+pub mod proj;
 pub mod tiled_attention;
 pub mod transformer;
 pub mod vit;

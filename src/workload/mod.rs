@@ -255,17 +255,8 @@ pub struct Case {
     pub flush_denormals: bool,
 }
 
-/// Upper bounds of the size keys (inclusive).
-pub const MAX_BATCH: i64 = 1 << 20;
-pub const MAX_SEQ: i64 = 1 << 20;
-pub const MAX_HIDDEN: i64 = 1 << 20;
-pub const MAX_HEADS: i64 = 1 << 16;
-pub const MAX_LAYERS: i64 = 1 << 14;
-pub const MAX_VOCAB: i64 = 1 << 24;
-pub const MAX_IMAGE: i64 = 1 << 16;
-pub const MAX_CHANNELS: i64 = 1 << 10;
-/// Largest single tensor memfit will try: Rust allocations are limited to `isize::MAX` bytes.
-pub const MAX_TENSOR_BYTES: u128 = isize::MAX as u128;
+/// The size limits (inclusive), defined beside the models they bound.
+pub use crate::model::limits::*;
 
 /// Parses a workload file's text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<WorkloadFile, UserError> {

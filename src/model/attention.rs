@@ -1,0 +1,182 @@
+//! Multi-head self-attention: standard (composed or fused probabilities), efficient (the CPU
+//! op) or tiled (the composition of ordinary ops), with grouped-query K/V heads, rotary
+//! positions, and its step with a key/value cache (`forward_cached`).
+
+use candle_core::{D, Module, Result, Tensor};
+use candle_nn::{VarBuilder, ops};
+
+use super::efficient_attention::EfficientAttention;
+use super::kernels;
+use super::llama;
+use super::transformer::{Config, Proj, ProjSpec};
+
+/// The rotary tables of a LLaMA model and the position of the first token: what a block needs
+/// to embed positions.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary<'a> {
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    pub offset: usize,
+}
+
+/// Multi-head causal self-attention with separate q, k, v, o projections; with `kv_heads` <
+/// `heads` (LLaMA's grouped-query attention) k and v have fewer heads and are repeated before
+/// the scores ([`llama::repeat_kv`]).
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub(crate) q: Proj,
+    pub(crate) k: Proj,
+    pub(crate) v: Proj,
+    pub(crate) o: Proj,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) efficient: bool,
+    /// [`super::tiled_attention`].
+    pub(crate) tiled: bool,
+    /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
+    pub(crate) fused: bool,
+    /// A decoder (causal); the ViT encoder attends everywhere.
+    pub(crate) causal: bool,
+}
+
+impl Attention {
+    /// `projs` are the block's q, k, v, o.
+    pub(crate) fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        Ok(Self {
+            q: p(0)?,
+            k: p(1)?,
+            v: p(2)?,
+            o: p(3)?,
+            heads: cfg.heads,
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            efficient: cfg.efficient_attention,
+            tiled: cfg.tiled_attention,
+            fused: cfg.kernels.fused(),
+            causal: cfg.vision.is_none(),
+        })
+    }
+
+    /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above (decoder),
+    /// or none (encoder: every position attends to every position).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x, rotary)?;
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
+        if self.tiled {
+            let (b, _, s, d) = q.dims4()?;
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let y = super::tiled_attention::attention(&q, &k, &v, scale, self.causal)?;
+            drop((q, k, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
+        if self.efficient {
+            let (b, _, s, d) = q.dims4()?;
+            let op = EfficientAttention {
+                scale: (1.0 / (d as f64).sqrt()) as f32,
+                causal: mask.is_some(),
+            };
+            let y = q.apply_op3(&k, &v, op)?;
+            drop((q, k, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
+        self.attend(q, k, v, mask)
+    }
+
+    /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
+    /// contiguous; with rotary tables, queries and keys rotated.
+    fn qkv(&self, x: &Tensor, rotary: Option<Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, s, _h) = x.dims3()?;
+        let d = self.head_dim;
+        let split = |t: Tensor, n: usize| -> Result<Tensor> {
+            t.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()
+        };
+        let rotate = |t: Tensor| -> Result<Tensor> {
+            match rotary {
+                None => Ok(t),
+                Some(r) if self.fused => kernels::rotary(
+                    &t,
+                    &r.cos.narrow(0, r.offset, s)?,
+                    &r.sin.narrow(0, r.offset, s)?,
+                ),
+                Some(r) => llama::apply_rotary(&t, r.cos, r.sin, r.offset),
+            }
+        };
+        let q = rotate(split(self.q.forward(x)?, self.heads)?)?;
+        let k = rotate(split(self.k.forward(x)?, self.kv_heads)?)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        Ok((q, k, v))
+    }
+
+    /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, A·D)`, through `o`;
+    /// each intermediate is freed as soon as the next exists.
+    ///
+    /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
+    /// (no mask tensor: a single cached query sees every key, a prompt is masked).
+    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let (b, _, s, d) = q.dims4()?;
+        if self.fused {
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let probs = kernels::attn_probs(&q, &k, scale, self.causal)?;
+            drop((q, k));
+            let y = probs.matmul(&v)?;
+            drop((probs, v));
+            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+            return self.o.forward(&y);
+        }
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = ops::softmax(&scores, D::Minus1)?;
+        drop(scores);
+        let y = probs.matmul(&v)?;
+        drop((probs, v));
+        let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
+        self.o.forward(&y)
+    }
+
+    /// Inference with a key/value cache `(B, G, T, D)` each (at the K/V heads): the new keys
+    /// and values are appended (`Tensor::cat`, a new allocation; the old cache is freed
+    /// after), then repeated to the query heads for this step only, and the queries attend to
+    /// every cached position (`mask` only for a prompt of several tokens).
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x, rotary)?;
+        let (k, v) = match cache.take() {
+            None => (k, v),
+            Some((pk, pv)) => {
+                let k = Tensor::cat(&[&pk, &k], 2)?;
+                drop(pk);
+                let v = Tensor::cat(&[&pv, &v], 2)?;
+                (k, v)
+            }
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
+        self.attend(q, k, v, mask)
+    }
+
+    pub(crate) fn projs_mut(&mut self) -> [&mut Proj; 4] {
+        [&mut self.q, &mut self.k, &mut self.v, &mut self.o]
+    }
+}

@@ -1,0 +1,90 @@
+//! The position-wise MLP: GPT's tanh-GELU MLP or LLaMA's SwiGLU, composed or fused.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use super::kernels;
+use super::transformer::{Config, Proj, ProjSpec};
+
+/// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
+/// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    Gelu {
+        fc1: Proj,
+        fc2: Proj,
+        fused: bool,
+    },
+    SwiGlu {
+        gate: Proj,
+        up: Proj,
+        down: Proj,
+        fused: bool,
+    },
+}
+
+impl Mlp {
+    /// `projs` are the block's MLP projections (fc1, fc2 or gate, up, down).
+    pub(crate) fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        let fused = cfg.kernels.fused();
+        Ok(match projs.len() {
+            2 => Mlp::Gelu {
+                fc1: p(0)?,
+                fc2: p(1)?,
+                fused,
+            },
+            _ => Mlp::SwiGlu {
+                gate: p(0)?,
+                up: p(1)?,
+                down: p(2)?,
+                fused,
+            },
+        })
+    }
+
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        match self {
+            Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
+        }
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Gelu {
+                fc1,
+                fc2,
+                fused: true,
+            } => {
+                let a = kernels::gelu(&fc1.forward(x)?)?;
+                fc2.forward(&a)
+            }
+            Mlp::Gelu { fc1, fc2, .. } => {
+                let a = fc1.forward(x)?.gelu()?;
+                fc2.forward(&a)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+            } => {
+                let g = gate.forward(x)?;
+                let u = up.forward(x)?;
+                let m = kernels::silu_mul(&g, &u)?;
+                drop((g, u));
+                down.forward(&m)
+            }
+            Mlp::SwiGlu { gate, up, down, .. } => {
+                let g = gate.forward(x)?.silu()?;
+                let u = up.forward(x)?;
+                let m = g.mul(&u)?;
+                drop((g, u));
+                down.forward(&m)
+            }
+        }
+    }
+}

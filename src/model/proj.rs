@@ -1,0 +1,234 @@
+//! A block's projection: candle-nn's `Linear` (or the fused linear), an optional LoRA adapter,
+//! and how LoRA freezes the base ([`LoraBase`], [`LoraTarget`]).
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::{Init, Linear, VarBuilder, linear, linear_no_bias};
+use serde::{Deserialize, Serialize};
+
+use super::frozen::{FrozenLinear, FrozenWeight};
+use super::kernels;
+use super::transformer::{Config, ProjSpec};
+use candle_core::quantized::GgmlDType;
+
+/// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
+/// zero at the start, scale `α/r` with α = r.
+#[derive(Debug, Clone)]
+pub struct Lora {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+/// A projection (candle-nn `Linear`) with an optional LoRA adapter. Under LoRA with
+/// `lora_base` `op`, `q4_0` or `q8_0` the base runs as a [`FrozenLinear`] instead (`frozen`),
+/// and `linear` keeps only what the op does not hold.
+#[derive(Debug, Clone)]
+pub struct Proj {
+    pub linear: Linear,
+    pub lora: Option<Lora>,
+    pub frozen: Option<FrozenWeight>,
+    /// With a bias and no frozen base: one [`kernels::linear`] op.
+    pub fused: bool,
+}
+
+impl Proj {
+    /// The projection `spec` (`in → out`, with or without bias); an adapter of rank
+    /// `cfg.lora_rank` when its target is adapted.
+    pub(crate) fn new(spec: &ProjSpec, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let vb = vb.pp(spec.path.rsplit('.').next().expect("a path"));
+        let (inp, out) = (spec.inp, spec.out);
+        let lora = if cfg.lora_rank > 0 && cfg.lora_targets.contains(&spec.target) {
+            let r = cfg.lora_rank;
+            Some(Lora {
+                a: vb.get_with_hints(
+                    (r, inp),
+                    "lora_a",
+                    Init::Randn {
+                        mean: 0.,
+                        stdev: 0.02,
+                    },
+                )?,
+                b: vb.get_with_hints((out, r), "lora_b", Init::Const(0.))?,
+                scale: 1.0,
+            })
+        } else {
+            None
+        };
+        let linear = if spec.bias {
+            linear(inp, out, vb)?
+        } else {
+            linear_no_bias(inp, out, vb)?
+        };
+        Ok(Self {
+            linear,
+            lora,
+            frozen: None,
+            fused: cfg.kernels.fused(),
+        })
+    }
+    /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
+    pub(crate) fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        Ok(Self {
+            linear: Linear::new(
+                base(self.linear.weight())?,
+                self.linear.bias().map(base).transpose()?,
+            ),
+            lora: match &self.lora {
+                None => None,
+                Some(l) => Some(Lora {
+                    a: adapter(&l.a)?,
+                    b: adapter(&l.b)?,
+                    scale: l.scale,
+                }),
+            },
+            frozen: match &self.frozen {
+                None => None,
+                Some(FrozenWeight::Dense(w)) => Some(FrozenWeight::Dense(base(w)?)),
+                Some(q) => Some(q.clone()),
+            },
+            fused: self.fused,
+        })
+    }
+
+    /// The projection with its base frozen as `mode` says (adapters untouched).
+    pub(crate) fn freeze(&self, mode: LoraBase) -> Result<Self> {
+        let bias = self.linear.bias().map(|b| b.detach());
+        let weight = self.linear.weight().detach();
+        let frozen = match mode {
+            LoraBase::Detach => None,
+            LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
+            LoraBase::Q4_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q4_0)?),
+            LoraBase::Q8_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q8_0)?),
+        };
+        // A quantized projection keeps no f32 weight: a 1-element placeholder stands in.
+        let weight = match mode {
+            LoraBase::Q4_0 | LoraBase::Q8_0 => Tensor::zeros(1, weight.dtype(), weight.device())?,
+            _ => weight,
+        };
+        Ok(Self {
+            linear: Linear::new(weight, bias),
+            lora: self.lora.clone(),
+            frozen,
+            fused: self.fused,
+        })
+    }
+}
+
+impl Module for Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match (&self.frozen, self.linear.bias()) {
+            (None, Some(b)) if self.fused => kernels::linear(x, self.linear.weight(), b)?,
+            (None, _) => self.linear.forward(x)?,
+            (Some(w), _) => {
+                let (b, s, inp) = x.dims3()?;
+                let op = FrozenLinear {
+                    weight: w.clone(),
+                    bias: self.linear.bias().cloned(),
+                };
+                x.reshape((b * s, inp))?
+                    .apply_op1(op)?
+                    .reshape((b, s, ()))?
+            }
+        };
+        match &self.lora {
+            None => Ok(y),
+            Some(l) => {
+                let (b, s, inp) = x.dims3()?;
+                let down = x.reshape((b * s, inp))?.matmul(&l.a.t()?)?;
+                let up = down.matmul(&l.b.t()?)?.reshape((b, s, ()))?;
+                y + (up * l.scale)?
+            }
+        }
+    }
+}
+
+/// How LoRA freezes the base projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraBase {
+    /// Detached weights in candle's own matmul: their gradients are still computed and held
+    /// until the gradient store is dropped.
+    Detach,
+    /// [`FrozenLinear`]: no gradient for the weight.
+    #[default]
+    Op,
+    /// QLoRA: [`FrozenLinear`] over 4-bit GGML blocks (18 B per 32 weights).
+    Q4_0,
+    /// [`FrozenLinear`] over 8-bit GGML blocks (34 B per 32 weights).
+    Q8_0,
+}
+
+impl LoraBase {
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "detach" => Some(Self::Detach),
+            "op" => Some(Self::Op),
+            "q4_0" => Some(Self::Q4_0),
+            "q8_0" => Some(Self::Q8_0),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Detach => "detach",
+            Self::Op => "op",
+            Self::Q4_0 => "q4_0",
+            Self::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// Projections that can carry a LoRA adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Fc1,
+    Fc2,
+    /// LLaMA's SwiGLU projections.
+    Gate,
+    Up,
+    Down,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 9] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Fc1,
+        Self::Fc2,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Q => "q",
+            Self::K => "k",
+            Self::V => "v",
+            Self::O => "o",
+            Self::Fc1 => "fc1",
+            Self::Fc2 => "fc2",
+            Self::Gate => "gate",
+            Self::Up => "up",
+            Self::Down => "down",
+        }
+    }
+}
