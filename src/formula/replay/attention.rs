@@ -1,0 +1,203 @@
+//! Mirror of `model::attention`: the composed softmax, rotary positions, `repeat_kv`, and
+//! standard (composed or fused), efficient and tiled attention with its cached step.
+
+use super::proj::Linear;
+use crate::formula::symbolic::Sym;
+use crate::model::kernels::Kernel;
+
+/// candle-nn `ops::softmax` (composed).
+pub(super) fn softmax(xs: &Sym, dim: usize) -> Sym {
+    let max = xs.max_keepdim(dim);
+    let diff = xs.broadcast_sub(&max);
+    let num = diff.exp();
+    let den = num.sum_keepdim(&[dim]);
+    num.broadcast_div(&den)
+}
+
+/// Mirror of `model::llama::apply_rotary`.
+pub(super) fn apply_rotary(x: &Sym, cos: &Sym, sin: &Sym, offset: usize) -> Sym {
+    let (s, d) = (x.dims()[2], x.dims()[3]);
+    let cos = cos.narrow(0, offset, s);
+    let sin = sin.narrow(0, offset, s);
+    let x1 = x.narrow(3, 0, d / 2);
+    let x2 = x.narrow(3, d / 2, d / 2);
+    let (a, b) = (x1.broadcast_mul(&cos), x2.broadcast_mul(&sin));
+    let r1 = a.sub(&b);
+    drop((a, b));
+    let (a, b) = (x2.broadcast_mul(&cos), x1.broadcast_mul(&sin));
+    let r2 = a.add(&b);
+    drop((a, b));
+    Sym::cat(&[&r1, &r2], 3)
+}
+
+/// Mirror of `model::llama::repeat_kv` (candle-transformers' `utils::repeat_kv`).
+pub(super) fn repeat_kv(x: Sym, n: usize) -> Sym {
+    if n == 1 {
+        return x;
+    }
+    let d = x.dims().to_vec();
+    let parts: Vec<&Sym> = vec![&x; n];
+    Sym::cat(&parts, 2).reshape(&[d[0], d[1] * n, d[2], d[3]])
+}
+
+/// The rotary tables and the first position (mirror of the model's `Rotary`).
+#[derive(Clone, Copy)]
+pub(super) struct Rotary<'a> {
+    pub(super) cos: &'a Sym,
+    pub(super) sin: &'a Sym,
+    pub(super) offset: usize,
+}
+
+pub(super) struct Attention {
+    pub(super) q: Linear,
+    pub(super) k: Linear,
+    pub(super) v: Linear,
+    pub(super) o: Linear,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) efficient: bool,
+    pub(super) tiled: bool,
+    pub(super) fused: bool,
+    pub(super) causal: bool,
+}
+
+impl Attention {
+    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        let (q, k, v) = self.qkv(x, rotary);
+        let group = self.heads / self.kv_heads;
+        let k = repeat_kv(k, group);
+        let v = repeat_kv(v, group);
+        if self.tiled {
+            // Mirror of `tiled_attention::attention`: the tiled forward on detached views, then
+            // the node's copy of the output (the precomputed one freed inside its forward).
+            let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let (out, lse) = crate::model::tiled_attention::forward(
+                &q.detach(),
+                &k.detach(),
+                &v.detach(),
+                scale as f64,
+                self.causal,
+            )
+            .expect("symbolic tiled attention");
+            let kernel = Kernel::TiledAttention {
+                scale,
+                causal: self.causal,
+            };
+            let y = Sym::kernel(kernel, &[&q, &k, &v, &lse], out.dims(), out.dtype());
+            drop((out, lse, q, k, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+            return self.o.forward(&y);
+        }
+        if self.efficient {
+            let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+            let y = q.efficient_attention(&k, &v);
+            drop((q, k, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+            return self.o.forward(&y);
+        }
+        self.attend(q, k, v, mask)
+    }
+
+    /// Mirror of the model's `Attention::qkv`.
+    pub(super) fn qkv(&self, x: &Sym, rotary: Option<Rotary>) -> (Sym, Sym, Sym) {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
+        let d = self.head_dim;
+        let split =
+            |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
+        let rotate = |t: Sym| -> Sym {
+            match rotary {
+                None => t,
+                Some(r) if self.fused => Sym::kernel(
+                    Kernel::Rotary,
+                    &[
+                        &t,
+                        &r.cos.narrow(0, r.offset, s),
+                        &r.sin.narrow(0, r.offset, s),
+                    ],
+                    t.dims(),
+                    t.dtype(),
+                ),
+                Some(r) => apply_rotary(&t, r.cos, r.sin, r.offset),
+            }
+        };
+        let q = rotate(split(self.q.forward(x), self.heads));
+        let k = rotate(split(self.k.forward(x), self.kv_heads));
+        let v = split(self.v.forward(x), self.kv_heads);
+        (q, k, v)
+    }
+
+    /// Mirror of the model's `Attention::attend`.
+    pub(super) fn attend(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
+        let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        if self.fused {
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let probs = q.attn_probs(&k, scale, self.causal);
+            drop((q, k));
+            let y = probs.matmul(&v);
+            drop((probs, v));
+            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+            return self.o.forward(&y);
+        }
+        // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
+        let scores = {
+            let m = q.matmul(&k.t());
+            let r = m.affine(1.0);
+            drop(m);
+            r
+        };
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m),
+            None => scores,
+        };
+        let probs = softmax(&scores, 3);
+        drop(scores);
+        let y = probs.matmul(&v);
+        drop((probs, v));
+        let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+        self.o.forward(&y)
+    }
+
+    /// Mirror of the model's `Attention::forward_cached`.
+    pub(super) fn forward_cached(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Sym, Sym)>,
+    ) -> Sym {
+        let (q, k, v) = self.qkv(x, rotary);
+        let (k, v) = match cache.take() {
+            None => (k, v),
+            Some((pk, pv)) => {
+                let k = Sym::cat(&[&pk, &k], 2);
+                drop(pk);
+                let v = Sym::cat(&[&pv, &v], 2);
+                (k, v)
+            }
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let group = self.heads / self.kv_heads;
+        let k = repeat_kv(k, group);
+        let v = repeat_kv(v, group);
+        self.attend(q, k, v, mask)
+    }
+
+    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        Attention {
+            q: f(&self.q),
+            k: f(&self.k),
+            v: f(&self.v),
+            o: f(&self.o),
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            efficient: self.efficient,
+            tiled: self.tiled,
+            fused: self.fused,
+            causal: self.causal,
+        }
+    }
+}

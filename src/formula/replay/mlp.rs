@@ -1,0 +1,89 @@
+//! Mirror of `model::mlp`: GPT's GELU MLP and LLaMA's SwiGLU, composed or fused.
+
+use super::proj::Linear;
+use crate::formula::symbolic::Sym;
+use crate::model::kernels::Kernel;
+
+/// GPT's `fc2(gelu(fc1(x)))` or LLaMA's `down(silu(gate(x)) · up(x))`.
+pub(super) enum Mlp {
+    Gelu {
+        fc1: Linear,
+        fc2: Linear,
+        fused: bool,
+    },
+    SwiGlu {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+        fused: bool,
+    },
+}
+
+impl Mlp {
+    pub(super) fn forward(&self, x: &Sym) -> Sym {
+        match self {
+            Mlp::Gelu {
+                fc1,
+                fc2,
+                fused: true,
+            } => {
+                let a = {
+                    let y = fc1.forward(x);
+                    Sym::kernel(Kernel::Gelu, &[&y], y.dims(), y.dtype())
+                };
+                fc2.forward(&a)
+            }
+            Mlp::Gelu { fc1, fc2, .. } => {
+                let a = fc1.forward(x).gelu();
+                fc2.forward(&a)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+            } => {
+                let g = gate.forward(x);
+                let u = up.forward(x);
+                let m = Sym::kernel(Kernel::SiluMul, &[&g, &u], g.dims(), g.dtype());
+                drop((g, u));
+                down.forward(&m)
+            }
+            Mlp::SwiGlu { gate, up, down, .. } => {
+                let g = gate.forward(x).silu();
+                let u = up.forward(x);
+                let m = g.mul(&u);
+                drop((g, u));
+                down.forward(&m)
+            }
+        }
+    }
+
+    pub(super) fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
+        }
+    }
+
+    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        match self {
+            Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
+                fc1: f(fc1),
+                fc2: f(fc2),
+                fused: *fused,
+            },
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused,
+            } => Mlp::SwiGlu {
+                gate: f(gate),
+                up: f(up),
+                down: f(down),
+                fused: *fused,
+            },
+        }
+    }
+}

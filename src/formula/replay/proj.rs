@@ -1,0 +1,140 @@
+//! Mirror of `model::proj`: candle-nn's `Linear`, the fused linear, the frozen-linear op and
+//! LoRA adapters, on symbolic tensors.
+
+use super::Params;
+use crate::formula::symbolic::{DType, Sym};
+use crate::model::frozen::quantized_bytes;
+use crate::model::transformer::{LoraBase, ProjSpec};
+use candle_core::quantized::GgmlDType;
+
+/// candle-nn's `Linear` (weight `(out, in)`, optional bias).
+pub(super) struct Linear {
+    pub(super) weight: Sym,
+    pub(super) bias: Option<Sym>,
+    /// Output width (the weight's rows; a quantized weight is only bytes).
+    pub(super) out: usize,
+    /// LoRA adapter A `(r, in)`, B `(out, r)` (the model's `Proj`).
+    pub(super) lora: Option<(Sym, Sym)>,
+    /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
+    pub(super) frozen: Option<bool>,
+    /// A block projection with fused kernels: with a bias, one `kernels::linear` op.
+    pub(super) fused: bool,
+}
+
+impl Linear {
+    pub(super) fn new(p: &Params, inp: usize, out: usize, bias: bool) -> Self {
+        Self {
+            weight: p.tensor(&[out, inp]),
+            bias: bias.then(|| p.tensor(&[out])),
+            out,
+            lora: None,
+            frozen: None,
+            fused: false,
+        }
+    }
+
+    /// A projection `spec`, with an adapter of rank `r` when `r > 0`: the adapter is a
+    /// variable, the base weights are frozen (not variables) under LoRA.
+    pub(super) fn proj(p: &Params, spec: &ProjSpec, r: usize) -> Self {
+        let (inp, out) = (spec.inp, spec.out);
+        if !p.lora {
+            return Self {
+                fused: p.fused,
+                ..Self::new(p, inp, out, spec.bias)
+            };
+        }
+        // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
+        // carry an adapter.
+        let lora = (r > 0).then(|| (p.adapter(&[r, inp]), p.adapter(&[out, r])));
+        let (weight, frozen) = match p.base {
+            LoraBase::Detach => (p.frozen(&[out, inp]), None),
+            LoraBase::Op => (p.frozen(&[out, inp]), Some(false)),
+            LoraBase::Q4_0 | LoraBase::Q8_0 => {
+                let q = if p.base == LoraBase::Q4_0 {
+                    GgmlDType::Q4_0
+                } else {
+                    GgmlDType::Q8_0
+                };
+                let bytes = quantized_bytes((out * inp) as u64, q) as usize;
+                (Sym::new(p.ledger, &[bytes], DType::U8), Some(true))
+            }
+        };
+        Self {
+            weight,
+            bias: spec.bias.then(|| p.frozen(&[out])),
+            out,
+            lora,
+            frozen,
+            fused: p.fused,
+        }
+    }
+
+    /// `Proj::map`: `base` on weight and bias, `adapter` on A and B.
+    pub(super) fn map(&self, base: &dyn Fn(&Sym) -> Sym, adapter: &dyn Fn(&Sym) -> Sym) -> Self {
+        Self {
+            weight: base(&self.weight),
+            bias: self.bias.as_ref().map(base),
+            out: self.out,
+            lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
+            frozen: self.frozen,
+            fused: self.fused,
+        }
+    }
+
+    /// `Proj::forward`: the linear layer (or the frozen-linear op), plus `scale·(x·Aᵀ)·Bᵀ`
+    /// with an adapter.
+    pub(super) fn forward(&self, x: &Sym) -> Sym {
+        let y = match (self.frozen, &self.bias) {
+            (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
+            (None, _) => self.linear_forward(x),
+            (Some(quantized), _) => {
+                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+                let out = self.out;
+                let w = (!quantized).then(|| self.weight.clone());
+                x.reshape(&[bs * s, inp])
+                    .frozen_linear(w, out, self.bias.as_ref())
+                    .reshape(&[bs, s, out])
+            }
+        };
+        match &self.lora {
+            None => y,
+            Some((a, b)) => {
+                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+                let down = x.reshape(&[bs * s, inp]).matmul(&a.t());
+                let up = down.matmul(&b.t()).reshape(&[bs, s, b.dims()[0]]);
+                // `y + (up * scale)?`: both operands passed by value.
+                let scaled = up.affine(1.0);
+                drop(up);
+                let r = y.add(&scaled);
+                drop((y, scaled));
+                r
+            }
+        }
+    }
+
+    /// candle-nn's `Linear::forward`.
+    pub(super) fn linear_forward(&self, x: &Sym) -> Sym {
+        let x = match *x.dims() {
+            [bsize, m, k] => {
+                if x.is_contiguous() {
+                    let w = self.weight.t();
+                    let n = w.dims()[1];
+                    x.reshape(&[bsize * m, k])
+                        .matmul(&w)
+                        .reshape(&[bsize, m, n])
+                } else {
+                    let w = self.weight.broadcast_left(&[bsize]).t();
+                    x.matmul(&w)
+                }
+            }
+            _ => {
+                let w = self.weight.t();
+                x.matmul(&w)
+            }
+        };
+        match &self.bias {
+            None => x,
+            Some(bias) => x.broadcast_add(bias),
+        }
+    }
+}
