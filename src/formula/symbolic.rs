@@ -76,6 +76,16 @@ impl Ledger {
         self.current.get()
     }
 
+    /// gemm's transient packing buffer for one product of layouts `la · ra` (nothing unless
+    /// `gemm_threads` is set): allocated and freed at once, so it only raises the peak.
+    fn gemm_pack(&self, la: &Layout, ra: &Layout, dtype: DType) {
+        if let Some(threads) = self.gemm_threads {
+            let scratch = gemm_scratch(la, ra, dtype, threads);
+            self.alloc(scratch);
+            self.free(scratch);
+        }
+    }
+
     fn id(&self) -> u64 {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
@@ -140,6 +150,14 @@ impl Layout {
     }
 
     /// candle's `Shape::is_contiguous`: dimensions of size 1 may have any stride.
+    /// The same view with dimensions `a` and `b` swapped.
+    fn transposed(&self, a: usize, b: usize) -> Layout {
+        let mut l = self.clone();
+        l.dims.swap(a, b);
+        l.strides.swap(a, b);
+        l
+    }
+
     fn is_contiguous(&self) -> bool {
         let mut acc = 1;
         for (&stride, &dim) in self.strides.iter().zip(&self.dims).rev() {
@@ -472,17 +490,9 @@ impl Sym {
         let op = self.op2(rhs, Op::Matmul);
         // candle allocates the output, then gemm its packing buffer for the call.
         let out = self.out(&dims, self.0.dtype, op);
-        if let Some(threads) = self.ledger().gemm_threads {
-            let scratch = self.gemm_scratch(rhs, threads);
-            self.ledger().alloc(scratch);
-            self.ledger().free(scratch);
-        }
+        self.ledger()
+            .gemm_pack(&self.0.layout, &rhs.0.layout, self.0.dtype);
         out
-    }
-
-    /// The packing buffer of one of the `gemm` calls candle makes for `self · rhs`.
-    fn gemm_scratch(&self, rhs: &Sym, threads: usize) -> u64 {
-        gemm_scratch(&self.0.layout, &rhs.0.layout, self.0.dtype, threads)
     }
 
     pub fn sum_keepdim(&self, sum_dims: &[usize]) -> Sym {
@@ -560,14 +570,8 @@ impl Sym {
         let dims = [d[0], d[1], d[2], k.dims()[2]];
         let kernel = Kernel::AttnProbs { scale, causal };
         let out = Sym::kernel(kernel, &[self, k], &dims, self.0.dtype);
-        if let Some(threads) = self.ledger().gemm_threads {
-            let mut kt = k.0.layout.clone();
-            kt.dims.swap(2, 3);
-            kt.strides.swap(2, 3);
-            let scratch = gemm_scratch(&self.0.layout, &kt, self.0.dtype, threads);
-            self.ledger().alloc(scratch);
-            self.ledger().free(scratch);
-        }
+        self.ledger()
+            .gemm_pack(&self.0.layout, &k.0.layout.transposed(2, 3), self.0.dtype);
         out
     }
 
@@ -579,15 +583,9 @@ impl Sym {
         let rows = dims.iter().product::<usize>() / inp.max(1);
         *dims.last_mut().expect("a dimension") = w.dims()[0];
         let y = Sym::kernel(Kernel::Linear, &[self, w, b], &dims, self.0.dtype);
-        if let Some(threads) = self.ledger().gemm_threads {
-            let mut wt = w.0.layout.clone();
-            wt.dims.swap(0, 1);
-            wt.strides.swap(0, 1);
-            let la = Layout::contiguous(&[rows, inp]);
-            let scratch = gemm_scratch(&la, &wt, self.0.dtype, threads);
-            self.ledger().alloc(scratch);
-            self.ledger().free(scratch);
-        }
+        let la = Layout::contiguous(&[rows, inp]);
+        self.ledger()
+            .gemm_pack(&la, &w.0.layout.transposed(0, 1), self.0.dtype);
         y
     }
 
@@ -664,9 +662,7 @@ impl Sym {
         if d1 == d2 {
             return self.clone();
         }
-        let mut layout = self.0.layout.clone();
-        layout.dims.swap(d1, d2);
-        layout.strides.swap(d1, d2);
+        let layout = self.0.layout.transposed(d1, d2);
         let op = self.op1(|a| Op::Transpose(a, d1, d2));
         self.view_with(layout, op, false)
     }

@@ -2,13 +2,29 @@
 //! op) or tiled (the composition of ordinary ops), with grouped-query K/V heads, rotary
 //! positions, and its step with a key/value cache (`forward_cached`).
 
-use candle_core::{D, Module, Result, Tensor};
+use candle_core::{D, Device, Module, Result, Tensor};
 use candle_nn::{VarBuilder, ops};
 
 use super::efficient_attention::EfficientAttention;
 use super::kernels;
 use super::llama;
 use super::transformer::{Config, Proj, ProjSpec};
+
+/// The additive causal mask of `rows` queries, the first at position `first_row`, over `cols`
+/// keys: f32 `(rows, cols)`, 0 where the key is at or before the query, −∞ after.
+pub fn causal_mask(rows: usize, cols: usize, first_row: usize, device: &Device) -> Result<Tensor> {
+    // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
+    let mask: Vec<f32> = (0..rows * cols)
+        .map(|k| {
+            if k % cols > k / cols + first_row {
+                f32::NEG_INFINITY
+            } else {
+                0.
+            }
+        })
+        .collect();
+    Tensor::from_vec(mask, (rows, cols), device)
+}
 
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.

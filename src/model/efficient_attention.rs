@@ -20,7 +20,7 @@
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 
-use super::kernels::cpu::{Float, same};
+use super::kernels::cpu::{Float, same, slice};
 
 /// The op; `scale` is `1/√D`.
 #[derive(Debug, Clone, Copy)]
@@ -39,13 +39,6 @@ impl EfficientAttention {
     /// The first query that sees key `j`.
     fn first_query(&self, j: usize) -> usize {
         if self.causal { j } else { 0 }
-    }
-}
-
-fn contiguous<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => bail!("efficient attention: {what} must be contiguous"),
     }
 }
 
@@ -206,9 +199,9 @@ impl CustomOp3 for EfficientAttention {
         let op = self.name();
         macro_rules! run {
             ($t:ty, $q:expr) => {{
-                let q = contiguous($q, l1, "q")?;
-                let k = contiguous(same::<$t>(op, s2)?, l2, "k")?;
-                let v = contiguous(same::<$t>(op, s3)?, l3, "v")?;
+                let q = slice($q, l1, "efficient attention", "q")?;
+                let k = slice(same::<$t>(op, s2)?, l2, "efficient attention", "k")?;
+                let v = slice(same::<$t>(op, s3)?, l3, "efficient attention", "v")?;
                 let out = self.forward::<$t>(q, k, v, s, d);
                 <$t as candle_core::WithDType>::to_cpu_storage_owned(out)
             }};
@@ -259,11 +252,11 @@ impl CustomOp3 for EfficientAttention {
         macro_rules! run {
             ($t:ty) => {{
                 let slices = [
-                    contiguous(same::<$t>(op, cq)?, lq, "q")?,
-                    contiguous(same::<$t>(op, ck)?, lk, "k")?,
-                    contiguous(same::<$t>(op, cv)?, lv, "v")?,
-                    contiguous(same::<$t>(op, co)?, lo, "out")?,
-                    contiguous(same::<$t>(op, cg)?, lg, "grad")?,
+                    slice(same::<$t>(op, cq)?, lq, "efficient attention", "q")?,
+                    slice(same::<$t>(op, ck)?, lk, "efficient attention", "k")?,
+                    slice(same::<$t>(op, cv)?, lv, "efficient attention", "v")?,
+                    slice(same::<$t>(op, co)?, lo, "efficient attention", "out")?,
+                    slice(same::<$t>(op, cg)?, lg, "efficient attention", "grad")?,
                 ];
                 let (dq, dk, dv) = self.backward::<$t>(slices, s, d);
                 drop((sq, sk, sv, so, sg));

@@ -195,9 +195,6 @@ impl CustomOp3 for TiledAttention {
             scale: self.scale,
             causal: self.causal,
         };
-        let mut g = kernel
-            .backward(&[q, k, v, &self.lse], res, grad)?
-            .into_iter();
-        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
+        kernel.backward3(&[q, k, v, &self.lse], res, grad)
     }
 }

@@ -269,17 +269,7 @@ impl Transformer {
 
     /// The causal mask `(S, S)`: 0 where a position may attend, −∞ above the diagonal.
     pub fn causal_mask(seq: usize, device: &Device) -> Result<Tensor> {
-        // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
-        let mask: Vec<f32> = (0..seq * seq)
-            .map(|k| {
-                if k % seq > k / seq {
-                    f32::NEG_INFINITY
-                } else {
-                    0.
-                }
-            })
-            .collect();
-        Tensor::from_vec(mask, (seq, seq), device)
+        super::attention::causal_mask(seq, seq, 0, device)
     }
 
     /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.

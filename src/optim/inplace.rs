@@ -119,12 +119,9 @@ impl InPlace {
         for slot in &self.slots {
             let theta = slot.var.as_tensor();
             let Some(g) = grads.get(theta) else { continue };
-            // The one scratch a step may make: a contiguous copy of a strided gradient.
-            let g = if g.is_contiguous() {
-                g.clone()
-            } else {
-                g.contiguous()?
-            };
+            // The one scratch a step may make: a contiguous copy of a strided gradient
+            // (`contiguous` is the same tensor otherwise).
+            let g = g.contiguous()?;
             match (self.rule, &slot.m, &slot.v) {
                 (Rule::Sgd, _, _) => theta.inplace_op2(
                     &g,
@@ -223,9 +220,9 @@ fn run<T: Float, const N: usize>(
 macro_rules! elementwise {
     ($name:expr, $dst:expr, $dl:expr, [$(($s:expr, $sl:expr)),*], $f:expr) => {
         match $dst {
-            CpuStorage::F32(d) => run(d, $dl, [$((same::<f32>($s)?.as_slice(), $sl)),*], $f),
-            CpuStorage::F16(d) => run(d, $dl, [$((same::<half::f16>($s)?.as_slice(), $sl)),*], $f),
-            CpuStorage::BF16(d) => run(d, $dl, [$((same::<half::bf16>($s)?.as_slice(), $sl)),*], $f),
+            CpuStorage::F32(d) => run(d, $dl, [$((same::<f32>($s)?, $sl)),*], $f),
+            CpuStorage::F16(d) => run(d, $dl, [$((same::<half::f16>($s)?, $sl)),*], $f),
+            CpuStorage::BF16(d) => run(d, $dl, [$((same::<half::bf16>($s)?, $sl)),*], $f),
             other => bail!(
                 "{}: unsupported type {:?}",
                 $name,
@@ -235,8 +232,8 @@ macro_rules! elementwise {
     };
 }
 
-fn same<T: 'static>(s: &CpuStorage) -> Result<&Vec<T>> {
-    crate::model::kernels::cpu::same_vec::<T>("in-place optimizer", s)
+fn same<T: candle_core::WithDType>(s: &CpuStorage) -> Result<&[T]> {
+    crate::model::kernels::cpu::same::<T>("in-place optimizer", s)
 }
 
 /// `dst ← a·dst + b·src` (or `b·src²` with `square`).

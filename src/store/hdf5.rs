@@ -728,22 +728,19 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     // Files written before the trim columns existed read them as not measured.
     let has = |name: &str| members.iter().any(|m| m == name);
     let n = r.len.unwrap_or(0);
-    // Files written before the kernels column held composed rows only.
-    let kernels = if has("kernels") {
-        r.string("kernels")?
-    } else {
-        vec!["composed".to_string(); n]
+    // A string column an older file does not have: every row reads `missing`.
+    let mut string_or = |name: &str, missing: &str| {
+        if has(name) {
+            r.string(name)
+        } else {
+            Ok(vec![missing.to_string(); n])
+        }
     };
-    let flush_denormals = if has("flush_denormals") {
-        r.string("flush_denormals")?
-    } else {
-        vec!["off".to_string(); n]
-    };
-    let trim_layer = if has("trim_layer") {
-        r.string("trim_layer")?
-    } else {
-        vec![String::new(); n]
-    };
+    // Files written before the kernels column held composed rows only, and no row flushed
+    // denormals.
+    let kernels = string_or("kernels", "composed")?;
+    let flush_denormals = string_or("flush_denormals", "off")?;
+    let trim_layer = string_or("trim_layer", "")?;
     let mut trim_u64 = |name: &str| {
         if has(name) {
             r.opt_u64(name)

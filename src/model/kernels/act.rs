@@ -50,11 +50,7 @@ impl CustomOp1 for GeluOp {
     }
 
     fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Kernel::Gelu
-            .backward(&[arg], res, grad)?
-            .into_iter()
-            .next()
-            .flatten())
+        Kernel::Gelu.backward1(&[arg], res, grad)
     }
 }
 
@@ -116,9 +112,6 @@ impl CustomOp2 for SiluMulOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = Kernel::SiluMul
-            .backward(&[gate, up], res, grad)?
-            .into_iter();
-        Ok((g.next().flatten(), g.next().flatten()))
+        Kernel::SiluMul.backward2(&[gate, up], res, grad)
     }
 }

@@ -103,7 +103,6 @@ impl CustomOp2 for AttnProbsOp {
             scale: self.scale,
             causal: self.causal,
         };
-        let mut g = kernel.backward(&[q, k], res, grad)?.into_iter();
-        Ok((g.next().flatten(), g.next().flatten()))
+        kernel.backward2(&[q, k], res, grad)
     }
 }

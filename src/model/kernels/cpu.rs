@@ -87,24 +87,9 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-/// The `$t` data of a second operand, which must have the first's type.
-pub fn same<'a, T: 'static>(op: &str, s: &'a CpuStorage) -> Result<&'a [T]> {
-    same_vec(op, s).map(|v| v.as_slice())
-}
-
-/// [`same`], as the storage's vector.
-pub fn same_vec<'a, T: 'static>(op: &str, s: &'a CpuStorage) -> Result<&'a Vec<T>> {
-    let any: &dyn std::any::Any = match s {
-        CpuStorage::F32(v) => v,
-        CpuStorage::F16(v) => v,
-        CpuStorage::BF16(v) => v,
-        other => bail!(
-            "{op}: unsupported type {:?}",
-            candle_core::backend::BackendStorage::dtype(other)
-        ),
-    };
-    match any.downcast_ref::<Vec<T>>() {
-        Some(v) => Ok(v),
-        None => bail!("{op}: operands of different types"),
-    }
+/// The `T` data of a second operand, which must have the first's type (candle's
+/// `CpuStorage::as_slice`, its error prefixed with the op's name).
+pub fn same<'a, T: candle_core::WithDType>(op: &str, s: &'a CpuStorage) -> Result<&'a [T]> {
+    s.as_slice::<T>()
+        .map_err(|e| candle_core::Error::Msg(format!("{op}: {e}")))
 }

@@ -101,16 +101,8 @@ impl Graph for Tensor {
         Tensor::broadcast_add(self, rhs)
     }
     fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self> {
-        let mask: Vec<f32> = (0..rows * cols)
-            .map(|i| {
-                if i % cols > i / cols + first_row {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Tensor::from_vec(mask, (rows, cols), self.device())?.to_dtype(self.dtype())
+        crate::model::attention::causal_mask(rows, cols, first_row, self.device())?
+            .to_dtype(self.dtype())
     }
     fn sqr(&self) -> Result<Self> {
         Tensor::sqr(self)

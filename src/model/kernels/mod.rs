@@ -48,7 +48,7 @@ pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::rotary;
 
-use candle_core::Result;
+use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// Which implementation of the norms, softmax, activations and loss a model uses.
@@ -128,6 +128,40 @@ impl Kernel {
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
+    }
+
+    /// [`Kernel::backward`] for a `CustomOp1`'s `bwd`: the first arg's gradient.
+    pub fn backward1(
+        &self,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        Ok(self.backward(args, res, grad)?.into_iter().next().flatten())
+    }
+
+    /// [`Kernel::backward`] for a `CustomOp2`'s `bwd`: the first two args' gradients.
+    #[allow(clippy::type_complexity)]
+    pub fn backward2(
+        &self,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.backward(args, res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten()))
+    }
+
+    /// [`Kernel::backward`] for a `CustomOp3`'s `bwd`: the first three args' gradients.
+    #[allow(clippy::type_complexity)]
+    pub fn backward3(
+        &self,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.backward(args, res, grad)?.into_iter();
+        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
     }
 
     /// The gradients of the args (in their order; `None` for the integer targets) from the

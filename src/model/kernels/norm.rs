@@ -103,10 +103,7 @@ impl CustomOp3 for LayerNormOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = Kernel::LayerNorm { eps: self.eps }
-            .backward(&[x, w, b], res, grad)?
-            .into_iter();
-        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
+        Kernel::LayerNorm { eps: self.eps }.backward3(&[x, w, b], res, grad)
     }
 }
 
@@ -136,9 +133,6 @@ impl CustomOp2 for RmsNormOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = Kernel::RmsNorm { eps: self.eps }
-            .backward(&[x, w], res, grad)?
-            .into_iter();
-        Ok((g.next().flatten(), g.next().flatten()))
+        Kernel::RmsNorm { eps: self.eps }.backward2(&[x, w], res, grad)
     }
 }

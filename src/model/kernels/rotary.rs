@@ -77,9 +77,6 @@ impl CustomOp3 for RotaryOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = Kernel::Rotary
-            .backward(&[x, cos, sin], res, grad)?
-            .into_iter();
-        Ok((g.next().flatten(), g.next().flatten(), g.next().flatten()))
+        Kernel::Rotary.backward3(&[x, cos, sin], res, grad)
     }
 }
