@@ -1,5 +1,5 @@
 //! `--flush-denormals`: recorded in every row, off by default, the same memory either way, and
-//! a clear error for a bad value.
+//! a clear error for a bad value; `--kernels`' refusals.
 
 mod common;
 
@@ -48,4 +48,29 @@ fn a_bad_value_names_the_key() {
         err.contains("flush_denormals") && err.contains("on, off"),
         "{err}"
     );
+}
+
+/// `--kernels`: an unknown value and fused kernels on CUDA are refused before anything runs,
+/// naming the key and what is allowed.
+#[test]
+fn kernels_refusals_name_the_key() {
+    for (args, want) in [
+        (&["--kernels", "fast"][..], "fused, composed"),
+        (
+            &["--kernels", "fused", "--device", "cuda:0"][..],
+            "composed on cuda",
+        ),
+    ] {
+        let out = memfit()
+            .args(["run", "--preset", "tiny", "--list-cases"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("kernels") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
 }
