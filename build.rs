@@ -1,7 +1,34 @@
-//! Records the git commit and the candle version for the run metadata.
+//! Records the git commit and the candle version for the run metadata; with the `cuda` feature,
+//! compiles the fused kernels' CUDA source (`src/model/kernels/fused.cu`) to PTX with nvcc for
+//! `CUDA_COMPUTE_CAP` (the variable candle-kernels' build needs too).
+use std::path::PathBuf;
 use std::process::Command;
 
+/// `nvcc --ptx` of the fused kernels into `$OUT_DIR/fused.ptx`.
+fn cuda_ptx() {
+    let src = "src/model/kernels/fused.cu";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    let cap = std::env::var("CUDA_COMPUTE_CAP")
+        .expect("the cuda feature needs CUDA_COMPUTE_CAP (e.g. 90; see scripts/build-cuda.sh)");
+    let cap: String = cap.chars().filter(|c| c.is_ascii_digit()).collect();
+    let nvcc = std::env::var("NVCC")
+        .or_else(|_| std::env::var("CUDA_HOME").map(|h| format!("{h}/bin/nvcc")))
+        .unwrap_or_else(|_| "nvcc".into());
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("fused.ptx");
+    let status = Command::new(&nvcc)
+        .args(["--ptx", "-O3", &format!("-arch=sm_{cap}"), src, "-o"])
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("running {nvcc} for {src}: {e}"));
+    assert!(status.success(), "{nvcc} --ptx {src} failed ({status})");
+}
+
 fn main() {
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        cuda_ptx();
+    }
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()

@@ -3,6 +3,7 @@
 # dist/gpu/ (git-ignored; pass it in the device tool's `carry`):
 #   dist/gpu/memfit.gz     the binary built with `--features cuda` (sm_90: H100/H200)
 #   dist/gpu/lib.tar.gz    the HDF5 library chain it links (the GPU image has no libhdf5)
+#   dist/gpu/tests.tar.gz  tests/kernels and tests/inplace_optim built with cuda (run on the GPU)
 #   dist/gpu/BUILD         commit, date, toolchain of the build
 # The CUDA toolchain comes from PyPI wheels (scripts/cuda-toolchain.sh, full mode: ≈ 650 MB
 # download once, cached in $MEMFIT_CUDA_TOOLCHAIN, default ~/.cache/memfit/cuda-toolchain).
@@ -33,6 +34,19 @@ ldd "$bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
   esac
 done
 tar -C "$out" -czf "$out/lib.tar.gz" lib && rm -rf "$out/lib"
+# The numeric test binaries the GPU call runs on the device (MEMFIT_TEST_DEVICE=cuda:0): the
+# fused kernels' CUDA forwards and the in-place optimizer updates against candle's own ops.
+mkdir -p "$out/tests"
+cargo test --release --features cuda --test kernels --test inplace_optim --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])' | while read -r name exe; do
+  objcopy --strip-debug "$exe" "$out/tests/$name"
+done
+tar -C "$out" -czf "$out/tests.tar.gz" tests && rm -rf "$out/tests"
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet || echo ' (dirty)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"

@@ -8,7 +8,8 @@
 # folders down, plain names), and the command is killed at its time limit. So it writes
 # exactly seven files, all at the top of $OUT:
 #   machine.txt     what ran where (read-only queries: no GPU setting is touched)
-#   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s)
+#   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s), then
+#                   the numeric tests of the fused kernels and in-place updates on the device
 #   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
 #   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
 #   torch.log       the PyTorch reference (scripts/torch_reference.py, JSON lines + tables) on
@@ -83,9 +84,10 @@ pack() {
   echo "# build"; cat dist/gpu/BUILD 2>&1; "${memfit[@]}" --version 2>&1
 } > "$out/machine.txt" 2>&1
 
-# 1. Smoke test: one small case, every training phase and inference, every meter layer.
+# 1. Smoke test: one small case, every training phase and inference, every meter layer, on
+# candle's composed ops (the fused kernels are checked next, without stopping the call).
 s=$(date +%s)
-timeout 120 "${memfit[@]}" run --preset tiny --batch 2 --seq 16 \
+timeout 120 "${memfit[@]}" run --preset tiny --batch 2 --seq 16 --kernels composed \
   --phases init,forward,backward,optimizer,train-step,inference \
   --device "$device" --threads 2 --case-timeout 90 --out "$res/smoke" > "$out/smoke.log" 2>&1
 rc=$?
@@ -118,6 +120,36 @@ if (( rc != 0 )); then
   pack
   exit 1
 fi
+
+# 1b. The fused kernels' device forwards and the in-place optimizer updates against candle's
+# own ops on the device (the test binaries scripts/build-cuda.sh packs; the dry run takes
+# $MEMFIT_TEST_BINS). Logged into smoke.log; a failure is recorded, the sweep still runs (its
+# rows say which kernels ran).
+s=$(date +%s)
+trc=0
+{
+  echo "# numeric tests on $device (MEMFIT_TEST_DEVICE)"
+  if [[ "$dry" == 1 ]]; then
+    tests=(${MEMFIT_TEST_BINS:-})
+  else
+    [[ -f dist/gpu/tests.tar.gz && ! -d dist/gpu/tests ]] && tar -C dist/gpu -xzf dist/gpu/tests.tar.gz
+    tests=(dist/gpu/tests/*)
+  fi
+  if (( ${#tests[@]} == 0 )) || [[ ! -x "${tests[0]}" ]]; then
+    echo "skipped: no test binaries (scripts/build-cuda.sh packs them)"
+  fi
+  for t in "${tests[@]}"; do
+    [[ -x "$t" ]] || continue
+    echo "## $(basename "$t")"
+    if [[ "$dry" == 1 ]]; then
+      MEMFIT_TEST_DEVICE=$device timeout 120 "$t" --test-threads 1 2>&1
+    else
+      MEMFIT_CUDA_BIN="$t" MEMFIT_TEST_DEVICE=$device timeout 120 scripts/memfit-cuda --test-threads 1 --nocapture 2>&1
+    fi
+    r=$?; (( r == 0 )) || trc=$r
+  done
+} >> "$out/smoke.log" 2>&1
+step tests "$trc" $(( $(date +%s) - s ))
 
 # 2. The sweep, under a deadline that leaves the reserve (and some time for data loading and
 # the PyTorch reference).

@@ -50,27 +50,44 @@ fn a_bad_value_names_the_key() {
     );
 }
 
-/// `--kernels`: an unknown value and fused kernels on CUDA are refused before anything runs,
-/// naming the key and what is allowed.
+/// `--kernels`: an unknown value is refused before anything runs, naming the key and what is
+/// allowed; fused kernels on CUDA are accepted (they have a CUDA forward), and are the default
+/// there as on the CPU.
 #[test]
 fn kernels_refusals_name_the_key() {
-    for (args, want) in [
-        (&["--kernels", "fast"][..], "fused, composed"),
-        (
-            &["--kernels", "fused", "--device", "cuda:0"][..],
-            "composed on cuda",
-        ),
+    let out = memfit()
+        .args([
+            "run",
+            "--preset",
+            "tiny",
+            "--list-cases",
+            "--kernels",
+            "fast",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kernels") && err.contains("fused, composed"),
+        "{err}"
+    );
+    for (args, composed) in [
+        (&["--device", "cuda:0"][..], false),
+        (&["--kernels", "fused", "--device", "cuda:0"], false),
+        (&["--kernels", "composed", "--device", "cuda:0"], true),
     ] {
         let out = memfit()
             .args(["run", "--preset", "tiny", "--list-cases"])
             .args(args)
             .output()
             .unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let text = String::from_utf8_lossy(&out.stdout);
         assert!(
-            err.contains("kernels") && err.contains(want),
-            "{args:?}: {err}"
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        assert_eq!(text.contains(" composed"), composed, "{args:?}: {text}");
     }
 }

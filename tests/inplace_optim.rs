@@ -1,10 +1,13 @@
 //! The in-place optimizers (`optim::inplace`) take the same steps as the ones they replace
-//! (candle-nn's SGD and AdamW, memfit's momentum SGD) on the same gradients, in f32 and f16.
+//! (candle-nn's SGD and AdamW, memfit's momentum SGD) on the same gradients, in f32 and f16, on
+//! the CPU or `MEMFIT_TEST_DEVICE` (the CUDA updates of `fused.cu`).
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
+
+mod common;
 
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed;
@@ -24,7 +27,7 @@ fn params(dtype: DType) -> Vec<Var> {
         .into_iter()
         .map(|(dims, seed)| {
             let n = dims.iter().product();
-            let t = Tensor::from_vec(values(n, seed, 1.0), dims, &Device::Cpu)
+            let t = Tensor::from_vec(values(n, seed, 1.0), dims, &common::test_device())
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -48,7 +51,7 @@ fn grads(vars: &[Var], k: u64) -> GradStore {
         let dims = v.dims().to_vec();
         let t = if i == 2 {
             let (a, b) = (dims[0], dims[1]);
-            Tensor::from_vec(values(a * b, 100 + k, 0.5), (b, a), &Device::Cpu)
+            Tensor::from_vec(values(a * b, 100 + k, 0.5), (b, a), &common::test_device())
                 .unwrap()
                 .t()
                 .unwrap()
@@ -56,7 +59,7 @@ fn grads(vars: &[Var], k: u64) -> GradStore {
             Tensor::from_vec(
                 values(v.elem_count(), 10 * k + i as u64, 0.5),
                 dims,
-                &Device::Cpu,
+                &common::test_device(),
             )
             .unwrap()
         };

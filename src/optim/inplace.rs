@@ -14,8 +14,8 @@
 //! The state tensors are `zeros` of θ's shape and type, as candle's optimizers make theirs
 //! (plain tensors here, not `Var`s: 251 B of bookkeeping each instead of 272); only the step's
 //! temporaries go.
-//! CPU kernels only (no CUDA forward yet): the runner uses these with `kernels = fused`, which
-//! the workload allows on the CPU only.
+//! CPU loops here; on CUDA the same updates run as `memfit_axpby` and `memfit_adam_update`
+//! (`model/kernels/fused.cu`). The runner uses these with `kernels = fused`.
 
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var, bail};
@@ -268,6 +268,18 @@ impl InplaceOp2 for Axpby {
             a * d + b * if square { x * x } else { x }
         })
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let (a, b) = (self.a as f32, self.b as f32);
+        crate::model::kernels::cuda::axpby((s1, l1), (s2, l2), a, b, self.square)
+    }
 }
 
 impl InplaceOp3 for AdamUpdate {
@@ -293,5 +305,19 @@ impl InplaceOp3 for AdamUpdate {
         elementwise!(self.name(), s1, l1, [(s2, l2), (s3, l3)], |d, [m, v]| {
             d * decay - lr * (m * sm) / ((v * sv).sqrt() + eps)
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let k = [self.lr, self.decay, self.scale_m, self.scale_v, self.eps].map(|v| v as f32);
+        crate::model::kernels::cuda::adam_update((s1, l1), (s2, l2), (s3, l3), k)
     }
 }

@@ -68,7 +68,8 @@ pub struct Summary {
     pub startup: Vec<(f64, f64)>,
 }
 
-/// A short label of a case for progress lines: `3 small B4 S128 f32 adamw`.
+/// A short label of a case for progress lines: `3 small B4 S128 f32 adamw` (` composed` added
+/// for candle's composed kernels).
 pub fn label(case: &Case) -> String {
     match &case.data {
         Some(d) => format!(
@@ -80,13 +81,19 @@ pub fn label(case: &Case) -> String {
             d.batch
         ),
         None => format!(
-            "{} {} B{} S{} {} {}",
+            "{} {} B{} S{} {} {}{}",
             case.index,
             case.preset,
             case.batch,
             case.seq,
             case.dtype,
-            case.optimizer.as_str()
+            case.optimizer.as_str(),
+            // The default (fused) is not named.
+            if case.cfg.kernels.fused() {
+                ""
+            } else {
+                " composed"
+            }
         ),
     }
 }

@@ -689,29 +689,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         },
         |_, _| Ok(()),
     )?;
-    // Fused is the default where its forward exists (the CPU); on CUDA the norms, attention
-    // softmax and loss have no fused forward yet, so the default there is composed.
+    // Fused is the default on every device (CPU loops, or `fused.cu` on CUDA).
     let kernel_choices = ctx.choices(
         "kernels",
         &spec.kernels,
-        if device.is_cuda() {
-            "composed"
-        } else {
-            "fused"
-        },
+        "fused",
         ("unknown kernels", Kernels::NAMES),
         Kernels::parse,
-        |name, &k| {
-            if k.fused() && device.is_cuda() {
-                return Err(ctx.bad(
-                    "kernels",
-                    name,
-                    "the fused norms, attention softmax and cross-entropy have a CPU forward only",
-                    "composed on cuda",
-                ));
-            }
-            Ok(())
-        },
+        |_, _| Ok(()),
     )?;
     let flushes = ctx.choices(
         "flush_denormals",

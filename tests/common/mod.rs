@@ -78,3 +78,20 @@ macro_rules! on_each_device {
         }
     };
 }
+
+/// The device the numeric tests (kernels, in-place optimizers) run on: `MEMFIT_TEST_DEVICE`,
+/// `cpu` (the default) or `cuda:N` (a build with the `cuda` feature; the GPU call runs those
+/// test binaries so, see scripts/gpu-run.sh).
+pub fn test_device() -> candle_core::Device {
+    match std::env::var("MEMFIT_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("cpu") => candle_core::Device::Cpu,
+        Ok(name) => {
+            let n = name
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("MEMFIT_TEST_DEVICE={name}: cpu or cuda:N"));
+            candle_core::Device::new_cuda(n)
+                .unwrap_or_else(|e| panic!("MEMFIT_TEST_DEVICE={name}: {e}"))
+        }
+    }
+}

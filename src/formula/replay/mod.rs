@@ -176,6 +176,8 @@ pub struct Transformer {
     dtype: DType,
     vars: Vec<Sym>,
     kernels: Kernels,
+    /// On CUDA (the fused cross-entropy keeps one f32 per row between its two launches).
+    cuda: bool,
 }
 
 impl Transformer {
@@ -332,6 +334,7 @@ impl Transformer {
             dtype: param_dtype,
             vars: all,
             kernels: shape.kernels,
+            cuda: !shape.cpu,
         }
     }
 
@@ -525,6 +528,7 @@ impl Transformer {
             dtype,
             vars: Vec::new(),
             kernels: self.kernels,
+            cuda: self.cuda,
         }
     }
 
@@ -541,12 +545,18 @@ impl Transformer {
         }
         let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
         let (logits, targets) = (logits.reshape(&[b * s, v]), targets.flatten_all());
-        Sym::kernel(
+        // CUDA: the per-row losses (f32) live until the mean is written.
+        let rows = self
+            .cuda
+            .then(|| Sym::new(logits.ledger(), &[b * s], DType::F32));
+        let loss = Sym::kernel(
             Kernel::CrossEntropy,
             &[&logits, &targets],
             &[],
             logits.dtype(),
-        )
+        );
+        drop(rows);
+        loss
     }
 }
 

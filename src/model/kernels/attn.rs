@@ -92,6 +92,22 @@ impl CustomOp2 for AttnProbsOp {
         Ok((p, Shape::from_dims(&[b, a, sq, sk])))
     }
 
+    /// cuBLAS's `q·kᵀ` into the output, then the scale, mask and softmax in place.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (ba, sq, sk, d) = self.dims(l1, l2)?;
+        let (b, a, _, _) = l1.shape().dims4()?;
+        let mut p = s1.matmul(s2, (ba, sq, sk, d), l1, &l2.transpose(2, 3)?)?;
+        super::cuda::attn_softmax(&mut p, sq, sk, self.scale, self.causal)?;
+        Ok((p, Shape::from_dims(&[b, a, sq, sk])))
+    }
+
     fn bwd(
         &self,
         q: &Tensor,

@@ -25,6 +25,28 @@ fn add_bias<T: Float>(y: &mut [T], b: &[T]) {
     }
 }
 
+/// Rows, input and output features, and the output's shape, checked.
+fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize, Shape)> {
+    let dims = l1.shape().dims();
+    let inp = *dims.last().unwrap_or(&1);
+    let (out, win) = l2.shape().dims2()?;
+    if win != inp || l3.shape().elem_count() != out {
+        candle_core::bail!(
+            "{op}: x {:?}, w {:?}, b {:?}",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    if !l1.is_contiguous() || !l3.is_contiguous() {
+        candle_core::bail!("{op}: x and b must be contiguous")
+    }
+    let rows = l1.shape().elem_count() / inp.max(1);
+    let mut shape = dims.to_vec();
+    *shape.last_mut().expect("a dimension") = out;
+    Ok((rows, inp, out, Shape::from_dims(&shape)))
+}
+
 impl CustomOp3 for LinearOp {
     fn name(&self) -> &'static str {
         Kernel::Linear.name()
@@ -40,21 +62,7 @@ impl CustomOp3 for LinearOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let dims = l1.shape().dims();
-        let inp = *dims.last().unwrap_or(&1);
-        let (out, win) = l2.shape().dims2()?;
-        if win != inp || l3.shape().elem_count() != out {
-            candle_core::bail!(
-                "{op}: x {:?}, w {:?}, b {:?}",
-                l1.shape(),
-                l2.shape(),
-                l3.shape()
-            )
-        }
-        if !l1.is_contiguous() || !l3.is_contiguous() {
-            candle_core::bail!("{op}: x and b must be contiguous")
-        }
-        let rows = l1.shape().elem_count() / inp.max(1);
+        let (rows, inp, out, shape) = dims(op, l1, l2, l3)?;
         let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
         let mut y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
         let b0 = l3.start_offset();
@@ -64,9 +72,25 @@ impl CustomOp3 for LinearOp {
             CpuStorage::BF16(v) => add_bias(v, &same::<half::bf16>(op, s3)?[b0..b0 + out]),
             other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
         }
-        let mut shape = dims.to_vec();
-        *shape.last_mut().expect("a dimension") = out;
-        Ok((y, Shape::from_dims(&shape)))
+        Ok((y, shape))
+    }
+
+    /// cuBLAS's `x·wᵀ` into the output, then the bias added in place.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, inp, out, shape) = dims(self.name(), l1, l2, l3)?;
+        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let mut y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
+        super::cuda::add_bias(&mut y, (s3, l3), out)?;
+        Ok((y, shape))
     }
 
     fn bwd(

@@ -61,6 +61,17 @@ impl CustomOp2 for CrossEntropyOp {
         })
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::cross_entropy((s1, l1), (s2, l2))
+    }
+
     fn bwd(
         &self,
         logits: &Tensor,

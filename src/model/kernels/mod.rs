@@ -22,9 +22,9 @@
 //!
 //! Forward: a CPU kernel per op for f32, f16 and bf16 (`cpu.rs`), allocating only its output
 //! ([`attn_probs`]: the `q·kᵀ` product through candle's own gemm, then the scale, mask and
-//! softmax in place). On CUDA, [`gelu`] and [`silu_mul`] run candle's own element-wise kernels;
-//! the others have no CUDA forward yet, and the workload refuses `kernels = "fused"` on a CUDA
-//! device (see `workload`).
+//! softmax in place). On CUDA, [`gelu`] and [`silu_mul`] run candle's own element-wise kernels
+//! and the others memfit's (`fused.cu`, launched from `cuda.rs`), allocating the same outputs
+//! (the cross-entropy also keeps its `N` row losses in f32 between two launches).
 //!
 //! Backward: [`Kernel::backward`], composed of ordinary candle ops on detached tensors (so it
 //! runs on every device, and its temporaries die at the end of their statements instead of
@@ -34,6 +34,8 @@
 mod act;
 mod attn;
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 pub mod graph;
 mod linear;
 mod loss;

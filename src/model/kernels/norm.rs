@@ -95,6 +95,19 @@ impl CustomOp3 for LayerNormOp {
         })
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::norm(self.name(), (s1, l1), (s2, l2), Some((s3, l3)), self.eps)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -124,6 +137,17 @@ impl CustomOp2 for RmsNormOp {
             let w = same::<T>(op, s2)?;
             norm_fwd(op, x, l1, w, l2, None, self.eps, false)
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::norm(self.name(), (s1, l1), (s2, l2), None, self.eps)
     }
 
     fn bwd(

@@ -18,6 +18,21 @@ pub fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 struct RotaryOp;
 
+/// The positions `S`, the head size `D` and its half, checked against the tables `(S, D/2)`.
+fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize)> {
+    let (_b, _n, s, d) = l1.shape().dims4()?;
+    let h = d / 2;
+    if l2.shape().dims() != [s, h] || l3.shape().dims() != [s, h] || d % 2 != 0 {
+        candle_core::bail!(
+            "{op}: x {:?} with tables {:?}, {:?}",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    Ok((s, d, h))
+}
+
 impl CustomOp3 for RotaryOp {
     fn name(&self) -> &'static str {
         Kernel::Rotary.name()
@@ -33,16 +48,7 @@ impl CustomOp3 for RotaryOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (_b, _n, s, d) = l1.shape().dims4()?;
-        let h = d / 2;
-        if l2.shape().dims() != [s, h] || l3.shape().dims() != [s, h] || d % 2 != 0 {
-            candle_core::bail!(
-                "{op}: x {:?} with tables {:?}, {:?}",
-                l1.shape(),
-                l2.shape(),
-                l3.shape()
-            )
-        }
+        let (s, d, h) = dims(op, l1, l2, l3)?;
         dispatch!(op, s1, |x: T| {
             let x = slice(x, l1, op, "x")?;
             let cos = slice(same::<T>(op, s2)?, l2, op, "cos")?;
@@ -67,6 +73,21 @@ impl CustomOp3 for RotaryOp {
                 l1.shape().clone(),
             ))
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (s, _d, h) = dims(self.name(), l1, l2, l3)?;
+        let out = super::cuda::rotary((s1, l1), (s2, l2), (s3, l3), s, h)?;
+        Ok((out, l1.shape().clone()))
     }
 
     fn bwd(

@@ -1,0 +1,341 @@
+//! The CUDA forwards of the fused kernels and of the in-place optimizer step: memfit's own
+//! kernels (`fused.cu`, compiled to PTX by `build.rs` with nvcc for `CUDA_COMPUTE_CAP`, loaded
+//! once per device through candle's `get_or_load_custom_func`), the products through candle's
+//! cuBLAS matmul. Each forward allocates what the CPU kernel allocates, with one exception:
+//! the cross-entropy keeps one f32 per row (`4·N` bytes) between its two launches.
+//!
+//! | op | launches | allocates |
+//! |---|---|---|
+//! | layer/RMS norm | `memfit_norm` (a block per row) | the output |
+//! | attention probabilities | cuBLAS `q·kᵀ`, then `memfit_attn_softmax` in place | the output |
+//! | cross-entropy | `memfit_ce_rows`, `memfit_ce_mean` | `4·N` (transient), the scalar |
+//! | linear | cuBLAS `x·wᵀ`, then `memfit_add_bias` in place | the output |
+//! | rotary | `memfit_rotary` (a thread per pair) | the output |
+//! | optimizer updates | `memfit_axpby`, `memfit_adam_update` in place | nothing |
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, WrapErr, kernel_name};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, WithDType, bail};
+
+/// The PTX of `fused.cu`.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+/// The module's name in candle's per-device cache of custom modules.
+const MODULE: &str = "memfit-fused";
+/// Threads per row block (`ROW_THREADS` in `fused.cu`).
+const ROW_THREADS: u32 = 256;
+
+/// What a kernel's element type must be.
+pub trait Elem: CudaDType + DeviceRepr + WithDType {}
+impl<T: CudaDType + DeviceRepr + WithDType> Elem for T {}
+
+/// Calls `$f::<T>` with the storage's element type (f32, f16, bf16), or an error naming `$op`.
+macro_rules! by_type {
+    ($op:expr, $storage:expr, $f:ident($($arg:expr),*)) => {
+        match $storage.dtype() {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            other => bail!("{}: unsupported type {other:?}", $op),
+        }
+    };
+}
+
+fn launch_rows(rows: usize) -> Result<LaunchConfig> {
+    let Ok(rows) = u32::try_from(rows) else {
+        bail!("{rows} rows are more than one CUDA launch takes")
+    };
+    Ok(LaunchConfig {
+        grid_dim: (rows, 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn launch_elems(n: usize) -> Result<LaunchConfig> {
+    let Ok(n) = u32::try_from(n) else {
+        bail!("{n} elements are more than one CUDA launch takes")
+    };
+    Ok(LaunchConfig::for_num_elems(n))
+}
+
+/// The contiguous elements of `l` in `s`, or an error naming `what`.
+fn view<'a, T: Elem>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    op: &str,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    let data: &CudaSlice<T> = s.as_cuda_slice::<T>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(data.slice(a..b)),
+        None => bail!("{op}: {what} must be contiguous"),
+    }
+}
+
+fn i32_of(v: usize, op: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("{op}: {v} is beyond i32")))
+}
+
+fn wrap<T: Elem>(slice: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
+    CudaStorage::wrap_cuda_slice(slice, dev.clone())
+}
+
+/// LayerNorm (`b` given) or RMSNorm of rows of `n` into a fresh output.
+pub fn norm(
+    op: &str,
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    b: Option<(&CudaStorage, &Layout)>,
+    eps: f32,
+) -> Result<(CudaStorage, Shape)> {
+    fn go<T: Elem>(
+        op: &str,
+        x: (&CudaStorage, &Layout),
+        w: (&CudaStorage, &Layout),
+        b: Option<(&CudaStorage, &Layout)>,
+        eps: f32,
+    ) -> Result<CudaStorage> {
+        let dev = x.0.device();
+        let n = x.1.shape().dims().last().copied().unwrap_or(1).max(1);
+        let xs = view::<T>(x.0, x.1, op, "the input")?;
+        let ws = view::<T>(w.0, w.1, op, "the weight")?;
+        // RMSNorm passes the weight in the bias's place; the kernel ignores it.
+        let bs = match b {
+            Some((s, l)) => view::<T>(s, l, op, "the bias")?,
+            None => view::<T>(w.0, w.1, op, "the weight")?,
+        };
+        if ws.len() != n || bs.len() != n {
+            bail!("{op}: weight of {} for rows of {n}", ws.len())
+        }
+        let rows = xs.len() / n;
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_norm"), MODULE, PTX)?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(xs.len())? };
+        let (n32, centre) = (i32_of(n, op)?, i32::from(b.is_some()));
+        let mut args = func.builder();
+        args.arg(&xs).arg(&ws).arg(&bs).arg(&mut out);
+        args.arg(&n32).arg(&eps).arg(&centre);
+        // SAFETY: the arguments match `memfit_norm`'s signature.
+        unsafe { args.launch(launch_rows(rows)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    let out = by_type!(op, x.0, go(op, x, w, b, eps))?;
+    Ok((out, x.1.shape().clone()))
+}
+
+/// Scale, causal mask and softmax, in place, of `p`'s rows of `sk` (`sq` queries per head).
+pub fn attn_softmax(
+    p: &mut CudaStorage,
+    sq: usize,
+    sk: usize,
+    scale: f32,
+    causal: bool,
+) -> Result<()> {
+    fn go<T: Elem>(
+        p: &mut CudaStorage,
+        sq: usize,
+        sk: usize,
+        scale: f32,
+        causal: bool,
+    ) -> Result<()> {
+        let op = "attn_probs";
+        let dev = p.device().clone();
+        let data = p.as_cuda_slice_mut::<T>()?;
+        let rows = data.len() / sk.max(1);
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_attn_softmax"), MODULE, PTX)?;
+        let (sq, sk, causal) = (i32_of(sq, op)?, i32_of(sk, op)?, i32::from(causal));
+        let mut args = func.builder();
+        args.arg(data).arg(&sq).arg(&sk).arg(&scale).arg(&causal);
+        // SAFETY: the arguments match `memfit_attn_softmax`'s signature.
+        unsafe { args.launch(launch_rows(rows)?) }.w()?;
+        Ok(())
+    }
+    by_type!("attn_probs", p, go(p, sq, sk, scale, causal))
+}
+
+/// Mean cross-entropy of logits `(N, V)` against u32 targets `(N)`: a scalar of the logits' type.
+pub fn cross_entropy(
+    x: (&CudaStorage, &Layout),
+    t: (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    fn go<T: Elem>(x: (&CudaStorage, &Layout), t: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+        let op = "cross_entropy";
+        let dev = x.0.device();
+        let (n, v) = x.1.shape().dims2()?;
+        let xs = view::<T>(x.0, x.1, op, "logits")?;
+        let ts = view::<u32>(t.0, t.1, op, "targets")?;
+        if ts.len() != n {
+            bail!("{op}: {} targets for {n} rows", ts.len())
+        }
+        // SAFETY: every row's loss is written by `memfit_ce_rows`.
+        let mut rows = unsafe { dev.alloc::<f32>(n)? };
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_ce_rows"), MODULE, PTX)?;
+        let v32 = i32_of(v, op)?;
+        let mut args = func.builder();
+        args.arg(&xs).arg(&ts).arg(&mut rows).arg(&v32);
+        // SAFETY: the arguments match `memfit_ce_rows`'s signature.
+        unsafe { args.launch(launch_rows(n)?) }.w()?;
+        // SAFETY: written by `memfit_ce_mean`.
+        let mut out = unsafe { dev.alloc::<T>(1)? };
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_ce_mean"), MODULE, PTX)?;
+        let n32 = i32_of(n, op)?;
+        let mut args = func.builder();
+        args.arg(&rows).arg(&mut out).arg(&n32);
+        // SAFETY: the arguments match `memfit_ce_mean`'s signature.
+        unsafe { args.launch(launch_rows(1)?) }.w()?;
+        drop(rows);
+        Ok(wrap(out, dev))
+    }
+    let out = by_type!("cross_entropy", x.0, go(x, t))?;
+    Ok((out, Shape::from_dims(&[])))
+}
+
+/// `y[i] += b[i % out]`, in place over all of `y`.
+pub fn add_bias(y: &mut CudaStorage, b: (&CudaStorage, &Layout), out: usize) -> Result<()> {
+    fn go<T: Elem>(y: &mut CudaStorage, b: (&CudaStorage, &Layout), out: usize) -> Result<()> {
+        let op = "linear";
+        let dev = y.device().clone();
+        let bs = view::<T>(b.0, b.1, op, "the bias")?;
+        let data = y.as_cuda_slice_mut::<T>()?;
+        let total = data.len();
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_add_bias"), MODULE, PTX)?;
+        let out = i32_of(out, op)?;
+        let mut args = func.builder();
+        args.arg(data).arg(&bs).arg(&total).arg(&out);
+        // SAFETY: the arguments match `memfit_add_bias`'s signature.
+        unsafe { args.launch(launch_elems(total)?) }.w()?;
+        Ok(())
+    }
+    by_type!("linear", y, go(y, b, out))
+}
+
+/// x `(B, n, S, 2h)` rotated by the tables `(S, h)`, into a fresh output.
+pub fn rotary(
+    x: (&CudaStorage, &Layout),
+    cos: (&CudaStorage, &Layout),
+    sin: (&CudaStorage, &Layout),
+    s: usize,
+    h: usize,
+) -> Result<CudaStorage> {
+    fn go<T: Elem>(
+        x: (&CudaStorage, &Layout),
+        cos: (&CudaStorage, &Layout),
+        sin: (&CudaStorage, &Layout),
+        s: usize,
+        h: usize,
+    ) -> Result<CudaStorage> {
+        let op = "rotary";
+        let dev = x.0.device();
+        let xs = view::<T>(x.0, x.1, op, "x")?;
+        let cs = view::<T>(cos.0, cos.1, op, "cos")?;
+        let ss = view::<T>(sin.0, sin.1, op, "sin")?;
+        // SAFETY: every pair is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(xs.len())? };
+        let pairs = xs.len() / 2;
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_rotary"), MODULE, PTX)?;
+        let (s, h) = (i32_of(s, op)?, i32_of(h, op)?);
+        let mut args = func.builder();
+        args.arg(&xs).arg(&cs).arg(&ss).arg(&mut out);
+        args.arg(&s).arg(&h).arg(&pairs);
+        // SAFETY: the arguments match `memfit_rotary`'s signature.
+        unsafe { args.launch(launch_elems(pairs)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    by_type!("rotary", x.0, go(x, cos, sin, s, h))
+}
+
+/// The contiguous elements of a parameter being updated in place.
+fn dst_len(l: &Layout, n: usize) -> Result<(usize, usize)> {
+    match l.contiguous_offsets() {
+        Some((a, b)) if b <= n => Ok((a, b)),
+        _ => bail!("in-place optimizer: the parameter must be contiguous"),
+    }
+}
+
+/// `d ← a·d + b·x` (`b·x²` with `square`), in place.
+pub fn axpby(
+    d: (&mut CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    a: f32,
+    b: f32,
+    square: bool,
+) -> Result<()> {
+    fn go<T: Elem>(
+        d: (&mut CudaStorage, &Layout),
+        x: (&CudaStorage, &Layout),
+        a: f32,
+        b: f32,
+        square: bool,
+    ) -> Result<()> {
+        let op = "in-place optimizer";
+        let dev = d.0.device().clone();
+        let xs = view::<T>(x.0, x.1, op, "an operand")?;
+        let data = d.0.as_cuda_slice_mut::<T>()?;
+        let (lo, hi) = dst_len(d.1, data.len())?;
+        if hi - lo != xs.len() {
+            bail!("{op}: operands of different sizes")
+        }
+        let mut dst = data.slice_mut(lo..hi);
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_axpby"), MODULE, PTX)?;
+        let (n, square) = (hi - lo, i32::from(square));
+        let mut args = func.builder();
+        args.arg(&mut dst)
+            .arg(&xs)
+            .arg(&n)
+            .arg(&a)
+            .arg(&b)
+            .arg(&square);
+        // SAFETY: the arguments match `memfit_axpby`'s signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(())
+    }
+    by_type!("in-place optimizer", d.0, go(d, x, a, b, square))
+}
+
+/// AdamW's weight update `d ← d·decay − lr·(m·sm)/(√(v·sv) + eps)`, in place.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_update(
+    d: (&mut CudaStorage, &Layout),
+    m: (&CudaStorage, &Layout),
+    v: (&CudaStorage, &Layout),
+    [lr, decay, sm, sv, eps]: [f32; 5],
+) -> Result<()> {
+    fn go<T: Elem>(
+        d: (&mut CudaStorage, &Layout),
+        m: (&CudaStorage, &Layout),
+        v: (&CudaStorage, &Layout),
+        k: [f32; 5],
+    ) -> Result<()> {
+        let op = "in-place optimizer";
+        let dev = d.0.device().clone();
+        let ms = view::<T>(m.0, m.1, op, "an operand")?;
+        let vs = view::<T>(v.0, v.1, op, "an operand")?;
+        let data = d.0.as_cuda_slice_mut::<T>()?;
+        let (lo, hi) = dst_len(d.1, data.len())?;
+        if hi - lo != ms.len() || hi - lo != vs.len() {
+            bail!("{op}: operands of different sizes")
+        }
+        let mut dst = data.slice_mut(lo..hi);
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_adam_update"), MODULE, PTX)?;
+        let n = hi - lo;
+        let mut args = func.builder();
+        args.arg(&mut dst).arg(&ms).arg(&vs).arg(&n);
+        for c in &k {
+            args.arg(c);
+        }
+        // SAFETY: the arguments match `memfit_adam_update`'s signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(())
+    }
+    by_type!(
+        "in-place optimizer",
+        d.0,
+        go(d, m, v, [lr, decay, sm, sv, eps])
+    )
+}

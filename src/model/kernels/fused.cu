@@ -1,0 +1,179 @@
+// The CUDA forwards of memfit's fused kernels (src/model/kernels/) and the in-place optimizer
+// step (src/optim/inplace.rs). Compiled to PTX by build.rs (nvcc --ptx) when the `cuda` feature
+// is on; loaded once per device by src/model/kernels/cuda.rs.
+//
+// Every kernel reads its inputs in their type (f32, f16, bf16), computes in f32 and writes its
+// output in the input's type, as the CPU kernels (cpu.rs) do. Row kernels run one block of
+// ROW_THREADS threads per row; element kernels one thread per element. Nothing here allocates:
+// the Rust side allocates each output, and the attention softmax, the bias add and the optimizer
+// updates rewrite their buffer in place.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define ROW_THREADS 256
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T of_f(float v);
+template <> __device__ __forceinline__ float of_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half of_f<__half>(float v) { return __float2half(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 of_f<__nv_bfloat16>(float v) {
+    return __float2bfloat16(v);
+}
+
+// The sum (max_op = false) or maximum of `v` over the block; every thread gets the result.
+// `sh` holds one float per warp.
+__device__ float block_reduce(float v, bool max_op) {
+    __shared__ float sh[ROW_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffff, v, o);
+        v = max_op ? fmaxf(v, w) : v + w;
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();  // sh may still be read by a previous reduction
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float r = max_op ? -INFINITY : 0.0f;
+    for (int i = 0; i < ROW_THREADS / 32; i++) r = max_op ? fmaxf(r, sh[i]) : r + sh[i];
+    return r;
+}
+
+// LayerNorm (centre = 1, b given) or RMSNorm (centre = 0, b null) of rows of n.
+template <typename T>
+__device__ void norm(const T *x, const T *w, const T *b, T *out, int n, float eps, int centre) {
+    const T *row = x + (size_t)blockIdx.x * n;
+    T *o = out + (size_t)blockIdx.x * n;
+    float mean = 0.0f;
+    if (centre) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += to_f(row[i]);
+        mean = block_reduce(s, false) / n;
+    }
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float d = to_f(row[i]) - mean;
+        s += d * d;
+    }
+    float rstd = rsqrtf(block_reduce(s, false) / n + eps);
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float y = (to_f(row[i]) - mean) * rstd * to_f(w[i]);
+        o[i] = of_f<T>(b ? y + to_f(b[i]) : y);
+    }
+}
+
+// Scale, causal mask and softmax of rows of sk scores, in place. Row r is query r % sq of its
+// head; with `causal` it sees keys 0 ..= r % sq + sk − sq and the rest become 0.
+template <typename T> __device__ void attn_softmax(T *p, int sq, int sk, float scale, int causal) {
+    T *row = p + (size_t)blockIdx.x * sk;
+    int keys = causal ? (int)(blockIdx.x % sq) + 1 + (sk - sq) : sk;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < keys; i += ROW_THREADS) m = fmaxf(m, to_f(row[i]) * scale);
+    m = block_reduce(m, true);
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < keys; i += ROW_THREADS) s += __expf(to_f(row[i]) * scale - m);
+    float inv = 1.0f / block_reduce(s, false);
+    for (int i = threadIdx.x; i < sk; i += ROW_THREADS)
+        row[i] = of_f<T>(i < keys ? __expf(to_f(row[i]) * scale - m) * inv : 0.0f);
+}
+
+// Cross-entropy of each row of v logits against its target: m + log Σ exp(x − m) − x[t], into
+// an f32 row buffer (NaN for a target not below v).
+template <typename T> __device__ void ce_rows(const T *x, const uint32_t *t, float *loss, int v) {
+    const T *row = x + (size_t)blockIdx.x * v;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < v; i += ROW_THREADS) m = fmaxf(m, to_f(row[i]));
+    m = block_reduce(m, true);
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < v; i += ROW_THREADS) s += __expf(to_f(row[i]) - m);
+    s = block_reduce(s, false);
+    if (threadIdx.x == 0) {
+        uint32_t target = t[blockIdx.x];
+        loss[blockIdx.x] = target < (uint32_t)v ? m + logf(s) - to_f(row[target]) : NAN;
+    }
+}
+
+// The mean of n row losses into out[0]; one block.
+template <typename T> __device__ void ce_mean(const float *loss, T *out, int n) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += loss[i];
+    s = block_reduce(s, false);
+    if (threadIdx.x == 0) out[0] = of_f<T>(s / n);
+}
+
+// y[i] += b[i % out] over `total` elements, in place.
+template <typename T> __device__ void add_bias(T *y, const T *b, size_t total, int out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] = of_f<T>(to_f(y[i]) + to_f(b[i % out]));
+}
+
+// "Rotate half" of rows of d = 2h at position r % s: pairs (j, j + h), `pairs` of them in all.
+template <typename T>
+__device__ void rotary(const T *x, const T *cos, const T *sin, T *out, int s, int h, size_t pairs) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pairs) return;
+    size_t r = i / h;
+    int j = i % h;
+    size_t p = (r % s) * h + j;
+    const T *xr = x + r * 2 * h;
+    T *o = out + r * 2 * h;
+    float x1 = to_f(xr[j]), x2 = to_f(xr[j + h]), c = to_f(cos[p]), sn = to_f(sin[p]);
+    o[j] = of_f<T>(x1 * c - x2 * sn);
+    o[j + h] = of_f<T>(x2 * c + x1 * sn);
+}
+
+// d ← a·d + b·x (b·x² with `square`), in place.
+template <typename T> __device__ void axpby(T *d, const T *x, size_t n, float a, float b, int square) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float xv = to_f(x[i]);
+    d[i] = of_f<T>(a * to_f(d[i]) + b * (square ? xv * xv : xv));
+}
+
+// AdamW's weight update from the updated moments, in place.
+template <typename T>
+__device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, float decay,
+                            float sm, float sv, float eps) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    d[i] = of_f<T>(to_f(d[i]) * decay - lr * (to_f(m[i]) * sm) / (sqrtf(to_f(v[i]) * sv) + eps));
+}
+
+#define KERNELS(T, SFX)                                                                          \
+    extern "C" __global__ void memfit_norm_##SFX(const T *x, const T *w, const T *b, T *out,    \
+                                                 int n, float eps, int centre) {                 \
+        norm<T>(x, w, centre ? b : nullptr, out, n, eps, centre);                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_attn_softmax_##SFX(T *p, int sq, int sk, float scale,     \
+                                                         int causal) {                           \
+        attn_softmax<T>(p, sq, sk, scale, causal);                                               \
+    }                                                                                            \
+    extern "C" __global__ void memfit_ce_rows_##SFX(const T *x, const uint32_t *t, float *loss, \
+                                                    int v) {                                     \
+        ce_rows<T>(x, t, loss, v);                                                               \
+    }                                                                                            \
+    extern "C" __global__ void memfit_ce_mean_##SFX(const float *loss, T *out, int n) {         \
+        ce_mean<T>(loss, out, n);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_add_bias_##SFX(T *y, const T *b, size_t total, int out) { \
+        add_bias<T>(y, b, total, out);                                                           \
+    }                                                                                            \
+    extern "C" __global__ void memfit_rotary_##SFX(const T *x, const T *cos, const T *sin,      \
+                                                   T *out, int s, int h, size_t pairs) {         \
+        rotary<T>(x, cos, sin, out, s, h, pairs);                                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_axpby_##SFX(T *d, const T *x, size_t n, float a, float b, \
+                                                  int square) {                                  \
+        axpby<T>(d, x, n, a, b, square);                                                         \
+    }                                                                                            \
+    extern "C" __global__ void memfit_adam_update_##SFX(T *d, const T *m, const T *v, size_t n, \
+                                                        float lr, float decay, float sm,         \
+                                                        float sv, float eps) {                   \
+        adam_update<T>(d, m, v, n, lr, decay, sm, sv, eps);                                      \
+    }
+
+KERNELS(float, f32)
+KERNELS(__half, f16)
+KERNELS(__nv_bfloat16, bf16)
