@@ -18,7 +18,9 @@ warm-up. Memory, per phase, the bytes above the phase's start: on CUDA
 `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`; on the CPU the running sum of
 the PyTorch profiler's memory events (profile_memory=True) in one extra profiled run.
 
-Prints one JSON line per phase (`{"phase":…, "wall_s":…, "peak_bytes":…}`) and a table on stderr.
+Prints one JSON line per phase (`{"phase":…, "wall_s":…, "peak_bytes":…, "retained_bytes":…}`:
+retained is what the phase still holds at its end, e.g. the forward's saved tensors) and a table
+on stderr.
 """
 import argparse, json, math, statistics, sys, time
 
@@ -149,10 +151,11 @@ def main():
 
     # Memory above the phase's start: CUDA's peak counter, or the CPU profiler's memory events.
     def measure(fn):
+        """(fn's result, peak bytes above the start, bytes still held at the end)."""
         if cuda:
             sync(); torch.cuda.reset_peak_memory_stats(dev); base = torch.cuda.memory_allocated(dev)
             out = fn(); sync()
-            return out, torch.cuda.max_memory_allocated(dev) - base
+            return out, torch.cuda.max_memory_allocated(dev) - base, torch.cuda.memory_allocated(dev) - base
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -164,7 +167,7 @@ def main():
         for e in ev:
             cur += e.nbytes()
             peak = max(peak, cur)
-        return out, (peak if ev else None)
+        return out, (peak if ev else None), (cur if ev else None)
 
     def timed(fn, setup=lambda: None, n=a.steps):
         ts = []
@@ -173,7 +176,7 @@ def main():
         return statistics.median(ts), min(ts), max(ts)
 
     t0 = time.perf_counter()
-    (model, vocab, fwd), init_peak = measure(lambda: build(a, dev, dtype))
+    (model, vocab, fwd), init_peak, init_kept = measure(lambda: build(a, dev, dtype))
     init_s = time.perf_counter() - t0
     params = sum(x.numel() for x in model.parameters())
     seq = a.seq
@@ -194,8 +197,8 @@ def main():
         opt.step()
 
     step(); step()  # warm-up (and the optimizer's state exists from here on)
-    res = {"init": ((init_s, init_s, init_s), init_peak)}
-    res["forward"] = (timed(lambda _: loss_of()), measure(loss_of)[1])
+    res = {"init": ((init_s, init_s, init_s), (init_peak, init_kept))}
+    res["forward"] = (timed(lambda _: loss_of()), measure(loss_of)[1:])
 
     def fresh_loss():
         opt.zero_grad(set_to_none=True)
@@ -203,7 +206,7 @@ def main():
 
     res["backward"] = (timed(lambda l: l.backward(), fresh_loss), None)
     l = fresh_loss()
-    res["backward"] = (res["backward"][0], measure(lambda: l.backward())[1])
+    res["backward"] = (res["backward"][0], measure(lambda: l.backward())[1:])
     del l
 
     def grads():
@@ -215,17 +218,18 @@ def main():
 
     res["optimizer"] = (timed(first_step, grads), None)
     grads()
-    res["optimizer"] = (res["optimizer"][0], measure(lambda: first_step(None))[1])
+    res["optimizer"] = (res["optimizer"][0], measure(lambda: first_step(None))[1:])
     opt.zero_grad(set_to_none=True)
-    res["train-step"] = (timed(step), measure(step)[1])
+    res["train-step"] = (timed(step), measure(step)[1:])
     opt.zero_grad(set_to_none=True)
     with torch.no_grad():
-        res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1])
+        res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1:])
     meta = {"torch": torch.__version__, "attention": a.attention, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
             "params": params, "batch": a.batch, "seq": seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
     print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
-    for ph, ((med, lo, hi), pk) in res.items():
-        print(json.dumps({"phase": ph, "wall_s": med, "wall_min_s": lo, "wall_max_s": hi, "peak_bytes": pk, **meta}))
+    for ph, ((med, lo, hi), (pk, kept)) in res.items():
+        print(json.dumps({"phase": ph, "wall_s": med, "wall_min_s": lo, "wall_max_s": hi, "peak_bytes": pk,
+                          "retained_bytes": kept, **meta}))
         pks = f"{pk / 2**20:10.2f}" if pk is not None else f"{'-':>10}"
         print(f"{ph:<11} {med:13.4f} [{lo:.4f}–{hi:.4f}] {pks}", file=sys.stderr)
 

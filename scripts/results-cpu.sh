@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Regenerates the committed CPU results (results/cpu/) from the workloads, as each workload's
+# header says, then the report (docs/report/). Each run goes to a fresh folder first and
+# replaces the committed one only when it finished, so a failure leaves the old results.
+# About 30 minutes on 2 cores; keep the machine otherwise idle (the rows' times are measured).
+#
+#   scripts/results-cpu.sh                  # every workload below
+#   scripts/results-cpu.sh seed-vit default # just those
+#
+# seed-dataload is not rerun here (it needs its 80 MB dataset: see its header); torch-compare
+# needs PyTorch (scripts/torch-compare.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+memfit="${MEMFIT_BIN:-}"
+if [[ -z "$memfit" ]]; then
+  cargo build --release --quiet
+  memfit=target/release/memfit
+fi
+all=(default seed-attention seed-checkpoint seed-decode seed-decode-threads seed-f3-slice
+     seed-f5-time seed-llama seed-llama-real seed-load seed-lora seed-optimizers seed-precision
+     seed-quantized seed-vit)
+names=("$@")
+(( ${#names[@]} )) || names=("${all[@]}")
+new="results/.cpu-new"
+for name in "${names[@]}"; do
+  rm -rf "${new:?}/$name"
+  mkdir -p "$new/$name"
+  case "$name" in
+    seed-decode-threads)
+      for t in 1 2; do "$memfit" run "workloads/$name.toml" --threads "$t" --out "$new/$name/t$t" --quiet; done ;;
+    seed-f5-time)
+      for i in 1 2 3; do "$memfit" run "workloads/$name.toml" --out "$new/$name/r$i" --quiet; done ;;
+    *)
+      "$memfit" run "workloads/$name.toml" --out "$new/$name" --quiet ;;
+  esac
+  rm -rf "results/cpu/$name"
+  mv "$new/$name" "results/cpu/$name"
+  echo "results-cpu: $name done ($(date -u +%H:%M:%S))"
+done
+rmdir "$new" 2>/dev/null || true
+"$memfit" report results/cpu --out docs/report --measure-cpu-peak
