@@ -53,10 +53,15 @@ pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
     }
     metas.sort_by(|a, b| a.run_id.cmp(&b.run_id));
     metas.dedup_by(|a, b| a.run_id == b.run_id);
+    let mut reference = Vec::new();
+    for f in crate::store::reference::files(path) {
+        reference.extend(crate::store::reference::read(&f)?);
+    }
     Ok(ResultSet {
         label: path.display().to_string(),
         metas,
         rows,
+        reference,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod hardware;
 pub mod labels;
 pub mod plots;
 pub mod table;
+pub mod torch;
 
 use std::collections::BTreeMap;
 
@@ -25,6 +26,8 @@ pub struct ResultSet {
     pub label: String,
     pub metas: Vec<RunMeta>,
     pub rows: Vec<Row>,
+    /// PyTorch's figures stored beside the rows (`torch.jsonl`), if any.
+    pub reference: Vec<crate::store::reference::ReferenceRow>,
 }
 
 /// The CPU's peak FLOP/s, measured by `memfit report --measure-cpu-peak` (never asserted).
@@ -94,6 +97,12 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     phase_tables(&mut b, &ok, &workload_of);
     fit_section(&mut b, inp);
     candle_extra_section(&mut b, &ok);
+    let refs: Vec<_> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.reference.iter().cloned())
+        .collect();
+    torch::section(&mut b, &ok, &refs);
     hardware_section(&mut b, inp);
     b.push(Block::Heading(2, "Plots".into()));
     for (name, chart) in &charts {
@@ -462,6 +471,7 @@ fn candle_extra_section(b: &mut Vec<Block>, ok: &[&Row]) {
         .iter()
         .filter(|r| {
             r.phase == "forward"
+                && r.kernels == "composed"
                 && r.checkpoint == 0
                 && r.lora_rank == 0
                 && r.attention != "efficient"

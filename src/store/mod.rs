@@ -4,6 +4,7 @@
 pub mod csv;
 pub mod hdf5;
 pub mod jsonl;
+pub mod reference;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,367 @@
+//! memfit beside PyTorch, per phase: candle's composed ops, memfit's fused kernels, PyTorch
+//! eager and PyTorch `scaled_dot_product_attention`, on the same configuration (matched on
+//! parameters, batch, sequence and element type), from stored rows and stored reference lines
+//! (`store::reference`). Memory is each phase's peak above its start; time each phase's wall
+//! seconds (the median of several runs where there are several).
+//!
+//! Per phase, the share of the gap the fused kernels close is
+//! `(composed − fused) / (composed − eager)` (when composed keeps more than eager). For the
+//! train step the remaining gap is split into its two measured parts: what the training forward
+//! keeps for the backward (its retained bytes) and the backward's peak above that.
+
+use std::collections::BTreeMap;
+
+use super::doc::Block;
+use crate::record::Row;
+use crate::store::reference::ReferenceRow;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const PHASES: [&str; 6] = [
+    "init",
+    "forward",
+    "backward",
+    "optimizer",
+    "train-step",
+    "inference",
+];
+
+/// One side's figures for one phase: peak bytes, retained bytes, seconds (medians).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Fig {
+    peak: Option<f64>,
+    retained: Option<f64>,
+    wall: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn fig<'a>(
+    peaks: impl Iterator<Item = (Option<f64>, Option<f64>, Option<f64>)> + 'a,
+) -> Option<Fig> {
+    let (mut p, mut r, mut w) = (Vec::new(), Vec::new(), Vec::new());
+    let mut any = false;
+    for (a, b, c) in peaks {
+        any = true;
+        p.extend(a);
+        r.extend(b);
+        w.extend(c);
+    }
+    any.then(|| Fig {
+        peak: median(p),
+        retained: median(r),
+        wall: median(w),
+    })
+}
+
+/// One configuration: its label and, per column and phase, the figures.
+struct Config {
+    label: String,
+    cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>>,
+}
+
+/// The configurations PyTorch measured, each with memfit's matching rows (plain training:
+/// standard attention, no checkpointing, LoRA or mixed precision, AdamW) by kernels.
+fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
+    let mut keys: Vec<(u64, u64, u64, String, String, String)> = refs
+        .iter()
+        .map(|r| {
+            let (p, b, s) = (r.params, r.batch, r.seq);
+            (p, b, s, r.dtype.clone(), r.device.clone(), r.model.clone())
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let mut out = Vec::new();
+    for (params, batch, seq, dtype, device, model) in keys {
+        let mine: Vec<&&Row> = ok
+            .iter()
+            .filter(|r| {
+                r.params == params
+                    && r.batch == batch
+                    && r.seq == seq
+                    && r.dtype == dtype
+                    && r.device == device
+                    && r.attention == "standard"
+                    && r.checkpoint == 0
+                    && r.lora_rank == 0
+                    && r.precision == "pure"
+                    && r.optimizer == "adamw"
+            })
+            .collect();
+        let Some(first) = mine.first() else { continue };
+        let mut cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>> = BTreeMap::new();
+        for (col, kernels) in [("composed", "composed"), ("fused", "fused")] {
+            for ph in PHASES {
+                let rows = mine
+                    .iter()
+                    .filter(|r| r.kernels == kernels && r.phase == ph)
+                    .map(|r| {
+                        (
+                            r.peak_bytes.map(|v| v as f64),
+                            r.retained_bytes.map(|v| v as f64),
+                            r.wall_s,
+                        )
+                    });
+                if let Some(f) = fig(rows) {
+                    cols.entry(col).or_default().insert(ph, f);
+                }
+            }
+        }
+        for (col, att) in [("eager", "eager"), ("sdpa", "sdpa")] {
+            for ph in PHASES {
+                let rows = refs
+                    .iter()
+                    .filter(|r| {
+                        r.params == params
+                            && r.batch == batch
+                            && r.seq == seq
+                            && r.dtype == dtype
+                            && r.device == device
+                            && r.model == model
+                            && r.attention == att
+                            && r.phase == ph
+                    })
+                    .map(|r| {
+                        (
+                            r.peak_bytes.map(|v| v as f64),
+                            r.retained_bytes.map(|v| v as f64),
+                            Some(r.wall_s),
+                        )
+                    });
+                if let Some(f) = fig(rows) {
+                    cols.entry(col).or_default().insert(ph, f);
+                }
+            }
+        }
+        let layers = if first.preset.starts_with("vit") {
+            format!("{} B{}", first.preset, batch)
+        } else {
+            format!("{} B{} S{}", first.preset, batch, seq)
+        };
+        out.push(Config {
+            label: format!("{layers} L{} {dtype} {device}", first.layers),
+            cols,
+        });
+    }
+    out
+}
+
+fn mib(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{:.2}", v / MIB))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn times(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}×"))
+}
+
+/// The share of the composed–eager gap the fused kernels close, in percent (composed above
+/// eager only).
+fn closed(composed: Option<f64>, fused: Option<f64>, eager: Option<f64>) -> Option<f64> {
+    match (composed, fused, eager) {
+        (Some(c), Some(f), Some(e)) if c > e => Some((c - f) / (c - e) * 100.0),
+        _ => None,
+    }
+}
+
+/// The report's section, when reference lines exist.
+pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow]) {
+    let cfgs = configs(ok, refs);
+    if cfgs.is_empty() {
+        return;
+    }
+    let version = refs.first().map_or("?", |r| r.torch.as_str());
+    b.push(Block::Heading(3, "memfit beside PyTorch, per phase".into()));
+    b.push(Block::Para(format!(
+        "The same configurations (equal parameter counts) in candle's composed ops, memfit's fused kernels (`--kernels fused`), PyTorch {version} eager and PyTorch with `scaled_dot_product_attention` (sdpa), on this CPU (`scripts/torch-compare.sh`). Memory: MiB above the phase's start at its peak (memfit: the counting allocator; PyTorch: its profiler's memory events). \"Closed\": the share of the composed–eager gap the fused kernels close, (composed − fused)/(composed − eager)."
+    )));
+    let get = |c: &Config, col: &str, ph: &str| c.cols.get(col).and_then(|m| m.get(ph)).copied();
+    let mut rows = Vec::new();
+    for c in &cfgs {
+        for ph in PHASES {
+            let [co, fu, ea, sd] = ["composed", "fused", "eager", "sdpa"].map(|k| get(c, k, ph));
+            if [co, fu, ea, sd].iter().all(Option::is_none) {
+                continue;
+            }
+            let p = |f: Option<Fig>| f.and_then(|f| f.peak);
+            let w = |f: Option<Fig>| f.and_then(|f| f.wall);
+            rows.push(vec![
+                c.label.clone(),
+                ph.to_string(),
+                mib(p(co)),
+                mib(p(fu)),
+                mib(p(ea)),
+                mib(p(sd)),
+                times(ratio(p(fu), p(ea))),
+                closed(p(co), p(fu), p(ea)).map_or("—".into(), |v| format!("{v:.0} %")),
+                times(ratio(w(co), w(ea))),
+                times(ratio(w(fu), w(ea))),
+            ]);
+        }
+    }
+    b.push(Block::Table(
+        [
+            "config",
+            "phase",
+            "composed MiB",
+            "fused MiB",
+            "eager MiB",
+            "sdpa MiB",
+            "fused / eager",
+            "closed",
+            "time composed / eager",
+            "time fused / eager",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    ));
+    // The train step's remaining gap, in its two measured parts.
+    let mut lines = Vec::new();
+    for c in &cfgs {
+        let part = |col: &str| {
+            let f = get(c, col, "forward")?;
+            let bw = get(c, col, "backward")?;
+            let t = get(c, col, "train-step")?;
+            Some((f.retained?, bw.peak?, t.peak?))
+        };
+        let (Some((rf, bf, tf)), Some((re, be, te))) = (part("fused"), part("eager")) else {
+            continue;
+        };
+        lines.push(vec![
+            c.label.clone(),
+            mib(Some(tf)),
+            mib(Some(te)),
+            format!("{:+.2}", (tf - te) / MIB),
+            format!("{:.2} / {:.2}", rf / MIB, re / MIB),
+            format!("{:+.2}", (rf - re) / MIB),
+            format!("{:.2} / {:.2}", bf / MIB, be / MIB),
+            format!("{:+.2}", (bf - be) / MIB),
+        ]);
+    }
+    if !lines.is_empty() {
+        b.push(Block::Para(
+            "What remains of the train step's gap (fused against eager), in its two measured parts: what the training forward keeps for the backward (its retained bytes: the graph's saved tensors), and the backward's peak above its start. candle's `backward` borrows the loss, whose graph holds every saved tensor until the backward ends, and adds every gradient to a store; PyTorch frees each node's saved tensors as its backward passes it — so memfit's backward peak sits on the whole kept graph, PyTorch's on a graph that shrinks as it goes.".into(),
+        ));
+        b.push(Block::Table(
+            [
+                "config",
+                "train step fused MiB",
+                "eager MiB",
+                "gap MiB",
+                "forward keeps fused / eager",
+                "Δ",
+                "backward peak fused / eager",
+                "Δ",
+            ]
+            .map(String::from)
+            .to_vec(),
+            lines,
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mine(phase: &str, kernels: &str, peak: u64, retained: i64) -> Row {
+        let mut r = Row::example();
+        r.phase = phase.into();
+        r.kernels = kernels.into();
+        r.peak_bytes = Some(peak);
+        r.retained_bytes = Some(retained);
+        r.wall_s = Some(1.0);
+        r.attention = "standard".into();
+        r.precision = "pure".into();
+        r.optimizer = "adamw".into();
+        r.device = "cpu".into();
+        r
+    }
+
+    fn theirs(r: &Row, phase: &str, attention: &str, peak: u64, retained: u64) -> ReferenceRow {
+        ReferenceRow {
+            phase: phase.into(),
+            wall_s: 0.5,
+            peak_bytes: Some(peak),
+            retained_bytes: Some(retained),
+            torch: "2.9.1".into(),
+            attention: attention.into(),
+            device: "cpu".into(),
+            dtype: r.dtype.clone(),
+            threads: 2,
+            params: r.params,
+            batch: r.batch,
+            seq: r.seq,
+            model: "small".into(),
+        }
+    }
+
+    fn text(blocks: &[Block]) -> String {
+        super::super::doc::markdown(blocks)
+    }
+
+    /// The section's figures come from the rows: the closed share, the ratios and the two parts
+    /// of the train step's gap move with them; without reference lines there is no section.
+    #[test]
+    fn section_reads_its_figures_from_the_rows() {
+        const M: u64 = 1 << 20;
+        let rows = vec![
+            mine("forward", "composed", 100 * M, 90 * M as i64),
+            mine("forward", "fused", 60 * M, 50 * M as i64),
+            mine("backward", "fused", 30 * M, 0),
+            mine("train-step", "fused", 80 * M, 0),
+        ];
+        let refs = vec![
+            theirs(&rows[0], "forward", "eager", 50 * M, 40 * M),
+            theirs(&rows[0], "backward", "eager", 10 * M, 0),
+            theirs(&rows[0], "train-step", "eager", 50 * M, 0),
+        ];
+        let ok: Vec<&Row> = rows.iter().collect();
+        let mut b = Vec::new();
+        section(&mut b, &ok, &refs);
+        let t = text(&b);
+        // forward: (100 − 60)/(100 − 50) = 80 % closed; fused / eager 1.20×.
+        assert!(t.contains("| 80 % |") && t.contains("1.20×"), "{t}");
+        // train step: gap +30 MiB = forward keeps +10 (50 vs 40) and backward +20 (30 vs 10).
+        assert!(
+            t.contains("+30.00") && t.contains("+10.00") && t.contains("+20.00"),
+            "{t}"
+        );
+        let mut rows2 = rows.clone();
+        rows2[1].peak_bytes = Some(75 * M);
+        let ok2: Vec<&Row> = rows2.iter().collect();
+        let mut b2 = Vec::new();
+        section(&mut b2, &ok2, &refs);
+        assert!(text(&b2).contains("| 50 % |"), "{}", text(&b2));
+        let mut none = Vec::new();
+        section(&mut none, &ok, &[]);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn closed_share_and_median() {
+        assert_eq!(closed(Some(100.0), Some(60.0), Some(50.0)), Some(80.0));
+        assert_eq!(closed(Some(40.0), Some(30.0), Some(50.0)), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+    }
+}
