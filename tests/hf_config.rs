@@ -14,7 +14,8 @@ use predicates::str::contains;
 /// models' cards / `model.num_parameters()`); Llama-2-70B 68,976,648,192, Llama-3.2-1B
 /// 1,235,814,400, Qwen2-0.5B 494,032,768, TinyLlama-1.1B 1,100,048,384 and SmolLM2-135M
 /// 134,515,008 are transformers' `num_parameters()` of the same configs (tied embeddings
-/// counted once).
+/// counted once); Qwen3-8B 8,190,735,360 (q/k norms included; the arithmetic is in its
+/// config's `_memfit` note).
 #[test]
 fn presets_have_the_published_parameter_counts() {
     for (name, want) in [
@@ -24,6 +25,7 @@ fn presets_have_the_published_parameter_counts() {
         ("llama-3.2-1b", 1_235_814_400),
         ("mistral-7b", 7_241_732_096),
         ("qwen2-0.5b", 494_032_768),
+        ("qwen3-8b", 8_190_735_360),
         ("tinyllama-1.1b", 1_100_048_384),
         ("smollm2-135m", 134_515_008),
     ] {

@@ -312,15 +312,20 @@ impl Shape {
             sizes.push(s_max * h);
         }
         let projs = self.projections();
+        // Qwen3's q/k norms, made after o.
+        let qk_norm = self.llama.filter(|l| l.qk_norm).map(|l| l.head_dim as u64);
         for _ in 0..l {
             sizes.push(h); // ln1
             if !llama {
                 sizes.push(h);
             }
-            for p in &projs {
+            for (i, p) in projs.iter().enumerate() {
                 sizes.push((p.inp * p.out) as u64);
                 if p.bias {
                     sizes.push(p.out as u64);
+                }
+                if let (3, Some(d)) = (i, qk_norm) {
+                    sizes.extend([d, d]);
                 }
             }
             sizes.push(h); // ln2

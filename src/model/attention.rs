@@ -8,6 +8,7 @@ use candle_nn::{VarBuilder, ops};
 use super::efficient_attention::EfficientAttention;
 use super::kernels;
 use super::llama;
+use super::norm::Norm;
 use super::transformer::{Config, Proj, ProjSpec};
 
 /// The additive causal mask of `rows` queries, the first at position `first_row`, over `cols`
@@ -44,6 +45,8 @@ pub struct Attention {
     pub(crate) k: Proj,
     pub(crate) v: Proj,
     pub(crate) o: Proj,
+    /// Qwen3's RMSNorms of each query and key head (`q_norm`, `k_norm`), before the rotary.
+    pub(crate) qk_norm: Option<(Norm, Norm)>,
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -65,6 +68,13 @@ impl Attention {
             k: p(1)?,
             v: p(2)?,
             o: p(3)?,
+            qk_norm: match cfg.llama {
+                Some(l) if l.qk_norm => Some((
+                    Norm::rms(cfg.head_dim(), cfg, vb.pp("q_norm"))?,
+                    Norm::rms(cfg.head_dim(), cfg, vb.pp("k_norm"))?,
+                )),
+                _ => None,
+            },
             heads: cfg.heads,
             kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
@@ -110,7 +120,8 @@ impl Attention {
     }
 
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
-    /// contiguous; with rotary tables, queries and keys rotated.
+    /// contiguous; with q/k norms, queries and keys normalised per head; with rotary tables,
+    /// then rotated.
     fn qkv(&self, x: &Tensor, rotary: Option<Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, _h) = x.dims3()?;
         let d = self.head_dim;
@@ -128,8 +139,17 @@ impl Attention {
                 Some(r) => llama::apply_rotary(&t, r.cos, r.sin, r.offset),
             }
         };
-        let q = rotate(split(self.q.forward(x)?, self.heads)?)?;
-        let k = rotate(split(self.k.forward(x)?, self.kv_heads)?)?;
+        let (q, k) = (
+            split(self.q.forward(x)?, self.heads)?,
+            split(self.k.forward(x)?, self.kv_heads)?,
+        );
+        // Qwen3: each head normalised over D (the layout does not change a last-dim norm).
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            None => (q, k),
+        };
+        let q = rotate(q)?;
+        let k = rotate(k)?;
         let v = split(self.v.forward(x)?, self.kv_heads)?;
         Ok((q, k, v))
     }

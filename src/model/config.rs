@@ -249,10 +249,15 @@ impl Config {
         outside + l * block + self.lora_params()
     }
 
-    /// Parameters of a block's two norms: LayerNorm weight and bias `4H`, RMSNorm weight `2H`.
+    /// Parameters of a block's norms: LayerNorm weight and bias `4H`, RMSNorm weight `2H`
+    /// (and Qwen3's q/k norms `2D`).
     fn norm_params(&self) -> u64 {
         let h = self.hidden as u64;
-        if self.llama.is_some() { 2 * h } else { 4 * h }
+        match self.llama {
+            None => 4 * h,
+            Some(l) if l.qk_norm => 2 * h + 2 * l.head_dim as u64,
+            Some(_) => 2 * h,
+        }
     }
 
     /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)`.

@@ -1,15 +1,16 @@
 //! A Hugging Face `config.json` (a local file; nothing is ever downloaded) read into a memfit
 //! [`Config`].
 //!
-//! `model_type` decides the family: `llama`, `mistral`, `qwen2` → the LLaMA-family decoder
+//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3` → the LLaMA-family decoder
 //! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder. Read for LLaMA:
 //! `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `torch_dtype`, `hidden_act` (must be `silu`), and
-//! `sliding_window` (mistral; qwen2 when `use_sliding_window`). Qwen2 has q, k, v biases and
-//! none on o. Fields that change memory and that memfit does not model are refused, never
+//! `sliding_window` (mistral; qwen2 and qwen3 when `use_sliding_window`). Qwen2 has q, k, v
+//! biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k norms
+//! (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). Fields that change memory and that memfit does not model are refused, never
 //! ignored: the mixture-of-experts fields, another activation, and a sliding window shorter
 //! than the sequence asked for (checked by the workload, which knows the sequence). Fields
 //! that do not change memory (`rope_scaling`, token ids, `architectures`, …) are not read.
@@ -43,7 +44,7 @@ pub const MOE_FIELDS: &[&str] = &[
 ];
 
 /// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, qwen2, gpt2, vit";
+pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gpt2, vit";
 
 /// What a config file gives.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,7 +203,7 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
         }
     };
     let (kind, cfg, sliding_window) = match model_type.as_str() {
-        "llama" | "mistral" | "qwen2" => llama_config(&f, &model_type)?,
+        "llama" | "mistral" | "qwen2" | "qwen3" => llama_config(&f, &model_type)?,
         "gpt2" => (ModelKind::Gpt, gpt2_config(&f)?, None),
         "vit" => (ModelKind::Vit, vit_config(&f)?, None),
         other => {
@@ -265,6 +266,8 @@ fn llama_config(
             "an even head_dim",
         ));
     }
+    // Qwen2: biases on q, k, v always (its config has no `attention_bias`); Qwen3: none by
+    // default, q/k norms.
     let qwen = model_type == "qwen2";
     let attention_bias = if qwen {
         false
@@ -273,7 +276,7 @@ fn llama_config(
     };
     let sliding_window = match model_type {
         "mistral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
-        "qwen2" if f.bool_or("use_sliding_window", false)? => {
+        "qwen2" | "qwen3" if f.bool_or("use_sliding_window", false)? => {
             f.size_opt("sliding_window", super::limits::MAX_SEQ)?
         }
         _ => None,
@@ -285,6 +288,7 @@ fn llama_config(
         qkv_bias: qwen || attention_bias,
         o_bias: attention_bias,
         mlp_bias: f.bool_or("mlp_bias", false)?,
+        qk_norm: model_type == "qwen3",
     };
     let mut cfg = Config::llama(
         vocab,

@@ -1,9 +1,10 @@
-//! The LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama, SmolLM): the blocks of
+//! The LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM): the blocks of
 //! [`super::transformer`] with RMSNorm instead of LayerNorm, rotary position embeddings instead
 //! of a position table, grouped-query attention (`kv_heads` K/V heads, each shared by
 //! `heads / kv_heads` query heads), an explicit `head_dim`, a SwiGLU MLP
-//! `down(silu(gate(x)) · up(x))` of intermediate size `I`, optional q/k/v (and o, MLP) biases
-//! and an LM head that may be the token embedding itself (tied).
+//! `down(silu(gate(x)) · up(x))` of intermediate size `I`, optional q/k/v (and o, MLP) biases,
+//! optional q/k norms (Qwen3: an RMSNorm over `D` of every query and key head, before the
+//! rotary embedding) and an LM head that may be the token embedding itself (tied).
 //!
 //! Shapes (B batch, S sequence, H hidden, A heads, G kv_heads, D head_dim, I intermediate,
 //! V vocab): tokens `(B, S)` → embeddings `(B, S, H)` → per block: RMSNorm; q `(B, A, S, D)`,
@@ -16,7 +17,8 @@
 //!
 //! Parameter count (exact):
 //! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm) + L·(2H + H·A·D + 2·H·G·D +
-//! A·D·H + 3·H·I + biases)`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H` (MLP) where the config has them.
+//! A·D·H + 3·H·I + biases [+ 2D q/k norms])`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H`
+//! (MLP) where the config has them.
 //! The rotary tables (cos and sin, `S_max × D/2` each, in the weights' type) are buffers, not
 //! parameters.
 //!
@@ -60,6 +62,10 @@ pub struct Llama {
     pub o_bias: bool,
     /// Biases on gate, up, down (`mlp_bias`).
     pub mlp_bias: bool,
+    /// RMSNorm of each query and key head over `head_dim` before the rotary embedding
+    /// (Qwen3's `q_norm`, `k_norm`: a weight of `D` each per layer).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 impl Llama {
@@ -79,6 +85,7 @@ pub const PRESETS: &[&str] = &[
     "llama-3.2-1b",
     "mistral-7b",
     "qwen2-0.5b",
+    "qwen3-8b",
     "tinyllama-1.1b",
     "smollm2-135m",
 ];
@@ -92,6 +99,7 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "llama-3.2-1b" => include_str!("../../workloads/configs/llama-3.2-1b.json"),
         "mistral-7b" => include_str!("../../workloads/configs/mistral-7b.json"),
         "qwen2-0.5b" => include_str!("../../workloads/configs/qwen2-0.5b.json"),
+        "qwen3-8b" => include_str!("../../workloads/configs/qwen3-8b.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
         "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
         _ => return None,
@@ -124,6 +132,7 @@ pub fn tiny() -> Config {
             qkv_bias: false,
             o_bias: false,
             mlp_bias: false,
+            qk_norm: false,
         },
         false,
     )

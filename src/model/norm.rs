@@ -68,6 +68,15 @@ impl Norm {
         }
     }
 
+    /// An RMSNorm over `size` (Qwen3's q/k norms over a head).
+    pub fn rms(size: usize, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        Ok(Norm::Rms {
+            weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
+            eps: cfg.layer_norm_eps,
+            fused: cfg.kernels.fused(),
+        })
+    }
+
     pub(crate) fn map(&self, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Self> {
         Ok(match self {
             Norm::Layer(l) => Norm::Layer(LayerNorm {

@@ -120,6 +120,10 @@ impl Block {
                 k: a.k.map(base, adapter)?,
                 v: a.v.map(base, adapter)?,
                 o: a.o.map(base, adapter)?,
+                qk_norm: match &a.qk_norm {
+                    Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
+                    None => None,
+                },
                 ..a.clone()
             },
             ln2: self.ln2.map(base)?,

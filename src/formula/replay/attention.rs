@@ -1,6 +1,7 @@
 //! Mirror of `model::attention`: the composed softmax, rotary positions, `repeat_kv`, and
 //! standard (composed or fused), efficient and tiled attention with its cached step.
 
+use super::norm::Norm;
 use super::proj::Linear;
 use crate::formula::symbolic::Sym;
 use crate::model::kernels::Kernel;
@@ -53,6 +54,8 @@ pub(super) struct Attention {
     pub(super) k: Linear,
     pub(super) v: Linear,
     pub(super) o: Linear,
+    /// Qwen3's q/k norms (mirror of the model's `qk_norm`).
+    pub(super) qk_norm: Option<(Norm, Norm)>,
     pub(super) heads: usize,
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
@@ -122,8 +125,16 @@ impl Attention {
                 Some(r) => apply_rotary(&t, r.cos, r.sin, r.offset),
             }
         };
-        let q = rotate(split(self.q.forward(x), self.heads));
-        let k = rotate(split(self.k.forward(x), self.kv_heads));
+        let (q, k) = (
+            split(self.q.forward(x), self.heads),
+            split(self.k.forward(x), self.kv_heads),
+        );
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q), kn.forward(&k)),
+            None => (q, k),
+        };
+        let q = rotate(q);
+        let k = rotate(k);
         let v = split(self.v.forward(x), self.kv_heads);
         (q, k, v)
     }
@@ -185,12 +196,14 @@ impl Attention {
         self.attend(q, k, v, mask)
     }
 
-    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+    /// `f` on the projections, `w` on the q/k norms' weights, in model order.
+    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
         Attention {
             q: f(&self.q),
             k: f(&self.k),
             v: f(&self.v),
             o: f(&self.o),
+            qk_norm: self.qk_norm.as_ref().map(|(qn, kn)| (qn.map(w), kn.map(w))),
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,

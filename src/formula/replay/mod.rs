@@ -253,6 +253,12 @@ impl Transformer {
                     k: next(),
                     v: next(),
                     o: next(),
+                    qk_norm: shape.llama.filter(|l| l.qk_norm).map(|_| {
+                        (
+                            Norm::new(&p, head_dim as usize, true),
+                            Norm::new(&p, head_dim as usize, true),
+                        )
+                    }),
                     heads: shape.a as usize,
                     kv_heads: kv_heads as usize,
                     head_dim: head_dim as usize,
@@ -314,6 +320,10 @@ impl Transformer {
                 if let Some((a, b)) = &l.lora {
                     all.extend([a.clone(), b.clone()]);
                 }
+            }
+            if let Some((qn, kn)) = &b.attn.qk_norm {
+                all.extend(qn.weights());
+                all.extend(kn.weights());
             }
             all.extend(b.ln2.weights());
         }
@@ -493,7 +503,7 @@ impl Transformer {
             .iter()
             .map(|b| {
                 let ln1 = b.ln1.map(f);
-                let attn = b.attn.map(&lin);
+                let attn = b.attn.map(&lin, f);
                 let ln2 = b.ln2.map(f);
                 let mlp = b.mlp.map(&lin);
                 Block {
