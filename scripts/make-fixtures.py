@@ -28,12 +28,24 @@ FAMILIES = {
     "llama": ("llama", transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     # Qwen3: q/k RMSNorms per head, head_dim 16 (not hidden / heads = 8).
     "qwen3": ("qwen3", transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    # Mixtral: 4 experts, 2 per token (renormalised).
+    "mixtral": ("mixtral", transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Qwen3-MoE: 6 experts of width 24, 3 per token, renormalised; q/k norms.
+    "qwen3_moe": ("qwen3_moe", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
+                   "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
 }
 
 
 def memfit_name(hf: str) -> str:
     """transformers' parameter name → memfit's variable name."""
-    n = hf.replace("model.embed_tokens.", "wte.").replace("model.norm.", "ln_f.").replace("lm_head.", "head.")
+    # Routers: Mixtral's block_sparse_moe.gate, Qwen3-MoE's mlp.gate; Mixtral's experts w1
+    # (gate), w3 (up), w2 (down).
+    n = hf.replace(".block_sparse_moe.gate.", ".mlp.router.").replace(".mlp.gate.", ".mlp.router.")
+    n = n.replace(".block_sparse_moe.experts.", ".mlp.experts.")
+    n = n.replace(".w1.", ".gate.").replace(".w3.", ".up.").replace(".w2.", ".down.")
+    n = n.replace("model.embed_tokens.", "wte.").replace("model.norm.", "ln_f.").replace("lm_head.", "head.")
     n = n.replace("model.layers.", "h.").replace(".input_layernorm.", ".ln1.")
     n = n.replace(".post_attention_layernorm.", ".ln2.").replace(".self_attn.", ".attn.")
     for a, b in [("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o"),

@@ -15,7 +15,8 @@ use predicates::str::contains;
 /// 1,235,814,400, Qwen2-0.5B 494,032,768, TinyLlama-1.1B 1,100,048,384 and SmolLM2-135M
 /// 134,515,008 are transformers' `num_parameters()` of the same configs (tied embeddings
 /// counted once); Qwen3-8B 8,190,735,360 (q/k norms included; the arithmetic is in its
-/// config's `_memfit` note).
+/// config's `_memfit` note); Qwen3-30B-A3B 30,532,122,624 and Mixtral-8x7B 46,702,792,704
+/// (every expert counted; the active counts in `active_params_are_the_routed_share`).
 #[test]
 fn presets_have_the_published_parameter_counts() {
     for (name, want) in [
@@ -26,6 +27,8 @@ fn presets_have_the_published_parameter_counts() {
         ("mistral-7b", 7_241_732_096),
         ("qwen2-0.5b", 494_032_768),
         ("qwen3-8b", 8_190_735_360),
+        ("qwen3-30b-a3b", 30_532_122_624),
+        ("mixtral-8x7b", 46_702_792_704),
         ("tinyllama-1.1b", 1_100_048_384),
         ("smollm2-135m", 134_515_008),
     ] {
@@ -48,6 +51,23 @@ fn presets_have_the_published_parameter_counts() {
         assert_eq!(shape.params(), want, "{name} (formula)");
     }
     assert!(llama::PRESETS.iter().all(|p| Config::preset(p).is_some()));
+}
+
+/// Active parameters per token: the router and `k` experts of each layer (Qwen3-30B-A3B's
+/// card: 3.3B of 30.5B), the whole model for a dense one.
+#[test]
+fn active_params_are_the_routed_share() {
+    for (name, want) in [
+        ("qwen3-30b-a3b", 3_353_032_704u64),
+        ("mixtral-8x7b", 12_879_925_248),
+        ("llama-3-8b", 8_030_261_248),
+    ] {
+        assert_eq!(
+            Config::preset(name).unwrap().active_params(),
+            want,
+            "{name}"
+        );
+    }
 }
 
 #[test]

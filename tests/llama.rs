@@ -30,6 +30,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             o_bias: bias.1,
             mlp_bias: bias.2,
             qk_norm: false,
+            moe: None,
         },
         tied,
     )

@@ -1,6 +1,7 @@
 //! memfit's models compute the same function as the reference implementations: tiny models
 //! built by transformers (`scripts/make-fixtures.py`: Llama with grouped-query attention;
-//! Qwen3 with q/k norms and a head_dim other than hidden / heads), their weights under memfit's
+//! Qwen3 with q/k norms and a head_dim other than hidden / heads; Mixtral, 4 experts, 2 per
+//! token; Qwen3-MoE, 6 experts, 3 per token, q/k norms), their weights under memfit's
 //! names and transformers' logits for a fixed input, stored in `tests/fixtures/<family>/`. memfit
 //! reads the same `config.json`, loads the weights and must give the same logits, with candle's
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
@@ -126,4 +127,14 @@ fn a_different_model_gives_different_logits() {
         diff > 1e-2,
         "without q/k norms the logits still agree ({diff})"
     );
+}
+
+#[test]
+fn mixtral_logits_equal_transformers() {
+    check("mixtral");
+}
+
+#[test]
+fn qwen3_moe_logits_equal_transformers() {
+    check("qwen3_moe");
 }

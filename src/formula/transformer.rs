@@ -319,10 +319,22 @@ impl Shape {
             if !llama {
                 sizes.push(h);
             }
+            // A mixture of experts: the router, then E copies of the MLP projections.
+            let moe = self.llama.and_then(|l| l.moe);
             for (i, p) in projs.iter().enumerate() {
-                sizes.push((p.inp * p.out) as u64);
-                if p.bias {
-                    sizes.push(p.out as u64);
+                let copies = match (moe, i) {
+                    (Some(m), 4) => {
+                        sizes.push(h * m.experts as u64);
+                        m.experts
+                    }
+                    (Some(m), 5..) => m.experts,
+                    _ => 1,
+                };
+                for _ in 0..copies {
+                    sizes.push((p.inp * p.out) as u64);
+                    if p.bias {
+                        sizes.push(p.out as u64);
+                    }
                 }
                 if let (3, Some(d)) = (i, qk_norm) {
                     sizes.extend([d, d]);

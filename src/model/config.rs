@@ -231,12 +231,18 @@ impl Config {
             self.max_seq as u64,
         );
         let head = if self.tied { 0 } else { v * h };
-        let block: u64 = self
-            .projections()
-            .iter()
-            .map(|p| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64)
-            .sum::<u64>()
-            + self.norm_params();
+        let proj = |p: &ProjSpec| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64;
+        let projs = self.projections();
+        // A mixture of experts: E copies of the MLP projections and the router `H·E`.
+        let block: u64 = match self.llama.and_then(|l| l.moe) {
+            None => projs.iter().map(proj).sum::<u64>(),
+            Some(m) => {
+                let e = m.experts as u64;
+                projs[..4].iter().map(proj).sum::<u64>()
+                    + e * projs[4..].iter().map(proj).sum::<u64>()
+                    + h * e
+            }
+        } + self.norm_params();
         let outside = match (self.vision, self.llama) {
             // Token table, position table, final LayerNorm, head.
             (None, None) => v * h + s * h + 2 * h + head,
@@ -247,6 +253,21 @@ impl Config {
             (None, Some(_)) => v * h + h + head,
         };
         outside + l * block + self.lora_params()
+    }
+
+    /// Parameters a token uses (a mixture of experts: the router and its `k` experts of each
+    /// layer, not all `E`); the parameter count otherwise.
+    pub fn active_params(&self) -> u64 {
+        match self.llama.and_then(|l| l.moe) {
+            None => self.params(),
+            Some(m) => {
+                let mlp: u64 = self.projections()[4..]
+                    .iter()
+                    .map(|p| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64)
+                    .sum();
+                self.params() - self.layers as u64 * (m.experts - m.top_k) as u64 * mlp
+            }
+        }
     }
 
     /// Parameters of a block's norms: LayerNorm weight and bias `4H`, RMSNorm weight `2H`

@@ -27,6 +27,7 @@ use serde_json::{Map, Value};
 
 use super::ModelKind;
 use super::llama::Llama;
+use super::moe::MoeShape;
 use super::transformer::Config;
 use super::vit;
 use crate::device::ElemType;
@@ -44,7 +45,7 @@ pub const MOE_FIELDS: &[&str] = &[
 ];
 
 /// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gpt2, vit";
+pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, gpt2, vit";
 
 /// What a config file gives.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,13 +179,14 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
         .str_opt("model_type")?
         .ok_or_else(|| f.missing("model_type", MODEL_TYPES))?
         .to_string();
-    for field in MOE_FIELDS {
+    let moe_type = matches!(model_type.as_str(), "mixtral" | "qwen3_moe");
+    for field in MOE_FIELDS.iter().filter(|_| !moe_type) {
         if let Some(v) = f.get(field) {
             return Err(f.bad(
                 field,
                 v,
-                "a mixture-of-experts field: memfit models dense MLPs only",
-                "a config without it",
+                "a mixture-of-experts field in a dense model type",
+                "a config without it, or model_type mixtral or qwen3_moe",
             ));
         }
     }
@@ -203,7 +205,9 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
         }
     };
     let (kind, cfg, sliding_window) = match model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => llama_config(&f, &model_type)?,
+        "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen3_moe" => {
+            llama_config(&f, &model_type)?
+        }
         "gpt2" => (ModelKind::Gpt, gpt2_config(&f)?, None),
         "vit" => (ModelKind::Vit, vit_config(&f)?, None),
         other => {
@@ -232,7 +236,13 @@ fn llama_config(
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
     f.require("hidden_act", &["silu"])?;
     let hidden = f.size("hidden_size", MAX_SIZE)?;
-    let intermediate = f.size("intermediate_size", MAX_SIZE)?;
+    // A mixture of experts: every layer's MLP is E experts of `moe_intermediate_size`
+    // (Mixtral: `intermediate_size`).
+    let moe = moe_shape(f, model_type)?;
+    let intermediate = match model_type {
+        "qwen3_moe" => f.size("moe_intermediate_size", MAX_SIZE)?,
+        _ => f.size("intermediate_size", MAX_SIZE)?,
+    };
     let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
     let heads = f.size("num_attention_heads", super::limits::MAX_HEADS)?;
     let kv_heads = f
@@ -275,8 +285,8 @@ fn llama_config(
         f.bool_or("attention_bias", false)?
     };
     let sliding_window = match model_type {
-        "mistral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
-        "qwen2" | "qwen3" if f.bool_or("use_sliding_window", false)? => {
+        "mistral" | "mixtral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
+        "qwen2" | "qwen3" | "qwen3_moe" if f.bool_or("use_sliding_window", false)? => {
             f.size_opt("sliding_window", super::limits::MAX_SEQ)?
         }
         _ => None,
@@ -288,7 +298,8 @@ fn llama_config(
         qkv_bias: qwen || attention_bias,
         o_bias: attention_bias,
         mlp_bias: f.bool_or("mlp_bias", false)?,
-        qk_norm: model_type == "qwen3",
+        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
+        moe,
     };
     let mut cfg = Config::llama(
         vocab,
@@ -302,6 +313,58 @@ fn llama_config(
     cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
     cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
     Ok((ModelKind::Llama, cfg, sliding_window))
+}
+
+/// The mixture of experts of `mixtral` (`num_local_experts`, `num_experts_per_tok`, always
+/// renormalised) and `qwen3_moe` (`num_experts`, `num_experts_per_tok`, `norm_topk_prob`;
+/// every layer sparse: `decoder_sparse_step` 1 and no `mlp_only_layers`, else refused).
+fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError> {
+    let max = super::limits::MAX_EXPERTS;
+    let (experts, norm_topk) = match model_type {
+        "mixtral" => (f.size("num_local_experts", max)?, true),
+        "qwen3_moe" => {
+            let step = f.size_opt("decoder_sparse_step", super::limits::MAX_LAYERS)?;
+            if let (Some(v), Some(s)) = (f.get("decoder_sparse_step"), step)
+                && s != 1
+            {
+                return Err(f.bad(
+                    "decoder_sparse_step",
+                    v,
+                    "dense layers between sparse ones are not modelled yet",
+                    "1",
+                ));
+            }
+            if let Some(v) = f.get("mlp_only_layers")
+                && v.as_array().is_none_or(|a| !a.is_empty())
+            {
+                return Err(f.bad(
+                    "mlp_only_layers",
+                    v,
+                    "dense layers between sparse ones are not modelled yet",
+                    "[]",
+                ));
+            }
+            (
+                f.size("num_experts", max)?,
+                f.bool_or("norm_topk_prob", false)?,
+            )
+        }
+        _ => return Ok(None),
+    };
+    let top_k = f.size("num_experts_per_tok", max)?;
+    if top_k > experts {
+        return Err(f.bad(
+            "num_experts_per_tok",
+            &Value::from(top_k),
+            &format!("more than the {experts} experts"),
+            &format!("1..={experts}"),
+        ));
+    }
+    Ok(Some(MoeShape {
+        experts,
+        top_k,
+        norm_topk,
+    }))
 }
 
 fn gpt2_config(f: &Fields) -> Result<Config, UserError> {

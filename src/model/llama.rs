@@ -66,6 +66,10 @@ pub struct Llama {
     /// (Qwen3's `q_norm`, `k_norm`: a weight of `D` each per layer).
     #[serde(default)]
     pub qk_norm: bool,
+    /// A mixture of experts instead of the dense MLP in every layer (`intermediate` is then
+    /// one expert's width).
+    #[serde(default)]
+    pub moe: Option<super::moe::MoeShape>,
 }
 
 impl Llama {
@@ -86,6 +90,8 @@ pub const PRESETS: &[&str] = &[
     "mistral-7b",
     "qwen2-0.5b",
     "qwen3-8b",
+    "qwen3-30b-a3b",
+    "mixtral-8x7b",
     "tinyllama-1.1b",
     "smollm2-135m",
 ];
@@ -100,6 +106,8 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "mistral-7b" => include_str!("../../workloads/configs/mistral-7b.json"),
         "qwen2-0.5b" => include_str!("../../workloads/configs/qwen2-0.5b.json"),
         "qwen3-8b" => include_str!("../../workloads/configs/qwen3-8b.json"),
+        "qwen3-30b-a3b" => include_str!("../../workloads/configs/qwen3-30b-a3b.json"),
+        "mixtral-8x7b" => include_str!("../../workloads/configs/mixtral-8x7b.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
         "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
         _ => return None,
@@ -133,6 +141,7 @@ pub fn tiny() -> Config {
             o_bias: false,
             mlp_bias: false,
             qk_norm: false,
+            moe: None,
         },
         false,
     )

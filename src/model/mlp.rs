@@ -4,6 +4,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::kernels;
+use super::moe::Moe;
 use super::transformer::{Config, Proj, ProjSpec};
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
@@ -21,6 +22,8 @@ pub enum Mlp {
         down: Proj,
         fused: bool,
     },
+    /// A mixture of SwiGLU experts ([`super::moe`]).
+    Moe(Box<Moe>),
 }
 
 impl Mlp {
@@ -43,11 +46,56 @@ impl Mlp {
         })
     }
 
+    /// The block's MLP: a mixture of experts when the config has one.
+    pub(crate) fn for_block(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+        match cfg.llama.and_then(|l| l.moe) {
+            Some(shape) => Ok(Mlp::Moe(Box::new(Moe::new(cfg, shape, projs, vb)?))),
+            None => Mlp::new(cfg, projs, vb),
+        }
+    }
+
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
         match self {
             Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
             Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
+            Mlp::Moe(m) => m.experts.iter_mut().flat_map(|e| e.projs_mut()).collect(),
         }
+    }
+
+    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B.
+    pub(crate) fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        Ok(match self {
+            Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
+                fc1: fc1.map(base, adapter)?,
+                fc2: fc2.map(base, adapter)?,
+                fused: *fused,
+            },
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused,
+            } => Mlp::SwiGlu {
+                gate: gate.map(base, adapter)?,
+                up: up.map(base, adapter)?,
+                down: down.map(base, adapter)?,
+                fused: *fused,
+            },
+            Mlp::Moe(m) => Mlp::Moe(Box::new(Moe {
+                router: candle_nn::Linear::new(base(m.router.weight())?, None),
+                experts: m
+                    .experts
+                    .iter()
+                    .map(|e| e.map(base, adapter))
+                    .collect::<Result<Vec<_>>>()?,
+                shape: m.shape,
+                routing: m.routing.clone(),
+            })),
+        })
     }
 }
 
@@ -78,6 +126,7 @@ impl Module for Mlp {
                 drop((g, u));
                 down.forward(&m)
             }
+            Mlp::Moe(m) => m.forward(x),
             Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x)?.silu()?;
                 let u = up.forward(x)?;

@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod limits;
 pub mod llama;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod proj;
 pub mod tiled_attention;

@@ -68,7 +68,7 @@ impl Block {
             ln1: Norm::new(cfg, vb.pp("ln1"))?,
             attn: Attention::new(cfg, &projs[..4], vb.pp("attn"))?,
             ln2: Norm::new(cfg, vb.pp("ln2"))?,
-            mlp: Mlp::new(cfg, &projs[4..], vb.pp("mlp"))?,
+            mlp: Mlp::for_block(cfg, &projs[4..], vb.pp("mlp"))?,
         })
     }
 
@@ -127,24 +127,7 @@ impl Block {
                 ..a.clone()
             },
             ln2: self.ln2.map(base)?,
-            mlp: match &self.mlp {
-                Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
-                    fc1: fc1.map(base, adapter)?,
-                    fc2: fc2.map(base, adapter)?,
-                    fused: *fused,
-                },
-                Mlp::SwiGlu {
-                    gate,
-                    up,
-                    down,
-                    fused,
-                } => Mlp::SwiGlu {
-                    gate: gate.map(base, adapter)?,
-                    up: up.map(base, adapter)?,
-                    down: down.map(base, adapter)?,
-                    fused: *fused,
-                },
-            },
+            mlp: self.mlp.map(base, adapter)?,
         })
     }
 }
