@@ -316,6 +316,15 @@ pub struct Row {
     /// the pool's `USED_MEM_CURRENT`): what no trim can give back.
     #[serde(default)]
     pub trim_live_bytes: Option<u64>,
+    /// A mixture of experts: the tokens each expert received in the phase's forward, per layer
+    /// (`n₀,n₁,…;…`, layers in order; empty for a dense model). The replay predicts from it.
+    #[serde(default)]
+    pub moe_routing: String,
+    /// The most and fewest tokens any expert of any layer received (a mixture of experts).
+    #[serde(default)]
+    pub moe_tokens_max: Option<u64>,
+    #[serde(default)]
+    pub moe_tokens_min: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
 }

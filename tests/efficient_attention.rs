@@ -74,7 +74,7 @@ fn no_abs2_term_in_the_graph() {
         let standard = Shape::new(b, s, h, a, l, v, s);
         let efficient = Shape {
             efficient: true,
-            ..standard
+            ..standard.clone()
         };
         let rs = replay(&standard, 0, None);
         let re = replay(&efficient, 0, None);

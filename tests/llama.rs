@@ -333,3 +333,57 @@ fn variants() {
     );
     with(&["--phases", "load", "--load", "mmap", "--tied", "on"], 1);
 }
+
+/// Mixtral (4 experts, 2 per token) and Qwen3-MoE (6 experts, 3 per token, q/k norms), the
+/// reference fixtures' configs: every phase with candle's composed ops and the fused kernels,
+/// and mixed f16 with checkpointing, against the replay of the routing each row records
+/// (tokens per expert per layer, summing to k·B·S in every layer).
+#[test]
+fn mixture_of_experts_from_the_recorded_routing() {
+    for (family, experts, k) in [("mixtral", 4, 2), ("qwen3_moe", 6, 3)] {
+        let cfg = format!(
+            "{}/tests/fixtures/{family}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let base = ["--hf-config", cfg.as_str(), "--batch", "16", "--seq", "28"];
+        for kernels in ["composed", "fused"] {
+            let mut a = base.to_vec();
+            a.extend([
+                "--phases",
+                ALL,
+                "--decode-tokens",
+                "4",
+                "--kernels",
+                kernels,
+            ]);
+            let rows = check_run(&a, 8);
+            for r in rows.iter().filter(|r| r.phase != "init") {
+                let layers = memfit::model::moe::parse_routing(&r.moe_routing)
+                    .unwrap_or_else(|| panic!("{family} {}: no routing recorded", r.phase));
+                assert_eq!(layers.len(), 2, "{family} {}", r.phase);
+                for l in &layers {
+                    assert_eq!(l.len(), experts, "{family} {}", r.phase);
+                    // A decode step routes B tokens; every other forward B·S.
+                    let tokens = if r.phase == "decode" { 16 } else { 16 * 28 };
+                    assert_eq!(l.iter().sum::<usize>(), k * tokens, "{family} {}", r.phase);
+                }
+                let max = layers.iter().flatten().max().copied().unwrap() as u64;
+                assert_eq!(r.moe_tokens_max, Some(max));
+            }
+            let mut a = base.to_vec();
+            a.extend([
+                "--phases",
+                "init,forward,backward,optimizer,train-step",
+                "--dtype",
+                "f16",
+                "--precision",
+                "mixed",
+                "--checkpoint",
+                "1",
+                "--kernels",
+                kernels,
+            ]);
+            check_run(&a, 5);
+        }
+    }
+}

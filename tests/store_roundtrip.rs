@@ -88,6 +88,9 @@ fn base_row(case: u64, phase: &str) -> Row {
         trim_before_bytes: Some(900_000_000),
         trim_after_bytes: Some(610_000_000),
         trim_live_bytes: Some(512_000_000),
+        moe_routing: "3,0,5;4,4,0".into(),
+        moe_tokens_max: Some(5),
+        moe_tokens_min: Some(0),
     }
 }
 
@@ -297,7 +300,8 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
              dataset,workers,worker_kind,prefetch,storage,persistent,epochs,crop_px,images,\
              images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
              pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,\
-             trim_layer,trim_before_bytes,trim_after_bytes,trim_live_bytes,threads"
+             trim_layer,trim_before_bytes,trim_after_bytes,trim_live_bytes,moe_routing,\
+             moe_tokens_max,moe_tokens_min,threads"
         ),
         "{}",
         lines[0]

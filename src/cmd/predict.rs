@@ -217,9 +217,14 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         Some(b) => {
             // Memory grows with the batch and with the sequence.
             let batch = largest(1 << 20, |batch| {
-                train_total(&Shape { b: batch, ..shape }) <= b
+                train_total(&Shape {
+                    b: batch,
+                    ..shape.clone()
+                }) <= b
             });
-            let seq = largest(shape.s_max, |s| train_total(&Shape { s, ..shape }) <= b);
+            let seq = largest(shape.s_max, |s| {
+                train_total(&Shape { s, ..shape.clone() }) <= b
+            });
             (
                 Some(train_total(&shape) <= b),
                 Some(batch as usize),

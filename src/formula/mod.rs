@@ -24,3 +24,18 @@ pub struct Prediction {
 pub fn predict(case: &Case, phase: Phase, threads: usize) -> Prediction {
     transformer::Shape::of(case).predict(phase, case.optimizer, threads)
 }
+
+/// [`predict`] with a mixture of experts' routing as measured (tokens per expert per layer;
+/// `None`: balanced).
+pub fn predict_routed(
+    case: &Case,
+    phase: Phase,
+    threads: usize,
+    routing: Option<Vec<Vec<usize>>>,
+) -> Prediction {
+    let shape = transformer::Shape {
+        routing: routing.map(std::sync::Arc::new),
+        ..transformer::Shape::of(case)
+    };
+    shape.predict(phase, case.optimizer, threads)
+}

@@ -24,7 +24,7 @@ pub fn lora_bits(targets: &[LoraTarget]) -> u16 {
 }
 
 /// The shape of a case, in u64 for the arithmetic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shape {
     pub b: u64,
     pub s: u64,
@@ -69,6 +69,9 @@ pub struct Shape {
     pub tied: bool,
     /// Fused kernels or candle's composed ops.
     pub kernels: Kernels,
+    /// A mixture of experts: tokens per expert per layer as a run drew them (a row's
+    /// `moe_routing`); `None`: balanced (`k·T/E` each).
+    pub routing: Option<std::sync::Arc<Vec<Vec<usize>>>>,
 }
 
 impl Shape {
@@ -99,6 +102,7 @@ impl Shape {
             llama: case.cfg.llama,
             tied: case.cfg.tied,
             kernels: case.cfg.kernels,
+            routing: None,
         }
     }
 
@@ -130,6 +134,7 @@ impl Shape {
             llama: None,
             tied: false,
             kernels: Kernels::Composed,
+            routing: None,
         }
     }
 

@@ -76,6 +76,22 @@ impl Ledger {
         self.current.get()
     }
 
+    /// `bytes` of host memory outside any tensor (a `Vec` the model fills), counted where the
+    /// meter sees host memory (the CPU: `gemm_threads` set); freed when the guard drops, or
+    /// turned into a tensor's storage ([`HostBytes::into_tensor`]).
+    pub fn host(self: &Rc<Self>, bytes: usize) -> HostBytes {
+        let bytes = if self.gemm_threads.is_some() {
+            bytes as u64
+        } else {
+            0
+        };
+        self.alloc(bytes);
+        HostBytes {
+            ledger: self.clone(),
+            bytes,
+        }
+    }
+
     /// gemm's transient packing buffer for one product of layouts `la · ra` (nothing unless
     /// `gemm_threads` is set): allocated and freed at once, so it only raises the peak.
     fn gemm_pack(&self, la: &Layout, ra: &Layout, dtype: DType) {
@@ -90,6 +106,28 @@ impl Ledger {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         id
+    }
+}
+
+/// Host bytes on a [`Ledger`] (see [`Ledger::host`]).
+pub struct HostBytes {
+    ledger: Rc<Ledger>,
+    bytes: u64,
+}
+
+impl HostBytes {
+    /// `Tensor::from_vec`: the vector becomes the storage of an untracked tensor `dims` (on
+    /// CUDA it is uploaded: the device tensor is new, the host vector freed).
+    pub fn into_tensor(self, dims: &[usize], dtype: DType) -> Sym {
+        let ledger = self.ledger.clone();
+        drop(self);
+        Sym::new(&ledger, dims, dtype)
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        self.ledger.free(self.bytes);
     }
 }
 
@@ -196,6 +234,9 @@ pub enum Op {
     Max(Sym, Vec<usize>),
     Gather(Sym, Sym, usize),
     IndexSelect(Sym, Sym, usize),
+    /// `index_add` with its result tracked (the mixture of experts adds each expert's output
+    /// back): init, indexes, source, dim.
+    IndexAdd(Sym, Sym, Sym, usize),
     Cmp(Sym),
     ToDType(Sym),
     Exp(Sym),
@@ -617,6 +658,14 @@ impl Sym {
         self.updated_copy()
     }
 
+    /// `index_add` along `dim` in a forward: a fresh copy of `self` with `src` added at the
+    /// rows `indexes`, recorded when `self` or `src` is tracked.
+    pub fn index_add_tracked(&self, indexes: &Sym, src: &Sym, dim: usize) -> Sym {
+        let op = (self.track_op() || src.track_op())
+            .then(|| Op::IndexAdd(self.clone(), indexes.clone(), src.clone(), dim));
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
     pub fn scatter_add(&self, _indexes: &Sym, _src: &Sym) -> Sym {
         self.updated_copy()
     }
@@ -805,7 +854,7 @@ impl Op {
             | Op::Matmul(a, b)
             | Op::Gather(a, b, _)
             | Op::IndexSelect(a, b, _) => vec![a, b],
-            Op::Attn(q, k, v) => vec![q, k, v],
+            Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
             Op::Frozen(x, _, _) => vec![x],
             Op::ToDType(a) => {
@@ -1012,6 +1061,13 @@ pub fn backward(root: &Sym) -> GradStore {
                 let s = grads.or_insert(arg);
                 let indexes = indexes.contiguous();
                 *s = s.index_add(&indexes, &grad);
+            }
+            Op::IndexAdd(init, indexes, src, dim) => {
+                let s = grads.or_insert(init);
+                *s = s.add(&grad);
+                let src_grad = grad.index_select(indexes, *dim);
+                let s = grads.or_insert(src);
+                *s = s.add(&src_grad);
             }
             Op::Narrow(arg, dim, start, len) => {
                 let (dim, start, len) = (*dim, *start, *len);

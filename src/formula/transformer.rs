@@ -188,12 +188,26 @@ impl Shape {
 
     /// Parameter tensors of one block.
     fn tensors_per_block(&self) -> u64 {
-        let norms = if self.llama.is_some() { 2 } else { 4 };
+        let norms = match self.llama {
+            None => 4,
+            // Qwen3's q/k norms.
+            Some(l) => 2 + 2 * u64::from(l.qk_norm),
+        };
+        // A mixture of experts: the router and E copies of the MLP projections.
+        let moe = self.llama.and_then(|l| l.moe);
         norms
+            + u64::from(moe.is_some())
             + self
                 .projections()
                 .iter()
-                .map(|p| 1 + u64::from(p.bias))
+                .enumerate()
+                .map(|(i, p)| {
+                    let copies = match moe {
+                        Some(m) if i >= 4 => m.experts as u64,
+                        _ => 1,
+                    };
+                    copies * (1 + u64::from(p.bias))
+                })
                 .sum::<u64>()
     }
 

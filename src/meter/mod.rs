@@ -44,6 +44,9 @@ pub struct Reading {
     pub trim_live_bytes: Option<u64>,
     /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
     pub data: Option<crate::data::DataFigures>,
+    /// A mixture of experts: tokens per expert of each layer's last forward at the window's
+    /// end ([`crate::model::moe::routing_snapshot`]).
+    pub moe_routing: Option<Vec<Vec<usize>>>,
 }
 
 /// A source of measurements around a window.

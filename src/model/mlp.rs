@@ -46,10 +46,15 @@ impl Mlp {
         })
     }
 
-    /// The block's MLP: a mixture of experts when the config has one.
-    pub(crate) fn for_block(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+    /// The MLP of block `layer`: a mixture of experts when the config has one.
+    pub(crate) fn for_block(
+        cfg: &Config,
+        layer: usize,
+        projs: &[ProjSpec],
+        vb: VarBuilder,
+    ) -> Result<Self> {
         match cfg.llama.and_then(|l| l.moe) {
-            Some(shape) => Ok(Mlp::Moe(Box::new(Moe::new(cfg, shape, projs, vb)?))),
+            Some(shape) => Ok(Mlp::Moe(Box::new(Moe::new(cfg, shape, layer, projs, vb)?))),
             None => Mlp::new(cfg, projs, vb),
         }
     }
@@ -93,7 +98,7 @@ impl Mlp {
                     .map(|e| e.map(base, adapter))
                     .collect::<Result<Vec<_>>>()?,
                 shape: m.shape,
-                routing: m.routing.clone(),
+                layer: m.layer,
             })),
         })
     }

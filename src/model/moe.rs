@@ -15,9 +15,12 @@
 //!   `index_add` (a fresh `(T, H)` each time, as candle's `index_add` is not in place).
 //!
 //! Parameters per layer: router `H·E` + `E·3·H·I`; per token `k·3·H·I` of them are active.
-//! The routing of the last forward is kept ([`Moe::routing`]: tokens per expert) for the rows.
+//! The routing of each layer's last forward is kept process-wide ([`routing_snapshot`]: tokens
+//! per expert, by layer): the runner records it in each phase's row, and the replay predicts
+//! from it.
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder, linear_no_bias, ops};
@@ -38,14 +41,25 @@ pub struct MoeShape {
     pub norm_topk: bool,
 }
 
-/// A mixture-of-experts MLP: router, experts (SwiGLU [`Mlp`]s), and the last routing.
+/// A mixture-of-experts MLP: router, experts (SwiGLU [`Mlp`]s), its layer.
 #[derive(Debug, Clone)]
 pub struct Moe {
     pub(crate) router: Linear,
     pub(crate) experts: Vec<Mlp>,
     pub(crate) shape: MoeShape,
-    /// Tokens per expert of the last forward (shared by clones, e.g. a cast copy).
-    pub(crate) routing: Arc<Mutex<Vec<usize>>>,
+    /// The block's index (where its routing is recorded).
+    pub(crate) layer: usize,
+}
+
+/// Tokens per expert of each layer's last forward in this process (each case runs in a
+/// process of its own).
+static ROUTING: Mutex<BTreeMap<usize, Vec<usize>>> = Mutex::new(BTreeMap::new());
+
+/// The routing of the last forward of every mixture-of-experts layer, in layer order: tokens
+/// per expert. `None` when no such layer has run.
+pub fn routing_snapshot() -> Option<Vec<Vec<usize>>> {
+    let map = ROUTING.lock().unwrap_or_else(|e| e.into_inner());
+    (!map.is_empty()).then(|| map.values().cloned().collect())
 }
 
 impl Moe {
@@ -53,6 +67,7 @@ impl Moe {
     pub(crate) fn new(
         cfg: &Config,
         shape: MoeShape,
+        layer: usize,
         projs: &[ProjSpec],
         vb: VarBuilder,
     ) -> Result<Self> {
@@ -64,14 +79,34 @@ impl Moe {
             router,
             experts,
             shape,
-            routing: Arc::new(Mutex::new(Vec::new())),
+            layer,
         })
     }
+}
 
-    /// Tokens per expert of the last forward (empty before the first).
-    pub fn routing(&self) -> Vec<usize> {
-        self.routing.lock().expect("routing lock").clone()
+/// A routing as a row stores it: tokens per expert, `,` between experts, `;` between layers.
+pub fn format_routing(routing: &[Vec<usize>]) -> String {
+    routing
+        .iter()
+        .map(|l| {
+            l.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// [`format_routing`]'s text back (`None` for an empty or malformed one: the formula then
+/// assumes balanced routing).
+pub fn parse_routing(text: &str) -> Option<Vec<Vec<usize>>> {
+    if text.is_empty() {
+        return None;
     }
+    text.split(';')
+        .map(|l| l.split(',').map(|n| n.parse().ok()).collect())
+        .collect()
 }
 
 /// The `k` largest of `p` (ties to the lower index), as `torch.topk` picks them.
@@ -123,7 +158,11 @@ impl Module for Moe {
             let host = probs.flatten_all()?.to_vec1::<f32>()?;
             route(&host, e, self.shape.top_k)
         };
-        *self.routing.lock().expect("routing lock") = top_x.iter().map(Vec::len).collect();
+        let counts = top_x.iter().map(Vec::len).collect();
+        ROUTING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.layer, counts);
         let mask = Tensor::from_vec(mask, (t, e), x.device())?;
         let selected = probs.mul(&mask)?;
         drop((probs, mask));

@@ -62,13 +62,14 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+    /// Block `layer` of the model.
+    pub fn new(cfg: &Config, layer: usize, vb: VarBuilder) -> Result<Self> {
         let projs = cfg.projections();
         Ok(Self {
             ln1: Norm::new(cfg, vb.pp("ln1"))?,
             attn: Attention::new(cfg, &projs[..4], vb.pp("attn"))?,
             ln2: Norm::new(cfg, vb.pp("ln2"))?,
-            mlp: Mlp::for_block(cfg, &projs[4..], vb.pp("mlp"))?,
+            mlp: Mlp::for_block(cfg, layer, &projs[4..], vb.pp("mlp"))?,
         })
     }
 
@@ -222,7 +223,7 @@ impl Transformer {
             )?),
         };
         let blocks = (0..cfg.layers)
-            .map(|i| Block::new(cfg, vb.pp(format!("h.{i}"))))
+            .map(|i| Block::new(cfg, i, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
         let head = match (&stem, cfg.vision, cfg.tied) {

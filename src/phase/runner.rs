@@ -281,13 +281,15 @@ fn run_chain(
      -> anyhow::Result<()> {
         if case.phases.contains(&phase) {
             observe(phase, results);
-            let ((), reading) = measure(meters, || {
+            let ((), mut reading) = measure(meters, || {
                 f()?;
                 // Queued GPU work belongs to this window (a no-op on the CPU).
                 device.synchronize()?;
                 Ok(())
             })
             .with_context(|| format!("phase {}", phase.as_str()))?;
+            // The routing this window's forward drew (a backward's: its forward's).
+            reading.moe_routing = crate::model::moe::routing_snapshot();
             results.push(PhaseResult {
                 phase,
                 outcome: Ok(reading),

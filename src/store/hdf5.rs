@@ -53,7 +53,9 @@ pub fn unit(field: &str) -> Option<&'static str> {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
         | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "lora_targets"
         | "lora_base" | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset"
-        | "worker_kind" | "storage" | "persistent" | "tied" | "biases" | "trim_layer" => "",
+        | "worker_kind" | "storage" | "persistent" | "tied" | "biases" | "trim_layer"
+        | "moe_routing" => "",
+        "moe_tokens_max" | "moe_tokens_min" => "tokens",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -220,6 +222,13 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "trim_live_bytes" => {
             "After the window: bytes live in the tensor allocator (CPU counting allocator, CUDA pool used)."
         }
+        "moe_routing" => {
+            "Mixture of experts: tokens per expert in the phase's forward, per layer (n0,n1,...;...)."
+        }
+        "moe_tokens_max" => "Mixture of experts: the most tokens any expert of any layer received.",
+        "moe_tokens_min" => {
+            "Mixture of experts: the fewest tokens any expert of any layer received."
+        }
         _ => return None,
     })
 }
@@ -353,6 +362,9 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.opt_u64("trim_before_bytes", rows, |r| r.trim_before_bytes)?;
         w.opt_u64("trim_after_bytes", rows, |r| r.trim_after_bytes)?;
         w.opt_u64("trim_live_bytes", rows, |r| r.trim_live_bytes)?;
+        w.string("moe_routing", rows, |r| Some(&r.moe_routing))?;
+        w.opt_u64("moe_tokens_max", rows, |r| r.moe_tokens_max)?;
+        w.opt_u64("moe_tokens_min", rows, |r| r.moe_tokens_min)?;
     }
     file.flush().context("flushing")?;
     file.close().context("closing")?;
@@ -741,6 +753,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let kernels = string_or("kernels", "composed")?;
     let flush_denormals = string_or("flush_denormals", "off")?;
     let trim_layer = string_or("trim_layer", "")?;
+    let mut moe_routing = string_or("moe_routing", "")?.into_iter();
     let mut trim_u64 = |name: &str| {
         if has(name) {
             r.opt_u64(name)
@@ -751,6 +764,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let trim_before_bytes = trim_u64("trim_before_bytes")?;
     let trim_after_bytes = trim_u64("trim_after_bytes")?;
     let trim_live_bytes = trim_u64("trim_live_bytes")?;
+    // Files written before the mixture-of-experts columns: dense models.
+    let moe_tokens_max = trim_u64("moe_tokens_max")?;
+    let moe_tokens_min = trim_u64("moe_tokens_min")?;
 
     let mut run_id = run_id.into_iter();
     let mut model = model.into_iter();
@@ -863,6 +879,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             trim_before_bytes: trim_before_bytes[i],
             trim_after_bytes: trim_after_bytes[i],
             trim_live_bytes: trim_live_bytes[i],
+            moe_routing: next(&mut moe_routing),
+            moe_tokens_max: moe_tokens_max[i],
+            moe_tokens_min: moe_tokens_min[i],
         });
     }
     Ok((meta, rows))

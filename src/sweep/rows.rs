@@ -49,7 +49,9 @@ pub fn predict(case: &Case, row: &mut Row, threads: usize) {
         return;
     }
     if let Some(phase) = Phase::parse(&row.phase) {
-        let pred = formula::predict(case, phase, threads);
+        // A mixture of experts: the routing the phase drew (balanced when not recorded).
+        let routing = crate::model::moe::parse_routing(&row.moe_routing);
+        let pred = formula::predict_routed(case, phase, threads, routing);
         row.predicted_peak_bytes = Some(pred.peak_bytes);
         row.predicted_retained_bytes = Some(pred.retained_bytes);
     }
@@ -191,6 +193,19 @@ pub fn bare_row(
         trim_before_bytes: reading.trim_before_bytes,
         trim_after_bytes: reading.trim_after_bytes,
         trim_live_bytes: reading.trim_live_bytes,
+        moe_routing: reading
+            .moe_routing
+            .as_deref()
+            .map(crate::model::moe::format_routing)
+            .unwrap_or_default(),
+        moe_tokens_max: reading
+            .moe_routing
+            .as_ref()
+            .and_then(|r| r.iter().flatten().max().map(|&n| n as u64)),
+        moe_tokens_min: reading
+            .moe_routing
+            .as_ref()
+            .and_then(|r| r.iter().flatten().min().map(|&n| n as u64)),
     };
     match &case.data {
         Some(d) => crate::data::bench::row(row, d, figures),

@@ -1051,6 +1051,23 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     &format!("0..={} (hidden)", cfg.hidden),
                 ));
             }
+            let moe = cfg.llama.and_then(|l| l.moe).is_some();
+            if moe && rank > 0 {
+                return Err(ctx.bad(
+                    "lora_rank",
+                    &rank.to_string(),
+                    "LoRA on a mixture of experts (router, experts) is not built yet",
+                    "0 with a mixture-of-experts model",
+                ));
+            }
+            if moe && matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0) {
+                return Err(ctx.bad(
+                    "weights",
+                    serve.as_str(),
+                    "quantized serving of a mixture of experts is not built yet",
+                    "model, f16 with a mixture-of-experts model",
+                ));
+            }
             if k > cfg.layers {
                 return Err(ctx.bad(
                     "checkpoint",

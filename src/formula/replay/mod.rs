@@ -34,6 +34,7 @@ use crate::phase::checkpoint::segments;
 
 mod attention;
 mod mlp;
+mod moe;
 mod norm;
 mod proj;
 
@@ -237,7 +238,7 @@ impl Transformer {
         let projs = shape.projections();
         let (kv_heads, head_dim) = shape.kv_dims();
         let blocks: Vec<Block> = (0..shape.l)
-            .map(|_| {
+            .map(|layer| {
                 let mut lin = projs.iter().map(|spec| {
                     let r = if shape.has_lora(spec.target) {
                         shape.lora_rank as usize
@@ -268,7 +269,37 @@ impl Transformer {
                     causal: shape.vision.is_none(),
                 };
                 let ln2 = Norm::new(&p, h, llama);
-                let mlp = if llama {
+                let moe = shape.llama.and_then(|l| l.moe);
+                let mlp = if let Some(m) = moe {
+                    // The router, then each expert's gate, up, down (model order).
+                    let specs = &projs[4..];
+                    let router = Linear::new(&p, h, m.experts, false);
+                    let lora = |spec: &crate::model::transformer::ProjSpec| {
+                        if shape.has_lora(spec.target) {
+                            shape.lora_rank as usize
+                        } else {
+                            0
+                        }
+                    };
+                    let experts = (0..m.experts)
+                        .map(|_| Mlp::SwiGlu {
+                            gate: Linear::proj(&p, &specs[0], lora(&specs[0])),
+                            up: Linear::proj(&p, &specs[1], lora(&specs[1])),
+                            down: Linear::proj(&p, &specs[2], lora(&specs[2])),
+                            fused: shape.kernels.fused(),
+                        })
+                        .collect();
+                    let routing = shape
+                        .routing
+                        .as_ref()
+                        .and_then(|r| r.get(layer as usize).cloned());
+                    Mlp::Moe(Box::new(moe::Moe {
+                        router,
+                        experts,
+                        shape: m,
+                        routing,
+                    }))
+                } else if llama {
                     Mlp::SwiGlu {
                         gate: next(),
                         up: next(),

@@ -1,0 +1,149 @@
+//! Mirror of `model::moe`: the router, the host routing, the experts on their gathered tokens
+//! and the `index_add`s, for a given routing (tokens per expert; a row's recorded
+//! `moe_routing`, or balanced).
+
+use super::attention::softmax;
+use super::mlp::Mlp;
+use super::proj::Linear;
+use crate::formula::symbolic::{DType, Sym};
+use crate::model::moe::MoeShape;
+
+pub(super) struct Moe {
+    pub(super) router: Linear,
+    pub(super) experts: Vec<Mlp>,
+    pub(super) shape: MoeShape,
+    /// Tokens per expert as recorded for this layer, if any.
+    pub(super) routing: Option<Vec<usize>>,
+}
+
+/// `k·T` tokens spread evenly over `E` experts (the first `k·T mod E` get one more).
+pub(super) fn balanced(tokens: usize, shape: MoeShape) -> Vec<usize> {
+    let (total, e) = (tokens * shape.top_k, shape.experts);
+    (0..e)
+        .map(|i| total / e + usize::from(i < total % e))
+        .collect()
+}
+
+impl Moe {
+    /// The tokens per expert of a forward over `tokens`: the recorded routing when it is of
+    /// this many tokens, else balanced.
+    fn counts(&self, tokens: usize) -> Vec<usize> {
+        match &self.routing {
+            Some(r) if r.iter().sum::<usize>() == tokens * self.shape.top_k => r.clone(),
+            _ => balanced(tokens, self.shape),
+        }
+    }
+
+    pub(super) fn forward(&self, x: &Sym) -> Sym {
+        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let (t, e) = (b * s, self.shape.experts);
+        let counts = self.counts(t);
+        let ledger = x.ledger().clone();
+        let xs = x.reshape(&[t, h]);
+        let logits = self.router.linear_forward(&xs);
+        let probs = softmax(&logits.to_dtype(DType::F32), 1);
+        drop(logits);
+        // The host copy of the probabilities, the 0/1 selection and each expert's token list
+        // (the last two become tensors without a copy: `Tensor::from_vec`).
+        let host = ledger.host(4 * t * e);
+        let mask = ledger.host(4 * t * e);
+        let mut ids: Vec<_> = counts
+            .iter()
+            .map(|&n| (n > 0).then(|| ledger.host(4 * n)))
+            .collect();
+        drop(host);
+        let mask = mask.into_tensor(&[t, e], DType::F32);
+        let selected = probs.mul(&mask);
+        drop((probs, mask));
+        let weights = if self.shape.norm_topk {
+            let sum = selected.sum_keepdim(&[1]);
+            selected.broadcast_div(&sum)
+        } else {
+            selected
+        }
+        .to_dtype(x.dtype());
+        let mut ys = xs.zeros_like();
+        for (i, (expert, &n)) in self.experts.iter().zip(&counts).enumerate() {
+            let Some(host_ids) = ids[i].take() else {
+                continue;
+            };
+            let ids = host_ids.into_tensor(&[n], DType::U32);
+            let ye = expert.forward(&xs.index_select(&ids, 0));
+            let we = weights.index_select(&ids, 0).narrow(1, i, 1);
+            let ye = ye.broadcast_mul(&we);
+            drop(we);
+            ys = ys.index_add_tracked(&ids, &ye, 0);
+        }
+        ys.reshape(&[b, s, h])
+    }
+
+    pub(super) fn linears(&self) -> Vec<&Linear> {
+        let mut v = vec![&self.router];
+        for e in &self.experts {
+            v.extend(e.linears());
+        }
+        v
+    }
+
+    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        Moe {
+            router: f(&self.router),
+            experts: self.experts.iter().map(|e| e.map(f)).collect(),
+            shape: self.shape,
+            routing: self.routing.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formula::transformer::Shape;
+    use crate::phase::{OptimizerKind, Phase};
+    use std::sync::Arc;
+
+    /// A Mixtral-shaped slice: 8 experts of width 512, 2 per token, B 4 × S 32.
+    fn shape(routing: Option<Vec<Vec<usize>>>) -> Shape {
+        let text = r#"{"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 64,
+            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+            "num_local_experts": 8, "num_experts_per_tok": 2}"#;
+        let cfg = crate::model::hf_config::parse(text, "mixtral.json")
+            .unwrap()
+            .cfg;
+        Shape {
+            llama: cfg.llama,
+            routing: routing.map(Arc::new),
+            ..Shape::new(4, 32, 64, 4, 2, 128, 64)
+        }
+    }
+
+    #[test]
+    fn balanced_spreads_k_tokens_each() {
+        let m = MoeShape {
+            experts: 8,
+            top_k: 2,
+            norm_topk: true,
+        };
+        let b = balanced(13, m);
+        assert_eq!(b.iter().sum::<usize>(), 26);
+        assert_eq!(b, vec![4, 4, 3, 3, 3, 3, 3, 3]);
+    }
+
+    /// The routing a row records moves the prediction: every token on two experts peaks
+    /// higher in inference (one expert's activations of all 128 tokens at once) than the
+    /// balanced spread, and a routing of another token count falls back to balanced.
+    #[test]
+    fn the_recorded_routing_moves_the_prediction() {
+        let t = 4 * 32;
+        let skewed = vec![vec![t, t, 0, 0, 0, 0, 0, 0]; 2];
+        let at = |s: Shape| {
+            s.predict(Phase::Inference, OptimizerKind::Adamw, 1)
+                .peak_bytes
+        };
+        let balanced = at(shape(None));
+        assert!(at(shape(Some(skewed))) > balanced);
+        let other_count = vec![vec![1, 1, 0, 0, 0, 0, 0, 0]; 2];
+        assert_eq!(at(shape(Some(other_count))), balanced);
+    }
+}
