@@ -27,6 +27,13 @@ pub struct CasePrediction {
     pub batch: usize,
     pub seq: usize,
     pub params: u64,
+    /// Parameters one token uses: a mixture of experts' router and `k` of its `E` experts per
+    /// layer plus everything else; `params` for a dense model.
+    pub active_params: u64,
+    /// A mixture of experts: the routing the activation figures assume (no run has drawn
+    /// one): `balanced` (`k·B·S/E` tokens per expert); absent for a dense model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<String>,
     pub weights_bytes: u64,
     pub gradient_bytes: u64,
     pub optimizer_state_bytes: u64,
@@ -59,6 +66,8 @@ pub struct Serving {
     pub weights_bytes: u64,
     /// `2 · L · kv_heads · head_dim · e`: what one cached token of one sequence costs.
     pub kv_bytes_per_token: u64,
+    /// One sequence of `--seq` tokens in the cache: `seq · kv_bytes_per_token`.
+    pub kv_bytes_per_sequence: u64,
     /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
     /// it leaves.
     pub prefill_activation_bytes: u64,
@@ -162,6 +171,12 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 human_bytes(p.inference_total_bytes),
                 step,
             );
+            if let Some(r) = &p.routing {
+                println!(
+                    "       mixture of experts: {} parameters, {} active per token; routing {r}",
+                    p.params, p.active_params
+                );
+            }
             if let Some(sv) = &p.serving {
                 let budget = match (sv.kv_capacity_tokens, sv.max_context) {
                     (Some(c), Some(t)) => format!(
@@ -171,9 +186,11 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     _ => String::new(),
                 };
                 println!(
-                    "       serving: weights {}, KV {} per token, prefill activations {}{budget}",
+                    "       serving: weights {}, KV {} per token ({} for one sequence of {}), prefill activations {}{budget}",
                     human_bytes(sv.weights_bytes),
                     human_bytes(sv.kv_bytes_per_token),
+                    human_bytes(sv.kv_bytes_per_sequence),
+                    p.seq,
                     human_bytes(sv.prefill_activation_bytes),
                 );
             }
@@ -243,6 +260,12 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         batch: case.batch,
         seq: case.seq,
         params: shape.params(),
+        active_params: case.cfg.active_params(),
+        routing: case
+            .cfg
+            .llama
+            .and_then(|l| l.moe)
+            .map(|m| format!("balanced: {}·B·S/{} tokens per expert", m.top_k, m.experts)),
         weights_bytes: weights(&shape),
         gradient_bytes: shape.gradient_bytes(),
         optimizer_state_bytes: shape.optimizer_state_bytes(case.optimizer),
@@ -304,6 +327,7 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
     Serving {
         weights_bytes: weights,
         kv_bytes_per_token: per_token,
+        kv_bytes_per_sequence: per_token * shape.s,
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
         max_context: context,
