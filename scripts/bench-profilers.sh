@@ -11,7 +11,7 @@
 source "$(dirname "$0")/bench-common.sh"
 CASE="${CASE:---preset small --batch 2 --seq 64}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
-"$ROOT/scripts/setup.sh"  # valgrind and heaptrack among the rest, idempotently
+"$ROOT/scripts/setup.sh" test  # valgrind and heaptrack among the rest, idempotently
 build_bins
 BIN="$BIN_DIR/memfit-metered"
 # shellcheck disable=SC2206

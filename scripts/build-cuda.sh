@@ -10,7 +10,7 @@
 # A clean build takes ≈ 8 minutes on 2 cores. Run the sweep there with scripts/gpu-run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh cuda
 TC="${MEMFIT_CUDA_TOOLCHAIN:-$HOME/.cache/memfit/cuda-toolchain}"
 scripts/cuda-toolchain.sh "$TC" full > /dev/null
 # shellcheck disable=SC1091

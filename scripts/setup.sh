@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Installs what memfit needs to build and test on Debian/Ubuntu, idempotently:
-# libhdf5-dev (the HDF5 C library the `hdf5` crate links), pkg-config (finds it), and
-# hdf5-tools (h5dump, used by the tests as a foreign reader), and python3-pip + gcc (the CUDA
-# check lays out its toolchain from PyPI wheels), and chromium (tests/report.rs renders report.html
-# headless: every image loads, no console error), and valgrind + heaptrack (the heap profilers
-# scripts/bench-profilers.sh compares memfit with; tests/bench_scripts.rs runs it once, tiny).
+# Installs, idempotently on Debian/Ubuntu, what memfit needs:
+#   scripts/setup.sh         building and running: libhdf5-dev (the HDF5 C library the `hdf5`
+#                            crate links) and pkg-config (finds it). scripts/run.sh uses this.
+#   scripts/setup.sh cuda    and python3-pip + gcc: the CUDA build and check lay out their
+#                            toolchain from PyPI wheels (scripts/build-cuda.sh, cuda-check.sh).
+#   scripts/setup.sh test    all of that and what the tests use besides: hdf5-tools (h5dump, a
+#                            foreign reader of the HDF5 files), chromium (tests/report.rs renders
+#                            report.html headless), valgrind + heaptrack (the heap profilers
+#                            scripts/bench-profilers.sh compares memfit with; tests/bench_scripts.rs
+#                            runs it once, tiny). scripts/test.sh uses this.
 # Does nothing when all are there.
 set -euo pipefail
+pkgs=(libhdf5-dev pkg-config)
+case "${1:-}" in
+  "") ;;
+  cuda) pkgs+=(python3-pip gcc) ;;
+  test) pkgs+=(python3-pip gcc hdf5-tools chromium valgrind heaptrack) ;;
+  *) echo "setup.sh: unknown set '$1' (none, cuda or test)" >&2; exit 2 ;;
+esac
 need=()
-for pkg in libhdf5-dev pkg-config hdf5-tools python3-pip gcc chromium valgrind heaptrack; do
+for pkg in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -eq 0 ]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Quick start, command 2: install what is missing, then run the whole test suite on the CPU and
+# Quick start, command 2: install what is missing (scripts/setup.sh test: the build's packages
+# and what the tests use), then run the whole test suite on the CPU and
 # compile-check the CUDA backend (no GPU needed; MEMFIT_SKIP_CUDA_CHECK=1 skips that part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-2}"
 cargo test --all-targets
 cargo test --doc

@@ -50,7 +50,7 @@ fn hdf5_opens_in_h5dump() {
     // A foreign reader is the point of the test: without it the test fails, never passes.
     assert!(
         which("h5dump").is_some(),
-        "h5dump not on PATH: install hdf5-tools (scripts/setup.sh does)"
+        "h5dump not on PATH: install hdf5-tools (scripts/setup.sh test does)"
     );
     let dir = tempfile::tempdir().unwrap();
     run_rows(

@@ -208,14 +208,14 @@ fn committed_results_rows_apart_and_verdicts_classified() {
 
 /// `report.html` rendered in headless Chromium: every inline SVG plot lays out with a non-zero
 /// size, every PNG beside the report loads (non-zero natural size), and no console error or
-/// failed resource is reported. Fails when Chromium is missing (`scripts/setup.sh` installs
+/// failed resource is reported. Fails when Chromium is missing (`scripts/setup.sh test` installs
 /// it).
 #[test]
 fn report_html_renders_in_headless_chromium() {
     let chromium = std::path::Path::new("/usr/bin/chromium");
     assert!(
         chromium.exists(),
-        "/usr/bin/chromium missing: install chromium (scripts/setup.sh does)"
+        "/usr/bin/chromium missing: install chromium (scripts/setup.sh test does)"
     );
     let dir = tempfile::tempdir().unwrap();
     let res = results(dir.path());

@@ -465,7 +465,7 @@ fn hdf5_is_readable_by_h5dump() {
     // A foreign reader is the point of the test: without it the test fails, never passes.
     assert!(
         Command::new("h5dump").arg("--version").output().is_ok(),
-        "h5dump is not on PATH: install hdf5-tools (scripts/setup.sh does)"
+        "h5dump is not on PATH: install hdf5-tools (scripts/setup.sh test does)"
     );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.h5");
