@@ -272,10 +272,11 @@ pub struct GridArgs {
     /// Vocabulary sizes.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub vocab: Vec<i64>,
-    /// Phases to measure: init, forward, backward, optimizer, train-step, inference.
+    /// Phases to measure: init, dataload, forward, backward, optimizer, train-step, inference,
+    /// prefill, decode, load.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
-    /// Optimizers: sgd, adamw.
+    /// Optimizers: sgd, sgd-momentum, adam, adamw, adamw-8bit.
     #[arg(long, value_delimiter = ',')]
     pub optimizer: Vec<String>,
     /// Precision: pure (everything in --dtype) or mixed (f32 master weights, gradients and

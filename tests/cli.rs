@@ -20,6 +20,28 @@ fn help_carries_examples() {
         .stdout(predicate::str::contains("memfit run --model gpt --batch 3"));
 }
 
+/// `run --help` names every phase and every optimizer memfit has (the lists cannot drift from
+/// the code).
+#[test]
+fn run_help_lists_every_phase_and_optimizer() {
+    let out = memfit().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).replace('\n', " ");
+    for p in memfit::phase::Phase::ALL {
+        assert!(
+            help.contains(p.as_str()),
+            "--phases help lacks {}",
+            p.as_str()
+        );
+    }
+    for o in memfit::phase::OptimizerKind::ALL {
+        assert!(
+            help.contains(o.as_str()),
+            "--optimizer help lacks {}",
+            o.as_str()
+        );
+    }
+}
+
 #[test]
 fn default_run_prints_the_table_and_writes_every_store() {
     let dir = tempfile::tempdir().unwrap();
