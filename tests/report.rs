@@ -198,7 +198,7 @@ fn committed_results_rows_apart_and_verdicts_classified() {
         let dup: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
         assert!(dup.is_empty(), "{phase}: labels printed twice: {dup:?}");
     }
-    for c in memfit::report::claims::evaluate(&set.rows, &workload_of) {
+    for c in memfit::report::claims::evaluate(&set.rows, &workload_of).unwrap() {
         assert_ne!(c.kind(), "other", "{c:?}");
         if !matches!(c.kind(), "open" | "not applicable") {
             assert_ne!(c.criterion, "—", "{c:?}");

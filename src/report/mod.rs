@@ -88,7 +88,7 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
     let workload_of = workload_names(inp);
-    let claims = claims::evaluate(&all, &workload_of);
+    let claims = claims::evaluate(&all, &workload_of)?;
     summary(&mut b, &all, &ok, &claims);
     claims_section(&mut b, &claims);
     b.push(Block::Heading(2, "Details".into()));

@@ -1,6 +1,5 @@
 //! F1–F6: activations against batch, sequence, checkpointing and attention.
 
-use super::full_size;
 use super::*;
 
 /// An axis a sweep varies: config key, symbol, value.
@@ -220,7 +219,7 @@ impl<'a> Ctx<'a> {
                 (gpt, p, "llama-7b-shape")
             }
         };
-        let (full, checkpointed, per_block) = full_size::b4_s4096(preset).ok()?;
+        let (full, checkpointed, per_block) = self.full.b4_s4096(preset);
         let carried = format!(
             "{preset}, B 4 × S 4096, 32 blocks, bf16: graph {} with standard attention, {} checkpointing every block",
             mb(full as f64),

@@ -32,6 +32,48 @@ pub fn train_total(c: &Case) -> u64 {
     Shape::of(c).train_total_bytes(c.optimizer, 1)
 }
 
+/// Every full-size figure the claims quote, computed once before any claim. The inputs are
+/// embedded presets, so a failure is a bug in memfit (a preset or a formula), and
+/// [`FullSize::compute`] returns it as an error: the report stops there instead of showing the
+/// claims as "open".
+#[derive(Debug, Clone)]
+pub struct FullSize {
+    /// [`llama2_7b_f16_weights`].
+    pub llama2_7b_f16: u64,
+    /// [`b4_s4096`] of `llama-2-7b` and of `llama-7b-shape` (F3 uses the one its rows measured).
+    pub b4_s4096: Vec<(&'static str, (u64, u64, u64))>,
+    /// [`llama2_70b_qlora`].
+    pub qlora70b: Vec<Qlora>,
+}
+
+impl FullSize {
+    pub fn compute() -> anyhow::Result<Self> {
+        use anyhow::Context;
+        Ok(Self {
+            llama2_7b_f16: llama2_7b_f16_weights().context("I1: Llama-2-7B f16 weights")?,
+            b4_s4096: ["llama-2-7b", "llama-7b-shape"]
+                .into_iter()
+                .map(|p| {
+                    Ok((
+                        p,
+                        b4_s4096(p).with_context(|| format!("F3: {p} at B 4 × S 4096"))?,
+                    ))
+                })
+                .collect::<anyhow::Result<_>>()?,
+            qlora70b: llama2_70b_qlora().context("B6: Llama-2-70B under QLoRA")?,
+        })
+    }
+
+    /// F3's figures for `preset` (one of the two computed).
+    pub fn b4_s4096(&self, preset: &str) -> (u64, u64, u64) {
+        self.b4_s4096
+            .iter()
+            .find(|(p, _)| *p == preset)
+            .map(|(_, v)| *v)
+            .expect("F3 asks for llama-2-7b or llama-7b-shape")
+    }
+}
+
 /// Llama-2-7B's weights in f16 (the seed's "≈ 14 GB"): init's retained bytes.
 pub fn llama2_7b_f16_weights() -> anyhow::Result<u64> {
     let c = cases(

@@ -1,6 +1,5 @@
 //! I1–I2 and N1–N6: weights, loading, serving and the KV cache.
 
-use super::full_size;
 use super::*;
 use crate::report::hardware;
 
@@ -86,7 +85,7 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|x| x.0)
             .find(|r| r.preset == "llama-2-7b" && r.dtype == "f16");
-        let full = full_size::llama2_7b_f16_weights().ok()?;
+        let full = self.full.llama2_7b_f16;
         let seven = (full as f64 / 14e9 - 1.0).abs();
         let slice_text = match slice {
             Some(r) => {

@@ -110,17 +110,25 @@ fn statement(id: &str) -> &'static str {
 }
 
 /// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name.
-pub fn evaluate(rows: &[Row], workload_of: &BTreeMap<String, String>) -> Vec<Claim> {
+pub fn evaluate(
+    rows: &[Row],
+    workload_of: &BTreeMap<String, String>,
+) -> anyhow::Result<Vec<Claim>> {
+    let full = full_size::FullSize::compute()
+        .map_err(|e| e.context("the full-size formulas the claims quote (a bug in memfit)"))?;
     let ctx = Ctx {
         rows: rows.iter().filter(|r| r.status == Status::Ok).collect(),
         workload_of,
+        full: &full,
     };
-    IDS.iter().map(|(id, _)| ctx.claim(id)).collect()
+    Ok(IDS.iter().map(|(id, _)| ctx.claim(id)).collect())
 }
 
 struct Ctx<'a> {
     rows: Vec<&'a Row>,
     workload_of: &'a BTreeMap<String, String>,
+    /// The full-size figures, computed before any claim.
+    full: &'a full_size::FullSize,
 }
 
 fn mb(b: f64) -> String {
@@ -477,7 +485,7 @@ mod tests {
             sgd,
             dec,
         ];
-        let c = evaluate(&rows, &BTreeMap::from([("r".into(), "hand".into())]));
+        let c = evaluate(&rows, &BTreeMap::from([("r".into(), "hand".into())])).unwrap();
         let get = |id: &str| c.iter().find(|c| c.id == id).unwrap();
         assert!(
             get("B1").measured.contains("f32 4.0040–4.0040"),
@@ -497,7 +505,7 @@ mod tests {
         // Off by one byte: no longer exact.
         let mut off = rows.clone();
         off[3].retained_bytes = Some(3841);
-        let c = evaluate(&off, &BTreeMap::new());
+        let c = evaluate(&off, &BTreeMap::new()).unwrap();
         assert!(
             c.iter()
                 .find(|c| c.id == "N4")
@@ -509,7 +517,7 @@ mod tests {
 
     #[test]
     fn every_id_once_and_missing_says_why() {
-        let c = evaluate(&[], &BTreeMap::new());
+        let c = evaluate(&[], &BTreeMap::new()).unwrap();
         assert_eq!(c.len(), IDS.len());
         for (claim, (id, _)) in c.iter().zip(IDS) {
             assert_eq!(claim.id, id);

@@ -296,7 +296,7 @@ impl<'a> Ctx<'a> {
         let act = |r: &Row| self.case_of(r).get("forward").and_then(|x| ret(x));
         let acts: Vec<String> = used.iter().take(2).filter_map(|r| act(r)).map(mb).collect();
         // QLoRA on Llama-2-70B against a 48 GB card, by the formulas these rows check.
-        let q = super::full_size::llama2_70b_qlora().ok()?;
+        let q = &self.full.qlora70b;
         let fits: Vec<&super::full_size::Qlora> =
             q.iter().filter(|x| x.total as f64 <= B6_CARD).collect();
         let seventy = q
