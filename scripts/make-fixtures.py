@@ -28,6 +28,9 @@ FAMILIES = {
     "llama": ("llama", transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     # Qwen3: q/k RMSNorms per head, head_dim 16 (not hidden / heads = 8).
     "qwen3": ("qwen3", transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    # Mistral: a sliding window of 4 tokens over an 11-token input.
+    "mistral": ("mistral", transformers.MistralConfig, transformers.MistralForCausalLM,
+                {"sliding_window": 4}),
     # Mixtral: 4 experts, 2 per token (renormalised).
     "mixtral": ("mixtral", transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 {"num_local_experts": 4, "num_experts_per_tok": 2}),

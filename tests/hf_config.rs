@@ -132,22 +132,44 @@ fn errors_name_the_file_and_the_field() {
 }
 
 #[test]
-fn a_sliding_window_shorter_than_the_sequence_is_refused() {
+fn a_sliding_window_passes_with_standard_attention_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mistral.json");
     std::fs::write(&path, llama::preset_json("mistral-7b").unwrap()).unwrap();
+    // Mistral-7B's window is 4096: a longer sequence runs with the windowed mask.
     memfit()
         .args(["predict", "--hf-config"])
         .arg(&path)
-        .args(["--seq", "4097", "--phases", "init"])
+        .args(["--seq", "8192", "--phases", "init"])
+        .assert()
+        .success();
+    // The efficient attention has no window: refused past it, naming the key and the window.
+    memfit()
+        .args(["predict", "--hf-config"])
+        .arg(&path)
+        .args([
+            "--seq",
+            "4097",
+            "--attention",
+            "efficient",
+            "--phases",
+            "init",
+        ])
         .assert()
         .failure()
-        .stderr(contains("mistral.json"))
-        .stderr(contains("sliding_window"));
+        .stderr(contains("attention"))
+        .stderr(contains("4096"));
     memfit()
         .args(["predict", "--hf-config"])
         .arg(&path)
-        .args(["--seq", "4096", "--phases", "init"])
+        .args([
+            "--seq",
+            "4096",
+            "--attention",
+            "efficient",
+            "--phases",
+            "init",
+        ])
         .assert()
         .success();
 }

@@ -222,6 +222,48 @@ fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {
     ops::softmax(&scores, D::Minus1).unwrap()
 }
 
+/// A sliding window (query `i` sees `i − W + 1 ..= i`): the fused probabilities against the
+/// composed softmax with memfit's windowed mask, and the mask against a hand-written one.
+#[test]
+fn attn_probs_with_a_sliding_window() {
+    let mask = memfit::model::attention::windowed_mask(4, 4, 0, Some(2), &Device::Cpu).unwrap();
+    let inf = f32::NEG_INFINITY;
+    assert_eq!(
+        mask.to_vec2::<f32>().unwrap(),
+        vec![
+            vec![0., inf, inf, inf],
+            vec![0., 0., inf, inf],
+            vec![inf, 0., 0., inf],
+            vec![inf, inf, 0., 0.],
+        ]
+    );
+    for (sq, sk, w) in [(11, 11, 4), (3, 9, 5)] {
+        for dtype in DTYPES {
+            let d = 8;
+            let scale = 1.0 / (d as f64).sqrt();
+            let args = [
+                var(&[2, 3, sq, d], 21, dtype),
+                var(&[2, 3, sk, d], 22, dtype),
+            ];
+            compare(
+                &format!("attn_probs {sq}x{sk} window {w}"),
+                &args,
+                dtype,
+                |a| kernels::attn_probs(&a[0], &a[1], scale as f32, true, Some(w)).unwrap(),
+                |a| {
+                    let scores = (a[0].matmul(&a[1].t().unwrap()).unwrap() * scale).unwrap();
+                    let m =
+                        memfit::model::attention::windowed_mask(sq, sk, sk - sq, Some(w), &dev())
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                    ops::softmax(&scores.broadcast_add(&m).unwrap(), D::Minus1).unwrap()
+                },
+            );
+        }
+    }
+}
+
 #[test]
 fn attn_probs_match_the_composed_softmax() {
     // (queries, keys, causal): a decoder, a prompt after a cache, an encoder.
@@ -237,7 +279,7 @@ fn attn_probs_match_the_composed_softmax() {
                 &format!("attn_probs {sq}x{sk} causal={causal}"),
                 &args,
                 dtype,
-                |a| kernels::attn_probs(&a[0], &a[1], scale as f32, causal).unwrap(),
+                |a| kernels::attn_probs(&a[0], &a[1], scale as f32, causal, None).unwrap(),
                 |a| composed_probs(&a[0], &a[1], scale, causal),
             );
         }

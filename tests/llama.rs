@@ -31,6 +31,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             mlp_bias: bias.2,
             qk_norm: false,
             moe: None,
+            sliding_window: None,
         },
         tied,
     )
@@ -385,5 +386,41 @@ fn mixture_of_experts_from_the_recorded_routing() {
             ]);
             check_run(&a, 5);
         }
+    }
+}
+
+/// Mistral with a sliding window of 4 (the reference fixture's config) at S 28: every phase,
+/// composed and fused, against the replay; the cache keeps 4 tokens per sequence
+/// (`2·L·B·W·G·D·e`), so decoding past the prompt adds nothing.
+#[test]
+fn sliding_window_decode_keeps_the_window() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mistral/config.json"
+    );
+    for kernels in ["composed", "fused"] {
+        let a = [
+            "--hf-config",
+            cfg,
+            "--batch",
+            "16",
+            "--seq",
+            "28",
+            "--phases",
+            ALL,
+            "--decode-tokens",
+            "4",
+            "--kernels",
+            kernels,
+        ];
+        let rows = check_run(&a, 8);
+        // The prefill leaves the window's keys and values (L 2, B 16, W 4, G 2, D 8, f32) and
+        // their tensors' metadata; decoding 4 more tokens adds nothing.
+        let cache = 2 * 2 * 16 * 4 * 2 * 8 * 4;
+        let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+        let kept = prefill.retained_bytes.unwrap();
+        assert!(kept >= cache && kept < cache + 4096, "{kernels}: {kept}");
+        let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+        assert_eq!(decode.retained_bytes, Some(0), "{kernels}");
     }
 }

@@ -138,3 +138,61 @@ fn mixtral_logits_equal_transformers() {
 fn qwen3_moe_logits_equal_transformers() {
     check("qwen3_moe");
 }
+
+#[test]
+fn mistral_sliding_window_logits_equal_transformers() {
+    check("mistral");
+}
+
+/// Generation across the window: a prompt of 6 tokens (longer than the window of 4: it
+/// attends under the windowed mask, the cache keeps its last 4), then one token at a time to
+/// 11; each step's logits are transformers' full-forward logits at that
+/// position, with the composed and the fused kernels; the cache never holds more than 4.
+#[test]
+fn mistral_decode_rolls_its_cache_across_the_window() {
+    let dir = fixture("mistral");
+    let hf = hf_config::load(&dir.join("config.json")).unwrap();
+    let dev = Device::Cpu;
+    let io = candle_core::safetensors::load(dir.join("io.safetensors"), &dev).unwrap();
+    let tokens = io["tokens"].to_dtype(DType::U32).unwrap();
+    let want = &io["logits"];
+    for kernels in [Kernels::Composed, Kernels::Fused] {
+        // SAFETY: as above.
+        let vb = unsafe {
+            VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
+        }
+        .unwrap();
+        let cfg = Config {
+            kernels,
+            ..hf.cfg.clone()
+        };
+        let model = Transformer::new(&cfg, vb).unwrap();
+        let mut cache = memfit::model::transformer::KvCache::default();
+        let mut got = model
+            .forward_cached(&tokens.narrow(1, 0, 6).unwrap(), &mut cache)
+            .unwrap();
+        for t in 6..=11 {
+            let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
+            let diff = (&got - &at)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
+            let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
+            assert_eq!(
+                held,
+                t.min(4),
+                "{kernels:?}: the cache holds the last W tokens"
+            );
+            if t < 11 {
+                got = model
+                    .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+                    .unwrap();
+            }
+        }
+    }
+}

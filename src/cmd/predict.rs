@@ -66,7 +66,7 @@ pub struct Serving {
     pub weights_bytes: u64,
     /// `2 · L · kv_heads · head_dim · e`: what one cached token of one sequence costs.
     pub kv_bytes_per_token: u64,
-    /// One sequence of `--seq` tokens in the cache: `seq · kv_bytes_per_token`.
+    /// One sequence of `--seq` tokens in the cache: `min(seq, window) · kv_bytes_per_token`.
     pub kv_bytes_per_sequence: u64,
     /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
     /// it leaves.
@@ -327,7 +327,12 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
     Serving {
         weights_bytes: weights,
         kv_bytes_per_token: per_token,
-        kv_bytes_per_sequence: per_token * shape.s,
+        // A sliding window caps what one sequence keeps.
+        kv_bytes_per_sequence: per_token
+            * shape
+                .llama
+                .and_then(|l| l.sliding_window)
+                .map_or(shape.s, |w| shape.s.min(w as u64)),
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
         max_context: context,

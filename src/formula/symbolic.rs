@@ -609,7 +609,11 @@ impl Sym {
     pub fn attn_probs(&self, k: &Sym, scale: f32, causal: bool) -> Sym {
         let d = self.dims();
         let dims = [d[0], d[1], d[2], k.dims()[2]];
-        let kernel = Kernel::AttnProbs { scale, causal };
+        let kernel = Kernel::AttnProbs {
+            scale,
+            causal,
+            window: 0,
+        };
         let out = Sym::kernel(kernel, &[self, k], &dims, self.0.dtype);
         self.ledger()
             .gemm_pack(&self.0.layout, &k.0.layout.transposed(2, 3), self.0.dtype);

@@ -14,10 +14,23 @@ use super::transformer::{Config, Proj, ProjSpec};
 /// The additive causal mask of `rows` queries, the first at position `first_row`, over `cols`
 /// keys: f32 `(rows, cols)`, 0 where the key is at or before the query, −∞ after.
 pub fn causal_mask(rows: usize, cols: usize, first_row: usize, device: &Device) -> Result<Tensor> {
+    windowed_mask(rows, cols, first_row, None, device)
+}
+
+/// [`causal_mask`] with a sliding `window`: also −∞ for keys `window` or more positions before
+/// the query (query `i` sees `i − window + 1 ..= i`, as transformers' sliding-window mask).
+pub fn windowed_mask(
+    rows: usize,
+    cols: usize,
+    first_row: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Tensor> {
     // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
     let mask: Vec<f32> = (0..rows * cols)
         .map(|k| {
-            if k % cols > k / cols + first_row {
+            let (i, j) = (k / cols + first_row, k % cols);
+            if j > i || window.is_some_and(|w| i - j >= w) {
                 f32::NEG_INFINITY
             } else {
                 0.
@@ -57,6 +70,8 @@ pub struct Attention {
     pub(crate) fused: bool,
     /// A decoder (causal); the ViT encoder attends everywhere.
     pub(crate) causal: bool,
+    /// A sliding window (keys per query, itself included); the cache keeps that many.
+    pub(crate) window: Option<usize>,
 }
 
 impl Attention {
@@ -82,6 +97,7 @@ impl Attention {
             tiled: cfg.tiled_attention,
             fused: cfg.kernels.fused(),
             causal: cfg.vision.is_none(),
+            window: cfg.llama.and_then(|l| l.sliding_window),
         })
     }
 
@@ -163,7 +179,7 @@ impl Attention {
         let (b, _, s, d) = q.dims4()?;
         if self.fused {
             let scale = (1.0 / (d as f64).sqrt()) as f32;
-            let probs = kernels::attn_probs(&q, &k, scale, self.causal)?;
+            let probs = kernels::attn_probs(&q, &k, scale, self.causal, self.window)?;
             drop((q, k));
             let y = probs.matmul(&v)?;
             drop((probs, v));
@@ -205,7 +221,25 @@ impl Attention {
                 (k, v)
             }
         };
-        *cache = Some((k.clone(), v.clone()));
+        // A sliding window: the cache keeps the last W keys and values (a copy each). A prompt
+        // attends to all of its keys (the windowed mask or kernel hides the old ones); a
+        // single new token to the kept W, and the longer tensors go.
+        let kept = match self.window {
+            Some(w) if k.dim(2)? > w => {
+                let t = k.dim(2)?;
+                let kk = k.narrow(2, t - w, w)?.contiguous()?;
+                let kv = v.narrow(2, t - w, w)?.contiguous()?;
+                (kk, kv)
+            }
+            _ => (k.clone(), v.clone()),
+        };
+        let (k, v) = if q.dim(2)? == 1 {
+            drop((k, v));
+            kept.clone()
+        } else {
+            (k, v)
+        };
+        *cache = Some(kept);
         let group = self.heads / self.kv_heads;
         let k = llama::repeat_kv(k, group)?;
         let v = llama::repeat_kv(v, group)?;

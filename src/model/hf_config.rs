@@ -1,19 +1,22 @@
 //! A Hugging Face `config.json` (a local file; nothing is ever downloaded) read into a memfit
 //! [`Config`].
 //!
-//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3` → the LLaMA-family decoder
+//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3`, `mixtral`, `qwen3_moe`
+//! → the LLaMA-family decoder
 //! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder. Read for LLaMA:
 //! `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `torch_dtype`, `hidden_act` (must be `silu`), and
-//! `sliding_window` (mistral; qwen2 and qwen3 when `use_sliding_window`). Qwen2 has q, k, v
-//! biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k norms
-//! (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). Fields that change memory and that memfit does not model are refused, never
-//! ignored: the mixture-of-experts fields, another activation, and a sliding window shorter
-//! than the sequence asked for (checked by the workload, which knows the sequence). Fields
-//! that do not change memory (`rope_scaling`, token ids, `architectures`, …) are not read.
+//! `sliding_window` (mistral, mixtral: every layer; qwen when `use_sliding_window`, and every
+//! layer or none by `max_window_layers`). Qwen2 has q, k, v biases and none on o; Qwen3 reads
+//! `attention_bias` (default false) and has q/k norms (`q_norm`, `k_norm`: RMSNorm over
+//! `head_dim`, with `rms_norm_eps`). Mixtral and Qwen3-MoE read their experts
+//! ([`moe_shape`]). Fields that change memory and that memfit does not model are refused,
+//! never ignored: mixture-of-experts fields in a dense type, dense layers between sparse ones,
+//! per-layer windows, another activation. Fields that do not change memory (`rope_scaling`,
+//! token ids, `architectures`, …) are not read.
 //!
 //! GPT-2 reads `n_embd`, `n_head`, `n_layer`, `vocab_size`, `n_positions`,
 //! `layer_norm_epsilon`, `n_inner` (null or 4·n_embd), `activation_function` (`gelu_new`, the
@@ -286,8 +289,28 @@ fn llama_config(
     };
     let sliding_window = match model_type {
         "mistral" | "mixtral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
+        // Qwen: layers from `max_window_layers` on slide; all or none are modelled.
         "qwen2" | "qwen3" | "qwen3_moe" if f.bool_or("use_sliding_window", false)? => {
-            f.size_opt("sliding_window", super::limits::MAX_SEQ)?
+            let from = match f.get("max_window_layers") {
+                None => 0,
+                Some(v) => v.as_u64().ok_or_else(|| {
+                    f.bad("max_window_layers", v, "not an integer", "an integer ≥ 0")
+                })? as usize,
+            };
+            if from >= layers {
+                None
+            } else if from == 0 {
+                f.size_opt("sliding_window", super::limits::MAX_SEQ)?
+            } else {
+                return Err(f.bad(
+                    "max_window_layers",
+                    &Value::from(from),
+                    &format!(
+                        "sliding layers after {from} full ones: per-layer windows are not built yet"
+                    ),
+                    &format!("0 (every layer slides) or ≥ {layers} (none does)"),
+                ));
+            }
         }
         _ => None,
     };
@@ -300,6 +323,7 @@ fn llama_config(
         mlp_bias: f.bool_or("mlp_bias", false)?,
         qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
         moe,
+        sliding_window,
     };
     let mut cfg = Config::llama(
         vocab,

@@ -70,6 +70,10 @@ pub struct Llama {
     /// one expert's width).
     #[serde(default)]
     pub moe: Option<super::moe::MoeShape>,
+    /// Sliding-window attention in every layer (Mistral's `sliding_window`): query `i` sees the
+    /// keys `i − W + 1 ..= i`, and the KV cache keeps the last `W` tokens.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 impl Llama {
@@ -142,6 +146,7 @@ pub fn tiny() -> Config {
             mlp_bias: false,
             qk_norm: false,
             moe: None,
+            sliding_window: None,
         },
         false,
     )

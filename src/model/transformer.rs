@@ -138,15 +138,14 @@ impl Block {
 #[derive(Debug, Default)]
 pub struct KvCache {
     pub layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Tokens seen so far (a sliding window's cache keeps only the last W of them).
+    pub pos: usize,
 }
 
 impl KvCache {
-    /// Tokens cached.
+    /// Tokens seen (the next token's position).
     pub fn len(&self) -> usize {
-        match self.layers.first() {
-            Some(Some((k, _))) => k.dim(2).unwrap_or(0),
-            _ => 0,
-        }
+        self.pos
     }
 
     pub fn is_empty(&self) -> bool {
@@ -320,6 +319,7 @@ impl Transformer {
         for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(&x, mask.as_ref(), self.rotary(offset), c)?;
         }
+        cache.pos += s;
         let last = x.narrow(1, s - 1, 1)?.contiguous()?;
         drop(x);
         let logits = self.head_forward(&last)?;
@@ -328,7 +328,8 @@ impl Transformer {
 
     /// The causal mask in the model's element type (f32 → the model's type: no copy for f32).
     pub fn mask(&self, s: usize, device: &Device) -> Result<Tensor> {
-        Self::causal_mask(s, device)?.to_dtype(self.dtype)
+        let window = self.cfg.llama.and_then(|l| l.sliding_window);
+        super::attention::windowed_mask(s, s, 0, window, device)?.to_dtype(self.dtype)
     }
 
     /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):

@@ -1017,19 +1017,20 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         {
             // Decoding needs positions for the new tokens.
             let mut cfg = cfg.clone();
-            if let Some(w) = sliding_window {
-                let longest = seq + if decodes { decode } else { 0 };
-                if longest > w {
-                    return Err(UserError::OutOfRange {
-                        origin: spec.hf_config.clone().unwrap_or_default(),
-                        key: "sliding_window".into(),
-                        value: w.to_string(),
-                        reason: format!(
-                            "shorter than the {longest} tokens asked for (seq + decode_tokens): memfit has no sliding-window attention"
-                        ),
-                        allowed: format!("seq + decode_tokens ≤ {w}"),
-                    });
-                }
+            // The efficient and tiled attentions have no window: they would attend to keys the
+            // model does not see once the sequence passes the window.
+            if let Some(w) = sliding_window
+                && (efficient || tiled)
+                && seq > w
+            {
+                return Err(ctx.bad(
+                    "attention",
+                    if efficient { "efficient" } else { "tiled" },
+                    &format!(
+                        "has no sliding window, and seq {seq} passes the model's window of {w}"
+                    ),
+                    &format!("standard, or seq ≤ {w}"),
+                ));
             }
             if decodes {
                 if custom && ms.is_none() && hf.is_none() {

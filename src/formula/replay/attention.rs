@@ -63,6 +63,8 @@ pub(super) struct Attention {
     pub(super) tiled: bool,
     pub(super) fused: bool,
     pub(super) causal: bool,
+    /// A sliding window: the cache keeps the last W keys and values.
+    pub(super) window: Option<usize>,
 }
 
 impl Attention {
@@ -189,7 +191,22 @@ impl Attention {
                 (k, v)
             }
         };
-        *cache = Some((k.clone(), v.clone()));
+        let kept = match self.window {
+            Some(w) if k.dims()[2] > w => {
+                let t = k.dims()[2];
+                let kk = k.narrow(2, t - w, w).contiguous();
+                let kv = v.narrow(2, t - w, w).contiguous();
+                (kk, kv)
+            }
+            _ => (k.clone(), v.clone()),
+        };
+        let (k, v) = if q.dims()[2] == 1 {
+            drop((k, v));
+            kept.clone()
+        } else {
+            (k, v)
+        };
+        *cache = Some(kept);
         let group = self.heads / self.kv_heads;
         let k = repeat_kv(k, group);
         let v = repeat_kv(v, group);
@@ -211,6 +228,7 @@ impl Attention {
             tiled: self.tiled,
             fused: self.fused,
             causal: self.causal,
+            window: self.window,
         }
     }
 }

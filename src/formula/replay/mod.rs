@@ -267,6 +267,7 @@ impl Transformer {
                     tiled: shape.tiled,
                     fused: shape.kernels.fused(),
                     causal: shape.vision.is_none(),
+                    window: shape.llama.and_then(|l| l.sliding_window),
                 };
                 let ln2 = Norm::new(&p, h, llama);
                 let moe = shape.llama.and_then(|l| l.moe);
@@ -755,6 +756,11 @@ pub fn decode_step(
     let model = Transformer::new(&ledger, shape, false);
     let weights = ledger.current();
     let (g, d) = shape.kv_dims();
+    // A sliding window's cache holds the last W tokens.
+    let cached = shape
+        .llama
+        .and_then(|l| l.sliding_window)
+        .map_or(cached, |w| cached.min(w));
     let dims = [shape.b as usize, g as usize, cached, d as usize];
     let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l)
         .map(|_| {

@@ -12,19 +12,56 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use super::Kernel;
 use super::cpu::{Float, rows};
 
-/// `softmax(q·kᵀ·scale [+ causal mask])` with a fused backward; q and k contiguous.
-pub fn attn_probs(q: &Tensor, k: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
-    q.apply_op2(k, AttnProbsOp { scale, causal })
+/// `softmax(q·kᵀ·scale [+ causal mask])` with a fused backward; q and k contiguous. With a
+/// `window` (a causal sliding window), query `i` sees only the keys `i − window + 1 ..= i`.
+pub fn attn_probs(
+    q: &Tensor,
+    k: &Tensor,
+    scale: f32,
+    causal: bool,
+    window: Option<usize>,
+) -> Result<Tensor> {
+    q.apply_op2(
+        k,
+        AttnProbsOp {
+            scale,
+            causal,
+            window: window.unwrap_or(0),
+        },
+    )
 }
 
 struct AttnProbsOp {
     scale: f32,
     causal: bool,
+    window: usize,
 }
 
-/// Scale, mask and softmax one row of scores in place; `keys` of them are visible.
-fn softmax_row<T: Float>(row: &mut [T], keys: usize, scale: f32) {
-    let (seen, hidden) = row.split_at_mut(keys.min(row.len()));
+/// The visible keys `lo..hi` of row `r` (query `r % sq` of its head) over `sk` keys.
+pub(crate) fn visible(
+    r: usize,
+    sq: usize,
+    sk: usize,
+    causal: bool,
+    window: usize,
+) -> (usize, usize) {
+    if !causal {
+        return (0, sk);
+    }
+    let hi = r % sq + 1 + (sk - sq);
+    let lo = if window > 0 {
+        hi.saturating_sub(window)
+    } else {
+        0
+    };
+    (lo, hi)
+}
+
+/// Scale, mask and softmax one row of scores in place; keys `lo..hi` are visible.
+fn softmax_row<T: Float>(row: &mut [T], (lo, hi): (usize, usize), scale: f32) {
+    let (before, rest) = row.split_at_mut(lo.min(row.len()));
+    before.iter_mut().for_each(|v| *v = T::of(0.0));
+    let (seen, hidden) = rest.split_at_mut((hi - lo).min(rest.len()));
     let mut m = f32::NEG_INFINITY;
     for v in seen.iter() {
         m = m.max(v.f() * scale);
@@ -56,21 +93,24 @@ impl AttnProbsOp {
     }
 
     fn softmax<T: Float>(&self, p: &mut [T], sq: usize, sk: usize) {
-        let (causal, scale) = (self.causal, self.scale);
+        let (causal, scale, window) = (self.causal, self.scale, self.window);
         rows(p, sk, |r, row| {
-            let keys = if causal { r % sq + 1 + (sk - sq) } else { sk };
-            softmax_row(row, keys, scale)
+            softmax_row(row, visible(r, sq, sk, causal, window), scale)
         });
+    }
+
+    fn kernel(&self) -> Kernel {
+        Kernel::AttnProbs {
+            scale: self.scale,
+            causal: self.causal,
+            window: self.window,
+        }
     }
 }
 
 impl CustomOp2 for AttnProbsOp {
     fn name(&self) -> &'static str {
-        Kernel::AttnProbs {
-            scale: self.scale,
-            causal: self.causal,
-        }
-        .name()
+        self.kernel().name()
     }
 
     fn cpu_fwd(
@@ -104,7 +144,7 @@ impl CustomOp2 for AttnProbsOp {
         let (ba, sq, sk, d) = self.dims(l1, l2)?;
         let (b, a, _, _) = l1.shape().dims4()?;
         let mut p = s1.matmul(s2, (ba, sq, sk, d), l1, &l2.transpose(2, 3)?)?;
-        super::cuda::attn_softmax(&mut p, sq, sk, self.scale, self.causal)?;
+        super::cuda::attn_softmax(&mut p, sq, sk, self.scale, self.causal, self.window)?;
         Ok((p, Shape::from_dims(&[b, a, sq, sk])))
     }
 
@@ -115,10 +155,6 @@ impl CustomOp2 for AttnProbsOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let kernel = Kernel::AttnProbs {
-            scale: self.scale,
-            causal: self.causal,
-        };
-        kernel.backward2(&[q, k], res, grad)
+        self.kernel().backward2(&[q, k], res, grad)
     }
 }

@@ -126,13 +126,15 @@ pub fn norm(
     Ok((out, x.1.shape().clone()))
 }
 
-/// Scale, causal mask and softmax, in place, of `p`'s rows of `sk` (`sq` queries per head).
+/// Scale, causal mask (a sliding `window` when > 0) and softmax, in place, of `p`'s rows of
+/// `sk` (`sq` queries per head).
 pub fn attn_softmax(
     p: &mut CudaStorage,
     sq: usize,
     sk: usize,
     scale: f32,
     causal: bool,
+    window: usize,
 ) -> Result<()> {
     fn go<T: Elem>(
         p: &mut CudaStorage,
@@ -140,6 +142,7 @@ pub fn attn_softmax(
         sk: usize,
         scale: f32,
         causal: bool,
+        window: usize,
     ) -> Result<()> {
         let op = "attn_probs";
         let dev = p.device().clone();
@@ -148,13 +151,19 @@ pub fn attn_softmax(
         let func =
             dev.get_or_load_custom_func(&kernel_name::<T>("memfit_attn_softmax"), MODULE, PTX)?;
         let (sq, sk, causal) = (i32_of(sq, op)?, i32_of(sk, op)?, i32::from(causal));
+        let window = i32_of(window, op)?;
         let mut args = func.builder();
-        args.arg(data).arg(&sq).arg(&sk).arg(&scale).arg(&causal);
+        args.arg(data)
+            .arg(&sq)
+            .arg(&sk)
+            .arg(&scale)
+            .arg(&causal)
+            .arg(&window);
         // SAFETY: the arguments match `memfit_attn_softmax`'s signature.
         unsafe { args.launch(launch_rows(rows)?) }.w()?;
         Ok(())
     }
-    by_type!("attn_probs", p, go(p, sq, sk, scale, causal))
+    by_type!("attn_probs", p, go(p, sq, sk, scale, causal, window))
 }
 
 /// Mean cross-entropy of logits `(N, V)` against u32 targets `(N)`: a scalar of the logits' type.

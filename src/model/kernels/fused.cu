@@ -65,18 +65,21 @@ __device__ void norm(const T *x, const T *w, const T *b, T *out, int n, float ep
 }
 
 // Scale, causal mask and softmax of rows of sk scores, in place. Row r is query r % sq of its
-// head; with `causal` it sees keys 0 ..= r % sq + sk − sq and the rest become 0.
-template <typename T> __device__ void attn_softmax(T *p, int sq, int sk, float scale, int causal) {
+// head; with `causal` it sees keys lo ..= r % sq + sk − sq, lo = 0 or, with a sliding
+// `window` > 0, the last `window` of them; the rest become 0.
+template <typename T>
+__device__ void attn_softmax(T *p, int sq, int sk, float scale, int causal, int window) {
     T *row = p + (size_t)blockIdx.x * sk;
-    int keys = causal ? (int)(blockIdx.x % sq) + 1 + (sk - sq) : sk;
+    int hi = causal ? (int)(blockIdx.x % sq) + 1 + (sk - sq) : sk;
+    int lo = (causal && window > 0 && hi > window) ? hi - window : 0;
     float m = -INFINITY;
-    for (int i = threadIdx.x; i < keys; i += ROW_THREADS) m = fmaxf(m, to_f(row[i]) * scale);
+    for (int i = lo + threadIdx.x; i < hi; i += ROW_THREADS) m = fmaxf(m, to_f(row[i]) * scale);
     m = block_reduce(m, true);
     float s = 0.0f;
-    for (int i = threadIdx.x; i < keys; i += ROW_THREADS) s += __expf(to_f(row[i]) * scale - m);
+    for (int i = lo + threadIdx.x; i < hi; i += ROW_THREADS) s += __expf(to_f(row[i]) * scale - m);
     float inv = 1.0f / block_reduce(s, false);
     for (int i = threadIdx.x; i < sk; i += ROW_THREADS)
-        row[i] = of_f<T>(i < keys ? __expf(to_f(row[i]) * scale - m) * inv : 0.0f);
+        row[i] = of_f<T>(i >= lo && i < hi ? __expf(to_f(row[i]) * scale - m) * inv : 0.0f);
 }
 
 // Cross-entropy of each row of v logits against its target: m + log Σ exp(x − m) − x[t], into
@@ -147,8 +150,8 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
         norm<T>(x, w, centre ? b : nullptr, out, n, eps, centre);                                \
     }                                                                                            \
     extern "C" __global__ void memfit_attn_softmax_##SFX(T *p, int sq, int sk, float scale,     \
-                                                         int causal) {                           \
-        attn_softmax<T>(p, sq, sk, scale, causal);                                               \
+                                                         int causal, int window) {               \
+        attn_softmax<T>(p, sq, sk, scale, causal, window);                                       \
     }                                                                                            \
     extern "C" __global__ void memfit_ce_rows_##SFX(const T *x, const uint32_t *t, float *loss, \
                                                     int v) {                                     \

@@ -101,7 +101,13 @@ pub enum Kernel {
     SiluMul,
     /// `softmax(q·kᵀ·scale + mask)`; args q, k. With `causal`, query `i` of `Sq` sees keys
     /// `0..=i + Sk − Sq`.
-    AttnProbs { scale: f32, causal: bool },
+    AttnProbs {
+        scale: f32,
+        causal: bool,
+        /// A sliding window: query `i` sees only its last `window` keys (itself included);
+        /// 0 for none.
+        window: usize,
+    },
     /// Mean cross-entropy of logits `(N, V)` against targets `(N)` u32.
     CrossEntropy,
     /// `x·wᵀ + b`; args x, w, b.
