@@ -190,7 +190,7 @@ pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow]) {
     let version = refs.first().map_or("?", |r| r.torch.as_str());
     b.push(Block::Heading(3, "memfit beside PyTorch, per phase".into()));
     b.push(Block::Para(format!(
-        "The same configurations (equal parameter counts) in candle's composed ops, memfit's fused kernels (`--kernels fused`), PyTorch {version} eager and PyTorch with `scaled_dot_product_attention` (sdpa), on this CPU (`scripts/torch-compare.sh`). Memory: MiB above the phase's start at its peak (memfit: the counting allocator; PyTorch: its profiler's memory events). \"Closed\": the share of the composed–eager gap the fused kernels close, (composed − fused)/(composed − eager)."
+        "The same configurations (equal parameter counts) in candle's composed ops, memfit's fused kernels (`--kernels fused`), PyTorch {version} eager and PyTorch with `scaled_dot_product_attention` (sdpa), on this CPU (`scripts/torch-compare.sh`). Memory: MiB above the phase's start at its peak (memfit: the counting allocator; PyTorch: its profiler's memory events). \"Closed\": the share of the composed–eager gap the fused kernels close, (composed − fused)/(composed − eager). Time: memfit's window in one process per row, PyTorch's median step, each on whatever else the machine was doing (the stored run shares it with nothing only when `scripts/torch-compare.sh` ran alone): read the memory columns as exact, the time columns as indicative; BENCHMARKS.md § 4 has timings taken on a quiet machine."
     )));
     let get = |c: &Config, col: &str, ph: &str| c.cols.get(col).and_then(|m| m.get(ph)).copied();
     let mut rows = Vec::new();
