@@ -38,5 +38,5 @@ for part in smoke dataload; do
     copy_run "$tmp/results/$part" "$dst/$part"
   fi
 done
-for f in machine.txt smoke.log sweep.log dataload.log time.txt; do [[ -f "$src/$f" ]] && cp "$src/$f" "$dst/"; done
+for f in machine.txt smoke.log sweep.log dataload.log torch.log time.txt; do [[ -f "$src/$f" ]] && cp "$src/$f" "$dst/"; done
 echo "$dst"

@@ -54,21 +54,31 @@ else
 fi
 work="$(mktemp -d "${TMPDIR:-/tmp}/memfit-gpu.XXXXXX")"
 res="$work/results"
+# Kernels the driver JIT-compiles from PTX (memfit's fused.cu among them) are compiled once per
+# call, not once per case process.
+export CUDA_CACHE_PATH="$work/cuda-cache" CUDA_CACHE_MAXSIZE=4294967296
 mkdir -p "$res"
 : > "$out/time.txt"
 step() { # NAME RC SECONDS
   echo "$1: exit $2, $3 s" >> "$out/time.txt"
 }
 
-pack() {
-  local tarball="$out/results.tar.gz" limit=$((16 * 1024 * 1024))
-  tar -C "$work" -czf "$tarball" results
-  if (( $(stat -c %s "$tarball") > limit )); then
+# results.tar.gz, replaced atomically (a temporary beside it, then a rename): after each stage
+# and at the end, so a call killed at its limit still brings back what finished.
+snapshot() {
+  local tarball="$out/results.tar.gz" tmp="$out/results.tar.gz.part" limit=$((16 * 1024 * 1024))
+  tar -C "$work" -czf "$tmp" results
+  if (( $(stat -c %s "$tmp") > limit )); then
     # The derived stores go first: the journals are what gpu-collect.sh rebuilds them from.
-    tar -C "$work" -czf "$tarball" --exclude='*.h5' --exclude='*.csv' results
+    tar -C "$work" -czf "$tmp" --exclude='*.h5' --exclude='*.csv' results
     echo "pack: CSV/HDF5 left out to stay under 16 MiB" >> "$out/time.txt"
   fi
-  echo "pack: $(stat -c %s "$tarball") bytes, total $(( $(date +%s) - t0 )) s" >> "$out/time.txt"
+  mv -f "$tmp" "$tarball"
+}
+
+pack() {
+  snapshot
+  echo "pack: $(stat -c %s "$out/results.tar.gz") bytes, total $(( $(date +%s) - t0 )) s" >> "$out/time.txt"
   rm -rf "$work"
 }
 
@@ -76,8 +86,11 @@ pack() {
   echo "# date"; date -u +%Y-%m-%dT%H:%M:%SZ
   echo "# mode"; if [[ "$dry" == 1 ]]; then echo "dry run on the CPU"; else echo "GPU"; fi
   if [[ "$dry" != 1 ]]; then
-    echo "# nvidia-smi (query only)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm --format=csv 2>&1
+    echo "# nvidia-smi (query only; each under a timeout: a hung query must not eat the call)"
+    timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,clocks.max.sm --format=csv 2>&1
+    timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
+    echo "# CUDA runtime as PyTorch sees it"
+    timeout 60 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1 | tail -n 1
   fi
   echo "# uname"; uname -a
   echo "# cpu"; grep -m1 "model name" /proc/cpuinfo; nproc
@@ -114,6 +127,7 @@ PY
   rc=$?
 fi
 step smoke "$rc" $(( $(date +%s) - s ))
+snapshot
 if (( rc != 0 )); then
   echo "smoke test failed: the sweep is not run (see smoke.log)" | tee -a "$out/time.txt"
   tail -n 30 "$out/smoke.log"
@@ -165,6 +179,7 @@ else
   echo "no time left for the sweep" > "$out/sweep.log"; rc=124
 fi
 step sweep "$rc" $(( $(date +%s) - s ))
+snapshot
 sweep_rc=$rc
 
 # 3. Data loading onto the device (D5, D6's pinned copies) with what is left.
@@ -180,6 +195,7 @@ else
   echo "skipped: ${dl_deadline} s left before the reserve" > "$out/dataload.log"; rc=0
 fi
 step dataload "$rc" $(( $(date +%s) - s ))
+snapshot
 rm -rf "$work/dataset"
 
 # 4. The same models in PyTorch eager (and accelerate's estimate) with what is left before the
@@ -188,7 +204,7 @@ s=$(date +%s)
 torch_deadline=$(( $(left) - reserve / 2 ))
 trc=0
 {
-  if ! python3 -c "import torch" 2>/dev/null; then
+  if ! timeout 60 python3 -c "import torch" 2>/dev/null; then
     echo "skipped: no torch on this machine"
   elif (( torch_deadline < 20 )); then
     echo "skipped: ${torch_deadline} s left"

@@ -5,14 +5,28 @@ use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use memfit::formula::replay::replay;
 use memfit::formula::transformer::Shape;
+use memfit::model::kernels::Kernels;
 use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 
-/// Both attentions on the same weights (one VarMap): the loss agrees to 1e-6 relative and every
+/// Both attentions on the same weights (one VarMap), with either kernel set around the
+/// efficient one: the loss agrees to 1e-6 relative and every
 /// gradient element to 1e-5 of the largest gradient element of the model (measured 8.9e-7).
 /// The online softmax sums in another order, so bit equality is not expected; the k biases'
 /// gradients are mathematically zero (softmax ignores a per-row shift) and both are ~1e-9 noise.
 #[test]
 fn gradients_match_standard_attention() {
+    // Composed and fused kernels around the efficient attention (fused passes no mask tensor:
+    // the decoder must stay causal all the same), and the tiled composition.
+    for (kernels, tiled) in [
+        (Kernels::Composed, false),
+        (Kernels::Fused, false),
+        (Kernels::Fused, true),
+    ] {
+        compare_to_standard(kernels, tiled);
+    }
+}
+
+fn compare_to_standard(kernels: Kernels, tiled: bool) {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
     let cfg = Config::new(60, 48, 4, 2, 37);
@@ -20,7 +34,9 @@ fn gradients_match_standard_attention() {
         Transformer::new(&cfg, VarBuilder::from_varmap(&varmap, DType::F32, &dev)).unwrap();
     let efficient = Transformer::new(
         &Config {
-            efficient_attention: true,
+            efficient_attention: !tiled,
+            tiled_attention: tiled,
+            kernels,
             ..cfg.clone()
         },
         VarBuilder::from_varmap(&varmap, DType::F32, &dev),
@@ -33,7 +49,10 @@ fn gradients_match_standard_attention() {
         loss_s.to_scalar::<f32>().unwrap(),
         loss_e.to_scalar::<f32>().unwrap(),
     );
-    assert!(((ls - le) / ls).abs() < 1e-6, "loss {ls} vs {le}");
+    assert!(
+        ((ls - le) / ls).abs() < 1e-6,
+        "{kernels:?} tiled={tiled}: loss {ls} vs {le}"
+    );
     let (gs, ge) = (loss_s.backward().unwrap(), loss_e.backward().unwrap());
     let (mut largest, mut worst) = (0f32, 0f32);
     for v in varmap.all_vars() {
@@ -57,8 +76,13 @@ fn gradients_match_standard_attention() {
             .zip(&b)
             .fold(worst, |m, (x, y)| m.max((x - y).abs()));
     }
-    eprintln!("worst gradient difference {worst:e}, largest gradient {largest:e}");
-    assert!(worst <= 1e-5 * largest, "{worst} vs {largest}");
+    eprintln!(
+        "{kernels:?} tiled={tiled}: worst gradient difference {worst:e}, largest gradient {largest:e}"
+    );
+    assert!(
+        worst <= 1e-5 * largest,
+        "{kernels:?} tiled={tiled}: {worst} vs {largest}"
+    );
 }
 
 /// The replayed graph of efficient attention is the standard one minus exactly

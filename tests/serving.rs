@@ -56,3 +56,56 @@ fn serving_weights_are_predicted_and_their_error_recorded() {
         "{errors:?}"
     );
 }
+
+/// A prompt into an empty cache attends as the training forward does: with the efficient or
+/// tiled attention the prefill keeps no S×S scores (the efficient one's peak falls below the
+/// standard one's), and the replay predicts every serving phase (composed and fused kernels).
+#[test]
+fn prefill_uses_the_efficient_attention() {
+    for kernels in ["composed", "fused"] {
+        let mut peaks = Vec::new();
+        for attention in ["standard", "efficient", "tiled"] {
+            let dir = tempfile::tempdir().unwrap();
+            let rows = run_rows(
+                dir.path(),
+                &[
+                    "--batch",
+                    "2",
+                    "--seq",
+                    "300",
+                    "--hidden",
+                    "64",
+                    "--heads",
+                    "4",
+                    "--layers",
+                    "2",
+                    "--vocab",
+                    "150",
+                    "--phases",
+                    "prefill,decode",
+                    "--decode-tokens",
+                    "3",
+                    "--attention",
+                    attention,
+                    "--kernels",
+                    kernels,
+                ],
+            );
+            for r in &rows {
+                assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+                assert!(
+                    within(r, 0.001, 64 * 1024),
+                    "{kernels} {attention} {}: measured {:?} predicted {:?}",
+                    r.phase,
+                    r.peak_bytes,
+                    r.predicted_peak_bytes
+                );
+            }
+            peaks.push(rows[0].peak_bytes.unwrap());
+        }
+        // Standard keeps B·A·S² probabilities (2·4·300²·4 B = 2.9 MB) at its peak; the
+        // efficient attention none (the tiled one a tile of 128 queries' scores at a time,
+        // which at S 300 is not less than the fused standard peak).
+        assert!(peaks[1] < peaks[0], "{kernels}: {peaks:?}");
+    }
+}

@@ -110,6 +110,12 @@ impl Attention {
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
+        self.attend_any(q, k, v, mask)
+    }
+
+    /// Queries `(B, A, S, D)` against keys and values `(B, G, S, D)` at the same positions:
+    /// repeated to the query heads, then the tiled, efficient or standard attention, and `o`.
+    fn attend_any(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let group = self.heads / self.kv_heads;
         let k = llama::repeat_kv(k, group)?;
         let v = llama::repeat_kv(v, group)?;
@@ -123,9 +129,11 @@ impl Attention {
         }
         if self.efficient {
             let (b, _, s, d) = q.dims4()?;
+            // A decoder is causal whether or not a mask tensor is passed (fused kernels pass
+            // none).
             let op = EfficientAttention {
                 scale: (1.0 / (d as f64).sqrt()) as f32,
-                causal: mask.is_some(),
+                causal: self.causal,
             };
             let y = q.apply_op3(&k, &v, op)?;
             drop((q, k, v));
@@ -212,6 +220,7 @@ impl Attention {
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
+        let first = cache.is_none();
         let (k, v) = match cache.take() {
             None => (k, v),
             Some((pk, pv)) => {
@@ -240,6 +249,11 @@ impl Attention {
             (k, v)
         };
         *cache = Some(kept);
+        // A prompt into an empty cache attends as the training forward does (the tiled or
+        // efficient attention when the case asks for it).
+        if first && q.dim(2)? > 1 {
+            return self.attend_any(q, k, v, mask);
+        }
         let group = self.heads / self.kv_heads;
         let k = llama::repeat_kv(k, group)?;
         let v = llama::repeat_kv(v, group)?;

@@ -70,6 +70,11 @@ pub(super) struct Attention {
 impl Attention {
     pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
         let (q, k, v) = self.qkv(x, rotary);
+        self.attend_any(q, k, v, mask)
+    }
+
+    /// Mirror of the model's `Attention::attend_any`.
+    fn attend_any(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
         let group = self.heads / self.kv_heads;
         let k = repeat_kv(k, group);
         let v = repeat_kv(v, group);
@@ -182,6 +187,7 @@ impl Attention {
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
         let (q, k, v) = self.qkv(x, rotary);
+        let first = cache.is_none();
         let (k, v) = match cache.take() {
             None => (k, v),
             Some((pk, pv)) => {
@@ -207,6 +213,9 @@ impl Attention {
             (k, v)
         };
         *cache = Some(kept);
+        if first && q.dims()[2] > 1 {
+            return self.attend_any(q, k, v, mask);
+        }
         let group = self.heads / self.kv_heads;
         let k = repeat_kv(k, group);
         let v = repeat_kv(v, group);

@@ -427,10 +427,13 @@ impl Transformer {
             let values = wte.index_select(&indexes, 0);
             values.reshape(&final_dims)
         };
+        // The model adds to a temporary: the embedding goes once the sum exists.
         let mut x = match &self.wpe {
             Some(wpe) => {
                 let pos = wpe.narrow(0, offset, s);
-                tokens_embedded.broadcast_add(&pos)
+                let x = tokens_embedded.broadcast_add(&pos);
+                drop(tokens_embedded);
+                x
             }
             None => tokens_embedded,
         };
