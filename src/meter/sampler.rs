@@ -39,7 +39,9 @@ pub struct Stats {
 impl Stats {
     pub fn add(&mut self, s: Sample) {
         self.samples += 1;
-        if let Some(b) = s.process_bytes {
+        // A process with a CUDA context holds memory: 0 means the driver reported nothing for
+        // it (some drivers list the pid with 0 bytes), a missing figure, not a measured 0.
+        if let Some(b) = s.process_bytes.filter(|&b| b > 0) {
             self.process_peak_bytes = Some(self.process_peak_bytes.map_or(b, |p| p.max(b)));
         }
         if let Some(u) = s.util_pct {
@@ -171,6 +173,14 @@ mod tests {
         assert_eq!(s.process_peak_bytes, None);
         assert_eq!(s.util_mean_pct(), None);
         assert_eq!(s.power_peak_w, None);
+        s.add(Sample {
+            process_bytes: Some(0),
+            ..Sample::default()
+        });
+        assert_eq!(
+            s.process_peak_bytes, None,
+            "a process figure of 0 is missing"
+        );
     }
 
     /// A source whose memory ramps up: the sampler sees the ramp's top (sampled after stop).
