@@ -290,21 +290,37 @@ fn list_cases(
     shard: Option<sweep::shard::Shard>,
     shard_of: Option<&[usize]>,
 ) {
-    println!("{:>5} {:>5} {:>14}  case", "case", "shard", "cost GFLOP");
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "{:>5} {:>5} {:>14}  case",
+        "case", "shard", "cost GFLOP"
+    );
     for (i, c) in cases.iter().enumerate() {
         let s = shard_of.map_or("-".to_string(), |of| of[i].to_string());
         let cost = costs[i].map_or("— (dataload)".to_string(), |w| format!("{:.3}", w / 1e9));
-        println!("{:>5} {:>5} {:>14}  {}", c.index, s, cost, sweep::label(c));
+        let _ = writeln!(
+            text,
+            "{:>5} {:>5} {:>14}  {}",
+            c.index,
+            s,
+            cost,
+            sweep::label(c)
+        );
     }
     if let (Some(s), Some(of)) = (shard, shard_of) {
-        println!("shard  cases   cost GFLOP");
+        let _ = writeln!(text, "shard  cases   cost GFLOP");
         for k in 0..s.count {
             let mine: Vec<usize> = (0..cases.len()).filter(|&i| of[i] == k).collect();
             let total: f64 = mine.iter().filter_map(|&i| costs[i]).sum();
             let mark = if k == s.index { " ← this shard" } else { "" };
-            println!("{k:>5} {:>6} {:>12.3}{mark}", mine.len(), total / 1e9);
+            let _ = writeln!(text, "{k:>5} {:>6} {:>12.3}{mark}", mine.len(), total / 1e9);
         }
     }
+    // A reader that stops early (`| head`) is not an error: a closed pipe ends the listing.
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 fn unix_now() -> u64 {
