@@ -392,6 +392,12 @@ pub struct RunMeta {
     /// CUDA runs: CUDA version the driver supports.
     #[serde(default)]
     pub cuda_version: Option<String>,
+    /// CUDA runs on a device with memory pools: the release threshold memfit set on the
+    /// default pool (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`; u64::MAX: freed blocks stay reserved
+    /// between synchronisations, as PyTorch's caching allocator keeps them, so the trim figures
+    /// show what the pool cached). `None`: not set (CPU, a device without pools, older runs).
+    #[serde(default)]
+    pub cuda_pool_release_threshold: Option<u64>,
     /// Where and as what part of a sweep it ran (`--shard`, Slurm); see [`ClusterMeta`].
     #[serde(default)]
     pub cluster: ClusterMeta,
@@ -432,6 +438,7 @@ impl RunMeta {
         self.cuda_context_bytes = from.cuda_context_bytes;
         self.driver_version = from.driver_version.clone();
         self.cuda_version = from.cuda_version.clone();
+        self.cuda_pool_release_threshold = from.cuda_pool_release_threshold;
     }
 }
 

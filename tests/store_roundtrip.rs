@@ -176,6 +176,7 @@ fn meta() -> RunMeta {
         device_memory_bytes: None,
         driver_version: None,
         cuda_version: None,
+        cuda_pool_release_threshold: None,
         cluster: Default::default(),
     }
 }
@@ -190,6 +191,7 @@ fn cuda_metadata_round_trips_and_cpu_metadata_stays_absent() {
         device_memory_bytes: Some(150_754_820_096),
         driver_version: Some("580.95.05".into()),
         cuda_version: Some("13.0".into()),
+        cuda_pool_release_threshold: Some(u64::MAX),
         ..meta()
     };
     for m in [cuda, meta()] {

@@ -95,6 +95,7 @@ fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
         device_memory_bytes: None,
         driver_version: None,
         cuda_version: None,
+        cuda_pool_release_threshold: None,
         cluster: crate::record::ClusterMeta::here(),
     }
 }

@@ -35,6 +35,16 @@ impl CudaPool {
         Ok(v)
     }
 
+    /// Keeps freed blocks reserved up to `bytes` between synchronisations (the default, 0,
+    /// gives every freed block back at the next synchronisation).
+    pub fn set_release_threshold(&self, bytes: u64) -> anyhow::Result<()> {
+        let mut v = bytes;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        // SAFETY: as above; this attribute is a cuuint64_t.
+        unsafe { result::mem_pool::set_attribute(self.pool, attr, &mut v as *mut u64 as *mut _) }
+            .with_context(|| format!("cuMemPoolSetAttribute({attr:?}, {bytes})"))
+    }
+
     fn reset(&self, attr: sys::CUmemPool_attribute) -> anyhow::Result<()> {
         let mut zero: u64 = 0;
         // SAFETY: as above; 0 is the only value these attributes accept.
@@ -257,6 +267,8 @@ pub struct CudaSetup {
     pub context_bytes: Option<u64>,
     pub driver_version: Option<String>,
     pub cuda_version: Option<String>,
+    /// The default pool's release threshold memfit set (devices with pools).
+    pub pool_release_threshold: Option<u64>,
     /// Why NVML figures are missing, if they are (to warn once).
     pub nvml_missing: Option<String>,
 }
@@ -289,7 +301,13 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
     // cudarc allocates from the default pool (`cuMemAllocAsync`) only when the device says it
     // supports memory pools; otherwise every allocation is a `cuMemAlloc` the pool never sees
     // and its watermark would read 0.
+    let mut pool_release_threshold = None;
     let peak_meter = if ctx.has_async_alloc() {
+        // Freed blocks stay in the pool (as PyTorch's caching allocator keeps them), so the
+        // trim after each window measures what the pool cached; with the default 0 they would
+        // go back at every synchronisation and the trim would read nothing.
+        CudaPool::new(ctx.clone())?.set_release_threshold(u64::MAX)?;
+        pool_release_threshold = Some(u64::MAX);
         // First, so read last: the trim comes after every other figure of the window.
         let trim = super::trim::TrimMeter::new(CudaPool::new(ctx.clone())?);
         meters.insert(0, Box::new(trim));
@@ -313,6 +331,7 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
         context_bytes,
         driver_version,
         cuda_version,
+        pool_release_threshold,
         nvml_missing,
     })
 }

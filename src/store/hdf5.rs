@@ -387,6 +387,7 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
         device_memory_bytes,
         driver_version,
         cuda_version,
+        cuda_pool_release_threshold,
         cluster,
     } = meta;
     str_attr(root, "run_id", run_id)?;
@@ -411,6 +412,9 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
     }
     if let Some(v) = cuda_version {
         str_attr(root, "cuda_version", v)?;
+    }
+    if let Some(v) = cuda_pool_release_threshold {
+        scalar_attr(root, "cuda_pool_release_threshold", v)?;
     }
     // Where it ran as part of a sweep (host, shard, Slurm ids; a merge's shards), as JSON.
     if *cluster != crate::record::ClusterMeta::default() {
@@ -641,6 +645,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
         device_memory_bytes: read_opt(&file, "device_memory_bytes", |n| read_attr(&file, n))?,
         driver_version: read_opt(&file, "driver_version", |n| read_str_attr(&file, n))?,
         cuda_version: read_opt(&file, "cuda_version", |n| read_str_attr(&file, n))?,
+        cuda_pool_release_threshold: read_opt(&file, "cuda_pool_release_threshold", |n| {
+            read_attr(&file, n)
+        })?,
         cluster: read_opt(&file, "cluster", |n| {
             let text = read_str_attr(&file, n)?;
             serde_json::from_str(&text).with_context(|| format!("attribute /{n} is not valid JSON"))

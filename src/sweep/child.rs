@@ -182,6 +182,7 @@ fn open_meters(
             meta.cuda_context_bytes = s.context_bytes;
             meta.driver_version = s.driver_version;
             meta.cuda_version = s.cuda_version;
+            meta.cuda_pool_release_threshold = s.pool_release_threshold;
             Ok((s.meters, s.peak_meter))
         }
         #[cfg(not(feature = "cuda"))]
