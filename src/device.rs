@@ -38,10 +38,63 @@ impl DeviceSpec {
         match self {
             Self::Cpu => Ok(candle_core::Device::Cpu),
             #[cfg(feature = "cuda")]
-            Self::Cuda(n) => candle_core::Device::new_cuda(n),
+            Self::Cuda(n) => cuda::open(n),
             #[cfg(not(feature = "cuda"))]
             Self::Cuda(_) => Err(candle_core::Error::Msg(NO_CUDA.into())),
         }
+    }
+}
+
+/// Bytes of the fixed cuBLAS workspace memfit gives each CUDA device (32 MiB, cuBLAS's advice
+/// for Hopper): allocated once with `cuMemAlloc`, outside the memory pool the peak meter reads.
+/// Without it cuBLAS ≥ 12.2 allocates its workspace from the current pool, and every window
+/// with a matmul could see tens of MiB that are not tensors.
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use candle_core::cuda_backend::cudarc::{cublas, driver::result};
+    use candle_core::{Device, Result};
+
+    /// One open device per ordinal in this process: the meters' setup and the runner share it
+    /// (one CUDA stream and cuBLAS handle, one workspace).
+    static OPEN: Mutex<BTreeMap<usize, Device>> = Mutex::new(BTreeMap::new());
+
+    pub fn open(n: usize) -> Result<Device> {
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = open.get(&n) {
+            return Ok(d.clone());
+        }
+        let dev = Device::new_cuda(n)?;
+        set_cublas_workspace(&dev)?;
+        open.insert(n, dev.clone());
+        Ok(dev)
+    }
+
+    /// [`super::CUBLAS_WORKSPACE_BYTES`] from `cuMemAlloc`, handed to the device's cuBLAS
+    /// handle. The buffer lives as long as the process (the device stays open above).
+    fn set_cublas_workspace(dev: &Device) -> Result<()> {
+        let cuda = dev.as_cuda_device()?;
+        let ctx = cuda.cuda_stream().context().clone();
+        ctx.bind_to_thread()
+            .map_err(|e| candle_core::Error::Msg(format!("binding the CUDA context: {e}")))?;
+        let bytes = super::CUBLAS_WORKSPACE_BYTES;
+        // SAFETY: a plain allocation on the bound context, never freed (see above).
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            candle_core::Error::Msg(format!("cuMemAlloc of the cuBLAS workspace: {e}"))
+        })?;
+        let blas = cuda.cublas_handle();
+        // SAFETY: the handle is live (held by the device) and the buffer is `bytes` long.
+        let status = unsafe {
+            cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut core::ffi::c_void, bytes)
+        };
+        if status != cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            candle_core::bail!("cublasSetWorkspace_v2: {status:?}")
+        }
+        Ok(())
     }
 }
 

@@ -398,6 +398,10 @@ pub struct RunMeta {
     /// show what the pool cached). `None`: not set (CPU, a device without pools, older runs).
     #[serde(default)]
     pub cuda_pool_release_threshold: Option<u64>,
+    /// CUDA runs: the fixed cuBLAS workspace memfit allocated outside the pool
+    /// ([`crate::device::CUBLAS_WORKSPACE_BYTES`]).
+    #[serde(default)]
+    pub cublas_workspace_bytes: Option<u64>,
     /// Where and as what part of a sweep it ran (`--shard`, Slurm); see [`ClusterMeta`].
     #[serde(default)]
     pub cluster: ClusterMeta,
@@ -439,6 +443,7 @@ impl RunMeta {
         self.driver_version = from.driver_version.clone();
         self.cuda_version = from.cuda_version.clone();
         self.cuda_pool_release_threshold = from.cuda_pool_release_threshold;
+        self.cublas_workspace_bytes = from.cublas_workspace_bytes;
     }
 }
 

@@ -177,6 +177,7 @@ fn meta() -> RunMeta {
         driver_version: None,
         cuda_version: None,
         cuda_pool_release_threshold: None,
+        cublas_workspace_bytes: None,
         cluster: Default::default(),
     }
 }
@@ -192,6 +193,7 @@ fn cuda_metadata_round_trips_and_cpu_metadata_stays_absent() {
         driver_version: Some("580.95.05".into()),
         cuda_version: Some("13.0".into()),
         cuda_pool_release_threshold: Some(u64::MAX),
+        cublas_workspace_bytes: Some(32 << 20),
         ..meta()
     };
     for m in [cuda, meta()] {

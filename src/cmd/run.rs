@@ -96,6 +96,7 @@ fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
         driver_version: None,
         cuda_version: None,
         cuda_pool_release_threshold: None,
+        cublas_workspace_bytes: None,
         cluster: crate::record::ClusterMeta::here(),
     }
 }

@@ -275,7 +275,9 @@ pub struct CudaSetup {
 
 /// Opens `cuda:ordinal` the way candle does and builds its meters.
 pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
-    let dev = candle_core::Device::new_cuda(ordinal)
+    // The process's one device (its cuBLAS workspace already set outside the pool).
+    let dev = crate::device::DeviceSpec::Cuda(ordinal)
+        .candle()
         .with_context(|| format!("opening cuda:{ordinal}"))?;
     let ctx = dev.as_cuda_device()?.cuda_stream().context().clone();
     let device_name = ctx.name().context("cuDeviceGetName")?;

@@ -388,6 +388,7 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
         driver_version,
         cuda_version,
         cuda_pool_release_threshold,
+        cublas_workspace_bytes,
         cluster,
     } = meta;
     str_attr(root, "run_id", run_id)?;
@@ -415,6 +416,9 @@ fn write_meta(root: &Group, meta: &RunMeta) -> anyhow::Result<()> {
     }
     if let Some(v) = cuda_pool_release_threshold {
         scalar_attr(root, "cuda_pool_release_threshold", v)?;
+    }
+    if let Some(v) = cublas_workspace_bytes {
+        scalar_attr(root, "cublas_workspace_bytes", v)?;
     }
     // Where it ran as part of a sweep (host, shard, Slurm ids; a merge's shards), as JSON.
     if *cluster != crate::record::ClusterMeta::default() {
@@ -648,6 +652,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
         cuda_pool_release_threshold: read_opt(&file, "cuda_pool_release_threshold", |n| {
             read_attr(&file, n)
         })?,
+        cublas_workspace_bytes: read_opt(&file, "cublas_workspace_bytes", |n| read_attr(&file, n))?,
         cluster: read_opt(&file, "cluster", |n| {
             let text = read_str_attr(&file, n)?;
             serde_json::from_str(&text).with_context(|| format!("attribute /{n} is not valid JSON"))

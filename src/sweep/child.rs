@@ -183,6 +183,7 @@ fn open_meters(
             meta.driver_version = s.driver_version;
             meta.cuda_version = s.cuda_version;
             meta.cuda_pool_release_threshold = s.pool_release_threshold;
+            meta.cublas_workspace_bytes = Some(crate::device::CUBLAS_WORKSPACE_BYTES as u64);
             Ok((s.meters, s.peak_meter))
         }
         #[cfg(not(feature = "cuda"))]
