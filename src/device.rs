@@ -45,6 +45,21 @@ impl DeviceSpec {
     }
 }
 
+/// A CUDA device's UUID (`cuDeviceGetUuid`, 16 bytes) as NVML names it:
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`. NVML numbers devices in PCI order, CUDA by
+/// `CUDA_VISIBLE_DEVICES` and speed, so the ordinal is not NVML's index: the UUID is.
+pub fn nvml_uuid(bytes: [u8; 16]) -> String {
+    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
 /// Bytes of the fixed cuBLAS workspace memfit gives each CUDA device (32 MiB, cuBLAS's advice
 /// for Hopper): allocated once with `cuMemAlloc`, outside the memory pool the peak meter reads.
 /// Without it cuBLAS ≥ 12.2 allocates its workspace from the current pool, and every window
@@ -229,6 +244,15 @@ impl fmt::Display for ElemType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uuids_print_as_nvml_names_them() {
+        let b = [
+            0x8f, 0x2c, 0x1a, 0x00, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x02,
+            0x03, 0x04,
+        ];
+        assert_eq!(nvml_uuid(b), "GPU-8f2c1a00-1234-5678-9abc-def001020304");
+    }
 
     #[test]
     fn devices_parse_and_print() {

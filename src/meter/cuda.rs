@@ -218,11 +218,14 @@ pub struct NvmlSource {
 }
 
 impl NvmlSource {
-    /// `None` with the reason when NVML cannot be loaded (the caller warns once).
-    pub fn new(index: u32) -> Result<Self, String> {
+    /// NVML's device with the CUDA device's `uuid` (its index in NVML's own order); the
+    /// reason when NVML cannot be loaded or does not list the device (the caller warns once).
+    pub fn new(uuid: &str) -> Result<Self, String> {
         let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
-        nvml.device_by_index(index)
-            .map_err(|e| format!("NVML device {index}: {e}"))?;
+        let index = nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.index())
+            .map_err(|e| format!("NVML device {uuid}: {e}"))?;
         Ok(Self {
             nvml,
             index,
@@ -285,7 +288,11 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
     let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(super::rusage::HostMeter::default())];
     let (mut context_bytes, mut driver_version, mut cuda_version, mut nvml_missing) =
         (None, None, None, None);
-    match NvmlSource::new(ordinal as u32) {
+    // NVML's device is the one with the CUDA device's UUID (the ordinals differ under
+    // CUDA_VISIBLE_DEVICES and in PCI order).
+    let uuid = ctx.uuid().context("cuDeviceGetUuid")?;
+    let uuid = crate::device::nvml_uuid(uuid.bytes.map(|b| b as u8));
+    match NvmlSource::new(&uuid) {
         Ok(mut src) => {
             context_bytes = src.sample().process_bytes;
             driver_version = src.nvml.sys_driver_version().ok();
