@@ -96,6 +96,13 @@ pack() {
   echo "# cpu"; grep -m1 "model name" /proc/cpuinfo; nproc
   echo "# build"; cat dist/gpu/BUILD 2>&1; "${memfit[@]}" --version 2>&1
 } > "$out/machine.txt" 2>&1
+# The build's PTX is CUDA 13.0 (nvcc 13.0): an older driver cannot load it. Said once, here.
+if [[ "$dry" != 1 ]]; then
+  drv_cuda="$(timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | grep -o '[0-9.]*$' || true)"
+  if [[ -n "$drv_cuda" ]] && [[ "$(printf '%s\n13.0\n' "$drv_cuda" | sort -V | head -n 1)" != 13.0 ]]; then
+    echo "driver supports CUDA $drv_cuda, older than the build's 13.0: the kernels will not load" | tee -a "$out/time.txt"
+  fi
+fi
 
 # 1. Smoke test: one small case, every training phase and inference, every meter layer, on
 # candle's composed ops (the fused kernels are checked next, without stopping the call).
