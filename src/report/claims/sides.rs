@@ -914,3 +914,37 @@ fn n5_quantized_storage() {
         "{c:?}"
     );
 }
+
+/// F3: two depths of a 7B-wide GPT slice. The formula's block matching the measured one within
+/// 1 % lets it carry the block to full size (derived); a formula 5 % off leaves F3 open.
+#[test]
+fn f3_carries_the_block_only_when_the_formula_matches_the_slice() {
+    let slice = |predicted_block: i64| -> Vec<Row> {
+        [(1u64, 600_000_000i64), (2, 1_100_000_000)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(layers, retained))| {
+                let mut r = row("forward");
+                r.case = i as u64;
+                r.model = "gpt".into();
+                r.preset = "llama-7b-shape".into();
+                r.hidden = 4096;
+                r.heads = 32;
+                r.layers = layers;
+                r.batch = 1;
+                r.seq = 1024;
+                r.retained_bytes = Some(retained);
+                r.peak_bytes = Some(retained as u64);
+                // The measured block is 500 MB; the formula's is `predicted_block`.
+                r.predicted_retained_bytes = Some(100_000_000 + layers as i64 * predicted_block);
+                r
+            })
+            .collect()
+    };
+    let good = eval(&slice(500_100_000), "F3");
+    assert_eq!(good.kind(), "derived", "{}", good.verdict);
+    assert!(good.verdict.contains("0.0200 %"), "{}", good.verdict);
+    let off = eval(&slice(525_000_000), "F3");
+    assert_eq!(off.kind(), "open", "{}", off.verdict);
+    assert!(off.verdict.contains("5.0000 %"), "{}", off.verdict);
+}
