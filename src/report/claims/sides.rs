@@ -58,6 +58,20 @@ fn i1_weights_with_rotary_tables_apart() {
         c.verdict.starts_with("does not hold: off by up to 10.0 %"),
         "{c:?}"
     );
+    // A measured Llama-2-7B f16 slice: 1000 parameters of 2 B and the rotary tables
+    // S_max·D·e = 8·8·2 = 128 B (counted apart): 2128 B. The formula predicting the same checks
+    // the slice; a formula 1 MiB off leaves it unchecked (partly).
+    let slice = |predicted: i64| {
+        let mut r = init("llama", 2128, 8);
+        r.preset = "llama-2-7b".into();
+        r.dtype = "f16".into();
+        r.predicted_retained_bytes = Some(predicted);
+        r
+    };
+    let c = eval(&[slice(2128)], "I1");
+    assert!(c.verdict.contains("measured slice within 0 B"), "{c:?}");
+    let c = eval(&[slice(2128 + (1 << 20))], "I1");
+    assert!(c.verdict.starts_with("partly"), "{c:?}");
 }
 
 /// N4: L 3, B 2, T 4, f32. Without GQA (G·D = H = 16) a growth of 2·3·2·4·16·4 = 3,072 B
