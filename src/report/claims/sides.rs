@@ -303,7 +303,8 @@ fn dataload(kind: &str, storage: &str, workers: u64, pss_mib: u64) -> Row {
 
 /// D2: a 50 MiB dataset; worker processes add 70 MiB each with `ram` (the dataset + 20 MiB),
 /// 20 MiB streaming; threads 15 MiB either way: holds, copies, threads share. When a process
-/// adds 20 MiB with `ram` too it does not copy (partly); with no growth at all it does not hold.
+/// adds 20 MiB with `ram` too it does not copy (partly); with no growth at all it does not hold;
+/// threads that each add the dataset leave it partly.
 #[test]
 fn d2_workers_copy_the_dataset() {
     let set = |proc_ram: u64, per_thread: u64| {
@@ -342,6 +343,19 @@ fn d2_workers_copy_the_dataset() {
     assert!(c.verdict.contains("does not copy"), "{c:?}");
     let c = eval(&set(0, 0), "D2");
     assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    // Threads that each add the dataset too (ram slope 65 MiB vs 15 streaming): partly.
+    let mut v = set(70, 15);
+    for r in v
+        .iter_mut()
+        .filter(|r| r.worker_kind == "thread" && r.storage == "ram")
+    {
+        let w = r.workers.unwrap();
+        r.pss_peak_bytes = Some((60 + 65 * w) * MIB);
+        r.peak_bytes = r.pss_peak_bytes;
+    }
+    let c = eval(&v, "D2");
+    assert!(c.verdict.starts_with("partly"), "{c:?}");
+    assert!(c.verdict.contains("threads do not share"), "{c:?}");
 }
 
 /// D3: one batch is 16·3·224²·4 = 9,633,792 B; a peak of three batches leaves two of
