@@ -823,6 +823,27 @@ impl<'a> Ctx<'a> {
             })
             .collect::<Vec<_>>();
         let halved = ratios.iter().filter(|(_, x)| *x <= 0.5).count();
+        // The inference peaks decide too: a quantized model dequantizes one layer per call, and
+        // the claim's memory is only saved when that peak stays within 5 % of the same case
+        // with the model's weights.
+        let peak_pairs: Vec<(f64, f64)> = q
+            .iter()
+            .filter_map(|qr| {
+                let model = inf.iter().find(|r| {
+                    r.weights == "model" && config_key(r, "weights") == config_key(qr, "weights")
+                })?;
+                Some((qr.peak_bytes? as f64, model.peak_bytes? as f64))
+            })
+            .collect();
+        let peak_worst = peak_pairs.iter().map(|(a, b)| a / b).fold(0f64, f64::max);
+        let peaks_ok = peak_pairs.is_empty() || peak_worst <= 1.05;
+        let peak_text = if peak_pairs.is_empty() {
+            "no inference row with the model's weights beside the quantized ones".to_string()
+        } else {
+            format!(
+                "the quantized inference peak is at most ×{peak_worst:.2} the model's (one dequantized layer per call)"
+            )
+        };
         Some(self.make(
             "N5",
             &used,
@@ -836,12 +857,17 @@ impl<'a> Ctx<'a> {
                 }
             ),
             "projections 1.0625 (q8_0) / 0.5625 (q4_0) B per weight vs 4 (f32)".into(),
-            "the quantized model's weights (init, QLoRA) ≤ 50 % of the same model with unquantized projections",
+            "the quantized model's weights (init, QLoRA) ≤ 50 % of the same model with unquantized projections, and its inference peak ≤ 1.05 × the same case's with the model's weights",
             if ratios.is_empty() {
                 "open: the stored size of quantized weights needs QLoRA init rows beside LoRA ones (`seed-lora` would decide it)".into()
+            } else if halved == ratios.len() && peaks_ok {
+                format!(
+                    "holds: storage {}; {peak_text}; the logits error is recorded",
+                    ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
+                )
             } else if halved == ratios.len() {
                 format!(
-                    "holds for storage ({}); the inference peak gains one dequantized layer per call; the logits error is recorded",
+                    "partly: storage halves ({}), but {peak_text}",
                     ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
                 )
             } else if halved == 0 {

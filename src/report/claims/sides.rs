@@ -927,10 +927,11 @@ fn f6_efficient_attention_smaller() {
 }
 
 /// N5: a QLoRA init whose weights are 40 % of the same LoRA case's with f32 frozen projections
-/// holds for storage, told apart by preset, rank and targets; at 60 % it does not.
+/// holds, told apart by preset, rank and targets; at 60 % it does not; a q4_0 inference peak
+/// 1.5× the same case's with the model's weights leaves it partly.
 #[test]
 fn n5_quantized_storage() {
-    let set = |q4_bytes: i64| {
+    let set_peaks = |q4_bytes: i64, q_peak: u64, model_peak: u64| {
         let lora = |case: u64, base: &str, retained: i64| {
             let mut r = row("init");
             r.case = case;
@@ -943,15 +944,28 @@ fn n5_quantized_storage() {
         let mut inf = row("inference");
         inf.case = 9;
         inf.weights = "q4_0".into();
-        inf.peak_bytes = Some(5000);
-        vec![lora(0, "detach", 1000), lora(1, "q4_0", q4_bytes), inf]
+        inf.peak_bytes = Some(q_peak);
+        let mut model = inf.clone();
+        model.case = 10;
+        model.weights = "model".into();
+        model.peak_bytes = Some(model_peak);
+        vec![
+            lora(0, "detach", 1000),
+            lora(1, "q4_0", q4_bytes),
+            inf,
+            model,
+        ]
     };
+    let set = |q4_bytes: i64| set_peaks(q4_bytes, 5000, 6000);
     let c = eval(&set(400), "N5");
     assert!(
         c.verdict
-            .starts_with("holds for storage (custom q4_0 r8 q,v ×0.400)"),
+            .starts_with("holds: storage custom q4_0 r8 q,v ×0.400"),
         "{c:?}"
     );
+    let c = eval(&set_peaks(400, 9000, 6000), "N5");
+    assert!(c.verdict.starts_with("partly: storage halves"), "{c:?}");
+    assert!(c.verdict.contains("×1.50"), "{c:?}");
     let c = eval(&set(600), "N5");
     assert!(
         c.verdict
