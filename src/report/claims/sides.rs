@@ -829,7 +829,8 @@ fn d4_cpu_per_image() {
 }
 
 /// D6: persistent workers faster in every pair (no CUDA copies) is partly; slower in every
-/// pair does not hold; a pinned copy faster than pageable with faster persistent workers holds.
+/// pair does not hold; a pinned copy faster than pageable with faster persistent workers holds;
+/// mixed pairs give their range, no cause.
 #[test]
 fn d6_persistent_and_pinned() {
     let pair = |on: f64, off: f64| {
@@ -864,6 +865,21 @@ fn d6_persistent_and_pinned() {
     let c = eval(&rows, "D6");
     assert!(c.verdict.starts_with("holds:"), "{c:?}");
     assert!(c.verdict.contains("pinned copies 2.00× faster"), "{c:?}");
+    // One pair faster (+20 %), one slower (−10 %): no consistent difference, its range given
+    // and no cause asserted.
+    let mut mixed = pair(600.0, 500.0);
+    let mut other = pair(450.0, 500.0);
+    for r in &mut other {
+        r.workers = Some(4);
+        r.case += 10;
+    }
+    mixed.extend(other);
+    let c = eval(&mixed, "D6");
+    assert!(
+        c.verdict
+            .contains("no consistent difference (1 pairs faster, 1 slower, from -10 % to +20 %"),
+        "{c:?}"
+    );
 }
 
 /// F2: ViT-B/16 forwards whose graph is 40 MB per image reach 1.28 GB at B 32 (holds); at
