@@ -165,24 +165,29 @@ fn qwen3_qk_norms() {
         let init = rows.iter().find(|r| r.phase == "init").unwrap();
         // 2 layers × (q, k norms of 16): 64 parameters beyond the LLaMA count.
         assert_eq!(init.params, 25_824, "{kernels}");
-        let mut a = base.to_vec();
-        a.extend([
-            "--phases",
-            "init,forward,backward,optimizer,train-step",
-            "--dtype",
-            "f16",
-            "--precision",
-            "mixed",
-            "--checkpoint",
-            "1",
-            "--kernels",
-            kernels,
-        ]);
-        check_run(&a, 5);
+        check_mixed_checkpointed(base, kernels);
     }
 }
 
 const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,decode";
+
+/// [`check_run`] of `base` in mixed f16 with a checkpoint every block, the training phases.
+fn check_mixed_checkpointed(base: &[&str], kernels: &str) {
+    let mut a = base.to_vec();
+    a.extend([
+        "--phases",
+        "init,forward,backward,optimizer,train-step",
+        "--dtype",
+        "f16",
+        "--precision",
+        "mixed",
+        "--checkpoint",
+        "1",
+        "--kernels",
+        kernels,
+    ]);
+    check_run(&a, 5);
+}
 
 /// One K/V head for six query heads, head_dim 14 ≠ 60/6, I = 100, tied, q/k/v biases.
 #[test]
@@ -371,20 +376,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
                 let max = layers.iter().flatten().max().copied().unwrap() as u64;
                 assert_eq!(r.moe_tokens_max, Some(max));
             }
-            let mut a = base.to_vec();
-            a.extend([
-                "--phases",
-                "init,forward,backward,optimizer,train-step",
-                "--dtype",
-                "f16",
-                "--precision",
-                "mixed",
-                "--checkpoint",
-                "1",
-                "--kernels",
-                kernels,
-            ]);
-            check_run(&a, 5);
+            check_mixed_checkpointed(&base, kernels);
         }
     }
 }

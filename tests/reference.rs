@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use memfit::model::hf_config;
 use memfit::model::kernels::Kernels;
@@ -21,47 +21,67 @@ fn fixture(family: &str) -> PathBuf {
         .join(family)
 }
 
-/// The largest difference from transformers' logits, relative to their largest magnitude.
-fn logits_error(family: &str, kernels: Kernels) -> f32 {
-    let dir = fixture(family);
-    let hf = hf_config::load(&dir.join("config.json")).expect("the fixture's config.json");
-    let dev = Device::Cpu;
+/// The fixture's `config.json` as memfit reads it.
+fn config(family: &str) -> Config {
+    hf_config::load(&fixture(family).join("config.json"))
+        .expect("the fixture's config.json")
+        .cfg
+}
+
+/// `cfg` built on the fixture's weights.
+fn model(family: &str, cfg: &Config) -> Transformer {
     // SAFETY: the fixture is not modified while mapped.
     let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
+        VarBuilder::from_mmaped_safetensors(
+            &[fixture(family).join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
     }
     .unwrap();
+    Transformer::new(cfg, vb).unwrap()
+}
+
+/// The fixture's input tokens (u32) and transformers' logits `(B, S, V)`.
+fn io(family: &str) -> (Tensor, Tensor) {
+    let io = candle_core::safetensors::load(fixture(family).join("io.safetensors"), &Device::Cpu)
+        .unwrap();
+    (
+        io["tokens"].to_dtype(DType::U32).unwrap(),
+        io["logits"].clone(),
+    )
+}
+
+/// `max |a − b|`.
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_abs(&(a - b).unwrap())
+}
+
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// The largest difference from transformers' logits, relative to their largest magnitude.
+fn logits_error(family: &str, kernels: Kernels) -> f32 {
     let cfg = Config {
         kernels,
-        ..hf.cfg.clone()
+        ..config(family)
     };
-    let model = Transformer::new(&cfg, vb).unwrap();
+    let model = model(family, &cfg);
     assert_eq!(
-        model_params(&dir),
+        model_params(&fixture(family)),
         cfg.params(),
         "{family}: the fixture's parameters are memfit's count"
     );
-    let io = candle_core::safetensors::load(dir.join("io.safetensors"), &dev).unwrap();
-    let tokens = io["tokens"].to_dtype(DType::U32).unwrap();
-    let want = &io["logits"];
+    let (tokens, want) = io(family);
     let got = model.forward(&tokens).unwrap();
     assert_eq!(got.dims(), want.dims(), "{family}");
-    let diff = (got - want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let scale = want
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    diff / scale
+    max_diff(&got, &want) / max_abs(&want)
 }
 
 /// Elements of every tensor in the fixture's weights.
@@ -99,30 +119,13 @@ fn qwen3_logits_equal_transformers() {
 /// give transformers' logits.
 #[test]
 fn a_different_model_gives_different_logits() {
-    let dir = fixture("qwen3");
-    let hf = hf_config::load(&dir.join("config.json")).unwrap();
-    let mut cfg = hf.cfg.clone();
+    let mut cfg = config("qwen3");
     if let Some(l) = cfg.llama.as_mut() {
         l.qk_norm = false;
     }
-    let dev = Device::Cpu;
-    // SAFETY: as above.
-    let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
-    }
-    .unwrap();
-    let model = Transformer::new(&cfg, vb).unwrap();
-    let io = candle_core::safetensors::load(dir.join("io.safetensors"), &dev).unwrap();
-    let tokens = io["tokens"].to_dtype(DType::U32).unwrap();
-    let got = model.forward(&tokens).unwrap();
-    let diff = (got - &io["logits"])
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let (tokens, want) = io("qwen3");
+    let got = model("qwen3", &cfg).forward(&tokens).unwrap();
+    let diff = max_diff(&got, &want);
     assert!(
         diff > 1e-2,
         "without q/k norms the logits still agree ({diff})"
@@ -150,37 +153,20 @@ fn mistral_sliding_window_logits_equal_transformers() {
 /// position, with the composed and the fused kernels; the cache never holds more than 4.
 #[test]
 fn mistral_decode_rolls_its_cache_across_the_window() {
-    let dir = fixture("mistral");
-    let hf = hf_config::load(&dir.join("config.json")).unwrap();
-    let dev = Device::Cpu;
-    let io = candle_core::safetensors::load(dir.join("io.safetensors"), &dev).unwrap();
-    let tokens = io["tokens"].to_dtype(DType::U32).unwrap();
-    let want = &io["logits"];
+    let (tokens, want) = io("mistral");
     for kernels in [Kernels::Composed, Kernels::Fused] {
-        // SAFETY: as above.
-        let vb = unsafe {
-            VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
-        }
-        .unwrap();
         let cfg = Config {
             kernels,
-            ..hf.cfg.clone()
+            ..config("mistral")
         };
-        let model = Transformer::new(&cfg, vb).unwrap();
+        let model = model("mistral", &cfg);
         let mut cache = memfit::model::transformer::KvCache::default();
         let mut got = model
             .forward_cached(&tokens.narrow(1, 0, 6).unwrap(), &mut cache)
             .unwrap();
         for t in 6..=11 {
             let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
-            let diff = (&got - &at)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = max_diff(&got, &at);
             assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
             let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
             assert_eq!(

@@ -254,11 +254,6 @@ impl Transformer {
             .map(|(cos, sin)| Rotary { cos, sin, offset })
     }
 
-    /// The causal mask `(S, S)`: 0 where a position may attend, −∞ above the diagonal.
-    pub fn causal_mask(seq: usize, device: &Device) -> Result<Tensor> {
-        super::attention::causal_mask(seq, seq, 0, device)
-    }
-
     /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
     pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
         let mask = self.input_mask(input)?;

@@ -46,9 +46,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-fn fig<'a>(
-    peaks: impl Iterator<Item = (Option<f64>, Option<f64>, Option<f64>)> + 'a,
-) -> Option<Fig> {
+/// The medians of a side's (peak, retained, wall) samples; `None` when there are none.
+fn fig(peaks: impl Iterator<Item = (Option<f64>, Option<f64>, Option<f64>)>) -> Option<Fig> {
     let (mut p, mut r, mut w) = (Vec::new(), Vec::new(), Vec::new());
     let mut any = false;
     for (a, b, c) in peaks {
