@@ -38,13 +38,7 @@ struct AttnProbsOp {
 }
 
 /// The visible keys `lo..hi` of row `r` (query `r % sq` of its head) over `sk` keys.
-pub(crate) fn visible(
-    r: usize,
-    sq: usize,
-    sk: usize,
-    causal: bool,
-    window: usize,
-) -> (usize, usize) {
+fn visible(r: usize, sq: usize, sk: usize, causal: bool, window: usize) -> (usize, usize) {
     if !causal {
         return (0, sk);
     }
