@@ -38,6 +38,34 @@ FAMILIES = {
     "qwen3_moe": ("qwen3_moe", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
                   {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    # Qwen2-MoE: 4 experts of width 24, 2 per token (not renormalised), a shared expert of
+    # width 40 with its sigmoid gate; every second layer sparse (layer 0 dense, width 48);
+    # q, k, v biases.
+    "qwen2_moe": ("qwen2_moe", transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM,
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                   "shared_expert_intermediate_size": 40, "norm_topk_prob": False,
+                   "decoder_sparse_step": 2, "mlp_only_layers": []}),
+    # DeepSeek-V2: MLA without q compression (kv_lora_rank 16, nope 8, rope 4, v 6), 6 routed
+    # experts of width 20 (2 per token, greedy softmax), 2 shared, layer 0 dense, and a
+    # routed scale of 1.5; 3 layers.
+    "deepseek_v2": ("deepseek_v2", transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM,
+                    {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None,
+                     "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                     "v_head_dim": 6, "n_routed_experts": 6, "num_experts_per_tok": 2,
+                     "n_shared_experts": 2, "moe_intermediate_size": 20,
+                     "first_k_dense_replace": 1, "topk_method": "greedy",
+                     "norm_topk_prob": False, "routed_scaling_factor": 1.5, "n_group": 1,
+                     "topk_group": 1}),
+    # DeepSeek-V3: MLA with q compression (q_lora_rank 24), 8 routed experts in 4 groups,
+    # 2 groups then 2 experts per token (sigmoid scores, renormalised, scaled 2.5), 1 shared;
+    # layer 0 dense.
+    "deepseek_v3": ("deepseek_v3", transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
+                    {"num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16,
+                     "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
+                     "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+                     "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 20,
+                     "first_k_dense_replace": 1, "norm_topk_prob": True,
+                     "routed_scaling_factor": 2.5, "rope_interleave": True}),
 }
 
 
@@ -47,6 +75,14 @@ def memfit_name(hf: str) -> str:
     # (gate), w3 (up), w2 (down).
     n = hf.replace(".block_sparse_moe.gate.", ".mlp.router.").replace(".mlp.gate.", ".mlp.router.")
     n = n.replace(".block_sparse_moe.experts.", ".mlp.experts.")
+    # Shared experts: Qwen2-MoE's shared_expert and its gate, DeepSeek's shared_experts.
+    n = n.replace(".mlp.shared_expert_gate.", ".mlp.shared_gate.")
+    n = n.replace(".mlp.shared_experts.", ".mlp.shared.").replace(".mlp.shared_expert.", ".mlp.shared.")
+    # MLA (DeepSeek).
+    for a, b in [("q_a_proj", "q_a"), ("q_b_proj", "q_b"), ("q_a_layernorm", "q_a_norm"),
+                 ("kv_a_proj_with_mqa", "kv_a"), ("kv_a_layernorm", "kv_a_norm"),
+                 ("kv_b_proj", "kv_b")]:
+        n = n.replace(f".{a}.", f".{b}.")
     n = n.replace(".w1.", ".gate.").replace(".w3.", ".up.").replace(".w2.", ".down.")
     n = n.replace("model.embed_tokens.", "wte.").replace("model.norm.", "ln_f.").replace("lm_head.", "head.")
     n = n.replace("model.layers.", "h.").replace(".input_layernorm.", ".ln1.")
@@ -59,8 +95,11 @@ def memfit_name(hf: str) -> str:
 
 def main():
     torch.manual_seed(0)
+    only = set(sys.argv[1:])
     for name, (model_type, Cfg, Model, extra) in FAMILIES.items():
-        cfg = Cfg(**COMMON, **extra)
+        if only and name not in only:
+            continue
+        cfg = Cfg(**{**COMMON, **extra})
         cfg._attn_implementation = "eager"
         model = Model(cfg).eval()
         with torch.no_grad():
@@ -75,7 +114,9 @@ def main():
         conf["model_type"] = model_type
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(conf, f, indent=1, sort_keys=True)
-        weights = {memfit_name(k): v.detach().contiguous() for k, v in model.state_dict().items()}
+        # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
+        weights = {memfit_name(k): v.detach().contiguous() for k, v in model.state_dict().items()
+                   if not k.endswith("e_score_correction_bias")}
         save_file(weights, os.path.join(out, "model.safetensors"))
         save_file({"tokens": tokens.to(torch.int64), "logits": logits.contiguous()},
                   os.path.join(out, "io.safetensors"))

@@ -32,6 +32,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             qk_norm: false,
             moe: None,
             sliding_window: None,
+            mla: None,
         },
         tied,
     )

@@ -1,7 +1,9 @@
 //! memfit's models compute the same function as the reference implementations: tiny models
 //! built by transformers (`scripts/make-fixtures.py`: Llama with grouped-query attention;
 //! Qwen3 with q/k norms and a head_dim other than hidden / heads; Mixtral, 4 experts, 2 per
-//! token; Qwen3-MoE, 6 experts, 3 per token, q/k norms), their weights under memfit's
+//! token; Qwen3-MoE, 6 experts, 3 per token, q/k norms; Qwen2-MoE with a gated shared expert
+//! and a dense layer; DeepSeek-V2 and V3 with multi-head latent attention, shared experts, a
+//! dense first layer, greedy softmax and group-limited sigmoid routing), their weights under memfit's
 //! names and transformers' logits for a fixed input, stored in `tests/fixtures/<family>/`. memfit
 //! reads the same `config.json`, loads the weights and must give the same logits, with candle's
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
@@ -140,6 +142,60 @@ fn mixtral_logits_equal_transformers() {
 #[test]
 fn qwen3_moe_logits_equal_transformers() {
     check("qwen3_moe");
+}
+
+#[test]
+fn qwen2_moe_shared_expert_and_dense_layer_logits_equal_transformers() {
+    check("qwen2_moe");
+}
+
+#[test]
+fn deepseek_v2_mla_logits_equal_transformers() {
+    check("deepseek_v2");
+}
+
+#[test]
+fn deepseek_v3_mla_sigmoid_group_routing_logits_equal_transformers() {
+    check("deepseek_v3");
+}
+
+/// MLA's latent cache: a prompt of 5 tokens, then one token at a time; each step's logits are
+/// transformers' full-forward logits at that position, and each layer's cache holds the
+/// latent `(B, 1, T, kv_lora_rank)` and the shared rotary key `(B, 1, T, r)`, nothing per head.
+#[test]
+fn deepseek_decode_from_the_latent_cache() {
+    for family in ["deepseek_v2", "deepseek_v3"] {
+        let (tokens, want) = io(family);
+        for kernels in [Kernels::Composed, Kernels::Fused] {
+            let cfg = Config {
+                kernels,
+                ..config(family)
+            };
+            let mla = cfg.llama.unwrap().mla.unwrap();
+            let model = model(family, &cfg);
+            let mut cache = memfit::model::transformer::KvCache::default();
+            let mut got = model
+                .forward_cached(&tokens.narrow(1, 0, 5).unwrap(), &mut cache)
+                .unwrap();
+            for t in 5..=11 {
+                let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
+                let diff = max_diff(&got, &at) / max_abs(&at);
+                assert!(
+                    diff < 1e-4,
+                    "{family} {kernels:?} position {}: {diff}",
+                    t - 1
+                );
+                let (c, k_pe) = cache.layers[0].as_ref().unwrap();
+                assert_eq!(c.dims(), &[2, 1, t, mla.kv_lora_rank]);
+                assert_eq!(k_pe.dims(), &[2, 1, t, mla.qk_rope_head_dim]);
+                if t < 11 {
+                    got = model
+                        .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+                        .unwrap();
+                }
+            }
+        }
+    }
 }
 
 #[test]

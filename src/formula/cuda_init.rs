@@ -16,6 +16,7 @@
 //! its block's projections (`Shape::projections`), and no head variable when tied.
 
 use super::shape::Shape;
+use crate::model::transformer::BlockTensor;
 
 /// How a variable is initialised.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,22 +51,29 @@ impl Shape {
                 vars.push((h, Draw::Const));
             }
         };
-        let projs = self.projections();
-        for _ in 0..l {
-            norm(&mut vars);
-            for (i, p) in projs.iter().enumerate() {
-                // The second norm comes before the MLP (after q, k, v, o).
-                if i == 4 {
-                    norm(&mut vars);
-                }
-                let (inp, out) = (p.inp as u64, p.out as u64);
-                if self.has_lora(p.target) {
-                    vars.push((r * inp, Draw::Normal));
-                    vars.push((out * r, Draw::Const));
-                }
-                vars.push((out * inp, Draw::Normal));
-                if p.bias {
-                    vars.push((out, Draw::Uniform));
+        for i in 0..l {
+            for t in self.block_tensors(i) {
+                match t {
+                    BlockTensor::Norm { size, .. } => {
+                        vars.push((size as u64, Draw::Const));
+                        if !llama {
+                            vars.push((size as u64, Draw::Const));
+                        }
+                    }
+                    BlockTensor::Linear { inp, out, .. } => {
+                        vars.push(((inp * out) as u64, Draw::Normal));
+                    }
+                    BlockTensor::Proj { spec: p, .. } => {
+                        let (inp, out) = (p.inp as u64, p.out as u64);
+                        if self.has_lora(p.target) {
+                            vars.push((r * inp, Draw::Normal));
+                            vars.push((out * r, Draw::Const));
+                        }
+                        vars.push((out * inp, Draw::Normal));
+                        if p.bias {
+                            vars.push((out, Draw::Uniform));
+                        }
+                    }
                 }
             }
         }

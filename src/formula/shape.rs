@@ -3,6 +3,7 @@
 //! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
+use crate::model::config::{BlockTensor, LayerLayout, block_tensors, layer_layout};
 use crate::model::kernels::Kernels;
 use crate::model::llama::Llama;
 use crate::model::transformer::{LoraBase, LoraTarget, ProjSpec, block_projections};
@@ -141,6 +142,26 @@ impl Shape {
     /// The projections of one block (`model::transformer::block_projections`), in u64.
     pub fn projections(&self) -> Vec<ProjSpec> {
         block_projections(self.h as usize, self.a as usize, self.llama.as_ref())
+    }
+
+    /// The tensors of block `layer` (`model::config::block_tensors`).
+    pub fn block_tensors(&self, layer: u64) -> Vec<BlockTensor> {
+        block_tensors(
+            self.h as usize,
+            self.a as usize,
+            self.llama.as_ref(),
+            layer as usize,
+        )
+    }
+
+    /// Layer `layer`'s layout (`model::config::layer_layout`).
+    pub fn layer_layout(&self, layer: u64) -> LayerLayout {
+        layer_layout(
+            self.h as usize,
+            self.a as usize,
+            self.llama.as_ref(),
+            layer as usize,
+        )
     }
 
     /// K/V heads and head width (`A` and `H/A` outside LLaMA).

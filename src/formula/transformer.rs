@@ -14,7 +14,7 @@
 
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::quantized_bytes;
-use crate::model::transformer::{LoraBase, LoraTarget};
+use crate::model::transformer::{BlockTensor, LoraBase, LoraTarget};
 use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
 use candle_core::quantized::GgmlDType;
@@ -61,25 +61,31 @@ impl Shape {
         if !self.tied {
             vars.push(("head.weight".to_string(), vec![v, h]));
         }
-        let projs = self.projections();
         for i in 0..l {
-            for ln in ["ln1", "ln2"] {
-                vars.push((format!("h.{i}.{ln}.weight"), vec![h]));
-                if !llama {
-                    vars.push((format!("h.{i}.{ln}.bias"), vec![h]));
-                }
-            }
-            for p in &projs {
-                let (name, inp, out) = (p.path, p.inp as u64, p.out as u64);
-                if !quantized {
-                    vars.push((format!("h.{i}.{name}.weight"), vec![out, inp]));
-                }
-                if p.bias {
-                    vars.push((format!("h.{i}.{name}.bias"), vec![out]));
-                }
-                if self.has_lora(p.target) {
-                    vars.push((format!("h.{i}.{name}.lora_a"), vec![r, inp]));
-                    vars.push((format!("h.{i}.{name}.lora_b"), vec![out, r]));
+            for t in self.block_tensors(i) {
+                match t {
+                    BlockTensor::Norm { path, size } => {
+                        vars.push((format!("h.{i}.{path}.weight"), vec![size as u64]));
+                        if !llama {
+                            vars.push((format!("h.{i}.{path}.bias"), vec![size as u64]));
+                        }
+                    }
+                    BlockTensor::Linear { path, inp, out } => {
+                        vars.push((format!("h.{i}.{path}.weight"), vec![out as u64, inp as u64]));
+                    }
+                    BlockTensor::Proj { path, spec: p } => {
+                        let (inp, out) = (p.inp as u64, p.out as u64);
+                        if !quantized {
+                            vars.push((format!("h.{i}.{path}.weight"), vec![out, inp]));
+                        }
+                        if p.bias {
+                            vars.push((format!("h.{i}.{path}.bias"), vec![out]));
+                        }
+                        if self.has_lora(p.target) {
+                            vars.push((format!("h.{i}.{path}.lora_a"), vec![r, inp]));
+                            vars.push((format!("h.{i}.{path}.lora_b"), vec![out, r]));
+                        }
+                    }
                 }
             }
         }
@@ -159,11 +165,12 @@ impl Shape {
     /// Elements of every adapter tensor (A then B per adapted projection, per layer).
     pub fn lora_sizes(&self) -> Vec<u64> {
         let r = self.lora_rank;
-        let projs = self.projections();
         let mut sizes = Vec::new();
-        for _ in 0..self.l {
-            for p in &projs {
-                if self.has_lora(p.target) {
+        for i in 0..self.l {
+            for t in self.block_tensors(i) {
+                if let BlockTensor::Proj { spec: p, .. } = t
+                    && self.has_lora(p.target)
+                {
                     sizes.extend([r * p.inp as u64, p.out as u64 * r]);
                 }
             }
@@ -186,29 +193,14 @@ impl Shape {
         self.param_tensor_sizes().len() as u64
     }
 
-    /// Parameter tensors of one block.
+    /// Parameter tensors of one block (on average over the blocks, rounded down).
     fn tensors_per_block(&self) -> u64 {
-        let norms = match self.llama {
-            None => 4,
-            // Qwen3's q/k norms.
-            Some(l) => 2 + 2 * u64::from(l.qk_norm),
-        };
-        // A mixture of experts: the router and E copies of the MLP projections.
-        let moe = self.llama.and_then(|l| l.moe);
-        norms
-            + u64::from(moe.is_some())
-            + self
-                .projections()
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let copies = match moe {
-                        Some(m) if i >= 4 => m.experts as u64,
-                        _ => 1,
-                    };
-                    copies * (1 + u64::from(p.bias))
-                })
-                .sum::<u64>()
+        let llama = self.llama.is_some();
+        let all: u64 = (0..self.l)
+            .flat_map(|i| self.block_tensors(i))
+            .map(|t| t.param_sizes(!llama).len() as u64)
+            .sum();
+        all / self.l.max(1)
     }
 
     /// A per-block metadata constant fitted on GPT's 16 tensors per block, scaled to this
@@ -325,38 +317,9 @@ impl Shape {
         if !llama {
             sizes.push(s_max * h);
         }
-        let projs = self.projections();
-        // Qwen3's q/k norms, made after o.
-        let qk_norm = self.llama.filter(|l| l.qk_norm).map(|l| l.head_dim as u64);
-        for _ in 0..l {
-            sizes.push(h); // ln1
-            if !llama {
-                sizes.push(h);
-            }
-            // A mixture of experts: the router, then E copies of the MLP projections.
-            let moe = self.llama.and_then(|l| l.moe);
-            for (i, p) in projs.iter().enumerate() {
-                let copies = match (moe, i) {
-                    (Some(m), 4) => {
-                        sizes.push(h * m.experts as u64);
-                        m.experts
-                    }
-                    (Some(m), 5..) => m.experts,
-                    _ => 1,
-                };
-                for _ in 0..copies {
-                    sizes.push((p.inp * p.out) as u64);
-                    if p.bias {
-                        sizes.push(p.out as u64);
-                    }
-                }
-                if let (3, Some(d)) = (i, qk_norm) {
-                    sizes.extend([d, d]);
-                }
-            }
-            sizes.push(h); // ln2
-            if !llama {
-                sizes.push(h);
+        for i in 0..l {
+            for t in self.block_tensors(i) {
+                sizes.extend(t.param_sizes(!llama));
             }
         }
         sizes.push(h); // ln_f

@@ -49,6 +49,159 @@ pub struct Rotary<'a> {
     pub offset: usize,
 }
 
+impl Rotary<'_> {
+    /// `x (B, n, S, D)` rotated at positions `offset..offset + S`: the fused kernel, or the
+    /// composed [`llama::apply_rotary`].
+    pub fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+        if fused {
+            let s = x.dim(2)?;
+            kernels::rotary(
+                x,
+                &self.cos.narrow(0, self.offset, s)?,
+                &self.sin.narrow(0, self.offset, s)?,
+            )
+        } else {
+            llama::apply_rotary(x, self.cos, self.sin, self.offset)
+        }
+    }
+}
+
+/// The attention itself, after the projections: scores, softmax and the weighted values,
+/// standard (composed or fused), efficient or tiled, with its variant flags. Shared by
+/// [`Attention`] and MLA ([`super::mla`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Core {
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) efficient: bool,
+    /// [`super::tiled_attention`].
+    pub(crate) tiled: bool,
+    /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
+    pub(crate) fused: bool,
+    /// A decoder (causal); the ViT encoder attends everywhere.
+    pub(crate) causal: bool,
+    /// A sliding window (keys per query, itself included); the cache keeps that many.
+    pub(crate) window: Option<usize>,
+}
+
+impl Core {
+    /// The variant flags of `cfg` for `heads` query and `kv_heads` key/value heads.
+    pub(crate) fn new(cfg: &Config, heads: usize, kv_heads: usize) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            efficient: cfg.efficient_attention,
+            tiled: cfg.tiled_attention,
+            fused: cfg.kernels.fused(),
+            causal: cfg.vision.is_none(),
+            window: cfg.llama.and_then(|l| l.sliding_window),
+        }
+    }
+
+    /// Queries `(B, A, S, Dq)` against keys `(B, G, S, Dq)` and values `(B, G, S, Dv)` at the
+    /// same positions: repeated to the query heads, then the tiled, efficient or standard
+    /// attention; the heads merged to `(B, S, A·Dv)`. The scale is `1/√Dq`.
+    pub(crate) fn attend_any(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
+        if self.tiled {
+            let (b, _, s, d) = q.dims4()?;
+            let dv = v.dim(3)?;
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let y = super::tiled_attention::attention(&q, &k, &v, scale, self.causal)?;
+            drop((q, k, v));
+            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+        }
+        if self.efficient {
+            let (b, _, s, d) = q.dims4()?;
+            let dv = v.dim(3)?;
+            // The op takes q, k, v of one shape: narrower values are padded with zeros to
+            // `Dq` and the output cut back (as transformers does for flash attention).
+            let v = if dv < d {
+                let (vb, va, vs, _) = v.dims4()?;
+                let pad = Tensor::zeros((vb, va, vs, d - dv), v.dtype(), v.device())?;
+                let padded = Tensor::cat(&[&v, &pad], 3)?;
+                drop((v, pad));
+                padded
+            } else {
+                v
+            };
+            // A decoder is causal whether or not a mask tensor is passed (fused kernels pass
+            // none).
+            let op = EfficientAttention {
+                scale: (1.0 / (d as f64).sqrt()) as f32,
+                causal: self.causal,
+            };
+            let y = q.apply_op3(&k, &v, op)?;
+            drop((q, k, v));
+            let y = if dv < d {
+                y.narrow(3, 0, dv)?.contiguous()?
+            } else {
+                y
+            };
+            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+        }
+        self.attend(q, k, v, mask)
+    }
+
+    /// `softmax(q·kᵀ/√Dq + mask)·v` with the heads merged back to `(B, S, A·Dv)`; each
+    /// intermediate is freed as soon as the next exists. `k`, `v` at the query heads.
+    ///
+    /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
+    /// (no mask tensor: a single cached query sees every key, a prompt is masked).
+    pub(crate) fn attend(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, _, s, d) = q.dims4()?;
+        let dv = v.dim(3)?;
+        if self.fused {
+            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let probs = kernels::attn_probs(&q, &k, scale, self.causal, self.window)?;
+            drop((q, k));
+            let y = probs.matmul(&v)?;
+            drop((probs, v));
+            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+        }
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = ops::softmax(&scores, D::Minus1)?;
+        drop(scores);
+        let y = probs.matmul(&v)?;
+        drop((probs, v));
+        y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+    }
+
+    /// A cached step's keys and values `(B, G, T, ·)` repeated to the query heads, then the
+    /// standard attention.
+    pub(crate) fn attend_cached(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let group = self.heads / self.kv_heads;
+        let k = llama::repeat_kv(k, group)?;
+        let v = llama::repeat_kv(v, group)?;
+        self.attend(q, k, v, mask)
+    }
+}
+
 /// Multi-head causal self-attention with separate q, k, v, o projections; with `kv_heads` <
 /// `heads` (LLaMA's grouped-query attention) k and v have fewer heads and are repeated before
 /// the scores ([`llama::repeat_kv`]).
@@ -60,18 +213,8 @@ pub struct Attention {
     pub(crate) o: Proj,
     /// Qwen3's RMSNorms of each query and key head (`q_norm`, `k_norm`), before the rotary.
     pub(crate) qk_norm: Option<(Norm, Norm)>,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
-    pub(crate) efficient: bool,
-    /// [`super::tiled_attention`].
-    pub(crate) tiled: bool,
-    /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
-    pub(crate) fused: bool,
-    /// A decoder (causal); the ViT encoder attends everywhere.
-    pub(crate) causal: bool,
-    /// A sliding window (keys per query, itself included); the cache keeps that many.
-    pub(crate) window: Option<usize>,
+    pub(crate) core: Core,
 }
 
 impl Attention {
@@ -90,14 +233,8 @@ impl Attention {
                 )),
                 _ => None,
             },
-            heads: cfg.heads,
-            kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
-            efficient: cfg.efficient_attention,
-            tiled: cfg.tiled_attention,
-            fused: cfg.kernels.fused(),
-            causal: cfg.vision.is_none(),
-            window: cfg.llama.and_then(|l| l.sliding_window),
+            core: Core::new(cfg, cfg.heads, cfg.kv_heads()),
         })
     }
 
@@ -110,37 +247,8 @@ impl Attention {
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
-        self.attend_any(q, k, v, mask)
-    }
-
-    /// Queries `(B, A, S, D)` against keys and values `(B, G, S, D)` at the same positions:
-    /// repeated to the query heads, then the tiled, efficient or standard attention, and `o`.
-    fn attend_any(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let group = self.heads / self.kv_heads;
-        let k = llama::repeat_kv(k, group)?;
-        let v = llama::repeat_kv(v, group)?;
-        if self.tiled {
-            let (b, _, s, d) = q.dims4()?;
-            let scale = (1.0 / (d as f64).sqrt()) as f32;
-            let y = super::tiled_attention::attention(&q, &k, &v, scale, self.causal)?;
-            drop((q, k, v));
-            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
-            return self.o.forward(&y);
-        }
-        if self.efficient {
-            let (b, _, s, d) = q.dims4()?;
-            // A decoder is causal whether or not a mask tensor is passed (fused kernels pass
-            // none).
-            let op = EfficientAttention {
-                scale: (1.0 / (d as f64).sqrt()) as f32,
-                causal: self.causal,
-            };
-            let y = q.apply_op3(&k, &v, op)?;
-            drop((q, k, v));
-            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
-            return self.o.forward(&y);
-        }
-        self.attend(q, k, v, mask)
+        let y = self.core.attend_any(q, k, v, mask)?;
+        self.o.forward(&y)
     }
 
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
@@ -155,17 +263,12 @@ impl Attention {
         let rotate = |t: Tensor| -> Result<Tensor> {
             match rotary {
                 None => Ok(t),
-                Some(r) if self.fused => kernels::rotary(
-                    &t,
-                    &r.cos.narrow(0, r.offset, s)?,
-                    &r.sin.narrow(0, r.offset, s)?,
-                ),
-                Some(r) => llama::apply_rotary(&t, r.cos, r.sin, r.offset),
+                Some(r) => r.apply(&t, self.core.fused),
             }
         };
         let (q, k) = (
-            split(self.q.forward(x)?, self.heads)?,
-            split(self.k.forward(x)?, self.kv_heads)?,
+            split(self.q.forward(x)?, self.core.heads)?,
+            split(self.k.forward(x)?, self.core.kv_heads)?,
         );
         // Qwen3: each head normalised over D (the layout does not change a last-dim norm).
         let (q, k) = match &self.qk_norm {
@@ -174,38 +277,8 @@ impl Attention {
         };
         let q = rotate(q)?;
         let k = rotate(k)?;
-        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let v = split(self.v.forward(x)?, self.core.kv_heads)?;
         Ok((q, k, v))
-    }
-
-    /// `softmax(q·kᵀ/√D + mask)·v` with the heads merged back to `(B, S, A·D)`, through `o`;
-    /// each intermediate is freed as soon as the next exists.
-    ///
-    /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
-    /// (no mask tensor: a single cached query sees every key, a prompt is masked).
-    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let (b, _, s, d) = q.dims4()?;
-        if self.fused {
-            let scale = (1.0 / (d as f64).sqrt()) as f32;
-            let probs = kernels::attn_probs(&q, &k, scale, self.causal, self.window)?;
-            drop((q, k));
-            let y = probs.matmul(&v)?;
-            drop((probs, v));
-            let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
-            return self.o.forward(&y);
-        }
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        drop((q, k));
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
-        };
-        let probs = ops::softmax(&scores, D::Minus1)?;
-        drop(scores);
-        let y = probs.matmul(&v)?;
-        drop((probs, v));
-        let y = y.transpose(1, 2)?.reshape((b, s, self.heads * d))?;
-        self.o.forward(&y)
     }
 
     /// Inference with a key/value cache `(B, G, T, D)` each (at the K/V heads): the new keys
@@ -233,7 +306,7 @@ impl Attention {
         // A sliding window: the cache keeps the last W keys and values (a copy each). A prompt
         // attends to all of its keys (the windowed mask or kernel hides the old ones); a
         // single new token to the kept W, and the longer tensors go.
-        let kept = match self.window {
+        let kept = match self.core.window {
             Some(w) if k.dim(2)? > w => {
                 let t = k.dim(2)?;
                 let kk = k.narrow(2, t - w, w)?.contiguous()?;
@@ -251,16 +324,15 @@ impl Attention {
         *cache = Some(kept);
         // A prompt into an empty cache attends as the training forward does (the tiled or
         // efficient attention when the case asks for it).
-        if first && q.dim(2)? > 1 {
-            return self.attend_any(q, k, v, mask);
-        }
-        let group = self.heads / self.kv_heads;
-        let k = llama::repeat_kv(k, group)?;
-        let v = llama::repeat_kv(v, group)?;
-        self.attend(q, k, v, mask)
+        let y = if first && q.dim(2)? > 1 {
+            self.core.attend_any(q, k, v, mask)?
+        } else {
+            self.core.attend_cached(q, k, v, mask)?
+        };
+        self.o.forward(&y)
     }
 
-    pub(crate) fn projs_mut(&mut self) -> [&mut Proj; 4] {
-        [&mut self.q, &mut self.k, &mut self.v, &mut self.o]
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
     }
 }

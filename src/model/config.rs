@@ -70,8 +70,21 @@ pub struct ProjSpec {
 
 /// The projections of one block, in model order: GPT q, k, v, o `H → H` and fc1 `H → 4H`,
 /// fc2 `4H → H`, all with bias; LLaMA q `H → A·D`, k and v `H → G·D`, o `A·D → H`, gate and
-/// up `H → I`, down `I → H`, with the biases the config names.
+/// up `H → I`, down `I → H`, with the biases the config names; MLA's attention projections
+/// ([`super::mla::projections`]) instead of q, k, v, o. A mixture of experts: one expert's
+/// gate, up, down (width `I`); [`layer_layout`] gives each layer's own.
 pub fn block_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
+    let mut v = attn_projections(hidden, heads, llama);
+    v.extend(mlp_projections(
+        hidden,
+        llama.map_or(4 * hidden, |l| l.intermediate),
+        llama,
+    ));
+    v
+}
+
+/// The attention's projections (GPT, LLaMA: q, k, v, o; MLA: its own).
+pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
     let p = |target, path, inp, out, bias| ProjSpec {
         target,
         path,
@@ -86,20 +99,206 @@ pub fn block_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> 
             p(LoraTarget::K, "attn.k", h, h, true),
             p(LoraTarget::V, "attn.v", h, h, true),
             p(LoraTarget::O, "attn.o", h, h, true),
-            p(LoraTarget::Fc1, "mlp.fc1", h, 4 * h, true),
-            p(LoraTarget::Fc2, "mlp.fc2", 4 * h, h, true),
         ],
-        Some(l) => {
-            let (q, kv, i) = (heads * l.head_dim, l.kv_heads * l.head_dim, l.intermediate);
-            vec![
-                p(LoraTarget::Q, "attn.q", h, q, l.qkv_bias),
-                p(LoraTarget::K, "attn.k", h, kv, l.qkv_bias),
-                p(LoraTarget::V, "attn.v", h, kv, l.qkv_bias),
-                p(LoraTarget::O, "attn.o", q, h, l.o_bias),
-                p(LoraTarget::Gate, "mlp.gate", h, i, l.mlp_bias),
-                p(LoraTarget::Up, "mlp.up", h, i, l.mlp_bias),
-                p(LoraTarget::Down, "mlp.down", i, h, l.mlp_bias),
-            ]
+        Some(l) => match &l.mla {
+            Some(m) => super::mla::projections(h, heads, m, l.o_bias),
+            None => {
+                let (q, kv) = (heads * l.head_dim, l.kv_heads * l.head_dim);
+                vec![
+                    p(LoraTarget::Q, "attn.q", h, q, l.qkv_bias),
+                    p(LoraTarget::K, "attn.k", h, kv, l.qkv_bias),
+                    p(LoraTarget::V, "attn.v", h, kv, l.qkv_bias),
+                    p(LoraTarget::O, "attn.o", q, h, l.o_bias),
+                ]
+            }
+        },
+    }
+}
+
+/// An MLP's projections of width `width`: GPT fc1, fc2 (biased); LLaMA gate, up, down.
+pub fn mlp_projections(hidden: usize, width: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
+    let p = |target, path, inp, out, bias| ProjSpec {
+        target,
+        path,
+        inp,
+        out,
+        bias,
+    };
+    let h = hidden;
+    match llama {
+        None => vec![
+            p(LoraTarget::Fc1, "mlp.fc1", h, width, true),
+            p(LoraTarget::Fc2, "mlp.fc2", width, h, true),
+        ],
+        Some(l) => vec![
+            p(LoraTarget::Gate, "mlp.gate", h, width, l.mlp_bias),
+            p(LoraTarget::Up, "mlp.up", h, width, l.mlp_bias),
+            p(LoraTarget::Down, "mlp.down", width, h, l.mlp_bias),
+        ],
+    }
+}
+
+/// The MLP of one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MlpLayout {
+    /// GPT's or a dense SwiGLU: its projections.
+    Dense(Vec<ProjSpec>),
+    /// A mixture of experts: one routed expert's projections (there are `shape.experts`) and
+    /// the shared experts' (empty without).
+    Moe {
+        shape: super::moe::MoeShape,
+        expert: Vec<ProjSpec>,
+        shared: Vec<ProjSpec>,
+    },
+}
+
+/// One layer's parts: its attention's projections and its MLP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerLayout {
+    pub attn: Vec<ProjSpec>,
+    pub mlp: MlpLayout,
+}
+
+/// Layer `layer`'s layout: dense or mixture-of-experts MLP ([`super::moe::MoeShape::sparse`]),
+/// at the widths the config gives.
+pub fn layer_layout(
+    hidden: usize,
+    heads: usize,
+    llama: Option<&Llama>,
+    layer: usize,
+) -> LayerLayout {
+    let attn = attn_projections(hidden, heads, llama);
+    let mlp = match llama.and_then(|l| l.moe.map(|m| (l, m))) {
+        Some((l, m)) if m.sparse(layer) => MlpLayout::Moe {
+            shape: m,
+            expert: mlp_projections(hidden, l.intermediate, llama),
+            shared: if m.shared > 0 {
+                mlp_projections(hidden, m.shared, llama)
+            } else {
+                Vec::new()
+            },
+        },
+        Some((_, m)) => MlpLayout::Dense(mlp_projections(hidden, m.dense_width, llama)),
+        None => MlpLayout::Dense(mlp_projections(
+            hidden,
+            llama.map_or(4 * hidden, |l| l.intermediate),
+            llama,
+        )),
+    };
+    LayerLayout { attn, mlp }
+}
+
+/// One parameter tensor of a block, in the order the model creates them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BlockTensor {
+    /// A norm's weight (LayerNorm: and its bias) of `size`, at `path` under the block.
+    Norm { path: String, size: usize },
+    /// A projection (its weight, bias and LoRA adapter as `spec` says), at `path`.
+    Proj { path: String, spec: ProjSpec },
+    /// A plain bias-free linear without adapter (a router `H → E`, a shared-expert gate
+    /// `H → 1`).
+    Linear {
+        path: String,
+        inp: usize,
+        out: usize,
+    },
+}
+
+/// The tensors of block `layer` in creation order: `ln1`; the attention (q, k, v, o and
+/// Qwen3's `q_norm`, `k_norm`; MLA: `q_a`, `q_a_norm`, `q_b` or `q`, then `kv_a`,
+/// `kv_a_norm`, `kv_b`, `o`); `ln2`; the MLP (dense: its projections; a mixture: the router,
+/// each expert's projections, the shared experts', the shared gate). Paths are under `h.{i}`.
+pub fn block_tensors(
+    hidden: usize,
+    heads: usize,
+    llama: Option<&Llama>,
+    layer: usize,
+) -> Vec<BlockTensor> {
+    let lay = layer_layout(hidden, heads, llama, layer);
+    let proj = |spec: &ProjSpec, prefix: &str| BlockTensor::Proj {
+        path: format!("{prefix}{}", spec.path),
+        spec: *spec,
+    };
+    let norm = |path: &str, size| BlockTensor::Norm {
+        path: path.to_string(),
+        size,
+    };
+    let mut v = vec![norm("ln1", hidden)];
+    match llama.and_then(|l| l.mla.as_ref()) {
+        Some(m) => {
+            let q_lora = usize::from(m.q_lora_rank.is_some());
+            for (i, spec) in lay.attn.iter().enumerate() {
+                v.push(proj(spec, ""));
+                match (i, m.q_lora_rank) {
+                    (0, Some(r)) => v.push(norm("attn.q_a_norm", r)),
+                    (i, _) if i == q_lora + 1 => v.push(norm("attn.kv_a_norm", m.kv_lora_rank)),
+                    _ => {}
+                }
+            }
+        }
+        None => {
+            v.extend(lay.attn.iter().map(|s| proj(s, "")));
+            if let Some(l) = llama.filter(|l| l.qk_norm) {
+                v.extend([
+                    norm("attn.q_norm", l.head_dim),
+                    norm("attn.k_norm", l.head_dim),
+                ]);
+            }
+        }
+    }
+    v.push(norm("ln2", hidden));
+    match &lay.mlp {
+        MlpLayout::Dense(p) => v.extend(p.iter().map(|s| proj(s, ""))),
+        MlpLayout::Moe {
+            shape,
+            expert,
+            shared,
+        } => {
+            v.push(BlockTensor::Linear {
+                path: "mlp.router".into(),
+                inp: hidden,
+                out: shape.experts,
+            });
+            for e in 0..shape.experts {
+                for s in expert {
+                    v.push(BlockTensor::Proj {
+                        path: s.path.replacen("mlp.", &format!("mlp.experts.{e}."), 1),
+                        spec: *s,
+                    });
+                }
+            }
+            for s in shared {
+                v.push(BlockTensor::Proj {
+                    path: s.path.replacen("mlp.", "mlp.shared.", 1),
+                    spec: *s,
+                });
+            }
+            if !shared.is_empty() && shape.shared_gate {
+                v.push(BlockTensor::Linear {
+                    path: "mlp.shared_gate".into(),
+                    inp: hidden,
+                    out: 1,
+                });
+            }
+        }
+    }
+    v
+}
+
+impl BlockTensor {
+    /// Elements of the parameter tensors it makes (no LoRA adapters), in creation order:
+    /// weight then bias; a LayerNorm (`layer_norm`) weight then bias.
+    pub fn param_sizes(&self, layer_norm: bool) -> Vec<u64> {
+        match self {
+            BlockTensor::Norm { size, .. } => vec![*size as u64; 1 + usize::from(layer_norm)],
+            BlockTensor::Proj { spec, .. } => {
+                let mut v = vec![(spec.inp * spec.out) as u64];
+                if spec.bias {
+                    v.push(spec.out as u64);
+                }
+                v
+            }
+            BlockTensor::Linear { inp, out, .. } => vec![(inp * out) as u64],
         }
     }
 }
@@ -195,6 +394,11 @@ impl Config {
         self.llama.map_or(self.hidden / self.heads, |l| l.head_dim)
     }
 
+    /// Layer `layer`'s layout ([`layer_layout`]).
+    pub fn layer_layout(&self, layer: usize) -> LayerLayout {
+        layer_layout(self.hidden, self.heads, self.llama.as_ref(), layer)
+    }
+
     /// The projections of one block ([`block_projections`]).
     pub fn projections(&self) -> Vec<ProjSpec> {
         block_projections(self.hidden, self.heads, self.llama.as_ref())
@@ -222,27 +426,17 @@ impl Config {
         }
     }
 
-    /// Exact parameter count (see the module docs, [`super::vit`]'s and [`super::llama`]'s).
+    /// The tensors of block `layer` ([`block_tensors`]).
+    pub fn block_tensors(&self, layer: usize) -> Vec<BlockTensor> {
+        block_tensors(self.hidden, self.heads, self.llama.as_ref(), layer)
+    }
+
+    /// Exact parameter count (see the module docs, [`super::vit`]'s, [`super::llama`]'s,
+    /// [`super::moe`]'s and [`super::mla`]'s): outside the blocks, then each block's tensors
+    /// ([`block_tensors`]), plus the LoRA adapters.
     pub fn params(&self) -> u64 {
-        let (v, h, l, s) = (
-            self.vocab as u64,
-            self.hidden as u64,
-            self.layers as u64,
-            self.max_seq as u64,
-        );
+        let (v, h, s) = (self.vocab as u64, self.hidden as u64, self.max_seq as u64);
         let head = if self.tied { 0 } else { v * h };
-        let proj = |p: &ProjSpec| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64;
-        let projs = self.projections();
-        // A mixture of experts: E copies of the MLP projections and the router `H·E`.
-        let block: u64 = match self.llama.and_then(|l| l.moe) {
-            None => projs.iter().map(proj).sum::<u64>(),
-            Some(m) => {
-                let e = m.experts as u64;
-                projs[..4].iter().map(proj).sum::<u64>()
-                    + e * projs[4..].iter().map(proj).sum::<u64>()
-                    + h * e
-            }
-        } + self.norm_params();
         let outside = match (self.vision, self.llama) {
             // Token table, position table, final LayerNorm, head.
             (None, None) => v * h + s * h + 2 * h + head,
@@ -252,68 +446,77 @@ impl Config {
             // Token table, final RMSNorm, head.
             (None, Some(_)) => v * h + h + head,
         };
-        outside + l * block + self.lora_params()
+        let layer_norm = self.llama.is_none();
+        let blocks: u64 = (0..self.layers)
+            .flat_map(|i| self.block_tensors(i))
+            .flat_map(|t| t.param_sizes(layer_norm))
+            .sum();
+        outside + blocks + self.lora_params()
     }
 
-    /// Parameters a token uses (a mixture of experts: the router and its `k` experts of each
-    /// layer, not all `E`); the parameter count otherwise.
+    /// Parameters a token uses: a mixture of experts' router, shared experts and `k` of its
+    /// `E` routed experts in each sparse layer, everything else; the parameter count otherwise.
     pub fn active_params(&self) -> u64 {
-        match self.llama.and_then(|l| l.moe) {
-            None => self.params(),
-            Some(m) => {
-                let mlp: u64 = self.projections()[4..]
-                    .iter()
-                    .map(|p| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64)
-                    .sum();
-                self.params() - self.layers as u64 * (m.experts - m.top_k) as u64 * mlp
-            }
-        }
+        let idle: u64 = (0..self.layers)
+            .map(
+                |i| match layer_layout(self.hidden, self.heads, self.llama.as_ref(), i).mlp {
+                    MlpLayout::Moe { shape, expert, .. } => {
+                        let one: u64 = expert
+                            .iter()
+                            .map(|p| (p.inp * p.out + if p.bias { p.out } else { 0 }) as u64)
+                            .sum();
+                        (shape.experts - shape.top_k) as u64 * one
+                    }
+                    MlpLayout::Dense(_) => 0,
+                },
+            )
+            .sum();
+        self.params() - idle
     }
 
-    /// Parameters of a block's norms: LayerNorm weight and bias `4H`, RMSNorm weight `2H`
-    /// (and Qwen3's q/k norms `2D`).
-    fn norm_params(&self) -> u64 {
-        let h = self.hidden as u64;
-        match self.llama {
-            None => 4 * h,
-            Some(l) if l.qk_norm => 2 * h + 2 * l.head_dim as u64,
-            Some(_) => 2 * h,
-        }
+    /// Projections of every block, with the layer they are in (experts' once per expert).
+    pub fn all_projections(&self) -> Vec<(usize, String, ProjSpec)> {
+        (0..self.layers)
+            .flat_map(|i| {
+                self.block_tensors(i)
+                    .into_iter()
+                    .filter_map(move |t| match t {
+                        BlockTensor::Proj { path, spec } => Some((i, path, spec)),
+                        _ => None,
+                    })
+            })
+            .collect()
     }
 
-    /// Parameters of the LoRA adapters: `L · Σ_targets r·(in + out)`.
+    /// Parameters of the LoRA adapters: `Σ_layers Σ_targets r·(in + out)`.
     pub fn lora_params(&self) -> u64 {
         if self.lora_rank == 0 {
             return 0;
         }
         let r = self.lora_rank as u64;
-        let per_layer: u64 = self
-            .projections()
+        self.all_projections()
             .iter()
-            .filter(|p| self.lora_targets.contains(&p.target))
-            .map(|p| r * (p.inp + p.out) as u64)
-            .sum();
-        self.layers as u64 * per_layer
+            .filter(|(_, _, p)| self.lora_targets.contains(&p.target))
+            .map(|(_, _, p)| r * (p.inp + p.out) as u64)
+            .sum()
     }
 
     /// Number of parameter tensors (each costs a little allocator metadata).
     pub fn param_tensors(&self) -> u64 {
-        // GPT: wte, wpe, lnf (2), head; per block: ln1 2, q/k/v/o 8, ln2 2, fc1 2, fc2 2. ViT:
-        // patch (2), cls, wpe, lnf (2), head (2). LLaMA: wte, ln_f, head; per block two norms
-        // and the projections' weights and biases.
+        // GPT: wte, wpe, lnf (2), head; ViT: patch (2), cls, wpe, lnf (2), head (2). LLaMA:
+        // wte, ln_f, head; then each block's tensors.
         let tied = u64::from(self.tied);
-        let per_block = self
-            .projections()
-            .iter()
-            .map(|p| 1 + u64::from(p.bias))
-            .sum::<u64>()
-            + if self.llama.is_some() { 2 } else { 4 };
         let outside = match (self.vision, self.llama) {
             (Some(_), _) => 8,
             (None, None) => 5 - tied,
             (None, Some(_)) => 3 - tied,
         };
-        outside + per_block * self.layers as u64
+        let layer_norm = self.llama.is_none();
+        outside
+            + (0..self.layers)
+                .flat_map(|i| self.block_tensors(i))
+                .map(|t| t.param_sizes(layer_norm).len() as u64)
+                .sum::<u64>()
     }
 
     /// The model's sequence for an input of `seq` tokens: ViT's is fixed by its image.

@@ -30,7 +30,8 @@ use serde_json::{Map, Value};
 
 use super::ModelKind;
 use super::llama::Llama;
-use super::moe::MoeShape;
+use super::mla::MlaShape;
+use super::moe::{Factor, GroupLimit, MoeShape, Scoring};
 use super::transformer::Config;
 use super::vit;
 use crate::device::ElemType;
@@ -48,7 +49,53 @@ pub const MOE_FIELDS: &[&str] = &[
 ];
 
 /// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, gpt2, vit";
+pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, \
+     deepseek_v2, deepseek_v3, gpt2, vit";
+
+/// Model types refused by name, with what memfit lacks to build them exactly.
+const REFUSED_TYPES: &[(&str, &str)] = &[
+    (
+        "gpt_oss",
+        "gpt-oss needs attention sinks, biased experts with a clamped SwiGLU and alternating \
+         sliding layers (layer_types), which memfit does not build yet",
+    ),
+    (
+        "gemma3",
+        "Gemma 3 needs per-layer windows (layer_types), a second rotary base for local layers, \
+         four norms per block and a scaled embedding, which memfit does not build yet",
+    ),
+    (
+        "gemma3_text",
+        "Gemma 3 needs per-layer windows (layer_types), a second rotary base for local layers, \
+         four norms per block and a scaled embedding, which memfit does not build yet",
+    ),
+];
+
+/// The LLaMA-family types.
+const LLAMA_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+];
+
+/// The mixture-of-experts types.
+const MOE_TYPES: &[&str] = &[
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+];
+
+/// The `rope_scaling` types accepted: each changes the rotary angles, none the tables' sizes
+/// (`S_max × D/2`), which is what memory sees; memfit computes the default angles.
+const ROPE_TYPES: &[&str] = &["default", "linear", "dynamic", "yarn", "longrope", "llama3"];
 
 /// What a config file gives.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,14 +229,23 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
         .str_opt("model_type")?
         .ok_or_else(|| f.missing("model_type", MODEL_TYPES))?
         .to_string();
-    let moe_type = matches!(model_type.as_str(), "mixtral" | "qwen3_moe");
+    if let Some((_, why)) = REFUSED_TYPES.iter().find(|(t, _)| *t == model_type) {
+        return Err(f.bad(
+            "model_type",
+            &Value::from(model_type.as_str()),
+            why,
+            MODEL_TYPES,
+        ));
+    }
+    let moe_type = MOE_TYPES.contains(&model_type.as_str());
     for field in MOE_FIELDS.iter().filter(|_| !moe_type) {
         if let Some(v) = f.get(field) {
             return Err(f.bad(
                 field,
                 v,
                 "a mixture-of-experts field in a dense model type",
-                "a config without it, or model_type mixtral or qwen3_moe",
+                "a config without it, or a mixture-of-experts model_type (mixtral, qwen2_moe, \
+                 qwen3_moe, deepseek_v2, deepseek_v3)",
             ));
         }
     }
@@ -208,9 +264,7 @@ pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
         }
     };
     let (kind, cfg, sliding_window) = match model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen3_moe" => {
-            llama_config(&f, &model_type)?
-        }
+        t if LLAMA_TYPES.contains(&t) => llama_config(&f, &model_type)?,
         "gpt2" => (ModelKind::Gpt, gpt2_config(&f)?, None),
         "vit" => (ModelKind::Vit, vit_config(&f)?, None),
         other => {
@@ -238,12 +292,14 @@ fn llama_config(
     model_type: &str,
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
     f.require("hidden_act", &["silu"])?;
+    rope_scaling(f)?;
     let hidden = f.size("hidden_size", MAX_SIZE)?;
-    // A mixture of experts: every layer's MLP is E experts of `moe_intermediate_size`
-    // (Mixtral: `intermediate_size`).
+    let deepseek = model_type.starts_with("deepseek");
+    // A mixture of experts: the experts are `moe_intermediate_size` wide (Mixtral:
+    // `intermediate_size`), dense layers `intermediate_size`.
     let moe = moe_shape(f, model_type)?;
-    let intermediate = match model_type {
-        "qwen3_moe" => f.size("moe_intermediate_size", MAX_SIZE)?,
+    let intermediate = match moe {
+        Some(_) if model_type != "mixtral" => f.size("moe_intermediate_size", MAX_SIZE)?,
         _ => f.size("intermediate_size", MAX_SIZE)?,
     };
     let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
@@ -261,10 +317,17 @@ fn llama_config(
             "a divisor of num_attention_heads",
         ));
     }
-    let head_dim = match f.size_opt("head_dim", MAX_SIZE)? {
-        Some(d) => d,
-        None if hidden % heads == 0 => hidden / heads,
-        None => {
+    let mla = if deepseek {
+        Some(mla_shape(f, model_type)?)
+    } else {
+        None
+    };
+    let head_dim = match (mla, f.size_opt("head_dim", MAX_SIZE)?) {
+        // MLA: the rotary part's width, as transformers sets `head_dim`.
+        (Some(m), _) => m.qk_rope_head_dim,
+        (None, Some(d)) => d,
+        (None, None) if hidden % heads == 0 => hidden / heads,
+        (None, None) => {
             return Err(f.missing(
                 "head_dim",
                 &format!("given when hidden_size = {hidden} is not a multiple of num_attention_heads = {heads}"),
@@ -272,25 +335,84 @@ fn llama_config(
         }
     };
     if head_dim % 2 != 0 {
+        let field = if mla.is_some() {
+            "qk_rope_head_dim"
+        } else {
+            "head_dim"
+        };
         return Err(f.bad(
-            "head_dim",
+            field,
             &Value::from(head_dim),
             "the rotary embedding rotates pairs",
-            "an even head_dim",
+            "an even number",
         ));
     }
-    // Qwen2: biases on q, k, v always (its config has no `attention_bias`); Qwen3: none by
-    // default, q/k norms.
-    let qwen = model_type == "qwen2";
-    let attention_bias = if qwen {
+    // Qwen2 (and Qwen2-MoE): biases on q, k, v always (its config has no `attention_bias`);
+    // Qwen3: none by default, q/k norms.
+    let qwen2 = matches!(model_type, "qwen2" | "qwen2_moe");
+    let attention_bias = if qwen2 {
         false
     } else {
         f.bool_or("attention_bias", false)?
     };
-    let sliding_window = match model_type {
+    let sliding_window = sliding_window(f, model_type, layers)?;
+    let llama = Llama {
+        intermediate,
+        kv_heads,
+        head_dim,
+        qkv_bias: qwen2 || attention_bias,
+        o_bias: attention_bias,
+        mlp_bias: f.bool_or("mlp_bias", false)?,
+        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
+        moe,
+        sliding_window,
+        mla,
+    };
+    let mut cfg = Config::llama(
+        vocab,
+        hidden,
+        heads,
+        layers,
+        max_seq,
+        llama,
+        f.bool_or("tie_word_embeddings", false)?,
+    );
+    cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
+    cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
+    Ok((ModelKind::Llama, cfg, sliding_window))
+}
+
+/// `rope_scaling`: null, or an object whose `rope_type` (or `type`) is one of [`ROPE_TYPES`].
+fn rope_scaling(f: &Fields) -> Result<(), UserError> {
+    let Some(v) = f.get("rope_scaling") else {
+        return Ok(());
+    };
+    let allowed = format!(
+        "null, or an object with rope_type one of {}",
+        ROPE_TYPES.join(", ")
+    );
+    let Value::Object(m) = v else {
+        return Err(f.bad("rope_scaling", v, "not an object", &allowed));
+    };
+    match m
+        .get("rope_type")
+        .or_else(|| m.get("type"))
+        .and_then(Value::as_str)
+    {
+        Some(t) if ROPE_TYPES.contains(&t) => Ok(()),
+        _ => Err(f.bad("rope_scaling", v, "unknown rope_type", &allowed)),
+    }
+}
+
+/// The attention window every layer uses, if any: `sliding_window` in mistral and mixtral;
+/// in Qwen's types when `use_sliding_window`, the layers from `max_window_layers` on (all or
+/// none are modelled); `layer_types` all `sliding_attention` or all `full_attention`.
+fn sliding_window(f: &Fields, model_type: &str, layers: usize) -> Result<Option<usize>, UserError> {
+    let window = match model_type {
         "mistral" | "mixtral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
-        // Qwen: layers from `max_window_layers` on slide; all or none are modelled.
-        "qwen2" | "qwen3" | "qwen3_moe" if f.bool_or("use_sliding_window", false)? => {
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
+            if f.bool_or("use_sliding_window", false)? =>
+        {
             let from = match f.get("max_window_layers") {
                 None => 0,
                 Some(v) => v.as_u64().ok_or_else(|| {
@@ -314,67 +436,215 @@ fn llama_config(
         }
         _ => None,
     };
-    let llama = Llama {
-        intermediate,
-        kv_heads,
-        head_dim,
-        qkv_bias: qwen || attention_bias,
-        o_bias: attention_bias,
-        mlp_bias: f.bool_or("mlp_bias", false)?,
-        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
-        moe,
-        sliding_window,
-    };
-    let mut cfg = Config::llama(
-        vocab,
-        hidden,
-        heads,
-        layers,
-        max_seq,
-        llama,
-        f.bool_or("tie_word_embeddings", false)?,
-    );
-    cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
-    cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
-    Ok((ModelKind::Llama, cfg, sliding_window))
-}
-
-/// The mixture of experts of `mixtral` (`num_local_experts`, `num_experts_per_tok`, always
-/// renormalised) and `qwen3_moe` (`num_experts`, `num_experts_per_tok`, `norm_topk_prob`;
-/// every layer sparse: `decoder_sparse_step` 1 and no `mlp_only_layers`, else refused).
-fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError> {
-    let max = super::limits::MAX_EXPERTS;
-    let (experts, norm_topk) = match model_type {
-        "mixtral" => (f.size("num_local_experts", max)?, true),
-        "qwen3_moe" => {
-            let step = f.size_opt("decoder_sparse_step", super::limits::MAX_LAYERS)?;
-            if let (Some(v), Some(s)) = (f.get("decoder_sparse_step"), step)
-                && s != 1
-            {
+    // transformers ≥ 4.53 writes `layer_types`; per-layer alternation is not built yet.
+    if let Some(v) = f.get("layer_types") {
+        let types: Option<Vec<&str>> = v
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect());
+        let allowed = "every entry full_attention, or every entry sliding_attention";
+        match types.as_deref() {
+            Some(t) if t.len() == layers && t.iter().all(|x| *x == "full_attention") => {
+                if window.is_some() {
+                    return Err(f.bad(
+                        "layer_types",
+                        v,
+                        "full attention in every layer, but the config has a sliding window",
+                        allowed,
+                    ));
+                }
+            }
+            Some(t) if t.len() == layers && t.iter().all(|x| *x == "sliding_attention") => {
+                if window.is_none() {
+                    return Err(f.bad(
+                        "layer_types",
+                        v,
+                        "sliding layers without a sliding_window",
+                        allowed,
+                    ));
+                }
+            }
+            _ => {
                 return Err(f.bad(
-                    "decoder_sparse_step",
+                    "layer_types",
                     v,
-                    "dense layers between sparse ones are not modelled yet",
-                    "1",
+                    &format!("full and sliding layers mixed (or not {layers} entries): per-layer windows are not built yet"),
+                    allowed,
                 ));
             }
+        }
+    }
+    Ok(window)
+}
+
+/// DeepSeek's multi-head latent attention: `q_lora_rank` (null: one q projection),
+/// `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; DeepSeek-V3's
+/// `rope_interleave` must be true (its default).
+fn mla_shape(f: &Fields, model_type: &str) -> Result<MlaShape, UserError> {
+    if model_type == "deepseek_v3" && !f.bool_or("rope_interleave", true)? {
+        return Err(f.bad(
+            "rope_interleave",
+            &Value::from(false),
+            "memfit's MLA rotates interleaved pairs (DeepSeek-V2's and V3's default)",
+            "true",
+        ));
+    }
+    Ok(MlaShape {
+        q_lora_rank: f.size_opt("q_lora_rank", MAX_SIZE)?,
+        kv_lora_rank: f.size("kv_lora_rank", MAX_SIZE)?,
+        qk_nope_head_dim: f.size("qk_nope_head_dim", MAX_SIZE)?,
+        qk_rope_head_dim: f.size("qk_rope_head_dim", MAX_SIZE)?,
+        v_head_dim: f.size("v_head_dim", MAX_SIZE)?,
+    })
+}
+
+/// A non-negative integer (default `default`).
+fn count_or(f: &Fields, field: &str, default: usize) -> Result<usize, UserError> {
+    match f.get(field) {
+        None => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| f.bad(field, v, "not an integer ≥ 0", "an integer ≥ 0")),
+    }
+}
+
+/// A positive number (default `default`).
+fn factor_or(f: &Fields, field: &str, default: f64) -> Result<f64, UserError> {
+    f.float_or(field, default)
+}
+
+/// The mixture of experts of each type:
+/// - `mixtral`: `num_local_experts`, `num_experts_per_tok`, always renormalised;
+/// - `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `norm_topk_prob`
+///   (default false), `decoder_sparse_step` (default 1), `mlp_only_layers` (must be empty);
+///   Qwen2-MoE's shared expert of `shared_expert_intermediate_size` with its sigmoid gate;
+/// - `deepseek_v2`, `deepseek_v3`: `n_routed_experts` (null: a dense model),
+///   `num_experts_per_tok`, `n_shared_experts` × `moe_intermediate_size` shared,
+///   `first_k_dense_replace` dense layers first (`moe_layer_freq` must be 1),
+///   `routed_scaling_factor`, `norm_topk_prob`; V2's `topk_method` greedy or
+///   group_limited_greedy (softmax scores; `n_group`, `topk_group`), V3's noaux_tc (sigmoid
+///   scores, the correction bias, groups ranked by their two best).
+///
+/// The routers' auxiliary loss is refused where a config asks for it in training
+/// (`output_router_logits`), not ignored: memfit does not build it yet.
+fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError> {
+    let max = super::limits::MAX_EXPERTS;
+    if f.bool_or("output_router_logits", false)? {
+        return Err(f.bad(
+            "output_router_logits",
+            &Value::from(true),
+            "the routers' auxiliary loss is not built yet",
+            "false",
+        ));
+    }
+    let dense_width = || f.size("intermediate_size", MAX_SIZE);
+    let mut shape = match model_type {
+        "mixtral" => MoeShape::plain(f.size("num_local_experts", max)?, 0, true),
+        "qwen2_moe" | "qwen3_moe" => {
             if let Some(v) = f.get("mlp_only_layers")
                 && v.as_array().is_none_or(|a| !a.is_empty())
             {
                 return Err(f.bad(
                     "mlp_only_layers",
                     v,
-                    "dense layers between sparse ones are not modelled yet",
-                    "[]",
+                    "dense layers at listed positions are not modelled yet",
+                    "[] (decoder_sparse_step places dense layers)",
                 ));
             }
-            (
+            let mut m = MoeShape::plain(
                 f.size("num_experts", max)?,
+                0,
                 f.bool_or("norm_topk_prob", false)?,
-            )
+            );
+            m.sparse_step = f
+                .size_opt("decoder_sparse_step", super::limits::MAX_LAYERS)?
+                .unwrap_or(1);
+            if m.sparse_step > 1 {
+                m.dense_width = dense_width()?;
+            }
+            if model_type == "qwen2_moe" {
+                m.shared = count_or(f, "shared_expert_intermediate_size", 0)?;
+                m.shared_gate = m.shared > 0;
+            }
+            m
+        }
+        "deepseek_v2" | "deepseek_v3" => {
+            let Some(experts) = f.size_opt("n_routed_experts", max)? else {
+                return Ok(None);
+            };
+            if let Some(v) = f.get("moe_layer_freq")
+                && v.as_u64() != Some(1)
+            {
+                return Err(f.bad(
+                    "moe_layer_freq",
+                    v,
+                    "dense layers between sparse ones are not modelled yet",
+                    "1",
+                ));
+            }
+            let v3 = model_type == "deepseek_v3";
+            let mut m = MoeShape::plain(experts, 0, f.bool_or("norm_topk_prob", v3)?);
+            m.routed_scale = Factor(factor_or(
+                f,
+                "routed_scaling_factor",
+                if v3 { 2.5 } else { 1.0 },
+            )?);
+            m.first_dense = count_or(f, "first_k_dense_replace", 0)?;
+            if m.first_dense > 0 {
+                m.dense_width = dense_width()?;
+            }
+            m.shared =
+                count_or(f, "n_shared_experts", 0)? * f.size("moe_intermediate_size", MAX_SIZE)?;
+            let method =
+                f.str_opt("topk_method")?
+                    .unwrap_or(if v3 { "noaux_tc" } else { "greedy" });
+            let groups = |m: &MoeShape, top2_sum| -> Result<GroupLimit, UserError> {
+                let groups = f
+                    .size_opt("n_group", max)?
+                    .unwrap_or(if v3 { 8 } else { 1 });
+                let top_groups = f
+                    .size_opt("topk_group", max)?
+                    .unwrap_or(if v3 { 4 } else { 1 });
+                if m.experts % groups != 0 || top_groups > groups {
+                    return Err(f.bad(
+                        "n_group",
+                        &Value::from(groups),
+                        &format!("does not divide the {} experts, or topk_group = {top_groups} exceeds it", m.experts),
+                        "a divisor of n_routed_experts, ≥ topk_group",
+                    ));
+                }
+                Ok(GroupLimit {
+                    groups,
+                    top_groups,
+                    top2_sum,
+                })
+            };
+            match (v3, method) {
+                (false, "greedy") => {}
+                (false, "group_limited_greedy") => m.group = Some(groups(&m, false)?),
+                (true, "noaux_tc") => {
+                    m.scoring = Scoring::Sigmoid;
+                    m.correction_bias = true;
+                    m.group = Some(groups(&m, true)?);
+                }
+                (_, other) => {
+                    return Err(f.bad(
+                        "topk_method",
+                        &Value::from(other),
+                        "not the routing transformers builds for this model type",
+                        if v3 {
+                            "noaux_tc"
+                        } else {
+                            "greedy, group_limited_greedy"
+                        },
+                    ));
+                }
+            }
+            m
         }
         _ => return Ok(None),
     };
+    let experts = shape.experts;
     let top_k = f.size("num_experts_per_tok", max)?;
     if top_k > experts {
         return Err(f.bad(
@@ -384,11 +654,22 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             &format!("1..={experts}"),
         ));
     }
-    Ok(Some(MoeShape {
-        experts,
-        top_k,
-        norm_topk,
-    }))
+    if let Some(g) = shape.group
+        && top_k > g.top_groups * (experts / g.groups)
+    {
+        return Err(f.bad(
+            "num_experts_per_tok",
+            &Value::from(top_k),
+            &format!(
+                "more than the {} experts of the topk_group = {} groups",
+                g.top_groups * (experts / g.groups),
+                g.top_groups
+            ),
+            "≤ topk_group · n_routed_experts / n_group",
+        ));
+    }
+    shape.top_k = top_k;
+    Ok(Some(shape))
 }
 
 fn gpt2_config(f: &Fields) -> Result<Config, UserError> {

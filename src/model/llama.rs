@@ -74,6 +74,10 @@ pub struct Llama {
     /// keys `i − W + 1 ..= i`, and the KV cache keeps the last `W` tokens.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Multi-head latent attention instead of q, k, v ([`super::mla`]; DeepSeek). `head_dim`
+    /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
+    #[serde(default)]
+    pub mla: Option<super::mla::MlaShape>,
 }
 
 impl Llama {
@@ -147,6 +151,7 @@ pub fn tiny() -> Config {
             qk_norm: false,
             moe: None,
             sliding_window: None,
+            mla: None,
         },
         false,
     )

@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::kernels;
 use super::moe::Moe;
-use super::transformer::{Config, Proj, ProjSpec};
+use super::transformer::{Config, MlpLayout, Proj, ProjSpec};
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).
@@ -46,16 +46,22 @@ impl Mlp {
         })
     }
 
-    /// The MLP of block `layer`: a mixture of experts when the config has one.
+    /// The MLP of block `layer` as its layout says: dense, or a mixture of experts.
     pub(crate) fn for_block(
         cfg: &Config,
         layer: usize,
-        projs: &[ProjSpec],
+        layout: &MlpLayout,
         vb: VarBuilder,
     ) -> Result<Self> {
-        match cfg.llama.and_then(|l| l.moe) {
-            Some(shape) => Ok(Mlp::Moe(Box::new(Moe::new(cfg, shape, layer, projs, vb)?))),
-            None => Mlp::new(cfg, projs, vb),
+        match layout {
+            MlpLayout::Moe {
+                shape,
+                expert,
+                shared,
+            } => Ok(Mlp::Moe(Box::new(Moe::new(
+                cfg, *shape, layer, expert, shared, vb,
+            )?))),
+            MlpLayout::Dense(projs) => Mlp::new(cfg, projs, vb),
         }
     }
 
@@ -63,7 +69,16 @@ impl Mlp {
         match self {
             Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
             Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
-            Mlp::Moe(m) => m.experts.iter_mut().flat_map(|e| e.projs_mut()).collect(),
+            Mlp::Moe(m) => {
+                let Moe {
+                    experts, shared, ..
+                } = &mut **m;
+                experts
+                    .iter_mut()
+                    .chain(shared.iter_mut())
+                    .flat_map(|e| e.projs_mut())
+                    .collect()
+            }
         }
     }
 
@@ -97,6 +112,18 @@ impl Mlp {
                     .iter()
                     .map(|e| e.map(base, adapter))
                     .collect::<Result<Vec<_>>>()?,
+                shared: m
+                    .shared
+                    .as_ref()
+                    .map(|e| e.map(base, adapter))
+                    .transpose()?,
+                shared_gate: m
+                    .shared_gate
+                    .as_ref()
+                    .map(|g| {
+                        Ok::<_, candle_core::Error>(candle_nn::Linear::new(base(g.weight())?, None))
+                    })
+                    .transpose()?,
                 shape: m.shape,
                 layer: m.layer,
             })),

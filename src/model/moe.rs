@@ -29,16 +29,121 @@ use serde::{Deserialize, Serialize};
 use super::mlp::Mlp;
 use super::transformer::{Config, ProjSpec};
 
+/// How the router turns its logits into scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// Softmax over the experts (Mixtral, Qwen, DeepSeek-V2).
+    #[default]
+    Softmax,
+    /// A sigmoid per expert (DeepSeek-V3), composed `1 / (1 + exp(−x))`.
+    Sigmoid,
+}
+
+/// Group-limited routing (DeepSeek): the experts in `groups` equal groups, each token first
+/// picks its `top_groups` best groups (by their best score, or the sum of their two best with
+/// `top2_sum`), then its `k` experts among those. Host-side: no device memory of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupLimit {
+    pub groups: usize,
+    pub top_groups: usize,
+    pub top2_sum: bool,
+}
+
+/// A multiplier on the routed experts' weights (`routed_scaling_factor`), compared by its bits.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Factor(pub f64);
+
+impl PartialEq for Factor {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+impl Eq for Factor {}
+impl std::hash::Hash for Factor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state)
+    }
+}
+impl Default for Factor {
+    fn default() -> Self {
+        Factor(1.0)
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
 /// What makes a LLaMA-family MLP a mixture of experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MoeShape {
-    /// Routed experts `E` (`num_local_experts`, `num_experts`).
+    /// Routed experts `E` (`num_local_experts`, `num_experts`, `n_routed_experts`).
     pub experts: usize,
     /// Experts per token `k` (`num_experts_per_tok`).
     pub top_k: usize,
-    /// Renormalise the `k` selected probabilities to sum to 1 (Mixtral always;
-    /// `norm_topk_prob` in Qwen's configs).
+    /// Renormalise the `k` selected weights to sum to 1 (Mixtral always; `norm_topk_prob`
+    /// in Qwen's and DeepSeek's configs; DeepSeek adds 1e-20 to the sum).
     pub norm_topk: bool,
+    /// Softmax or sigmoid scores.
+    #[serde(default)]
+    pub scoring: Scoring,
+    /// Group-limited routing (DeepSeek's `group_limited_greedy`, `noaux_tc`).
+    #[serde(default)]
+    pub group: Option<GroupLimit>,
+    /// DeepSeek-V3's `e_score_correction_bias`: added to the scores for the choice only (not
+    /// to the weights). Kept on the host beside the routing (`E` f32 a layer; zero at init,
+    /// as transformers makes it).
+    #[serde(default)]
+    pub correction_bias: bool,
+    /// `routed_scaling_factor` (1: no multiply).
+    #[serde(default)]
+    pub routed_scale: Factor,
+    /// Width of the shared experts' SwiGLU, run on every token beside the routed ones
+    /// (DeepSeek: `n_shared_experts · moe_intermediate_size`; Qwen2-MoE:
+    /// `shared_expert_intermediate_size`); 0 = none.
+    #[serde(default)]
+    pub shared: usize,
+    /// Qwen2-MoE's `shared_expert_gate`: the shared output times `sigmoid(x·g)`, `g (1, H)`.
+    #[serde(default)]
+    pub shared_gate: bool,
+    /// The first layers are dense (DeepSeek's `first_k_dense_replace`).
+    #[serde(default)]
+    pub first_dense: usize,
+    /// Layer `i` (past the dense ones) is sparse when `(i + 1) % sparse_step == 0` (Qwen's
+    /// `decoder_sparse_step`); 1: every one.
+    #[serde(default = "one")]
+    pub sparse_step: usize,
+    /// Width of the dense layers' SwiGLU (`intermediate_size`; the experts' is
+    /// `Llama::intermediate`).
+    #[serde(default)]
+    pub dense_width: usize,
+}
+
+impl MoeShape {
+    /// `experts` routed experts, `top_k` per token, nothing else: Mixtral's shape.
+    pub fn plain(experts: usize, top_k: usize, norm_topk: bool) -> Self {
+        Self {
+            experts,
+            top_k,
+            norm_topk,
+            scoring: Scoring::Softmax,
+            group: None,
+            correction_bias: false,
+            routed_scale: Factor(1.0),
+            shared: 0,
+            shared_gate: false,
+            first_dense: 0,
+            sparse_step: 1,
+            dense_width: 0,
+        }
+    }
+
+    /// Whether layer `layer` has the mixture (else the dense MLP of `dense_width`).
+    pub fn sparse(&self, layer: usize) -> bool {
+        layer >= self.first_dense && (layer + 1) % self.sparse_step.max(1) == 0
+    }
 }
 
 /// A mixture-of-experts MLP: router, experts (SwiGLU [`Mlp`]s), its layer.
@@ -46,6 +151,9 @@ pub struct MoeShape {
 pub struct Moe {
     pub(crate) router: Linear,
     pub(crate) experts: Vec<Mlp>,
+    /// Shared experts (one SwiGLU of width `shape.shared`) and Qwen2-MoE's gate on them.
+    pub(crate) shared: Option<Mlp>,
+    pub(crate) shared_gate: Option<Linear>,
     pub(crate) shape: MoeShape,
     /// The block's index (where its routing is recorded).
     pub(crate) layer: usize,
@@ -63,21 +171,34 @@ pub fn routing_snapshot() -> Option<Vec<Vec<usize>>> {
 }
 
 impl Moe {
-    /// `projs` are one expert's gate, up, down.
+    /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
     pub(crate) fn new(
         cfg: &Config,
         shape: MoeShape,
         layer: usize,
-        projs: &[ProjSpec],
+        expert: &[ProjSpec],
+        shared: &[ProjSpec],
         vb: VarBuilder,
     ) -> Result<Self> {
         let router = linear_no_bias(cfg.hidden, shape.experts, vb.pp("router"))?;
         let experts = (0..shape.experts)
-            .map(|e| Mlp::new(cfg, projs, vb.pp("experts").pp(e)))
+            .map(|e| Mlp::new(cfg, expert, vb.pp("experts").pp(e)))
             .collect::<Result<Vec<_>>>()?;
+        let shared_mlp = if shape.shared > 0 {
+            Some(Mlp::new(cfg, shared, vb.pp("shared"))?)
+        } else {
+            None
+        };
+        let shared_gate = if shape.shared > 0 && shape.shared_gate {
+            Some(linear_no_bias(cfg.hidden, 1, vb.pp("shared_gate"))?)
+        } else {
+            None
+        };
         Ok(Self {
             router,
             experts,
+            shared: shared_mlp,
+            shared_gate,
             shape,
             layer,
         })
@@ -109,27 +230,55 @@ pub fn parse_routing(text: &str) -> Option<Vec<Vec<usize>>> {
         .collect()
 }
 
-/// The `k` largest of `p` (ties to the lower index), as `torch.topk` picks them.
-fn top_k(p: &[f32], k: usize, out: &mut Vec<usize>) {
+/// The `k` largest of `p` among the allowed (ties to the lower index), as `torch.topk` picks
+/// them.
+fn top_k(p: &[f32], k: usize, allowed: impl Fn(usize) -> bool, out: &mut Vec<usize>) {
     out.clear();
     for _ in 0..k {
         let best = (0..p.len())
-            .filter(|i| !out.contains(i))
+            .filter(|&i| allowed(i) && !out.contains(&i))
             .max_by(|&a, &b| p[a].total_cmp(&p[b]).then(b.cmp(&a)))
-            .expect("k ≤ experts");
+            .expect("k ≤ allowed experts");
         out.push(best);
     }
 }
 
 /// Per expert, the tokens routed to it (ascending), each list exactly sized; and the 0/1
-/// selection `(T·E)` row-major.
-pub fn route(probs: &[f32], experts: usize, k: usize) -> (Vec<Vec<u32>>, Vec<f32>) {
-    let tokens = probs.len() / experts;
+/// selection `(T·E)` row-major. `scores` are the router's (softmax or sigmoid) `(T·E)`; the
+/// choice adds `bias` (DeepSeek-V3's correction) and, with `group`, keeps to each token's best
+/// groups.
+pub fn route(scores: &[f32], shape: &MoeShape, bias: Option<&[f32]>) -> (Vec<Vec<u32>>, Vec<f32>) {
+    let (experts, k) = (shape.experts, shape.top_k);
+    let tokens = scores.len() / experts;
     let mut chosen = Vec::with_capacity(k);
-    let mut mask = vec![0f32; probs.len()];
+    let mut groups = Vec::new();
+    let mut choice = vec![0f32; experts];
+    let mut mask = vec![0f32; scores.len()];
     let mut counts = vec![0usize; experts];
     for t in 0..tokens {
-        top_k(&probs[t * experts..(t + 1) * experts], k, &mut chosen);
+        let row = &scores[t * experts..(t + 1) * experts];
+        for (e, c) in choice.iter_mut().enumerate() {
+            *c = row[e] + bias.map_or(0.0, |b| b[e]);
+        }
+        match shape.group {
+            None => top_k(&choice, k, |_| true, &mut chosen),
+            Some(g) => {
+                let per = experts / g.groups;
+                let group_score: Vec<f32> = (0..g.groups)
+                    .map(|i| {
+                        let mut s: Vec<f32> = choice[i * per..(i + 1) * per].to_vec();
+                        s.sort_by(|a, b| b.total_cmp(a));
+                        if g.top2_sum {
+                            s.iter().take(2).sum()
+                        } else {
+                            s[0]
+                        }
+                    })
+                    .collect();
+                top_k(&group_score, g.top_groups, |_| true, &mut groups);
+                top_k(&choice, k, |e| groups.contains(&(e / per)), &mut chosen);
+            }
+        }
         for &e in &chosen {
             mask[t * experts + e] = 1.0;
             counts[e] += 1;
@@ -146,17 +295,36 @@ pub fn route(probs: &[f32], experts: usize, k: usize) -> (Vec<Vec<u32>>, Vec<f32
     (top_x, mask)
 }
 
+/// The router's scores in f32 `(T, E)`: softmax, or the sigmoid composed from ops with a
+/// backward (`neg`, `exp`, `+ 1`, `recip`).
+pub(crate) fn scores(logits: &Tensor, scoring: Scoring) -> Result<Tensor> {
+    let l = logits.to_dtype(DType::F32)?;
+    match scoring {
+        Scoring::Softmax => ops::softmax(&l, D::Minus1),
+        Scoring::Sigmoid => sigmoid(&l),
+    }
+}
+
+/// `1 / (1 + exp(−x))` from ops with a backward, each intermediate freed once the next exists.
+pub(crate) fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    let e = x.neg()?.exp()?;
+    let p = (e + 1.0)?;
+    p.recip()
+}
+
 impl Module for Moe {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (b, s, h) = x.dims3()?;
         let (t, e) = (b * s, self.shape.experts);
         let xs = x.reshape((t, h))?;
         let logits = self.router.forward(&xs)?;
-        let probs = ops::softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+        let probs = scores(&logits, self.shape.scoring)?;
         drop(logits);
         let (top_x, mask) = {
             let host = probs.flatten_all()?.to_vec1::<f32>()?;
-            route(&host, e, self.shape.top_k)
+            // DeepSeek-V3's correction bias: zero until trained, as transformers makes it.
+            let bias = self.shape.correction_bias.then(|| vec![0f32; e]);
+            route(&host, &self.shape, bias.as_deref())
         };
         let counts = top_x.iter().map(Vec::len).collect();
         ROUTING
@@ -166,11 +334,23 @@ impl Module for Moe {
         let mask = Tensor::from_vec(mask, (t, e), x.device())?;
         let selected = probs.mul(&mask)?;
         drop((probs, mask));
-        let weights = if self.shape.norm_topk {
-            let sum = selected.sum_keepdim(1)?;
-            selected.broadcast_div(&sum)?
+        let weights = match (self.shape.norm_topk, self.shape.group) {
+            (false, _) => selected,
+            // Mixtral, Qwen: `w / Σ w`.
+            (true, None) if self.shape.scoring == Scoring::Softmax => {
+                let sum = selected.sum_keepdim(1)?;
+                selected.broadcast_div(&sum)?
+            }
+            // DeepSeek: `w / (Σ w + 1e-20)`.
+            (true, _) => {
+                let sum = (selected.sum_keepdim(1)? + 1e-20)?;
+                selected.broadcast_div(&sum)?
+            }
+        };
+        let weights = if self.shape.routed_scale.0 != 1.0 {
+            (weights * self.shape.routed_scale.0)?
         } else {
-            selected
+            weights
         }
         .to_dtype(x.dtype())?;
         let mut ys = xs.zeros_like()?;
@@ -187,6 +367,23 @@ impl Module for Moe {
             drop(we);
             ys = ys.index_add(&ids, &ye, 0)?;
         }
-        ys.reshape((b, s, h))
+        drop(weights);
+        let ys = ys.reshape((b, s, h))?;
+        // Shared experts on every token, added after the routed ones (Qwen2-MoE: gated by
+        // `sigmoid(x·g)`).
+        match &self.shared {
+            None => Ok(ys),
+            Some(shared) => {
+                let y = shared.forward(x)?;
+                let y = match &self.shared_gate {
+                    None => y,
+                    Some(g) => {
+                        let gate = sigmoid(&g.forward(x)?)?;
+                        y.broadcast_mul(&gate)?
+                    }
+                };
+                ys + y
+            }
+        }
     }
 }

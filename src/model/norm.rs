@@ -77,6 +77,15 @@ impl Norm {
         })
     }
 
+    /// An RMSNorm over `size` with its own epsilon (MLA's inner norms).
+    pub fn rms_eps(size: usize, eps: f64, fused: bool, vb: VarBuilder) -> Result<Self> {
+        Ok(Norm::Rms {
+            weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
+            eps,
+            fused,
+        })
+    }
+
     pub(crate) fn map(&self, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Self> {
         Ok(match self {
             Norm::Layer(l) => Norm::Layer(LayerNorm {

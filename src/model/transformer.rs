@@ -47,29 +47,67 @@ use super::llama;
 use super::vit::{self};
 
 pub use super::attention::{Attention, Rotary};
-pub use super::config::{Config, PRESETS, ProjSpec, block_projections};
+pub use super::config::{
+    BlockTensor, Config, LayerLayout, MlpLayout, PRESETS, ProjSpec, block_projections,
+};
+pub use super::mla::Mla;
 pub use super::mlp::Mlp;
 pub use super::norm::{LayerNorm, Norm};
 pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
+
+/// A block's attention: q, k, v, o ([`Attention`]) or multi-head latent attention
+/// ([`Mla`]).
+#[derive(Debug, Clone)]
+pub enum SelfAttention {
+    Mha(Attention),
+    Mla(Box<Mla>),
+}
+
+impl SelfAttention {
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, rotary: Option<Rotary>) -> Result<Tensor> {
+        match self {
+            SelfAttention::Mha(a) => a.forward(x, mask, rotary),
+            SelfAttention::Mla(a) => a.forward(x, mask, rotary),
+        }
+    }
+
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        match self {
+            SelfAttention::Mha(a) => a.forward_cached(x, mask, rotary, cache),
+            SelfAttention::Mla(a) => a.forward_cached(x, mask, rotary, cache),
+        }
+    }
+}
 
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
 #[derive(Debug, Clone)]
 pub struct Block {
     ln1: Norm,
-    attn: Attention,
+    attn: SelfAttention,
     ln2: Norm,
     mlp: Mlp,
 }
 
 impl Block {
-    /// Block `layer` of the model.
+    /// Block `layer` of the model ([`super::config::layer_layout`]).
     pub fn new(cfg: &Config, layer: usize, vb: VarBuilder) -> Result<Self> {
-        let projs = cfg.projections();
+        let lay = cfg.layer_layout(layer);
+        let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
+        let attn = match cfg.llama.and_then(|l| l.mla) {
+            Some(m) => SelfAttention::Mla(Box::new(Mla::new(cfg, m, &lay.attn, vb.pp("attn"))?)),
+            None => SelfAttention::Mha(Attention::new(cfg, &lay.attn, vb.pp("attn"))?),
+        };
         Ok(Self {
-            ln1: Norm::new(cfg, vb.pp("ln1"))?,
-            attn: Attention::new(cfg, &projs[..4], vb.pp("attn"))?,
+            ln1,
+            attn,
             ln2: Norm::new(cfg, vb.pp("ln2"))?,
-            mlp: Mlp::for_block(cfg, layer, &projs[4..], vb.pp("mlp"))?,
+            mlp: Mlp::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?,
         })
     }
 
@@ -103,7 +141,10 @@ impl Block {
 
     /// The block's projections in model order.
     fn projs_mut(&mut self) -> Vec<&mut Proj> {
-        let mut v: Vec<&mut Proj> = self.attn.projs_mut().into_iter().collect();
+        let mut v: Vec<&mut Proj> = match &mut self.attn {
+            SelfAttention::Mha(a) => a.projs_mut(),
+            SelfAttention::Mla(a) => a.projs_mut(),
+        };
         v.extend(self.mlp.projs_mut());
         v
     }
@@ -113,10 +154,8 @@ impl Block {
         base: &dyn Fn(&Tensor) -> Result<Tensor>,
         adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
     ) -> Result<Self> {
-        let a = &self.attn;
-        Ok(Block {
-            ln1: self.ln1.map(base)?,
-            attn: Attention {
+        let attn = match &self.attn {
+            SelfAttention::Mha(a) => SelfAttention::Mha(Attention {
                 q: a.q.map(base, adapter)?,
                 k: a.k.map(base, adapter)?,
                 v: a.v.map(base, adapter)?,
@@ -126,7 +165,12 @@ impl Block {
                     None => None,
                 },
                 ..a.clone()
-            },
+            }),
+            SelfAttention::Mla(a) => SelfAttention::Mla(Box::new(a.map(base, adapter)?)),
+        };
+        Ok(Block {
+            ln1: self.ln1.map(base)?,
+            attn,
             ln2: self.ln2.map(base)?,
             mlp: self.mlp.map(base, adapter)?,
         })

@@ -49,16 +49,11 @@ pub(super) struct Rotary<'a> {
     pub(super) offset: usize,
 }
 
-pub(super) struct Attention {
-    pub(super) q: Linear,
-    pub(super) k: Linear,
-    pub(super) v: Linear,
-    pub(super) o: Linear,
-    /// Qwen3's q/k norms (mirror of the model's `qk_norm`).
-    pub(super) qk_norm: Option<(Norm, Norm)>,
+/// Mirror of the model's attention `Core`.
+#[derive(Clone, Copy)]
+pub(super) struct Core {
     pub(super) heads: usize,
     pub(super) kv_heads: usize,
-    pub(super) head_dim: usize,
     pub(super) efficient: bool,
     pub(super) tiled: bool,
     pub(super) fused: bool,
@@ -67,14 +62,9 @@ pub(super) struct Attention {
     pub(super) window: Option<usize>,
 }
 
-impl Attention {
-    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        let (q, k, v) = self.qkv(x, rotary);
-        self.attend_any(q, k, v, mask)
-    }
-
-    /// Mirror of the model's `Attention::attend_any`.
-    fn attend_any(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
+impl Core {
+    /// Mirror of `Core::attend_any`.
+    pub(super) fn attend_any(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
         let group = self.heads / self.kv_heads;
         let k = repeat_kv(k, group);
         let v = repeat_kv(v, group);
@@ -82,6 +72,7 @@ impl Attention {
             // Mirror of `tiled_attention::attention`: the tiled forward on detached views, then
             // the node's copy of the output (the precomputed one freed inside its forward).
             let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+            let dv = v.dims()[3];
             let scale = (1.0 / (d as f64).sqrt()) as f32;
             let (out, lse) = crate::model::tiled_attention::forward(
                 &q.detach(),
@@ -97,66 +88,44 @@ impl Attention {
             };
             let y = Sym::kernel(kernel, &[&q, &k, &v, &lse], out.dims(), out.dtype());
             drop((out, lse, q, k, v));
-            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
-            return self.o.forward(&y);
+            return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
         if self.efficient {
             let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+            let dv = v.dims()[3];
+            let v = if dv < d {
+                let vd = v.dims().to_vec();
+                let pad = Sym::new(v.ledger(), &[vd[0], vd[1], vd[2], d - dv], v.dtype());
+                let padded = Sym::cat(&[&v, &pad], 3);
+                drop((v, pad));
+                padded
+            } else {
+                v
+            };
             let y = q.efficient_attention(&k, &v);
             drop((q, k, v));
-            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
-            return self.o.forward(&y);
+            let y = if dv < d {
+                y.narrow(3, 0, dv).contiguous()
+            } else {
+                y
+            };
+            return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
         self.attend(q, k, v, mask)
     }
 
-    /// Mirror of the model's `Attention::qkv`.
-    pub(super) fn qkv(&self, x: &Sym, rotary: Option<Rotary>) -> (Sym, Sym, Sym) {
-        let (b, s) = (x.dims()[0], x.dims()[1]);
-        let d = self.head_dim;
-        let split =
-            |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
-        let rotate = |t: Sym| -> Sym {
-            match rotary {
-                None => t,
-                Some(r) if self.fused => Sym::kernel(
-                    Kernel::Rotary,
-                    &[
-                        &t,
-                        &r.cos.narrow(0, r.offset, s),
-                        &r.sin.narrow(0, r.offset, s),
-                    ],
-                    t.dims(),
-                    t.dtype(),
-                ),
-                Some(r) => apply_rotary(&t, r.cos, r.sin, r.offset),
-            }
-        };
-        let (q, k) = (
-            split(self.q.forward(x), self.heads),
-            split(self.k.forward(x), self.kv_heads),
-        );
-        let (q, k) = match &self.qk_norm {
-            Some((qn, kn)) => (qn.forward(&q), kn.forward(&k)),
-            None => (q, k),
-        };
-        let q = rotate(q);
-        let k = rotate(k);
-        let v = split(self.v.forward(x), self.kv_heads);
-        (q, k, v)
-    }
-
-    /// Mirror of the model's `Attention::attend`.
+    /// Mirror of `Core::attend`.
     pub(super) fn attend(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
-        let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        let (b, s) = (q.dims()[0], q.dims()[2]);
+        let dv = v.dims()[3];
         if self.fused {
+            let d = q.dims()[3];
             let scale = (1.0 / (d as f64).sqrt()) as f32;
             let probs = q.attn_probs(&k, scale, self.causal);
             drop((q, k));
             let y = probs.matmul(&v);
             drop((probs, v));
-            let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
-            return self.o.forward(&y);
+            return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
@@ -174,8 +143,81 @@ impl Attention {
         drop(scores);
         let y = probs.matmul(&v);
         drop((probs, v));
-        let y = y.transpose(1, 2).reshape(&[b, s, self.heads * d]);
+        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
+    }
+
+    /// Mirror of `Core::attend_cached`.
+    pub(super) fn attend_cached(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
+        let group = self.heads / self.kv_heads;
+        let k = repeat_kv(k, group);
+        let v = repeat_kv(v, group);
+        self.attend(q, k, v, mask)
+    }
+}
+
+impl Rotary<'_> {
+    /// Mirror of the model's `Rotary::apply`.
+    pub(super) fn apply(&self, t: &Sym, fused: bool) -> Sym {
+        if fused {
+            let s = t.dims()[2];
+            Sym::kernel(
+                Kernel::Rotary,
+                &[
+                    t,
+                    &self.cos.narrow(0, self.offset, s),
+                    &self.sin.narrow(0, self.offset, s),
+                ],
+                t.dims(),
+                t.dtype(),
+            )
+        } else {
+            apply_rotary(t, self.cos, self.sin, self.offset)
+        }
+    }
+}
+
+pub(super) struct Attention {
+    pub(super) q: Linear,
+    pub(super) k: Linear,
+    pub(super) v: Linear,
+    pub(super) o: Linear,
+    /// Qwen3's q/k norms (mirror of the model's `qk_norm`).
+    pub(super) qk_norm: Option<(Norm, Norm)>,
+    pub(super) head_dim: usize,
+    pub(super) core: Core,
+}
+
+impl Attention {
+    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        let (q, k, v) = self.qkv(x, rotary);
+        let y = self.core.attend_any(q, k, v, mask);
         self.o.forward(&y)
+    }
+
+    /// Mirror of the model's `Attention::qkv`.
+    pub(super) fn qkv(&self, x: &Sym, rotary: Option<Rotary>) -> (Sym, Sym, Sym) {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
+        let d = self.head_dim;
+        let split =
+            |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
+        let rotate = |t: Sym| -> Sym {
+            match rotary {
+                None => t,
+                Some(r) => r.apply(&t, self.core.fused),
+            }
+        };
+        let (q, k) = (
+            split(self.q.forward(x), self.core.heads),
+            split(self.k.forward(x), self.core.kv_heads),
+        );
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q), kn.forward(&k)),
+            None => (q, k),
+        };
+        let q = rotate(q);
+        let k = rotate(k);
+        let v = split(self.v.forward(x), self.core.kv_heads);
+        (q, k, v)
     }
 
     /// Mirror of the model's `Attention::forward_cached`.
@@ -197,7 +239,7 @@ impl Attention {
                 (k, v)
             }
         };
-        let kept = match self.window {
+        let kept = match self.core.window {
             Some(w) if k.dims()[2] > w => {
                 let t = k.dims()[2];
                 let kk = k.narrow(2, t - w, w).contiguous();
@@ -213,13 +255,12 @@ impl Attention {
             (k, v)
         };
         *cache = Some(kept);
-        if first && q.dims()[2] > 1 {
-            return self.attend_any(q, k, v, mask);
-        }
-        let group = self.heads / self.kv_heads;
-        let k = repeat_kv(k, group);
-        let v = repeat_kv(v, group);
-        self.attend(q, k, v, mask)
+        let y = if first && q.dims()[2] > 1 {
+            self.core.attend_any(q, k, v, mask)
+        } else {
+            self.core.attend_cached(q, k, v, mask)
+        };
+        self.o.forward(&y)
     }
 
     /// `f` on the projections, `w` on the q/k norms' weights, in model order.
@@ -230,14 +271,8 @@ impl Attention {
             v: f(&self.v),
             o: f(&self.o),
             qk_norm: self.qk_norm.as_ref().map(|(qn, kn)| (qn.map(w), kn.map(w))),
-            heads: self.heads,
-            kv_heads: self.kv_heads,
             head_dim: self.head_dim,
-            efficient: self.efficient,
-            tiled: self.tiled,
-            fused: self.fused,
-            causal: self.causal,
-            window: self.window,
+            core: self.core,
         }
     }
 }

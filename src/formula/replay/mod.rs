@@ -29,16 +29,17 @@ use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::kernels::{Kernel, Kernels};
-use crate::model::transformer::LoraBase;
+use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
 use crate::phase::checkpoint::segments;
 
 mod attention;
+mod mla;
 mod mlp;
 mod moe;
 mod norm;
 mod proj;
 
-use attention::{Attention, Rotary};
+use attention::{Attention, Core, Rotary};
 use mlp::Mlp;
 use norm::Norm;
 use proj::Linear;
@@ -64,9 +65,62 @@ fn add_owned(a: &Sym, b: Sym) -> Sym {
     r
 }
 
+/// Mirror of the model's `SelfAttention`.
+enum SelfAttention {
+    Mha(Attention),
+    Mla(Box<mla::Mla>),
+}
+
+impl SelfAttention {
+    fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        match self {
+            SelfAttention::Mha(a) => a.forward(x, mask, rotary),
+            SelfAttention::Mla(a) => a.forward(x, mask, rotary),
+        }
+    }
+
+    fn forward_cached(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Sym, Sym)>,
+    ) -> Sym {
+        match self {
+            SelfAttention::Mha(a) => a.forward_cached(x, mask, rotary, cache),
+            SelfAttention::Mla(a) => a.forward_cached(x, mask, rotary, cache),
+        }
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        match self {
+            SelfAttention::Mha(a) => vec![&a.q, &a.k, &a.v, &a.o],
+            SelfAttention::Mla(a) => a.linears(),
+        }
+    }
+
+    /// The weights of its norms (Qwen3's q/k norms, MLA's).
+    fn norm_weights(&self) -> Vec<Sym> {
+        match self {
+            SelfAttention::Mha(a) => match &a.qk_norm {
+                Some((qn, kn)) => qn.weights().into_iter().chain(kn.weights()).collect(),
+                None => Vec::new(),
+            },
+            SelfAttention::Mla(a) => a.norm_weights(),
+        }
+    }
+
+    fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
+        match self {
+            SelfAttention::Mha(a) => SelfAttention::Mha(a.map(f, w)),
+            SelfAttention::Mla(a) => SelfAttention::Mla(Box::new(a.map(f, w))),
+        }
+    }
+}
+
 struct Block {
     ln1: Norm,
-    attn: Attention,
+    attn: SelfAttention,
     ln2: Norm,
     mlp: Mlp,
 }
@@ -96,8 +150,7 @@ impl Block {
 
     /// The block's projections in model order.
     fn linears(&self) -> Vec<&Linear> {
-        let a = &self.attn;
-        let mut v = vec![&a.q, &a.k, &a.v, &a.o];
+        let mut v = self.attn.linears();
         v.extend(self.mlp.linears());
         v
     }
@@ -235,84 +288,110 @@ impl Transformer {
             },
         };
         let wpe = (!llama).then(|| p.tensor(&[s_max, h]));
-        let projs = shape.projections();
         let (kv_heads, head_dim) = shape.kv_dims();
+        let core = Core {
+            heads: shape.a as usize,
+            kv_heads: kv_heads as usize,
+            efficient: shape.efficient,
+            tiled: shape.tiled,
+            fused: shape.kernels.fused(),
+            causal: shape.vision.is_none(),
+            window: shape.llama.and_then(|l| l.sliding_window),
+        };
+        let lora = |spec: &ProjSpec| {
+            if shape.has_lora(spec.target) {
+                shape.lora_rank as usize
+            } else {
+                0
+            }
+        };
+        let proj = |spec: &ProjSpec| Linear::proj(&p, spec, lora(spec));
+        let swiglu = |specs: &[ProjSpec]| Mlp::SwiGlu {
+            gate: proj(&specs[0]),
+            up: proj(&specs[1]),
+            down: proj(&specs[2]),
+            fused: shape.kernels.fused(),
+        };
+        // The routing a row recorded is per sparse layer, in layer order.
+        let mut sparse_index = 0;
         let blocks: Vec<Block> = (0..shape.l)
             .map(|layer| {
-                let mut lin = projs.iter().map(|spec| {
-                    let r = if shape.has_lora(spec.target) {
-                        shape.lora_rank as usize
-                    } else {
-                        0
-                    };
-                    Linear::proj(&p, spec, r)
-                });
-                let mut next = || lin.next().expect("a projection");
+                let lay = shape.layer_layout(layer);
                 let ln1 = Norm::new(&p, h, llama);
-                let attn = Attention {
-                    q: next(),
-                    k: next(),
-                    v: next(),
-                    o: next(),
-                    qk_norm: shape.llama.filter(|l| l.qk_norm).map(|_| {
-                        (
-                            Norm::new(&p, head_dim as usize, true),
-                            Norm::new(&p, head_dim as usize, true),
-                        )
+                let attn = match shape.llama.and_then(|l| l.mla) {
+                    Some(m) => {
+                        let mut it = lay.attn.iter();
+                        let mut next = || proj(it.next().expect("an MLA projection"));
+                        let q_a = m.q_lora_rank.map(|r| {
+                            let q_a = next();
+                            (q_a, Norm::new(&p, r, true))
+                        });
+                        let q = next();
+                        let kv_a = next();
+                        let kv_a_norm = Norm::new(&p, m.kv_lora_rank, true);
+                        SelfAttention::Mla(Box::new(mla::Mla {
+                            q,
+                            q_a,
+                            kv_a,
+                            kv_a_norm,
+                            kv_b: next(),
+                            o: next(),
+                            shape: m,
+                            core: Core {
+                                kv_heads: shape.a as usize,
+                                ..core
+                            },
+                        }))
+                    }
+                    None => SelfAttention::Mha(Attention {
+                        q: proj(&lay.attn[0]),
+                        k: proj(&lay.attn[1]),
+                        v: proj(&lay.attn[2]),
+                        o: proj(&lay.attn[3]),
+                        qk_norm: shape.llama.filter(|l| l.qk_norm).map(|_| {
+                            (
+                                Norm::new(&p, head_dim as usize, true),
+                                Norm::new(&p, head_dim as usize, true),
+                            )
+                        }),
+                        head_dim: head_dim as usize,
+                        core,
                     }),
-                    heads: shape.a as usize,
-                    kv_heads: kv_heads as usize,
-                    head_dim: head_dim as usize,
-                    efficient: shape.efficient,
-                    tiled: shape.tiled,
-                    fused: shape.kernels.fused(),
-                    causal: shape.vision.is_none(),
-                    window: shape.llama.and_then(|l| l.sliding_window),
                 };
                 let ln2 = Norm::new(&p, h, llama);
-                let moe = shape.llama.and_then(|l| l.moe);
-                let mlp = if let Some(m) = moe {
-                    // The router, then each expert's gate, up, down (model order).
-                    let specs = &projs[4..];
-                    let router = Linear::new(&p, h, m.experts, false);
-                    let lora = |spec: &crate::model::transformer::ProjSpec| {
-                        if shape.has_lora(spec.target) {
-                            shape.lora_rank as usize
-                        } else {
-                            0
-                        }
-                    };
-                    let experts = (0..m.experts)
-                        .map(|_| Mlp::SwiGlu {
-                            gate: Linear::proj(&p, &specs[0], lora(&specs[0])),
-                            up: Linear::proj(&p, &specs[1], lora(&specs[1])),
-                            down: Linear::proj(&p, &specs[2], lora(&specs[2])),
-                            fused: shape.kernels.fused(),
-                        })
-                        .collect();
-                    let routing = shape
-                        .routing
-                        .as_ref()
-                        .and_then(|r| r.get(layer as usize).cloned());
-                    Mlp::Moe(Box::new(moe::Moe {
-                        router,
-                        experts,
+                let mlp = match &lay.mlp {
+                    MlpLayout::Moe {
                         shape: m,
-                        routing,
-                    }))
-                } else if llama {
-                    Mlp::SwiGlu {
-                        gate: next(),
-                        up: next(),
-                        down: next(),
-                        fused: shape.kernels.fused(),
+                        expert,
+                        shared,
+                    } => {
+                        // The router, each expert's gate, up, down, the shared experts, the
+                        // shared gate (model order).
+                        let router = Linear::new(&p, h, m.experts, false);
+                        let experts = (0..m.experts).map(|_| swiglu(expert)).collect();
+                        let shared_mlp = (!shared.is_empty()).then(|| swiglu(shared));
+                        let shared_gate = (!shared.is_empty() && m.shared_gate)
+                            .then(|| Linear::new(&p, h, 1, false));
+                        let routing = shape
+                            .routing
+                            .as_ref()
+                            .and_then(|r| r.get(sparse_index).cloned());
+                        sparse_index += 1;
+                        Mlp::Moe(Box::new(moe::Moe {
+                            router,
+                            experts,
+                            shared: shared_mlp,
+                            shared_gate,
+                            shape: *m,
+                            routing,
+                        }))
                     }
-                } else {
-                    Mlp::Gelu {
-                        fc1: next(),
-                        fc2: next(),
+                    MlpLayout::Dense(specs) if llama => swiglu(specs),
+                    MlpLayout::Dense(specs) => Mlp::Gelu {
+                        fc1: proj(&specs[0]),
+                        fc2: proj(&specs[1]),
                         fused: shape.kernels.fused(),
-                    }
+                    },
                 };
                 Block {
                     ln1,
@@ -353,10 +432,7 @@ impl Transformer {
                     all.extend([a.clone(), b.clone()]);
                 }
             }
-            if let Some((qn, kn)) = &b.attn.qk_norm {
-                all.extend(qn.weights());
-                all.extend(kn.weights());
-            }
+            all.extend(b.attn.norm_weights());
             all.extend(b.ln2.weights());
         }
         all.extend(ln_f.weights());

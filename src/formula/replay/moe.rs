@@ -6,11 +6,22 @@ use super::attention::softmax;
 use super::mlp::Mlp;
 use super::proj::Linear;
 use crate::formula::symbolic::{DType, Sym};
-use crate::model::moe::MoeShape;
+use crate::model::moe::{MoeShape, Scoring};
+
+/// Mirror of the composed sigmoid `1 / (1 + exp(−x))` (`model::moe`).
+fn sigmoid(x: &Sym) -> Sym {
+    let e = x.neg().exp();
+    let p = e.affine(1.0);
+    drop(e);
+    p.recip()
+}
 
 pub(super) struct Moe {
     pub(super) router: Linear,
     pub(super) experts: Vec<Mlp>,
+    /// Shared experts and Qwen2-MoE's gate on them.
+    pub(super) shared: Option<Mlp>,
+    pub(super) shared_gate: Option<Linear>,
     pub(super) shape: MoeShape,
     /// Tokens per expert as recorded for this layer, if any.
     pub(super) routing: Option<Vec<usize>>,
@@ -41,25 +52,50 @@ impl Moe {
         let ledger = x.ledger().clone();
         let xs = x.reshape(&[t, h]);
         let logits = self.router.linear_forward(&xs);
-        let probs = softmax(&logits.to_dtype(DType::F32), 1);
+        let probs = {
+            let l = logits.to_dtype(DType::F32);
+            match self.shape.scoring {
+                Scoring::Softmax => softmax(&l, 1),
+                Scoring::Sigmoid => sigmoid(&l),
+            }
+        };
         drop(logits);
         // The host copy of the probabilities, the 0/1 selection and each expert's token list
-        // (the last two become tensors without a copy: `Tensor::from_vec`).
+        // (the last two become tensors without a copy: `Tensor::from_vec`); DeepSeek-V3's
+        // correction bias, `E` f32 on the host, while the routing is computed.
         let host = ledger.host(4 * t * e);
+        let bias = self.shape.correction_bias.then(|| ledger.host(4 * e));
         let mask = ledger.host(4 * t * e);
         let mut ids: Vec<_> = counts
             .iter()
             .map(|&n| (n > 0).then(|| ledger.host(4 * n)))
             .collect();
-        drop(host);
+        drop((host, bias));
         let mask = mask.into_tensor(&[t, e], DType::F32);
         let selected = probs.mul(&mask);
         drop((probs, mask));
-        let weights = if self.shape.norm_topk {
-            let sum = selected.sum_keepdim(&[1]);
-            selected.broadcast_div(&sum)
+        let weights = match (self.shape.norm_topk, self.shape.group) {
+            (false, _) => selected,
+            (true, None) if self.shape.scoring == Scoring::Softmax => {
+                let sum = selected.sum_keepdim(&[1]);
+                selected.broadcast_div(&sum)
+            }
+            (true, _) => {
+                let sum = {
+                    let s = selected.sum_keepdim(&[1]);
+                    let r = s.affine(1.0);
+                    drop(s);
+                    r
+                };
+                selected.broadcast_div(&sum)
+            }
+        };
+        let weights = if self.shape.routed_scale.0 != 1.0 {
+            let r = weights.affine(self.shape.routed_scale.0);
+            drop(weights);
+            r
         } else {
-            selected
+            weights
         }
         .to_dtype(x.dtype());
         let mut ys = xs.zeros_like();
@@ -74,14 +110,32 @@ impl Moe {
             drop(we);
             ys = ys.index_add_tracked(&ids, &ye, 0);
         }
-        ys.reshape(&[b, s, h])
+        drop(weights);
+        let ys = ys.reshape(&[b, s, h]);
+        match &self.shared {
+            None => ys,
+            Some(shared) => {
+                let y = shared.forward(x);
+                let y = match &self.shared_gate {
+                    None => y,
+                    Some(g) => {
+                        let gate = sigmoid(&g.forward(x));
+                        y.broadcast_mul(&gate)
+                    }
+                };
+                let r = ys.add(&y);
+                drop((ys, y));
+                r
+            }
+        }
     }
 
     pub(super) fn linears(&self) -> Vec<&Linear> {
         let mut v = vec![&self.router];
-        for e in &self.experts {
+        for e in self.experts.iter().chain(&self.shared) {
             v.extend(e.linears());
         }
+        v.extend(&self.shared_gate);
         v
     }
 
@@ -89,6 +143,8 @@ impl Moe {
         Moe {
             router: f(&self.router),
             experts: self.experts.iter().map(|e| e.map(f)).collect(),
+            shared: self.shared.as_ref().map(|e| e.map(f)),
+            shared_gate: self.shared_gate.as_ref().map(f),
             shape: self.shape,
             routing: self.routing.clone(),
         }
@@ -120,11 +176,7 @@ mod tests {
 
     #[test]
     fn balanced_spreads_k_tokens_each() {
-        let m = MoeShape {
-            experts: 8,
-            top_k: 2,
-            norm_topk: true,
-        };
+        let m = MoeShape::plain(8, 2, true);
         let b = balanced(13, m);
         assert_eq!(b.iter().sum::<usize>(), 26);
         assert_eq!(b, vec![4, 4, 3, 3, 3, 3, 3, 3]);

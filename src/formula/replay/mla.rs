@@ -1,0 +1,164 @@
+//! Mirror of `model::mla`: multi-head latent attention, its latent cache and the
+//! decompression of each step.
+
+use super::attention::{Core, Rotary};
+use super::norm::Norm;
+use super::proj::Linear;
+use crate::formula::symbolic::Sym;
+use crate::model::mla::MlaShape;
+
+pub(super) struct Mla {
+    pub(super) q: Linear,
+    pub(super) q_a: Option<(Linear, Norm)>,
+    pub(super) kv_a: Linear,
+    pub(super) kv_a_norm: Norm,
+    pub(super) kv_b: Linear,
+    pub(super) o: Linear,
+    pub(super) shape: MlaShape,
+    pub(super) core: Core,
+}
+
+/// Mirror of `mla::heads_first`.
+fn heads_first(x: &Sym, a: usize, d: usize) -> Sym {
+    let (b, s) = (x.dims()[0], x.dims()[1]);
+    if s == 1 {
+        return x.reshape(&[b, a, 1, d]);
+    }
+    x.reshape(&[b, s, a, d]).transpose(1, 2).contiguous()
+}
+
+/// Mirror of `mla::rotate`: the de-interleaving copy, then the rotary embedding.
+fn rotate(x: &Sym, rotary: Rotary, fused: bool) -> Sym {
+    let d = x.dims().to_vec();
+    let (b, n, s, r) = (d[0], d[1], d[2], d[3]);
+    let halves = x
+        .reshape(&[b, n, s, r / 2, 2])
+        .transpose(3, 4)
+        .reshape(&[b, n, s, r]);
+    rotary.apply(&halves, fused)
+}
+
+impl Mla {
+    /// Mirror of `Mla::latent`.
+    fn latent(&self, x: &Sym, rotary: Rotary) -> (Sym, Sym, Sym) {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
+        let m = &self.shape;
+        let (a, n, r, l) = (
+            self.core.heads,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.kv_lora_rank,
+        );
+        let q = match &self.q_a {
+            None => self.q.forward(x),
+            Some((q_a, norm)) => {
+                let qa = norm.forward(&q_a.forward(x));
+                self.q.forward(&qa)
+            }
+        };
+        let q = heads_first(&q, a, n + r);
+        let q_nope = q.narrow(3, 0, n);
+        let q_pe = rotate(&q.narrow(3, n, r), rotary, self.core.fused);
+        let q = Sym::cat(&[&q_nope, &q_pe], 3);
+        drop((q_nope, q_pe));
+        let ckv = self.kv_a.forward(x);
+        let c = self
+            .kv_a_norm
+            .forward(&ckv.narrow(2, 0, l).contiguous())
+            .unsqueeze(1);
+        let k_pe = ckv.narrow(2, l, r).reshape(&[b, 1, s, r]);
+        drop(ckv);
+        let k_pe = rotate(&k_pe, rotary, self.core.fused);
+        (q, c, k_pe)
+    }
+
+    /// Mirror of `Mla::decompress`.
+    fn decompress(&self, c: &Sym, k_pe: &Sym) -> (Sym, Sym) {
+        let (b, t) = (c.dims()[0], c.dims()[2]);
+        let m = &self.shape;
+        let (a, n, r, dv) = (
+            self.core.heads,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+        );
+        let kv = heads_first(&self.kv_b.forward(&c.squeeze(1)), a, n + dv);
+        let k_nope = kv.narrow(3, 0, n);
+        let k_pe = k_pe.broadcast_as(&[b, a, t, r]).contiguous();
+        let k = Sym::cat(&[&k_nope, &k_pe], 3);
+        drop((k_nope, k_pe));
+        let v = kv.narrow(3, n, dv).contiguous();
+        (k, v)
+    }
+
+    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        let rotary = rotary.expect("MLA has rotary tables");
+        let (q, c, k_pe) = self.latent(x, rotary);
+        let (k, v) = self.decompress(&c, &k_pe);
+        drop((c, k_pe));
+        let y = self.core.attend_any(q, k, v, mask);
+        self.o.forward(&y)
+    }
+
+    pub(super) fn forward_cached(
+        &self,
+        x: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Sym, Sym)>,
+    ) -> Sym {
+        let rotary = rotary.expect("MLA has rotary tables");
+        let (q, c, k_pe) = self.latent(x, rotary);
+        let first = cache.is_none();
+        let (c, k_pe) = match cache.take() {
+            None => (c, k_pe),
+            Some((pc, pk)) => {
+                let c = Sym::cat(&[&pc, &c], 2);
+                drop(pc);
+                let k_pe = Sym::cat(&[&pk, &k_pe], 2);
+                (c, k_pe)
+            }
+        };
+        let (k, v) = self.decompress(&c, &k_pe);
+        *cache = Some((c, k_pe));
+        let y = if first && q.dims()[2] > 1 {
+            self.core.attend_any(q, k, v, mask)
+        } else {
+            self.core.attend_cached(q, k, v, mask)
+        };
+        self.o.forward(&y)
+    }
+
+    /// The projections in model order.
+    pub(super) fn linears(&self) -> Vec<&Linear> {
+        let mut v = Vec::new();
+        if let Some((q_a, _)) = &self.q_a {
+            v.push(q_a);
+        }
+        v.extend([&self.q, &self.kv_a, &self.kv_b, &self.o]);
+        v
+    }
+
+    /// The norms' weights.
+    pub(super) fn norm_weights(&self) -> Vec<Sym> {
+        let mut v = Vec::new();
+        if let Some((_, n)) = &self.q_a {
+            v.extend(n.weights());
+        }
+        v.extend(self.kv_a_norm.weights());
+        v
+    }
+
+    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
+        Mla {
+            q: f(&self.q),
+            q_a: self.q_a.as_ref().map(|(p, n)| (f(p), n.map(w))),
+            kv_a: f(&self.kv_a),
+            kv_a_norm: self.kv_a_norm.map(w),
+            kv_b: f(&self.kv_b),
+            o: f(&self.o),
+            shape: self.shape,
+            core: self.core,
+        }
+    }
+}

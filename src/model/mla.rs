@@ -1,0 +1,316 @@
+//! Multi-head latent attention (DeepSeek-V2, V3): keys and values come from a compressed
+//! latent `c` of `kv_lora_rank` per token, and the key's rotary part is one head shared by all
+//! heads, so a cache need keep only `c` and that rotary key: `(kv_lora_rank + qk_rope_head_dim)`
+//! elements per token per layer (what vLLM and SGLang store), against `A·(qk_head + v_head)`
+//! for the decompressed keys and values transformers' cache keeps.
+//!
+//! Shapes (B batch, S sequence, H hidden, A heads, n = `qk_nope_head_dim`, r =
+//! `qk_rope_head_dim`, dq = n + r, dv = `v_head_dim`, L = `kv_lora_rank`, R = `q_lora_rank`):
+//! - queries: `q (H → A·dq)`, or `q_b(norm(q_a(x)))` (`H → R → A·dq`, an RMSNorm over R) →
+//!   `(B, A, S, dq)`, split into `q_nope (…, n)` and `q_pe (…, r)`;
+//! - `kv_a (H → L + r)` → `c (B, S, L)` (RMSNorm `kv_a_norm`) and `k_pe (B, 1, S, r)`;
+//! - `q_pe` and `k_pe` rotated: de-interleaved (a copy, as transformers' DeepSeek-V3 does
+//!   with `rope_interleave`), then the model's rotary embedding over r (the dot products equal
+//!   DeepSeek-V2's complex interleaved form);
+//! - `kv_b (L → A·(n + dv))` of the latent, made contiguous per head `(B, A, T, n + dv)` →
+//!   `k_nope (B, A, T, n)`, `v (B, A, T, dv)` (a copy); keys `cat(k_nope, k_pe copied to the A
+//!   heads)`, queries `cat(q_nope, q_pe)`, both
+//!   `(…, dq)`; the attention of [`super::attention::Core`] with scale `1/√dq`; `o (A·dv → H)`.
+//!
+//! The cache ([`super::transformer::KvCache`]) keeps, per layer, the normalised latent
+//! `(B, 1, T, L)` and the rotated `k_pe (B, 1, T, r)`; each step decompresses the whole cache
+//! through `kv_b` (a transient `(B, T, A·(n + dv))` and the keys and values made from it).
+//!
+//! Parameters per layer: `H·A·dq` (or `H·R + R + R·A·dq`) + `H·(L + r)` + `L` +
+//! `L·A·(n + dv)` + `A·dv·H`, plus biases on `q_a`, `kv_a` and `o` with `attention_bias`.
+//! LoRA targets: `q` (or `q_a` and `q_b`) is q, `kv_a` is k, `kv_b` is v, `o` is o.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::{Deserialize, Serialize};
+
+use super::attention::{Core, Rotary};
+use super::norm::Norm;
+use super::transformer::{Config, Proj, ProjSpec};
+
+/// What makes a LLaMA-family attention MLA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MlaShape {
+    /// `q_lora_rank` (none: one `q` projection).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaShape {
+    /// Width of a query or key head: `n + r`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Elements a token keeps in one layer's latent cache: `L + r`.
+    pub fn latent_per_token(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Elements a token keeps in one layer's decompressed cache: `A·(dq + dv)`.
+    pub fn decompressed_per_token(&self, heads: usize) -> usize {
+        heads * (self.qk_head_dim() + self.v_head_dim)
+    }
+}
+
+/// The projections of an MLA attention in model order: `q_a`, `q_b` (or `q`), `kv_a`, `kv_b`,
+/// `o` (`attention_bias` on `q_a`, `kv_a` and `o`).
+pub fn projections(hidden: usize, heads: usize, m: &MlaShape, bias: bool) -> Vec<ProjSpec> {
+    use super::transformer::LoraTarget as T;
+    let p = |target, path, inp, out, bias| ProjSpec {
+        target,
+        path,
+        inp,
+        out,
+        bias,
+    };
+    let dq = m.qk_head_dim();
+    let mut v = match m.q_lora_rank {
+        None => vec![p(T::Q, "attn.q", hidden, heads * dq, false)],
+        Some(r) => vec![
+            p(T::Q, "attn.q_a", hidden, r, bias),
+            p(T::Q, "attn.q_b", r, heads * dq, false),
+        ],
+    };
+    v.extend([
+        p(
+            T::K,
+            "attn.kv_a",
+            hidden,
+            m.kv_lora_rank + m.qk_rope_head_dim,
+            bias,
+        ),
+        p(
+            T::V,
+            "attn.kv_b",
+            m.kv_lora_rank,
+            heads * (m.qk_nope_head_dim + m.v_head_dim),
+            false,
+        ),
+        p(T::O, "attn.o", heads * m.v_head_dim, hidden, bias),
+    ]);
+    v
+}
+
+/// The RMSNorms of an MLA attention: `q_a_norm` (R, with `q_lora_rank`) and `kv_a_norm` (L).
+pub fn norms(m: &MlaShape) -> Vec<(&'static str, usize)> {
+    let mut v = Vec::new();
+    if let Some(r) = m.q_lora_rank {
+        v.push(("attn.q_a_norm", r));
+    }
+    v.push(("attn.kv_a_norm", m.kv_lora_rank));
+    v
+}
+
+/// Epsilon of MLA's inner norms: transformers makes them with its default 1e-6, not
+/// `rms_norm_eps`.
+pub const INNER_EPS: f64 = 1e-6;
+
+/// Multi-head latent attention.
+#[derive(Debug, Clone)]
+pub struct Mla {
+    /// `q`, or `q_a` with its norm and `q_b`.
+    pub(crate) q: Proj,
+    pub(crate) q_a: Option<(Proj, Norm)>,
+    pub(crate) kv_a: Proj,
+    pub(crate) kv_a_norm: Norm,
+    pub(crate) kv_b: Proj,
+    pub(crate) o: Proj,
+    pub(crate) shape: MlaShape,
+    pub(crate) core: Core,
+}
+
+impl Mla {
+    pub(crate) fn new(
+        cfg: &Config,
+        m: MlaShape,
+        projs: &[ProjSpec],
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        let fused = cfg.kernels.fused();
+        let (q_a, q) = match m.q_lora_rank {
+            None => (None, p(0)?),
+            Some(r) => {
+                let q_a = p(0)?;
+                let norm = Norm::rms_eps(r, INNER_EPS, fused, vb.pp("q_a_norm"))?;
+                (Some((q_a, norm)), p(1)?)
+            }
+        };
+        let i = usize::from(m.q_lora_rank.is_some());
+        let kv_a = p(i + 1)?;
+        let kv_a_norm = Norm::rms_eps(m.kv_lora_rank, INNER_EPS, fused, vb.pp("kv_a_norm"))?;
+        Ok(Self {
+            q,
+            q_a,
+            kv_a,
+            kv_a_norm,
+            kv_b: p(i + 2)?,
+            o: p(i + 3)?,
+            shape: m,
+            core: Core::new(cfg, cfg.heads, cfg.heads),
+        })
+    }
+
+    /// The queries `(B, A, S, dq)` (rotated), the normalised latent `(B, 1, S, L)` and the
+    /// rotated shared key `(B, 1, S, r)` of `x (B, S, H)`.
+    fn latent(&self, x: &Tensor, rotary: Rotary) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, s, _h) = x.dims3()?;
+        let m = &self.shape;
+        let (a, n, r, l) = (
+            self.core.heads,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.kv_lora_rank,
+        );
+        let q = match &self.q_a {
+            None => self.q.forward(x)?,
+            Some((q_a, norm)) => {
+                let qa = norm.forward(&q_a.forward(x)?)?;
+                self.q.forward(&qa)?
+            }
+        };
+        // Contiguous before the split, so that the `cat`s below copy once into a contiguous
+        // result (candle's `cat` of strided parts returns a strided view).
+        let q = heads_first(&q, a, n + r)?;
+        let q_nope = q.narrow(3, 0, n)?;
+        let q_pe = rotate(&q.narrow(3, n, r)?, rotary, self.core.fused)?;
+        let q = Tensor::cat(&[&q_nope, &q_pe], 3)?;
+        drop((q_nope, q_pe));
+        let ckv = self.kv_a.forward(x)?;
+        let c = self
+            .kv_a_norm
+            .forward(&ckv.narrow(2, 0, l)?.contiguous()?)?
+            .unsqueeze(1)?;
+        let k_pe = ckv.narrow(2, l, r)?.reshape((b, 1, s, r))?;
+        drop(ckv);
+        let k_pe = rotate(&k_pe, rotary, self.core.fused)?;
+        Ok((q, c, k_pe))
+    }
+
+    /// Keys `(B, A, T, dq)` and values `(B, A, T, dv)` decompressed from the latent
+    /// `(B, 1, T, L)` and the shared rotary key `(B, 1, T, r)`.
+    fn decompress(&self, c: &Tensor, k_pe: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, _, t, _) = c.dims4()?;
+        let m = &self.shape;
+        let (a, n, r, dv) = (
+            self.core.heads,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+        );
+        let kv = heads_first(&self.kv_b.forward(&c.squeeze(1)?)?, a, n + dv)?;
+        let k_nope = kv.narrow(3, 0, n)?;
+        let k_pe = k_pe.broadcast_as((b, a, t, r))?.contiguous()?;
+        let k = Tensor::cat(&[&k_nope, &k_pe], 3)?;
+        drop((k_nope, k_pe));
+        let v = kv.narrow(3, n, dv)?.contiguous()?;
+        Ok((k, v))
+    }
+
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
+        let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
+        let (q, c, k_pe) = self.latent(x, rotary)?;
+        let (k, v) = self.decompress(&c, &k_pe)?;
+        drop((c, k_pe));
+        let y = self.core.attend_any(q, k, v, mask)?;
+        self.o.forward(&y)
+    }
+
+    /// Inference with the latent cache: the new latent and shared key appended (a `cat`
+    /// each), then the whole cache decompressed for this step.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
+        let (q, c, k_pe) = self.latent(x, rotary)?;
+        let first = cache.is_none();
+        let (c, k_pe) = match cache.take() {
+            None => (c, k_pe),
+            Some((pc, pk)) => {
+                let c = Tensor::cat(&[&pc, &c], 2)?;
+                drop(pc);
+                let k_pe = Tensor::cat(&[&pk, &k_pe], 2)?;
+                (c, k_pe)
+            }
+        };
+        let (k, v) = self.decompress(&c, &k_pe)?;
+        *cache = Some((c, k_pe));
+        let y = if first && q.dim(2)? > 1 {
+            self.core.attend_any(q, k, v, mask)?
+        } else {
+            self.core.attend_cached(q, k, v, mask)?
+        };
+        self.o.forward(&y)
+    }
+
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        let mut v = Vec::new();
+        if let Some((q_a, _)) = &mut self.q_a {
+            v.push(q_a);
+        }
+        v.extend([&mut self.q, &mut self.kv_a, &mut self.kv_b, &mut self.o]);
+        v
+    }
+
+    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
+    pub(crate) fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        Ok(Self {
+            q: self.q.map(base, adapter)?,
+            q_a: match &self.q_a {
+                None => None,
+                Some((p, n)) => Some((p.map(base, adapter)?, n.map(base)?)),
+            },
+            kv_a: self.kv_a.map(base, adapter)?,
+            kv_a_norm: self.kv_a_norm.map(base)?,
+            kv_b: self.kv_b.map(base, adapter)?,
+            o: self.o.map(base, adapter)?,
+            shape: self.shape,
+            core: self.core,
+        })
+    }
+}
+
+/// `x (B, S, A·d)` → `(B, A, S, d)` contiguous with natural strides (a copy; a pure reshape
+/// when S is 1, where candle would keep a transposed view with an odd stride that its `cat`
+/// cannot copy in one piece).
+fn heads_first(x: &Tensor, a: usize, d: usize) -> Result<Tensor> {
+    let (b, s, _) = x.dims3()?;
+    if s == 1 {
+        return x.reshape((b, a, 1, d));
+    }
+    x.reshape((b, s, a, d))?.transpose(1, 2)?.contiguous()
+}
+
+/// `x (B, n, S, r)` (a view) de-interleaved — pairs `(x₀, x₁), (x₂, x₃), …` to the halves
+/// `(x₀, x₂, …), (x₁, x₃, …)`, one copy — then rotated as the model's other rotary
+/// embeddings.
+fn rotate(x: &Tensor, rotary: Rotary, fused: bool) -> Result<Tensor> {
+    let (b, n, s, r) = x.dims4()?;
+    let halves = x
+        .reshape((b, n, s, r / 2, 2))?
+        .transpose(3, 4)?
+        .reshape((b, n, s, r))?;
+    rotary.apply(&halves, fused)
+}
