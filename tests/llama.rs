@@ -341,13 +341,21 @@ fn variants() {
     with(&["--phases", "load", "--load", "mmap", "--tied", "on"], 1);
 }
 
-/// Mixtral (4 experts, 2 per token) and Qwen3-MoE (6 experts, 3 per token, q/k norms), the
-/// reference fixtures' configs: every phase with candle's composed ops and the fused kernels,
-/// and mixed f16 with checkpointing, against the replay of the routing each row records
-/// (tokens per expert per layer, summing to k·B·S in every layer).
+/// Mixtral (4 experts, 2 per token), Qwen3-MoE (6 experts, 3 per token, q/k norms),
+/// Qwen2-MoE (a gated shared expert, layer 0 dense), DeepSeek-V2 (MLA, 2 shared experts,
+/// layer 0 dense, greedy softmax routing) and DeepSeek-V3 (MLA with q compression, group-limited
+/// sigmoid routing), the reference fixtures' configs: every phase with candle's composed ops
+/// and the fused kernels, and mixed f16 with checkpointing, against the replay of the routing
+/// each row records (tokens per expert per sparse layer, summing to k·B·S in each).
 #[test]
 fn mixture_of_experts_from_the_recorded_routing() {
-    for (family, experts, k) in [("mixtral", 4, 2), ("qwen3_moe", 6, 3)] {
+    for (family, experts, k, sparse) in [
+        ("mixtral", 4, 2, 2),
+        ("qwen3_moe", 6, 3, 2),
+        ("qwen2_moe", 4, 2, 1),
+        ("deepseek_v2", 6, 2, 2),
+        ("deepseek_v3", 8, 2, 1),
+    ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",
             env!("CARGO_MANIFEST_DIR")
@@ -367,7 +375,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
             for r in rows.iter().filter(|r| r.phase != "init") {
                 let layers = memfit::model::moe::parse_routing(&r.moe_routing)
                     .unwrap_or_else(|| panic!("{family} {}: no routing recorded", r.phase));
-                assert_eq!(layers.len(), 2, "{family} {}", r.phase);
+                assert_eq!(layers.len(), sparse, "{family} {}", r.phase);
                 for l in &layers {
                     assert_eq!(l.len(), experts, "{family} {}", r.phase);
                     // A decode step routes B tokens; every other forward B·S.
@@ -380,6 +388,40 @@ fn mixture_of_experts_from_the_recorded_routing() {
             check_mixed_checkpointed(&base, kernels);
         }
     }
+}
+
+/// DeepSeek-V2's MLA (the reference fixture's config) with efficient and tiled attention
+/// (values padded to the query width for the efficient op) against the replay, and its
+/// latent cache: the prefill keeps `L·B·S·(kv_lora_rank + r)·e` (3 layers, B 16, S 28, 16 + 4,
+/// f32), decoding 4 tokens adds `4/28` of it (to a few hundred bytes of tensor bookkeeping).
+#[test]
+fn mla_latent_cache_and_attention_variants() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/deepseek_v2/config.json"
+    );
+    let base = ["--hf-config", cfg, "--batch", "16", "--seq", "28"];
+    for attention in ["efficient", "tiled"] {
+        let mut a = base.to_vec();
+        a.extend([
+            "--phases",
+            "init,forward,backward,inference,prefill",
+            "--attention",
+            attention,
+        ]);
+        check_run(&a, 5);
+    }
+    let mut a = base.to_vec();
+    a.extend(["--phases", "prefill,decode", "--decode-tokens", "4"]);
+    let rows = check_run(&a, 2);
+    let cache = 3 * 16 * 28 * (16 + 4) * 4;
+    let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+    let kept = prefill.retained_bytes.unwrap();
+    assert!(kept >= cache && kept < cache + 4096, "{kept}");
+    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    let grown = decode.retained_bytes.unwrap();
+    let want = 3 * 16 * 4 * (16 + 4) * 4;
+    assert!(grown.abs_diff(want) < 4096, "{grown} against {want}");
 }
 
 /// Mistral with a sliding window of 4 (the reference fixture's config) at S 28: every phase,
