@@ -347,6 +347,11 @@ pub struct GridArgs {
     /// override its fields (e.g. --layers 2 for a two-block slice).
     #[arg(long)]
     pub hf_config: Option<String>,
+    /// Change a field of the --hf-config file before it is read: FIELD=VALUE, the value as
+    /// JSON (else a string); repeatable (e.g. --hf-set num_hidden_layers=2 --hf-set
+    /// n_routed_experts=8).
+    #[arg(long, value_name = "FIELD=VALUE")]
+    pub hf_set: Vec<String>,
     /// LLaMA: K/V heads (divide --heads), comma-separated.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub kv_heads: Vec<i64>,
@@ -438,6 +443,7 @@ impl GridArgs {
             channels: many(&self.channels),
             classes: many(&self.classes),
             hf_config: self.hf_config.clone(),
+            hf_set: (!self.hf_set.is_empty()).then(|| self.hf_set.clone()),
             kv_heads: many(&self.kv_heads),
             head_dim: many(&self.head_dim),
             intermediate: many(&self.intermediate),

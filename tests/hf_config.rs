@@ -16,7 +16,9 @@ use predicates::str::contains;
 /// 134,515,008 are transformers' `num_parameters()` of the same configs (tied embeddings
 /// counted once); Qwen3-8B 8,190,735,360 (q/k norms included; the arithmetic is in its
 /// config's `_memfit` note); Qwen3-30B-A3B 30,532,122,624 and Mixtral-8x7B 46,702,792,704
-/// (every expert counted; the active counts in `active_params_are_the_routed_share`).
+/// (every expert counted; the active counts in `active_params_are_the_routed_share`);
+/// DeepSeek-V2-Lite 15,706,484,224 (transformers' `DeepseekV2ForCausalLM` of the same config
+/// on the meta device; its card's "15.7B").
 #[test]
 fn presets_have_the_published_parameter_counts() {
     for (name, want) in [
@@ -29,6 +31,7 @@ fn presets_have_the_published_parameter_counts() {
         ("qwen3-8b", 8_190_735_360),
         ("qwen3-30b-a3b", 30_532_122_624),
         ("mixtral-8x7b", 46_702_792_704),
+        ("deepseek-v2-lite", 15_706_484_224),
         ("tinyllama-1.1b", 1_100_048_384),
         ("smollm2-135m", 134_515_008),
     ] {
@@ -60,6 +63,9 @@ fn active_params_are_the_routed_share() {
     for (name, want) in [
         ("qwen3-30b-a3b", 3_353_032_704u64),
         ("mixtral-8x7b", 12_879_925_248),
+        // 26 sparse layers × 58 idle experts × 3·2048·1408 fewer (its card's "2.4B" leaves
+        // out the 209,715,200 of the token table).
+        ("deepseek-v2-lite", 2_661_150_208),
         ("llama-3-8b", 8_030_261_248),
     ] {
         assert_eq!(
@@ -123,6 +129,44 @@ fn errors_name_the_file_and_the_field() {
         (
             r#"{"model_type": "llama", "hidden_size": "64"}"#.to_string(),
             "hidden_size",
+        ),
+        (
+            format!(r#"{{"model_type": "gpt_oss", {base}}}"#),
+            "model_type",
+        ),
+        (
+            format!(
+                r#"{{"model_type": "qwen3", {base}, "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"]}}"#
+            ),
+            "layer_types",
+        ),
+        (
+            format!(r#"{{"model_type": "llama", {base}, "rope_scaling": {{"rope_type": "ntk"}}}}"#),
+            "rope_scaling",
+        ),
+        (
+            format!(
+                r#"{{"model_type": "mixtral", {base}, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "output_router_logits": true}}"#
+            ),
+            "output_router_logits",
+        ),
+        (
+            format!(
+                r#"{{"model_type": "deepseek_v2", {base}, "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                "topk_method": "noaux_tc"}}"#
+            ),
+            "topk_method",
+        ),
+        (
+            format!(
+                r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8, "qk_rope_head_dim": 3, "v_head_dim": 8}}"#
+            ),
+            "qk_rope_head_dim",
         ),
     ] {
         let err = hf_config::parse(&body, "cfg.json").unwrap_err().to_string();

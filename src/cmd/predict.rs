@@ -64,8 +64,13 @@ pub struct Serving {
     /// The serving copy's weights (`--weights`: the model's type, f16, q8_0, q4_0), with the
     /// rotary tables and metadata.
     pub weights_bytes: u64,
-    /// `2 · L · kv_heads · head_dim · e`: what one cached token of one sequence costs.
+    /// `2 · L · kv_heads · head_dim · e` (MLA: `L · (kv_lora_rank + qk_rope_head_dim) · e`, the
+    /// latent cache): what one cached token of one sequence costs.
     pub kv_bytes_per_token: u64,
+    /// MLA: one cached token decompressed (keys and values per head, `L·A·(dq + dv)·e`,
+    /// what transformers' cache keeps), the comparison for the latent cache memfit measures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_per_token_decompressed: Option<u64>,
     /// One sequence of `--seq` tokens in the cache: `min(seq, window) · kv_bytes_per_token`.
     pub kv_bytes_per_sequence: u64,
     /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
@@ -185,8 +190,13 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     ),
                     _ => String::new(),
                 };
+                let latent = sv
+                    .kv_bytes_per_token_decompressed
+                    .map_or(String::new(), |d| {
+                        format!(" latent ({} decompressed)", human_bytes(d))
+                    });
                 println!(
-                    "       serving: weights {}, KV {} per token ({} for one sequence of {}), prefill activations {}{budget}",
+                    "       serving: weights {}, KV {} per token{latent} ({} for one sequence of {}), prefill activations {}{budget}",
                     human_bytes(sv.weights_bytes),
                     human_bytes(sv.kv_bytes_per_token),
                     human_bytes(sv.kv_bytes_per_sequence),
@@ -327,6 +337,7 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
     Serving {
         weights_bytes: weights,
         kv_bytes_per_token: per_token,
+        kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),
         // A sliding window caps what one sequence keeps.
         kv_bytes_per_sequence: per_token
             * shape

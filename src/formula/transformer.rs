@@ -3,7 +3,7 @@
 //! parameter tensors come from `block_projections`); their forward, backward and inference
 //! peaks come from the replay ([`super::replay`]). A LLaMA model's weights also hold the
 //! rotary tables `2 · S_max · D/2 · e`; its KV cache grows by `2 · L · B · T · G · D · e`
-//! ([`Shape::kv_bytes_per_token`]).
+//! (MLA: `L · B · T · (kv_lora_rank + qk_rope_head_dim) · e`; [`Shape::kv_bytes_per_token`]).
 //!
 //! Notation: B batch, S sequence, H hidden, A heads, L layers, V vocab, S_max position table,
 //! P parameters, e bytes per element (4 for f32, 2 for bf16/f16). The activation closed form is
@@ -459,14 +459,33 @@ impl Shape {
     }
 
     /// Bytes of keys and values one cached token adds: `2 · L · G · D · e` (G K/V heads of
-    /// width D; G = A and D = H/A outside LLaMA), e the serving activations' bytes.
+    /// width D; G = A and D = H/A outside LLaMA), e the serving activations' bytes; MLA's
+    /// latent cache `L · (kv_lora_rank + qk_rope_head_dim) · e`.
     pub fn kv_bytes_per_token(&self) -> u64 {
-        let (g, d) = self.kv_dims();
-        let e = match (self.serve, self.elem) {
+        let e = self.kv_elem_bytes();
+        match self.llama.and_then(|l| l.mla) {
+            // MLA: the latent and the shared rotary key.
+            Some(m) => self.l * m.latent_per_token() as u64 * e,
+            None => {
+                let (g, d) = self.kv_dims();
+                2 * self.l * g * d * e
+            }
+        }
+    }
+
+    /// MLA: what one cached token of one sequence costs decompressed (keys and values per
+    /// head, `L·A·(dq + dv)·e`, what transformers' cache keeps); `None` for other attention.
+    pub fn kv_bytes_per_token_decompressed(&self) -> Option<u64> {
+        let m = self.llama.and_then(|l| l.mla)?;
+        Some(self.l * m.decompressed_per_token(self.a as usize) as u64 * self.kv_elem_bytes())
+    }
+
+    /// Bytes of one cached element: the serving copy's type.
+    fn kv_elem_bytes(&self) -> u64 {
+        match (self.serve, self.elem) {
             (ServingWeights::F16, _) | (_, ElemType::F16 | ElemType::Bf16) => 2,
             _ => 4,
-        };
-        2 * self.l * g * d * e
+        }
     }
 
     /// [`super::replay::decode_step`] with this backend's metadata and gemm buffers: the

@@ -112,13 +112,7 @@ pub struct HfConfig {
 
 /// Reads and parses `path`.
 pub fn load(path: &std::path::Path) -> Result<HfConfig, UserError> {
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| UserError::Unreadable {
-        origin: origin.clone(),
-        what: "Hugging Face config",
-        message: e.to_string(),
-    })?;
-    parse(&text, &origin)
+    load_with(path, &[])
 }
 
 struct Fields<'a> {
@@ -212,12 +206,49 @@ impl Fields<'_> {
     }
 }
 
+/// Reads `path` with `sets` (`FIELD=VALUE`: the value as JSON, else as a string) applied to
+/// its fields before they are read.
+pub fn load_with(path: &std::path::Path, sets: &[String]) -> Result<HfConfig, UserError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| UserError::Unreadable {
+        origin: origin.clone(),
+        what: "Hugging Face config",
+        message: e.to_string(),
+    })?;
+    parse_with(&text, &origin, sets)
+}
+
 /// Parses the text of a `config.json`; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| UserError::Syntax {
+    parse_with(text, origin, &[])
+}
+
+/// [`parse`] with `sets` applied first (see [`load_with`]).
+pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig, UserError> {
+    let mut value: Value = serde_json::from_str(text).map_err(|e| UserError::Syntax {
         origin: origin.into(),
         message: format!("not a JSON config: {e}"),
     })?;
+    if let Value::Object(map) = &mut value {
+        for set in sets {
+            let Some((field, v)) = set.split_once('=').filter(|(f, _)| !f.trim().is_empty()) else {
+                return Err(UserError::OutOfRange {
+                    origin: origin.into(),
+                    key: "hf_set".into(),
+                    value: set.clone(),
+                    reason: "not FIELD=VALUE".into(),
+                    allowed: "FIELD=VALUE, e.g. num_hidden_layers=2".into(),
+                });
+            };
+            let v = serde_json::from_str(v.trim()).unwrap_or_else(|_| Value::from(v.trim()));
+            map.insert(field.trim().to_string(), v);
+        }
+    }
+    let origin = &if sets.is_empty() {
+        origin.to_string()
+    } else {
+        format!("{origin} (with hf_set {})", sets.join(", "))
+    };
     let Value::Object(map) = &value else {
         return Err(UserError::Syntax {
             origin: origin.into(),

@@ -100,6 +100,7 @@ pub const PRESETS: &[&str] = &[
     "qwen3-8b",
     "qwen3-30b-a3b",
     "mixtral-8x7b",
+    "deepseek-v2-lite",
     "tinyllama-1.1b",
     "smollm2-135m",
 ];
@@ -116,6 +117,7 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "qwen3-8b" => include_str!("../../workloads/configs/qwen3-8b.json"),
         "qwen3-30b-a3b" => include_str!("../../workloads/configs/qwen3-30b-a3b.json"),
         "mixtral-8x7b" => include_str!("../../workloads/configs/mixtral-8x7b.json"),
+        "deepseek-v2-lite" => include_str!("../../workloads/configs/deepseek-v2-lite.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
         "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
         _ => return None,

@@ -120,6 +120,10 @@ pub struct GridSpec {
     /// A Hugging Face `config.json` (a path, relative to the working directory) giving the
     /// model family and sizes (`model::hf_config`); the size keys override its fields.
     pub hf_config: Option<String>,
+    /// `FIELD=VALUE` changes to the `hf_config` file's fields before it is read (the value as
+    /// JSON, else as a string): any field, for a slice (`num_hidden_layers=2`,
+    /// `n_routed_experts=8`).
+    pub hf_set: Option<Vec<String>>,
     /// LLaMA: K/V heads (divide `heads`); a list expands.
     pub kv_heads: Option<OneOrMany<i64>>,
     /// LLaMA: width of one head (even; default the preset's, or hidden/heads when the sizes
@@ -188,6 +192,7 @@ impl GridSpec {
             channels,
             classes,
             hf_config,
+            hf_set,
             kv_heads,
             head_dim,
             intermediate,
@@ -445,6 +450,18 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     // A Hugging Face config gives the family and the sizes; else the family is given, or that
     // of the preset (a `vit-…` preset means ViT, a LLaMA one LLaMA).
     let hf = match &spec.hf_config {
+        None if spec.hf_set.is_some() => {
+            return Err(ctx.bad(
+                "hf_set",
+                &spec
+                    .hf_set
+                    .as_ref()
+                    .map(|v| v.join(" "))
+                    .unwrap_or_default(),
+                "changes to a config file without hf_config",
+                "hf_set beside hf_config",
+            ));
+        }
         None => None,
         Some(path) => {
             if let Some(p) = &spec.preset {
@@ -455,7 +472,8 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "one of preset, hf_config",
                 ));
             }
-            Some(hf_config::load(std::path::Path::new(path))?)
+            let sets = spec.hf_set.as_deref().unwrap_or_default();
+            Some(hf_config::load_with(std::path::Path::new(path), sets)?)
         }
     };
     let family_of = |name: &str| {
@@ -502,7 +520,12 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             let stem = std::path::Path::new(path)
                 .file_stem()
                 .map_or("config".into(), |s| s.to_string_lossy().to_string());
-            (format!("hf:{stem}"), hf.cfg.clone())
+            // The changes name the slice: `hf:deepseek-v2-lite[num_hidden_layers=2]`.
+            let name = match spec.hf_set.as_deref() {
+                Some(sets) if !sets.is_empty() => format!("hf:{stem}[{}]", sets.join(",")),
+                _ => format!("hf:{stem}"),
+            };
+            (name, hf.cfg.clone())
         }
         None => {
             let name = spec.preset.clone().unwrap_or_else(|| presets[0].into());

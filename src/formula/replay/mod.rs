@@ -840,12 +840,24 @@ pub fn decode_step(
         .llama
         .and_then(|l| l.sliding_window)
         .map_or(cached, |w| cached.min(w));
-    let dims = [shape.b as usize, g as usize, cached, d as usize];
+    let b = shape.b as usize;
+    // Keys and values `(B, G, T, D)`; MLA: the latent `(B, 1, T, L)` and the shared rotary
+    // key `(B, 1, T, r)`.
+    let (kd, vd) = match shape.llama.and_then(|l| l.mla) {
+        Some(m) => (
+            [b, 1, cached, m.kv_lora_rank],
+            [b, 1, cached, m.qk_rope_head_dim],
+        ),
+        None => (
+            [b, g as usize, cached, d as usize],
+            [b, g as usize, cached, d as usize],
+        ),
+    };
     let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l)
         .map(|_| {
             Some((
-                Sym::new(&ledger, &dims, model.dtype),
-                Sym::new(&ledger, &dims, model.dtype),
+                Sym::new(&ledger, &kd, model.dtype),
+                Sym::new(&ledger, &vd, model.dtype),
             ))
         })
         .collect();
