@@ -2,7 +2,7 @@
 # Regenerates the committed CPU results (results/cpu/) from the workloads, as each workload's
 # header says, then the report (docs/report/). Each run goes to a fresh folder first and
 # replaces the committed one only when it finished, so a failure leaves the old results.
-# About 30 minutes on 2 cores; keep the machine otherwise idle (the rows' times are measured).
+# About 40 minutes on 2 cores; keep the machine otherwise idle (the rows' times are measured).
 #
 #   scripts/results-cpu.sh                  # every workload below
 #   scripts/results-cpu.sh seed-vit default # just those
@@ -18,7 +18,7 @@ if [[ -z "$memfit" ]]; then
 fi
 all=(default seed-attention seed-checkpoint seed-decode seed-decode-threads seed-f3-slice
      seed-f5-time seed-llama seed-llama-real seed-load seed-lora seed-optimizers seed-precision
-     seed-quantized seed-vit)
+     seed-quantized seed-vit seed-moe)
 names=("$@")
 (( ${#names[@]} )) || names=("${all[@]}")
 new="results/.cpu-new"

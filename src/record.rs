@@ -325,6 +325,18 @@ pub struct Row {
     pub moe_tokens_max: Option<u64>,
     #[serde(default)]
     pub moe_tokens_min: Option<u64>,
+    /// Parameters a token uses (a mixture of experts: the router, shared experts and `k` of
+    /// the `E` routed experts per sparse layer); `params` for a dense model.
+    #[serde(default)]
+    pub active_params: Option<u64>,
+    /// A decoder: the bytes one cached token of one sequence costs in the KV cache, as the
+    /// architecture defines it (`2·L·G·D·e`; MLA's latent `L·(kv_lora_rank +
+    /// qk_rope_head_dim)·e`), e the serving activations' bytes.
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<u64>,
+    /// Sliding-window attention: keys per query (the cache keeps that many tokens).
+    #[serde(default)]
+    pub sliding_window: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
 }

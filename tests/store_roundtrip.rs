@@ -91,6 +91,9 @@ fn base_row(case: u64, phase: &str) -> Row {
         moe_routing: "3,0,5;4,4,0".into(),
         moe_tokens_max: Some(5),
         moe_tokens_min: Some(0),
+        active_params: Some(1_000),
+        kv_bytes_per_token: Some(4096),
+        sliding_window: Some(4096),
     }
 }
 
@@ -305,7 +308,7 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
              images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
              pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,\
              trim_layer,trim_before_bytes,trim_after_bytes,trim_live_bytes,moe_routing,\
-             moe_tokens_max,moe_tokens_min,threads"
+             moe_tokens_max,moe_tokens_min,active_params,kv_bytes_per_token,sliding_window,threads"
         ),
         "{}",
         lines[0]

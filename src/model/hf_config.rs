@@ -1,22 +1,30 @@
 //! A Hugging Face `config.json` (a local file; nothing is ever downloaded) read into a memfit
 //! [`Config`].
 //!
-//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3`, `mixtral`, `qwen3_moe`
-//! → the LLaMA-family decoder
-//! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder. Read for LLaMA:
+//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3`, `mixtral`,
+//! `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3` → the LLaMA-family decoder
+//! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder; `gpt_oss` and
+//! `gemma3` are refused by name with what memfit lacks to build them. Read for LLaMA:
 //! `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
-//! `rms_norm_eps`, `rope_theta`, `torch_dtype`, `hidden_act` (must be `silu`), and
-//! `sliding_window` (mistral, mixtral: every layer; qwen when `use_sliding_window`, and every
-//! layer or none by `max_window_layers`). Qwen2 has q, k, v biases and none on o; Qwen3 reads
-//! `attention_bias` (default false) and has q/k norms (`q_norm`, `k_norm`: RMSNorm over
-//! `head_dim`, with `rms_norm_eps`). Mixtral and Qwen3-MoE read their experts
-//! ([`moe_shape`]). Fields that change memory and that memfit does not model are refused,
-//! never ignored: mixture-of-experts fields in a dense type, dense layers between sparse ones,
-//! per-layer windows, another activation. Fields that do not change memory (`rope_scaling`,
-//! token ids, `architectures`, …) are not read.
+//! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
+//! change), `torch_dtype`, `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral:
+//! every layer; qwen when `use_sliding_window`, and every layer or none by
+//! `max_window_layers`) and `layer_types` (all full or all sliding). Qwen2 (and Qwen2-MoE) has
+//! q, k, v biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k
+//! norms (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). DeepSeek reads
+//! its multi-head latent attention ([`super::mla`]: `q_lora_rank`, `kv_lora_rank`,
+//! `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; `head_dim` becomes the rotary width,
+//! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). The mixtures of
+//! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
+//! are refused, never ignored: mixture-of-experts fields in a dense type, dense layers at
+//! listed positions, per-layer windows, the routers' auxiliary loss, another activation.
+//! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
+//! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
+//! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
+//! any field before it is read.
 //!
 //! GPT-2 reads `n_embd`, `n_head`, `n_layer`, `vocab_size`, `n_positions`,
 //! `layer_norm_epsilon`, `n_inner` (null or 4·n_embd), `activation_function` (`gelu_new`, the

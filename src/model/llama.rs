@@ -1,4 +1,6 @@
-//! The LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM): the blocks of
+//! The LLaMA-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama, SmolLM; with the
+//! mixtures of experts of [`super::moe`] Mixtral, Qwen2/3-MoE, and with the latent attention of
+//! [`super::mla`] DeepSeek-V2/V3): the blocks of
 //! [`super::transformer`] with RMSNorm instead of LayerNorm, rotary position embeddings instead
 //! of a position table, grouped-query attention (`kv_heads` K/V heads, each shared by
 //! `heads / kv_heads` query heads), an explicit `head_dim`, a SwiGLU MLP

@@ -1,23 +1,31 @@
-//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router and `E` SwiGLU experts, computed as
-//! the reference implementations do — each token goes to its `k` best experts, each expert runs
-//! on the tokens gathered for it, and the results are added back — so memory depends on the
-//! routing the case drew.
+//! A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3): a router and `E`
+//! SwiGLU experts, computed as the reference implementations do — each token goes to its `k`
+//! best experts, each expert runs on the tokens gathered for it, and the results are added
+//! back — so memory depends on the routing the case drew; optional shared experts on every
+//! token; dense layers first or between sparse ones ([`MoeShape::sparse`]).
 //!
 //! Shapes (T = B·S tokens, H hidden, E experts, I an expert's width, k per token):
-//! - router: `x (T, H) · Wᵀ` → logits `(T, E)`, softmax over E in f32 → probabilities `P`;
-//! - top-k per token on the host (a copy of `P`, `4·T·E` bytes, freed at once), giving the
-//!   tokens of each expert `top_x[e]` (`n_e` of them, `Σ n_e = k·T`) and a 0/1 selection
-//!   `M (T, E)` f32;
-//! - weights `R = P·M`, renormalised over the selected experts when `norm_topk`
-//!   (`R / Σ_E R`), cast to the activations' type: differentiable, so the router learns;
+//! - router: `x (T, H) · Wᵀ` → logits `(T, E)` → scores `P` in f32: a softmax over E, or a
+//!   sigmoid per expert (DeepSeek-V3), composed `1/(1 + exp(−x))`;
+//! - top-k per token on the host (a copy of `P`, `4·T·E` bytes, freed at once; DeepSeek-V3's
+//!   correction bias added for the choice only; group-limited routing picks the best groups
+//!   first), giving the tokens of each expert `top_x[e]` (`n_e` of them, `Σ n_e = k·T`) and a
+//!   0/1 selection `M (T, E)` f32;
+//! - weights `R = P·M`, renormalised over the selected experts when `norm_topk` (`R / Σ_E R`;
+//!   DeepSeek `R / (Σ_E R + 1e-20)`), times `routed_scaling_factor` when it is not 1, cast to
+//!   the activations' type: differentiable, so the router learns;
 //! - per expert with `n_e > 0`: `x_e = x[top_x[e]] (n_e, H)`, `y_e = down(silu(gate(x_e)) ·
 //!   up(x_e)) (n_e, H)`, scaled by `R[top_x[e]] (n_e, E)`'s column `e`, added into the output with
-//!   `index_add` (a fresh `(T, H)` each time, as candle's `index_add` is not in place).
+//!   `index_add` (a fresh `(T, H)` each time, as candle's `index_add` is not in place);
+//! - shared experts: one SwiGLU of width `shared` on every token, added last (Qwen2-MoE: times
+//!   `sigmoid(x·g)`, `g (1, H)`).
 //!
-//! Parameters per layer: router `H·E` + `E·3·H·I`; per token `k·3·H·I` of them are active.
-//! The routing of each layer's last forward is kept process-wide ([`routing_snapshot`]: tokens
-//! per expert, by layer): the runner records it in each phase's row, and the replay predicts
-//! from it.
+//! Parameters per sparse layer: router `H·E` + `E·3·H·I` + `3·H·I_shared` (+ `H` for the
+//! shared gate); per token `k·3·H·I` of the routed ones are active. The routing of each
+//! layer's last forward is kept process-wide ([`routing_snapshot`]: tokens per expert, by
+//! sparse layer): the runner records it in each phase's row, and the replay predicts from it.
+//! The router computes in the activations' type (transformers' DeepSeek casts to f32 first: the
+//! same memory in f32, a little less here in 16 bits).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

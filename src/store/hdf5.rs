@@ -55,7 +55,9 @@ pub fn unit(field: &str) -> Option<&'static str> {
         | "lora_base" | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset"
         | "worker_kind" | "storage" | "persistent" | "tied" | "biases" | "trim_layer"
         | "moe_routing" => "",
-        "moe_tokens_max" | "moe_tokens_min" => "tokens",
+        "moe_tokens_max" | "moe_tokens_min" | "sliding_window" => "tokens",
+        "active_params" => "parameters",
+        "kv_bytes_per_token" => "bytes",
         // A relative L2 error: a ratio.
         "logits_rel_error" => "",
         "case" => "index",
@@ -229,6 +231,13 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "moe_tokens_min" => {
             "Mixture of experts: the fewest tokens any expert of any layer received."
         }
+        "active_params" => {
+            "Parameters a token uses (a mixture of experts: router, shared and k routed experts)."
+        }
+        "kv_bytes_per_token" => {
+            "Decoders: KV-cache bytes of one cached token of one sequence (2LGDe; MLA: L(kv_lora_rank+rope)e)."
+        }
+        "sliding_window" => "Sliding-window attention: keys per query; the cache keeps that many.",
         _ => return None,
     })
 }
@@ -365,6 +374,9 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("moe_routing", rows, |r| Some(&r.moe_routing))?;
         w.opt_u64("moe_tokens_max", rows, |r| r.moe_tokens_max)?;
         w.opt_u64("moe_tokens_min", rows, |r| r.moe_tokens_min)?;
+        w.opt_u64("active_params", rows, |r| r.active_params)?;
+        w.opt_u64("kv_bytes_per_token", rows, |r| r.kv_bytes_per_token)?;
+        w.opt_u64("sliding_window", rows, |r| r.sliding_window)?;
     }
     file.flush().context("flushing")?;
     file.close().context("closing")?;
@@ -779,6 +791,10 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     // Files written before the mixture-of-experts columns: dense models.
     let moe_tokens_max = trim_u64("moe_tokens_max")?;
     let moe_tokens_min = trim_u64("moe_tokens_min")?;
+    // Files written before the architecture columns: none recorded.
+    let active_params = trim_u64("active_params")?;
+    let kv_bytes_per_token = trim_u64("kv_bytes_per_token")?;
+    let sliding_window = trim_u64("sliding_window")?;
 
     let mut run_id = run_id.into_iter();
     let mut model = model.into_iter();
@@ -894,6 +910,9 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             moe_routing: next(&mut moe_routing),
             moe_tokens_max: moe_tokens_max[i],
             moe_tokens_min: moe_tokens_min[i],
+            active_params: active_params[i],
+            kv_bytes_per_token: kv_bytes_per_token[i],
+            sliding_window: sliding_window[i],
         });
     }
     Ok((meta, rows))

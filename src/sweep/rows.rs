@@ -206,6 +206,14 @@ pub fn bare_row(
             .moe_routing
             .as_ref()
             .and_then(|r| r.iter().flatten().min().map(|&n| n as u64)),
+        active_params: case.data.is_none().then(|| case.cfg.active_params()),
+        kv_bytes_per_token: (case.cfg.vision.is_none() && case.data.is_none())
+            .then(|| crate::formula::transformer::Shape::of(case).kv_bytes_per_token()),
+        sliding_window: case
+            .cfg
+            .llama
+            .and_then(|l| l.sliding_window)
+            .map(|w| w as u64),
     };
     match &case.data {
         Some(d) => crate::data::bench::row(row, d, figures),

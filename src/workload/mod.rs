@@ -942,10 +942,21 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 ll.qkv_bias = qkv;
                 ll.o_bias = o;
             }
-            ll.head_dim = match hd {
-                Some(d) => d,
+            ll.head_dim = match (hd, ll.mla) {
+                // MLA: `head_dim` is the rotary part's width, one of its latent sizes.
+                (Some(d), Some(_)) => {
+                    return Err(ctx.bad(
+                        "head_dim",
+                        &d.to_string(),
+                        "multi-head latent attention sizes its heads with qk_nope_head_dim, \
+                         qk_rope_head_dim and v_head_dim",
+                        "no head_dim with an MLA model (change those fields with hf_set)",
+                    ));
+                }
+                (None, Some(m)) => m.qk_rope_head_dim,
+                (Some(d), None) => d,
                 // New widths without a head_dim: hidden / heads.
-                None if h.is_some() || a.is_some() => {
+                (None, None) if h.is_some() || a.is_some() => {
                     if cfg.hidden % cfg.heads != 0 {
                         return Err(ctx.bad(
                             "heads",
@@ -959,7 +970,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     }
                     cfg.hidden / cfg.heads
                 }
-                None => ll.head_dim,
+                (None, None) => ll.head_dim,
             };
             if ll.head_dim % 2 != 0 {
                 return Err(ctx.bad(

@@ -661,18 +661,36 @@ impl<'a> Ctx<'a> {
         if d.is_empty() {
             return None;
         }
-        // The true growth 2·L·B·T·G·D·e against the seed's 2·L·B·T·H·e.
+        // The true growth against the seed's 2·L·B·T·H·e: `kv_bytes_per_token` (the
+        // architecture's own: 2·L·G·D·e, MLA's latent) per new cached token, a window capping
+        // what a sequence keeps; older rows without it: 2·L·G·D·e.
         let mut worst = 0f64;
         let mut m = Vec::new();
         let mut gqa: Vec<(&Row, f64)> = Vec::new();
+        let mut latent: Vec<(&Row, f64)> = Vec::new();
+        let mut windowed: Vec<&Row> = Vec::new();
         for r in &d {
             let (g, dh) = (r.kv_heads_or_heads()?, r.head_dim_or_default()?);
-            let tokens = (r.layers * r.batch * r.decode_tokens) as f64;
-            let want = 2.0 * tokens * (g * dh) as f64 * elem(r);
-            let seed = 2.0 * tokens * r.hidden as f64 * elem(r);
+            let heads_form = 2.0 * r.layers as f64 * (g * dh) as f64 * elem(r);
+            let per_token = r.kv_bytes_per_token.map_or(heads_form, |b| b as f64);
+            let new_tokens = match r.sliding_window {
+                Some(w) => (r.seq + r.decode_tokens).min(w) as f64 - r.seq.min(w) as f64,
+                None => r.decode_tokens as f64,
+            };
+            let want = per_token * r.batch as f64 * new_tokens;
+            let seed =
+                2.0 * (r.layers * r.batch * r.decode_tokens) as f64 * r.hidden as f64 * elem(r);
             let got = ret(r)?;
-            worst = worst.max((got / want - 1.0).abs());
-            if g * dh != r.hidden {
+            worst = worst.max(if want == 0.0 {
+                got.abs() / (per_token * r.batch as f64)
+            } else {
+                (got / want - 1.0).abs()
+            });
+            if r.sliding_window.is_some() {
+                windowed.push(*r);
+            } else if (per_token - heads_form).abs() > 0.5 {
+                latent.push((*r, seed / got));
+            } else if g * dh != r.hidden {
                 gqa.push((*r, seed / got));
             }
             let line = format!(
@@ -688,6 +706,27 @@ impl<'a> Ctx<'a> {
         }
         let exact = worst < 1e-9;
         let over = gqa.iter().map(|x| x.1).fold(f64::NAN, f64::max);
+        let over_latent = latent.iter().map(|x| x.1).fold(f64::NAN, f64::max);
+        let others = {
+            let mut v = Vec::new();
+            if !latent.is_empty() {
+                v.push(format!(
+                    "with MLA's latent cache ({} cases) it overstates ×{over_latent:.1}",
+                    latent.len()
+                ));
+            }
+            if !windowed.is_empty() {
+                v.push(format!(
+                    "with a sliding window ({} cases) the cache stops growing at W tokens, which it does not count",
+                    windowed.len()
+                ));
+            }
+            if v.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", v.join("; "))
+            }
+        };
         let llama3 = crate::model::transformer::Config::preset("llama-3-8b")?;
         let cache_per_token = |g: usize, d: usize| 2 * llama3.layers * g * d * 2;
         let (seed8, true8) = (
@@ -723,19 +762,24 @@ impl<'a> Ctx<'a> {
                 }
             ),
             format!(
-                "2·L·B·T·G·D·e (G K/V heads of width D; G·D = H without GQA); Llama-3-8B f16: {} per token, the seed's 2·L·H·e says {} (×{:.0})",
+                "2·L·B·T·G·D·e (G K/V heads of width D; G·D = H without GQA; MLA: L·B·T·(kv_lora_rank + rope)·e; a window keeps W tokens); Llama-3-8B f16: {} per token, the seed's 2·L·H·e says {} (×{:.0})",
                 mb(true8 as f64),
                 mb(seed8 as f64),
                 seed8 as f64 / true8 as f64
             ),
-            "growth equals 2·L·B·T·G·D·e to the byte in every case; the seed's H form holds where G·D = H",
+            "growth equals the architecture's per-token bytes × B × new cached tokens to the byte in every case; the seed's H form holds where G·D = H and there is no latent cache or window",
             if !exact {
                 format!("does not hold exactly: off by up to {:.3} %", worst * 100.0)
-            } else if gqa.is_empty() {
+            } else if gqa.is_empty() && latent.is_empty() && windowed.is_empty() {
                 "holds exactly without GQA (growth by concatenation, no padding); no grouped-query case measured".into()
+            } else if gqa.is_empty() {
+                format!(
+                    "partly: exact with the architecture's cache counted ({} cases){others}",
+                    d.len()
+                )
             } else {
                 format!(
-                    "partly: exact with K/V heads counted (2·L·B·T·G·D·e, {} cases); with GQA ({} cases) the seed's 2·L·B·S·H overstates the cache up to ×{over:.1}",
+                    "partly: exact with K/V heads counted (2·L·B·T·G·D·e, {} cases); with GQA ({} cases) the seed's 2·L·B·S·H overstates the cache up to ×{over:.1}{others}",
                     d.len(),
                     gqa.len()
                 )
