@@ -124,26 +124,39 @@ impl Module for Proj {
             (None, Some(b)) if self.fused => kernels::linear(x, self.linear.weight(), b)?,
             (None, _) => self.linear.forward(x)?,
             (Some(w), _) => {
-                let (b, s, inp) = x.dims3()?;
                 let op = FrozenLinear {
                     weight: w.clone(),
                     bias: self.linear.bias().cloned(),
                 };
-                x.reshape((b * s, inp))?
-                    .apply_op1(op)?
-                    .reshape((b, s, ()))?
+                let y = rows(x)?.apply_op1(op)?;
+                let out = y.dim(1)?;
+                y.reshape(out_dims(x, out)?)?
             }
         };
         match &self.lora {
             None => Ok(y),
             Some(l) => {
-                let (b, s, inp) = x.dims3()?;
-                let down = x.reshape((b * s, inp))?.matmul(&l.a.t()?)?;
-                let up = down.matmul(&l.b.t()?)?.reshape((b, s, ()))?;
+                let down = rows(x)?.matmul(&l.a.t()?)?;
+                let up = down.matmul(&l.b.t()?)?.reshape(out_dims(x, l.b.dim(0)?)?)?;
                 y + (up * l.scale)?
             }
         }
     }
+}
+
+/// `x (…, in)` as rows `(N, in)` (a view when contiguous): `(B, S, H)` in the blocks,
+/// `(n_e, H)` in an expert.
+fn rows(x: &Tensor) -> Result<Tensor> {
+    let inp = x.dim(candle_core::D::Minus1)?;
+    x.reshape((x.elem_count() / inp, inp))
+}
+
+/// `x`'s leading dimensions with `out` last.
+fn out_dims(x: &Tensor, out: usize) -> Result<Vec<usize>> {
+    let mut d = x.dims().to_vec();
+    *d.last_mut()
+        .expect("a projection's input has a last dimension") = out;
+    Ok(d)
 }
 
 /// How LoRA freezes the base projections.

@@ -55,10 +55,8 @@ impl Trainer {
             if matches!(case.cfg.lora_base, LoraBase::Q4_0 | LoraBase::Q8_0) {
                 // QLoRA keeps only the quantized copy of the projections' weights.
                 let mut data = varmap.data().lock().expect("varmap lock");
-                for i in 0..case.cfg.layers {
-                    for p in case.cfg.projections() {
-                        data.remove(&format!("h.{i}.{}.weight", p.path));
-                    }
+                for (i, path, _) in case.cfg.all_projections() {
+                    data.remove(&format!("h.{i}.{path}.weight"));
                 }
             }
             frozen

@@ -1087,12 +1087,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 ));
             }
             let moe = cfg.llama.and_then(|l| l.moe).is_some();
-            if moe && rank > 0 {
+            // LoRA on a mixture of experts: adapters on the experts' (and shared experts')
+            // projections it targets; the router stays frozen.
+            if moe && rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0) {
                 return Err(ctx.bad(
-                    "lora_rank",
-                    &rank.to_string(),
-                    "LoRA on a mixture of experts (router, experts) is not built yet",
-                    "0 with a mixture-of-experts model",
+                    "lora_base",
+                    lora_base.as_str(),
+                    "QLoRA over a mixture of experts is not built yet",
+                    "op, detach with a mixture-of-experts model",
                 ));
             }
             if moe && matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0) {
@@ -1113,7 +1115,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             }
             let quantized = matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0)
                 || (rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0));
-            if quantized && let Some(p) = cfg.projections().iter().find(|p| p.inp % 32 != 0) {
+            if quantized
+                && let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % 32 != 0)
+            {
                 let key = if rank > 0 { "lora_base" } else { "weights" };
                 return Err(ctx.bad(
                     key,

@@ -7,6 +7,23 @@ use crate::model::frozen::quantized_bytes;
 use crate::model::transformer::{LoraBase, ProjSpec};
 use candle_core::quantized::GgmlDType;
 
+/// Mirror of `proj::rows`: `x (…, in)` as `(N, in)`.
+fn rows(x: &Sym) -> Sym {
+    let inp = *x
+        .dims()
+        .last()
+        .expect("a projection's input has a last dimension");
+    let n: usize = x.dims().iter().product();
+    x.reshape(&[n / inp, inp])
+}
+
+/// Mirror of `proj::out_dims`.
+fn out_dims(x: &Sym, out: usize) -> Vec<usize> {
+    let mut d = x.dims().to_vec();
+    *d.last_mut().expect("a last dimension") = out;
+    d
+}
+
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 pub(super) struct Linear {
     pub(super) weight: Sym,
@@ -88,20 +105,18 @@ impl Linear {
             (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
             (None, _) => self.linear_forward(x),
             (Some(quantized), _) => {
-                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
                 let out = self.out;
                 let w = (!quantized).then(|| self.weight.clone());
-                x.reshape(&[bs * s, inp])
+                rows(x)
                     .frozen_linear(w, out, self.bias.as_ref())
-                    .reshape(&[bs, s, out])
+                    .reshape(&out_dims(x, out))
             }
         };
         match &self.lora {
             None => y,
             Some((a, b)) => {
-                let (bs, s, inp) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-                let down = x.reshape(&[bs * s, inp]).matmul(&a.t());
-                let up = down.matmul(&b.t()).reshape(&[bs, s, b.dims()[0]]);
+                let down = rows(x).matmul(&a.t());
+                let up = down.matmul(&b.t()).reshape(&out_dims(x, b.dims()[0]));
                 // `y + (up * scale)?`: both operands passed by value.
                 let scaled = up.affine(1.0);
                 drop(up);
