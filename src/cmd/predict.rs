@@ -34,6 +34,11 @@ pub struct CasePrediction {
     /// one): `balanced` (`k·B·S/E` tokens per expert); absent for a dense model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing: Option<String>,
+    /// A mixture of experts: each phase's peak with the worst routing (every token of every
+    /// forward on the same `k` experts), beside `phase_peak_bytes`' balanced routing: the two
+    /// bounds a run's routing falls between.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_routing_phase_peak_bytes: Option<Vec<(String, u64)>>,
     pub weights_bytes: u64,
     pub gradient_bytes: u64,
     pub optimizer_state_bytes: u64,
@@ -177,8 +182,15 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 step,
             );
             if let Some(r) = &p.routing {
+                let worst = p
+                    .worst_routing_phase_peak_bytes
+                    .iter()
+                    .flatten()
+                    .map(|(ph, b)| format!("{ph} {}", human_bytes(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 println!(
-                    "       mixture of experts: {} parameters, {} active per token; routing {r}",
+                    "       mixture of experts: {} parameters, {} active per token; routing {r}; worst-case peaks: {worst}",
                     p.params, p.active_params
                 );
             }
@@ -275,7 +287,27 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             .cfg
             .llama
             .and_then(|l| l.moe)
-            .map(|m| format!("balanced: {}·B·S/{} tokens per expert", m.top_k, m.experts)),
+            .map(|m| {
+                format!(
+                    "balanced: {}·B·S/{} tokens per expert (the figures shown; worst case: all on {} experts)",
+                    m.top_k, m.experts, m.top_k
+                )
+            }),
+        worst_routing_phase_peak_bytes: case.cfg.llama.and_then(|l| l.moe).map(|_| {
+            let worst = Shape {
+                worst_routing: true,
+                ..shape.clone()
+            };
+            case.phases
+                .iter()
+                .map(|&p| {
+                    (
+                        p.as_str().to_string(),
+                        worst.predict(p, case.optimizer, threads).peak_bytes,
+                    )
+                })
+                .collect()
+        }),
         weights_bytes: weights(&shape),
         gradient_bytes: shape.gradient_bytes(),
         optimizer_state_bytes: shape.optimizer_state_bytes(case.optimizer),

@@ -73,6 +73,9 @@ pub struct Shape {
     /// A mixture of experts: tokens per expert per layer as a run drew them (a row's
     /// `moe_routing`); `None`: balanced (`k·T/E` each).
     pub routing: Option<std::sync::Arc<Vec<Vec<usize>>>>,
+    /// A mixture of experts without a recorded routing: the worst case (every token of every
+    /// forward on the same `k` experts) instead of balanced.
+    pub worst_routing: bool,
 }
 
 impl Shape {
@@ -104,6 +107,7 @@ impl Shape {
             tied: case.cfg.tied,
             kernels: case.cfg.kernels,
             routing: None,
+            worst_routing: false,
         }
     }
 
@@ -136,6 +140,7 @@ impl Shape {
             tied: false,
             kernels: Kernels::Composed,
             routing: None,
+            worst_routing: false,
         }
     }
 

@@ -384,6 +384,7 @@ impl Transformer {
                             shared_gate,
                             shape: *m,
                             routing,
+                            worst: shape.worst_routing,
                         }))
                     }
                     MlpLayout::Dense(specs) if llama => swiglu(specs),

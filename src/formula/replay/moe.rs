@@ -25,6 +25,8 @@ pub(super) struct Moe {
     pub(super) shape: MoeShape,
     /// Tokens per expert as recorded for this layer, if any.
     pub(super) routing: Option<Vec<usize>>,
+    /// Without a recorded routing: every token on the first `k` experts (the worst case).
+    pub(super) worst: bool,
 }
 
 /// `k·T` tokens spread evenly over `E` experts (the first `k·T mod E` get one more).
@@ -35,12 +37,33 @@ pub(super) fn balanced(tokens: usize, shape: MoeShape) -> Vec<usize> {
         .collect()
 }
 
+/// The worst routing of `tokens`: every expert gets a token where there are enough (each one
+/// adds a fresh `(T, H)` `index_add` result to a training graph) and the first `k` as many as
+/// possible (`n_e ≤ T`: a token picks distinct experts), the two things routing moves.
+pub(super) fn worst(tokens: usize, shape: MoeShape) -> Vec<usize> {
+    let (e, k) = (shape.experts, shape.top_k);
+    let rest = e - k;
+    // One token for each of the others while the first k keep at least one each.
+    let spread = rest.min(tokens.saturating_sub(1) * k).min(tokens * k - k);
+    let mut counts = vec![0; e];
+    let mut left = tokens * k - spread;
+    for c in counts.iter_mut().take(k) {
+        *c = left.min(tokens);
+        left -= *c;
+    }
+    for c in counts.iter_mut().skip(k).take(spread) {
+        *c = 1;
+    }
+    counts
+}
+
 impl Moe {
     /// The tokens per expert of a forward over `tokens`: the recorded routing when it is of
-    /// this many tokens, else balanced.
+    /// this many tokens, else the worst case when asked, else balanced.
     fn counts(&self, tokens: usize) -> Vec<usize> {
         match &self.routing {
             Some(r) if r.iter().sum::<usize>() == tokens * self.shape.top_k => r.clone(),
+            _ if self.worst => worst(tokens, self.shape),
             _ => balanced(tokens, self.shape),
         }
     }
@@ -147,6 +170,7 @@ impl Moe {
             shared_gate: self.shared_gate.as_ref().map(f),
             shape: self.shape,
             routing: self.routing.clone(),
+            worst: self.worst,
         }
     }
 }
@@ -175,6 +199,39 @@ mod tests {
     }
 
     #[test]
+    fn the_worst_routing_fills_k_experts_and_touches_every_other() {
+        let m = MoeShape::plain(8, 2, true);
+        let w = worst(13, m);
+        assert_eq!(w.iter().sum::<usize>(), 26);
+        assert_eq!(w, vec![13, 7, 1, 1, 1, 1, 1, 1]);
+        // One token: only k experts can be chosen.
+        assert_eq!(worst(1, m), vec![1, 1, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// In a training forward the worst routing keeps at least what balanced routing and a
+    /// routing on k experts only keep (every `index_add` result of balanced routing, the
+    /// largest experts of the skewed one); in inference it peaks above balanced routing.
+    #[test]
+    fn the_worst_routing_bounds_the_others() {
+        let t = 4 * 32;
+        let worst_shape = Shape {
+            worst_routing: true,
+            ..shape(None)
+        };
+        let only_k = shape(Some(vec![vec![t, t, 0, 0, 0, 0, 0, 0]; 2]));
+        for phase in [Phase::Forward, Phase::Inference] {
+            let at = |s: Shape| s.predict(phase, OptimizerKind::Adamw, 1).peak_bytes;
+            let w = at(worst_shape.clone());
+            assert!(w >= at(shape(None)) && w >= at(only_k.clone()), "{phase:?}");
+        }
+        let at = |s: Shape| {
+            s.predict(Phase::Inference, OptimizerKind::Adamw, 1)
+                .peak_bytes
+        };
+        assert!(at(worst_shape) > at(shape(None)));
+    }
+
+    #[test]
     fn balanced_spreads_k_tokens_each() {
         let m = MoeShape::plain(8, 2, true);
         let b = balanced(13, m);
@@ -194,7 +251,15 @@ mod tests {
                 .peak_bytes
         };
         let balanced = at(shape(None));
-        assert!(at(shape(Some(skewed))) > balanced);
+        let skewed_peak = at(shape(Some(skewed)));
+        assert!(skewed_peak > balanced);
+        // The worst case without a run: the first k experts as full as possible and every
+        // other one a token; above the balanced and the skewed routing in inference.
+        let worst_shape = Shape {
+            worst_routing: true,
+            ..shape(None)
+        };
+        assert!(at(worst_shape) >= skewed_peak);
         let other_count = vec![vec![1, 1, 0, 0, 0, 0, 0, 0]; 2];
         assert_eq!(at(shape(Some(other_count))), balanced);
     }
