@@ -644,7 +644,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 let top_groups = f
                     .size_opt("topk_group", max)?
                     .unwrap_or(if v3 { 4 } else { 1 });
-                if m.experts % groups != 0 || top_groups > groups {
+                if !m.experts.is_multiple_of(groups) || top_groups > groups {
                     return Err(f.bad(
                         "n_group",
                         &Value::from(groups),

@@ -150,7 +150,7 @@ impl MoeShape {
 
     /// Whether layer `layer` has the mixture (else the dense MLP of `dense_width`).
     pub fn sparse(&self, layer: usize) -> bool {
-        layer >= self.first_dense && (layer + 1) % self.sparse_step.max(1) == 0
+        layer >= self.first_dense && (layer + 1).is_multiple_of(self.sparse_step.max(1))
     }
 }
 

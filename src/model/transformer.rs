@@ -60,7 +60,7 @@ pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
 #[derive(Debug, Clone)]
 pub enum SelfAttention {
     Mha(Attention),
-    Mla(Box<Mla>),
+    Mla(Mla),
 }
 
 impl SelfAttention {
@@ -100,7 +100,7 @@ impl Block {
         let lay = cfg.layer_layout(layer);
         let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
-            Some(m) => SelfAttention::Mla(Box::new(Mla::new(cfg, m, &lay.attn, vb.pp("attn"))?)),
+            Some(m) => SelfAttention::Mla(Mla::new(cfg, m, &lay.attn, vb.pp("attn"))?),
             None => SelfAttention::Mha(Attention::new(cfg, &lay.attn, vb.pp("attn"))?),
         };
         Ok(Self {
@@ -166,7 +166,7 @@ impl Block {
                 },
                 ..a.clone()
             }),
-            SelfAttention::Mla(a) => SelfAttention::Mla(Box::new(a.map(base, adapter)?)),
+            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
         };
         Ok(Block {
             ln1: self.ln1.map(base)?,

@@ -68,7 +68,7 @@ fn add_owned(a: &Sym, b: Sym) -> Sym {
 /// Mirror of the model's `SelfAttention`.
 enum SelfAttention {
     Mha(Attention),
-    Mla(Box<mla::Mla>),
+    Mla(mla::Mla),
 }
 
 impl SelfAttention {
@@ -113,7 +113,7 @@ impl SelfAttention {
     fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
         match self {
             SelfAttention::Mha(a) => SelfAttention::Mha(a.map(f, w)),
-            SelfAttention::Mla(a) => SelfAttention::Mla(Box::new(a.map(f, w))),
+            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(f, w)),
         }
     }
 }
@@ -329,7 +329,7 @@ impl Transformer {
                         let q = next();
                         let kv_a = next();
                         let kv_a_norm = Norm::new(&p, m.kv_lora_rank, true);
-                        SelfAttention::Mla(Box::new(mla::Mla {
+                        SelfAttention::Mla(mla::Mla {
                             q,
                             q_a,
                             kv_a,
@@ -341,7 +341,7 @@ impl Transformer {
                                 kv_heads: shape.a as usize,
                                 ..core
                             },
-                        }))
+                        })
                     }
                     None => SelfAttention::Mha(Attention {
                         q: proj(&lay.attn[0]),
