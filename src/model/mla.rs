@@ -186,10 +186,12 @@ impl Mla {
         let q = Tensor::cat(&[&q_nope, &q_pe], 3)?;
         drop((q_nope, q_pe));
         let ckv = self.kv_a.forward(x)?;
+        // A reshape, not `unsqueeze`: candle's `unsqueeze` grows its shape and stride Vecs
+        // (capacity 6 for 4 dims), 32 bytes the cache would carry for the rest of the run.
         let c = self
             .kv_a_norm
             .forward(&ckv.narrow(2, 0, l)?.contiguous()?)?
-            .unsqueeze(1)?;
+            .reshape((b, 1, s, l))?;
         let k_pe = ckv.narrow(2, l, r)?.reshape((b, 1, s, r))?;
         drop(ckv);
         let k_pe = rotate(&k_pe, rotary, self.core.fused)?;

@@ -65,7 +65,7 @@ impl Mla {
         let c = self
             .kv_a_norm
             .forward(&ckv.narrow(2, 0, l).contiguous())
-            .unsqueeze(1);
+            .reshape(&[b, 1, s, l]);
         let k_pe = ckv.narrow(2, l, r).reshape(&[b, 1, s, r]);
         drop(ckv);
         let k_pe = rotate(&k_pe, rotary, self.core.fused);
