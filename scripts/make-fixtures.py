@@ -38,6 +38,11 @@ FAMILIES = {
     "qwen3_moe": ("qwen3_moe", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
                   {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    # Qwen3 with per-layer attention types: a window of 4 from layer 1 on (max_window_layers
+    # 1: layer 0 full, layer 1 sliding; transformers' layer_types).
+    "qwen3_layer_types": ("qwen3", transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                          {"head_dim": 16, "use_sliding_window": True, "sliding_window": 4,
+                           "max_window_layers": 1}),
     # Qwen2-MoE: 4 experts of width 24, 2 per token (not renormalised), a shared expert of
     # width 40 with its sigmoid gate; every second layer sparse (layer 0 dense, width 48);
     # q, k, v biases.

@@ -32,6 +32,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             qk_norm: false,
             moe: None,
             sliding_window: None,
+            full_layers: 0,
             mla: None,
         },
         tied,
@@ -468,6 +469,45 @@ fn mla_latent_cache_and_attention_variants() {
     let grown = decode.retained_bytes.unwrap();
     let want = 3 * 16 * 4 * (16 + 4) * 4;
     assert_eq!(grown, want, "the latent cache grows by exactly its bytes");
+}
+
+/// Per-layer windows (the reference fixture's Qwen3 config: layer 0 full, layer 1 a window of
+/// 4) at S 28: every phase, composed (two masks) and fused, against the replay; the prefill
+/// keeps 28 tokens in layer 0 and 4 in layer 1 (`2·B·(28 + 4)·G·D·e`), and decoding 4 more
+/// adds layer 0's 4.
+#[test]
+fn layer_types_mix_full_and_sliding_layers() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen3_layer_types/config.json"
+    );
+    for kernels in ["composed", "fused"] {
+        let a = [
+            "--hf-config",
+            cfg,
+            "--batch",
+            "16",
+            "--seq",
+            "28",
+            "--phases",
+            ALL,
+            "--decode-tokens",
+            "4",
+            "--kernels",
+            kernels,
+        ];
+        let rows = check_run(&a, 8);
+        // B 16, G 2, D 16, f32.
+        let per_token = 2 * 16 * 2 * 16 * 4;
+        let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+        let kept = prefill.retained_bytes.unwrap();
+        assert!(
+            kept >= per_token * (28 + 4) && kept < per_token * (28 + 4) + 4096,
+            "{kernels}: {kept}"
+        );
+        let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+        assert_eq!(decode.retained_bytes, Some(per_token * 4), "{kernels}");
+    }
 }
 
 /// Mistral with a sliding window of 4 (the reference fixture's config) at S 28: every phase,

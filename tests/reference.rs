@@ -198,6 +198,40 @@ fn deepseek_decode_from_the_latent_cache() {
     }
 }
 
+/// Per-layer attention types (`layer_types`: layer 0 full, layer 1 a window of 4): the
+/// logits, and generation from a 6-token prompt to 11 where only the sliding layer's cache
+/// stops at 4 tokens.
+#[test]
+fn qwen3_layer_types_full_and_sliding_layers() {
+    check("qwen3_layer_types");
+    let (tokens, want) = io("qwen3_layer_types");
+    for kernels in [Kernels::Composed, Kernels::Fused] {
+        let cfg = Config {
+            kernels,
+            ..config("qwen3_layer_types")
+        };
+        let l = cfg.llama.unwrap();
+        assert_eq!((l.window_at(0), l.window_at(1)), (None, Some(4)));
+        let model = model("qwen3_layer_types", &cfg);
+        let mut cache = memfit::model::transformer::KvCache::default();
+        let mut got = model
+            .forward_cached(&tokens.narrow(1, 0, 6).unwrap(), &mut cache)
+            .unwrap();
+        for t in 6..=11 {
+            let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
+            let diff = max_diff(&got, &at) / max_abs(&at);
+            assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
+            let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
+            assert_eq!((held(0), held(1)), (t, t.min(4)), "{kernels:?}");
+            if t < 11 {
+                got = model
+                    .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+                    .unwrap();
+            }
+        }
+    }
+}
+
 #[test]
 fn mistral_sliding_window_logits_equal_transformers() {
     check("mistral");

@@ -370,12 +370,17 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
         weights_bytes: weights,
         kv_bytes_per_token: per_token,
         kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),
-        // A sliding window caps what one sequence keeps.
-        kv_bytes_per_sequence: per_token
-            * shape
-                .llama
-                .and_then(|l| l.sliding_window)
-                .map_or(shape.s, |w| shape.s.min(w as u64)),
+        // A sliding layer's window caps what one sequence keeps there (per-token bytes are the
+        // same in every layer).
+        kv_bytes_per_sequence: (0..shape.l as usize)
+            .map(|i| {
+                per_token / shape.l.max(1)
+                    * shape
+                        .llama
+                        .and_then(|l| l.window_at(i))
+                        .map_or(shape.s, |w| shape.s.min(w as u64))
+            })
+            .sum(),
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
         max_context: context,

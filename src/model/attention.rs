@@ -85,8 +85,9 @@ pub struct Core {
 }
 
 impl Core {
-    /// The variant flags of `cfg` for `heads` query and `kv_heads` key/value heads.
-    pub(crate) fn new(cfg: &Config, heads: usize, kv_heads: usize) -> Self {
+    /// The variant flags of `cfg` for `heads` query and `kv_heads` key/value heads in layer
+    /// `layer` (its window).
+    pub(crate) fn new(cfg: &Config, layer: usize, heads: usize, kv_heads: usize) -> Self {
         Self {
             heads,
             kv_heads,
@@ -94,7 +95,7 @@ impl Core {
             tiled: cfg.tiled_attention,
             fused: cfg.kernels.fused(),
             causal: cfg.vision.is_none(),
-            window: cfg.llama.and_then(|l| l.sliding_window),
+            window: cfg.llama.and_then(|l| l.window_at(layer)),
         }
     }
 
@@ -218,8 +219,13 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `projs` are the block's q, k, v, o.
-    pub(crate) fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
+    /// `projs` are the block's q, k, v, o; `layer` its index.
+    pub(crate) fn new(
+        cfg: &Config,
+        layer: usize,
+        projs: &[ProjSpec],
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
         Ok(Self {
             q: p(0)?,
@@ -234,7 +240,7 @@ impl Attention {
                 _ => None,
             },
             head_dim: cfg.head_dim(),
-            core: Core::new(cfg, cfg.heads, cfg.kv_heads()),
+            core: Core::new(cfg, layer, cfg.heads, cfg.kv_heads()),
         })
     }
 

@@ -11,8 +11,8 @@
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
 //! change), `torch_dtype`, `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral:
-//! every layer; qwen when `use_sliding_window`, and every layer or none by
-//! `max_window_layers`) and `layer_types` (all full or all sliding). Qwen2 (and Qwen2-MoE) has
+//! every layer; qwen when `use_sliding_window`, the layers from `max_window_layers` on) and
+//! `layer_types` (per layer: full or sliding). Qwen2 (and Qwen2-MoE) has
 //! q, k, v biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k
 //! norms (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). DeepSeek reads
 //! its multi-head latent attention ([`super::mla`]: `q_lora_rank`, `kv_lora_rank`,
@@ -20,7 +20,7 @@
 //! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). The mixtures of
 //! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
 //! are refused, never ignored: mixture-of-experts fields in a dense type, dense layers at
-//! listed positions, per-layer windows, the routers' auxiliary loss, another activation.
+//! listed positions, the routers' auxiliary loss, another activation.
 //! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
 //! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
 //! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
@@ -394,7 +394,7 @@ fn llama_config(
     } else {
         f.bool_or("attention_bias", false)?
     };
-    let sliding_window = sliding_window(f, model_type, layers)?;
+    let (sliding_window, full_layers) = sliding_window(f, model_type, layers)?;
     let llama = Llama {
         intermediate,
         kv_heads,
@@ -405,6 +405,7 @@ fn llama_config(
         qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
         moe,
         sliding_window,
+        full_layers,
         mla,
     };
     let mut cfg = Config::llama(
@@ -443,12 +444,19 @@ fn rope_scaling(f: &Fields) -> Result<(), UserError> {
     }
 }
 
-/// The attention window every layer uses, if any: `sliding_window` in mistral and mixtral;
-/// in Qwen's types when `use_sliding_window`, the layers from `max_window_layers` on (all or
-/// none are modelled); `layer_types` all `sliding_attention` or all `full_attention`.
-fn sliding_window(f: &Fields, model_type: &str, layers: usize) -> Result<Option<usize>, UserError> {
-    let window = match model_type {
-        "mistral" | "mixtral" => f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
+/// The attention window and the layers that do not use it (bit `i`: layer `i` attends to
+/// everything): `sliding_window` in mistral and mixtral (every layer); in Qwen's types when
+/// `use_sliding_window`, the layers from `max_window_layers` on slide (transformers'
+/// `layer_types` for Qwen); `layer_types`, when given, says per layer (`full_attention`,
+/// `sliding_attention`; a mixed model of more than 128 layers is refused).
+fn sliding_window(
+    f: &Fields,
+    model_type: &str,
+    layers: usize,
+) -> Result<(Option<usize>, u128), UserError> {
+    let all = |from: usize| -> u128 { (0..from.min(128)).fold(0, |m, i| m | 1u128 << i) };
+    let (window, mut full) = match model_type {
+        "mistral" | "mixtral" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
         "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
             if f.bool_or("use_sliding_window", false)? =>
         {
@@ -459,60 +467,71 @@ fn sliding_window(f: &Fields, model_type: &str, layers: usize) -> Result<Option<
                 })? as usize,
             };
             if from >= layers {
-                None
-            } else if from == 0 {
-                f.size_opt("sliding_window", super::limits::MAX_SEQ)?
-            } else {
+                (None, 0)
+            } else if from > 128 {
                 return Err(f.bad(
                     "max_window_layers",
                     &Value::from(from),
-                    &format!(
-                        "sliding layers after {from} full ones: per-layer windows are not built yet"
-                    ),
-                    &format!("0 (every layer slides) or ≥ {layers} (none does)"),
+                    "more than 128 full layers before sliding ones are not modelled",
+                    "0..=128, or ≥ num_hidden_layers",
                 ));
+            } else {
+                (
+                    f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
+                    all(from),
+                )
             }
         }
-        _ => None,
+        _ => (None, 0),
     };
-    // transformers ≥ 4.53 writes `layer_types`; per-layer alternation is not built yet.
     if let Some(v) = f.get("layer_types") {
         let types: Option<Vec<&str>> = v
             .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect());
-        let allowed = "every entry full_attention, or every entry sliding_attention";
-        match types.as_deref() {
-            Some(t) if t.len() == layers && t.iter().all(|x| *x == "full_attention") => {
-                if window.is_some() {
-                    return Err(f.bad(
-                        "layer_types",
-                        v,
-                        "full attention in every layer, but the config has a sliding window",
-                        allowed,
-                    ));
-                }
-            }
-            Some(t) if t.len() == layers && t.iter().all(|x| *x == "sliding_attention") => {
-                if window.is_none() {
-                    return Err(f.bad(
-                        "layer_types",
-                        v,
-                        "sliding layers without a sliding_window",
-                        allowed,
-                    ));
-                }
-            }
-            _ => {
-                return Err(f.bad(
-                    "layer_types",
-                    v,
-                    &format!("full and sliding layers mixed (or not {layers} entries): per-layer windows are not built yet"),
-                    allowed,
-                ));
-            }
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .filter(|t: &Vec<&str>| {
+                t.len() == layers
+                    && t.iter()
+                        .all(|x| matches!(*x, "full_attention" | "sliding_attention"))
+            });
+        let allowed = format!(
+            "{layers} entries, each full_attention or sliding_attention (sliding ones with a sliding_window)"
+        );
+        let Some(types) = types else {
+            return Err(f.bad(
+                "layer_types",
+                v,
+                "not a list of the layers' attention types",
+                &allowed,
+            ));
+        };
+        let sliding = types.iter().any(|t| *t == "sliding_attention");
+        if sliding && window.is_none() {
+            return Err(f.bad(
+                "layer_types",
+                v,
+                "sliding layers without a sliding_window",
+                &allowed,
+            ));
+        }
+        let mixed = sliding && types.iter().any(|t| *t == "full_attention");
+        if mixed && layers > 128 {
+            return Err(f.bad(
+                "layer_types",
+                v,
+                "full and sliding layers mixed in more than 128 layers are not modelled",
+                "at most 128 layers when they mix",
+            ));
+        }
+        full = types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t == "full_attention")
+            .fold(0, |m, (i, _)| m | 1u128 << i.min(127));
+        if !sliding {
+            return Ok((None, 0));
         }
     }
-    Ok(window)
+    Ok((window, if window.is_some() { full } else { 0 }))
 }
 
 /// DeepSeek's multi-head latent attention: `q_lora_rank` (null: one q projection),

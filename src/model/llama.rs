@@ -72,10 +72,15 @@ pub struct Llama {
     /// one expert's width).
     #[serde(default)]
     pub moe: Option<super::moe::MoeShape>,
-    /// Sliding-window attention in every layer (Mistral's `sliding_window`): query `i` sees the
+    /// Sliding-window attention (Mistral's `sliding_window`; in every layer but those of
+    /// `full_layers`): query `i` sees the
     /// keys `i − W + 1 ..= i`, and the KV cache keeps the last `W` tokens.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// With a window: the layers that attend to everything (bit `i` for layer `i`; from
+    /// `layer_types` or Qwen's `max_window_layers`), as transformers' per-layer attention types.
+    #[serde(default)]
+    pub full_layers: u128,
     /// Multi-head latent attention instead of q, k, v ([`super::mla`]; DeepSeek). `head_dim`
     /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
     #[serde(default)]
@@ -83,6 +88,17 @@ pub struct Llama {
 }
 
 impl Llama {
+    /// The window of layer `layer`'s attention, if it slides.
+    pub fn window_at(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
+    }
+
+    /// Whether some layers slide and others do not.
+    pub fn mixed_windows(&self) -> bool {
+        self.sliding_window.is_some() && self.full_layers != 0
+    }
+
     /// Query heads per K/V head.
     pub fn group(&self, heads: usize) -> usize {
         heads / self.kv_heads
@@ -155,6 +171,7 @@ pub fn tiny() -> Config {
             qk_norm: false,
             moe: None,
             sliding_window: None,
+            full_layers: 0,
             mla: None,
         },
         false,

@@ -156,7 +156,7 @@ impl Mla {
             kv_b: p(i + 2)?,
             o: p(i + 3)?,
             shape: m,
-            core: Core::new(cfg, cfg.heads, cfg.heads),
+            core: Core::new(cfg, 0, cfg.heads, cfg.heads),
         })
     }
 

@@ -101,7 +101,7 @@ impl Block {
         let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
             Some(m) => SelfAttention::Mla(Mla::new(cfg, m, &lay.attn, vb.pp("attn"))?),
-            None => SelfAttention::Mha(Attention::new(cfg, &lay.attn, vb.pp("attn"))?),
+            None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, vb.pp("attn"))?),
         };
         Ok(Self {
             ln1,
@@ -174,6 +174,25 @@ impl Block {
             ln2: self.ln2.map(base)?,
             mlp: self.mlp.map(base, adapter)?,
         })
+    }
+}
+
+/// A decoder's additive attention masks (composed kernels): the causal one for full layers,
+/// the windowed one for sliding layers; each only when some layer needs it.
+#[derive(Debug, Clone, Default)]
+pub struct Masks {
+    pub full: Option<Tensor>,
+    pub sliding: Option<Tensor>,
+}
+
+impl Masks {
+    /// The mask of a layer that slides (`windowed`) or not.
+    pub fn at(&self, windowed: bool) -> Option<&Tensor> {
+        if windowed {
+            self.sliding.as_ref()
+        } else {
+            self.full.as_ref()
+        }
     }
 }
 
@@ -300,22 +319,43 @@ impl Transformer {
 
     /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
     pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
-        let mask = self.input_mask(input)?;
+        let masks = self.input_mask(input)?;
         let mut x = self.embed(input)?;
-        for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref(), self.rotary(0))?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, masks.at(self.windowed(i)), self.rotary(0))?;
         }
         self.head_forward(&x)
     }
 
-    /// The attention mask for `input`: the causal mask of its length (decoder), none (ViT).
-    pub fn input_mask(&self, input: &Tensor) -> Result<Option<Tensor>> {
+    /// Whether block `i` attends through a window.
+    fn windowed(&self, i: usize) -> bool {
+        self.cfg.llama.and_then(|l| l.window_at(i)).is_some()
+    }
+
+    /// The attention masks for `input`: the causal mask of its length for the full layers and
+    /// the windowed one for the sliding layers, each made when some layer uses it (decoder);
+    /// none (ViT, fused kernels).
+    pub fn input_mask(&self, input: &Tensor) -> Result<Masks> {
         match self.stem {
-            Stem::Tokens(_) if self.needs_mask() => {
-                Ok(Some(self.mask(input.dim(1)?, input.device())?))
-            }
-            _ => Ok(None),
+            Stem::Tokens(_) if self.needs_mask() => self.masks(input.dim(1)?, input.device()),
+            _ => Ok(Masks::default()),
         }
+    }
+
+    /// The masks of a prompt of `s` tokens: full first, then windowed (as transformers makes
+    /// its `full_attention` and `sliding_attention` masks).
+    fn masks(&self, s: usize, device: &Device) -> Result<Masks> {
+        let windowed: Vec<bool> = (0..self.blocks.len()).map(|i| self.windowed(i)).collect();
+        let full = if windowed.iter().any(|w| !w) {
+            Some(self.mask(s, None, device)?)
+        } else {
+            None
+        };
+        let sliding = match self.cfg.llama.and_then(|l| l.sliding_window) {
+            Some(w) if windowed.iter().any(|&x| x) => Some(self.mask(s, Some(w), device)?),
+            _ => None,
+        };
+        Ok(Masks { full, sliding })
     }
 
     /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
@@ -343,10 +383,10 @@ impl Transformer {
         if cache.layers.len() != self.blocks.len() {
             cache.layers = (0..self.blocks.len()).map(|_| None).collect();
         }
-        let mask = if s > 1 && self.needs_mask() {
-            Some(self.mask(s, tokens.device())?)
+        let masks = if s > 1 && self.needs_mask() {
+            self.masks(s, tokens.device())?
         } else {
-            None
+            Masks::default()
         };
         let mut x = match &self.wpe {
             Some(wpe) => {
@@ -355,8 +395,8 @@ impl Transformer {
             }
             None => wte.forward(tokens)?,
         };
-        for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward_cached(&x, mask.as_ref(), self.rotary(offset), c)?;
+        for (i, (block, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+            x = block.forward_cached(&x, masks.at(self.windowed(i)), self.rotary(offset), c)?;
         }
         cache.pos += s;
         let last = x.narrow(1, s - 1, 1)?.contiguous()?;
@@ -365,9 +405,9 @@ impl Transformer {
         logits.squeeze(1)
     }
 
-    /// The causal mask in the model's element type (f32 → the model's type: no copy for f32).
-    pub fn mask(&self, s: usize, device: &Device) -> Result<Tensor> {
-        let window = self.cfg.llama.and_then(|l| l.sliding_window);
+    /// The causal mask (with a window: the windowed one) in the model's element type (f32 →
+    /// the model's type: no copy for f32).
+    pub fn mask(&self, s: usize, window: Option<usize>, device: &Device) -> Result<Tensor> {
         super::attention::windowed_mask(s, s, 0, window, device)?.to_dtype(self.dtype)
     }
 
@@ -413,12 +453,12 @@ impl Transformer {
     pub fn blocks_forward(
         &self,
         x: &Tensor,
-        mask: Option<&Tensor>,
+        masks: &Masks,
         range: std::ops::Range<usize>,
     ) -> Result<Tensor> {
         let mut x = x.clone();
-        for block in &self.blocks[range] {
-            x = block.forward(&x, mask, self.rotary(0))?;
+        for i in range {
+            x = self.blocks[i].forward(&x, masks.at(self.windowed(i)), self.rotary(0))?;
         }
         Ok(x)
     }

@@ -40,7 +40,7 @@ pub struct Forward {
     head_in: Var,
     /// Each segment's input, detached.
     inputs: Vec<Tensor>,
-    mask: Option<Tensor>,
+    mask: crate::model::transformer::Masks,
     /// Mixed precision: the 16-bit working copy the forward ran on and the backward
     /// recomputes with (its conversions recorded, so gradients reach the f32 masters); it
     /// lives until the backward ends (boxed: the model struct is large beside the rest).
@@ -88,7 +88,7 @@ fn run_forward(
     let mut inputs = Vec::new();
     for seg in segments(model.config().layers, k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, mask.as_ref(), seg)?;
+        x = detached.blocks_forward(&x, &mask, seg)?;
     }
     let head_in = Var::from_tensor(&x)?;
     drop(x);
@@ -142,7 +142,7 @@ pub fn backward(
     drop((all, loss, head_in));
     for seg in segments(model.config().layers, k).into_iter().rev() {
         let xin = Var::from_tensor(&inputs.pop().expect("one input per segment"))?;
-        let out = model.blocks_forward(xin.as_tensor(), mask.as_ref(), seg)?;
+        let out = model.blocks_forward(xin.as_tensor(), &mask, seg)?;
         let mut all = out.mul(&grad_out)?.sum_all()?.backward()?;
         drop(out);
         grad_out = all.remove(xin.as_tensor()).ok_or_else(|| {

@@ -212,6 +212,7 @@ pub fn bare_row(
         sliding_window: case
             .cfg
             .llama
+            .filter(|l| !l.mixed_windows())
             .and_then(|l| l.sliding_window)
             .map(|w| w as u64),
     };

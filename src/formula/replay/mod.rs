@@ -123,6 +123,25 @@ struct Block {
     attn: SelfAttention,
     ln2: Norm,
     mlp: Mlp,
+    /// Its attention slides (takes the windowed mask).
+    windowed: bool,
+}
+
+/// Mirror of the model's `Masks`.
+#[derive(Default)]
+pub struct Masks {
+    full: Option<Sym>,
+    sliding: Option<Sym>,
+}
+
+impl Masks {
+    fn at(&self, windowed: bool) -> Option<&Sym> {
+        if windowed {
+            self.sliding.as_ref()
+        } else {
+            self.full.as_ref()
+        }
+    }
 }
 
 impl Block {
@@ -296,7 +315,7 @@ impl Transformer {
             tiled: shape.tiled,
             fused: shape.kernels.fused(),
             causal: shape.vision.is_none(),
-            window: shape.llama.and_then(|l| l.sliding_window),
+            window: None,
         };
         let lora = |spec: &ProjSpec| {
             if shape.has_lora(spec.target) {
@@ -317,6 +336,8 @@ impl Transformer {
         let blocks: Vec<Block> = (0..shape.l)
             .map(|layer| {
                 let lay = shape.layer_layout(layer);
+                let window = shape.llama.and_then(|l| l.window_at(layer as usize));
+                let core = Core { window, ..core };
                 let ln1 = Norm::new(&p, h, llama);
                 let attn = match shape.llama.and_then(|l| l.mla) {
                     Some(m) => {
@@ -399,6 +420,7 @@ impl Transformer {
                     attn,
                     ln2,
                     mlp,
+                    windowed: window.is_some(),
                 }
             })
             .collect();
@@ -467,19 +489,34 @@ impl Transformer {
     /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: images →
     /// `(B, 1, K)`.
     pub fn forward(&self, input: &Sym) -> Sym {
-        let mask = self.input_mask(input);
+        let masks = self.input_mask(input);
         let mut x = self.embed(input);
         for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref(), self.rotary(0));
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
         }
         self.head_forward(&x)
     }
 
+    /// Mirror of the model's `masks`: full first, then windowed, each when some layer uses it.
+    fn masks(&self, tokens: &Sym, s: usize) -> Masks {
+        let full = self
+            .blocks
+            .iter()
+            .any(|b| !b.windowed)
+            .then(|| self.mask(tokens, s));
+        let sliding = self
+            .blocks
+            .iter()
+            .any(|b| b.windowed)
+            .then(|| self.mask(tokens, s));
+        Masks { full, sliding }
+    }
+
     /// Mirror of the model's `input_mask`.
-    pub fn input_mask(&self, input: &Sym) -> Option<Sym> {
+    pub fn input_mask(&self, input: &Sym) -> Masks {
         match self.stem {
-            Stem::Tokens(_) if !self.kernels.fused() => Some(self.mask(input, input.dims()[1])),
-            _ => None,
+            Stem::Tokens(_) if !self.kernels.fused() => self.masks(input, input.dims()[1]),
+            _ => Masks::default(),
         }
     }
 
@@ -496,7 +533,11 @@ impl Transformer {
         if cache.len() != self.blocks.len() {
             *cache = (0..self.blocks.len()).map(|_| None).collect();
         }
-        let mask = (s > 1 && !self.kernels.fused()).then(|| self.mask(tokens, s));
+        let masks = if s > 1 && !self.kernels.fused() {
+            self.masks(tokens, s)
+        } else {
+            Masks::default()
+        };
         let tokens_embedded = {
             let mut final_dims = tokens.dims().to_vec();
             final_dims.push(self.hidden);
@@ -515,7 +556,7 @@ impl Transformer {
             None => tokens_embedded,
         };
         for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            x = block.forward_cached(&x, mask.as_ref(), self.rotary(offset), c);
+            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(offset), c);
         }
         let last = x.narrow(1, s - 1, 1).contiguous();
         drop(x);
@@ -564,15 +605,10 @@ impl Transformer {
     }
 
     /// Blocks `range` applied to `x`.
-    pub fn blocks_forward(
-        &self,
-        x: &Sym,
-        mask: Option<&Sym>,
-        range: std::ops::Range<usize>,
-    ) -> Sym {
+    pub fn blocks_forward(&self, x: &Sym, masks: &Masks, range: std::ops::Range<usize>) -> Sym {
         let mut x = x.clone();
         for block in &self.blocks[range] {
-            x = block.forward(&x, mask, self.rotary(0));
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
         }
         x
     }
@@ -623,6 +659,7 @@ impl Transformer {
                     attn,
                     ln2,
                     mlp,
+                    windowed: b.windowed,
                 }
             })
             .collect();
@@ -687,7 +724,7 @@ struct CkptForward {
     loss: Sym,
     head_in: Sym,
     inputs: Vec<Sym>,
-    mask: Option<Sym>,
+    mask: Masks,
     /// Mixed precision's working copy (mirror of `Forward::half`).
     half: Option<Transformer>,
 }
@@ -706,7 +743,7 @@ fn ckpt_forward(
     let mut inputs = Vec::new();
     for seg in segments(model.blocks.len(), k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, mask.as_ref(), seg);
+        x = detached.blocks_forward(&x, &mask, seg);
     }
     let head_in = x.var_from();
     drop(x);
@@ -752,7 +789,7 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
     drop((all, loss, head_in));
     for seg in segments(model.blocks.len(), k).into_iter().rev() {
         let xin = inputs.pop().expect("one input per segment").var_from();
-        let out = model.blocks_forward(&xin, mask.as_ref(), seg);
+        let out = model.blocks_forward(&xin, &mask, seg);
         let mut all = backward(&out.mul(&grad_out).sum_all());
         drop(out);
         grad_out = all.remove(&xin).expect("segment input gradient");
@@ -836,11 +873,6 @@ pub fn decode_step(
     let model = Transformer::new(&ledger, shape, false);
     let weights = ledger.current();
     let (g, d) = shape.kv_dims();
-    // A sliding window's cache holds the last W tokens.
-    let cached = shape
-        .llama
-        .and_then(|l| l.sliding_window)
-        .map_or(cached, |w| cached.min(w));
     let b = shape.b as usize;
     // Keys and values `(B, G, T, D)`; MLA: the latent `(B, 1, T, L)` and the shared rotary
     // key `(B, 1, T, r)`.
@@ -854,8 +886,16 @@ pub fn decode_step(
             [b, g as usize, cached, d as usize],
         ),
     };
-    let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l)
-        .map(|_| {
+    // A sliding layer's cache holds the last W tokens.
+    let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l as usize)
+        .map(|layer| {
+            let t = shape
+                .llama
+                .and_then(|l| l.window_at(layer))
+                .map_or(cached, |w| cached.min(w));
+            let (mut kd, mut vd) = (kd, vd);
+            kd[2] = t;
+            vd[2] = t;
             Some((
                 Sym::new(&ledger, &kd, model.dtype),
                 Sym::new(&ledger, &vd, model.dtype),
