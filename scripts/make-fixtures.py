@@ -38,6 +38,11 @@ FAMILIES = {
     "qwen3_moe": ("qwen3_moe", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
                   {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    # Qwen3-MoE with layer 1 listed dense (mlp_only_layers: its MLP is intermediate_size wide).
+    "qwen3_moe_dense": ("qwen3_moe", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                        {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
+                         "norm_topk_prob": True, "decoder_sparse_step": 1,
+                         "mlp_only_layers": [1]}),
     # Qwen3 with per-layer attention types: a window of 4 from layer 1 on (max_window_layers
     # 1: layer 0 full, layer 1 sliding; transformers' layer_types).
     "qwen3_layer_types": ("qwen3", transformers.Qwen3Config, transformers.Qwen3ForCausalLM,

@@ -354,6 +354,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
         ("mixtral", 4, 2, 2),
         ("qwen3_moe", 6, 3, 2),
         ("qwen2_moe", 4, 2, 1),
+        ("qwen3_moe_dense", 6, 3, 1),
         ("deepseek_v2", 6, 2, 2),
         ("deepseek_v3", 8, 2, 1),
     ] {

@@ -145,6 +145,11 @@ fn qwen3_moe_logits_equal_transformers() {
 }
 
 #[test]
+fn qwen3_moe_listed_dense_layer_logits_equal_transformers() {
+    check("qwen3_moe_dense");
+}
+
+#[test]
 fn qwen2_moe_shared_expert_and_dense_layer_logits_equal_transformers() {
     check("qwen2_moe");
 }

@@ -19,8 +19,8 @@
 //! `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; `head_dim` becomes the rotary width,
 //! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). The mixtures of
 //! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
-//! are refused, never ignored: mixture-of-experts fields in a dense type, dense layers at
-//! listed positions, the routers' auxiliary loss, another activation.
+//! are refused, never ignored: mixture-of-experts fields in a dense type, the routers'
+//! auxiliary loss, another activation.
 //! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
 //! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
 //! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
@@ -574,7 +574,8 @@ fn factor_or(f: &Fields, field: &str, default: f64) -> Result<f64, UserError> {
 /// The mixture of experts of each type:
 /// - `mixtral`: `num_local_experts`, `num_experts_per_tok`, always renormalised;
 /// - `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `norm_topk_prob`
-///   (default false), `decoder_sparse_step` (default 1), `mlp_only_layers` (must be empty);
+///   (default false), `decoder_sparse_step` (default 1), `mlp_only_layers` (dense layers,
+///   indices below 128);
 ///   Qwen2-MoE's shared expert of `shared_expert_intermediate_size` with its sigmoid gate;
 /// - `deepseek_v2`, `deepseek_v3`: `n_routed_experts` (null: a dense model),
 ///   `num_experts_per_tok`, `n_shared_experts` × `moe_intermediate_size` shared,
@@ -599,16 +600,32 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
     let mut shape = match model_type {
         "mixtral" => MoeShape::plain(f.size("num_local_experts", max)?, 0, true),
         "qwen2_moe" | "qwen3_moe" => {
-            if let Some(v) = f.get("mlp_only_layers")
-                && v.as_array().is_none_or(|a| !a.is_empty())
-            {
-                return Err(f.bad(
-                    "mlp_only_layers",
-                    v,
-                    "dense layers at listed positions are not modelled yet",
-                    "[] (decoder_sparse_step places dense layers)",
-                ));
-            }
+            let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
+            let dense_layers = match f.get("mlp_only_layers") {
+                None => 0u128,
+                Some(v) => {
+                    let allowed =
+                        format!("a list of distinct layer indices below {}", layers.min(128));
+                    let list = v
+                        .as_array()
+                        .ok_or_else(|| f.bad("mlp_only_layers", v, "not a list", &allowed))?;
+                    let mut mask = 0u128;
+                    for x in list {
+                        match x.as_u64() {
+                            Some(i) if (i as usize) < layers.min(128) => mask |= 1u128 << i,
+                            _ => {
+                                return Err(f.bad(
+                                    "mlp_only_layers",
+                                    v,
+                                    "an entry is not a layer index (or is past 127)",
+                                    &allowed,
+                                ));
+                            }
+                        }
+                    }
+                    mask
+                }
+            };
             let mut m = MoeShape::plain(
                 f.size("num_experts", max)?,
                 0,
@@ -617,7 +634,8 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             m.sparse_step = f
                 .size_opt("decoder_sparse_step", super::limits::MAX_LAYERS)?
                 .unwrap_or(1);
-            if m.sparse_step > 1 {
+            m.dense_layers = dense_layers;
+            if m.sparse_step > 1 || dense_layers != 0 {
                 m.dense_width = dense_width()?;
             }
             if model_type == "qwen2_moe" {

@@ -127,6 +127,9 @@ pub struct MoeShape {
     /// `Llama::intermediate`).
     #[serde(default)]
     pub dense_width: usize,
+    /// Layers listed dense (Qwen's `mlp_only_layers`; bit `i` for layer `i`).
+    #[serde(default)]
+    pub dense_layers: u128,
 }
 
 impl MoeShape {
@@ -145,12 +148,15 @@ impl MoeShape {
             first_dense: 0,
             sparse_step: 1,
             dense_width: 0,
+            dense_layers: 0,
         }
     }
 
     /// Whether layer `layer` has the mixture (else the dense MLP of `dense_width`).
     pub fn sparse(&self, layer: usize) -> bool {
-        layer >= self.first_dense && (layer + 1).is_multiple_of(self.sparse_step.max(1))
+        layer >= self.first_dense
+            && (layer + 1).is_multiple_of(self.sparse_step.max(1))
+            && (layer >= 128 || self.dense_layers & (1u128 << layer) == 0)
     }
 }
 
