@@ -158,6 +158,36 @@ fn predict_calibrates_from_stored_rows_and_refuses_what_they_lack() {
             .and(predicate::str::contains("held out mean/max 5-fold"))
             .and(predicate::str::contains("by size")),
     );
+    // It names the runtime its constants come from: this binary's here; another candle
+    // release once the stored run says so.
+    let out = memfit()
+        .args(shape)
+        .arg(&res)
+        .arg("--json")
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(
+        out.get_output()
+            .stdout
+            .split(|&b| b == b'\n')
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let rt = &v["calibration_runtime"];
+    assert_eq!(rt["other_runtime"], false, "{rt}");
+    assert_eq!(rt["calibrated_with"][0], rt["predicting_with"], "{rt}");
+    let meta = res.join("meta.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    m["candle_version"] = "0.8.0".into();
+    std::fs::write(&meta, m.to_string()).unwrap();
+    memfit().args(shape).arg(&res).assert().success().stdout(
+        predicate::str::contains("candle 0.8.0").and(predicate::str::contains(
+            "another runtime, they may not hold",
+        )),
+    );
+    std::fs::write(&meta, text).unwrap();
     // The calibration holds CPU f32 rows only.
     memfit()
         .args(shape)

@@ -61,6 +61,10 @@ pub struct CasePrediction {
     /// With `--calibration`: each phase's peak corrected by the stored measurements.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibrated: Option<Vec<crate::fit::calibration::Calibrated>>,
+    /// With `--calibration`: the software its rows were measured with against this binary's,
+    /// and whether its constants come from another runtime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration_runtime: Option<crate::fit::calibration::RuntimeCheck>,
 }
 
 /// Serving a decoder: weights, cache and activations (all from the replay of the serving model).
@@ -128,8 +132,41 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 case.dtype.as_str(),
                 &p.phase_peak_bytes,
             )?);
+            p.calibration_runtime = Some(c.runtime_check());
         }
         predictions.push(p);
+    }
+    if let Some(c) = &calibration
+        && !args.json
+    {
+        let check = c.runtime_check();
+        let with: Vec<String> = check
+            .calibrated_with
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        if check.other_runtime {
+            println!(
+                "calibration: constants measured with {}; this is {}: another runtime, they may not hold",
+                if with.is_empty() {
+                    "an unrecorded runtime (no meta.json beside the rows)".to_string()
+                } else {
+                    with.join("; ")
+                },
+                check.predicting_with
+            );
+        } else if check.other_commit {
+            println!(
+                "calibration: constants measured with {}; this is {}: the same releases, another commit",
+                with.join("; "),
+                check.predicting_with
+            );
+        } else {
+            println!(
+                "calibration: constants measured with {} (this binary)",
+                with.join("; ")
+            );
+        }
     }
     if !args.json {
         println!(
@@ -327,6 +364,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         max_seq,
         serving,
         calibrated: None,
+        calibration_runtime: None,
     }
 }
 

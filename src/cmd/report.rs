@@ -13,7 +13,7 @@ use crate::cmd::fit::{GroupKey, fit_group, key};
 use crate::error::UserError;
 use crate::record::{Row, RunMeta, Status};
 use crate::report::{self, CpuPeak, Inputs, ResultSet};
-use crate::store::{read_rows, result_files};
+use crate::store::result_files;
 
 /// Reads one result set: every result file under `path`, and each run's metadata
 /// (`meta.json` beside a journal, the attributes of an HDF5 file).
@@ -30,26 +30,9 @@ pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
     let mut rows = Vec::new();
     let mut metas: Vec<RunMeta> = Vec::new();
     for f in &files {
-        let is_h5 = matches!(
-            f.extension().and_then(|e| e.to_str()),
-            Some("h5") | Some("hdf5")
-        );
-        if is_h5 {
-            let (meta, r) = crate::store::hdf5::read(f)?;
-            metas.push(meta);
-            rows.extend(r);
-        } else {
-            rows.extend(read_rows(f)?);
-            let m = f.with_file_name("meta.json");
-            if m.is_file() {
-                let text = std::fs::read_to_string(&m)
-                    .with_context(|| format!("reading {}", m.display()))?;
-                metas.push(
-                    serde_json::from_str(&text)
-                        .with_context(|| format!("{}: not a run's meta.json", m.display()))?,
-                );
-            }
-        }
+        let (r, meta) = crate::store::read_rows_and_meta(f)?;
+        rows.extend(r);
+        metas.extend(meta);
     }
     metas.sort_by(|a, b| a.run_id.cmp(&b.run_id));
     metas.dedup_by(|a, b| a.run_id == b.run_id);

@@ -24,12 +24,106 @@ pub fn load(path: &Path) -> anyhow::Result<Calibration> {
         .into());
     }
     let mut rows = Vec::new();
+    let mut runtimes = Vec::new();
     for f in crate::store::result_files(path)? {
-        rows.extend(crate::store::read_rows(&f)?);
+        let (r, meta) = crate::store::read_rows_and_meta(&f)?;
+        rows.extend(r);
+        if let Some(m) = meta {
+            let rt = Runtime::of(&m);
+            if !runtimes.contains(&rt) {
+                runtimes.push(rt);
+            }
+        }
     }
     let mut c = Calibration::fit(&rows);
     c.origin = path.display().to_string();
+    c.runtimes = runtimes;
     Ok(c)
+}
+
+/// The software a calibration's rows were measured with: memfit's version and commit,
+/// candle's version, and on CUDA the driver and runtime versions. Constants fitted under one
+/// runtime may not hold under another (kernels, cuBLAS and allocators change their memory
+/// between releases).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Runtime {
+    pub memfit_version: String,
+    pub git_commit: String,
+    pub candle_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
+}
+
+impl Runtime {
+    pub fn of(m: &crate::record::RunMeta) -> Self {
+        Self {
+            memfit_version: m.memfit_version.clone(),
+            git_commit: m.git_commit.clone(),
+            candle_version: m.candle_version.clone(),
+            driver_version: m.driver_version.clone(),
+            cuda_version: m.cuda_version.clone(),
+        }
+    }
+
+    /// This binary (no device is touched: driver and runtime unknown).
+    pub fn current() -> Self {
+        Self {
+            memfit_version: env!("CARGO_PKG_VERSION").into(),
+            git_commit: env!("MEMFIT_GIT_COMMIT").into(),
+            candle_version: env!("MEMFIT_CANDLE_VERSION").into(),
+            driver_version: None,
+            cuda_version: None,
+        }
+    }
+
+    /// Same memfit and candle releases (commits may differ).
+    pub fn same_release(&self, other: &Runtime) -> bool {
+        (&self.memfit_version, &self.candle_version)
+            == (&other.memfit_version, &other.candle_version)
+    }
+}
+
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "memfit {} ({}), candle {}",
+            self.memfit_version, self.git_commit, self.candle_version
+        )?;
+        if let (Some(d), Some(c)) = (&self.driver_version, &self.cuda_version) {
+            write!(f, ", CUDA driver {d}, runtime {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What `predict --calibration` says of the runtimes: the calibration's, this binary's, and
+/// whether the constants come from another one.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RuntimeCheck {
+    pub calibrated_with: Vec<Runtime>,
+    pub predicting_with: Runtime,
+    /// Some stored run used another memfit or candle release than this binary (or none says
+    /// what it used).
+    pub other_runtime: bool,
+    /// The same releases, but some run was built from another commit.
+    pub other_commit: bool,
+}
+
+impl Calibration {
+    /// The calibration's runtimes against this binary's.
+    pub fn runtime_check(&self) -> RuntimeCheck {
+        let now = Runtime::current();
+        RuntimeCheck {
+            other_runtime: self.runtimes.is_empty()
+                || self.runtimes.iter().any(|r| !r.same_release(&now)),
+            other_commit: self.runtimes.iter().any(|r| r.git_commit != now.git_commit),
+            calibrated_with: self.runtimes.clone(),
+            predicting_with: now,
+        }
+    }
 }
 
 /// One phase of a case, calibrated.
@@ -93,6 +187,8 @@ pub struct Calibration {
     pub groups: BTreeMap<(String, String, String), Correction>,
     /// Where the rows came from (for messages).
     pub origin: String,
+    /// The software the stored runs used (one entry per distinct runtime).
+    pub runtimes: Vec<Runtime>,
 }
 
 impl Calibration {
@@ -153,6 +249,7 @@ impl Calibration {
         Self {
             groups,
             origin: String::new(),
+            runtimes: Vec::new(),
         }
     }
 

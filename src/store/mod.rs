@@ -57,6 +57,34 @@ fn collect_result_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), UserErro
     Ok(())
 }
 
+/// The rows of one result file and its run's metadata: an HDF5 file carries it, a JSONL
+/// journal has it beside it in `meta.json` (`None` when that file is absent).
+pub fn read_rows_and_meta(
+    path: &Path,
+) -> anyhow::Result<(Vec<Row>, Option<crate::record::RunMeta>)> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("h5") | Some("hdf5") => {
+            let (meta, rows) = hdf5::read(path)?;
+            Ok((rows, Some(meta)))
+        }
+        _ => {
+            let rows = jsonl::read(path)?;
+            let m = path.with_file_name("meta.json");
+            let meta = if m.is_file() {
+                let text = std::fs::read_to_string(&m)
+                    .with_context(|| format!("reading {}", m.display()))?;
+                Some(
+                    serde_json::from_str(&text)
+                        .with_context(|| format!("{}: not a run's meta.json", m.display()))?,
+                )
+            } else {
+                None
+            };
+            Ok((rows, meta))
+        }
+    }
+}
+
 /// The rows of one result file: an HDF5 file (`.h5`, `.hdf5`) or a JSONL journal.
 pub fn read_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
     match path.extension().and_then(|e| e.to_str()) {
