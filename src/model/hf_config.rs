@@ -504,7 +504,7 @@ fn sliding_window(
                 &allowed,
             ));
         };
-        let sliding = types.iter().any(|t| *t == "sliding_attention");
+        let sliding = types.contains(&"sliding_attention");
         if sliding && window.is_none() {
             return Err(f.bad(
                 "layer_types",
@@ -513,7 +513,7 @@ fn sliding_window(
                 &allowed,
             ));
         }
-        let mixed = sliding && types.iter().any(|t| *t == "full_attention");
+        let mixed = sliding && types.contains(&"full_attention");
         if mixed && layers > 128 {
             return Err(f.bad(
                 "layer_types",
