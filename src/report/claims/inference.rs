@@ -711,13 +711,13 @@ impl<'a> Ctx<'a> {
             let mut v = Vec::new();
             if !latent.is_empty() {
                 v.push(format!(
-                    "with MLA's latent cache ({} cases) it overstates ×{over_latent:.1}",
+                    "with MLA's latent cache ({} case(s)) it overstates ×{over_latent:.1}",
                     latent.len()
                 ));
             }
             if !windowed.is_empty() {
                 v.push(format!(
-                    "with a sliding window ({} cases) the cache stops growing at W tokens, which it does not count",
+                    "with a sliding window ({} case(s)) the cache stops growing at W tokens, which it does not count",
                     windowed.len()
                 ));
             }
@@ -779,7 +779,12 @@ impl<'a> Ctx<'a> {
                 )
             } else {
                 format!(
-                    "partly: exact with K/V heads counted (2·L·B·T·G·D·e, {} cases); with GQA ({} cases) the seed's 2·L·B·S·H overstates the cache up to ×{over:.1}{others}",
+                    "partly: exact with the architecture's cache counted (2·L·B·T·G·D·e{}, {} cases); with GQA ({} cases) the seed's 2·L·B·S·H overstates the cache up to ×{over:.1}{others}",
+                    if latent.is_empty() && windowed.is_empty() {
+                        ""
+                    } else {
+                        ", MLA's latent, windows"
+                    },
                     d.len(),
                     gqa.len()
                 )
