@@ -326,7 +326,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             .and_then(|l| l.moe)
             .map(|m| {
                 format!(
-                    "balanced: {}·B·S/{} tokens per expert (the figures shown; worst case: all on {} experts)",
+                    "balanced: {}·B·S/{} tokens per expert (the figures shown; worst case: every expert a token, the first {} as full as possible)",
                     m.top_k, m.experts, m.top_k
                 )
             }),
