@@ -141,6 +141,32 @@ fn check_run(all: &[&str], rows_expected: usize) -> Vec<memfit::record::Row> {
     rows
 }
 
+/// Every phase (4 tokens decoded) at B 16 × S 28 on a reference fixture's config, checked by
+/// [`check_run`].
+fn every_phase_on_fixture(family: &str, kernels: &str) -> Vec<memfit::record::Row> {
+    let cfg = format!(
+        "{}/tests/fixtures/{family}/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    check_run(
+        &[
+            "--hf-config",
+            cfg.as_str(),
+            "--batch",
+            "16",
+            "--seq",
+            "28",
+            "--phases",
+            ALL,
+            "--decode-tokens",
+            "4",
+            "--kernels",
+            kernels,
+        ],
+        8,
+    )
+}
+
 /// Qwen3 (the reference fixture's config: q/k RMSNorms per head, head_dim 16 ≠ 32/4, GQA 4/2),
 /// every phase, with candle's composed ops and the fused kernels, and mixed f16 with
 /// checkpointing: measured against the replay. (B 16: at B 2 × S 24 the backward's few KiB of
@@ -364,16 +390,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
         );
         let base = ["--hf-config", cfg.as_str(), "--batch", "16", "--seq", "28"];
         for kernels in ["composed", "fused"] {
-            let mut a = base.to_vec();
-            a.extend([
-                "--phases",
-                ALL,
-                "--decode-tokens",
-                "4",
-                "--kernels",
-                kernels,
-            ]);
-            let rows = check_run(&a, 8);
+            let rows = every_phase_on_fixture(family, kernels);
             for r in rows.iter().filter(|r| r.phase != "init") {
                 let layers = memfit::model::moe::parse_routing(&r.moe_routing)
                     .unwrap_or_else(|| panic!("{family} {}: no routing recorded", r.phase));
@@ -478,26 +495,8 @@ fn mla_latent_cache_and_attention_variants() {
 /// adds layer 0's 4.
 #[test]
 fn layer_types_mix_full_and_sliding_layers() {
-    let cfg = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/qwen3_layer_types/config.json"
-    );
     for kernels in ["composed", "fused"] {
-        let a = [
-            "--hf-config",
-            cfg,
-            "--batch",
-            "16",
-            "--seq",
-            "28",
-            "--phases",
-            ALL,
-            "--decode-tokens",
-            "4",
-            "--kernels",
-            kernels,
-        ];
-        let rows = check_run(&a, 8);
+        let rows = every_phase_on_fixture("qwen3_layer_types", kernels);
         // B 16, G 2, D 16, f32.
         let per_token = 2 * 16 * 2 * 16 * 4;
         let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
@@ -516,26 +515,8 @@ fn layer_types_mix_full_and_sliding_layers() {
 /// (`2·L·B·W·G·D·e`), so decoding past the prompt adds nothing.
 #[test]
 fn sliding_window_decode_keeps_the_window() {
-    let cfg = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/mistral/config.json"
-    );
     for kernels in ["composed", "fused"] {
-        let a = [
-            "--hf-config",
-            cfg,
-            "--batch",
-            "16",
-            "--seq",
-            "28",
-            "--phases",
-            ALL,
-            "--decode-tokens",
-            "4",
-            "--kernels",
-            kernels,
-        ];
-        let rows = check_run(&a, 8);
+        let rows = every_phase_on_fixture("mistral", kernels);
         // The prefill leaves the window's keys and values (L 2, B 16, W 4, G 2, D 8, f32) and
         // their tensors' metadata; decoding 4 more tokens adds nothing.
         let cache = 2 * 2 * 16 * 4 * 2 * 8 * 4;

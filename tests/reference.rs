@@ -164,27 +164,47 @@ fn deepseek_v3_mla_sigmoid_group_routing_logits_equal_transformers() {
     check("deepseek_v3");
 }
 
+/// Generation with the cache on the fixture's input: a prompt of `prompt` tokens, then one
+/// token at a time to the input's end; after each step `at(t, logits, want, cache)` with `t` the
+/// tokens seen, the last position's logits and transformers' full-forward logits there.
+fn generate(
+    family: &str,
+    cfg: &Config,
+    prompt: usize,
+    mut at: impl FnMut(usize, &Tensor, &Tensor, &memfit::model::transformer::KvCache),
+) {
+    let (tokens, want) = io(family);
+    let len = tokens.dim(1).unwrap();
+    let model = model(family, cfg);
+    let mut cache = memfit::model::transformer::KvCache::default();
+    let mut got = model
+        .forward_cached(&tokens.narrow(1, 0, prompt).unwrap(), &mut cache)
+        .unwrap();
+    for t in prompt..=len {
+        let want_t = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
+        at(t, &got, &want_t, &cache);
+        if t < len {
+            got = model
+                .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+                .unwrap();
+        }
+    }
+}
+
 /// MLA's latent cache: a prompt of 5 tokens, then one token at a time; each step's logits are
 /// transformers' full-forward logits at that position, and each layer's cache holds the
 /// latent `(B, 1, T, kv_lora_rank)` and the shared rotary key `(B, 1, T, r)`, nothing per head.
 #[test]
 fn deepseek_decode_from_the_latent_cache() {
     for family in ["deepseek_v2", "deepseek_v3"] {
-        let (tokens, want) = io(family);
         for kernels in [Kernels::Composed, Kernels::Fused] {
             let cfg = Config {
                 kernels,
                 ..config(family)
             };
             let mla = cfg.llama.unwrap().mla.unwrap();
-            let model = model(family, &cfg);
-            let mut cache = memfit::model::transformer::KvCache::default();
-            let mut got = model
-                .forward_cached(&tokens.narrow(1, 0, 5).unwrap(), &mut cache)
-                .unwrap();
-            for t in 5..=11 {
-                let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
-                let diff = max_diff(&got, &at) / max_abs(&at);
+            generate(family, &cfg, 5, |t, got, at, cache| {
+                let diff = max_diff(got, at) / max_abs(at);
                 assert!(
                     diff < 1e-4,
                     "{family} {kernels:?} position {}: {diff}",
@@ -193,12 +213,7 @@ fn deepseek_decode_from_the_latent_cache() {
                 let (c, k_pe) = cache.layers[0].as_ref().unwrap();
                 assert_eq!(c.dims(), &[2, 1, t, mla.kv_lora_rank]);
                 assert_eq!(k_pe.dims(), &[2, 1, t, mla.qk_rope_head_dim]);
-                if t < 11 {
-                    got = model
-                        .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
-                        .unwrap();
-                }
-            }
+            });
         }
     }
 }
@@ -209,7 +224,6 @@ fn deepseek_decode_from_the_latent_cache() {
 #[test]
 fn qwen3_layer_types_full_and_sliding_layers() {
     check("qwen3_layer_types");
-    let (tokens, want) = io("qwen3_layer_types");
     for kernels in [Kernels::Composed, Kernels::Fused] {
         let cfg = Config {
             kernels,
@@ -217,23 +231,12 @@ fn qwen3_layer_types_full_and_sliding_layers() {
         };
         let l = cfg.llama.unwrap();
         assert_eq!((l.window_at(0), l.window_at(1)), (None, Some(4)));
-        let model = model("qwen3_layer_types", &cfg);
-        let mut cache = memfit::model::transformer::KvCache::default();
-        let mut got = model
-            .forward_cached(&tokens.narrow(1, 0, 6).unwrap(), &mut cache)
-            .unwrap();
-        for t in 6..=11 {
-            let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
-            let diff = max_diff(&got, &at) / max_abs(&at);
+        generate("qwen3_layer_types", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at) / max_abs(at);
             assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
             let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
             assert_eq!((held(0), held(1)), (t, t.min(4)), "{kernels:?}");
-            if t < 11 {
-                got = model
-                    .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
-                    .unwrap();
-            }
-        }
+        });
     }
 }
 
@@ -248,20 +251,13 @@ fn mistral_sliding_window_logits_equal_transformers() {
 /// position, with the composed and the fused kernels; the cache never holds more than 4.
 #[test]
 fn mistral_decode_rolls_its_cache_across_the_window() {
-    let (tokens, want) = io("mistral");
     for kernels in [Kernels::Composed, Kernels::Fused] {
         let cfg = Config {
             kernels,
             ..config("mistral")
         };
-        let model = model("mistral", &cfg);
-        let mut cache = memfit::model::transformer::KvCache::default();
-        let mut got = model
-            .forward_cached(&tokens.narrow(1, 0, 6).unwrap(), &mut cache)
-            .unwrap();
-        for t in 6..=11 {
-            let at = want.narrow(1, t - 1, 1).unwrap().squeeze(1).unwrap();
-            let diff = max_diff(&got, &at);
+        generate("mistral", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at);
             assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
             let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
             assert_eq!(
@@ -269,11 +265,6 @@ fn mistral_decode_rolls_its_cache_across_the_window() {
                 t.min(4),
                 "{kernels:?}: the cache holds the last W tokens"
             );
-            if t < 11 {
-                got = model
-                    .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
-                    .unwrap();
-            }
-        }
+        });
     }
 }

@@ -109,9 +109,7 @@ impl Core {
         v: Tensor,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let group = self.heads / self.kv_heads;
-        let k = llama::repeat_kv(k, group)?;
-        let v = llama::repeat_kv(v, group)?;
+        let (k, v) = self.repeat(k, v)?;
         if self.tiled {
             let (b, _, s, d) = q.dims4()?;
             let dv = v.dim(3)?;
@@ -196,10 +194,32 @@ impl Core {
         v: Tensor,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let group = self.heads / self.kv_heads;
-        let k = llama::repeat_kv(k, group)?;
-        let v = llama::repeat_kv(v, group)?;
+        let (k, v) = self.repeat(k, v)?;
         self.attend(q, k, v, mask)
+    }
+
+    /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`llama::repeat_kv`]).
+    fn repeat(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let group = self.heads / self.kv_heads;
+        Ok((llama::repeat_kv(k, group)?, llama::repeat_kv(v, group)?))
+    }
+}
+
+/// A layer's cache pair `prev` (if any) with the new `(a, b)` appended along the sequence
+/// (`Tensor::cat`, new allocations; the old first part is freed before the second is made).
+pub(crate) fn append(
+    prev: Option<(Tensor, Tensor)>,
+    a: Tensor,
+    b: Tensor,
+) -> Result<(Tensor, Tensor)> {
+    match prev {
+        None => Ok((a, b)),
+        Some((pa, pb)) => {
+            let a = Tensor::cat(&[&pa, &a], 2)?;
+            drop(pa);
+            let b = Tensor::cat(&[&pb, &b], 2)?;
+            Ok((a, b))
+        }
     }
 }
 
@@ -300,15 +320,7 @@ impl Attention {
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
         let first = cache.is_none();
-        let (k, v) = match cache.take() {
-            None => (k, v),
-            Some((pk, pv)) => {
-                let k = Tensor::cat(&[&pk, &k], 2)?;
-                drop(pk);
-                let v = Tensor::cat(&[&pv, &v], 2)?;
-                (k, v)
-            }
-        };
+        let (k, v) = append(cache.take(), k, v)?;
         // A sliding window: the cache keeps the last W keys and values (a copy each). A prompt
         // attends to all of its keys (the windowed mask or kernel hides the old ones); a
         // single new token to the kept W, and the longer tensors go.

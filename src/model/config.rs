@@ -68,6 +68,24 @@ pub struct ProjSpec {
     pub bias: bool,
 }
 
+impl ProjSpec {
+    pub const fn new(
+        target: LoraTarget,
+        path: &'static str,
+        inp: usize,
+        out: usize,
+        bias: bool,
+    ) -> Self {
+        Self {
+            target,
+            path,
+            inp,
+            out,
+            bias,
+        }
+    }
+}
+
 /// The projections of one block, in model order: GPT q, k, v, o `H → H` and fc1 `H → 4H`,
 /// fc2 `4H → H`, all with bias; LLaMA q `H → A·D`, k and v `H → G·D`, o `A·D → H`, gate and
 /// up `H → I`, down `I → H`, with the biases the config names; MLA's attention projections
@@ -85,13 +103,7 @@ pub fn block_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> 
 
 /// The attention's projections (GPT, LLaMA: q, k, v, o; MLA: its own).
 pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
-    let p = |target, path, inp, out, bias| ProjSpec {
-        target,
-        path,
-        inp,
-        out,
-        bias,
-    };
+    let p = ProjSpec::new;
     let h = hidden;
     match llama {
         None => vec![
@@ -117,13 +129,7 @@ pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> V
 
 /// An MLP's projections of width `width`: GPT fc1, fc2 (biased); LLaMA gate, up, down.
 pub fn mlp_projections(hidden: usize, width: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
-    let p = |target, path, inp, out, bias| ProjSpec {
-        target,
-        path,
-        inp,
-        out,
-        bias,
-    };
+    let p = ProjSpec::new;
     let h = hidden;
     match llama {
         None => vec![

@@ -566,11 +566,6 @@ fn count_or(f: &Fields, field: &str, default: usize) -> Result<usize, UserError>
     }
 }
 
-/// A positive number (default `default`).
-fn factor_or(f: &Fields, field: &str, default: f64) -> Result<f64, UserError> {
-    f.float_or(field, default)
-}
-
 /// The mixture of experts of each type:
 /// - `mixtral`: `num_local_experts`, `num_experts_per_tok`, always renormalised;
 /// - `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `norm_topk_prob`
@@ -660,11 +655,8 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             }
             let v3 = model_type == "deepseek_v3";
             let mut m = MoeShape::plain(experts, 0, f.bool_or("norm_topk_prob", v3)?);
-            m.routed_scale = Factor(factor_or(
-                f,
-                "routed_scaling_factor",
-                if v3 { 2.5 } else { 1.0 },
-            )?);
+            m.routed_scale =
+                Factor(f.float_or("routed_scaling_factor", if v3 { 2.5 } else { 1.0 })?);
             m.first_dense = count_or(f, "first_k_dense_replace", 0)?;
             if m.first_dense > 0 {
                 m.dense_width = dense_width()?;

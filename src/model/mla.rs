@@ -65,13 +65,7 @@ impl MlaShape {
 /// `o` (`attention_bias` on `q_a`, `kv_a` and `o`).
 pub fn projections(hidden: usize, heads: usize, m: &MlaShape, bias: bool) -> Vec<ProjSpec> {
     use super::transformer::LoraTarget as T;
-    let p = |target, path, inp, out, bias| ProjSpec {
-        target,
-        path,
-        inp,
-        out,
-        bias,
-    };
+    let p = ProjSpec::new;
     let dq = m.qk_head_dim();
     let mut v = match m.q_lora_rank {
         None => vec![p(T::Q, "attn.q", hidden, heads * dq, false)],
@@ -129,8 +123,10 @@ pub struct Mla {
 }
 
 impl Mla {
+    /// Layer `layer`'s attention.
     pub(crate) fn new(
         cfg: &Config,
+        layer: usize,
         m: MlaShape,
         projs: &[ProjSpec],
         vb: VarBuilder,
@@ -156,7 +152,7 @@ impl Mla {
             kv_b: p(i + 2)?,
             o: p(i + 3)?,
             shape: m,
-            core: Core::new(cfg, 0, cfg.heads, cfg.heads),
+            core: Core::new(cfg, layer, cfg.heads, cfg.heads),
         })
     }
 
@@ -244,15 +240,7 @@ impl Mla {
         let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
         let (q, c, k_pe) = self.latent(x, rotary)?;
         let first = cache.is_none();
-        let (c, k_pe) = match cache.take() {
-            None => (c, k_pe),
-            Some((pc, pk)) => {
-                let c = Tensor::cat(&[&pc, &c], 2)?;
-                drop(pc);
-                let k_pe = Tensor::cat(&[&pk, &k_pe], 2)?;
-                (c, k_pe)
-            }
-        };
+        let (c, k_pe) = super::attention::append(cache.take(), c, k_pe)?;
         let (k, v) = self.decompress(&c, &k_pe)?;
         *cache = Some((c, k_pe));
         let y = if first && q.dim(2)? > 1 {

@@ -100,7 +100,7 @@ impl Block {
         let lay = cfg.layer_layout(layer);
         let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
-            Some(m) => SelfAttention::Mla(Mla::new(cfg, m, &lay.attn, vb.pp("attn"))?),
+            Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, vb.pp("attn"))?),
             None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, vb.pp("attn"))?),
         };
         Ok(Self {

@@ -65,9 +65,7 @@ pub(super) struct Core {
 impl Core {
     /// Mirror of `Core::attend_any`.
     pub(super) fn attend_any(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
-        let group = self.heads / self.kv_heads;
-        let k = repeat_kv(k, group);
-        let v = repeat_kv(v, group);
+        let (k, v) = self.repeat(k, v);
         if self.tiled {
             // Mirror of `tiled_attention::attention`: the tiled forward on detached views, then
             // the node's copy of the output (the precomputed one freed inside its forward).
@@ -148,10 +146,27 @@ impl Core {
 
     /// Mirror of `Core::attend_cached`.
     pub(super) fn attend_cached(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
-        let group = self.heads / self.kv_heads;
-        let k = repeat_kv(k, group);
-        let v = repeat_kv(v, group);
+        let (k, v) = self.repeat(k, v);
         self.attend(q, k, v, mask)
+    }
+
+    /// Mirror of `Core::repeat`.
+    fn repeat(&self, k: Sym, v: Sym) -> (Sym, Sym) {
+        let group = self.heads / self.kv_heads;
+        (repeat_kv(k, group), repeat_kv(v, group))
+    }
+}
+
+/// Mirror of `attention::append`.
+pub(super) fn append(prev: Option<(Sym, Sym)>, a: Sym, b: Sym) -> (Sym, Sym) {
+    match prev {
+        None => (a, b),
+        Some((pa, pb)) => {
+            let a = Sym::cat(&[&pa, &a], 2);
+            drop(pa);
+            let b = Sym::cat(&[&pb, &b], 2);
+            (a, b)
+        }
     }
 }
 
@@ -230,15 +245,7 @@ impl Attention {
     ) -> Sym {
         let (q, k, v) = self.qkv(x, rotary);
         let first = cache.is_none();
-        let (k, v) = match cache.take() {
-            None => (k, v),
-            Some((pk, pv)) => {
-                let k = Sym::cat(&[&pk, &k], 2);
-                drop(pk);
-                let v = Sym::cat(&[&pv, &v], 2);
-                (k, v)
-            }
-        };
+        let (k, v) = append(cache.take(), k, v);
         let kept = match self.core.window {
             Some(w) if k.dims()[2] > w => {
                 let t = k.dims()[2];

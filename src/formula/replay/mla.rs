@@ -110,15 +110,7 @@ impl Mla {
         let rotary = rotary.expect("MLA has rotary tables");
         let (q, c, k_pe) = self.latent(x, rotary);
         let first = cache.is_none();
-        let (c, k_pe) = match cache.take() {
-            None => (c, k_pe),
-            Some((pc, pk)) => {
-                let c = Sym::cat(&[&pc, &c], 2);
-                drop(pc);
-                let k_pe = Sym::cat(&[&pk, &k_pe], 2);
-                (c, k_pe)
-            }
-        };
+        let (c, k_pe) = super::attention::append(cache.take(), c, k_pe);
         let (k, v) = self.decompress(&c, &k_pe);
         *cache = Some((c, k_pe));
         let y = if first && q.dims()[2] > 1 {
