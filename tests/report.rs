@@ -228,7 +228,12 @@ fn committed_results_rows_apart_and_verdicts_classified() {
         let dup: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
         assert!(dup.is_empty(), "{phase}: labels printed twice: {dup:?}");
     }
-    for c in memfit::report::claims::evaluate(&set.rows, &workload_of).unwrap() {
+    let fitted = memfit::report::claims::Fitted {
+        ram: memfit::fit::dataload::ram_fits(&set.rows),
+        curves: memfit::fit::dataload::curves(&set.rows),
+    };
+    let full = memfit::formula::full_size::FullSize::compute().unwrap();
+    for c in memfit::report::claims::evaluate(&set.rows, &workload_of, &fitted, &full) {
         assert_ne!(c.kind(), "other", "{c:?}");
         if !matches!(c.kind(), "open" | "not applicable") {
             assert_ne!(c.criterion, "—", "{c:?}");

@@ -1,65 +1,17 @@
-//! `memfit fit RESULTS…`: fit each phase's peak to the decoder features by least squares, per
-//! group of comparable rows, from stored results only (JSONL or HDF5 files, or folders searched
-//! for them), with held-out errors: 5-fold over cases and the extrapolation split.
+//! `memfit fit RESULTS…`: reads stored results only (JSONL or HDF5 files, or folders searched
+//! for them) and prints, per group of comparable rows, the least-squares fit of each phase's
+//! peak with its held-out errors (`crate::fit::group`), the `dataload` rows' RAM formula and
+//! throughput curves (`crate::fit::dataload`), and the textbook formulas on the same rows
+//! (`crate::fit::textbook`). The fitting is in `crate::fit`; this is the subcommand: its
+//! arguments and what it prints.
 
 use std::collections::BTreeMap;
 
 use crate::cli::FitArgs;
-use crate::fit::{self, FEATURES, HeldOut};
+use crate::fit::dataload::{curves, ram_fits};
+use crate::fit::group::{GroupKey, fit_group, key};
 use crate::record::{Row, Status};
-use crate::store;
-
-/// Rows measured under the same conditions: one fit each.
-pub type GroupKey = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    u64,
-    u64,
-    String,
-    String,
-);
-
-pub fn key(r: &Row) -> GroupKey {
-    (
-        r.phase.clone(),
-        r.model.clone(),
-        r.device.clone(),
-        r.dtype.clone(),
-        r.precision.clone(),
-        r.attention.clone(),
-        r.checkpoint,
-        r.lora_rank,
-        r.optimizer.clone(),
-        // Decoding with and without the cache are different computations: separate fits.
-        if r.phase == "decode" {
-            format!("{} kv-{}", r.weights, r.kv_cache)
-        } else {
-            r.weights.clone()
-        },
-    )
-}
-
-/// One group's fit and its held-out errors.
-#[derive(Debug, serde::Serialize)]
-pub struct GroupFit {
-    pub phase: String,
-    pub device: String,
-    pub dtype: String,
-    pub variant: String,
-    pub rows: usize,
-    /// (feature, coefficient, standard error): `None` for a feature the group holds constant
-    /// (dropped before solving: the intercept carries it) or when the fit failed, and a
-    /// standard error of `None` without residual degrees of freedom.
-    pub coefficients: Vec<(String, Option<f64>, Option<f64>)>,
-    pub r2: f64,
-    pub in_sample_max_pct: f64,
-    pub kfold: Option<(f64, f64)>,
-    pub extrapolation: Option<(f64, f64)>,
-}
+use crate::{fit, store};
 
 pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     let mut files = Vec::new();
@@ -70,7 +22,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for f in &files {
         for r in store::read_rows(f)? {
-            // dataload rows have their own formula (crate::data::fit), printed below.
+            // dataload rows have their own formula (crate::fit::dataload), printed below.
             if r.status == Status::Ok && r.peak_bytes.is_some() && r.phase != "dataload" {
                 groups.entry(key(&r)).or_default().push(r.clone());
             }
@@ -121,7 +73,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
             formula
         );
     }
-    crate::data::fit::print(&all, args.json)?;
+    print_dataload(&all, args.json)?;
     // The textbook formulas on the same rows, beside ours.
     if args.json {
         for t in &textbook {
@@ -141,124 +93,72 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl GroupFit {
-    /// The fitted line as text: `c·feature` for each solved term, then the dropped ones named
-    /// (`—`: constant in the group, carried by the intercept), or `—` when nothing was fitted.
-    pub fn formula(&self) -> String {
-        let terms: Vec<String> = self
-            .coefficients
-            .iter()
-            .filter_map(|(n, c, _)| c.map(|c| format!("{c:.4}·{n}")))
-            .collect();
-        let dropped: Vec<&str> = self
-            .coefficients
-            .iter()
-            .filter(|(_, c, _)| c.is_none())
-            .map(|(n, _, _)| n.as_str())
-            .collect();
-        match (terms.is_empty(), dropped.is_empty()) {
-            (true, _) => "—".into(),
-            (false, true) => terms.join(" + "),
-            (false, false) => format!(
-                "{} (— for {}: constant in the group)",
-                terms.join(" + "),
-                dropped.join(", ")
-            ),
+/// Prints the `dataload` rows' RAM fits and throughput curves (text, or one JSON object per
+/// line).
+fn print_dataload(rows: &[Row], json: bool) -> anyhow::Result<()> {
+    let fits = ram_fits(rows);
+    let curves = curves(rows);
+    if json {
+        for f in &fits {
+            println!("{}", serde_json::to_string(f)?);
         }
-    }
-
-    /// The fitted bytes of features `x`; `None` when the group has no fit.
-    pub fn predict(&self, x: &[f64]) -> Option<f64> {
-        if self.coefficients.iter().all(|(_, c, _)| c.is_none()) {
-            return None;
+        for c in &curves {
+            println!("{}", serde_json::to_string(c)?);
         }
-        // A dropped feature is constant in the group: the intercept already holds its part.
-        let v: f64 = self
-            .coefficients
-            .iter()
-            .zip(x)
-            .filter_map(|((_, c, _), xi)| c.map(|c| c * xi))
-            .sum();
-        v.is_finite().then_some(v)
+        return Ok(());
     }
-}
-
-/// The fit of one group. Rows without a measured peak are left out (never read as 0).
-pub fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
-    let rows: Vec<&Row> = rows.iter().filter(|r| r.peak_bytes.is_some()).collect();
-    let x: Vec<Vec<f64>> = rows.iter().map(|r| fit::features(r).to_vec()).collect();
-    let y: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r.peak_bytes.map(|v| v as f64))
-        .collect();
-    let size: Vec<f64> = rows.iter().map(|r| r.params as f64).collect();
-    let f = fit::least_squares(&x, &y);
-    let pair = |h: Option<HeldOut>| h.map(|h| (h.mean_pct, h.max_pct));
-    let in_sample = f.as_ref().map_or(f64::NAN, |f| {
-        x.iter()
-            .zip(&y)
-            .filter(|(_, v)| **v != 0.0)
-            .map(|(xi, v)| ((f.predict(xi) - v) / v).abs() * 100.0)
-            .fold(0.0, f64::max)
-    });
-    GroupFit {
-        phase: k.0.clone(),
-        device: k.2.clone(),
-        dtype: k.3.clone(),
-        variant: format!(
-            "{} {} {} ck{} lora{} {} {}",
-            k.1, k.4, k.5, k.6, k.7, k.8, k.9
-        ),
-        rows: rows.len(),
-        coefficients: FEATURES
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let (c, e) = f.as_ref().map_or((None, None), |f| {
-                    if f.used[i] {
-                        (Some(f.coef[i]), Some(f.stderr[i]).filter(|e| e.is_finite()))
-                    } else {
-                        (None, None)
-                    }
-                });
-                (n.to_string(), c, e)
-            })
-            .collect(),
-        r2: f.as_ref().map_or(f64::NAN, |f| f.r2),
-        in_sample_max_pct: in_sample,
-        kfold: pair(fit::k_fold(&x, &y, 5)),
-        extrapolation: pair(fit::extrapolation(&x, &y, &size)),
+    if fits.is_empty() && curves.is_empty() {
+        return Ok(());
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Forward rows differing in batch only: P, and the terms of S, H, A, L, V that do not vary
-    /// apart from B, are fitted or dropped; a dropped feature prints as — (never 0.0000) and
-    /// is `None` in JSON. A row without a peak is left out of the fit.
-    #[test]
-    fn dropped_features_are_missing_not_zero() {
-        let rows: Vec<Row> = (1..=4u64)
-            .map(|b| {
-                let mut r = Row::example();
-                r.phase = "forward".into();
-                r.batch = b;
-                r.peak_bytes = (b != 3).then_some(1000 + 500 * b);
-                r
-            })
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    println!(
+        "\ndataload RAM = base + per_worker·workers + k·in-flight batch bytes (tree peak, least squares)"
+    );
+    println!(
+        "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11} {:>15} {:>12} {:>9} {:>8}",
+        "device",
+        "kind",
+        "storage",
+        "sum",
+        "rows",
+        "base MiB",
+        "per worker MiB",
+        "k",
+        "R²",
+        "max err%"
+    );
+    for f in &fits {
+        println!(
+            "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11.1} {:>8.1} ± {:<4.1} {:>5.2} ± {:<4.2} {:>9.4} {:>8.1}",
+            f.device,
+            f.worker_kind,
+            f.storage,
+            f.measure,
+            f.rows,
+            mib(f.base_bytes),
+            mib(f.per_worker_bytes),
+            mib(f.stderr[1]),
+            f.in_flight_factor,
+            f.stderr[2],
+            f.r2,
+            f.max_err_pct
+        );
+    }
+    println!("\ndataload throughput (persistent workers): workers → images/s (CPU cores busy)");
+    for c in &curves {
+        let pts: Vec<String> = c
+            .points
+            .iter()
+            .map(|(w, ips, u)| format!("{w}→{ips:.0} ({u:.2})"))
             .collect();
-        let g = fit_group(&key(&rows[0]), &rows);
-        assert_eq!(g.rows, 3);
-        let p = &g.coefficients[1];
-        assert_eq!((p.0.as_str(), p.1), ("P", None));
-        let f = g.formula();
-        assert!(f.contains("— for P") && !f.contains("0.0000·P"), "{f}");
-        let json = serde_json::to_string(&g).unwrap();
-        assert!(json.contains(r#"["P",null,null]"#), "{json}");
-        // The fit reproduces a measured row: 1000 + 500·2.
-        let two = g.predict(&fit::features(&rows[1])).unwrap();
-        assert!((two - 2000.0).abs() < 1e-6, "{two}");
+        println!(
+            "{:<7} {:<8} {:<7} {}   saturates at {} worker(s)",
+            c.device,
+            c.worker_kind,
+            c.storage,
+            pts.join("  "),
+            c.saturation_workers
+        );
     }
+    Ok(())
 }

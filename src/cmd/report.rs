@@ -1,7 +1,11 @@
-//! `memfit report RESULTS… --out DIR`: reads stored result sets (never runs a model), fits them
-//! as `memfit fit` does, and writes `report.md`, `report.html` (plots inlined) and every plot as
-//! `NAME.svg` and `NAME.png`. With `--measure-cpu-peak` it times an f32 matmul on this host to
-//! give the CPU sets a peak FLOP/s (the only thing it measures, and only when asked).
+//! `memfit report RESULTS… --out DIR`: reads stored result sets (never runs a model), computes
+//! what the report quotes besides the rows — the group fits as `memfit fit` makes them
+//! (`fit::group`), the textbook errors (`fit::textbook`), the `dataload` RAM fits and
+//! throughput curves (`fit::dataload`), the full-size figures (`formula::full_size`) — and
+//! hands them to `report::build`, which writes `report.md`, `report.html` (plots inlined) and
+//! every plot as `NAME.svg` and `NAME.png`. With `--measure-cpu-peak` it times an f32 matmul on
+//! this host (`meter::flops`) to give the CPU sets a peak FLOP/s (the only thing it measures,
+//! and only when asked).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,10 +13,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::cli::ReportArgs;
-use crate::cmd::fit::{GroupKey, fit_group, key};
 use crate::error::UserError;
+use crate::fit::group::{GroupFit, GroupKey, fit_group, key};
+use crate::formula::full_size::FullSize;
 use crate::record::{Row, RunMeta, Status};
-use crate::report::{self, CpuPeak, Inputs, ResultSet};
+use crate::report::{self, CpuPeak, Inputs, ResultSet, claims};
 use crate::store::result_files;
 
 /// Reads one result set: every result file under `path`, and each run's metadata
@@ -48,24 +53,25 @@ pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
     })
 }
 
-/// f32 matmul FLOP/s of this host: the best of twenty 1024³ and five 2048³ candle products
-/// after a warm-up (the best, because other processes only ever slow a sample down).
-fn measure_cpu_peak() -> anyhow::Result<f64> {
-    use candle_core::{Device, Tensor};
-    let mut best = 0f64;
-    for (n, reps) in [(1024usize, 20), (2048, 5)] {
-        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-        a.matmul(&b)?;
-        for _ in 0..reps {
-            let t = std::time::Instant::now();
-            let c = a.matmul(&b)?;
-            let s = t.elapsed().as_secs_f64();
-            drop(c);
-            best = best.max(2.0 * (n as f64).powi(3) / s);
-        }
-    }
-    Ok(best)
+/// The CPU's peak FLOP/s, measured here now (`meter::flops`), with how and on what.
+fn cpu_peak() -> anyhow::Result<CpuPeak> {
+    let model = crate::cmd::run::cpu_model();
+    let flops =
+        crate::meter::flops::cpu_matmul_peak().context("measuring the CPU's matmul FLOP/s")?;
+    let threads = rayon::current_num_threads();
+    Ok(CpuPeak {
+        flops,
+        how: format!(
+            "measured by `memfit report --measure-cpu-peak`: {} on {model}, {threads} thread(s), at {} UTC",
+            crate::meter::flops::method(),
+            crate::units::utc_stamp(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+            )
+        ),
+        cpu_model: model,
+    })
 }
 
 pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
@@ -86,35 +92,29 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
         groups.entry(key(r)).or_default().push(r.clone());
     }
     let fits: Vec<_> = groups.iter().map(|(k, rows)| fit_group(k, rows)).collect();
-    let by_key: BTreeMap<&GroupKey, &crate::cmd::fit::GroupFit> =
-        groups.keys().zip(&fits).collect();
+    let by_key: BTreeMap<&GroupKey, &GroupFit> = groups.keys().zip(&fits).collect();
     let fitted =
         |r: &Row| -> Option<f64> { by_key.get(&key(r))?.predict(&crate::fit::features(r)) };
     let textbook = crate::fit::textbook::evaluate(&all);
     let cpu_peak = if args.measure_cpu_peak {
-        let model = crate::cmd::run::cpu_model();
-        let flops = measure_cpu_peak().context("measuring the CPU's matmul FLOP/s")?;
-        let threads = rayon::current_num_threads();
-        Some(CpuPeak {
-            flops,
-            how: format!(
-                "measured by `memfit report --measure-cpu-peak`: best of 20 × 1024³ and 5 × 2048³ f32 candle matmuls on {model}, {threads} thread(s), at {} UTC",
-                crate::units::utc_stamp(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs())
-                )
-            ),
-            cpu_model: model,
-        })
+        Some(cpu_peak()?)
     } else {
         None
     };
+    // The claims' `dataload` fits, over every row (each fit is one device's group).
+    let dataload = claims::Fitted {
+        ram: crate::fit::dataload::ram_fits(&all),
+        curves: crate::fit::dataload::curves(&all),
+    };
+    let full_size = FullSize::compute()
+        .map_err(|e| e.context("the full-size formulas the claims quote (a bug in memfit)"))?;
     let rep = report::build(&Inputs {
         sets: &sets,
         fits: &fits,
         textbook: &textbook,
         fitted: &fitted,
+        dataload: &dataload,
+        full_size: &full_size,
         cpu_peak: cpu_peak.as_ref(),
     })?;
     let out = &args.out;

@@ -17,7 +17,8 @@
 //!   so the sum counts it once), and their means over the window's second half (`…_steady_…`);
 //! - `peak_bytes`: the main process's heap high-water mark (counting allocator).
 //!
-//! The RAM model the seed workload fits (`docs/claims.md`, D2):
+//! The RAM model the seed workload fits (`docs/claims.md`, D2; fitted from stored rows by
+//! `crate::fit::dataload`, not here):
 //! `PSS ≈ base + workers × per-worker working set + in-flight batches × batch bytes`,
 //! batch bytes = `B · 3 · C² · 4`, in-flight = `prefetch × max(workers, 1)` (PyTorch's
 //! `prefetch_factor` is per worker).
@@ -26,7 +27,6 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dataset;
-pub mod fit;
 pub mod pipeline;
 pub mod workers;
 

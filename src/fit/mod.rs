@@ -8,8 +8,16 @@
 //! group are dropped before solving (their coefficient is reported as 0 with no error), so small
 //! groups still fit; the solve uses an SVD, so collinear features give the minimum-norm solution
 //! instead of failing.
+//!
+//! What is fitted, one file each: `group` (that model per group of comparable rows, for
+//! `memfit fit` and the report's fit table), `dataload` (the data pipeline's RAM formula and
+//! throughput curves), `calibration` (the analytical predictions against the measurements) and
+//! `textbook` (the literature's formulas on the same rows). The commands call them; the report
+//! only reads their results.
 
 pub mod calibration;
+pub mod dataload;
+pub mod group;
 pub mod textbook;
 
 use nalgebra::{DMatrix, DVector};

@@ -3,6 +3,7 @@
 
 pub mod cuda_init;
 pub mod flops;
+pub mod full_size;
 pub mod gemm;
 pub mod replay;
 pub mod shape;

@@ -8,6 +8,7 @@
 pub mod cpu_alloc;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod flops;
 pub mod pool;
 pub mod proctree;
 pub mod rusage;

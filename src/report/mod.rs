@@ -2,6 +2,13 @@
 //! table (`table`), and `memfit report`'s document (`build`): environment, per-phase tables,
 //! the fit table with held-out errors, the textbook formulas, the claims table, the hardware
 //! comparison with FLOP/s, and the plots (`plots`, drawn to SVG and PNG).
+//!
+//! The report reads rows and what was computed from them: it never measures and never parses
+//! a workload, and the fits it shows are made by its caller (`cmd::report`), which hands them
+//! in [`Inputs`]: the group fits (`fit::group`), the textbook errors (`fit::textbook`), the
+//! `dataload` fits (`fit::dataload`), the full-size figures (`formula::full_size`) and, when
+//! asked for, the CPU's measured peak FLOP/s (`meter::flops`). (Claims F1 and F4 still draw
+//! their own straight line through a sweep's points, `claims::Affine`.)
 
 pub mod claims;
 pub mod doc;
@@ -13,8 +20,9 @@ pub mod torch;
 
 use std::collections::BTreeMap;
 
-use crate::cmd::fit::GroupFit;
+use crate::fit::group::GroupFit;
 use crate::fit::textbook::TextbookError;
+use crate::formula::full_size::FullSize;
 use crate::record::{Row, RunMeta, Status};
 use crate::units::human_bytes;
 use doc::Block;
@@ -47,6 +55,10 @@ pub struct Inputs<'a> {
     pub textbook: &'a [TextbookError],
     /// The fitted peak of a row's phase and group (the least-squares fit of `memfit fit`).
     pub fitted: &'a dyn Fn(&Row) -> Option<f64>,
+    /// The `dataload` rows' RAM fits and throughput curves, for the claims.
+    pub dataload: &'a claims::Fitted,
+    /// The full-size figures the claims quote.
+    pub full_size: &'a FullSize,
     pub cpu_peak: Option<&'a CpuPeak>,
 }
 
@@ -88,7 +100,7 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
     let workload_of = workload_names(inp);
-    let claims = claims::evaluate(&all, &workload_of)?;
+    let claims = claims::evaluate(&all, &workload_of, inp.dataload, inp.full_size);
     summary(&mut b, &all, &ok, &claims);
     claims_section(&mut b, &claims);
     b.push(Block::Heading(2, "Details".into()));

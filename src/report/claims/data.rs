@@ -69,11 +69,14 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn d2(&self) -> Option<Claim> {
         let d = self.dataload(true);
-        let fits: Vec<crate::data::fit::RamFit> =
-            crate::data::fit::ram_fits(&d.iter().map(|r| (*r).clone()).collect::<Vec<Row>>())
-                .into_iter()
-                .filter(|f| f.measure == "pss")
-                .collect();
+        // The fits of `d`: each fit's group is one device's rows (its main-thread rows
+        // included), so the CPU's fits over every row are the fits over `d`.
+        let fits: Vec<&RamFit> = self
+            .fitted
+            .ram
+            .iter()
+            .filter(|f| f.device == "cpu" && f.measure == "pss")
+            .collect();
         if fits.is_empty() {
             return None;
         }
@@ -212,8 +215,13 @@ impl<'a> Ctx<'a> {
         if m.is_empty() {
             return None;
         }
-        let curves =
-            crate::data::fit::curves(&d.iter().map(|r| (*r).clone()).collect::<Vec<Row>>());
+        // `d`'s curves: the CPU's groups (as D2's fits).
+        let curves: Vec<&Curve> = self
+            .fitted
+            .curves
+            .iter()
+            .filter(|c| c.device == "cpu")
+            .collect();
         let sat: Vec<String> = curves
             .iter()
             .map(|c| format!("{} {}: {}", c.worker_kind, c.storage, c.saturation_workers))

@@ -2,16 +2,20 @@
 //! it is given what was measured, what the formula (or the claim itself) predicts, and a
 //! one-line verdict. A claim the rows cannot test says which workload would; no number here is
 //! anything but a stored measurement, a stored prediction, or arithmetic on them (B5 and F3 say
-//! when they are derived or predicted rather than measured).
+//! when they are derived or predicted rather than measured). What is fitted or predicted
+//! beyond the rows comes in from the caller: the `dataload` rows' RAM fits and throughput
+//! curves ([`Fitted`], `crate::fit::dataload`) and the full-size figures
+//! ([`FullSize`], `crate::formula::full_size`).
 
 use std::collections::BTreeMap;
 
+use crate::fit::dataload::{Curve, RamFit};
+use crate::formula::full_size::{self, FullSize};
 use crate::record::{Row, Status};
 use crate::units::human_bytes;
 
 mod data;
 mod forward;
-pub mod full_size;
 mod inference;
 mod training;
 
@@ -109,26 +113,41 @@ fn statement(id: &str) -> &'static str {
     IDS.iter().find(|(i, _)| *i == id).map_or("", |(_, s)| s)
 }
 
-/// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name.
+/// The fits of the `dataload` rows the claims quote (D2, D4), made by the caller with
+/// `crate::fit::dataload` on the same rows as [`evaluate`]'s, every device (the claims pick
+/// the CPU's).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fitted {
+    /// [`crate::fit::dataload::ram_fits`].
+    pub ram: Vec<RamFit>,
+    /// [`crate::fit::dataload::curves`].
+    pub curves: Vec<Curve>,
+}
+
+/// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name,
+/// `fitted` holds the `dataload` fits of `rows` and `full` the full-size figures.
 pub fn evaluate(
     rows: &[Row],
     workload_of: &BTreeMap<String, String>,
-) -> anyhow::Result<Vec<Claim>> {
-    let full = full_size::FullSize::compute()
-        .map_err(|e| e.context("the full-size formulas the claims quote (a bug in memfit)"))?;
+    fitted: &Fitted,
+    full: &FullSize,
+) -> Vec<Claim> {
     let ctx = Ctx {
         rows: rows.iter().filter(|r| r.status == Status::Ok).collect(),
         workload_of,
-        full: &full,
+        fitted,
+        full,
     };
-    Ok(IDS.iter().map(|(id, _)| ctx.claim(id)).collect())
+    IDS.iter().map(|(id, _)| ctx.claim(id)).collect()
 }
 
 struct Ctx<'a> {
     rows: Vec<&'a Row>,
     workload_of: &'a BTreeMap<String, String>,
+    /// The `dataload` fits of the rows, made before any claim.
+    fitted: &'a Fitted,
     /// The full-size figures, computed before any claim.
-    full: &'a full_size::FullSize,
+    full: &'a FullSize,
 }
 
 fn mb(b: f64) -> String {
@@ -451,6 +470,19 @@ fn would(id: &str) -> &'static str {
     }
 }
 
+/// [`evaluate`] with what `memfit report` computes for it: the `dataload` fits of `rows` and
+/// the full-size figures (computed once).
+#[cfg(test)]
+fn evaluate_rows(rows: &[Row], workload_of: &BTreeMap<String, String>) -> Vec<Claim> {
+    static FULL: std::sync::OnceLock<FullSize> = std::sync::OnceLock::new();
+    let full = FULL.get_or_init(|| FullSize::compute().expect("the full-size figures"));
+    let fitted = Fitted {
+        ram: crate::fit::dataload::ram_fits(rows),
+        curves: crate::fit::dataload::curves(rows),
+    };
+    evaluate(rows, workload_of, &fitted, full)
+}
+
 #[cfg(test)]
 mod sides;
 
@@ -485,7 +517,7 @@ mod tests {
             sgd,
             dec,
         ];
-        let c = evaluate(&rows, &BTreeMap::from([("r".into(), "hand".into())])).unwrap();
+        let c = evaluate_rows(&rows, &BTreeMap::from([("r".into(), "hand".into())]));
         let get = |id: &str| c.iter().find(|c| c.id == id).unwrap();
         assert!(
             get("B1").measured.contains("f32 4.0040–4.0040"),
@@ -505,7 +537,7 @@ mod tests {
         // Off by one byte: no longer exact.
         let mut off = rows.clone();
         off[3].retained_bytes = Some(3841);
-        let c = evaluate(&off, &BTreeMap::new()).unwrap();
+        let c = evaluate_rows(&off, &BTreeMap::new());
         assert!(
             c.iter()
                 .find(|c| c.id == "N4")
@@ -517,7 +549,7 @@ mod tests {
 
     #[test]
     fn every_id_once_and_missing_says_why() {
-        let c = evaluate(&[], &BTreeMap::new()).unwrap();
+        let c = evaluate_rows(&[], &BTreeMap::new());
         assert_eq!(c.len(), IDS.len());
         for (claim, (id, _)) in c.iter().zip(IDS) {
             assert_eq!(claim.id, id);

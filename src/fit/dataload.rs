@@ -1,5 +1,6 @@
 //! The data pipeline's RAM formula and throughput curve, fitted from stored `dataload` rows
-//! (never measures; `memfit fit` prints it after the model fits).
+//! (reads rows, never measures): `memfit fit` prints them after the model fits, and
+//! `memfit report` computes them for claims D2 and D4 (the report itself never fits).
 //!
 //! RAM, per group of rows with the same device, worker kind and storage (the `workers = 0`
 //! rows join the thread groups as their zero point; with processes the main process no longer
@@ -208,75 +209,6 @@ pub fn curves(rows: &[Row]) -> Vec<Curve> {
         });
     }
     out
-}
-
-/// Prints the fits and curves (text or one JSON object per line).
-pub fn print(rows: &[Row], json: bool) -> anyhow::Result<()> {
-    let fits = ram_fits(rows);
-    let curves = curves(rows);
-    if json {
-        for f in &fits {
-            println!("{}", serde_json::to_string(f)?);
-        }
-        for c in &curves {
-            println!("{}", serde_json::to_string(c)?);
-        }
-        return Ok(());
-    }
-    if fits.is_empty() && curves.is_empty() {
-        return Ok(());
-    }
-    let mib = |b: f64| b / (1u64 << 20) as f64;
-    println!(
-        "\ndataload RAM = base + per_worker·workers + k·in-flight batch bytes (tree peak, least squares)"
-    );
-    println!(
-        "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11} {:>15} {:>12} {:>9} {:>8}",
-        "device",
-        "kind",
-        "storage",
-        "sum",
-        "rows",
-        "base MiB",
-        "per worker MiB",
-        "k",
-        "R²",
-        "max err%"
-    );
-    for f in &fits {
-        println!(
-            "{:<7} {:<8} {:<7} {:<4} {:>4} {:>11.1} {:>8.1} ± {:<4.1} {:>5.2} ± {:<4.2} {:>9.4} {:>8.1}",
-            f.device,
-            f.worker_kind,
-            f.storage,
-            f.measure,
-            f.rows,
-            mib(f.base_bytes),
-            mib(f.per_worker_bytes),
-            mib(f.stderr[1]),
-            f.in_flight_factor,
-            f.stderr[2],
-            f.r2,
-            f.max_err_pct
-        );
-    }
-    println!("\ndataload throughput (persistent workers): workers → images/s (CPU cores busy)");
-    for c in &curves {
-        let pts: Vec<String> = c
-            .points
-            .iter()
-            .map(|(w, ips, u)| format!("{w}→{ips:.0} ({u:.2})"))
-            .collect();
-        println!(
-            "{:<7} {:<8} {:<7} {}   saturates at {} worker(s)",
-            c.device,
-            c.worker_kind,
-            c.storage,
-            pts.join("  "),
-            c.saturation_workers
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]
