@@ -322,6 +322,11 @@ pub struct GridArgs {
     /// a backward several times faster); off (the default); comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub flush_denormals: Vec<String>,
+    /// on (the default): trim the heap and reset the RSS high-water mark before each window,
+    /// trim again after it (rss_peak_bytes, trim_* figures); off: skip both, saving the trim's
+    /// page faults on small windows (those figures are then missing); comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub trim: Vec<String>,
     /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub checkpoint: Vec<i64>,
@@ -428,6 +433,7 @@ impl GridArgs {
             attention: many(&self.attention),
             kernels: many(&self.kernels),
             flush_denormals: many(&self.flush_denormals),
+            trim: many(&self.trim),
             precision: many(&self.precision),
             lora_rank: many(&self.lora_rank),
             lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),

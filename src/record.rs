@@ -178,6 +178,11 @@ pub struct Row {
     /// before the column existed).
     #[serde(default = "off")]
     pub flush_denormals: String,
+    /// `on` when the meters trimmed the heap around the window (and in rows written before the
+    /// column existed); `off` (`--trim off`): `rss_peak_bytes` and the `trim_*` figures are
+    /// missing.
+    #[serde(default = "on")]
+    pub trim: String,
     /// LoRA rank; 0 = no adapters (every weight trains).
     #[serde(default)]
     pub lora_rank: u64,
@@ -509,4 +514,9 @@ fn composed() -> String {
 /// The setting of rows written before the `flush_denormals` column.
 fn off() -> String {
     "off".into()
+}
+
+/// The setting of rows written before the `trim` column.
+fn on() -> String {
+    "on".into()
 }

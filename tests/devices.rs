@@ -74,3 +74,59 @@ fn every_phase_is_metered_by_the_device_meter(device: &str) {
 }
 
 on_each_device!(every_phase, every_phase_is_metered_by_the_device_meter);
+
+/// `--trim off` (issue 24 item 12): no trim before or after the window, so the RSS peak and the
+/// trim figures are missing (not 0, not a stale high-water mark), the row says `trim off`, and
+/// the tensor figures are the ones `--trim on` measures (on the CPU to the byte).
+fn trim_off_misses_the_trim_figures_only(device: &str) {
+    let args = [
+        "--device", device, "--batch", "2", "--seq", "33", "--hidden", "48", "--heads", "3",
+        "--layers", "2", "--vocab", "101",
+    ];
+    let (on_dir, off_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let on = run_rows(on_dir.path(), &args);
+    let mut off_args = args.to_vec();
+    off_args.extend(["--trim", "off"]);
+    let off = run_rows(off_dir.path(), &off_args);
+    assert_eq!((on.len(), off.len()), (6, 6));
+    for (a, b) in on.iter().zip(&off) {
+        assert_eq!((a.status, b.status), (Status::Ok, Status::Ok), "{b:?}");
+        assert_eq!((a.trim.as_str(), b.trim.as_str()), ("on", "off"));
+        assert!(
+            a.rss_peak_bytes.is_some() && a.trim_before_bytes.is_some(),
+            "{a:?}"
+        );
+        assert!(b.rss_peak_bytes.is_none(), "{b:?}");
+        assert!(b.trim_layer.is_empty(), "{b:?}");
+        assert!(
+            b.trim_before_bytes.is_none()
+                && b.trim_after_bytes.is_none()
+                && b.trim_live_bytes.is_none(),
+            "{b:?}"
+        );
+        assert!(b.wall_s.is_some() && b.cpu_user_s.is_some(), "{b:?}");
+        if device == "cpu" {
+            assert_eq!(
+                (a.peak_bytes, a.retained_bytes),
+                (b.peak_bytes, b.retained_bytes),
+                "{}",
+                a.phase
+            );
+        } else {
+            assert!(b.peak_bytes.is_some(), "{b:?}");
+        }
+    }
+}
+
+on_each_device!(trim_off, trim_off_misses_the_trim_figures_only);
+
+#[test]
+fn a_bad_trim_value_names_the_key() {
+    let out = common::memfit()
+        .args(["run", "--preset", "tiny", "--trim", "sometimes"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trim") && err.contains("on, off"), "{err}");
+}

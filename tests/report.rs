@@ -342,3 +342,29 @@ window.addEventListener('load', () => {{
     }
     assert_eq!(v["errors"].as_array().unwrap().len(), 0, "{v}");
 }
+
+/// `docs/claims.md` is the claims' context only (issue 24 item 7): it names every claim ID and
+/// states no verdict, so it cannot drift from the generated report, which holds them all.
+#[test]
+fn claims_page_names_every_claim_and_states_no_verdict() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/claims.md")).unwrap();
+    for (id, _) in memfit::report::claims::IDS {
+        assert!(page.contains(id), "docs/claims.md lacks {id}");
+    }
+    let verdict = |line: &str| {
+        let lower = line.to_lowercase();
+        lower.contains("does not hold")
+            || lower
+                .split(|c: char| !c.is_alphanumeric())
+                .any(|w| w == "holds" || w == "partly")
+    };
+    for (n, line) in page.lines().enumerate() {
+        assert!(
+            !verdict(line),
+            "docs/claims.md:{}: a verdict belongs in docs/report/report.md only: {line}",
+            n + 1
+        );
+    }
+    assert!(page.contains("report/report.md"), "it points to the report");
+}

@@ -40,6 +40,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         attention: "standard".into(),
         kernels: "fused".into(),
         flush_denormals: "on".into(),
+        trim: "off".into(),
         lora_rank: 0,
         lora_targets: String::new(),
         lora_base: String::new(),

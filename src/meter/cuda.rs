@@ -276,8 +276,10 @@ pub struct CudaSetup {
     pub nvml_missing: Option<String>,
 }
 
-/// Opens `cuda:ordinal` the way candle does and builds its meters.
-pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
+/// Opens `cuda:ordinal` the way candle does and builds its meters; without `trim` (`--trim
+/// off`) the host meter does not trim the heap before a window and no meter trims the pool
+/// after it.
+pub fn setup(ordinal: usize, trim: bool) -> anyhow::Result<CudaSetup> {
     // The process's one device (its cuBLAS workspace already set outside the pool).
     let dev = crate::device::DeviceSpec::Cuda(ordinal)
         .candle()
@@ -285,7 +287,7 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
     let ctx = dev.as_cuda_device()?.cuda_stream().context().clone();
     let device_name = ctx.name().context("cuDeviceGetName")?;
     let memory_bytes = ctx.total_mem().context("cuDeviceTotalMem")? as u64;
-    let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(super::rusage::HostMeter::default())];
+    let mut meters: Vec<Box<dyn Meter>> = vec![Box::new(super::rusage::HostMeter::for_case(trim))];
     let (mut context_bytes, mut driver_version, mut cuda_version, mut nvml_missing) =
         (None, None, None, None);
     // NVML's device is the one with the CUDA device's UUID (the ordinals differ under
@@ -318,8 +320,10 @@ pub fn setup(ordinal: usize) -> anyhow::Result<CudaSetup> {
         CudaPool::new(ctx.clone())?.set_release_threshold(u64::MAX)?;
         pool_release_threshold = Some(u64::MAX);
         // First, so read last: the trim comes after every other figure of the window.
-        let trim = super::trim::TrimMeter::new(CudaPool::new(ctx.clone())?);
-        meters.insert(0, Box::new(trim));
+        if trim {
+            let trim = super::trim::TrimMeter::new(CudaPool::new(ctx.clone())?);
+            meters.insert(0, Box::new(trim));
+        }
         meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
         meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
         "cuda-pool"

@@ -7,6 +7,9 @@
 //! trim, pages freed earlier are reused silently and the rise under-reads. If `clear_refs` cannot
 //! be written (not Linux, no permission), `rss_peak_bytes` is `None`. In the `unmetered` build
 //! (the overhead benchmark) only the clocks run: no trim, no reset, `rss_peak_bytes` `None`.
+//! With `--trim off` ([`HostMeter::without_trim`]) the trim and the reset are skipped too, and
+//! `rss_peak_bytes` is `None` (a high-water mark not reset before the window is not the
+//! window's): the window then costs no page faults of a freshly trimmed heap (BENCHMARKS.md § 1).
 
 use std::time::Instant;
 
@@ -18,6 +21,27 @@ pub struct HostMeter {
     user0: f64,
     sys0: f64,
     hwm_reset: bool,
+    /// `--trim off`: no `malloc_trim`, no high-water-mark reset, no RSS peak.
+    skip_trim: bool,
+}
+
+impl HostMeter {
+    /// The host meter of `--trim off`: the clocks only, `rss_peak_bytes` missing.
+    pub fn without_trim() -> Self {
+        Self {
+            skip_trim: true,
+            ..Self::default()
+        }
+    }
+
+    /// The host meter of a case: [`HostMeter::without_trim`] unless `trim`.
+    pub fn for_case(trim: bool) -> Self {
+        if trim {
+            Self::default()
+        } else {
+            Self::without_trim()
+        }
+    }
 }
 
 /// User and system CPU seconds of this process so far (all threads).
@@ -57,7 +81,7 @@ impl Meter for HostMeter {
 
     fn start(&mut self) -> anyhow::Result<()> {
         // The `unmetered` build keeps only the clocks: no trim, no high-water-mark reset.
-        if !super::cpu_alloc::UNMETERED {
+        if !super::cpu_alloc::UNMETERED && !self.skip_trim {
             // SAFETY: malloc_trim only releases free heap memory.
             #[cfg(target_os = "linux")]
             unsafe {

@@ -51,10 +51,10 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "lora_targets"
-        | "lora_base" | "precision" | "phase" | "status" | "error" | "peak_meter" | "dataset"
-        | "worker_kind" | "storage" | "persistent" | "tied" | "biases" | "trim_layer"
-        | "moe_routing" => "",
+        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim"
+        | "lora_targets" | "lora_base" | "precision" | "phase" | "status" | "error"
+        | "peak_meter" | "dataset" | "worker_kind" | "storage" | "persistent" | "tied"
+        | "biases" | "trim_layer" | "moe_routing" => "",
         "moe_tokens_max" | "moe_tokens_min" | "sliding_window" => "tokens",
         "active_params" => "parameters",
         "kv_bytes_per_token" => "bytes",
@@ -155,6 +155,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "Norms, attention softmax, activations, loss: fused (one op each) or composed."
         }
         "flush_denormals" => "on: the CPU threads flushed subnormal floats to zero (FTZ/DAZ).",
+        "trim" => {
+            "on: the heap was trimmed and the RSS high-water mark reset before the window, and trimmed after it; off: rss_peak_bytes and trim_* are missing."
+        }
         "lora_rank" => "LoRA rank; 0 = no adapters (every weight trains).",
         "lora_targets" => "Projections with LoRA adapters, comma-separated.",
         "lora_base" => "How LoRA freezes the base projections: detach, op, q4_0 or q8_0.",
@@ -317,6 +320,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("attention", rows, |r| Some(&r.attention))?;
         w.string("kernels", rows, |r| Some(&r.kernels))?;
         w.string("flush_denormals", rows, |r| Some(&r.flush_denormals))?;
+        w.string("trim", rows, |r| Some(&r.trim))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("lora_base", rows, |r| Some(&r.lora_base))?;
@@ -776,6 +780,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     // denormals.
     let kernels = string_or("kernels", "composed")?;
     let flush_denormals = string_or("flush_denormals", "off")?;
+    let trim = string_or("trim", "on")?;
     let trim_layer = string_or("trim_layer", "")?;
     let mut moe_routing = string_or("moe_routing", "")?.into_iter();
     let mut trim_u64 = |name: &str| {
@@ -821,6 +826,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut trim_layer = trim_layer.into_iter();
     let mut kernels = kernels.into_iter();
     let mut flush_denormals = flush_denormals.into_iter();
+    let mut trim = trim.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -859,6 +865,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             attention: next(&mut attention),
             kernels: next(&mut kernels),
             flush_denormals: next(&mut flush_denormals),
+            trim: next(&mut trim),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),
             lora_base: next(&mut lora_base),

@@ -85,7 +85,7 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
         crate::meter::cpu_alloc::set_budget(b);
     }
     let exe = crate::data::workers::current_exe()?;
-    let opened = open_meters(case.device, &mut meta).and_then(|m| {
+    let opened = open_meters(case.device, case.trim, &mut meta).and_then(|m| {
         if case.flush_denormals {
             crate::phase::denormals::set_all_threads()?;
         }
@@ -131,9 +131,12 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
 }
 
 /// A device's meters and the label of the one that fills `peak_bytes`. Opening a CUDA device
-/// records what it tells about itself in `meta`.
+/// records what it tells about itself in `meta`. Without `trim` (`--trim off`) the host meter
+/// neither trims nor resets the RSS high-water mark before a window, and no trim meter reads
+/// the layer after it.
 fn open_meters(
     device: crate::device::DeviceSpec,
+    trim: bool,
     meta: &mut RunMeta,
 ) -> anyhow::Result<(Vec<Box<dyn Meter>>, &'static str)> {
     use crate::device::DeviceSpec;
@@ -149,7 +152,7 @@ fn open_meters(
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(n) if crate::meter::cpu_alloc::UNMETERED => {
-            let s = crate::meter::cuda::setup(n)?;
+            let s = crate::meter::cuda::setup(n, trim)?;
             meta.device_name = format!("cuda:{n}: {}", s.device_name);
             meta.device_memory_bytes = Some(s.memory_bytes);
             Ok((
@@ -159,21 +162,20 @@ fn open_meters(
         }
         DeviceSpec::Cpu => {
             let _ = meta;
-            Ok((
-                vec![
-                    // First: read last, trimming the heap once the window's figures are in.
-                    Box::new(crate::meter::trim::TrimMeter::new(
-                        crate::meter::trim::HeapTrim,
-                    )),
-                    Box::new(crate::meter::rusage::HostMeter::default()),
-                    Box::new(crate::meter::cpu_alloc::AllocMeter::default()),
-                ],
-                "cpu-allocator",
-            ))
+            let mut meters: Vec<Box<dyn Meter>> = Vec::new();
+            if trim {
+                // First: read last, trimming the heap once the window's figures are in.
+                meters.push(Box::new(crate::meter::trim::TrimMeter::new(
+                    crate::meter::trim::HeapTrim,
+                )));
+            }
+            meters.push(Box::new(crate::meter::rusage::HostMeter::for_case(trim)));
+            meters.push(Box::new(crate::meter::cpu_alloc::AllocMeter::default()));
+            Ok((meters, "cpu-allocator"))
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(n) => {
-            let s = crate::meter::cuda::setup(n)?;
+            let s = crate::meter::cuda::setup(n, trim)?;
             if let Some(why) = &s.nvml_missing {
                 eprintln!("warning: cuda:{n}: {why}; the NVML fields stay empty");
             }

@@ -149,6 +149,7 @@ pub fn bare_row(
         .into(),
         kernels: case.cfg.kernels.as_str().into(),
         flush_denormals: if case.flush_denormals { "on" } else { "off" }.into(),
+        trim: if case.trim { "on" } else { "off" }.into(),
         phase: phase.as_str().into(),
         status,
         error,

@@ -141,6 +141,7 @@ pub(super) fn expand(
                 seed: 0,
             }),
             flush_denormals: false,
+            trim: true,
         });
     }
     Ok(())

@@ -91,6 +91,10 @@ pub struct GridSpec {
     pub kernels: Option<OneOrMany<String>>,
     /// `on`: the CPU threads flush subnormal floats to zero (FTZ/DAZ); `off` (the default).
     pub flush_denormals: Option<OneOrMany<String>>,
+    /// `on` (the default): the heap is trimmed and the RSS high-water mark reset before each
+    /// window, and the heap trimmed again after it (`rss_peak_bytes`, `trim_*`); `off`: neither,
+    /// and those figures are missing.
+    pub trim: Option<OneOrMany<String>>,
     /// `pure` or `mixed` precision.
     pub precision: Option<OneOrMany<String>>,
     /// LoRA rank (0 = off); a list expands.
@@ -178,6 +182,7 @@ impl GridSpec {
             attention,
             kernels,
             flush_denormals,
+            trim,
             precision,
             lora_rank,
             lora_targets,
@@ -258,6 +263,9 @@ pub struct Case {
     pub data: Option<crate::data::DataCase>,
     /// The CPU threads flush subnormal floats to zero (`phase::denormals`).
     pub flush_denormals: bool,
+    /// The meters trim the heap around each window (`meter::rusage`, `meter::trim`); off:
+    /// the RSS peak and trim figures are missing.
+    pub trim: bool,
 }
 
 /// The size limits (inclusive), defined beside the models they bound.
@@ -734,8 +742,20 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         |_, _| Ok(()),
     )?;
     // One axis for both (the product macro takes at most twelve).
-    let kernel_flush: Vec<(Kernels, bool)> = iproduct!(&kernel_choices, &flushes)
-        .map(|(&k, &f)| (k, f))
+    let trims = ctx.choices(
+        "trim",
+        &spec.trim,
+        "on",
+        ("unknown setting", "on, off"),
+        |name| match name {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+        |_, _| Ok(()),
+    )?;
+    let kernel_flush: Vec<(Kernels, bool, bool)> = iproduct!(&kernel_choices, &flushes, &trims)
+        .map(|(&k, &f, &t)| (k, f, t))
         .collect();
     let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
@@ -1044,7 +1064,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &rank,
             &precision,
             &(efficient, tiled),
-            &(kernels, flush_denormals),
+            &(kernels, flush_denormals, trim),
             &k,
             &dtype,
         ) in variants
@@ -1177,6 +1197,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 phases: phases.clone(),
                 data: None,
                 flush_denormals,
+                trim,
             });
         }
     }
