@@ -233,7 +233,12 @@ fn committed_results_rows_apart_and_verdicts_classified() {
         curves: memfit::fit::dataload::curves(&set.rows),
     };
     let full = memfit::formula::full_size::FullSize::compute().unwrap();
-    for c in memfit::report::claims::evaluate(&set.rows, &workload_of, &fitted, &full) {
+    let cores_of = set
+        .metas
+        .iter()
+        .map(|m| (m.run_id.clone(), m.cores))
+        .collect();
+    for c in memfit::report::claims::evaluate(&set.rows, &workload_of, &cores_of, &fitted, &full) {
         assert_ne!(c.kind(), "other", "{c:?}");
         if !matches!(c.kind(), "open" | "not applicable") {
             assert_ne!(c.criterion, "—", "{c:?}");

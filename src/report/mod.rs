@@ -100,7 +100,12 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
     let workload_of = workload_names(inp);
-    let claims = claims::evaluate(&all, &workload_of, inp.dataload, inp.full_size);
+    let cores_of: BTreeMap<String, u64> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.metas.iter().map(|m| (m.run_id.clone(), m.cores)))
+        .collect();
+    let claims = claims::evaluate(&all, &workload_of, &cores_of, inp.dataload, inp.full_size);
     summary(&mut b, &all, &ok, &claims);
     claims_section(&mut b, &claims);
     b.push(Block::Heading(2, "Details".into()));

@@ -10,6 +10,11 @@ const D2_MIN_SLOPE: f64 = 1024.0 * 1024.0;
 const D2_R2: f64 = 0.95;
 /// D3: augmentation temporaries are a "high peak" when at least one batch's bytes.
 const D3_HIGH: f64 = 1.0;
+/// D4: the CPU per image is "constant" across worker kinds within this ratio (max/min).
+const D4_CONSTANT: f64 = 1.3;
+/// D4: the advice's workers (⌈0.5·cores⌉ to ⌊0.8·cores⌋, at least one) suffice for a pipeline
+/// when its images/s there reach this share of its best (the curves' saturation share).
+const D4_ENOUGH: f64 = 0.95;
 /// D5: "barely" when the device pool's peak is at most this many batches.
 const D5_BATCHES: f64 = 4.0;
 
@@ -226,42 +231,117 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|c| format!("{} {}: {}", c.worker_kind, c.storage, c.saturation_workers))
             .collect();
+        // The advice in workers, from the cores of the machine the rows ran on (one figure,
+        // or none when the runs disagree or do not say).
+        let mut cores: Vec<u64> = d
+            .iter()
+            .filter_map(|r| self.cores_of.get(&r.run_id).copied())
+            .filter(|&c| c > 0)
+            .collect();
+        cores.sort_unstable();
+        cores.dedup();
+        let advice = match cores.as_slice() {
+            [c] => {
+                let lo = ((0.5 * *c as f64).ceil() as u64).max(1);
+                let hi = ((0.8 * *c as f64).floor() as u64).max(lo);
+                Some((*c, lo, hi))
+            }
+            _ => None,
+        };
+        // Per pipeline: the best images/s at the advice's workers against its best anywhere.
+        let reach: Vec<(&Curve, f64)> = advice
+            .map(|(_, lo, hi)| {
+                curves
+                    .iter()
+                    .filter_map(|c| {
+                        let best = c.points.iter().map(|p| p.1).fold(0f64, f64::max);
+                        let at = c
+                            .points
+                            .iter()
+                            .filter(|p| (lo..=hi).contains(&p.0))
+                            .map(|p| p.1)
+                            .fold(f64::NAN, f64::max);
+                        (best > 0.0 && at.is_finite()).then_some((*c, at / best))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let advice_text = match advice {
+            None => "cores of the runs: unknown or differing".to_string(),
+            Some((c, lo, hi)) => format!(
+                "0.5–0.8 × {c} cores = {} worker(s)",
+                if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}–{hi}")
+                }
+            ),
+        };
+        let reach_text: Vec<String> = reach
+            .iter()
+            .map(|(c, x)| format!("{} {} {:.0} %", c.worker_kind, c.storage, 100.0 * x))
+            .collect();
         Some(self.make(
             "D4",
             &d,
             format!(
-                "CPU (user + sys) per image: {}; workers reaching 95 % of the best images/s: {}",
+                "CPU (user + sys) per image: {}; workers reaching 95 % of the best images/s: {}; images/s at the advice ({advice_text}) against each pipeline's best: {}",
                 m.join(", "),
-                sat.join(", ")
+                sat.join(", "),
+                if reach_text.is_empty() { "—".into() } else { reach_text.join(", ") }
             ),
             "workers ≈ 0.5–0.8 × cores".into(),
-            "CPU per image constant across worker kinds (within 30 %); the workers where images/s reaches 95 % of its best",
+            "CPU work: the CPU per image is constant across worker kinds (max ≤ 1.3 × min); the advice: at ⌈0.5·cores⌉–⌊0.8·cores⌋ workers (≥ 1) every pipeline reaches ≥ 95 % of its best images/s; holds when both do, partly when one does",
             {
                 let mut at: Vec<u64> = curves.iter().map(|c| c.saturation_workers).collect();
                 at.sort_unstable();
                 at.dedup();
                 let sat = match at.as_slice() {
                     [n] => format!("every pipeline saturates at {n} worker(s)"),
-                    _ => "the saturation point differs between pipelines (shared cores?)".into(),
+                    _ => "the saturation point differs between pipelines".into(),
                 };
                 let costs: Vec<f64> = ["main", "thread", "process"]
                     .iter()
                     .filter_map(|k| per_image(k))
                     .collect();
                 let (lo, hi) = minmax(costs.iter().copied());
-                if hi <= 1.3 * lo {
+                let cpu_work = hi <= D4_CONSTANT * lo;
+                let cpu_text = if cpu_work {
                     format!(
-                        "holds that it is CPU work (a constant {:.2}–{:.2} ms per image, so more images/s means more CPU); {sat}, to compare with the machine's cores (environment section)",
+                        "it is CPU work (a constant {:.2}–{:.2} ms per image, so more images/s means more CPU)",
                         lo * 1e3,
                         hi * 1e3
                     )
                 } else {
                     format!(
-                        "partly: the CPU per image differs between kinds ({:.2}–{:.2} ms); {sat}",
+                        "the CPU per image differs between kinds ({:.2}–{:.2} ms)",
                         lo * 1e3,
                         hi * 1e3
                     )
-                }
+                };
+                let (wlo, whi) = reach
+                    .iter()
+                    .fold((f64::INFINITY, 0f64), |(a, b), (_, x)| (a.min(*x), b.max(*x)));
+                let enough = (!reach.is_empty()).then_some(wlo >= D4_ENOUGH);
+                let advice_verdict = match enough {
+                    None => format!("the advice is not tested: no pipeline ran at {advice_text}"),
+                    Some(true) => format!(
+                        "the advice ({advice_text}) reaches {:.0}–{:.0} % of each pipeline's best images/s; {sat}",
+                        100.0 * wlo,
+                        100.0 * whi
+                    ),
+                    Some(false) => format!(
+                        "the advice ({advice_text}) reaches only {:.0}–{:.0} % of the best images/s: {sat}, with a consumer that does no training work (the advice leaves cores to the training step)",
+                        100.0 * wlo,
+                        100.0 * whi
+                    ),
+                };
+                let kind = match (cpu_work, enough) {
+                    (true, Some(true)) => "holds",
+                    (false, Some(false) | None) => "does not hold",
+                    _ => "partly",
+                };
+                format!("{kind}: {cpu_text}; {advice_verdict}")
             },
         ))
     }

@@ -124,17 +124,20 @@ pub struct Fitted {
     pub curves: Vec<Curve>,
 }
 
-/// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name,
-/// `fitted` holds the `dataload` fits of `rows` and `full` the full-size figures.
+/// Evaluates every claim on `rows`; `workload_of` maps a run id to its workload's name and
+/// `cores_of` to the machine's cores (the runs' `meta`), `fitted` holds the `dataload` fits of
+/// `rows` and `full` the full-size figures.
 pub fn evaluate(
     rows: &[Row],
     workload_of: &BTreeMap<String, String>,
+    cores_of: &BTreeMap<String, u64>,
     fitted: &Fitted,
     full: &FullSize,
 ) -> Vec<Claim> {
     let ctx = Ctx {
         rows: rows.iter().filter(|r| r.status == Status::Ok).collect(),
         workload_of,
+        cores_of,
         fitted,
         full,
     };
@@ -144,6 +147,8 @@ pub fn evaluate(
 struct Ctx<'a> {
     rows: Vec<&'a Row>,
     workload_of: &'a BTreeMap<String, String>,
+    /// Run id → the machine's cores (D4's advice is in cores).
+    cores_of: &'a BTreeMap<String, u64>,
     /// The `dataload` fits of the rows, made before any claim.
     fitted: &'a Fitted,
     /// The full-size figures, computed before any claim.
@@ -474,15 +479,27 @@ fn would(id: &str) -> &'static str {
 /// the full-size figures (computed once).
 #[cfg(test)]
 fn evaluate_rows(rows: &[Row], workload_of: &BTreeMap<String, String>) -> Vec<Claim> {
+    evaluate_rows_on(rows, workload_of, &BTreeMap::new())
+}
+
+/// [`evaluate_rows`] with the runs' cores.
+#[cfg(test)]
+fn evaluate_rows_on(
+    rows: &[Row],
+    workload_of: &BTreeMap<String, String>,
+    cores_of: &BTreeMap<String, u64>,
+) -> Vec<Claim> {
     static FULL: std::sync::OnceLock<FullSize> = std::sync::OnceLock::new();
     let full = FULL.get_or_init(|| FullSize::compute().expect("the full-size figures"));
     let fitted = Fitted {
         ram: crate::fit::dataload::ram_fits(rows),
         curves: crate::fit::dataload::curves(rows),
     };
-    evaluate(rows, workload_of, &fitted, full)
+    evaluate(rows, workload_of, cores_of, &fitted, full)
 }
 
+#[cfg(test)]
+mod perturb;
 #[cfg(test)]
 mod sides;
 

@@ -657,52 +657,105 @@ fn state_case(case: u64, precision: &str, bytes_per_param: [i64; 3]) -> Vec<Row>
     )
 }
 
-/// B3 ("6×" = 12 B/param): pure 16-bit at 2 + 2 + 8 = 12 holds; at 2 + 2 + 4 = 8 with mixed
-/// 4 + 4 + 8 (+ 2) = 18 it does not (the literature's 16–18 does).
+/// Forward rows of f16, pure and mixed, at B 1 and 4 (1000 parameters): 5000 B per sequence,
+/// 100 B whatever the batch, and in mixed precision a working copy of `copy` B/param more.
+fn forwards(copy: f64) -> Vec<Row> {
+    let mut v = Vec::new();
+    for (i, precision) in ["pure", "mixed"].into_iter().enumerate() {
+        for b in [1u64, 4] {
+            let fixed = 100.0
+                + if precision == "mixed" {
+                    copy * 1000.0
+                } else {
+                    0.0
+                };
+            let mut r = row("forward");
+            r.case = 100 + 10 * i as u64 + b;
+            r.dtype = "f16".into();
+            r.precision = precision.into();
+            r.batch = b;
+            r.retained_bytes = Some((fixed + 5000.0 * b as f64) as i64);
+            r.peak_bytes = Some(r.retained_bytes.unwrap() as u64);
+            v.push(r);
+        }
+    }
+    v
+}
+
+/// B3 ("6×" = 12 B/param): pure 16-bit at 2 + 2 + 8 = 12 and mixed 4 + 4 + 8 + the measured
+/// 2 B/param copy = 18 hold both halves; pure at 8 with mixed at 18 is partly (the
+/// literature's half only); mixed at 20 + 2 with pure at 8 does not hold; a copy measured at
+/// 4 B/param moves mixed 16 out of the literature's 16–18. Without the forward sweeps the copy
+/// is not measured: open.
 #[test]
 fn b3_six_times_against_pure_and_mixed() {
-    let mut holds = state_case(0, "pure", [2, 2, 8]);
-    holds.extend(state_case(1, "mixed", [4, 4, 8]));
-    let c = eval(&holds, "B3");
+    let set = |pure: [i64; 3], mixed: [i64; 3], copy: f64| {
+        let mut v = state_case(0, "pure", pure);
+        v.extend(state_case(1, "mixed", mixed));
+        v.extend(forwards(copy));
+        v
+    };
+    let c = eval(&set([2, 2, 8], [4, 4, 8], 2.0), "B3");
     assert!(c.verdict.starts_with("holds: pure 16-bit 12.0"), "{c:?}");
-    let mut not = state_case(0, "pure", [2, 2, 4]);
-    not.extend(state_case(1, "mixed", [4, 4, 8]));
-    let c = eval(&not, "B3");
     assert!(
-        c.verdict.starts_with("does not hold: pure 16-bit 8.0"),
+        c.measured
+            .contains("working copy in the forward window: 2.00 B/param"),
         "{c:?}"
     );
-    assert!(
-        c.verdict.contains("= 18.0 (the literature's 16–18 holds)"),
-        "{c:?}"
-    );
-    // Mixed at 4 + 4 + 10 (+ 2) = 20 B/param: beyond the literature's 18 + 2 %.
-    let mut far = state_case(0, "pure", [2, 2, 4]);
-    far.extend(state_case(1, "mixed", [4, 4, 10]));
-    let c = eval(&far, "B3");
+    let c = eval(&set([2, 2, 4], [4, 4, 8], 2.0), "B3");
+    assert!(c.verdict.starts_with("partly: pure 16-bit 8.0"), "{c:?}");
     assert!(
         c.verdict
-            .contains("= 20.0 (outside the literature's 16–18)"),
+            .contains("+ the 2.00 B/param working copy measured in the forward = 18.0 B/param (the literature's 16–18)"),
+        "{c:?}"
+    );
+    let c = eval(&set([2, 2, 4], [4, 4, 12], 2.0), "B3");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    assert!(
+        c.verdict
+            .contains("= 22.0 B/param (outside the literature's 16–18)"),
+        "{c:?}"
+    );
+    let c = eval(&set([2, 2, 4], [4, 4, 8], 4.0), "B3");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    let mut no_copy = state_case(0, "pure", [2, 2, 4]);
+    no_copy.extend(state_case(1, "mixed", [4, 4, 8]));
+    let c = eval(&no_copy, "B3");
+    assert!(
+        c.verdict
+            .starts_with("open: the working copy is not measured"),
         "{c:?}"
     );
     let c = eval(&state_case(0, "pure", [2, 2, 4]), "B3");
     assert!(c.verdict.starts_with("open"), "{c:?}");
 }
 
-/// B4: mixed 16 B/param + the 2 B copy = 18 GB per 1 B parameters holds; 20 + 2 does not.
+/// B4: mixed 16 B/param + the measured 2 B copy = 18 GB per 1 B parameters holds; 20 + 2 does
+/// not, nor 16 + a 6 B copy; without the copy measured it is open.
 #[test]
 fn b4_one_billion_parameters_mixed() {
-    let c = eval(&state_case(0, "mixed", [4, 4, 8]), "B4");
+    let set = |mixed: [i64; 3], copy: f64| {
+        let mut v = state_case(0, "mixed", mixed);
+        v.extend(forwards(copy));
+        v
+    };
+    let c = eval(&set([4, 4, 8], 2.0), "B4");
     assert!(
-        c.verdict.starts_with("holds for mixed precision: 16.0 GB"),
+        c.verdict.starts_with(
+            "holds for mixed precision: 16.0 GB of state + the 2.00 GB working copy = 18.0 GB"
+        ),
         "{c:?}"
     );
-    let c = eval(&state_case(0, "mixed", [4, 4, 12]), "B4");
+    let c = eval(&set([4, 4, 12], 2.0), "B4");
     assert!(
         c.verdict
             .starts_with("does not hold for mixed precision: 20.0 GB"),
         "{c:?}"
     );
+    let c = eval(&set([4, 4, 8], 6.0), "B4");
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    let c = eval(&state_case(0, "mixed", [4, 4, 8]), "B4");
+    assert!(c.verdict.starts_with("open"), "{c:?}");
 }
 
 /// B7 (1000 parameters): 8-bit AdamW at 2 B/param beside AdamW's measured 8 holds (≤ ½ of
@@ -795,34 +848,70 @@ fn d1_dataset_held_in_ram() {
     assert!(c.verdict.starts_with("does not hold"), "{c:?}");
 }
 
-/// D4: 2.5 ms of CPU per image in every kind holds (CPU work); 2.5 ms against 5 ms is partly.
+/// D4 on a 4-core machine (the advice: 2–3 workers): 2.5 ms of CPU per image in every kind and
+/// processes that reach their best images/s at 2 workers hold; saturating only at 4 workers
+/// (2 workers give 60 %) is partly, as is 2.5 ms against 5 ms per image; without the runs'
+/// cores the advice is not tested (partly); both failing does not hold.
 #[test]
-fn d4_cpu_per_image() {
-    let kinds = |process_ms: f64| {
-        [
-            ("main", 0, 2.5),
-            ("thread", 2, 2.5),
-            ("process", 2, process_ms),
-        ]
-        .map(|(kind, w, ms)| {
-            let mut r = dataload(kind, "ram", w, 10);
-            r.cpu_user_s = Some(ms * 1e-3 * 256.0);
-            r.cpu_sys_s = Some(0.0);
-            r.images_per_s = Some(100.0);
-            r
-        })
-        .to_vec()
+fn d4_cpu_per_image_and_the_advice() {
+    let rows = |process_ms: f64, at2: f64| {
+        let mut v: Vec<Row> = [("main", 0, 2.5, 50.0), ("thread", 2, 2.5, 100.0)]
+            .into_iter()
+            .chain([1, 2, 4].map(|w| {
+                let ips = match w {
+                    1 => 50.0,
+                    2 => at2,
+                    _ => 100.0,
+                };
+                ("process", w, process_ms, ips)
+            }))
+            .map(|(kind, w, ms, ips)| {
+                let mut r = dataload(kind, "ram", w, 10);
+                r.cpu_user_s = Some(ms * 1e-3 * 256.0);
+                r.cpu_sys_s = Some(0.0);
+                r.wall_s = Some(256.0 / ips);
+                r.images_per_s = Some(ips);
+                r
+            })
+            .collect();
+        for r in &mut v {
+            r.run_id = "d".into();
+        }
+        v
     };
-    let c = eval(&kinds(2.5), "D4");
+    let four = BTreeMap::from([("d".to_string(), 4u64)]);
+    let eval4 = |rows: &[Row]| {
+        evaluate_rows_on(rows, &BTreeMap::new(), &four)
+            .into_iter()
+            .find(|c| c.id == "D4")
+            .unwrap()
+    };
+    let c = eval4(&rows(2.5, 99.0));
     assert!(
-        c.verdict
-            .starts_with("holds that it is CPU work (a constant 2.50–2.50 ms"),
+        c.verdict.starts_with(
+            "holds: it is CPU work (a constant 2.50–2.50 ms per image, so more images/s means more CPU); the advice (0.5–0.8 × 4 cores = 2–3 worker(s)) reaches 99–100 %"
+        ),
         "{c:?}"
     );
-    let c = eval(&kinds(5.0), "D4");
+    let c = eval4(&rows(2.5, 60.0));
+    assert!(
+        c.verdict.starts_with("partly: it is CPU work")
+            && c.verdict
+                .contains("reaches only 60–100 % of the best images/s"),
+        "{c:?}"
+    );
+    let c = eval4(&rows(5.0, 99.0));
     assert!(
         c.verdict
             .starts_with("partly: the CPU per image differs between kinds (2.50–5.00 ms)"),
+        "{c:?}"
+    );
+    let c = eval4(&rows(5.0, 60.0));
+    assert!(c.verdict.starts_with("does not hold"), "{c:?}");
+    let c = eval(&rows(2.5, 99.0), "D4");
+    assert!(
+        c.verdict.starts_with("partly: it is CPU work")
+            && c.verdict.contains("the advice is not tested"),
         "{c:?}"
     );
 }
