@@ -8,8 +8,9 @@
 #   scripts/bench-overhead.sh               # small B4 S128 (9 pairs) and gpt2-small B1 S128 (3 pairs)
 #   PAIRS=3 BIG_PAIRS=0 scripts/bench-overhead.sh   # quicker
 #   MEMFIT_BENCH_LOCK=/tmp/x.lock …          # each timed run under flock
-#   NOTRIM=1 …   # a third arm: the metered build with malloc_trim made a no-op (LD_PRELOAD of a
-#                # two-line shim), to tell the allocator's bookkeeping from the trim's page faults
+#   NOTRIM=1 …   # a third arm: the metered build with `--trim off` (no malloc_trim, no high-water
+#                # reset, no trim meter), to tell the allocator's bookkeeping from the trim's page
+#                # faults, and to show what `--trim off` saves
 source "$(dirname "$0")/bench-common.sh"
 PAIRS="${PAIRS:-9}"
 # PAIRS or BIG_PAIRS 0: that config is skipped.
@@ -20,19 +21,14 @@ SMALL_CASE="${SMALL_CASE:---preset small --batch 4 --seq 128}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
 build_bins both
 NOTRIM="${NOTRIM:-0}"
-if [[ "$NOTRIM" == 1 ]]; then
-  # malloc_trim → return 0: the window starts with the heap as the warm-up left it (its RSS peak
-  # then under-reads; only the time of this arm is used).
-  printf '#include <stddef.h>\nint malloc_trim(size_t pad) { (void)pad; return 0; }\n' >"$WORK/notrim.c"
-  gcc -shared -fPIC -O2 -o "$WORK/notrim.so" "$WORK/notrim.c"
-fi
 
 # run BIN TAG CONFIG_ARGS… : one process, one train-step window; appends "tag window_s process_s"
 run_one() {
   local bin="$1" tag="$2"; shift 2
-  local out="$WORK/$tag-$RANDOM$RANDOM" t0 t1 pre=()
-  [[ "$tag" == */metered-notrim ]] && pre=(env "LD_PRELOAD=$WORK/notrim.so")
-  timed_locked "$WORK/t" "${pre[@]}" "$BIN_DIR/$bin" run "$@" --phases train-step --threads "$RAYON_NUM_THREADS" --out "$out" >/dev/null 2>&1
+  local out="$WORK/$tag-$RANDOM$RANDOM" t0 t1 trim=()
+  # The window starts with the heap as the warm-up left it; its RSS peak is then missing.
+  [[ "$tag" == */metered-notrim ]] && trim=(--trim off)
+  timed_locked "$WORK/t" "$BIN_DIR/$bin" run "$@" "${trim[@]}" --phases train-step --threads "$RAYON_NUM_THREADS" --out "$out" >/dev/null 2>&1
   read -r t0 t1 <"$WORK/t"
   python3 - "$out/results.jsonl" "$tag" "$t0" "$t1" >>"$WORK/times.txt" <<'PY'
 import json, sys
@@ -100,6 +96,9 @@ for name in sorted({t.split('/')[0] for t in runs}):
         dn = [a[0] / b[0] - 1 for a, b in zip(n, u)]
         print(f"{name:<22} without the trim  window {100*med(dn):+.2f} % (pairs {100*min(dn):+.2f}…{100*max(dn):+.2f}), "
               f"window sys {med([x[2] for x in n]):.3f} s: the rest of the window overhead is the trim's page faults")
+        # --trim on against --trim off, the metered run just before it.
+        dt = [a[0] / b[0] - 1 for a, b in zip(m, n)]
+        print(f"{name:<22} --trim on vs off  window {100*med(dt):+.2f} % (pairs {100*min(dt):+.2f}…{100*max(dt):+.2f})")
 rows = [json.loads(l) for l in open(iso_rows)]
 ok = [r for r in rows if r["status"] == "ok"]
 log = open(iso_log).read()

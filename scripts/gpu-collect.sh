@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Back here after scripts/gpu-run.sh: unpacks what the device tool brought back (its files_at
 # folder: results.tar.gz and the logs) into results/h200/<run id>/ (the main sweep's journal,
-# meta.json and logs at the top; the smoke test and data loading as smoke/ and dataload/),
+# meta.json and logs at the top; the smoke test, its twin at the pool's release threshold 0
+# and data loading as smoke/, smoke-release0/ and dataload/),
 # rebuilds CSV and HDF5 from each journal with `memfit convert`, and prints the folder to
 # commit (add a README.md there saying what ran).
 #   MEMFIT_BIN      the memfit binary to convert with (default: target/release/memfit, built)
@@ -33,7 +34,7 @@ copy_run() { # FROM TO: the journal and what belongs with it, then CSV/HDF5 rebu
   "$memfit" convert "$2"
 }
 copy_run "$main" "$dst"
-for part in smoke dataload; do
+for part in smoke smoke-release0 dataload; do
   if [[ -f "$tmp/results/$part/results.jsonl" && "$tmp/results/$part" != "$main" ]]; then
     copy_run "$tmp/results/$part" "$dst/$part"
   fi

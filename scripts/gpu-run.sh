@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # The GPU sweep in one call, on the GPU machine (through the device tool, from the repository
 # root, with the CUDA build carried):
-#   run(command="scripts/gpu-run.sh", carry=["dist/gpu"], timeout_s=570)
+#   run(command="MEMFIT_GPU_CALL_LIMIT_S=570 scripts/gpu-run.sh", carry=["dist/gpu"], timeout_s=570)
 # then, back here: scripts/gpu-collect.sh FILES_AT
 #
 # It stays inside the call's limits: at most 8 files come back from $OUT (16 MiB each, two
 # folders down, plain names), and the command is killed at its time limit. So it writes
 # exactly seven files, all at the top of $OUT:
 #   machine.txt     what ran where (read-only queries: no GPU setting is touched)
-#   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s), then
-#                   the numeric tests of the fused kernels and in-place updates on the device
+#   smoke.log       the smoke test (one small case, every phase and meter layer, ≈ 30 s), the
+#                   same case with the pool's release threshold 0 (CUDA's default) beside
+#                   memfit's "keep", the bare-matmul probe (`memfit probe matmul`: what a
+#                   product allocates beyond its output, cuBLAS's workspace if the pool gave
+#                   it), then the numeric tests of the fused kernels and in-place updates
 #   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
 #   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
 #   torch.log       the PyTorch reference (scripts/torch_reference.py, JSON lines + tables) on
 #                   gpu-h200 shapes, and accelerate's `estimate-memory` for the same configs;
 #                   "skipped" where the machine has no torch (the dry run on a CPU without it)
 #   time.txt        each step's exit status and seconds
-#   results.tar.gz  every run folder (results/{smoke,run,dataload}/: journal, meta.json, CSV,
-#                   HDF5, superseded rows); without the CSV/HDF5 copies if it would pass 16 MiB
-#                   (gpu-collect.sh rebuilds them from the journals)
+#   results.tar.gz  every run folder (results/{smoke,smoke-release0,run,dataload}/: journal,
+#                   meta.json, CSV, HDF5, superseded rows); without the CSV/HDF5 copies if it
+#                   would pass 16 MiB (gpu-collect.sh rebuilds them from the journals). It is
+#                   re-packed (atomically: a temporary, then a rename) after every stage and,
+#                   while a sweep runs, whenever its journal grew (a case finished), so a call
+#                   killed at its limit still brings back every finished case
 # A failed smoke test stops the call at once (a broken build costs a minute). The sweep runs
 # under --deadline, leaving MEMFIT_GPU_RESERVE_S (60) for packing; data loading gets what is
-# left; every memfit run is also under `timeout`. MEMFIT_GPU_BUDGET_S (540) is the whole
-# script's time; keep it below the call's timeout_s.
+# left; every memfit run is also under `timeout`. The script's budget is the call's limit
+# (MEMFIT_GPU_CALL_LIMIT_S: pass the call's timeout_s) less 30 s for the files' way back;
+# MEMFIT_GPU_BUDGET_S overrides it.
 #
 # Dry run on the CPU (MEMFIT_GPU_DRY_RUN=1 OUT=DIR scripts/gpu-run.sh): the same script with the
 # CPU build ($MEMFIT_BIN, else target/release/memfit) and the CPU stand-ins
@@ -30,7 +37,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:?OUT must name the folder to bring back}"
-budget="${MEMFIT_GPU_BUDGET_S:-540}"
+call_limit="${MEMFIT_GPU_CALL_LIMIT_S:-570}"
+budget="${MEMFIT_GPU_BUDGET_S:-$(( call_limit - 30 ))}"
 reserve="${MEMFIT_GPU_RESERVE_S:-60}"
 dry="${MEMFIT_GPU_DRY_RUN:-0}"
 t0=$(date +%s)
@@ -74,6 +82,22 @@ snapshot() {
     echo "pack: CSV/HDF5 left out to stay under 16 MiB" >> "$out/time.txt"
   fi
   mv -f "$tmp" "$tarball"
+}
+
+# Runs a command in the background and re-packs the archive whenever a journal under the
+# results grew (a case finished), until the command ends; returns the command's status.
+with_snapshots() {
+  "$@" &
+  local pid=$! last="" now
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 3
+    now="$(find "$res" -name results.jsonl -printf '%p %s\n' 2>/dev/null | sort)"
+    if [[ "$now" != "$last" ]]; then
+      snapshot 2>/dev/null || true
+      last="$now"
+    fi
+  done
+  wait "$pid"
 }
 
 pack() {
@@ -148,6 +172,29 @@ PY
 fi
 step smoke "$rc" $(( $(date +%s) - s ))
 snapshot
+if (( rc == 0 )); then
+  # The same case with the pool's release threshold 0 (CUDA's default: freed blocks go back at
+  # each synchronisation) beside memfit's "keep" (the trim figures then read what the pool
+  # cached); meta.json records each. And a bare matmul's window beyond its output. Neither
+  # gates the call. On the CPU the threshold means nothing (the dry run runs it all the same).
+  s=$(date +%s)
+  (
+    echo "# the smoke case with MEMFIT_CUDA_POOL_RELEASE=0"
+    MEMFIT_CUDA_POOL_RELEASE=0 timeout 120 "${memfit[@]}" run --preset tiny --batch 2 --seq 16 \
+      --kernels composed --phases init,forward,backward,optimizer,train-step,inference \
+      --device "$device" --threads 2 --case-timeout 90 --out "$res/smoke-release0" --quiet 2>&1
+    r1=$?
+    echo "# memfit probe matmul (peak beyond the output: cuBLAS's workspace if it came from the pool)"
+    if [[ "$dry" == 1 ]]; then pdt=f32; else pdt=bf16; fi
+    r2=0
+    for n in 1024 4096; do
+      timeout 60 "${memfit[@]}" probe matmul --device "$device" --dtype "$pdt" --n "$n" --threads 2 --json 2>&1 || r2=$?
+    done
+    exit $(( r1 != 0 ? r1 : r2 ))
+  ) >> "$out/smoke.log" 2>&1
+  step smoke-extra "$?" $(( $(date +%s) - s ))
+  snapshot
+fi
 if (( rc != 0 )); then
   echo "smoke test failed: the sweep is not run (see smoke.log)" | tee -a "$out/time.txt"
   tail -n 30 "$out/smoke.log"
@@ -192,7 +239,7 @@ dl_share=$(( $(left) / 5 ))
 torch_share=$(( $(left) / 6 ))
 deadline=$(( $(left) - reserve - dl_share - torch_share ))
 if (( deadline > 10 )); then
-  timeout $(( deadline + 30 )) "${memfit[@]}" run "$workload" --deadline "$deadline" \
+  with_snapshots timeout $(( deadline + 30 )) "${memfit[@]}" run "$workload" --deadline "$deadline" \
     --out "$res/run" > "$out/sweep.log" 2>&1
   rc=$?
 else
@@ -206,7 +253,7 @@ sweep_rc=$rc
 s=$(date +%s)
 dl_deadline=$(( $(left) - reserve ))
 if (( dl_deadline > 20 )); then
-  timeout $(( dl_deadline + 20 )) bash -c '
+  with_snapshots timeout $(( dl_deadline + 20 )) bash -c '
     "${@:4}" dataset make --out "$1/dataset" '"${dl_make[*]}"' &&
     "${@:4}" run "$2" --dataset "$1/dataset" --deadline "$3" --out "$1/results/dataload"' \
     _ "$work" "$dl_workload" "$(( dl_deadline - 10 ))" "${memfit[@]}" > "$out/dataload.log" 2>&1

@@ -63,6 +63,10 @@ pub enum Command {
     /// Synthetic image datasets for the dataload phase.
     #[command(subcommand)]
     Dataset(DatasetCommand),
+    /// One bare operation in a window of the device's meters: what a library allocates beyond
+    /// the tensors a formula counts.
+    #[command(subcommand)]
+    Probe(ProbeCommand),
     /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
     #[command(hide = true)]
     DataloadWorker(DataloadWorkerArgs),
@@ -184,6 +188,35 @@ pub struct MergeArgs {
     /// default), first, last (in the order given).
     #[arg(long)]
     pub on_conflict: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProbeCommand {
+    /// One (n × n)·(n × n) product: its window's peak beyond its output (the CPU's gemm packing
+    /// buffer, modelled beside it; on CUDA, cuBLAS's workspace if it came from the pool).
+    #[command(
+        after_help = "Examples:\n  memfit probe matmul --n 1024 --threads 2\n  memfit probe matmul --device cuda:0 --dtype bf16 --n 4096 --json"
+    )]
+    Matmul(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Element type: f32, bf16 (CUDA), f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// The operands' size: (n × n)·(n × n).
+    #[arg(long, default_value_t = 1024)]
+    pub n: usize,
+    /// Worker threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// One JSON object instead of a line of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -66,6 +66,28 @@ pub fn nvml_uuid(bytes: [u8; 16]) -> String {
 /// with a matmul could see tens of MiB that are not tensors.
 pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
+/// The environment variable that sets the CUDA pool's release threshold for a run.
+pub const POOL_RELEASE_VAR: &str = "MEMFIT_CUDA_POOL_RELEASE";
+
+/// The default pool's release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`) from
+/// [`POOL_RELEASE_VAR`]: unset or `keep`, `u64::MAX` (freed blocks stay in the pool, as PyTorch's
+/// caching allocator keeps them, so the trim after a window measures what the pool cached);
+/// `0`, CUDA's default (freed blocks go back at every synchronisation). The run's meta records
+/// the value (`cuda_pool_release_threshold`).
+pub fn pool_release_threshold(value: Option<&str>) -> Result<u64, crate::error::UserError> {
+    match value {
+        None | Some("keep") => Ok(u64::MAX),
+        Some("0") => Ok(0),
+        Some(v) => Err(crate::error::UserError::OutOfRange {
+            origin: "environment".into(),
+            key: POOL_RELEASE_VAR.into(),
+            value: v.into(),
+            reason: "the CUDA pool's release threshold".into(),
+            allowed: "keep (the default), 0".into(),
+        }),
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use std::collections::BTreeMap;
@@ -244,6 +266,20 @@ impl fmt::Display for ElemType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_release_threshold_is_keep_or_zero() {
+        assert_eq!(pool_release_threshold(None).unwrap(), u64::MAX);
+        assert_eq!(pool_release_threshold(Some("keep")).unwrap(), u64::MAX);
+        assert_eq!(pool_release_threshold(Some("0")).unwrap(), 0);
+        let e = pool_release_threshold(Some("1GiB"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(POOL_RELEASE_VAR) && e.contains("keep (the default), 0"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn uuids_print_as_nvml_names_them() {

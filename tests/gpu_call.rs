@@ -174,11 +174,23 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
     ] {
         assert!(time.contains(step), "{step}: {time}");
     }
-    assert!(
-        std::fs::read_to_string(out.join("smoke.log"))
-            .unwrap()
-            .contains("smoke check: ok")
-    );
+    let smoke = std::fs::read_to_string(out.join("smoke.log")).unwrap();
+    assert!(smoke.contains("smoke check: ok"), "{smoke}");
+    assert!(time.contains("smoke-extra: exit 0"), "{time}");
+    // The bare-matmul probe, twice: on the CPU its window's peak beyond the output is gemm's
+    // packing buffer as `formula::gemm` models it, plus the output tensor's bookkeeping (its
+    // layout and storage handle: a few hundred bytes, seen 80–272 B).
+    let probes: Vec<serde_json::Value> = smoke
+        .lines()
+        .filter(|l| l.starts_with("{\"device\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(probes.len(), 2, "{smoke}");
+    for p in &probes {
+        let extra = p["beyond_output_bytes"].as_i64().unwrap()
+            - p["predicted_scratch_bytes"].as_i64().unwrap();
+        assert!((0..=512).contains(&extra), "{p}");
+    }
 
     // Back here: collected into a run folder, CSV and HDF5 rebuilt from the journals.
     let results = tmp.path().join("results");
@@ -200,7 +212,12 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
     let file = workload::parse(&cpu, "gpu-h200-cpu.toml").unwrap();
     let cases = workload::expand(&file, &GridSpec::default(), "gpu-h200-cpu.toml").unwrap();
     let phases: usize = cases.iter().map(|c| c.phases.len()).sum();
-    for (sub, n) in [("", phases), ("smoke", 6), ("dataload", 2)] {
+    for (sub, n) in [
+        ("", phases),
+        ("smoke", 6),
+        ("smoke-release0", 6),
+        ("dataload", 2),
+    ] {
         let d = dst.join(sub);
         let rows = memfit::store::jsonl::read(&d.join("results.jsonl")).unwrap();
         assert_eq!(rows.len(), n, "{d:?}");
@@ -216,4 +233,75 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
     for log in ["machine.txt", "sweep.log", "time.txt"] {
         assert!(dst.join(log).is_file(), "{log}");
     }
+}
+
+/// A call killed mid-sweep (its time limit, a hung command) still brings back every case that
+/// finished: the archive in `$OUT` is re-packed, atomically, whenever the sweep's journal grows.
+/// The dry run is killed (SIGKILL to its whole process group, as the device tool's limit does)
+/// once the archive holds a finished case of the main sweep; the archive must then unpack and
+/// hold those rows, each final.
+#[test]
+fn a_call_killed_mid_sweep_brings_back_its_finished_cases() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let mut child = Command::new(root().join("scripts/gpu-run.sh"))
+        .env("MEMFIT_GPU_DRY_RUN", "1")
+        .env("MEMFIT_BIN", env!("CARGO_BIN_EXE_memfit"))
+        .env("MEMFIT_GPU_BUDGET_S", "400")
+        .env("OUT", &out)
+        .env("TMPDIR", tmp.path())
+        .env("RAYON_NUM_THREADS", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let unpack = |into: &Path| -> Option<Vec<memfit::record::Row>> {
+        let _ = std::fs::remove_dir_all(into);
+        std::fs::create_dir_all(into).unwrap();
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(into)
+            .arg("-xzf")
+            .arg(out.join("results.tar.gz"))
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?
+            .success();
+        let journal = into.join("results/run/results.jsonl");
+        (ok && journal.is_file()).then(|| memfit::store::jsonl::read(&journal).unwrap())
+    };
+    let probe = tmp.path().join("probe");
+    let t0 = std::time::Instant::now();
+    let mut seen = 0;
+    while t0.elapsed().as_secs() < 300 {
+        if let Some(rows) = unpack(&probe)
+            && !rows.is_empty()
+        {
+            seen = rows.len();
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the dry run ended before a case of its sweep was in the archive"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert!(seen > 0, "no finished case in the archive after 300 s");
+    // SAFETY: kill(2) on the child's process group, which this test created.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    child.wait().unwrap();
+    let back = tmp.path().join("back");
+    let rows = unpack(&back).expect("the archive unpacks after the kill");
+    assert!(
+        rows.len() >= seen,
+        "{} rows after the kill, {seen} before",
+        rows.len()
+    );
+    assert!(
+        rows.iter().all(|r| r.status.is_final()),
+        "{:?}",
+        rows.iter().find(|r| !r.status.is_final())
+    );
 }

@@ -6,10 +6,11 @@ pub mod fit;
 pub mod max_batch;
 pub mod merge;
 pub mod predict;
+pub mod probe;
 pub mod report;
 pub mod run;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, ProbeCommand};
 
 /// Runs the parsed command line.
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -21,6 +22,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::MaxBatch(args) => max_batch::max_batch(&args),
         Command::Merge(args) => merge::merge(&args),
         Command::Report(args) => report::report(&args),
+        Command::Probe(ProbeCommand::Matmul(args)) => probe::probe(&args),
         Command::Dataset(cmd) => dataset::dataset(&cmd),
         Command::DataloadWorker(a) => {
             let storage = crate::data::Storage::parse(&a.storage)

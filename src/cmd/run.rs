@@ -78,7 +78,7 @@ fn seconds(v: f64, origin: &str, key: &str) -> Result<f64, UserError> {
     }
 }
 
-fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
+pub(crate) fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta {
     let cpu = cpu_model();
     RunMeta {
         run_id,
@@ -435,7 +435,7 @@ fn resolve_threads(flag: Option<i64>, file: Option<i64>, origin: &str) -> Result
 
 /// Pins the CPU backend to `threads`: the rayon pool and candle's gemm (which reads
 /// `RAYON_NUM_THREADS`).
-fn pin_threads(threads: usize) -> anyhow::Result<()> {
+pub(crate) fn pin_threads(threads: usize) -> anyhow::Result<()> {
     // SAFETY: called before memfit starts any thread of its own; nothing reads the
     // environment concurrently.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };

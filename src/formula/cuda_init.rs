@@ -1,11 +1,16 @@
 //! `init` on CUDA with 16-bit weights: candle 0.11.1 draws random numbers on CUDA in f32 only
 //! (`Device::rand_normal_f64` / `rand_uniform_f64` draw an f32 tensor, then cast it), so each
-//! randomly initialised variable of `n` elements briefly holds `4·n'` bytes of f32 beside its
-//! `2·n` bytes of 16-bit data (`n'` = `n` rounded up to even for a normal draw: cuRAND's normal
-//! generator makes pairs; `n` for a uniform one). Constants (`Init::Const` 0 or 1: LayerNorm,
-//! LoRA's B) are made in the 16-bit type directly.
+//! randomly initialised variable of `n` elements briefly holds f32 beside what is already made:
+//! - a normal draw (`Init::Randn`, Kaiming): `4·n'` bytes (`n'` = `n` rounded up to even:
+//!   cuRAND's normal generator makes pairs, so an odd draw allocates `n + 1`), then the cast's
+//!   `2·n` beside it: `4·n' + 2·n`;
+//! - a uniform draw (`Init::Uniform`, a bias's ±1/√fan_in): cuRAND fills `[0, 1)` and, the bounds
+//!   not being (0, 1), candle's `rand_uniform` runs an affine into a second f32 buffer while the
+//!   first lives: `8·n` (the cast after it holds `4·n + 2·n`, less);
+//! - constants (`Init::Const` 0 or 1: LayerNorm, LoRA's B) are made in the 16-bit type directly.
 //!
-//! The window's peak is therefore `max_i (Σ_{j≤i} 2·n_j + 4·n'_i)` over the variables in the
+//! The window's peak is therefore `max_i (Σ_{j<i} 2·n_j + t_i)` with `t_i` the variable's
+//! transient above (`4·n'_i + 2·n_i`, `8·n_i`, `2·n_i`), over the variables in the
 //! order the model creates them (`Transformer::new`): the stem (GPT: `wte` normal; ViT: the
 //! patch projection's weight normal and bias uniform, then `cls` normal), `wpe` normal, per
 //! block `ln1` (constants), `q, k, v, o` (each: LoRA A normal and B constant when adapted,
@@ -14,6 +19,10 @@
 //! small in bf16 that is 248.9 MB of weights plus the head's 154.4 MB f32 draw. A LLaMA has no
 //! position table and RMSNorm weights only, its rotary tables (made first, held throughout),
 //! its block's projections (`Shape::projections`), and no head variable when tied.
+//!
+//! Not modelled, as they change no peak: an op on a strided (non-contiguous) layout uploads its
+//! dims and strides (a few dozen bytes) through the pool, and the draws of cuRAND's generator
+//! state live outside the pool (made when the device opens).
 
 use super::shape::Shape;
 use crate::model::transformer::BlockTensor;
@@ -96,13 +105,14 @@ impl Shape {
         let mut held = self.weights_bytes().saturating_sub(e * self.params());
         let mut peak = 0u64;
         for (n, draw) in self.creation_order() {
-            held += e * n;
-            let f32_draw = match draw {
-                Draw::Normal => 4 * n.next_multiple_of(2),
-                Draw::Uniform => 4 * n,
-                Draw::Const => 0,
+            let transient = match draw {
+                Draw::Normal => 4 * n.next_multiple_of(2) + e * n,
+                // The draw and the affine's output, both f32 (the cast comes after, smaller).
+                Draw::Uniform => (8 * n).max(4 * n + e * n),
+                Draw::Const => e * n,
             };
-            peak = peak.max(held + f32_draw);
+            peak = peak.max(held + transient);
+            held += e * n;
         }
         peak
     }
@@ -153,6 +163,22 @@ mod tests {
         let head = 50257 * 768;
         assert_eq!(s.cuda_half_init_peak(), 2 * s.params() + 4 * head);
         assert_eq!(4 * head, 154_389_504);
+    }
+
+    /// A uniform draw (a bias) holds its f32 draw and the affine's f32 output at once: 8 B per
+    /// element, above a normal draw's 4 + 2. With one channel of width 1 the head's bias (as
+    /// many elements as its weight, made last) is the peak.
+    #[test]
+    fn a_uniform_draw_holds_two_f32_buffers() {
+        let mut s = bf16_cuda(Shape::new(1, 5, 1, 1, 1, 1000, 5));
+        s.vision = Some(crate::model::vit::Vision {
+            image: 8,
+            patch: 4,
+            channels: 3,
+        });
+        let v = 1000;
+        assert_eq!(s.cuda_half_init_peak(), 2 * (s.params() - v) + 8 * v);
+        assert_eq!(s.creation_order().last(), Some(&(v, Draw::Uniform)));
     }
 
     #[test]

@@ -317,8 +317,15 @@ pub fn setup(ordinal: usize, trim: bool) -> anyhow::Result<CudaSetup> {
         // Freed blocks stay in the pool (as PyTorch's caching allocator keeps them), so the
         // trim after each window measures what the pool cached; with the default 0 they would
         // go back at every synchronisation and the trim would read nothing.
-        CudaPool::new(ctx.clone())?.set_release_threshold(u64::MAX)?;
-        pool_release_threshold = Some(u64::MAX);
+        // `MEMFIT_CUDA_POOL_RELEASE=0` keeps CUDA's default instead (the smoke stage of the GPU
+        // call measures both).
+        let threshold = crate::device::pool_release_threshold(
+            std::env::var(crate::device::POOL_RELEASE_VAR)
+                .ok()
+                .as_deref(),
+        )?;
+        CudaPool::new(ctx.clone())?.set_release_threshold(threshold)?;
+        pool_release_threshold = Some(threshold);
         // First, so read last: the trim comes after every other figure of the window.
         if trim {
             let trim = super::trim::TrimMeter::new(CudaPool::new(ctx.clone())?);

@@ -134,7 +134,7 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
 /// records what it tells about itself in `meta`. Without `trim` (`--trim off`) the host meter
 /// neither trims nor resets the RSS high-water mark before a window, and no trim meter reads
 /// the layer after it.
-fn open_meters(
+pub fn open_meters(
     device: crate::device::DeviceSpec,
     trim: bool,
     meta: &mut RunMeta,
