@@ -18,6 +18,7 @@
 pub mod calibration;
 pub mod dataload;
 pub mod group;
+pub mod line;
 pub mod textbook;
 
 use nalgebra::{DMatrix, DVector};

@@ -7,8 +7,9 @@
 //! a workload, and the fits it shows are made by its caller (`cmd::report`), which hands them
 //! in [`Inputs`]: the group fits (`fit::group`), the textbook errors (`fit::textbook`), the
 //! `dataload` fits (`fit::dataload`), the full-size figures (`formula::full_size`) and, when
-//! asked for, the CPU's measured peak FLOP/s (`meter::flops`). (Claims F1 and F4 still draw
-//! their own straight line through a sweep's points, `claims::Affine`.)
+//! asked for, the CPU's measured peak FLOP/s (`meter::flops`). (Claims F1, F4 and B3 fit a
+//! straight line through the sweep each selects with `fit::line::Affine`: the fitting is
+//! `fit`'s, the choice of points the claim's.)
 
 pub mod claims;
 pub mod doc;
