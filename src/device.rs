@@ -184,13 +184,16 @@ pub enum ServingWeights {
     Model,
     /// An f16 copy.
     F16,
-    /// The six projections as GGML Q8_0 / Q4_0 blocks through the frozen-linear op.
+    /// The block projections as GGML Q8_0 / Q4_0 blocks, or GGUF's Q4_K / Q6_K k-quant
+    /// super-blocks, through the frozen-linear op (dequantized per call, on the device).
     Q8_0,
     Q4_0,
+    Q4K,
+    Q6K,
 }
 
 impl ServingWeights {
-    pub const NAMES: &'static str = "model, f16, q8_0, q4_0";
+    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -198,6 +201,8 @@ impl ServingWeights {
             "f16" => Some(Self::F16),
             "q8_0" => Some(Self::Q8_0),
             "q4_0" => Some(Self::Q4_0),
+            "q4_k" => Some(Self::Q4K),
+            "q6_k" => Some(Self::Q6K),
             _ => None,
         }
     }
@@ -208,6 +213,20 @@ impl ServingWeights {
             Self::F16 => "f16",
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
+            Self::Q4K => "q4_k",
+            Self::Q6K => "q6_k",
+        }
+    }
+
+    /// The frozen base the quantized weights serve through; `None` for dense weights.
+    pub fn quantized(self) -> Option<crate::model::proj::LoraBase> {
+        use crate::model::proj::LoraBase;
+        match self {
+            Self::Model | Self::F16 => None,
+            Self::Q8_0 => Some(LoraBase::Q8_0),
+            Self::Q4_0 => Some(LoraBase::Q4_0),
+            Self::Q4K => Some(LoraBase::Q4K),
+            Self::Q6K => Some(LoraBase::Q6K),
         }
     }
 }

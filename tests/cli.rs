@@ -200,10 +200,11 @@ fn empty_name_lists() {
     );
 }
 
-/// LoRA's frozen-linear op and QLoRA's blocks take f32 input: a 16-bit LoRA case with them
-/// would only record error rows, so it is refused before anything runs.
+/// LoRA's frozen-linear op and QLoRA's blocks run in the activations' type (f32, f16, bf16)
+/// but not under mixed precision, whose per-forward 16-bit copies do not cover them: such a
+/// case would only record error rows, so it is refused before anything runs.
 #[test]
-fn lora_frozen_op_needs_f32() {
+fn lora_frozen_op_refuses_mixed_precision() {
     rejects(
         &["w.toml"],
         &[(
@@ -214,14 +215,54 @@ fn lora_frozen_op_needs_f32() {
             "w.toml",
             "grid[0].lora_base",
             "op",
-            "f32 input only",
+            "mixed precision",
             "detach",
         ],
     );
     rejects(
-        &["--lora-rank", "4", "--lora-base", "q4_0", "--dtype", "f16"],
+        &[
+            "--lora-rank",
+            "4",
+            "--lora-base",
+            "q4_0",
+            "--dtype",
+            "f16",
+            "--precision",
+            "mixed",
+        ],
         &[],
-        &["lora_base", "q4_0", "f32 input only"],
+        &["lora_base", "q4_0", "mixed precision"],
+    );
+}
+
+/// The k-quants pack 256 weights of a row per super-block: a projection whose input is not a
+/// multiple of 256 is named in the refusal (q4_0's 32 fit the same model).
+#[test]
+fn k_quant_blocks_need_inputs_of_256() {
+    rejects(
+        &["--hidden", "64", "--heads", "2", "--weights", "q4_k"],
+        &[],
+        &[
+            "weights",
+            "q4_k",
+            "256",
+            "input width 64",
+            "not a multiple of 256",
+        ],
+    );
+    rejects(
+        &[
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--lora-rank",
+            "4",
+            "--lora-base",
+            "q6_k",
+        ],
+        &[],
+        &["lora_base", "q6_k", "not a multiple of 256"],
     );
 }
 

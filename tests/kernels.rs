@@ -6,6 +6,7 @@
 //! They run on the CPU, or on the device named by `MEMFIT_TEST_DEVICE` (`cuda:0`: a build with
 //! the `cuda` feature checks the CUDA forwards of `fused.cu` against candle's own CUDA ops).
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap, ops};
 use memfit::model::kernels::{self, Kernels};
@@ -171,6 +172,58 @@ fn linear_matches_candle_nn_linear() {
                     .unwrap()
             },
         );
+    }
+}
+
+/// The frozen-linear op (`model::frozen`: LoRA's `op` base, QLoRA and quantized serving) on
+/// the device under test against candle's matmul on the same weights: dense, and dequantized
+/// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k). The op's input gradient is
+/// compared; its weight and bias are frozen (no gradient, by construction).
+#[test]
+fn frozen_linear_matches_a_matmul_on_its_weights() {
+    use memfit::model::frozen::{FrozenLinear, FrozenWeight};
+    let half = if dev().is_cuda() {
+        DType::BF16
+    } else {
+        DType::F16
+    };
+    for dtype in [DType::F32, half] {
+        let w = data(&[40, 256], 3, DType::F32);
+        let b = data(&[40], 4, dtype);
+        let x = var(&[6, 256], 5, dtype);
+        let dense = FrozenWeight::Dense(w.to_dtype(dtype).unwrap());
+        let mut weights = vec![("op".to_string(), dense, w.to_dtype(dtype).unwrap())];
+        for q in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let fw = FrozenWeight::quantize(&w, q).unwrap();
+            let FrozenWeight::Quantized(qt) = &fw else {
+                unreachable!()
+            };
+            let deq = qt.dequantize(&dev()).unwrap().to_dtype(dtype).unwrap();
+            weights.push((format!("{q:?}"), fw, deq));
+        }
+        for (name, fw, deq) in weights {
+            let op = || FrozenLinear {
+                weight: fw.clone(),
+                bias: Some(b.clone()),
+            };
+            compare(
+                &format!("frozen-linear {name}"),
+                std::slice::from_ref(&x),
+                dtype,
+                |t| t[0].apply_op1(op()).unwrap(),
+                |t| {
+                    t[0].matmul(&deq.t().unwrap())
+                        .unwrap()
+                        .broadcast_add(&b)
+                        .unwrap()
+                },
+            );
+        }
     }
 }
 

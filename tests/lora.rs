@@ -123,6 +123,7 @@ fn lora_memory_is_predicted() {
         ("all", "op"),
         ("q,v", "detach"),
         ("all", "q4_0"),
+        ("all", "q8_0"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let rows = run_rows(
@@ -144,9 +145,12 @@ fn lora_memory_is_predicted() {
                 "8",
                 "--lora-targets",
                 targets,
+                "--lora-base",
+                base,
             ],
         );
         for r in &rows {
+            assert_eq!(r.lora_base, base, "{r:?}");
             let (rel, abs) = match r.phase.as_str() {
                 "backward" | "train-step" => (0.01, 0),
                 _ => (0.001, 64 * 1024),
@@ -170,3 +174,74 @@ fn lora_memory_is_predicted() {
         );
     }
 }
+
+/// QLoRA over GGUF's k-quants (super-blocks of 256) and QLoRA and the frozen-base op in
+/// 16-bit (the dequantized weight cast to the activations' type; the backward's input gradient
+/// from `grad·W`): every phase predicted (on the CPU within the tolerances above; on CUDA within
+/// the pool's factor), and the quantized weights kept after init ordered by bits per weight.
+fn qlora_k_quants_and_half(device: &str) {
+    let half = if device == "cpu" { "f16" } else { "bf16" };
+    let mut kept = std::collections::HashMap::new();
+    for (dtype, base) in [
+        ("f32", "q4_k"),
+        ("f32", "q6_k"),
+        (half, "q4_0"),
+        (half, "q4_k"),
+        (half, "op"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--device",
+                device,
+                "--batch",
+                "2",
+                "--seq",
+                "16",
+                "--hidden",
+                "256",
+                "--heads",
+                "4",
+                "--layers",
+                "2",
+                "--vocab",
+                "300",
+                "--dtype",
+                dtype,
+                "--lora-rank",
+                "8",
+                "--lora-targets",
+                "all",
+                "--lora-base",
+                base,
+            ],
+        );
+        assert!(rows.len() >= 5, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+            assert_eq!((r.lora_base.as_str(), r.dtype.as_str()), (base, dtype));
+            let (m, p) = (r.peak_bytes.unwrap(), r.predicted_peak_bytes.unwrap());
+            if device == "cpu" {
+                let ok = match r.phase.as_str() {
+                    "backward" | "train-step" => within(r, 0.01, 0),
+                    _ => m.abs_diff(p) <= 12 * 1024,
+                };
+                assert!(ok, "{dtype} {base} {}: measured {m} predicted {p}", r.phase);
+            } else {
+                assert!(
+                    m >= p / 2 && m <= 2 * p + (64 << 20),
+                    "{dtype} {base} {}: pool peak {m} predicted {p}",
+                    r.phase
+                );
+            }
+        }
+        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        kept.insert((dtype, base), init.retained_bytes.unwrap());
+    }
+    // 4.5 < 6.56 bits per weight; 16-bit dense weights keep the most.
+    assert!(kept[&("f32", "q4_k")] < kept[&("f32", "q6_k")], "{kept:?}");
+    assert!(kept[&(half, "q4_k")] < kept[&(half, "op")], "{kept:?}");
+}
+
+on_each_device!(qlora_blocks, qlora_k_quants_and_half);

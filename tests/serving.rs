@@ -109,3 +109,77 @@ fn prefill_uses_the_efficient_attention() {
         assert!(peaks[1] < peaks[0], "{kernels}: {peaks:?}");
     }
 }
+
+/// GGUF's k-quants (`q4_k`, `q6_k`: super-blocks of 256 weights) and 16-bit activations
+/// through the frozen-linear op (the weights dequantized on the device, cast to the
+/// activations' type): every serving window predicted (on the CPU to the byte, up to metadata;
+/// on CUDA within the pool's factor), the logits' error recorded and smaller for 6 bits than for
+/// 4. A projection input that is not a multiple of 256 is refused for the k-quants.
+fn k_quants_and_half_activations(device: &str) {
+    let half = if device == "cpu" { "f16" } else { "bf16" };
+    let mut errors = std::collections::HashMap::new();
+    for (dtype, w) in [
+        ("f32", "q4_k"),
+        ("f32", "q6_k"),
+        (half, "q8_0"),
+        (half, "q4_k"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--device",
+                device,
+                "--batch",
+                "2",
+                "--seq",
+                "16",
+                "--hidden",
+                "256",
+                "--heads",
+                "4",
+                "--layers",
+                "1",
+                "--vocab",
+                "150",
+                "--dtype",
+                dtype,
+                "--phases",
+                "inference,prefill,decode",
+                "--decode-tokens",
+                "2",
+                "--weights",
+                w,
+            ],
+        );
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+            assert_eq!((r.weights.as_str(), r.dtype.as_str()), (w, dtype));
+            let (m, p) = (r.peak_bytes.unwrap(), r.predicted_peak_bytes.unwrap());
+            if device == "cpu" {
+                assert!(
+                    m.abs_diff(p) <= 12 * 1024,
+                    "{dtype} {w} {}: measured {m} predicted {p}",
+                    r.phase
+                );
+            } else {
+                assert!(
+                    m >= p / 2 && m <= 2 * p + (64 << 20),
+                    "{dtype} {w} {}: pool peak {m} predicted {p}",
+                    r.phase
+                );
+            }
+        }
+        let inference = rows.iter().find(|r| r.phase == "inference").unwrap();
+        let e = inference.logits_rel_error.expect("recorded");
+        assert!(e > 0.0 && e < 0.5, "{dtype} {w}: {e}");
+        errors.insert((dtype, w), e);
+    }
+    assert!(
+        errors[&("f32", "q6_k")] < errors[&("f32", "q4_k")],
+        "{errors:?}"
+    );
+}
+
+on_each_device!(k_quants, k_quants_and_half_activations);

@@ -254,7 +254,9 @@ pub enum Op {
     Attn(Sym, Sym, Sym),
     /// memfit's frozen linear (a `CustomOp1` on x): the dense weight, or `None` when quantized
     /// (dequantized to `(out, in)` f32 per call).
-    Frozen(Sym, Option<Sym>, usize),
+    /// The frozen-linear op: input, dense weight (`None`: quantized), output width, and the
+    /// bytes the CPU dequantize holds beside its f32 output (`frozen::dequantize_scratch`).
+    Frozen(Sym, Option<Sym>, usize, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),
 }
@@ -571,13 +573,17 @@ impl Sym {
 
     /// `x.apply_op1(FrozenLinear)` for `x (r, in)`: see `model::frozen` for the allocations.
     /// `w` is the dense weight `(out, in)`, `None` when quantized.
-    pub fn frozen_linear(&self, w: Option<Sym>, out: usize, bias: Option<&Sym>) -> Sym {
+    pub fn frozen_linear(
+        &self,
+        w: Option<Sym>,
+        out: usize,
+        bias: Option<&Sym>,
+        scratch: usize,
+    ) -> Sym {
         let (rows, inp) = (self.dims()[0], self.dims()[1]);
         let l = self.ledger().clone();
         let x = Sym::new(&l, &[rows, inp], self.0.dtype);
-        let wd = w
-            .clone()
-            .unwrap_or_else(|| Sym::new(&l, &[out, inp], DType::F32));
+        let wd = frozen_dense(&l, w.as_ref(), out, inp, self.0.dtype, scratch);
         let y = x.matmul(&wd.t());
         drop((x, wd));
         let y = match bias {
@@ -588,7 +594,7 @@ impl Sym {
             }
             None => y,
         };
-        let op = self.op1(|a| Op::Frozen(a, w, out));
+        let op = self.op1(|a| Op::Frozen(a, w, out, scratch));
         let res = self.out(&[rows, out], self.0.dtype, op);
         drop(y);
         res
@@ -860,7 +866,7 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, _, _) => vec![x],
+            Op::Frozen(x, _, _, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -1106,12 +1112,10 @@ pub fn backward(root: &Sym) -> GradStore {
                     drop(g);
                 }
             }
-            Op::Frozen(arg, w, out) => {
+            Op::Frozen(arg, w, out, scratch) => {
                 // bwd: the dense weight (dequantized when quantized) and grad·W.
                 let inp = arg.dims()[1];
-                let wd = w
-                    .clone()
-                    .unwrap_or_else(|| Sym::new(grad.ledger(), &[*out, inp], DType::F32));
+                let wd = frozen_dense(grad.ledger(), w.as_ref(), *out, inp, grad.dtype(), *scratch);
                 let arg_grad = grad.matmul(&wd);
                 drop(wd);
                 let s = grads.or_insert(arg);
@@ -1342,6 +1346,32 @@ impl Graph for Sym {
         drop((idx, src));
         Ok(self)
     }
+}
+
+/// `FrozenWeight::dense`: the dense weight itself, or (quantized, `w` `None`) a fresh f32
+/// dequantized `(out, in)` copy (with `scratch` bytes beside it while it is written), cast to
+/// `like` when that is 16-bit (the f32 copy dropped).
+fn frozen_dense(
+    l: &Rc<Ledger>,
+    w: Option<&Sym>,
+    out: usize,
+    inp: usize,
+    like: DType,
+    scratch: usize,
+) -> Sym {
+    if let Some(w) = w {
+        return w.clone();
+    }
+    let f = Sym::new(l, &[out, inp], DType::F32);
+    if scratch > 0 {
+        drop(Sym::new(l, &[scratch], DType::U8));
+    }
+    if like == DType::F32 {
+        return f;
+    }
+    let h = f.to_dtype(like);
+    drop(f);
+    h
 }
 
 #[cfg(test)]

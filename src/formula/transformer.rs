@@ -13,8 +13,8 @@
 //! (`Arc`s, layouts, shapes, graph nodes) that the counting allocator also sees.
 
 use crate::device::{ElemType, ServingWeights};
-use crate::model::frozen::quantized_bytes;
-use crate::model::transformer::{BlockTensor, LoraBase, LoraTarget};
+use crate::model::frozen::{quantize_scratch, quantized_bytes};
+use crate::model::transformer::{BlockTensor, LoraTarget};
 use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
 use candle_core::quantized::GgmlDType;
@@ -150,10 +150,10 @@ impl Shape {
 
     /// The GGML type of QLoRA's frozen projections, if any.
     pub fn quantized_base(&self) -> Option<GgmlDType> {
-        match (self.lora_rank > 0, self.lora_base) {
-            (true, LoraBase::Q4_0) => Some(GgmlDType::Q4_0),
-            (true, LoraBase::Q8_0) => Some(GgmlDType::Q8_0),
-            _ => None,
+        if self.lora_rank > 0 {
+            self.lora_base.ggml()
+        } else {
+            None
         }
     }
 
@@ -525,6 +525,42 @@ impl Shape {
             + self.predict(Phase::TrainStep, opt, threads).peak_bytes
     }
 
+    /// Init under QLoRA. The model is built in full, then each block projection in model
+    /// order is quantized by `QTensor::quantize`: an f32 copy of a 16-bit weight (`4·n`, none
+    /// for f32), the zeroed blocks, then the blocks written (CPU: in place, `q` bytes; CUDA:
+    /// quantized on the host and uploaded into a second buffer while the zeroed one lives,
+    /// with `frozen::quantize_scratch` beside them on the CPU,
+    /// each padded by `512/block · type_size` bytes for candle's row padding), and a
+    /// 1-element placeholder of the weights' type. The full weights go after the last one.
+    /// Peak: `weights + max_i(Σ_{j<i} (q_j + e) + transient_i)`.
+    fn qlora_init(&self) -> Prediction {
+        let q = self.quantized_base().expect("QLoRA");
+        let e = self.elem.size();
+        let (bs, ts) = (q.block_size() as u64, q.type_size() as u64);
+        let pad = if self.cpu { 0 } else { 512 / bs * ts };
+        let (mut kept, mut peak, mut proj_elems) = (0u64, 0u64, 0u64);
+        for _ in 0..self.l {
+            for p in self.projections() {
+                let n = (p.inp * p.out) as u64;
+                let qb = quantized_bytes(n, q) + pad;
+                let f32_copy = if e == 4 { 0 } else { 4 * n };
+                let blocks = if self.cpu {
+                    qb + quantize_scratch(n, q)
+                } else {
+                    2 * qb
+                };
+                peak = peak.max(kept + f32_copy + blocks);
+                kept += qb + e;
+                proj_elems += n;
+            }
+        }
+        let w = self.weights_bytes();
+        Prediction {
+            peak_bytes: w + peak.max(kept),
+            retained_bytes: (w - e * proj_elems + kept) as i64,
+        }
+    }
+
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
         let needs_replay = matches!(
             phase,
@@ -538,24 +574,9 @@ impl Shape {
         let step = self.gradient_bytes() + self.train_step_update_bytes(opt);
         let r = || r.expect("replayed");
         match phase {
-            // QLoRA: the f32 projection weights exist until quantized, then only their GGML
-            // blocks (and a 4-byte placeholder each) stay.
-            Phase::Init if self.quantized_base().is_some() => {
-                let q = self.quantized_base().expect("checked");
-                let (projs, l) = (self.projections(), self.l);
-                let proj_elems = l * projs.iter().map(|p| (p.inp * p.out) as u64).sum::<u64>();
-                let q_bytes = l * projs
-                    .iter()
-                    .map(|p| quantized_bytes((p.inp * p.out) as u64, q))
-                    .sum::<u64>();
-                // Each quantized projection keeps a 1-element f32 placeholder.
-                let placeholders = 4 * projs.len() as u64 * l;
-                Prediction {
-                    peak_bytes: self.weights_bytes() + q_bytes,
-                    retained_bytes: (self.weights_bytes() - 4 * proj_elems + q_bytes + placeholders)
-                        as i64,
-                }
-            }
+            // QLoRA: the projection weights exist until quantized, then only their GGML blocks
+            // (and a 1-element placeholder each) stay; `qlora_init` says how the peak is met.
+            Phase::Init if self.quantized_base().is_some() => self.qlora_init(),
             // 16-bit weights on CUDA: each random draw is made in f32, then cast.
             Phase::Init if !self.cpu && !self.mixed && self.elem.size() == 2 => Prediction {
                 peak_bytes: self.cuda_half_init_peak(),

@@ -5,19 +5,27 @@
 //! gradient is still computed and, belonging to no tracked node, stays in the gradient store
 //! until the store is dropped (measured: LoRA on detached weights peaks above full training).
 //! [`FrozenLinear`] is a candle `CustomOp1` on the input only, so the weight and bias are not
-//! operands and get no gradient. Its weight is dense (`lora_base = "op"`) or quantized (QLoRA:
-//! `q4_0`, `q8_0`, candle's GGML block formats, dequantized to f32 inside each call and dropped
-//! after it).
+//! operands and get no gradient. Its weight is dense (`lora_base = "op"`) or quantized (QLoRA
+//! and quantized serving: GGML's `q4_0`, `q8_0` blocks of 32 and GGUF's `q4_k`, `q6_k`
+//! super-blocks of 256, candle's `QTensor`), dequantized to f32 on the input's device inside
+//! each call (candle's CUDA kernels on a GPU), cast to the input's type when that is 16-bit,
+//! and dropped after it.
 //!
-//! Memory per call (CPU, f32, `r` rows, `in → out`): forward — a copy of the input `4·r·in`,
-//! the dequantized weight `4·out·in` (quantized only), the product `4·r·out` (+ gemm's packing),
-//! then the bias sum `4·r·out` and the returned copy `4·r·out`; backward — the dequantized
-//! weight (quantized only) and the input gradient `4·r·in`.
+//! The forward is ordinary candle ops on a tensor made from a copy of the input's storage, on
+//! any device and in f32, f16 or bf16 (where candle has the matmul: bf16 on CUDA only), and
+//! hands back a copy of the result's storage; the backward (`grad·W`) is ordinary ops too.
+//!
+//! Memory per call (`r` rows, `in → out`, activations of `e` bytes): forward — a copy of the
+//! input `e·r·in`, the dequantized weight `4·out·in` and, for 16-bit input, its cast
+//! `e·out·in` beside it (quantized only; the f32 copy is dropped before the product), the
+//! product `e·r·out` (+ gemm's packing on the CPU), then the bias sum `e·r·out` and the
+//! returned copy `e·r·out`; backward — the dequantized weight (and its cast) and the input
+//! gradient `e·r·in`.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor, bail};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, bail};
 
 /// A frozen weight `(out, in)`: dense, or quantized in GGML blocks.
 #[derive(Debug, Clone)]
@@ -27,15 +35,24 @@ pub enum FrozenWeight {
 }
 
 impl FrozenWeight {
-    /// The weight as an f32 tensor: the same tensor, or a fresh dequantized copy.
-    fn dense(&self) -> Result<Tensor> {
+    /// The weight for a product with `like` (its device and type): the same tensor, or a fresh
+    /// dequantized copy (f32, then cast when `like` is 16-bit; the f32 copy dropped).
+    fn dense(&self, like: &Tensor) -> Result<Tensor> {
         match self {
             FrozenWeight::Dense(t) => Ok(t.clone()),
-            FrozenWeight::Quantized(q) => q.dequantize(&Device::Cpu),
+            FrozenWeight::Quantized(q) => {
+                let w = q.dequantize(like.device())?;
+                if like.dtype() == DType::F32 {
+                    Ok(w)
+                } else {
+                    w.to_dtype(like.dtype())
+                }
+            }
         }
     }
 
-    /// Quantizes `w` (last dimension a multiple of the block size: 32 for Q4_0 and Q8_0).
+    /// Quantizes `w` (last dimension a multiple of the block size: 32 for Q4_0 and Q8_0, 256
+    /// for the k-quants), on `w`'s device.
     pub fn quantize(w: &Tensor, dtype: GgmlDType) -> Result<Self> {
         Ok(FrozenWeight::Quantized(Arc::new(QTensor::quantize(
             w, dtype,
@@ -43,15 +60,37 @@ impl FrozenWeight {
     }
 }
 
-/// Bytes of a GGML-quantized `(out, in)` weight: Q4_0 18 B and Q8_0 34 B per block of 32.
+/// Bytes of a GGML-quantized weight of `elems` elements: per block of `block_size()` weights,
+/// `type_size()` bytes (Q4_0 18 / 32, Q8_0 34 / 32, Q4_K 144 / 256, Q6_K 210 / 256).
 pub fn quantized_bytes(elems: u64, dtype: GgmlDType) -> u64 {
-    let per_block = match dtype {
-        GgmlDType::Q4_0 => 18,
-        GgmlDType::Q8_0 => 34,
-        _ => panic!("memfit's QLoRA stores q4_0 or q8_0"),
-    };
-    elems / 32 * per_block
+    elems / dtype.block_size() as u64 * dtype.type_size() as u64
 }
+
+/// Bytes the CPU holds beside a quantized weight's blocks while `QTensor::quantize` writes
+/// them: candle's k-quants (`q4_k`) collect one `(&block, &[f32])` pair (24 B) per super-block
+/// into a `Vec` (`utils::group_for_quantization`) and make a 32-byte `Vec` per sub-block
+/// (`make_qkx1_quants`); `q6_k` and the 32-weight blocks quantize in place.
+pub fn quantize_scratch(elems: u64, dtype: GgmlDType) -> u64 {
+    match dtype {
+        GgmlDType::Q4K => elems / 256 * PAIR + 32,
+        GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q6K => 0,
+        d => unreachable!("memfit quantizes to q4_0, q8_0, q4_k or q6_k, not {d:?}"),
+    }
+}
+
+/// Bytes the CPU holds beside the f32 output of a quantized weight's dequantize: `q4_k` pairs
+/// each super-block with its output slice in a `Vec` (`utils::group_for_dequantization`, 24 B
+/// each); the others write in place. CUDA's dequantize kernels hold nothing.
+pub fn dequantize_scratch(elems: u64, dtype: GgmlDType) -> u64 {
+    match dtype {
+        GgmlDType::Q4K => elems / 256 * PAIR,
+        GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q6K => 0,
+        d => unreachable!("memfit quantizes to q4_0, q8_0, q4_k or q6_k, not {d:?}"),
+    }
+}
+
+/// One `(&block, &[f32])` pair: a pointer and a slice (pointer and length).
+const PAIR: u64 = std::mem::size_of::<(&u8, &[f32])>() as u64;
 
 /// `x (r, in) → x·Wᵀ + b (r, out)` with a gradient for x only.
 #[derive(Debug, Clone)]
@@ -60,39 +99,90 @@ pub struct FrozenLinear {
     pub bias: Option<Tensor>,
 }
 
+impl FrozenLinear {
+    /// The product on ordinary tensors: `x·Wᵀ (+ b)`, `x` dropped as soon as it is used.
+    fn apply(&self, x: Tensor) -> Result<Tensor> {
+        let w = self.weight.dense(&x)?;
+        let y = x.matmul(&w.t()?)?;
+        drop((x, w));
+        match &self.bias {
+            Some(bias) => {
+                let z = y.broadcast_add(bias)?;
+                drop(y);
+                Ok(z)
+            }
+            None => Ok(y),
+        }
+    }
+}
+
+/// A contiguous `(rows, in)` input's elements as a tensor of their own (a copy).
+fn cpu_input(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
+    let Some((a, b)) = layout.contiguous_offsets() else {
+        bail!("frozen linear: the input must be contiguous")
+    };
+    let (rows, inp) = layout.shape().dims2()?;
+    match storage {
+        CpuStorage::F32(d) => Tensor::from_slice(&d[a..b], (rows, inp), &Device::Cpu),
+        CpuStorage::F16(d) => Tensor::from_slice(&d[a..b], (rows, inp), &Device::Cpu),
+        CpuStorage::BF16(d) => Tensor::from_slice(&d[a..b], (rows, inp), &Device::Cpu),
+        _ => bail!("frozen linear: the input must be f32, f16 or bf16"),
+    }
+}
+
 impl CustomOp1 for FrozenLinear {
     fn name(&self) -> &'static str {
         "frozen-linear"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            bail!("frozen linear: the input must be f32")
-        };
-        let Some((a, b)) = layout.contiguous_offsets() else {
-            bail!("frozen linear: the input must be contiguous")
-        };
-        let (rows, inp) = layout.shape().dims2()?;
-        let x = Tensor::from_slice(&data[a..b], (rows, inp), &Device::Cpu)?;
-        let w = self.weight.dense()?;
-        let y = x.matmul(&w.t()?)?;
-        drop((x, w));
-        let y = match &self.bias {
-            Some(bias) => {
-                let z = y.broadcast_add(bias)?;
-                drop(y);
-                z
-            }
-            None => y,
-        };
+        let x = cpu_input(storage, layout)?;
+        let rows = x.dim(0)?;
+        let y = self.apply(x)?;
         let out = y.dim(1)?;
-        let v = y.flatten_all()?.to_vec1::<f32>()?;
+        let flat = y.flatten_all()?;
+        let v = match y.dtype() {
+            DType::F32 => CpuStorage::F32(flat.to_vec1()?),
+            DType::F16 => CpuStorage::F16(flat.to_vec1()?),
+            DType::BF16 => CpuStorage::BF16(flat.to_vec1()?),
+            d => bail!("frozen linear: unexpected {d:?} output"),
+        };
+        drop((flat, y));
+        Ok((v, Shape::from((rows, out))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::Storage;
+        use candle_core::backend::BackendStorage;
+        use candle_core::op::BackpropOp;
+        // A copy of exactly the input's elements (as the CPU path makes), as a tensor.
+        let (rows, inp) = layout.shape().dims2()?;
+        let x = match layout.contiguous_offsets() {
+            Some((0, n)) if n == rows * inp => storage.try_clone(layout)?,
+            _ => bail!("frozen linear: the input must be contiguous from its start"),
+        };
+        let x = Tensor::from_storage(Storage::Cuda(x), (rows, inp), BackpropOp::none(), false);
+        let y = self.apply(x)?;
+        let out = y.dim(1)?;
+        // The result's storage handed back as a copy (the tensor's own is shared behind it).
+        let copy = {
+            let (s, l) = y.storage_and_layout();
+            match &*s {
+                Storage::Cuda(c) => c.try_clone(l)?,
+                _ => bail!("frozen linear: the product left the device"),
+            }
+        };
         drop(y);
-        Ok((CpuStorage::F32(v), Shape::from((rows, out))))
+        Ok((copy, Shape::from((rows, out))))
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let w = self.weight.dense()?;
+        let w = self.weight.dense(grad)?;
         Ok(Some(grad.matmul(&w)?))
     }
 }

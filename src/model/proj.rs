@@ -101,13 +101,15 @@ impl Proj {
         let frozen = match mode {
             LoraBase::Detach => None,
             LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
-            LoraBase::Q4_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q4_0)?),
-            LoraBase::Q8_0 => Some(FrozenWeight::quantize(&weight, GgmlDType::Q8_0)?),
+            q => Some(FrozenWeight::quantize(
+                &weight,
+                q.ggml().expect("the other bases are dense"),
+            )?),
         };
         // A quantized projection keeps no f32 weight: a 1-element placeholder stands in.
-        let weight = match mode {
-            LoraBase::Q4_0 | LoraBase::Q8_0 => Tensor::zeros(1, weight.dtype(), weight.device())?,
-            _ => weight,
+        let weight = match mode.ggml() {
+            Some(_) => Tensor::zeros(1, weight.dtype(), weight.device())?,
+            None => weight,
         };
         Ok(Self {
             linear: Linear::new(weight, bias),
@@ -173,10 +175,16 @@ pub enum LoraBase {
     Q4_0,
     /// [`FrozenLinear`] over 8-bit GGML blocks (34 B per 32 weights).
     Q8_0,
+    /// [`FrozenLinear`] over GGUF's 4-bit k-quant super-blocks (144 B per 256 weights).
+    #[serde(rename = "q4_k")]
+    Q4K,
+    /// [`FrozenLinear`] over GGUF's 6-bit k-quant super-blocks (210 B per 256 weights).
+    #[serde(rename = "q6_k")]
+    Q6K,
 }
 
 impl LoraBase {
-    pub const NAMES: &'static str = "detach, op, q4_0, q8_0";
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -184,6 +192,8 @@ impl LoraBase {
             "op" => Some(Self::Op),
             "q4_0" => Some(Self::Q4_0),
             "q8_0" => Some(Self::Q8_0),
+            "q4_k" => Some(Self::Q4K),
+            "q6_k" => Some(Self::Q6K),
             _ => None,
         }
     }
@@ -194,6 +204,19 @@ impl LoraBase {
             Self::Op => "op",
             Self::Q4_0 => "q4_0",
             Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
+            Self::Q6K => "q6_k",
+        }
+    }
+
+    /// The GGML block type of a quantized base; `None` for dense ones.
+    pub fn ggml(self) -> Option<GgmlDType> {
+        match self {
+            Self::Detach | Self::Op => None,
+            Self::Q4_0 => Some(GgmlDType::Q4_0),
+            Self::Q8_0 => Some(GgmlDType::Q8_0),
+            Self::Q4K => Some(GgmlDType::Q4K),
+            Self::Q6K => Some(GgmlDType::Q6K),
         }
     }
 }

@@ -8,7 +8,7 @@ use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::device::{Precision, ServingWeights};
-use crate::model::transformer::{KvCache, LoraBase};
+use crate::model::transformer::KvCache;
 use crate::optim::Opt;
 use crate::record::StatusError;
 
@@ -52,7 +52,7 @@ impl Trainer {
         // LoRA: the base weights are frozen (detached views), only the adapters train.
         let model = if case.cfg.lora_rank > 0 {
             let frozen = model.frozen()?;
-            if matches!(case.cfg.lora_base, LoraBase::Q4_0 | LoraBase::Q8_0) {
+            if case.cfg.lora_base.ggml().is_some() {
                 // QLoRA keeps only the quantized copy of the projections' weights.
                 let mut data = varmap.data().lock().expect("varmap lock");
                 for (i, path, _) in case.cfg.all_projections() {
@@ -382,8 +382,9 @@ fn run_chain(
     let detached = match case.weights {
         ServingWeights::Model => own()?,
         ServingWeights::F16 => t.model.detached().cast(DType::F16)?,
-        ServingWeights::Q8_0 => t.model.serving(LoraBase::Q8_0)?,
-        ServingWeights::Q4_0 => t.model.serving(LoraBase::Q4_0)?,
+        q => t
+            .model
+            .serving(q.quantized().expect("the other weights are dense"))?,
     };
     let mut logits = None;
     if wants(Phase::Inference) {

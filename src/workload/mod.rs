@@ -787,24 +787,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     if lora_targets.is_empty() {
         return Err(ctx.bad("lora_targets", "[]", "empty list", target_names));
     }
-    // The frozen-linear op is CPU-only: CUDA's default is candle's own matmul.
+    // CUDA's default is candle's own matmul (the frozen-linear op runs there too).
     let lora_bases = ctx.choices(
         "lora_base",
         &spec.lora_base,
         if device.is_cuda() { "detach" } else { "op" },
         ("unknown LoRA base", LoraBase::NAMES),
         LoraBase::parse,
-        |name, &b| {
-            if b != LoraBase::Detach && device.is_cuda() && lora_ranks.iter().any(|&r| r > 0) {
-                return Err(ctx.bad(
-                    "lora_base",
-                    name,
-                    "the frozen-linear op has no CUDA kernel (CPU only)",
-                    "detach on cuda",
-                ));
-            }
-            Ok(())
-        },
+        |_, _| Ok(()),
     )?;
     let optimizer_blocks =
         ctx.values("optimizer_block", &spec.optimizer_block, 2048, 1, 1 << 24)?;
@@ -830,15 +820,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         ("unknown weights", ServingWeights::NAMES),
         ServingWeights::parse,
         |name, &w| {
-            let quantized = matches!(w, ServingWeights::Q8_0 | ServingWeights::Q4_0);
-            if quantized && (device.is_cuda() || dtypes.iter().any(|d| *d != ElemType::F32)) {
-                return Err(ctx.bad(
-                    "weights",
-                    name,
-                    "quantized serving runs the frozen-linear op: f32 models on the CPU only",
-                    "model, f16 (or q8_0, q4_0 with dtype f32 on cpu)",
-                ));
-            }
+            let quantized = w.quantized().is_some();
             if quantized && lora_ranks.iter().any(|&r| r > 0) {
                 return Err(ctx.bad(
                     "weights",
@@ -1109,7 +1091,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             let moe = cfg.llama.and_then(|l| l.moe).is_some();
             // LoRA on a mixture of experts: adapters on the experts' (and shared experts')
             // projections it targets; the router stays frozen.
-            if moe && rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0) {
+            if moe && rank > 0 && lora_base.ggml().is_some() {
                 return Err(ctx.bad(
                     "lora_base",
                     lora_base.as_str(),
@@ -1117,7 +1099,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "op, detach with a mixture-of-experts model",
                 ));
             }
-            if moe && matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0) {
+            if moe && serve.quantized().is_some() {
                 return Err(ctx.bad(
                     "weights",
                     serve.as_str(),
@@ -1133,32 +1115,40 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     &format!("0..={} (layers)", cfg.layers),
                 ));
             }
-            let quantized = matches!(serve, ServingWeights::Q8_0 | ServingWeights::Q4_0)
-                || (rank > 0 && matches!(lora_base, LoraBase::Q4_0 | LoraBase::Q8_0));
-            if quantized
-                && let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % 32 != 0)
-            {
-                let key = if rank > 0 { "lora_base" } else { "weights" };
-                return Err(ctx.bad(
-                    key,
-                    if rank > 0 {
-                        lora_base.as_str()
-                    } else {
-                        serve.as_str()
-                    },
-                    &format!(
-                        "GGML blocks hold 32 weights: {}'s input width {} is not a multiple of 32",
-                        p.path, p.inp
-                    ),
-                    "model, f16 (or sizes whose projection inputs are multiples of 32)",
-                ));
+            let quantized = serve
+                .quantized()
+                .or((rank > 0).then_some(lora_base))
+                .and_then(LoraBase::ggml);
+            if let Some(q) = quantized {
+                let block = q.block_size();
+                if let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % block != 0)
+                {
+                    let key = if rank > 0 { "lora_base" } else { "weights" };
+                    return Err(ctx.bad(
+                        key,
+                        if rank > 0 {
+                            lora_base.as_str()
+                        } else {
+                            serve.as_str()
+                        },
+                        &format!(
+                            "a {q:?} block holds {block} weights of a row: {}'s input width {} is not a multiple of {block}",
+                            p.path, p.inp
+                        ),
+                        &format!(
+                            "model, f16, or a block type whose block divides every projection input ({block} does not)"
+                        ),
+                    ));
+                }
             }
-            if rank > 0 && lora_base != LoraBase::Detach && dtype != ElemType::F32 {
+            // The frozen-linear op runs in the activations' type; mixed precision's per-forward
+            // 16-bit copies would have to cover the frozen weights too, which it does not model.
+            if rank > 0 && lora_base != LoraBase::Detach && precision == Precision::Mixed {
                 return Err(ctx.bad(
                     "lora_base",
                     lora_base.as_str(),
-                    "the frozen-linear op (and QLoRA's blocks) take f32 input only",
-                    "detach with f16 or bf16",
+                    "the frozen-linear op (and QLoRA's blocks) with mixed precision",
+                    "detach with precision mixed, or precision pure",
                 ));
             }
             cases.push(Case {

@@ -186,6 +186,8 @@ struct Params<'a> {
     base: LoraBase,
     /// Fused kernels (`model::kernels`).
     fused: bool,
+    /// On the CPU (a quantized weight's dequantize holds scratch there; CUDA's kernel none).
+    cpu: bool,
 }
 
 impl Params<'_> {
@@ -275,10 +277,9 @@ impl Transformer {
         } else {
             dtype
         };
-        let (lora, base) = match serve {
-            ServingWeights::Q8_0 => (true, LoraBase::Q8_0),
-            ServingWeights::Q4_0 => (true, LoraBase::Q4_0),
-            _ => (shape.lora_rank > 0, shape.lora_base),
+        let (lora, base) = match serve.quantized() {
+            Some(q) => (true, q),
+            None => (shape.lora_rank > 0, shape.lora_base),
         };
         let p = Params {
             ledger,
@@ -287,6 +288,7 @@ impl Transformer {
             lora,
             base,
             fused: shape.kernels.fused(),
+            cpu: shape.cpu,
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let llama = shape.llama.is_some();
@@ -432,6 +434,7 @@ impl Transformer {
                 out: v,
                 lora: None,
                 frozen: None,
+                scratch: 0,
                 fused: false,
             },
             _ => Linear::new(&p, h, v, shape.vision.is_some()),
@@ -671,6 +674,7 @@ impl Transformer {
                 out: self.head.out,
                 lora: None,
                 frozen: None,
+                scratch: 0,
                 fused: false,
             },
             _ => lin(&self.head),

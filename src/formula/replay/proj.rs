@@ -3,9 +3,8 @@
 
 use super::Params;
 use crate::formula::symbolic::{DType, Sym};
-use crate::model::frozen::quantized_bytes;
+use crate::model::frozen::{dequantize_scratch, quantized_bytes};
 use crate::model::transformer::{LoraBase, ProjSpec};
-use candle_core::quantized::GgmlDType;
 
 /// Mirror of `proj::rows`: `x (…, in)` as `(N, in)`.
 fn rows(x: &Sym) -> Sym {
@@ -34,6 +33,8 @@ pub(super) struct Linear {
     pub(super) lora: Option<(Sym, Sym)>,
     /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
     pub(super) frozen: Option<bool>,
+    /// Bytes a CPU dequantize of the quantized weight holds beside its output.
+    pub(super) scratch: usize,
     /// A block projection with fused kernels: with a bias, one `kernels::linear` op.
     pub(super) fused: bool,
 }
@@ -46,6 +47,7 @@ impl Linear {
             out,
             lora: None,
             frozen: None,
+            scratch: 0,
             fused: false,
         }
     }
@@ -63,17 +65,19 @@ impl Linear {
         // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
         // carry an adapter.
         let lora = (r > 0).then(|| (p.adapter(&[r, inp]), p.adapter(&[out, r])));
-        let (weight, frozen) = match p.base {
-            LoraBase::Detach => (p.frozen(&[out, inp]), None),
-            LoraBase::Op => (p.frozen(&[out, inp]), Some(false)),
-            LoraBase::Q4_0 | LoraBase::Q8_0 => {
-                let q = if p.base == LoraBase::Q4_0 {
-                    GgmlDType::Q4_0
+        let (weight, frozen, scratch) = match p.base {
+            LoraBase::Detach => (p.frozen(&[out, inp]), None, 0),
+            LoraBase::Op => (p.frozen(&[out, inp]), Some(false), 0),
+            q => {
+                let q = q.ggml().expect("the other bases are dense");
+                let n = (out * inp) as u64;
+                let bytes = quantized_bytes(n, q) as usize;
+                let scratch = if p.cpu {
+                    dequantize_scratch(n, q) as usize
                 } else {
-                    GgmlDType::Q8_0
+                    0
                 };
-                let bytes = quantized_bytes((out * inp) as u64, q) as usize;
-                (Sym::new(p.ledger, &[bytes], DType::U8), Some(true))
+                (Sym::new(p.ledger, &[bytes], DType::U8), Some(true), scratch)
             }
         };
         Self {
@@ -82,6 +86,7 @@ impl Linear {
             out,
             lora,
             frozen,
+            scratch,
             fused: p.fused,
         }
     }
@@ -94,6 +99,7 @@ impl Linear {
             out: self.out,
             lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
             frozen: self.frozen,
+            scratch: self.scratch,
             fused: self.fused,
         }
     }
@@ -108,7 +114,7 @@ impl Linear {
                 let out = self.out;
                 let w = (!quantized).then(|| self.weight.clone());
                 rows(x)
-                    .frozen_linear(w, out, self.bias.as_ref())
+                    .frozen_linear(w, out, self.bias.as_ref(), self.scratch)
                     .reshape(&out_dims(x, out))
             }
         };
