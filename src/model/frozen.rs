@@ -160,7 +160,9 @@ impl CustomOp1 for FrozenLinear {
         use candle_core::Storage;
         use candle_core::backend::BackendStorage;
         use candle_core::op::BackpropOp;
-        // A copy of exactly the input's elements (as the CPU path makes), as a tensor.
+        // A copy of the input's elements (as the CPU path makes), as a tensor. `try_clone`
+        // copies the whole buffer: the op's inputs (`rows(x)` of a projection's input) are
+        // tensors of their own in memfit's models, so that is exactly the input.
         let (rows, inp) = layout.shape().dims2()?;
         let x = match layout.contiguous_offsets() {
             Some((0, n)) if n == rows * inp => storage.try_clone(layout)?,
