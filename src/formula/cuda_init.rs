@@ -197,4 +197,38 @@ mod tests {
         let total: u64 = s.creation_order().iter().map(|v| v.0).sum();
         assert_eq!(total, s.params());
     }
+
+    /// QLoRA's init on CUDA (q4_0, GPT H 256, L 2: per layer four 256² projections of 36,864 B
+    /// and two 256×1024 of 147,456 B): each block buffer padded by 512/32·18 = 288 B, the last
+    /// projection's zeroed and written buffers both live at the peak; in bf16 the build's own
+    /// peak (each tensor drawn in f32) when that is higher.
+    #[test]
+    fn qlora_init_on_cuda_pads_each_block_buffer_and_holds_two_at_once() {
+        use crate::model::transformer::LoraBase;
+        use crate::phase::{OptimizerKind, Phase};
+        let mut cpu = Shape::new(1, 8, 256, 4, 2, 300, 64);
+        cpu.lora_rank = 8;
+        cpu.lora_targets = u16::MAX;
+        cpu.lora_base = LoraBase::Q4_0;
+        let mut cuda = cpu.clone();
+        cuda.cpu = false;
+        let init = |s: &Shape| s.predict(Phase::Init, OptimizerKind::Adamw, 1);
+        let (c, g) = (init(&cpu), init(&cuda));
+        // The weights as built (the CPU's count host metadata too), and the projections' f32.
+        let (wc, wg) = (cpu.weights_bytes(), cuda.weights_bytes());
+        let proj = 4 * 2 * (4 * 65_536 + 2 * 262_144);
+        let q = 2 * (4 * 36_864 + 2 * 147_456);
+        // Kept: the blocks and twelve 4-byte placeholders (f32); on CUDA each block buffer
+        // padded.
+        let (kept_c, kept_g) = (q + 12 * 4, q + 12 * 288 + 12 * 4);
+        assert_eq!(c.peak_bytes, wc + kept_c);
+        assert_eq!(c.retained_bytes, (wc - proj + kept_c) as i64);
+        assert_eq!(g.retained_bytes, (wg - proj + kept_g) as i64);
+        // The last (fc2) zeroed and written buffers both live, its placeholder not yet made.
+        assert_eq!(g.peak_bytes, wg + kept_g - 4 + 147_456 + 288);
+        let bf = bf16_cuda(cuda.clone());
+        assert!(init(&bf).peak_bytes >= bf.cuda_half_init_peak());
+        assert!(init(&bf).peak_bytes > bf.weights_bytes() + q);
+        assert!(init(&bf).peak_bytes < init(&cuda).peak_bytes);
+    }
 }

@@ -525,14 +525,15 @@ impl Shape {
             + self.predict(Phase::TrainStep, opt, threads).peak_bytes
     }
 
-    /// Init under QLoRA. The model is built in full, then each block projection in model
-    /// order is quantized by `QTensor::quantize`: an f32 copy of a 16-bit weight (`4·n`, none
-    /// for f32), the zeroed blocks, then the blocks written (CPU: in place, `q` bytes; CUDA:
-    /// quantized on the host and uploaded into a second buffer while the zeroed one lives,
-    /// with `frozen::quantize_scratch` beside them on the CPU,
-    /// each padded by `512/block · type_size` bytes for candle's row padding), and a
-    /// 1-element placeholder of the weights' type. The full weights go after the last one.
-    /// Peak: `weights + max_i(Σ_{j<i} (q_j + e) + transient_i)`.
+    /// Init under QLoRA. The model is built in full (on CUDA in 16-bit each tensor drawn in f32
+    /// first: `cuda_half_init_peak`), then each block projection in model order is quantized by
+    /// `QTensor::quantize`: an f32 copy of a 16-bit weight (`4·n`; none for f32), the zeroed
+    /// blocks, then the blocks written — on the CPU in place (`q` bytes, with
+    /// `frozen::quantize_scratch` beside them); on CUDA quantized on the host and uploaded into
+    /// a second buffer while the zeroed one lives, each padded by `512/block · type_size` bytes
+    /// (candle's row padding) — and a 1-element placeholder of the weights' type. The full
+    /// weights go after the last one.
+    /// Peak: `max(build, weights + max_i(Σ_{j<i} (q_j + e) + transient_i))`.
     fn qlora_init(&self) -> Prediction {
         let q = self.quantized_base().expect("QLoRA");
         let e = self.elem.size();
@@ -555,8 +556,14 @@ impl Shape {
             }
         }
         let w = self.weights_bytes();
+        // Building the full model first: its own peak (16-bit on CUDA draws each tensor in f32).
+        let build = if !self.cpu && !self.mixed && e == 2 {
+            self.cuda_half_init_peak()
+        } else {
+            w
+        };
         Prediction {
-            peak_bytes: w + peak.max(kept),
+            peak_bytes: build.max(w + peak.max(kept)),
             retained_bytes: (w - e * proj_elems + kept) as i64,
         }
     }

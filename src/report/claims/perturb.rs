@@ -102,7 +102,7 @@ fn probes(id: &str) -> Vec<Probe> {
                     scale_u(&mut r.peak_bytes, f)
                 }
             }),
-            p("checkpointed train-step wall times", 3.0, |r, f| {
+            p("checkpointed train-step wall times", 0.33, |r, f| {
                 if r.phase == "train-step" && r.checkpoint > 0 {
                     scale_f(&mut r.wall_s, f)
                 }
