@@ -218,11 +218,14 @@ mod tests {
         let (wc, wg) = (cpu.weights_bytes(), cuda.weights_bytes());
         let proj = 4 * 2 * (4 * 65_536 + 2 * 262_144);
         let q = 2 * (4 * 36_864 + 2 * 147_456);
-        // Kept: the blocks and twelve 4-byte placeholders (f32); on CUDA each block buffer
-        // padded.
-        let (kept_c, kept_g) = (q + 12 * 4, q + 12 * 288 + 12 * 4);
+        // Kept: the blocks and twelve 4-byte placeholders (f32), on the CPU with their
+        // bookkeeping, on CUDA each block buffer padded; the CPU frees the twelve variables'
+        // bookkeeping with their weights.
+        let meta = 12 * super::super::transformer::QUANT_META_PER_PROJ;
+        let var_meta = 12 * super::super::transformer::INIT_META_PER_VAR;
+        let (kept_c, kept_g) = (q + 12 * 4 + meta, q + 12 * 288 + 12 * 4);
         assert_eq!(c.peak_bytes, wc + kept_c);
-        assert_eq!(c.retained_bytes, (wc - proj + kept_c) as i64);
+        assert_eq!(c.retained_bytes, (wc - proj - var_meta + kept_c) as i64);
         assert_eq!(g.retained_bytes, (wg - proj + kept_g) as i64);
         // The last (fc2) zeroed and written buffers both live, its placeholder not yet made.
         assert_eq!(g.peak_bytes, wg + kept_g - 4 + 147_456 + 288);
