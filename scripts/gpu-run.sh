@@ -12,7 +12,8 @@
 #                   same case with the pool's release threshold 0 (CUDA's default) beside
 #                   memfit's "keep", the bare-matmul probe (`memfit probe matmul`: what a
 #                   product allocates beyond its output, cuBLAS's workspace if the pool gave
-#                   it), then the numeric tests of the fused kernels and in-place updates
+#                   it), then the numeric tests of the fused kernels, the frozen-linear op
+#                   (dense and quantized) and the in-place updates
 #   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
 #   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
 #   torch.log       the PyTorch reference (scripts/torch_reference.py, JSON lines + tables) on
