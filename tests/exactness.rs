@@ -9,7 +9,7 @@ use common::{run_rows, within};
 /// formula, absolute (seen at most: init 4.0 KiB, forward 4.4, optimizer 0.8, inference 0.3,
 /// backward 7.3, train-step 8.8 KiB): candle's per-tensor bookkeeping, which the replay models
 /// as 240 B per live tensor.
-const TOLERANCE: u64 = 12 * 1024;
+const TOLERANCE: u64 = common::EXACT_BYTES;
 
 /// Every case twice: with candle's composed ops and with memfit's fused kernels.
 fn check(args: &[&str]) {

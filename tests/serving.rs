@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run_rows, within};
+use common::{EXACT_BYTES, pool_peak_near, run_rows, within};
 
 #[test]
 fn serving_weights_are_predicted_and_their_error_recorded() {
@@ -156,20 +156,16 @@ fn k_quants_and_half_activations(device: &str) {
         for r in &rows {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert_eq!((r.weights.as_str(), r.dtype.as_str()), (w, dtype));
-            let (m, p) = (r.peak_bytes.unwrap(), r.predicted_peak_bytes.unwrap());
-            if device == "cpu" {
-                assert!(
-                    m.abs_diff(p) <= 12 * 1024,
-                    "{dtype} {w} {}: measured {m} predicted {p}",
-                    r.phase
-                );
+            let ok = if device == "cpu" {
+                within(r, 0.0, EXACT_BYTES)
             } else {
-                assert!(
-                    m >= p / 2 && m <= 2 * p + (64 << 20),
-                    "{dtype} {w} {}: pool peak {m} predicted {p}",
-                    r.phase
-                );
-            }
+                pool_peak_near(r)
+            };
+            assert!(
+                ok,
+                "{device} {dtype} {w} {}: measured {:?} predicted {:?}",
+                r.phase, r.peak_bytes, r.predicted_peak_bytes
+            );
         }
         let inference = rows.iter().find(|r| r.phase == "inference").unwrap();
         let e = inference.logits_rel_error.expect("recorded");

@@ -252,10 +252,9 @@ pub enum Op {
     Powf(Sym, f64),
     /// memfit's efficient attention (a candle `CustomOp3` on q, k, v).
     Attn(Sym, Sym, Sym),
-    /// memfit's frozen linear (a `CustomOp1` on x): the dense weight, or `None` when quantized
-    /// (dequantized to `(out, in)` f32 per call).
-    /// The frozen-linear op: input, dense weight (`None`: quantized), output width, and the
-    /// bytes the CPU dequantize holds beside its f32 output (`frozen::dequantize_scratch`).
+    /// memfit's frozen linear (a `CustomOp1` on x): input, the dense weight or `None` when
+    /// quantized (dequantized to `(out, in)` f32 per call), output width, and the bytes the CPU
+    /// dequantize holds beside its f32 output (`frozen::dequantize_scratch`).
     Frozen(Sym, Option<Sym>, usize, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),

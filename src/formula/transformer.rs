@@ -525,24 +525,34 @@ impl Shape {
             + self.predict(Phase::TrainStep, opt, threads).peak_bytes
     }
 
-    /// Init under QLoRA. The model is built in full (on CUDA in 16-bit each tensor drawn in f32
-    /// first: `cuda_half_init_peak`), then each block projection in model order is quantized by
-    /// `QTensor::quantize`: an f32 copy of a 16-bit weight (`4·n`; none for f32), the zeroed
-    /// blocks, then the blocks written — on the CPU in place (`q` bytes, with
-    /// `frozen::quantize_scratch` beside them); on CUDA quantized on the host and uploaded into
-    /// a second buffer while the zeroed one lives, each padded by `512/block · type_size` bytes
-    /// (candle's row padding) — and a 1-element placeholder of the weights' type, with their
-    /// bookkeeping ([`QUANT_META_PER_PROJ`]). The full weights (and their variables'
-    /// bookkeeping) go after the last one.
-    /// Peak: `max(build, weights + max_i(Σ_{j<i} (q_j + e) + transient_i))`.
+    /// The peak of building the model: its weights; 16-bit weights on CUDA draw each random
+    /// tensor in f32, then cast (`cuda_half_init_peak`).
+    fn build_peak(&self) -> u64 {
+        if !self.cpu && !self.mixed && self.elem.size() == 2 {
+            self.cuda_half_init_peak()
+        } else {
+            self.weights_bytes()
+        }
+    }
+
+    /// Init under QLoRA. The model is built in full (`build_peak`), then each block projection
+    /// in model order is quantized by `QTensor::quantize`: an f32 copy of a 16-bit weight
+    /// (`4·n`; none for f32), the zeroed blocks, then the blocks written — on the CPU in place
+    /// (`q` bytes, with `frozen::quantize_scratch` beside them); on CUDA quantized on the host
+    /// and uploaded into a second buffer while the zeroed one lives, each padded by
+    /// `512/block · type_size` bytes (candle's row padding) — and a 1-element placeholder of the
+    /// weights' type, with their bookkeeping ([`QUANT_META_PER_PROJ`]). The full weights (and
+    /// their variables' bookkeeping) go after the last one.
+    /// Peak: `max(build, weights + max_i(Σ_{j<i} kept_j + transient_i))`.
     fn qlora_init(&self) -> Prediction {
         let q = self.quantized_base().expect("QLoRA");
         let e = self.elem.size();
         let (bs, ts) = (q.block_size() as u64, q.type_size() as u64);
         let pad = if self.cpu { 0 } else { 512 / bs * ts };
         let (mut kept, mut peak, mut proj_elems, mut projs) = (0u64, 0u64, 0u64, 0u64);
+        let block = self.projections();
         for _ in 0..self.l {
-            for p in self.projections() {
+            for p in &block {
                 let n = (p.inp * p.out) as u64;
                 let qb = quantized_bytes(n, q) + pad;
                 let f32_copy = if e == 4 { 0 } else { 4 * n };
@@ -558,17 +568,11 @@ impl Shape {
             }
         }
         let w = self.weights_bytes();
-        // Building the full model first: its own peak (16-bit on CUDA draws each tensor in f32).
-        let build = if !self.cpu && !self.mixed && e == 2 {
-            self.cuda_half_init_peak()
-        } else {
-            w
-        };
         // Removing the projections' variables from the `VarMap` frees their weights and their
         // bookkeeping.
         let freed = e * proj_elems + self.meta(INIT_META_PER_VAR) * projs;
         Prediction {
-            peak_bytes: build.max(w + peak.max(kept)),
+            peak_bytes: self.build_peak().max(w + peak.max(kept)),
             retained_bytes: (w + kept - freed) as i64,
         }
     }
@@ -589,13 +593,8 @@ impl Shape {
             // QLoRA: the projection weights exist until quantized, then only their GGML blocks
             // (and a 1-element placeholder each) stay; `qlora_init` says how the peak is met.
             Phase::Init if self.quantized_base().is_some() => self.qlora_init(),
-            // 16-bit weights on CUDA: each random draw is made in f32, then cast.
-            Phase::Init if !self.cpu && !self.mixed && self.elem.size() == 2 => Prediction {
-                peak_bytes: self.cuda_half_init_peak(),
-                retained_bytes: self.weights_bytes() as i64,
-            },
             Phase::Init => Prediction {
-                peak_bytes: self.weights_bytes(),
+                peak_bytes: self.build_peak(),
                 retained_bytes: self.weights_bytes() as i64,
             },
             // f32: the closed form; bf16/f16: the replay (LayerNorm computes in f32 inside).

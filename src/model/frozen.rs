@@ -67,30 +67,26 @@ pub fn quantized_bytes(elems: u64, dtype: GgmlDType) -> u64 {
 }
 
 /// Bytes the CPU holds beside a quantized weight's blocks while `QTensor::quantize` writes
-/// them: candle's k-quants (`q4_k`) collect one `(&block, &[f32])` pair (24 B) per super-block
-/// into a `Vec` (`utils::group_for_quantization`) and make a 32-byte `Vec` per sub-block
-/// (`make_qkx1_quants`); `q6_k` and the 32-weight blocks quantize in place.
+/// them: `q4_k` pairs each super-block with its input slice in a `Vec` (as its dequantize does)
+/// and makes a 32-byte `Vec` per sub-block (`make_qkx1_quants`); `q6_k` and the 32-weight
+/// blocks quantize in place.
 pub fn quantize_scratch(elems: u64, dtype: GgmlDType) -> u64 {
-    match dtype {
-        GgmlDType::Q4K => elems / 256 * PAIR + 32,
-        GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q6K => 0,
-        d => unreachable!("memfit quantizes to q4_0, q8_0, q4_k or q6_k, not {d:?}"),
-    }
+    let sub_block = if dtype == GgmlDType::Q4K { 32 } else { 0 };
+    dequantize_scratch(elems, dtype) + sub_block
 }
 
 /// Bytes the CPU holds beside the f32 output of a quantized weight's dequantize: `q4_k` pairs
-/// each super-block with its output slice in a `Vec` (`utils::group_for_dequantization`, 24 B
-/// each); the others write in place. CUDA's dequantize kernels hold nothing.
+/// each super-block with its output slice in a `Vec` (`utils::group_for_dequantization`, one
+/// pointer and one slice, 24 B each); the others write in place. CUDA's dequantize kernels hold
+/// nothing.
 pub fn dequantize_scratch(elems: u64, dtype: GgmlDType) -> u64 {
+    const PAIR: u64 = std::mem::size_of::<(&u8, &[f32])>() as u64;
     match dtype {
         GgmlDType::Q4K => elems / 256 * PAIR,
         GgmlDType::Q4_0 | GgmlDType::Q8_0 | GgmlDType::Q6K => 0,
         d => unreachable!("memfit quantizes to q4_0, q8_0, q4_k or q6_k, not {d:?}"),
     }
 }
-
-/// One `(&block, &[f32])` pair: a pointer and a slice (pointer and length).
-const PAIR: u64 = std::mem::size_of::<(&u8, &[f32])>() as u64;
 
 /// `x (r, in) → x·Wᵀ + b (r, out)` with a gradient for x only.
 #[derive(Debug, Clone)]

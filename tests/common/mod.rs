@@ -35,6 +35,18 @@ pub fn within(row: &Row, rel: f64, abs: u64) -> bool {
     (m - p).abs() <= rel * m + abs as f64
 }
 
+/// The CPU's exactness bound: every phase within 12 KiB, absolute (the README's claim).
+pub const EXACT_BYTES: u64 = 12 * 1024;
+
+/// On CUDA the pool sees tensor data only — the tensors the formula counts — so its peak is near
+/// the prediction: within a factor of two (a meter that reads nothing or everything on the
+/// device fails here).
+pub fn pool_peak_near(row: &Row) -> bool {
+    let m = row.peak_bytes.expect("measured");
+    let p = row.predicted_peak_bytes.expect("predicted");
+    m >= p / 2 && m <= 2 * p + (64 << 20)
+}
+
 /// True when this test binary can run CUDA cases: built with `cuda` and a device answers.
 pub fn cuda_available() -> bool {
     cfg!(feature = "cuda") && memfit::device::DeviceSpec::Cuda(0).candle().is_ok()
