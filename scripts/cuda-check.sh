@@ -11,3 +11,5 @@ scripts/cuda-toolchain.sh "$TC" check > /dev/null
 source "$TC/env.sh"
 export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 cargo check --release --features cuda --all-targets
+# The GPU machine's build exactly (scripts/build-cuda.sh: no HDF5).
+cargo check --release --no-default-features --features cuda --bin memfit

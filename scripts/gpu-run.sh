@@ -12,8 +12,9 @@
 #                   same case with the pool's release threshold 0 (CUDA's default) beside
 #                   memfit's "keep", the bare-matmul probe (`memfit probe matmul`: what a
 #                   product allocates beyond its output, cuBLAS's workspace if the pool gave
-#                   it), then the numeric tests of the fused kernels, the frozen-linear op
-#                   (dense and quantized) and the in-place updates
+#                   it), then the numeric self-checks (`memfit selftest`: the fused kernels in
+#                   f32/f16/bf16 with rows wider than a block, the frozen-linear op dense and
+#                   quantized, the in-place updates) run by the same binary
 #   sweep.log       the main sweep (workloads/gpu-h200.toml, or $1)
 #   dataload.log    the data-loading sweep (workloads/gpu-dataload.toml) with the time left
 #   torch.log       the PyTorch reference (scripts/torch_reference.py, JSON lines + tables) on
@@ -33,8 +34,10 @@
 # MEMFIT_GPU_BUDGET_S overrides it.
 #
 # Dry run on the CPU (MEMFIT_GPU_DRY_RUN=1 OUT=DIR scripts/gpu-run.sh): the same script with the
-# CPU build ($MEMFIT_BIN, else target/release/memfit) and the CPU stand-ins
-# workloads/gpu-h200-cpu.toml and workloads/gpu-dataload-cpu.toml (same grids, toy sizes).
+# CPU build and the CPU stand-ins workloads/gpu-h200-cpu.toml and workloads/gpu-dataload-cpu.toml
+# (same grids, toy sizes). The CPU build comes packed as the call's (MEMFIT_GPU_DIST: a folder
+# scripts/gpu-pack.sh made from it, unpacked by the same scripts/gpu-unpack.sh the GPU side
+# uses), else as a plain binary ($MEMFIT_BIN, else target/release/memfit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:?OUT must name the folder to bring back}"
@@ -46,8 +49,15 @@ t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 mkdir -p "$out"
 
+dist=dist/gpu
 if [[ "$dry" == 1 ]]; then
-  memfit=("${MEMFIT_BIN:-target/release/memfit}")
+  if [[ -n "${MEMFIT_GPU_DIST:-}" ]]; then
+    dist="$MEMFIT_GPU_DIST"
+    scripts/gpu-unpack.sh "$dist" || { echo "dry run: unpacking $dist failed" >&2; exit 3; }
+    memfit=("$dist/bin/memfit")
+  else
+    memfit=("${MEMFIT_BIN:-target/release/memfit}")
+  fi
   device=cpu
   workload="${1:-workloads/gpu-h200-cpu.toml}"
   dl_workload=workloads/gpu-dataload-cpu.toml
@@ -119,7 +129,7 @@ pack() {
   fi
   echo "# uname"; uname -a
   echo "# cpu"; grep -m1 "model name" /proc/cpuinfo; nproc
-  echo "# build"; cat dist/gpu/BUILD 2>&1; "${memfit[@]}" --version 2>&1
+  echo "# build"; cat "$dist/BUILD" 2>&1; grep '^travel:' "$dist/MANIFEST" 2>&1; "${memfit[@]}" --version 2>&1
 } > "$out/machine.txt" 2>&1
 # The build's PTX is CUDA 13.0 (nvcc 13.0): an older driver cannot load it. Said once, here.
 if [[ "$dry" != 1 ]]; then
@@ -203,35 +213,18 @@ if (( rc != 0 )); then
   exit 1
 fi
 
-# 1b. The fused kernels' device forwards and the in-place optimizer updates against candle's
-# own ops on the device (the test binaries scripts/build-cuda.sh packs; the dry run takes
-# $MEMFIT_TEST_BINS). Logged into smoke.log; a failure is recorded, the sweep still runs (its
-# rows say which kernels ran).
+# 1b. The numeric self-checks on the device (`memfit selftest`: the fused kernels' forwards and
+# gradients against candle's own ops in f32/f16/bf16, wide rows included; the frozen-linear op;
+# the in-place optimizer updates), run by the binary that measures. Logged into smoke.log; a
+# failure is recorded, the sweep still runs (its rows say which kernels ran).
 s=$(date +%s)
-trc=0
 {
-  echo "# numeric tests on $device (MEMFIT_TEST_DEVICE)"
-  if [[ "$dry" == 1 ]]; then
-    tests=(${MEMFIT_TEST_BINS:-})
-  else
-    [[ -f dist/gpu/tests.tar.gz && ! -d dist/gpu/tests ]] && tar -C dist/gpu -xzf dist/gpu/tests.tar.gz
-    tests=(dist/gpu/tests/*)
-  fi
-  if (( ${#tests[@]} == 0 )) || [[ ! -x "${tests[0]}" ]]; then
-    echo "skipped: no test binaries (scripts/build-cuda.sh packs them)"
-  fi
-  for t in "${tests[@]}"; do
-    [[ -x "$t" ]] || continue
-    echo "## $(basename "$t")"
-    if [[ "$dry" == 1 ]]; then
-      MEMFIT_TEST_DEVICE=$device timeout 120 "$t" --test-threads 1 2>&1
-    else
-      MEMFIT_CUDA_BIN="$t" MEMFIT_TEST_DEVICE=$device timeout 120 scripts/memfit-cuda --test-threads 1 --nocapture 2>&1
-    fi
-    r=$?; (( r == 0 )) || trc=$r
-  done
+  echo "# memfit selftest on $device"
+  timeout 240 "${memfit[@]}" selftest --device "$device" --threads 2 2>&1
 } >> "$out/smoke.log" 2>&1
+trc=$?
 step tests "$trc" $(( $(date +%s) - s ))
+snapshot
 
 # 2. The sweep, under a deadline that leaves the reserve (and some time for data loading and
 # the PyTorch reference).

@@ -67,6 +67,13 @@ pub enum Command {
     /// the tensors a formula counts.
     #[command(subcommand)]
     Probe(ProbeCommand),
+    /// The numeric self-checks on one device: the fused kernels against candle's composed ops
+    /// and the in-place optimizer steps against the reference ones (what the test suite runs,
+    /// built into the binary so a GPU machine can run them without test binaries).
+    #[command(
+        after_help = "Examples:\n  memfit selftest\n  memfit selftest --device cuda:0 --json\n  memfit selftest --list\n  memfit selftest --filter attn"
+    )]
+    Selftest(SelftestArgs),
     /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
     #[command(hide = true)]
     DataloadWorker(DataloadWorkerArgs),
@@ -215,6 +222,25 @@ pub struct ProbeArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// One JSON object instead of a line of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Run only the checks whose name contains every one of these.
+    #[arg(long)]
+    pub filter: Vec<String>,
+    /// Worker threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Name every check and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// After each check, its outcome as one JSON line.
     #[arg(long)]
     pub json: bool,
 }

@@ -26,6 +26,7 @@ pub mod optim;
 pub mod phase;
 pub mod record;
 pub mod report;
+pub mod selftest;
 pub mod store;
 pub mod sweep;
 pub mod units;

@@ -1,8 +1,10 @@
 //! The GPU call (`scripts/gpu-run.sh` through the device tool) within its limits, checked here
-//! on the CPU: the dry run writes at most 8 files to `$OUT` (≤ 16 MiB each, ≤ 2 folders down,
-//! plain names), `scripts/gpu-collect.sh` rebuilds the results from them, and the GPU
-//! workload covers every model family and variant that runs on CUDA while its CPU stand-in
-//! keeps the same grids.
+//! on the CPU: the build is packed as the call carries it (`scripts/gpu-pack.sh`: what travels
+//! measured against a limit) and unpacked by the same script the GPU side uses
+//! (`scripts/gpu-unpack.sh`, checksums checked); the dry run writes at most 8 files to `$OUT`
+//! (≤ 16 MiB each, ≤ 2 folders down, plain names), `scripts/gpu-collect.sh` rebuilds the
+//! results from them, and the GPU workload covers every model family and variant that runs on
+//! CUDA while its CPU stand-in keeps the same grids.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -122,14 +124,81 @@ fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
     out
 }
 
+/// `scripts/gpu-pack.sh` on this build into `dist`, at xz's fastest level (the layout is the
+/// call's; only the ratio differs); its output (the travelling total) returned.
+fn pack(dist: &Path, limit_mib: &str) -> std::process::Output {
+    Command::new(root().join("scripts/gpu-pack.sh"))
+        .arg(env!("CARGO_BIN_EXE_memfit"))
+        .arg(dist)
+        .env("MEMFIT_XZ_LEVEL", "-0")
+        .env("MEMFIT_TRAVEL_LIMIT_MIB", limit_mib)
+        .output()
+        .unwrap()
+}
+
+/// The packed layout: the archives MANIFEST lists with their sizes and checksums, the total
+/// that would travel, and a refusal above the limit.
+#[test]
+fn the_pack_lists_what_travels_and_refuses_too_much() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dist = tmp.path().join("dist");
+    let o = pack(&dist, "40");
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let manifest = std::fs::read_to_string(dist.join("MANIFEST")).unwrap();
+    let entry = manifest
+        .lines()
+        .find(|l| l.starts_with("memfit.xz "))
+        .unwrap_or_else(|| panic!("{manifest}"));
+    let bytes: u64 = entry.split(' ').nth(1).unwrap().parse().unwrap();
+    assert_eq!(
+        bytes,
+        std::fs::metadata(dist.join("memfit.xz")).unwrap().len()
+    );
+    assert!(stdout.contains("travel: tree "), "{stdout}");
+    assert!(dist.join("BUILD").is_file());
+    // This CPU build links libhdf5, so its chain is packed beside it (the CUDA build has none).
+    assert!(manifest.contains("lib.tar.xz "), "{manifest}");
+
+    let o = pack(&tmp.path().join("dist2"), "1");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("over the 1 MiB limit"), "{err}");
+
+    // A damaged archive is named by the unpack, not loaded.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dist.join("memfit.xz"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"x").unwrap();
+    let o = Command::new(root().join("scripts/gpu-unpack.sh"))
+        .arg(&dist)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("memfit.xz is") && err.contains("MANIFEST says"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_dry_run_brings_back_everything_within_the_out_limits() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let exe = env!("CARGO_BIN_EXE_memfit");
+    // The build travels packed, as on the GPU call.
+    let dist = tmp.path().join("dist");
+    let o = pack(&dist, "64");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = Command::new(root().join("scripts/gpu-run.sh"))
         .env("MEMFIT_GPU_DRY_RUN", "1")
-        .env("MEMFIT_BIN", exe)
+        .env("MEMFIT_GPU_DIST", &dist)
         .env("MEMFIT_GPU_BUDGET_S", "400")
         .env("OUT", &out)
         .env("TMPDIR", tmp.path())
@@ -186,6 +255,16 @@ fn the_dry_run_brings_back_everything_within_the_out_limits() {
     let smoke = std::fs::read_to_string(out.join("smoke.log")).unwrap();
     assert!(smoke.contains("smoke check: ok"), "{smoke}");
     assert!(time.contains("smoke-extra: exit 0"), "{time}");
+    // The self-checks ran in the call, every one, with the unpacked binary.
+    let n = memfit::selftest::CHECKS.len();
+    assert!(
+        smoke.contains(&format!("selftest on cpu: {n} of {n} checks ok")),
+        "{smoke}"
+    );
+    assert!(time.contains("tests: exit 0"), "{time}");
+    assert!(dist.join("bin/memfit").is_file() && dist.join("UNPACKED").is_file());
+    let machine = std::fs::read_to_string(out.join("machine.txt")).unwrap();
+    assert!(machine.contains("travel: tree "), "{machine}");
     // The bare-matmul probe, twice: on the CPU its window's peak beyond the output is gemm's
     // packing buffer as `formula::gemm` models it, plus the output tensor's bookkeeping (its
     // layout and storage handle: a few hundred bytes, seen 80–272 B).

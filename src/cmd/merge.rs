@@ -137,7 +137,9 @@ pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", args.out.join("meta.json").display()))?;
     store::jsonl::Journal::open(&out_journal)?.append(&merged)?;
     store::csv::write(&args.out.join("results.csv"), &merged)?;
-    store::hdf5::write(&args.out.join("results.h5"), &meta, &merged)?;
+    if store::hdf5::AVAILABLE {
+        store::hdf5::write(&args.out.join("results.h5"), &meta, &merged)?;
+    }
     println!(
         "merged {} folder(s) into {}: {} row(s), {} identical duplicate(s) kept once, {} conflict(s){}",
         args.dirs.len(),

@@ -9,6 +9,7 @@ pub mod predict;
 pub mod probe;
 pub mod report;
 pub mod run;
+pub mod selftest;
 
 use crate::cli::{Cli, Command, ProbeCommand};
 
@@ -23,6 +24,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Merge(args) => merge::merge(&args),
         Command::Report(args) => report::report(&args),
         Command::Probe(ProbeCommand::Matmul(args)) => probe::probe(&args),
+        Command::Selftest(args) => selftest::selftest(&args),
         Command::Dataset(cmd) => dataset::dataset(&cmd),
         Command::DataloadWorker(a) => {
             let storage = crate::data::Storage::parse(&a.storage)

@@ -265,10 +265,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     });
     drop(journal);
 
-    // 4. Derive the other stores from the journal (what is on disk, not what is in memory).
+    // 4. Derive the other stores from the journal (what is on disk, not what is in memory). A
+    // build without HDF5 (the GPU machine's) leaves results.h5 to `memfit convert`.
     let derived = store::jsonl::read(&journal_path).and_then(|rows| {
         store::csv::write(&out.join("results.csv"), &rows)?;
-        store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
+        if store::hdf5::AVAILABLE {
+            store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
+        }
         Ok(rows.len())
     });
     print_summary(args, &summary, &journal_path, &derived);
@@ -405,8 +408,13 @@ fn print_summary(
     }
     match derived {
         Ok(n) if !args.quiet => println!(
-            "wrote {n} row(s): {}, results.csv, results.h5, meta.json",
-            journal.display()
+            "wrote {n} row(s): {}, results.csv, {}meta.json",
+            journal.display(),
+            if store::hdf5::AVAILABLE {
+                "results.h5, "
+            } else {
+                "(no results.h5: built without HDF5; `memfit convert` adds it), "
+            }
         ),
         Ok(_) => {}
         Err(e) => eprintln!("memfit: could not write results.csv / results.h5: {e:#}"),

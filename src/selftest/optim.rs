@@ -1,13 +1,13 @@
 //! The in-place optimizers (`optim::inplace`) take the same steps as the ones they replace
 //! (candle-nn's SGD and AdamW, memfit's momentum SGD) on the same gradients, in f32 and f16, on
-//! the CPU or `MEMFIT_TEST_DEVICE` (the CUDA updates of `fused.cu`).
+//! the device under test (on CUDA: the updates of `fused.cu`).
 
+use crate::optim::Opt;
+use crate::phase::OptimizerKind;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
-use memfit::optim::Opt;
-use memfit::phase::OptimizerKind;
 
-mod common;
+use super::dev;
 
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed;
@@ -27,7 +27,7 @@ fn params(dtype: DType) -> Vec<Var> {
         .into_iter()
         .map(|(dims, seed)| {
             let n = dims.iter().product();
-            let t = Tensor::from_vec(values(n, seed, 1.0), dims, &common::test_device())
+            let t = Tensor::from_vec(values(n, seed, 1.0), dims, &dev())
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -51,17 +51,12 @@ fn grads(vars: &[Var], k: u64) -> GradStore {
         let dims = v.dims().to_vec();
         let t = if i == 2 {
             let (a, b) = (dims[0], dims[1]);
-            Tensor::from_vec(values(a * b, 100 + k, 0.5), (b, a), &common::test_device())
+            Tensor::from_vec(values(a * b, 100 + k, 0.5), (b, a), &dev())
                 .unwrap()
                 .t()
                 .unwrap()
         } else {
-            Tensor::from_vec(
-                values(v.elem_count(), 10 * k + i as u64, 0.5),
-                dims,
-                &common::test_device(),
-            )
-            .unwrap()
+            Tensor::from_vec(values(v.elem_count(), 10 * k + i as u64, 0.5), dims, &dev()).unwrap()
         };
         assert_eq!(t.is_contiguous(), i != 2);
         g.insert(v.as_tensor(), t.to_dtype(v.dtype()).unwrap());
@@ -69,8 +64,7 @@ fn grads(vars: &[Var], k: u64) -> GradStore {
     g
 }
 
-#[test]
-fn in_place_steps_equal_the_reference_steps() {
+pub fn in_place_steps_equal_the_reference_steps() {
     for dtype in [DType::F32, DType::F16] {
         for kind in [
             OptimizerKind::Sgd,
@@ -122,8 +116,7 @@ fn in_place_steps_equal_the_reference_steps() {
 }
 
 /// The steps move the weights (a step that did nothing would pass the comparison above).
-#[test]
-fn in_place_steps_change_the_weights() {
+pub fn in_place_steps_change_the_weights() {
     let vars = params(DType::F32);
     let before: Vec<Vec<f32>> = vars
         .iter()

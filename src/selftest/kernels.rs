@@ -1,24 +1,20 @@
 //! The fused kernels (`model::kernels`) against candle's composed ops: the same forward values
-//! and the same gradients, per op in f32 and f16, and on whole models of every family (the
+//! and the same gradients, per op in f32, f16 and bf16, and on whole models of every family (the
 //! fused model and the composed model share their weights). Each comparison prints its
-//! largest difference relative to the largest composed value (`cargo test -- --nocapture`).
+//! largest difference relative to the largest composed value, and fails on any non-finite
+//! value (a max-based comparison alone would let NaN through).
 //!
-//! They run on the CPU, or on the device named by `MEMFIT_TEST_DEVICE` (`cuda:0`: a build with
-//! the `cuda` feature checks the CUDA forwards of `fused.cu` against candle's own CUDA ops).
+//! Run by `memfit selftest --device D` (on the GPU machine: the CUDA forwards of `fused.cu`
+//! against candle's own CUDA ops) and by `tests/selftest.rs` (the CPU, or `MEMFIT_TEST_DEVICE`).
 
+use crate::model::kernels::{self, Kernels};
+use crate::model::transformer::{Config, Transformer, synthetic_batch};
+use crate::model::{llama, vit};
 use candle_core::quantized::GgmlDType;
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap, ops};
-use memfit::model::kernels::{self, Kernels};
-use memfit::model::transformer::{Config, Transformer, synthetic_batch};
-use memfit::model::{llama, vit};
 
-mod common;
-
-/// The device under test (`MEMFIT_TEST_DEVICE`).
-fn dev() -> Device {
-    common::test_device()
-}
+use super::dev;
 
 /// Deterministic values in about −1..1 (an LCG), shaped `dims`, in `dtype`.
 fn data(dims: &[usize], seed: u64, dtype: DType) -> Tensor {
@@ -44,6 +40,21 @@ fn var(dims: &[usize], seed: u64, dtype: DType) -> Var {
     Var::from_tensor(&data(dims, seed, dtype)).unwrap()
 }
 
+/// Panics unless every value of `t` is finite (`what` names it): `max |a − b|` alone can skip
+/// a NaN, since every comparison with one is false.
+fn finite(t: &Tensor, what: &str) {
+    let v: Vec<f32> = t
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        panic!("{what}: element {i} of {} is {}", v.len(), v[i]);
+    }
+}
+
 /// `max |a − b| / max |b|`, in f32.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap();
@@ -53,9 +64,11 @@ fn rel(a: &Tensor, b: &Tensor) -> f32 {
     diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-30)
 }
 
+/// The largest relative difference accepted: about 20 units in the last place of the type.
 fn tolerance(dtype: DType) -> f32 {
     match dtype {
         DType::F32 => 1e-5,
+        DType::BF16 => 5e-2,
         _ => 1e-2,
     }
 }
@@ -75,6 +88,8 @@ fn compare(
     let loss = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap();
     let (gf, gc) = (loss(&yf).backward().unwrap(), loss(&yc).backward().unwrap());
     let tol = tolerance(dtype);
+    finite(&yf, &format!("{name} {dtype:?}: fused output"));
+    finite(&yc, &format!("{name} {dtype:?}: composed output"));
     let out = rel(&yf, &yc);
     println!("{name} {dtype:?}: output {out:.2e}");
     assert!(out <= tol, "{name} {dtype:?}: outputs differ by {out}");
@@ -82,17 +97,25 @@ fn compare(
         let (Some(a), Some(b)) = (gf.get(t), gc.get(t)) else {
             panic!("{name} {dtype:?}: arg {i} has no gradient")
         };
+        finite(a, &format!("{name} {dtype:?}: fused gradient of arg {i}"));
         let e = rel(a, b);
         println!("{name} {dtype:?}: gradient of arg {i} {e:.2e}");
         assert!(e <= tol, "{name} {dtype:?}: gradient {i} differs by {e}");
     }
 }
 
-const DTYPES: [DType; 2] = [DType::F32, DType::F16];
+/// The element types an op is checked in: f32, f16 and bf16 (bf16 on the CPU only for ops
+/// without a matmul: candle 0.11.1's CPU matmul has no bf16).
+fn dtypes(matmul: bool) -> Vec<DType> {
+    let mut d = vec![DType::F32, DType::F16];
+    if !matmul || !dev().is_cpu() {
+        d.push(DType::BF16);
+    }
+    d
+}
 
-#[test]
-fn layer_norm_matches_layer_norm_slow() {
-    for dtype in DTYPES {
+pub fn layer_norm_matches_layer_norm_slow() {
+    for dtype in dtypes(false) {
         let args = [
             var(&[2, 5, 24], 1, dtype),
             var(&[24], 2, dtype),
@@ -108,9 +131,8 @@ fn layer_norm_matches_layer_norm_slow() {
     }
 }
 
-#[test]
-fn rms_norm_matches_rms_norm_slow() {
-    for dtype in DTYPES {
+pub fn rms_norm_matches_rms_norm_slow() {
+    for dtype in dtypes(false) {
         let args = [var(&[3, 4, 32], 4, dtype), var(&[32], 5, dtype)];
         compare(
             "rms_norm",
@@ -122,9 +144,8 @@ fn rms_norm_matches_rms_norm_slow() {
     }
 }
 
-#[test]
-fn gelu_matches_candle_gelu() {
-    for dtype in DTYPES {
+pub fn gelu_matches_candle_gelu() {
+    for dtype in dtypes(false) {
         // Wider than −1..1, to reach the tails.
         let x = Var::from_tensor(&(data(&[4, 7, 33], 6, dtype) * 4.0).unwrap()).unwrap();
         compare(
@@ -137,9 +158,8 @@ fn gelu_matches_candle_gelu() {
     }
 }
 
-#[test]
-fn silu_mul_matches_silu_times_up() {
-    for dtype in DTYPES {
+pub fn silu_mul_matches_silu_times_up() {
+    for dtype in dtypes(false) {
         let g = Var::from_tensor(&(data(&[2, 9, 40], 7, dtype) * 3.0).unwrap()).unwrap();
         let args = [g, var(&[2, 9, 40], 8, dtype)];
         compare(
@@ -152,9 +172,8 @@ fn silu_mul_matches_silu_times_up() {
     }
 }
 
-#[test]
-fn linear_matches_candle_nn_linear() {
-    for dtype in DTYPES {
+pub fn linear_matches_candle_nn_linear() {
+    for dtype in dtypes(true) {
         let args = [
             var(&[3, 5, 24], 13, dtype),
             var(&[40, 24], 14, dtype),
@@ -179,9 +198,8 @@ fn linear_matches_candle_nn_linear() {
 /// the device under test against candle's matmul on the same weights: dense, and dequantized
 /// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k). The op's input gradient is
 /// compared; its weight and bias are frozen (no gradient, by construction).
-#[test]
-fn frozen_linear_matches_a_matmul_on_its_weights() {
-    use memfit::model::frozen::{FrozenLinear, FrozenWeight};
+pub fn frozen_linear_matches_a_matmul_on_its_weights() {
+    use crate::model::frozen::{FrozenLinear, FrozenWeight};
     let half = if dev().is_cuda() {
         DType::BF16
     } else {
@@ -227,9 +245,8 @@ fn frozen_linear_matches_a_matmul_on_its_weights() {
     }
 }
 
-#[test]
-fn rotary_matches_apply_rotary() {
-    for dtype in DTYPES {
+pub fn rotary_matches_apply_rotary() {
+    for dtype in dtypes(false) {
         let (s_max, d, offset, s) = (20, 16, 5, 9);
         let (cos, sin) = llama::rotary_tables(s_max, d, 10_000.0, dtype, &dev()).unwrap();
         let x = var(&[2, 3, s, d], 22, dtype);
@@ -277,9 +294,8 @@ fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {
 
 /// A sliding window (query `i` sees `i − W + 1 ..= i`): the fused probabilities against the
 /// composed softmax with memfit's windowed mask, and the mask against a hand-written one.
-#[test]
-fn attn_probs_with_a_sliding_window() {
-    let mask = memfit::model::attention::windowed_mask(4, 4, 0, Some(2), &Device::Cpu).unwrap();
+pub fn attn_probs_with_a_sliding_window() {
+    let mask = crate::model::attention::windowed_mask(4, 4, 0, Some(2), &Device::Cpu).unwrap();
     let inf = f32::NEG_INFINITY;
     assert_eq!(
         mask.to_vec2::<f32>().unwrap(),
@@ -291,7 +307,7 @@ fn attn_probs_with_a_sliding_window() {
         ]
     );
     for (sq, sk, w) in [(11, 11, 4), (3, 9, 5)] {
-        for dtype in DTYPES {
+        for dtype in dtypes(true) {
             let d = 8;
             let scale = 1.0 / (d as f64).sqrt();
             let args = [
@@ -306,7 +322,7 @@ fn attn_probs_with_a_sliding_window() {
                 |a| {
                     let scores = (a[0].matmul(&a[1].t().unwrap()).unwrap() * scale).unwrap();
                     let m =
-                        memfit::model::attention::windowed_mask(sq, sk, sk - sq, Some(w), &dev())
+                        crate::model::attention::windowed_mask(sq, sk, sk - sq, Some(w), &dev())
                             .unwrap()
                             .to_dtype(dtype)
                             .unwrap();
@@ -317,11 +333,10 @@ fn attn_probs_with_a_sliding_window() {
     }
 }
 
-#[test]
-fn attn_probs_match_the_composed_softmax() {
+pub fn attn_probs_match_the_composed_softmax() {
     // (queries, keys, causal): a decoder, a prompt after a cache, an encoder.
     for (sq, sk, causal) in [(11, 11, true), (4, 13, true), (9, 9, false)] {
-        for dtype in DTYPES {
+        for dtype in dtypes(true) {
             let d = 8;
             let scale = 1.0 / (d as f64).sqrt();
             let args = [
@@ -339,17 +354,72 @@ fn attn_probs_match_the_composed_softmax() {
     }
 }
 
+/// Rows wider than a CUDA block's 1024 threads: the norms and SiLU·mul at H = 1536, and the
+/// attention probabilities over 770 keys (a prompt after a cache, and a full causal square),
+/// in every type. A kernel that reduced only one block's share of a row passes the narrow
+/// checks above and fails here.
+pub fn wide_rows_match_the_composed_ops() {
+    let h = 1536;
+    for dtype in dtypes(false) {
+        let args = [
+            var(&[2, 3, h], 31, dtype),
+            var(&[h], 32, dtype),
+            var(&[h], 33, dtype),
+        ];
+        compare(
+            "layer_norm H 1536",
+            &args,
+            dtype,
+            |a| kernels::layer_norm(&a[0], &a[1], &a[2], 1e-5).unwrap(),
+            |a| ops::layer_norm_slow(&a[0], &a[1], &a[2], 1e-5).unwrap(),
+        );
+        let args = [var(&[2, 3, h], 34, dtype), var(&[h], 35, dtype)];
+        compare(
+            "rms_norm H 1536",
+            &args,
+            dtype,
+            |a| kernels::rms_norm(&a[0], &a[1], 1e-5).unwrap(),
+            |a| ops::rms_norm_slow(&a[0], &a[1], 1e-5).unwrap(),
+        );
+        let g = Var::from_tensor(&(data(&[2, 3, h], 36, dtype) * 3.0).unwrap()).unwrap();
+        let args = [g, var(&[2, 3, h], 37, dtype)];
+        compare(
+            "silu_mul H 1536",
+            &args,
+            dtype,
+            |a| kernels::silu_mul(&a[0], &a[1]).unwrap(),
+            |a| (a[0].silu().unwrap() * &a[1]).unwrap(),
+        );
+    }
+    for (sq, sk) in [(5, 770), (770, 770)] {
+        for dtype in dtypes(true) {
+            let d = 8;
+            let scale = 1.0 / (d as f64).sqrt();
+            let args = [
+                var(&[1, 2, sq, d], 38, dtype),
+                var(&[1, 2, sk, d], 39, dtype),
+            ];
+            compare(
+                &format!("attn_probs {sq}x{sk} causal"),
+                &args,
+                dtype,
+                |a| kernels::attn_probs(&a[0], &a[1], scale as f32, true, None).unwrap(),
+                |a| composed_probs(&a[0], &a[1], scale, true),
+            );
+        }
+    }
+}
+
 /// memfit's efficient attention (online softmax, two-pass backward) against the composed
 /// `softmax(q·kᵀ·scale + mask)·v`, in f32 and f16, causal and not.
-#[test]
-fn efficient_attention_matches_the_composed_attention() {
-    use memfit::model::efficient_attention::EfficientAttention;
+pub fn efficient_attention_matches_the_composed_attention() {
+    use crate::model::efficient_attention::EfficientAttention;
     if !dev().is_cpu() {
         println!("efficient attention: a CPU op (CUDA runs the tiled composition), skipped");
         return;
     }
     for causal in [true, false] {
-        for dtype in DTYPES {
+        for dtype in dtypes(true) {
             let (s, d) = (13, 8);
             let scale = 1.0 / (d as f64).sqrt();
             let args = [
@@ -378,12 +448,11 @@ fn efficient_attention_matches_the_composed_attention() {
 
 /// The tiled attention composition (several tiles: S = 300 > 2·TILE), in f32 and f16,
 /// causal and not, against the composed attention.
-#[test]
-fn tiled_attention_matches_the_composed_attention() {
-    use memfit::model::tiled_attention;
+pub fn tiled_attention_matches_the_composed_attention() {
+    use crate::model::tiled_attention;
     let s = 2 * tiled_attention::TILE + 44;
     for causal in [true, false] {
-        for dtype in DTYPES {
+        for dtype in dtypes(true) {
             let d = 8;
             let scale = 1.0 / (d as f64).sqrt();
             let args = [
@@ -406,9 +475,8 @@ fn tiled_attention_matches_the_composed_attention() {
     }
 }
 
-#[test]
-fn cross_entropy_matches_candle_nn() {
-    for dtype in DTYPES {
+pub fn cross_entropy_matches_candle_nn() {
+    for dtype in dtypes(false) {
         let x = Var::from_tensor(&(data(&[12, 50], 11, dtype) * 3.0).unwrap()).unwrap();
         let targets: Vec<u32> = (0..12).map(|i| (i * 7 % 50) as u32).collect();
         let t = Tensor::new(targets, &dev()).unwrap();
@@ -432,8 +500,7 @@ fn cross_entropy_matches_candle_nn() {
 
 /// A target out of range is an error on the CPU (a NaN loss on CUDA, where the targets are not
 /// read back), never a read past the row.
-#[test]
-fn cross_entropy_refuses_a_target_beyond_the_vocabulary() {
+pub fn cross_entropy_refuses_a_target_beyond_the_vocabulary() {
     let x = data(&[2, 5], 12, DType::F32);
     let t = Tensor::new(&[1u32, 5], &dev()).unwrap();
     if !dev().is_cpu() {
@@ -527,22 +594,19 @@ fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
     );
 }
 
-#[test]
-fn gpt_fused_gradients_equal_composed() {
+pub fn gpt_fused_gradients_equal_composed() {
     let cfg = Config::new(53, 30, 3, 2, 19);
     let (tokens, targets) = synthetic_batch(2, 19, cfg.vocab, &dev()).unwrap();
     whole_model("gpt", cfg, &tokens, &targets);
 }
 
-#[test]
-fn llama_fused_gradients_equal_composed() {
+pub fn llama_fused_gradients_equal_composed() {
     let cfg = llama::tiny();
     let (tokens, targets) = synthetic_batch(2, 17, cfg.vocab, &dev()).unwrap();
     whole_model("llama", cfg, &tokens, &targets);
 }
 
-#[test]
-fn vit_fused_gradients_equal_composed() {
+pub fn vit_fused_gradients_equal_composed() {
     let sizes = vit::preset("vit-tiny").unwrap();
     let cfg = Config::vit(sizes);
     let (images, labels) = vit::synthetic_batch(2, sizes.vision, cfg.vocab, &dev()).unwrap();
