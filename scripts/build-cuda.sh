@@ -12,7 +12,8 @@
 # (MEMFIT_TRAVEL_LIMIT_MIB) — the tool refuses a call above 64.
 # The CUDA toolchain comes from PyPI wheels (scripts/cuda-toolchain.sh, full mode: ≈ 650 MB
 # download once, cached in $MEMFIT_CUDA_TOOLCHAIN, default ~/.cache/memfit/cuda-toolchain).
-# A clean build takes ≈ 9 minutes on 2 cores. Run the sweep there with scripts/gpu-run.sh.
+# A clean build took 13 m 44 s on 2 cores (12 m 42 s of it cargo), a rebuild after a change in
+# memfit 3 m 02 s. Run the sweep there with scripts/gpu-run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh cuda

@@ -41,7 +41,11 @@ if (( ${#libs[@]} > 0 )); then
   tar -C "$work" -cf - lib | xz "$level" -T1 > "$out/lib.tar.xz"
 fi
 {
-  echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!dist' 2>/dev/null || echo ' (dirty)')"
+  if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (dirty)')"
+  else
+    echo "commit unknown (not a git checkout)"
+  fi
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"
   if command -v nvcc > /dev/null; then echo "nvcc $(nvcc --version | tail -1)"; fi
   echo "CUDA_COMPUTE_CAP ${CUDA_COMPUTE_CAP:-none}"
@@ -57,10 +61,18 @@ fi
 } > "$out/MANIFEST"
 
 # What the device tool would send: tracked + untracked-not-ignored files of the tree, and OUT.
+# Outside a git checkout (a source archive), every file but the ignored top-level folders.
+files() {
+  if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard
+  else
+    find . \( -path ./target -o -path ./runs -o -path ./results/scratch -o -path ./dist -o -path ./data -o -path ./.git \) -prune -o -type f -print0
+  fi
+}
 tree=0
 while IFS= read -r -d '' f; do
   [[ -f "$f" && ! -L "$f" ]] && tree=$(( tree + $(stat -c %s "$f") ))
-done < <(git ls-files -z --cached --others --exclude-standard)
+done < <(files)
 dist=$(du -sb "$out" | cut -f1)
 total=$(( tree + dist ))
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }

@@ -373,7 +373,7 @@ impl Sym {
         self.0.op.as_ref()
     }
 
-    fn track_op(&self) -> bool {
+    pub(crate) fn track_op(&self) -> bool {
         self.0.is_variable || self.0.op.is_some()
     }
 

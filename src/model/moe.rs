@@ -15,8 +15,13 @@
 //!   DeepSeek `R / (Σ_E R + 1e-20)`), times `routed_scaling_factor` when it is not 1, cast to
 //!   the activations' type: differentiable, so the router learns;
 //! - per expert with `n_e > 0`: `x_e = x[top_x[e]] (n_e, H)`, `y_e = down(silu(gate(x_e)) ·
-//!   up(x_e)) (n_e, H)`, scaled by `R[top_x[e]] (n_e, E)`'s column `e`, added into the output with
-//!   `index_add` (a fresh `(T, H)` each time, as candle's `index_add` is not in place);
+//!   up(x_e)) (n_e, H)`, scaled by `R[top_x[e]] (n_e, E)`'s column `e`; in training (weights
+//!   tracked) the scaled `y_e` are concatenated, `Y (k·T, H)`, and added into a `(T, H)` zeros
+//!   by one `index_add` over all `k·T` token ids (`4·k·T` bytes, on the host first), so the
+//!   graph keeps `Y` and the zeros — not a fresh `(T, H)` per expert, as adding expert by expert
+//!   would keep (candle's `index_add` is not in place: `(experts hit + 1)·T·H` per sparse
+//!   layer, 96 GiB of Qwen3-30B-A3B's graph at S 4096); in inference expert by expert into the
+//!   output (nothing is kept; one `(n_e, H)` at a time);
 //! - shared experts: one SwiGLU of width `shared` on every token, added last (Qwen2-MoE: times
 //!   `sigmoid(x·g)`, `g (1, H)`).
 //!
@@ -367,20 +372,56 @@ impl Module for Moe {
             weights
         }
         .to_dtype(x.dtype())?;
-        let mut ys = xs.zeros_like()?;
+        // Training (the weights tracked): the experts' scaled outputs are concatenated and added
+        // into the output by one `index_add`, so the graph keeps one `(k·T, H)` tensor and one
+        // `(T, H)` zeros, not a fresh `(T, H)` per expert (candle's `index_add` is not in place).
+        // Inference: expert by expert into the output (nothing kept, one `(n_e, H)` at a time).
+        // The sums are the same in both, in the same order (each token's experts ascending).
+        let tracked = weights.track_op();
+        let total: usize = top_x.iter().map(Vec::len).sum();
+        let hit = top_x.iter().filter(|t| !t.is_empty()).count();
+        let (mut parts, mut all_ids) = if tracked {
+            (Vec::with_capacity(hit), Vec::with_capacity(total))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut ys = if tracked {
+            None
+        } else {
+            Some(xs.zeros_like()?)
+        };
         for (i, (expert, tokens)) in self.experts.iter().zip(top_x).enumerate() {
             if tokens.is_empty() {
                 continue;
             }
             let n = tokens.len();
+            if tracked {
+                all_ids.extend_from_slice(&tokens);
+            }
             let ids = Tensor::from_vec(tokens, n, x.device())?;
             let ye = expert.forward(&xs.index_select(&ids, 0)?)?;
             // The rows of the expert's tokens (contiguous, `(n_e, E)`), then its column.
             let we = weights.index_select(&ids, 0)?.narrow(1, i, 1)?;
             let ye = ye.broadcast_mul(&we)?;
             drop(we);
-            ys = ys.index_add(&ids, &ye, 0)?;
+            match ys.take() {
+                Some(acc) => ys = Some(acc.index_add(&ids, &ye, 0)?),
+                None => parts.push(ye),
+            }
         }
+        let ys = match ys {
+            Some(ys) => ys,
+            None => {
+                let y = if parts.len() == 1 {
+                    parts.pop().expect("one part")
+                } else {
+                    Tensor::cat(&parts, 0)?
+                };
+                drop(parts);
+                let ids = Tensor::from_vec(all_ids, total, x.device())?;
+                xs.zeros_like()?.index_add(&ids, &y, 0)?
+            }
+        };
         drop(weights);
         let ys = ys.reshape((b, s, h))?;
         // Shared experts on every token, added after the routed ones (Qwen2-MoE: gated by

@@ -1,5 +1,6 @@
 //! Mirror of `model::moe`: the router, the host routing, the experts on their gathered tokens
-//! and the `index_add`s, for a given routing (tokens per expert; a row's recorded
+//! and the `index_add`s (one over the concatenated outputs in training, one per expert in
+//! inference), for a given routing (tokens per expert; a row's recorded
 //! `moe_routing`, or balanced).
 
 use super::attention::softmax;
@@ -38,8 +39,9 @@ pub(super) fn balanced(tokens: usize, shape: MoeShape) -> Vec<usize> {
 }
 
 /// The worst routing of `tokens`: every expert gets a token where there are enough (each one
-/// adds a fresh `(T, H)` `index_add` result to a training graph) and the first `k` as many as
-/// possible (`n_e ≤ T`: a token picks distinct experts), the two things routing moves.
+/// runs, keeping its own gathered input and intermediates in a training graph) and the first `k`
+/// as many as possible (`n_e ≤ T`: a token picks distinct experts; the largest intermediates in
+/// inference), the two things routing moves.
 pub(super) fn worst(tokens: usize, shape: MoeShape) -> Vec<usize> {
     let (e, k) = (shape.experts, shape.top_k);
     let rest = e - k;
@@ -121,7 +123,19 @@ impl Moe {
             weights
         }
         .to_dtype(x.dtype());
-        let mut ys = xs.zeros_like();
+        // Training: the scaled expert outputs concatenated and added by one `index_add` (the
+        // `Vec` of parts, 8 B a part, and the `k·T` ids on the host first); inference: expert
+        // by expert into the output.
+        let tracked = weights.track_op();
+        let total: usize = counts.iter().sum();
+        let hit = counts.iter().filter(|&&n| n > 0).count();
+        let (parts_vec, all_ids) = if tracked {
+            (Some(ledger.host(8 * hit)), Some(ledger.host(4 * total)))
+        } else {
+            (None, None)
+        };
+        let mut parts: Vec<Sym> = Vec::new();
+        let mut ys = (!tracked).then(|| xs.zeros_like());
         for (i, (expert, &n)) in self.experts.iter().zip(&counts).enumerate() {
             let Some(host_ids) = ids[i].take() else {
                 continue;
@@ -131,8 +145,28 @@ impl Moe {
             let we = weights.index_select(&ids, 0).narrow(1, i, 1);
             let ye = ye.broadcast_mul(&we);
             drop(we);
-            ys = ys.index_add_tracked(&ids, &ye, 0);
+            match ys.take() {
+                Some(acc) => ys = Some(acc.index_add_tracked(&ids, &ye, 0)),
+                None => parts.push(ye),
+            }
         }
+        let ys = match ys {
+            Some(ys) => ys,
+            None => {
+                let y = if parts.len() == 1 {
+                    parts.pop().expect("one part")
+                } else {
+                    Sym::cat(&parts.iter().collect::<Vec<_>>(), 0)
+                };
+                drop(parts);
+                drop(parts_vec);
+                let ids = all_ids.expect("tracked").into_tensor(&[total], DType::U32);
+                let zeros = xs.zeros_like();
+                let r = zeros.index_add_tracked(&ids, &y, 0);
+                drop(zeros);
+                r
+            }
+        };
         drop(weights);
         let ys = ys.reshape(&[b, s, h]);
         match &self.shared {
@@ -209,7 +243,7 @@ mod tests {
     }
 
     /// In a training forward the worst routing keeps at least what balanced routing and a
-    /// routing on k experts only keep (every `index_add` result of balanced routing, the
+    /// routing on k experts only keep (every expert balanced routing runs, the
     /// largest experts of the skewed one); in inference it peaks above balanced routing.
     #[test]
     fn the_worst_routing_bounds_the_others() {
