@@ -14,9 +14,12 @@ memory-efficient path; transformers' sdpa).
 Phases as memfit's: init (build the model), forward (training forward to the loss), backward,
 optimizer (AdamW created + first step), train-step (a steady-state step: forward, backward,
 step), inference (no-grad forward). Time: the median of --steps runs of each phase after one
-warm-up. Memory, per phase, the bytes above the phase's start: on CUDA
-`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`; on the CPU the running sum of
-the PyTorch profiler's memory events (profile_memory=True) in one extra profiled run.
+warm-up, every phase timed before any memory run: on the CPU the profiler's memory events
+(profile_memory=True) stay costly after the profiled run ends (GPT small B4 S128's eager train
+step: 1.07 s median timed after them, 0.07 s before), so no time is taken after one. Memory,
+per phase, the bytes above the phase's start: on CUDA `torch.cuda.max_memory_allocated` after
+`reset_peak_memory_stats`; on the CPU the running sum of the PyTorch profiler's memory events in
+one extra profiled run per phase; init's by building a second model under the meter.
 
 Prints one JSON line per phase (`{"phase":…, "wall_s":…, "peak_bytes":…, "retained_bytes":…}`:
 retained is what the phase still holds at its end, e.g. the forward's saved tensors) and a table
@@ -176,7 +179,7 @@ def main():
         return statistics.median(ts), min(ts), max(ts)
 
     t0 = time.perf_counter()
-    (model, vocab, fwd), init_peak, init_kept = measure(lambda: build(a, dev, dtype))
+    model, vocab, fwd = build(a, dev, dtype)
     init_s = time.perf_counter() - t0
     params = sum(x.numel() for x in model.parameters())
     seq = a.seq
@@ -196,18 +199,9 @@ def main():
         loss_of().backward()
         opt.step()
 
-    step(); step()  # warm-up (and the optimizer's state exists from here on)
-    res = {"init": ((init_s, init_s, init_s), (init_peak, init_kept))}
-    res["forward"] = (timed(lambda _: loss_of()), measure(loss_of)[1:])
-
     def fresh_loss():
         opt.zero_grad(set_to_none=True)
         return loss_of()
-
-    res["backward"] = (timed(lambda l: l.backward(), fresh_loss), None)
-    l = fresh_loss()
-    res["backward"] = (res["backward"][0], measure(lambda: l.backward())[1:])
-    del l
 
     def grads():
         opt.zero_grad(set_to_none=True); loss_of().backward()
@@ -216,15 +210,36 @@ def main():
     def first_step(_):
         o = torch.optim.AdamW(model.parameters(), lr=1e-4); o.step()
 
-    res["optimizer"] = (timed(first_step, grads), None)
-    grads()
-    res["optimizer"] = (res["optimizer"][0], measure(lambda: first_step(None))[1:])
+    step(); step()  # warm-up (and the optimizer's state exists from here on)
+    # 1. Every time first, before any profiled run.
+    times = {"init": (init_s, init_s, init_s)}
+    times["forward"] = timed(lambda _: loss_of())
+    times["backward"] = timed(lambda l: l.backward(), fresh_loss)
+    times["optimizer"] = timed(first_step, grads)
     opt.zero_grad(set_to_none=True)
-    res["train-step"] = (timed(step), measure(step)[1:])
+    times["train-step"] = timed(step)
     opt.zero_grad(set_to_none=True)
     with torch.no_grad():
-        res["inference"] = (timed(lambda _: fwd(idx)), measure(lambda: fwd(idx))[1:])
-    meta = {"torch": torch.__version__, "attention": a.attention, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
+        times["inference"] = timed(lambda _: fwd(idx))
+    # 2. Memory, in the same states.
+    mem = {"forward": measure(loss_of)[1:]}
+    l = fresh_loss()
+    mem["backward"] = measure(lambda: l.backward())[1:]
+    del l
+    grads()
+    mem["optimizer"] = measure(lambda: first_step(None))[1:]
+    opt.zero_grad(set_to_none=True)
+    mem["train-step"] = measure(step)[1:]
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        mem["inference"] = measure(lambda: fwd(idx))[1:]
+    # init: a second model built under the meter (the same bytes as the first), then dropped.
+    (twin, _, _), init_peak, init_kept = measure(lambda: build(a, dev, dtype))
+    del twin
+    mem["init"] = (init_peak, init_kept)
+    res = {ph: (times[ph], mem[ph]) for ph in times}
+    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
+    meta = {"torch": torch.__version__, "time_method": "timed before any profiled run", "cpu_model": cpu_model, "attention": a.attention, "device": str(dev), "dtype": a.dtype, "threads": torch.get_num_threads(),
             "params": params, "batch": a.batch, "seq": seq, "model": a.hf_config or a.preset, "layers": a.layers or None}
     print(f"{'phase':<11} {'wall_s median':>13} {'[min–max]':>18} {'peak MiB':>10}   ({meta})", file=sys.stderr)
     for ph, ((med, lo, hi), (pk, kept)) in res.items():

@@ -367,15 +367,9 @@ pub struct GridArgs {
     /// How the load phase reads the safetensors file: read, mmap (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub load: Vec<String>,
-    /// Attention: standard (scores materialised), efficient (no S×S tensor kept: the
-    /// online-softmax op on the CPU, the tiled composition on CUDA) or tiled (the composition of
-    /// ordinary ops, every device and type), comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help = attention_help())]
     pub attention: Vec<String>,
-    /// Norms, attention softmax, activations and loss: fused (memfit's kernels with a
-    /// backward; the default on the CPU) or composed (candle's stock ops; the default on
-    /// CUDA), comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help = kernels_help())]
     pub kernels: Vec<String>,
     /// on: the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes results, can make
     /// a backward several times faster); off (the default); comma-separated.
@@ -529,4 +523,24 @@ impl GridArgs {
     pub fn has_grid_flags(&self) -> bool {
         self.grid_flags() != GridSpec::default()
     }
+}
+
+/// `--attention`'s help, its default read from the expander that applies it.
+pub fn attention_help() -> String {
+    format!(
+        "Attention: standard (scores materialised), efficient (no S×S tensor kept: the \
+         online-softmax op on the CPU, the tiled composition on CUDA) or tiled (the composition \
+         of ordinary ops, every device and type), comma-separated; default {} on every device",
+        crate::workload::DEFAULT_ATTENTION
+    )
+}
+
+/// `--kernels`' help, its default read from the expander that applies it.
+pub fn kernels_help() -> String {
+    format!(
+        "Norms, attention softmax, activations and loss: fused (memfit's kernels with a \
+         backward: CPU loops, `fused.cu` on CUDA) or composed (candle's stock ops, kept for \
+         comparison), comma-separated; default {} on every device",
+        crate::workload::DEFAULT_KERNELS
+    )
 }

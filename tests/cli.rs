@@ -571,3 +571,48 @@ fn max_batch_finds_the_predicted_batch() {
         .assert()
         .success();
 }
+
+/// The help texts of flags whose behaviour depends on the device say the default the expander
+/// applies (one source: `workload::DEFAULT_KERNELS`, `DEFAULT_ATTENTION`), and that default is
+/// what a case gets on the CPU and on CUDA alike (predicted here: a CUDA case is expanded for
+/// prediction without a GPU).
+#[test]
+fn help_texts_state_the_defaults_each_device_gets() {
+    use memfit::model::kernels::Kernels;
+    use memfit::workload::{self, DEFAULT_ATTENTION, DEFAULT_KERNELS, GridSpec, WorkloadFile};
+    for cmd in ["run", "predict"] {
+        let o = common::memfit().args([cmd, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            help.contains(&format!("default {DEFAULT_KERNELS} on every device")),
+            "{cmd} --help: {help}"
+        );
+        assert!(
+            help.contains(&format!("default {DEFAULT_ATTENTION} on every device")),
+            "{cmd} --help"
+        );
+        assert!(!help.contains("the default on CUDA"), "{cmd} --help");
+    }
+    for device in ["cpu", "cuda:0"] {
+        let flags = GridSpec {
+            preset: Some("tiny".into()),
+            device: Some(device.into()),
+            ..GridSpec::default()
+        };
+        let cases =
+            workload::expand_for_prediction(&WorkloadFile::default(), &flags, "flags").unwrap();
+        assert!(!cases.is_empty());
+        for c in &cases {
+            assert_eq!(
+                c.cfg.kernels,
+                Kernels::parse(DEFAULT_KERNELS).unwrap(),
+                "{device}"
+            );
+            let standard = !c.cfg.efficient_attention && !c.cfg.tiled_attention;
+            assert_eq!(standard, DEFAULT_ATTENTION == "standard", "{device}");
+        }
+    }
+}

@@ -120,7 +120,12 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .iter()
         .flat_map(|s| s.reference.iter().cloned())
         .collect();
-    torch::section(&mut b, &ok, &refs);
+    let metas: Vec<RunMeta> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.metas.iter().cloned())
+        .collect();
+    torch::section(&mut b, &ok, &refs, &metas);
     hardware_section(&mut b, inp);
     b.push(Block::Heading(2, "Plots".into()));
     for (name, chart) in &charts {

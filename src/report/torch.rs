@@ -1,8 +1,12 @@
 //! memfit beside PyTorch, per phase: candle's composed ops, memfit's fused kernels, PyTorch
 //! eager and PyTorch `scaled_dot_product_attention`, on the same configuration (matched on
 //! parameters, batch, sequence and element type), from stored rows and stored reference lines
-//! (`store::reference`). Memory is each phase's peak above its start; time each phase's wall
-//! seconds (the median of several runs where there are several).
+//! (`store::reference`). Memory is each phase's peak above its start (memfit: the median over
+//! every matching row; the figures are exact and repeat). Time is compared like with like or not
+//! at all: memfit's wall seconds only from the run stored beside PyTorch's figures (the
+//! torch-compare run: same machine, same build, same session), PyTorch's only when they were
+//! timed before any profiled run (`time_method`) on the CPU that run names; otherwise the time
+//! columns say "—" and a line says why.
 //!
 //! Per phase, the share of the gap the fused kernels close is
 //! `(composed − fused) / (composed − eager)` (when composed keeps more than eager). For the
@@ -12,8 +16,8 @@
 use std::collections::BTreeMap;
 
 use super::doc::Block;
-use crate::record::Row;
-use crate::store::reference::ReferenceRow;
+use crate::record::{Row, RunMeta};
+use crate::store::reference::{ReferenceRow, TIMED_CLEAN};
 
 const MIB: f64 = 1024.0 * 1024.0;
 const PHASES: [&str; 6] = [
@@ -67,11 +71,46 @@ fn fig(peaks: impl Iterator<Item = (Option<f64>, Option<f64>, Option<f64>)>) -> 
 struct Config {
     label: String,
     cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>>,
+    /// Why the times are not compared (every wall figure is then `None`).
+    time_refused: Option<String>,
+}
+
+/// Whether the times of `refs` (one configuration's reference lines) may be divided by memfit's
+/// rows of the run stored beside them: `Err(reason)` when not.
+fn time_comparable<'a>(
+    refs: &[&ReferenceRow],
+    metas: &'a [RunMeta],
+) -> Result<&'a RunMeta, String> {
+    let run = refs.first().map_or("", |r| r.run_id.as_str());
+    if run.is_empty() || refs.iter().any(|r| r.run_id != run) {
+        return Err("PyTorch's figures are not stored beside one memfit run".into());
+    }
+    let meta = metas
+        .iter()
+        .find(|m| m.run_id == run)
+        .ok_or_else(|| format!("run {run}'s meta.json is missing"))?;
+    if refs
+        .iter()
+        .any(|r| r.time_method.as_deref() != Some(TIMED_CLEAN))
+    {
+        return Err("PyTorch's times were taken after profiled runs (up to 15× slower: torch_reference.py before it timed first)".into());
+    }
+    if let Some(r) = refs
+        .iter()
+        .find(|r| r.cpu_model.as_deref() != Some(meta.cpu_model.as_str()))
+    {
+        return Err(format!(
+            "PyTorch ran on {}, memfit's run {run} on {}",
+            r.cpu_model.as_deref().unwrap_or("an unrecorded CPU"),
+            meta.cpu_model
+        ));
+    }
+    Ok(meta)
 }
 
 /// The configurations PyTorch measured, each with memfit's matching rows (plain training:
 /// standard attention, no checkpointing, LoRA or mixed precision, AdamW) by kernels.
-fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
+fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config> {
     let mut keys: Vec<(u64, u64, u64, String, String, String)> = refs
         .iter()
         .map(|r| {
@@ -99,6 +138,18 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
             })
             .collect();
         let Some(first) = mine.first() else { continue };
+        let these: Vec<&ReferenceRow> = refs
+            .iter()
+            .filter(|r| {
+                r.params == params
+                    && r.batch == batch
+                    && r.seq == seq
+                    && r.dtype == dtype
+                    && r.device == device
+                    && r.model == model
+            })
+            .collect();
+        let same_run = time_comparable(&these, metas).map(|m| m.run_id.clone());
         let mut cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>> = BTreeMap::new();
         for (col, kernels) in [("composed", "composed"), ("fused", "fused")] {
             for ph in PHASES {
@@ -106,10 +157,11 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
                     .iter()
                     .filter(|r| r.kernels == kernels && r.phase == ph)
                     .map(|r| {
+                        let timed = same_run.as_deref().is_ok_and(|run| r.run_id == run);
                         (
                             r.peak_bytes.map(|v| v as f64),
                             r.retained_bytes.map(|v| v as f64),
-                            r.wall_s,
+                            r.wall_s.filter(|_| timed),
                         )
                     });
                 if let Some(f) = fig(rows) {
@@ -135,7 +187,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
                         (
                             r.peak_bytes.map(|v| v as f64),
                             r.retained_bytes.map(|v| v as f64),
-                            Some(r.wall_s),
+                            Some(r.wall_s).filter(|_| same_run.is_ok()),
                         )
                     });
                 if let Some(f) = fig(rows) {
@@ -151,6 +203,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow]) -> Vec<Config> {
         out.push(Config {
             label: format!("{layers} L{} {dtype} {device}", first.layers),
             cols,
+            time_refused: same_run.err(),
         });
     }
     out
@@ -181,15 +234,15 @@ fn closed(composed: Option<f64>, fused: Option<f64>, eager: Option<f64>) -> Opti
 }
 
 /// The report's section, when reference lines exist.
-pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow]) {
-    let cfgs = configs(ok, refs);
+pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) {
+    let cfgs = configs(ok, refs, metas);
     if cfgs.is_empty() {
         return;
     }
     let version = refs.first().map_or("?", |r| r.torch.as_str());
     b.push(Block::Heading(3, "memfit beside PyTorch, per phase".into()));
     b.push(Block::Para(format!(
-        "The same configurations (equal parameter counts) in candle's composed ops, memfit's fused kernels (`--kernels fused`), PyTorch {version} eager and PyTorch with `scaled_dot_product_attention` (sdpa), on this CPU (`scripts/torch-compare.sh`). Memory: MiB above the phase's start at its peak (memfit: the counting allocator; PyTorch: its profiler's memory events). \"Closed\": the share of the composed–eager gap the fused kernels close, (composed − fused)/(composed − eager). Time: memfit's window in one process per row, PyTorch's median step, each on whatever else the machine was doing (the stored run shares it with nothing only when `scripts/torch-compare.sh` ran alone): read the memory columns as exact, the time columns as indicative; BENCHMARKS.md § 4 has timings taken on a quiet machine."
+        "The same configurations (equal parameter counts) in candle's composed ops, memfit's fused kernels (`--kernels fused`), PyTorch {version} eager and PyTorch with `scaled_dot_product_attention` (sdpa), on this CPU (`scripts/torch-compare.sh`). Memory: MiB above the phase's start at its peak (memfit: the counting allocator; PyTorch: its profiler's memory events). \"Closed\": the share of the composed–eager gap the fused kernels close, (composed − fused)/(composed − eager). Time: memfit's window (one process per row) from the run stored beside PyTorch's figures only (never pooled across runs), PyTorch's median step timed before any profiled run, on the same CPU; where that does not hold the time columns say \"—\" and the reason is listed below. Read the memory columns as exact, the time columns as one session's figures; BENCHMARKS.md § 4 has repeated timings on a quiet machine."
     )));
     let get = |c: &Config, col: &str, ph: &str| c.cols.get(col).and_then(|m| m.get(ph)).copied();
     let mut rows = Vec::new();
@@ -232,6 +285,16 @@ pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow]) {
         .to_vec(),
         rows,
     ));
+    let refused: Vec<String> = cfgs
+        .iter()
+        .filter_map(|c| Some(format!("{}: {}", c.label, c.time_refused.as_ref()?)))
+        .collect();
+    if !refused.is_empty() {
+        b.push(Block::Para(format!(
+            "Times not compared (\"—\"): {}.",
+            refused.join("; ")
+        )));
+    }
     // The train step's remaining gap, in its two measured parts.
     let mut lines = Vec::new();
     for c in &cfgs {
@@ -310,6 +373,9 @@ mod tests {
             batch: r.batch,
             seq: r.seq,
             model: "small".into(),
+            time_method: Some(TIMED_CLEAN.into()),
+            cpu_model: Some("CPU A".into()),
+            run_id: "B".into(),
         }
     }
 
@@ -335,7 +401,7 @@ mod tests {
         ];
         let ok: Vec<&Row> = rows.iter().collect();
         let mut b = Vec::new();
-        section(&mut b, &ok, &refs);
+        section(&mut b, &ok, &refs, &[]);
         let t = text(&b);
         // forward: (100 − 60)/(100 − 50) = 80 % closed; fused / eager 1.20×.
         assert!(t.contains("| 80 % |") && t.contains("1.20×"), "{t}");
@@ -348,11 +414,76 @@ mod tests {
         rows2[1].peak_bytes = Some(75 * M);
         let ok2: Vec<&Row> = rows2.iter().collect();
         let mut b2 = Vec::new();
-        section(&mut b2, &ok2, &refs);
+        section(&mut b2, &ok2, &refs, &[]);
         assert!(text(&b2).contains("| 50 % |"), "{}", text(&b2));
         let mut none = Vec::new();
-        section(&mut none, &ok, &[]);
+        section(&mut none, &ok, &[], &[]);
         assert!(none.is_empty());
+    }
+
+    fn meta(run_id: &str, cpu: &str) -> RunMeta {
+        let mut m = crate::cmd::run::base_meta(run_id.into(), 2, "test");
+        m.cpu_model = cpu.into();
+        m
+    }
+
+    /// Times are divided like with like: memfit's rows of the run stored beside PyTorch's
+    /// figures only (run A's 0.8 s rows do not pull run B's 0.2 s toward them), and nothing when
+    /// PyTorch timed after profiled runs, on another CPU, or with no run beside it. The stored
+    /// figures: fused 0.2 s (run B) / eager 0.5 s = 0.40×.
+    #[test]
+    fn time_ratios_come_from_the_reference_run_only() {
+        const M: u64 = 1 << 20;
+        let mut rows = Vec::new();
+        for (run, wall) in [("A", 0.8), ("A", 0.8), ("B", 0.2)] {
+            let mut r = mine("train-step", "fused", 80 * M, 0);
+            r.run_id = run.into();
+            r.wall_s = Some(wall);
+            rows.push(r);
+        }
+        let refs = vec![theirs(&rows[0], "train-step", "eager", 50 * M, 0)];
+        let ok: Vec<&Row> = rows.iter().collect();
+        let metas = [meta("A", "CPU A"), meta("B", "CPU A")];
+        let row_of = |t: &str| {
+            t.lines()
+                .find(|l| l.contains("| train-step |"))
+                .unwrap_or_else(|| panic!("{t}"))
+                .to_string()
+        };
+        let mut b = Vec::new();
+        section(&mut b, &ok, &refs, &metas);
+        let t = text(&b);
+        assert!(row_of(&t).ends_with("| — | 0.40× |"), "{}", row_of(&t));
+        assert!(!t.contains("Times not compared"), "{t}");
+
+        let cases: [(&str, Box<dyn Fn(&mut ReferenceRow)>, &str); 3] = [
+            (
+                "profiled",
+                Box::new(|r| r.time_method = None),
+                "after profiled runs",
+            ),
+            (
+                "other CPU",
+                Box::new(|r| r.cpu_model = Some("CPU B".into())),
+                "PyTorch ran on CPU B",
+            ),
+            (
+                "no run",
+                Box::new(|r| r.run_id.clear()),
+                "not stored beside one memfit run",
+            ),
+        ];
+        for (what, change, reason) in cases {
+            let mut refs2 = refs.clone();
+            change(&mut refs2[0]);
+            let mut b = Vec::new();
+            section(&mut b, &ok, &refs2, &metas);
+            let t = text(&b);
+            assert!(row_of(&t).ends_with("| — | — |"), "{what}: {}", row_of(&t));
+            assert!(t.contains(reason), "{what}: {t}");
+            // The memory columns stay: they are exact wherever they were measured.
+            assert!(row_of(&t).contains("80.00"), "{what}");
+        }
     }
 
     #[test]

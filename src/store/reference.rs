@@ -37,7 +37,23 @@ pub struct ReferenceRow {
     pub seq: u64,
     /// The preset, or the config.json it was built from.
     pub model: String,
+    /// How the time was taken: `timed before any profiled run` (torch_reference.py since the
+    /// profiler's cost was found); `None` in files written before, whose times were taken
+    /// after profiled runs (up to 15× slower) and are not compared.
+    #[serde(default)]
+    pub time_method: Option<String>,
+    /// The CPU PyTorch ran on (`/proc/cpuinfo`'s model name); `None` in older files.
+    #[serde(default)]
+    pub cpu_model: Option<String>,
+    /// The memfit run stored in the same folder (its `meta.json`'s `run_id`), set by [`read`];
+    /// empty when the file has no run beside it. The report compares times with that run's
+    /// rows only.
+    #[serde(default)]
+    pub run_id: String,
 }
+
+/// The marker of times taken without the profiler's cost (see [`ReferenceRow::time_method`]).
+pub const TIMED_CLEAN: &str = "timed before any profiled run";
 
 /// Every `torch.jsonl` under `p` (itself, or in it and the folders below), in name order.
 pub fn files(p: &Path) -> Vec<PathBuf> {
@@ -63,21 +79,35 @@ fn collect(p: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The lines of one reference file; a malformed line is an error naming the file and line.
+/// The lines of one reference file, each given the `run_id` of the run stored beside it
+/// (`meta.json` in the same folder); a malformed line is an error naming the file and line.
 pub fn read(path: &Path) -> anyhow::Result<Vec<ReferenceRow>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let meta = path.with_file_name("meta.json");
+    let run_id = if meta.is_file() {
+        let m: crate::record::RunMeta = serde_json::from_str(
+            &std::fs::read_to_string(&meta)
+                .with_context(|| format!("reading {}", meta.display()))?,
+        )
+        .with_context(|| format!("{}: not a run's meta.json", meta.display()))?;
+        m.run_id
+    } else {
+        String::new()
+    };
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| {
+            let mut r: ReferenceRow = serde_json::from_str(l).with_context(|| {
                 format!(
                     "{} line {}: not a reference row (torch_reference.py's JSON line)",
                     path.display(),
                     i + 1
                 )
-            })
+            })?;
+            r.run_id = run_id.clone();
+            Ok(r)
         })
         .collect()
 }

@@ -416,6 +416,13 @@ impl Ctx<'_> {
 
 /// Expands the grids of `file` (with `flags` laid over every grid) into validated cases.
 /// A file without `[[grid]]` tables is one grid made of its defaults.
+/// The kernels a case runs without a `kernels` key or flag, on every device (`--help` prints
+/// it from here).
+pub const DEFAULT_KERNELS: &str = "fused";
+
+/// The attention a case runs without an `attention` key or flag, on every device.
+pub const DEFAULT_ATTENTION: &str = "standard";
+
 pub fn expand(file: &WorkloadFile, flags: &GridSpec, origin: &str) -> Result<Vec<Case>, UserError> {
     expand_with(file, flags, origin, false)
 }
@@ -709,7 +716,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let attentions = ctx.choices(
         "attention",
         &spec.attention,
-        "standard",
+        DEFAULT_ATTENTION,
         ("unknown attention", "standard, efficient, tiled"),
         |name| match name {
             "standard" => Some((false, false)),
@@ -724,7 +731,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let kernel_choices = ctx.choices(
         "kernels",
         &spec.kernels,
-        "fused",
+        DEFAULT_KERNELS,
         ("unknown kernels", Kernels::NAMES),
         Kernels::parse,
         |_, _| Ok(()),
