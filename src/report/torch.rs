@@ -363,7 +363,7 @@ mod tests {
             phase: phase.into(),
             wall_s: 0.5,
             peak_bytes: Some(peak),
-            retained_bytes: Some(retained),
+            retained_bytes: Some(retained as i64),
             torch: "2.9.1".into(),
             attention: attention.into(),
             device: "cpu".into(),

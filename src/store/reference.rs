@@ -20,9 +20,10 @@ pub struct ReferenceRow {
     pub wall_s: f64,
     /// Bytes above the phase's start at its peak (`None`: not measured).
     pub peak_bytes: Option<u64>,
-    /// Bytes the phase still holds at its end (e.g. the forward's saved tensors).
+    /// Bytes the phase still holds at its end (e.g. the forward's saved tensors; below 0 when
+    /// it frees what existed before it, as a backward frees the saved tensors).
     #[serde(default)]
-    pub retained_bytes: Option<u64>,
+    pub retained_bytes: Option<i64>,
     /// The PyTorch version.
     pub torch: String,
     /// `eager` (attention written out) or `sdpa` (`scaled_dot_product_attention`).
