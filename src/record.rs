@@ -342,6 +342,12 @@ pub struct Row {
     /// Sliding-window attention: keys per query (the cache keeps that many tokens).
     #[serde(default)]
     pub sliding_window: Option<u64>,
+    /// CPU: the bytes the counting allocator held when the window opened — everything the case
+    /// process keeps outside the phase (weights, optimizer state, the batch, gemm's packing
+    /// buffers kept from the warm-up, thread pools). `heap_start_bytes + peak_bytes` is the
+    /// process heap's peak, the figure `--mem-budget` caps. Missing on CUDA and in older rows.
+    #[serde(default)]
+    pub heap_start_bytes: Option<u64>,
     /// Worker threads of the CPU backend (rayon pool) for this run.
     pub threads: u64,
 }

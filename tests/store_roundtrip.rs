@@ -95,6 +95,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         active_params: Some(1_000),
         kv_bytes_per_token: Some(4096),
         sliding_window: Some(4096),
+        heap_start_bytes: Some(2_600_000_000),
     }
 }
 
@@ -117,6 +118,7 @@ fn rows() -> Vec<Row> {
         trim_before_bytes: None,
         trim_after_bytes: None,
         trim_live_bytes: None,
+        heap_start_bytes: None,
         ..base_row(0, "forward")
     };
     let large = Row {
@@ -309,7 +311,7 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
              images_per_s,startup_s,tree_processes_count,tree_rss_peak_bytes,tree_rss_steady_bytes,\
              pss_peak_bytes,pss_steady_bytes,h2d_pinned_bytes_per_s,h2d_pageable_bytes_per_s,\
              trim_layer,trim_before_bytes,trim_after_bytes,trim_live_bytes,moe_routing,\
-             moe_tokens_max,moe_tokens_min,active_params,kv_bytes_per_token,sliding_window,threads"
+             moe_tokens_max,moe_tokens_min,active_params,kv_bytes_per_token,sliding_window,heap_start_bytes,threads"
         ),
         "{}",
         lines[0]
@@ -338,6 +340,7 @@ fn csv_has_header_one_line_per_row_and_empty_cells_for_none() {
         "trim_before_bytes",
         "trim_after_bytes",
         "trim_live_bytes",
+        "heap_start_bytes",
     ] {
         assert_eq!(&records[0][col(name)], "", "{name}");
     }
@@ -408,6 +411,7 @@ fn hdf5_without_the_trim_columns_reads_them_as_missing() {
             "trim_before_bytes",
             "trim_after_bytes",
             "trim_live_bytes",
+            "heap_start_bytes",
         ] {
             g.unlink(name).unwrap();
         }
@@ -420,11 +424,13 @@ fn hdf5_without_the_trim_columns_reads_them_as_missing() {
             (b.trim_before_bytes, b.trim_after_bytes, b.trim_live_bytes),
             (None, None, None)
         );
+        assert_eq!(b.heap_start_bytes, None);
         let cleared = Row {
             trim_layer: String::new(),
             trim_before_bytes: None,
             trim_after_bytes: None,
             trim_live_bytes: None,
+            heap_start_bytes: None,
             ..a.clone()
         };
         assert_eq!(*b, cleared);

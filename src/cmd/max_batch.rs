@@ -1,12 +1,22 @@
 //! `memfit max-batch`: the largest batch whose training step fits a budget. The formula module
-//! predicts it (`predict --fit-in`'s search); trials then run `memfit run --phases train-step`
-//! at chosen batches, each in a child process (on the CPU with `--mem-budget`, so running out
-//! aborts only the child), searching around the prediction for the largest batch that passes.
+//! predicts the tensors (`predict --fit-in`'s search); the budget, though, caps the whole case
+//! process's heap, which also holds what no tensor formula counts and what depends on this
+//! machine: gemm's packing buffers kept from the warm-up (sized by this CPU's caches), thread
+//! pools, bookkeeping. So the prediction adds that part, measured here: one train step run
+//! without the cap at the formula's answer gives the heap's peak (`heap_start_bytes +
+//! peak_bytes`), its excess over the formula's total is the process's own part, and the largest
+//! batch whose formula total plus that part fits is the prediction — measured again at that
+//! batch until the answer stops moving (at most four runs; one or two in practice), so the part
+//! is the one at the answer itself and the answer never over-promises on any CPU. Trials then
+//! run `memfit run --phases train-step` at chosen batches, each in a child process (on the CPU
+//! with `--mem-budget`, so running out aborts only the child), searching around the prediction
+//! for the largest batch that passes.
 
 use std::process::Command;
 
 use crate::cli::MaxBatchArgs;
-use crate::cmd::predict::predict_case;
+use crate::cmd::predict::{largest, predict_case};
+use crate::formula::transformer::Shape;
 use crate::record::Status;
 use crate::units;
 use crate::workload::{self, WorkloadFile};
@@ -22,6 +32,13 @@ pub struct Trial {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct MaxBatch {
     pub budget_bytes: u64,
+    /// The formula's answer from the tensors alone.
+    pub formula_predicted: usize,
+    /// The case process's heap beyond the formula's total, measured on this machine at
+    /// `overhead_batch` (`None`: the uncapped run gave no heap figure, e.g. on CUDA).
+    pub process_overhead_bytes: Option<i64>,
+    pub overhead_batch: Option<usize>,
+    /// The answer: the largest batch whose formula total plus the measured part fits.
     pub predicted: usize,
     pub found: usize,
     pub trials: Vec<Trial>,
@@ -38,9 +55,28 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
             cases.len()
         );
     }
-    let predicted = predict_case(&cases[0], args.threads, Some(budget))
+    let case = &cases[0];
+    let formula_predicted = predict_case(case, args.threads, Some(budget))
         .max_batch
         .unwrap_or(0);
+    let shape = Shape::of(case);
+    let total =
+        |b: u64| Shape { b, ..shape.clone() }.train_total_bytes(case.optimizer, args.threads);
+    // The process's own part, measured at the answer until the answer stops moving.
+    let (mut predicted, mut at) = (formula_predicted, formula_predicted.max(1));
+    let (mut overhead, mut overhead_batch) = (None, None);
+    for _ in 0..4 {
+        let Some(heap_peak) = heap_peak(at, args.threads)? else {
+            break;
+        };
+        let gap = heap_peak as i64 - total(at as u64) as i64;
+        (overhead, overhead_batch) = (Some(gap), Some(at));
+        predicted = largest(1 << 20, |b| total(b) as i64 + gap <= budget as i64) as usize;
+        if predicted == at || predicted == 0 {
+            break;
+        }
+        at = predicted;
+    }
     let mut trials = Vec::new();
     let mut run = |batch: usize| -> anyhow::Result<bool> {
         let fits = trial(batch, &args.budget, args.threads)?;
@@ -75,6 +111,9 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     let out = MaxBatch {
         budget_bytes: budget,
+        formula_predicted,
+        process_overhead_bytes: overhead,
+        overhead_batch,
         predicted,
         found: lo,
         trials,
@@ -83,9 +122,14 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
-            "budget {}: predicted largest batch {}, found {} ({} trial(s): {})",
+            "budget {}: predicted largest batch {} (tensors alone: {}; this process's own heap: {}), found {} ({} trial(s): {})",
             args.budget,
             out.predicted,
+            out.formula_predicted,
+            match (out.process_overhead_bytes, out.overhead_batch) {
+                (Some(g), Some(b)) => format!("{g} B measured at batch {b}"),
+                _ => "not measured".into(),
+            },
             out.found,
             out.trials.len(),
             out.trials
@@ -101,6 +145,27 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
 /// Runs the case at `batch` in a child `memfit run` and says whether its training step
 /// completed within the budget.
 fn trial(batch: usize, budget: &str, threads: usize) -> anyhow::Result<bool> {
+    let rows = child_rows(batch, Some(budget), threads)?;
+    Ok(!rows.is_empty() && rows.iter().all(|r| r.status == Status::Ok))
+}
+
+/// The heap's peak of the training step at `batch` run without the cap: the bytes held when
+/// its window opened plus the window's peak (`None` when the run gave no such figure).
+fn heap_peak(batch: usize, threads: usize) -> anyhow::Result<Option<u64>> {
+    let rows = child_rows(batch, None, threads)?;
+    Ok(match rows.as_slice() {
+        [r] if r.status == Status::Ok => r.heap_start_bytes.zip(r.peak_bytes).map(|(a, b)| a + b),
+        _ => None,
+    })
+}
+
+/// The rows of the case's training step at `batch` in a child `memfit run` (under `budget`
+/// when given); empty when the child wrote none.
+fn child_rows(
+    batch: usize,
+    budget: Option<&str>,
+    threads: usize,
+) -> anyhow::Result<Vec<crate::record::Row>> {
     let dir = tempfile_dir()?;
     let mut args: Vec<String> = passthrough_args();
     args.extend([
@@ -110,12 +175,13 @@ fn trial(batch: usize, budget: &str, threads: usize) -> anyhow::Result<bool> {
         "train-step".into(),
         "--threads".into(),
         threads.to_string(),
-        "--mem-budget".into(),
-        budget.into(),
         "--quiet".into(),
         "--out".into(),
         dir.join("out").display().to_string(),
     ]);
+    if let Some(b) = budget {
+        args.extend(["--mem-budget".into(), b.into()]);
+    }
     let status = Command::new(std::env::current_exe()?)
         .arg("run")
         .args(&args)
@@ -125,7 +191,7 @@ fn trial(batch: usize, budget: &str, threads: usize) -> anyhow::Result<bool> {
     let rows =
         crate::store::jsonl::read(&dir.join("out").join("results.jsonl")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(status.success() && !rows.is_empty() && rows.iter().all(|r| r.status == Status::Ok))
+    Ok(if status.success() { rows } else { Vec::new() })
 }
 
 /// The workload flags this `max-batch` was given, to hand to the trials (without its own

@@ -370,7 +370,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
 
 /// The largest `n` in `0..=hi` with `ok(n)`, for `ok` true up to some point and false after
 /// (0 when `ok(1)` is false).
-fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
+pub(crate) fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
     let (mut lo, mut hi) = (0u64, hi);
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);

@@ -170,6 +170,7 @@ impl Meter for AllocMeter {
         into.peak_bytes = Some(peak.saturating_sub(self.baseline));
         into.retained_bytes = Some(now as i64 - self.baseline as i64);
         into.alloc_count = Some(n - self.count0);
+        into.heap_start_bytes = Some(self.baseline);
         if trace_enabled() {
             // After the window: for comparing with heap profilers (scripts/bench-profilers.sh),
             // the window's absolute figures and the process's peak so far.

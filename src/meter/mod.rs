@@ -43,6 +43,8 @@ pub struct Reading {
     pub trim_before_bytes: Option<u64>,
     pub trim_after_bytes: Option<u64>,
     pub trim_live_bytes: Option<u64>,
+    /// CPU: the counting allocator's bytes when the window opened.
+    pub heap_start_bytes: Option<u64>,
     /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
     pub data: Option<crate::data::DataFigures>,
     /// A mixture of experts: tokens per expert of each layer's last forward at the window's

@@ -114,7 +114,8 @@ pub fn unit(field: &str) -> Option<&'static str> {
         | "pss_steady_bytes"
         | "trim_before_bytes"
         | "trim_after_bytes"
-        | "trim_live_bytes" => "bytes",
+        | "trim_live_bytes"
+        | "heap_start_bytes" => "bytes",
         "alloc_count" | "nvml_samples_count" => "count",
         "tree_processes_count" => "processes",
         "cpu_user_s" | "cpu_sys_s" | "wall_s" | "startup_s" => "s",
@@ -266,6 +267,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "Decoders: KV-cache bytes of one cached token of one sequence (2LGDe; MLA: L(kv_lora_rank+rope)e)."
         }
         "sliding_window" => "Sliding-window attention: keys per query; the cache keeps that many.",
+        "heap_start_bytes" => {
+            "CPU: bytes the counting allocator held when the window opened (the process's heap outside the phase); + peak_bytes = the heap's peak."
+        }
         _ => return None,
     })
 }

@@ -51,6 +51,7 @@ const NOT_KEY: &[&str] = &[
     "trim_before_bytes",
     "trim_after_bytes",
     "trim_live_bytes",
+    "heap_start_bytes",
 ];
 
 /// The case a row belongs to, as a string: its case fields (and device) as compact JSON.

@@ -194,6 +194,7 @@ pub fn bare_row(
         trim_before_bytes: reading.trim_before_bytes,
         trim_after_bytes: reading.trim_after_bytes,
         trim_live_bytes: reading.trim_live_bytes,
+        heap_start_bytes: reading.heap_start_bytes,
         moe_routing: reading
             .moe_routing
             .as_deref()

@@ -152,6 +152,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.opt_u64("active_params", rows, |r| r.active_params)?;
         w.opt_u64("kv_bytes_per_token", rows, |r| r.kv_bytes_per_token)?;
         w.opt_u64("sliding_window", rows, |r| r.sliding_window)?;
+        w.opt_u64("heap_start_bytes", rows, |r| r.heap_start_bytes)?;
     }
     file.flush().context("flushing")?;
     file.close().context("closing")?;
@@ -571,6 +572,8 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let active_params = trim_u64("active_params")?;
     let kv_bytes_per_token = trim_u64("kv_bytes_per_token")?;
     let sliding_window = trim_u64("sliding_window")?;
+    // Files written before the column: not recorded.
+    let heap_start_bytes = trim_u64("heap_start_bytes")?;
 
     let mut run_id = run_id.into_iter();
     let mut model = model.into_iter();
@@ -691,6 +694,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             active_params: active_params[i],
             kv_bytes_per_token: kv_bytes_per_token[i],
             sliding_window: sliding_window[i],
+            heap_start_bytes: heap_start_bytes[i],
         });
     }
     Ok((meta, rows))
