@@ -5,18 +5,21 @@ memfit's models compute the same function as the reference implementations witho
 
 Run with the bench venv (scripts/bench-torch.sh installs it), from the repository root:
     ~/.cache/memfit/torch-venv/bin/python scripts/make-fixtures.py
-Writes tests/fixtures/<family>/{config.json, model.safetensors, io.safetensors}: config.json
+Each family draws from its own seed, so `make-fixtures.py mixtral` alone rewrites mixtral's
+files to the same bytes as a run over every family (MEMFIT_FIXTURES_OUT=DIR writes elsewhere, to
+compare). Writes tests/fixtures/<family>/{config.json, model.safetensors, io.safetensors}: config.json
 is the Hugging Face config memfit reads (`--hf-config`), model.safetensors the weights under
 memfit's names (f32), io.safetensors the input tokens (u32 as i64 → stored as `tokens` i64) and
 transformers' logits (`logits`, f32, (B, S, V)).
 """
-import json, os, sys
+import json, os, sys, zlib
 
 import torch
 from safetensors.torch import save_file
 import transformers
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+ROOT = os.environ.get("MEMFIT_FIXTURES_OUT") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
 
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
@@ -103,12 +106,18 @@ def memfit_name(hf: str) -> str:
     return n
 
 
+def seed(name):
+    """Each family's own seed (CRC-32 of its name): a family regenerated alone gets the same
+    bytes as in a run over all of them."""
+    return zlib.crc32(name.encode())
+
+
 def main():
-    torch.manual_seed(0)
     only = set(sys.argv[1:])
     for name, (model_type, Cfg, Model, extra) in FAMILIES.items():
         if only and name not in only:
             continue
+        torch.manual_seed(seed(name))
         cfg = Cfg(**{**COMMON, **extra})
         cfg._attn_implementation = "eager"
         model = Model(cfg).eval()
