@@ -100,6 +100,9 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .collect();
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
+    for line in mixed_builds(inp.sets) {
+        b.push(Block::Para(line));
+    }
     let workload_of = workload_names(inp);
     let cores_of: BTreeMap<String, u64> = inp
         .sets
@@ -150,6 +153,40 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         charts,
         svgs,
     })
+}
+
+/// One line per result set whose runs come from more than one build (memfit version and git
+/// commit), naming each build's runs: figures the report sets side by side across those runs
+/// (a claim reading two workloads, a ratio) may differ by what changed between the builds.
+fn mixed_builds(sets: &[ResultSet]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in sets {
+        let mut builds: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for m in &s.metas {
+            let name = std::path::Path::new(&m.workload)
+                .file_stem()
+                .map_or(m.workload.clone(), |n| n.to_string_lossy().into_owned());
+            let runs = builds
+                .entry(format!("memfit {} ({})", m.memfit_version, m.git_commit))
+                .or_default();
+            if !runs.contains(&name) {
+                runs.push(name);
+            }
+        }
+        if builds.len() > 1 {
+            let parts: Vec<String> = builds
+                .iter()
+                .map(|(b, runs)| format!("{b}: {}", runs.join(", ")))
+                .collect();
+            out.push(format!(
+                "**Mixed builds** in {}: {} builds measured its runs — {}. Figures compared across runs of different builds may differ by what changed between them; regenerate the set at one commit (`scripts/results-cpu.sh`) to compare like with like.",
+                s.label,
+                builds.len(),
+                parts.join("; ")
+            ));
+        }
+    }
+    out
 }
 
 fn environment(b: &mut Vec<Block>, inp: &Inputs) {
@@ -971,4 +1008,46 @@ fn plots_for(
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(run: &str, commit: &str, workload: &str) -> RunMeta {
+        let mut m = crate::cmd::run::base_meta(run.into(), 2, "test");
+        m.git_commit = commit.into();
+        m.workload = workload.into();
+        m
+    }
+
+    /// A set measured by one build says nothing; a mix names each build and its workloads.
+    #[test]
+    fn a_mix_of_builds_is_flagged_with_each_builds_runs() {
+        let set = |metas| ResultSet {
+            label: "results/cpu".into(),
+            metas,
+            rows: Vec::new(),
+            reference: Vec::new(),
+        };
+        let one = [set(vec![
+            meta("a", "c1", "workloads/default.toml"),
+            meta("b", "c1", "workloads/seed-vit.toml"),
+        ])];
+        assert!(mixed_builds(&one).is_empty());
+        let two = [set(vec![
+            meta("a", "c1", "workloads/default.toml"),
+            meta("b", "c2", "workloads/torch-compare.toml"),
+            meta("c", "c1", "workloads/seed-vit.toml"),
+        ])];
+        let lines = mixed_builds(&two);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("2 builds")
+                && lines[0].contains("(c1): default, seed-vit")
+                && lines[0].contains("(c2): torch-compare"),
+            "{}",
+            lines[0]
+        );
+    }
 }
