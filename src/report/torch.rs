@@ -122,14 +122,14 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
     keys.dedup();
     let mut out = Vec::new();
     for (params, batch, seq, dtype, device, model) in keys {
+        // The configuration's identity, on either side.
+        let same = |p: u64, b: u64, s: u64, d: &str, dev: &str| {
+            (p, b, s) == (params, batch, seq) && d == dtype && dev == device
+        };
         let mine: Vec<&&Row> = ok
             .iter()
             .filter(|r| {
-                r.params == params
-                    && r.batch == batch
-                    && r.seq == seq
-                    && r.dtype == dtype
-                    && r.device == device
+                same(r.params, r.batch, r.seq, &r.dtype, &r.device)
                     && r.attention == "standard"
                     && r.checkpoint == 0
                     && r.lora_rank == 0
@@ -140,14 +140,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
         let Some(first) = mine.first() else { continue };
         let these: Vec<&ReferenceRow> = refs
             .iter()
-            .filter(|r| {
-                r.params == params
-                    && r.batch == batch
-                    && r.seq == seq
-                    && r.dtype == dtype
-                    && r.device == device
-                    && r.model == model
-            })
+            .filter(|r| same(r.params, r.batch, r.seq, &r.dtype, &r.device) && r.model == model)
             .collect();
         let same_run = time_comparable(&these, metas).map(|m| m.run_id.clone());
         let mut cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>> = BTreeMap::new();
