@@ -141,3 +141,40 @@ fn torch_scripts_stay_out_of_ci_and_compile() {
         .unwrap();
     assert!(py.success());
 }
+
+/// `bench-predict.sh` at a tiny size: a row per model with its sequence, both modes and the
+/// ratio to the reference; a model memfit refuses is a row saying why.
+#[test]
+fn predict_script_prints_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = bench(
+        "bench-predict.sh",
+        dir.path(),
+        &[
+            ("PRESETS", "llama-tiny vit-tiny"),
+            ("CONFIGS", ""),
+            ("REFERENCE", "llama-tiny"),
+            ("RUNS", "1"),
+        ],
+    );
+    assert!(
+        so.contains("| llama-tiny | 112 |") && so.contains("| 1.0× |"),
+        "{so}"
+    );
+    assert!(so.contains("| vit-tiny | image |"), "{so}");
+    let o = Command::new("bash")
+        .arg(root().join("scripts/bench-predict.sh"))
+        .env("MEMFIT_BENCH_BIN", env!("CARGO_BIN_EXE_memfit"))
+        .envs([
+            ("PRESETS", "llama-tiny"),
+            ("CONFIGS", ""),
+            ("REFERENCE", "llama-tiny"),
+            ("RUNS", "1"),
+            ("SEQ", "100000"),
+        ])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{so}");
+    assert!(so.contains("| llama-tiny | 100000 | refused: "), "{so}");
+}
