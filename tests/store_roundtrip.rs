@@ -1,6 +1,7 @@
 //! Round trips through the three stores: JSONL journal, CSV, HDF5 (plus a foreign reader).
 
 use std::io::Write;
+#[cfg(feature = "hdf5")]
 use std::process::Command;
 
 use memfit::record::{Row, RunMeta, Status};
@@ -190,6 +191,7 @@ fn meta() -> RunMeta {
 
 /// A CUDA run's metadata: the optional attributes are written and read back.
 #[test]
+#[cfg(feature = "hdf5")]
 fn cuda_metadata_round_trips_and_cpu_metadata_stays_absent() {
     let dir = tempfile::tempdir().unwrap();
     let cuda = RunMeta {
@@ -376,6 +378,7 @@ fn csv_write_puts_the_bytes_in_place() {
 }
 
 #[test]
+#[cfg(feature = "hdf5")]
 fn hdf5_write_then_read_gives_the_same_rows_and_meta() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.h5");
@@ -398,6 +401,7 @@ fn hdf5_write_then_read_gives_the_same_rows_and_meta() {
 /// A file written before the trim columns existed reads them as not measured (empty layer,
 /// missing figures), not as zeros.
 #[test]
+#[cfg(feature = "hdf5")]
 fn hdf5_without_the_trim_columns_reads_them_as_missing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.h5");
@@ -438,6 +442,7 @@ fn hdf5_without_the_trim_columns_reads_them_as_missing() {
 }
 
 #[test]
+#[cfg(feature = "hdf5")]
 fn hdf5_refuses_values_that_would_come_back_different() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.h5");
@@ -461,6 +466,7 @@ fn hdf5_refuses_values_that_would_come_back_different() {
 }
 
 #[test]
+#[cfg(feature = "hdf5")]
 fn hdf5_read_errors_name_file_and_dataset() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.h5");
@@ -475,6 +481,7 @@ fn hdf5_read_errors_name_file_and_dataset() {
 }
 
 #[test]
+#[cfg(feature = "hdf5")]
 fn hdf5_is_readable_by_h5dump() {
     // A foreign reader is the point of the test: without it the test fails, never passes.
     assert!(
@@ -510,4 +517,21 @@ fn hdf5_is_readable_by_h5dump() {
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("-1, 70000000000, 12345678"), "{stdout}");
+}
+
+/// A build without the `hdf5` feature (the GPU machine's) refuses HDF5 with the way out named,
+/// and never writes a file.
+#[test]
+#[cfg(not(feature = "hdf5"))]
+fn without_hdf5_the_store_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.h5");
+    let err = hdf5::write(&path, &meta(), &rows())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("built without HDF5") && err.contains("memfit convert"),
+        "{err}"
+    );
+    assert!(!path.exists());
 }
