@@ -29,6 +29,17 @@ impl DeviceSpec {
         }
     }
 
+    /// The `--device` flag of a command: [`parse`](Self::parse), or an error naming the flag.
+    pub fn from_flag(s: &str) -> Result<Self, crate::error::UserError> {
+        Self::parse(s).ok_or_else(|| crate::error::UserError::OutOfRange {
+            origin: "flags".into(),
+            key: "device".into(),
+            value: s.into(),
+            reason: "unknown device".into(),
+            allowed: "cpu, cuda, cuda:N".into(),
+        })
+    }
+
     pub fn is_cuda(self) -> bool {
         matches!(self, Self::Cuda(_))
     }

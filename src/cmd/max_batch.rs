@@ -15,7 +15,7 @@
 use std::process::Command;
 
 use crate::cli::MaxBatchArgs;
-use crate::cmd::predict::{largest, predict_case};
+use crate::cmd::predict::largest;
 use crate::formula::transformer::Shape;
 use crate::record::Status;
 use crate::units;
@@ -56,12 +56,11 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         );
     }
     let case = &cases[0];
-    let formula_predicted = predict_case(case, args.threads, Some(budget))
-        .max_batch
-        .unwrap_or(0);
     let shape = Shape::of(case);
     let total =
         |b: u64| Shape { b, ..shape.clone() }.train_total_bytes(case.optimizer, args.threads);
+    // `predict --fit-in`'s max batch: the same search over the same total.
+    let formula_predicted = largest(1 << 20, |b| total(b) <= budget) as usize;
     // The process's own part, measured at the answer until the answer stops moving.
     let (mut predicted, mut at) = (formula_predicted, formula_predicted.max(1));
     let (mut overhead, mut overhead_batch) = (None, None);

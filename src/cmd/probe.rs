@@ -81,13 +81,7 @@ pub fn matmul(
 }
 
 pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
-    let device = DeviceSpec::parse(&args.device).ok_or_else(|| UserError::OutOfRange {
-        origin: "flags".into(),
-        key: "device".into(),
-        value: args.device.clone(),
-        reason: "unknown device".into(),
-        allowed: "cpu, cuda, cuda:N".into(),
-    })?;
+    let device = DeviceSpec::from_flag(&args.device)?;
     let dtype = ElemType::parse(&args.dtype).ok_or_else(|| UserError::OutOfRange {
         origin: "flags".into(),
         key: "dtype".into(),

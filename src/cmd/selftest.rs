@@ -20,16 +20,7 @@ pub fn selftest(args: &SelftestArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let spec = DeviceSpec::parse(&args.device).ok_or_else(|| UserError::OutOfRange {
-        origin: "flags".into(),
-        key: "device".into(),
-        value: args.device.clone(),
-        reason: "unknown device".into(),
-        allowed: format!(
-            "cpu, cuda, cuda:N (N ≤ {})",
-            crate::device::MAX_CUDA_ORDINAL
-        ),
-    })?;
+    let spec = DeviceSpec::from_flag(&args.device)?;
     if let Some(t) = args.threads {
         crate::cmd::run::pin_threads(t)?;
     }

@@ -682,6 +682,10 @@ impl Sym {
     /// `Tensor::cat` of same-rank tensors along `dim`: one fresh output (candle's
     /// `cat_contiguous` or `cat0`; callers make the parts contiguous, as the model does).
     pub fn cat(parts: &[&Sym], dim: usize) -> Sym {
+        // candle returns the one part itself (no copy, no op).
+        if let [only] = parts {
+            return (*only).clone();
+        }
         let mut dims = parts[0].dims().to_vec();
         dims[dim] = parts.iter().map(|p| p.dims()[dim]).sum();
         let op = parts

@@ -412,11 +412,8 @@ impl Module for Moe {
         let ys = match ys {
             Some(ys) => ys,
             None => {
-                let y = if parts.len() == 1 {
-                    parts.pop().expect("one part")
-                } else {
-                    Tensor::cat(&parts, 0)?
-                };
+                // One part is returned as it is by `cat` (no copy).
+                let y = Tensor::cat(&parts, 0)?;
                 drop(parts);
                 let ids = Tensor::from_vec(all_ids, total, x.device())?;
                 xs.zeros_like()?.index_add(&ids, &y, 0)?

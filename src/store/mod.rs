@@ -67,22 +67,20 @@ pub fn read_rows_and_meta(
             let (meta, rows) = hdf5::read(path)?;
             Ok((rows, Some(meta)))
         }
-        _ => {
-            let rows = jsonl::read(path)?;
-            let m = path.with_file_name("meta.json");
-            let meta = if m.is_file() {
-                let text = std::fs::read_to_string(&m)
-                    .with_context(|| format!("reading {}", m.display()))?;
-                Some(
-                    serde_json::from_str(&text)
-                        .with_context(|| format!("{}: not a run's meta.json", m.display()))?,
-                )
-            } else {
-                None
-            };
-            Ok((rows, meta))
-        }
+        _ => Ok((jsonl::read(path)?, meta_beside(path)?)),
     }
+}
+
+/// The run's `meta.json` in the folder of `path`, if there is one.
+pub fn meta_beside(path: &Path) -> anyhow::Result<Option<crate::record::RunMeta>> {
+    let m = path.with_file_name("meta.json");
+    if !m.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&m).with_context(|| format!("reading {}", m.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| {
+        format!("{}: not a run's meta.json", m.display())
+    })?))
 }
 
 /// The rows of one result file: an HDF5 file (`.h5`, `.hdf5`) or a JSONL journal.

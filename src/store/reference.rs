@@ -85,17 +85,7 @@ fn collect(p: &Path, out: &mut Vec<PathBuf>) {
 pub fn read(path: &Path) -> anyhow::Result<Vec<ReferenceRow>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let meta = path.with_file_name("meta.json");
-    let run_id = if meta.is_file() {
-        let m: crate::record::RunMeta = serde_json::from_str(
-            &std::fs::read_to_string(&meta)
-                .with_context(|| format!("reading {}", meta.display()))?,
-        )
-        .with_context(|| format!("{}: not a run's meta.json", meta.display()))?;
-        m.run_id
-    } else {
-        String::new()
-    };
+    let run_id = super::meta_beside(path)?.map_or_else(String::new, |m| m.run_id);
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

@@ -91,9 +91,9 @@ macro_rules! on_each_device {
     };
 }
 
-/// The device the numeric tests (kernels, in-place optimizers) run on: `MEMFIT_TEST_DEVICE`,
-/// `cpu` (the default) or `cuda:N` (a build with the `cuda` feature; the GPU call runs those
-/// test binaries so, see scripts/gpu-run.sh).
+/// The device the numeric tests (`tests/selftest.rs`) run on: `MEMFIT_TEST_DEVICE`, `cpu` (the
+/// default) or `cuda:N` (a build with the `cuda` feature; the GPU call runs the same checks as
+/// `memfit selftest --device cuda:0`, see scripts/gpu-run.sh).
 pub fn test_device() -> candle_core::Device {
     match std::env::var("MEMFIT_TEST_DEVICE").as_deref() {
         Err(_) | Ok("cpu") => candle_core::Device::Cpu,

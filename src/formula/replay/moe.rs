@@ -153,11 +153,7 @@ impl Moe {
         let ys = match ys {
             Some(ys) => ys,
             None => {
-                let y = if parts.len() == 1 {
-                    parts.pop().expect("one part")
-                } else {
-                    Sym::cat(&parts.iter().collect::<Vec<_>>(), 0)
-                };
+                let y = Sym::cat(&parts.iter().collect::<Vec<_>>(), 0);
                 drop(parts);
                 drop(parts_vec);
                 let ids = all_ids.expect("tracked").into_tensor(&[total], DType::U32);
