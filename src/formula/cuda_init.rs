@@ -38,7 +38,7 @@ enum Draw {
 impl Shape {
     /// The model's variables in creation order: elements and how each is drawn.
     fn creation_order(&self) -> Vec<(u64, Draw)> {
-        let Shape { h, l, v, s_max, .. } = *self;
+        let Shape { h, v, s_max, .. } = *self;
         let r = self.lora_rank;
         let llama = self.llama.is_some();
         let mut vars = Vec::new();
@@ -60,28 +60,26 @@ impl Shape {
                 vars.push((h, Draw::Const));
             }
         };
-        for i in 0..l {
-            for t in self.block_tensors(i) {
-                match t {
-                    BlockTensor::Norm { size, .. } => {
-                        vars.push((size as u64, Draw::Const));
-                        if !llama {
-                            vars.push((size as u64, Draw::Const));
-                        }
+        for t in self.blocks().tensors() {
+            match t {
+                BlockTensor::Norm { size, .. } => {
+                    vars.push((*size as u64, Draw::Const));
+                    if !llama {
+                        vars.push((*size as u64, Draw::Const));
                     }
-                    BlockTensor::Linear { inp, out, .. } => {
-                        vars.push(((inp * out) as u64, Draw::Normal));
+                }
+                BlockTensor::Linear { inp, out, .. } => {
+                    vars.push(((inp * out) as u64, Draw::Normal));
+                }
+                BlockTensor::Proj { spec: p, .. } => {
+                    let (inp, out) = (p.inp as u64, p.out as u64);
+                    if self.has_lora(p.target) {
+                        vars.push((r * inp, Draw::Normal));
+                        vars.push((out * r, Draw::Const));
                     }
-                    BlockTensor::Proj { spec: p, .. } => {
-                        let (inp, out) = (p.inp as u64, p.out as u64);
-                        if self.has_lora(p.target) {
-                            vars.push((r * inp, Draw::Normal));
-                            vars.push((out * r, Draw::Const));
-                        }
-                        vars.push((out * inp, Draw::Normal));
-                        if p.bias {
-                            vars.push((out, Draw::Uniform));
-                        }
+                    vars.push((out * inp, Draw::Normal));
+                    if p.bias {
+                        vars.push((out, Draw::Uniform));
                     }
                 }
             }

@@ -5,6 +5,7 @@ pub mod cuda_init;
 pub mod flops;
 pub mod full_size;
 pub mod gemm;
+pub mod memo;
 pub mod replay;
 pub mod shape;
 pub mod symbolic;

@@ -3,7 +3,7 @@
 //! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
-use crate::model::config::{BlockTensor, LayerLayout, block_tensors, layer_layout};
+use crate::model::config::{Blocks, LayerLayout, layer_layout};
 use crate::model::kernels::Kernels;
 use crate::model::llama::Llama;
 use crate::model::transformer::{LoraBase, LoraTarget, ProjSpec, block_projections};
@@ -149,13 +149,13 @@ impl Shape {
         block_projections(self.h as usize, self.a as usize, self.llama.as_ref())
     }
 
-    /// The tensors of block `layer` (`model::config::block_tensors`).
-    pub fn block_tensors(&self, layer: u64) -> Vec<BlockTensor> {
-        block_tensors(
+    /// Every block's tensors (`model::config::Blocks`).
+    pub fn blocks(&self) -> Blocks {
+        Blocks::new(
             self.h as usize,
             self.a as usize,
             self.llama.as_ref(),
-            layer as usize,
+            self.l as usize,
         )
     }
 

@@ -22,7 +22,7 @@ use candle_core::quantized::GgmlDType;
 pub use super::shape::{BLOCK_8BIT, Shape, lora_bits};
 
 use super::Prediction;
-use super::replay::{Replay, replay};
+use super::replay::{Replay, Serving, Training, replay, replay_serving, replay_training};
 
 impl Shape {
     /// Bytes per parameter, gradient and optimizer-state element (f32 under mixed precision).
@@ -38,7 +38,7 @@ impl Shape {
     /// The variables the model's `VarMap` holds: names and shapes (QLoRA's quantized
     /// projection weights are not variables any more; a tied head is the token table).
     pub fn named_variables(&self) -> Vec<(String, Vec<u64>)> {
-        let Shape { h, l, v, s_max, .. } = *self;
+        let Shape { h, v, s_max, .. } = *self;
         let r = self.lora_rank;
         let quantized = self.quantized_base().is_some();
         let llama = self.llama.is_some();
@@ -61,17 +61,21 @@ impl Shape {
         if !self.tied {
             vars.push(("head.weight".to_string(), vec![v, h]));
         }
-        for i in 0..l {
-            for t in self.block_tensors(i) {
+        let blocks = self.blocks();
+        for (i, tensors) in blocks.iter().enumerate() {
+            for t in tensors {
                 match t {
                     BlockTensor::Norm { path, size } => {
-                        vars.push((format!("h.{i}.{path}.weight"), vec![size as u64]));
+                        vars.push((format!("h.{i}.{path}.weight"), vec![*size as u64]));
                         if !llama {
-                            vars.push((format!("h.{i}.{path}.bias"), vec![size as u64]));
+                            vars.push((format!("h.{i}.{path}.bias"), vec![*size as u64]));
                         }
                     }
                     BlockTensor::Linear { path, inp, out } => {
-                        vars.push((format!("h.{i}.{path}.weight"), vec![out as u64, inp as u64]));
+                        vars.push((
+                            format!("h.{i}.{path}.weight"),
+                            vec![*out as u64, *inp as u64],
+                        ));
                     }
                     BlockTensor::Proj { path, spec: p } => {
                         let (inp, out) = (p.inp as u64, p.out as u64);
@@ -166,8 +170,11 @@ impl Shape {
     pub fn lora_sizes(&self) -> Vec<u64> {
         let r = self.lora_rank;
         let mut sizes = Vec::new();
-        for i in 0..self.l {
-            for t in self.block_tensors(i) {
+        if r == 0 {
+            return sizes;
+        }
+        for tensors in self.blocks().iter() {
+            for t in tensors {
                 if let BlockTensor::Proj { spec: p, .. } = t
                     && self.has_lora(p.target)
                 {
@@ -196,8 +203,9 @@ impl Shape {
     /// Parameter tensors of one block (on average over the blocks, rounded down).
     fn tensors_per_block(&self) -> u64 {
         let llama = self.llama.is_some();
-        let all: u64 = (0..self.l)
-            .flat_map(|i| self.block_tensors(i))
+        let all: u64 = self
+            .blocks()
+            .tensors()
             .map(|t| t.param_sizes(!llama).len() as u64)
             .sum();
         all / self.l.max(1)
@@ -308,7 +316,7 @@ impl Shape {
 
     /// Elements of every parameter tensor, in model order (a tied head is the token table).
     pub fn param_tensor_sizes(&self) -> Vec<u64> {
-        let Shape { h, l, v, s_max, .. } = *self;
+        let Shape { h, v, s_max, .. } = *self;
         let llama = self.llama.is_some();
         let mut sizes = match self.vision {
             None => vec![v * h],
@@ -317,10 +325,8 @@ impl Shape {
         if !llama {
             sizes.push(s_max * h);
         }
-        for i in 0..l {
-            for t in self.block_tensors(i) {
-                sizes.extend(t.param_sizes(!llama));
-            }
+        for t in self.blocks().tensors() {
+            sizes.extend(t.param_sizes(!llama));
         }
         sizes.push(h); // ln_f
         if !llama {
@@ -458,6 +464,31 @@ impl Shape {
         )
     }
 
+    /// The training part of [`Shape::replay`] (forward, backward), remembered per shape and
+    /// thread count ([`memo`]): a question such as `predict`'s asks for the same case's
+    /// phases several times.
+    pub fn replay_training(&self, threads: usize) -> Training {
+        super::memo::training(self, threads, || {
+            replay_training(
+                self,
+                self.meta(META_PER_TENSOR),
+                self.cpu.then_some(threads),
+            )
+        })
+    }
+
+    /// The serving part of [`Shape::replay`] (inference, prefill, decode), remembered like
+    /// [`Shape::replay_training`].
+    pub fn replay_serving(&self, threads: usize) -> Serving {
+        super::memo::serving(self, threads, || {
+            replay_serving(
+                self,
+                self.meta(META_PER_TENSOR),
+                self.cpu.then_some(threads),
+            )
+        })
+    }
+
     /// Bytes of keys and values one cached token adds: `2 · L · G · D · e` (G K/V heads of
     /// width D; G = A and D = H/A outside LLaMA), e the serving activations' bytes; MLA's
     /// latent cache `L · (kv_lora_rank + qk_rope_head_dim) · e`.
@@ -578,17 +609,9 @@ impl Shape {
     }
 
     pub fn predict(&self, phase: Phase, opt: OptimizerKind, threads: usize) -> Prediction {
-        let needs_replay = matches!(
-            phase,
-            Phase::Backward | Phase::TrainStep | Phase::Inference | Phase::Prefill | Phase::Decode
-        ) || (phase == Phase::Forward && !self.closed_form_forward());
-        let r = needs_replay.then(|| self.replay(threads));
-        self.predict_with(phase, opt, r.as_ref())
-    }
-
-    fn predict_with(&self, phase: Phase, opt: OptimizerKind, r: Option<&Replay>) -> Prediction {
         let step = self.gradient_bytes() + self.train_step_update_bytes(opt);
-        let r = || r.expect("replayed");
+        let t = || self.replay_training(threads);
+        let sv = || self.replay_serving(threads);
         match phase {
             // QLoRA: the projection weights exist until quantized, then only their GGML blocks
             // (and a 1-element placeholder each) stay; `qlora_init` says how the peak is met.
@@ -603,12 +626,12 @@ impl Shape {
                 retained_bytes: self.activation_bytes() as i64,
             },
             Phase::Forward => Prediction {
-                peak_bytes: r().forward_peak,
-                retained_bytes: r().forward_retained as i64,
+                peak_bytes: t().forward_peak,
+                retained_bytes: t().forward_retained as i64,
             },
             Phase::Backward => Prediction {
-                peak_bytes: r().backward_peak,
-                retained_bytes: r().backward_retained,
+                peak_bytes: t().backward_peak,
+                retained_bytes: t().backward_retained,
             },
             Phase::Optimizer => Prediction {
                 // The state's own metadata is inside the step's fitted metadata constant.
@@ -630,18 +653,21 @@ impl Shape {
             // Forward and backward on top of each other, or later the gradients beside the
             // optimizer's step temporaries (the graph is dropped before the step).
             Phase::TrainStep => Prediction {
-                peak_bytes: (r().forward_retained + r().backward_peak)
-                    .max(r().forward_peak)
-                    .max(step),
+                peak_bytes: {
+                    let t = t();
+                    (t.forward_retained + t.backward_peak)
+                        .max(t.forward_peak)
+                        .max(step)
+                },
                 retained_bytes: 0,
             },
             Phase::Inference => Prediction {
-                peak_bytes: r().inference_peak,
-                retained_bytes: r().inference_retained as i64,
+                peak_bytes: sv().inference_peak,
+                retained_bytes: sv().inference_retained as i64,
             },
             Phase::Prefill => Prediction {
-                peak_bytes: r().prefill_peak,
-                retained_bytes: r().prefill_retained as i64,
+                peak_bytes: sv().prefill_peak,
+                retained_bytes: sv().prefill_retained as i64,
             },
             Phase::Load => {
                 let (peak, kept) = self.load_bytes(self.load_mmap);
@@ -651,8 +677,8 @@ impl Shape {
                 }
             }
             Phase::Decode => Prediction {
-                peak_bytes: r().decode_peak,
-                retained_bytes: r().decode_retained,
+                peak_bytes: sv().decode_peak,
+                retained_bytes: sv().decode_retained,
             },
             // The data pipeline builds no model: nothing of it is allocated. Its rows carry no
             // prediction (`cmd::run::case_rows`); its RAM model is fitted from measurements

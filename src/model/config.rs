@@ -291,6 +291,49 @@ pub fn block_tensors(
     v
 }
 
+/// Every block's tensors, built once per distinct layout (a model has a handful of layer
+/// kinds: dense, sparse, …), so that walking a 61-layer, 256-expert model's tensors formats
+/// each path once per kind rather than once per layer.
+#[derive(Debug, Clone)]
+pub struct Blocks {
+    kinds: Vec<(LayerLayout, Vec<BlockTensor>)>,
+    of: Vec<usize>,
+}
+
+impl Blocks {
+    pub fn new(hidden: usize, heads: usize, llama: Option<&Llama>, layers: usize) -> Self {
+        let mut kinds: Vec<(LayerLayout, Vec<BlockTensor>)> = Vec::new();
+        let of = (0..layers)
+            .map(|i| {
+                let lay = layer_layout(hidden, heads, llama, i);
+                match kinds.iter().position(|(k, _)| *k == lay) {
+                    Some(k) => k,
+                    None => {
+                        kinds.push((lay, block_tensors(hidden, heads, llama, i)));
+                        kinds.len() - 1
+                    }
+                }
+            })
+            .collect();
+        Self { kinds, of }
+    }
+
+    /// Block `layer`'s tensors ([`block_tensors`]).
+    pub fn layer(&self, layer: usize) -> &[BlockTensor] {
+        &self.kinds[self.of[layer]].1
+    }
+
+    /// Every block's tensors, in layer order.
+    pub fn iter(&self) -> impl Iterator<Item = &[BlockTensor]> + '_ {
+        self.of.iter().map(|&k| self.kinds[k].1.as_slice())
+    }
+
+    /// Every block's tensors, in layer order, one after the other.
+    pub fn tensors(&self) -> impl Iterator<Item = &BlockTensor> + '_ {
+        self.iter().flatten()
+    }
+}
+
 impl BlockTensor {
     /// Elements of the parameter tensors it makes (no LoRA adapters), in creation order:
     /// weight then bias; a LayerNorm (`layer_norm`) weight then bias.
@@ -432,9 +475,9 @@ impl Config {
         }
     }
 
-    /// The tensors of block `layer` ([`block_tensors`]).
-    pub fn block_tensors(&self, layer: usize) -> Vec<BlockTensor> {
-        block_tensors(self.hidden, self.heads, self.llama.as_ref(), layer)
+    /// Every block's tensors ([`Blocks`]).
+    pub fn blocks(&self) -> Blocks {
+        Blocks::new(self.hidden, self.heads, self.llama.as_ref(), self.layers)
     }
 
     /// Exact parameter count (see the module docs, [`super::vit`]'s, [`super::llama`]'s,
@@ -453,8 +496,9 @@ impl Config {
             (None, Some(_)) => v * h + h + head,
         };
         let layer_norm = self.llama.is_none();
-        let blocks: u64 = (0..self.layers)
-            .flat_map(|i| self.block_tensors(i))
+        let blocks: u64 = self
+            .blocks()
+            .tensors()
             .flat_map(|t| t.param_sizes(layer_norm))
             .sum();
         outside + blocks + self.lora_params()
@@ -482,14 +526,13 @@ impl Config {
 
     /// Projections of every block, with the layer they are in (experts' once per expert).
     pub fn all_projections(&self) -> Vec<(usize, String, ProjSpec)> {
+        let blocks = self.blocks();
         (0..self.layers)
             .flat_map(|i| {
-                self.block_tensors(i)
-                    .into_iter()
-                    .filter_map(move |t| match t {
-                        BlockTensor::Proj { path, spec } => Some((i, path, spec)),
-                        _ => None,
-                    })
+                blocks.layer(i).iter().filter_map(move |t| match t {
+                    BlockTensor::Proj { path, spec } => Some((i, path.clone(), *spec)),
+                    _ => None,
+                })
             })
             .collect()
     }
@@ -500,10 +543,14 @@ impl Config {
             return 0;
         }
         let r = self.lora_rank as u64;
-        self.all_projections()
-            .iter()
-            .filter(|(_, _, p)| self.lora_targets.contains(&p.target))
-            .map(|(_, _, p)| r * (p.inp + p.out) as u64)
+        self.blocks()
+            .tensors()
+            .filter_map(|t| match t {
+                BlockTensor::Proj { spec: p, .. } if self.lora_targets.contains(&p.target) => {
+                    Some(r * (p.inp + p.out) as u64)
+                }
+                _ => None,
+            })
             .sum()
     }
 
@@ -519,8 +566,9 @@ impl Config {
         };
         let layer_norm = self.llama.is_none();
         outside
-            + (0..self.layers)
-                .flat_map(|i| self.block_tensors(i))
+            + self
+                .blocks()
+                .tensors()
                 .map(|t| t.param_sizes(layer_norm).len() as u64)
                 .sum::<u64>()
     }

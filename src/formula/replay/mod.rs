@@ -931,9 +931,51 @@ fn inputs(ledger: &Rc<Ledger>, shape: &Shape) -> (Sym, Sym) {
     }
 }
 
+/// The training forward and backward of one case, in bytes above each window's baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Training {
+    pub forward_peak: u64,
+    pub forward_retained: u64,
+    pub backward_peak: u64,
+    pub backward_retained: i64,
+}
+
+/// The serving model's windows: the inference forward, prefill and decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    pub inference_peak: u64,
+    pub inference_retained: u64,
+    pub prefill_peak: u64,
+    pub prefill_retained: u64,
+    pub decode_peak: u64,
+    pub decode_retained: i64,
+}
+
 /// Replays the training forward and backward, and the inference forward, of `shape`.
 /// `meta_per_tensor` is the bookkeeping charged per live tensor.
 pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) -> Replay {
+    let t = replay_training(shape, meta_per_tensor, gemm_threads);
+    let s = replay_serving(shape, meta_per_tensor, gemm_threads);
+    Replay {
+        forward_peak: t.forward_peak,
+        forward_retained: t.forward_retained,
+        backward_peak: t.backward_peak,
+        backward_retained: t.backward_retained,
+        inference_peak: s.inference_peak,
+        inference_retained: s.inference_retained,
+        prefill_peak: s.prefill_peak,
+        prefill_retained: s.prefill_retained,
+        decode_peak: s.decode_peak,
+        decode_retained: s.decode_retained,
+    }
+}
+
+/// The training forward and backward of `shape` (the forward, backward and train-step phases).
+pub fn replay_training(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Training {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let model = Transformer::new(&ledger, shape, true);
     let (tokens, targets) = inputs(&ledger, shape);
@@ -979,8 +1021,16 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
         backward_retained = ledger.current() as i64 - base as i64;
         drop(grads);
     }
-    drop(model);
+    Training {
+        forward_peak,
+        forward_retained,
+        backward_peak,
+        backward_retained,
+    }
+}
 
+/// The serving model of `shape`: its inference forward, then (a decoder) prefill and decode.
+pub fn replay_serving(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) -> Serving {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let model = Transformer::new(&ledger, shape, false);
     let (tokens, _) = inputs(&ledger, shape);
@@ -994,12 +1044,7 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
         None => generation(&ledger, &model, &tokens, shape),
         Some(_) => (0, 0, 0, 0),
     };
-
-    Replay {
-        forward_peak,
-        forward_retained,
-        backward_peak,
-        backward_retained,
+    Serving {
         inference_peak,
         inference_retained,
         prefill_peak,
