@@ -32,6 +32,15 @@ pub struct Ledger {
     current: Cell<u64>,
     peak: Cell<u64>,
     next_id: Cell<u64>,
+    /// The part of the model being built or run ([`Ledger::set_tag`]); tensors remember it.
+    tag: Cell<u32>,
+    /// Recording segments ([`Ledger::record`]): the highest level of the segment under way.
+    recording: Cell<bool>,
+    seg_max: Cell<u64>,
+    /// The segment under way has allocated (a segment that only frees reaches no new level
+    /// and is not counted).
+    seg_alloc: Cell<bool>,
+    segments: std::cell::RefCell<Segments>,
     /// Bookkeeping bytes charged per live tensor (0: count data only).
     pub meta_per_tensor: u64,
     /// `Some(threads)`: add `gemm`'s transient packing buffer to every matmul
@@ -54,6 +63,70 @@ impl Ledger {
         if now > self.peak.get() {
             self.peak.set(now);
         }
+        if self.recording.get() {
+            self.seg_alloc.set(true);
+            if now > self.seg_max.get() {
+                self.seg_max.set(now);
+            }
+        }
+    }
+
+    /// Starts recording segments: from now on each window ([`Ledger::reset_peak`] to
+    /// [`Ledger::window_peak`]) keeps, per tag and per occurrence of that tag, the highest
+    /// level reached while the tag was set ([`Windows`]).
+    pub fn record(&self) {
+        self.recording.set(true);
+        self.seg_max.set(self.current.get());
+    }
+
+    /// The windows recorded so far.
+    pub fn recorded(&self) -> Windows {
+        Windows(self.segments.borrow().done.clone())
+    }
+
+    /// The tag now set (0: outside any tagged part).
+    pub fn tag(&self) -> u32 {
+        self.tag.get()
+    }
+
+    /// Sets the tag: what is allocated from now on is the tagged part's (a segment ends when
+    /// the tag changes).
+    pub fn set_tag(&self, tag: u32) {
+        if tag == self.tag.get() {
+            return;
+        }
+        if self.recording.get() {
+            self.close_segment();
+        }
+        self.tag.set(tag);
+    }
+
+    fn close_segment(&self) {
+        if !self.seg_alloc.replace(false) {
+            self.seg_max.set(self.current.get());
+            return;
+        }
+        let mut s = self.segments.borrow_mut();
+        let tag = self.tag.get();
+        let occ = s.occurrences.entry(tag).or_insert(0);
+        let key = (tag, *occ);
+        *occ += 1;
+        let max = s.maxima.entry(key).or_insert(0);
+        *max = (*max).max(self.seg_max.get());
+        self.seg_max.set(self.current.get());
+    }
+
+    /// The window's peak above `base` (`peak − base`); when recording, the window's segments
+    /// are kept ([`Ledger::recorded`]).
+    pub fn window_peak(&self, base: u64) -> u64 {
+        if self.recording.get() {
+            self.close_segment();
+            let mut s = self.segments.borrow_mut();
+            let maxima = std::mem::take(&mut s.maxima);
+            s.occurrences.clear();
+            s.done.push(Window { base, maxima });
+        }
+        self.peak.get() - base
     }
 
     fn free(&self, bytes: u64) {
@@ -72,6 +145,13 @@ impl Ledger {
 
     /// Sets the high-water mark to the current value and returns it (a window's baseline).
     pub fn reset_peak(&self) -> u64 {
+        if self.recording.get() {
+            let mut s = self.segments.borrow_mut();
+            s.maxima.clear();
+            s.occurrences.clear();
+            self.seg_max.set(self.current.get());
+            self.seg_alloc.set(false);
+        }
         self.peak.set(self.current.get());
         self.current.get()
     }
@@ -108,6 +188,26 @@ impl Ledger {
         id
     }
 }
+
+/// The segments of the window under way and the windows done.
+#[derive(Debug, Default)]
+struct Segments {
+    occurrences: HashMap<u32, u32>,
+    maxima: HashMap<(u32, u32), u64>,
+    done: Vec<Window>,
+}
+
+/// One recorded window: its baseline and, per `(tag, occurrence)` — the `n`-th time the tag
+/// was set in the window — the highest level (bytes, not above the baseline) reached then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub base: u64,
+    pub maxima: HashMap<(u32, u32), u64>,
+}
+
+/// The windows of one recorded replay, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Windows(pub Vec<Window>);
 
 /// Host bytes on a [`Ledger`] (see [`Ledger::host`]).
 pub struct HostBytes {
@@ -263,6 +363,8 @@ pub enum Op {
 #[derive(Debug)]
 struct Inner {
     id: u64,
+    /// The ledger's tag when it was made ([`Ledger::set_tag`]): backward processes it there.
+    tag: u32,
     layout: Layout,
     dtype: DType,
     storage: Rc<Storage>,
@@ -293,6 +395,7 @@ impl Sym {
         ledger.alloc(ledger.meta_per_tensor);
         Sym(Rc::new(Inner {
             id: ledger.id(),
+            tag: ledger.tag.get(),
             layout,
             dtype,
             storage,
@@ -351,6 +454,11 @@ impl Sym {
 
     pub fn id(&self) -> u64 {
         self.0.id
+    }
+
+    /// The tag it was made under ([`Ledger::set_tag`]).
+    pub fn tag(&self) -> u32 {
+        self.0.tag
     }
 
     pub fn dims(&self) -> &[usize] {
@@ -989,12 +1097,16 @@ fn broadcast_back(arg: &Sym, node: &Sym, reduced_dims: &[usize]) -> Sym {
 /// candle 0.11.1's `Tensor::backward`, statement by statement (default: gradients detached).
 pub fn backward(root: &Sym) -> GradStore {
     let sorted_nodes = root.sorted_nodes();
+    let ledger = root.ledger().clone();
+    let outer_tag = ledger.tag();
     let mut grads = GradStore::default();
     grads.insert(root, root.ones_like().contiguous());
     for node in sorted_nodes.iter() {
         if node.is_variable() {
             continue;
         }
+        // What processing a node allocates is its part's (the replay's segments).
+        ledger.set_tag(node.tag());
         // The removed gradient lives to the end of the iteration beside its detached copy.
         let grad_removed = grads
             .remove(node)
@@ -1244,6 +1356,7 @@ pub fn backward(root: &Sym) -> GradStore {
             }
         }
     }
+    ledger.set_tag(outer_tag);
     grads
 }
 

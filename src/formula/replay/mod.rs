@@ -33,6 +33,7 @@ use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
 use crate::phase::checkpoint::segments;
 
 mod attention;
+mod compress;
 mod mla;
 mod mlp;
 mod moe;
@@ -125,6 +126,8 @@ struct Block {
     mlp: Mlp,
     /// Its attention slides (takes the windowed mask).
     windowed: bool,
+    /// Its ledger tag (`compress`): what it allocates, forward and backward, is its segment.
+    tag: u32,
 }
 
 /// Mirror of the model's `Masks`.
@@ -258,6 +261,12 @@ pub struct Transformer {
 impl Transformer {
     /// Weights on `ledger`, as variables when `vars`.
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
+        Self::with_layers(ledger, shape, vars, &all_layers(shape))
+    }
+
+    /// The model with the layers `slots` (real layer indices, in order, each with its tag):
+    /// all of them, or a compressed model ([`compress`]).
+    fn with_layers(ledger: &Rc<Ledger>, shape: &Shape, vars: bool, slots: &[Slot]) -> Self {
         // Activations' type; under mixed precision the variables stay f32 (the working copy
         // is made by `cast`), a serving copy (`vars` false) is 16-bit.
         // A serving copy (`vars` false) takes the case's serving weights: an f16 copy, or the
@@ -335,10 +344,12 @@ impl Transformer {
         };
         // The routing a row recorded is per sparse layer, in layer order.
         let mut sparse_index = 0;
-        let blocks: Vec<Block> = (0..shape.l)
-            .map(|layer| {
-                let lay = shape.layer_layout(layer);
-                let window = shape.llama.and_then(|l| l.window_at(layer as usize));
+        let blocks: Vec<Block> = slots
+            .iter()
+            .map(|&Slot { layer, tag }| {
+                ledger.set_tag(tag);
+                let lay = shape.layer_layout(layer as u64);
+                let window = shape.llama.and_then(|l| l.window_at(layer));
                 let core = Core { window, ..core };
                 let ln1 = Norm::new(&p, h, llama);
                 let attn = match shape.llama.and_then(|l| l.mla) {
@@ -423,9 +434,11 @@ impl Transformer {
                     ln2,
                     mlp,
                     windowed: window.is_some(),
+                    tag,
                 }
             })
             .collect();
+        ledger.set_tag(0);
         let ln_f = Norm::new(&p, h, llama);
         let head = match (&stem, shape.tied) {
             (Stem::Tokens(wte), true) => Linear {
@@ -495,8 +508,10 @@ impl Transformer {
         let masks = self.input_mask(input);
         let mut x = self.embed(input);
         for block in &self.blocks {
+            input.ledger().set_tag(block.tag);
             x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
         }
+        input.ledger().set_tag(0);
         self.head_forward(&x)
     }
 
@@ -559,8 +574,10 @@ impl Transformer {
             None => tokens_embedded,
         };
         for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
+            tokens.ledger().set_tag(block.tag);
             x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(offset), c);
         }
+        tokens.ledger().set_tag(0);
         let last = x.narrow(1, s - 1, 1).contiguous();
         drop(x);
         let logits = self.head_forward(&last);
@@ -610,9 +627,13 @@ impl Transformer {
     /// Blocks `range` applied to `x`.
     pub fn blocks_forward(&self, x: &Sym, masks: &Masks, range: std::ops::Range<usize>) -> Sym {
         let mut x = x.clone();
+        let ledger = x.ledger().clone();
+        let outer = ledger.tag();
         for block in &self.blocks[range] {
+            ledger.set_tag(block.tag);
             x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
         }
+        ledger.set_tag(outer);
         x
     }
 
@@ -649,10 +670,12 @@ impl Transformer {
             },
         };
         let wpe = self.wpe.as_ref().map(f);
+        let ledger = self.head.weight.ledger().clone();
         let blocks = self
             .blocks
             .iter()
             .map(|b| {
+                ledger.set_tag(b.tag);
                 let ln1 = b.ln1.map(f);
                 let attn = b.attn.map(&lin, f);
                 let ln2 = b.ln2.map(f);
@@ -663,9 +686,11 @@ impl Transformer {
                     ln2,
                     mlp,
                     windowed: b.windowed,
+                    tag: b.tag,
                 }
             })
             .collect();
+        ledger.set_tag(0);
         let ln_f = self.ln_f.map(f);
         let head = match (&stem, self.tied) {
             (Stem::Tokens(wte), true) => Linear {
@@ -721,6 +746,13 @@ impl Transformer {
         drop(rows);
         loss
     }
+}
+
+/// One layer of a (possibly compressed) model: its index in the full model and its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    layer: usize,
+    tag: u32,
 }
 
 /// What the checkpointed forward keeps (mirror of `phase::checkpoint::Forward`).
@@ -791,7 +823,10 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
     let mut grad_out = all.remove(&head_in).expect("head input gradient");
     keep(&mut grads, &mut all, &vars);
     drop((all, loss, head_in));
+    let ledger = tokens.ledger().clone();
     for seg in segments(model.blocks.len(), k).into_iter().rev() {
+        // The segment's work is its first block's part.
+        ledger.set_tag(model.blocks[seg.start].tag);
         let xin = inputs.pop().expect("one input per segment").var_from();
         let out = model.blocks_forward(&xin, &mask, seg);
         let mut all = backward(&out.mul(&grad_out).sum_all());
@@ -799,6 +834,7 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
         grad_out = all.remove(&xin).expect("segment input gradient");
         keep(&mut grads, &mut all, &vars);
     }
+    ledger.set_tag(0);
     let x0 = model.embed(tokens);
     let mut all = backward(&x0.mul(&grad_out).sum_all());
     keep(&mut grads, &mut all, &vars);
@@ -840,7 +876,7 @@ fn generation(
         let logits = model.forward_cached(tokens, &mut cache);
         logits.argmax_last()
     };
-    let prefill_peak = ledger.peak() - base;
+    let prefill_peak = ledger.window_peak(base);
     let prefill_retained = ledger.current() - base;
     let base = ledger.reset_peak();
     let mut next = next;
@@ -856,7 +892,7 @@ fn generation(
         drop(token);
         next = logits.argmax_last();
     }
-    let decode_peak = ledger.peak() - base;
+    let decode_peak = ledger.window_peak(base);
     let decode_retained = ledger.current() as i64 - base as i64;
     drop((cache, next, prefix));
 
@@ -910,7 +946,7 @@ pub fn decode_step(
     let cache_bytes = ledger.current() - weights;
     let base = ledger.reset_peak();
     let logits = model.forward_cached(&token, &mut cache);
-    let peak = ledger.peak() - base;
+    let peak = ledger.window_peak(base);
     drop((logits, cache, token));
     (weights, cache_bytes, peak)
 }
@@ -970,15 +1006,78 @@ pub fn replay(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) 
     }
 }
 
-/// The training forward and backward of `shape` (the forward, backward and train-step phases).
+/// The training forward and backward of `shape` (the forward, backward and train-step phases),
+/// through a few layers of each long run of identical layers ([`compress`]); byte for byte
+/// [`replay_training_full`].
 pub fn replay_training(
     shape: &Shape,
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> Training {
+    training_compressed(shape, meta_per_tensor, gemm_threads)
+        .unwrap_or_else(|| replay_training_full(shape, meta_per_tensor, gemm_threads))
+}
+
+/// [`replay_training`] compressed; `None` when nothing is ([`compress::Plan::of`]) or the
+/// corners disagree.
+fn training_compressed(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Option<Training> {
+    let plan = compress::Plan::of(shape)?;
+    let corners: Vec<compress::Corner> = plan
+        .corners()
+        .map(|c| {
+            let (slots, parts) = plan.slots(c);
+            let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+            ledger.record();
+            let t = training_on(&ledger, shape, &slots);
+            compress::Corner {
+                figures: vec![
+                    t.forward_peak as i128,
+                    t.forward_retained as i128,
+                    t.backward_peak as i128,
+                    t.backward_retained as i128,
+                ],
+                windows: ledger.recorded(),
+                parts,
+            }
+        })
+        .collect();
+    compress::extrapolate(&plan, &corners, &[(0, 0), (2, 1)]).map(|f| Training {
+        forward_peak: f[0] as u64,
+        forward_retained: f[1] as u64,
+        backward_peak: f[2] as u64,
+        backward_retained: f[3] as i64,
+    })
+}
+
+/// The training replay through every layer.
+pub fn replay_training_full(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Training {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    let model = Transformer::new(&ledger, shape, true);
-    let (tokens, targets) = inputs(&ledger, shape);
+    let slots = all_layers(shape);
+    training_on(&ledger, shape, &slots)
+}
+
+/// Every layer of `shape`, tagged by its index + 1.
+fn all_layers(shape: &Shape) -> Vec<Slot> {
+    (0..shape.l as usize)
+        .map(|layer| Slot {
+            layer,
+            tag: layer as u32 + 1,
+        })
+        .collect()
+}
+
+/// The training replay of the layers `slots` on `ledger`.
+fn training_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Training {
+    let model = Transformer::with_layers(ledger, shape, true, slots);
+    let (tokens, targets) = inputs(ledger, shape);
     let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
     let (forward_peak, forward_retained, backward_peak, backward_retained);
@@ -991,11 +1090,11 @@ pub fn replay_training(
         } else {
             model.train_loss(&model.forward(&tokens), &targets)
         };
-        forward_peak = ledger.peak() - base;
+        forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
         let mut all = backward(&loss);
-        backward_peak = ledger.peak() - base;
+        backward_peak = ledger.window_peak(base);
         let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
         drop(all);
         backward_retained = ledger.current() as i64 - base as i64;
@@ -1013,11 +1112,11 @@ pub fn replay_training(
             let detached = model.detached();
             ckpt_forward(&model, &detached, &tokens, &targets, k, false)
         };
-        forward_peak = ledger.peak() - base;
+        forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
         let grads = ckpt_backward(&model, fwd, &tokens, k);
-        backward_peak = ledger.peak() - base;
+        backward_peak = ledger.window_peak(base);
         backward_retained = ledger.current() as i64 - base as i64;
         drop(grads);
     }
@@ -1029,19 +1128,73 @@ pub fn replay_training(
     }
 }
 
-/// The serving model of `shape`: its inference forward, then (a decoder) prefill and decode.
+/// The serving model of `shape`: its inference forward, then (a decoder) prefill and decode;
+/// compressed as [`replay_training`] is, byte for byte [`replay_serving_full`].
 pub fn replay_serving(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<usize>) -> Serving {
+    serving_compressed(shape, meta_per_tensor, gemm_threads)
+        .unwrap_or_else(|| replay_serving_full(shape, meta_per_tensor, gemm_threads))
+}
+
+/// [`replay_serving`] compressed; `None` as for [`training_compressed`].
+fn serving_compressed(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Option<Serving> {
+    let plan = compress::Plan::of(shape)?;
+    let corners: Vec<compress::Corner> = plan
+        .corners()
+        .map(|c| {
+            let (slots, parts) = plan.slots(c);
+            let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+            ledger.record();
+            let s = serving_on(&ledger, shape, &slots);
+            compress::Corner {
+                figures: vec![
+                    s.inference_peak as i128,
+                    s.inference_retained as i128,
+                    s.prefill_peak as i128,
+                    s.prefill_retained as i128,
+                    s.decode_peak as i128,
+                    s.decode_retained as i128,
+                ],
+                windows: ledger.recorded(),
+                parts,
+            }
+        })
+        .collect();
+    compress::extrapolate(&plan, &corners, &[(0, 0), (2, 1), (4, 2)]).map(|f| Serving {
+        inference_peak: f[0] as u64,
+        inference_retained: f[1] as u64,
+        prefill_peak: f[2] as u64,
+        prefill_retained: f[3] as u64,
+        decode_peak: f[4] as u64,
+        decode_retained: f[5] as i64,
+    })
+}
+
+/// The serving replay through every layer.
+pub fn replay_serving_full(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Serving {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    let model = Transformer::new(&ledger, shape, false);
-    let (tokens, _) = inputs(&ledger, shape);
+    serving_on(&ledger, shape, &all_layers(shape))
+}
+
+/// The serving replay of the layers `slots` on `ledger`.
+fn serving_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Serving {
+    let model = Transformer::with_layers(ledger, shape, false, slots);
+    let (tokens, _) = inputs(ledger, shape);
     let base = ledger.reset_peak();
     let logits = model.forward(&tokens);
-    let inference_peak = ledger.peak() - base;
+    let inference_peak = ledger.window_peak(base);
     let inference_retained = ledger.current() - base;
     drop(logits);
     // A ViT does not generate (the workload refuses prefill and decode).
     let (prefill_peak, prefill_retained, decode_peak, decode_retained) = match shape.vision {
-        None => generation(&ledger, &model, &tokens, shape),
+        None => generation(ledger, &model, &tokens, shape),
         Some(_) => (0, 0, 0, 0),
     };
     Serving {
