@@ -150,8 +150,8 @@ impl Shape {
     }
 
     /// Every block's tensors (`model::config::Blocks`).
-    pub fn blocks(&self) -> Blocks {
-        Blocks::new(
+    pub fn blocks(&self) -> std::rc::Rc<Blocks> {
+        Blocks::of(
             self.h as usize,
             self.a as usize,
             self.llama.as_ref(),

@@ -149,7 +149,9 @@ impl Shape {
     /// bias `K` (see `model::vit`); LLaMA: no position table, RMSNorms `H` each, the block's
     /// projections as `model::llama` says; a tied head adds nothing.
     pub fn params(&self) -> u64 {
-        self.param_tensor_sizes().iter().sum::<u64>() + self.lora_sizes().iter().sum::<u64>()
+        let (before, after) = self.outside_param_sizes();
+        let outside: u64 = before.iter().chain(&after).sum();
+        outside + self.blocks().params() + self.lora_sizes().iter().sum::<u64>()
     }
 
     /// The GGML type of QLoRA's frozen projections, if any.
@@ -197,18 +199,13 @@ impl Shape {
     /// Parameter tensors: 5 outside the blocks (ViT: 8), 16 per block (LLaMA: 2 norms and
     /// the projections' weights and biases).
     pub fn param_tensors(&self) -> u64 {
-        self.param_tensor_sizes().len() as u64
+        let (before, after) = self.outside_param_sizes();
+        (before.len() + after.len()) as u64 + self.blocks().param_tensors()
     }
 
     /// Parameter tensors of one block (on average over the blocks, rounded down).
     fn tensors_per_block(&self) -> u64 {
-        let llama = self.llama.is_some();
-        let all: u64 = self
-            .blocks()
-            .tensors()
-            .map(|t| t.param_sizes(!llama).len() as u64)
-            .sum();
-        all / self.l.max(1)
+        self.blocks().param_tensors() / self.l.max(1)
     }
 
     /// A per-block metadata constant fitted on GPT's 16 tensors per block, scaled to this
@@ -316,29 +313,37 @@ impl Shape {
 
     /// Elements of every parameter tensor, in model order (a tied head is the token table).
     pub fn param_tensor_sizes(&self) -> Vec<u64> {
+        let (before, after) = self.outside_param_sizes();
+        let mut sizes = before;
+        sizes.extend(self.blocks().param_sizes());
+        sizes.extend(after);
+        sizes
+    }
+
+    /// Elements of the parameter tensors outside the blocks: those made before them (token
+    /// table or patch projection and class token, position table) and after (final norm,
+    /// head, the classifier's bias).
+    fn outside_param_sizes(&self) -> (Vec<u64>, Vec<u64>) {
         let Shape { h, v, s_max, .. } = *self;
         let llama = self.llama.is_some();
-        let mut sizes = match self.vision {
+        let mut before = match self.vision {
             None => vec![v * h],
             Some(vis) => vec![vis.patch_dim() as u64 * h, h, h],
         };
         if !llama {
-            sizes.push(s_max * h);
+            before.push(s_max * h);
         }
-        for t in self.blocks().tensors() {
-            sizes.extend(t.param_sizes(!llama));
-        }
-        sizes.push(h); // ln_f
+        let mut after = vec![h]; // ln_f
         if !llama {
-            sizes.push(h);
+            after.push(h);
         }
         if !self.tied {
-            sizes.push(v * h); // head
+            after.push(v * h); // head
         }
         if self.vision.is_some() {
-            sizes.push(v); // the classifier's bias
+            after.push(v); // the classifier's bias
         }
-        sizes
+        (before, after)
     }
 
     /// Optimizer state (see `crate::optim`): SGD none; SGD with momentum `e·P`; Adam and AdamW

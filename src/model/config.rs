@@ -297,10 +297,40 @@ pub fn block_tensors(
 #[derive(Debug, Clone)]
 pub struct Blocks {
     kinds: Vec<(LayerLayout, Vec<BlockTensor>)>,
+    /// Per kind, its tensors' parameter sizes ([`BlockTensor::param_sizes`], LayerNorm outside
+    /// LLaMA) one after the other, and their sum.
+    sizes: Vec<(Vec<u64>, u64)>,
     of: Vec<usize>,
+    key: (usize, usize, Option<Llama>, usize),
 }
 
 impl Blocks {
+    /// The blocks of a model, shared: the last model asked for on this thread is remembered
+    /// (a prediction asks for the same model's tensors many times).
+    pub fn of(
+        hidden: usize,
+        heads: usize,
+        llama: Option<&Llama>,
+        layers: usize,
+    ) -> std::rc::Rc<Self> {
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<std::rc::Rc<Blocks>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let key = (hidden, heads, llama.copied(), layers);
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some(b) if b.key == key => b.clone(),
+                _ => {
+                    let b = std::rc::Rc::new(Self::new(hidden, heads, llama, layers));
+                    *last = Some(b.clone());
+                    b
+                }
+            }
+        })
+    }
+
     pub fn new(hidden: usize, heads: usize, llama: Option<&Llama>, layers: usize) -> Self {
         let mut kinds: Vec<(LayerLayout, Vec<BlockTensor>)> = Vec::new();
         let of = (0..layers)
@@ -315,7 +345,36 @@ impl Blocks {
                 }
             })
             .collect();
-        Self { kinds, of }
+        let layer_norm = llama.is_none();
+        let sizes = kinds
+            .iter()
+            .map(|(_, t)| {
+                let v: Vec<u64> = t.iter().flat_map(|t| t.param_sizes(layer_norm)).collect();
+                let sum = v.iter().sum();
+                (v, sum)
+            })
+            .collect();
+        Self {
+            kinds,
+            sizes,
+            of,
+            key: (hidden, heads, llama.copied(), layers),
+        }
+    }
+
+    /// Every block's parameter sizes ([`BlockTensor::param_sizes`]), in layer order.
+    pub fn param_sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.of.iter().flat_map(|&k| self.sizes[k].0.iter().copied())
+    }
+
+    /// Parameters of every block (no LoRA adapters).
+    pub fn params(&self) -> u64 {
+        self.of.iter().map(|&k| self.sizes[k].1).sum()
+    }
+
+    /// Parameter tensors of every block.
+    pub fn param_tensors(&self) -> u64 {
+        self.of.iter().map(|&k| self.sizes[k].0.len() as u64).sum()
     }
 
     /// Block `layer`'s tensors ([`block_tensors`]).
@@ -476,8 +535,8 @@ impl Config {
     }
 
     /// Every block's tensors ([`Blocks`]).
-    pub fn blocks(&self) -> Blocks {
-        Blocks::new(self.hidden, self.heads, self.llama.as_ref(), self.layers)
+    pub fn blocks(&self) -> std::rc::Rc<Blocks> {
+        Blocks::of(self.hidden, self.heads, self.llama.as_ref(), self.layers)
     }
 
     /// Exact parameter count (see the module docs, [`super::vit`]'s, [`super::llama`]'s,
@@ -495,13 +554,7 @@ impl Config {
             // Token table, final RMSNorm, head.
             (None, Some(_)) => v * h + h + head,
         };
-        let layer_norm = self.llama.is_none();
-        let blocks: u64 = self
-            .blocks()
-            .tensors()
-            .flat_map(|t| t.param_sizes(layer_norm))
-            .sum();
-        outside + blocks + self.lora_params()
+        outside + self.blocks().params() + self.lora_params()
     }
 
     /// Parameters a token uses: a mixture of experts' router, shared experts and `k` of its
@@ -564,13 +617,7 @@ impl Config {
             (None, None) => 5 - tied,
             (None, Some(_)) => 3 - tied,
         };
-        let layer_norm = self.llama.is_none();
-        outside
-            + self
-                .blocks()
-                .tensors()
-                .map(|t| t.param_sizes(layer_norm).len() as u64)
-                .sum::<u64>()
+        outside + self.blocks().param_tensors()
     }
 
     /// The model's sequence for an input of `seq` tokens: ViT's is fixed by its image.
