@@ -364,7 +364,9 @@ impl Blocks {
 
     /// Every block's parameter sizes ([`BlockTensor::param_sizes`]), in layer order.
     pub fn param_sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.of.iter().flat_map(|&k| self.sizes[k].0.iter().copied())
+        self.of
+            .iter()
+            .flat_map(|&k| self.sizes[k].0.iter().copied())
     }
 
     /// Parameters of every block (no LoRA adapters).

@@ -59,6 +59,18 @@ pub(super) fn worst(tokens: usize, shape: MoeShape) -> Vec<usize> {
     counts
 }
 
+thread_local! {
+    /// Inference replays one expert per distinct token count (see `Moe::forward`); tests turn
+    /// it off to compare with every expert replayed.
+    static EVERY_EXPERT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Replay every expert of an inference forward, not one per distinct token count (tests).
+#[cfg(test)]
+pub(super) fn replay_every_expert(on: bool) {
+    EVERY_EXPERT.with(|e| e.set(on));
+}
+
 impl Moe {
     /// The tokens per expert of a forward over `tokens`: the recorded routing when it is of
     /// this many tokens, else the worst case when asked, else balanced.
@@ -136,10 +148,24 @@ impl Moe {
         };
         let mut parts: Vec<Sym> = Vec::new();
         let mut ys = (!tracked).then(|| xs.zeros_like());
+        // Inference: an expert leaves the ledger where it found it (its output added into a
+        // new accumulator, the old one freed) less its host ids, and its temporaries depend on
+        // its token count only. So an expert whose count an earlier expert had peaks no higher
+        // than that one did (the ids still waiting are fewer) and changes nothing after: its ids
+        // are freed and it is not replayed. Exact, and one expert per distinct count.
+        let skip_repeats = !tracked && !EVERY_EXPERT.with(|e| e.get());
+        let mut replayed: Vec<usize> = Vec::new();
         for (i, (expert, &n)) in self.experts.iter().zip(&counts).enumerate() {
             let Some(host_ids) = ids[i].take() else {
                 continue;
             };
+            if skip_repeats {
+                if replayed.contains(&n) {
+                    drop(host_ids);
+                    continue;
+                }
+                replayed.push(n);
+            }
             let ids = host_ids.into_tensor(&[n], DType::U32);
             let ye = expert.forward(&xs.index_select(&ids, 0));
             let we = weights.index_select(&ids, 0).narrow(1, i, 1);
@@ -259,6 +285,29 @@ mod tests {
                 .peak_bytes
         };
         assert!(at(worst_shape) > at(shape(None)));
+    }
+
+    /// One expert per distinct count in inference gives what every expert gives, byte for
+    /// byte, for balanced, worst and recorded routings, on the CPU and CUDA.
+    #[test]
+    fn inference_through_one_expert_per_count_is_exact() {
+        let t = 4 * 32;
+        for routing in [None, Some(vec![vec![9, 20, 20, 100, 20, 20, 47, 20]; 2])] {
+            for worst in [false, true] {
+                for cpu in [true, false] {
+                    let mut s = shape(routing.clone());
+                    s.worst_routing = worst;
+                    s.cpu = cpu;
+                    s.decode_tokens = 3;
+                    let gemm = cpu.then_some(2);
+                    let fast = super::super::replay_serving_full(&s, 240, gemm);
+                    replay_every_expert(true);
+                    let every = super::super::replay_serving_full(&s, 240, gemm);
+                    replay_every_expert(false);
+                    assert_eq!(fast, every, "routing {routing:?} worst {worst} cpu {cpu}");
+                }
+            }
+        }
     }
 
     #[test]
