@@ -215,7 +215,8 @@ pub(super) fn extrapolate(
 #[cfg(test)]
 mod tests {
     use super::super::{
-        replay_serving_full, replay_training_full, serving_compressed, training_compressed,
+        decode_step_compressed, decode_step_full, replay_serving_full, replay_training_full,
+        serving_compressed, training_compressed,
     };
     use super::*;
     use crate::device::ElemType;
@@ -311,6 +312,18 @@ mod tests {
                         assert_eq!(t, replay_training_full(&s, meta, gemm), "{name} {variant}");
                         assert_eq!(v, replay_serving_full(&s, meta, gemm), "{name} {variant}");
                         compressed += 1;
+                    }
+                    // One decode step over caches shorter and longer than a window.
+                    for cached in [1, 9, 40] {
+                        let d = decode_step_compressed(&s, cached, meta, gemm);
+                        assert_eq!(d.is_some(), plan, "{name} {variant} decode step");
+                        if let Some(d) = d {
+                            assert_eq!(
+                                d,
+                                decode_step_full(&s, cached, meta, gemm),
+                                "{name} {variant} decode step at {cached}"
+                            );
+                        }
                     }
                     checked += 1;
                 }

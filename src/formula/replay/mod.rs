@@ -909,8 +909,49 @@ pub fn decode_step(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> (u64, u64, u64) {
+    decode_step_compressed(shape, cached, meta_per_tensor, gemm_threads)
+        .unwrap_or_else(|| decode_step_full(shape, cached, meta_per_tensor, gemm_threads))
+}
+
+/// [`decode_step`] compressed ([`compressed`]).
+fn decode_step_compressed(
+    shape: &Shape,
+    cached: usize,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Option<(u64, u64, u64)> {
+    let f = compressed(
+        shape,
+        meta_per_tensor,
+        gemm_threads,
+        &[(2, 0)],
+        |ledger, slots| {
+            let (w, c, p) = decode_step_on(ledger, shape, cached, slots);
+            vec![w as i128, c as i128, p as i128]
+        },
+    )?;
+    Some((f[0] as u64, f[1] as u64, f[2] as u64))
+}
+
+/// [`decode_step`] through every layer.
+fn decode_step_full(
+    shape: &Shape,
+    cached: usize,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> (u64, u64, u64) {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    let model = Transformer::new(&ledger, shape, false);
+    decode_step_on(&ledger, shape, cached, &all_layers(shape))
+}
+
+/// [`decode_step`] of the layers `slots` on `ledger`.
+fn decode_step_on(
+    ledger: &Rc<Ledger>,
+    shape: &Shape,
+    cached: usize,
+    slots: &[Slot],
+) -> (u64, u64, u64) {
+    let model = Transformer::with_layers(ledger, shape, false, slots);
     let weights = ledger.current();
     let (g, d) = shape.kv_dims();
     let b = shape.b as usize;
@@ -927,8 +968,10 @@ pub fn decode_step(
         ),
     };
     // A sliding layer's cache holds the last W tokens.
-    let mut cache: Vec<Option<(Sym, Sym)>> = (0..shape.l as usize)
-        .map(|layer| {
+    let mut cache: Vec<Option<(Sym, Sym)>> = slots
+        .iter()
+        .map(|&Slot { layer, tag }| {
+            ledger.set_tag(tag);
             let t = shape
                 .llama
                 .and_then(|l| l.window_at(layer))
@@ -937,12 +980,13 @@ pub fn decode_step(
             kd[2] = t;
             vd[2] = t;
             Some((
-                Sym::new(&ledger, &kd, model.dtype),
-                Sym::new(&ledger, &vd, model.dtype),
+                Sym::new(ledger, &kd, model.dtype),
+                Sym::new(ledger, &vd, model.dtype),
             ))
         })
         .collect();
-    let token = Sym::new(&ledger, &[shape.b as usize, 1], DType::U32);
+    ledger.set_tag(0);
+    let token = Sym::new(ledger, &[shape.b as usize, 1], DType::U32);
     let cache_bytes = ledger.current() - weights;
     let base = ledger.reset_peak();
     let logits = model.forward_cached(&token, &mut cache);
@@ -1018,13 +1062,17 @@ pub fn replay_training(
         .unwrap_or_else(|| replay_training_full(shape, meta_per_tensor, gemm_threads))
 }
 
-/// [`replay_training`] compressed; `None` when nothing is ([`compress::Plan::of`]) or the
-/// corners disagree.
-fn training_compressed(
+/// `run` (a replay of the layers it is given on a recording ledger, returning its figures)
+/// at every corner of `shape`'s [`compress::Plan`], extrapolated to the real depth; `peaks`
+/// names the figures that are window peaks, `(figure, window)`. `None` when nothing is
+/// compressed or the corners disagree.
+fn compressed(
     shape: &Shape,
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
-) -> Option<Training> {
+    peaks: &[(usize, usize)],
+    run: impl Fn(&Rc<Ledger>, &[Slot]) -> Vec<i128>,
+) -> Option<Vec<i128>> {
     let plan = compress::Plan::of(shape)?;
     let corners: Vec<compress::Corner> = plan
         .corners()
@@ -1032,20 +1080,39 @@ fn training_compressed(
             let (slots, parts) = plan.slots(c);
             let ledger = Ledger::new(meta_per_tensor, gemm_threads);
             ledger.record();
-            let t = training_on(&ledger, shape, &slots);
+            let figures = run(&ledger, &slots);
             compress::Corner {
-                figures: vec![
-                    t.forward_peak as i128,
-                    t.forward_retained as i128,
-                    t.backward_peak as i128,
-                    t.backward_retained as i128,
-                ],
+                figures,
                 windows: ledger.recorded(),
                 parts,
             }
         })
         .collect();
-    compress::extrapolate(&plan, &corners, &[(0, 0), (2, 1)]).map(|f| Training {
+    compress::extrapolate(&plan, &corners, peaks)
+}
+
+/// [`replay_training`] compressed ([`compressed`]).
+fn training_compressed(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> Option<Training> {
+    let f = compressed(
+        shape,
+        meta_per_tensor,
+        gemm_threads,
+        &[(0, 0), (2, 1)],
+        |ledger, slots| {
+            let t = training_on(ledger, shape, slots);
+            vec![
+                t.forward_peak as i128,
+                t.forward_retained as i128,
+                t.backward_peak as i128,
+                t.backward_retained as i128,
+            ]
+        },
+    )?;
+    Some(Training {
         forward_peak: f[0] as u64,
         forward_retained: f[1] as u64,
         backward_peak: f[2] as u64,
@@ -1135,35 +1202,30 @@ pub fn replay_serving(shape: &Shape, meta_per_tensor: u64, gemm_threads: Option<
         .unwrap_or_else(|| replay_serving_full(shape, meta_per_tensor, gemm_threads))
 }
 
-/// [`replay_serving`] compressed; `None` as for [`training_compressed`].
+/// [`replay_serving`] compressed ([`compressed`]).
 fn serving_compressed(
     shape: &Shape,
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> Option<Serving> {
-    let plan = compress::Plan::of(shape)?;
-    let corners: Vec<compress::Corner> = plan
-        .corners()
-        .map(|c| {
-            let (slots, parts) = plan.slots(c);
-            let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-            ledger.record();
-            let s = serving_on(&ledger, shape, &slots);
-            compress::Corner {
-                figures: vec![
-                    s.inference_peak as i128,
-                    s.inference_retained as i128,
-                    s.prefill_peak as i128,
-                    s.prefill_retained as i128,
-                    s.decode_peak as i128,
-                    s.decode_retained as i128,
-                ],
-                windows: ledger.recorded(),
-                parts,
-            }
-        })
-        .collect();
-    compress::extrapolate(&plan, &corners, &[(0, 0), (2, 1), (4, 2)]).map(|f| Serving {
+    let f = compressed(
+        shape,
+        meta_per_tensor,
+        gemm_threads,
+        &[(0, 0), (2, 1), (4, 2)],
+        |ledger, slots| {
+            let s = serving_on(ledger, shape, slots);
+            vec![
+                s.inference_peak as i128,
+                s.inference_retained as i128,
+                s.prefill_peak as i128,
+                s.prefill_retained as i128,
+                s.decode_peak as i128,
+                s.decode_retained as i128,
+            ]
+        },
+    )?;
+    Some(Serving {
         inference_peak: f[0] as u64,
         inference_retained: f[1] as u64,
         prefill_peak: f[2] as u64,
