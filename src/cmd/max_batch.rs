@@ -15,7 +15,7 @@
 use std::process::Command;
 
 use crate::cli::MaxBatchArgs;
-use crate::cmd::predict::largest;
+use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
 use crate::record::Status;
 use crate::units;
@@ -60,7 +60,7 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
     let total =
         |b: u64| Shape { b, ..shape.clone() }.train_total_bytes(case.optimizer, args.threads);
     // `predict --fit-in`'s max batch: the same search over the same total.
-    let formula_predicted = largest(1 << 20, |b| total(b) <= budget) as usize;
+    let formula_predicted = largest_within(1 << 20, budget, total) as usize;
     // The process's own part, measured at the answer until the answer stops moving.
     let (mut predicted, mut at) = (formula_predicted, formula_predicted.max(1));
     let (mut overhead, mut overhead_batch) = (None, None);
@@ -70,7 +70,8 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         };
         let gap = heap_peak as i64 - total(at as u64) as i64;
         (overhead, overhead_batch) = (Some(gap), Some(at));
-        predicted = largest(1 << 20, |b| total(b) as i64 + gap <= budget as i64) as usize;
+        predicted =
+            largest_within(1 << 20, budget, |b| (total(b) as i64 + gap).max(0) as u64) as usize;
         if predicted == at || predicted == 0 {
             break;
         }

@@ -8,6 +8,7 @@
 //! longest context each of the case's sequences can reach.
 
 use crate::cli::PredictArgs;
+use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
 use crate::phase::Phase;
 use crate::units;
@@ -292,14 +293,14 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         None => (None, None, None),
         Some(b) => {
             // Memory grows with the batch and with the sequence.
-            let batch = largest(1 << 20, |batch| {
+            let batch = largest_within(1 << 20, b, |batch| {
                 train_total(&Shape {
                     b: batch,
                     ..shape.clone()
-                }) <= b
+                })
             });
-            let seq = largest(shape.s_max, |s| {
-                train_total(&Shape { s, ..shape.clone() }) <= b
+            let seq = largest_within(shape.s_max, b, |s| {
+                train_total(&Shape { s, ..shape.clone() })
             });
             (
                 Some(train_total(&shape) <= b),
@@ -368,41 +369,6 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     }
 }
 
-/// The largest `n` in `0..=hi` with `ok(n)`, for `ok` true up to some point and false after
-/// (0 when `ok(1)` is false).
-pub(crate) fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
-    // The two ends first, one replay each: nothing fits (a model whose weights alone exceed
-    // the budget) or everything up to `hi` does. Then doubling from 1 until a size fails and
-    // bisection below it: about 2·log₂(answer) replays, where the answers (a few sequences, a
-    // few thousand tokens) sit far below the bounds (2²⁰ batches, the model's context).
-    if hi == 0 || !ok(1) {
-        return 0;
-    }
-    if ok(hi) {
-        return hi;
-    }
-    // `lo` passes, `up` fails.
-    let (mut lo, mut up) = (1u64, hi);
-    let mut probe = 2u64;
-    while probe < up {
-        if ok(probe) {
-            lo = probe;
-            probe = probe.saturating_mul(2);
-        } else {
-            up = probe;
-        }
-    }
-    while up - lo > 1 {
-        let mid = lo + (up - lo) / 2;
-        if ok(mid) {
-            lo = mid;
-        } else {
-            up = mid;
-        }
-    }
-    lo
-}
-
 /// The serving answers of a decoder case (see [`Serving`]).
 fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
     let prefill = shape.predict(Phase::Prefill, crate::phase::OptimizerKind::Sgd, threads);
@@ -415,12 +381,16 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
         None => (None, None),
         Some(b) => {
             let capacity = b.saturating_sub(weights + activations) / per_token;
-            // One more token must have a position: contexts up to S_max − 1.
-            let fits = |t: u64| {
-                let (w, cache, step) = shape.decode_step(t, threads);
-                w + cache + step <= b && weights + prefill.peak_bytes <= b
+            // One more token must have a position: contexts up to S_max − 1; none when the
+            // prefill itself does not fit.
+            let context = if weights + prefill.peak_bytes <= b {
+                largest_within(shape.s_max.saturating_sub(1), b, |t| {
+                    let (w, cache, step) = shape.decode_step(t, threads);
+                    w + cache + step
+                })
+            } else {
+                0
             };
-            let context = largest(shape.s_max.saturating_sub(1), fits);
             (Some(capacity), Some(context))
         }
     };
@@ -448,29 +418,6 @@ fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The search answers what a scan would, for every threshold of a monotone predicate
-    /// (nothing fits, everything fits, anything between), and asks once when nothing fits.
-    #[test]
-    fn largest_equals_a_scan_and_stops_early_at_the_ends() {
-        for hi in [0u64, 1, 2, 3, 7, 64, 1000] {
-            for t in 0..=hi + 1 {
-                let scan = (0..=hi).rev().find(|&x| x == 0 || x <= t).unwrap_or(0);
-                let calls = std::cell::Cell::new(0);
-                let got = largest(hi, |x| {
-                    calls.set(calls.get() + 1);
-                    x <= t
-                });
-                assert_eq!(got, scan, "hi {hi}, threshold {t}");
-                if t == 0 && hi > 0 {
-                    assert_eq!(calls.get(), 1, "nothing fits: one evaluation");
-                }
-                if t >= hi && hi > 0 {
-                    assert_eq!(calls.get(), 2, "everything fits: two evaluations");
-                }
-            }
-        }
-    }
 
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {

@@ -7,6 +7,7 @@ pub mod full_size;
 pub mod gemm;
 pub mod memo;
 pub mod replay;
+pub mod search;
 pub mod shape;
 pub mod symbolic;
 pub mod transformer;

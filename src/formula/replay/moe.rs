@@ -291,7 +291,6 @@ mod tests {
     /// byte, for balanced, worst and recorded routings, on the CPU and CUDA.
     #[test]
     fn inference_through_one_expert_per_count_is_exact() {
-        let t = 4 * 32;
         for routing in [None, Some(vec![vec![9, 20, 20, 100, 20, 20, 47, 20]; 2])] {
             for worst in [false, true] {
                 for cpu in [true, false] {
