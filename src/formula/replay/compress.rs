@@ -47,64 +47,104 @@ pub(super) enum Part {
 
 /// The runs of identical consecutive layers: `(first layer, length)`.
 fn runs(shape: &Shape) -> Vec<(usize, usize)> {
-    let key = |layer: usize| {
-        (
-            shape.layer_layout(layer as u64),
-            shape.llama.and_then(|l| l.window_at(layer)),
-        )
-    };
+    let keys: Vec<_> = (0..shape.l as usize)
+        .map(|layer| {
+            (
+                shape.layer_layout(layer as u64),
+                shape.llama.and_then(|l| l.window_at(layer)),
+            )
+        })
+        .collect();
+    runs_of(&keys)
+}
+
+/// Runs of equal values: `(first index, length)`.
+fn runs_of<T: PartialEq>(items: &[T]) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut last = None;
-    for layer in 0..shape.l as usize {
-        let k = key(layer);
-        match (&last, runs.last_mut()) {
-            (Some(prev), Some(run)) if *prev == k => run.1 += 1,
-            _ => runs.push((layer, 1)),
+    for i in 0..items.len() {
+        match runs.last_mut() {
+            Some(run) if items[run.0] == items[i] => run.1 += 1,
+            _ => runs.push((i, 1)),
         }
-        last = Some(k);
     }
     runs
 }
 
-/// How a shape's layers are compressed: its runs, and which of them vary between corners.
+/// How a shape's layers (and a training replay's experts) are compressed: the runs, and which
+/// of them vary between corners.
 pub(super) struct Plan {
     runs: Vec<(usize, usize)>,
     /// Indices into `runs` of the compressed ones.
     vars: Vec<usize>,
+    /// A mixture of experts: `E`, and the runs of experts with the same token count in the
+    /// training forward (every sparse layer routes the same count per expert) with the
+    /// compressed ones, when experts are compressed.
+    experts: usize,
+    expert_runs: Vec<(usize, usize)>,
+    expert_vars: Vec<usize>,
 }
 
 impl Plan {
-    /// `None` when nothing is compressed (no run of [`MIN_RUN`] layers, a recorded routing,
-    /// checkpoint segments of several blocks).
-    pub(super) fn of(shape: &Shape) -> Option<Plan> {
+    /// `None` when nothing is compressed (no run of [`MIN_RUN`] layers or experts, a recorded
+    /// routing, checkpoint segments of several blocks). `experts`: compress the experts too
+    /// (the training replay, whose one forward routes `B·S` tokens; a serving replay routes
+    /// other counts in each forward).
+    pub(super) fn of(shape: &Shape, experts: bool) -> Option<Plan> {
         if shape.routing.is_some() || shape.checkpoint > 1 {
             return None;
         }
         let runs = runs(shape);
         let vars: Vec<usize> = (0..runs.len()).filter(|&r| runs[r].1 >= MIN_RUN).collect();
-        (!vars.is_empty()).then_some(Plan { runs, vars })
-    }
-
-    /// Corners: bit `v` set puts compressed run `vars[v]` at 4 layers, else 3.
-    pub(super) fn corners(&self) -> std::ops::Range<usize> {
-        0..1 << self.vars.len()
-    }
-
-    /// The layers of corner `corner`, and the parts each tag is.
-    pub(super) fn slots(&self, corner: usize) -> (Vec<Slot>, HashMap<u32, Vec<Part>>) {
-        let mut slots = Vec::new();
-        let mut parts: HashMap<u32, Vec<Part>> = HashMap::from([(0, vec![Part::Outside])]);
-        let mut push = |layer: usize, p: Vec<Part>| {
-            let tag = slots.len() as u32 + 1;
-            slots.push(Slot { layer, tag });
-            parts.insert(tag, p);
+        let moe = shape.llama.and_then(|l| l.moe);
+        let e = moe.map_or(0, |m| m.experts);
+        let (expert_runs, expert_vars) = match moe {
+            Some(m) if experts && shape.vision.is_none() => {
+                let t = (shape.b * shape.s) as usize;
+                let counts = if shape.worst_routing {
+                    super::moe::worst(t, m)
+                } else {
+                    super::moe::balanced(t, m)
+                };
+                let runs = runs_of(&counts);
+                let vars = (0..runs.len()).filter(|&r| runs[r].1 >= MIN_RUN).collect();
+                (runs, vars)
+            }
+            _ => (
+                vec![(0, e)].into_iter().filter(|r| r.1 > 0).collect(),
+                Vec::new(),
+            ),
         };
-        for (r, &(start, len)) in self.runs.iter().enumerate() {
-            match self.vars.iter().position(|&v| v == r) {
-                None => (start..start + len).for_each(|l| push(l, vec![Part::Layer(l)])),
+        (!vars.is_empty() || !expert_vars.is_empty()).then_some(Plan {
+            runs,
+            vars,
+            experts: e,
+            expert_runs,
+            expert_vars,
+        })
+    }
+
+    /// Corners: bit `v` set puts compressed run `v` (the layers' first, then the experts')
+    /// at 4, else 3.
+    pub(super) fn corners(&self) -> std::ops::Range<usize> {
+        0..1 << (self.vars.len() + self.expert_vars.len())
+    }
+
+    /// `runs` at a corner (bits from `first`): each item `(index, parts)`, compressed runs as
+    /// their first, inner and last items.
+    fn items(
+        runs: &[(usize, usize)],
+        vars: &[usize],
+        corner: usize,
+        first: usize,
+        whole: impl Fn(usize) -> Part,
+    ) -> Vec<(usize, Vec<Part>)> {
+        let mut out = Vec::new();
+        for (r, &(start, len)) in runs.iter().enumerate() {
+            match vars.iter().position(|&v| v == r) {
+                None => out.extend((start..start + len).map(|i| (i, vec![whole(i)]))),
                 Some(v) => {
-                    let c = if corner >> v & 1 == 1 { 4 } else { 3 };
-                    push(start, vec![Part::First(r)]);
+                    let c = if corner >> (first + v) & 1 == 1 { 4 } else { 3 };
+                    out.push((start, vec![Part::First(r)]));
                     for j in 1..c - 1 {
                         let mut p = Vec::new();
                         if j == 1 {
@@ -113,34 +153,71 @@ impl Plan {
                         if j == c - 2 {
                             p.push(Part::InnerLast(r));
                         }
-                        push(start + j, p);
+                        out.push((start + j, p));
                     }
-                    push(start + len - 1, vec![Part::Last(r)]);
+                    out.push((start + len - 1, vec![Part::Last(r)]));
                 }
             }
         }
-        (slots, parts)
+        out
+    }
+
+    /// The layers of corner `corner`, its routed experts when they are compressed, and the
+    /// parts each tag is (a layer's tag; an expert's: the layer's plus its slot above 2¹⁶).
+    pub(super) fn slots(&self, corner: usize) -> (Vec<Slot>, Option<Vec<usize>>, Tags) {
+        let layers = Self::items(&self.runs, &self.vars, corner, 0, Part::Layer);
+        let experts = Self::items(
+            &self.expert_runs,
+            &self.expert_vars,
+            corner,
+            self.vars.len(),
+            Part::Layer,
+        );
+        let mut parts: Tags = HashMap::from([(0, vec![(Part::Outside, None)])]);
+        let mut slots = Vec::new();
+        for (i, (layer, lp)) in layers.into_iter().enumerate() {
+            let tag = i as u32 + 1;
+            slots.push(Slot { layer, tag });
+            parts.insert(tag, lp.iter().map(|&p| (p, None)).collect());
+            for (j, (_, ep)) in experts.iter().enumerate() {
+                let both = lp
+                    .iter()
+                    .flat_map(|&l| ep.iter().map(move |&e| (l, Some(e))))
+                    .collect();
+                parts.insert(tag | (j as u32 + 1) << 16, both);
+            }
+        }
+        let list = (!self.expert_vars.is_empty()).then(|| experts.iter().map(|e| e.0).collect());
+        debug_assert!(self.experts == 0 || experts.len() <= self.experts);
+        (slots, list, parts)
     }
 
     /// Corner `corner`'s weight at the real lengths: `Π (4 − n)` or `(n − 3)` per run.
     fn weight(&self, corner: usize) -> i128 {
-        self.vars
+        let lengths = self
+            .vars
             .iter()
+            .map(|&r| self.runs[r].1)
+            .chain(self.expert_vars.iter().map(|&r| self.expert_runs[r].1));
+        lengths
             .enumerate()
-            .map(|(v, &r)| {
-                let n = self.runs[r].1 as i128;
+            .map(|(v, n)| {
+                let n = n as i128;
                 if corner >> v & 1 == 1 { n - 3 } else { 4 - n }
             })
             .product()
     }
 }
 
+/// The parts each tag is: `(layer part, expert part)`.
+pub(super) type Tags = HashMap<u32, Vec<(Part, Option<Part>)>>;
+
 /// One corner's replay: its figures (`Training`'s or `Serving`'s fields in order), the windows
 /// it recorded, and the parts of its tags.
 pub(super) struct Corner {
     pub figures: Vec<i128>,
     pub windows: Windows,
-    pub parts: HashMap<u32, Vec<Part>>,
+    pub parts: Tags,
 }
 
 /// The figures at the real lengths, from the corners (in [`Plan::corners`] order). `peaks`
@@ -168,7 +245,8 @@ pub(super) fn extrapolate(
         return None;
     }
     // Each corner's maxima per (part, occurrence) of each window.
-    let by_part: Vec<Vec<HashMap<(Part, u32), i128>>> = corners
+    type Key = ((Part, Option<Part>), u32);
+    let by_part: Vec<Vec<HashMap<Key, i128>>> = corners
         .iter()
         .map(|c| {
             c.windows
@@ -194,6 +272,13 @@ pub(super) fn extrapolate(
         if by_part.iter().any(|w| {
             w[window].len() != keys.len() || keys.keys().any(|k| !w[window].contains_key(k))
         }) {
+            if std::env::var("MEMFIT_DEBUG_COMPRESS").is_ok() {
+                for (c, w) in by_part.iter().enumerate() {
+                    let mut k: Vec<_> = w[window].keys().collect();
+                    k.sort_by_key(|k| format!("{k:?}"));
+                    eprintln!("corner {c} window {window}: {k:?}");
+                }
+            }
             return None;
         }
         let base = at(&|c: &Corner| Some(c.windows.0[window].base as i128))?;
@@ -298,7 +383,8 @@ mod tests {
         let (mut checked, mut compressed) = (0, 0);
         for (name, s) in shapes() {
             for (variant, s) in variants(&s) {
-                let plan = Plan::of(&s).is_some();
+                let plan = Plan::of(&s, false).is_some();
+                let training_plan = Plan::of(&s, true).is_some();
                 for threads in [1, 2] {
                     let (meta, gemm) = (240, s.cpu.then_some(threads));
                     let (t, v) = (
@@ -306,10 +392,12 @@ mod tests {
                         serving_compressed(&s, meta, gemm),
                     );
                     // A plan is always carried out: its corners agree.
-                    assert_eq!(t.is_some(), plan, "{name} {variant} training");
+                    assert_eq!(t.is_some(), training_plan, "{name} {variant} training");
                     assert_eq!(v.is_some(), plan, "{name} {variant} serving");
-                    if let (Some(t), Some(v)) = (t, v) {
+                    if let Some(t) = t {
                         assert_eq!(t, replay_training_full(&s, meta, gemm), "{name} {variant}");
+                    }
+                    if let Some(v) = v {
                         assert_eq!(v, replay_serving_full(&s, meta, gemm), "{name} {variant}");
                         compressed += 1;
                     }
@@ -366,14 +454,14 @@ mod tests {
     #[test]
     fn plans_runs_and_weights() {
         let mut s = Shape::new(1, 4, 16, 2, 9, 20, 4);
-        let p = Plan::of(&s).unwrap();
+        let p = Plan::of(&s, true).unwrap();
         assert_eq!(p.runs, vec![(0, 9)]);
-        let (slots, _) = p.slots(0);
+        let (slots, _, _) = p.slots(0);
         assert_eq!(slots.iter().map(|s| s.layer).collect::<Vec<_>>(), [0, 1, 8]);
         assert_eq!(p.slots(1).0.len(), 4);
         // f(9) = (4 − 9)·f(3) + (9 − 3)·f(4): a line through both.
         assert_eq!((p.weight(0), p.weight(1)), (-5, 6));
         s.l = 4;
-        assert!(Plan::of(&s).is_none());
+        assert!(Plan::of(&s, true).is_none());
     }
 }

@@ -261,12 +261,19 @@ pub struct Transformer {
 impl Transformer {
     /// Weights on `ledger`, as variables when `vars`.
     pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
-        Self::with_layers(ledger, shape, vars, &all_layers(shape))
+        Self::with_layers(ledger, shape, vars, &all_layers(shape), None)
     }
 
     /// The model with the layers `slots` (real layer indices, in order, each with its tag):
-    /// all of them, or a compressed model ([`compress`]).
-    fn with_layers(ledger: &Rc<Ledger>, shape: &Shape, vars: bool, slots: &[Slot]) -> Self {
+    /// all of them, or a compressed model ([`compress`]); a mixture of experts with the
+    /// routed experts `experts` (indices among `E`), or all of them.
+    fn with_layers(
+        ledger: &Rc<Ledger>,
+        shape: &Shape,
+        vars: bool,
+        slots: &[Slot],
+        experts: Option<&[usize]>,
+    ) -> Self {
         // Activations' type; under mixed precision the variables stay f32 (the working copy
         // is made by `cast`), a serving copy (`vars` false) is 16-bit.
         // A serving copy (`vars` false) takes the case's serving weights: an f16 copy, or the
@@ -402,7 +409,9 @@ impl Transformer {
                         // The router, each expert's gate, up, down, the shared experts, the
                         // shared gate (model order).
                         let router = Linear::new(&p, h, m.experts, false);
-                        let experts = (0..m.experts).map(|_| swiglu(expert)).collect();
+                        let expert_ids: Vec<usize> =
+                            experts.map_or_else(|| (0..m.experts).collect(), <[usize]>::to_vec);
+                        let experts = expert_ids.iter().map(|_| swiglu(expert)).collect();
                         let shared_mlp = (!shared.is_empty()).then(|| swiglu(shared));
                         let shared_gate = (!shared.is_empty() && m.shared_gate)
                             .then(|| Linear::new(&p, h, 1, false));
@@ -414,6 +423,7 @@ impl Transformer {
                         Mlp::Moe(Box::new(moe::Moe {
                             router,
                             experts,
+                            expert_ids,
                             shared: shared_mlp,
                             shared_gate,
                             shape: *m,
@@ -925,7 +935,8 @@ fn decode_step_compressed(
         meta_per_tensor,
         gemm_threads,
         &[(2, 0)],
-        |ledger, slots| {
+        false,
+        |ledger, slots, _| {
             let (w, c, p) = decode_step_on(ledger, shape, cached, slots);
             vec![w as i128, c as i128, p as i128]
         },
@@ -951,7 +962,7 @@ fn decode_step_on(
     cached: usize,
     slots: &[Slot],
 ) -> (u64, u64, u64) {
-    let model = Transformer::with_layers(ledger, shape, false, slots);
+    let model = Transformer::with_layers(ledger, shape, false, slots, None);
     let weights = ledger.current();
     let (g, d) = shape.kv_dims();
     let b = shape.b as usize;
@@ -1071,16 +1082,17 @@ fn compressed(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
     peaks: &[(usize, usize)],
-    run: impl Fn(&Rc<Ledger>, &[Slot]) -> Vec<i128>,
+    experts: bool,
+    run: impl Fn(&Rc<Ledger>, &[Slot], Option<&[usize]>) -> Vec<i128>,
 ) -> Option<Vec<i128>> {
-    let plan = compress::Plan::of(shape)?;
+    let plan = compress::Plan::of(shape, experts)?;
     let corners: Vec<compress::Corner> = plan
         .corners()
         .map(|c| {
-            let (slots, parts) = plan.slots(c);
+            let (slots, experts, parts) = plan.slots(c);
             let ledger = Ledger::new(meta_per_tensor, gemm_threads);
             ledger.record();
-            let figures = run(&ledger, &slots);
+            let figures = run(&ledger, &slots, experts.as_deref());
             compress::Corner {
                 figures,
                 windows: ledger.recorded(),
@@ -1102,8 +1114,9 @@ fn training_compressed(
         meta_per_tensor,
         gemm_threads,
         &[(0, 0), (2, 1)],
-        |ledger, slots| {
-            let t = training_on(ledger, shape, slots);
+        true,
+        |ledger, slots, experts| {
+            let t = training_on(ledger, shape, slots, experts);
             vec![
                 t.forward_peak as i128,
                 t.forward_retained as i128,
@@ -1128,7 +1141,7 @@ pub fn replay_training_full(
 ) -> Training {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let slots = all_layers(shape);
-    training_on(&ledger, shape, &slots)
+    training_on(&ledger, shape, &slots, None)
 }
 
 /// Every layer of `shape`, tagged by its index + 1.
@@ -1142,8 +1155,13 @@ fn all_layers(shape: &Shape) -> Vec<Slot> {
 }
 
 /// The training replay of the layers `slots` on `ledger`.
-fn training_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Training {
-    let model = Transformer::with_layers(ledger, shape, true, slots);
+fn training_on(
+    ledger: &Rc<Ledger>,
+    shape: &Shape,
+    slots: &[Slot],
+    experts: Option<&[usize]>,
+) -> Training {
+    let model = Transformer::with_layers(ledger, shape, true, slots, experts);
     let (tokens, targets) = inputs(ledger, shape);
     let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
@@ -1213,7 +1231,8 @@ fn serving_compressed(
         meta_per_tensor,
         gemm_threads,
         &[(0, 0), (2, 1), (4, 2)],
-        |ledger, slots| {
+        false,
+        |ledger, slots, _| {
             let s = serving_on(ledger, shape, slots);
             vec![
                 s.inference_peak as i128,
@@ -1247,7 +1266,7 @@ pub fn replay_serving_full(
 
 /// The serving replay of the layers `slots` on `ledger`.
 fn serving_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Serving {
-    let model = Transformer::with_layers(ledger, shape, false, slots);
+    let model = Transformer::with_layers(ledger, shape, false, slots, None);
     let (tokens, _) = inputs(ledger, shape);
     let base = ledger.reset_peak();
     let logits = model.forward(&tokens);

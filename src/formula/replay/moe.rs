@@ -20,6 +20,9 @@ fn sigmoid(x: &Sym) -> Sym {
 pub(super) struct Moe {
     pub(super) router: Linear,
     pub(super) experts: Vec<Mlp>,
+    /// Each expert's index among the model's `E` (all of them, or a compressed training
+    /// replay's few: `compress`).
+    pub(super) expert_ids: Vec<usize>,
     /// Shared experts and Qwen2-MoE's gate on them.
     pub(super) shared: Option<Mlp>,
     pub(super) shared_gate: Option<Linear>,
@@ -103,9 +106,10 @@ impl Moe {
         let host = ledger.host(4 * t * e);
         let bias = self.shape.correction_bias.then(|| ledger.host(4 * e));
         let mask = ledger.host(4 * t * e);
-        let mut ids: Vec<_> = counts
+        let mut ids: Vec<_> = self
+            .expert_ids
             .iter()
-            .map(|&n| (n > 0).then(|| ledger.host(4 * n)))
+            .map(|&i| (counts[i] > 0).then(|| ledger.host(4 * counts[i])))
             .collect();
         drop((host, bias));
         let mask = mask.into_tensor(&[t, e], DType::F32);
@@ -139,8 +143,8 @@ impl Moe {
         // `Vec` of parts, 8 B a part, and the `k·T` ids on the host first); inference: expert
         // by expert into the output.
         let tracked = weights.track_op();
-        let total: usize = counts.iter().sum();
-        let hit = counts.iter().filter(|&&n| n > 0).count();
+        let total: usize = self.expert_ids.iter().map(|&i| counts[i]).sum();
+        let hit = self.expert_ids.iter().filter(|&&i| counts[i] > 0).count();
         let (parts_vec, all_ids) = if tracked {
             (Some(ledger.host(8 * hit)), Some(ledger.host(4 * total)))
         } else {
@@ -155,8 +159,11 @@ impl Moe {
         // are freed and it is not replayed. Exact, and one expert per distinct count.
         let skip_repeats = !tracked && !EVERY_EXPERT.with(|e| e.get());
         let mut replayed: Vec<usize> = Vec::new();
-        for (i, (expert, &n)) in self.experts.iter().zip(&counts).enumerate() {
-            let Some(host_ids) = ids[i].take() else {
+        // Each expert's work is its own segment (tag: the layer's, plus its slot above 2¹⁶).
+        let layer_tag = ledger.tag();
+        for (slot, (expert, &i)) in self.experts.iter().zip(&self.expert_ids).enumerate() {
+            let n = counts[i];
+            let Some(host_ids) = ids[slot].take() else {
                 continue;
             };
             if skip_repeats {
@@ -166,6 +173,7 @@ impl Moe {
                 }
                 replayed.push(n);
             }
+            ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
             let ids = host_ids.into_tensor(&[n], DType::U32);
             let ye = expert.forward(&xs.index_select(&ids, 0));
             let we = weights.index_select(&ids, 0).narrow(1, i, 1);
@@ -176,6 +184,7 @@ impl Moe {
                 None => parts.push(ye),
             }
         }
+        ledger.set_tag(layer_tag);
         let ys = match ys {
             Some(ys) => ys,
             None => {
@@ -219,9 +228,23 @@ impl Moe {
     }
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        let ledger = self.router.weight.ledger().clone();
+        let layer_tag = ledger.tag();
         Moe {
             router: f(&self.router),
-            experts: self.experts.iter().map(|e| e.map(f)).collect(),
+            experts: self
+                .experts
+                .iter()
+                .enumerate()
+                .map(|(slot, e)| {
+                    // A mapped weight (mixed precision's cast) is its expert's, as in forward.
+                    ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
+                    let m = e.map(f);
+                    ledger.set_tag(layer_tag);
+                    m
+                })
+                .collect(),
+            expert_ids: self.expert_ids.clone(),
             shared: self.shared.as_ref().map(|e| e.map(f)),
             shared_gate: self.shared_gate.as_ref().map(f),
             shape: self.shape,
