@@ -1360,11 +1360,24 @@ pub fn backward(root: &Sym) -> GradStore {
     grads
 }
 
+thread_local! {
+    /// Tests: compute every tile the shortcut of [`Graph::skipped`] would stand in for.
+    static EVERY_TILE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Replay every tile of the tiled attention, no shortcut (tests).
+pub fn replay_every_tile(on: bool) {
+    EVERY_TILE.with(|e| e.set(on));
+}
+
 /// The fused kernels' backward on symbolic tensors: each method is the candle op of the same
 /// name (`model::kernels::graph`), so [`Kernel::backward`] replays statement for statement.
 impl Graph for Sym {
     fn dims(&self) -> Vec<usize> {
         Sym::dims(self).to_vec()
+    }
+    fn skipped(&self, dims: &[usize]) -> Option<Self> {
+        (!EVERY_TILE.with(|e| e.get())).then(|| Sym::new(self.ledger(), dims, self.0.dtype))
     }
     fn detach(&self) -> Self {
         Sym::detach(self)

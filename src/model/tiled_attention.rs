@@ -34,6 +34,19 @@ pub fn forward<G: Graph>(q: &G, k: &G, v: &G, scale: f64, causal: bool) -> Resul
     let (mut outs, mut lses) = (Vec::new(), Vec::new());
     for i0 in (0..s).step_by(TILE) {
         let n = TILE.min(s - i0);
+        // The replay: a full tile between the first and the last full one keeps only its
+        // output and lse, and its temporaries are the last full tile's, reached lower (the
+        // kept tiles only grow): those two are made without computing the tile.
+        if skippable(i0, n, s) {
+            let [b, a, _, d] = v.dims()[..] else {
+                bail!("tiled attention: v is not (B, A, S, D)")
+            };
+            if let (Some(o), Some(l)) = (q.skipped(&[b, a, n, d]), q.skipped(&[b, a, n, 1])) {
+                outs.push(o);
+                lses.push(l);
+                continue;
+            }
+        }
         let sc = scores(q, &kt, i0, n, scale, causal)?;
         let m = sc.max_last_keepdim()?;
         let e = sc.broadcast_sub(&m)?.exp()?;
@@ -50,6 +63,13 @@ pub fn forward<G: Graph>(q: &G, k: &G, v: &G, scale: f64, causal: bool) -> Resul
     drop(outs);
     let lse = G::cat(&lses.iter().collect::<Vec<_>>(), 2)?;
     Ok((out, lse))
+}
+
+/// A full tile strictly between the first and the last full tile of a sequence of `s`: the
+/// replay may stand in for it ([`Graph::skipped`]).
+fn skippable(i0: usize, n: usize, s: usize) -> bool {
+    let last_full = (s / TILE).saturating_sub(1) * TILE;
+    n == TILE && i0 > 0 && i0 < last_full
 }
 
 /// One tile's scaled (and causally masked) scores `q[i0..i0+n]·kᵀ·scale`.
@@ -82,6 +102,14 @@ pub fn backward<G: Graph>(
     let (mut dk, mut dv): (Option<G>, Option<G>) = (None, None);
     for i0 in (0..s).step_by(TILE) {
         let n = TILE.min(s - i0);
+        // The replay: as in the forward, a middle full tile leaves only its `dQ` (the `dK`,
+        // `dV` sums are replaced by sums of the same size).
+        if skippable(i0, n, s)
+            && let Some(dq) = q.skipped(&[q.dims()[0], q.dims()[1], n, k.dims()[3]])
+        {
+            dqs.push(dq);
+            continue;
+        }
         let sc = scores(q, &kt, i0, n, scale, causal)?;
         let p = sc.broadcast_sub(&lse.narrow(2, i0, n)?)?.exp()?;
         drop(sc);

@@ -307,7 +307,9 @@ mod tests {
     use crate::device::ElemType;
     use crate::model::kernels::Kernels;
 
-    /// Llama-family shapes of every kind the replay knows, at depths that compress.
+    /// Llama-family shapes of every kind the replay knows (the fixtures' configs: dense,
+    /// windowed, mixed windows, mixtures of experts with and without shared experts and dense
+    /// first layers, latent attention), at depths that compress, both routings.
     fn shapes() -> Vec<(String, Shape)> {
         use crate::model::hf_config;
         let mut out = Vec::new();
@@ -329,9 +331,17 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{family}: {e}"))
                 .cfg;
             for layers in [6, 9] {
+                // Batch and sequence drawn per family and depth (a fixed generator: the same
+                // shapes every run), odd and even, one token included.
+                let draw = format!("{family}{layers}")
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+                        (h ^ c as u64).wrapping_mul(0x100_0000_01b3)
+                    });
+                let (b, seq) = (1 + draw % 4, 1 + (draw >> 8) % 23);
                 let mut s = Shape::new(
-                    3,
-                    11,
+                    b,
+                    seq,
                     cfg.hidden as u64,
                     cfg.heads as u64,
                     layers as u64,

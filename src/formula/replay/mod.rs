@@ -17,6 +17,12 @@
 //! The layers mirror the model's files: `proj.rs` (`model::proj`), `norm.rs`, `attention.rs`,
 //! `mlp.rs`; the block, the model, checkpointing and the phases' windows are here.
 //!
+//! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
+//! layers of each run of identical layers (training: and a few experts of each run of experts
+//! with the same token count) and extrapolate, exactly (`compress.rs`); the `_full` forms run
+//! every layer, and the two agree byte for byte (tested). Every block (and expert) allocates
+//! under its own ledger tag, so the ledger can record what each part reaches.
+//!
 //! Why replay rather than a closed form: candle's backward peak is where the most gradients and
 //! backward temporaries overlap, and which point that is (the cross-entropy head, an attention
 //! block's softmax, a GELU, the embeddings) moves with the shape. Replaying candle's own
@@ -1357,6 +1363,49 @@ mod tests {
             let r = replay(&s, 0, None);
             assert_eq!(r.backward_retained, 4 * s.params() as i64, "{s:?}");
         }
+    }
+
+    /// The tiled attention's middle tiles stood in for (`Graph::skipped`) give what computing
+    /// every tile gives, byte for byte: training and serving, causal and not, sequences of
+    /// one tile, two, a partial last tile and many, CPU and CUDA.
+    #[test]
+    fn tiles_stood_in_for_are_exact() {
+        use crate::formula::symbolic::replay_every_tile;
+        use crate::model::tiled_attention::TILE;
+        for s_len in [5, TILE, 2 * TILE + 3, 4 * TILE, 5 * TILE + 37] {
+            for cpu in [true, false] {
+                let mut s = shape(2, s_len as u64, 24, 3, 2, 50);
+                s.tiled = true;
+                s.cpu = cpu;
+                s.decode_tokens = 2;
+                let gemm = cpu.then_some(2);
+                let fast = (
+                    replay_training_full(&s, 240, gemm),
+                    replay_serving_full(&s, 240, gemm),
+                );
+                replay_every_tile(true);
+                let every = (
+                    replay_training_full(&s, 240, gemm),
+                    replay_serving_full(&s, 240, gemm),
+                );
+                replay_every_tile(false);
+                assert_eq!(fast, every, "S {s_len}, cpu {cpu}");
+            }
+        }
+        let mut vit = shape(2, 17, 24, 3, 2, 10);
+        vit.vision = Some(crate::model::vit::Vision {
+            image: 64,
+            patch: 4,
+            channels: 3,
+        });
+        vit.s = 257;
+        vit.s_max = 257;
+        vit.tiled = true;
+        let fast = replay_training_full(&vit, 240, None);
+        replay_every_tile(true);
+        let every = replay_training_full(&vit, 240, None);
+        replay_every_tile(false);
+        assert_eq!(fast, every, "ViT (not causal)");
     }
 
     /// Inference keeps only the logits.

@@ -12,6 +12,12 @@ use candle_core::{D, DType, Result, Tensor};
 /// Tensor operations used by the fused kernels' backward passes.
 pub trait Graph: Clone + Sized {
     fn dims(&self) -> Vec<usize>;
+    /// The replay's shortcut: a fresh tensor of `dims` in this one's type standing for work
+    /// whose only lasting result it is, where an identical later piece of work, computed,
+    /// reaches higher (see `tiled_attention`). `None` on a device: everything is computed.
+    fn skipped(&self, _dims: &[usize]) -> Option<Self> {
+        None
+    }
     /// The tensor without its op (shares the storage).
     fn detach(&self) -> Self;
     /// f32 (the same tensor when already f32).
