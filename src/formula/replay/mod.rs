@@ -936,18 +936,13 @@ fn decode_step_compressed(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> Option<(u64, u64, u64)> {
-    let f = compressed(
+    compressed(
         shape,
         meta_per_tensor,
         gemm_threads,
-        &[(2, 0)],
         false,
-        |ledger, slots, _| {
-            let (w, c, p) = decode_step_on(ledger, shape, cached, slots);
-            vec![w as i128, c as i128, p as i128]
-        },
-    )?;
-    Some((f[0] as u64, f[1] as u64, f[2] as u64))
+        |l, slots, _| decode_step_on(l, shape, cached, slots),
+    )
 }
 
 /// [`decode_step`] through every layer.
@@ -1079,18 +1074,79 @@ pub fn replay_training(
         .unwrap_or_else(|| replay_training_full(shape, meta_per_tensor, gemm_threads))
 }
 
-/// `run` (a replay of the layers it is given on a recording ledger, returning its figures)
-/// at every corner of `shape`'s [`compress::Plan`], extrapolated to the real depth; `peaks`
-/// names the figures that are window peaks, `(figure, window)`. `None` when nothing is
-/// compressed or the corners disagree.
-fn compressed(
+/// A replay's figures in a fixed order, as [`compressed`] extrapolates them, and which of them
+/// are window peaks: `(figure, window)`.
+trait Figures: Sized {
+    const PEAKS: &'static [(usize, usize)];
+    fn to_vec(&self) -> Vec<i128>;
+    fn from_vec(f: &[i128]) -> Self;
+}
+
+impl Figures for Training {
+    const PEAKS: &'static [(usize, usize)] = &[(0, 0), (2, 1)];
+    fn to_vec(&self) -> Vec<i128> {
+        vec![
+            self.forward_peak as i128,
+            self.forward_retained as i128,
+            self.backward_peak as i128,
+            self.backward_retained as i128,
+        ]
+    }
+    fn from_vec(f: &[i128]) -> Self {
+        Training {
+            forward_peak: f[0] as u64,
+            forward_retained: f[1] as u64,
+            backward_peak: f[2] as u64,
+            backward_retained: f[3] as i64,
+        }
+    }
+}
+
+impl Figures for Serving {
+    const PEAKS: &'static [(usize, usize)] = &[(0, 0), (2, 1), (4, 2)];
+    fn to_vec(&self) -> Vec<i128> {
+        vec![
+            self.inference_peak as i128,
+            self.inference_retained as i128,
+            self.prefill_peak as i128,
+            self.prefill_retained as i128,
+            self.decode_peak as i128,
+            self.decode_retained as i128,
+        ]
+    }
+    fn from_vec(f: &[i128]) -> Self {
+        Serving {
+            inference_peak: f[0] as u64,
+            inference_retained: f[1] as u64,
+            prefill_peak: f[2] as u64,
+            prefill_retained: f[3] as u64,
+            decode_peak: f[4] as u64,
+            decode_retained: f[5] as i64,
+        }
+    }
+}
+
+/// [`decode_step`]'s weights, cache and step peak (one window).
+impl Figures for (u64, u64, u64) {
+    const PEAKS: &'static [(usize, usize)] = &[(2, 0)];
+    fn to_vec(&self) -> Vec<i128> {
+        vec![self.0 as i128, self.1 as i128, self.2 as i128]
+    }
+    fn from_vec(f: &[i128]) -> Self {
+        (f[0] as u64, f[1] as u64, f[2] as u64)
+    }
+}
+
+/// `run` (a replay of the layers, and routed experts, it is given on a recording ledger) at
+/// every corner of `shape`'s [`compress::Plan`], extrapolated to the real depth (`experts`:
+/// compress the experts too). `None` when nothing is compressed or the corners disagree.
+fn compressed<F: Figures>(
     shape: &Shape,
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
-    peaks: &[(usize, usize)],
     experts: bool,
-    run: impl Fn(&Rc<Ledger>, &[Slot], Option<&[usize]>) -> Vec<i128>,
-) -> Option<Vec<i128>> {
+    run: impl Fn(&Rc<Ledger>, &[Slot], Option<&[usize]>) -> F,
+) -> Option<F> {
     let plan = compress::Plan::of(shape, experts)?;
     let corners: Vec<compress::Corner> = plan
         .corners()
@@ -1098,7 +1154,7 @@ fn compressed(
             let (slots, experts, parts) = plan.slots(c);
             let ledger = Ledger::new(meta_per_tensor, gemm_threads);
             ledger.record();
-            let figures = run(&ledger, &slots, experts.as_deref());
+            let figures = run(&ledger, &slots, experts.as_deref()).to_vec();
             compress::Corner {
                 figures,
                 windows: ledger.recorded(),
@@ -1106,7 +1162,7 @@ fn compressed(
             }
         })
         .collect();
-    compress::extrapolate(&plan, &corners, peaks)
+    compress::extrapolate(&plan, &corners, F::PEAKS).map(|f| F::from_vec(&f))
 }
 
 /// [`replay_training`] compressed ([`compressed`]).
@@ -1115,27 +1171,8 @@ fn training_compressed(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> Option<Training> {
-    let f = compressed(
-        shape,
-        meta_per_tensor,
-        gemm_threads,
-        &[(0, 0), (2, 1)],
-        true,
-        |ledger, slots, experts| {
-            let t = training_on(ledger, shape, slots, experts);
-            vec![
-                t.forward_peak as i128,
-                t.forward_retained as i128,
-                t.backward_peak as i128,
-                t.backward_retained as i128,
-            ]
-        },
-    )?;
-    Some(Training {
-        forward_peak: f[0] as u64,
-        forward_retained: f[1] as u64,
-        backward_peak: f[2] as u64,
-        backward_retained: f[3] as i64,
+    compressed(shape, meta_per_tensor, gemm_threads, true, |l, slots, e| {
+        training_on(l, shape, slots, e)
     })
 }
 
@@ -1232,32 +1269,13 @@ fn serving_compressed(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
 ) -> Option<Serving> {
-    let f = compressed(
+    compressed(
         shape,
         meta_per_tensor,
         gemm_threads,
-        &[(0, 0), (2, 1), (4, 2)],
         false,
-        |ledger, slots, _| {
-            let s = serving_on(ledger, shape, slots);
-            vec![
-                s.inference_peak as i128,
-                s.inference_retained as i128,
-                s.prefill_peak as i128,
-                s.prefill_retained as i128,
-                s.decode_peak as i128,
-                s.decode_retained as i128,
-            ]
-        },
-    )?;
-    Some(Serving {
-        inference_peak: f[0] as u64,
-        inference_retained: f[1] as u64,
-        prefill_peak: f[2] as u64,
-        prefill_retained: f[3] as u64,
-        decode_peak: f[4] as u64,
-        decode_retained: f[5] as i64,
-    })
+        |l, slots, _| serving_on(l, shape, slots),
+    )
 }
 
 /// The serving replay through every layer.
