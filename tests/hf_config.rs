@@ -250,3 +250,84 @@ fn flags_override_the_file() {
         .failure()
         .stderr(contains("no/such/config.json"));
 }
+
+/// A `quantization_config` is refused, never ignored: the error names the file, the field and
+/// the method (FP8, MXFP4, GPTQ, an unknown one), and says how to size the unquantized model
+/// instead (`--hf-set quantization_config=null`), which then gives the same model as a config
+/// without the field.
+#[test]
+fn a_quantization_config_is_refused_by_name() {
+    let base: serde_json::Value =
+        serde_json::from_str(llama::preset_json("llama-3-8b").unwrap()).unwrap();
+    let with = |q: serde_json::Value| {
+        let mut c = base.clone();
+        c["quantization_config"] = q;
+        c.to_string()
+    };
+    for (q, named) in [
+        (
+            serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}),
+            "`fp8` (FP8 e4m3",
+        ),
+        (
+            serde_json::json!({"quant_method": "mxfp4"}),
+            "`mxfp4` (MXFP4",
+        ),
+        (
+            serde_json::json!({"quant_method": "gptq", "bits": 4}),
+            "`gptq` (4-bit integer",
+        ),
+        (serde_json::json!({"quant_method": "hqq"}), "`hqq`"),
+        (serde_json::json!({"bits": 4}), "(no quant_method)"),
+    ] {
+        let err = hf_config::parse(&with(q), "q.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("q.json"), "{err}");
+        assert!(err.contains("quantization_config"), "{err}");
+        assert!(err.contains(named), "{err}");
+        assert!(err.contains("--hf-set quantization_config=null"), "{err}");
+    }
+    let text = with(serde_json::json!({"quant_method": "fp8"}));
+    let set = hf_config::parse_with(&text, "q.json", &["quantization_config=null".into()]).unwrap();
+    let plain = hf_config::parse(&base.to_string(), "plain.json").unwrap();
+    assert_eq!(set.cfg, plain.cfg);
+}
+
+/// transformers ≥ 4.56 writes `dtype` where older versions wrote `torch_dtype`: both are read,
+/// and two that disagree are refused.
+#[test]
+fn dtype_and_torch_dtype_are_both_read() {
+    let base: serde_json::Value =
+        serde_json::from_str(llama::preset_json("llama-3-8b").unwrap()).unwrap();
+    let with = |fields: &[(&str, &str)]| {
+        let mut c = base.clone();
+        c.as_object_mut().unwrap().remove("torch_dtype");
+        for (k, v) in fields {
+            c[*k] = serde_json::Value::from(*v);
+        }
+        hf_config::parse(&c.to_string(), "d.json")
+    };
+    use memfit::device::ElemType;
+    assert_eq!(
+        with(&[("dtype", "bfloat16")]).unwrap().dtype,
+        Some(ElemType::Bf16)
+    );
+    assert_eq!(
+        with(&[("torch_dtype", "float16")]).unwrap().dtype,
+        Some(ElemType::F16)
+    );
+    assert_eq!(
+        with(&[("torch_dtype", "float32"), ("dtype", "float32")])
+            .unwrap()
+            .dtype,
+        Some(ElemType::F32)
+    );
+    assert_eq!(with(&[]).unwrap().dtype, None);
+    let err = with(&[("torch_dtype", "float16"), ("dtype", "bfloat16")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dtype") && err.contains("disagrees"), "{err}");
+    let err = with(&[("dtype", "int8")]).unwrap_err().to_string();
+    assert!(err.contains("`dtype`") || err.contains("dtype"), "{err}");
+}

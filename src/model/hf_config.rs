@@ -10,7 +10,7 @@
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
-//! change), `torch_dtype`, `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral:
+//! change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral:
 //! every layer; qwen when `use_sliding_window`, the layers from `max_window_layers` on) and
 //! `layer_types` (per layer: full or sliding). Qwen2 (and Qwen2-MoE) has
 //! q, k, v biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k
@@ -20,7 +20,9 @@
 //! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). The mixtures of
 //! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
 //! are refused, never ignored: mixture-of-experts fields in a dense type, the routers'
-//! auxiliary loss, another activation.
+//! auxiliary loss, another activation, a `quantization_config` (weights as shipped: FP8, MXFP4,
+//! GPTQ, AWQ, bitsandbytes …, named in the error; `--hf-set quantization_config=null` asks for
+//! the unquantized model).
 //! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
 //! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
 //! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
@@ -226,6 +228,64 @@ pub fn load_with(path: &std::path::Path, sets: &[String]) -> Result<HfConfig, Us
     parse_with(&text, &origin, sets)
 }
 
+/// The checkpoint's element type: `torch_dtype`, or `dtype` as transformers ≥ 4.56 writes it
+/// (both given must agree).
+fn config_dtype(f: &Fields) -> Result<Option<ElemType>, UserError> {
+    let read = |field: &str| -> Result<Option<ElemType>, UserError> {
+        match f.str_opt(field)? {
+            None => Ok(None),
+            Some("float32") => Ok(Some(ElemType::F32)),
+            Some("float16") => Ok(Some(ElemType::F16)),
+            Some("bfloat16") => Ok(Some(ElemType::Bf16)),
+            Some(other) => Err(f.bad(
+                field,
+                &Value::from(other),
+                "unknown element type",
+                "float32, float16, bfloat16",
+            )),
+        }
+    };
+    match (read("torch_dtype")?, read("dtype")?) {
+        (Some(a), Some(b)) if a != b => Err(f.bad(
+            "dtype",
+            &Value::from(b.as_str()),
+            &format!("disagrees with torch_dtype ({})", a.as_str()),
+            "the same element type in both, or one of them",
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// Refuses a `quantization_config`: the weights as shipped (FP8 with block scales, MXFP4,
+/// GPTQ/AWQ/bitsandbytes integers) are not what memfit builds, and sizing the model in its
+/// `dtype` instead would be a different answer given silently. Removing the field
+/// (`--hf-set quantization_config=null`) asks for the unquantized model.
+fn quantization(f: &Fields) -> Result<(), UserError> {
+    let Some(q) = f.get("quantization_config") else {
+        return Ok(());
+    };
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("(no quant_method)");
+    let format = match method {
+        "fp8" => "FP8 e4m3 weights with block scales",
+        "mxfp4" => "MXFP4: 4-bit values with an 8-bit scale per 32",
+        "gptq" | "awq" => "4-bit integer weights with group scales",
+        "bitsandbytes" => "bitsandbytes 8-bit or 4-bit weights",
+        "compressed-tensors" => "compressed-tensors weights",
+        _ => "a weight format",
+    };
+    Err(f.bad(
+        "quantization_config",
+        q,
+        &format!(
+            "quant_method `{method}` ({format}): memfit does not build checkpoints in their shipped format yet, and sizing the unquantized model instead would be a different answer"
+        ),
+        "no quantization_config: `--hf-set quantization_config=null` sizes the unquantized model in --dtype",
+    ))
+}
+
 /// Parses the text of a `config.json`; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<HfConfig, UserError> {
     parse_with(text, origin, &[])
@@ -288,20 +348,8 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
             ));
         }
     }
-    let dtype = match f.str_opt("torch_dtype")? {
-        None => None,
-        Some("float32") => Some(ElemType::F32),
-        Some("float16") => Some(ElemType::F16),
-        Some("bfloat16") => Some(ElemType::Bf16),
-        Some(other) => {
-            return Err(f.bad(
-                "torch_dtype",
-                &Value::from(other),
-                "unknown element type",
-                "float32, float16, bfloat16",
-            ));
-        }
-    };
+    quantization(&f)?;
+    let dtype = config_dtype(&f)?;
     let (kind, cfg, sliding_window) = match model_type.as_str() {
         t if LLAMA_TYPES.contains(&t) => llama_config(&f, &model_type)?,
         "gpt2" => (ModelKind::Gpt, gpt2_config(&f)?, None),
