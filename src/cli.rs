@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::workload::{GridSpec, OneOrMany};
 
@@ -174,6 +174,12 @@ pub struct PredictArgs {
     /// and the largest batch that would.
     #[arg(long)]
     pub fit_in: Option<String>,
+    /// A mixture of experts: the routing `--fit-in`'s answers assume (fits, max batch, max
+    /// sequence, KV capacity, max context). `worst` (every token of a forward on the same k
+    /// experts, each other expert a token) holds whatever the tokens; `balanced` (k·B·S/E
+    /// tokens each) is what a trained router tends to.
+    #[arg(long, value_enum, default_value_t = Routing::Worst)]
+    pub routing: Routing,
     /// One JSON object per case instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -181,6 +187,19 @@ pub struct PredictArgs {
     /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+}
+
+/// The routing a mixture of experts' budget answers assume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Routing {
+    Worst,
+    Balanced,
+}
+
+impl Routing {
+    pub fn worst(self) -> bool {
+        self == Routing::Worst
+    }
 }
 
 #[derive(Debug, Args)]

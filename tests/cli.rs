@@ -369,6 +369,62 @@ fn cuda_launcher_without_a_driver_points_to_the_cpu_build() {
     );
 }
 
+/// A mixture of experts' `--fit-in` answers assume the worst routing unless `--routing
+/// balanced` is asked for, and say which; with the worst routing they promise no more than with
+/// the balanced one (here strictly less: a Mixtral slice whose experts outweigh its attention).
+#[test]
+fn fit_in_answers_assume_the_worst_routing_by_default() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mixtral/config.json");
+    let ask = |routing: Option<&str>| {
+        let mut cmd = memfit();
+        cmd.arg("predict")
+            .arg("--hf-config")
+            .arg(&fixture)
+            .args(["--hf-set", "intermediate_size=4096"])
+            .args(["--hf-set", "max_position_embeddings=512"])
+            .args(["--batch", "4", "--seq", "64", "--threads", "1", "--json"])
+            .args(["--fit-in", "64MiB"]);
+        if let Some(r) = routing {
+            cmd.args(["--routing", r]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (default, worst, balanced) = (ask(None), ask(Some("worst")), ask(Some("balanced")));
+    assert_eq!(default, worst);
+    assert_eq!(worst["fit_routing"], "worst");
+    assert_eq!(balanced["fit_routing"], "balanced");
+    // The figures shown stay the balanced routing's either way.
+    assert_eq!(worst["phase_peak_bytes"], balanced["phase_peak_bytes"]);
+    let answers = |p: &serde_json::Value| {
+        [
+            p["max_batch"].as_u64().unwrap(),
+            p["max_seq"].as_u64().unwrap(),
+            p["serving"]["kv_capacity_tokens"].as_u64().unwrap(),
+            p["serving"]["max_context"].as_u64().unwrap(),
+        ]
+    };
+    let (w, b) = (answers(&worst), answers(&balanced));
+    assert!(w.iter().zip(&b).all(|(w, b)| w <= b), "{w:?} vs {b:?}");
+    assert!(w.iter().zip(&b).any(|(w, b)| w < b), "{w:?} vs {b:?}");
+    // A dense model has no routing to assume.
+    let out = memfit()
+        .args([
+            "predict",
+            "--preset",
+            "llama-tiny",
+            "--json",
+            "--fit-in",
+            "1GiB",
+        ])
+        .output()
+        .unwrap();
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(p.get("fit_routing").is_none(), "{p}");
+}
+
 /// `predict` runs nothing and agrees with the predictions `run` stores; `--fit-in` answers.
 #[test]
 fn predict_agrees_with_run_and_answers_fit_in() {

@@ -35,6 +35,11 @@ pub struct CasePrediction {
     /// one): `balanced` (`k·B·S/E` tokens per expert); absent for a dense model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing: Option<String>,
+    /// A mixture of experts with a budget: the routing the budget answers (fits, max batch,
+    /// max sequence, KV capacity, max context) assume: `worst` (`--routing worst`, the
+    /// default: safe whatever the tokens) or `balanced`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit_routing: Option<String>,
     /// A mixture of experts: each phase's peak with the worst routing (every token of every
     /// forward on the same `k` experts), beside `phase_peak_bytes`' balanced routing: the two
     /// bounds a run's routing falls between.
@@ -126,7 +131,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     // Every case first, so a calibration that lacks a case's rows fails before any output.
     let mut predictions = Vec::with_capacity(cases.len());
     for case in &cases {
-        let mut p = predict_case(case, threads, budget);
+        let mut p = predict_case(case, threads, budget, args.routing.worst());
         if let Some(c) = &calibration {
             p.calibrated = Some(c.apply(
                 &case.device.to_string(),
@@ -227,8 +232,11 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     .map(|(ph, b)| format!("{ph} {}", human_bytes(*b)))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let fit = p.fit_routing.as_deref().map_or(String::new(), |f| {
+                    format!("; the budget answers assume {f} routing (--routing)")
+                });
                 println!(
-                    "       mixture of experts: {} parameters, {} active per token; routing {r}; worst-case peaks: {worst}",
+                    "       mixture of experts: {} parameters, {} active per token; routing {r}; worst-case peaks: {worst}{fit}",
                     p.params, p.active_params
                 );
             }
@@ -278,9 +286,22 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The prediction of one case (and, with a budget, the largest batch that fits).
-pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePrediction {
+/// The prediction of one case (and, with a budget, the largest batch that fits). A mixture of
+/// experts' budget answers assume the worst routing when `worst_fit` (the safe answer), else
+/// balanced routing.
+pub fn predict_case(
+    case: &Case,
+    threads: usize,
+    budget: Option<u64>,
+    worst_fit: bool,
+) -> CasePrediction {
     let shape = Shape::of(case);
+    let moe = case.cfg.llama.and_then(|l| l.moe).is_some();
+    // What the budget answers are computed on.
+    let fit = Shape {
+        worst_routing: moe && worst_fit,
+        ..shape.clone()
+    };
     let at = |phase| shape.predict(phase, case.optimizer, threads).peak_bytes;
     // The weights after init: QLoRA's projections are GGML blocks by then.
     let weights = |s: &Shape| {
@@ -296,14 +317,12 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
             let batch = largest_within(1 << 20, b, |batch| {
                 train_total(&Shape {
                     b: batch,
-                    ..shape.clone()
+                    ..fit.clone()
                 })
             });
-            let seq = largest_within(shape.s_max, b, |s| {
-                train_total(&Shape { s, ..shape.clone() })
-            });
+            let seq = largest_within(fit.s_max, b, |s| train_total(&Shape { s, ..fit.clone() }));
             (
-                Some(train_total(&shape) <= b),
+                Some(train_total(&fit) <= b),
                 Some(batch as usize),
                 Some(seq as usize),
             )
@@ -312,7 +331,7 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     let serving = shape
         .vision
         .is_none()
-        .then(|| serving(&shape, threads, budget));
+        .then(|| serving(&shape, &fit, threads, budget));
     CasePrediction {
         case: case.index,
         model: case.model.as_str().to_string(),
@@ -321,6 +340,8 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
         seq: case.seq,
         params: shape.params(),
         active_params: case.cfg.active_params(),
+        fit_routing: (moe && budget.is_some())
+            .then(|| if worst_fit { "worst" } else { "balanced" }.to_string()),
         routing: case
             .cfg
             .llama
@@ -369,17 +390,24 @@ pub fn predict_case(case: &Case, threads: usize, budget: Option<u64>) -> CasePre
     }
 }
 
-/// The serving answers of a decoder case (see [`Serving`]).
-fn serving(shape: &Shape, threads: usize, budget: Option<u64>) -> Serving {
-    let prefill = shape.predict(Phase::Prefill, crate::phase::OptimizerKind::Sgd, threads);
-    let activations = prefill
-        .peak_bytes
-        .saturating_sub(prefill.retained_bytes.max(0) as u64);
+/// The serving answers of a decoder case (see [`Serving`]); the budget answers from `fit` (the
+/// case with the routing they assume).
+fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> Serving {
+    let activations_of = |s: &Shape| {
+        let prefill = s.predict(Phase::Prefill, crate::phase::OptimizerKind::Sgd, threads);
+        let activations = prefill
+            .peak_bytes
+            .saturating_sub(prefill.retained_bytes.max(0) as u64);
+        (prefill, activations)
+    };
+    let (_, activations) = activations_of(shape);
     let (weights, _, _) = shape.decode_step(1, threads);
     let per_token = shape.kv_bytes_per_token();
     let (capacity, context) = match budget {
         None => (None, None),
         Some(b) => {
+            let shape = fit;
+            let (prefill, activations) = activations_of(shape);
             let capacity = b.saturating_sub(weights + activations) / per_token;
             // One more token must have a position: contexts up to S_max − 1; none when the
             // prefill itself does not fit.
