@@ -230,8 +230,8 @@ impl ServingWeights {
     }
 
     /// The frozen base the quantized weights serve through; `None` for dense weights.
-    pub fn quantized(self) -> Option<crate::model::proj::LoraBase> {
-        use crate::model::proj::LoraBase;
+    pub fn quantized(self) -> Option<crate::model::shapes::LoraBase> {
+        use crate::model::shapes::LoraBase;
         match self {
             Self::Model | Self::F16 => None,
             Self::Q8_0 => Some(LoraBase::Q8_0),

@@ -5,11 +5,12 @@
 use candle_core::{D, Device, Module, Result, Tensor};
 use candle_nn::{VarBuilder, ops};
 
+use super::config::{Config, ProjSpec};
 use super::efficient_attention::EfficientAttention;
 use super::kernels;
-use super::llama;
 use super::norm::Norm;
-use super::transformer::{Config, Proj, ProjSpec};
+use super::proj::Proj;
+use super::rotary;
 
 /// The additive causal mask of `rows` queries, the first at position `first_row`, over `cols`
 /// keys: f32 `(rows, cols)`, 0 where the key is at or before the query, −∞ after.
@@ -51,7 +52,7 @@ pub struct Rotary<'a> {
 
 impl Rotary<'_> {
     /// `x (B, n, S, D)` rotated at positions `offset..offset + S`: the fused kernel, or the
-    /// composed [`llama::apply_rotary`].
+    /// composed [`rotary::apply_rotary`].
     pub fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
         if fused {
             let s = x.dim(2)?;
@@ -61,7 +62,7 @@ impl Rotary<'_> {
                 &self.sin.narrow(0, self.offset, s)?,
             )
         } else {
-            llama::apply_rotary(x, self.cos, self.sin, self.offset)
+            rotary::apply_rotary(x, self.cos, self.sin, self.offset)
         }
     }
 }
@@ -198,10 +199,10 @@ impl Core {
         self.attend(q, k, v, mask)
     }
 
-    /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`llama::repeat_kv`]).
+    /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`rotary::repeat_kv`]).
     fn repeat(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
         let group = self.heads / self.kv_heads;
-        Ok((llama::repeat_kv(k, group)?, llama::repeat_kv(v, group)?))
+        Ok((rotary::repeat_kv(k, group)?, rotary::repeat_kv(v, group)?))
     }
 }
 
@@ -225,7 +226,7 @@ pub(crate) fn append(
 
 /// Multi-head causal self-attention with separate q, k, v, o projections; with `kv_heads` <
 /// `heads` (LLaMA's grouped-query attention) k and v have fewer heads and are repeated before
-/// the scores ([`llama::repeat_kv`]).
+/// the scores ([`rotary::repeat_kv`]).
 #[derive(Debug, Clone)]
 pub struct Attention {
     pub(crate) q: Proj,

@@ -4,9 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::kernels::Kernels;
-use super::llama::{self, Llama};
-use super::transformer::{LoraBase, LoraTarget};
-use super::vit::{self, Vision};
+use super::shapes::{Llama, LoraBase, LoraTarget, MlaShape, MoeShape, Sizes, Vision};
 
 /// Shape of a GPT-style decoder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,7 +87,7 @@ impl ProjSpec {
 /// The projections of one block, in model order: GPT q, k, v, o `H → H` and fc1 `H → 4H`,
 /// fc2 `4H → H`, all with bias; LLaMA q `H → A·D`, k and v `H → G·D`, o `A·D → H`, gate and
 /// up `H → I`, down `I → H`, with the biases the config names; MLA's attention projections
-/// ([`super::mla::projections`]) instead of q, k, v, o. A mixture of experts: one expert's
+/// ([`mla_projections`]) instead of q, k, v, o. A mixture of experts: one expert's
 /// gate, up, down (width `I`); [`layer_layout`] gives each layer's own.
 pub fn block_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
     let mut v = attn_projections(hidden, heads, llama);
@@ -113,7 +111,7 @@ pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> V
             p(LoraTarget::O, "attn.o", h, h, true),
         ],
         Some(l) => match &l.mla {
-            Some(m) => super::mla::projections(h, heads, m, l.o_bias),
+            Some(m) => mla_projections(h, heads, m, l.o_bias),
             None => {
                 let (q, kv) = (heads * l.head_dim, l.kv_heads * l.head_dim);
                 vec![
@@ -125,6 +123,49 @@ pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> V
             }
         },
     }
+}
+
+/// The projections of an MLA attention in model order: `q_a`, `q_b` (or `q`), `kv_a`, `kv_b`,
+/// `o` (`attention_bias` on `q_a`, `kv_a` and `o`).
+pub fn mla_projections(hidden: usize, heads: usize, m: &MlaShape, bias: bool) -> Vec<ProjSpec> {
+    use super::shapes::LoraTarget as T;
+    let p = ProjSpec::new;
+    let dq = m.qk_head_dim();
+    let mut v = match m.q_lora_rank {
+        None => vec![p(T::Q, "attn.q", hidden, heads * dq, false)],
+        Some(r) => vec![
+            p(T::Q, "attn.q_a", hidden, r, bias),
+            p(T::Q, "attn.q_b", r, heads * dq, false),
+        ],
+    };
+    v.extend([
+        p(
+            T::K,
+            "attn.kv_a",
+            hidden,
+            m.kv_lora_rank + m.qk_rope_head_dim,
+            bias,
+        ),
+        p(
+            T::V,
+            "attn.kv_b",
+            m.kv_lora_rank,
+            heads * (m.qk_nope_head_dim + m.v_head_dim),
+            false,
+        ),
+        p(T::O, "attn.o", heads * m.v_head_dim, hidden, bias),
+    ]);
+    v
+}
+
+/// The RMSNorms of an MLA attention: `q_a_norm` (R, with `q_lora_rank`) and `kv_a_norm` (L).
+pub fn mla_norms(m: &MlaShape) -> Vec<(&'static str, usize)> {
+    let mut v = Vec::new();
+    if let Some(r) = m.q_lora_rank {
+        v.push(("attn.q_a_norm", r));
+    }
+    v.push(("attn.kv_a_norm", m.kv_lora_rank));
+    v
 }
 
 /// An MLP's projections of width `width`: GPT fc1, fc2 (biased); LLaMA gate, up, down.
@@ -152,7 +193,7 @@ pub enum MlpLayout {
     /// A mixture of experts: one routed expert's projections (there are `shape.experts`) and
     /// the shared experts' (empty without).
     Moe {
-        shape: super::moe::MoeShape,
+        shape: MoeShape,
         expert: Vec<ProjSpec>,
         shared: Vec<ProjSpec>,
     },
@@ -165,7 +206,7 @@ pub struct LayerLayout {
     pub mlp: MlpLayout,
 }
 
-/// Layer `layer`'s layout: dense or mixture-of-experts MLP ([`super::moe::MoeShape::sparse`]),
+/// Layer `layer`'s layout: dense or mixture-of-experts MLP ([`MoeShape::sparse`]),
 /// at the widths the config gives.
 pub fn layer_layout(
     hidden: usize,
@@ -414,7 +455,7 @@ impl BlockTensor {
 }
 
 /// Names of the GPT presets accepted by [`Config::preset`] (the ViT ones are
-/// [`vit::PRESETS`]).
+/// [`super::vit::PRESETS`]).
 pub const PRESETS: &[&str] = &[
     "tiny",
     "small",
@@ -449,7 +490,7 @@ impl Config {
 
     /// A ViT of the given sizes ([`super::vit`]): `vocab` holds the classes, `max_seq` the
     /// patches + 1.
-    pub fn vit(s: vit::Sizes) -> Self {
+    pub fn vit(s: Sizes) -> Self {
         let mut cfg = Self::new(s.classes, s.hidden, s.heads, s.layers, s.vision.seq());
         cfg.layer_norm_eps = 1e-6;
         cfg.vision = Some(s.vision);
@@ -520,19 +561,6 @@ impl Config {
             "q, k, v, o, gate, up, down, all"
         } else {
             "q, k, v, o, fc1, fc2, all"
-        }
-    }
-
-    pub fn preset(name: &str) -> Option<Self> {
-        match name {
-            "tiny" => Some(Self::tiny()),
-            "small" => Some(Self::small()),
-            "gpt2-small" => Some(Self::gpt2_small()),
-            "gpt2-medium" => Some(Self::gpt2_medium()),
-            "llama-7b-shape" => Some(Self::llama_7b_shape()),
-            _ => vit::preset(name)
-                .map(Self::vit)
-                .or_else(|| llama::preset(name)),
         }
     }
 

@@ -39,11 +39,9 @@
 use serde_json::{Map, Value};
 
 use super::ModelKind;
-use super::llama::Llama;
-use super::mla::MlaShape;
-use super::moe::{Factor, GroupLimit, MoeShape, Scoring};
-use super::transformer::Config;
-use super::vit;
+use super::config::Config;
+use super::shapes::{Factor, GroupLimit, Llama, MlaShape, MoeShape, Scoring, Sizes, Vision};
+
 use crate::device::ElemType;
 use crate::error::UserError;
 
@@ -860,8 +858,8 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
             None => 2,
         },
     };
-    let mut cfg = Config::vit(vit::Sizes {
-        vision: vit::Vision {
+    let mut cfg = Config::vit(Sizes {
+        vision: Vision {
             image,
             patch,
             channels: f

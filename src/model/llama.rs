@@ -42,68 +42,9 @@
 //! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
 //! ```
 
-use candle_core::{DType, Device, Result, Tensor};
-use serde::{Deserialize, Serialize};
-
-use super::transformer::Config;
-
-/// What a LLaMA-family decoder has beyond the GPT sizes (`hidden`, `heads`, `layers`, `vocab`,
-/// `max_seq` stay in [`Config`]; the RMSNorm epsilon is `Config::layer_norm_eps`, the rotary
-/// base `Config::rope_theta`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Llama {
-    /// Width of the SwiGLU MLP (`intermediate_size`).
-    pub intermediate: usize,
-    /// K/V heads (`num_key_value_heads`); divides `heads`.
-    pub kv_heads: usize,
-    /// Width of one head (`head_dim`; even).
-    pub head_dim: usize,
-    /// Biases on q, k, v (Qwen2; Llama's `attention_bias`).
-    pub qkv_bias: bool,
-    /// A bias on o (Llama's `attention_bias`).
-    pub o_bias: bool,
-    /// Biases on gate, up, down (`mlp_bias`).
-    pub mlp_bias: bool,
-    /// RMSNorm of each query and key head over `head_dim` before the rotary embedding
-    /// (Qwen3's `q_norm`, `k_norm`: a weight of `D` each per layer).
-    #[serde(default)]
-    pub qk_norm: bool,
-    /// A mixture of experts instead of the dense MLP in every layer (`intermediate` is then
-    /// one expert's width).
-    #[serde(default)]
-    pub moe: Option<super::moe::MoeShape>,
-    /// Sliding-window attention (Mistral's `sliding_window`; in every layer but those of
-    /// `full_layers`): query `i` sees the
-    /// keys `i − W + 1 ..= i`, and the KV cache keeps the last `W` tokens.
-    #[serde(default)]
-    pub sliding_window: Option<usize>,
-    /// With a window: the layers that attend to everything (bit `i` for layer `i`; from
-    /// `layer_types` or Qwen's `max_window_layers`), as transformers' per-layer attention types.
-    #[serde(default)]
-    pub full_layers: u128,
-    /// Multi-head latent attention instead of q, k, v ([`super::mla`]; DeepSeek). `head_dim`
-    /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
-    #[serde(default)]
-    pub mla: Option<super::mla::MlaShape>,
-}
-
-impl Llama {
-    /// The window of layer `layer`'s attention, if it slides.
-    pub fn window_at(&self, layer: usize) -> Option<usize> {
-        self.sliding_window
-            .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
-    }
-
-    /// Whether some layers slide and others do not.
-    pub fn mixed_windows(&self) -> bool {
-        self.sliding_window.is_some() && self.full_layers != 0
-    }
-
-    /// Query heads per K/V head.
-    pub fn group(&self, heads: usize) -> usize {
-        heads / self.kv_heads
-    }
-}
+use super::config::Config;
+pub use super::rotary::{apply_rotary, repeat_kv, rotary_tables};
+pub use super::shapes::Llama;
 
 /// Presets: `llama-tiny` (test-sized) and the shipped Hugging Face configs
 /// (`workloads/configs/*.json`, embedded in the binary).
@@ -176,56 +117,4 @@ pub fn tiny() -> Config {
         },
         false,
     )
-}
-
-/// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · θ^(−2j/D)` for position `p`
-/// and frequency `j` (computed in f32, then converted to `dtype`, as candle-transformers'
-/// llama does).
-pub fn rotary_tables(
-    max_seq: usize,
-    head_dim: usize,
-    theta: f64,
-    dtype: DType,
-    device: &Device,
-) -> Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
-    let angle = |k: usize| {
-        let (p, j) = ((k / half) as f64, (k % half) as f64);
-        p / theta.powf(2.0 * j / head_dim as f64)
-    };
-    // Exact-size iterators: the Vecs the tensors keep have no spare capacity.
-    let cos: Vec<f32> = (0..max_seq * half).map(|k| angle(k).cos() as f32).collect();
-    let sin: Vec<f32> = (0..max_seq * half).map(|k| angle(k).sin() as f32).collect();
-    let cos = Tensor::from_vec(cos, (max_seq, half), device)?.to_dtype(dtype)?;
-    let sin = Tensor::from_vec(sin, (max_seq, half), device)?.to_dtype(dtype)?;
-    Ok((cos, sin))
-}
-
-/// The rotary embedding of `x (B, n, S, D)` at positions `offset..offset + S`, "rotate half":
-/// `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]` with `x₁, x₂` the two halves of the last dimension.
-/// Each product and sum is a fresh `(B, n, S, D/2)` tensor, the result a fresh `(B, n, S, D)`;
-/// the products are dropped as soon as their sum exists.
-pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, offset: usize) -> Result<Tensor> {
-    let (_b, _n, s, d) = x.dims4()?;
-    let cos = cos.narrow(0, offset, s)?;
-    let sin = sin.narrow(0, offset, s)?;
-    let x1 = x.narrow(3, 0, d / 2)?;
-    let x2 = x.narrow(3, d / 2, d / 2)?;
-    let (a, b) = (x1.broadcast_mul(&cos)?, x2.broadcast_mul(&sin)?);
-    let r1 = a.sub(&b)?;
-    drop((a, b));
-    let (a, b) = (x2.broadcast_mul(&cos)?, x1.broadcast_mul(&sin)?);
-    let r2 = a.add(&b)?;
-    drop((a, b));
-    Tensor::cat(&[&r1, &r2], 3)
-}
-
-/// candle-transformers' `utils::repeat_kv`: `(B, G, T, D)` → `(B, G·n, T, D)` by a `cat` of
-/// `n` copies along T and a reshape (the same tensor when `n` is 1).
-pub fn repeat_kv(x: Tensor, n: usize) -> Result<Tensor> {
-    if n == 1 {
-        return Ok(x);
-    }
-    let (b, g, t, d) = x.dims4()?;
-    Tensor::cat(&vec![&x; n], 2)?.reshape((b, g * n, t, d))
 }

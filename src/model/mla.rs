@@ -27,82 +27,13 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
-use serde::{Deserialize, Serialize};
 
 use super::attention::{Core, Rotary};
+use super::config::{Config, ProjSpec};
+pub use super::config::{mla_norms as norms, mla_projections as projections};
 use super::norm::Norm;
-use super::transformer::{Config, Proj, ProjSpec};
-
-/// What makes a LLaMA-family attention MLA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct MlaShape {
-    /// `q_lora_rank` (none: one `q` projection).
-    pub q_lora_rank: Option<usize>,
-    pub kv_lora_rank: usize,
-    pub qk_nope_head_dim: usize,
-    pub qk_rope_head_dim: usize,
-    pub v_head_dim: usize,
-}
-
-impl MlaShape {
-    /// Width of a query or key head: `n + r`.
-    pub fn qk_head_dim(&self) -> usize {
-        self.qk_nope_head_dim + self.qk_rope_head_dim
-    }
-
-    /// Elements a token keeps in one layer's latent cache: `L + r`.
-    pub fn latent_per_token(&self) -> usize {
-        self.kv_lora_rank + self.qk_rope_head_dim
-    }
-
-    /// Elements a token keeps in one layer's decompressed cache: `A·(dq + dv)`.
-    pub fn decompressed_per_token(&self, heads: usize) -> usize {
-        heads * (self.qk_head_dim() + self.v_head_dim)
-    }
-}
-
-/// The projections of an MLA attention in model order: `q_a`, `q_b` (or `q`), `kv_a`, `kv_b`,
-/// `o` (`attention_bias` on `q_a`, `kv_a` and `o`).
-pub fn projections(hidden: usize, heads: usize, m: &MlaShape, bias: bool) -> Vec<ProjSpec> {
-    use super::transformer::LoraTarget as T;
-    let p = ProjSpec::new;
-    let dq = m.qk_head_dim();
-    let mut v = match m.q_lora_rank {
-        None => vec![p(T::Q, "attn.q", hidden, heads * dq, false)],
-        Some(r) => vec![
-            p(T::Q, "attn.q_a", hidden, r, bias),
-            p(T::Q, "attn.q_b", r, heads * dq, false),
-        ],
-    };
-    v.extend([
-        p(
-            T::K,
-            "attn.kv_a",
-            hidden,
-            m.kv_lora_rank + m.qk_rope_head_dim,
-            bias,
-        ),
-        p(
-            T::V,
-            "attn.kv_b",
-            m.kv_lora_rank,
-            heads * (m.qk_nope_head_dim + m.v_head_dim),
-            false,
-        ),
-        p(T::O, "attn.o", heads * m.v_head_dim, hidden, bias),
-    ]);
-    v
-}
-
-/// The RMSNorms of an MLA attention: `q_a_norm` (R, with `q_lora_rank`) and `kv_a_norm` (L).
-pub fn norms(m: &MlaShape) -> Vec<(&'static str, usize)> {
-    let mut v = Vec::new();
-    if let Some(r) = m.q_lora_rank {
-        v.push(("attn.q_a_norm", r));
-    }
-    v.push(("attn.kv_a_norm", m.kv_lora_rank));
-    v
-}
+use super::proj::Proj;
+pub use super::shapes::MlaShape;
 
 /// Epsilon of MLA's inner norms: transformers makes them with its default 1e-6, not
 /// `rms_norm_eps`.

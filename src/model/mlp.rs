@@ -3,9 +3,10 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
+use super::config::{Config, MlpLayout, ProjSpec};
 use super::kernels;
 use super::moe::Moe;
-use super::transformer::{Config, MlpLayout, Proj, ProjSpec};
+use super::proj::Proj;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).

@@ -4,8 +4,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder, ops};
 
+use super::config::Config;
 use super::kernels;
-use super::transformer::Config;
 
 /// LayerNorm with weight and bias, computed with `ops::layer_norm_slow` (which has a backward).
 #[derive(Debug, Clone)]

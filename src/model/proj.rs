@@ -3,12 +3,11 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder, linear, linear_no_bias};
-use serde::{Deserialize, Serialize};
 
+use super::config::{Config, ProjSpec};
 use super::frozen::{FrozenLinear, FrozenWeight};
 use super::kernels;
-use super::transformer::{Config, ProjSpec};
-use candle_core::quantized::GgmlDType;
+pub use super::shapes::{LoraBase, LoraTarget};
 
 /// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
 /// zero at the start, scale `α/r` with α = r.
@@ -159,112 +158,4 @@ fn out_dims(x: &Tensor, out: usize) -> Result<Vec<usize>> {
     *d.last_mut()
         .expect("a projection's input has a last dimension") = out;
     Ok(d)
-}
-
-/// How LoRA freezes the base projections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LoraBase {
-    /// Detached weights in candle's own matmul: their gradients are still computed and held
-    /// until the gradient store is dropped.
-    Detach,
-    /// [`FrozenLinear`]: no gradient for the weight.
-    #[default]
-    Op,
-    /// QLoRA: [`FrozenLinear`] over 4-bit GGML blocks (18 B per 32 weights).
-    Q4_0,
-    /// [`FrozenLinear`] over 8-bit GGML blocks (34 B per 32 weights).
-    Q8_0,
-    /// [`FrozenLinear`] over GGUF's 4-bit k-quant super-blocks (144 B per 256 weights).
-    #[serde(rename = "q4_k")]
-    Q4K,
-    /// [`FrozenLinear`] over GGUF's 6-bit k-quant super-blocks (210 B per 256 weights).
-    #[serde(rename = "q6_k")]
-    Q6K,
-}
-
-impl LoraBase {
-    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k";
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "detach" => Some(Self::Detach),
-            "op" => Some(Self::Op),
-            "q4_0" => Some(Self::Q4_0),
-            "q8_0" => Some(Self::Q8_0),
-            "q4_k" => Some(Self::Q4K),
-            "q6_k" => Some(Self::Q6K),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Detach => "detach",
-            Self::Op => "op",
-            Self::Q4_0 => "q4_0",
-            Self::Q8_0 => "q8_0",
-            Self::Q4K => "q4_k",
-            Self::Q6K => "q6_k",
-        }
-    }
-
-    /// The GGML block type of a quantized base; `None` for dense ones.
-    pub fn ggml(self) -> Option<GgmlDType> {
-        match self {
-            Self::Detach | Self::Op => None,
-            Self::Q4_0 => Some(GgmlDType::Q4_0),
-            Self::Q8_0 => Some(GgmlDType::Q8_0),
-            Self::Q4K => Some(GgmlDType::Q4K),
-            Self::Q6K => Some(GgmlDType::Q6K),
-        }
-    }
-}
-
-/// Projections that can carry a LoRA adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoraTarget {
-    Q,
-    K,
-    V,
-    O,
-    Fc1,
-    Fc2,
-    /// LLaMA's SwiGLU projections.
-    Gate,
-    Up,
-    Down,
-}
-
-impl LoraTarget {
-    pub const ALL: [LoraTarget; 9] = [
-        Self::Q,
-        Self::K,
-        Self::V,
-        Self::O,
-        Self::Fc1,
-        Self::Fc2,
-        Self::Gate,
-        Self::Up,
-        Self::Down,
-    ];
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Q => "q",
-            Self::K => "k",
-            Self::V => "v",
-            Self::O => "o",
-            Self::Fc1 => "fc1",
-            Self::Fc2 => "fc2",
-            Self::Gate => "gate",
-            Self::Up => "up",
-            Self::Down => "down",
-        }
-    }
 }

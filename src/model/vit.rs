@@ -30,49 +30,11 @@
 //! let logits = model.forward(&images).unwrap(); // (2, 1, classes)
 //! ```
 
+pub use super::shapes::{Sizes, Vision};
 use candle_core::{Device, Result, Tensor};
-use serde::{Deserialize, Serialize};
-
-/// The image side of a ViT configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Vision {
-    /// Side of the square input image, in pixels.
-    pub image: usize,
-    /// Side of a square patch, in pixels (divides `image`).
-    pub patch: usize,
-    /// Colour channels.
-    pub channels: usize,
-}
-
-impl Vision {
-    /// Patches per image, `(I/p)²`.
-    pub fn patches(&self) -> usize {
-        (self.image / self.patch).pow(2)
-    }
-
-    /// Values per patch, `C·p²` (the patch projection's input).
-    pub fn patch_dim(&self) -> usize {
-        self.channels * self.patch * self.patch
-    }
-
-    /// The encoder's sequence: patches plus the class token.
-    pub fn seq(&self) -> usize {
-        self.patches() + 1
-    }
-}
 
 /// Names of the ViT presets (also accepted by `transformer::Config::preset`).
 pub const PRESETS: &[&str] = &["vit-tiny", "vit-s16", "vit-b16", "vit-l16"];
-
-/// The sizes of a named ViT.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizes {
-    pub vision: Vision,
-    pub classes: usize,
-    pub hidden: usize,
-    pub heads: usize,
-    pub layers: usize,
-}
 
 /// The presets: `vit-tiny` (test-sized: 32 px, patch 8, H 96, A 3, L 2, 10 classes) and
 /// ViT-S/16, ViT-B/16, ViT-L/16 at 224 px with 1000 classes (Dosovitskiy et al. 2021's sizes).

@@ -1,0 +1,57 @@
+//! Pieces the LLaMA family's attention shares, whatever the model: the rotary tables, the
+//! composed "rotate half" rotary embedding, and the repetition of K/V heads to the query heads
+//! (grouped-query attention).
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · θ^(−2j/D)` for position `p`
+/// and frequency `j` (computed in f32, then converted to `dtype`, as candle-transformers'
+/// llama does).
+pub fn rotary_tables(
+    max_seq: usize,
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
+    let angle = |k: usize| {
+        let (p, j) = ((k / half) as f64, (k % half) as f64);
+        p / theta.powf(2.0 * j / head_dim as f64)
+    };
+    // Exact-size iterators: the Vecs the tensors keep have no spare capacity.
+    let cos: Vec<f32> = (0..max_seq * half).map(|k| angle(k).cos() as f32).collect();
+    let sin: Vec<f32> = (0..max_seq * half).map(|k| angle(k).sin() as f32).collect();
+    let cos = Tensor::from_vec(cos, (max_seq, half), device)?.to_dtype(dtype)?;
+    let sin = Tensor::from_vec(sin, (max_seq, half), device)?.to_dtype(dtype)?;
+    Ok((cos, sin))
+}
+
+/// The rotary embedding of `x (B, n, S, D)` at positions `offset..offset + S`, "rotate half":
+/// `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]` with `x₁, x₂` the two halves of the last dimension.
+/// Each product and sum is a fresh `(B, n, S, D/2)` tensor, the result a fresh `(B, n, S, D)`;
+/// the products are dropped as soon as their sum exists.
+pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, offset: usize) -> Result<Tensor> {
+    let (_b, _n, s, d) = x.dims4()?;
+    let cos = cos.narrow(0, offset, s)?;
+    let sin = sin.narrow(0, offset, s)?;
+    let x1 = x.narrow(3, 0, d / 2)?;
+    let x2 = x.narrow(3, d / 2, d / 2)?;
+    let (a, b) = (x1.broadcast_mul(&cos)?, x2.broadcast_mul(&sin)?);
+    let r1 = a.sub(&b)?;
+    drop((a, b));
+    let (a, b) = (x2.broadcast_mul(&cos)?, x1.broadcast_mul(&sin)?);
+    let r2 = a.add(&b)?;
+    drop((a, b));
+    Tensor::cat(&[&r1, &r2], 3)
+}
+
+/// candle-transformers' `utils::repeat_kv`: `(B, G, T, D)` → `(B, G·n, T, D)` by a `cat` of
+/// `n` copies along T and a reshape (the same tensor when `n` is 1).
+pub fn repeat_kv(x: Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(x);
+    }
+    let (b, g, t, d) = x.dims4()?;
+    Tensor::cat(&vec![&x; n], 2)?.reshape((b, g * n, t, d))
+}

@@ -1,0 +1,364 @@
+//! What a model's config says about its parts, with no layer in it: the LLaMA family's
+//! [`Llama`] (widths, biases, windows), a mixture of experts' [`MoeShape`], latent attention's
+//! [`MlaShape`], a ViT's image ([`Vision`], [`Sizes`]), and how LoRA adapts ([`LoraTarget`])
+//! and freezes ([`LoraBase`]) projections.
+//! The config reader (`hf_config`), the layout (`config`), the layers and the device sit above
+//! it; it imports none of them.
+
+use candle_core::quantized::GgmlDType;
+use serde::{Deserialize, Serialize};
+
+/// What a LLaMA-family decoder has beyond the GPT sizes (`hidden`, `heads`, `layers`, `vocab`,
+/// `max_seq` stay in [`Config`]; the RMSNorm epsilon is `Config::layer_norm_eps`, the rotary
+/// base `Config::rope_theta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Llama {
+    /// Width of the SwiGLU MLP (`intermediate_size`).
+    pub intermediate: usize,
+    /// K/V heads (`num_key_value_heads`); divides `heads`.
+    pub kv_heads: usize,
+    /// Width of one head (`head_dim`; even).
+    pub head_dim: usize,
+    /// Biases on q, k, v (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on o (Llama's `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on gate, up, down (`mlp_bias`).
+    pub mlp_bias: bool,
+    /// RMSNorm of each query and key head over `head_dim` before the rotary embedding
+    /// (Qwen3's `q_norm`, `k_norm`: a weight of `D` each per layer).
+    #[serde(default)]
+    pub qk_norm: bool,
+    /// A mixture of experts instead of the dense MLP in every layer (`intermediate` is then
+    /// one expert's width).
+    #[serde(default)]
+    pub moe: Option<MoeShape>,
+    /// Sliding-window attention (Mistral's `sliding_window`; in every layer but those of
+    /// `full_layers`): query `i` sees the
+    /// keys `i − W + 1 ..= i`, and the KV cache keeps the last `W` tokens.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// With a window: the layers that attend to everything (bit `i` for layer `i`; from
+    /// `layer_types` or Qwen's `max_window_layers`), as transformers' per-layer attention types.
+    #[serde(default)]
+    pub full_layers: u128,
+    /// Multi-head latent attention instead of q, k, v ([`super::mla`]; DeepSeek). `head_dim`
+    /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
+    #[serde(default)]
+    pub mla: Option<MlaShape>,
+}
+
+impl Llama {
+    /// The window of layer `layer`'s attention, if it slides.
+    pub fn window_at(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
+    }
+
+    /// Whether some layers slide and others do not.
+    pub fn mixed_windows(&self) -> bool {
+        self.sliding_window.is_some() && self.full_layers != 0
+    }
+
+    /// Query heads per K/V head.
+    pub fn group(&self, heads: usize) -> usize {
+        heads / self.kv_heads
+    }
+}
+
+/// How the router turns its logits into scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// Softmax over the experts (Mixtral, Qwen, DeepSeek-V2).
+    #[default]
+    Softmax,
+    /// A sigmoid per expert (DeepSeek-V3), composed `1 / (1 + exp(−x))`.
+    Sigmoid,
+}
+
+/// Group-limited routing (DeepSeek): the experts in `groups` equal groups, each token first
+/// picks its `top_groups` best groups (by their best score, or the sum of their two best with
+/// `top2_sum`), then its `k` experts among those. Host-side: no device memory of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupLimit {
+    pub groups: usize,
+    pub top_groups: usize,
+    pub top2_sum: bool,
+}
+
+/// A multiplier on the routed experts' weights (`routed_scaling_factor`), compared by its bits.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Factor(pub f64);
+
+impl PartialEq for Factor {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+impl Eq for Factor {}
+impl std::hash::Hash for Factor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state)
+    }
+}
+impl Default for Factor {
+    fn default() -> Self {
+        Factor(1.0)
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What makes a LLaMA-family MLP a mixture of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MoeShape {
+    /// Routed experts `E` (`num_local_experts`, `num_experts`, `n_routed_experts`).
+    pub experts: usize,
+    /// Experts per token `k` (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Renormalise the `k` selected weights to sum to 1 (Mixtral always; `norm_topk_prob`
+    /// in Qwen's and DeepSeek's configs; DeepSeek adds 1e-20 to the sum).
+    pub norm_topk: bool,
+    /// Softmax or sigmoid scores.
+    #[serde(default)]
+    pub scoring: Scoring,
+    /// Group-limited routing (DeepSeek's `group_limited_greedy`, `noaux_tc`).
+    #[serde(default)]
+    pub group: Option<GroupLimit>,
+    /// DeepSeek-V3's `e_score_correction_bias`: added to the scores for the choice only (not
+    /// to the weights). Kept on the host beside the routing (`E` f32 a layer; zero at init,
+    /// as transformers makes it).
+    #[serde(default)]
+    pub correction_bias: bool,
+    /// `routed_scaling_factor` (1: no multiply).
+    #[serde(default)]
+    pub routed_scale: Factor,
+    /// Width of the shared experts' SwiGLU, run on every token beside the routed ones
+    /// (DeepSeek: `n_shared_experts · moe_intermediate_size`; Qwen2-MoE:
+    /// `shared_expert_intermediate_size`); 0 = none.
+    #[serde(default)]
+    pub shared: usize,
+    /// Qwen2-MoE's `shared_expert_gate`: the shared output times `sigmoid(x·g)`, `g (1, H)`.
+    #[serde(default)]
+    pub shared_gate: bool,
+    /// The first layers are dense (DeepSeek's `first_k_dense_replace`).
+    #[serde(default)]
+    pub first_dense: usize,
+    /// Layer `i` (past the dense ones) is sparse when `(i + 1) % sparse_step == 0` (Qwen's
+    /// `decoder_sparse_step`); 1: every one.
+    #[serde(default = "one")]
+    pub sparse_step: usize,
+    /// Width of the dense layers' SwiGLU (`intermediate_size`; the experts' is
+    /// `Llama::intermediate`).
+    #[serde(default)]
+    pub dense_width: usize,
+    /// Layers listed dense (Qwen's `mlp_only_layers`; bit `i` for layer `i`).
+    #[serde(default)]
+    pub dense_layers: u128,
+}
+
+impl MoeShape {
+    /// `experts` routed experts, `top_k` per token, nothing else: Mixtral's shape.
+    pub fn plain(experts: usize, top_k: usize, norm_topk: bool) -> Self {
+        Self {
+            experts,
+            top_k,
+            norm_topk,
+            scoring: Scoring::Softmax,
+            group: None,
+            correction_bias: false,
+            routed_scale: Factor(1.0),
+            shared: 0,
+            shared_gate: false,
+            first_dense: 0,
+            sparse_step: 1,
+            dense_width: 0,
+            dense_layers: 0,
+        }
+    }
+
+    /// Whether layer `layer` has the mixture (else the dense MLP of `dense_width`).
+    pub fn sparse(&self, layer: usize) -> bool {
+        layer >= self.first_dense
+            && (layer + 1).is_multiple_of(self.sparse_step.max(1))
+            && (layer >= 128 || self.dense_layers & (1u128 << layer) == 0)
+    }
+}
+
+/// What makes a LLaMA-family attention MLA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MlaShape {
+    /// `q_lora_rank` (none: one `q` projection).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaShape {
+    /// Width of a query or key head: `n + r`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Elements a token keeps in one layer's latent cache: `L + r`.
+    pub fn latent_per_token(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Elements a token keeps in one layer's decompressed cache: `A·(dq + dv)`.
+    pub fn decompressed_per_token(&self, heads: usize) -> usize {
+        heads * (self.qk_head_dim() + self.v_head_dim)
+    }
+}
+
+/// How LoRA freezes the base projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraBase {
+    /// Detached weights in candle's own matmul: their gradients are still computed and held
+    /// until the gradient store is dropped.
+    Detach,
+    /// [`super::frozen::FrozenLinear`]: no gradient for the weight.
+    #[default]
+    Op,
+    /// QLoRA: [`super::frozen::FrozenLinear`] over 4-bit GGML blocks (18 B per 32 weights).
+    Q4_0,
+    /// [`super::frozen::FrozenLinear`] over 8-bit GGML blocks (34 B per 32 weights).
+    Q8_0,
+    /// [`super::frozen::FrozenLinear`] over GGUF's 4-bit k-quant super-blocks (144 B per 256 weights).
+    #[serde(rename = "q4_k")]
+    Q4K,
+    /// [`super::frozen::FrozenLinear`] over GGUF's 6-bit k-quant super-blocks (210 B per 256 weights).
+    #[serde(rename = "q6_k")]
+    Q6K,
+}
+
+impl LoraBase {
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "detach" => Some(Self::Detach),
+            "op" => Some(Self::Op),
+            "q4_0" => Some(Self::Q4_0),
+            "q8_0" => Some(Self::Q8_0),
+            "q4_k" => Some(Self::Q4K),
+            "q6_k" => Some(Self::Q6K),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Detach => "detach",
+            Self::Op => "op",
+            Self::Q4_0 => "q4_0",
+            Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
+            Self::Q6K => "q6_k",
+        }
+    }
+
+    /// The GGML block type of a quantized base; `None` for dense ones.
+    pub fn ggml(self) -> Option<GgmlDType> {
+        match self {
+            Self::Detach | Self::Op => None,
+            Self::Q4_0 => Some(GgmlDType::Q4_0),
+            Self::Q8_0 => Some(GgmlDType::Q8_0),
+            Self::Q4K => Some(GgmlDType::Q4K),
+            Self::Q6K => Some(GgmlDType::Q6K),
+        }
+    }
+}
+
+/// Projections that can carry a LoRA adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Fc1,
+    Fc2,
+    /// LLaMA's SwiGLU projections.
+    Gate,
+    Up,
+    Down,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 9] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Fc1,
+        Self::Fc2,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Q => "q",
+            Self::K => "k",
+            Self::V => "v",
+            Self::O => "o",
+            Self::Fc1 => "fc1",
+            Self::Fc2 => "fc2",
+            Self::Gate => "gate",
+            Self::Up => "up",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// The image side of a ViT configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Vision {
+    /// Side of the square input image, in pixels.
+    pub image: usize,
+    /// Side of a square patch, in pixels (divides `image`).
+    pub patch: usize,
+    /// Colour channels.
+    pub channels: usize,
+}
+
+impl Vision {
+    /// Patches per image, `(I/p)²`.
+    pub fn patches(&self) -> usize {
+        (self.image / self.patch).pow(2)
+    }
+
+    /// Values per patch, `C·p²` (the patch projection's input).
+    pub fn patch_dim(&self) -> usize {
+        self.channels * self.patch * self.patch
+    }
+
+    /// The encoder's sequence: patches plus the class token.
+    pub fn seq(&self) -> usize {
+        self.patches() + 1
+    }
+}
+
+/// The sizes of a named ViT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub vision: Vision,
+    pub classes: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub layers: usize,
+}
