@@ -84,7 +84,7 @@ pub const IDS: [(&str, &str); 27] = [
     ("B2", "SGD keeps no state; Adam keeps 2 × the parameters"),
     (
         "B3",
-        "AdamW + fp16 ≈ 2 + 2 + 4 bytes per parameter (\"6×\"); literature 16–18 B",
+        "AdamW + fp16 ≈ 6 × the 16-bit parameter memory: 12 B/param (2 + 2 + 8: 16-bit weights and gradients, f32 moments); literature 16–18 B",
     ),
     ("B4", "1 B parameters, fp16 + AdamW ≈ 18 GB"),
     (

@@ -197,7 +197,7 @@ impl<'a> Ctx<'a> {
                 m.join(", "),
                 copy.as_ref().map_or("not measured".into(), |(c, _)| format!("{c:.2} B/param"))
             ),
-            "the note: 2 + 2 + 4 = 8 B (\"6×\"); literature 16–18 B with f32 masters".into(),
+            "the note: 6 × 2 = 12 B (2 + 2 + 8: 16-bit weights and gradients, f32 moments); literature 16–18 B with f32 masters".into(),
             "\"6×\": pure 16-bit state, or mixed state + the measured working copy, within 10 % of 6 × 2 = 12 B/param; the literature: mixed state + the measured working copy in 16–18 B/param ± 2 % (B1's and B2's allowance for candle's bookkeeping); holds when both do, partly when one does",
             match (pick(false), pick(true), copy) {
                 (Some(p), Some(m), Some((c, _))) => {
