@@ -3,9 +3,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::config::{Config, MlpLayout, ProjSpec};
+use super::config::{Config, ProjSpec};
 use super::kernels;
-use super::moe::Moe;
 use super::proj::Proj;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
@@ -23,8 +22,6 @@ pub enum Mlp {
         down: Proj,
         fused: bool,
     },
-    /// A mixture of SwiGLU experts ([`super::moe`]).
-    Moe(Box<Moe>),
 }
 
 impl Mlp {
@@ -47,39 +44,10 @@ impl Mlp {
         })
     }
 
-    /// The MLP of block `layer` as its layout says: dense, or a mixture of experts.
-    pub(crate) fn for_block(
-        cfg: &Config,
-        layer: usize,
-        layout: &MlpLayout,
-        vb: VarBuilder,
-    ) -> Result<Self> {
-        match layout {
-            MlpLayout::Moe {
-                shape,
-                expert,
-                shared,
-            } => Ok(Mlp::Moe(Box::new(Moe::new(
-                cfg, *shape, layer, expert, shared, vb,
-            )?))),
-            MlpLayout::Dense(projs) => Mlp::new(cfg, projs, vb),
-        }
-    }
-
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
         match self {
             Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
             Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
-            Mlp::Moe(m) => {
-                let Moe {
-                    experts, shared, ..
-                } = &mut **m;
-                experts
-                    .iter_mut()
-                    .chain(shared.iter_mut())
-                    .flat_map(|e| e.projs_mut())
-                    .collect()
-            }
         }
     }
 
@@ -106,28 +74,6 @@ impl Mlp {
                 down: down.map(base, adapter)?,
                 fused: *fused,
             },
-            Mlp::Moe(m) => Mlp::Moe(Box::new(Moe {
-                router: candle_nn::Linear::new(base(m.router.weight())?, None),
-                experts: m
-                    .experts
-                    .iter()
-                    .map(|e| e.map(base, adapter))
-                    .collect::<Result<Vec<_>>>()?,
-                shared: m
-                    .shared
-                    .as_ref()
-                    .map(|e| e.map(base, adapter))
-                    .transpose()?,
-                shared_gate: m
-                    .shared_gate
-                    .as_ref()
-                    .map(|g| {
-                        Ok::<_, candle_core::Error>(candle_nn::Linear::new(base(g.weight())?, None))
-                    })
-                    .transpose()?,
-                shape: m.shape,
-                layer: m.layer,
-            })),
         })
     }
 }
@@ -159,7 +105,6 @@ impl Module for Mlp {
                 drop((g, u));
                 down.forward(&m)
             }
-            Mlp::Moe(m) => m.forward(x),
             Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x)?.silu()?;
                 let u = up.forward(x)?;

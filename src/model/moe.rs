@@ -40,6 +40,7 @@ use candle_nn::{Linear, VarBuilder, linear_no_bias, ops};
 
 use super::config::{Config, ProjSpec};
 use super::mlp::Mlp;
+use super::proj::Proj;
 pub use super::shapes::{Factor, GroupLimit, MoeShape, Scoring};
 
 /// A mixture-of-experts MLP: router, experts (SwiGLU [`Mlp`]s), its layer.
@@ -67,6 +68,45 @@ pub fn routing_snapshot() -> Option<Vec<Vec<usize>>> {
 }
 
 impl Moe {
+    /// The projections of every expert (routed, then shared), for LoRA.
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        self.experts
+            .iter_mut()
+            .chain(self.shared.iter_mut())
+            .flat_map(|e| e.projs_mut())
+            .collect()
+    }
+
+    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B.
+    pub(crate) fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        let m = self;
+        Ok(Moe {
+            router: candle_nn::Linear::new(base(m.router.weight())?, None),
+            experts: m
+                .experts
+                .iter()
+                .map(|e| e.map(base, adapter))
+                .collect::<Result<Vec<_>>>()?,
+            shared: m
+                .shared
+                .as_ref()
+                .map(|e| e.map(base, adapter))
+                .transpose()?,
+            shared_gate: m
+                .shared_gate
+                .as_ref()
+                .map(|g| {
+                    Ok::<_, candle_core::Error>(candle_nn::Linear::new(base(g.weight())?, None))
+                })
+                .transpose()?,
+            shape: m.shape,
+            layer: m.layer,
+        })
+    }
     /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
     pub(crate) fn new(
         cfg: &Config,

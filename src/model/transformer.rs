@@ -52,8 +52,57 @@ pub use super::config::{
 };
 pub use super::mla::Mla;
 pub use super::mlp::Mlp;
+pub use super::moe::Moe;
 pub use super::norm::{LayerNorm, Norm};
 pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
+
+/// A block's feed-forward part: a dense MLP ([`Mlp`]) or a mixture of experts ([`Moe`]).
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Box<Moe>),
+}
+
+impl Ffn {
+    /// The feed-forward part of block `layer` as its layout says.
+    fn for_block(cfg: &Config, layer: usize, layout: &MlpLayout, vb: VarBuilder) -> Result<Self> {
+        Ok(match layout {
+            MlpLayout::Moe {
+                shape,
+                expert,
+                shared,
+            } => Ffn::Moe(Box::new(Moe::new(cfg, *shape, layer, expert, shared, vb)?)),
+            MlpLayout::Dense(projs) => Ffn::Dense(Mlp::new(cfg, projs, vb)?),
+        })
+    }
+
+    fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        match self {
+            Ffn::Dense(m) => m.projs_mut(),
+            Ffn::Moe(m) => m.projs_mut(),
+        }
+    }
+
+    fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        Ok(match self {
+            Ffn::Dense(m) => Ffn::Dense(m.map(base, adapter)?),
+            Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(base, adapter)?)),
+        })
+    }
+}
+
+impl Module for Ffn {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe(m) => m.forward(x),
+        }
+    }
+}
 
 /// A block's attention: q, k, v, o ([`Attention`]) or multi-head latent attention
 /// ([`Mla`]).
@@ -91,7 +140,7 @@ pub struct Block {
     ln1: Norm,
     attn: SelfAttention,
     ln2: Norm,
-    mlp: Mlp,
+    mlp: Ffn,
 }
 
 impl Block {
@@ -107,7 +156,7 @@ impl Block {
             ln1,
             attn,
             ln2: Norm::new(cfg, vb.pp("ln2"))?,
-            mlp: Mlp::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?,
+            mlp: Ffn::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?,
         })
     }
 

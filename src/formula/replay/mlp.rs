@@ -17,14 +17,11 @@ pub(super) enum Mlp {
         down: Linear,
         fused: bool,
     },
-    /// A mixture of SwiGLU experts (mirror of `model::moe`).
-    Moe(Box<super::moe::Moe>),
 }
 
 impl Mlp {
     pub(super) fn forward(&self, x: &Sym) -> Sym {
         match self {
-            Mlp::Moe(m) => m.forward(x),
             Mlp::Gelu {
                 fc1,
                 fc2,
@@ -66,7 +63,6 @@ impl Mlp {
         match self {
             Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
             Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
-            Mlp::Moe(m) => m.linears(),
         }
     }
 
@@ -88,7 +84,6 @@ impl Mlp {
                 down: f(down),
                 fused: *fused,
             },
-            Mlp::Moe(m) => Mlp::Moe(Box::new(m.map(f))),
         }
     }
 }

@@ -125,11 +125,40 @@ impl SelfAttention {
     }
 }
 
+/// Mirror of the model's `Ffn`: a block's dense MLP or mixture of experts.
+enum Ffn {
+    Dense(Mlp),
+    Moe(Box<moe::Moe>),
+}
+
+impl Ffn {
+    fn forward(&self, x: &Sym) -> Sym {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe(m) => m.forward(x),
+        }
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Ffn::Dense(m) => m.linears(),
+            Ffn::Moe(m) => m.linears(),
+        }
+    }
+
+    fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
+        match self {
+            Ffn::Dense(m) => Ffn::Dense(m.map(f)),
+            Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(f))),
+        }
+    }
+}
+
 struct Block {
     ln1: Norm,
     attn: SelfAttention,
     ln2: Norm,
-    mlp: Mlp,
+    mlp: Ffn,
     /// Its attention slides (takes the windowed mask).
     windowed: bool,
     /// Its ledger tag (`compress`): what it allocates, forward and backward, is its segment.
@@ -426,7 +455,7 @@ impl Transformer {
                             .as_ref()
                             .and_then(|r| r.get(sparse_index).cloned());
                         sparse_index += 1;
-                        Mlp::Moe(Box::new(moe::Moe {
+                        Ffn::Moe(Box::new(moe::Moe {
                             router,
                             experts,
                             expert_ids,
@@ -437,12 +466,12 @@ impl Transformer {
                             worst: shape.worst_routing,
                         }))
                     }
-                    MlpLayout::Dense(specs) if llama => swiglu(specs),
-                    MlpLayout::Dense(specs) => Mlp::Gelu {
+                    MlpLayout::Dense(specs) if llama => Ffn::Dense(swiglu(specs)),
+                    MlpLayout::Dense(specs) => Ffn::Dense(Mlp::Gelu {
                         fc1: proj(&specs[0]),
                         fc2: proj(&specs[1]),
                         fused: shape.kernels.fused(),
-                    },
+                    }),
                 };
                 Block {
                     ln1,
