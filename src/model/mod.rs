@@ -9,6 +9,7 @@ pub mod hf_config;
 pub mod kernels;
 pub mod limits;
 pub mod llama;
+pub mod mask;
 pub mod mla;
 pub mod mlp;
 pub mod moe;

@@ -107,7 +107,7 @@ impl Graph for Tensor {
         Tensor::broadcast_add(self, rhs)
     }
     fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self> {
-        crate::model::attention::causal_mask(rows, cols, first_row, self.device())?
+        crate::model::mask::causal_mask(rows, cols, first_row, self.device())?
             .to_dtype(self.dtype())
     }
     fn sqr(&self) -> Result<Self> {

@@ -41,6 +41,7 @@ mod linear;
 mod loss;
 mod norm;
 mod rotary;
+pub mod tiled;
 
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
@@ -186,7 +187,7 @@ impl Kernel {
             Kernel::Linear => linear_bwd(args[0], args[1], grad),
             Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
             Kernel::TiledAttention { scale, causal } => {
-                let (dq, dk, dv) = crate::model::tiled_attention::backward(
+                let (dq, dk, dv) = tiled::backward(
                     &args[0].detach(),
                     &args[1].detach(),
                     &args[2].detach(),

@@ -1,0 +1,33 @@
+//! The additive attention masks, made on the device: causal, and causal with a sliding window.
+//! Below the attention and the kernels, which both make them.
+
+use candle_core::{Device, Result, Tensor};
+
+/// The additive causal mask of `rows` queries, the first at position `first_row`, over `cols`
+/// keys: f32 `(rows, cols)`, 0 where the key is at or before the query, −∞ after.
+pub fn causal_mask(rows: usize, cols: usize, first_row: usize, device: &Device) -> Result<Tensor> {
+    windowed_mask(rows, cols, first_row, None, device)
+}
+
+/// [`causal_mask`] with a sliding `window`: also −∞ for keys `window` or more positions before
+/// the query (query `i` sees `i − window + 1 ..= i`, as transformers' sliding-window mask).
+pub fn windowed_mask(
+    rows: usize,
+    cols: usize,
+    first_row: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Tensor> {
+    // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
+    let mask: Vec<f32> = (0..rows * cols)
+        .map(|k| {
+            let (i, j) = (k / cols + first_row, k % cols);
+            if j > i || window.is_some_and(|w| i - j >= w) {
+                f32::NEG_INFINITY
+            } else {
+                0.
+            }
+        })
+        .collect();
+    Tensor::from_vec(mask, (rows, cols), device)
+}
