@@ -16,19 +16,6 @@ use std::cell::RefCell;
 /// Guesses from the fitted form before bisecting.
 pub const GUESSES: usize = 3;
 
-/// The largest `n` in `0..=hi` with `ok(n)`, for `ok` true up to some point and false after
-/// (0 when `ok(1)` is false): the ends first, then doubling from 1 and bisection below the
-/// first failure.
-pub fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
-    if hi == 0 || !ok(1) {
-        return 0;
-    }
-    if ok(hi) {
-        return hi;
-    }
-    between(1, hi, ok)
-}
-
 /// The largest passing size in `lo..up`, `lo` passing and `up` failing: doubling from `lo`,
 /// then bisection below the first failure.
 fn between(mut lo: u64, mut up: u64, ok: impl Fn(u64) -> bool) -> u64 {
@@ -156,30 +143,6 @@ fn guess(points: &[(u64, u64)], budget: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
-
-    /// The search answers what a scan would, for every threshold of a monotone predicate
-    /// (nothing fits, everything fits, anything between), and asks once when nothing fits.
-    #[test]
-    fn largest_equals_a_scan_and_stops_early_at_the_ends() {
-        for hi in [0u64, 1, 2, 3, 7, 64, 1000] {
-            for t in 0..=hi + 1 {
-                let scan = (0..=hi).rev().find(|&x| x == 0 || x <= t).unwrap_or(0);
-                let calls = Cell::new(0);
-                let got = largest(hi, |x| {
-                    calls.set(calls.get() + 1);
-                    x <= t
-                });
-                assert_eq!(got, scan, "hi {hi}, threshold {t}");
-                if t == 0 && hi > 0 {
-                    assert_eq!(calls.get(), 1, "nothing fits: one evaluation");
-                }
-                if t >= hi && hi > 0 {
-                    assert_eq!(calls.get(), 2, "everything fits: two evaluations");
-                }
-            }
-        }
-    }
 
     fn scan(hi: u64, budget: u64, cost: &dyn Fn(u64) -> u64) -> u64 {
         (1..=hi)

@@ -158,16 +158,6 @@ pub fn mla_projections(hidden: usize, heads: usize, m: &MlaShape, bias: bool) ->
     v
 }
 
-/// The RMSNorms of an MLA attention: `q_a_norm` (R, with `q_lora_rank`) and `kv_a_norm` (L).
-pub fn mla_norms(m: &MlaShape) -> Vec<(&'static str, usize)> {
-    let mut v = Vec::new();
-    if let Some(r) = m.q_lora_rank {
-        v.push(("attn.q_a_norm", r));
-    }
-    v.push(("attn.kv_a_norm", m.kv_lora_rank));
-    v
-}
-
 /// An MLP's projections of width `width`: GPT fc1, fc2 (biased); LLaMA gate, up, down.
 pub fn mlp_projections(hidden: usize, width: usize, llama: Option<&Llama>) -> Vec<ProjSpec> {
     let p = ProjSpec::new;

@@ -43,7 +43,6 @@
 //! ```
 
 use super::config::Config;
-pub use super::rotary::{apply_rotary, repeat_kv, rotary_tables};
 pub use super::shapes::Llama;
 
 /// Presets: `llama-tiny` (test-sized) and the shipped Hugging Face configs

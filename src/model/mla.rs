@@ -30,7 +30,6 @@ use candle_nn::VarBuilder;
 
 use super::attention::{Core, Rotary};
 use super::config::{Config, ProjSpec};
-pub use super::config::{mla_norms as norms, mla_projections as projections};
 use super::norm::Norm;
 use super::proj::Proj;
 pub use super::shapes::MlaShape;

@@ -43,7 +43,6 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
 
 use super::kernels::{self, Kernels};
-use super::llama;
 use super::vit::{self};
 
 pub use super::attention::{Attention, Rotary};
@@ -299,7 +298,7 @@ impl Transformer {
         // The rotary tables first: their f32 originals are freed before the weights exist.
         let rope = match cfg.llama {
             None => None,
-            Some(l) => Some(llama::rotary_tables(
+            Some(l) => Some(super::rotary::rotary_tables(
                 cfg.max_seq,
                 l.head_dim,
                 cfg.rope_theta,

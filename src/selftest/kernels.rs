@@ -9,7 +9,7 @@
 
 use crate::model::kernels::{self, Kernels};
 use crate::model::transformer::{Config, Transformer, synthetic_batch};
-use crate::model::{llama, vit};
+use crate::model::{llama, rotary, vit};
 use candle_core::quantized::GgmlDType;
 use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap, ops};
@@ -264,7 +264,7 @@ pub fn frozen_linear_matches_a_matmul_on_its_weights() {
 pub fn rotary_matches_apply_rotary() {
     for dtype in dtypes(false) {
         let (s_max, d, offset, s) = (20, 16, 5, 9);
-        let (cos, sin) = llama::rotary_tables(s_max, d, 10_000.0, dtype, &dev()).unwrap();
+        let (cos, sin) = rotary::rotary_tables(s_max, d, 10_000.0, dtype, &dev()).unwrap();
         let x = var(&[2, 3, s, d], 22, dtype);
         compare(
             "rotary",
@@ -280,7 +280,7 @@ pub fn rotary_matches_apply_rotary() {
             |a| {
                 let dt = a[0].dtype();
                 let (c, sn) = (cos.to_dtype(dt).unwrap(), sin.to_dtype(dt).unwrap());
-                llama::apply_rotary(&a[0], &c, &sn, offset).unwrap()
+                rotary::apply_rotary(&a[0], &c, &sn, offset).unwrap()
             },
         );
     }

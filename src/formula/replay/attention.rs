@@ -15,7 +15,7 @@ pub(super) fn softmax(xs: &Sym, dim: usize) -> Sym {
     num.broadcast_div(&den)
 }
 
-/// Mirror of `model::llama::apply_rotary`.
+/// Mirror of `model::rotary::apply_rotary`.
 pub(super) fn apply_rotary(x: &Sym, cos: &Sym, sin: &Sym, offset: usize) -> Sym {
     let (s, d) = (x.dims()[2], x.dims()[3]);
     let cos = cos.narrow(0, offset, s);
@@ -31,7 +31,7 @@ pub(super) fn apply_rotary(x: &Sym, cos: &Sym, sin: &Sym, offset: usize) -> Sym 
     Sym::cat(&[&r1, &r2], 3)
 }
 
-/// Mirror of `model::llama::repeat_kv` (candle-transformers' `utils::repeat_kv`).
+/// Mirror of `model::rotary::repeat_kv` (candle-transformers' `utils::repeat_kv`).
 pub(super) fn repeat_kv(x: Sym, n: usize) -> Sym {
     if n == 1 {
         return x;

@@ -76,10 +76,9 @@ pub(super) struct Plan {
     runs: Vec<(usize, usize)>,
     /// Indices into `runs` of the compressed ones.
     vars: Vec<usize>,
-    /// A mixture of experts: `E`, and the runs of experts with the same token count in the
-    /// training forward (every sparse layer routes the same count per expert) with the
-    /// compressed ones, when experts are compressed.
-    experts: usize,
+    /// A mixture of experts: the runs of experts with the same token count in the training
+    /// forward (every sparse layer routes the same count per expert) with the compressed ones,
+    /// when experts are compressed; else one run of all `E`.
     expert_runs: Vec<(usize, usize)>,
     expert_vars: Vec<usize>,
 }
@@ -117,7 +116,6 @@ impl Plan {
         (!vars.is_empty() || !expert_vars.is_empty()).then_some(Plan {
             runs,
             vars,
-            experts: e,
             expert_runs,
             expert_vars,
         })
@@ -188,7 +186,6 @@ impl Plan {
             }
         }
         let list = (!self.expert_vars.is_empty()).then(|| experts.iter().map(|e| e.0).collect());
-        debug_assert!(self.experts == 0 || experts.len() <= self.experts);
         (slots, list, parts)
     }
 
@@ -229,17 +226,11 @@ pub(super) fn extrapolate(
     peaks: &[(usize, usize)],
 ) -> Option<Vec<i128>> {
     let weights: Vec<i128> = plan.corners().map(|c| plan.weight(c)).collect();
-    let at = |f: &dyn Fn(&Corner) -> Option<i128>| -> Option<i128> {
-        let mut sum = 0i128;
-        for (c, w) in corners.iter().zip(&weights) {
-            sum += w * f(c)?;
-        }
-        Some(sum)
+    let at = |f: &dyn Fn(&Corner) -> i128| -> i128 {
+        corners.iter().zip(&weights).map(|(c, w)| w * f(c)).sum()
     };
     let n = corners[0].figures.len();
-    let mut out: Vec<i128> = (0..n)
-        .map(|i| at(&|c: &Corner| Some(c.figures[i])))
-        .collect::<Option<_>>()?;
+    let mut out: Vec<i128> = (0..n).map(|i| at(&|c: &Corner| c.figures[i])).collect();
     let windows = corners[0].windows.0.len();
     if corners.iter().any(|c| c.windows.0.len() != windows) {
         return None;
@@ -272,26 +263,19 @@ pub(super) fn extrapolate(
         if by_part.iter().any(|w| {
             w[window].len() != keys.len() || keys.keys().any(|k| !w[window].contains_key(k))
         }) {
-            if std::env::var("MEMFIT_DEBUG_COMPRESS").is_ok() {
-                for (c, w) in by_part.iter().enumerate() {
-                    let mut k: Vec<_> = w[window].keys().collect();
-                    k.sort_by_key(|k| format!("{k:?}"));
-                    eprintln!("corner {c} window {window}: {k:?}");
-                }
-            }
             return None;
         }
-        let base = at(&|c: &Corner| Some(c.windows.0[window].base as i128))?;
-        let mut peak = base;
-        for key in keys.keys() {
-            let (mut level, mut i) = (0i128, 0usize);
-            for (w, weight) in by_part.iter().zip(&weights) {
-                level += weight * w[window][key];
-                i += 1;
-            }
-            debug_assert_eq!(i, corners.len());
-            peak = peak.max(level);
-        }
+        let base = at(&|c: &Corner| c.windows.0[window].base as i128);
+        let peak = keys
+            .keys()
+            .map(|key| {
+                by_part
+                    .iter()
+                    .zip(&weights)
+                    .map(|(w, weight)| weight * w[window][key])
+                    .sum::<i128>()
+            })
+            .fold(base, i128::max);
         out[figure] = peak - base;
     }
     Some(out)

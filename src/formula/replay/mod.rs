@@ -294,14 +294,10 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Weights on `ledger`, as variables when `vars`.
-    pub fn new(ledger: &Rc<Ledger>, shape: &Shape, vars: bool) -> Self {
-        Self::with_layers(ledger, shape, vars, &all_layers(shape), None)
-    }
-
-    /// The model with the layers `slots` (real layer indices, in order, each with its tag):
-    /// all of them, or a compressed model ([`compress`]); a mixture of experts with the
-    /// routed experts `experts` (indices among `E`), or all of them.
+    /// Weights on `ledger`, as variables when `vars`, with the layers `slots` (real layer
+    /// indices, in order, each with its tag): all of them ([`all_layers`]), or a compressed
+    /// model ([`compress`]); a mixture of experts with the routed experts `experts` (indices
+    /// among `E`), or all of them.
     fn with_layers(
         ledger: &Rc<Ledger>,
         shape: &Shape,

@@ -1,4 +1,4 @@
-//! The rotary embedding ("rotate half", as `llama::apply_rotary`) as one op: x `(B, n, S, D)`
+//! The rotary embedding ("rotate half", as `model::rotary::apply_rotary`) as one op: x `(B, n, S, D)`
 //! and the tables `cos`, `sin` `(S, D/2)` at the sequence's positions →
 //! `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]`. The composed version makes four products, a
 //! difference, a sum and a `cat` per rotated tensor, and candle keeps them (and gradients for
