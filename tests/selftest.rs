@@ -74,6 +74,11 @@ fn tiled_attention_matches_the_composed_attention() {
 }
 
 #[test]
+fn grouped_attention_matches_repeated_keys() {
+    check("grouped_attention_matches_repeated_keys");
+}
+
+#[test]
 fn cross_entropy_matches_candle_nn() {
     check("cross_entropy_matches_candle_nn");
 }
@@ -121,6 +126,7 @@ const TESTED: &[&str] = &[
     "wide_rows_match_the_composed_ops",
     "efficient_attention_matches_the_composed_attention",
     "tiled_attention_matches_the_composed_attention",
+    "grouped_attention_matches_repeated_keys",
     "cross_entropy_matches_candle_nn",
     "cross_entropy_refuses_a_target_beyond_the_vocabulary",
     "gpt_fused_gradients_equal_composed",

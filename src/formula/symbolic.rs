@@ -718,18 +718,20 @@ impl Sym {
     }
 
     /// `model::kernels::attn_probs`: the `q·kᵀ` gemm writes the output (and packs in its
-    /// scratch), then the softmax runs in place.
+    /// scratch; q read per key head as `(B, G, r·Sq, D)`), then the softmax runs in place.
     pub fn attn_probs(&self, k: &Sym, scale: f32, causal: bool) -> Sym {
         let d = self.dims();
-        let dims = [d[0], d[1], d[2], k.dims()[2]];
+        let kd = k.dims();
+        let dims = [d[0], kd[1], d[1] / kd[1] * d[2], kd[2]];
         let kernel = Kernel::AttnProbs {
             scale,
             causal,
             window: 0,
         };
         let out = Sym::kernel(kernel, &[self, k], &dims, self.0.dtype);
+        let lq = Layout::contiguous(&[d[0], kd[1], d[1] / kd[1] * d[2], d[3]]);
         self.ledger()
-            .gemm_pack(&self.0.layout, &k.0.layout.transposed(2, 3), self.0.dtype);
+            .gemm_pack(&lq, &k.0.layout.transposed(2, 3), self.0.dtype);
         out
     }
 
@@ -1426,6 +1428,7 @@ impl Graph for Sym {
         rows: usize,
         cols: usize,
         _first_row: usize,
+        _period: usize,
     ) -> candle_core::Result<Self> {
         Ok(Sym::new(self.ledger(), &[rows, cols], DType::F32).to_dtype(self.dtype()))
     }

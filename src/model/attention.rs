@@ -73,8 +73,10 @@ impl Core {
     }
 
     /// Queries `(B, A, S, Dq)` against keys `(B, G, S, Dq)` and values `(B, G, S, Dv)` at the
-    /// same positions: repeated to the query heads, then the tiled, efficient or standard
-    /// attention; the heads merged to `(B, S, A·Dv)`. The scale is `1/√Dq`.
+    /// same positions: the tiled, efficient or standard attention, each reading the keys and
+    /// values at their own head count (but the composed standard attention, which repeats
+    /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
+    /// A·Dv)`. The scale is `1/√Dq`.
     pub(crate) fn attend_any(
         &self,
         q: Tensor,
@@ -82,7 +84,6 @@ impl Core {
         v: Tensor,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (k, v) = self.repeat(k, v)?;
         if self.tiled {
             let (b, _, s, d) = q.dims4()?;
             let dv = v.dim(3)?;
@@ -124,10 +125,14 @@ impl Core {
     }
 
     /// `softmax(q·kᵀ/√Dq + mask)·v` with the heads merged back to `(B, S, A·Dv)`; each
-    /// intermediate is freed as soon as the next exists. `k`, `v` at the query heads.
+    /// intermediate is freed as soon as the next exists. `k`, `v` `(B, G, T, ·)` at their own
+    /// head count.
     ///
     /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
-    /// (no mask tensor: a single cached query sees every key, a prompt is masked).
+    /// (no mask tensor: a single cached query sees every key, a prompt is masked), made per
+    /// key head `(B, G, r·Sq, T)` for its `r` query heads, so `P·v` reads each value head
+    /// once. Composed: k and v repeated to the query heads ([`rotary::repeat_kv`]), then
+    /// candle's scores, mask and softmax.
     pub(crate) fn attend(
         &self,
         q: Tensor,
@@ -143,8 +148,14 @@ impl Core {
             drop((q, k));
             let y = probs.matmul(&v)?;
             drop((probs, v));
+            let y = if self.kv_heads == self.heads {
+                y
+            } else {
+                y.reshape((b, self.heads, s, dv))?
+            };
             return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
         }
+        let (k, v) = self.repeat(k, v)?;
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
         drop((q, k));
         let scores = match mask {
@@ -158,18 +169,6 @@ impl Core {
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
     }
 
-    /// A cached step's keys and values `(B, G, T, ·)` repeated to the query heads, then the
-    /// standard attention.
-    pub(crate) fn attend_cached(
-        &self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let (k, v) = self.repeat(k, v)?;
-        self.attend(q, k, v, mask)
-    }
 
     /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`rotary::repeat_kv`]).
     fn repeat(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
@@ -282,8 +281,9 @@ impl Attention {
 
     /// Inference with a key/value cache `(B, G, T, D)` each (at the K/V heads): the new keys
     /// and values are appended (`Tensor::cat`, a new allocation; the old cache is freed
-    /// after), then repeated to the query heads for this step only, and the queries attend to
-    /// every cached position (`mask` only for a prompt of several tokens).
+    /// after), and the queries attend to every cached position (`mask` only for a prompt of
+    /// several tokens); only the composed attention repeats them to the query heads, for
+    /// this step only.
     pub fn forward_cached(
         &self,
         x: &Tensor,
@@ -318,7 +318,7 @@ impl Attention {
         let y = if first && q.dim(2)? > 1 {
             self.core.attend_any(q, k, v, mask)?
         } else {
-            self.core.attend_cached(q, k, v, mask)?
+            self.core.attend(q, k, v, mask)?
         };
         self.o.forward(&y)
     }

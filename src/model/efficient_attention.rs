@@ -2,15 +2,18 @@
 //! the `(S, S)` score matrix. Causal for the GPT decoder (query `i` sees keys `0..=i`), full
 //! for the ViT encoder (every query sees every key).
 //!
-//! A candle `CustomOp3` on q, k, v `(B, A, S, D)` (contiguous f32, f16 or bf16; arithmetic
-//! in f32, results stored in the inputs' type). The forward runs an online
+//! A candle `CustomOp3` on q `(B, A, S, D)` and k, v `(B, G, S, D)` with `G` dividing `A`
+//! (grouped-query attention: query head `h` of a batch row reads key/value head `h / (A/G)`,
+//! so the keys and values are never repeated per query head), contiguous f32, f16 or bf16;
+//! arithmetic in f32, results stored in the inputs' type. The forward runs an online
 //! softmax per query row (running maximum and sum, rescaling the accumulator when the maximum
 //! grows) and keeps nothing but its output `(B, A, S, D)`. The backward recomputes each row's
 //! scores from q and k in two passes per head: by query row (the row's maximum, sum and
 //! `dO·O`, kept in f32 per row, then `dQ_i = Σ_j dS_ij·k_j/√D`), and by key (`dK_j = Σ_i
 //! dS_ij·q_i/√D`, `dV_j = Σ_i p_ij·dO_i`), with `dS = p·(dO·v − dO·O)`. Each gradient row is
-//! accumulated in f32 and written once, so it allocates the three gradients `(B, A, S, D)` in
-//! the inputs' type plus `3·S` f32 of row statistics per head being processed.
+//! accumulated in f32 and written once, so it allocates the three gradients (q's, k's and v's
+//! shapes) in the inputs' type plus `3·r·S` f32 of row statistics per key head being
+//! processed (the backward runs per key head over its `r = A/G` query heads' rows).
 //!
 //! Memory against the standard attention of `model::transformer`: the graph keeps `e·B·S·H` (the
 //! output) instead of `6·e·A·B·S²` + `2·e·A·B·S` (scores, mask add, softmax pieces), so the
@@ -60,14 +63,18 @@ fn row_stats<T: Float>(qi: &[T], k: &[T], n: usize, d: usize, scale: f32) -> (f3
 }
 
 impl EfficientAttention {
-    fn forward<T: Float>(&self, q: &[T], k: &[T], v: &[T], s: usize, d: usize) -> Vec<T> {
+    /// `r` query heads per key/value head (grouped-query attention: query head `h` reads key
+    /// head `h / r`); every head `(S, D)`.
+    fn forward<T: Float>(&self, [q, k, v]: [&[T]; 3], s: usize, d: usize, r: usize) -> Vec<T> {
         let scale = self.scale;
+        let n = s * d;
         let mut out = vec![T::of(0.0); q.len()];
-        out.par_chunks_mut(s * d).enumerate().for_each(|(h, o)| {
+        out.par_chunks_mut(n).enumerate().for_each(|(h, o)| {
+            let kv = h / r;
             let (q, k, v) = (
-                &q[h * s * d..(h + 1) * s * d],
-                &k[h * s * d..(h + 1) * s * d],
-                &v[h * s * d..(h + 1) * s * d],
+                &q[h * n..(h + 1) * n],
+                &k[kv * n..(kv + 1) * n],
+                &v[kv * n..(kv + 1) * n],
             );
             let mut acc = vec![0f32; d];
             for i in 0..s {
@@ -96,40 +103,47 @@ impl EfficientAttention {
         out
     }
 
-    /// The three gradients, each in the inputs' type.
+    /// The three gradients, each in its input's type and shape: per key/value head, its `r`
+    /// query heads' rows (`r·S`, row `ρ` at position `ρ mod S`) are one block, so `dK` and
+    /// `dV` sum over the group without a per-query-head copy.
     #[allow(clippy::type_complexity)]
     fn backward<T: Float>(
         &self,
         [q, k, v, o, g]: [&[T]; 5],
         s: usize,
         d: usize,
+        r: usize,
     ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let scale = self.scale;
-        let zeros = || vec![T::of(0.0); q.len()];
-        let (mut dq, mut dk, mut dv) = (zeros(), zeros(), zeros());
+        let (mut dq, mut dk, mut dv) = (
+            vec![T::of(0.0); q.len()],
+            vec![T::of(0.0); k.len()],
+            vec![T::of(0.0); v.len()],
+        );
         let n = s * d;
-        dq.par_chunks_mut(n)
+        dq.par_chunks_mut(r * n)
             .zip(dk.par_chunks_mut(n))
             .zip(dv.par_chunks_mut(n))
             .enumerate()
             .for_each(|(h, ((dq, dk), dv))| {
-                let r = h * n..(h + 1) * n;
+                let rq = h * r * n..(h + 1) * r * n;
+                let rk = h * n..(h + 1) * n;
                 let (q, k, v, o, g) = (
-                    &q[r.clone()],
-                    &k[r.clone()],
-                    &v[r.clone()],
-                    &o[r.clone()],
-                    &g[r],
+                    &q[rq.clone()],
+                    &k[rk.clone()],
+                    &v[rk],
+                    &o[rq.clone()],
+                    &g[rq],
                 );
                 // Pass 1, by query row: its statistics, then dQ_i.
-                let mut stats = vec![(0f32, 0f32, 0f32); s];
+                let mut stats = vec![(0f32, 0f32, 0f32); r * s];
                 let mut acc = vec![0f32; d];
-                for i in 0..s {
-                    let (qi, gi) = (&q[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
-                    let keys = self.keys(i, s);
+                for (row, st) in stats.iter_mut().enumerate() {
+                    let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
+                    let keys = self.keys(row % s, s);
                     let (m, l) = row_stats(qi, k, keys, d, scale);
-                    let di = dot(gi, &o[i * d..(i + 1) * d]);
-                    stats[i] = (m, l, di);
+                    let di = dot(gi, &o[row * d..(row + 1) * d]);
+                    *st = (m, l, di);
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     for j in 0..keys {
                         let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
@@ -139,18 +153,20 @@ impl EfficientAttention {
                             *x += ds * kv.f();
                         }
                     }
-                    for (x, a) in dq[i * d..(i + 1) * d].iter_mut().zip(&acc) {
+                    for (x, a) in dq[row * d..(row + 1) * d].iter_mut().zip(&acc) {
                         *x = T::of(*a);
                     }
                 }
-                // Pass 2, by key: dK_j and dV_j over the queries that see key j.
+                // Pass 2, by key: dK_j and dV_j over the group's queries that see key j.
                 let mut acc_v = vec![0f32; d];
                 for j in 0..s {
                     let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     acc_v.iter_mut().for_each(|x| *x = 0.0);
-                    for (i, &(m, l, di)) in stats.iter().enumerate().skip(self.first_query(j)) {
-                        let (qi, gi) = (&q[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
+                    let rows = (0..r).flat_map(|head| (self.first_query(j)..s).map(move |i| head * s + i));
+                    for row in rows {
+                        let (m, l, di) = stats[row];
+                        let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
                         let p = (dot(qi, kj) * scale - m).exp() / l;
                         let ds = p * (dot(gi, vj) - di) * scale;
                         for ((x, xv), (qv, gv)) in
@@ -174,6 +190,16 @@ impl EfficientAttention {
     }
 }
 
+/// Query heads per key/value head of q `(B, A, S, D)` and k, v `(B, G, S, D)`, checked.
+fn group(q: &Shape, k: &Shape, v: &Shape) -> Result<usize> {
+    let (b, a, s, d) = q.dims4()?;
+    let (b2, g, s2, d2) = k.dims4()?;
+    if (b, s, d) != (b2, s2, d2) || k != v || g == 0 || a % g != 0 {
+        bail!("efficient attention: q {q:?}, k {k:?}, v {v:?} do not match")
+    }
+    Ok(a / g)
+}
+
 impl CustomOp3 for EfficientAttention {
     fn name(&self) -> &'static str {
         if self.causal {
@@ -193,16 +219,14 @@ impl CustomOp3 for EfficientAttention {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_b, _a, s, d) = l1.shape().dims4()?;
-        if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
-            bail!("efficient attention: q, k, v shapes differ")
-        }
+        let r = group(l1.shape(), l2.shape(), l3.shape())?;
         let op = self.name();
         macro_rules! run {
             ($t:ty, $q:expr) => {{
                 let q = slice($q, l1, "efficient attention", "q")?;
                 let k = slice(same::<$t>(op, s2)?, l2, "efficient attention", "k")?;
                 let v = slice(same::<$t>(op, s3)?, l3, "efficient attention", "v")?;
-                let out = self.forward::<$t>(q, k, v, s, d);
+                let out = self.forward::<$t>([q, k, v], s, d, r);
                 <$t as candle_core::WithDType>::to_cpu_storage_owned(out)
             }};
         }
@@ -247,7 +271,8 @@ impl CustomOp3 for EfficientAttention {
             cpu(&sg, "grad")?,
         );
         let (_b, _a, s, d) = lq.shape().dims4()?;
-        let shape = lq.shape().clone();
+        let r = group(lq.shape(), lk.shape(), lv.shape())?;
+        let (shape, kv_shape) = (lq.shape().clone(), lk.shape().clone());
         let op = self.name();
         macro_rules! run {
             ($t:ty) => {{
@@ -258,12 +283,12 @@ impl CustomOp3 for EfficientAttention {
                     slice(same::<$t>(op, co)?, lo, "efficient attention", "out")?,
                     slice(same::<$t>(op, cg)?, lg, "efficient attention", "grad")?,
                 ];
-                let (dq, dk, dv) = self.backward::<$t>(slices, s, d);
+                let (dq, dk, dv) = self.backward::<$t>(slices, s, d, r);
                 drop((sq, sk, sv, so, sg));
                 (
                     Tensor::from_vec(dq, shape.clone(), &dev)?,
-                    Tensor::from_vec(dk, shape.clone(), &dev)?,
-                    Tensor::from_vec(dv, shape, &dev)?,
+                    Tensor::from_vec(dk, kv_shape.clone(), &dev)?,
+                    Tensor::from_vec(dv, kv_shape, &dev)?,
                 )
             }};
         }

@@ -9,6 +9,25 @@ pub fn causal_mask(rows: usize, cols: usize, first_row: usize, device: &Device) 
     windowed_mask(rows, cols, first_row, None, device)
 }
 
+/// [`causal_mask`] of the rows of a query-head group read as one matrix (grouped-query
+/// attention): row `first_row + i` is the query at position `(first_row + i) mod period`, the
+/// last `period` of the `cols` keys being the queries' own (earlier keys come from a cache).
+pub fn grouped_causal_mask(
+    rows: usize,
+    cols: usize,
+    first_row: usize,
+    period: usize,
+    device: &Device,
+) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..rows * cols)
+        .map(|k| {
+            let (i, j) = ((k / cols + first_row) % period + (cols - period), k % cols);
+            if j > i { f32::NEG_INFINITY } else { 0. }
+        })
+        .collect();
+    Tensor::from_vec(mask, (rows, cols), device)
+}
+
 /// [`causal_mask`] with a sliding `window`: also −∞ for keys `window` or more positions before
 /// the query (query `i` sees `i − window + 1 ..= i`, as transformers' sliding-window mask).
 pub fn windowed_mask(

@@ -495,6 +495,80 @@ pub fn tiled_attention_matches_the_composed_attention() {
     }
 }
 
+/// Grouped-query attention without repeated keys: the fused probabilities with `P·v` per key
+/// head, the efficient op (on the CPU) and the tiled composition, each on q `(B, 6, S, D)`
+/// against k, v `(B, 2, S, D)`, equal to the composed attention on keys and values repeated
+/// to the query heads (`repeat_kv`, as candle-transformers and transformers do), gradients of
+/// k and v included (they sum their three query heads'). A prompt after a cache for the
+/// probabilities (`Sq` < `Sk`), several tiles with rows spanning two heads for the tiled one.
+pub fn grouped_attention_matches_repeated_keys() {
+    let (b, heads, groups, d) = (2, 6, 2, 8);
+    let r = heads / groups;
+    let scale = 1.0 / (d as f64).sqrt();
+    let repeated = |a: &[Tensor], causal: bool| {
+        let k = rotary::repeat_kv(a[1].clone(), r).unwrap();
+        let v = rotary::repeat_kv(a[2].clone(), r).unwrap();
+        composed_probs(&a[0], &k, scale, causal).matmul(&v).unwrap()
+    };
+    for dtype in dtypes(true) {
+        for (sq, sk) in [(11, 11), (4, 13)] {
+            let args = [
+                var(&[b, heads, sq, d], 31, dtype),
+                var(&[b, groups, sk, d], 32, dtype),
+                var(&[b, groups, sk, d], 33, dtype),
+            ];
+            compare(
+                &format!("grouped attn_probs {sq}x{sk}"),
+                &args,
+                dtype,
+                |a| {
+                    let p = kernels::attn_probs(&a[0], &a[1], scale as f32, true, None).unwrap();
+                    assert_eq!(p.dims(), [b, groups, r * sq, sk]);
+                    p.matmul(&a[2]).unwrap().reshape((b, heads, sq, d)).unwrap()
+                },
+                |a| repeated(a, true),
+            );
+        }
+        let s = 2 * crate::model::tiled_attention::TILE / r + 17;
+        for causal in [true, false] {
+            let args = [
+                var(&[b, heads, s, d], 34, dtype),
+                var(&[b, groups, s, d], 35, dtype),
+                var(&[b, groups, s, d], 36, dtype),
+            ];
+            compare(
+                &format!("grouped tiled attention S {s} causal={causal}"),
+                &args,
+                dtype,
+                |a| {
+                    crate::model::tiled_attention::attention(
+                        &a[0],
+                        &a[1],
+                        &a[2],
+                        scale as f32,
+                        causal,
+                    )
+                    .unwrap()
+                },
+                |a| repeated(a, causal),
+            );
+            if dev().is_cpu() {
+                let op = crate::model::efficient_attention::EfficientAttention {
+                    scale: scale as f32,
+                    causal,
+                };
+                compare(
+                    &format!("grouped efficient attention S {s} causal={causal}"),
+                    &args,
+                    dtype,
+                    |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
+                    |a| repeated(a, causal),
+                );
+            }
+        }
+    }
+}
+
 pub fn cross_entropy_matches_candle_nn() {
     for dtype in dtypes(false) {
         let x = Var::from_tensor(&(data(&[12, 50], 11, dtype) * 3.0).unwrap()).unwrap();

@@ -49,6 +49,7 @@ checks![
     kernels::wide_rows_match_the_composed_ops,
     kernels::efficient_attention_matches_the_composed_attention,
     kernels::tiled_attention_matches_the_composed_attention,
+    kernels::grouped_attention_matches_repeated_keys,
     kernels::cross_entropy_matches_candle_nn,
     kernels::cross_entropy_refuses_a_target_beyond_the_vocabulary,
     kernels::gpt_fused_gradients_equal_composed,

@@ -65,7 +65,6 @@ pub(super) struct Core {
 impl Core {
     /// Mirror of `Core::attend_any`.
     pub(super) fn attend_any(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
-        let (k, v) = self.repeat(k, v);
         if self.tiled {
             // Mirror of `tiled_attention::attention`: the tiled forward on detached views, then
             // the node's copy of the output (the precomputed one freed inside its forward).
@@ -123,8 +122,14 @@ impl Core {
             drop((q, k));
             let y = probs.matmul(&v);
             drop((probs, v));
+            let y = if self.kv_heads == self.heads {
+                y
+            } else {
+                y.reshape(&[b, self.heads, s, dv])
+            };
             return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
+        let (k, v) = self.repeat(k, v);
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
@@ -142,12 +147,6 @@ impl Core {
         let y = probs.matmul(&v);
         drop((probs, v));
         y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
-    }
-
-    /// Mirror of `Core::attend_cached`.
-    pub(super) fn attend_cached(&self, q: Sym, k: Sym, v: Sym, mask: Option<&Sym>) -> Sym {
-        let (k, v) = self.repeat(k, v);
-        self.attend(q, k, v, mask)
     }
 
     /// Mirror of `Core::repeat`.
@@ -265,7 +264,7 @@ impl Attention {
         let y = if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
-            self.core.attend_cached(q, k, v, mask)
+            self.core.attend(q, k, v, mask)
         };
         self.o.forward(&y)
     }

@@ -116,7 +116,7 @@ impl Mla {
         let y = if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
-            self.core.attend_cached(q, k, v, mask)
+            self.core.attend(q, k, v, mask)
         };
         self.o.forward(&y)
     }

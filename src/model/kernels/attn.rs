@@ -1,5 +1,10 @@
 //! Attention probabilities as one op: `P = softmax(q·kᵀ·scale + causal mask)` from q
-//! `(B, A, Sq, D)` and k `(B, A, Sk, D)` to `(B, A, Sq, Sk)`. The scores are never a graph
+//! `(B, A, Sq, D)` and k `(B, G, Sk, D)` to `(B, G, r·Sq, Sk)`, with `G` dividing `A` and `r =
+//! A/G` (grouped-query attention: query head `a` reads key head `a / r`, as transformers'
+//! `repeat_kv` arranges them; `(B, A, Sq, Sk)` when `G = A`). The `r` query heads of a group
+//! are read as one `(r·Sq, D)` matrix (their rows are contiguous), so the keys are never
+//! copied per query head: `B·G` products `(r·Sq, D)·(D, Sk)`, row `i` at position `i mod
+//! Sq`; `P·v` then reads each value head once. The scores are never a graph
 //! node: the product is written by candle's own gemm into the output buffer, then scaled,
 //! masked and normalised in place. The graph keeps q, k (which the model keeps anyway) and P,
 //! as PyTorch's eager attention keeps its softmax output; there is no mask tensor and no mask
@@ -12,7 +17,8 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use super::Kernel;
 use super::cpu::{Float, rows};
 
-/// `softmax(q·kᵀ·scale [+ causal mask])` with a fused backward; q and k contiguous. With a
+/// `softmax(q·kᵀ·scale [+ causal mask])` with a fused backward; q `(B, A, Sq, D)` and k
+/// `(B, G, Sk, D)` contiguous, `G` dividing `A`. With a
 /// `window` (a causal sliding window), query `i` sees only the keys `i − window + 1 ..= i`.
 pub fn attn_probs(
     q: &Tensor,
@@ -73,17 +79,24 @@ fn softmax_row<T: Float>(row: &mut [T], (lo, hi): (usize, usize), scale: f32) {
 }
 
 impl AttnProbsOp {
-    fn dims(&self, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, usize)> {
+    /// The products `B·G`, the rows of each `r·Sq`, the keys `Sk`, the head size `D`, and
+    /// q's layout seen as `(B, G, r·Sq, D)` (the rank of k's, as candle's matmul wants).
+    fn dims(&self, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, usize, Layout)> {
         let (b, a, sq, d) = l1.shape().dims4()?;
-        let (b2, a2, sk, d2) = l2.shape().dims4()?;
-        if (b, a, d) != (b2, a2, d2) || (self.causal && sk < sq) {
+        let (b2, g, sk, d2) = l2.shape().dims4()?;
+        if (b, d) != (b2, d2) || g == 0 || a % g != 0 || (self.causal && sk < sq) {
             candle_core::bail!(
                 "attn_probs: q {:?} and k {:?} do not match",
                 l1.shape(),
                 l2.shape()
             )
         }
-        Ok((b * a, sq, sk, d))
+        if !l1.is_contiguous() {
+            candle_core::bail!("attn_probs: q must be contiguous")
+        }
+        let rows = a / g * sq;
+        let lq = Layout::contiguous_with_offset((b, g, rows, d), l1.start_offset());
+        Ok((b * g, rows, sk, d, lq))
     }
 
     fn softmax<T: Float>(&self, p: &mut [T], sq: usize, sk: usize) {
@@ -114,16 +127,16 @@ impl CustomOp2 for AttnProbsOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (ba, sq, sk, d) = self.dims(l1, l2)?;
-        let (b, a, _, _) = l1.shape().dims4()?;
-        let mut p = s1.matmul(s2, (ba, sq, sk, d), l1, &l2.transpose(2, 3)?)?;
+        let (bg, rows, sk, d, lq) = self.dims(l1, l2)?;
+        let (b, sq, g) = (l1.shape().dims()[0], l1.shape().dims()[2], l2.shape().dims()[1]);
+        let mut p = s1.matmul(s2, (bg, rows, sk, d), &lq, &l2.transpose(2, 3)?)?;
         match &mut p {
             CpuStorage::F32(v) => self.softmax(v, sq, sk),
             CpuStorage::F16(v) => self.softmax(v, sq, sk),
             CpuStorage::BF16(v) => self.softmax(v, sq, sk),
             other => candle_core::bail!("attn_probs: unsupported type {:?}", other.dtype()),
         }
-        Ok((p, Shape::from_dims(&[b, a, sq, sk])))
+        Ok((p, Shape::from_dims(&[b, g, rows, sk])))
     }
 
     /// cuBLAS's `q·kᵀ` into the output, then the scale, mask and softmax in place.
@@ -135,11 +148,11 @@ impl CustomOp2 for AttnProbsOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (ba, sq, sk, d) = self.dims(l1, l2)?;
-        let (b, a, _, _) = l1.shape().dims4()?;
-        let mut p = s1.matmul(s2, (ba, sq, sk, d), l1, &l2.transpose(2, 3)?)?;
+        let (bg, rows, sk, d, lq) = self.dims(l1, l2)?;
+        let (b, sq, g) = (l1.shape().dims()[0], l1.shape().dims()[2], l2.shape().dims()[1]);
+        let mut p = s1.matmul(s2, (bg, rows, sk, d), &lq, &l2.transpose(2, 3)?)?;
         super::cuda::attn_softmax(&mut p, sq, sk, self.scale, self.causal, self.window)?;
-        Ok((p, Shape::from_dims(&[b, a, sq, sk])))
+        Ok((p, Shape::from_dims(&[b, g, rows, sk])))
     }
 
     fn bwd(

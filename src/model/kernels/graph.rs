@@ -35,10 +35,12 @@ pub trait Graph: Clone + Sized {
     fn exp(&self) -> Result<Self>;
     fn log(&self) -> Result<Self>;
     fn broadcast_add(&self, rhs: &Self) -> Result<Self>;
-    /// The additive causal mask of `rows` queries starting at query `first_row` over `cols`
-    /// keys: 0 where key ≤ query, −∞ above; made as f32 `(rows, cols)` on `self`'s device,
-    /// then converted to `self`'s type.
-    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self>;
+    /// The additive causal mask of `rows` query rows starting at row `first_row` over `cols`
+    /// keys, row `i` being the query at position `i mod period` (a query-head group's rows
+    /// read as one matrix; `period` = the queries per head): 0 where key ≤ query, −∞ above;
+    /// made as f32 `(rows, cols)` on `self`'s device, then converted to `self`'s type.
+    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize, period: usize)
+    -> Result<Self>;
     fn sqr(&self) -> Result<Self>;
     fn sqrt(&self) -> Result<Self>;
     fn recip(&self) -> Result<Self>;
@@ -106,8 +108,14 @@ impl Graph for Tensor {
     fn broadcast_add(&self, rhs: &Self) -> Result<Self> {
         Tensor::broadcast_add(self, rhs)
     }
-    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize) -> Result<Self> {
-        crate::model::mask::causal_mask(rows, cols, first_row, self.device())?
+    fn causal_mask(
+        &self,
+        rows: usize,
+        cols: usize,
+        first_row: usize,
+        period: usize,
+    ) -> Result<Self> {
+        crate::model::mask::grouped_causal_mask(rows, cols, first_row, period, self.device())?
             .to_dtype(self.dtype())
     }
     fn sqr(&self) -> Result<Self> {

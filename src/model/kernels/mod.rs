@@ -325,7 +325,9 @@ fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G) -> Result<Vec<Option<G>>> 
 }
 
 /// `dS = P·(dP − Σ_row dP·P)`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`, in the probabilities'
-/// type (masked entries have `P = 0`, so they get no gradient).
+/// type (masked entries have `P = 0`, so they get no gradient). With grouped keys `(B, G, Sk,
+/// D)`, `P` and `dS` are `(B, G, r·Sq, Sk)` and q is read the same way, so `dk` sums its
+/// query heads.
 fn attn_probs_bwd<G: Graph>(q: &G, k: &G, res: &G, grad: &G, scale: f32) -> Result<Vec<Option<G>>> {
     let p = res.detach();
     let gp = grad.mul(&p)?;
@@ -336,9 +338,12 @@ fn attn_probs_bwd<G: Graph>(q: &G, k: &G, res: &G, grad: &G, scale: f32) -> Resu
     let ds = t.mul(&p)?;
     drop((t, p));
     let scale = scale as f64;
-    let dq = ds.matmul(&k.detach())?.affine(scale, 0.0)?;
-    let dk = ds.t()?.matmul(&q.detach())?.affine(scale, 0.0)?;
-    drop(ds);
+    // Grouped-query attention: `dS` is `(B, G, r·Sq, Sk)`, q read the same way (a view).
+    let qd = q.dims();
+    let dq = ds.matmul(&k.detach())?.affine(scale, 0.0)?.reshape(&qd)?;
+    let q = q.detach().reshape(&[ds.dims()[0], ds.dims()[1], ds.dims()[2], qd[3]])?;
+    let dk = ds.t()?.matmul(&q)?.affine(scale, 0.0)?;
+    drop((ds, q));
     Ok(vec![Some(dq), Some(dk)])
 }
 
