@@ -169,7 +169,6 @@ impl Core {
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
     }
 
-
     /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`rotary::repeat_kv`]).
     fn repeat(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
         let group = self.heads / self.kv_heads;
@@ -252,12 +251,32 @@ impl Attention {
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
     /// contiguous; with q/k norms, queries and keys normalised per head; with rotary tables,
     /// then rotated.
+    ///
+    /// Fused kernels with rotary tables: q and k are normalised (Qwen3) on the `(B, S, n, D)`
+    /// view of their projection and rotated from the transposed view (the rotary op reads it
+    /// strided and writes `(B, n, S, D)`), so no contiguous copy of the head split is made or
+    /// kept; the composed path splits with a copy first (as candle-transformers does).
     fn qkv(&self, x: &Tensor, rotary: Option<Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, _h) = x.dims3()?;
         let d = self.head_dim;
         let split = |t: Tensor, n: usize| -> Result<Tensor> {
             t.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()
         };
+        if let (Some(r), true) = (rotary, self.core.fused) {
+            let heads = |t: Tensor, n: usize| t.reshape((b, s, n, d));
+            let (q, k) = (
+                heads(self.q.forward(x)?, self.core.heads)?,
+                heads(self.k.forward(x)?, self.core.kv_heads)?,
+            );
+            let (q, k) = match &self.qk_norm {
+                Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+                None => (q, k),
+            };
+            let q = r.apply(&q.transpose(1, 2)?, true)?;
+            let k = r.apply(&k.transpose(1, 2)?, true)?;
+            let v = split(self.v.forward(x)?, self.core.kv_heads)?;
+            return Ok((q, k, v));
+        }
         let rotate = |t: Tensor| -> Result<Tensor> {
             match rotary {
                 None => Ok(t),

@@ -163,7 +163,8 @@ impl EfficientAttention {
                     let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     acc_v.iter_mut().for_each(|x| *x = 0.0);
-                    let rows = (0..r).flat_map(|head| (self.first_query(j)..s).map(move |i| head * s + i));
+                    let rows =
+                        (0..r).flat_map(|head| (self.first_query(j)..s).map(move |i| head * s + i));
                     for row in rows {
                         let (m, l, di) = stats[row];
                         let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
@@ -194,7 +195,7 @@ impl EfficientAttention {
 fn group(q: &Shape, k: &Shape, v: &Shape) -> Result<usize> {
     let (b, a, s, d) = q.dims4()?;
     let (b2, g, s2, d2) = k.dims4()?;
-    if (b, s, d) != (b2, s2, d2) || k != v || g == 0 || a % g != 0 {
+    if (b, s, d) != (b2, s2, d2) || k != v || g == 0 || !a.is_multiple_of(g) {
         bail!("efficient attention: q {q:?}, k {k:?}, v {v:?} do not match")
     }
     Ok(a / g)

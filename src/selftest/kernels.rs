@@ -261,27 +261,41 @@ pub fn frozen_linear_matches_a_matmul_on_its_weights() {
     }
 }
 
+/// The rotary op against the composed rotation, on a contiguous `(B, n, S, D)` input and on
+/// the head split's strided view (`(B, S, n·D)` seen as `(B, S, n, D)ᵀ`, as the fused
+/// attention passes it), whose gradient must reach the unsplit tensor.
 pub fn rotary_matches_apply_rotary() {
     for dtype in dtypes(false) {
         let (s_max, d, offset, s) = (20, 16, 5, 9);
         let (cos, sin) = rotary::rotary_tables(s_max, d, 10_000.0, dtype, &dev()).unwrap();
-        let x = var(&[2, 3, s, d], 22, dtype);
+        let fused = |x: &Tensor| {
+            let (c, sn) = (
+                cos.narrow(0, offset, s).unwrap(),
+                sin.narrow(0, offset, s).unwrap(),
+            );
+            let y = kernels::rotary(x, &c, &sn).unwrap();
+            assert!(y.is_contiguous(), "the rotary op's output is contiguous");
+            y
+        };
+        let composed = |x: &Tensor| {
+            let dt = x.dtype();
+            let (c, sn) = (cos.to_dtype(dt).unwrap(), sin.to_dtype(dt).unwrap());
+            rotary::apply_rotary(x, &c, &sn, offset).unwrap()
+        };
         compare(
             "rotary",
-            &[x],
+            &[var(&[2, 3, s, d], 22, dtype)],
             dtype,
-            |a| {
-                let (c, sn) = (
-                    cos.narrow(0, offset, s).unwrap(),
-                    sin.narrow(0, offset, s).unwrap(),
-                );
-                kernels::rotary(&a[0], &c, &sn).unwrap()
-            },
-            |a| {
-                let dt = a[0].dtype();
-                let (c, sn) = (cos.to_dtype(dt).unwrap(), sin.to_dtype(dt).unwrap());
-                rotary::apply_rotary(&a[0], &c, &sn, offset).unwrap()
-            },
+            |a| fused(&a[0]),
+            |a| composed(&a[0]),
+        );
+        let split = |x: &Tensor| x.reshape((2, s, 3, d)).unwrap().transpose(1, 2).unwrap();
+        compare(
+            "rotary of a strided head split",
+            &[var(&[2, s, 3 * d], 23, dtype)],
+            dtype,
+            |a| fused(&split(&a[0])),
+            |a| composed(&split(&a[0]).contiguous().unwrap()),
         );
     }
 }

@@ -214,6 +214,21 @@ impl Attention {
         let d = self.head_dim;
         let split =
             |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
+        if let (Some(r), true) = (rotary, self.core.fused) {
+            let heads = |t: Sym, n: usize| t.reshape(&[b, s, n, d]);
+            let (q, k) = (
+                heads(self.q.forward(x), self.core.heads),
+                heads(self.k.forward(x), self.core.kv_heads),
+            );
+            let (q, k) = match &self.qk_norm {
+                Some((qn, kn)) => (qn.forward(&q), kn.forward(&k)),
+                None => (q, k),
+            };
+            let q = r.apply(&q.transpose(1, 2), true);
+            let k = r.apply(&k.transpose(1, 2), true);
+            let v = split(self.v.forward(x), self.core.kv_heads);
+            return (q, k, v);
+        }
         let rotate = |t: Sym| -> Sym {
             match rotary {
                 None => t,

@@ -84,7 +84,7 @@ impl AttnProbsOp {
     fn dims(&self, l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, usize, Layout)> {
         let (b, a, sq, d) = l1.shape().dims4()?;
         let (b2, g, sk, d2) = l2.shape().dims4()?;
-        if (b, d) != (b2, d2) || g == 0 || a % g != 0 || (self.causal && sk < sq) {
+        if (b, d) != (b2, d2) || g == 0 || !a.is_multiple_of(g) || (self.causal && sk < sq) {
             candle_core::bail!(
                 "attn_probs: q {:?} and k {:?} do not match",
                 l1.shape(),
@@ -128,7 +128,11 @@ impl CustomOp2 for AttnProbsOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (bg, rows, sk, d, lq) = self.dims(l1, l2)?;
-        let (b, sq, g) = (l1.shape().dims()[0], l1.shape().dims()[2], l2.shape().dims()[1]);
+        let (b, sq, g) = (
+            l1.shape().dims()[0],
+            l1.shape().dims()[2],
+            l2.shape().dims()[1],
+        );
         let mut p = s1.matmul(s2, (bg, rows, sk, d), &lq, &l2.transpose(2, 3)?)?;
         match &mut p {
             CpuStorage::F32(v) => self.softmax(v, sq, sk),
@@ -149,7 +153,11 @@ impl CustomOp2 for AttnProbsOp {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (bg, rows, sk, d, lq) = self.dims(l1, l2)?;
-        let (b, sq, g) = (l1.shape().dims()[0], l1.shape().dims()[2], l2.shape().dims()[1]);
+        let (b, sq, g) = (
+            l1.shape().dims()[0],
+            l1.shape().dims()[2],
+            l2.shape().dims()[1],
+        );
         let mut p = s1.matmul(s2, (bg, rows, sk, d), &lq, &l2.transpose(2, 3)?)?;
         super::cuda::attn_softmax(&mut p, sq, sk, self.scale, self.causal, self.window)?;
         Ok((p, Shape::from_dims(&[b, g, rows, sk])))

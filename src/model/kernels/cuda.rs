@@ -228,34 +228,38 @@ pub fn rotary(
     x: (&CudaStorage, &Layout),
     cos: (&CudaStorage, &Layout),
     sin: (&CudaStorage, &Layout),
-    s: usize,
-    h: usize,
+    nsh: [usize; 3],
+    strides: [usize; 3],
 ) -> Result<CudaStorage> {
     fn go<T: Elem>(
         x: (&CudaStorage, &Layout),
         cos: (&CudaStorage, &Layout),
         sin: (&CudaStorage, &Layout),
-        s: usize,
-        h: usize,
+        [n, s, h]: [usize; 3],
+        [s0, s1, s2]: [usize; 3],
     ) -> Result<CudaStorage> {
         let op = "rotary";
         let dev = x.0.device();
-        let xs = view::<T>(x.0, x.1, op, "x")?;
+        // x may be strided (a head split's view): from its first element on.
+        let xd: &CudaSlice<T> = x.0.as_cuda_slice::<T>()?;
+        let xs = xd.slice(x.1.start_offset()..);
         let cs = view::<T>(cos.0, cos.1, op, "cos")?;
         let ss = view::<T>(sin.0, sin.1, op, "sin")?;
+        let len = x.1.shape().elem_count();
         // SAFETY: every pair is written by the kernel.
-        let mut out = unsafe { dev.alloc::<T>(xs.len())? };
-        let pairs = xs.len() / 2;
+        let mut out = unsafe { dev.alloc::<T>(len)? };
+        let pairs = len / 2;
         let func = dev.get_or_load_custom_func(&kernel_name::<T>("memfit_rotary"), MODULE, PTX)?;
-        let (s, h) = (i32_of(s, op)?, i32_of(h, op)?);
+        let (n, s, h) = (i32_of(n, op)?, i32_of(s, op)?, i32_of(h, op)?);
         let mut args = func.builder();
         args.arg(&xs).arg(&cs).arg(&ss).arg(&mut out);
-        args.arg(&s).arg(&h).arg(&pairs);
+        args.arg(&n).arg(&s).arg(&h).arg(&pairs);
+        args.arg(&s0).arg(&s1).arg(&s2);
         // SAFETY: the arguments match `memfit_rotary`'s signature.
         unsafe { args.launch(launch_elems(pairs)?) }.w()?;
         Ok(wrap(out, dev))
     }
-    by_type!("rotary", x.0, go(x, cos, sin, s, h))
+    by_type!("rotary", x.0, go(x, cos, sin, nsh, strides))
 }
 
 /// The contiguous elements of a parameter being updated in place.

@@ -114,13 +114,16 @@ template <typename T> __device__ void add_bias(T *y, const T *b, size_t total, i
 
 // "Rotate half" of rows of d = 2h at position r % s: pairs (j, j + h), `pairs` of them in all.
 template <typename T>
-__device__ void rotary(const T *x, const T *cos, const T *sin, T *out, int s, int h, size_t pairs) {
+__device__ void rotary(const T *x, const T *cos, const T *sin, T *out, int n, int s, int h,
+                       size_t pairs, size_t s0, size_t s1, size_t s2) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pairs) return;
     size_t r = i / h;
     int j = i % h;
-    size_t p = (r % s) * h + j;
-    const T *xr = x + r * 2 * h;
+    size_t pos = r % s;
+    size_t p = pos * h + j;
+    // x may be strided (batch, head, position strides s0, s1, s2; the last dimension dense).
+    const T *xr = x + (r / ((size_t)s * n)) * s0 + (r / s % n) * s1 + pos * s2;
     T *o = out + r * 2 * h;
     float x1 = to_f(xr[j]), x2 = to_f(xr[j + h]), c = to_f(cos[p]), sn = to_f(sin[p]);
     o[j] = of_f<T>(x1 * c - x2 * sn);
@@ -164,8 +167,9 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
         add_bias<T>(y, b, total, out);                                                           \
     }                                                                                            \
     extern "C" __global__ void memfit_rotary_##SFX(const T *x, const T *cos, const T *sin,      \
-                                                   T *out, int s, int h, size_t pairs) {         \
-        rotary<T>(x, cos, sin, out, s, h, pairs);                                                \
+                                                   T *out, int n, int s, int h, size_t pairs,    \
+                                                   size_t s0, size_t s1, size_t s2) {            \
+        rotary<T>(x, cos, sin, out, n, s, h, pairs, s0, s1, s2);                                 \
     }                                                                                            \
     extern "C" __global__ void memfit_axpby_##SFX(T *d, const T *x, size_t n, float a, float b, \
                                                   int square) {                                  \

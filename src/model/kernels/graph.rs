@@ -39,8 +39,13 @@ pub trait Graph: Clone + Sized {
     /// keys, row `i` being the query at position `i mod period` (a query-head group's rows
     /// read as one matrix; `period` = the queries per head): 0 where key ≤ query, −∞ above;
     /// made as f32 `(rows, cols)` on `self`'s device, then converted to `self`'s type.
-    fn causal_mask(&self, rows: usize, cols: usize, first_row: usize, period: usize)
-    -> Result<Self>;
+    fn causal_mask(
+        &self,
+        rows: usize,
+        cols: usize,
+        first_row: usize,
+        period: usize,
+    ) -> Result<Self>;
     fn sqr(&self) -> Result<Self>;
     fn sqrt(&self) -> Result<Self>;
     fn recip(&self) -> Result<Self>;

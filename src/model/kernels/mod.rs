@@ -341,7 +341,9 @@ fn attn_probs_bwd<G: Graph>(q: &G, k: &G, res: &G, grad: &G, scale: f32) -> Resu
     // Grouped-query attention: `dS` is `(B, G, r·Sq, Sk)`, q read the same way (a view).
     let qd = q.dims();
     let dq = ds.matmul(&k.detach())?.affine(scale, 0.0)?.reshape(&qd)?;
-    let q = q.detach().reshape(&[ds.dims()[0], ds.dims()[1], ds.dims()[2], qd[3]])?;
+    let q = q
+        .detach()
+        .reshape(&[ds.dims()[0], ds.dims()[1], ds.dims()[2], qd[3]])?;
     let dk = ds.t()?.matmul(&q)?.affine(scale, 0.0)?;
     drop((ds, q));
     Ok(vec![Some(dq), Some(dk)])

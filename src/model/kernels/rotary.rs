@@ -1,9 +1,13 @@
 //! The rotary embedding ("rotate half", as `model::rotary::apply_rotary`) as one op: x `(B, n, S, D)`
 //! and the tables `cos`, `sin` `(S, D/2)` at the sequence's positions →
-//! `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]`. The composed version makes four products, a
-//! difference, a sum and a `cat` per rotated tensor, and candle keeps them (and gradients for
-//! the constant tables) for the backward; here the graph keeps x and the output only. The
-//! backward is the rotation by −θ: `[g₁·cos + g₂·sin, g₂·cos − g₁·sin]`.
+//! `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]`, contiguous. The composed version makes four products,
+//! a difference, a sum and a `cat` per rotated tensor, and candle keeps them (and gradients for
+//! the constant tables) for the backward; here the graph keeps x and the output only. x may be
+//! strided (its last dimension contiguous): the head split of a projection's output `(B, S,
+//! n·D)` as the view `(B, S, n, D)ᵀ`, so the rotation itself makes the `(B, n, S, D)` layout
+//! and no contiguous copy of the split is made or kept (the projection's output, which the
+//! node keeps as x, is the only input kept). The backward is the rotation by −θ: `[g₁·cos +
+//! g₂·sin, g₂·cos − g₁·sin]`; it reads the tables only.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
@@ -11,16 +15,17 @@ use super::Kernel;
 use super::cpu::{Float, dispatch, rows, same, slice, zeros};
 
 /// `x` rotated by the tables' angles; `cos`, `sin` `(S, D/2)` (e.g. narrowed at the cache
-/// offset), `x` contiguous.
+/// offset), `x` of any strides with a contiguous last dimension; the output contiguous.
 pub fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     x.apply_op3(cos, sin, RotaryOp)
 }
 
 struct RotaryOp;
 
-/// The positions `S`, the head size `D` and its half, checked against the tables `(S, D/2)`.
-fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize)> {
-    let (_b, _n, s, d) = l1.shape().dims4()?;
+/// The heads `n`, the positions `S`, the head size `D` and its half, checked against the
+/// tables `(S, D/2)`, and x's strides of its batch, head and position dimensions.
+fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(Dims, [usize; 3])> {
+    let (_b, n, s, d) = l1.shape().dims4()?;
     let h = d / 2;
     if l2.shape().dims() != [s, h] || l3.shape().dims() != [s, h] || d % 2 != 0 {
         candle_core::bail!(
@@ -30,7 +35,20 @@ fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize
             l3.shape()
         )
     }
-    Ok((s, d, h))
+    let st = l1.stride();
+    if st[3] != 1 {
+        candle_core::bail!("{op}: x's last dimension must be contiguous")
+    }
+    Ok((Dims { n, s, d, h }, [st[0], st[1], st[2]]))
+}
+
+/// x's heads, positions, head size and half head size.
+#[derive(Clone, Copy)]
+struct Dims {
+    n: usize,
+    s: usize,
+    d: usize,
+    h: usize,
 }
 
 impl CustomOp3 for RotaryOp {
@@ -48,16 +66,17 @@ impl CustomOp3 for RotaryOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (s, d, h) = dims(op, l1, l2, l3)?;
+        let (Dims { n, s, d, h }, st) = dims(op, l1, l2, l3)?;
         dispatch!(op, s1, |x: T| {
-            let x = slice(x, l1, op, "x")?;
+            let x = &x[l1.start_offset()..];
             let cos = slice(same::<T>(op, s2)?, l2, op, "cos")?;
             let sin = slice(same::<T>(op, s3)?, l3, op, "sin")?;
-            let mut out = zeros::<T>(x.len());
+            let mut out = zeros::<T>(l1.shape().elem_count());
             rows(&mut out, d, |r, o| {
                 let p = r % s;
+                let at = (r / (s * n)) * st[0] + (r / s % n) * st[1] + p * st[2];
                 let (xr, c, sn) = (
-                    &x[r * d..(r + 1) * d],
+                    &x[at..at + d],
                     &cos[p * h..(p + 1) * h],
                     &sin[p * h..(p + 1) * h],
                 );
@@ -85,8 +104,8 @@ impl CustomOp3 for RotaryOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (s, _d, h) = dims(self.name(), l1, l2, l3)?;
-        let out = super::cuda::rotary((s1, l1), (s2, l2), (s3, l3), s, h)?;
+        let (Dims { n, s, h, .. }, st) = dims(self.name(), l1, l2, l3)?;
+        let out = super::cuda::rotary((s1, l1), (s2, l2), (s3, l3), [n, s, h], st)?;
         Ok((out, l1.shape().clone()))
     }
 

@@ -16,7 +16,7 @@ fn grouped<G: Graph>(q: &G, g: usize) -> Result<G> {
     if d[1] == g {
         return Ok(q.clone());
     }
-    if g == 0 || d[1] % g != 0 {
+    if g == 0 || !d[1].is_multiple_of(g) {
         bail!("tiled attention: {} query heads over {g} key heads", d[1])
     }
     q.reshape(&[d[0], g, d[1] / g * d[2], d[3]])
