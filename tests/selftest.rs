@@ -79,6 +79,11 @@ fn grouped_attention_matches_repeated_keys() {
 }
 
 #[test]
+fn linear_add_matches_the_projection_and_sum() {
+    check("linear_add_matches_the_projection_and_sum");
+}
+
+#[test]
 fn cross_entropy_matches_candle_nn() {
     check("cross_entropy_matches_candle_nn");
 }
@@ -119,6 +124,7 @@ const TESTED: &[&str] = &[
     "gelu_matches_candle_gelu",
     "silu_mul_matches_silu_times_up",
     "linear_matches_candle_nn_linear",
+    "linear_add_matches_the_projection_and_sum",
     "frozen_linear_matches_a_matmul_on_its_weights",
     "rotary_matches_apply_rotary",
     "attn_probs_with_a_sliding_window",

@@ -243,9 +243,18 @@ impl Attention {
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
+        self.o.forward(&self.heads(x, mask, rotary)?)
+    }
+
+    /// [`Attention::forward`] before the output projection: the heads merged, `(B, S, A·D)`.
+    pub(crate) fn heads(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
-        let y = self.core.attend_any(q, k, v, mask)?;
-        self.o.forward(&y)
+        self.core.attend_any(q, k, v, mask)
     }
 
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
@@ -310,6 +319,17 @@ impl Attention {
         rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
+        self.o.forward(&self.heads_cached(x, mask, rotary, cache)?)
+    }
+
+    /// [`Attention::forward_cached`] before the output projection.
+    pub(crate) fn heads_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary)?;
         let first = cache.is_none();
         let (k, v) = append(cache.take(), k, v)?;
@@ -334,12 +354,11 @@ impl Attention {
         *cache = Some(kept);
         // A prompt into an empty cache attends as the training forward does (the tiled or
         // efficient attention when the case asks for it).
-        let y = if first && q.dim(2)? > 1 {
-            self.core.attend_any(q, k, v, mask)?
+        if first && q.dim(2)? > 1 {
+            self.core.attend_any(q, k, v, mask)
         } else {
-            self.core.attend(q, k, v, mask)?
-        };
-        self.o.forward(&y)
+            self.core.attend(q, k, v, mask)
+        }
     }
 
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {

@@ -150,17 +150,37 @@ impl Mla {
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
+        self.o.forward(&self.heads(x, mask, rotary)?)
+    }
+
+    /// [`Mla::forward`] before the output projection.
+    pub(crate) fn heads(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
         let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
         let (q, c, k_pe) = self.latent(x, rotary)?;
         let (k, v) = self.decompress(&c, &k_pe)?;
         drop((c, k_pe));
-        let y = self.core.attend_any(q, k, v, mask)?;
-        self.o.forward(&y)
+        self.core.attend_any(q, k, v, mask)
     }
 
     /// Inference with the latent cache: the new latent and shared key appended (a `cat`
     /// each), then the whole cache decompressed for this step.
     pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        self.o.forward(&self.heads_cached(x, mask, rotary, cache)?)
+    }
+
+    /// [`Mla::forward_cached`] before the output projection.
+    pub(crate) fn heads_cached(
         &self,
         x: &Tensor,
         mask: Option<&Tensor>,
@@ -173,12 +193,11 @@ impl Mla {
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe)?;
         let (k, v) = self.decompress(&c, &k_pe)?;
         *cache = Some((c, k_pe));
-        let y = if first && q.dim(2)? > 1 {
-            self.core.attend_any(q, k, v, mask)?
+        if first && q.dim(2)? > 1 {
+            self.core.attend_any(q, k, v, mask)
         } else {
-            self.core.attend(q, k, v, mask)?
-        };
-        self.o.forward(&y)
+            self.core.attend(q, k, v, mask)
+        }
     }
 
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {

@@ -78,21 +78,17 @@ impl Mlp {
     }
 }
 
-impl Module for Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
+impl Mlp {
+    /// The hidden activation of `x` and the projection that brings it back to `H` (fc2 or
+    /// down).
+    fn hidden(&self, x: &Tensor) -> Result<(Tensor, &Proj)> {
+        Ok(match self {
             Mlp::Gelu {
                 fc1,
                 fc2,
                 fused: true,
-            } => {
-                let a = kernels::gelu(&fc1.forward(x)?)?;
-                fc2.forward(&a)
-            }
-            Mlp::Gelu { fc1, fc2, .. } => {
-                let a = fc1.forward(x)?.gelu()?;
-                fc2.forward(&a)
-            }
+            } => (kernels::gelu(&fc1.forward(x)?)?, fc2),
+            Mlp::Gelu { fc1, fc2, .. } => (fc1.forward(x)?.gelu()?, fc2),
             Mlp::SwiGlu {
                 gate,
                 up,
@@ -103,15 +99,28 @@ impl Module for Mlp {
                 let u = up.forward(x)?;
                 let m = kernels::silu_mul(&g, &u)?;
                 drop((g, u));
-                down.forward(&m)
+                (m, down)
             }
             Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x)?.silu()?;
                 let u = up.forward(x)?;
                 let m = g.mul(&u)?;
                 drop((g, u));
-                down.forward(&m)
+                (m, down)
             }
-        }
+        })
+    }
+
+    /// `residual + self.forward(&x)` ([`Proj::forward_add`]), x freed before the sum.
+    pub fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
+        let (a, out) = self.hidden(&x)?;
+        out.forward_add(a, x, residual)
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (a, out) = self.hidden(x)?;
+        out.forward(&a)
     }
 }

@@ -119,6 +119,27 @@ impl Proj {
     }
 }
 
+impl Proj {
+    /// `residual + self.forward(&h)`, freeing h and `input` (the sublayer's input, which the
+    /// caller no longer needs) before the sum is made. With fused kernels, a dense projection
+    /// without bias or adapter (contiguous operands) is one op ([`kernels::linear_add`]): its
+    /// own output never exists, so the graph does not keep it.
+    pub fn forward_add(&self, h: Tensor, input: Tensor, residual: &Tensor) -> Result<Tensor> {
+        if self.adds_in_place() && h.is_contiguous() && residual.is_contiguous() {
+            drop(input);
+            return kernels::linear_add(&h, self.linear.weight(), residual);
+        }
+        let y = self.forward(&h)?;
+        drop((h, input));
+        residual + y
+    }
+
+    /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s one op.
+    fn adds_in_place(&self) -> bool {
+        self.fused && self.frozen.is_none() && self.lora.is_none() && self.linear.bias().is_none()
+    }
+}
+
 impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match (&self.frozen, self.linear.bias()) {

@@ -94,11 +94,16 @@ impl Ffn {
     }
 }
 
-impl Module for Ffn {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl Ffn {
+    /// `residual + ffn(x)`, x freed before the sum (a dense MLP: [`Mlp::forward_add`]).
+    fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
         match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => m.forward(x),
+            Ffn::Dense(m) => m.forward_add(x, residual),
+            Ffn::Moe(m) => {
+                let y = m.forward(&x)?;
+                drop(x);
+                residual + y
+            }
         }
     }
 }
@@ -112,24 +117,36 @@ pub enum SelfAttention {
 }
 
 impl SelfAttention {
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, rotary: Option<Rotary>) -> Result<Tensor> {
-        match self {
-            SelfAttention::Mha(a) => a.forward(x, mask, rotary),
-            SelfAttention::Mla(a) => a.forward(x, mask, rotary),
-        }
+    /// `residual + attn(x)`: the heads, then the output projection into the residual
+    /// ([`Proj::forward_add`]); x freed before the sum.
+    fn forward_add(
+        &self,
+        x: Tensor,
+        residual: &Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+    ) -> Result<Tensor> {
+        let (y, o) = match self {
+            SelfAttention::Mha(a) => (a.heads(&x, mask, rotary)?, &a.o),
+            SelfAttention::Mla(a) => (a.heads(&x, mask, rotary)?, &a.o),
+        };
+        o.forward_add(y, x, residual)
     }
 
-    fn forward_cached(
+    /// [`SelfAttention::forward_add`] with the key/value cache.
+    fn forward_cached_add(
         &self,
-        x: &Tensor,
+        x: Tensor,
+        residual: &Tensor,
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        match self {
-            SelfAttention::Mha(a) => a.forward_cached(x, mask, rotary, cache),
-            SelfAttention::Mla(a) => a.forward_cached(x, mask, rotary, cache),
-        }
+        let (y, o) = match self {
+            SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
+            SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
+        };
+        o.forward_add(y, x, residual)
     }
 }
 
@@ -165,10 +182,10 @@ impl Block {
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
-        let a = self.attn.forward(&self.ln1.forward(x)?, mask, rotary)?;
-        let x = (x + a)?;
-        let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
-        x + m
+        let x = self
+            .attn
+            .forward_add(self.ln1.forward(x)?, x, mask, rotary)?;
+        self.mlp.forward_add(self.ln2.forward(&x)?, &x)
     }
 
     /// [`Block::forward`] with the attention's key/value cache.
@@ -179,12 +196,10 @@ impl Block {
         rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let a = self
+        let x = self
             .attn
-            .forward_cached(&self.ln1.forward(x)?, mask, rotary, cache)?;
-        let x = (x + a)?;
-        let m = self.mlp.forward(&self.ln2.forward(&x)?)?;
-        x + m
+            .forward_cached_add(self.ln1.forward(x)?, x, mask, rotary, cache)?;
+        self.mlp.forward_add(self.ln2.forward(&x)?, &x)
     }
 
     /// The block's projections in model order.

@@ -209,6 +209,40 @@ pub fn linear_matches_candle_nn_linear() {
     }
 }
 
+/// The projection into the residual (`x + h·wᵀ` as one op) against candle-nn's `Linear`
+/// (no bias) plus the residual, gradients of h, w and x included; with a frozen (detached)
+/// weight it computes no weight gradient and still passes h's and x's.
+pub fn linear_add_matches_the_projection_and_sum() {
+    use candle_core::Module;
+    for dtype in dtypes(true) {
+        let args = [
+            var(&[3, 5, 24], 41, dtype),
+            var(&[40, 24], 42, dtype),
+            var(&[3, 5, 40], 43, dtype),
+        ];
+        compare(
+            "linear_add",
+            &args,
+            dtype,
+            |a| kernels::linear_add(&a[0], &a[1], &a[2]).unwrap(),
+            |a| {
+                let y = candle_nn::Linear::new(a[1].clone(), None)
+                    .forward(&a[0])
+                    .unwrap();
+                (&a[2] + y).unwrap()
+            },
+        );
+        let (h, w, x) = (&args[0], args[1].as_tensor().detach(), &args[2]);
+        let y = kernels::linear_add(h.as_tensor(), &w, x.as_tensor()).unwrap();
+        let g = y.sum_all().unwrap().backward().unwrap();
+        assert!(
+            g.get(&w).is_none(),
+            "linear_add {dtype:?}: a frozen weight got a gradient"
+        );
+        assert!(g.get(h.as_tensor()).is_some() && g.get(x.as_tensor()).is_some());
+    }
+}
+
 /// The frozen-linear op (`model::frozen`: LoRA's `op` base, QLoRA and quantized serving) on
 /// the device under test against candle's matmul on the same weights: dense, and dequantized
 /// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k). The op's input gradient is

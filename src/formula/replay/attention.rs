@@ -202,10 +202,10 @@ pub(super) struct Attention {
 }
 
 impl Attention {
-    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+    /// Mirror of the model's `Attention::heads`.
+    pub(super) fn heads(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
         let (q, k, v) = self.qkv(x, rotary);
-        let y = self.core.attend_any(q, k, v, mask);
-        self.o.forward(&y)
+        self.core.attend_any(q, k, v, mask)
     }
 
     /// Mirror of the model's `Attention::qkv`.
@@ -250,7 +250,7 @@ impl Attention {
     }
 
     /// Mirror of the model's `Attention::forward_cached`.
-    pub(super) fn forward_cached(
+    pub(super) fn heads_cached(
         &self,
         x: &Sym,
         mask: Option<&Sym>,
@@ -276,12 +276,11 @@ impl Attention {
             (k, v)
         };
         *cache = Some(kept);
-        let y = if first && q.dims()[2] > 1 {
+        if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)
-        };
-        self.o.forward(&y)
+        }
     }
 
     /// `f` on the projections, `w` on the q/k norms' weights, in model order.

@@ -91,16 +91,17 @@ impl Mla {
         (k, v)
     }
 
-    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+    /// Mirror of the model's `Mla::heads`.
+    pub(super) fn heads(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
         let rotary = rotary.expect("MLA has rotary tables");
         let (q, c, k_pe) = self.latent(x, rotary);
         let (k, v) = self.decompress(&c, &k_pe);
         drop((c, k_pe));
-        let y = self.core.attend_any(q, k, v, mask);
-        self.o.forward(&y)
+        self.core.attend_any(q, k, v, mask)
     }
 
-    pub(super) fn forward_cached(
+    /// Mirror of the model's `Mla::heads_cached`.
+    pub(super) fn heads_cached(
         &self,
         x: &Sym,
         mask: Option<&Sym>,
@@ -113,12 +114,11 @@ impl Mla {
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe);
         let (k, v) = self.decompress(&c, &k_pe);
         *cache = Some((c, k_pe));
-        let y = if first && q.dims()[2] > 1 {
+        if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)
-        };
-        self.o.forward(&y)
+        }
     }
 
     /// The projections in model order.

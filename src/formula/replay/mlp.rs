@@ -20,23 +20,18 @@ pub(super) enum Mlp {
 }
 
 impl Mlp {
-    pub(super) fn forward(&self, x: &Sym) -> Sym {
+    /// Mirror of the model's `Mlp::hidden`.
+    fn hidden(&self, x: &Sym) -> (Sym, &Linear) {
         match self {
             Mlp::Gelu {
                 fc1,
                 fc2,
                 fused: true,
             } => {
-                let a = {
-                    let y = fc1.forward(x);
-                    Sym::kernel(Kernel::Gelu, &[&y], y.dims(), y.dtype())
-                };
-                fc2.forward(&a)
+                let y = fc1.forward(x);
+                (Sym::kernel(Kernel::Gelu, &[&y], y.dims(), y.dtype()), fc2)
             }
-            Mlp::Gelu { fc1, fc2, .. } => {
-                let a = fc1.forward(x).gelu();
-                fc2.forward(&a)
-            }
+            Mlp::Gelu { fc1, fc2, .. } => (fc1.forward(x).gelu(), fc2),
             Mlp::SwiGlu {
                 gate,
                 up,
@@ -47,16 +42,27 @@ impl Mlp {
                 let u = up.forward(x);
                 let m = Sym::kernel(Kernel::SiluMul, &[&g, &u], g.dims(), g.dtype());
                 drop((g, u));
-                down.forward(&m)
+                (m, down)
             }
             Mlp::SwiGlu { gate, up, down, .. } => {
                 let g = gate.forward(x).silu();
                 let u = up.forward(x);
                 let m = g.mul(&u);
                 drop((g, u));
-                down.forward(&m)
+                (m, down)
             }
         }
+    }
+
+    pub(super) fn forward(&self, x: &Sym) -> Sym {
+        let (a, out) = self.hidden(x);
+        out.forward(&a)
+    }
+
+    /// Mirror of the model's `Mlp::forward_add`.
+    pub(super) fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
+        let (a, out) = self.hidden(&x);
+        out.forward_add(a, x, residual)
     }
 
     pub(super) fn linears(&self) -> Vec<&Linear> {

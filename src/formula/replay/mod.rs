@@ -79,24 +79,35 @@ enum SelfAttention {
 }
 
 impl SelfAttention {
-    fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        match self {
-            SelfAttention::Mha(a) => a.forward(x, mask, rotary),
-            SelfAttention::Mla(a) => a.forward(x, mask, rotary),
-        }
+    /// Mirror of the model's `SelfAttention::forward_add`.
+    fn forward_add(
+        &self,
+        x: Sym,
+        residual: &Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+    ) -> Sym {
+        let (y, o) = match self {
+            SelfAttention::Mha(a) => (a.heads(&x, mask, rotary), &a.o),
+            SelfAttention::Mla(a) => (a.heads(&x, mask, rotary), &a.o),
+        };
+        o.forward_add(y, x, residual)
     }
 
-    fn forward_cached(
+    /// Mirror of the model's `SelfAttention::forward_cached_add`.
+    fn forward_cached_add(
         &self,
-        x: &Sym,
+        x: Sym,
+        residual: &Sym,
         mask: Option<&Sym>,
         rotary: Option<Rotary>,
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
-        match self {
-            SelfAttention::Mha(a) => a.forward_cached(x, mask, rotary, cache),
-            SelfAttention::Mla(a) => a.forward_cached(x, mask, rotary, cache),
-        }
+        let (y, o) = match self {
+            SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache), &a.o),
+            SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache), &a.o),
+        };
+        o.forward_add(y, x, residual)
     }
 
     fn linears(&self) -> Vec<&Linear> {
@@ -132,10 +143,15 @@ enum Ffn {
 }
 
 impl Ffn {
-    fn forward(&self, x: &Sym) -> Sym {
+    /// Mirror of the model's `Ffn::forward_add`.
+    fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
         match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => m.forward(x),
+            Ffn::Dense(m) => m.forward_add(x, residual),
+            Ffn::Moe(m) => {
+                let y = m.forward(&x);
+                drop(x);
+                add_owned(residual, y)
+            }
         }
     }
 
@@ -184,10 +200,8 @@ impl Masks {
 
 impl Block {
     fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        let a = self.attn.forward(&self.ln1.forward(x), mask, rotary);
-        let x = add_owned(x, a);
-        let m = self.mlp.forward(&self.ln2.forward(&x));
-        add_owned(&x, m)
+        let x = self.attn.forward_add(self.ln1.forward(x), x, mask, rotary);
+        self.mlp.forward_add(self.ln2.forward(&x), &x)
     }
 
     fn forward_cached(
@@ -197,12 +211,10 @@ impl Block {
         rotary: Option<Rotary>,
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
-        let a = self
+        let x = self
             .attn
-            .forward_cached(&self.ln1.forward(x), mask, rotary, cache);
-        let x = add_owned(x, a);
-        let m = self.mlp.forward(&self.ln2.forward(&x));
-        add_owned(&x, m)
+            .forward_cached_add(self.ln1.forward(x), x, mask, rotary, cache);
+        self.mlp.forward_add(self.ln2.forward(&x), &x)
     }
 
     /// The block's projections in model order.

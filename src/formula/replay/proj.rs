@@ -133,6 +133,22 @@ impl Linear {
         }
     }
 
+    /// `Proj::forward_add`: `residual + forward(&h)`, h and `input` freed before the sum; one
+    /// op when fused, dense, without bias or adapter.
+    pub(super) fn forward_add(&self, h: Sym, input: Sym, residual: &Sym) -> Sym {
+        let in_place = self.fused && self.frozen.is_none() && self.lora.is_none();
+        if in_place && self.bias.is_none() && h.is_contiguous() && residual.is_contiguous() {
+            drop(input);
+            return h.fused_linear_add(&self.weight, residual);
+        }
+        // `residual + y`: y passed by value.
+        let y = self.forward(&h);
+        drop((h, input));
+        let r = residual.add(&y);
+        drop(y);
+        r
+    }
+
     /// candle-nn's `Linear::forward`.
     pub(super) fn linear_forward(&self, x: &Sym) -> Sym {
         let x = match *x.dims() {

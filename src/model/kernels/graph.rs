@@ -20,6 +20,8 @@ pub trait Graph: Clone + Sized {
     }
     /// The tensor without its op (shares the storage).
     fn detach(&self) -> Self;
+    /// Whether a gradient is wanted for it: a variable or the result of a recorded op.
+    fn tracked(&self) -> bool;
     /// f32 (the same tensor when already f32).
     fn to_f32(&self) -> Result<Self>;
     /// Converted to `like`'s element type (the same tensor when equal).
@@ -76,6 +78,9 @@ impl Graph for Tensor {
     }
     fn detach(&self) -> Self {
         Tensor::detach(self)
+    }
+    fn tracked(&self) -> bool {
+        self.track_op()
     }
     fn to_f32(&self) -> Result<Self> {
         self.to_dtype(DType::F32)

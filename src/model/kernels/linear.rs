@@ -104,3 +104,104 @@ impl CustomOp3 for LinearOp {
         Kernel::Linear.backward3(&[x, w, b], res, grad)
     }
 }
+
+/// `x + h·wᵀ` with a fused backward: a projection without bias whose output is added to the
+/// residual stream, as one op. `h (…, in)`, `w (out, in)`, `x (…, out)` contiguous. The
+/// product is written by candle's gemm into the output and x added in place, so the
+/// projection's own output never exists: the graph keeps h and x (which the model keeps anyway:
+/// h is the projection's input, x the next norm's) and the sum, as PyTorch's `addmm`-then-add
+/// keeps nothing of the sum's operands. The backward: `dh = g·w`, `dw = gᵀ·h`, `dx = g` (the
+/// upstream gradient itself, no copy).
+pub fn linear_add(h: &Tensor, w: &Tensor, x: &Tensor) -> Result<Tensor> {
+    h.apply_op3(w, x, LinearAddOp)
+}
+
+struct LinearAddOp;
+
+fn add_in_place<T: Float>(y: &mut [T], x: &[T]) {
+    for (v, x) in y.iter_mut().zip(x) {
+        *v = T::of(v.f() + x.f());
+    }
+}
+
+/// Rows, input and output features, and the output's shape of `x + h·wᵀ`, checked.
+fn add_dims(l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize, Shape)> {
+    let op = Kernel::LinearAdd.name();
+    let dims = l1.shape().dims();
+    let inp = *dims.last().unwrap_or(&1);
+    let (out, win) = l2.shape().dims2()?;
+    let rows = l1.shape().elem_count() / inp.max(1);
+    let mut shape = dims.to_vec();
+    *shape.last_mut().expect("a dimension") = out;
+    if win != inp || l3.shape().dims() != shape {
+        candle_core::bail!(
+            "{op}: h {:?}, w {:?}, x {:?}",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    if !l1.is_contiguous() || !l3.is_contiguous() {
+        candle_core::bail!("{op}: h and x must be contiguous")
+    }
+    Ok((rows, inp, out, Shape::from_dims(&shape)))
+}
+
+impl CustomOp3 for LinearAddOp {
+    fn name(&self) -> &'static str {
+        Kernel::LinearAdd.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (rows, inp, out, shape) = add_dims(l1, l2, l3)?;
+        let lh = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let mut y = s1.matmul(s2, (1, rows, out, inp), &lh, &l2.transpose(0, 1)?)?;
+        let (x0, n) = (l3.start_offset(), rows * out);
+        match &mut y {
+            CpuStorage::F32(v) => add_in_place(v, &same::<f32>(op, s3)?[x0..x0 + n]),
+            CpuStorage::F16(v) => add_in_place(v, &same::<half::f16>(op, s3)?[x0..x0 + n]),
+            CpuStorage::BF16(v) => add_in_place(v, &same::<half::bf16>(op, s3)?[x0..x0 + n]),
+            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
+        }
+        Ok((y, shape))
+    }
+
+    /// cuBLAS's `h·wᵀ` into the output, then x added in place.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, inp, out, shape) = add_dims(l1, l2, l3)?;
+        let lh = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let mut y = s1.matmul(s2, (1, rows, out, inp), &lh, &l2.transpose(0, 1)?)?;
+        let ly = Layout::contiguous((rows, out));
+        super::cuda::axpby((&mut y, &ly), (s3, l3), 1.0, 1.0, false)?;
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        x: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Kernel::LinearAdd.backward3(&[h, w, x], res, grad)
+    }
+}

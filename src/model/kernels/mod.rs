@@ -16,6 +16,7 @@
 //! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
 //! | [`rotary`] | x `(B, n, S, D)`, cos, sin `(S, D/2)` → x rotated ("rotate half") | x (no halves, products or `cat`; no gradient for the tables) |
 //! | [`linear`] (with bias) | x `(…, in)`, w `(out, in)`, b `(out)` → `x·wᵀ + b` | x (no separate product and bias sum) |
+//! | [`linear_add`] (no bias, into the residual) | h `(…, in)`, w `(out, in)`, x `(…, out)` → `x + h·wᵀ` | h, x (the projection's own output never exists) |
 //!
 //! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
 //! saved: they are `O(rows)`, which is below what the allocator can tell apart from metadata.
@@ -46,7 +47,7 @@ pub mod tiled;
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
 pub use graph::Graph;
-pub use linear::linear;
+pub use linear::{linear, linear_add};
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::rotary;
@@ -113,6 +114,8 @@ pub enum Kernel {
     CrossEntropy,
     /// `x·wᵀ + b`; args x, w, b.
     Linear,
+    /// `x + h·wᵀ` (a projection without bias into the residual stream); args h, w, x.
+    LinearAdd,
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
@@ -134,6 +137,7 @@ impl Kernel {
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
             Kernel::Linear => "fused-linear",
+            Kernel::LinearAdd => "fused-linear-add",
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
@@ -184,7 +188,8 @@ impl Kernel {
             Kernel::SiluMul => silu_mul_bwd(args[0], args[1], grad),
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
-            Kernel::Linear => linear_bwd(args[0], args[1], grad),
+            Kernel::Linear => linear_bwd(args[0], args[1], args[2], grad),
+            Kernel::LinearAdd => linear_add_bwd(args[0], args[1], grad),
             Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
             Kernel::TiledAttention { scale, causal } => {
                 let (dq, dk, dv) = tiled::backward(
@@ -366,18 +371,40 @@ fn cross_entropy_bwd<G: Graph>(logits: &G, targets: &G, grad: &G) -> Result<Vec<
     Ok(vec![Some(dx), None])
 }
 
-/// `dx = g·w`, `dw = gᵀ·x`, `db = Σ_rows g`, with x and g seen as `(rows, ·)` matrices.
-fn linear_bwd<G: Graph>(x: &G, w: &G, grad: &G) -> Result<Vec<Option<G>>> {
+/// `dx = g·w`, `dw = gᵀ·x`, `db = Σ_rows g`, with x and g seen as `(rows, ·)` matrices; no
+/// `dw`, `db` for a frozen (untracked) weight and bias (LoRA's detached base).
+fn linear_bwd<G: Graph>(x: &G, w: &G, b: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let (dx, dw, g) = product_bwd(x, w, grad)?;
+    let db = if b.tracked() {
+        Some(g.sum_leading()?)
+    } else {
+        None
+    };
+    Ok(vec![Some(dx), dw, db])
+}
+
+/// `dh = g·w`, `dw = gᵀ·h` (none for a frozen weight), `dx = g` itself, of `x + h·wᵀ`.
+fn linear_add_bwd<G: Graph>(h: &G, w: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let (dh, dw, g) = product_bwd(h, w, grad)?;
+    drop(g);
+    Ok(vec![Some(dh), dw, Some(grad.clone())])
+}
+
+/// The gradients of `x·wᵀ`: `dx = g·w`, `dw = gᵀ·x` (`None` when w is untracked), and g as
+/// `(rows, out)`.
+fn product_bwd<G: Graph>(x: &G, w: &G, grad: &G) -> Result<(G, Option<G>, G)> {
     let dims = x.dims();
     let (inp, out) = (dims[dims.len() - 1], w.dims()[0]);
     let rows = dims.iter().product::<usize>() / inp.max(1);
     let g = grad.reshape(&[rows, out])?;
     let dx = g.matmul(&w.detach())?.reshape(&dims)?;
-    let x2 = x.detach().reshape(&[rows, inp])?;
-    let dw = g.t()?.matmul(&x2)?;
-    drop(x2);
-    let db = g.sum_leading()?;
-    Ok(vec![Some(dx), Some(dw), Some(db)])
+    let dw = if w.tracked() {
+        let x2 = x.detach().reshape(&[rows, inp])?;
+        Some(g.t()?.matmul(&x2)?)
+    } else {
+        None
+    };
+    Ok((dx, dw, g))
 }
 
 /// The rotation by −θ: `[g₁·cos + g₂·sin, g₂·cos − g₁·sin]` (the tables get no gradient).
