@@ -735,6 +735,20 @@ impl Sym {
         out
     }
 
+    /// `model::kernels::linear_no_bias`: `self (…, in)·wᵀ` written by one gemm call on
+    /// `(rows, in)`.
+    pub fn fused_linear_no_bias(&self, w: &Sym) -> Sym {
+        let mut dims = self.dims().to_vec();
+        let inp = *dims.last().expect("a dimension");
+        let rows = dims.iter().product::<usize>() / inp.max(1);
+        *dims.last_mut().expect("a dimension") = w.dims()[0];
+        let y = Sym::kernel(Kernel::LinearNoBias, &[self, w], &dims, self.0.dtype);
+        let la = Layout::contiguous(&[rows, inp]);
+        self.ledger()
+            .gemm_pack(&la, &w.0.layout.transposed(0, 1), self.0.dtype);
+        y
+    }
+
     /// `model::kernels::linear_add`: `x + self (…, in)·wᵀ`, the product written by one gemm
     /// call on `(rows, in)`, x added in place.
     pub fn fused_linear_add(&self, w: &Sym, x: &Sym) -> Sym {

@@ -26,7 +26,8 @@ pub struct Proj {
     pub linear: Linear,
     pub lora: Option<Lora>,
     pub frozen: Option<FrozenWeight>,
-    /// With a bias and no frozen base: one [`kernels::linear`] op.
+    /// Fused kernels: with no frozen base one [`kernels::linear`] op (with a bias) or
+    /// [`kernels::linear_no_bias`] (without, on a contiguous input).
     pub fused: bool,
 }
 
@@ -144,6 +145,9 @@ impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match (&self.frozen, self.linear.bias()) {
             (None, Some(b)) if self.fused => kernels::linear(x, self.linear.weight(), b)?,
+            (None, None) if self.fused && x.is_contiguous() => {
+                kernels::linear_no_bias(x, self.linear.weight())?
+            }
             (None, _) => self.linear.forward(x)?,
             (Some(w), _) => {
                 let op = FrozenLinear {

@@ -527,12 +527,20 @@ impl Transformer {
     }
 
     /// Final norm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
-    /// only (taken first: the LayerNorm is per position), `(B, 1, K)`.
+    /// only (taken first: the LayerNorm is per position), `(B, 1, K)`. With fused kernels the
+    /// head is one op ([`kernels::linear_no_bias`], or [`kernels::linear`] with ViT's bias), so
+    /// its weight gradient (`V·H`, the embedding's when tied) is written once.
     pub fn head_forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = match self.stem {
             Stem::Tokens(_) => self.ln_f.forward(x)?,
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
+        if self.cfg.kernels.fused() && x.is_contiguous() {
+            return match self.head.bias() {
+                Some(b) => kernels::linear(&x, self.head.weight(), b),
+                None => kernels::linear_no_bias(&x, self.head.weight()),
+            };
+        }
         self.head.forward(&x)
     }
 

@@ -187,6 +187,7 @@ pub fn silu_mul_matches_silu_times_up() {
     }
 }
 
+/// The fused linear with and without a bias against candle-nn's `Linear`.
 pub fn linear_matches_candle_nn_linear() {
     for dtype in dtypes(true) {
         let args = [
@@ -202,6 +203,18 @@ pub fn linear_matches_candle_nn_linear() {
             |a| {
                 use candle_core::Module;
                 candle_nn::Linear::new(a[1].clone(), Some(a[2].clone()))
+                    .forward(&a[0])
+                    .unwrap()
+            },
+        );
+        compare(
+            "linear without bias",
+            &args[..2],
+            dtype,
+            |a| kernels::linear_no_bias(&a[0], &a[1]).unwrap(),
+            |a| {
+                use candle_core::Module;
+                candle_nn::Linear::new(a[1].clone(), None)
                     .forward(&a[0])
                     .unwrap()
             },

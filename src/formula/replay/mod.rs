@@ -696,6 +696,12 @@ impl Transformer {
             Stem::Tokens(_) => self.ln_f.forward(x),
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()),
         };
+        if self.kernels.fused() && x.is_contiguous() {
+            return match &self.head.bias {
+                Some(b) => x.fused_linear(&self.head.weight, b),
+                None => x.fused_linear_no_bias(&self.head.weight),
+            };
+        }
         self.head.forward(&x)
     }
 

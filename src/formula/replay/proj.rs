@@ -35,7 +35,8 @@ pub(super) struct Linear {
     pub(super) frozen: Option<bool>,
     /// Bytes a CPU dequantize of the quantized weight holds beside its output.
     pub(super) scratch: usize,
-    /// A block projection with fused kernels: with a bias, one `kernels::linear` op.
+    /// A block projection (or the head) with fused kernels: one `kernels::linear` op (with a
+    /// bias) or `kernels::linear_no_bias` (without, contiguous input).
     pub(super) fused: bool,
 }
 
@@ -109,6 +110,7 @@ impl Linear {
     pub(super) fn forward(&self, x: &Sym) -> Sym {
         let y = match (self.frozen, &self.bias) {
             (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
+            (None, None) if self.fused && x.is_contiguous() => x.fused_linear_no_bias(&self.weight),
             (None, _) => self.linear_forward(x),
             (Some(quantized), _) => {
                 let out = self.out;

@@ -5,7 +5,7 @@
 //! as PyTorch's `addmm` does.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::Kernel;
 use super::cpu::{Float, same};
@@ -203,5 +203,74 @@ impl CustomOp3 for LinearAddOp {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         Kernel::LinearAdd.backward3(&[h, w, x], res, grad)
+    }
+}
+
+/// `x·wᵀ` with a fused backward (a projection without bias); `x (…, in)` contiguous, `w (out,
+/// in)`. The forward is candle-nn's `Linear` product (one gemm into the output); the backward
+/// writes `dx = g·w` and `dw = gᵀ·x` directly (no `dw` for a frozen weight), where candle's
+/// matmul, transpose and reshape arms each hold a placeholder and a sum of the weight's and the
+/// input's size.
+pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.apply_op2(w, LinearNoBiasOp)
+}
+
+struct LinearNoBiasOp;
+
+/// Rows, input and output features, and the output's shape of `x·wᵀ`, checked.
+fn no_bias_dims(l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, Shape)> {
+    let op = Kernel::LinearNoBias.name();
+    let dims = l1.shape().dims();
+    let inp = *dims.last().unwrap_or(&1);
+    let (out, win) = l2.shape().dims2()?;
+    if win != inp || !l1.is_contiguous() {
+        candle_core::bail!("{op}: x {:?} (contiguous), w {:?}", l1.shape(), l2.shape())
+    }
+    let rows = l1.shape().elem_count() / inp.max(1);
+    let mut shape = dims.to_vec();
+    *shape.last_mut().expect("a dimension") = out;
+    Ok((rows, inp, out, Shape::from_dims(&shape)))
+}
+
+impl CustomOp2 for LinearNoBiasOp {
+    fn name(&self) -> &'static str {
+        Kernel::LinearNoBias.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (rows, inp, out, shape) = no_bias_dims(l1, l2)?;
+        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
+        Ok((y, shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, inp, out, shape) = no_bias_dims(l1, l2)?;
+        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
+        let y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
+        Ok((y, shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Kernel::LinearNoBias.backward2(&[x, w], res, grad)
     }
 }

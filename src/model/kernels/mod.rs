@@ -16,6 +16,7 @@
 //! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
 //! | [`rotary`] | x `(B, n, S, D)`, cos, sin `(S, D/2)` → x rotated ("rotate half") | x (no halves, products or `cat`; no gradient for the tables) |
 //! | [`linear`] (with bias) | x `(…, in)`, w `(out, in)`, b `(out)` → `x·wᵀ + b` | x (no separate product and bias sum) |
+//! | [`linear_no_bias`] | x `(…, in)`, w `(out, in)` → `x·wᵀ` | x (the backward writes `dx`, `dw` once: no placeholder and sum per matmul, transpose and reshape arm) |
 //! | [`linear_add`] (no bias, into the residual) | h `(…, in)`, w `(out, in)`, x `(…, out)` → `x + h·wᵀ` | h, x (the projection's own output never exists) |
 //!
 //! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
@@ -47,7 +48,7 @@ pub mod tiled;
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
 pub use graph::Graph;
-pub use linear::{linear, linear_add};
+pub use linear::{linear, linear_add, linear_no_bias};
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::rotary;
@@ -116,6 +117,8 @@ pub enum Kernel {
     Linear,
     /// `x + h·wᵀ` (a projection without bias into the residual stream); args h, w, x.
     LinearAdd,
+    /// `x·wᵀ`; args x, w.
+    LinearNoBias,
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
@@ -138,6 +141,7 @@ impl Kernel {
             Kernel::CrossEntropy => "fused-cross-entropy",
             Kernel::Linear => "fused-linear",
             Kernel::LinearAdd => "fused-linear-add",
+            Kernel::LinearNoBias => "fused-linear-no-bias",
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
@@ -190,6 +194,11 @@ impl Kernel {
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
             Kernel::Linear => linear_bwd(args[0], args[1], args[2], grad),
             Kernel::LinearAdd => linear_add_bwd(args[0], args[1], grad),
+            Kernel::LinearNoBias => {
+                let (dx, dw, g) = product_bwd(args[0], args[1], grad)?;
+                drop(g);
+                Ok(vec![Some(dx), dw])
+            }
             Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
             Kernel::TiledAttention { scale, causal } => {
                 let (dq, dk, dv) = tiled::backward(
