@@ -84,6 +84,11 @@ fn linear_add_matches_the_projection_and_sum() {
 }
 
 #[test]
+fn moe_ops_match_their_compositions() {
+    check("moe_ops_match_their_compositions");
+}
+
+#[test]
 fn cross_entropy_matches_candle_nn() {
     check("cross_entropy_matches_candle_nn");
 }
@@ -125,6 +130,7 @@ const TESTED: &[&str] = &[
     "silu_mul_matches_silu_times_up",
     "linear_matches_candle_nn_linear",
     "linear_add_matches_the_projection_and_sum",
+    "moe_ops_match_their_compositions",
     "frozen_linear_matches_a_matmul_on_its_weights",
     "rotary_matches_apply_rotary",
     "attn_probs_with_a_sliding_window",

@@ -735,6 +735,16 @@ impl Sym {
         out
     }
 
+    /// `model::kernels::linear_scaled`: `(self (n, in)·wᵀ) ⊙ s`, the product written by one
+    /// gemm call, then scaled in place.
+    pub fn fused_linear_scaled(&self, w: &Sym, s: &Sym) -> Sym {
+        let dims = [self.dims()[0], w.dims()[0]];
+        let y = Sym::kernel(Kernel::LinearScaled, &[self, w, s], &dims, self.0.dtype);
+        self.ledger()
+            .gemm_pack(&self.0.layout, &w.0.layout.transposed(0, 1), self.0.dtype);
+        y
+    }
+
     /// `model::kernels::linear_no_bias`: `self (…, in)·wᵀ` written by one gemm call on
     /// `(rows, in)`.
     pub fn fused_linear_no_bias(&self, w: &Sym) -> Sym {
@@ -1415,6 +1425,9 @@ impl Graph for Sym {
     }
     fn tracked(&self) -> bool {
         self.track_op()
+    }
+    fn index_select(&self, ids: &Self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::index_select(self, ids, dim))
     }
     fn to_f32(&self) -> candle_core::Result<Self> {
         Ok(self.to_dtype(DType::F32))

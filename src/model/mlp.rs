@@ -111,6 +111,14 @@ impl Mlp {
         })
     }
 
+    /// `self.forward(x) ⊙ s`, `s (n, 1)` ([`Proj::forward_scaled`]): a routed expert's output
+    /// times its routing weights; x freed once the hidden activation exists.
+    pub fn forward_scaled(&self, x: Tensor, s: &Tensor) -> Result<Tensor> {
+        let (a, out) = self.hidden(&x)?;
+        drop(x);
+        out.forward_scaled(a, s)
+    }
+
     /// `residual + self.forward(&x)` ([`Proj::forward_add`]), x freed before the sum.
     pub fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
         let (a, out) = self.hidden(&x)?;

@@ -17,7 +17,8 @@
 //! - per expert with `n_e > 0`: `x_e = x[top_x[e]] (n_e, H)`, `y_e = down(silu(gate(x_e)) ·
 //!   up(x_e)) (n_e, H)`, scaled by `R[top_x[e]] (n_e, E)`'s column `e`; in training (weights
 //!   tracked) the scaled `y_e` are concatenated, `Y (k·T, H)`, and added into a `(T, H)` zeros
-//!   by one `index_add` over all `k·T` token ids (`4·k·T` bytes, on the host first), so the
+//!   by one `index_add` over all `k·T` token ids (`4·k·T` bytes, on the host first; with fused
+//!   kernels one op, `kernels::scatter_rows`, whose node does not keep the zeros), so the
 //!   graph keeps `Y` and the zeros — not a fresh `(T, H)` per expert, as adding expert by expert
 //!   would keep (candle's `index_add` is not in place: `(experts hit + 1)·T·H` per sparse
 //!   layer, 96 GiB of Qwen3-30B-A3B's graph at S 4096); in inference expert by expert into the
@@ -39,6 +40,7 @@ use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder, linear_no_bias, ops};
 
 use super::config::{Config, ProjSpec};
+use super::kernels;
 use super::mlp::Mlp;
 use super::proj::Proj;
 pub use super::shapes::{Factor, GroupLimit, MoeShape, Scoring};
@@ -54,6 +56,8 @@ pub struct Moe {
     pub(crate) shape: MoeShape,
     /// The block's index (where its routing is recorded).
     pub(crate) layer: usize,
+    /// Fused kernels: the training combine is one op ([`kernels::scatter_rows`]).
+    pub(crate) fused: bool,
 }
 
 /// Tokens per expert of each layer's last forward in this process (each case runs in a
@@ -105,6 +109,7 @@ impl Moe {
                 .transpose()?,
             shape: m.shape,
             layer: m.layer,
+            fused: m.fused,
         })
     }
     /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
@@ -137,6 +142,7 @@ impl Moe {
             shared_gate,
             shape,
             layer,
+            fused: cfg.kernels.fused(),
         })
     }
 }
@@ -316,10 +322,10 @@ impl Module for Moe {
                 all_ids.extend_from_slice(&tokens);
             }
             let ids = Tensor::from_vec(tokens, n, x.device())?;
-            let ye = expert.forward(&xs.index_select(&ids, 0)?)?;
-            // The rows of the expert's tokens (contiguous, `(n_e, E)`), then its column.
+            // The rows of the expert's tokens (contiguous, `(n_e, E)`), then its column; the
+            // expert's output scaled by it (with fused kernels in its down projection's op).
             let we = weights.index_select(&ids, 0)?.narrow(1, i, 1)?;
-            let ye = ye.broadcast_mul(&we)?;
+            let ye = expert.forward_scaled(xs.index_select(&ids, 0)?, &we)?;
             drop(we);
             match ys.take() {
                 Some(acc) => ys = Some(acc.index_add(&ids, &ye, 0)?),
@@ -333,7 +339,11 @@ impl Module for Moe {
                 let y = Tensor::cat(&parts, 0)?;
                 drop(parts);
                 let ids = Tensor::from_vec(all_ids, total, x.device())?;
-                xs.zeros_like()?.index_add(&ids, &y, 0)?
+                if self.fused {
+                    kernels::scatter_rows(&y, &ids, t)?
+                } else {
+                    xs.zeros_like()?.index_add(&ids, &y, 0)?
+                }
             }
         };
         drop(weights);

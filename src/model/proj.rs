@@ -135,7 +135,21 @@ impl Proj {
         residual + y
     }
 
-    /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s one op.
+    /// `self.forward(&h) ⊙ s` for `h (n, in)` and `s (n, 1)` (a routed expert's output times
+    /// its routing weight), h freed before the product is scaled. With fused kernels, a dense
+    /// projection without bias or adapter on a contiguous h is one op
+    /// ([`kernels::linear_scaled`]): the unscaled product is never kept.
+    pub fn forward_scaled(&self, h: Tensor, s: &Tensor) -> Result<Tensor> {
+        if self.adds_in_place() && h.is_contiguous() {
+            return kernels::linear_scaled(&h, self.linear.weight(), s);
+        }
+        let y = self.forward(&h)?;
+        drop(h);
+        y.broadcast_mul(s)
+    }
+
+    /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s and
+    /// [`Proj::forward_scaled`]'s one op.
     fn adds_in_place(&self) -> bool {
         self.fused && self.frozen.is_none() && self.lora.is_none() && self.linear.bias().is_none()
     }

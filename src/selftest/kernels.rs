@@ -256,6 +256,62 @@ pub fn linear_add_matches_the_projection_and_sum() {
     }
 }
 
+/// The mixture of experts' fused ops against their compositions: an expert's down projection
+/// times its routing weights (`(h·wᵀ) ⊙ s`, with s a contiguous `(n, 1)` and, as the model
+/// passes it, a column of the `(n, E)` weights), and the combine (rows added into `(T, H)`
+/// zeros at their tokens, a token hit twice), gradients included.
+pub fn moe_ops_match_their_compositions() {
+    use candle_core::Module;
+    let (n, inp, out, experts, t) = (7, 24, 40, 4, 5);
+    for dtype in dtypes(true) {
+        let down = |a: &[Tensor], s: &Tensor| {
+            candle_nn::Linear::new(a[1].clone(), None)
+                .forward(&a[0])
+                .unwrap()
+                .broadcast_mul(s)
+                .unwrap()
+        };
+        let args = [
+            var(&[n, inp], 51, dtype),
+            var(&[out, inp], 52, dtype),
+            var(&[n, 1], 53, dtype),
+        ];
+        compare(
+            "linear_scaled",
+            &args,
+            dtype,
+            |a| kernels::linear_scaled(&a[0], &a[1], &a[2]).unwrap(),
+            |a| down(a, &a[2]),
+        );
+        let args = [
+            var(&[n, inp], 54, dtype),
+            var(&[out, inp], 55, dtype),
+            var(&[n, experts], 56, dtype),
+        ];
+        let col = |w: &Tensor| w.narrow(1, 2, 1).unwrap();
+        compare(
+            "linear_scaled, a column of the routing weights",
+            &args,
+            dtype,
+            |a| kernels::linear_scaled(&a[0], &a[1], &col(&a[2])).unwrap(),
+            |a| down(a, &col(&a[2])),
+        );
+        let ids = Tensor::from_vec(vec![0u32, 3, 1, 3, 4, 0, 2], n, &dev()).unwrap();
+        compare(
+            "scatter_rows",
+            &[var(&[n, out], 57, dtype)],
+            dtype,
+            |a| kernels::scatter_rows(&a[0], &ids, t).unwrap(),
+            |a| {
+                Tensor::zeros((t, out), a[0].dtype(), &dev())
+                    .unwrap()
+                    .index_add(&ids, &a[0], 0)
+                    .unwrap()
+            },
+        );
+    }
+}
+
 /// The frozen-linear op (`model::frozen`: LoRA's `op` base, QLoRA and quantized serving) on
 /// the device under test against candle's matmul on the same weights: dense, and dequantized
 /// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k). The op's input gradient is

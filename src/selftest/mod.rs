@@ -43,6 +43,7 @@ checks![
     kernels::silu_mul_matches_silu_times_up,
     kernels::linear_matches_candle_nn_linear,
     kernels::linear_add_matches_the_projection_and_sum,
+    kernels::moe_ops_match_their_compositions,
     kernels::frozen_linear_matches_a_matmul_on_its_weights,
     kernels::rotary_matches_apply_rotary,
     kernels::attn_probs_with_a_sliding_window,

@@ -59,6 +59,13 @@ impl Mlp {
         out.forward(&a)
     }
 
+    /// Mirror of the model's `Mlp::forward_scaled`.
+    pub(super) fn forward_scaled(&self, x: Sym, s: &Sym) -> Sym {
+        let (a, out) = self.hidden(&x);
+        drop(x);
+        out.forward_scaled(a, s)
+    }
+
     /// Mirror of the model's `Mlp::forward_add`.
     pub(super) fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
         let (a, out) = self.hidden(&x);

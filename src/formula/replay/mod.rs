@@ -472,6 +472,7 @@ impl Transformer {
                             shape: *m,
                             routing,
                             worst: shape.worst_routing,
+                            fused: shape.kernels.fused(),
                         }))
                     }
                     MlpLayout::Dense(specs) if llama => Ffn::Dense(swiglu(specs)),

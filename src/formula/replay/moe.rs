@@ -7,6 +7,7 @@ use super::attention::softmax;
 use super::mlp::Mlp;
 use super::proj::Linear;
 use crate::formula::symbolic::{DType, Sym};
+use crate::model::kernels::Kernel;
 use crate::model::moe::{MoeShape, Scoring};
 
 /// Mirror of the composed sigmoid `1 / (1 + exp(−x))` (`model::moe`).
@@ -31,6 +32,8 @@ pub(super) struct Moe {
     pub(super) routing: Option<Vec<usize>>,
     /// Without a recorded routing: every token on the first `k` experts (the worst case).
     pub(super) worst: bool,
+    /// Fused kernels (the model's `Moe::fused`).
+    pub(super) fused: bool,
 }
 
 /// `k·T` tokens spread evenly over `E` experts (the first `k·T mod E` get one more).
@@ -175,9 +178,8 @@ impl Moe {
             }
             ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
             let ids = host_ids.into_tensor(&[n], DType::U32);
-            let ye = expert.forward(&xs.index_select(&ids, 0));
             let we = weights.index_select(&ids, 0).narrow(1, i, 1);
-            let ye = ye.broadcast_mul(&we);
+            let ye = expert.forward_scaled(xs.index_select(&ids, 0), &we);
             drop(we);
             match ys.take() {
                 Some(acc) => ys = Some(acc.index_add_tracked(&ids, &ye, 0)),
@@ -193,7 +195,14 @@ impl Moe {
                 drop(parts_vec);
                 let ids = all_ids.expect("tracked").into_tensor(&[total], DType::U32);
                 let zeros = xs.zeros_like();
-                let r = zeros.index_add_tracked(&ids, &y, 0);
+                let r = if self.fused {
+                    // `kernels::scatter_rows`: zeros, candle's index_add into the output, the
+                    // zeros freed in the op.
+                    let kernel = Kernel::ScatterRows { rows: t };
+                    Sym::kernel(kernel, &[&y, &ids], &[t, h], y.dtype())
+                } else {
+                    zeros.index_add_tracked(&ids, &y, 0)
+                };
                 drop(zeros);
                 r
             }
@@ -248,6 +257,7 @@ impl Moe {
             shared: self.shared.as_ref().map(|e| e.map(f)),
             shared_gate: self.shared_gate.as_ref().map(f),
             shape: self.shape,
+            fused: self.fused,
             routing: self.routing.clone(),
             worst: self.worst,
         }

@@ -135,6 +135,18 @@ impl Linear {
         }
     }
 
+    /// `Proj::forward_scaled`: `forward(&h) ⊙ s`, h freed before the scaling; one op when
+    /// fused, dense, without bias or adapter, on a contiguous h.
+    pub(super) fn forward_scaled(&self, h: Sym, s: &Sym) -> Sym {
+        let in_place = self.fused && self.frozen.is_none() && self.lora.is_none();
+        if in_place && self.bias.is_none() && h.is_contiguous() {
+            return h.fused_linear_scaled(&self.weight, s);
+        }
+        let y = self.forward(&h);
+        drop(h);
+        y.broadcast_mul(s)
+    }
+
     /// `Proj::forward_add`: `residual + forward(&h)`, h and `input` freed before the sum; one
     /// op when fused, dense, without bias or adapter.
     pub(super) fn forward_add(&self, h: Sym, input: Sym, residual: &Sym) -> Sym {

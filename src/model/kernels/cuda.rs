@@ -223,6 +223,29 @@ pub fn add_bias(y: &mut CudaStorage, b: (&CudaStorage, &Layout), out: usize) -> 
     by_type!("linear", y, go(y, b, out))
 }
 
+/// Each row `r` of `y (rows, out)` times `s[r·stride]` (a strided column, `s`'s layout), in
+/// place.
+pub fn scale_rows(y: &mut CudaStorage, s: (&CudaStorage, &Layout), out: usize) -> Result<()> {
+    fn go<T: Elem>(y: &mut CudaStorage, s: (&CudaStorage, &Layout), out: usize) -> Result<()> {
+        let op = "linear-scaled";
+        let dev = y.device().clone();
+        let sd: &CudaSlice<T> = s.0.as_cuda_slice::<T>()?;
+        let ss = sd.slice(s.1.start_offset()..);
+        let stride = s.1.stride()[0];
+        let data = y.as_cuda_slice_mut::<T>()?;
+        let total = data.len();
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_scale_rows"), MODULE, PTX)?;
+        let out = i32_of(out, op)?;
+        let mut args = func.builder();
+        args.arg(data).arg(&ss).arg(&total).arg(&out).arg(&stride);
+        // SAFETY: the arguments match `memfit_scale_rows`'s signature.
+        unsafe { args.launch(launch_elems(total)?) }.w()?;
+        Ok(())
+    }
+    by_type!("linear-scaled", y, go(y, s, out))
+}
+
 /// x `(B, n, S, 2h)` rotated by the tables `(S, h)`, into a fresh output.
 pub fn rotary(
     x: (&CudaStorage, &Layout),

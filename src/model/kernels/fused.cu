@@ -112,6 +112,13 @@ template <typename T> __device__ void add_bias(T *y, const T *b, size_t total, i
     if (i < total) y[i] = of_f<T>(to_f(y[i]) + to_f(b[i % out]));
 }
 
+// y[i] *= s[(i / out) * stride] over `total` elements, in place: each row of `out` scaled by
+// its own factor (a column of a strided matrix).
+template <typename T> __device__ void scale_rows(T *y, const T *s, size_t total, int out, size_t stride) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] = of_f<T>(to_f(y[i]) * to_f(s[(i / out) * stride]));
+}
+
 // "Rotate half" of rows of d = 2h at position r % s: pairs (j, j + h), `pairs` of them in all.
 template <typename T>
 __device__ void rotary(const T *x, const T *cos, const T *sin, T *out, int n, int s, int h,
@@ -162,6 +169,10 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
     }                                                                                            \
     extern "C" __global__ void memfit_ce_mean_##SFX(const float *loss, T *out, int n) {         \
         ce_mean<T>(loss, out, n);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_scale_rows_##SFX(T *y, const T *s, size_t total, int out,  \
+                                                       size_t stride) {                          \
+        scale_rows<T>(y, s, total, out, stride);                                                 \
     }                                                                                            \
     extern "C" __global__ void memfit_add_bias_##SFX(T *y, const T *b, size_t total, int out) { \
         add_bias<T>(y, b, total, out);                                                           \

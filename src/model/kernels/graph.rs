@@ -66,6 +66,8 @@ pub trait Graph: Clone + Sized {
     fn reshape(&self, dims: &[usize]) -> Result<Self>;
     fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self>;
     fn cat(parts: &[&Self], dim: usize) -> Result<Self>;
+    /// The rows (or slices along `dim`) at `ids` (u32), a fresh tensor.
+    fn index_select(&self, ids: &Self, dim: usize) -> Result<Self>;
     /// `self` with −1 added, in place, at column `targets[i]` of each row `i` (`self (N, V)`
     /// fresh and unshared, `targets (N)` u32): candle's `scatter_add_set` of a `(N, 1)` f32
     /// tensor of −1 (converted to `self`'s type).
@@ -78,6 +80,9 @@ impl Graph for Tensor {
     }
     fn detach(&self) -> Self {
         Tensor::detach(self)
+    }
+    fn index_select(&self, ids: &Self, dim: usize) -> Result<Self> {
+        Tensor::index_select(self, ids, dim)
     }
     fn tracked(&self) -> bool {
         self.track_op()

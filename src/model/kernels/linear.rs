@@ -274,3 +274,93 @@ impl CustomOp2 for LinearNoBiasOp {
         Kernel::LinearNoBias.backward2(&[x, w], res, grad)
     }
 }
+
+/// `(h·wᵀ) ⊙ s`: a projection without bias whose rows are scaled, as one op — a routed
+/// expert's down projection times its routing weight. `h (n, in)` contiguous, `w (out, in)`,
+/// `s (n, 1)` (any row stride: a column of the routing weights). The graph keeps h, w and s,
+/// not the unscaled product (which transformers' `expert(x) * weight` keeps); the backward
+/// recomputes it for `ds = Σ_row g ⊙ (h·wᵀ)`, and `dh = (g ⊙ s)·w`, `dw = (g ⊙ s)ᵀ·h`.
+pub fn linear_scaled(h: &Tensor, w: &Tensor, s: &Tensor) -> Result<Tensor> {
+    h.apply_op3(w, s, LinearScaledOp)
+}
+
+struct LinearScaledOp;
+
+fn scale_rows<T: Float>(y: &mut [T], s: &[T], out: usize, stride: usize) {
+    for (r, row) in y.chunks_mut(out).enumerate() {
+        let f = s[r * stride].f();
+        row.iter_mut().for_each(|v| *v = T::of(v.f() * f));
+    }
+}
+
+/// Rows, input and output features of `(h·wᵀ) ⊙ s`, checked.
+fn scaled_dims(l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize)> {
+    let op = Kernel::LinearScaled.name();
+    let (rows, inp) = l1.shape().dims2()?;
+    let (out, win) = l2.shape().dims2()?;
+    if win != inp || l3.shape().dims() != [rows, 1] || !l1.is_contiguous() {
+        candle_core::bail!(
+            "{op}: h {:?} (contiguous), w {:?}, s {:?}",
+            l1.shape(),
+            l2.shape(),
+            l3.shape()
+        )
+    }
+    Ok((rows, inp, out))
+}
+
+impl CustomOp3 for LinearScaledOp {
+    fn name(&self) -> &'static str {
+        Kernel::LinearScaled.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (rows, inp, out) = scaled_dims(l1, l2, l3)?;
+        let mut y = s1.matmul(s2, (1, rows, out, inp), l1, &l2.transpose(0, 1)?)?;
+        let (s0, st) = (l3.start_offset(), l3.stride()[0]);
+        match &mut y {
+            CpuStorage::F32(v) => scale_rows(v, &same::<f32>(op, s3)?[s0..], out, st),
+            CpuStorage::F16(v) => scale_rows(v, &same::<half::f16>(op, s3)?[s0..], out, st),
+            CpuStorage::BF16(v) => scale_rows(v, &same::<half::bf16>(op, s3)?[s0..], out, st),
+            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
+        }
+        Ok((y, Shape::from_dims(&[rows, out])))
+    }
+
+    /// cuBLAS's `h·wᵀ` into the output, then each row scaled in place.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, inp, out) = scaled_dims(l1, l2, l3)?;
+        let mut y = s1.matmul(s2, (1, rows, out, inp), l1, &l2.transpose(0, 1)?)?;
+        super::cuda::scale_rows(&mut y, (s3, l3), out)?;
+        Ok((y, Shape::from_dims(&[rows, out])))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        s: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Kernel::LinearScaled.backward3(&[h, w, s], res, grad)
+    }
+}

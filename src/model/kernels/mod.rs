@@ -17,6 +17,8 @@
 //! | [`rotary`] | x `(B, n, S, D)`, cos, sin `(S, D/2)` → x rotated ("rotate half") | x (no halves, products or `cat`; no gradient for the tables) |
 //! | [`linear`] (with bias) | x `(…, in)`, w `(out, in)`, b `(out)` → `x·wᵀ + b` | x (no separate product and bias sum) |
 //! | [`linear_no_bias`] | x `(…, in)`, w `(out, in)` → `x·wᵀ` | x (the backward writes `dx`, `dw` once: no placeholder and sum per matmul, transpose and reshape arm) |
+//! | [`linear_scaled`] (a routed expert's down projection) | h `(n, in)`, w `(out, in)`, s `(n, 1)` → `(h·wᵀ) ⊙ s` | h, s (not the unscaled product) |
+//! | [`scatter_rows`] (the experts' combine) | y `(k·T, H)`, ids `(k·T)` → `(T, H)` | y, ids (no `(T, H)` zeros kept) |
 //! | [`linear_add`] (no bias, into the residual) | h `(…, in)`, w `(out, in)`, x `(…, out)` → `x + h·wᵀ` | h, x (the projection's own output never exists) |
 //!
 //! The statistics (mean, rstd, row maxima and sums) are recomputed in the backward rather than
@@ -43,15 +45,17 @@ mod linear;
 mod loss;
 mod norm;
 mod rotary;
+mod scatter;
 pub mod tiled;
 
 pub use act::{gelu, silu_mul};
 pub use attn::attn_probs;
 pub use graph::Graph;
-pub use linear::{linear, linear_add, linear_no_bias};
+pub use linear::{linear, linear_add, linear_no_bias, linear_scaled};
 pub use loss::cross_entropy;
 pub use norm::{layer_norm, rms_norm};
 pub use rotary::rotary;
+pub use scatter::scatter_rows;
 
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -119,6 +123,10 @@ pub enum Kernel {
     LinearAdd,
     /// `x·wᵀ`; args x, w.
     LinearNoBias,
+    /// `(h·wᵀ) ⊙ s` with `s (n, 1)`; args h, w, s.
+    LinearScaled,
+    /// Rows of y `(n, H)` added into a `(rows, H)` zeros at `ids (n)`; args y, ids.
+    ScatterRows { rows: usize },
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
@@ -142,6 +150,8 @@ impl Kernel {
             Kernel::Linear => "fused-linear",
             Kernel::LinearAdd => "fused-linear-add",
             Kernel::LinearNoBias => "fused-linear-no-bias",
+            Kernel::LinearScaled => "fused-linear-scaled",
+            Kernel::ScatterRows { .. } => "fused-scatter-rows",
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
@@ -194,6 +204,10 @@ impl Kernel {
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
             Kernel::Linear => linear_bwd(args[0], args[1], args[2], grad),
             Kernel::LinearAdd => linear_add_bwd(args[0], args[1], grad),
+            Kernel::LinearScaled => linear_scaled_bwd(args[0], args[1], args[2], grad),
+            Kernel::ScatterRows { .. } => {
+                Ok(vec![Some(grad.index_select(&args[1].detach(), 0)?), None])
+            }
             Kernel::LinearNoBias => {
                 let (dx, dw, g) = product_bwd(args[0], args[1], grad)?;
                 drop(g);
@@ -397,6 +411,23 @@ fn linear_add_bwd<G: Graph>(h: &G, w: &G, grad: &G) -> Result<Vec<Option<G>>> {
     let (dh, dw, g) = product_bwd(h, w, grad)?;
     drop(g);
     Ok(vec![Some(dh), dw, Some(grad.clone())])
+}
+
+/// `ds = Σ_row g ⊙ (h·wᵀ)` (the product recomputed), then `dh`, `dw` of `h·wᵀ` against
+/// `g ⊙ s`, of `(h·wᵀ) ⊙ s`.
+fn linear_scaled_bwd<G: Graph>(h: &G, w: &G, s: &G, grad: &G) -> Result<Vec<Option<G>>> {
+    let ds = if s.tracked() {
+        let y = h.detach().matmul(&w.detach().t()?)?;
+        let gy = grad.mul(&y)?;
+        drop(y);
+        Some(gy.sum_last_keepdim()?)
+    } else {
+        None
+    };
+    let gs = grad.broadcast_mul(&s.detach())?;
+    let (dh, dw, g) = product_bwd(h, w, &gs)?;
+    drop((g, gs));
+    Ok(vec![Some(dh), dw, ds])
 }
 
 /// The gradients of `x·wᵀ`: `dx = g·w`, `dw = gᵀ·x` (`None` when w is untracked), and g as
