@@ -45,6 +45,59 @@ fn checkpointed_gradients_equal_the_plain_ones_bit_for_bit() {
     }
 }
 
+/// A tied head (the LM head is the token embedding): the head's and the embedding's
+/// gradients of the one weight are summed, as the plain backward sums them, for every segment
+/// length and with candle's composed ops and the fused kernels.
+#[test]
+fn checkpointed_gradients_of_a_tied_embedding_are_summed() {
+    use memfit::model::kernels::Kernels;
+    let dev = Device::Cpu;
+    for kernels in [Kernels::Composed, Kernels::Fused] {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+        let mut cfg = memfit::model::llama::tiny();
+        cfg.tied = true;
+        cfg.kernels = kernels;
+        let model = Transformer::new(&cfg, vb).unwrap();
+        let (tokens, targets) = synthetic_batch(2, 11, cfg.vocab, &dev).unwrap();
+        let vars = varmap.all_vars();
+        let plain = model
+            .train_loss(&model.forward(&tokens).unwrap(), &targets)
+            .unwrap()
+            .backward()
+            .unwrap();
+        for k in [1, 2] {
+            let detached = model.detached();
+            let fwd = checkpoint::forward(&model, &detached, &tokens, &targets, k).unwrap();
+            let ckpt = checkpoint::backward(&model, &vars, fwd, &tokens, k).unwrap();
+            for v in &vars {
+                let a = plain.get(v.as_tensor()).expect("plain gradient");
+                let b = ckpt.get(v.as_tensor()).expect("checkpointed gradient");
+                let d = (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let m = a
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    d <= 1e-6 * m.max(1e-6),
+                    "{kernels:?} K = {k}: a gradient {:?} differs by {d} (largest {m})",
+                    v.shape()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn checkpointed_memory_is_predicted() {
     for k in ["1", "2", "3"] {

@@ -108,13 +108,24 @@ fn run_forward(
     })
 }
 
-/// Moves the gradients of `vars` from `from` into `into`.
-fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) {
+/// Moves the gradients of `vars` from `from` into `into`; a weight used in two places (a tied
+/// head is the token embedding: the head's gradient first, the embedding's last) gets the sum,
+/// as the plain backward sums them.
+fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) -> Result<()> {
     for v in vars {
         if let Some(g) = from.remove(v.as_tensor()) {
+            let g = match into.remove(v.as_tensor()) {
+                Some(prev) => {
+                    let sum = prev.add(&g)?;
+                    drop((prev, g));
+                    sum
+                }
+                None => g,
+            };
             into.insert(v.as_tensor(), g);
         }
     }
+    Ok(())
 }
 
 /// Checkpointed backward: every parameter's gradient, nothing else.
@@ -138,7 +149,7 @@ pub fn backward(
     let mut grad_out = all.remove(head_in.as_tensor()).ok_or_else(|| {
         candle_core::Error::Msg("checkpoint: no gradient for the head input".into())
     })?;
-    keep(&mut grads, &mut all, vars);
+    keep(&mut grads, &mut all, vars)?;
     drop((all, loss, head_in));
     for seg in segments(model.config().layers, k).into_iter().rev() {
         let xin = Var::from_tensor(&inputs.pop().expect("one input per segment"))?;
@@ -148,11 +159,11 @@ pub fn backward(
         grad_out = all.remove(xin.as_tensor()).ok_or_else(|| {
             candle_core::Error::Msg("checkpoint: no gradient for a segment input".into())
         })?;
-        keep(&mut grads, &mut all, vars);
+        keep(&mut grads, &mut all, vars)?;
     }
     let x0 = model.embed(tokens)?;
     let mut all = x0.mul(&grad_out)?.sum_all()?.backward()?;
-    keep(&mut grads, &mut all, vars);
+    keep(&mut grads, &mut all, vars)?;
     Ok(grads)
 }
 

@@ -1,8 +1,9 @@
 //! memfit beside PyTorch, per phase: candle's composed ops, memfit's fused kernels, PyTorch
 //! eager and PyTorch `scaled_dot_product_attention`, on the same configuration (matched on
 //! parameters, batch, sequence and element type), from stored rows and stored reference lines
-//! (`store::reference`). Memory is each phase's peak above its start (memfit: the median over
-//! every matching row; the figures are exact and repeat). Time is compared like with like or not
+//! (`store::reference`). Memory is each phase's peak above its start (memfit: the rows of the
+//! run stored beside PyTorch's figures when it has the phase, else the median over every
+//! matching row: the figures are exact and repeat within a build, not across builds). Time is compared like with like or not
 //! at all: memfit's wall seconds only from the run stored beside PyTorch's figures (the
 //! torch-compare run: same machine, same build, same session), PyTorch's only when they were
 //! timed before any profiled run (`time_method`) on the CPU that run names; otherwise the time
@@ -146,17 +147,27 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
         let mut cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>> = BTreeMap::new();
         for (col, kernels) in [("composed", "composed"), ("fused", "fused")] {
             for ph in PHASES {
-                let rows = mine
+                let of_phase: Vec<&&Row> = mine
                     .iter()
+                    .copied()
                     .filter(|r| r.kernels == kernels && r.phase == ph)
-                    .map(|r| {
-                        let timed = same_run.as_deref().is_ok_and(|run| r.run_id == run);
-                        (
-                            r.peak_bytes.map(|v| v as f64),
-                            r.retained_bytes.map(|v| v as f64),
-                            r.wall_s.filter(|_| timed),
-                        )
-                    });
+                    .collect();
+                // The run beside PyTorch's figures, when it has the phase, for the memory too:
+                // other runs may come from other builds, whose figures differ.
+                let beside = |r: &&&Row| same_run.as_deref().is_ok_and(|run| r.run_id == run);
+                let pick: Vec<&&Row> = if of_phase.iter().any(beside) {
+                    of_phase.into_iter().filter(|r| beside(r)).collect()
+                } else {
+                    of_phase
+                };
+                let rows = pick.into_iter().map(|r| {
+                    let timed = same_run.as_deref().is_ok_and(|run| r.run_id == run);
+                    (
+                        r.peak_bytes.map(|v| v as f64),
+                        r.retained_bytes.map(|v| v as f64),
+                        r.wall_s.filter(|_| timed),
+                    )
+                });
                 if let Some(f) = fig(rows) {
                     cols.entry(col).or_default().insert(ph, f);
                 }
@@ -411,16 +422,17 @@ mod tests {
         m
     }
 
-    /// Times are divided like with like: memfit's rows of the run stored beside PyTorch's
-    /// figures only (run A's 0.8 s rows do not pull run B's 0.2 s toward them), and nothing when
+    /// Times (and memory, when that run has the phase) are divided like with like: memfit's
+    /// rows of the run stored beside PyTorch's figures only (run A's 0.8 s rows do not pull run B's 0.2 s toward them), and nothing when
     /// PyTorch timed after profiled runs, on another CPU, or with no run beside it. The stored
     /// figures: fused 0.2 s (run B) / eager 0.5 s = 0.40×.
     #[test]
     fn time_ratios_come_from_the_reference_run_only() {
         const M: u64 = 1 << 20;
         let mut rows = Vec::new();
-        for (run, wall) in [("A", 0.8), ("A", 0.8), ("B", 0.2)] {
-            let mut r = mine("train-step", "fused", 80 * M, 0);
+        // Run A (another build) kept 90 MiB, run B, beside PyTorch, 80 MiB.
+        for (run, wall, peak) in [("A", 0.8, 90), ("A", 0.8, 90), ("B", 0.2, 80)] {
+            let mut r = mine("train-step", "fused", peak * M, 0);
             r.run_id = run.into();
             r.wall_s = Some(wall);
             rows.push(r);
@@ -438,6 +450,12 @@ mod tests {
         section(&mut b, &ok, &refs, &metas);
         let t = text(&b);
         assert!(row_of(&t).ends_with("| — | 0.40× |"), "{}", row_of(&t));
+        // The memory too is run B's (not the median 90 MiB of all three rows): 80 / 50.
+        assert!(
+            row_of(&t).contains("| 80.00 |") && row_of(&t).contains("| 1.60× |"),
+            "{}",
+            row_of(&t)
+        );
         assert!(!t.contains("Times not compared"), "{t}");
 
         type Change = Box<dyn Fn(&mut ReferenceRow)>;
@@ -466,8 +484,9 @@ mod tests {
             let t = text(&b);
             assert!(row_of(&t).ends_with("| — | — |"), "{what}: {}", row_of(&t));
             assert!(t.contains(reason), "{what}: {t}");
-            // The memory columns stay: they are exact wherever they were measured.
-            assert!(row_of(&t).contains("80.00"), "{what}");
+            // The memory columns stay: with no run beside PyTorch's figures, the median of
+            // every run's rows (90, 90, 80).
+            assert!(row_of(&t).contains("90.00"), "{what}");
         }
     }
 

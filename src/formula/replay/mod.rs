@@ -859,9 +859,18 @@ fn ckpt_forward(
     }
 }
 
+/// Mirror of `checkpoint::keep`: a tied weight's two gradients summed.
 fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Sym]) {
     for v in vars {
         if let Some(g) = from.remove(v) {
+            let g = match into.remove(v) {
+                Some(prev) => {
+                    let sum = prev.add(&g);
+                    drop((prev, g));
+                    sum
+                }
+                None => g,
+            };
             into.insert(v, g);
         }
     }
