@@ -1,50 +1,150 @@
-//! A linear layer with bias as one op: `x (…, in)`, `w (out, in)`, `b (out)` → `x·wᵀ + b`
-//! `(…, out)`. candle-nn's `Linear` makes the product and then a second tensor for the bias
-//! sum, and the graph keeps both; here the bias is added in place into the product (candle's
-//! own gemm writes it), so the graph keeps x (which the model keeps anyway) and the output,
-//! as PyTorch's `addmm` does.
+//! Projections as single ops, each a product `x·wᵀ` written by candle's own gemm into its
+//! output (`x (…, in)` contiguous, `w (out, in)`) and finished in place:
+//!
+//! | op | result | what the graph keeps |
+//! |---|---|---|
+//! | [`linear`] | `x·wᵀ + b` | x and the output, as PyTorch's `addmm` (candle-nn keeps the product and the sum) |
+//! | [`linear_no_bias`] | `x·wᵀ` | x; the backward writes `dx`, `dw` once, where candle's matmul, transpose and reshape arms each hold a placeholder and a sum |
+//! | [`linear_add`] | `x + h·wᵀ` (into the residual stream) | h and x, which the model keeps anyway: the projection's own output never exists |
+//! | [`linear_scaled`] | `(h·wᵀ) ⊙ s`, `s (n, 1)` (a routed expert's output times its routing weight) | h and s, not the unscaled product (which transformers' `expert(x) * weight` keeps) |
+//!
+//! No weight gradient is computed for a frozen (untracked) weight or bias.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::Kernel;
-use super::cpu::{Float, same};
+use super::cpu::{Float, dispatch, same};
 
 /// `x·wᵀ + b` with a fused backward; `x` contiguous.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     x.apply_op3(w, b, LinearOp)
 }
 
-struct LinearOp;
+/// `x·wᵀ` with a fused backward; `x` contiguous.
+pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.apply_op2(w, LinearNoBiasOp)
+}
 
-fn add_bias<T: Float>(y: &mut [T], b: &[T]) {
-    for row in y.chunks_mut(b.len()) {
-        for (v, b) in row.iter_mut().zip(b) {
+/// `x + h·wᵀ` with a fused backward (`dh = g·w`, `dw = gᵀ·h`, `dx = g` itself); h, x
+/// contiguous, x of the output's shape.
+pub fn linear_add(h: &Tensor, w: &Tensor, x: &Tensor) -> Result<Tensor> {
+    h.apply_op3(w, x, LinearAddOp)
+}
+
+/// `(h·wᵀ) ⊙ s` with a fused backward (`ds = Σ_row g ⊙ (h·wᵀ)`, the product recomputed;
+/// `dh`, `dw` against `g ⊙ s`); `h (n, in)` contiguous, `s (n, 1)` of any row stride (a
+/// column of the routing weights).
+pub fn linear_scaled(h: &Tensor, w: &Tensor, s: &Tensor) -> Result<Tensor> {
+    h.apply_op3(w, s, LinearScaledOp)
+}
+
+struct LinearOp;
+struct LinearNoBiasOp;
+struct LinearAddOp;
+struct LinearScaledOp;
+
+/// The product's rows, input and output features and output shape, checked: `x (…, in)`
+/// contiguous, `w (out, in)`.
+struct Product {
+    rows: usize,
+    inp: usize,
+    out: usize,
+    shape: Shape,
+}
+
+impl Product {
+    fn of(kernel: Kernel, lx: &Layout, lw: &Layout) -> Result<Self> {
+        let dims = lx.shape().dims();
+        let inp = *dims.last().unwrap_or(&1);
+        let (out, win) = lw.shape().dims2()?;
+        if win != inp || !lx.is_contiguous() {
+            candle_core::bail!(
+                "{}: x {:?} (contiguous) against w {:?}",
+                kernel.name(),
+                lx.shape(),
+                lw.shape()
+            )
+        }
+        let mut shape = dims.to_vec();
+        *shape.last_mut().expect("a dimension") = out;
+        Ok(Self {
+            rows: lx.shape().elem_count() / inp.max(1),
+            inp,
+            out,
+            shape: Shape::from_dims(&shape),
+        })
+    }
+
+    /// `x·wᵀ` by candle's matmul (gemm on the CPU, cuBLAS on CUDA) into a fresh storage.
+    fn run<B: BackendStorage>(&self, x: &B, lx: &Layout, w: &B, lw: &Layout) -> Result<B> {
+        let l = Layout::contiguous_with_offset((self.rows, self.inp), lx.start_offset());
+        x.matmul(
+            w,
+            (1, self.rows, self.out, self.inp),
+            &l,
+            &lw.transpose(0, 1)?,
+        )
+    }
+
+    /// A third operand: contiguous with `n` elements (a bias: `out`; a residual: the output's).
+    fn check(&self, kernel: Kernel, l: &Layout, n: usize) -> Result<()> {
+        if l.shape().elem_count() != n || !l.is_contiguous() {
+            candle_core::bail!(
+                "{}: {:?} is not {n} contiguous elements",
+                kernel.name(),
+                l.shape()
+            )
+        }
+        Ok(())
+    }
+}
+
+/// `y[i] += x[i % n]` (a bias when `n` = out, a residual when `n` = y's length).
+fn add_in_place<T: Float>(y: &mut [T], x: &[T]) {
+    for row in y.chunks_mut(x.len()) {
+        for (v, b) in row.iter_mut().zip(x) {
             *v = T::of(v.f() + b.f());
         }
     }
 }
 
-/// Rows, input and output features, and the output's shape, checked.
-fn dims(op: &str, l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize, Shape)> {
-    let dims = l1.shape().dims();
-    let inp = *dims.last().unwrap_or(&1);
-    let (out, win) = l2.shape().dims2()?;
-    if win != inp || l3.shape().elem_count() != out {
-        candle_core::bail!(
-            "{op}: x {:?}, w {:?}, b {:?}",
-            l1.shape(),
-            l2.shape(),
-            l3.shape()
-        )
+/// Each row `r` of `y (·, out)` times `s[r·stride]`.
+fn scale_rows<T: Float>(y: &mut [T], s: &[T], out: usize, stride: usize) {
+    for (r, row) in y.chunks_mut(out).enumerate() {
+        let f = s[r * stride].f();
+        row.iter_mut().for_each(|v| *v = T::of(v.f() * f));
     }
-    if !l1.is_contiguous() || !l3.is_contiguous() {
-        candle_core::bail!("{op}: x and b must be contiguous")
-    }
-    let rows = l1.shape().elem_count() / inp.max(1);
-    let mut shape = dims.to_vec();
-    *shape.last_mut().expect("a dimension") = out;
-    Ok((rows, inp, out, Shape::from_dims(&shape)))
+}
+
+/// The CPU product of `kernel`, then `finish` on its output.
+fn cpu_product(
+    kernel: Kernel,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    finish: impl FnOnce(&Product, &mut CpuStorage) -> Result<()>,
+) -> Result<(CpuStorage, Shape)> {
+    let p = Product::of(kernel, l1, l2)?;
+    let mut y = p.run(s1, l1, s2, l2)?;
+    finish(&p, &mut y)?;
+    Ok((y, p.shape))
+}
+
+/// The CPU product's output plus a contiguous operand of `n` elements, repeated over it (a
+/// bias, `n` = out) or whole (a residual), in place.
+fn cpu_add(
+    kernel: Kernel,
+    p: &Product,
+    y: &mut CpuStorage,
+    (s, l): (&CpuStorage, &Layout),
+    n: usize,
+) -> Result<()> {
+    p.check(kernel, l, n)?;
+    let (op, at) = (kernel.name(), l.start_offset());
+    dispatch!(op, y, |v: T| {
+        add_in_place(v, &same::<T>(op, s)?[at..at + n]);
+        Ok(())
+    })
 }
 
 impl CustomOp3 for LinearOp {
@@ -61,18 +161,9 @@ impl CustomOp3 for LinearOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.name();
-        let (rows, inp, out, shape) = dims(op, l1, l2, l3)?;
-        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let mut y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
-        let b0 = l3.start_offset();
-        match &mut y {
-            CpuStorage::F32(v) => add_bias(v, &same::<f32>(op, s3)?[b0..b0 + out]),
-            CpuStorage::F16(v) => add_bias(v, &same::<half::f16>(op, s3)?[b0..b0 + out]),
-            CpuStorage::BF16(v) => add_bias(v, &same::<half::bf16>(op, s3)?[b0..b0 + out]),
-            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
-        }
-        Ok((y, shape))
+        cpu_product(Kernel::Linear, (s1, l1), (s2, l2), |p, y| {
+            cpu_add(Kernel::Linear, p, y, (s3, l3), p.out)
+        })
     }
 
     /// cuBLAS's `x·wᵀ` into the output, then the bias added in place.
@@ -86,11 +177,11 @@ impl CustomOp3 for LinearOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, inp, out, shape) = dims(self.name(), l1, l2, l3)?;
-        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let mut y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
-        super::cuda::add_bias(&mut y, (s3, l3), out)?;
-        Ok((y, shape))
+        let p = Product::of(Kernel::Linear, l1, l2)?;
+        p.check(Kernel::Linear, l3, p.out)?;
+        let mut y = p.run(s1, l1, s2, l2)?;
+        super::cuda::add_bias(&mut y, (s3, l3), p.out)?;
+        Ok((y, p.shape))
     }
 
     fn bwd(
@@ -105,46 +196,42 @@ impl CustomOp3 for LinearOp {
     }
 }
 
-/// `x + h·wᵀ` with a fused backward: a projection without bias whose output is added to the
-/// residual stream, as one op. `h (…, in)`, `w (out, in)`, `x (…, out)` contiguous. The
-/// product is written by candle's gemm into the output and x added in place, so the
-/// projection's own output never exists: the graph keeps h and x (which the model keeps anyway:
-/// h is the projection's input, x the next norm's) and the sum, as PyTorch's `addmm`-then-add
-/// keeps nothing of the sum's operands. The backward: `dh = g·w`, `dw = gᵀ·h`, `dx = g` (the
-/// upstream gradient itself, no copy).
-pub fn linear_add(h: &Tensor, w: &Tensor, x: &Tensor) -> Result<Tensor> {
-    h.apply_op3(w, x, LinearAddOp)
-}
-
-struct LinearAddOp;
-
-fn add_in_place<T: Float>(y: &mut [T], x: &[T]) {
-    for (v, x) in y.iter_mut().zip(x) {
-        *v = T::of(v.f() + x.f());
+impl CustomOp2 for LinearNoBiasOp {
+    fn name(&self) -> &'static str {
+        Kernel::LinearNoBias.name()
     }
-}
 
-/// Rows, input and output features, and the output's shape of `x + h·wᵀ`, checked.
-fn add_dims(l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize, Shape)> {
-    let op = Kernel::LinearAdd.name();
-    let dims = l1.shape().dims();
-    let inp = *dims.last().unwrap_or(&1);
-    let (out, win) = l2.shape().dims2()?;
-    let rows = l1.shape().elem_count() / inp.max(1);
-    let mut shape = dims.to_vec();
-    *shape.last_mut().expect("a dimension") = out;
-    if win != inp || l3.shape().dims() != shape {
-        candle_core::bail!(
-            "{op}: h {:?}, w {:?}, x {:?}",
-            l1.shape(),
-            l2.shape(),
-            l3.shape()
-        )
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        cpu_product(Kernel::LinearNoBias, (s1, l1), (s2, l2), |_, _| Ok(()))
     }
-    if !l1.is_contiguous() || !l3.is_contiguous() {
-        candle_core::bail!("{op}: h and x must be contiguous")
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let p = Product::of(Kernel::LinearNoBias, l1, l2)?;
+        Ok((p.run(s1, l1, s2, l2)?, p.shape))
     }
-    Ok((rows, inp, out, Shape::from_dims(&shape)))
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Kernel::LinearNoBias.backward2(&[x, w], res, grad)
+    }
 }
 
 impl CustomOp3 for LinearAddOp {
@@ -161,18 +248,9 @@ impl CustomOp3 for LinearAddOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.name();
-        let (rows, inp, out, shape) = add_dims(l1, l2, l3)?;
-        let lh = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let mut y = s1.matmul(s2, (1, rows, out, inp), &lh, &l2.transpose(0, 1)?)?;
-        let (x0, n) = (l3.start_offset(), rows * out);
-        match &mut y {
-            CpuStorage::F32(v) => add_in_place(v, &same::<f32>(op, s3)?[x0..x0 + n]),
-            CpuStorage::F16(v) => add_in_place(v, &same::<half::f16>(op, s3)?[x0..x0 + n]),
-            CpuStorage::BF16(v) => add_in_place(v, &same::<half::bf16>(op, s3)?[x0..x0 + n]),
-            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
-        }
-        Ok((y, shape))
+        cpu_product(Kernel::LinearAdd, (s1, l1), (s2, l2), |p, y| {
+            cpu_add(Kernel::LinearAdd, p, y, (s3, l3), p.shape.elem_count())
+        })
     }
 
     /// cuBLAS's `h·wᵀ` into the output, then x added in place.
@@ -186,12 +264,12 @@ impl CustomOp3 for LinearAddOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, inp, out, shape) = add_dims(l1, l2, l3)?;
-        let lh = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let mut y = s1.matmul(s2, (1, rows, out, inp), &lh, &l2.transpose(0, 1)?)?;
-        let ly = Layout::contiguous((rows, out));
+        let p = Product::of(Kernel::LinearAdd, l1, l2)?;
+        p.check(Kernel::LinearAdd, l3, p.shape.elem_count())?;
+        let mut y = p.run(s1, l1, s2, l2)?;
+        let ly = Layout::contiguous((p.rows, p.out));
         super::cuda::axpby((&mut y, &ly), (s3, l3), 1.0, 1.0, false)?;
-        Ok((y, shape))
+        Ok((y, p.shape))
     }
 
     fn bwd(
@@ -206,107 +284,17 @@ impl CustomOp3 for LinearAddOp {
     }
 }
 
-/// `x·wᵀ` with a fused backward (a projection without bias); `x (…, in)` contiguous, `w (out,
-/// in)`. The forward is candle-nn's `Linear` product (one gemm into the output); the backward
-/// writes `dx = g·w` and `dw = gᵀ·x` directly (no `dw` for a frozen weight), where candle's
-/// matmul, transpose and reshape arms each hold a placeholder and a sum of the weight's and the
-/// input's size.
-pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    x.apply_op2(w, LinearNoBiasOp)
-}
-
-struct LinearNoBiasOp;
-
-/// Rows, input and output features, and the output's shape of `x·wᵀ`, checked.
-fn no_bias_dims(l1: &Layout, l2: &Layout) -> Result<(usize, usize, usize, Shape)> {
-    let op = Kernel::LinearNoBias.name();
-    let dims = l1.shape().dims();
-    let inp = *dims.last().unwrap_or(&1);
-    let (out, win) = l2.shape().dims2()?;
-    if win != inp || !l1.is_contiguous() {
-        candle_core::bail!("{op}: x {:?} (contiguous), w {:?}", l1.shape(), l2.shape())
-    }
-    let rows = l1.shape().elem_count() / inp.max(1);
-    let mut shape = dims.to_vec();
-    *shape.last_mut().expect("a dimension") = out;
-    Ok((rows, inp, out, Shape::from_dims(&shape)))
-}
-
-impl CustomOp2 for LinearNoBiasOp {
-    fn name(&self) -> &'static str {
-        Kernel::LinearNoBias.name()
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (rows, inp, out, shape) = no_bias_dims(l1, l2)?;
-        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
-        Ok((y, shape))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, inp, out, shape) = no_bias_dims(l1, l2)?;
-        let lx = Layout::contiguous_with_offset((rows, inp), l1.start_offset());
-        let y = s1.matmul(s2, (1, rows, out, inp), &lx, &l2.transpose(0, 1)?)?;
-        Ok((y, shape))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Kernel::LinearNoBias.backward2(&[x, w], res, grad)
-    }
-}
-
-/// `(h·wᵀ) ⊙ s`: a projection without bias whose rows are scaled, as one op — a routed
-/// expert's down projection times its routing weight. `h (n, in)` contiguous, `w (out, in)`,
-/// `s (n, 1)` (any row stride: a column of the routing weights). The graph keeps h, w and s,
-/// not the unscaled product (which transformers' `expert(x) * weight` keeps); the backward
-/// recomputes it for `ds = Σ_row g ⊙ (h·wᵀ)`, and `dh = (g ⊙ s)·w`, `dw = (g ⊙ s)ᵀ·h`.
-pub fn linear_scaled(h: &Tensor, w: &Tensor, s: &Tensor) -> Result<Tensor> {
-    h.apply_op3(w, s, LinearScaledOp)
-}
-
-struct LinearScaledOp;
-
-fn scale_rows<T: Float>(y: &mut [T], s: &[T], out: usize, stride: usize) {
-    for (r, row) in y.chunks_mut(out).enumerate() {
-        let f = s[r * stride].f();
-        row.iter_mut().for_each(|v| *v = T::of(v.f() * f));
-    }
-}
-
-/// Rows, input and output features of `(h·wᵀ) ⊙ s`, checked.
-fn scaled_dims(l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize)> {
-    let op = Kernel::LinearScaled.name();
-    let (rows, inp) = l1.shape().dims2()?;
-    let (out, win) = l2.shape().dims2()?;
-    if win != inp || l3.shape().dims() != [rows, 1] || !l1.is_contiguous() {
+/// `s (rows, 1)` against the product, checked; its row stride.
+fn scale_stride(p: &Product, l: &Layout) -> Result<usize> {
+    if l.shape().dims() != [p.rows, 1] {
         candle_core::bail!(
-            "{op}: h {:?} (contiguous), w {:?}, s {:?}",
-            l1.shape(),
-            l2.shape(),
-            l3.shape()
+            "{}: s {:?} against {} rows",
+            Kernel::LinearScaled.name(),
+            l.shape(),
+            p.rows
         )
     }
-    Ok((rows, inp, out))
+    Ok(l.stride()[0])
 }
 
 impl CustomOp3 for LinearScaledOp {
@@ -324,16 +312,14 @@ impl CustomOp3 for LinearScaledOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let (rows, inp, out) = scaled_dims(l1, l2, l3)?;
-        let mut y = s1.matmul(s2, (1, rows, out, inp), l1, &l2.transpose(0, 1)?)?;
-        let (s0, st) = (l3.start_offset(), l3.stride()[0]);
-        match &mut y {
-            CpuStorage::F32(v) => scale_rows(v, &same::<f32>(op, s3)?[s0..], out, st),
-            CpuStorage::F16(v) => scale_rows(v, &same::<half::f16>(op, s3)?[s0..], out, st),
-            CpuStorage::BF16(v) => scale_rows(v, &same::<half::bf16>(op, s3)?[s0..], out, st),
-            other => candle_core::bail!("{op}: unsupported type {:?}", other.dtype()),
-        }
-        Ok((y, Shape::from_dims(&[rows, out])))
+        cpu_product(Kernel::LinearScaled, (s1, l1), (s2, l2), |p, y| {
+            let stride = scale_stride(p, l3)?;
+            let s0 = l3.start_offset();
+            dispatch!(op, y, |v: T| {
+                scale_rows(v, &same::<T>(op, s3)?[s0..], p.out, stride);
+                Ok(())
+            })
+        })
     }
 
     /// cuBLAS's `h·wᵀ` into the output, then each row scaled in place.
@@ -347,10 +333,11 @@ impl CustomOp3 for LinearScaledOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, inp, out) = scaled_dims(l1, l2, l3)?;
-        let mut y = s1.matmul(s2, (1, rows, out, inp), l1, &l2.transpose(0, 1)?)?;
-        super::cuda::scale_rows(&mut y, (s3, l3), out)?;
-        Ok((y, Shape::from_dims(&[rows, out])))
+        let p = Product::of(Kernel::LinearScaled, l1, l2)?;
+        scale_stride(&p, l3)?;
+        let mut y = p.run(s1, l1, s2, l2)?;
+        super::cuda::scale_rows(&mut y, (s3, l3), p.out)?;
+        Ok((y, p.shape))
     }
 
     fn bwd(
