@@ -1429,6 +1429,17 @@ impl Graph for Sym {
     fn index_select(&self, ids: &Self, dim: usize) -> candle_core::Result<Self> {
         Ok(Sym::index_select(self, ids, dim))
     }
+    fn silu_mul_grad(gate: &Self, _up: &Self, grad: &Self) -> candle_core::Result<(Self, Self)> {
+        let grad = grad.contiguous();
+        let mut dims = vec![2];
+        dims.extend_from_slice(gate.dims());
+        let both = Sym::new(gate.ledger(), &dims, gate.0.dtype);
+        drop(grad);
+        Ok((
+            both.narrow(0, 0, 1).squeeze(0),
+            both.narrow(0, 1, 1).squeeze(0),
+        ))
+    }
     fn to_f32(&self) -> candle_core::Result<Self> {
         Ok(self.to_dtype(DType::F32))
     }

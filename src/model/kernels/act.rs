@@ -4,7 +4,7 @@
 //! stay inside the accumulated gradient.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::Kernel;
 use super::cpu::{Float, dispatch, rows, same, slice, zeros};
@@ -90,7 +90,7 @@ impl CustomOp2 for SiluMulOp {
         })
     }
 
-    /// candle's SiLU kernel, then its product kernel (one transient of the output's size).
+    /// `memfit_silu_mul`: one pass, one output (as on the CPU).
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
@@ -99,9 +99,7 @@ impl CustomOp2 for SiluMulOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let a = s1.unary_impl::<candle_core::op::Silu>(l1)?;
-        let la = Layout::contiguous(l1.shape());
-        let out = a.binary_impl::<candle_core::op::Mul>(s2, &la, l2)?;
+        let out = super::cuda::silu_mul((s1, l1), (s2, l2), None)?;
         Ok((out, l1.shape().clone()))
     }
 
@@ -113,5 +111,72 @@ impl CustomOp2 for SiluMulOp {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         Kernel::SiluMul.backward2(&[gate, up], res, grad)
+    }
+}
+
+/// SwiGLU's backward in one pass over contiguous gate, up and the output's gradient: `[d/d
+/// gate; d/d up]` `(2, …)` in the inputs' type, computed in f32 per element (`σ = 1/(1 +
+/// e^−g)`: `d/d gate = dy·u·σ·(1 + g·(1 − σ))`, `d/d up = dy·g·σ`) — one allocation of two
+/// gradients, where the composed backward held seven f32 tensors of the input's size.
+pub(crate) struct SiluMulGradOp;
+
+impl SiluMulGradOp {
+    fn shape(l: &Layout) -> Shape {
+        let mut dims = vec![2];
+        dims.extend_from_slice(l.shape().dims());
+        Shape::from_dims(&dims)
+    }
+}
+
+impl CustomOp3 for SiluMulGradOp {
+    fn name(&self) -> &'static str {
+        "fused-silu-mul-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        dispatch!(op, s1, |g: T| {
+            let g = slice(g, l1, op, "gate")?;
+            let u = slice(same::<T>(op, s2)?, l2, op, "up")?;
+            let dy = slice(same::<T>(op, s3)?, l3, op, "grad")?;
+            let n = g.len();
+            if u.len() != n || dy.len() != n {
+                candle_core::bail!("{op}: gate, up and grad differ in size")
+            }
+            let mut out = zeros::<T>(2 * n);
+            let (dg, du) = out.split_at_mut(n);
+            for i in 0..n {
+                let (a, b, d) = (g[i].f(), u[i].f(), dy[i].f());
+                let s = 1.0 / (1.0 + (-a).exp());
+                dg[i] = T::of(d * b * s * (1.0 + a * (1.0 - s)));
+                du[i] = T::of(d * a * s);
+            }
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                Self::shape(l1),
+            ))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::silu_mul((s1, l1), (s2, l2), Some((s3, l3)))?;
+        Ok((out, Self::shape(l1)))
     }
 }

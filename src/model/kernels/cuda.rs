@@ -223,6 +223,46 @@ pub fn add_bias(y: &mut CudaStorage, b: (&CudaStorage, &Layout), out: usize) -> 
     by_type!("linear", y, go(y, b, out))
 }
 
+/// SwiGLU on contiguous gate and up: `silu(g)·u` into a fresh output (`grad` absent), or its
+/// backward (`grad` given): `[d/d gate; d/d up]` into one fresh `2·n` output.
+pub fn silu_mul(
+    g: (&CudaStorage, &Layout),
+    u: (&CudaStorage, &Layout),
+    grad: Option<(&CudaStorage, &Layout)>,
+) -> Result<CudaStorage> {
+    fn go<T: Elem>(
+        g: (&CudaStorage, &Layout),
+        u: (&CudaStorage, &Layout),
+        grad: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
+        let op = "silu_mul";
+        let dev = g.0.device();
+        let gs = view::<T>(g.0, g.1, op, "gate")?;
+        let us = view::<T>(u.0, u.1, op, "up")?;
+        let n = gs.len();
+        let name = if grad.is_some() {
+            "memfit_silu_mul_grad"
+        } else {
+            "memfit_silu_mul"
+        };
+        let func = dev.get_or_load_custom_func(&kernel_name::<T>(name), MODULE, PTX)?;
+        let outputs = if grad.is_some() { 2 * n } else { n };
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(outputs)? };
+        let mut args = func.builder();
+        args.arg(&gs).arg(&us);
+        let ds = grad.map(|d| view::<T>(d.0, d.1, op, "grad")).transpose()?;
+        if let Some(ds) = &ds {
+            args.arg(ds);
+        }
+        args.arg(&mut out).arg(&n);
+        // SAFETY: the arguments match the kernel's signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    by_type!("silu_mul", g.0, go(g, u, grad))
+}
+
 /// Each row `r` of `y (rows, out)` times `s[r·stride]` (a strided column, `s`'s layout), in
 /// place.
 pub fn scale_rows(y: &mut CudaStorage, s: (&CudaStorage, &Layout), out: usize) -> Result<()> {

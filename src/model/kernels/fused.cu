@@ -112,6 +112,24 @@ template <typename T> __device__ void add_bias(T *y, const T *b, size_t total, i
     if (i < total) y[i] = of_f<T>(to_f(y[i]) + to_f(b[i % out]));
 }
 
+// SwiGLU: out[i] = silu(g[i])·u[i], one pass.
+template <typename T> __device__ void silu_mul(const T *g, const T *u, T *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float a = to_f(g[i]);
+    out[i] = of_f<T>(a / (1.0f + __expf(-a)) * to_f(u[i]));
+}
+
+// SwiGLU's backward in one pass: out[i] = d/d gate, out[n + i] = d/d up, computed in f32.
+template <typename T> __device__ void silu_mul_grad(const T *g, const T *u, const T *dy, T *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float a = to_f(g[i]), b = to_f(u[i]), d = to_f(dy[i]);
+    float s = 1.0f / (1.0f + __expf(-a));
+    out[i] = of_f<T>(d * b * s * (1.0f + a * (1.0f - s)));
+    out[n + i] = of_f<T>(d * a * s);
+}
+
 // y[i] *= s[(i / out) * stride] over `total` elements, in place: each row of `out` scaled by
 // its own factor (a column of a strided matrix).
 template <typename T> __device__ void scale_rows(T *y, const T *s, size_t total, int out, size_t stride) {
@@ -169,6 +187,13 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
     }                                                                                            \
     extern "C" __global__ void memfit_ce_mean_##SFX(const float *loss, T *out, int n) {         \
         ce_mean<T>(loss, out, n);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_silu_mul_##SFX(const T *g, const T *u, T *out, size_t n) { \
+        silu_mul<T>(g, u, out, n);                                                               \
+    }                                                                                            \
+    extern "C" __global__ void memfit_silu_mul_grad_##SFX(const T *g, const T *u, const T *dy,  \
+                                                          T *out, size_t n) {                    \
+        silu_mul_grad<T>(g, u, dy, out, n);                                                      \
     }                                                                                            \
     extern "C" __global__ void memfit_scale_rows_##SFX(T *y, const T *s, size_t total, int out,  \
                                                        size_t stride) {                          \

@@ -66,6 +66,10 @@ pub trait Graph: Clone + Sized {
     fn reshape(&self, dims: &[usize]) -> Result<Self>;
     fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self>;
     fn cat(parts: &[&Self], dim: usize) -> Result<Self>;
+    /// SwiGLU's gradients `(d/d gate, d/d up)` of detached gate, up and the output's gradient
+    /// (made contiguous first: a copy when it is not), in the inputs' type: two views of one
+    /// fresh `(2, …)` allocation (`kernels::act::SiluMulGradOp`).
+    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self) -> Result<(Self, Self)>;
     /// The rows (or slices along `dim`) at `ids` (u32), a fresh tensor.
     fn index_select(&self, ids: &Self, dim: usize) -> Result<Self>;
     /// `self` with −1 added, in place, at column `targets[i]` of each row `i` (`self (N, V)`
@@ -83,6 +87,12 @@ impl Graph for Tensor {
     }
     fn index_select(&self, ids: &Self, dim: usize) -> Result<Self> {
         Tensor::index_select(self, ids, dim)
+    }
+    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self) -> Result<(Self, Self)> {
+        let grad = grad.contiguous()?;
+        let both = gate.apply_op3_no_bwd(up, &grad, &super::act::SiluMulGradOp)?;
+        drop(grad);
+        Ok((both.get(0)?, both.get(1)?))
     }
     fn tracked(&self) -> bool {
         self.track_op()

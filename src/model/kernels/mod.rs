@@ -35,7 +35,7 @@
 //! living inside the accumulated gradients). It is generic over [`Graph`], so the replay
 //! (`formula::replay`) predicts it by running the same function on symbolic tensors.
 
-mod act;
+pub(crate) mod act;
 mod attn;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -329,27 +329,12 @@ fn gelu_bwd<G: Graph>(arg: &G, grad: &G) -> Result<Vec<Option<G>>> {
     Ok(vec![Some(dx.to_dtype_of(arg)?)])
 }
 
-/// `d/d gate = up·σ(gate)·(1 + gate·(1 − σ(gate)))·g`, `d/d up = silu(gate)·g`; in f32.
+/// `d/d gate = up·σ(gate)·(1 + gate·(1 − σ(gate)))·g`, `d/d up = silu(gate)·g`, in f32 per
+/// element, in one pass ([`Graph::silu_mul_grad`]: one `(2, …)` allocation in the inputs'
+/// type, where a composition of tensor ops held seven f32 tensors of the input's size at once).
 fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G) -> Result<Vec<Option<G>>> {
-    let a = gate.detach().to_f32()?;
-    let g = grad.to_f32()?;
-    let e = a.neg()?.exp()?;
-    let s = e.affine(1.0, 1.0)?.recip()?;
-    drop(e);
-    let silu = a.mul(&s)?;
-    let db = silu.mul(&g)?;
-    drop(silu);
-    let one_minus = s.affine(-1.0, 1.0)?;
-    let t = one_minus.mul(&a)?.affine(1.0, 1.0)?;
-    drop((one_minus, a));
-    let dsilu = t.mul(&s)?;
-    drop((t, s));
-    let b = up.detach().to_f32()?;
-    let t = dsilu.mul(&b)?;
-    drop((dsilu, b));
-    let da = t.mul(&g)?;
-    drop((t, g));
-    Ok(vec![Some(da.to_dtype_of(gate)?), Some(db.to_dtype_of(up)?)])
+    let (dg, du) = G::silu_mul_grad(&gate.detach(), &up.detach(), grad)?;
+    Ok(vec![Some(dg), Some(du)])
 }
 
 /// `dS = P·(dP − Σ_row dP·P)`, `dq = dS·k·scale`, `dk = dSᵀ·q·scale`, in the probabilities'
