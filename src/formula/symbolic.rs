@@ -735,52 +735,37 @@ impl Sym {
         out
     }
 
-    /// `model::kernels::linear_scaled`: `(self (n, in)·wᵀ) ⊙ s`, the product written by one
-    /// gemm call, then scaled in place.
+    /// `model::kernels::linear_scaled`: `(self (n, in)·wᵀ) ⊙ s`, then scaled in place.
     pub fn fused_linear_scaled(&self, w: &Sym, s: &Sym) -> Sym {
-        let dims = [self.dims()[0], w.dims()[0]];
-        let y = Sym::kernel(Kernel::LinearScaled, &[self, w, s], &dims, self.0.dtype);
-        self.ledger()
-            .gemm_pack(&self.0.layout, &w.0.layout.transposed(0, 1), self.0.dtype);
-        y
+        self.fused_product(Kernel::LinearScaled, w, &[s])
     }
 
-    /// `model::kernels::linear_no_bias`: `self (…, in)·wᵀ` written by one gemm call on
-    /// `(rows, in)`.
+    /// `model::kernels::linear_no_bias`: `self (…, in)·wᵀ`.
     pub fn fused_linear_no_bias(&self, w: &Sym) -> Sym {
-        let mut dims = self.dims().to_vec();
-        let inp = *dims.last().expect("a dimension");
-        let rows = dims.iter().product::<usize>() / inp.max(1);
-        *dims.last_mut().expect("a dimension") = w.dims()[0];
-        let y = Sym::kernel(Kernel::LinearNoBias, &[self, w], &dims, self.0.dtype);
-        let la = Layout::contiguous(&[rows, inp]);
-        self.ledger()
-            .gemm_pack(&la, &w.0.layout.transposed(0, 1), self.0.dtype);
-        y
+        self.fused_product(Kernel::LinearNoBias, w, &[])
     }
 
-    /// `model::kernels::linear_add`: `x + self (…, in)·wᵀ`, the product written by one gemm
-    /// call on `(rows, in)`, x added in place.
+    /// `model::kernels::linear_add`: `x + self (…, in)·wᵀ`, x added in place.
     pub fn fused_linear_add(&self, w: &Sym, x: &Sym) -> Sym {
-        let mut dims = self.dims().to_vec();
-        let inp = *dims.last().expect("a dimension");
-        let rows = dims.iter().product::<usize>() / inp.max(1);
-        *dims.last_mut().expect("a dimension") = w.dims()[0];
-        let y = Sym::kernel(Kernel::LinearAdd, &[self, w, x], &dims, self.0.dtype);
-        let la = Layout::contiguous(&[rows, inp]);
-        self.ledger()
-            .gemm_pack(&la, &w.0.layout.transposed(0, 1), self.0.dtype);
-        y
+        self.fused_product(Kernel::LinearAdd, w, &[x])
     }
 
-    /// `model::kernels::linear`: `self (…, in)·wᵀ + b` written by one gemm call (as candle's
-    /// `Linear` on `(rows, in)`), the bias added in place.
+    /// `model::kernels::linear`: `self (…, in)·wᵀ + b` (as candle's `Linear` on `(rows, in)`),
+    /// the bias added in place.
     pub fn fused_linear(&self, w: &Sym, b: &Sym) -> Sym {
+        self.fused_product(Kernel::Linear, w, &[b])
+    }
+
+    /// The projection ops of `model::kernels::linear`: `self (…, in)·wᵀ` written by one gemm
+    /// call on `(rows, in)` into the output (args self, w, then `rest`), finished in place.
+    fn fused_product(&self, kernel: Kernel, w: &Sym, rest: &[&Sym]) -> Sym {
         let mut dims = self.dims().to_vec();
         let inp = *dims.last().expect("a dimension");
         let rows = dims.iter().product::<usize>() / inp.max(1);
         *dims.last_mut().expect("a dimension") = w.dims()[0];
-        let y = Sym::kernel(Kernel::Linear, &[self, w, b], &dims, self.0.dtype);
+        let mut args = vec![self, w];
+        args.extend_from_slice(rest);
+        let y = Sym::kernel(kernel, &args, &dims, self.0.dtype);
         let la = Layout::contiguous(&[rows, inp]);
         self.ledger()
             .gemm_pack(&la, &w.0.layout.transposed(0, 1), self.0.dtype);

@@ -157,13 +157,9 @@ impl Proj {
 
 impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match (&self.frozen, self.linear.bias()) {
-            (None, Some(b)) if self.fused => kernels::linear(x, self.linear.weight(), b)?,
-            (None, None) if self.fused && x.is_contiguous() => {
-                kernels::linear_no_bias(x, self.linear.weight())?
-            }
-            (None, _) => self.linear.forward(x)?,
-            (Some(w), _) => {
+        let y = match &self.frozen {
+            None => dense(&self.linear, self.fused, x)?,
+            Some(w) => {
                 let op = FrozenLinear {
                     weight: w.clone(),
                     bias: self.linear.bias().cloned(),
@@ -181,6 +177,17 @@ impl Module for Proj {
                 y + (up * l.scale)?
             }
         }
+    }
+}
+
+/// A dense linear layer: with fused kernels one op ([`kernels::linear`] with a bias,
+/// [`kernels::linear_no_bias`] without, on a contiguous input), else candle-nn's `Linear`.
+/// The block projections and the LM head.
+pub(crate) fn dense(linear: &Linear, fused: bool, x: &Tensor) -> Result<Tensor> {
+    match linear.bias() {
+        Some(b) if fused => kernels::linear(x, linear.weight(), b),
+        None if fused && x.is_contiguous() => kernels::linear_no_bias(x, linear.weight()),
+        _ => linear.forward(x),
     }
 }
 

@@ -535,13 +535,7 @@ impl Transformer {
             Stem::Tokens(_) => self.ln_f.forward(x)?,
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
-        if self.cfg.kernels.fused() && x.is_contiguous() {
-            return match self.head.bias() {
-                Some(b) => kernels::linear(&x, self.head.weight(), b),
-                None => kernels::linear_no_bias(&x, self.head.weight()),
-            };
-        }
-        self.head.forward(&x)
+        super::proj::dense(&self.head, self.cfg.kernels.fused(), &x)
     }
 
     /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32 (candle-nn's

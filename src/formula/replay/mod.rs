@@ -502,9 +502,12 @@ impl Transformer {
                 lora: None,
                 frozen: None,
                 scratch: 0,
-                fused: false,
+                fused: shape.kernels.fused(),
             },
-            _ => Linear::new(&p, h, v, shape.vision.is_some()),
+            _ => Linear {
+                fused: shape.kernels.fused(),
+                ..Linear::new(&p, h, v, shape.vision.is_some())
+            },
         };
         let mut all = match &stem {
             Stem::Tokens(wte) => vec![wte.clone()],
@@ -697,12 +700,6 @@ impl Transformer {
             Stem::Tokens(_) => self.ln_f.forward(x),
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()),
         };
-        if self.kernels.fused() && x.is_contiguous() {
-            return match &self.head.bias {
-                Some(b) => x.fused_linear(&self.head.weight, b),
-                None => x.fused_linear_no_bias(&self.head.weight),
-            };
-        }
         self.head.forward(&x)
     }
 
@@ -760,7 +757,7 @@ impl Transformer {
                 lora: None,
                 frozen: None,
                 scratch: 0,
-                fused: false,
+                fused: self.head.fused,
             },
             _ => lin(&self.head),
         };

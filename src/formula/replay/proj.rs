@@ -135,11 +135,15 @@ impl Linear {
         }
     }
 
+    /// Mirror of `Proj::adds_in_place`: fused, dense, no bias, no adapter.
+    fn adds_in_place(&self) -> bool {
+        self.fused && self.frozen.is_none() && self.lora.is_none() && self.bias.is_none()
+    }
+
     /// `Proj::forward_scaled`: `forward(&h) ⊙ s`, h freed before the scaling; one op when
     /// fused, dense, without bias or adapter, on a contiguous h.
     pub(super) fn forward_scaled(&self, h: Sym, s: &Sym) -> Sym {
-        let in_place = self.fused && self.frozen.is_none() && self.lora.is_none();
-        if in_place && self.bias.is_none() && h.is_contiguous() {
+        if self.adds_in_place() && h.is_contiguous() {
             return h.fused_linear_scaled(&self.weight, s);
         }
         let y = self.forward(&h);
@@ -150,8 +154,7 @@ impl Linear {
     /// `Proj::forward_add`: `residual + forward(&h)`, h and `input` freed before the sum; one
     /// op when fused, dense, without bias or adapter.
     pub(super) fn forward_add(&self, h: Sym, input: Sym, residual: &Sym) -> Sym {
-        let in_place = self.fused && self.frozen.is_none() && self.lora.is_none();
-        if in_place && self.bias.is_none() && h.is_contiguous() && residual.is_contiguous() {
+        if self.adds_in_place() && h.is_contiguous() && residual.is_contiguous() {
             drop(input);
             return h.fused_linear_add(&self.weight, residual);
         }

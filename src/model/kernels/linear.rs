@@ -117,13 +117,13 @@ fn scale_rows<T: Float>(y: &mut [T], s: &[T], out: usize, stride: usize) {
     }
 }
 
-/// The CPU product of `kernel`, then `finish` on its output.
-fn cpu_product(
+/// The product of `kernel` on either device, then `finish` on its output.
+fn product<B: BackendStorage>(
     kernel: Kernel,
-    (s1, l1): (&CpuStorage, &Layout),
-    (s2, l2): (&CpuStorage, &Layout),
-    finish: impl FnOnce(&Product, &mut CpuStorage) -> Result<()>,
-) -> Result<(CpuStorage, Shape)> {
+    (s1, l1): (&B, &Layout),
+    (s2, l2): (&B, &Layout),
+    finish: impl FnOnce(&Product, &mut B) -> Result<()>,
+) -> Result<(B, Shape)> {
     let p = Product::of(kernel, l1, l2)?;
     let mut y = p.run(s1, l1, s2, l2)?;
     finish(&p, &mut y)?;
@@ -161,7 +161,7 @@ impl CustomOp3 for LinearOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        cpu_product(Kernel::Linear, (s1, l1), (s2, l2), |p, y| {
+        product(Kernel::Linear, (s1, l1), (s2, l2), |p, y| {
             cpu_add(Kernel::Linear, p, y, (s3, l3), p.out)
         })
     }
@@ -177,11 +177,10 @@ impl CustomOp3 for LinearOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let p = Product::of(Kernel::Linear, l1, l2)?;
-        p.check(Kernel::Linear, l3, p.out)?;
-        let mut y = p.run(s1, l1, s2, l2)?;
-        super::cuda::add_bias(&mut y, (s3, l3), p.out)?;
-        Ok((y, p.shape))
+        product(Kernel::Linear, (s1, l1), (s2, l2), |p, y| {
+            p.check(Kernel::Linear, l3, p.out)?;
+            super::cuda::add_bias(y, (s3, l3), p.out)
+        })
     }
 
     fn bwd(
@@ -208,7 +207,7 @@ impl CustomOp2 for LinearNoBiasOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        cpu_product(Kernel::LinearNoBias, (s1, l1), (s2, l2), |_, _| Ok(()))
+        product(Kernel::LinearNoBias, (s1, l1), (s2, l2), |_, _| Ok(()))
     }
 
     #[cfg(feature = "cuda")]
@@ -219,8 +218,7 @@ impl CustomOp2 for LinearNoBiasOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let p = Product::of(Kernel::LinearNoBias, l1, l2)?;
-        Ok((p.run(s1, l1, s2, l2)?, p.shape))
+        product(Kernel::LinearNoBias, (s1, l1), (s2, l2), |_, _| Ok(()))
     }
 
     fn bwd(
@@ -248,7 +246,7 @@ impl CustomOp3 for LinearAddOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        cpu_product(Kernel::LinearAdd, (s1, l1), (s2, l2), |p, y| {
+        product(Kernel::LinearAdd, (s1, l1), (s2, l2), |p, y| {
             cpu_add(Kernel::LinearAdd, p, y, (s3, l3), p.shape.elem_count())
         })
     }
@@ -264,12 +262,11 @@ impl CustomOp3 for LinearAddOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let p = Product::of(Kernel::LinearAdd, l1, l2)?;
-        p.check(Kernel::LinearAdd, l3, p.shape.elem_count())?;
-        let mut y = p.run(s1, l1, s2, l2)?;
-        let ly = Layout::contiguous((p.rows, p.out));
-        super::cuda::axpby((&mut y, &ly), (s3, l3), 1.0, 1.0, false)?;
-        Ok((y, p.shape))
+        product(Kernel::LinearAdd, (s1, l1), (s2, l2), |p, y| {
+            p.check(Kernel::LinearAdd, l3, p.shape.elem_count())?;
+            let ly = Layout::contiguous((p.rows, p.out));
+            super::cuda::axpby((y, &ly), (s3, l3), 1.0, 1.0, false)
+        })
     }
 
     fn bwd(
@@ -312,7 +309,7 @@ impl CustomOp3 for LinearScaledOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        cpu_product(Kernel::LinearScaled, (s1, l1), (s2, l2), |p, y| {
+        product(Kernel::LinearScaled, (s1, l1), (s2, l2), |p, y| {
             let stride = scale_stride(p, l3)?;
             let s0 = l3.start_offset();
             dispatch!(op, y, |v: T| {
@@ -333,11 +330,10 @@ impl CustomOp3 for LinearScaledOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let p = Product::of(Kernel::LinearScaled, l1, l2)?;
-        scale_stride(&p, l3)?;
-        let mut y = p.run(s1, l1, s2, l2)?;
-        super::cuda::scale_rows(&mut y, (s3, l3), p.out)?;
-        Ok((y, p.shape))
+        product(Kernel::LinearScaled, (s1, l1), (s2, l2), |p, y| {
+            scale_stride(p, l3)?;
+            super::cuda::scale_rows(y, (s3, l3), p.out)
+        })
     }
 
     fn bwd(

@@ -32,6 +32,17 @@ impl ScatterRowsOp {
         }
         Ok(Shape::from_dims(&[self.rows, h]))
     }
+
+    /// Zeros, then the device's own `index_add` of y's rows into a new output.
+    fn run<B: BackendStorage>(&self, y: &B, ly: &Layout, ids: &B, li: &Layout) -> Result<(B, Shape)>
+    where
+        B::Device: BackendDevice<Storage = B>,
+    {
+        let shape = self.shape(ly, li)?;
+        let zeros = y.device().zeros_impl(&shape, y.dtype())?;
+        let out = zeros.index_add(&Layout::contiguous(&shape), ids, li, y, ly, 0)?;
+        Ok((out, shape))
+    }
 }
 
 impl CustomOp2 for ScatterRowsOp {
@@ -46,10 +57,7 @@ impl CustomOp2 for ScatterRowsOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let shape = self.shape(l1, l2)?;
-        let zeros = s1.device().zeros_impl(&shape, s1.dtype())?;
-        let out = zeros.index_add(&Layout::contiguous(&shape), s2, l2, s1, l1, 0)?;
-        Ok((out, shape))
+        self.run(s1, l1, s2, l2)
     }
 
     #[cfg(feature = "cuda")]
@@ -60,10 +68,7 @@ impl CustomOp2 for ScatterRowsOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let shape = self.shape(l1, l2)?;
-        let zeros = s1.device().zeros_impl(&shape, s1.dtype())?;
-        let out = zeros.index_add(&Layout::contiguous(&shape), s2, l2, s1, l1, 0)?;
-        Ok((out, shape))
+        self.run(s1, l1, s2, l2)
     }
 
     fn bwd(
