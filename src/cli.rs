@@ -390,6 +390,11 @@ pub struct GridArgs {
     pub attention: Vec<String>,
     #[arg(long, value_delimiter = ',', help = kernels_help())]
     pub kernels: Vec<String>,
+    /// The backward: by-block (the default: each block's graph is freed once its gradients
+    /// are taken, as PyTorch frees saved tensors) or whole (candle's loss.backward(), the
+    /// whole graph kept until it returns); comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub backward: Vec<String>,
     /// on: the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes results, can make
     /// a backward several times faster); off (the default); comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -502,6 +507,7 @@ impl GridArgs {
             phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
             dtype: many(&self.dtype),
             checkpoint: many(&self.checkpoint),
+            backward: many(&self.backward),
             attention: many(&self.attention),
             kernels: many(&self.kernels),
             flush_denormals: many(&self.flush_denormals),

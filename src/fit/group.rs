@@ -1,7 +1,7 @@
 //! The per-group fits of `memfit fit` and `memfit report` (reads rows, never measures): rows
 //! measured under the same conditions — phase, model, device, element type, precision,
-//! attention, checkpointing, LoRA rank, optimizer and serving weights (decode with and without
-//! its KV cache apart) — form a group ([`key`]), and each group's measured peak is fitted by
+//! attention, checkpointing, LoRA rank, optimizer, serving weights (decode with and without
+//! its KV cache apart) and, for the backward and train step, the backward's mode — form a group ([`key`]), and each group's measured peak is fitted by
 //! least squares ([`crate::fit::least_squares`]) to the features of [`crate::fit::features`]:
 //!
 //! `peak_bytes = c₀ + c₁·P + c₂·B·S·H·L + c₃·A·B·S²·L + c₄·B·S·V`
@@ -26,6 +26,7 @@ pub type GroupKey = (
     u64,
     String,
     String,
+    String,
 );
 
 pub fn key(r: &Row) -> GroupKey {
@@ -44,6 +45,12 @@ pub fn key(r: &Row) -> GroupKey {
             format!("{} kv-{}", r.weights, r.kv_cache)
         } else {
             r.weights.clone()
+        },
+        // The backward's mode changes the backward and train-step peaks only.
+        if matches!(r.phase.as_str(), "backward" | "train-step") {
+            r.backward.clone()
+        } else {
+            String::new()
         },
     )
 }
@@ -131,8 +138,19 @@ pub fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
         device: k.2.clone(),
         dtype: k.3.clone(),
         variant: format!(
-            "{} {} {} ck{} lora{} {} {}",
-            k.1, k.4, k.5, k.6, k.7, k.8, k.9
+            "{} {} {} ck{} lora{} {} {}{}",
+            k.1,
+            k.4,
+            k.5,
+            k.6,
+            k.7,
+            k.8,
+            k.9,
+            if k.10.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", k.10)
+            }
         ),
         rows: rows.len(),
         coefficients: FEATURES

@@ -38,6 +38,8 @@ pub struct Shape {
     pub elem: ElemType,
     /// Blocks per gradient-checkpoint segment (0 = off).
     pub checkpoint: u64,
+    /// Without checkpointing, the backward block by block (`phase::by_block`).
+    pub by_block: bool,
     /// Efficient attention (no `(S, S)` scores).
     pub efficient: bool,
     /// The tiled attention composition (`model::tiled_attention`).
@@ -90,6 +92,7 @@ impl Shape {
             s_max: case.cfg.max_seq as u64,
             elem: case.dtype,
             checkpoint: case.checkpoint as u64,
+            by_block: case.backward == crate::phase::by_block::Backward::ByBlock,
             efficient: case.cfg.efficient_attention,
             tiled: case.cfg.tiled_attention,
             mixed: case.precision == crate::device::Precision::Mixed,
@@ -123,6 +126,7 @@ impl Shape {
             s_max,
             elem: ElemType::F32,
             checkpoint: 0,
+            by_block: false,
             efficient: false,
             tiled: false,
             mixed: false,

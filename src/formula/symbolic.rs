@@ -258,13 +258,14 @@ impl DType {
 /// One allocation: freed when the last tensor sharing it is dropped.
 #[derive(Debug)]
 struct Storage {
-    bytes: u64,
+    /// What it holds (a cut moves it out: [`Sym::cut`]).
+    bytes: Cell<u64>,
     ledger: Rc<Ledger>,
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        self.ledger.free(self.bytes);
+        self.ledger.free(self.bytes.get());
     }
 }
 
@@ -358,6 +359,9 @@ pub enum Op {
     Frozen(Sym, Option<Sym>, usize, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),
+    /// `phase::by_block::seed`: a one-element op on a boundary tensor whose backward hands in
+    /// the gradient from above (taken by the backward).
+    Seed(Sym, std::cell::RefCell<Option<Sym>>),
 }
 
 #[derive(Debug)]
@@ -421,7 +425,7 @@ impl Sym {
         let bytes = layout.elems() * dtype.size();
         ledger.alloc(bytes);
         let storage = Rc::new(Storage {
-            bytes,
+            bytes: Cell::new(bytes),
             ledger: ledger.clone(),
         });
         Sym::make(ledger, layout, dtype, storage, op, is_variable)
@@ -514,6 +518,35 @@ impl Sym {
         } else {
             self.view_with(self.0.layout.clone(), None, false)
         }
+    }
+
+    /// `phase::by_block::cut`: the storage moved (nothing allocated) into a new variable of
+    /// this shape; `self` keeps its op and an empty storage (one element on CUDA, where an
+    /// allocation cannot be empty).
+    pub fn cut(&self, cuda: bool) -> Sym {
+        let ledger = self.ledger();
+        let bytes = self.0.storage.bytes.get();
+        let left = if cuda { self.0.dtype.size() } else { 0 };
+        ledger.alloc(left);
+        self.0.storage.bytes.set(left);
+        let storage = Rc::new(Storage {
+            bytes: Cell::new(bytes),
+            ledger: ledger.clone(),
+        });
+        Sym::make(
+            ledger,
+            Layout::contiguous(self.dims()),
+            self.0.dtype,
+            storage,
+            None,
+            true,
+        )
+    }
+
+    /// `phase::by_block::seed`: a one-element tensor whose backward hands `grad` to `self`.
+    pub fn seed(&self, grad: Sym) -> Sym {
+        let op = Op::Seed(self.clone(), std::cell::RefCell::new(Some(grad)));
+        Sym::fresh(self.ledger(), &[], self.0.dtype, Some(op))
     }
 
     /// `Var::from_tensor`: the same tensor if it is a variable, else a copy made a variable.
@@ -1002,7 +1035,7 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, _, _, _) => vec![x],
+            Op::Frozen(x, _, _, _) | Op::Seed(x, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -1092,6 +1125,9 @@ impl GradStore {
     }
     pub fn remove(&mut self, t: &Sym) -> Option<Sym> {
         self.0.remove(&t.id())
+    }
+    pub fn get_id(&self, id: u64) -> Option<&Sym> {
+        self.0.get(&id)
     }
     pub fn insert(&mut self, t: &Sym, g: Sym) -> Option<Sym> {
         self.0.insert(t.id(), g)
@@ -1274,6 +1310,14 @@ pub fn backward(root: &Sym) -> GradStore {
                         *s = s.add(&g);
                         drop(g);
                     }
+                }
+            }
+            Op::Seed(arg, g) => {
+                // The seed's `bwd` takes the gradient; it dies after the sum.
+                let taken = g.borrow_mut().take();
+                if let Some(arg_grad) = taken {
+                    let s = grads.or_insert(arg);
+                    *s = s.add(&arg_grad);
                 }
             }
             Op::Cmp(_) => {}

@@ -111,7 +111,7 @@ fn run_forward(
 /// Moves the gradients of `vars` from `from` into `into`; a weight used in two places (a tied
 /// head is the token embedding: the head's gradient first, the embedding's last) gets the sum,
 /// as the plain backward sums them.
-fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) -> Result<()> {
+pub(crate) fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) -> Result<()> {
     for v in vars {
         if let Some(g) = from.remove(v.as_tensor()) {
             let g = match into.remove(v.as_tensor()) {

@@ -24,6 +24,7 @@
 //! the cache's growth, for `load` the loaded tensors). The default phase list is the first six;
 //! `prefill`, `decode` and `load` run when asked for.
 
+pub mod by_block;
 pub mod checkpoint;
 pub mod denormals;
 pub mod runner;

@@ -12,6 +12,7 @@ use crate::model::transformer::KvCache;
 use crate::optim::Opt;
 use crate::record::StatusError;
 
+use super::by_block::{self, Backward};
 use super::{Phase, checkpoint};
 use crate::meter::{Meter, Reading, measure};
 use crate::model::transformer::{Transformer, synthetic_batch};
@@ -33,6 +34,8 @@ struct Trainer {
     targets: Tensor,
     /// Blocks per checkpoint segment; 0 = no checkpointing.
     checkpoint: usize,
+    /// Without checkpointing: the whole graph's backward or block by block.
+    backward: Backward,
     /// Mixed precision: the working element type of the forward.
     compute: Option<DType>,
     /// LoRA: only the adapters train.
@@ -108,7 +111,14 @@ impl Trainer {
     /// The training forward: the whole graph, or with checkpointing the segment inputs and the
     /// head's graph.
     fn forward(&self) -> candle_core::Result<Graph> {
-        if self.checkpoint == 0 {
+        if self.checkpoint == 0 && self.backward == Backward::ByBlock {
+            Ok(Graph::ByBlock(by_block::forward(
+                &self.model,
+                self.compute,
+                &self.tokens,
+                &self.targets,
+            )?))
+        } else if self.checkpoint == 0 {
             Ok(Graph::Plain(self.loss()?))
         } else if let Some(dtype) = self.compute {
             Ok(Graph::Checkpointed(checkpoint::forward_mixed(
@@ -130,8 +140,8 @@ impl Trainer {
         }
     }
 
-    /// The backward of either graph. The plain graph stays with the caller (the `backward`
-    /// window ends with it alive, as before); the checkpointed one is used up.
+    /// The backward of any graph. The plain graph stays with the caller (the `backward`
+    /// window ends with it alive, as before); the by-block and checkpointed ones are used up.
     fn backward(&self, graph: &mut Option<Graph>) -> candle_core::Result<GradStore> {
         match graph.take() {
             Some(Graph::Plain(loss)) => {
@@ -139,6 +149,7 @@ impl Trainer {
                 *graph = Some(Graph::Plain(loss));
                 grads
             }
+            Some(Graph::ByBlock(f)) => by_block::backward(&self.varmap.all_vars(), f),
             Some(Graph::Checkpointed(f)) => checkpoint::backward(
                 &self.model,
                 &self.varmap.all_vars(),
@@ -175,6 +186,7 @@ impl Trainer {
 /// What a training forward leaves for the backward.
 enum Graph {
     Plain(Tensor),
+    ByBlock(by_block::Forward),
     Checkpointed(checkpoint::Forward),
 }
 
@@ -206,6 +218,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         tokens,
         targets,
         checkpoint: case.checkpoint,
+        backward: case.backward,
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
@@ -312,6 +325,7 @@ fn run_chain(
         tokens,
         targets,
         checkpoint: case.checkpoint,
+        backward: case.backward,
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };

@@ -49,6 +49,7 @@ fn keys(r: &Row) -> Vec<(&'static str, String)> {
             "checkpoint",
             shown(r.checkpoint > 0, r.checkpoint.to_string()),
         ),
+        ("backward", shown(serving || data, r.backward.clone())),
         ("T", shown(decode, r.decode_tokens.to_string())),
         ("cache", shown(decode, r.kv_cache.clone())),
         (

@@ -76,7 +76,7 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim"
+        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim" | "backward"
         | "lora_targets" | "lora_base" | "precision" | "phase" | "status" | "error"
         | "peak_meter" | "dataset" | "worker_kind" | "storage" | "persistent" | "tied"
         | "biases" | "trim_layer" | "moe_routing" => "",
@@ -179,6 +179,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "attention" => "Attention: standard (scores materialised) or efficient (online softmax).",
         "kernels" => {
             "Norms, attention softmax, activations, loss: fused (one op each) or composed."
+        }
+        "backward" => {
+            "by-block: each block's graph freed as the backward passes it (checkpointed cases: by segment); whole: candle's loss.backward() over the whole graph."
         }
         "flush_denormals" => "on: the CPU threads flushed subnormal floats to zero (FTZ/DAZ).",
         "trim" => {

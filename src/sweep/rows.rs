@@ -121,6 +121,7 @@ pub fn bare_row(
         optimizer: case.optimizer.as_str().into(),
         optimizer_block: case.optimizer_block as u64,
         checkpoint: case.checkpoint as u64,
+        backward: case.backward.as_str().into(),
         decode_tokens: case.decode_tokens as u64,
         kv_cache: if case.kv_cache { "on" } else { "off" }.into(),
         weights: case.weights.as_str().into(),

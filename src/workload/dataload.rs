@@ -122,6 +122,7 @@ pub(super) fn expand(
             device,
             optimizer: OptimizerKind::Adamw,
             checkpoint: 0,
+            backward: crate::phase::by_block::Backward::ByBlock,
             optimizer_block: 0,
             decode_tokens: 0,
             kv_cache: false,

@@ -43,6 +43,7 @@ use crate::model::ModelKind;
 use crate::model::kernels::Kernels;
 use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
 use crate::model::{hf_config, llama, vit};
+use crate::phase::by_block::Backward;
 use crate::phase::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
@@ -84,6 +85,9 @@ pub struct GridSpec {
     pub device: Option<String>,
     /// Blocks per gradient-checkpoint segment (0 = off).
     pub checkpoint: Option<OneOrMany<i64>>,
+    /// `by-block` (the default: each block's graph freed once its gradients are taken) or
+    /// `whole` (candle's `loss.backward()` over the whole graph).
+    pub backward: Option<OneOrMany<String>>,
     /// `standard`, `efficient` (the online-softmax op on the CPU, the tiled composition on
     /// CUDA) or `tiled` attention.
     pub attention: Option<OneOrMany<String>>,
@@ -179,6 +183,7 @@ impl GridSpec {
             dtype,
             device,
             checkpoint,
+            backward,
             attention,
             kernels,
             flush_denormals,
@@ -247,6 +252,9 @@ pub struct Case {
     pub optimizer: OptimizerKind,
     /// Blocks per gradient-checkpoint segment; 0 = no checkpointing.
     pub checkpoint: usize,
+    /// The backward: by block (the default) or the whole graph (`phase::by_block`); with
+    /// checkpointing always by segment.
+    pub backward: Backward,
     /// Elements per quantization block of `adamw-8bit`.
     pub optimizer_block: usize,
     /// Tokens the `decode` phase generates.
@@ -422,6 +430,9 @@ pub const DEFAULT_KERNELS: &str = "fused";
 
 /// The attention a case runs without an `attention` key or flag, on every device.
 pub const DEFAULT_ATTENTION: &str = "standard";
+
+/// The backward a case runs without a `backward` key or flag.
+pub const DEFAULT_BACKWARD: &str = "by-block";
 
 pub fn expand(file: &WorkloadFile, flags: &GridSpec, origin: &str) -> Result<Vec<Case>, UserError> {
     expand_with(file, flags, origin, false)
@@ -761,9 +772,18 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         },
         |_, _| Ok(()),
     )?;
-    let kernel_flush: Vec<(Kernels, bool, bool)> = iproduct!(&kernel_choices, &flushes, &trims)
-        .map(|(&k, &f, &t)| (k, f, t))
-        .collect();
+    let backwards = ctx.choices(
+        "backward",
+        &spec.backward,
+        DEFAULT_BACKWARD,
+        ("unknown backward", Backward::NAMES),
+        Backward::parse,
+        |_, _| Ok(()),
+    )?;
+    let kernel_flush: Vec<(Kernels, bool, bool, Backward)> =
+        iproduct!(&kernel_choices, &flushes, &trims, &backwards)
+            .map(|(&k, &f, &t, &b)| (k, f, t, b))
+            .collect();
     let lora_ranks = ctx.values("lora_rank", &spec.lora_rank, 0, 0, MAX_HIDDEN)?;
     let mut lora_targets: Vec<LoraTarget> = Vec::new();
     let family_targets: Vec<LoraTarget> = preset.projections().iter().map(|p| p.target).collect();
@@ -1053,7 +1073,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             &rank,
             &precision,
             &(efficient, tiled),
-            &(kernels, flush_denormals, trim),
+            &(kernels, flush_denormals, trim, backward),
             &k,
             &dtype,
         ) in variants
@@ -1122,6 +1142,17 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     &format!("0..={} (layers)", cfg.layers),
                 ));
             }
+            // A checkpointed backward runs segment by segment: there is no whole graph.
+            if k > 0 && backward == Backward::Whole {
+                return Err(ctx.bad(
+                    "backward",
+                    "whole",
+                    &format!(
+                        "checkpoint = {k} runs the backward segment by segment (there is no whole graph to keep)"
+                    ),
+                    "by-block with checkpoint > 0, or checkpoint = 0",
+                ));
+            }
             let quantized = serve
                 .quantized()
                 .or((rank > 0).then_some(lora_base))
@@ -1186,6 +1217,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 device,
                 optimizer: opt,
                 checkpoint: k,
+                backward,
                 optimizer_block,
                 decode_tokens: if decodes { decode } else { 0 },
                 kv_cache,

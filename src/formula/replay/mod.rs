@@ -907,6 +907,96 @@ fn ckpt_backward(model: &Transformer, fwd: CkptForward, tokens: &Sym, k: usize) 
     grads
 }
 
+/// A boundary of the by-block forward (mirror of `by_block::Boundary`).
+struct Boundary {
+    made: Sym,
+    var: u64,
+}
+
+/// Mirror of `by_block::boundary`.
+fn boundary(x: Sym, cuda: bool) -> (Sym, Option<Boundary>) {
+    if !x.track_op() {
+        return (x, None);
+    }
+    let var = x.cut(cuda);
+    let id = var.id();
+    (var, Some(Boundary { made: x, var: id }))
+}
+
+/// What the by-block forward keeps (mirror of `by_block::Forward`).
+struct ByBlockForward {
+    loss: Sym,
+    cuts: Vec<Option<Boundary>>,
+}
+
+/// Mirror of `by_block::forward` (`half`: mixed precision's 16-bit type).
+fn by_block_forward(
+    model: &Transformer,
+    half: Option<DType>,
+    tokens: &Sym,
+    targets: &Sym,
+) -> ByBlockForward {
+    let copy = half.map(|d| model.cast(d));
+    let run = copy.as_ref().unwrap_or(model);
+    let masks = run.input_mask(tokens);
+    let mut x = run.embed(tokens);
+    let layers = run.blocks.len();
+    let mut cuts = Vec::with_capacity(layers + 1);
+    for i in 0..layers {
+        let (input, cut) = boundary(x, model.cuda);
+        cuts.push(cut);
+        x = run.blocks_forward(&input, &masks, i..i + 1);
+    }
+    let (input, cut) = boundary(x, model.cuda);
+    cuts.push(cut);
+    let logits = run.head_forward(&input);
+    drop(input);
+    let loss = match half {
+        Some(_) => model.train_loss(&logits.to_dtype(DType::F32), targets),
+        None => model.train_loss(&logits, targets),
+    };
+    drop(logits);
+    drop(masks);
+    drop(copy);
+    ByBlockForward { loss, cuts }
+}
+
+/// Mirror of `by_block::take_cut`.
+fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Option<Sym> {
+    match below {
+        Some(Some(b)) => Some(all.get_id(b.var).expect("boundary gradient").clone()),
+        _ => None,
+    }
+}
+
+/// Mirror of `by_block::backward`; `tags`: each boundary's part (the embedding's 0, then the
+/// blocks'), under which its seed and backward allocate.
+fn by_block_backward(model: &Transformer, fwd: ByBlockForward) -> GradStore {
+    let ByBlockForward { loss, mut cuts } = fwd;
+    let vars = model.vars.clone();
+    let ledger = loss.ledger().clone();
+    let mut grads = GradStore::default();
+    let mut all = backward(&loss);
+    drop(loss);
+    let mut upstream = take_cut(&all, cuts.last());
+    keep(&mut grads, &mut all, &vars);
+    drop(all);
+    while let Some(Some(b)) = cuts.pop() {
+        // Boundary i is block i's input: the part below it is block i − 1 (or the embedding).
+        let part = cuts.len();
+        ledger.set_tag(if part == 0 { 0 } else { model.blocks[part - 1].tag });
+        let g = upstream.take().expect("a gradient for every tracked boundary");
+        let root = b.made.seed(g);
+        drop(b);
+        let mut all = backward(&root);
+        drop(root);
+        upstream = take_cut(&all, cuts.last());
+        keep(&mut grads, &mut all, &vars);
+    }
+    ledger.set_tag(0);
+    grads
+}
+
 /// Replayed peaks of one case, in bytes above each window's baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replay {
@@ -1259,7 +1349,21 @@ fn training_on(
     let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
     let (forward_peak, forward_retained, backward_peak, backward_retained);
-    if k == 0 {
+    if k == 0 && shape.by_block {
+        let fwd = by_block_forward(
+            &model,
+            shape.mixed.then_some(DType::Half),
+            &tokens,
+            &targets,
+        );
+        forward_peak = ledger.window_peak(base);
+        forward_retained = ledger.current() - base;
+        let base = ledger.reset_peak();
+        let grads = by_block_backward(&model, fwd);
+        backward_peak = ledger.window_peak(base);
+        backward_retained = ledger.current() as i64 - base as i64;
+        drop(grads);
+    } else if k == 0 {
         let loss = if shape.mixed {
             // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
             let half = model.cast(DType::Half);

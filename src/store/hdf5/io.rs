@@ -92,6 +92,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("kernels", rows, |r| Some(&r.kernels))?;
         w.string("flush_denormals", rows, |r| Some(&r.flush_denormals))?;
         w.string("trim", rows, |r| Some(&r.trim))?;
+        w.string("backward", rows, |r| Some(&r.backward))?;
         w.plain_u64("lora_rank", rows, |r| r.lora_rank)?;
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("lora_base", rows, |r| Some(&r.lora_base))?;
@@ -553,6 +554,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let kernels = string_or("kernels", "composed")?;
     let flush_denormals = string_or("flush_denormals", "off")?;
     let trim = string_or("trim", "on")?;
+    let backward = string_or("backward", "whole")?;
     let trim_layer = string_or("trim_layer", "")?;
     let mut moe_routing = string_or("moe_routing", "")?.into_iter();
     let mut trim_u64 = |name: &str| {
@@ -601,6 +603,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut kernels = kernels.into_iter();
     let mut flush_denormals = flush_denormals.into_iter();
     let mut trim = trim.into_iter();
+    let mut backward = backward.into_iter();
 
     let n = r.len.unwrap_or(0);
     let mut rows = Vec::with_capacity(n);
@@ -640,6 +643,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             kernels: next(&mut kernels),
             flush_denormals: next(&mut flush_denormals),
             trim: next(&mut trim),
+            backward: next(&mut backward),
             lora_rank: lora_rank[i],
             lora_targets: next(&mut lora_targets),
             lora_base: next(&mut lora_base),

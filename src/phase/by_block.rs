@@ -1,0 +1,328 @@
+//! The backward block by block (`--backward by-block`, the default): each block's graph is
+//! dropped as soon as its gradients are taken, so the activations it saved are freed as the
+//! backward passes them — what PyTorch's autograd does with a node's saved tensors — where
+//! candle's `loss.backward()` (`--backward whole`) keeps the whole graph until it returns.
+//!
+//! Forward (the same ops on the same values as the whole forward): the embedding, then each
+//! block, then the head, each recording its own graph. At every boundary the tensor a block (or
+//! the embedding) made is **cut**: its storage is moved, without a copy, into a new variable
+//! that the next part reads ([`cut`], an in-place op on public candle API), so the parts' graphs
+//! are disjoint and the next part's backward yields the boundary's gradient. The made tensor
+//! keeps its op (its storage is empty from then on; nothing reads it: a block ends in a residual
+//! sum, whose backward reads only the upstream gradient). A boundary that is not tracked (the
+//! frozen embedding's output under LoRA) is passed on as it is: nothing below it needs a
+//! gradient, as in the whole backward.
+//!
+//! Backward: `loss.backward()` through the head gives its weights' gradients and the gradient of
+//! the last cut; the head's graph is dropped. Then, for each part from the top, a **seed**
+//! ([`seed`], a one-element op on the made tensor whose backward hands in the gradient from
+//! above) is backpropagated: the part's weights' gradients and its input cut's gradient come
+//! out, and the part's graph is dropped. A weight used twice (a tied head) gets the sum of its
+//! two gradients, as in the whole backward ([`super::checkpoint::keep`]).
+//!
+//! The gradients equal the whole backward's bit for bit (tested per family): the same nodes
+//! are processed in the same order within each part, and a boundary's gradient reaches the
+//! made tensor as `0 + g`, which is `g` exactly.
+//!
+//! Memory: the forward keeps what the whole forward keeps (the cuts hold the values the next
+//! block's graph would have kept; nothing is copied). The backward's peak is where the head's
+//! or a block's backward temporaries meet everything not yet freed: the graphs of the parts
+//! below, the gradients so far and the boundary gradient (`e·B·S·H`, plus the seed's
+//! placeholder and sum for a moment). Compared with the whole backward, every part above the
+//! one being processed has been freed.
+//!
+//! With gradient checkpointing the backward is already segment by segment
+//! ([`super::checkpoint`]); `--backward whole` with checkpointing is refused.
+
+use std::sync::Mutex;
+
+use candle_core::backend::BackendStorage;
+use candle_core::backprop::GradStore;
+use candle_core::op::BackpropOp;
+use candle_core::{
+    CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor, TensorId,
+    Var,
+};
+
+use crate::model::transformer::Transformer;
+
+use super::checkpoint::keep;
+
+/// `whole` (candle's `loss.backward()`) or `by-block` (this module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backward {
+    Whole,
+    #[default]
+    ByBlock,
+}
+
+impl Backward {
+    pub const NAMES: &'static str = "by-block, whole";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "whole" => Some(Self::Whole),
+            "by-block" => Some(Self::ByBlock),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Whole => "whole",
+            Self::ByBlock => "by-block",
+        }
+    }
+}
+
+/// A boundary between two parts: the tensor the lower part made (its storage moved out) and
+/// the id of the variable that holds its values now (the upper part's input).
+struct Boundary {
+    made: Tensor,
+    var: TensorId,
+}
+
+/// What the forward leaves for the backward.
+pub struct Forward {
+    loss: Tensor,
+    /// The boundaries from the bottom (the embedding's output) to the top (the head's
+    /// input); `None` where the tensor was not tracked.
+    cuts: Vec<Option<Boundary>>,
+}
+
+/// Cuts `x` where it is tracked: `(the upper part's input, the boundary)`.
+fn boundary(x: Tensor) -> Result<(Tensor, Option<Boundary>)> {
+    if !x.track_op() {
+        return Ok((x, None));
+    }
+    let var = cut(&x)?;
+    let id = var.id();
+    Ok((var, Some(Boundary { made: x, var: id })))
+}
+
+/// The forward to the loss, part by part. Mixed precision: `dtype` is the 16-bit working type
+/// (a working copy of the weights with recorded conversions, the loss in f32), as the whole
+/// forward runs it.
+pub fn forward(
+    model: &Transformer,
+    dtype: Option<DType>,
+    tokens: &Tensor,
+    targets: &Tensor,
+) -> Result<Forward> {
+    let half = dtype.map(|d| model.cast(d)).transpose()?;
+    let run = half.as_ref().unwrap_or(model);
+    let masks = run.input_mask(tokens)?;
+    let mut x = run.embed(tokens)?;
+    let layers = run.config().layers;
+    let mut cuts = Vec::with_capacity(layers + 1);
+    for i in 0..layers {
+        let (input, cut) = boundary(x)?;
+        cuts.push(cut);
+        x = run.blocks_forward(&input, &masks, i..i + 1)?;
+    }
+    let (input, cut) = boundary(x)?;
+    cuts.push(cut);
+    let logits = run.head_forward(&input)?;
+    drop(input);
+    let loss = match dtype {
+        Some(_) => model.train_loss(&logits.to_dtype(DType::F32)?, targets)?,
+        None => model.train_loss(&logits, targets)?,
+    };
+    Ok(Forward { loss, cuts })
+}
+
+/// The backward part by part: every gradient of `vars`, nothing else; the forward's graphs are
+/// used up.
+pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
+    let Forward { loss, mut cuts } = fwd;
+    let mut grads = GradStore::default();
+    let mut all = loss.backward()?;
+    drop(loss);
+    let mut upstream = take_cut(&all, cuts.last())?;
+    keep(&mut grads, &mut all, vars)?;
+    drop(all);
+    while let Some(Some(b)) = cuts.pop() {
+        let g = upstream.take().expect("a gradient for every tracked boundary");
+        let root = seed(&b.made, g)?;
+        drop(b);
+        let mut all = root.backward()?;
+        drop(root);
+        upstream = take_cut(&all, cuts.last())?;
+        keep(&mut grads, &mut all, vars)?;
+    }
+    Ok(grads)
+}
+
+/// The gradient of a boundary's variable from a part's backward (`None`: no boundary below).
+fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Result<Option<Tensor>> {
+    match below {
+        Some(Some(b)) => all
+            .get_id(b.var)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| candle_core::Error::Msg("by-block: no gradient for a boundary".into())),
+        _ => Ok(None),
+    }
+}
+
+/// Moves `x`'s storage into a new variable of its shape (no copy); `x` keeps its op and an
+/// empty storage (one element on CUDA, where an allocation cannot be empty). `x` must own its
+/// storage alone, contiguous from offset 0 (a freshly made tensor: a block's residual sum, the
+/// embedding's output).
+pub fn cut(x: &Tensor) -> Result<Tensor> {
+    let op = CutOp(Mutex::new(None));
+    x.inplace_op1(&op)?;
+    let storage = op
+        .0
+        .into_inner()
+        .map_err(|_| candle_core::Error::Msg("by-block cut: poisoned".into()))?
+        .ok_or_else(|| candle_core::Error::Msg("by-block cut: nothing moved".into()))?;
+    Ok(Tensor::from_storage(
+        storage,
+        x.shape().clone(),
+        BackpropOp::none(),
+        true,
+    ))
+}
+
+struct CutOp(Mutex<Option<Storage>>);
+
+impl CutOp {
+    fn whole(l: &Layout, len: usize) -> Result<()> {
+        if !l.is_contiguous() || l.start_offset() != 0 || l.shape().elem_count() != len {
+            candle_core::bail!(
+                "by-block cut: the tensor does not own its storage alone ({:?}, {len} elements)",
+                l
+            )
+        }
+        Ok(())
+    }
+
+    fn put(&self, s: Storage) -> Result<()> {
+        *self
+            .0
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("by-block cut: poisoned".into()))? = Some(s);
+        Ok(())
+    }
+}
+
+impl InplaceOp1 for CutOp {
+    fn name(&self) -> &'static str {
+        "by-block-cut"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let taken = match s {
+            CpuStorage::F32(v) => {
+                Self::whole(l, v.len())?;
+                CpuStorage::F32(std::mem::take(v))
+            }
+            CpuStorage::F16(v) => {
+                Self::whole(l, v.len())?;
+                CpuStorage::F16(std::mem::take(v))
+            }
+            CpuStorage::BF16(v) => {
+                Self::whole(l, v.len())?;
+                CpuStorage::BF16(std::mem::take(v))
+            }
+            CpuStorage::F64(v) => {
+                Self::whole(l, v.len())?;
+                CpuStorage::F64(std::mem::take(v))
+            }
+            other => candle_core::bail!("by-block cut: {:?} activations", other.dtype()),
+        };
+        self.put(Storage::Cpu(taken))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let dev = s.device.clone();
+        macro_rules! take {
+            ($v:ident, $t:ty, $variant:ident) => {{
+                Self::whole(l, $v.len())?;
+                let one = dev.alloc_zeros::<$t>(1)?;
+                S::$variant(std::mem::replace($v, one))
+            }};
+        }
+        let taken = match &mut s.slice {
+            S::F32(v) => take!(v, f32, F32),
+            S::F16(v) => take!(v, half::f16, F16),
+            S::BF16(v) => take!(v, half::bf16, BF16),
+            S::F64(v) => take!(v, f64, F64),
+            _ => candle_core::bail!("by-block cut: {:?} activations", s.dtype()),
+        };
+        self.put(Storage::Cuda(candle_core::CudaStorage {
+            slice: taken,
+            device: dev,
+        }))
+    }
+}
+
+/// A one-element tensor whose backward hands `grad` to `x` (the gradient of `x` from above).
+/// Its forward does not read `x` (a cut tensor's storage is empty).
+pub fn seed(x: &Tensor, grad: Tensor) -> Result<Tensor> {
+    if grad.shape() != x.shape() {
+        candle_core::bail!(
+            "by-block seed: gradient {:?} for {:?}",
+            grad.shape(),
+            x.shape()
+        )
+    }
+    x.apply_op1(SeedOp(Mutex::new(Some(grad))))
+}
+
+/// The gradient is taken by the backward (freed as soon as it is added to `x`'s).
+struct SeedOp(Mutex<Option<Tensor>>);
+
+impl CustomOp1 for SeedOp {
+    fn name(&self) -> &'static str {
+        "by-block-seed"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let one = match s.dtype() {
+            DType::F32 => CpuStorage::F32(vec![0.0]),
+            DType::F16 => CpuStorage::F16(vec![half::f16::ZERO]),
+            DType::BF16 => CpuStorage::BF16(vec![half::bf16::ZERO]),
+            DType::F64 => CpuStorage::F64(vec![0.0]),
+            d => candle_core::bail!("by-block seed: {d:?} activations"),
+        };
+        Ok((one, Shape::from(())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        _l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let dev = s.device.clone();
+        let slice = match s.dtype() {
+            DType::F32 => S::F32(dev.alloc_zeros::<f32>(1)?),
+            DType::F16 => S::F16(dev.alloc_zeros::<half::f16>(1)?),
+            DType::BF16 => S::BF16(dev.alloc_zeros::<half::bf16>(1)?),
+            DType::F64 => S::F64(dev.alloc_zeros::<f64>(1)?),
+            d => candle_core::bail!("by-block seed: {d:?} activations"),
+        };
+        Ok((
+            candle_core::CudaStorage { slice, device: dev },
+            Shape::from(()),
+        ))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
+        let g = self
+            .0
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("by-block seed: poisoned".into()))?
+            .take();
+        match g {
+            Some(g) => Ok(Some(g)),
+            None => candle_core::bail!("by-block seed: backpropagated twice"),
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The backward block by block (`phase::by_block`, the default) gives the whole backward's
+//! gradients bit for bit (f32 and mixed precision, CPU; a tied weight to its last bits) on
+//! every family and variant — GPT, ViT,
+//! LLaMA with grouped-query attention, mixture of experts, MLA, sliding windows, efficient
+//! attention, LoRA, tied heads, candle's composed ops and the fused kernels — and its memory is
+//! predicted like the whole backward's, below it.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use common::{run_rows, within};
+use memfit::model::kernels::Kernels;
+use memfit::model::shapes::{Sizes, Vision};
+use memfit::model::transformer::{Config, Transformer, synthetic_batch};
+use memfit::phase::by_block;
+
+fn fixture(family: &str) -> Config {
+    let path = format!(
+        "{}/tests/fixtures/{family}/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    memfit::model::hf_config::load(std::path::Path::new(&path))
+        .unwrap()
+        .cfg
+}
+
+fn input(cfg: &Config, dev: &Device) -> (Tensor, Tensor) {
+    match cfg.vision {
+        Some(v) => memfit::model::vit::synthetic_batch(2, v, cfg.vocab, dev).unwrap(),
+        None => synthetic_batch(2, 11, cfg.vocab, dev).unwrap(),
+    }
+}
+
+/// The whole backward's and the by-block backward's gradients of `cfg` (LoRA: the frozen
+/// model; `mixed`: the 16-bit working type) are the same tensors, bit for bit.
+fn same_gradients(name: &str, cfg: &Config, mixed: Option<DType>) {
+    let dev = Device::Cpu;
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+    let model = Transformer::new(cfg, vb).unwrap();
+    let model = if cfg.lora_rank > 0 {
+        model.frozen().unwrap()
+    } else {
+        model
+    };
+    let (tokens, targets) = input(cfg, &dev);
+    let vars = varmap.all_vars();
+    let whole = match mixed {
+        None => model
+            .train_loss(&model.forward(&tokens).unwrap(), &targets)
+            .unwrap(),
+        Some(d) => {
+            let half = model.cast(d).unwrap();
+            let logits = half.forward(&tokens).unwrap();
+            model
+                .train_loss(&logits.to_dtype(DType::F32).unwrap(), &targets)
+                .unwrap()
+        }
+    }
+    .backward()
+    .unwrap();
+    let fwd = by_block::forward(&model, mixed, &tokens, &targets).unwrap();
+    let blocks = by_block::backward(&vars, fwd).unwrap();
+    let mut compared = 0;
+    for v in &vars {
+        match (whole.get(v.as_tensor()), blocks.get(v.as_tensor())) {
+            (None, None) => {}
+            (Some(a), Some(b)) => {
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .into_iter()
+                        .map(f32::to_bits)
+                        .collect()
+                };
+                assert_eq!(a.dims(), b.dims(), "{name}: gradient shapes");
+                if bits(a) != bits(b) {
+                    // A tied weight's two gradients are added in another order: the whole
+                    // backward `index_add`s the embedding's rows onto the head's gradient, the
+                    // by-block one adds the head's to the rows' sum (last bits only).
+                    let max = |t: Tensor| {
+                        t.abs()
+                            .unwrap()
+                            .max_all()
+                            .unwrap()
+                            .to_scalar::<f32>()
+                            .unwrap()
+                    };
+                    let (d, m) = (max((a - b).unwrap()), max(a.clone()));
+                    assert!(
+                        cfg.tied && d <= 1e-6 * m,
+                        "{name}: the gradient of a {:?} differs by {d} (of {m})",
+                        a.dims()
+                    );
+                }
+                compared += 1;
+            }
+            (a, b) => panic!(
+                "{name}: a gradient in one backward only (whole {}, by block {})",
+                a.is_some(),
+                b.is_some()
+            ),
+        }
+    }
+    assert!(compared > 0, "{name}: no gradient compared");
+    assert_eq!(
+        blocks.get_ids().count(),
+        compared,
+        "{name}: only parameter gradients"
+    );
+}
+
+fn both_kernels(name: &str, cfg: Config) {
+    for kernels in [Kernels::Composed, Kernels::Fused] {
+        let cfg = Config {
+            kernels,
+            ..cfg.clone()
+        };
+        same_gradients(&format!("{name} {}", kernels.as_str()), &cfg, None);
+    }
+}
+
+#[test]
+fn gpt_and_vit_gradients_equal_the_whole_backward() {
+    both_kernels("gpt", Config::new(50, 24, 3, 5, 12));
+    let mut tied = Config::new(50, 24, 3, 2, 12);
+    tied.tied = true;
+    both_kernels("gpt tied", tied);
+    let mut efficient = Config::new(50, 24, 3, 2, 12);
+    efficient.efficient_attention = true;
+    both_kernels("gpt efficient", efficient);
+    let vit = Config::vit(Sizes {
+        vision: Vision {
+            image: 24,
+            patch: 6,
+            channels: 3,
+        },
+        classes: 7,
+        hidden: 24,
+        heads: 2,
+        layers: 3,
+    });
+    both_kernels("vit", vit);
+}
+
+#[test]
+fn llama_family_gradients_equal_the_whole_backward() {
+    let mut tiny = memfit::model::llama::tiny();
+    tiny.tied = true;
+    both_kernels("llama tiny tied", tiny);
+    for family in [
+        "llama",
+        "qwen3",
+        "mistral",
+        "qwen3_layer_types",
+        "mixtral",
+        "qwen2_moe",
+        "deepseek_v2",
+    ] {
+        both_kernels(family, fixture(family));
+    }
+    let mut mla = fixture("deepseek_v2");
+    mla.efficient_attention = true;
+    both_kernels("deepseek_v2 efficient", mla);
+}
+
+#[test]
+fn lora_and_mixed_precision_gradients_equal_the_whole_backward() {
+    use memfit::model::transformer::LoraTarget;
+    for family in ["llama", "mixtral"] {
+        let cfg = Config {
+            lora_rank: 4,
+            lora_targets: LoraTarget::ALL.to_vec(),
+            ..fixture(family)
+        };
+        both_kernels(&format!("{family} lora all"), cfg);
+    }
+    let gpt = Config::new(50, 24, 3, 3, 12);
+    for d in [DType::BF16, DType::F16] {
+        same_gradients(&format!("gpt mixed {d:?}"), &gpt, Some(d));
+        let q = Config {
+            kernels: Kernels::Fused,
+            ..fixture("qwen3")
+        };
+        same_gradients(&format!("qwen3 fused mixed {d:?}"), &q, Some(d));
+    }
+}
+
+/// Measured in a `memfit` process and predicted: the backward and train step by block within
+/// the exactness tests' tolerance, and below the whole backward's.
+#[test]
+fn by_block_memory_is_predicted_and_below_the_whole_backward() {
+    let dir = tempfile::tempdir().unwrap();
+    let qwen3 = format!(
+        "{}/tests/fixtures/qwen3/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let cases: [Vec<&str>; 3] = [
+        vec!["--preset", "tiny", "--batch", "4", "--seq", "32"],
+        vec!["--hf-config", &qwen3, "--batch", "8", "--seq", "28"],
+        vec![
+            "--preset",
+            "tiny",
+            "--batch",
+            "4",
+            "--seq",
+            "32",
+            "--precision",
+            "mixed",
+            "--dtype",
+            "f16",
+            "--lora-rank",
+            "4",
+            "--lora-base",
+            "detach",
+        ],
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let mut args = vec!["--backward", "by-block,whole"];
+        args.extend(case.iter().copied());
+        let rows = run_rows(&dir.path().join(i.to_string()), &args);
+        for r in &rows {
+            assert!(
+                within(r, 0.001, 16 * 1024),
+                "{case:?} {} {}: measured {:?} predicted {:?}",
+                r.backward,
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+        let peak = |backward: &str, phase: &str| {
+            rows.iter()
+                .find(|r| r.backward == backward && r.phase == phase)
+                .and_then(|r| r.peak_bytes)
+                .unwrap_or_else(|| panic!("{case:?}: no {backward} {phase} row"))
+        };
+        for phase in ["backward", "train-step"] {
+            assert!(
+                peak("by-block", phase) < peak("whole", phase),
+                "{case:?} {phase}: by block {} ≥ whole {}",
+                peak("by-block", phase),
+                peak("whole", phase)
+            );
+        }
+    }
+}
