@@ -377,6 +377,17 @@ impl Row {
         }
     }
 
+    /// The gradients a `backward` row leaves, in bytes: what it retains, plus — where the
+    /// backward used the forward's graph up as it went (by block, or checkpointed) — what that
+    /// forward kept (`forward`: the same case's `forward` row). `None` without those figures.
+    pub fn gradient_bytes(&self, forward: Option<&Row>) -> Option<i64> {
+        let kept = self.retained_bytes?;
+        if self.backward == "whole" && self.checkpoint == 0 {
+            return Some(kept);
+        }
+        Some(kept + forward?.retained_bytes?)
+    }
+
     /// A GPT row (L 3, B 2, S 8, H 16, A 2, V 10, 1000 parameters, f32 on the CPU, AdamW,
     /// phase `init`, status ok) with nothing measured: the base of the unit tests'
     /// hand-worked rows.

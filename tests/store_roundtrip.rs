@@ -34,6 +34,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         optimizer: "adamw".into(),
         optimizer_block: 2048,
         checkpoint: 0,
+        backward: "by-block".into(),
         decode_tokens: 0,
         kv_cache: "on".into(),
         weights: "model".into(),

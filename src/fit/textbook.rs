@@ -47,6 +47,8 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     let mut out = Vec::new();
     let get = |p: &str| case.get(p).copied();
     let retained = |r: &Row| r.retained_bytes.map(|v| v as f64);
+    // A backward's gradients: by block it used the forward's graph up ([`Row::gradient_bytes`]).
+    let gradients = |r: &Row| r.gradient_bytes(get("forward")).map(|v| v as f64);
     if let Some(f) = get("forward")
         && f.checkpoint == 0
         && let Some(m) = retained(f)
@@ -98,7 +100,7 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
     if let (Some(i), Some(bw), Some(o)) = (get("init"), get("backward"), get("optimizer"))
         && o.optimizer == "adamw"
         && o.precision == "mixed"
-        && let (Some(a), Some(b), Some(c)) = (retained(i), retained(bw), retained(o))
+        && let (Some(a), Some(b), Some(c)) = (retained(i), gradients(bw), retained(o))
     {
         out.push((
             "16 B/param (mixed AdamW)",
@@ -215,6 +217,10 @@ fn megatron(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
         + norm * h
         + v * h * if tied { 1.0 } else { 2.0 };
     let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
+    let gradients = |r: &Row| {
+        r.gradient_bytes(case.get("forward").copied())
+            .map(|x| x as f64)
+    };
     if let Some(init) = case.get("init") {
         out.push((
             "Megatron parameter count (GQA, SwiGLU)",
@@ -230,7 +236,7 @@ fn megatron(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
     ) && o.optimizer == "adamw"
         && o.precision == "mixed"
         && o.lora_rank == 0
-        && let (Some(x), Some(y), Some(z)) = (retained(ini), retained(bw), retained(o))
+        && let (Some(x), Some(y), Some(z)) = (retained(ini), gradients(bw), retained(o))
     {
         out.push((
             "Megatron 18 B/param",
@@ -264,6 +270,10 @@ fn accelerate(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
     let mut out = Vec::new();
     let &Decoder { h, v, tied, .. } = dec;
     let retained = |r: &Row| r.retained_bytes.map(|x| x as f64);
+    let gradients = |r: &Row| {
+        r.gradient_bytes(case.get("forward").copied())
+            .map(|x| x as f64)
+    };
     if let Some(init) = case.get("init")
         && init.lora_rank == 0
         && init.precision != "mixed"
@@ -280,7 +290,7 @@ fn accelerate(case: &BTreeMap<String, &Row>, dec: &Decoder) -> Vec<Check> {
             && o.optimizer == "adamw"
             && o.lora_rank == 0
             && (o.dtype == "f32" || o.precision == "mixed")
-            && let (Some(y), Some(z)) = (retained(bw), retained(o))
+            && let (Some(y), Some(z)) = (gradients(bw), retained(o))
         {
             let per = if o.precision == "mixed" { 8.0 } else { 16.0 };
             out.push((

@@ -40,8 +40,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
 use candle_core::op::BackpropOp;
 use candle_core::{
-    CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor, TensorId,
-    Var,
+    CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor, TensorId, Var,
 };
 
 use crate::model::transformer::Transformer;
@@ -143,7 +142,9 @@ pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
     keep(&mut grads, &mut all, vars)?;
     drop(all);
     while let Some(Some(b)) = cuts.pop() {
-        let g = upstream.take().expect("a gradient for every tracked boundary");
+        let g = upstream
+            .take()
+            .expect("a gradient for every tracked boundary");
         let root = seed(&b.made, g)?;
         drop(b);
         let mut all = root.backward()?;
@@ -157,11 +158,11 @@ pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
 /// The gradient of a boundary's variable from a part's backward (`None`: no boundary below).
 fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Result<Option<Tensor>> {
     match below {
-        Some(Some(b)) => all
-            .get_id(b.var)
-            .cloned()
-            .map(Some)
-            .ok_or_else(|| candle_core::Error::Msg("by-block: no gradient for a boundary".into())),
+        Some(Some(b)) => {
+            all.get_id(b.var).cloned().map(Some).ok_or_else(|| {
+                candle_core::Error::Msg("by-block: no gradient for a boundary".into())
+            })
+        }
         _ => Ok(None),
     }
 }
@@ -173,11 +174,10 @@ fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Result<Option<
 pub fn cut(x: &Tensor) -> Result<Tensor> {
     let op = CutOp(Mutex::new(None));
     x.inplace_op1(&op)?;
-    let storage = op
-        .0
-        .into_inner()
-        .map_err(|_| candle_core::Error::Msg("by-block cut: poisoned".into()))?
-        .ok_or_else(|| candle_core::Error::Msg("by-block cut: nothing moved".into()))?;
+    let storage =
+        op.0.into_inner()
+            .map_err(|_| candle_core::Error::Msg("by-block cut: poisoned".into()))?
+            .ok_or_else(|| candle_core::Error::Msg("by-block cut: nothing moved".into()))?;
     Ok(Tensor::from_storage(
         storage,
         x.shape().clone(),

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `init` | `VarMap` + model construction: weights materialised and initialised | nothing of the case |
 //! | `forward` | training forward to the mean cross-entropy loss; the graph is kept | weights, input batch |
-//! | `backward` | `loss.backward()` and pruning the gradient store to the parameters' gradients | weights, graph (activations) |
+//! | `backward` | block by block (the default: [`by_block`], each part's graph dropped once its gradients are taken, so the window ends without the graph) or `loss.backward()` over the whole graph (`--backward whole`: the graph is still alive when the window ends), pruned to the parameters' gradients | weights, graph (activations) |
 //! | `optimizer` | creating the optimizer (its state) and its first `step` | weights, gradients |
 //! | `train-step` | a steady-state step: forward, backward, drop the graph, `step`, drop the gradients | weights, optimizer state |
 //! | `inference` | forward to the logits with the serving weights (no graph) | weights, optimizer state |
@@ -19,7 +19,8 @@
 //! | `dataload` | epochs of the image pipeline (`crate::data::bench`); no model | nothing of the case |
 //!
 //! `peak_bytes` is the window's high-water mark above its baseline; `retained_bytes` is what
-//! is still allocated when it closes (for `forward` the graph, for `backward` the gradients,
+//! is still allocated when it closes (for `forward` the graph, for `backward` the gradients —
+//! minus the graph it used up, by block or checkpointed ([`crate::record::Row::gradient_bytes`]) —
 //! for `optimizer` its state, for `inference` the logits, for `prefill` the cache, for `decode`
 //! the cache's growth, for `load` the loaded tensors). The default phase list is the first six;
 //! `prefill`, `decode` and `load` run when asked for.

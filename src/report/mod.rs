@@ -868,7 +868,14 @@ fn plots_for(
     if !cases.is_empty() {
         let val = |c: &BTreeMap<&str, &Row>, p: &str| {
             c.get(p)
-                .and_then(|r| r.retained_bytes)
+                .and_then(|r| {
+                    if p == "backward" {
+                        // By block the backward used the graph up: its gradients.
+                        r.gradient_bytes(c.get("forward").copied())
+                    } else {
+                        r.retained_bytes
+                    }
+                })
                 .map_or(f64::NAN, |v| mib(v.max(0) as f64))
         };
         let opt_rows: Vec<&Row> = cases.iter().map(|c| c["optimizer"]).collect();
@@ -969,9 +976,12 @@ fn plots_for(
         let grads: Vec<f64> = group
             .iter()
             .map(|o| {
-                ok.iter()
-                    .find(|b| b.phase == "backward" && b.run_id == o.run_id && b.case == o.case)
-                    .and_then(|b| b.retained_bytes)
+                let of = |phase: &str| {
+                    ok.iter()
+                        .find(|b| b.phase == phase && b.run_id == o.run_id && b.case == o.case)
+                };
+                of("backward")
+                    .and_then(|b| b.gradient_bytes(of("forward").copied()))
                     .map_or(f64::NAN, |v| mib(v as f64))
             })
             .collect();

@@ -76,10 +76,10 @@ pub const MISSING_I64: i64 = i64::MIN;
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
         "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim" | "backward"
-        | "lora_targets" | "lora_base" | "precision" | "phase" | "status" | "error"
-        | "peak_meter" | "dataset" | "worker_kind" | "storage" | "persistent" | "tied"
-        | "biases" | "trim_layer" | "moe_routing" => "",
+        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim"
+        | "backward" | "lora_targets" | "lora_base" | "precision" | "phase" | "status"
+        | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage" | "persistent"
+        | "tied" | "biases" | "trim_layer" | "moe_routing" => "",
         "moe_tokens_max" | "moe_tokens_min" | "sliding_window" => "tokens",
         "active_params" => "parameters",
         "kv_bytes_per_token" => "bytes",

@@ -984,8 +984,14 @@ fn by_block_backward(model: &Transformer, fwd: ByBlockForward) -> GradStore {
     while let Some(Some(b)) = cuts.pop() {
         // Boundary i is block i's input: the part below it is block i − 1 (or the embedding).
         let part = cuts.len();
-        ledger.set_tag(if part == 0 { 0 } else { model.blocks[part - 1].tag });
-        let g = upstream.take().expect("a gradient for every tracked boundary");
+        ledger.set_tag(if part == 0 {
+            0
+        } else {
+            model.blocks[part - 1].tag
+        });
+        let g = upstream
+            .take()
+            .expect("a gradient for every tracked boundary");
         let root = b.made.seed(g);
         drop(b);
         let mut all = backward(&root);

@@ -21,8 +21,23 @@ impl<'a> Ctx<'a> {
     ) -> Vec<(&'a Row, f64)> {
         self.phase(phase)
             .filter(|r| keep(r))
-            .filter_map(|r| Some((r, ret(r)? / r.params as f64)))
+            .filter_map(|r| {
+                let v = if phase == "backward" {
+                    self.gradients(r)?
+                } else {
+                    ret(r)?
+                };
+                Some((r, v / r.params as f64))
+            })
             .collect()
+    }
+
+    /// The gradients a backward row leaves ([`Row::gradient_bytes`], with its case's forward).
+    pub(super) fn gradients(&self, backward: &Row) -> Option<f64> {
+        let c = self.case_of(backward);
+        backward
+            .gradient_bytes(c.get("forward").copied())
+            .map(|v| v as f64)
     }
 
     pub(super) fn b1(&self) -> Option<Claim> {
@@ -121,7 +136,7 @@ impl<'a> Ctx<'a> {
             .filter_map(|o| {
                 let c = self.case_of(o);
                 let (i, b) = (c.get("init")?, c.get("backward")?);
-                let total = ret(i)? + ret(b)? + ret(o)?;
+                let total = ret(i)? + self.gradients(b)? + ret(o)?;
                 Some((
                     *i,
                     format!(
@@ -270,7 +285,15 @@ impl<'a> Ctx<'a> {
         let s = self.model_state();
         let (row, _, _) = s.iter().find(|(r, _, _)| r.precision == "mixed")?;
         let c = self.case_of(row);
-        let per = |p: &str| Some(ret(c.get(p)?)? / row.params as f64);
+        let per = |p: &str| {
+            let r = c.get(p)?;
+            let v = if p == "backward" {
+                self.gradients(r)?
+            } else {
+                ret(r)?
+            };
+            Some(v / row.params as f64)
+        };
         let (w, g, o) = (per("init")?, per("backward")?, per("optimizer")?);
         let n = 1e9;
         let gpus = 8;
@@ -321,7 +344,7 @@ impl<'a> Ctx<'a> {
         })?;
         let state = |o: &Row| -> Option<f64> {
             let c = self.case_of(o);
-            Some(ret(c.get("init")?)? + ret(c.get("backward")?)? + ret(o)?)
+            Some(ret(c.get("init")?)? + self.gradients(c.get("backward")?)? + ret(o)?)
         };
         let same = |r: &Row| {
             r.run_id == full.run_id
