@@ -231,8 +231,8 @@ fn small_preset() {
     check(&["--preset", "small", "--batch", "2", "--seq", "64"]);
 }
 
-/// Where the vocabulary dominates, the composed backward peak is the cross-entropy head's,
-/// derived exactly: 7 tensors of B·S·V floats (see `formula::transformer::Shape::backward_head_bytes`).
+/// Where the vocabulary dominates, the composed whole backward's peak is the cross-entropy
+/// head's, derived exactly: 7 tensors of B·S·V floats (see `formula::transformer::Shape::backward_head_bytes`).
 #[test]
 fn backward_head_point_is_exact() {
     let dir = tempfile::tempdir().unwrap();
@@ -255,6 +255,8 @@ fn backward_head_point_is_exact() {
             "forward,backward",
             "--kernels",
             "composed",
+            "--backward",
+            "whole",
         ],
     );
     let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();
