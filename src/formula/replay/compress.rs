@@ -367,7 +367,19 @@ mod tests {
             crate::model::proj::LoraTarget::Q,
             crate::model::proj::LoraTarget::V,
         ]);
-        v.push(("lora".into(), lora));
+        v.push(("lora".into(), lora.clone()));
+        // The backward block by block (`phase::by_block`).
+        let mut bf = f.clone();
+        bf.by_block = true;
+        v.push(("fused by-block".into(), bf));
+        let mut be = v[2].1.clone();
+        be.by_block = true;
+        v.push(("bf16 cuda fused efficient by-block".into(), be));
+        let mut bl = lora;
+        bl.by_block = true;
+        bl.mixed = true;
+        bl.elem = ElemType::F16;
+        v.push(("lora mixed f16 by-block".into(), bl));
         v
     }
 
@@ -430,7 +442,16 @@ mod tests {
             patch: 4,
             channels: 3,
         });
-        for s in [gpt, fused, vit] {
+        let by_block = Shape {
+            by_block: true,
+            ..fused.clone()
+        };
+        let vit_by_block = Shape {
+            by_block: true,
+            kernels: Kernels::Fused,
+            ..vit.clone()
+        };
+        for s in [gpt, fused, vit, by_block, vit_by_block] {
             for gemm in [None, Some(1), Some(2)] {
                 assert_eq!(
                     training_compressed(&s, 240, gemm),

@@ -942,12 +942,19 @@ fn by_block_forward(
     let mut x = run.embed(tokens);
     let layers = run.blocks.len();
     let mut cuts = Vec::with_capacity(layers + 1);
+    // A boundary is cut as the part that made it (the embedding's under tag 0, a block's
+    // under its tag), so that each layer's work stays its own ([`compress`]).
+    let ledger = tokens.ledger().clone();
     for i in 0..layers {
+        ledger.set_tag(if i == 0 { 0 } else { run.blocks[i - 1].tag });
         let (input, cut) = boundary(x, model.cuda);
+        ledger.set_tag(0);
         cuts.push(cut);
         x = run.blocks_forward(&input, &masks, i..i + 1);
     }
+    ledger.set_tag(run.blocks.last().map_or(0, |b| b.tag));
     let (input, cut) = boundary(x, model.cuda);
+    ledger.set_tag(0);
     cuts.push(cut);
     let logits = run.head_forward(&input);
     drop(input);
