@@ -40,8 +40,14 @@ for g in w["grid"]:
         args += ["--seq", str(g["seq"])]
     if "layers" in g:
         args += ["--layers", str(g["layers"])]
-    cfg = os.path.join(sys.argv[2], g["preset"] + ".json")
-    args += ["--hf-config", cfg] if os.path.isfile(cfg) else ["--preset", g["preset"]]
+    if "hf_config" in g:
+        # A slice: the config file with the grid's hf_set changes (paths from the repository).
+        args += ["--hf-config", os.path.join(os.path.dirname(sys.argv[2]), "..", g["hf_config"])]
+        for s in g.get("hf_set", []):
+            args += ["--set", s]
+    else:
+        cfg = os.path.join(sys.argv[2], g["preset"] + ".json")
+        args += ["--hf-config", cfg] if os.path.isfile(cfg) else ["--preset", g["preset"]]
     print(" ".join(args))
 PY
 )

@@ -6,8 +6,10 @@ Linears with bias, causal softmax attention written out (scores, mask, softmax),
 tanh-GELU, final LayerNorm, untied head without bias, cross-entropy, AdamW) — the same parameter
 count as memfit's. ViT: memfit's encoder (patches unfolded and projected by a Linear with bias,
 a class token, learned positions, the same pre-LayerNorm blocks without the causal mask, final
-LayerNorm, a classifier with bias on the class token, cross-entropy over the classes). LLaMA: `transformers.LlamaForCausalLM` built from a `config.json` (memfit's
-workloads/configs/*.json), optionally with fewer layers. Attention: `--attention eager` (written
+LayerNorm, a classifier with bias on the class token, cross-entropy over the classes). LLaMA
+family (Llama, Qwen3-MoE, Mixtral, …): `transformers.AutoModelForCausalLM.from_config` on a
+`config.json` (memfit's workloads/configs/*.json) with `--set FIELD=VALUE` changes (a slice, as
+memfit's `hf_set`), optionally with fewer layers. Attention: `--attention eager` (written
 out; transformers' eager) or `sdpa` (`F.scaled_dot_product_attention`: PyTorch's
 memory-efficient path; transformers' sdpa).
 
@@ -114,11 +116,19 @@ def build(args, dev, dtype):
     if args.hf_config:
         import transformers
 
-        cfg = transformers.LlamaConfig.from_json_file(args.hf_config)
+        d = json.load(open(args.hf_config))
+        d.pop("_memfit", None)
+        for s in args.set:  # FIELD=VALUE, the value as JSON else a string (as memfit's hf_set)
+            k, v = s.split("=", 1)
+            try:
+                d[k] = json.loads(v)
+            except json.JSONDecodeError:
+                d[k] = v
         if args.layers:
-            cfg.num_hidden_layers = args.layers
+            d["num_hidden_layers"] = args.layers
+        cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
         cfg._attn_implementation = "sdpa" if SDPA else "eager"
-        m = transformers.LlamaForCausalLM(cfg).to(device=dev, dtype=dtype)
+        m = transformers.AutoModelForCausalLM.from_config(cfg).to(device=dev, dtype=dtype)
         return m, cfg.vocab_size, lambda idx: m(input_ids=idx).logits
     if args.preset in VIT_PRESETS:
         image, patch, c, k, h, a, l = VIT_PRESETS[args.preset]
@@ -134,6 +144,8 @@ def main():
     p.add_argument("--preset", default="small", choices=sorted(PRESETS) + sorted(VIT_PRESETS))
     p.add_argument("--hf-config", help="a LLaMA-family config.json (transformers.LlamaConfig)")
     p.add_argument("--layers", type=int, default=0, help="override the layer count")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change a --hf-config field before the model is built (repeatable)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
