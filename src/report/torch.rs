@@ -72,6 +72,8 @@ fn fig(peaks: impl Iterator<Item = (Option<f64>, Option<f64>, Option<f64>)>) -> 
 struct Config {
     label: String,
     cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>>,
+    /// The backward modes (`whole`, `by-block`) of the fused backward rows read.
+    backward: std::collections::BTreeSet<String>,
     /// Why the times are not compared (every wall figure is then `None`).
     time_refused: Option<String>,
 }
@@ -145,6 +147,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
             .collect();
         let same_run = time_comparable(&these, metas).map(|m| m.run_id.clone());
         let mut cols: BTreeMap<&'static str, BTreeMap<&'static str, Fig>> = BTreeMap::new();
+        let mut backward = std::collections::BTreeSet::new();
         for (col, kernels) in [("composed", "composed"), ("fused", "fused")] {
             for ph in PHASES {
                 let of_phase: Vec<&&Row> = mine
@@ -160,6 +163,9 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
                 } else {
                     of_phase
                 };
+                if kernels == "fused" && ph == "backward" {
+                    backward.extend(pick.iter().map(|r| r.backward.clone()));
+                }
                 let rows = pick.into_iter().map(|r| {
                     let timed = same_run.as_deref().is_ok_and(|run| r.run_id == run);
                     (
@@ -198,6 +204,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
         out.push(Config {
             label: format!("{layers} L{} {dtype} {device}", first.layers),
             cols,
+            backward,
             time_refused: same_run.err(),
         });
     }
@@ -314,9 +321,25 @@ pub fn section(b: &mut Vec<Block>, ok: &[&Row], refs: &[ReferenceRow], metas: &[
         ]);
     }
     if !lines.is_empty() {
-        b.push(Block::Para(
-            "What remains of the train step's gap (fused against eager), in its two measured parts: what the training forward keeps for the backward (its retained bytes: the graph's saved tensors), and the backward's peak above its start. candle's `backward` borrows the loss, whose graph holds every saved tensor until the backward ends, and adds every gradient to a store; PyTorch frees each node's saved tensors as its backward passes it — so memfit's backward peak sits on the whole kept graph, PyTorch's on a graph that shrinks as it goes.".into(),
-        ));
+        // How memfit's backward ran, read from the rows.
+        let modes: std::collections::BTreeSet<&str> = cfgs
+            .iter()
+            .flat_map(|c| c.backward.iter().map(String::as_str))
+            .collect();
+        let how = match modes.iter().copied().collect::<Vec<_>>()[..] {
+            ["by-block"] => {
+                "memfit's rows ran the backward block by block (`--backward by-block`): each block's graph is dropped once its gradients are taken, as PyTorch frees each node's saved tensors as its backward passes it — so both backward peaks sit on a graph that shrinks as it goes, memfit's by whole blocks."
+            }
+            ["whole"] => {
+                "memfit's rows ran candle's whole backward (`--backward whole`), which borrows the loss, whose graph holds every saved tensor until the backward ends; PyTorch frees each node's saved tensors as its backward passes it — so memfit's backward peak sits on the whole kept graph, PyTorch's on a graph that shrinks as it goes."
+            }
+            _ => {
+                "memfit's rows mix the whole backward (the graph kept until it ends) and the backward by block (each block's graph dropped once its gradients are taken): compare them per row's run."
+            }
+        };
+        b.push(Block::Para(format!(
+            "What remains of the train step's gap (fused against eager), in its two measured parts: what the training forward keeps for the backward (its retained bytes: the graph's saved tensors), and the backward's peak above its start. {how}"
+        )));
         b.push(Block::Table(
             [
                 "config",
@@ -411,6 +434,16 @@ mod tests {
         let mut b2 = Vec::new();
         section(&mut b2, &ok2, &refs, &[]);
         assert!(text(&b2).contains("| 50 % |"), "{}", text(&b2));
+        // How the backward ran is read from the rows.
+        assert!(t.contains("`--backward whole`") && !t.contains("`--backward by-block`"));
+        for r in rows2.iter_mut() {
+            r.backward = "by-block".into();
+        }
+        let ok2: Vec<&Row> = rows2.iter().collect();
+        let mut b3 = Vec::new();
+        section(&mut b3, &ok2, &refs, &[]);
+        let t3 = text(&b3);
+        assert!(t3.contains("`--backward by-block`") && !t3.contains("`--backward whole`"));
         let mut none = Vec::new();
         section(&mut none, &ok, &[], &[]);
         assert!(none.is_empty());
