@@ -9,7 +9,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use common::{run_rows, within};
+use common::{max_abs, run_rows, within};
 use memfit::model::kernels::Kernels;
 use memfit::model::shapes::{Sizes, Vision};
 use memfit::model::transformer::{Config, Transformer, synthetic_batch};
@@ -83,15 +83,7 @@ fn same_gradients(name: &str, cfg: &Config, mixed: Option<DType>) {
                     // A tied weight's two gradients are added in another order: the whole
                     // backward `index_add`s the embedding's rows onto the head's gradient, the
                     // by-block one adds the head's to the rows' sum (last bits only).
-                    let max = |t: Tensor| {
-                        t.abs()
-                            .unwrap()
-                            .max_all()
-                            .unwrap()
-                            .to_scalar::<f32>()
-                            .unwrap()
-                    };
-                    let (d, m) = (max((a - b).unwrap()), max(a.clone()));
+                    let (d, m) = (max_abs(&(a - b).unwrap()), max_abs(a));
                     assert!(
                         cfg.tied && d <= 1e-6 * m,
                         "{name}: the gradient of a {:?} differs by {d} (of {m})",

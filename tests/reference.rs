@@ -9,10 +9,13 @@
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
 //! model.)
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use common::max_abs;
 use memfit::model::hf_config;
 use memfit::model::kernels::Kernels;
 use memfit::model::transformer::{Config, Transformer};
@@ -57,15 +60,6 @@ fn io(family: &str) -> (Tensor, Tensor) {
 /// `max |a − b|`.
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     max_abs(&(a - b).unwrap())
-}
-
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// The largest difference from transformers' logits, relative to their largest magnitude.

@@ -107,3 +107,13 @@ pub fn test_device() -> candle_core::Device {
         }
     }
 }
+
+/// The largest absolute element of an f32 tensor.
+pub fn max_abs(t: &candle_core::Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
