@@ -1,6 +1,6 @@
 //! Numeric self-checks a build runs on a device: the fused kernels against candle's composed
-//! ops ([`kernels`]) and the in-place optimizer updates against the steps they replace
-//! ([`optim`]). They live in the library, not only in the test suite, so the one CUDA binary
+//! ops ([`kernels`]), the backward block by block against the whole backward ([`backward`]) and
+//! the in-place optimizer updates against the steps they replace ([`optim`]). They live in the library, not only in the test suite, so the one CUDA binary
 //! that travels to a GPU machine can run them there (`memfit selftest --device cuda:0`, the
 //! GPU call's first stage) without carrying test binaries of its own; `tests/selftest.rs` runs
 //! the same functions, one test each, so the two cannot drift.
@@ -9,6 +9,7 @@
 //! [`run`] runs one check on a device with its panic caught, so a failing check is reported
 //! and the others still run.
 
+pub mod backward;
 pub mod kernels;
 pub mod optim;
 
@@ -22,7 +23,7 @@ use candle_core::Device;
 #[derive(Clone, Copy)]
 pub struct Check {
     pub name: &'static str,
-    /// `kernels` or `optim`.
+    /// `kernels`, `backward` or `optim`.
     pub group: &'static str,
     pub run: fn(),
 }
@@ -57,6 +58,7 @@ checks![
     kernels::gpt_fused_gradients_equal_composed,
     kernels::llama_fused_gradients_equal_composed,
     kernels::vit_fused_gradients_equal_composed,
+    backward::by_block_gradients_equal_the_whole_backward,
     optim::in_place_steps_equal_the_reference_steps,
     optim::in_place_steps_change_the_weights,
 ];
