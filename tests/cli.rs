@@ -451,6 +451,20 @@ fn predict_agrees_with_run_and_answers_fit_in() {
     assert_eq!(p["params"].as_u64(), Some(rows[0].params));
     assert_eq!(p["fits"], serde_json::json!(true));
     assert!(p["max_batch"].as_u64().unwrap() >= 2);
+    // The backward the figures assume, and the whole backward's train step beside it, which is
+    // what `run --backward whole` predicts (and stores).
+    assert_eq!(p["backward"], serde_json::json!("by-block"));
+    let whole_rows = run_rows(
+        &dir.path().join("whole"),
+        &[&args[..], &["--backward", "whole"]].concat(),
+    );
+    let whole_step = whole_rows.iter().find(|r| r.phase == "train-step").unwrap();
+    assert_eq!(
+        p["whole_backward_train_step_bytes"].as_u64(),
+        whole_step.predicted_peak_bytes
+    );
+    let step = rows.iter().find(|r| r.phase == "train-step").unwrap();
+    assert!(step.predicted_peak_bytes < whole_step.predicted_peak_bytes);
     // A budget below the weights: does not fit, not even at batch 1.
     let out = memfit()
         .arg("predict")

@@ -45,6 +45,12 @@ pub struct CasePrediction {
     /// bounds a run's routing falls between.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worst_routing_phase_peak_bytes: Option<Vec<(String, u64)>>,
+    /// The backward the training figures assume: `by-block` (the default) or `whole`.
+    pub backward: String,
+    /// By block without checkpointing: the train step's peak with `--backward whole`
+    /// (candle's `loss.backward()`, the whole graph kept until it returns), for comparison.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whole_backward_train_step_bytes: Option<u64>,
     pub weights_bytes: u64,
     pub gradient_bytes: u64,
     pub optimizer_state_bytes: u64,
@@ -224,6 +230,12 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 human_bytes(p.inference_total_bytes),
                 step,
             );
+            if let Some(w) = p.whole_backward_train_step_bytes {
+                println!(
+                    "       backward by block (the default): train step {step}; with --backward whole (the graph kept until the backward ends): {}",
+                    human_bytes(w)
+                );
+            }
             if let Some(r) = &p.routing {
                 let worst = p
                     .worst_routing_phase_peak_bytes
@@ -332,7 +344,17 @@ pub fn predict_case(
         .vision
         .is_none()
         .then(|| serving(&shape, &fit, threads, budget));
+    let whole_backward_train_step_bytes = (shape.by_block && shape.checkpoint == 0).then(|| {
+        Shape {
+            by_block: false,
+            ..shape.clone()
+        }
+        .predict(Phase::TrainStep, case.optimizer, threads)
+        .peak_bytes
+    });
     CasePrediction {
+        backward: case.backward.as_str().into(),
+        whole_backward_train_step_bytes,
         case: case.index,
         model: case.model.as_str().to_string(),
         preset: case.preset.clone(),
