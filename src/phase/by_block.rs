@@ -168,9 +168,10 @@ fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Result<Option<
 }
 
 /// Moves `x`'s storage into a new variable of its shape (no copy); `x` keeps its op and an
-/// empty storage (one element on CUDA, where an allocation cannot be empty). `x` must own its
-/// storage alone, contiguous from offset 0 (a freshly made tensor: a block's residual sum, the
-/// embedding's output).
+/// empty storage (one element on CUDA, where an allocation cannot be empty). `x` must cover its
+/// storage whole, contiguous from offset 0, and nothing may read that storage afterwards: a
+/// block's residual sum (a fresh output), the embedding's output (fresh, or — without position
+/// embeddings — a reshape of the lookup's output, whose backward reads neither).
 pub fn cut(x: &Tensor) -> Result<Tensor> {
     let op = CutOp(Mutex::new(None));
     x.inplace_op1(&op)?;
