@@ -242,3 +242,34 @@ fn by_block_memory_is_predicted_and_below_the_whole_backward() {
         }
     }
 }
+
+/// A checkpointed backward runs segment by segment: asking for the whole one with it is a
+/// user error naming the key, the value and what is allowed; an unknown mode names the choices.
+#[test]
+fn whole_backward_with_checkpointing_is_refused() {
+    let out = common::memfit()
+        .args([
+            "run",
+            "--preset",
+            "tiny",
+            "--checkpoint",
+            "1",
+            "--backward",
+            "whole",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("backward") && err.contains("whole") && err.contains("checkpoint"),
+        "{err}"
+    );
+    let out = common::memfit()
+        .args(["run", "--preset", "tiny", "--backward", "sideways"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("by-block, whole"), "{err}");
+}
