@@ -8,12 +8,11 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
-use common::{max_abs, run_rows, within};
+use common::{run_rows, within};
 use memfit::model::kernels::Kernels;
 use memfit::model::shapes::{Sizes, Vision};
-use memfit::model::transformer::{Config, Transformer, synthetic_batch};
-use memfit::phase::by_block;
+use memfit::model::transformer::{Config, synthetic_batch};
+use memfit::selftest::backward::compare;
 
 fn fixture(family: &str) -> Config {
     let path = format!(
@@ -33,78 +32,15 @@ fn input(cfg: &Config, dev: &Device) -> (Tensor, Tensor) {
 }
 
 /// The whole backward's and the by-block backward's gradients of `cfg` (LoRA: the frozen
-/// model; `mixed`: the 16-bit working type) are the same tensors, bit for bit.
+/// model; `mixed`: the 16-bit working type) are the same tensors, bit for bit — a tied
+/// weight's within 1e-6 of its largest element: the whole backward `index_add`s the
+/// embedding's rows onto the head's gradient, the by-block one adds the head's to the rows' sum
+/// (last bits only).
 fn same_gradients(name: &str, cfg: &Config, mixed: Option<DType>) {
-    let dev = Device::Cpu;
-    let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
-    let model = Transformer::new(cfg, vb).unwrap();
-    let model = if cfg.lora_rank > 0 {
-        model.frozen().unwrap()
-    } else {
-        model
-    };
-    let (tokens, targets) = input(cfg, &dev);
-    let vars = varmap.all_vars();
-    let whole = match mixed {
-        None => model
-            .train_loss(&model.forward(&tokens).unwrap(), &targets)
-            .unwrap(),
-        Some(d) => {
-            let half = model.cast(d).unwrap();
-            let logits = half.forward(&tokens).unwrap();
-            model
-                .train_loss(&logits.to_dtype(DType::F32).unwrap(), &targets)
-                .unwrap()
-        }
-    }
-    .backward()
-    .unwrap();
-    let fwd = by_block::forward(&model, mixed, &tokens, &targets).unwrap();
-    let blocks = by_block::backward(&vars, fwd).unwrap();
-    let mut compared = 0;
-    for v in &vars {
-        match (whole.get(v.as_tensor()), blocks.get(v.as_tensor())) {
-            (None, None) => {}
-            (Some(a), Some(b)) => {
-                let bits = |t: &Tensor| -> Vec<u32> {
-                    t.to_dtype(DType::F32)
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f32>()
-                        .unwrap()
-                        .into_iter()
-                        .map(f32::to_bits)
-                        .collect()
-                };
-                assert_eq!(a.dims(), b.dims(), "{name}: gradient shapes");
-                if bits(a) != bits(b) {
-                    // A tied weight's two gradients are added in another order: the whole
-                    // backward `index_add`s the embedding's rows onto the head's gradient, the
-                    // by-block one adds the head's to the rows' sum (last bits only).
-                    let (d, m) = (max_abs(&(a - b).unwrap()), max_abs(a));
-                    assert!(
-                        cfg.tied && d <= 1e-6 * m,
-                        "{name}: the gradient of a {:?} differs by {d} (of {m})",
-                        a.dims()
-                    );
-                }
-                compared += 1;
-            }
-            (a, b) => panic!(
-                "{name}: a gradient in one backward only (whole {}, by block {})",
-                a.is_some(),
-                b.is_some()
-            ),
-        }
-    }
-    assert!(compared > 0, "{name}: no gradient compared");
-    assert_eq!(
-        blocks.get_ids().count(),
-        compared,
-        "{name}: only parameter gradients"
-    );
+    let (tokens, targets) = input(cfg, &Device::Cpu);
+    let c = compare(name, cfg, &tokens, &targets, mixed, 1e-6);
+    assert!(c.gradients > 0, "{name}: no gradient compared");
+    assert_eq!(c.stored, c.gradients, "{name}: only parameter gradients");
 }
 
 fn both_kernels(name: &str, cfg: Config) {

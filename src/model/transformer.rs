@@ -544,6 +544,25 @@ impl Transformer {
         Self::loss_with(Kernels::Composed, logits, targets)
     }
 
+    /// The training forward to the loss with the whole graph recorded. `half`: mixed
+    /// precision's 16-bit working type (a working copy of the weights with recorded
+    /// conversions, 16-bit activations, the loss in f32).
+    pub fn training_loss(
+        &self,
+        input: &Tensor,
+        targets: &Tensor,
+        half: Option<DType>,
+    ) -> Result<Tensor> {
+        match half {
+            None => self.train_loss(&self.forward(input)?, targets),
+            Some(dtype) => {
+                let copy = self.cast(dtype)?;
+                let logits = copy.forward(input)?;
+                self.train_loss(&logits.to_dtype(DType::F32)?, targets)
+            }
+        }
+    }
+
     /// [`Transformer::loss`] with the model's kernels ([`kernels::cross_entropy`] when fused).
     pub fn train_loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         Self::loss_with(self.cfg.kernels, logits, targets)

@@ -215,23 +215,17 @@ impl InplaceOp1 for CutOp {
     }
 
     fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        macro_rules! take {
+            ($v:ident, $variant:ident) => {{
+                Self::whole(l, $v.len())?;
+                CpuStorage::$variant(std::mem::take($v))
+            }};
+        }
         let taken = match s {
-            CpuStorage::F32(v) => {
-                Self::whole(l, v.len())?;
-                CpuStorage::F32(std::mem::take(v))
-            }
-            CpuStorage::F16(v) => {
-                Self::whole(l, v.len())?;
-                CpuStorage::F16(std::mem::take(v))
-            }
-            CpuStorage::BF16(v) => {
-                Self::whole(l, v.len())?;
-                CpuStorage::BF16(std::mem::take(v))
-            }
-            CpuStorage::F64(v) => {
-                Self::whole(l, v.len())?;
-                CpuStorage::F64(std::mem::take(v))
-            }
+            CpuStorage::F32(v) => take!(v, F32),
+            CpuStorage::F16(v) => take!(v, F16),
+            CpuStorage::BF16(v) => take!(v, BF16),
+            CpuStorage::F64(v) => take!(v, F64),
             other => candle_core::bail!("by-block cut: {:?} activations", other.dtype()),
         };
         self.put(Storage::Cpu(taken))

@@ -91,21 +91,11 @@ impl Trainer {
         }
     }
 
+    /// Mixed precision: a 16-bit working copy of the weights (recorded conversions, so the
+    /// gradients reach the f32 masters), 16-bit activations, the loss in f32.
     fn loss(&self) -> candle_core::Result<Tensor> {
-        match self.compute {
-            None => {
-                let logits = self.model.forward(&self.tokens)?;
-                self.model.train_loss(&logits, &self.targets)
-            }
-            // Mixed precision: a 16-bit working copy of the weights (recorded conversions, so
-            // the gradients reach the f32 masters), 16-bit activations, the loss in f32.
-            Some(dtype) => {
-                let half = self.model.cast(dtype)?;
-                let logits = half.forward(&self.tokens)?;
-                self.model
-                    .train_loss(&logits.to_dtype(DType::F32)?, &self.targets)
-            }
-        }
+        self.model
+            .training_loss(&self.tokens, &self.targets, self.compute)
     }
 
     /// The training forward: the whole graph, or with checkpointing the segment inputs and the

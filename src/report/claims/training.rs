@@ -21,15 +21,17 @@ impl<'a> Ctx<'a> {
     ) -> Vec<(&'a Row, f64)> {
         self.phase(phase)
             .filter(|r| keep(r))
-            .filter_map(|r| {
-                let v = if phase == "backward" {
-                    self.gradients(r)?
-                } else {
-                    ret(r)?
-                };
-                Some((r, v / r.params as f64))
-            })
+            .filter_map(|r| Some((r, self.kept(r)? / r.params as f64)))
             .collect()
+    }
+
+    /// What a row's phase leaves: its retained bytes, or a backward's gradients.
+    fn kept(&self, r: &Row) -> Option<f64> {
+        if r.phase == "backward" {
+            self.gradients(r)
+        } else {
+            ret(r)
+        }
     }
 
     /// The gradients a backward row leaves ([`Row::gradient_bytes`], with its case's forward).
@@ -285,15 +287,7 @@ impl<'a> Ctx<'a> {
         let s = self.model_state();
         let (row, _, _) = s.iter().find(|(r, _, _)| r.precision == "mixed")?;
         let c = self.case_of(row);
-        let per = |p: &str| {
-            let r = c.get(p)?;
-            let v = if p == "backward" {
-                self.gradients(r)?
-            } else {
-                ret(r)?
-            };
-            Some(v / row.params as f64)
-        };
+        let per = |p: &str| Some(self.kept(c.get(p)?)? / row.params as f64);
         let (w, g, o) = (per("init")?, per("backward")?, per("optimizer")?);
         let n = 1e9;
         let gpus = 8;
