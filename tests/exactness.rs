@@ -120,6 +120,66 @@ fn efficient_attention_odd_shape() {
     ]);
 }
 
+/// Sliding windows inside the efficient op and the tiled composition (a Mistral-like config,
+/// grouped-query, window 40 of S 300: the tiles after the first read 167 keys, the op skips
+/// the others): every phase predicted, and the prompt and decode steps too (the prompt
+/// through the windowed op, the cache kept at the last 40 tokens).
+#[test]
+fn windows_inside_efficient_and_tiled_attention() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mistral.json");
+    std::fs::write(
+        &path,
+        r#"{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 200, "max_position_embeddings": 512, "sliding_window": 40,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": false}"#,
+    )
+    .unwrap();
+    for attention in ["efficient", "tiled"] {
+        check(&[
+            "--hf-config",
+            path.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--seq",
+            "300",
+            "--attention",
+            attention,
+        ]);
+        let out = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            out.path(),
+            &[
+                "--hf-config",
+                path.to_str().unwrap(),
+                "--batch",
+                "2",
+                "--seq",
+                "300",
+                "--phases",
+                "prefill,decode",
+                "--decode-tokens",
+                "3",
+                "--attention",
+                attention,
+            ],
+        );
+        assert_eq!(rows.len(), 2);
+        for r in &rows {
+            assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+            assert!(
+                within(r, 0.0, TOLERANCE),
+                "{attention} {}: measured {:?} predicted {:?}",
+                r.phase,
+                r.peak_bytes,
+                r.predicted_peak_bytes
+            );
+        }
+    }
+}
+
 /// The tiled attention composition (two tiles of queries), f32 and f16.
 #[test]
 fn tiled_attention_two_tiles() {

@@ -175,47 +175,100 @@ fn errors_name_the_file_and_the_field() {
     }
 }
 
+/// A small Mistral-like config (`max_position_embeddings` 4096) with `sliding_window` `w`
+/// (`null` for none).
+fn windowed_json(w: &str) -> String {
+    format!(
+        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 200, "max_position_embeddings": 4096, "sliding_window": {w},
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": false}}"#
+    )
+}
+
+/// `memfit predict --json` of `args`: each phase's predicted peak.
+fn phase_peaks(args: &[&str]) -> std::collections::HashMap<String, u64> {
+    let out = memfit()
+        .arg("predict")
+        .arg("--json")
+        .args(args)
+        .assert()
+        .success();
+    let line = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    v["phase_peak_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_u64().unwrap()))
+        .collect()
+}
+
+/// A sliding window applies in every attention, whatever the config's source: Mistral-7B's
+/// window of 4096 passed at S 8192 from its file and from the preset, and in the tiled
+/// attention (what `efficient` runs on CUDA) a window makes a tile read fewer keys, so the
+/// predicted train step and prefill of a config with a window of 128 at S 2048 sit below the
+/// same config's without one (the efficient CPU op keeps its output only: its train step is
+/// equal, its prefill lower by the cache, which keeps the last 128 tokens only).
 #[test]
-fn a_sliding_window_passes_with_standard_attention_only() {
+fn a_sliding_window_applies_in_every_attention() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mistral.json");
     std::fs::write(&path, llama::preset_json("mistral-7b").unwrap()).unwrap();
-    // Mistral-7B's window is 4096: a longer sequence runs with the windowed mask.
-    memfit()
-        .args(["predict", "--hf-config"])
-        .arg(&path)
-        .args(["--seq", "8192", "--phases", "init"])
-        .assert()
-        .success();
-    // The efficient attention has no window: refused past it, naming the key and the window.
-    memfit()
-        .args(["predict", "--hf-config"])
-        .arg(&path)
-        .args([
-            "--seq",
-            "4097",
-            "--attention",
-            "efficient",
-            "--phases",
-            "init",
-        ])
-        .assert()
-        .failure()
-        .stderr(contains("attention"))
-        .stderr(contains("4096"));
-    memfit()
-        .args(["predict", "--hf-config"])
-        .arg(&path)
-        .args([
-            "--seq",
-            "4096",
-            "--attention",
-            "efficient",
-            "--phases",
-            "init",
-        ])
-        .assert()
-        .success();
+    for attention in ["standard", "efficient", "tiled"] {
+        memfit()
+            .args(["predict", "--hf-config"])
+            .arg(&path)
+            .args([
+                "--seq",
+                "8192",
+                "--phases",
+                "init",
+                "--attention",
+                attention,
+            ])
+            .assert()
+            .success();
+        memfit()
+            .args(["predict", "--preset", "mistral-7b", "--seq", "8192"])
+            .args(["--phases", "init", "--attention", attention])
+            .assert()
+            .success();
+    }
+    let (windowed, full) = (dir.path().join("w.json"), dir.path().join("full.json"));
+    std::fs::write(&windowed, windowed_json("128")).unwrap();
+    std::fs::write(&full, windowed_json("null")).unwrap();
+    for (attention, device) in [
+        ("tiled", "cpu"),
+        ("efficient", "cuda:0"),
+        ("efficient", "cpu"),
+    ] {
+        let peaks = |p: &std::path::Path| {
+            phase_peaks(&[
+                "--hf-config",
+                p.to_str().unwrap(),
+                "--seq",
+                "2048",
+                "--attention",
+                attention,
+                "--device",
+                device,
+                "--phases",
+                "train-step,prefill",
+            ])
+        };
+        let (w, f) = (peaks(&windowed), peaks(&full));
+        for phase in ["train-step", "prefill"] {
+            let (w, f) = (w[phase], f[phase]);
+            println!("{attention} on {device} {phase}: window {w} B, none {f} B");
+            if device == "cpu" && attention == "efficient" && phase == "train-step" {
+                assert_eq!(w, f, "{phase}");
+            } else {
+                assert!(w < f, "{attention} on {device} {phase}: {w} vs {f}");
+            }
+        }
+    }
 }
 
 /// A two-block slice of Llama-2-7B from its config file: the flags override the file.

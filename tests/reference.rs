@@ -62,12 +62,29 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     max_abs(&(a - b).unwrap())
 }
 
-/// The largest difference from transformers' logits, relative to their largest magnitude.
-fn logits_error(family: &str, kernels: Kernels) -> f32 {
-    let cfg = Config {
+/// The attentions every fixture is checked with: standard with each kind of kernel, then
+/// the efficient op and the tiled composition (their own kernels; the rest fused), which
+/// must apply the fixture's sliding windows too.
+const ATTENTIONS: [(&str, Kernels, bool, bool); 4] = [
+    ("composed", Kernels::Composed, false, false),
+    ("fused", Kernels::Fused, false, false),
+    ("efficient", Kernels::Fused, true, false),
+    ("tiled", Kernels::Fused, false, true),
+];
+
+/// The fixture's config with one of [`ATTENTIONS`].
+fn with(family: &str, (_, kernels, efficient, tiled): (&str, Kernels, bool, bool)) -> Config {
+    Config {
         kernels,
+        efficient_attention: efficient,
+        tiled_attention: tiled,
         ..config(family)
-    };
+    }
+}
+
+/// The largest difference from transformers' logits, relative to their largest magnitude.
+fn logits_error(family: &str, attention: (&str, Kernels, bool, bool)) -> f32 {
+    let cfg = with(family, attention);
     let model = model(family, &cfg);
     assert_eq!(
         model_params(&fixture(family)),
@@ -87,17 +104,11 @@ fn model_params(dir: &std::path::Path) -> u64 {
 }
 
 fn check(family: &str) {
-    for kernels in [Kernels::Composed, Kernels::Fused] {
-        let e = logits_error(family, kernels);
-        println!(
-            "{family} {}: logits within {e:.2e} of transformers'",
-            kernels.as_str()
-        );
-        assert!(
-            e < 1e-4,
-            "{family} {}: logits differ by {e}",
-            kernels.as_str()
-        );
+    for attention in ATTENTIONS {
+        let e = logits_error(family, attention);
+        let name = attention.0;
+        println!("{family} {name}: logits within {e:.2e} of transformers'");
+        assert!(e < 1e-4, "{family} {name}: logits differ by {e}");
     }
 }
 
@@ -245,20 +256,14 @@ fn mistral_sliding_window_logits_equal_transformers() {
 /// position, with the composed and the fused kernels; the cache never holds more than 4.
 #[test]
 fn mistral_decode_rolls_its_cache_across_the_window() {
-    for kernels in [Kernels::Composed, Kernels::Fused] {
-        let cfg = Config {
-            kernels,
-            ..config("mistral")
-        };
+    for attention in ATTENTIONS {
+        let cfg = with("mistral", attention);
+        let name = attention.0;
         generate("mistral", &cfg, 6, |t, got, at, cache| {
             let diff = max_diff(got, at);
-            assert!(diff < 1e-4, "{kernels:?} position {}: {diff}", t - 1);
+            assert!(diff < 1e-4, "{name} position {}: {diff}", t - 1);
             let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
-            assert_eq!(
-                held,
-                t.min(4),
-                "{kernels:?}: the cache holds the last W tokens"
-            );
+            assert_eq!(held, t.min(4), "{name}: the cache holds the last W tokens");
         });
     }
 }

@@ -1513,8 +1513,18 @@ impl Graph for Sym {
         cols: usize,
         _first_row: usize,
         _period: usize,
+        _first_key: usize,
+        _window: usize,
     ) -> candle_core::Result<Self> {
         Ok(Sym::new(self.ledger(), &[rows, cols], DType::F32).to_dtype(self.dtype()))
+    }
+    /// `Tensor::zeros`: one fresh tensor.
+    fn zeros(&self, dims: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), dims, self.0.dtype))
+    }
+    /// In place: nothing allocated.
+    fn slice_set(&self, _src: &Self, _dim: usize, _offset: usize) -> candle_core::Result<()> {
+        Ok(())
     }
     fn sqr(&self) -> candle_core::Result<Self> {
         Ok(Sym::sqr(self))

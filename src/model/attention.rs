@@ -88,7 +88,8 @@ impl Core {
             let (b, _, s, d) = q.dims4()?;
             let dv = v.dim(3)?;
             let scale = (1.0 / (d as f64).sqrt()) as f32;
-            let y = super::tiled_attention::attention(&q, &k, &v, scale, self.causal)?;
+            let y =
+                super::tiled_attention::attention(&q, &k, &v, scale, self.causal, self.window())?;
             drop((q, k, v));
             return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
         }
@@ -111,6 +112,7 @@ impl Core {
             let op = EfficientAttention {
                 scale: (1.0 / (d as f64).sqrt()) as f32,
                 causal: self.causal,
+                window: self.window(),
             };
             let y = q.apply_op3(&k, &v, op)?;
             drop((q, k, v));
@@ -167,6 +169,11 @@ impl Core {
         let y = probs.matmul(&v)?;
         drop((probs, v));
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+    }
+
+    /// The sliding window as the kernels take it (0 for none).
+    fn window(&self) -> usize {
+        self.window.unwrap_or(0)
     }
 
     /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`rotary::repeat_kv`]).

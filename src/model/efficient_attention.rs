@@ -1,6 +1,7 @@
 //! Memory-efficient attention (CPU): softmax(q·kᵀ/√D [+ causal mask])·v without ever holding
-//! the `(S, S)` score matrix. Causal for the GPT decoder (query `i` sees keys `0..=i`), full
-//! for the ViT encoder (every query sees every key).
+//! the `(S, S)` score matrix. Causal for the GPT decoder (query `i` sees keys `0..=i`; with a
+//! sliding window `W`, keys `i − W + 1 ..= i` only, the others never computed), full for the
+//! ViT encoder (every query sees every key).
 //!
 //! A candle `CustomOp3` on q `(B, A, S, D)` and k, v `(B, G, S, D)` with `G` dividing `A`
 //! (grouped-query attention: query head `h` of a batch row reads key/value head `h / (A/G)`,
@@ -20,6 +21,8 @@
 //! activations lose their `A·B·S²` term; the backward's peak loses it too. There is no CUDA
 //! kernel: on CUDA the op fails with a clear error (a fused GPU kernel is out of scope).
 
+use std::ops::Range;
+
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 
@@ -31,17 +34,28 @@ pub struct EfficientAttention {
     pub scale: f32,
     /// Query `i` attends to keys `0..=i` (decoder); otherwise to all `S` keys (encoder).
     pub causal: bool,
+    /// Causal only: a sliding window, query `i` attends to keys `i − window + 1 ..= i`; 0 for
+    /// none.
+    pub window: usize,
 }
 
 impl EfficientAttention {
-    /// Keys query `i` attends to, of `s`.
-    fn keys(&self, i: usize, s: usize) -> usize {
-        if self.causal { i + 1 } else { s }
+    /// The keys query `i` attends to, of `s`.
+    fn keys(&self, i: usize, s: usize) -> Range<usize> {
+        match (self.causal, self.window) {
+            (false, _) => 0..s,
+            (true, 0) => 0..i + 1,
+            (true, w) => (i + 1).saturating_sub(w)..i + 1,
+        }
     }
 
-    /// The first query that sees key `j`.
-    fn first_query(&self, j: usize) -> usize {
-        if self.causal { j } else { 0 }
+    /// The queries that see key `j`, of `s`.
+    fn queries(&self, j: usize, s: usize) -> Range<usize> {
+        match (self.causal, self.window) {
+            (false, _) => 0..s,
+            (true, 0) => j..s,
+            (true, w) => j..s.min(j + w),
+        }
     }
 }
 
@@ -49,14 +63,14 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x.f() * y.f()).sum()
 }
 
-/// A row's maximum and softmax denominator over keys `0..n`.
-fn row_stats<T: Float>(qi: &[T], k: &[T], n: usize, d: usize, scale: f32) -> (f32, f32) {
+/// A row's maximum and softmax denominator over `keys`.
+fn row_stats<T: Float>(qi: &[T], k: &[T], keys: Range<usize>, d: usize, scale: f32) -> (f32, f32) {
     let mut m = f32::NEG_INFINITY;
-    for j in 0..n {
+    for j in keys.clone() {
         m = m.max(dot(qi, &k[j * d..(j + 1) * d]) * scale);
     }
     let mut l = 0.0;
-    for j in 0..n {
+    for j in keys {
         l += (dot(qi, &k[j * d..(j + 1) * d]) * scale - m).exp();
     }
     (m, l)
@@ -81,7 +95,7 @@ impl EfficientAttention {
                 let qi = &q[i * d..(i + 1) * d];
                 let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
                 acc.iter_mut().for_each(|x| *x = 0.0);
-                for j in 0..self.keys(i, s) {
+                for j in self.keys(i, s) {
                     let x = dot(qi, &k[j * d..(j + 1) * d]) * scale;
                     if x > m {
                         let r = (m - x).exp();
@@ -141,11 +155,11 @@ impl EfficientAttention {
                 for (row, st) in stats.iter_mut().enumerate() {
                     let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
                     let keys = self.keys(row % s, s);
-                    let (m, l) = row_stats(qi, k, keys, d, scale);
+                    let (m, l) = row_stats(qi, k, keys.clone(), d, scale);
                     let di = dot(gi, &o[row * d..(row + 1) * d]);
                     *st = (m, l, di);
                     acc.iter_mut().for_each(|x| *x = 0.0);
-                    for j in 0..keys {
+                    for j in keys {
                         let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                         let p = (dot(qi, kj) * scale - m).exp() / l;
                         let ds = p * (dot(gi, vj) - di) * scale;
@@ -163,8 +177,8 @@ impl EfficientAttention {
                     let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     acc_v.iter_mut().for_each(|x| *x = 0.0);
-                    let rows =
-                        (0..r).flat_map(|head| (self.first_query(j)..s).map(move |i| head * s + i));
+                    let queries = self.queries(j, s);
+                    let rows = (0..r).flat_map(|head| queries.clone().map(move |i| head * s + i));
                     for row in rows {
                         let (m, l, di) = stats[row];
                         let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
@@ -203,10 +217,10 @@ fn group(q: &Shape, k: &Shape, v: &Shape) -> Result<usize> {
 
 impl CustomOp3 for EfficientAttention {
     fn name(&self) -> &'static str {
-        if self.causal {
-            "efficient-causal-attention"
-        } else {
-            "efficient-attention"
+        match (self.causal, self.window) {
+            (false, _) => "efficient-attention",
+            (true, 0) => "efficient-causal-attention",
+            (true, _) => "efficient-windowed-attention",
         }
     }
 

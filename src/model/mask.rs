@@ -9,20 +9,27 @@ pub fn causal_mask(rows: usize, cols: usize, first_row: usize, device: &Device) 
     windowed_mask(rows, cols, first_row, None, device)
 }
 
-/// [`causal_mask`] of the rows of a query-head group read as one matrix (grouped-query
-/// attention): row `first_row + i` is the query at position `(first_row + i) mod period`, the
-/// last `period` of the `cols` keys being the queries' own (earlier keys come from a cache).
+/// The additive mask of one tile of a query-head group's rows read as one matrix
+/// (grouped-query attention): row `first_row + i` is the query at position `(first_row + i)
+/// mod period`, column `j` the key at position `first_key + j` of `cols` keys; −∞ for a key
+/// after the query or, with a sliding `window` (> 0), `window` or more positions before it.
 pub fn grouped_causal_mask(
     rows: usize,
     cols: usize,
     first_row: usize,
     period: usize,
+    first_key: usize,
+    window: usize,
     device: &Device,
 ) -> Result<Tensor> {
     let mask: Vec<f32> = (0..rows * cols)
         .map(|k| {
-            let (i, j) = ((k / cols + first_row) % period + (cols - period), k % cols);
-            if j > i { f32::NEG_INFINITY } else { 0. }
+            let (i, j) = ((k / cols + first_row) % period, k % cols + first_key);
+            if j > i || (window > 0 && i - j >= window) {
+                f32::NEG_INFINITY
+            } else {
+                0.
+            }
         })
         .collect();
     Tensor::from_vec(mask, (rows, cols), device)

@@ -25,12 +25,29 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor,
 use super::kernels::Kernel;
 pub use super::kernels::tiled::{TILE, backward, forward};
 
-/// Tiled attention with a backward: `softmax(q·kᵀ·scale [+ causal mask])·v`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -> Result<Tensor> {
-    let (out, lse) = forward(&q.detach(), &k.detach(), &v.detach(), scale as f64, causal)?;
+/// Tiled attention with a backward: `softmax(q·kᵀ·scale [+ causal mask])·v`; with a sliding
+/// `window` (> 0, causal) query `i` sees keys `i − window + 1 ..= i`, and a tile reads no key
+/// outside its queries' windows.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+    causal: bool,
+    window: usize,
+) -> Result<Tensor> {
+    let (out, lse) = forward(
+        &q.detach(),
+        &k.detach(),
+        &v.detach(),
+        scale as f64,
+        causal,
+        window,
+    )?;
     let op = TiledAttention {
         scale,
         causal,
+        window,
         out: Mutex::new(Some(out)),
         lse,
     };
@@ -41,6 +58,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, causal: bool) -
 struct TiledAttention {
     scale: f32,
     causal: bool,
+    window: usize,
     out: Mutex<Option<Tensor>>,
     lse: Tensor,
 }
@@ -105,6 +123,7 @@ impl CustomOp3 for TiledAttention {
         let kernel = Kernel::TiledAttention {
             scale: self.scale,
             causal: self.causal,
+            window: self.window,
         };
         kernel.backward3(&[q, k, v, &self.lse], res, grad)
     }

@@ -406,12 +406,19 @@ pub fn rotary_matches_apply_rotary() {
 /// The composed attention probabilities: `softmax(q·kᵀ·scale + mask)` with queries at the
 /// end of the keys when `causal`.
 fn composed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Tensor {
+    windowed_probs(q, k, scale, causal, 0)
+}
+
+/// [`composed_probs`] with a sliding window (`window` > 0, causal): query `i` of `Sq`, at
+/// position `i + Sk − Sq`, sees keys `pos − window + 1 ..= pos`; the mask written out here.
+fn windowed_probs(q: &Tensor, k: &Tensor, scale: f64, causal: bool, window: usize) -> Tensor {
     let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
     let scores = if causal {
         let (sq, sk) = (q.dim(2).unwrap(), k.dim(2).unwrap());
         let mask: Vec<f32> = (0..sq * sk)
             .map(|i| {
-                if i % sk > i / sk + (sk - sq) {
+                let (pos, key) = (i / sk + (sk - sq), i % sk);
+                if key > pos || (window > 0 && pos - key >= window) {
                     f32::NEG_INFINITY
                 } else {
                     0.0
@@ -548,14 +555,15 @@ pub fn wide_rows_match_the_composed_ops() {
 }
 
 /// memfit's efficient attention (online softmax, two-pass backward) against the composed
-/// `softmax(q·kᵀ·scale + mask)·v`, in f32 and f16, causal and not.
+/// `softmax(q·kᵀ·scale + mask)·v`, in f32 and f16, causal, causal with a sliding window of 4
+/// and of 1 (each query sees itself only), and not causal.
 pub fn efficient_attention_matches_the_composed_attention() {
     use crate::model::efficient_attention::EfficientAttention;
     if !dev().is_cpu() {
         println!("efficient attention: a CPU op (CUDA runs the tiled composition), skipped");
         return;
     }
-    for causal in [true, false] {
+    for (causal, window) in [(true, 0), (true, 4), (true, 1), (false, 0)] {
         for dtype in dtypes(true) {
             let (s, d) = (13, 8);
             let scale = 1.0 / (d as f64).sqrt();
@@ -567,14 +575,15 @@ pub fn efficient_attention_matches_the_composed_attention() {
             let op = EfficientAttention {
                 scale: scale as f32,
                 causal,
+                window,
             };
             compare(
-                &format!("efficient attention causal={causal}"),
+                &format!("efficient attention causal={causal} window {window}"),
                 &args,
                 dtype,
                 |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
                 |a| {
-                    composed_probs(&a[0], &a[1], scale, causal)
+                    windowed_probs(&a[0], &a[1], scale, causal, window)
                         .matmul(&a[2])
                         .unwrap()
                 },
@@ -584,11 +593,13 @@ pub fn efficient_attention_matches_the_composed_attention() {
 }
 
 /// The tiled attention composition (several tiles: S = 300 > 2·TILE), in f32 and f16,
-/// causal and not, against the composed attention.
+/// causal, causal with sliding windows of 100 (under a tile: later tiles read `TILE + 99`
+/// keys from the middle of the sequence) and 200, and not causal, against the composed
+/// attention.
 pub fn tiled_attention_matches_the_composed_attention() {
     use crate::model::tiled_attention;
     let s = 2 * tiled_attention::TILE + 44;
-    for causal in [true, false] {
+    for (causal, window) in [(true, 0), (true, 100), (true, 200), (false, 0)] {
         for dtype in dtypes(true) {
             let d = 8;
             let scale = 1.0 / (d as f64).sqrt();
@@ -598,12 +609,15 @@ pub fn tiled_attention_matches_the_composed_attention() {
                 var(&[1, 2, s, d], 21, dtype),
             ];
             compare(
-                &format!("tiled attention causal={causal}"),
+                &format!("tiled attention causal={causal} window {window}"),
                 &args,
                 dtype,
-                |a| tiled_attention::attention(&a[0], &a[1], &a[2], scale as f32, causal).unwrap(),
                 |a| {
-                    composed_probs(&a[0], &a[1], scale, causal)
+                    tiled_attention::attention(&a[0], &a[1], &a[2], scale as f32, causal, window)
+                        .unwrap()
+                },
+                |a| {
+                    windowed_probs(&a[0], &a[1], scale, causal, window)
                         .matmul(&a[2])
                         .unwrap()
                 },
@@ -622,10 +636,12 @@ pub fn grouped_attention_matches_repeated_keys() {
     let (b, heads, groups, d) = (2, 6, 2, 8);
     let r = heads / groups;
     let scale = 1.0 / (d as f64).sqrt();
-    let repeated = |a: &[Tensor], causal: bool| {
+    let repeated = |a: &[Tensor], causal: bool, window: usize| {
         let k = rotary::repeat_kv(a[1].clone(), r).unwrap();
         let v = rotary::repeat_kv(a[2].clone(), r).unwrap();
-        composed_probs(&a[0], &k, scale, causal).matmul(&v).unwrap()
+        windowed_probs(&a[0], &k, scale, causal, window)
+            .matmul(&v)
+            .unwrap()
     };
     for dtype in dtypes(true) {
         for (sq, sk) in [(11, 11), (4, 13)] {
@@ -643,18 +659,20 @@ pub fn grouped_attention_matches_repeated_keys() {
                     assert_eq!(p.dims(), [b, groups, r * sq, sk]);
                     p.matmul(&a[2]).unwrap().reshape((b, heads, sq, d)).unwrap()
                 },
-                |a| repeated(a, true),
+                |a| repeated(a, true, 0),
             );
         }
         let s = 2 * crate::model::tiled_attention::TILE / r + 17;
-        for causal in [true, false] {
+        // A window of 30: tiles within one head read keys from the middle; a tile across two
+        // heads' rows reads them all.
+        for (causal, window) in [(true, 0), (true, 30), (false, 0)] {
             let args = [
                 var(&[b, heads, s, d], 34, dtype),
                 var(&[b, groups, s, d], 35, dtype),
                 var(&[b, groups, s, d], 36, dtype),
             ];
             compare(
-                &format!("grouped tiled attention S {s} causal={causal}"),
+                &format!("grouped tiled attention S {s} causal={causal} window {window}"),
                 &args,
                 dtype,
                 |a| {
@@ -664,22 +682,24 @@ pub fn grouped_attention_matches_repeated_keys() {
                         &a[2],
                         scale as f32,
                         causal,
+                        window,
                     )
                     .unwrap()
                 },
-                |a| repeated(a, causal),
+                |a| repeated(a, causal, window),
             );
             if dev().is_cpu() {
                 let op = crate::model::efficient_attention::EfficientAttention {
                     scale: scale as f32,
                     causal,
+                    window,
                 };
                 compare(
-                    &format!("grouped efficient attention S {s} causal={causal}"),
+                    &format!("grouped efficient attention S {s} causal={causal} window {window}"),
                     &args,
                     dtype,
                     |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
-                    |a| repeated(a, causal),
+                    |a| repeated(a, causal, window),
                 );
             }
         }

@@ -568,7 +568,6 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             (name, cfg)
         }
     };
-    let sliding_window = hf.as_ref().and_then(|h| h.sliding_window);
     // Keys that belong to another family are refused rather than ignored.
     let vision_keys = [
         ("image", spec.image.is_some()),
@@ -1080,21 +1079,6 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         {
             // Decoding needs positions for the new tokens.
             let mut cfg = cfg.clone();
-            // The efficient and tiled attentions have no window: they would attend to keys the
-            // model does not see once the sequence passes the window.
-            if let Some(w) = sliding_window
-                && (efficient || tiled)
-                && seq > w
-            {
-                return Err(ctx.bad(
-                    "attention",
-                    if efficient { "efficient" } else { "tiled" },
-                    &format!(
-                        "has no sliding window, and seq {seq} passes the model's window of {w}"
-                    ),
-                    &format!("standard, or seq ≤ {w}"),
-                ));
-            }
             if decodes {
                 if custom && ms.is_none() && hf.is_none() {
                     cfg.max_seq = seq + decode;

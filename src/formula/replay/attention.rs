@@ -77,11 +77,13 @@ impl Core {
                 &v.detach(),
                 scale as f64,
                 self.causal,
+                self.window.unwrap_or(0),
             )
             .expect("symbolic tiled attention");
             let kernel = Kernel::TiledAttention {
                 scale,
                 causal: self.causal,
+                window: self.window.unwrap_or(0),
             };
             let y = Sym::kernel(kernel, &[&q, &k, &v, &lse], out.dims(), out.dtype());
             drop((out, lse, q, k, v));

@@ -1591,6 +1591,37 @@ mod tests {
         let every = replay_training_full(&vit, 240, None);
         replay_every_tile(false);
         assert_eq!(fast, every, "ViT (not causal)");
+        // Sliding windows (the Mistral fixture: 4 query heads over 2 key heads), shorter and
+        // longer than a tile: the tiles' key ranges grow, then slide; a tile across two heads'
+        // rows reads every key (wider than the last full tile: computed, not stood in for).
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/mistral/config.json");
+        let cfg = crate::model::hf_config::load(&path).unwrap().cfg;
+        for window in [4, 100, 300] {
+            for s_len in [TILE, 2 * TILE + 3, 5 * TILE + 37] {
+                for cpu in [true, false] {
+                    let mut s = Shape::new(2, s_len as u64, 32, 4, 2, 64, s_len as u64);
+                    let mut llama = cfg.llama.unwrap();
+                    llama.sliding_window = Some(window);
+                    s.llama = Some(llama);
+                    s.tiled = true;
+                    s.cpu = cpu;
+                    s.decode_tokens = 2;
+                    let gemm = cpu.then_some(2);
+                    let fast = (
+                        replay_training_full(&s, 240, gemm),
+                        replay_serving_full(&s, 240, gemm),
+                    );
+                    replay_every_tile(true);
+                    let every = (
+                        replay_training_full(&s, 240, gemm),
+                        replay_serving_full(&s, 240, gemm),
+                    );
+                    replay_every_tile(false);
+                    assert_eq!(fast, every, "window {window}, S {s_len}, cpu {cpu}");
+                }
+            }
+        }
     }
 
     /// Inference keeps only the logits.

@@ -38,16 +38,25 @@ pub trait Graph: Clone + Sized {
     fn log(&self) -> Result<Self>;
     fn broadcast_add(&self, rhs: &Self) -> Result<Self>;
     /// The additive causal mask of `rows` query rows starting at row `first_row` over `cols`
-    /// keys, row `i` being the query at position `i mod period` (a query-head group's rows
-    /// read as one matrix; `period` = the queries per head): 0 where key ≤ query, −∞ above;
-    /// made as f32 `(rows, cols)` on `self`'s device, then converted to `self`'s type.
+    /// keys from position `first_key`, row `i` being the query at position `i mod period` (a
+    /// query-head group's rows read as one matrix; `period` = the queries per head): 0 where
+    /// the key is visible, −∞ after the query or (a sliding `window` > 0) `window` or more
+    /// positions before it ([`crate::model::mask::grouped_causal_mask`]); made as f32 `(rows,
+    /// cols)` on `self`'s device, then converted to `self`'s type.
     fn causal_mask(
         &self,
         rows: usize,
         cols: usize,
         first_row: usize,
         period: usize,
+        first_key: usize,
+        window: usize,
     ) -> Result<Self>;
+    /// A fresh tensor of zeros of `dims` in this one's type on its device.
+    fn zeros(&self, dims: &[usize]) -> Result<Self>;
+    /// Copies `src` into `self` from `offset` along `dim`, in place (candle's `slice_set`:
+    /// both contiguous, nothing allocated).
+    fn slice_set(&self, src: &Self, dim: usize, offset: usize) -> Result<()>;
     fn sqr(&self) -> Result<Self>;
     fn sqrt(&self) -> Result<Self>;
     fn recip(&self) -> Result<Self>;
@@ -139,9 +148,25 @@ impl Graph for Tensor {
         cols: usize,
         first_row: usize,
         period: usize,
+        first_key: usize,
+        window: usize,
     ) -> Result<Self> {
-        crate::model::mask::grouped_causal_mask(rows, cols, first_row, period, self.device())?
-            .to_dtype(self.dtype())
+        crate::model::mask::grouped_causal_mask(
+            rows,
+            cols,
+            first_row,
+            period,
+            first_key,
+            window,
+            self.device(),
+        )?
+        .to_dtype(self.dtype())
+    }
+    fn zeros(&self, dims: &[usize]) -> Result<Self> {
+        Tensor::zeros(dims, self.dtype(), self.device())
+    }
+    fn slice_set(&self, src: &Self, dim: usize, offset: usize) -> Result<()> {
+        Tensor::slice_set(self, src, dim, offset)
     }
     fn sqr(&self) -> Result<Self> {
         Tensor::sqr(self)

@@ -130,8 +130,12 @@ pub enum Kernel {
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
-    /// forward's `lse` (kept by the node, no gradient).
-    TiledAttention { scale: f32, causal: bool },
+    /// forward's `lse` (kept by the node, no gradient); `window` as in `AttnProbs`.
+    TiledAttention {
+        scale: f32,
+        causal: bool,
+        window: usize,
+    },
 }
 
 /// `√(2/π)` and the cubic coefficient of the tanh GELU.
@@ -214,7 +218,11 @@ impl Kernel {
                 Ok(vec![Some(dx), dw])
             }
             Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
-            Kernel::TiledAttention { scale, causal } => {
+            Kernel::TiledAttention {
+                scale,
+                causal,
+                window,
+            } => {
                 let (dq, dk, dv) = tiled::backward(
                     &args[0].detach(),
                     &args[1].detach(),
@@ -224,6 +232,7 @@ impl Kernel {
                     grad,
                     scale as f64,
                     causal,
+                    window,
                 )?;
                 Ok(vec![Some(dq), Some(dk), Some(dv), None])
             }

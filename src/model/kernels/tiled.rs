@@ -1,6 +1,11 @@
 //! The tiled attention's arithmetic, generic over [`Graph`] (candle's tensors and the replay's):
 //! the forward [`TILE`] queries at a time and the backward that recomputes each tile's
 //! probabilities from `lse` (see `model::tiled_attention`, which wraps them in a candle op).
+//!
+//! A sliding window (`window` > 0, causal): a tile of queries at positions `p0..p0+n` reads
+//! only the keys `p0 + 1 − W .. p0 + n` ([`keys`]), so its scores are `(n, n + W − 1)` at most
+//! instead of `(n, S)`: keys outside the window are neither computed nor kept. The backward adds
+//! such a tile's `dK`, `dV` rows into the full-size sums in place ([`accumulate`]).
 
 use candle_core::{Result, bail};
 
@@ -26,18 +31,33 @@ fn grouped<G: Graph>(q: &G, g: usize) -> Result<G> {
 /// grouped-query attention reads each key head once for its `r = A/G` query heads, whose
 /// rows are tiled as one `(r·S, D)` matrix): the output `(B, A, S, Dv)` and `lse (B, G, r·S,
 /// 1)`.
-pub fn forward<G: Graph>(q: &G, k: &G, v: &G, scale: f64, causal: bool) -> Result<(G, G)> {
+#[allow(clippy::too_many_arguments)]
+pub fn forward<G: Graph>(
+    q: &G,
+    k: &G,
+    v: &G,
+    scale: f64,
+    causal: bool,
+    window: usize,
+) -> Result<(G, G)> {
     let (heads, s) = (q.dims()[1], q.dims()[2]);
     let q = grouped(q, k.dims()[1])?;
     let rows = q.dims()[2];
     let kt = k.t()?;
+    let tiles = Tiles {
+        rows,
+        s,
+        causal,
+        window,
+    };
     let (mut outs, mut lses) = (Vec::new(), Vec::new());
     for i0 in (0..rows).step_by(TILE) {
         let n = TILE.min(rows - i0);
         // The replay: a full tile between the first and the last full one keeps only its
-        // output and lse, and its temporaries are the last full tile's, reached lower (the
-        // kept tiles only grow): those two are made without computing the tile.
-        if skippable(i0, n, rows) {
+        // output and lse, and its temporaries are at most the last full tile's (it reads no
+        // more keys), reached lower (the kept tiles only grow): those two are made without
+        // computing the tile.
+        if tiles.skippable(i0, n) {
             let [b, g, _, d] = v.dims()[..] else {
                 bail!("tiled attention: v is not (B, G, S, D)")
             };
@@ -47,14 +67,15 @@ pub fn forward<G: Graph>(q: &G, k: &G, v: &G, scale: f64, causal: bool) -> Resul
                 continue;
             }
         }
-        let sc = scores(&q, &kt, i0, n, scale, causal, s)?;
+        let (lo, hi) = tiles.keys(i0, n);
+        let sc = scores(&q, &kt, i0, n, scale, &tiles)?;
         let m = sc.max_last_keepdim()?;
         let e = sc.broadcast_sub(&m)?.exp()?;
         drop(sc);
         let l = e.sum_last_keepdim()?;
         let p = e.broadcast_div(&l)?;
         drop(e);
-        outs.push(p.matmul(v)?);
+        outs.push(p.matmul(&v.narrow(2, lo, hi - lo)?)?);
         drop(p);
         lses.push(l.log()?.add(&m)?);
     }
@@ -75,31 +96,76 @@ fn ungrouped<G: Graph>(x: G, heads: usize, s: usize) -> Result<G> {
     x.reshape(&[d[0], heads, s, d[3]])
 }
 
-/// A full tile strictly between the first and the last full tile of a sequence of `s`: the
-/// replay may stand in for it ([`Graph::skipped`]).
-fn skippable(i0: usize, n: usize, s: usize) -> bool {
-    let last_full = (s / TILE).saturating_sub(1) * TILE;
-    n == TILE && i0 > 0 && i0 < last_full
+/// The tiling of a query-head group's `rows` (`r·S`, row `i` at position `i mod s`).
+struct Tiles {
+    rows: usize,
+    s: usize,
+    causal: bool,
+    window: usize,
 }
 
-/// One tile's scaled (and causally masked) scores `q[i0..i0+n]·kᵀ·scale`, row `i` of the
-/// grouped q at position `i mod s`.
-fn scores<G: Graph>(
-    q: &G,
-    kt: &G,
-    i0: usize,
-    n: usize,
-    scale: f64,
-    causal: bool,
-    s: usize,
-) -> Result<G> {
-    let sc = q.narrow(2, i0, n)?.matmul(kt)?.affine(scale, 0.0)?;
-    if !causal {
+impl Tiles {
+    /// The keys `lo..hi` the tile of `n` rows from `i0` reads: all of them, but with a sliding
+    /// window the keys from the first query's window to the last query (a tile across two
+    /// heads' rows reads all of them, its mask hides the rest).
+    fn keys(&self, i0: usize, n: usize) -> (usize, usize) {
+        let p0 = i0 % self.s;
+        if !self.causal || self.window == 0 || p0 + n > self.s {
+            return (0, self.s);
+        }
+        ((p0 + 1).saturating_sub(self.window), p0 + n)
+    }
+
+    /// A full tile strictly between the first and the last full tile that reads no more keys
+    /// than the last full one: the replay may stand in for it ([`Graph::skipped`]).
+    fn skippable(&self, i0: usize, n: usize) -> bool {
+        let last_full = (self.rows / TILE).saturating_sub(1) * TILE;
+        let width = |i| {
+            let (lo, hi) = self.keys(i, TILE);
+            hi - lo
+        };
+        n == TILE && i0 > 0 && i0 < last_full && width(i0) <= width(last_full)
+    }
+}
+
+/// One tile's scaled (and masked) scores `q[i0..i0+n]·kᵀ[lo..hi]·scale` over its keys
+/// ([`Tiles::keys`]), row `i` of the grouped q at position `i mod s`.
+fn scores<G: Graph>(q: &G, kt: &G, i0: usize, n: usize, scale: f64, tiles: &Tiles) -> Result<G> {
+    let (lo, hi) = tiles.keys(i0, n);
+    let sc = q
+        .narrow(2, i0, n)?
+        .matmul(&kt.narrow(3, lo, hi - lo)?)?
+        .affine(scale, 0.0)?;
+    if !tiles.causal {
         return Ok(sc);
     }
-    let keys = kt.dims()[3];
-    let mask = sc.causal_mask(n, keys, i0, s)?;
+    let mask = sc.causal_mask(n, hi - lo, i0, tiles.s, lo, tiles.window)?;
     sc.broadcast_add(&mask)
+}
+
+/// The running sum `acc` of a key gradient `(B, G, S, D)` with one tile's part for keys
+/// `lo..lo + w`: the part itself or a fresh sum when it covers every key (as without a
+/// window), else added into the sum's rows in place (a zero sum made first).
+fn accumulate<G: Graph>(acc: Option<G>, part: G, lo: usize, s: usize) -> Result<G> {
+    let w = part.dims()[2];
+    if lo == 0 && w == s {
+        return match acc {
+            None => Ok(part),
+            Some(a) => a.add(&part),
+        };
+    }
+    let acc = match acc {
+        Some(a) => a,
+        None => {
+            let mut dims = part.dims();
+            dims[2] = s;
+            part.zeros(&dims)?
+        }
+    };
+    let sum = acc.narrow(2, lo, w)?.add(&part)?;
+    drop(part);
+    acc.slice_set(&sum, 2, lo)?;
+    Ok(acc)
 }
 
 /// The gradients of q, k, v from the forward's `out` and `lse` and the output's gradient
@@ -114,11 +180,18 @@ pub fn backward<G: Graph>(
     grad: &G,
     scale: f64,
     causal: bool,
+    window: usize,
 ) -> Result<(G, G, G)> {
     let (heads, s) = (q.dims()[1], q.dims()[2]);
     let g = k.dims()[1];
     let (q, out, grad) = (grouped(q, g)?, grouped(out, g)?, grouped(grad, g)?);
     let rows = q.dims()[2];
+    let tiles = Tiles {
+        rows,
+        s,
+        causal,
+        window,
+    };
     let dsum = grad.mul(&out)?.sum_last_keepdim()?;
     drop(out);
     let (kt, vt) = (k.t()?, v.t()?);
@@ -128,34 +201,29 @@ pub fn backward<G: Graph>(
         let n = TILE.min(rows - i0);
         // The replay: as in the forward, a middle full tile leaves only its `dQ` (the `dK`,
         // `dV` sums are replaced by sums of the same size).
-        if skippable(i0, n, rows)
+        if tiles.skippable(i0, n)
             && let Some(dq) = q.skipped(&[q.dims()[0], g, n, k.dims()[3]])
         {
             dqs.push(dq);
             continue;
         }
-        let sc = scores(&q, &kt, i0, n, scale, causal, s)?;
+        let (lo, hi) = tiles.keys(i0, n);
+        let sc = scores(&q, &kt, i0, n, scale, &tiles)?;
         let p = sc.broadcast_sub(&lse.narrow(2, i0, n)?)?.exp()?;
         drop(sc);
         let g = grad.narrow(2, i0, n)?;
         let dv_t = p.t()?.matmul(&g)?;
-        dv = Some(match dv {
-            None => dv_t,
-            Some(a) => a.add(&dv_t)?,
-        });
-        let dp = g.matmul(&vt)?;
+        dv = Some(accumulate(dv, dv_t, lo, s)?);
+        let dp = g.matmul(&vt.narrow(3, lo, hi - lo)?)?;
         drop(g);
         let t = dp.broadcast_sub(&dsum.narrow(2, i0, n)?)?;
         drop(dp);
         let ds = t.mul(&p)?.affine(scale, 0.0)?;
         drop((t, p));
-        dqs.push(ds.matmul(k)?);
+        dqs.push(ds.matmul(&k.narrow(2, lo, hi - lo)?)?);
         let dk_t = ds.t()?.matmul(&q.narrow(2, i0, n)?)?;
         drop(ds);
-        dk = Some(match dk {
-            None => dk_t,
-            Some(a) => a.add(&dk_t)?,
-        });
+        dk = Some(accumulate(dk, dk_t, lo, s)?);
     }
     drop((kt, vt, dsum));
     let dq = G::cat(&dqs.iter().collect::<Vec<_>>(), 2)?;
