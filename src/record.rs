@@ -172,8 +172,9 @@ pub struct Row {
     /// How the `load` phase reads the weights file: `read` or `mmap`.
     #[serde(default)]
     pub load: String,
-    /// `standard` or `efficient` attention.
-    #[serde(default)]
+    /// `standard`, `efficient` or `tiled` attention; rows written before the column existed
+    /// used the standard one.
+    #[serde(default = "standard")]
     pub attention: String,
     /// `fused` (memfit's kernels with a backward) or `composed` (candle's stock ops); rows
     /// written before the column existed were composed.
@@ -531,6 +532,10 @@ pub fn status_of(message: &str) -> Status {
 /// The kernels of rows written before the `kernels` column: candle's composed ops.
 fn composed() -> String {
     "composed".into()
+}
+
+fn standard() -> String {
+    "standard".into()
 }
 
 /// The backward of rows written before the `backward` column.

@@ -126,8 +126,11 @@ fn check_run(all: &[&str], rows_expected: usize) -> Vec<memfit::record::Row> {
     assert_eq!(rows.len(), rows_expected, "one row per phase");
     for r in &rows {
         assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+        // Backward and train step: 1 %, or candle's per-tensor bookkeeping beyond the replay's
+        // 240 B per live tensor (MLA's many small tensors: up to 8.4 KB of a 584 KB backward
+        // with efficient attention and LoRA everywhere) where that is more.
         let (rel, abs) = match r.phase.as_str() {
-            "backward" | "train-step" => (0.01, 0),
+            "backward" | "train-step" => (0.01, common::EXACT_BYTES),
             _ => (0.001, META),
         };
         assert!(

@@ -429,7 +429,7 @@ impl Ctx<'_> {
 pub const DEFAULT_KERNELS: &str = "fused";
 
 /// The attention a case runs without an `attention` key or flag, on every device.
-pub const DEFAULT_ATTENTION: &str = "standard";
+pub const DEFAULT_ATTENTION: &str = "efficient";
 
 /// The backward a case runs without a `backward` key or flag.
 pub const DEFAULT_BACKWARD: &str = "by-block";

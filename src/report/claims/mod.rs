@@ -170,9 +170,16 @@ fn ret(r: &Row) -> Option<f64> {
     r.retained_bytes.map(|v| v as f64)
 }
 
-/// Plain full training: no LoRA, no checkpointing, standard attention, pure precision.
+/// Plain full training: no LoRA, no checkpointing, standard attention (the scores the
+/// textbook activation formulas count), pure precision.
 fn plain(r: &Row) -> bool {
-    r.lora_rank == 0 && r.checkpoint == 0 && r.attention != "efficient" && r.precision != "mixed"
+    full_state(r) && r.attention == "standard"
+}
+
+/// Full training's model state, whatever the attention (it changes activations only): no
+/// LoRA, no checkpointing, pure precision.
+fn full_state(r: &Row) -> bool {
+    r.lora_rank == 0 && r.checkpoint == 0 && r.precision != "mixed"
 }
 
 /// A label for a config: preset (or H/L) with B and S.

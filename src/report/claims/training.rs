@@ -43,7 +43,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b1(&self) -> Option<Claim> {
-        let g = self.per_param("backward", |r| plain(r) && r.checkpoint == 0);
+        let g = self.per_param("backward", full_state);
         if g.is_empty() {
             return None;
         }
@@ -86,7 +86,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b2(&self) -> Option<Claim> {
-        let s = self.per_param("optimizer", |r| plain(r) && r.dtype == "f32");
+        let s = self.per_param("optimizer", |r| full_state(r) && r.dtype == "f32");
         let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for (r, v) in &s {
             by.entry(r.optimizer.as_str()).or_default().push(*v);
@@ -434,7 +434,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b7(&self) -> Option<Claim> {
-        let s = self.per_param("optimizer", |r| plain(r) && r.dtype == "f32");
+        let s = self.per_param("optimizer", |r| full_state(r) && r.dtype == "f32");
         let (r8, v8) = s
             .iter()
             .find(|(r, _)| r.optimizer == "adamw-8bit")
@@ -449,7 +449,9 @@ impl<'a> Ctx<'a> {
         // rows have one, else the measured f32 state's moments at 2 B each.
         let half = self
             .per_param("optimizer", |r| {
-                plain(r) && matches!(r.dtype.as_str(), "f16" | "bf16") && r.optimizer == "adamw"
+                full_state(r)
+                    && matches!(r.dtype.as_str(), "f16" | "bf16")
+                    && r.optimizer == "adamw"
             })
             .into_iter()
             .next();
