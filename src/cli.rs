@@ -224,6 +224,47 @@ pub enum ProbeCommand {
         after_help = "Examples:\n  memfit probe matmul --n 1024 --threads 2\n  memfit probe matmul --device cuda:0 --dtype bf16 --n 4096 --json"
     )]
     Matmul(ProbeArgs),
+    /// Each fused op's backward alone: its peak beyond the gradients it returns, per element
+    /// of its main input (the ops' temporaries, beside PyTorch's in BENCHMARKS.md § 4).
+    #[command(
+        after_help = "Examples:\n  memfit probe backward --threads 2\n  memfit probe backward --op silu-mul --op gelu --dtype bf16 --json"
+    )]
+    Backward(ProbeBackwardArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeBackwardArgs {
+    /// The ops (repeatable; default all): layer-norm, rms-norm, gelu, silu-mul, rotary,
+    /// cross-entropy, attn-probs, efficient-attention (CPU only).
+    #[arg(long)]
+    pub op: Vec<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Element type: f32, f16, bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Rows of the row-wise ops and of the loss's logits.
+    #[arg(long, default_value_t = 2048)]
+    pub rows: usize,
+    /// Width of the row-wise ops (the loss's vocabulary).
+    #[arg(long, default_value_t = 1024)]
+    pub width: usize,
+    /// Attention heads (rotary, attn-probs, efficient-attention; one batch row).
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Attention sequence length.
+    #[arg(long, default_value_t = 512)]
+    pub seq: usize,
+    /// Attention head size (even).
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    /// Worker threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// One JSON object per op instead of a line of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ pub mod max_batch;
 pub mod merge;
 pub mod predict;
 pub mod probe;
+pub mod probe_backward;
 pub mod report;
 pub mod run;
 pub mod selftest;
@@ -24,6 +25,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Merge(args) => merge::merge(&args),
         Command::Report(args) => report::report(&args),
         Command::Probe(ProbeCommand::Matmul(args)) => probe::probe(&args),
+        Command::Probe(ProbeCommand::Backward(args)) => probe_backward::probe(&args),
         Command::Selftest(args) => selftest::selftest(&args),
         Command::Dataset(cmd) => dataset::dataset(&cmd),
         Command::DataloadWorker(a) => {

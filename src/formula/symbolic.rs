@@ -1469,6 +1469,34 @@ impl Graph for Sym {
             both.narrow(0, 1, 1).squeeze(0),
         ))
     }
+    fn gelu_grad(x: &Self, grad: &Self) -> candle_core::Result<Self> {
+        let (x, grad) = (x.contiguous(), grad.contiguous());
+        let dx = Sym::new(x.ledger(), x.dims(), x.0.dtype);
+        drop((x, grad));
+        Ok(dx)
+    }
+    fn norm_grad(
+        x: &Self,
+        _w: &Self,
+        grad: &Self,
+        _eps: f32,
+        centre: bool,
+    ) -> candle_core::Result<(Self, Self, Option<Self>)> {
+        let grad = grad.contiguous();
+        let n = *x.dims().last().expect("a norm's input has a dimension");
+        let rows = x.dims().iter().product::<usize>() / n;
+        let l = x.ledger().clone();
+        // `cpu_fwd`: the output, then the rows' statistics, freed on return.
+        let all = Sym::new(&l, &[rows + 1 + usize::from(centre), n], x.0.dtype);
+        let stats = Sym::new(&l, &[rows, 2], DType::F32);
+        drop(stats);
+        drop(grad);
+        let dx = all.narrow(0, 0, rows).reshape(x.dims());
+        // `Tensor::copy` of a row: a fresh `(H)` tensor each.
+        let dw = Sym::new(&l, &[n], x.0.dtype);
+        let db = centre.then(|| Sym::new(&l, &[n], x.0.dtype));
+        Ok((dx, dw, db))
+    }
     fn to_f32(&self) -> candle_core::Result<Self> {
         Ok(self.to_dtype(DType::F32))
     }

@@ -180,3 +180,62 @@ impl CustomOp3 for SiluMulGradOp {
         Ok((out, Self::shape(l1)))
     }
 }
+
+/// GELU's (tanh) backward in one pass over contiguous x and the output's gradient: `dx =
+/// dy·gelu'(x)` in the inputs' type, computed in f32 per element (`gelu' = ½(1 + tanh u) +
+/// ½·x·(1 − tanh² u)·c(1 + 3a x²)`, `u = c(x + a x³)`) — one allocation, where a composition
+/// of tensor ops held three f32 tensors of x's size beside it.
+pub(crate) struct GeluGradOp;
+
+impl CustomOp2 for GeluGradOp {
+    fn name(&self) -> &'static str {
+        "fused-gelu-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        dispatch!(op, s1, |x: T| {
+            let x = slice(x, l1, op, "x")?;
+            let dy = slice(same::<T>(op, s2)?, l2, op, "grad")?;
+            if dy.len() != x.len() {
+                candle_core::bail!("{op}: x and grad differ in size")
+            }
+            let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+            let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
+            let mut out = zeros::<T>(x.len());
+            rows(&mut out, n, |i, o| {
+                let (x, dy) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
+                for ((o, x), d) in o.iter_mut().zip(x).zip(dy) {
+                    let v = x.f();
+                    let t = (c * (v + a * v * v * v)).tanh();
+                    let du = c * (1.0 + 3.0 * a * v * v);
+                    *o = T::of(d.f() * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du));
+                }
+            });
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                l1.shape().clone(),
+            ))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            super::cuda::gelu_grad((s1, l1), (s2, l2))?,
+            l1.shape().clone(),
+        ))
+    }
+}

@@ -263,6 +263,98 @@ pub fn silu_mul(
     by_type!("silu_mul", g.0, go(g, u, grad))
 }
 
+/// GELU's (tanh) backward on contiguous x and the output's gradient into a fresh output.
+pub fn gelu_grad(x: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+    fn go<T: Elem>(x: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+        let op = "gelu";
+        let dev = x.0.device();
+        let xs = view::<T>(x.0, x.1, op, "x")?;
+        let ds = view::<T>(dy.0, dy.1, op, "grad")?;
+        let n = xs.len();
+        if ds.len() != n {
+            bail!("{op}: x of {n} elements, its gradient of {}", ds.len())
+        }
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_gelu_grad"), MODULE, PTX)?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(n)? };
+        let mut args = func.builder();
+        args.arg(&xs).arg(&ds).arg(&mut out).arg(&n);
+        // SAFETY: the arguments match `memfit_gelu_grad`'s signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    by_type!("gelu", x.0, go(x, dy))
+}
+
+/// A norm's backward (`model::kernels::norm::NormGradOp`): rows of `n` of contiguous x, w and
+/// the output's gradient into one fresh `(rows + 1 + centre, n)` output — dx, then dw (and db
+/// with `centre`) — through an f32 `(rows, 2)` buffer of the rows' mean and rstd, freed on
+/// return (as on the CPU).
+pub fn norm_grad(
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    g: (&CudaStorage, &Layout),
+    eps: f32,
+    centre: bool,
+) -> Result<CudaStorage> {
+    fn go<T: Elem>(
+        x: (&CudaStorage, &Layout),
+        w: (&CudaStorage, &Layout),
+        g: (&CudaStorage, &Layout),
+        eps: f32,
+        centre: bool,
+    ) -> Result<CudaStorage> {
+        let op = "norm backward";
+        let dev = x.0.device();
+        let n = x.1.shape().dims().last().copied().unwrap_or(1).max(1);
+        let xs = view::<T>(x.0, x.1, op, "x")?;
+        let ws = view::<T>(w.0, w.1, op, "the weight")?;
+        let gs = view::<T>(g.0, g.1, op, "grad")?;
+        if ws.len() != n || gs.len() != xs.len() {
+            bail!(
+                "{op}: x {:?}, weight of {}, grad of {}",
+                x.1.shape(),
+                ws.len(),
+                gs.len()
+            )
+        }
+        let rows = xs.len() / n;
+        let extra = 1 + usize::from(centre);
+        // SAFETY: every element is written by the kernels (db's row only with `centre`, and
+        // only then does it exist).
+        let mut out = unsafe { dev.alloc::<T>((rows + extra) * n)? };
+        // SAFETY: every element is written by `memfit_norm_grad_x`.
+        let mut stats = unsafe { dev.alloc::<f32>(2 * rows)? };
+        let (n32, c) = (i32_of(n, op)?, i32::from(centre));
+        let fx =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_norm_grad_x"), MODULE, PTX)?;
+        let mut args = fx.builder();
+        args.arg(&xs)
+            .arg(&ws)
+            .arg(&gs)
+            .arg(&mut out)
+            .arg(&mut stats);
+        args.arg(&n32).arg(&eps).arg(&c);
+        // SAFETY: the arguments match `memfit_norm_grad_x`'s signature.
+        unsafe { args.launch(launch_rows(rows)?) }.w()?;
+        {
+            let mut tail = out.slice_mut(rows * n..);
+            let (mut dw, mut db) = tail.split_at_mut(n);
+            let fw =
+                dev.get_or_load_custom_func(&kernel_name::<T>("memfit_norm_grad_w"), MODULE, PTX)?;
+            let mut args = fw.builder();
+            args.arg(&xs).arg(&gs).arg(&stats).arg(&mut dw).arg(&mut db);
+            args.arg(&n32).arg(&rows).arg(&c);
+            // SAFETY: the arguments match `memfit_norm_grad_w`'s signature.
+            unsafe { args.launch(launch_elems(n)?) }.w()?;
+        }
+        drop(stats);
+        Ok(wrap(out, dev))
+    }
+    by_type!("norm backward", x.0, go(x, w, g, eps, centre))
+}
+
 /// Each row `r` of `y (rows, out)` times `s[r·stride]` (a strided column, `s`'s layout), in
 /// place.
 pub fn scale_rows(y: &mut CudaStorage, s: (&CudaStorage, &Layout), out: usize) -> Result<()> {

@@ -130,6 +130,74 @@ template <typename T> __device__ void silu_mul_grad(const T *g, const T *u, cons
     out[n + i] = of_f<T>(d * a * s);
 }
 
+// GELU's (tanh approximation) backward in one pass: out[i] = dy[i]·gelu'(x[i]), in f32
+// (gelu' = ½(1 + tanh u) + ½·x·(1 − tanh² u)·c(1 + 3a x²), u = c(x + a x³)).
+template <typename T> __device__ void gelu_grad(const T *x, const T *dy, T *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float c = 0.7978845608028654f, a = 0.044715f;
+    float v = to_f(x[i]);
+    float t = tanhf(c * (v + a * v * v * v));
+    float du = c * (1.0f + 3.0f * a * v * v);
+    out[i] = of_f<T>(to_f(dy[i]) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
+}
+
+// A norm's input gradient, one block per row of n: dx = rstd·(dy [− mean(dy)] − x̂·mean(dy·x̂))
+// with dy = g·w, x̂ = (x − mean)·rstd (mean 0 without `centre`: RMSNorm); the row's mean and
+// rstd into stats[2r], stats[2r + 1] for the weight's gradient.
+template <typename T>
+__device__ void norm_grad_x(const T *x, const T *w, const T *g, T *out, float *stats, int n,
+                            float eps, int centre) {
+    const T *xr = x + (size_t)blockIdx.x * n;
+    const T *gr = g + (size_t)blockIdx.x * n;
+    T *o = out + (size_t)blockIdx.x * n;
+    float mean = 0.0f;
+    if (centre) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += to_f(xr[i]);
+        mean = block_reduce(s, false) / n;
+    }
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float d = to_f(xr[i]) - mean;
+        s += d * d;
+    }
+    float rstd = rsqrtf(block_reduce(s, false) / n + eps);
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float dy = to_f(gr[i]) * to_f(w[i]);
+        s1 += dy;
+        s2 += dy * (to_f(xr[i]) - mean) * rstd;
+    }
+    float m1 = centre ? block_reduce(s1, false) / n : 0.0f;
+    float m2 = block_reduce(s2, false) / n;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float dy = to_f(gr[i]) * to_f(w[i]);
+        o[i] = of_f<T>(rstd * (dy - m1 - (to_f(xr[i]) - mean) * rstd * m2));
+    }
+    if (threadIdx.x == 0) {
+        stats[2 * (size_t)blockIdx.x] = mean;
+        stats[2 * (size_t)blockIdx.x + 1] = rstd;
+    }
+}
+
+// A norm's weight (and, with `centre`, bias) gradient, one thread per column j over every row:
+// dw[j] = Σ g·x̂, db[j] = Σ g, from the rows' stats.
+template <typename T>
+__device__ void norm_grad_w(const T *x, const T *g, const float *stats, T *dw, T *db, int n,
+                            size_t rows, int centre) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (size_t)n) return;
+    float a = 0.0f, b = 0.0f;
+    for (size_t r = 0; r < rows; r++) {
+        float gv = to_f(g[r * n + j]);
+        a += gv * (to_f(x[r * n + j]) - stats[2 * r]) * stats[2 * r + 1];
+        b += gv;
+    }
+    dw[j] = of_f<T>(a);
+    if (centre) db[j] = of_f<T>(b);
+}
+
 // y[i] *= s[(i / out) * stride] over `total` elements, in place: each row of `out` scaled by
 // its own factor (a column of a strided matrix).
 template <typename T> __device__ void scale_rows(T *y, const T *s, size_t total, int out, size_t stride) {
@@ -194,6 +262,20 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
     extern "C" __global__ void memfit_silu_mul_grad_##SFX(const T *g, const T *u, const T *dy,  \
                                                           T *out, size_t n) {                    \
         silu_mul_grad<T>(g, u, dy, out, n);                                                      \
+    }                                                                                            \
+    extern "C" __global__ void memfit_gelu_grad_##SFX(const T *x, const T *dy, T *out,          \
+                                                      size_t n) {                                \
+        gelu_grad<T>(x, dy, out, n);                                                             \
+    }                                                                                            \
+    extern "C" __global__ void memfit_norm_grad_x_##SFX(const T *x, const T *w, const T *g,      \
+                                                        T *out, float *stats, int n, float eps,  \
+                                                        int centre) {                            \
+        norm_grad_x<T>(x, w, g, out, stats, n, eps, centre);                                     \
+    }                                                                                            \
+    extern "C" __global__ void memfit_norm_grad_w_##SFX(const T *x, const T *g,                  \
+                                                        const float *stats, T *dw, T *db, int n, \
+                                                        size_t rows, int centre) {               \
+        norm_grad_w<T>(x, g, stats, dw, db, n, rows, centre);                                    \
     }                                                                                            \
     extern "C" __global__ void memfit_scale_rows_##SFX(T *y, const T *s, size_t total, int out,  \
                                                        size_t stride) {                          \

@@ -79,6 +79,21 @@ pub trait Graph: Clone + Sized {
     /// (made contiguous first: a copy when it is not), in the inputs' type: two views of one
     /// fresh `(2, …)` allocation (`kernels::act::SiluMulGradOp`).
     fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self) -> Result<(Self, Self)>;
+    /// GELU's gradient of detached x and the output's gradient (each made contiguous first: a
+    /// copy when it is not), in x's type: one fresh tensor (`kernels::act::GeluGradOp`).
+    fn gelu_grad(x: &Self, grad: &Self) -> Result<Self>;
+    /// A norm's gradients `(dx, dw, db)` (`db` with `centre` only) of detached x, w and the
+    /// output's gradient (made contiguous first), in the inputs' type: `dx` a view of one
+    /// fresh `(rows + 1 + centre, H)` allocation, `dw`, `db` copies of its last rows, and the
+    /// call's `(rows, 2)` f32 statistics (`kernels::norm::NormGradOp`).
+    #[allow(clippy::type_complexity)]
+    fn norm_grad(
+        x: &Self,
+        w: &Self,
+        grad: &Self,
+        eps: f32,
+        centre: bool,
+    ) -> Result<(Self, Self, Option<Self>)>;
     /// The rows (or slices along `dim`) at `ids` (u32), a fresh tensor.
     fn index_select(&self, ids: &Self, dim: usize) -> Result<Self>;
     /// `self` with −1 added, in place, at column `targets[i]` of each row `i` (`self (N, V)`
@@ -102,6 +117,31 @@ impl Graph for Tensor {
         let both = gate.apply_op3_no_bwd(up, &grad, &super::act::SiluMulGradOp)?;
         drop(grad);
         Ok((both.get(0)?, both.get(1)?))
+    }
+    fn gelu_grad(x: &Self, grad: &Self) -> Result<Self> {
+        let (x, grad) = (x.contiguous()?, grad.contiguous()?);
+        x.apply_op2_no_bwd(&grad, &super::act::GeluGradOp)
+    }
+    fn norm_grad(
+        x: &Self,
+        w: &Self,
+        grad: &Self,
+        eps: f32,
+        centre: bool,
+    ) -> Result<(Self, Self, Option<Self>)> {
+        let grad = grad.contiguous()?;
+        let all = x.apply_op3_no_bwd(w, &grad, &super::norm::NormGradOp { eps, centre })?;
+        drop(grad);
+        let rows = x.elem_count() / all.dim(1)?;
+        let dx = all.narrow(0, 0, rows)?.reshape(x.shape())?;
+        // A compact copy of each row (`Tensor::copy` would clone the whole storage on the CPU).
+        let dw = all.get(rows)?.affine(1.0, 0.0)?;
+        let db = if centre {
+            Some(all.get(rows + 1)?.affine(1.0, 0.0)?)
+        } else {
+            None
+        };
+        Ok((dx, dw, db))
     }
     fn tracked(&self) -> bool {
         self.track_op()

@@ -200,8 +200,8 @@ impl Kernel {
     /// computes is recorded, and each temporary is freed at the end of its statement.
     pub fn backward<G: Graph>(&self, args: &[&G], res: &G, grad: &G) -> Result<Vec<Option<G>>> {
         match *self {
-            Kernel::LayerNorm { eps } => layer_norm_bwd(args, grad, eps),
-            Kernel::RmsNorm { eps } => rms_norm_bwd(args, grad, eps),
+            Kernel::LayerNorm { eps } => norm_bwd(args, grad, eps, true),
+            Kernel::RmsNorm { eps } => norm_bwd(args, grad, eps, false),
             Kernel::Gelu => gelu_bwd(args[0], grad),
             Kernel::SiluMul => silu_mul_bwd(args[0], args[1], grad),
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
@@ -240,102 +240,19 @@ impl Kernel {
     }
 }
 
-fn last_dim<G: Graph>(x: &G) -> f64 {
-    *x.dims().last().expect("a dimension") as f64
-}
-
-/// `dx = rstd·(dy − mean(dy) − x̂·mean(dy·x̂))`, `dw = Σ g·x̂`, `db = Σ g` (rows summed), with
-/// `dy = g·w`, `x̂ = (x − μ)·rstd`; computed in f32.
-fn layer_norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32) -> Result<Vec<Option<G>>> {
-    let x = args[0].detach().to_f32()?;
-    let w = args[1].detach().to_f32()?;
-    let g = grad.to_f32()?;
-    let n = last_dim(&x);
-    let mu = x.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
-    let xc = x.broadcast_sub(&mu)?;
-    drop((x, mu));
-    let var = xc.sqr()?.sum_last_keepdim()?.affine(1.0 / n, eps as f64)?;
-    let rstd = var.sqrt()?.recip()?;
-    drop(var);
-    let xhat = xc.broadcast_mul(&rstd)?;
-    drop(xc);
-    let db = g.sum_leading()?;
-    let dw = g.mul(&xhat)?.sum_leading()?;
-    let dy = g.broadcast_mul(&w)?;
-    drop((g, w));
-    let dx = norm_dx(dy, xhat, &rstd, true)?;
-    Ok(vec![
-        Some(dx.to_dtype_of(args[0])?),
-        Some(dw.to_dtype_of(args[1])?),
-        Some(db.to_dtype_of(args[2])?),
-    ])
-}
-
-/// `dx = rstd·(dy − x̂·mean(dy·x̂))`, `dw = Σ g·x̂`, with `dy = g·w`, `x̂ = x·rstd`,
-/// `rstd = 1/√(mean(x²) + eps)`; computed in f32.
-fn rms_norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32) -> Result<Vec<Option<G>>> {
-    let x = args[0].detach().to_f32()?;
-    let w = args[1].detach().to_f32()?;
-    let g = grad.to_f32()?;
-    let n = last_dim(&x);
-    let ms = x.sqr()?.sum_last_keepdim()?.affine(1.0 / n, eps as f64)?;
-    let rstd = ms.sqrt()?.recip()?;
-    drop(ms);
-    let xhat = x.broadcast_mul(&rstd)?;
-    drop(x);
-    let dw = g.mul(&xhat)?.sum_leading()?;
-    let dy = g.broadcast_mul(&w)?;
-    drop((g, w));
-    let dx = norm_dx(dy, xhat, &rstd, false)?;
-    Ok(vec![
-        Some(dx.to_dtype_of(args[0])?),
-        Some(dw.to_dtype_of(args[1])?),
-    ])
-}
-
-/// The input gradient shared by both norms: `rstd·(dy [− mean(dy)] − x̂·mean(dy·x̂))`.
-fn norm_dx<G: Graph>(dy: G, xhat: G, rstd: &G, center: bool) -> Result<G> {
-    let n = last_dim(&dy);
-    let m2 = dy.mul(&xhat)?.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
-    let t = if center {
-        let m1 = dy.sum_last_keepdim()?.affine(1.0 / n, 0.0)?;
-        dy.broadcast_sub(&m1)?
-    } else {
-        dy.clone()
-    };
-    drop(dy);
-    let u = xhat.broadcast_mul(&m2)?;
-    drop((xhat, m2));
-    let v = t.sub(&u)?;
-    drop((t, u));
-    v.broadcast_mul(rstd)
-}
-
-/// `d gelu/dx = ½(1 + tanh u) + ½·x·(1 − tanh² u)·u'`, `u = c(x + a x³)`, `u' = c(1 + 3a x²)`;
-/// computed in f32.
+/// `dx = g·gelu'(x)` in one pass ([`Graph::gelu_grad`]).
 fn gelu_bwd<G: Graph>(arg: &G, grad: &G) -> Result<Vec<Option<G>>> {
-    let x = arg.detach().to_f32()?;
-    let x2 = x.sqr()?;
-    let inner = x2.affine(GELU_C * GELU_A, GELU_C)?;
-    let u = inner.mul(&x)?;
-    drop(inner);
-    let t = u.tanh()?;
-    drop(u);
-    let du = x2.affine(3.0 * GELU_C * GELU_A, GELU_C)?;
-    drop(x2);
-    let sech2 = t.sqr()?.affine(-1.0, 1.0)?;
-    let a = sech2.mul(&du)?;
-    drop((sech2, du));
-    let b = a.mul(&x)?.affine(0.5, 0.0)?;
-    drop((a, x));
-    let c = t.affine(0.5, 0.5)?;
-    drop(t);
-    let d = c.add(&b)?;
-    drop((c, b));
-    let g = grad.to_f32()?;
-    let dx = d.mul(&g)?;
-    drop((d, g));
-    Ok(vec![Some(dx.to_dtype_of(arg)?)])
+    Ok(vec![Some(G::gelu_grad(&arg.detach(), grad)?)])
+}
+
+/// A norm's `dx`, `dw` (and `db`) in one op ([`Graph::norm_grad`]).
+fn norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32, centre: bool) -> Result<Vec<Option<G>>> {
+    let (dx, dw, db) = G::norm_grad(&args[0].detach(), &args[1].detach(), grad, eps, centre)?;
+    let mut out = vec![Some(dx), Some(dw)];
+    if centre {
+        out.push(db);
+    }
+    Ok(out)
 }
 
 /// `d/d gate = up·σ(gate)·(1 + gate·(1 − σ(gate)))·g`, `d/d up = silu(gate)·g`, in f32 per

@@ -160,3 +160,134 @@ impl CustomOp2 for RmsNormOp {
         Kernel::RmsNorm { eps: self.eps }.backward2(&[x, w], res, grad)
     }
 }
+
+/// A norm's backward in one op on contiguous x `(…, H)`, w `(H)` and the output's gradient:
+/// one fresh `(rows + 1 + centre, H)` output in the inputs' type — `dx` (rows), then `dw`
+/// (and `db` with `centre`) — computed in f32: `dx = rstd·(dy [− mean(dy)] − x̂·mean(dy·x̂))`
+/// per row, `dw = Σ g·x̂`, `db = Σ g` per column (`dy = g·w`, `x̂ = (x − mean)·rstd`, mean 0
+/// for RMSNorm). Beside the output it holds the rows' mean and rstd, `(rows, 2)` f32, for the
+/// call only (on CUDA as well: `cuda::norm_grad`), where the composed backward held two f32
+/// tensors of x's size.
+pub(crate) struct NormGradOp {
+    pub eps: f32,
+    /// LayerNorm (subtract the mean; a bias gradient); RMSNorm without.
+    pub centre: bool,
+}
+
+impl NormGradOp {
+    /// The output's shape for x's rows of `n`.
+    fn shape(&self, l: &Layout) -> Result<Shape> {
+        let n = l.shape().dims().last().copied().unwrap_or(1).max(1);
+        let rows = l.shape().elem_count() / n;
+        Ok(Shape::from_dims(&[rows + 1 + usize::from(self.centre), n]))
+    }
+}
+
+impl CustomOp3 for NormGradOp {
+    fn name(&self) -> &'static str {
+        "fused-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        use rayon::prelude::*;
+        let op = self.name();
+        let shape = self.shape(l1)?;
+        let (centre, eps) = (self.centre, self.eps);
+        dispatch!(op, s1, |x: T| {
+            let x = slice(x, l1, op, "x")?;
+            let w = slice(same::<T>(op, s2)?, l2, op, "the weight")?;
+            let g = slice(same::<T>(op, s3)?, l3, op, "grad")?;
+            let n = w.len();
+            if n == 0 || x.len() % n != 0 || g.len() != x.len() {
+                candle_core::bail!("{op}: x of {}, weight of {n}, grad of {}", x.len(), g.len())
+            }
+            let rows = x.len() / n;
+            let mut out = zeros::<T>(shape.elem_count());
+            let mut stats = vec![0f32; 2 * rows];
+            let (dx, tail) = out.split_at_mut(rows * n);
+            let work = |r: usize, o: &mut [T], st: &mut [f32]| {
+                let (xr, gr) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+                let mean = if centre {
+                    xr.iter().map(|v| v.f()).sum::<f32>() / n as f32
+                } else {
+                    0.0
+                };
+                let var = xr.iter().map(|v| (v.f() - mean).powi(2)).sum::<f32>() / n as f32;
+                let rstd = 1.0 / (var + eps).sqrt();
+                let (mut s1, mut s2) = (0f32, 0f32);
+                for i in 0..n {
+                    let dy = gr[i].f() * w[i].f();
+                    s1 += dy;
+                    s2 += dy * (xr[i].f() - mean) * rstd;
+                }
+                let m1 = if centre { s1 / n as f32 } else { 0.0 };
+                let m2 = s2 / n as f32;
+                for (i, o) in o.iter_mut().enumerate() {
+                    let dy = gr[i].f() * w[i].f();
+                    *o = T::of(rstd * (dy - m1 - (xr[i].f() - mean) * rstd * m2));
+                }
+                st[0] = mean;
+                st[1] = rstd;
+            };
+            dx.par_chunks_mut(n)
+                .zip(stats.par_chunks_mut(2))
+                .enumerate()
+                .for_each(|(r, (o, st))| work(r, o, st));
+            // The weight's (and bias's) gradient by blocks of columns, each over every row.
+            let (dw, db) = tail.split_at_mut(n);
+            const COLS: usize = 64;
+            let stats = &stats;
+            let column = |j0: usize, dw: &mut [T], mut db: Option<&mut [T]>| {
+                for (c, o) in dw.iter_mut().enumerate() {
+                    let j = j0 + c;
+                    let (mut a, mut b) = (0f32, 0f32);
+                    for r in 0..rows {
+                        let gv = g[r * n + j].f();
+                        a += gv * (x[r * n + j].f() - stats[2 * r]) * stats[2 * r + 1];
+                        b += gv;
+                    }
+                    *o = T::of(a);
+                    if let Some(db) = db.as_deref_mut() {
+                        db[c] = T::of(b);
+                    }
+                }
+            };
+            if centre {
+                dw.par_chunks_mut(COLS)
+                    .zip(db.par_chunks_mut(COLS))
+                    .enumerate()
+                    .for_each(|(k, (w, b))| column(k * COLS, w, Some(b)));
+            } else {
+                dw.par_chunks_mut(COLS)
+                    .enumerate()
+                    .for_each(|(k, w)| column(k * COLS, w, None));
+            }
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                shape,
+            ))
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::norm_grad((s1, l1), (s2, l2), (s3, l3), self.eps, self.centre)?;
+        Ok((out, self.shape(l1)?))
+    }
+}

@@ -1,0 +1,101 @@
+//! `memfit probe backward`: each fused op's backward alone holds no more than its gradients plus
+//! what its design says (the bounds below, from each op's doc), measured by the counting
+//! allocator in f32 and bf16 — the figures BENCHMARKS.md § 4 sets beside PyTorch's — and the
+//! replay predicts each call's peak (but the attention probabilities', whose products' gemm
+//! scratch it under-counts at these shapes: BENCHMARKS.md § 4 gives the figures).
+
+mod common;
+
+use common::memfit;
+
+/// `memfit probe backward --json ARGS`: one JSON object per op.
+fn probe(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = memfit()
+        .args(["probe", "backward", "--json", "--threads", "2"])
+        .args(args)
+        .assert()
+        .success();
+    String::from_utf8(out.get_output().stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn each_backward_holds_its_gradients_and_at_most_its_design() {
+    let (rows, width, heads, seq, head_dim) = (256u64, 384u64, 2u64, 96u64, 16u64);
+    for (dtype, e) in [("f32", 4u64), ("bf16", 2)] {
+        let got = probe(&[
+            "--dtype",
+            dtype,
+            "--rows",
+            &rows.to_string(),
+            "--width",
+            &width.to_string(),
+            "--heads",
+            &heads.to_string(),
+            "--seq",
+            &seq.to_string(),
+            "--head-dim",
+            &head_dim.to_string(),
+        ]);
+        assert_eq!(got.len(), 8, "{got:?}");
+        for p in &got {
+            let op = p["op"].as_str().unwrap();
+            let elements = p["elements"].as_u64().unwrap();
+            let tmp = p["temporary_bytes"].as_i64().unwrap();
+            let grads = p["gradient_bytes"].as_u64().unwrap();
+            // Allocator bookkeeping and small vectors: 4 KiB.
+            let slack = 4096;
+            let bound = match op {
+                // One pass: the output holds the gradients; the norms also keep the rows' mean
+                // and rstd (f32 pairs) for the call.
+                "layer-norm" | "rms-norm" => 8 * rows + slack,
+                "gelu" | "silu-mul" => slack,
+                // One tensor of the op's size (the rotated gradient's halves; the softmax
+                // before the −1 at each target).
+                "rotary" | "cross-entropy" => elements * e + slack,
+                // Two P-sized tensors (`dP − rowsum`, then `dS`) and the two products' gemm
+                // scratch, which at S 96 is larger than they are (measured 33 B/element in f32
+                // here, 7 at S 512).
+                "attn-probs" => elements * 40 + slack,
+                // The row statistics (3·S f32) and two D-wide accumulators per thread.
+                "efficient-attention" => 2 * (12 * seq + 8 * head_dim) + 8 * slack,
+                other => panic!("unexpected op {other}"),
+            } as i64;
+            println!("{op} {dtype}: temporaries {tmp} B (bound {bound}), gradients {grads} B");
+            assert!(
+                tmp >= 0 && tmp <= bound,
+                "{op} {dtype}: {tmp} > {bound}: {p}"
+            );
+            assert!(grads > 0, "{op}: {p}");
+            // The replay's peak of the same call: candle's bookkeeping apart (240 B per live
+            // tensor in the replay), within 4 KiB; the efficient attention's row statistics
+            // (12·S f32 per thread) are not modelled.
+            let (peak, predicted) = (
+                p["peak_bytes"].as_u64().unwrap(),
+                p["predicted_peak_bytes"].as_u64().unwrap(),
+            );
+            let within = match op {
+                "attn-probs" => continue,
+                "efficient-attention" => 2 * (12 * seq + 8 * head_dim) + 4096,
+                _ => 4096,
+            };
+            assert!(
+                peak.abs_diff(predicted) <= within,
+                "{op} {dtype}: measured {peak}, predicted {predicted}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_op_is_refused_by_name() {
+    memfit()
+        .args(["probe", "backward", "--op", "softmaxx"])
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains("softmaxx"))
+        .stderr(predicates::str::contains("layer-norm"));
+}
