@@ -201,6 +201,8 @@ if (( rc == 0 )); then
     for n in 1024 4096; do
       timeout 60 "${memfit[@]}" probe matmul --device "$device" --dtype "$pdt" --n "$n" --threads 2 --json 2>&1 || r2=$?
     done
+    echo "# memfit probe backward (each fused op's backward alone: pool peak beyond its gradients, and the replay's)"
+    timeout 60 "${memfit[@]}" probe backward --device "$device" --dtype "$pdt" --threads 2 --json 2>&1 || r2=$?
     exit $(( r1 != 0 ? r1 : r2 ))
   ) >> "$out/smoke.log" 2>&1
   step smoke-extra "$?" $(( $(date +%s) - s ))
