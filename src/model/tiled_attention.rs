@@ -6,7 +6,7 @@
 //! q, k, v `(B, A, S, D)`, contiguous. The forward runs on detached tensors, [`TILE`] queries at
 //! a time: scores `q_t·kᵀ·scale (B, A, T, S)` (plus the causal mask of the tile, made on the
 //! device), their row maximum `m` and sum `l` of `exp(s − m)`, the probabilities and `P_t·v`;
-//! the tiles' outputs are concatenated into `O`, and `lse = m + ln l (B, A, S, 1)` is kept for
+//! the tiles' outputs are concatenated into `O`, and `lse = m + ln l (B, A, S, 1)`, in f32 like the softmax, is kept for
 //! the backward. The graph node (a `CustomOp3` on q, k, v) keeps `O` and `lse` only: nothing
 //! of size `S × S` (its forward copies the precomputed `O` into its own output, one `B·S·H`
 //! transient, since a custom op must return a new storage).

@@ -498,7 +498,8 @@ pub fn attn_probs_match_the_composed_softmax() {
     }
 }
 
-/// Rows wider than a CUDA block's 1024 threads: the norms and SiLU·mul at H = 1536, and the
+/// Rows wider than a CUDA block's 1024 threads: the norms, GELU and SiLU·mul at H = 1536 (the
+/// norms' one-pass backward reduces a row across the block and each column over every row), and the
 /// attention probabilities over 770 keys (a prompt after a cache, and a full causal square),
 /// in every type. A kernel that reduced only one block's share of a row passes the narrow
 /// checks above and fails here.
@@ -524,6 +525,14 @@ pub fn wide_rows_match_the_composed_ops() {
             dtype,
             |a| kernels::rms_norm(&a[0], &a[1], 1e-5).unwrap(),
             |a| ops::rms_norm_slow(&a[0], &a[1], 1e-5).unwrap(),
+        );
+        let args = [Var::from_tensor(&(data(&[2, 3, h], 40, dtype) * 3.0).unwrap()).unwrap()];
+        compare(
+            "gelu H 1536",
+            &args,
+            dtype,
+            |a| kernels::gelu(&a[0]).unwrap(),
+            |a| a[0].gelu().unwrap(),
         );
         let g = Var::from_tensor(&(data(&[2, 3, h], 36, dtype) * 3.0).unwrap()).unwrap();
         let args = [g, var(&[2, 3, h], 37, dtype)];

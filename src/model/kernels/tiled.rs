@@ -30,7 +30,7 @@ fn grouped<G: Graph>(q: &G, g: usize) -> Result<G> {
 /// The tiled forward on detached q `(B, A, S, D)`, k, v `(B, G, S, ·)` (`G` dividing `A`:
 /// grouped-query attention reads each key head once for its `r = A/G` query heads, whose
 /// rows are tiled as one `(r·S, D)` matrix): the output `(B, A, S, Dv)` and `lse (B, G, r·S,
-/// 1)`.
+/// 1)` in f32 (the scores, softmax and statistics are computed in f32, as PyTorch does).
 #[allow(clippy::too_many_arguments)]
 pub fn forward<G: Graph>(
     q: &G,
@@ -61,19 +61,23 @@ pub fn forward<G: Graph>(
             let [b, g, _, d] = v.dims()[..] else {
                 bail!("tiled attention: v is not (B, G, S, D)")
             };
-            if let (Some(o), Some(l)) = (q.skipped(&[b, g, n, d]), q.skipped(&[b, g, n, 1])) {
+            // (`lse` in f32, as the first tile's, which is never stood in for.)
+            let lse0 = lses.first().unwrap_or(&q);
+            if let (Some(o), Some(l)) = (q.skipped(&[b, g, n, d]), lse0.skipped(&[b, g, n, 1])) {
                 outs.push(o);
                 lses.push(l);
                 continue;
             }
         }
         let (lo, hi) = tiles.keys(i0, n);
-        let sc = scores(&q, &kt, i0, n, scale, &tiles)?;
+        // The softmax and its statistics in f32 (a copy of a 16-bit tile's scores), as
+        // PyTorch's attention kernels keep them; the probabilities back in v's type for `P·v`.
+        let sc = scores(&q, &kt, i0, n, scale, &tiles)?.to_f32()?;
         let m = sc.max_last_keepdim()?;
         let e = sc.broadcast_sub(&m)?.exp()?;
         drop(sc);
         let l = e.sum_last_keepdim()?;
-        let p = e.broadcast_div(&l)?;
+        let p = e.broadcast_div(&l)?.to_dtype_of(v)?;
         drop(e);
         outs.push(p.matmul(&v.narrow(2, lo, hi - lo)?)?);
         drop(p);
@@ -192,7 +196,7 @@ pub fn backward<G: Graph>(
         causal,
         window,
     };
-    let dsum = grad.mul(&out)?.sum_last_keepdim()?;
+    let dsum = grad.mul(&out)?.sum_last_keepdim()?.to_f32()?;
     drop(out);
     let (kt, vt) = (k.t()?, v.t()?);
     let mut dqs = Vec::new();
@@ -208,17 +212,19 @@ pub fn backward<G: Graph>(
             continue;
         }
         let (lo, hi) = tiles.keys(i0, n);
-        let sc = scores(&q, &kt, i0, n, scale, &tiles)?;
+        // The probabilities and `dS` in f32 (from the f32 `lse`), each product's operand in
+        // the inputs' type.
+        let sc = scores(&q, &kt, i0, n, scale, &tiles)?.to_f32()?;
         let p = sc.broadcast_sub(&lse.narrow(2, i0, n)?)?.exp()?;
         drop(sc);
         let g = grad.narrow(2, i0, n)?;
-        let dv_t = p.t()?.matmul(&g)?;
+        let dv_t = p.to_dtype_of(&g)?.t()?.matmul(&g)?;
         dv = Some(accumulate(dv, dv_t, lo, s)?);
-        let dp = g.matmul(&vt.narrow(3, lo, hi - lo)?)?;
+        let dp = g.matmul(&vt.narrow(3, lo, hi - lo)?)?.to_f32()?;
         drop(g);
         let t = dp.broadcast_sub(&dsum.narrow(2, i0, n)?)?;
         drop(dp);
-        let ds = t.mul(&p)?.affine(scale, 0.0)?;
+        let ds = t.mul(&p)?.affine(scale, 0.0)?.to_dtype_of(&q)?;
         drop((t, p));
         dqs.push(ds.matmul(&k.narrow(2, lo, hi - lo)?)?);
         let dk_t = ds.t()?.matmul(&q.narrow(2, i0, n)?)?;
