@@ -5,13 +5,13 @@
 # as transformers runs them). Memory only: one call each, deterministic on a given build.
 # PyTorch is installed on demand into $TORCH_VENV (as bench-torch.sh); never in CI.
 #
-#   scripts/bench-op-backward.sh                  # f32 and bf16, the default shapes
+#   scripts/bench-op-backward.sh                  # f32 and f16, the default shapes
 #   DTYPES=f32 SHAPE="--rows 4096 --width 2048" scripts/bench-op-backward.sh
 source "$(dirname "$0")/bench-common.sh"
 TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
 TORCH_VERSION="${TORCH_VERSION:-2.9.1}"
 TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.1}"
-DTYPES="${DTYPES:-f32 bf16}"
+DTYPES="${DTYPES:-f32 f16}"
 SHAPE="${SHAPE:-}"
 if [[ -n "${CI:-}" ]]; then echo "bench-op-backward.sh: not in CI (it installs PyTorch)" >&2; exit 0; fi
 if ! "$TORCH_VENV/bin/python" -c "import torch" 2>/dev/null; then

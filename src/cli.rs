@@ -227,7 +227,7 @@ pub enum ProbeCommand {
     /// Each fused op's backward alone: its peak beyond the gradients it returns, per element
     /// of its main input (the ops' temporaries, beside PyTorch's in BENCHMARKS.md § 4).
     #[command(
-        after_help = "Examples:\n  memfit probe backward --threads 2\n  memfit probe backward --op silu-mul --op gelu --dtype bf16 --json"
+        after_help = "Examples:\n  memfit probe backward --threads 2\n  memfit probe backward --op silu-mul --op gelu --dtype f16 --json"
     )]
     Backward(ProbeBackwardArgs),
 }
@@ -241,7 +241,7 @@ pub struct ProbeBackwardArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Element type: f32, f16, bf16.
+    /// Element type: f32, f16, bf16 (CUDA).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Rows of the row-wise ops and of the loss's logits.

@@ -274,6 +274,18 @@ pub fn probe(args: &crate::cli::ProbeBackwardArgs) -> anyhow::Result<()> {
             reason: "unknown element type".into(),
             allowed: ElemType::NAMES.into(),
         })?;
+    // As `run` refuses it: candle's CPU matmul widens whole bf16 storages to f32, which no
+    // measured case runs (and the replay does not model).
+    if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
+        return Err(crate::error::UserError::OutOfRange {
+            origin: "flags".into(),
+            key: "dtype".into(),
+            value: args.dtype.clone(),
+            reason: "candle's CPU matmul has no bf16".into(),
+            allowed: "f32, f16 on cpu; f32, bf16, f16 on cuda".into(),
+        }
+        .into());
+    }
     for (key, v) in [
         ("rows", args.rows),
         ("width", args.width),
