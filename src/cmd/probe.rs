@@ -80,15 +80,32 @@ pub fn matmul(
     })
 }
 
-pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
-    let device = DeviceSpec::from_flag(&args.device)?;
-    let dtype = ElemType::parse(&args.dtype).ok_or_else(|| UserError::OutOfRange {
+/// A probe's `--device` and `--dtype` flags, checked.
+pub(crate) fn device_and_dtype(
+    device: &str,
+    dtype: &str,
+) -> anyhow::Result<(DeviceSpec, ElemType)> {
+    let device = DeviceSpec::from_flag(device)?;
+    let parsed = ElemType::parse(dtype).ok_or_else(|| UserError::OutOfRange {
         origin: "flags".into(),
         key: "dtype".into(),
-        value: args.dtype.clone(),
+        value: dtype.into(),
         reason: "unknown element type".into(),
         allowed: ElemType::NAMES.into(),
     })?;
+    Ok((device, parsed))
+}
+
+/// `--threads` (default: all cores), pinned for candle's CPU backend.
+pub(crate) fn pinned_threads(threads: Option<usize>) -> anyhow::Result<usize> {
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    crate::cmd::run::pin_threads(threads)?;
+    Ok(threads)
+}
+
+pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
+    let (device, dtype) = device_and_dtype(&args.device, &args.dtype)?;
     if !(1..=16384).contains(&args.n) {
         return Err(UserError::OutOfRange {
             origin: "flags".into(),
@@ -99,10 +116,7 @@ pub fn probe(args: &ProbeArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    crate::cmd::run::pin_threads(threads)?;
+    let threads = pinned_threads(args.threads)?;
     let p = matmul(device, dtype, args.n, threads)?;
     if args.json {
         println!("{}", serde_json::to_string(&p)?);

@@ -265,15 +265,7 @@ fn kernel(op: &str, scale: f32) -> Kernel {
 
 /// `memfit probe backward`: the ops asked for, one line (or JSON object) each.
 pub fn probe(args: &crate::cli::ProbeBackwardArgs) -> anyhow::Result<()> {
-    let device = DeviceSpec::from_flag(&args.device)?;
-    let dtype =
-        ElemType::parse(&args.dtype).ok_or_else(|| crate::error::UserError::OutOfRange {
-            origin: "flags".into(),
-            key: "dtype".into(),
-            value: args.dtype.clone(),
-            reason: "unknown element type".into(),
-            allowed: ElemType::NAMES.into(),
-        })?;
+    let (device, dtype) = crate::cmd::probe::device_and_dtype(&args.device, &args.dtype)?;
     // As `run` refuses it: candle's CPU matmul widens whole bf16 storages to f32, which no
     // measured case runs (and the replay does not model).
     if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
@@ -319,10 +311,7 @@ pub fn probe(args: &crate::cli::ProbeBackwardArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    crate::cmd::run::pin_threads(threads)?;
+    let threads = crate::cmd::probe::pinned_threads(args.threads)?;
     let shapes = Shapes {
         rows: args.rows,
         width: args.width,

@@ -1557,24 +1557,31 @@ mod tests {
     fn tiles_stood_in_for_are_exact() {
         use crate::formula::symbolic::replay_every_tile;
         use crate::model::tiled_attention::TILE;
+        // Training and serving of `s` (tiled, 2 decode tokens), fast and computing every tile.
+        let check = |mut s: Shape, cpu: bool, what: &str| {
+            s.tiled = true;
+            s.cpu = cpu;
+            s.decode_tokens = 2;
+            let gemm = cpu.then_some(2);
+            let both = || {
+                (
+                    replay_training_full(&s, 240, gemm),
+                    replay_serving_full(&s, 240, gemm),
+                )
+            };
+            let fast = both();
+            replay_every_tile(true);
+            let every = both();
+            replay_every_tile(false);
+            assert_eq!(fast, every, "{what}, cpu {cpu}");
+        };
         for s_len in [5, TILE, 2 * TILE + 3, 4 * TILE, 5 * TILE + 37] {
             for cpu in [true, false] {
-                let mut s = shape(2, s_len as u64, 24, 3, 2, 50);
-                s.tiled = true;
-                s.cpu = cpu;
-                s.decode_tokens = 2;
-                let gemm = cpu.then_some(2);
-                let fast = (
-                    replay_training_full(&s, 240, gemm),
-                    replay_serving_full(&s, 240, gemm),
+                check(
+                    shape(2, s_len as u64, 24, 3, 2, 50),
+                    cpu,
+                    &format!("S {s_len}"),
                 );
-                replay_every_tile(true);
-                let every = (
-                    replay_training_full(&s, 240, gemm),
-                    replay_serving_full(&s, 240, gemm),
-                );
-                replay_every_tile(false);
-                assert_eq!(fast, every, "S {s_len}, cpu {cpu}");
             }
         }
         let mut vit = shape(2, 17, 24, 3, 2, 10);
@@ -1604,21 +1611,7 @@ mod tests {
                     let mut llama = cfg.llama.unwrap();
                     llama.sliding_window = Some(window);
                     s.llama = Some(llama);
-                    s.tiled = true;
-                    s.cpu = cpu;
-                    s.decode_tokens = 2;
-                    let gemm = cpu.then_some(2);
-                    let fast = (
-                        replay_training_full(&s, 240, gemm),
-                        replay_serving_full(&s, 240, gemm),
-                    );
-                    replay_every_tile(true);
-                    let every = (
-                        replay_training_full(&s, 240, gemm),
-                        replay_serving_full(&s, 240, gemm),
-                    );
-                    replay_every_tile(false);
-                    assert_eq!(fast, every, "window {window}, S {s_len}, cpu {cpu}");
+                    check(s, cpu, &format!("window {window}, S {s_len}"));
                 }
             }
         }

@@ -54,6 +54,35 @@ impl CustomOp1 for GeluOp {
     }
 }
 
+/// One element-wise pass over two contiguous operands of one shape (named for errors), in f32,
+/// into one fresh output of their type and shape.
+fn map2(
+    op: &str,
+    (n1, s1, l1): (&str, &CpuStorage, &Layout),
+    (n2, s2, l2): (&str, &CpuStorage, &Layout),
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<(CpuStorage, Shape)> {
+    dispatch!(op, s1, |a: T| {
+        let a = slice(a, l1, op, n1)?;
+        let b = slice(same::<T>(op, s2)?, l2, op, n2)?;
+        if a.len() != b.len() {
+            candle_core::bail!("{op}: {n1} and {n2} differ in size")
+        }
+        let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+        let mut out = zeros::<T>(a.len());
+        rows(&mut out, n, |i, o| {
+            let (a, b) = (&a[i * n..(i + 1) * n], &b[i * n..(i + 1) * n]);
+            for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                *o = T::of(f(a.f(), b.f()));
+            }
+        });
+        Ok((
+            <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+            l1.shape().clone(),
+        ))
+    })
+}
+
 fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
@@ -71,22 +100,8 @@ impl CustomOp2 for SiluMulOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.name();
-        dispatch!(op, s1, |g: T| {
-            let g = slice(g, l1, op, "gate")?;
-            let u = slice(same::<T>(op, s2)?, l2, op, "up")?;
-            let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
-            let mut out = zeros::<T>(g.len());
-            rows(&mut out, n, |i, o| {
-                let (g, u) = (&g[i * n..(i + 1) * n], &u[i * n..(i + 1) * n]);
-                for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
-                    *o = T::of(silu(g.f()) * u.f());
-                }
-            });
-            Ok((
-                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
-                l1.shape().clone(),
-            ))
+        map2(self.name(), ("gate", s1, l1), ("up", s2, l2), |g, u| {
+            silu(g) * u
         })
     }
 
@@ -199,29 +214,11 @@ impl CustomOp2 for GeluGradOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let op = self.name();
-        dispatch!(op, s1, |x: T| {
-            let x = slice(x, l1, op, "x")?;
-            let dy = slice(same::<T>(op, s2)?, l2, op, "grad")?;
-            if dy.len() != x.len() {
-                candle_core::bail!("{op}: x and grad differ in size")
-            }
-            let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
-            let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
-            let mut out = zeros::<T>(x.len());
-            rows(&mut out, n, |i, o| {
-                let (x, dy) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
-                for ((o, x), d) in o.iter_mut().zip(x).zip(dy) {
-                    let v = x.f();
-                    let t = (c * (v + a * v * v * v)).tanh();
-                    let du = c * (1.0 + 3.0 * a * v * v);
-                    *o = T::of(d.f() * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du));
-                }
-            });
-            Ok((
-                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
-                l1.shape().clone(),
-            ))
+        let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
+        map2(self.name(), ("x", s1, l1), ("grad", s2, l2), |v, d| {
+            let t = (c * (v + a * v * v * v)).tanh();
+            let du = c * (1.0 + 3.0 * a * v * v);
+            d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du)
         })
     }
 

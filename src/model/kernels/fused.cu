@@ -42,22 +42,30 @@ __device__ float block_reduce(float v, bool max_op) {
 }
 
 // LayerNorm (centre = 1, b given) or RMSNorm (centre = 0, b null) of rows of n.
+// A row's mean (0 without `centre`) and 1/√(var + eps), reduced over the block.
+template <typename T>
+__device__ void row_stats(const T *row, int n, float eps, int centre, float *mean, float *rstd) {
+    float m = 0.0f;
+    if (centre) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += to_f(row[i]);
+        m = block_reduce(s, false) / n;
+    }
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+        float d = to_f(row[i]) - m;
+        s += d * d;
+    }
+    *mean = m;
+    *rstd = rsqrtf(block_reduce(s, false) / n + eps);
+}
+
 template <typename T>
 __device__ void norm(const T *x, const T *w, const T *b, T *out, int n, float eps, int centre) {
     const T *row = x + (size_t)blockIdx.x * n;
     T *o = out + (size_t)blockIdx.x * n;
-    float mean = 0.0f;
-    if (centre) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += to_f(row[i]);
-        mean = block_reduce(s, false) / n;
-    }
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
-        float d = to_f(row[i]) - mean;
-        s += d * d;
-    }
-    float rstd = rsqrtf(block_reduce(s, false) / n + eps);
+    float mean, rstd;
+    row_stats<T>(row, n, eps, centre, &mean, &rstd);
     for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
         float y = (to_f(row[i]) - mean) * rstd * to_f(w[i]);
         o[i] = of_f<T>(b ? y + to_f(b[i]) : y);
@@ -151,18 +159,8 @@ __device__ void norm_grad_x(const T *x, const T *w, const T *g, T *out, float *s
     const T *xr = x + (size_t)blockIdx.x * n;
     const T *gr = g + (size_t)blockIdx.x * n;
     T *o = out + (size_t)blockIdx.x * n;
-    float mean = 0.0f;
-    if (centre) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < n; i += ROW_THREADS) s += to_f(xr[i]);
-        mean = block_reduce(s, false) / n;
-    }
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
-        float d = to_f(xr[i]) - mean;
-        s += d * d;
-    }
-    float rstd = rsqrtf(block_reduce(s, false) / n + eps);
+    float mean, rstd;
+    row_stats<T>(xr, n, eps, centre, &mean, &rstd);
     float s1 = 0.0f, s2 = 0.0f;
     for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
         float dy = to_f(gr[i]) * to_f(w[i]);
