@@ -57,3 +57,35 @@ fn prefill_and_decode_accuracy_row() {
     }
     assert!(seen >= 10, "only {seen} prefill/decode rows committed");
 }
+
+/// The README's "GPT-2 small (B 1, S 128): every phase of every committed CPU row within
+/// 0.01 %".
+#[test]
+fn gpt2_small_every_phase_row() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(
+            "GPT-2 small (B 1, S 128): every phase of every committed CPU row within 0.01 %"
+        ),
+        "README's GPT-2 small line changed: update this test with it"
+    );
+    let mut seen = 0;
+    for r in committed_rows() {
+        if r["preset"] != "gpt2-small" || r["device"] != "cpu" || r["status"] != "ok" {
+            continue;
+        }
+        let (Some(m), Some(p)) = (r["peak_bytes"].as_u64(), r["predicted_peak_bytes"].as_u64())
+        else {
+            continue;
+        };
+        let rel = m.abs_diff(p) as f64 / m as f64 * 100.0;
+        assert!(
+            rel <= 0.01,
+            "{} case {}: measured {m}, predicted {p}: {rel:.4} %",
+            r["phase"],
+            r["case"]
+        );
+        seen += 1;
+    }
+    assert!(seen >= 6, "only {seen} GPT-2 small rows committed");
+}
