@@ -1,5 +1,5 @@
-//! Figures the README quotes from the committed results, read again from them (issue: figures
-//! that cannot go stale). Each test names the README line it checks and fails when either the
+//! Figures the README and BENCHMARKS.md quote from the committed results, read again from them
+//! (issue: figures that cannot go stale). Each test names the README line it checks and fails when either the
 //! line or the rows move apart.
 
 use std::path::{Path, PathBuf};
@@ -88,4 +88,39 @@ fn gpt2_small_every_phase_row() {
         seen += 1;
     }
     assert!(seen >= 6, "only {seen} GPT-2 small rows committed");
+}
+
+/// BENCHMARKS.md § 4: "memfit's fused rows are predicted by the replay within 0.39 % on every
+/// phase" (the stored torch-compare rows).
+#[test]
+fn torch_compare_fused_rows_within_their_bound() {
+    let bench = std::fs::read_to_string(root().join("BENCHMARKS.md")).unwrap();
+    assert!(
+        bench.contains(
+            "memfit's fused rows are predicted by the replay within 0.39 % on every phase"
+        ),
+        "BENCHMARKS.md's line changed: update this test with it"
+    );
+    let text =
+        std::fs::read_to_string(root().join("results/cpu/torch-compare/results.jsonl")).unwrap();
+    let mut seen = 0;
+    for line in text.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        if r["kernels"] != "fused" || r["status"] != "ok" {
+            continue;
+        }
+        let (Some(m), Some(p)) = (r["peak_bytes"].as_u64(), r["predicted_peak_bytes"].as_u64())
+        else {
+            continue;
+        };
+        let rel = m.abs_diff(p) as f64 / m as f64 * 100.0;
+        assert!(
+            rel <= 0.39,
+            "{} {}: measured {m}, predicted {p}: {rel:.3} %",
+            r["preset"],
+            r["phase"]
+        );
+        seen += 1;
+    }
+    assert!(seen >= 30, "only {seen} fused torch-compare rows");
 }
