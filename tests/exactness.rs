@@ -128,15 +128,7 @@ fn efficient_attention_odd_shape() {
 fn windows_inside_efficient_and_tiled_attention() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mistral.json");
-    std::fs::write(
-        &path,
-        r#"{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-        "vocab_size": 200, "max_position_embeddings": 512, "sliding_window": 40,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": false}"#,
-    )
-    .unwrap();
+    std::fs::write(&path, common::windowed_json("40", 512)).unwrap();
     for attention in ["efficient", "tiled"] {
         check(&[
             "--hf-config",

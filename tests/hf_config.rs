@@ -175,18 +175,6 @@ fn errors_name_the_file_and_the_field() {
     }
 }
 
-/// A small Mistral-like config (`max_position_embeddings` 4096) with `sliding_window` `w`
-/// (`null` for none).
-fn windowed_json(w: &str) -> String {
-    format!(
-        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-        "vocab_size": 200, "max_position_embeddings": 4096, "sliding_window": {w},
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": false}}"#
-    )
-}
-
 /// `memfit predict --json` of `args`: each phase's predicted peak.
 fn phase_peaks(args: &[&str]) -> std::collections::HashMap<String, u64> {
     let out = memfit()
@@ -237,8 +225,8 @@ fn a_sliding_window_applies_in_every_attention() {
             .success();
     }
     let (windowed, full) = (dir.path().join("w.json"), dir.path().join("full.json"));
-    std::fs::write(&windowed, windowed_json("128")).unwrap();
-    std::fs::write(&full, windowed_json("null")).unwrap();
+    std::fs::write(&windowed, common::windowed_json("128", 4096)).unwrap();
+    std::fs::write(&full, common::windowed_json("null", 4096)).unwrap();
     for (attention, device) in [
         ("tiled", "cpu"),
         ("efficient", "cuda:0"),

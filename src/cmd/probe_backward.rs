@@ -210,12 +210,7 @@ fn predicted(
     let cpu = matches!(device, DeviceSpec::Cpu);
     let ledger = Ledger::new(240, cpu.then_some(threads));
     let sym = |t: &Tensor, var: bool| {
-        let d = match t.dtype() {
-            candle_core::DType::F32 => DType::F32,
-            candle_core::DType::U32 => DType::U32,
-            candle_core::DType::U8 => DType::U8,
-            _ => DType::Half,
-        };
+        let d = DType::of(t.dtype());
         if var && t.dtype().is_float() {
             Sym::var(&ledger, t.dims(), d)
         } else {

@@ -242,6 +242,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// candle's element type as the ledger counts it (f16 and bf16 alike).
+    pub fn of(d: candle_core::DType) -> DType {
+        match d {
+            candle_core::DType::F32 => DType::F32,
+            candle_core::DType::U32 => DType::U32,
+            candle_core::DType::U8 => DType::U8,
+            _ => DType::Half,
+        }
+    }
+
     pub fn size(self) -> u64 {
         match self {
             DType::U8 => 1,

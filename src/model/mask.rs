@@ -22,6 +22,7 @@ pub fn grouped_causal_mask(
     window: usize,
     device: &Device,
 ) -> Result<Tensor> {
+    // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
     let mask: Vec<f32> = (0..rows * cols)
         .map(|k| {
             let (i, j) = ((k / cols + first_row) % period, k % cols + first_key);
@@ -44,16 +45,15 @@ pub fn windowed_mask(
     window: Option<usize>,
     device: &Device,
 ) -> Result<Tensor> {
-    // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
-    let mask: Vec<f32> = (0..rows * cols)
-        .map(|k| {
-            let (i, j) = (k / cols + first_row, k % cols);
-            if j > i || window.is_some_and(|w| i - j >= w) {
-                f32::NEG_INFINITY
-            } else {
-                0.
-            }
-        })
-        .collect();
-    Tensor::from_vec(mask, (rows, cols), device)
+    // One period past the last row: the positions are the rows' own.
+    let period = first_row + rows.max(1);
+    grouped_causal_mask(
+        rows,
+        cols,
+        first_row,
+        period,
+        0,
+        window.unwrap_or(0),
+        device,
+    )
 }

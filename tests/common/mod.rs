@@ -117,3 +117,15 @@ pub fn max_abs(t: &candle_core::Tensor) -> f32 {
         .to_scalar::<f32>()
         .unwrap()
 }
+
+/// A small Mistral-like `config.json` (H 64, 4 query heads over 2 key heads, 2 layers, V 200)
+/// with `sliding_window` `window` (`null` for none) and `max_position_embeddings` `positions`.
+pub fn windowed_json(window: &str, positions: usize) -> String {
+    format!(
+        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 200, "max_position_embeddings": {positions}, "sliding_window": {window},
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": false}}"#
+    )
+}

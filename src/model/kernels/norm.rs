@@ -24,8 +24,8 @@ struct RmsNormOp {
     eps: f32,
 }
 
-/// One row normalised: `centre` subtracts the mean (LayerNorm), `bias` is added when given.
-fn norm_row<T: Float>(x: &[T], w: &[T], b: Option<&[T]>, eps: f32, centre: bool, out: &mut [T]) {
+/// A row's mean (0 without `centre`: RMSNorm) and `1/√(var + eps)`, in f32.
+fn row_stats<T: Float>(x: &[T], eps: f32, centre: bool) -> (f32, f32) {
     let n = x.len() as f32;
     let mean = if centre {
         x.iter().map(|v| v.f()).sum::<f32>() / n
@@ -33,7 +33,12 @@ fn norm_row<T: Float>(x: &[T], w: &[T], b: Option<&[T]>, eps: f32, centre: bool,
         0.0
     };
     let var = x.iter().map(|v| (v.f() - mean).powi(2)).sum::<f32>() / n;
-    let rstd = 1.0 / (var + eps).sqrt();
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// One row normalised: `centre` subtracts the mean (LayerNorm), `bias` is added when given.
+fn norm_row<T: Float>(x: &[T], w: &[T], b: Option<&[T]>, eps: f32, centre: bool, out: &mut [T]) {
+    let (mean, rstd) = row_stats(x, eps, centre);
     for (i, o) in out.iter_mut().enumerate() {
         let y = (x[i].f() - mean) * rstd * w[i].f();
         *o = T::of(match b {
@@ -215,13 +220,7 @@ impl CustomOp3 for NormGradOp {
             let (dx, tail) = out.split_at_mut(rows * n);
             let work = |r: usize, o: &mut [T], st: &mut [f32]| {
                 let (xr, gr) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
-                let mean = if centre {
-                    xr.iter().map(|v| v.f()).sum::<f32>() / n as f32
-                } else {
-                    0.0
-                };
-                let var = xr.iter().map(|v| (v.f() - mean).powi(2)).sum::<f32>() / n as f32;
-                let rstd = 1.0 / (var + eps).sqrt();
+                let (mean, rstd) = row_stats(xr, eps, centre);
                 let (mut s1, mut s2) = (0f32, 0f32);
                 for i in 0..n {
                     let dy = gr[i].f() * w[i].f();
