@@ -714,11 +714,13 @@ impl Sym {
         self.out(&dims, self.0.dtype, op)
     }
 
-    /// `q.apply_op3(k, v, EfficientAttention)`: an output shaped like `q`.
+    /// `q.apply_op3(k, v, EfficientAttention)` for q `(B, A, S, D)`: an output `(B, S, A, D)`
+    /// (heads last).
     pub fn efficient_attention(&self, k: &Sym, v: &Sym) -> Sym {
         let op = (self.track_op() || k.track_op() || v.track_op())
             .then(|| Op::Attn(self.clone(), k.clone(), v.clone()));
-        self.out(self.dims(), self.0.dtype, op)
+        let d = self.dims();
+        self.out(&[d[0], d[2], d[1], d[3]], self.0.dtype, op)
     }
 
     /// `x.apply_op1(FrozenLinear)` for `x (r, in)`: see `model::frozen` for the allocations.

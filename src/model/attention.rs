@@ -114,6 +114,7 @@ impl Core {
                 causal: self.causal,
                 window: self.window(),
             };
+            // The op writes `(B, S, A, D)`: merging the heads is a view.
             let y = q.apply_op3(&k, &v, op)?;
             drop((q, k, v));
             let y = if dv < d {
@@ -121,7 +122,7 @@ impl Core {
             } else {
                 y
             };
-            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+            return y.reshape((b, s, self.heads * dv));
         }
         self.attend(q, k, v, mask)
     }
@@ -169,6 +170,12 @@ impl Core {
         let y = probs.matmul(&v)?;
         drop((probs, v));
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+    }
+
+    /// [`Core::attend_any`] runs the efficient CPU op, which reads q, k and v through their
+    /// strides (no contiguous head split needed).
+    pub(crate) fn reads_strided(&self) -> bool {
+        self.efficient && !self.tiled
     }
 
     /// The sliding window as the kernels take it (0 for none).
@@ -260,7 +267,7 @@ impl Attention {
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x, rotary)?;
+        let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided())?;
         self.core.attend_any(q, k, v, mask)
     }
 
@@ -272,11 +279,21 @@ impl Attention {
     /// view of their projection and rotated from the transposed view (the rotary op reads it
     /// strided and writes `(B, n, S, D)`), so no contiguous copy of the head split is made or
     /// kept; the composed path splits with a copy first (as candle-transformers does).
-    fn qkv(&self, x: &Tensor, rotary: Option<Rotary>) -> Result<(Tensor, Tensor, Tensor)> {
+    ///
+    /// `strided` (the efficient CPU op, which reads its operands through their strides): the
+    /// head split is the transposed view of the projection, never copied, so the graph keeps
+    /// the projection's output alone.
+    fn qkv(
+        &self,
+        x: &Tensor,
+        rotary: Option<Rotary>,
+        strided: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, _h) = x.dims3()?;
         let d = self.head_dim;
         let split = |t: Tensor, n: usize| -> Result<Tensor> {
-            t.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()
+            let t = t.reshape((b, s, n, d))?.transpose(1, 2)?;
+            if strided { Ok(t) } else { t.contiguous() }
         };
         if let (Some(r), true) = (rotary, self.core.fused) {
             let heads = |t: Tensor, n: usize| t.reshape((b, s, n, d));
@@ -337,7 +354,7 @@ impl Attention {
         rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x, rotary)?;
+        let (q, k, v) = self.qkv(x, rotary, false)?;
         let first = cache.is_none();
         let (k, v) = append(cache.take(), k, v)?;
         // A sliding window: the cache keeps the last W keys and values (a copy each). A prompt

@@ -26,7 +26,7 @@ use std::ops::Range;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 
-use super::kernels::cpu::{Float, same, slice};
+use super::kernels::cpu::{Float, same};
 
 /// The op; `scale` is `1/√D`.
 #[derive(Debug, Clone, Copy)]
@@ -63,104 +63,147 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x.f() * y.f()).sum()
 }
 
-/// A row's maximum and softmax denominator over `keys`.
-fn row_stats<T: Float>(qi: &[T], k: &[T], keys: Range<usize>, d: usize, scale: f32) -> (f32, f32) {
+/// A row's maximum and softmax denominator over `keys` of key head `hk`.
+fn row_stats<T: Float>(
+    qi: &[T],
+    k: Rows<T>,
+    hk: usize,
+    keys: Range<usize>,
+    scale: f32,
+) -> (f32, f32) {
     let mut m = f32::NEG_INFINITY;
     for j in keys.clone() {
-        m = m.max(dot(qi, &k[j * d..(j + 1) * d]) * scale);
+        m = m.max(dot(qi, k.row(hk, j)) * scale);
     }
     let mut l = 0.0;
     for j in keys {
-        l += (dot(qi, &k[j * d..(j + 1) * d]) * scale - m).exp();
+        l += (dot(qi, k.row(hk, j)) * scale - m).exp();
     }
     (m, l)
 }
 
+/// The rows of a 4-d operand read through its strides (its last dimension contiguous), so the
+/// op takes the transposed head split of a projection without a contiguous copy: row `(h, i)`
+/// of head `h` (batch and head flattened, `heads` per batch row) at position `i` starts at
+/// `start + (h / heads)·sb + (h mod heads)·sh + i·ss`.
+#[derive(Debug, Clone, Copy)]
+struct Rows<'a, T> {
+    data: &'a [T],
+    start: usize,
+    sb: usize,
+    sh: usize,
+    ss: usize,
+    heads: usize,
+    d: usize,
+}
+
+impl<'a, T> Rows<'a, T> {
+    /// `layout` of dims `(B, n, S, D)` (`heads_last`: `(B, S, n, D)`), any strides but a
+    /// contiguous last dimension.
+    fn new(data: &'a [T], layout: &Layout, heads_last: bool, what: &str) -> Result<Self> {
+        let (dims, st) = (layout.dims(), layout.stride());
+        if dims.len() != 4 || (dims[3] > 1 && st[3] != 1) {
+            bail!(
+                "efficient attention: {what} {dims:?} (strides {st:?}) needs a contiguous last dimension"
+            )
+        }
+        let (h, s) = if heads_last { (2, 1) } else { (1, 2) };
+        Ok(Self {
+            data,
+            start: layout.start_offset(),
+            sb: st[0],
+            sh: st[h],
+            ss: st[s],
+            heads: dims[h],
+            d: dims[3],
+        })
+    }
+
+    fn row(&self, h: usize, i: usize) -> &'a [T] {
+        let o = self.start + (h / self.heads) * self.sb + (h % self.heads) * self.sh + i * self.ss;
+        &self.data[o..o + self.d]
+    }
+}
+
 impl EfficientAttention {
     /// `r` query heads per key/value head (grouped-query attention: query head `h` reads key
-    /// head `h / r`); every head `(S, D)`.
-    fn forward<T: Float>(&self, [q, k, v]: [&[T]; 3], s: usize, d: usize, r: usize) -> Vec<T> {
-        let scale = self.scale;
-        let n = s * d;
-        let mut out = vec![T::of(0.0); q.len()];
-        out.par_chunks_mut(n).enumerate().for_each(|(h, o)| {
-            let kv = h / r;
-            let (q, k, v) = (
-                &q[h * n..(h + 1) * n],
-                &k[kv * n..(kv + 1) * n],
-                &v[kv * n..(kv + 1) * n],
-            );
-            let mut acc = vec![0f32; d];
-            for i in 0..s {
-                let qi = &q[i * d..(i + 1) * d];
-                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                acc.iter_mut().for_each(|x| *x = 0.0);
-                for j in self.keys(i, s) {
-                    let x = dot(qi, &k[j * d..(j + 1) * d]) * scale;
-                    if x > m {
-                        let r = (m - x).exp();
-                        l *= r;
-                        acc.iter_mut().for_each(|a| *a *= r);
-                        m = x;
+    /// head `h / r`); q `(B, A, S, D)`, k and v `(B, G, S, D)` read through their strides.
+    /// The output is written `(B, S, A, D)` (heads last, so merging the heads is a view), in
+    /// parallel over its `B·S` positions.
+    fn forward<T: Float>(&self, [q, k, v]: [Rows<T>; 3], s: usize, r: usize, len: usize) -> Vec<T> {
+        let (scale, d, a) = (self.scale, q.d, q.heads);
+        let mut out = vec![T::of(0.0); len];
+        out.par_chunks_mut(a * d).enumerate().for_each_init(
+            || vec![0f32; d],
+            |acc, (c, o)| {
+                let (b, i) = (c / s, c % s);
+                for hh in 0..a {
+                    let h = b * a + hh;
+                    let qi = q.row(h, i);
+                    let kv = h / r;
+                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                    acc.iter_mut().for_each(|x| *x = 0.0);
+                    for j in self.keys(i, s) {
+                        let x = dot(qi, k.row(kv, j)) * scale;
+                        if x > m {
+                            let r = (m - x).exp();
+                            l *= r;
+                            acc.iter_mut().for_each(|a| *a *= r);
+                            m = x;
+                        }
+                        let p = (x - m).exp();
+                        l += p;
+                        for (a, vj) in acc.iter_mut().zip(v.row(kv, j)) {
+                            *a += p * vj.f();
+                        }
                     }
-                    let p = (x - m).exp();
-                    l += p;
-                    for (a, vj) in acc.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                        *a += p * vj.f();
+                    for (o, a) in o[hh * d..(hh + 1) * d].iter_mut().zip(acc.iter()) {
+                        *o = T::of(a / l);
                     }
                 }
-                for (o, a) in o[i * d..(i + 1) * d].iter_mut().zip(&acc) {
-                    *o = T::of(a / l);
-                }
-            }
-        });
+            },
+        );
         out
     }
 
-    /// The three gradients, each in its input's type and shape: per key/value head, its `r`
-    /// query heads' rows (`r·S`, row `ρ` at position `ρ mod S`) are one block, so `dK` and
-    /// `dV` sum over the group without a per-query-head copy.
+    /// The three gradients, contiguous in their inputs' type and shape: per key/value head,
+    /// its `r` query heads' rows (`r·S`, row `ρ` of query head `hk·r + ρ/S` at position
+    /// `ρ mod S`) are one block, so `dK` and `dV` sum over the group without a per-query-head
+    /// copy. `o` and `g` (the output and its gradient) are `(B, S, A, D)`.
     #[allow(clippy::type_complexity)]
     fn backward<T: Float>(
         &self,
-        [q, k, v, o, g]: [&[T]; 5],
+        [q, k, v, o, g]: [Rows<T>; 5],
         s: usize,
-        d: usize,
         r: usize,
+        [q_len, kv_len]: [usize; 2],
     ) -> (Vec<T>, Vec<T>, Vec<T>) {
-        let scale = self.scale;
+        let (scale, d) = (self.scale, q.d);
         let (mut dq, mut dk, mut dv) = (
-            vec![T::of(0.0); q.len()],
-            vec![T::of(0.0); k.len()],
-            vec![T::of(0.0); v.len()],
+            vec![T::of(0.0); q_len],
+            vec![T::of(0.0); kv_len],
+            vec![T::of(0.0); kv_len],
         );
         let n = s * d;
         dq.par_chunks_mut(r * n)
             .zip(dk.par_chunks_mut(n))
             .zip(dv.par_chunks_mut(n))
             .enumerate()
-            .for_each(|(h, ((dq, dk), dv))| {
-                let rq = h * r * n..(h + 1) * r * n;
-                let rk = h * n..(h + 1) * n;
-                let (q, k, v, o, g) = (
-                    &q[rq.clone()],
-                    &k[rk.clone()],
-                    &v[rk],
-                    &o[rq.clone()],
-                    &g[rq],
-                );
+            .for_each(|(hk, ((dq, dk), dv))| {
+                let head = |row: usize| (hk * r + row / s, row % s);
                 // Pass 1, by query row: its statistics, then dQ_i.
                 let mut stats = vec![(0f32, 0f32, 0f32); r * s];
                 let mut acc = vec![0f32; d];
                 for (row, st) in stats.iter_mut().enumerate() {
-                    let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
-                    let keys = self.keys(row % s, s);
-                    let (m, l) = row_stats(qi, k, keys.clone(), d, scale);
-                    let di = dot(gi, &o[row * d..(row + 1) * d]);
+                    let (h, i) = head(row);
+                    let (qi, gi) = (q.row(h, i), g.row(h, i));
+                    let keys = self.keys(i, s);
+                    let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
+                    let di = dot(gi, o.row(h, i));
                     *st = (m, l, di);
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     for j in keys {
-                        let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
+                        let (kj, vj) = (k.row(hk, j), v.row(hk, j));
                         let p = (dot(qi, kj) * scale - m).exp() / l;
                         let ds = p * (dot(gi, vj) - di) * scale;
                         for (x, kv) in acc.iter_mut().zip(kj) {
@@ -174,14 +217,15 @@ impl EfficientAttention {
                 // Pass 2, by key: dK_j and dV_j over the group's queries that see key j.
                 let mut acc_v = vec![0f32; d];
                 for j in 0..s {
-                    let (kj, vj) = (&k[j * d..(j + 1) * d], &v[j * d..(j + 1) * d]);
+                    let (kj, vj) = (k.row(hk, j), v.row(hk, j));
                     acc.iter_mut().for_each(|x| *x = 0.0);
                     acc_v.iter_mut().for_each(|x| *x = 0.0);
                     let queries = self.queries(j, s);
-                    let rows = (0..r).flat_map(|head| queries.clone().map(move |i| head * s + i));
+                    let rows = (0..r).flat_map(|t| queries.clone().map(move |i| t * s + i));
                     for row in rows {
                         let (m, l, di) = stats[row];
-                        let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * d..(row + 1) * d]);
+                        let (h, i) = head(row);
+                        let (qi, gi) = (q.row(h, i), g.row(h, i));
                         let p = (dot(qi, kj) * scale - m).exp() / l;
                         let ds = p * (dot(gi, vj) - di) * scale;
                         for ((x, xv), (qv, gv)) in
@@ -215,6 +259,14 @@ fn group(q: &Shape, k: &Shape, v: &Shape) -> Result<usize> {
     Ok(a / g)
 }
 
+impl EfficientAttention {
+    /// The attention of q `(B, A, S, D)` over k, v `(B, G, S, D)` (any strides with a
+    /// contiguous last dimension), as a `(B, A, S, D)` view of the op's `(B, S, A, D)` output.
+    pub fn apply(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        q.apply_op3(k, v, *self)?.transpose(1, 2)
+    }
+}
+
 impl CustomOp3 for EfficientAttention {
     fn name(&self) -> &'static str {
         match (self.causal, self.window) {
@@ -224,6 +276,7 @@ impl CustomOp3 for EfficientAttention {
         }
     }
 
+    /// q `(B, A, S, D)`, k and v `(B, G, S, D)` → `(B, S, A, D)`.
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -233,15 +286,17 @@ impl CustomOp3 for EfficientAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_b, _a, s, d) = l1.shape().dims4()?;
+        let (b, a, s, d) = l1.shape().dims4()?;
         let r = group(l1.shape(), l2.shape(), l3.shape())?;
         let op = self.name();
         macro_rules! run {
             ($t:ty, $q:expr) => {{
-                let q = slice($q, l1, "efficient attention", "q")?;
-                let k = slice(same::<$t>(op, s2)?, l2, "efficient attention", "k")?;
-                let v = slice(same::<$t>(op, s3)?, l3, "efficient attention", "v")?;
-                let out = self.forward::<$t>([q, k, v], s, d, r);
+                let rows = [
+                    Rows::new($q.as_slice(), l1, false, "q")?,
+                    Rows::new(same::<$t>(op, s2)?, l2, false, "k")?,
+                    Rows::new(same::<$t>(op, s3)?, l3, false, "v")?,
+                ];
+                let out = self.forward::<$t>(rows, s, r, b * s * a * d);
                 <$t as candle_core::WithDType>::to_cpu_storage_owned(out)
             }};
         }
@@ -251,7 +306,7 @@ impl CustomOp3 for EfficientAttention {
             CpuStorage::BF16(q) => run!(half::bf16, q),
             _ => bail!("efficient attention: q must be f32, f16 or bf16"),
         };
-        Ok((out, l1.shape().clone()))
+        Ok((out, Shape::from((b, s, a, d))))
     }
 
     fn bwd(
@@ -266,7 +321,6 @@ impl CustomOp3 for EfficientAttention {
             bail!("efficient attention: the backward runs on the CPU only")
         }
         let dev = q.device().clone();
-        let grad = grad.contiguous()?;
         let (sq, lq) = q.storage_and_layout();
         let (sk, lk) = k.storage_and_layout();
         let (sv, lv) = v.storage_and_layout();
@@ -285,20 +339,21 @@ impl CustomOp3 for EfficientAttention {
             cpu(&so, "out")?,
             cpu(&sg, "grad")?,
         );
-        let (_b, _a, s, d) = lq.shape().dims4()?;
+        let (_b, _a, s, _d) = lq.shape().dims4()?;
         let r = group(lq.shape(), lk.shape(), lv.shape())?;
         let (shape, kv_shape) = (lq.shape().clone(), lk.shape().clone());
+        let lens = [shape.elem_count(), kv_shape.elem_count()];
         let op = self.name();
         macro_rules! run {
             ($t:ty) => {{
-                let slices = [
-                    slice(same::<$t>(op, cq)?, lq, "efficient attention", "q")?,
-                    slice(same::<$t>(op, ck)?, lk, "efficient attention", "k")?,
-                    slice(same::<$t>(op, cv)?, lv, "efficient attention", "v")?,
-                    slice(same::<$t>(op, co)?, lo, "efficient attention", "out")?,
-                    slice(same::<$t>(op, cg)?, lg, "efficient attention", "grad")?,
+                let rows = [
+                    Rows::new(same::<$t>(op, cq)?, lq, false, "q")?,
+                    Rows::new(same::<$t>(op, ck)?, lk, false, "k")?,
+                    Rows::new(same::<$t>(op, cv)?, lv, false, "v")?,
+                    Rows::new(same::<$t>(op, co)?, lo, true, "out")?,
+                    Rows::new(same::<$t>(op, cg)?, lg, true, "grad")?,
                 ];
-                let (dq, dk, dv) = self.backward::<$t>(slices, s, d, r);
+                let (dq, dk, dv) = self.backward::<$t>(rows, s, r, lens);
                 drop((sq, sk, sv, so, sg));
                 (
                     Tensor::from_vec(dq, shape.clone(), &dev)?,

@@ -586,17 +586,31 @@ pub fn efficient_attention_matches_the_composed_attention() {
                 causal,
                 window,
             };
-            compare(
-                &format!("efficient attention causal={causal} window {window}"),
-                &args,
-                dtype,
-                |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
-                |a| {
-                    windowed_probs(&a[0], &a[1], scale, causal, window)
-                        .matmul(&a[2])
-                        .unwrap()
-                },
-            );
+            // Contiguous operands, and the transposed head split of a `(B, S, n, D)` tensor
+            // (what the model passes: read through its strides, never copied).
+            for strided in [false, true] {
+                let view = |x: &Tensor| {
+                    if strided {
+                        let t = x.transpose(1, 2).unwrap().contiguous().unwrap();
+                        t.transpose(1, 2).unwrap()
+                    } else {
+                        x.clone()
+                    }
+                };
+                compare(
+                    &format!(
+                        "efficient attention causal={causal} window {window} strided={strided}"
+                    ),
+                    &args,
+                    dtype,
+                    |a| op.apply(&view(&a[0]), &view(&a[1]), &view(&a[2])).unwrap(),
+                    |a| {
+                        windowed_probs(&a[0], &a[1], scale, causal, window)
+                            .matmul(&a[2])
+                            .unwrap()
+                    },
+                );
+            }
         }
     }
 }
@@ -707,7 +721,7 @@ pub fn grouped_attention_matches_repeated_keys() {
                     &format!("grouped efficient attention S {s} causal={causal} window {window}"),
                     &args,
                     dtype,
-                    |a| a[0].apply_op3(&a[1], &a[2], op).unwrap(),
+                    |a| op.apply(&a[0], &a[1], &a[2]).unwrap(),
                     |a| repeated(a, causal, window),
                 );
             }

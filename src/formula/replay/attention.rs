@@ -108,7 +108,7 @@ impl Core {
             } else {
                 y
             };
-            return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
+            return y.reshape(&[b, s, self.heads * dv]);
         }
         self.attend(q, k, v, mask)
     }
@@ -206,16 +206,18 @@ pub(super) struct Attention {
 impl Attention {
     /// Mirror of the model's `Attention::heads`.
     pub(super) fn heads(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        let (q, k, v) = self.qkv(x, rotary);
+        let (q, k, v) = self.qkv(x, rotary, self.core.efficient && !self.core.tiled);
         self.core.attend_any(q, k, v, mask)
     }
 
     /// Mirror of the model's `Attention::qkv`.
-    pub(super) fn qkv(&self, x: &Sym, rotary: Option<Rotary>) -> (Sym, Sym, Sym) {
+    pub(super) fn qkv(&self, x: &Sym, rotary: Option<Rotary>, strided: bool) -> (Sym, Sym, Sym) {
         let (b, s) = (x.dims()[0], x.dims()[1]);
         let d = self.head_dim;
-        let split =
-            |t: Sym, n: usize| -> Sym { t.reshape(&[b, s, n, d]).transpose(1, 2).contiguous() };
+        let split = |t: Sym, n: usize| -> Sym {
+            let t = t.reshape(&[b, s, n, d]).transpose(1, 2);
+            if strided { t } else { t.contiguous() }
+        };
         if let (Some(r), true) = (rotary, self.core.fused) {
             let heads = |t: Sym, n: usize| t.reshape(&[b, s, n, d]);
             let (q, k) = (
@@ -259,7 +261,7 @@ impl Attention {
         rotary: Option<Rotary>,
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
-        let (q, k, v) = self.qkv(x, rotary);
+        let (q, k, v) = self.qkv(x, rotary, false);
         let first = cache.is_none();
         let (k, v) = append(cache.take(), k, v);
         let kept = match self.core.window {
