@@ -79,7 +79,30 @@ FAMILIES = {
                      "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 20,
                      "first_k_dense_replace": 1, "norm_topk_prob": True,
                      "routed_scaling_factor": 2.5, "rope_interleave": True}),
+    # Phi-3: fused qkv_proj and gate_up_proj (split into memfit's q, k, v and gate, up below),
+    # GQA 4:2, a sliding window of 5 over the 11-token input.
+    "phi3": ("phi3", transformers.Phi3Config, transformers.Phi3ForCausalLM,
+             {"sliding_window": 5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
+
+
+def split_fused(weights, cfg):
+    """Phi-3's fused projections under memfit's names: `qkv_proj` rows are q (heads·head_dim),
+    k then v (kv_heads·head_dim each); `gate_up_proj` rows are gate then up (`chunk(2)`)."""
+    d = cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    out = {}
+    for k, v in weights.items():
+        if k.endswith(".qkv_proj.weight"):
+            p = k[: -len("qkv_proj.weight")]
+            out[p + "q.weight"], out[p + "k.weight"], out[p + "v.weight"] = (
+                t.contiguous() for t in v.split([q, kv, kv], dim=0))
+        elif k.endswith(".gate_up_proj.weight"):
+            p = k[: -len("gate_up_proj.weight")]
+            out[p + "gate.weight"], out[p + "up.weight"] = (t.contiguous() for t in v.chunk(2, dim=0))
+        else:
+            out[k] = v
+    return out
 
 
 def memfit_name(hf: str) -> str:
@@ -134,8 +157,9 @@ def main():
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(conf, f, indent=1, sort_keys=True)
         # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
-        weights = {memfit_name(k): v.detach().contiguous() for k, v in model.state_dict().items()
-                   if not k.endswith("e_score_correction_bias")}
+        weights = split_fused({memfit_name(k): v.detach().contiguous()
+                               for k, v in model.state_dict().items()
+                               if not k.endswith("e_score_correction_bias")}, cfg)
         save_file(weights, os.path.join(out, "model.safetensors"))
         save_file({"tokens": tokens.to(torch.int64), "logits": logits.contiguous()},
                   os.path.join(out, "io.safetensors"))

@@ -18,7 +18,8 @@ use predicates::str::contains;
 /// config's `_memfit` note); Qwen3-30B-A3B 30,532,122,624 and Mixtral-8x7B 46,702,792,704
 /// (every expert counted; the active counts in `active_params_are_the_routed_share`);
 /// DeepSeek-V2-Lite 15,706,484,224 (transformers' `DeepseekV2ForCausalLM` of the same config
-/// on the meta device; its card's "15.7B").
+/// on the meta device; its card's "15.7B"); Phi-3-mini 3,821,079,552 (transformers 4.57.1's
+/// `Phi3ForCausalLM` of the shipped config on the meta device; its card's "3.8B").
 #[test]
 fn presets_have_the_published_parameter_counts() {
     for (name, want) in [
@@ -27,6 +28,7 @@ fn presets_have_the_published_parameter_counts() {
         ("llama-3-8b", 8_030_261_248),
         ("llama-3.2-1b", 1_235_814_400),
         ("mistral-7b", 7_241_732_096),
+        ("phi-3-mini", 3_821_079_552),
         ("qwen2-0.5b", 494_032_768),
         ("qwen3-8b", 8_190_735_360),
         ("qwen3-30b-a3b", 30_532_122_624),
@@ -167,6 +169,19 @@ fn errors_name_the_file_and_the_field() {
                 "qk_nope_head_dim": 8, "qk_rope_head_dim": 3, "v_head_dim": 8}}"#
             ),
             "qk_rope_head_dim",
+        ),
+        (
+            // Phi-4-mini: a rotary over 3/4 of each head.
+            format!(r#"{{"model_type": "phi3", {base}, "partial_rotary_factor": 0.75}}"#),
+            "partial_rotary_factor",
+        ),
+        (
+            format!(r#"{{"model_type": "phi3", {base}, "resid_pdrop": 0.1}}"#),
+            "resid_pdrop",
+        ),
+        (
+            format!(r#"{{"model_type": "llama", {base}, "attention_dropout": 0.1}}"#),
+            "attention_dropout",
         ),
     ] {
         let err = hf_config::parse(&body, "cfg.json").unwrap_err().to_string();

@@ -3,7 +3,8 @@
 //! Qwen3 with q/k norms and a head_dim other than hidden / heads; Mixtral, 4 experts, 2 per
 //! token; Qwen3-MoE, 6 experts, 3 per token, q/k norms; Qwen2-MoE with a gated shared expert
 //! and a dense layer; DeepSeek-V2 and V3 with multi-head latent attention, shared experts, a
-//! dense first layer, greedy softmax and group-limited sigmoid routing), their weights under memfit's
+//! dense first layer, greedy softmax and group-limited sigmoid routing; Phi-3 with its fused
+//! projections and a sliding window), their weights under memfit's
 //! names and transformers' logits for a fixed input, stored in `tests/fixtures/<family>/`. memfit
 //! reads the same `config.json`, loads the weights and must give the same logits, with candle's
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
@@ -137,6 +138,18 @@ fn a_different_model_gives_different_logits() {
         diff > 1e-2,
         "without q/k norms the logits still agree ({diff})"
     );
+    // Phi-3 without its window of 5 (the 11-token input reaches past it).
+    let mut cfg = config("phi3");
+    if let Some(l) = cfg.llama.as_mut() {
+        l.sliding_window = None;
+    }
+    let (tokens, want) = io("phi3");
+    let got = model("phi3", &cfg).forward(&tokens).unwrap();
+    let diff = max_diff(&got, &want);
+    assert!(
+        diff > 1e-2,
+        "without its window Phi-3's logits still agree ({diff})"
+    );
 }
 
 #[test]
@@ -248,6 +261,29 @@ fn qwen3_layer_types_full_and_sliding_layers() {
 #[test]
 fn mistral_sliding_window_logits_equal_transformers() {
     check("mistral");
+}
+
+/// Phi-3: transformers' fused `qkv_proj` and `gate_up_proj` rows split into memfit's q, k, v and
+/// gate, up (`scripts/make-fixtures.py`), GQA 4:2 and a sliding window of 5 over 11 tokens.
+#[test]
+fn phi3_logits_equal_transformers() {
+    check("phi3");
+}
+
+/// Phi-3's window applies in generation too: a prompt of 7 tokens, then one token at a time to
+/// 11, each step's logits transformers' at that position; the cache holds the last 5.
+#[test]
+fn phi3_decode_across_the_window() {
+    for attention in ATTENTIONS {
+        let cfg = with("phi3", attention);
+        let name = attention.0;
+        generate("phi3", &cfg, 7, |t, got, at, cache| {
+            let diff = max_diff(got, at);
+            assert!(diff < 1e-4, "{name} position {}: {diff}", t - 1);
+            let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
+            assert_eq!(held, t.min(5), "{name}: the cache holds the last W tokens");
+        });
+    }
 }
 
 /// Generation across the window: a prompt of 6 tokens (longer than the window of 4: it

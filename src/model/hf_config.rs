@@ -1,7 +1,7 @@
 //! A Hugging Face `config.json` (a local file; nothing is ever downloaded) read into a memfit
 //! [`Config`].
 //!
-//! `model_type` decides the family: `llama`, `mistral`, `qwen2`, `qwen3`, `mixtral`,
+//! `model_type` decides the family: `llama`, `mistral`, `phi3`, `qwen2`, `qwen3`, `mixtral`,
 //! `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3` → the LLaMA-family decoder
 //! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder; `gpt_oss` and
 //! `gemma3` are refused by name with what memfit lacks to build them. Read for LLaMA:
@@ -10,14 +10,18 @@
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
-//! change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral:
+//! change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral, phi3:
 //! every layer; qwen when `use_sliding_window`, the layers from `max_window_layers` on) and
 //! `layer_types` (per layer: full or sliding). Qwen2 (and Qwen2-MoE) has
 //! q, k, v biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k
 //! norms (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). DeepSeek reads
 //! its multi-head latent attention ([`super::mla`]: `q_lora_rank`, `kv_lora_rank`,
 //! `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; `head_dim` becomes the rotary width,
-//! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). The mixtures of
+//! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). Phi-3 is LLaMA with
+//! fused `qkv_proj` and `gate_up_proj` weights: memfit builds the same projections unfused (the
+//! same parameters, gradients and activations in bytes; a checkpoint's fused rows are q, k, v and
+//! gate, up in that order), refuses `partial_rotary_factor` ≠ 1 (Phi-4-mini), and, as for every
+//! family, non-zero dropout (`attention_dropout`, `resid_pdrop`, `embd_pdrop`). The mixtures of
 //! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
 //! are refused, never ignored: mixture-of-experts fields in a dense type, the routers'
 //! auxiliary loss, another activation, a `quantization_config` (weights as shipped: FP8, MXFP4,
@@ -57,7 +61,7 @@ pub const MOE_FIELDS: &[&str] = &[
 ];
 
 /// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, \
+pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, \
      deepseek_v2, deepseek_v3, gpt2, vit";
 
 /// Model types refused by name, with what memfit lacks to build them exactly.
@@ -83,6 +87,7 @@ const REFUSED_TYPES: &[(&str, &str)] = &[
 const LLAMA_TYPES: &[&str] = &[
     "llama",
     "mistral",
+    "phi3",
     "qwen2",
     "qwen3",
     "mixtral",
@@ -378,6 +383,17 @@ fn llama_config(
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
     f.require("hidden_act", &["silu"])?;
     rope_scaling(f)?;
+    no_dropout(f)?;
+    if let Some(v) = f.get("partial_rotary_factor")
+        && v.as_f64() != Some(1.0)
+    {
+        return Err(f.bad(
+            "partial_rotary_factor",
+            v,
+            "a rotary over part of each head (Phi-4-mini's 0.75) is not built",
+            "1.0",
+        ));
+    }
     let hidden = f.size("hidden_size", MAX_SIZE)?;
     let deepseek = model_type.starts_with("deepseek");
     // A mixture of experts: the experts are `moe_intermediate_size` wide (Mixtral:
@@ -468,6 +484,25 @@ fn llama_config(
     Ok((ModelKind::Llama, cfg, sliding_window))
 }
 
+/// Dropout keeps a mask per dropped tensor in training, which memfit does not build: the
+/// dropout probabilities (`attention_dropout`, Phi-3's `resid_pdrop` and `embd_pdrop`) must be
+/// 0 when given (what every shipped LLaMA-family config says).
+fn no_dropout(f: &Fields) -> Result<(), UserError> {
+    for key in ["attention_dropout", "resid_pdrop", "embd_pdrop"] {
+        if let Some(v) = f.get(key)
+            && v.as_f64() != Some(0.0)
+        {
+            return Err(f.bad(
+                key,
+                v,
+                "dropout is not built (it keeps a mask per tensor)",
+                "0.0",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `rope_scaling`: null, or an object whose `rope_type` (or `type`) is one of [`ROPE_TYPES`].
 fn rope_scaling(f: &Fields) -> Result<(), UserError> {
     let Some(v) = f.get("rope_scaling") else {
@@ -502,7 +537,9 @@ fn sliding_window(
 ) -> Result<(Option<usize>, u128), UserError> {
     let all = |from: usize| -> u128 { (0..from.min(128)).fold(0, |m, i| m | 1u128 << i) };
     let (window, mut full) = match model_type {
-        "mistral" | "mixtral" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
+        "mistral" | "mixtral" | "phi3" => {
+            (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0)
+        }
         "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
             if f.bool_or("use_sliding_window", false)? =>
         {
