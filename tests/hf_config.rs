@@ -387,3 +387,81 @@ fn dtype_and_torch_dtype_are_both_read() {
     let err = with(&[("dtype", "int8")]).unwrap_err().to_string();
     assert!(err.contains("`dtype`") || err.contains("dtype"), "{err}");
 }
+
+/// Fields a config leaves out take transformers 4.57's defaults (its `configuration_*.py`), and
+/// the semantics are transformers': Mistral's window 4096 unless `sliding_window: null`;
+/// Qwen2's `max_window_layers` 28 and window 4096 when `use_sliding_window`; Qwen3-MoE's window
+/// in every layer; DeepSeek-V3's 256 experts, 8 per token, 1 shared of 2048, 3 dense layers
+/// first; DeepSeek-V2's 2 shared experts and no renormalisation whatever `norm_topk_prob`
+/// says; Qwen2-MoE's shared expert 5632 wide; a `scoring_func` transformers does not build is
+/// refused by name.
+#[test]
+fn absent_fields_take_transformers_defaults() {
+    let base = r#""hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 30,
+        "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 128"#;
+    let llama = |body: String| {
+        hf_config::parse(&body, "cfg.json")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .cfg
+            .llama
+            .unwrap()
+    };
+    let mistral = llama(format!(r#"{{"model_type": "mistral", {base}}}"#));
+    assert_eq!(mistral.window_at(0), Some(4096));
+    let unwindowed = llama(format!(
+        r#"{{"model_type": "mistral", {base}, "sliding_window": null}}"#
+    ));
+    assert_eq!(unwindowed.window_at(0), None);
+    let qwen2 = llama(format!(
+        r#"{{"model_type": "qwen2", {base}, "use_sliding_window": true}}"#
+    ));
+    assert_eq!(
+        qwen2.window_at(27),
+        None,
+        "layers below 28 attend to everything"
+    );
+    assert_eq!(qwen2.window_at(28), Some(4096));
+    let moe = r#""num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16"#;
+    let qwen3_moe = llama(format!(
+        r#"{{"model_type": "qwen3_moe", {base}, {moe}, "use_sliding_window": true,
+        "sliding_window": 64, "max_window_layers": 10}}"#
+    ));
+    assert!((0..30).all(|i| qwen3_moe.window_at(i) == Some(64)));
+    let qwen2_moe = llama(format!(r#"{{"model_type": "qwen2_moe", {base}, {moe}}}"#));
+    assert_eq!(qwen2_moe.moe.unwrap().shared, 5632);
+    let mla = r#""kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+        "v_head_dim": 8"#;
+    let v3 = llama(format!(r#"{{"model_type": "deepseek_v3", {base}, {mla}}}"#))
+        .moe
+        .unwrap();
+    assert_eq!(
+        (
+            v3.experts,
+            v3.top_k,
+            v3.shared,
+            v3.first_dense,
+            v3.norm_topk
+        ),
+        (256, 8, 2048, 3, true)
+    );
+    let v2 = llama(format!(
+        r#"{{"model_type": "deepseek_v2", {base}, {mla}, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16, "norm_topk_prob": true}}"#
+    ))
+    .moe
+    .unwrap();
+    assert_eq!(
+        (v2.experts, v2.shared, v2.first_dense, v2.norm_topk),
+        (64, 32, 0, false)
+    );
+    let err = hf_config::parse(
+        &format!(
+            r#"{{"model_type": "deepseek_v2", {base}, {mla}, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16, "scoring_func": "sigmoid"}}"#
+        ),
+        "cfg.json",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("`scoring_func`"), "{err}");
+}

@@ -11,13 +11,18 @@
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
 //! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
 //! change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral, phi3:
-//! every layer; qwen when `use_sliding_window`, the layers from `max_window_layers` on) and
+//! every layer, Mistral's 4096 when absent; qwen2, qwen3, qwen2_moe when `use_sliding_window`,
+//! the layers from `max_window_layers` (default 28) on, qwen3_moe every layer; 4096 when
+//! absent, as transformers' configs default) and
 //! `layer_types` (per layer: full or sliding). Qwen2 (and Qwen2-MoE) has
 //! q, k, v biases and none on o; Qwen3 reads `attention_bias` (default false) and has q/k
 //! norms (`q_norm`, `k_norm`: RMSNorm over `head_dim`, with `rms_norm_eps`). DeepSeek reads
 //! its multi-head latent attention ([`super::mla`]: `q_lora_rank`, `kv_lora_rank`,
 //! `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`; `head_dim` becomes the rotary width,
-//! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid). Phi-3 is LLaMA with
+//! as transformers sets it) and `scoring_func` (V2 softmax, V3 sigmoid: transformers builds
+//! nothing else, so another value is refused). Absent fields take transformers' defaults
+//! (DeepSeek-V2: 64 routed experts, 2 shared, no dense layer first; V3: 256, 1 shared, 3 dense
+//! first; Qwen2-MoE's shared expert 5632 wide). Phi-3 is LLaMA with
 //! fused `qkv_proj` and `gate_up_proj` weights: memfit builds the same projections unfused (the
 //! same parameters, gradients and activations in bytes; a checkpoint's fused rows are q, k, v and
 //! gate, up in that order), refuses `partial_rotary_factor` ≠ 1 (Phi-4-mini), and, as for every
@@ -172,6 +177,15 @@ impl Fields<'_> {
     fn size(&self, field: &str, max: i64) -> Result<usize, UserError> {
         self.size_opt(field, max)?
             .ok_or_else(|| self.missing(field, &format!("an integer 1..={max}")))
+    }
+
+    /// [`Fields::size`], or transformers' default for `model_type` when absent
+    /// ([`moe_default`]).
+    fn moe_size(&self, model_type: &str, field: &str, max: i64) -> Result<usize, UserError> {
+        match (self.size_opt(field, max)?, moe_default(model_type, field)) {
+            (Some(n), _) | (None, Some(n)) => Ok(n),
+            (None, None) => Err(self.missing(field, &format!("an integer 1..={max}"))),
+        }
     }
 
     fn bool_or(&self, field: &str, default: bool) -> Result<bool, UserError> {
@@ -400,7 +414,9 @@ fn llama_config(
     // `intermediate_size`), dense layers `intermediate_size`.
     let moe = moe_shape(f, model_type)?;
     let intermediate = match moe {
-        Some(_) if model_type != "mixtral" => f.size("moe_intermediate_size", MAX_SIZE)?,
+        Some(_) if model_type != "mixtral" => {
+            f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?
+        }
         _ => f.size("intermediate_size", MAX_SIZE)?,
     };
     let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
@@ -526,9 +542,10 @@ fn rope_scaling(f: &Fields) -> Result<(), UserError> {
 }
 
 /// The attention window and the layers that do not use it (bit `i`: layer `i` attends to
-/// everything): `sliding_window` in mistral and mixtral (every layer); in Qwen's types when
-/// `use_sliding_window`, the layers from `max_window_layers` on slide (transformers'
-/// `layer_types` for Qwen); `layer_types`, when given, says per layer (`full_attention`,
+/// everything): `sliding_window` in mistral, mixtral and phi3 (every layer; Mistral's 4096
+/// when absent); in qwen2, qwen3 and qwen2_moe when `use_sliding_window`, the layers from
+/// `max_window_layers` (default 28) on slide (transformers' `layer_types` for Qwen), in
+/// qwen3_moe every layer (4096 when absent); `layer_types`, when given, says per layer (`full_attention`,
 /// `sliding_attention`; a mixed model of more than 128 layers is refused).
 fn sliding_window(
     f: &Fields,
@@ -536,15 +553,23 @@ fn sliding_window(
     layers: usize,
 ) -> Result<(Option<usize>, u128), UserError> {
     let all = |from: usize| -> u128 { (0..from.min(128)).fold(0, |m, i| m | 1u128 << i) };
-    let (window, mut full) = match model_type {
-        "mistral" | "mixtral" | "phi3" => {
-            (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0)
+    // transformers' default window where the key is absent (Mistral's and Qwen's configs:
+    // 4096); an explicit null is no window.
+    let window_or = |default: Option<usize>| -> Result<Option<usize>, UserError> {
+        if f.map.contains_key("sliding_window") {
+            f.size_opt("sliding_window", super::limits::MAX_SEQ)
+        } else {
+            Ok(default)
         }
-        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
-            if f.bool_or("use_sliding_window", false)? =>
-        {
+    };
+    let (window, mut full) = match model_type {
+        "mistral" => (window_or(Some(4096))?, 0),
+        "mixtral" | "phi3" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
+        // Qwen3-MoE's attention slides in every layer (it has no `max_window_layers`).
+        "qwen3_moe" if f.bool_or("use_sliding_window", false)? => (window_or(Some(4096))?, 0),
+        "qwen2" | "qwen3" | "qwen2_moe" if f.bool_or("use_sliding_window", false)? => {
             let from = match f.get("max_window_layers") {
-                None => 0,
+                None => 28,
                 Some(v) => v.as_u64().ok_or_else(|| {
                     f.bad("max_window_layers", v, "not an integer", "an integer ≥ 0")
                 })? as usize,
@@ -559,10 +584,7 @@ fn sliding_window(
                     "0..=128, or ≥ num_hidden_layers",
                 ));
             } else {
-                (
-                    f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
-                    all(from),
-                )
+                (window_or(Some(4096))?, all(from))
             }
         }
         _ => (None, 0),
@@ -649,16 +671,37 @@ fn count_or(f: &Fields, field: &str, default: usize) -> Result<usize, UserError>
     }
 }
 
+/// transformers' default of a mixture-of-experts size field its config class sets when the file
+/// leaves it out (transformers 4.57's `configuration_*.py`).
+fn moe_default(model_type: &str, field: &str) -> Option<usize> {
+    Some(match (model_type, field) {
+        ("mixtral", "num_local_experts") => 8,
+        ("mixtral", "num_experts_per_tok") => 2,
+        ("qwen2_moe", "num_experts") => 60,
+        ("qwen2_moe", "num_experts_per_tok") => 4,
+        ("qwen2_moe", "moe_intermediate_size") => 1408,
+        ("qwen3_moe", "num_experts") => 128,
+        ("qwen3_moe", "num_experts_per_tok") => 8,
+        ("qwen3_moe", "moe_intermediate_size") => 768,
+        ("deepseek_v2", "moe_intermediate_size") => 1407,
+        ("deepseek_v3", "moe_intermediate_size") => 2048,
+        ("deepseek_v3", "num_experts_per_tok") => 8,
+        _ => return None,
+    })
+}
+
 /// The mixture of experts of each type:
 /// - `mixtral`: `num_local_experts`, `num_experts_per_tok`, always renormalised;
 /// - `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `norm_topk_prob`
 ///   (default false), `decoder_sparse_step` (default 1), `mlp_only_layers` (dense layers,
 ///   indices below 128);
-///   Qwen2-MoE's shared expert of `shared_expert_intermediate_size` with its sigmoid gate;
-/// - `deepseek_v2`, `deepseek_v3`: `n_routed_experts` (null: a dense model),
-///   `num_experts_per_tok`, `n_shared_experts` × `moe_intermediate_size` shared,
-///   `first_k_dense_replace` dense layers first (`moe_layer_freq` must be 1),
-///   `routed_scaling_factor`, `norm_topk_prob`; V2's `topk_method` greedy or
+///   Qwen2-MoE's shared expert of `shared_expert_intermediate_size` (default 5632) with its
+///   sigmoid gate;
+/// - `deepseek_v2`, `deepseek_v3`: `n_routed_experts` (absent: 64 / 256 as transformers'
+///   defaults; null: a dense model), `num_experts_per_tok`, `n_shared_experts` (default 2 / 1)
+///   × `moe_intermediate_size` shared, `first_k_dense_replace` (default 0 / 3) dense layers
+///   first (`moe_layer_freq` must be 1), `routed_scaling_factor`, `norm_topk_prob` (V3 only:
+///   transformers' V2 never renormalises); V2's `topk_method` greedy or
 ///   group_limited_greedy (softmax scores; `n_group`, `topk_group`), V3's noaux_tc (sigmoid
 ///   scores, the correction bias, groups ranked by their two best).
 ///
@@ -676,7 +719,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
     }
     let dense_width = || f.size("intermediate_size", MAX_SIZE);
     let mut shape = match model_type {
-        "mixtral" => MoeShape::plain(f.size("num_local_experts", max)?, 0, true),
+        "mixtral" => MoeShape::plain(f.moe_size(model_type, "num_local_experts", max)?, 0, true),
         "qwen2_moe" | "qwen3_moe" => {
             let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
             let dense_layers = match f.get("mlp_only_layers") {
@@ -705,7 +748,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 }
             };
             let mut m = MoeShape::plain(
-                f.size("num_experts", max)?,
+                f.moe_size(model_type, "num_experts", max)?,
                 0,
                 f.bool_or("norm_topk_prob", false)?,
             );
@@ -717,15 +760,36 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 m.dense_width = dense_width()?;
             }
             if model_type == "qwen2_moe" {
-                m.shared = count_or(f, "shared_expert_intermediate_size", 0)?;
+                m.shared = count_or(f, "shared_expert_intermediate_size", 5632)?;
                 m.shared_gate = m.shared > 0;
             }
             m
         }
         "deepseek_v2" | "deepseek_v3" => {
-            let Some(experts) = f.size_opt("n_routed_experts", max)? else {
+            let v3 = model_type == "deepseek_v3";
+            // transformers' defaults: 64 routed experts (V2), 256 (V3); `n_routed_experts:
+            // null` is a dense model.
+            let experts = if f.map.contains_key("n_routed_experts") {
+                f.size_opt("n_routed_experts", max)?
+            } else {
+                Some(if v3 { 256 } else { 64 })
+            };
+            let Some(experts) = experts else {
                 return Ok(None);
             };
+            // transformers scores V2's router with a softmax and V3's with a sigmoid whatever
+            // `scoring_func` says: a config that says otherwise is not the model it builds.
+            let scoring = if v3 { "sigmoid" } else { "softmax" };
+            if let Some(v) = f.get("scoring_func")
+                && v.as_str() != Some(scoring)
+            {
+                return Err(f.bad(
+                    "scoring_func",
+                    v,
+                    &format!("transformers' {model_type} scores its router with a {scoring}"),
+                    scoring,
+                ));
+            }
             if let Some(v) = f.get("moe_layer_freq")
                 && v.as_u64() != Some(1)
             {
@@ -736,16 +800,18 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                     "1",
                 ));
             }
-            let v3 = model_type == "deepseek_v3";
-            let mut m = MoeShape::plain(experts, 0, f.bool_or("norm_topk_prob", v3)?);
+            // V2 never renormalises its top-k weights in transformers (`norm_topk_prob` is
+            // read and unused); V3 does unless `norm_topk_prob: false`.
+            let renorm = v3 && f.bool_or("norm_topk_prob", true)?;
+            let mut m = MoeShape::plain(experts, 0, renorm);
             m.routed_scale =
                 Factor(f.float_or("routed_scaling_factor", if v3 { 2.5 } else { 1.0 })?);
-            m.first_dense = count_or(f, "first_k_dense_replace", 0)?;
+            m.first_dense = count_or(f, "first_k_dense_replace", if v3 { 3 } else { 0 })?;
             if m.first_dense > 0 {
                 m.dense_width = dense_width()?;
             }
-            m.shared =
-                count_or(f, "n_shared_experts", 0)? * f.size("moe_intermediate_size", MAX_SIZE)?;
+            m.shared = count_or(f, "n_shared_experts", if v3 { 1 } else { 2 })?
+                * f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?;
             let method =
                 f.str_opt("topk_method")?
                     .unwrap_or(if v3 { "noaux_tc" } else { "greedy" });
@@ -796,7 +862,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
         _ => return Ok(None),
     };
     let experts = shape.experts;
-    let top_k = f.size("num_experts_per_tok", max)?;
+    let top_k = f.moe_size(model_type, "num_experts_per_tok", max)?;
     if top_k > experts {
         return Err(f.bad(
             "num_experts_per_tok",
