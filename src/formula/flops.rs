@@ -1,5 +1,8 @@
 //! Floating-point operations per phase of the transformers of [`crate::model::transformer`]
-//! (the GPT decoder and the ViT encoder): the matrix
+//! (the GPT decoder, the ViT encoder and the dense LLaMA family: grouped-query attention and a
+//! SwiGLU MLP, the block's products `2·n·L·(2·H·A·D + 2·H·G·D + 3·H·I)`, the attention's over
+//! the query heads' width `A·D`; mixtures of experts, latent attention and sliding windows are
+//! not counted and say so): the matrix
 //! products only (`2·m·n·k` for an `(m, k) × (k, n)` product), which are all but a few percent
 //! of the work at any useful size; LayerNorm, GELU, softmax, the embedding lookups and the
 //! optimizer's element-wise update are not counted.
@@ -60,12 +63,60 @@ pub struct FlopCase {
     pub kv_cache: bool,
     /// ViT: values per patch `C·p²` (0 for the decoder).
     pub patch_dim: u64,
+    /// The query heads' width `A·D` (`H` for GPT and ViT).
+    pub q_dim: u64,
+    /// The key and value heads' width `G·D` (LLaMA's grouped-query attention; `H` for GPT).
+    pub kv_dim: u64,
+    /// The MLP's width `I` (`4H` for GPT and ViT).
+    pub mlp: u64,
+    /// The MLP is gated (LLaMA's SwiGLU: gate, up and down, three products; GPT's fc1, fc2 two).
+    pub gated: bool,
+    /// Why the case's products are not counted (mixture of experts, latent attention, sliding
+    /// windows, rows without the width columns); `None` when they are.
+    pub unmodelled: Option<&'static str>,
 }
 
 impl FlopCase {
     /// The case a stored row was measured on.
     pub fn of_row(r: &Row) -> Self {
+        let h = r.hidden;
+        let llama = r.model == "llama";
+        let q_dim = if r.head_dim > 0 {
+            r.heads * r.head_dim
+        } else {
+            h
+        };
+        let kv_dim = if r.head_dim > 0 && r.kv_heads > 0 {
+            r.kv_heads * r.head_dim
+        } else {
+            q_dim
+        };
+        // A LLaMA row's cache holds `2·L·G·D·e` bytes a token unless its attention is latent
+        // (MLA's `L·(kv_lora_rank + qk_rope_head_dim)·e`), for e of 2 or 4 bytes.
+        let latent = r
+            .kv_bytes_per_token
+            .is_some_and(|k| ![2, 4].iter().any(|e| k == 2 * r.layers * kv_dim * e));
+        let unmodelled = if !r.moe_routing.is_empty() {
+            Some("a mixture of experts: the products per routed expert are not modelled")
+        } else if r.sliding_window.is_some() {
+            Some("sliding-window attention's products are not modelled")
+        } else if llama && (r.head_dim == 0 || r.intermediate == 0) {
+            Some("the row predates the head_dim and intermediate columns")
+        } else if llama && latent {
+            Some("multi-head latent attention's products are not modelled")
+        } else {
+            None
+        };
         Self {
+            q_dim,
+            kv_dim,
+            mlp: if r.intermediate > 0 {
+                r.intermediate
+            } else {
+                4 * h
+            },
+            gated: llama,
+            unmodelled,
             b: r.batch,
             s: r.seq,
             h: r.hidden,
@@ -93,17 +144,21 @@ impl FlopCase {
         }
     }
 
-    /// `24·n·H²·L`: the projections of every block on `n` token rows.
+    /// The projections of every block on `n` token rows: `2·n·L·(2·H·A·D + 2·H·G·D + m·H·I)`
+    /// with `m` 3 for a gated MLP and 2 otherwise (`24·n·H²·L` for GPT).
     fn projections(&self, n: u64) -> u64 {
-        24 * n * self.h * self.h * self.l
+        let (h, mlp) = (self.h, if self.gated { 3 } else { 2 } * self.mlp);
+        2 * n * self.l * h * (2 * self.q_dim + 2 * self.kv_dim + mlp)
     }
 
-    /// The attention products of every block over B sequences of `s` queries and keys.
+    /// The attention products of every block over B sequences of `s` queries and keys (the
+    /// query heads' width `A·D`: each query head's scores and weighted values, whatever head
+    /// of keys it reads).
     fn attention(&self, s: u64, efficient: bool) -> u64 {
         if efficient && !self.vit() {
-            2 * self.b * s * (s + 1) * self.h * self.l
+            2 * self.b * s * (s + 1) * self.q_dim * self.l
         } else {
-            4 * self.b * s * s * self.h * self.l
+            4 * self.b * s * s * self.q_dim * self.l
         }
     }
 
@@ -126,6 +181,11 @@ impl FlopCase {
 
     /// The FLOPs of `phase`, or why they are not counted.
     pub fn phase(&self, phase: &str) -> Result<u64, &'static str> {
+        if let Some(why) = self.unmodelled
+            && !matches!(phase, "init" | "optimizer" | "load")
+        {
+            return Err(why);
+        }
         let training = |f: &dyn Fn() -> u64| {
             if self.lora {
                 Err("LoRA's adapter products are not modelled")
@@ -166,9 +226,9 @@ impl FlopCase {
     }
 
     fn decode(&self) -> u64 {
-        let (b, s, h, l, t) = (self.b, self.s, self.h, self.l, self.decode_tokens);
+        let (b, s, q, l, t) = (self.b, self.s, self.q_dim, self.l, self.decode_tokens);
         if self.kv_cache {
-            t * (self.projections(b) + self.head(b)) + 4 * b * h * l * (t * s + t * (t + 1) / 2)
+            t * (self.projections(b) + self.head(b)) + 4 * b * q * l * (t * s + t * (t + 1) / 2)
         } else {
             (s + 1..=s + t)
                 .map(|n| self.projections(b * n) + self.attention(n, false) + self.head(b))
@@ -203,7 +263,43 @@ mod tests {
             decode_tokens: 2,
             kv_cache: true,
             patch_dim: 0,
+            q_dim: 8,
+            kv_dim: 8,
+            mlp: 32,
+            gated: false,
+            unmodelled: None,
         }
+    }
+
+    /// A LLaMA block by hand: B 2, S 4, H 8, A 2 of D 4 (A·D 8), G 1 (G·D 4), SwiGLU I 12,
+    /// L 1, V 10. q `(8, 8) × (8, 8)` and o: 2 · 2·8·8·8 = 2048; k, v `(8, 8) × (8, 4)`:
+    /// 2 · 2·8·8·4 = 1024; gate, up `(8, 8) × (8, 12)` and down: 3 · 2·8·8·12 = 4608; scores
+    /// and p·v per batch row and query head (4): 2 · 4 · 2·4·4·4 = 1024; head 1280. Forward
+    /// 9984. A mixture of experts, latent attention or a window: not counted, and said why.
+    #[test]
+    fn llama_by_hand() {
+        let c = FlopCase {
+            kv_dim: 4,
+            mlp: 12,
+            gated: true,
+            ..tiny()
+        };
+        assert_eq!(c.phase("forward"), Ok(2048 + 1024 + 4608 + 1024 + 1280));
+        let mut r = Row::example();
+        (r.model, r.phase) = ("llama".into(), "forward".into());
+        (r.batch, r.seq, r.hidden, r.heads, r.kv_heads, r.head_dim) = (2, 4, 8, 2, 1, 4);
+        (r.layers, r.vocab, r.intermediate) = (1, 10, 12);
+        (r.attention, r.kv_bytes_per_token) = ("standard".into(), Some(2 * 4 * 4));
+        assert_eq!(FlopCase::of_row(&r).phase("forward"), c.phase("forward"));
+        let mut moe = r.clone();
+        moe.moe_routing = "3,5".into();
+        assert!(FlopCase::of_row(&moe).phase("forward").is_err());
+        let mut mla = r.clone();
+        mla.kv_bytes_per_token = Some(4 * 20);
+        assert!(FlopCase::of_row(&mla).phase("forward").is_err());
+        let mut window = r;
+        window.sliding_window = Some(2);
+        assert!(FlopCase::of_row(&window).phase("forward").is_err());
     }
 
     /// A ViT worked by hand: B 2, 4 patches of C·p² = 12 values (S 5), H 8, L 1, K 3 classes.
@@ -316,6 +412,9 @@ mod tests {
             h: 768,
             l: 12,
             v: 50257,
+            q_dim: 768,
+            kv_dim: 768,
+            mlp: 3072,
             ..tiny()
         };
         assert_eq!(c.phase("train-step"), Ok(94_872_600_576 + 1_811_939_328));
