@@ -212,14 +212,24 @@ fn generate(
 /// MLA's latent cache: a prompt of 5 tokens, then one token at a time; each step's logits are
 /// transformers' full-forward logits at that position, and each layer's cache holds the
 /// latent `(B, 1, T, kv_lora_rank)` and the shared rotary key `(B, 1, T, r)`, nothing per head.
+/// Decode steps attend over the latent (the absorbed form, the default) and, with
+/// `decompressed_decode`, through the decompressed keys and values.
 #[test]
 fn deepseek_decode_from_the_latent_cache() {
     for family in ["deepseek_v2", "deepseek_v3"] {
-        for kernels in [Kernels::Composed, Kernels::Fused] {
-            let cfg = Config {
+        for (kernels, decompressed) in [
+            (Kernels::Composed, false),
+            (Kernels::Fused, false),
+            (Kernels::Composed, true),
+            (Kernels::Fused, true),
+        ] {
+            let mut cfg = Config {
                 kernels,
                 ..config(family)
             };
+            if let Some(l) = cfg.llama.as_mut() {
+                l.mla.as_mut().unwrap().decompressed_decode = decompressed;
+            }
             let mla = cfg.llama.unwrap().mla.unwrap();
             generate(family, &cfg, 5, |t, got, at, cache| {
                 let diff = max_diff(got, at) / max_abs(at);

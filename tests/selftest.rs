@@ -114,6 +114,11 @@ fn vit_fused_gradients_equal_composed() {
 }
 
 #[test]
+fn mla_absorbed_decode_matches_decompressed() {
+    check("mla_absorbed_decode_matches_decompressed");
+}
+
+#[test]
 fn by_block_gradients_equal_the_whole_backward() {
     check("by_block_gradients_equal_the_whole_backward");
 }
@@ -149,6 +154,7 @@ const TESTED: &[&str] = &[
     "gpt_fused_gradients_equal_composed",
     "llama_fused_gradients_equal_composed",
     "vit_fused_gradients_equal_composed",
+    "mla_absorbed_decode_matches_decompressed",
     "by_block_gradients_equal_the_whole_backward",
     "in_place_steps_equal_the_reference_steps",
     "in_place_steps_change_the_weights",

@@ -106,6 +106,16 @@ pub struct Serving {
     /// temporaries (the grown cache, the K/V repeated to the query heads, the scores); 0 when
     /// none fits.
     pub max_context: Option<u64>,
+    /// One decode step's temporaries over a cache of `--seq` tokens per sequence (its peak
+    /// above the weights and that cache). MLA: attending over the latent (the absorbed form).
+    pub decode_step_bytes: u64,
+    /// MLA: the same step in transformers' form, the whole cache decompressed through `kv_b`
+    /// (`decompressed_decode`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_step_bytes_decompressed: Option<u64>,
+    /// MLA with a budget: [`Serving::max_context`] in the decompressed form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_context_decompressed: Option<u64>,
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
@@ -273,6 +283,18 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     p.seq,
                     human_bytes(sv.prefill_activation_bytes),
                 );
+                if let Some(d) = sv.decode_step_bytes_decompressed {
+                    let context = match (sv.max_context, sv.max_context_decompressed) {
+                        (Some(a), Some(b)) => format!("; max context {a} ({b} decompressed)"),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "       MLA decode step at {} cached tokens: {} over the latent (absorbed, the default), {} decompressed (transformers' form){context}",
+                        p.seq,
+                        human_bytes(sv.decode_step_bytes),
+                        human_bytes(d),
+                    );
+                }
             }
             for c in p.calibrated.iter().flatten() {
                 println!(
@@ -425,23 +447,38 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
     let (_, activations) = activations_of(shape);
     let (weights, _, _) = shape.decode_step(1, threads);
     let per_token = shape.kv_bytes_per_token();
-    let (capacity, context) = match budget {
-        None => (None, None),
+    // One more token must have a position: contexts up to S_max − 1; none when the prefill
+    // itself does not fit.
+    let max_context = |shape: &Shape, b: u64, prefill_peak: u64| {
+        if weights + prefill_peak <= b {
+            largest_within(shape.s_max.saturating_sub(1), b, |t| {
+                let (w, cache, step) = shape.decode_step(t, threads);
+                w + cache + step
+            })
+        } else {
+            0
+        }
+    };
+    // MLA: the same shape decoding in transformers' decompressed form.
+    let decompressed = |s: &Shape| {
+        let mut l = s.llama?;
+        let mut m = l.mla?;
+        m.decompressed_decode = true;
+        l.mla = Some(m);
+        Some(Shape {
+            llama: Some(l),
+            ..s.clone()
+        })
+    };
+    let (capacity, context, context_decompressed) = match budget {
+        None => (None, None, None),
         Some(b) => {
             let shape = fit;
             let (prefill, activations) = activations_of(shape);
             let capacity = b.saturating_sub(weights + activations) / per_token;
-            // One more token must have a position: contexts up to S_max − 1; none when the
-            // prefill itself does not fit.
-            let context = if weights + prefill.peak_bytes <= b {
-                largest_within(shape.s_max.saturating_sub(1), b, |t| {
-                    let (w, cache, step) = shape.decode_step(t, threads);
-                    w + cache + step
-                })
-            } else {
-                0
-            };
-            (Some(capacity), Some(context))
+            let context = max_context(shape, b, prefill.peak_bytes);
+            let other = decompressed(shape).map(|d| max_context(&d, b, prefill.peak_bytes));
+            (Some(capacity), Some(context), other)
         }
     };
     Serving {
@@ -462,6 +499,9 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
         max_context: context,
+        decode_step_bytes: shape.decode_step(shape.s, threads).2,
+        decode_step_bytes_decompressed: decompressed(shape).map(|d| d.decode_step(d.s, threads).2),
+        max_context_decompressed: context_decompressed,
     }
 }
 

@@ -657,6 +657,7 @@ fn mla_shape(f: &Fields, model_type: &str) -> Result<MlaShape, UserError> {
         qk_nope_head_dim: f.size("qk_nope_head_dim", MAX_SIZE)?,
         qk_rope_head_dim: f.size("qk_rope_head_dim", MAX_SIZE)?,
         v_head_dim: f.size("v_head_dim", MAX_SIZE)?,
+        decompressed_decode: false,
     })
 }
 

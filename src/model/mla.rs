@@ -18,8 +18,20 @@
 //!   `(…, dq)`; the attention of [`super::attention::Core`] with scale `1/√dq`; `o (A·dv → H)`.
 //!
 //! The cache ([`super::transformer::KvCache`]) keeps, per layer, the normalised latent
-//! `(B, 1, T, L)` and the rotated `k_pe (B, 1, T, r)`; each step decompresses the whole cache
-//! through `kv_b` (a transient `(B, T, A·(n + dv))` and the keys and values made from it).
+//! `(B, 1, T, L)` and the rotated `k_pe (B, 1, T, r)`. A decode step (one new token over a
+//! cache) attends over the latent itself, as vLLM, SGLang and FlashMLA do (the absorbed form):
+//! with `kv_b`'s weight viewed as `W_uk (A, n, L)` and `W_uv (A, dv, L)`, the query's nope part
+//! is projected into the latent, `q_lat = q_nope·W_uk (B, A, 1, L)`, and the step is a
+//! multi-query attention with one key head `[c | k_pe] (B, 1, T, L + r)` and one value head
+//! `c`: `softmax([q_lat | q_pe]·[c | k_pe]ᵀ/√(n + r))·c = o_lat (B, A, 1, L)`, then
+//! `o_lat·W_uvᵀ (B, A, 1, dv)` into `o`. Its transients are the joined key `(B, 1, T, L + r)` and
+//! the scores `(B, A, 1, T)`: per cached token about one layer's latent, where the decompressed
+//! form holds `A·(n + dv + dq + dv)` (DeepSeek-V3: ≈ 128 KiB per token per layer in bf16).
+//! `decompressed_decode` ([`MlaShape`]) keeps transformers' form, which decompresses the whole
+//! cache through `kv_b` each step (a transient `(B, T, A·(n + dv))` and the keys and values made
+//! from it); so does a `kv_b` with a LoRA adapter or a quantized (frozen) weight, which has no
+//! dense weight to absorb. A prompt (prefill) attends in the decompressed form either way, as
+//! the serving engines do.
 //!
 //! Parameters per layer: `H·A·dq` (or `H·R + R + R·A·dq`) + `H·(L + r)` + `L` +
 //! `L·A·(n + dv)` + `A·dv·H`, plus biases on `q_a`, `kv_a` and `o` with `attention_bias`.
@@ -191,6 +203,14 @@ impl Mla {
         let (q, c, k_pe) = self.latent(x, rotary)?;
         let first = cache.is_none();
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe)?;
+        if !first
+            && q.dim(2)? == 1
+            && let Some(w) = self.absorbable()
+        {
+            let y = self.absorbed_step(q, &c, &k_pe, w)?;
+            *cache = Some((c, k_pe));
+            return Ok(y);
+        }
         let (k, v) = self.decompress(&c, &k_pe)?;
         *cache = Some((c, k_pe));
         if first && q.dim(2)? > 1 {
@@ -198,6 +218,53 @@ impl Mla {
         } else {
             self.core.attend(q, k, v, mask)
         }
+    }
+
+    /// `kv_b`'s dense weight `(A·(n + dv), L)` when decode steps attend over the latent: not
+    /// under `decompressed_decode`, nor with a LoRA adapter or a frozen (quantized) base.
+    fn absorbable(&self) -> Option<&Tensor> {
+        let p = &self.kv_b;
+        (!self.shape.decompressed_decode && p.lora.is_none() && p.frozen.is_none())
+            .then(|| p.linear.weight())
+    }
+
+    /// One decode step over the latent cache `c (B, 1, T, L)`, `k_pe (B, 1, T, r)` for the
+    /// queries `q (B, A, 1, n + r)`: the absorbed form of the module docs, heads merged
+    /// `(B, 1, A·dv)`.
+    fn absorbed_step(&self, q: Tensor, c: &Tensor, k_pe: &Tensor, w: &Tensor) -> Result<Tensor> {
+        let (b, a, _, _) = q.dims4()?;
+        let m = &self.shape;
+        let (n, r, dv, l) = (
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        );
+        let w = w.reshape((a, n + dv, l))?;
+        // Per head, `(A, B, n) × (A, n, L)`: the weight's rows read in place.
+        let q_nope = q
+            .narrow(3, 0, n)?
+            .reshape((b, a, n))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let q_lat = q_nope.matmul(&w.narrow(1, 0, n)?)?;
+        drop(q_nope);
+        let q_lat = q_lat.transpose(0, 1)?.reshape((b, a, 1, l))?;
+        // The core scales by 1/√(L + r); MLA's scale is 1/√(n + r).
+        let scale = ((l + r) as f64 / (n + r) as f64).sqrt();
+        let q_abs = (Tensor::cat(&[&q_lat, &q.narrow(3, n, r)?], 3)? * scale)?;
+        drop((q_lat, q));
+        let k_abs = Tensor::cat(&[c, k_pe], 3)?;
+        let core = Core {
+            kv_heads: 1,
+            ..self.core
+        };
+        let y = core.attend(q_abs, k_abs, c.clone(), None)?;
+        let o_lat = y.reshape((b, a, l))?.transpose(0, 1)?.contiguous()?;
+        drop(y);
+        let out = o_lat.matmul(&w.narrow(1, n, dv)?.transpose(1, 2)?)?;
+        drop(o_lat);
+        out.transpose(0, 1)?.reshape((b, 1, a * dv))
     }
 
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {

@@ -198,6 +198,11 @@ pub struct MlaShape {
     pub qk_nope_head_dim: usize,
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
+    /// Decode steps decompress the whole latent cache through `kv_b` each step (transformers'
+    /// form); `false`, the default, attends over the latent with the absorbed projections
+    /// (vLLM's, SGLang's and FlashMLA's form: [`super::mla`]).
+    #[serde(default)]
+    pub decompressed_decode: bool,
 }
 
 impl MlaShape {

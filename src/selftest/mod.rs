@@ -58,6 +58,7 @@ checks![
     kernels::gpt_fused_gradients_equal_composed,
     kernels::llama_fused_gradients_equal_composed,
     kernels::vit_fused_gradients_equal_composed,
+    kernels::mla_absorbed_decode_matches_decompressed,
     backward::by_block_gradients_equal_the_whole_backward,
     optim::in_place_steps_equal_the_reference_steps,
     optim::in_place_steps_change_the_weights,

@@ -1,5 +1,5 @@
-//! Mirror of `model::mla`: multi-head latent attention, its latent cache and the
-//! decompression of each step.
+//! Mirror of `model::mla`: multi-head latent attention, its latent cache, decode steps over
+//! the latent (the absorbed form) and the decompression of the others.
 
 use super::attention::{Core, Rotary};
 use super::norm::Norm;
@@ -112,6 +112,14 @@ impl Mla {
         let (q, c, k_pe) = self.latent(x, rotary);
         let first = cache.is_none();
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe);
+        if !first
+            && q.dims()[2] == 1
+            && let Some(w) = self.absorbable()
+        {
+            let y = self.absorbed_step(q, &c, &k_pe, w);
+            *cache = Some((c, k_pe));
+            return y;
+        }
         let (k, v) = self.decompress(&c, &k_pe);
         *cache = Some((c, k_pe));
         if first && q.dims()[2] > 1 {
@@ -119,6 +127,53 @@ impl Mla {
         } else {
             self.core.attend(q, k, v, mask)
         }
+    }
+
+    /// Mirror of `Mla::absorbable`.
+    fn absorbable(&self) -> Option<&Sym> {
+        let p = &self.kv_b;
+        (!self.shape.decompressed_decode && p.lora.is_none() && p.frozen.is_none())
+            .then_some(&p.weight)
+    }
+
+    /// Mirror of `Mla::absorbed_step`.
+    fn absorbed_step(&self, q: Sym, c: &Sym, k_pe: &Sym, w: &Sym) -> Sym {
+        let (b, a) = (q.dims()[0], q.dims()[1]);
+        let m = &self.shape;
+        let (n, r, dv, l) = (
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        );
+        let w = w.reshape(&[a, n + dv, l]);
+        let q_nope = q
+            .narrow(3, 0, n)
+            .reshape(&[b, a, n])
+            .transpose(0, 1)
+            .contiguous();
+        let q_lat = q_nope.matmul(&w.narrow(1, 0, n));
+        drop(q_nope);
+        let q_lat = q_lat.transpose(0, 1).reshape(&[b, a, 1, l]);
+        let scale = ((l + r) as f64 / (n + r) as f64).sqrt();
+        let q_abs = {
+            let joined = Sym::cat(&[&q_lat, &q.narrow(3, n, r)], 3);
+            let scaled = joined.affine(scale);
+            drop(joined);
+            scaled
+        };
+        drop((q_lat, q));
+        let k_abs = Sym::cat(&[c, k_pe], 3);
+        let core = Core {
+            kv_heads: 1,
+            ..self.core
+        };
+        let y = core.attend(q_abs, k_abs, c.clone(), None);
+        let o_lat = y.reshape(&[b, a, l]).transpose(0, 1).contiguous();
+        drop(y);
+        let out = o_lat.matmul(&w.narrow(1, n, dv).transpose(1, 2));
+        drop(o_lat);
+        out.transpose(0, 1).reshape(&[b, 1, a * dv])
     }
 
     /// The projections in model order.
