@@ -187,6 +187,12 @@ pub struct PredictArgs {
     /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Write each case's predicted train step as a memory timeline: Chrome/Perfetto trace
+    /// events (FILE.json; open in ui.perfetto.dev or chrome://tracing), the live bytes event by
+    /// event split into activations, temporaries, gradients, workspace and bookkeeping, with
+    /// the peak's op and layer marked.
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
 }
 
 /// The routing a mixture of experts' budget answers assume.

@@ -190,8 +190,8 @@ fn errors_name_the_file_and_the_field() {
     }
 }
 
-/// `memfit predict --json` of `args`: each phase's predicted peak.
-fn phase_peaks(args: &[&str]) -> std::collections::HashMap<String, u64> {
+/// `memfit predict --json ARGS`: the first case's object.
+fn predict_json(args: &[&str]) -> serde_json::Value {
     let out = memfit()
         .arg("predict")
         .arg("--json")
@@ -199,8 +199,12 @@ fn phase_peaks(args: &[&str]) -> std::collections::HashMap<String, u64> {
         .assert()
         .success();
     let line = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    v["phase_peak_bytes"]
+    serde_json::from_str(line.lines().next().unwrap()).unwrap()
+}
+
+/// `memfit predict --json` of `args`: each phase's predicted peak.
+fn phase_peaks(args: &[&str]) -> std::collections::HashMap<String, u64> {
+    predict_json(args)["phase_peak_bytes"]
         .as_array()
         .unwrap()
         .iter()
@@ -466,19 +470,6 @@ fn absent_fields_take_transformers_defaults() {
     assert!(err.contains("`scoring_func`"), "{err}");
 }
 
-/// `memfit predict --json ARGS`: the first case's `serving` object.
-fn serving_of(args: &[&str]) -> serde_json::Value {
-    let out = memfit()
-        .arg("predict")
-        .arg("--json")
-        .args(args)
-        .assert()
-        .success();
-    let line = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    let v: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    v["serving"].clone()
-}
-
 /// MLA decodes over the latent (the absorbed form) by default: DeepSeek-V3's decode step grows
 /// by ≤ 0.1 × the latent cache per cached token (its working set per token ≤ 1.1 × the cache:
 /// measured here as the step's growth from 4096 to 8192 tokens), where transformers'
@@ -490,21 +481,12 @@ fn mla_decode_attends_over_the_latent() {
         env!("CARGO_MANIFEST_DIR"),
         "/workloads/configs/deepseek-v3-bf16.json"
     );
+    let common = "--batch 1 --dtype bf16 --device cuda:0 --phases prefill,decode --seq";
     let at = |seq: &str| {
-        serving_of(&[
-            "--hf-config",
-            v3,
-            "--batch",
-            "1",
-            "--seq",
-            seq,
-            "--dtype",
-            "bf16",
-            "--device",
-            "cuda:0",
-            "--phases",
-            "prefill,decode",
-        ])
+        let mut args = vec!["--hf-config", v3];
+        args.extend(common.split_whitespace());
+        args.push(seq);
+        predict_json(&args)["serving"].clone()
     };
     let (a, b) = (at("4096"), at("8192"));
     let latent = a["kv_bytes_per_token"].as_u64().unwrap();
@@ -522,24 +504,13 @@ fn mla_decode_attends_over_the_latent() {
         env!("CARGO_MANIFEST_DIR"),
         "/workloads/configs/deepseek-v2-lite.json"
     );
-    let s = serving_of(&[
-        "--hf-config",
-        lite,
-        "--hf-set",
-        "max_position_embeddings=1048576",
-        "--batch",
-        "8",
-        "--seq",
-        "8192",
-        "--dtype",
-        "bf16",
-        "--device",
-        "cuda:0",
-        "--phases",
-        "prefill,decode",
-        "--fit-in",
-        "80GiB",
-    ]);
+    let mut args = vec!["--hf-config", lite];
+    args.extend(
+        "--hf-set max_position_embeddings=1048576 --batch 8 --seq 8192 --dtype bf16 \
+         --device cuda:0 --phases prefill,decode --fit-in 80GiB"
+            .split_whitespace(),
+    );
+    let s = &predict_json(&args)["serving"];
     let (ctx, ctx_d) = (
         s["max_context"].as_u64().unwrap(),
         s["max_context_decompressed"].as_u64().unwrap(),

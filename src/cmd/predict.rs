@@ -12,6 +12,7 @@ use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
 use crate::phase::Phase;
 use crate::units;
+use std::io::Write;
 
 fn human_bytes(b: u64) -> String {
     units::human_bytes(b as f64)
@@ -144,6 +145,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(crate::fit::calibration::load)
         .transpose()?;
+    if let Some(path) = &args.timeline {
+        write_timelines(path, &cases, threads)?;
+    }
     // Every case first, so a calibration that lacks a case's rows fails before any output.
     let mut predictions = Vec::with_capacity(cases.len());
     for case in &cases {
@@ -323,6 +327,68 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
 /// The prediction of one case (and, with a budget, the largest batch that fits). A mixture of
 /// experts' budget answers assume the worst routing when `worst_fit` (the safe answer), else
 /// balanced routing.
+/// `--timeline FILE`: every training case's predicted train step
+/// ([`crate::formula::timeline`]), one trace process per case.
+fn write_timelines(path: &std::path::Path, cases: &[Case], threads: usize) -> anyhow::Result<()> {
+    use crate::formula::timeline;
+    let svg = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => false,
+        Some("svg") => true,
+        _ => anyhow::bail!(
+            "--timeline {}: give a .json file (Chrome/Perfetto trace events) or an .svg (a picture)",
+            path.display()
+        ),
+    };
+    let mut timelines = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        if !case.phases.contains(&Phase::TrainStep) {
+            continue;
+        }
+        let shape = Shape::of(case);
+        let t = timeline::train_step(&shape, case.optimizer, threads);
+        let (peak, at) = t.peak();
+        let (op, layer) = t.peak_op();
+        eprintln!(
+            "timeline: case {i} train step, {} events, peak {} at {op} ({layer}, {})",
+            t.samples.len(),
+            human_bytes(peak),
+            t.samples[at].stage
+        );
+        timelines.push((
+            format!(
+                "case {i}: {} B{} S{} {} {} train step (predicted)",
+                case.preset,
+                case.batch,
+                case.seq,
+                case.dtype.as_str(),
+                case.device
+            ),
+            t,
+        ));
+    }
+    if timelines.is_empty() {
+        anyhow::bail!("--timeline: no case trains (add train-step to --phases)");
+    }
+    if svg && timelines.len() > 1 {
+        anyhow::bail!(
+            "--timeline {}: a picture draws one case and {} cases train; use a .json trace (one process per case) or one case",
+            path.display(),
+            timelines.len()
+        );
+    }
+    let file = std::fs::File::create(path)
+        .map_err(|e| anyhow::anyhow!("--timeline {}: {e}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    if svg {
+        let (name, t) = &timelines[0];
+        timeline::write_svg(&mut out, name, t)?;
+    } else {
+        timeline::write_trace(&mut out, &timelines)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 pub fn predict_case(
     case: &Case,
     threads: usize,

@@ -10,6 +10,7 @@ pub mod replay;
 pub mod search;
 pub mod shape;
 pub mod symbolic;
+pub mod timeline;
 pub mod transformer;
 pub mod zero;
 

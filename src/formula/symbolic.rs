@@ -46,7 +46,35 @@ pub struct Ledger {
     /// `Some(threads)`: add `gemm`'s transient packing buffer to every matmul
     /// ([`super::gemm::scratch_bytes`]) for candle running on `threads` threads.
     pub gemm_threads: Option<usize>,
+    /// Every change of the live bytes while tracing ([`Ledger::start_trace`]), in order.
+    trace: std::cell::RefCell<Option<Vec<Event>>>,
+    /// The stage the driver says the replay is in ([`Ledger::set_stage`]), for the trace.
+    stage: Cell<&'static str>,
+    /// The backward node being differentiated: the label of op-less tensors made meanwhile.
+    context: Cell<&'static str>,
 }
+
+/// One change of the live bytes (a timeline's event, [`Ledger::start_trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The allocation it belongs to: a storage, a host buffer, or one of the pooled kinds
+    /// [`BOOKKEEPING`] (candle's per-tensor metadata) and [`WORKSPACE`] (gemm's packing).
+    pub id: u64,
+    pub delta: i64,
+    /// What allocated it: the op that made the tensor (`matmul`, `kernel`, `cat`, …), `tensor`
+    /// for one made without an op, `cut` for a block boundary's moved storage, `host`,
+    /// `bookkeeping` or `gemm`.
+    pub label: &'static str,
+    /// The part of the model ([`Ledger::set_tag`]: 0 outside a block, else its layer + 1).
+    pub tag: u32,
+    /// The driver's stage ([`Ledger::set_stage`]).
+    pub stage: &'static str,
+}
+
+/// [`Event::id`] of candle's per-tensor bookkeeping bytes (all tensors pooled).
+pub const BOOKKEEPING: u64 = u64::MAX;
+/// [`Event::id`] of gemm's transient packing buffers.
+pub const WORKSPACE: u64 = u64::MAX - 1;
 
 impl Ledger {
     pub fn new(meta_per_tensor: u64, gemm_threads: Option<usize>) -> Rc<Self> {
@@ -55,6 +83,48 @@ impl Ledger {
             gemm_threads,
             ..Self::default()
         })
+    }
+
+    /// Starts recording every change of the live bytes ([`Event`]); [`Ledger::take_trace`]
+    /// ends it.
+    pub fn start_trace(&self) {
+        *self.trace.borrow_mut() = Some(Vec::new());
+    }
+
+    /// The events recorded since [`Ledger::start_trace`] (empty when not tracing).
+    pub fn take_trace(&self) -> Vec<Event> {
+        self.trace.borrow_mut().take().unwrap_or_default()
+    }
+
+    /// Names the stage the next events belong to (`forward`, `backward`, …).
+    pub fn set_stage(&self, stage: &'static str) {
+        self.stage.set(stage);
+        self.context.set("");
+    }
+
+    fn note(&self, id: u64, delta: i64, label: &'static str) {
+        if delta == 0 {
+            return;
+        }
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            t.push(Event {
+                id,
+                delta,
+                label,
+                tag: self.tag.get(),
+                stage: self.stage.get(),
+            });
+        }
+    }
+
+    fn alloc_as(&self, bytes: u64, id: u64, label: &'static str) {
+        self.note(id, bytes as i64, label);
+        self.alloc(bytes);
+    }
+
+    fn free_as(&self, bytes: u64, id: u64) {
+        self.note(id, -(bytes as i64), "");
+        self.free(bytes);
     }
 
     fn alloc(&self, bytes: u64) {
@@ -165,10 +235,12 @@ impl Ledger {
         } else {
             0
         };
-        self.alloc(bytes);
+        let id = self.id();
+        self.alloc_as(bytes, id, "host");
         HostBytes {
             ledger: self.clone(),
             bytes,
+            id,
         }
     }
 
@@ -177,8 +249,8 @@ impl Ledger {
     fn gemm_pack(&self, la: &Layout, ra: &Layout, dtype: DType) {
         if let Some(threads) = self.gemm_threads {
             let scratch = gemm_scratch(la, ra, dtype, threads);
-            self.alloc(scratch);
-            self.free(scratch);
+            self.alloc_as(scratch, WORKSPACE, "gemm");
+            self.free_as(scratch, WORKSPACE);
         }
     }
 
@@ -213,6 +285,7 @@ pub struct Windows(pub Vec<Window>);
 pub struct HostBytes {
     ledger: Rc<Ledger>,
     bytes: u64,
+    id: u64,
 }
 
 impl HostBytes {
@@ -227,7 +300,7 @@ impl HostBytes {
 
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        self.ledger.free(self.bytes);
+        self.ledger.free_as(self.bytes, self.id);
     }
 }
 
@@ -270,12 +343,14 @@ impl DType {
 struct Storage {
     /// What it holds (a cut moves it out: [`Sym::cut`]).
     bytes: Cell<u64>,
+    /// Its [`Event::id`].
+    id: u64,
     ledger: Rc<Ledger>,
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        self.ledger.free(self.bytes.get());
+        self.ledger.free_as(self.bytes.get(), self.id);
     }
 }
 
@@ -374,6 +449,48 @@ pub enum Op {
     Seed(Sym, std::cell::RefCell<Option<Sym>>),
 }
 
+impl Op {
+    /// The op's name in a timeline ([`Event::label`]).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Add(..) => "add",
+            Op::Sub(..) => "sub",
+            Op::Mul(..) => "mul",
+            Op::Div(..) => "div",
+            Op::Affine(..) => "affine",
+            Op::Matmul(..) => "matmul",
+            Op::Broadcast(..) => "broadcast",
+            Op::Reshape(..) => "reshape",
+            Op::Transpose(..) => "transpose",
+            Op::Permute(..) => "permute",
+            Op::Cat(..) => "cat",
+            Op::Copy(..) => "copy",
+            Op::Narrow(..) => "narrow",
+            Op::Sum(..) => "sum",
+            Op::Max(..) => "max",
+            Op::Gather(..) => "gather",
+            Op::IndexSelect(..) => "index-select",
+            Op::IndexAdd(..) => "index-add",
+            Op::Cmp(..) => "cmp",
+            Op::ToDType(..) => "to-dtype",
+            Op::Exp(..) => "exp",
+            Op::Log(..) => "log",
+            Op::Sqr(..) => "sqr",
+            Op::Sqrt(..) => "sqrt",
+            Op::Tanh(..) => "tanh",
+            Op::Gelu(..) => "gelu",
+            Op::Silu(..) => "silu",
+            Op::Neg(..) => "neg",
+            Op::Recip(..) => "recip",
+            Op::Powf(..) => "powf",
+            Op::Attn(..) => "efficient-attention",
+            Op::Frozen(..) => "frozen-linear",
+            Op::Kernel(k, _) => k.name(),
+            Op::Seed(..) => "seed",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     id: u64,
@@ -389,7 +506,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.ledger.free(self.ledger.meta_per_tensor);
+        self.ledger
+            .free_as(self.ledger.meta_per_tensor, BOOKKEEPING);
     }
 }
 
@@ -406,7 +524,7 @@ impl Sym {
         op: Option<Op>,
         is_variable: bool,
     ) -> Sym {
-        ledger.alloc(ledger.meta_per_tensor);
+        ledger.alloc_as(ledger.meta_per_tensor, BOOKKEEPING, "bookkeeping");
         Sym(Rc::new(Inner {
             id: ledger.id(),
             tag: ledger.tag.get(),
@@ -433,9 +551,16 @@ impl Sym {
     ) -> Sym {
         let layout = Layout::contiguous(dims);
         let bytes = layout.elems() * dtype.size();
-        ledger.alloc(bytes);
+        let id = ledger.id();
+        let label = match (&op, ledger.context.get()) {
+            (Some(op), _) => op.name(),
+            (None, "") => "tensor",
+            (None, during) => during,
+        };
+        ledger.alloc_as(bytes, id, label);
         let storage = Rc::new(Storage {
             bytes: Cell::new(bytes),
+            id,
             ledger: ledger.clone(),
         });
         Sym::make(ledger, layout, dtype, storage, op, is_variable)
@@ -537,10 +662,14 @@ impl Sym {
         let ledger = self.ledger();
         let bytes = self.0.storage.bytes.get();
         let left = if cuda { self.0.dtype.size() } else { 0 };
+        let (old, id) = (self.0.storage.id, ledger.id());
+        ledger.note(old, left as i64 - bytes as i64, "");
+        ledger.note(id, bytes as i64, "cut");
         ledger.alloc(left);
         self.0.storage.bytes.set(left);
         let storage = Rc::new(Storage {
             bytes: Cell::new(bytes),
+            id,
             ledger: ledger.clone(),
         });
         Sym::make(
@@ -1186,6 +1315,9 @@ pub fn backward(root: &Sym) -> GradStore {
             .expect("internal error: gradient not populated");
         let grad = grad_removed.detach();
         let Some(op) = node.op() else { continue };
+        // Op-less tensors made while differentiating this node (`zeros_like`, gradients built
+        // from storage) are labelled by it in a trace.
+        ledger.context.set(op.name());
         match op {
             Op::Add(lhs, rhs) => {
                 let s = grads.or_insert(lhs);

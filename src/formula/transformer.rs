@@ -31,7 +31,7 @@ impl Shape {
     }
 
     /// A CPU metadata term; on CUDA the pool never sees host bookkeeping.
-    fn meta(&self, bytes: u64) -> u64 {
+    pub(crate) fn meta(&self, bytes: u64) -> u64 {
         if self.cpu { bytes } else { 0 }
     }
 

@@ -1340,6 +1340,21 @@ pub fn replay_training_full(
     training_on(&ledger, shape, &slots, None)
 }
 
+/// [`replay_training_full`] recording every change of the live bytes ([`Ledger::start_trace`]):
+/// the stages `setup` (the model and the batch, before the window), `forward`, `backward` and
+/// `done` (the gradients dropped).
+pub fn trace_training(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> (Training, Vec<crate::formula::symbolic::Event>) {
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    ledger.start_trace();
+    let slots = all_layers(shape);
+    let t = training_on(&ledger, shape, &slots, None);
+    (t, ledger.take_trace())
+}
+
 /// Every layer of `shape`, tagged by its index + 1.
 fn all_layers(shape: &Shape) -> Vec<Slot> {
     (0..shape.l as usize)
@@ -1357,10 +1372,12 @@ fn training_on(
     slots: &[Slot],
     experts: Option<&[usize]>,
 ) -> Training {
+    ledger.set_stage("setup");
     let model = Transformer::with_layers(ledger, shape, true, slots, experts);
     let (tokens, targets) = inputs(ledger, shape);
     let k = shape.checkpoint as usize;
     let base = ledger.reset_peak();
+    ledger.set_stage("forward");
     let (forward_peak, forward_retained, backward_peak, backward_retained);
     if k == 0 && shape.by_block {
         let fwd = by_block_forward(
@@ -1372,9 +1389,11 @@ fn training_on(
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
+        ledger.set_stage("backward");
         let grads = by_block_backward(&model, fwd);
         backward_peak = ledger.window_peak(base);
         backward_retained = ledger.current() as i64 - base as i64;
+        ledger.set_stage("done");
         drop(grads);
     } else if k == 0 {
         let loss = if shape.mixed {
@@ -1388,11 +1407,13 @@ fn training_on(
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
+        ledger.set_stage("backward");
         let mut all = backward(&loss);
         backward_peak = ledger.window_peak(base);
         let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
         drop(all);
         backward_retained = ledger.current() as i64 - base as i64;
+        ledger.set_stage("done");
         drop(loss);
         drop(kept);
     } else {
@@ -1410,9 +1431,11 @@ fn training_on(
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
+        ledger.set_stage("backward");
         let grads = ckpt_backward(&model, fwd, &tokens, k);
         backward_peak = ledger.window_peak(base);
         backward_retained = ledger.current() as i64 - base as i64;
+        ledger.set_stage("done");
         drop(grads);
     }
     Training {

@@ -1,0 +1,203 @@
+//! `memfit predict --timeline FILE.json`: the predicted train step event by event, as
+//! Chrome/Perfetto trace events. The timeline's maximum is the predicted train-step peak to the
+//! byte, whatever the family, backward, checkpointing, precision, kernels or LoRA base; the
+//! file is valid trace JSON with the stages and the peak marked.
+
+mod common;
+
+use common::memfit;
+use serde_json::Value;
+
+/// `predict --json ARGS --timeline`: the train step's predicted peak, and the trace.
+fn predicted_and_trace(args: &[&str]) -> (u64, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let out = memfit()
+        .arg("predict")
+        .arg("--json")
+        .args(args)
+        .args(["--phases", "train-step", "--threads", "2", "--timeline"])
+        .arg(&path)
+        .assert()
+        .success();
+    let line = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let v: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let peak = v["phase_peak_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p[0] == "train-step")
+        .unwrap()[1]
+        .as_u64()
+        .unwrap();
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    (peak, trace)
+}
+
+/// The largest stacked total of the trace's `bytes` counter.
+fn trace_max(trace: &Value) -> u64 {
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "bytes")
+        .map(|e| {
+            e["args"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|b| b.as_u64().unwrap())
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn the_timeline_maximum_is_the_predicted_peak() {
+    let qwen3_moe = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen3_moe/config.json"
+    );
+    let deepseek = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/deepseek_v3/config.json"
+    );
+    let cases = [
+        "--preset small --batch 4 --seq 128".to_string(),
+        "--preset small --batch 2 --seq 64 --kernels composed".to_string(),
+        "--preset small --batch 2 --seq 64 --backward whole".to_string(),
+        "--preset small --batch 2 --seq 64 --checkpoint 1".to_string(),
+        "--preset vit-tiny --batch 8".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --attention standard".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --lora-rank 4 --lora-base q4_0".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --dtype bf16 --precision mixed --device cuda:0"
+            .to_string(),
+        format!("--hf-config {qwen3_moe} --batch 2 --seq 16"),
+        format!("--hf-config {deepseek} --batch 2 --seq 16"),
+    ];
+    for case in &cases {
+        let args: Vec<&str> = case.split_whitespace().collect();
+        let (peak, trace) = predicted_and_trace(&args);
+        assert_eq!(trace_max(&trace), peak, "{args:?}");
+    }
+}
+
+/// The trace a viewer opens: a process named for the case, the categories stacked in one
+/// counter, the baseline beside it, an instant event at each stage and one at the peak naming
+/// its op, layer and categories (summing to the peak).
+#[test]
+fn the_trace_marks_its_stages_and_its_peak() {
+    let (peak, trace) = predicted_and_trace(&["--preset", "small", "--batch", "4", "--seq", "128"]);
+    let events = trace["traceEvents"].as_array().unwrap();
+    let name = events
+        .iter()
+        .find(|e| e["ph"] == "M")
+        .map(|e| e["args"]["name"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(name.contains("small B4 S128"), "{name}");
+    let counter = events.iter().find(|e| e["name"] == "bytes").unwrap();
+    let cats: Vec<&String> = counter["args"].as_object().unwrap().keys().collect();
+    for c in [
+        "activations",
+        "temporaries",
+        "gradients",
+        "workspace",
+        "bookkeeping",
+    ] {
+        assert!(cats.iter().any(|k| k.as_str() == c), "{c} in {cats:?}");
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "C" && e["name"].as_str().unwrap().starts_with("baseline"))
+    );
+    let instants: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        instants.contains(&"forward") && instants.contains(&"backward"),
+        "{instants:?}"
+    );
+    let p = events
+        .iter()
+        .find(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("peak"))
+        .unwrap();
+    assert_eq!(p["args"]["bytes"].as_u64(), Some(peak));
+    let parts: u64 = p["args"]["categories"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(parts, peak);
+    assert!(!p["args"]["op"].as_str().unwrap().is_empty());
+    // GPT small's step peaks in the head's backward: the forward's saved activations beside
+    // the loss's backward temporaries (docs: train-step-gap), the gradients still to come.
+    let a = &p["args"]["categories"];
+    assert!(a["activations"].as_u64().unwrap() > 0 && a["temporaries"].as_u64().unwrap() > 0);
+    assert_eq!(p["args"]["stage"], "backward");
+    // Later the gradients grow while the activations are released block by block.
+    let counters: Vec<&Value> = events.iter().filter(|e| e["name"] == "bytes").collect();
+    let late = counters[counters.len() * 3 / 4]["args"].clone();
+    assert!(late["gradients"].as_u64().unwrap() > 0, "{late}");
+}
+
+/// A case without a train step has no timeline, a file that is neither `.json` nor `.svg` is
+/// refused, and a picture of several cases too: said, not an empty file.
+#[test]
+fn a_timeline_needs_a_train_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |args: &str, file: &str, says: &[&str]| {
+        let out = memfit()
+            .arg("predict")
+            .args(args.split_whitespace())
+            .arg("--timeline")
+            .arg(dir.path().join(file))
+            .assert()
+            .failure();
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        for s in says {
+            assert!(err.contains(s), "{args} {file}: {err}");
+        }
+    };
+    refused("--preset small --phases forward", "t.json", &["train-step"]);
+    refused(
+        "--preset small --phases train-step",
+        "t.txt",
+        &[".json", ".svg"],
+    );
+    // A picture draws one case.
+    refused(
+        "--preset small --batch 1,2 --phases train-step",
+        "t.svg",
+        &["one case"],
+    );
+}
+
+/// The README's picture: `memfit predict README_TIMELINE docs/timeline-llama-3-8b.svg`.
+const README_TIMELINE: &str =
+    "--preset llama-3-8b --seq 8192 --dtype bf16 --device cuda:0 --phases train-step --timeline";
+
+/// The README's picture is this build's prediction: regenerated here and compared byte for
+/// byte (the command of [`README_TIMELINE`] rewrites it).
+#[test]
+fn the_readme_timeline_is_this_builds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.svg");
+    memfit()
+        .arg("predict")
+        .args(README_TIMELINE.split_whitespace())
+        .arg(&path)
+        .assert()
+        .success();
+    let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/timeline-llama-3-8b.svg");
+    assert!(
+        std::fs::read(&path).unwrap() == std::fs::read(committed).unwrap(),
+        "docs/timeline-llama-3-8b.svg is stale: regenerate it (see this test's doc)"
+    );
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.contains("peak 46.98 GiB"), "the README quotes the peak");
+}
