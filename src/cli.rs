@@ -358,6 +358,12 @@ pub struct RunArgs {
     /// Print every case with its shard (with --shard) and predicted cost, and run nothing.
     #[arg(long, alias = "dry-run")]
     pub list_cases: bool,
+    /// A folder for each CPU case's measured train-step timeline
+    /// (`case-N-train-step.json`, Chrome/Perfetto trace events: every change of the counting
+    /// allocator's bytes in the window, split by stage and lifetime into activations,
+    /// temporaries and gradients; recorded in static arrays, so the measured peak is the same).
+    #[arg(long, value_name = "DIR")]
+    pub timeline: Option<PathBuf>,
     /// (internal) Run only this case, streaming events on stdout, for a parent `memfit run`.
     #[arg(long, hide = true)]
     pub child_case: Option<usize>,

@@ -201,3 +201,86 @@ fn the_readme_timeline_is_this_builds() {
     let svg = std::fs::read_to_string(&path).unwrap();
     assert!(svg.contains("peak 46.98 GiB"), "the README quotes the peak");
 }
+
+/// `memfit run ARGS --out DIR/out [--timeline DIR/tl]` with one thread: the train-step row's
+/// measured peak and, when traced, the case's measured timeline.
+fn measured(args: &str, traced: bool) -> (u64, Option<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = memfit();
+    cmd.arg("run")
+        .args(args.split_whitespace())
+        .args(["--phases", "train-step", "--threads", "1", "--out"])
+        .arg(dir.path().join("out"));
+    if traced {
+        cmd.arg("--timeline").arg(dir.path().join("tl"));
+    }
+    cmd.assert().success();
+    let rows = std::fs::read_to_string(dir.path().join("out/results.jsonl")).unwrap();
+    let row: Value = serde_json::from_str(rows.lines().next().unwrap()).unwrap();
+    let trace = traced.then(|| {
+        let text = std::fs::read_to_string(dir.path().join("tl/case-0-train-step.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    });
+    (row["peak_bytes"].as_u64().unwrap(), trace)
+}
+
+/// The counter's value just before the instant event `name` (a stage's start).
+fn before(trace: &Value, name: &str) -> Value {
+    let events = trace["traceEvents"].as_array().unwrap();
+    let at = events
+        .iter()
+        .find(|e| e["ph"] == "i" && e["name"] == name)
+        .unwrap()["ts"]
+        .as_u64()
+        .unwrap();
+    events
+        .iter()
+        .rev()
+        .find(|e| e["name"] == "bytes" && e["ts"].as_u64().unwrap() < at)
+        .unwrap()["args"]
+        .clone()
+}
+
+/// The measured timeline (`memfit run --timeline`, the counting allocator's every change in the
+/// window, recorded outside the heap it counts): its maximum is the row's measured peak to the
+/// byte, the peak is the same byte count with and without recording, and it overlays the
+/// predicted timeline where the two can be compared: the bytes the forward leaves for the
+/// backward (measured activations against predicted activations and candle's bookkeeping),
+/// within 1 % + 16 KiB, and the stage of the peak.
+#[test]
+fn the_measured_timeline_overlays_the_prediction() {
+    for args in [
+        "--preset small --batch 4 --seq 128",
+        "--preset llama-tiny --batch 2 --seq 32",
+    ] {
+        let (peak, trace) = measured(args, true);
+        let trace = trace.unwrap();
+        assert_eq!(trace_max(&trace), peak, "{args}");
+        let (untraced, _) = measured(args, false);
+        assert_eq!(untraced, peak, "{args}: --timeline moved the measured peak");
+        let a: Vec<&str> = args.split_whitespace().collect();
+        let (_, predicted) = predicted_and_trace(&a);
+        let kept = |t: &Value, keys: &[&str]| -> u64 {
+            let s = before(t, "backward");
+            keys.iter().map(|k| s[*k].as_u64().unwrap()).sum()
+        };
+        let m = kept(&trace, &["activations"]);
+        let p = kept(&predicted, &["activations", "bookkeeping"]);
+        assert!(
+            m.abs_diff(p) <= p / 100 + 16 * 1024,
+            "{args}: the forward leaves {m} B measured, {p} B predicted"
+        );
+        let stage = |t: &Value| -> String {
+            t["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["ph"] == "i" && e["name"].as_str().unwrap().starts_with("peak"))
+                .unwrap()["args"]["stage"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(stage(&trace), stage(&predicted), "{args}");
+    }
+}

@@ -104,6 +104,17 @@ pub(crate) fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     // 1. Resolve everything before touching the disk.
     let r = resolve(args)?;
+    if let Some(dir) = &args.timeline {
+        anyhow::ensure!(
+            !crate::meter::cpu_alloc::UNMETERED,
+            "--timeline records the counting allocator's events, which the `unmetered` build leaves out"
+        );
+        if args.child_case.is_none() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--timeline {}: creating the folder", dir.display()))?;
+        }
+        crate::phase::runner::set_timeline_dir(dir.clone());
+    }
     if let Some(index) = args.child_case {
         // The process of one case, for a parent `memfit run` (`sweep::child`).
         let case = r

@@ -11,7 +11,7 @@
 //! beyond it fail, which is how the CPU emulates a device of a given size.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use super::{Meter, Reading};
 
@@ -20,6 +20,72 @@ static CURRENT: AtomicU64 = AtomicU64::new(0);
 static BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 static COUNT: AtomicU64 = AtomicU64::new(0);
+
+/// Events a traced window keeps ([`start_events`]): each change of the counted bytes as the
+/// allocation's address and ±bytes, in static arrays (16 MiB of zero pages, touched only while
+/// tracing), so recording allocates nothing on the heap the meter counts.
+pub const EVENTS: usize = 1 << 20;
+static EVENT_ON: AtomicBool = AtomicBool::new(false);
+static EVENT_LEN: AtomicUsize = AtomicUsize::new(0);
+static EVENT_PTR: [AtomicU64; EVENTS] = [const { AtomicU64::new(0) }; EVENTS];
+static EVENT_DELTA: [AtomicI64; EVENTS] = [const { AtomicI64::new(0) }; EVENTS];
+/// The event index at which each stage began ([`mark`]; `usize::MAX`: not reached).
+static MARKS: [AtomicUsize; STAGES.len()] = [const { AtomicUsize::new(usize::MAX) }; STAGES.len()];
+
+/// The stages a traced train step marks, in order.
+pub const STAGES: [&str; 3] = ["forward", "backward", "optimizer"];
+
+#[inline]
+fn record(ptr: *mut u8, delta: i64) {
+    if EVENT_ON.load(Relaxed) {
+        let i = EVENT_LEN.fetch_add(1, Relaxed);
+        if i < EVENTS {
+            EVENT_PTR[i].store(ptr as u64, Relaxed);
+            EVENT_DELTA[i].store(delta, Relaxed);
+        }
+    }
+}
+
+/// Starts recording every change of the counted bytes (a window's timeline).
+pub fn start_events() {
+    EVENT_LEN.store(0, Relaxed);
+    for m in &MARKS {
+        m.store(usize::MAX, Relaxed);
+    }
+    EVENT_ON.store(true, Relaxed);
+}
+
+/// Notes that stage `STAGES[i]` begins now (nothing when not recording).
+pub fn mark(i: usize) {
+    if EVENT_ON.load(Relaxed) {
+        MARKS[i].store(EVENT_LEN.load(Relaxed), Relaxed);
+    }
+}
+
+/// Stops recording (allocates nothing: call it inside the window, [`take_events`] after).
+pub fn stop_events() {
+    EVENT_ON.store(false, Relaxed);
+}
+
+/// A traced window: the events `(address, ±bytes)` and each of [`STAGES`]' first event index.
+pub type Events = (Vec<(u64, i64)>, [Option<usize>; STAGES.len()]);
+
+/// The recorded [`Events`], or how many events there were when more than [`EVENTS`].
+pub fn take_events() -> Result<Events, usize> {
+    stop_events();
+    let n = EVENT_LEN.load(Relaxed);
+    if n > EVENTS {
+        return Err(n);
+    }
+    let events = (0..n)
+        .map(|i| (EVENT_PTR[i].load(Relaxed), EVENT_DELTA[i].load(Relaxed)))
+        .collect();
+    let marks = std::array::from_fn(|i| {
+        let m = MARKS[i].load(Relaxed);
+        (m != usize::MAX).then_some(m)
+    });
+    Ok((events, marks))
+}
 
 /// The allocator. memfit's library installs it as the `#[global_allocator]`.
 pub struct CountingAlloc;
@@ -53,6 +119,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grow(layout.size() as u64);
+            record(p, layout.size() as i64);
         }
         p
     }
@@ -64,6 +131,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             grow(layout.size() as u64);
+            record(p, layout.size() as i64);
         }
         p
     }
@@ -71,6 +139,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         unsafe { System.dealloc(ptr, layout) };
         shrink(layout.size() as u64);
+        record(ptr, -(layout.size() as i64));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -86,6 +155,9 @@ unsafe impl GlobalAlloc for CountingAlloc {
             } else {
                 shrink(old - new);
             }
+            // The old block's end and the new one's start (they may differ in address).
+            record(ptr, -(old as i64));
+            record(p, new as i64);
         }
         p
     }

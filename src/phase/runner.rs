@@ -166,11 +166,105 @@ impl Trainer {
     }
 
     fn train_step(&self, opt: &mut Opt) -> candle_core::Result<()> {
+        use crate::meter::cpu_alloc::mark;
+        mark(0);
         let mut graph = Some(self.forward()?);
+        mark(1);
         let grads = self.backward(&mut graph)?;
         drop(graph);
+        mark(2);
         opt.step(&grads)
     }
+}
+
+static TIMELINE_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// `memfit run --timeline DIR`: the folder the CPU cases' measured train-step timelines go to.
+pub fn set_timeline_dir(dir: std::path::PathBuf) {
+    let _ = TIMELINE_DIR.set(dir);
+}
+
+fn timeline_dir() -> Option<&'static std::path::Path> {
+    TIMELINE_DIR.get().map(|p| p.as_path())
+}
+
+/// The train-step window's allocation events (`meter::cpu_alloc`) as a timeline
+/// ([`crate::formula::timeline::classify`]: each allocation made in a stage and alive at its
+/// end is that stage's kept bytes — the forward's activations, the backward's gradients; the
+/// others temporaries), written to `dir/case-N-train-step.json`. Each allocation's lifetime is
+/// one id (an address reused after a free is a new allocation). The CPU sees no op names:
+/// every event is `alloc` or `free`.
+fn write_measured_timeline(
+    dir: &std::path::Path,
+    case: &Case,
+    baseline: u64,
+) -> anyhow::Result<()> {
+    use crate::formula::symbolic::Event;
+    use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
+    let (raw, marks) = take_events().map_err(|n| {
+        anyhow::anyhow!(
+            "--timeline: the train step made {n} allocation events, more than the {EVENTS} recorded"
+        )
+    })?;
+    let stage_at = |i: usize| -> &'static str {
+        let mut s = STAGES[0];
+        for (k, m) in marks.iter().enumerate() {
+            if m.is_some_and(|m| i >= m) {
+                s = STAGES[k];
+            }
+        }
+        s
+    };
+    // Live allocations: address → (id, bytes). A free of memory allocated before the window
+    // belongs to the baseline (stage `setup`: outside the stacked bytes).
+    let mut live: std::collections::HashMap<u64, (u64, i64)> = std::collections::HashMap::new();
+    let mut next = 0u64;
+    let events: Vec<Event> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, &(ptr, delta))| {
+            let (id, stage) = match live.get_mut(&ptr) {
+                Some((id, bytes)) => {
+                    *bytes += delta;
+                    let id = *id;
+                    if *bytes <= 0 {
+                        live.remove(&ptr);
+                    }
+                    (id, stage_at(i))
+                }
+                None if delta > 0 => {
+                    next += 1;
+                    live.insert(ptr, (next, delta));
+                    (next, stage_at(i))
+                }
+                None => (0, "setup"),
+            };
+            Event {
+                id,
+                delta,
+                label: if delta > 0 { "alloc" } else { "" },
+                tag: 0,
+                stage,
+            }
+        })
+        .collect();
+    let mut t = crate::formula::timeline::classify(&events);
+    t.baseline_bytes = baseline;
+    let path = dir.join(format!("case-{}-train-step.json", case.index));
+    let name = format!(
+        "case {}: {} B{} S{} {} train step (measured)",
+        case.index,
+        case.preset,
+        case.batch,
+        case.seq,
+        case.dtype.as_str()
+    );
+    let file = std::fs::File::create(&path)
+        .with_context(|| format!("--timeline: writing {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    crate::formula::timeline::write_trace(&mut out, &[(name, t)])?;
+    std::io::Write::flush(&mut out)?;
+    Ok(())
 }
 
 /// What a training forward leaves for the backward.
@@ -367,10 +461,21 @@ fn run_chain(
                 o
             }
         };
+        let traced =
+            timeline_dir().filter(|_| device.is_cpu() && case.phases.contains(&Phase::TrainStep));
+        let mut baseline = 0;
         metered(Phase::TrainStep, results, meters, &mut || {
+            if traced.is_some() {
+                baseline = crate::meter::cpu_alloc::current();
+                crate::meter::cpu_alloc::start_events();
+            }
             t.train_step(&mut opt)?;
+            crate::meter::cpu_alloc::stop_events();
             Ok(())
         })?;
+        if let Some(dir) = traced {
+            write_measured_timeline(dir, case, baseline)?;
+        }
     }
     if last < Phase::Inference {
         return Ok(());
