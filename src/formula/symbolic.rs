@@ -25,6 +25,7 @@ use std::collections::hash_map::Entry;
 use std::rc::Rc;
 
 use crate::model::kernels::{Graph, Kernel};
+pub use crate::store::timeline::{BOOKKEEPING, Event, WORKSPACE};
 
 /// Live bytes and their high-water mark.
 #[derive(Debug, Default)]
@@ -53,28 +54,6 @@ pub struct Ledger {
     /// The backward node being differentiated: the label of op-less tensors made meanwhile.
     context: Cell<&'static str>,
 }
-
-/// One change of the live bytes (a timeline's event, [`Ledger::start_trace`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    /// The allocation it belongs to: a storage, a host buffer, or one of the pooled kinds
-    /// [`BOOKKEEPING`] (candle's per-tensor metadata) and [`WORKSPACE`] (gemm's packing).
-    pub id: u64,
-    pub delta: i64,
-    /// What allocated it: the op that made the tensor (`matmul`, `kernel`, `cat`, …), `tensor`
-    /// for one made without an op, `cut` for a block boundary's moved storage, `host`,
-    /// `bookkeeping` or `gemm`.
-    pub label: &'static str,
-    /// The part of the model ([`Ledger::set_tag`]: 0 outside a block, else its layer + 1).
-    pub tag: u32,
-    /// The driver's stage ([`Ledger::set_stage`]).
-    pub stage: &'static str,
-}
-
-/// [`Event::id`] of candle's per-tensor bookkeeping bytes (all tensors pooled).
-pub const BOOKKEEPING: u64 = u64::MAX;
-/// [`Event::id`] of gemm's transient packing buffers.
-pub const WORKSPACE: u64 = u64::MAX - 1;
 
 impl Ledger {
     pub fn new(meta_per_tensor: u64, gemm_threads: Option<usize>) -> Rc<Self> {

@@ -189,7 +189,7 @@ fn timeline_dir() -> Option<&'static std::path::Path> {
 }
 
 /// The train-step window's allocation events (`meter::cpu_alloc`) as a timeline
-/// ([`crate::formula::timeline::classify`]: each allocation made in a stage and alive at its
+/// ([`crate::store::timeline::classify`]: each allocation made in a stage and alive at its
 /// end is that stage's kept bytes — the forward's activations, the backward's gradients; the
 /// others temporaries), written to `dir/case-N-train-step.json`. Each allocation's lifetime is
 /// one id (an address reused after a free is a new allocation). The CPU sees no op names:
@@ -199,8 +199,8 @@ fn write_measured_timeline(
     case: &Case,
     baseline: u64,
 ) -> anyhow::Result<()> {
-    use crate::formula::symbolic::Event;
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
+    use crate::store::timeline::{Event, classify, write_trace};
     let (raw, marks) = take_events().map_err(|n| {
         anyhow::anyhow!(
             "--timeline: the train step made {n} allocation events, more than the {EVENTS} recorded"
@@ -248,7 +248,7 @@ fn write_measured_timeline(
             }
         })
         .collect();
-    let mut t = crate::formula::timeline::classify(&events);
+    let mut t = classify(&events);
     t.baseline_bytes = baseline;
     let path = dir.join(format!("case-{}-train-step.json", case.index));
     let name = format!(
@@ -262,7 +262,7 @@ fn write_measured_timeline(
     let file = std::fs::File::create(&path)
         .with_context(|| format!("--timeline: writing {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    crate::formula::timeline::write_trace(&mut out, &[(name, t)])?;
+    write_trace(&mut out, &[(name, t)])?;
     std::io::Write::flush(&mut out)?;
     Ok(())
 }

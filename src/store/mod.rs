@@ -5,6 +5,7 @@ pub mod csv;
 pub mod hdf5;
 pub mod jsonl;
 pub mod reference;
+pub mod timeline;
 
 use std::path::{Path, PathBuf};
 
