@@ -53,6 +53,7 @@ pub struct Ledger {
     stage: Cell<&'static str>,
     /// The backward node being differentiated: the label of op-less tensors made meanwhile.
     context: Cell<&'static str>,
+    next_storage: Cell<u64>,
 }
 
 impl Ledger {
@@ -214,7 +215,7 @@ impl Ledger {
         } else {
             0
         };
-        let id = self.id();
+        let id = self.storage_id();
         self.alloc_as(bytes, id, "host");
         HostBytes {
             ledger: self.clone(),
@@ -236,6 +237,14 @@ impl Ledger {
     fn id(&self) -> u64 {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        id
+    }
+
+    /// A storage's (or host buffer's) [`Event::id`], from a counter of its own: the tensors'
+    /// ids, which order the backward's work, stay what they are without a trace.
+    fn storage_id(&self) -> u64 {
+        let id = self.next_storage.get();
+        self.next_storage.set(id + 1);
         id
     }
 }
@@ -530,7 +539,7 @@ impl Sym {
     ) -> Sym {
         let layout = Layout::contiguous(dims);
         let bytes = layout.elems() * dtype.size();
-        let id = ledger.id();
+        let id = ledger.storage_id();
         let label = match (&op, ledger.context.get()) {
             (Some(op), _) => op.name(),
             (None, "") => "tensor",
@@ -641,7 +650,7 @@ impl Sym {
         let ledger = self.ledger();
         let bytes = self.0.storage.bytes.get();
         let left = if cuda { self.0.dtype.size() } else { 0 };
-        let (old, id) = (self.0.storage.id, ledger.id());
+        let (old, id) = (self.0.storage.id, ledger.storage_id());
         ledger.note(old, left as i64 - bytes as i64, "");
         ledger.note(id, bytes as i64, "cut");
         ledger.alloc(left);
