@@ -278,14 +278,25 @@ fn phi3_logits_equal_transformers() {
 /// 11, each step's logits transformers' at that position; the cache holds the last 5.
 #[test]
 fn phi3_decode_across_the_window() {
+    decode_across_the_window("phi3", 7, 5);
+}
+
+/// `family`'s generation from a prompt of `prompt` tokens to the fixture's 11 with every
+/// attention: each step's logits transformers' full-forward logits at that position, the cache
+/// never above the window `w`.
+fn decode_across_the_window(family: &str, prompt: usize, w: usize) {
     for attention in ATTENTIONS {
-        let cfg = with("phi3", attention);
+        let cfg = with(family, attention);
         let name = attention.0;
-        generate("phi3", &cfg, 7, |t, got, at, cache| {
+        generate(family, &cfg, prompt, |t, got, at, cache| {
             let diff = max_diff(got, at);
-            assert!(diff < 1e-4, "{name} position {}: {diff}", t - 1);
+            assert!(diff < 1e-4, "{family} {name} position {}: {diff}", t - 1);
             let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
-            assert_eq!(held, t.min(5), "{name}: the cache holds the last W tokens");
+            assert_eq!(
+                held,
+                t.min(w),
+                "{family} {name}: the cache holds the last W tokens"
+            );
         });
     }
 }
@@ -296,14 +307,5 @@ fn phi3_decode_across_the_window() {
 /// position, with the composed and the fused kernels; the cache never holds more than 4.
 #[test]
 fn mistral_decode_rolls_its_cache_across_the_window() {
-    for attention in ATTENTIONS {
-        let cfg = with("mistral", attention);
-        let name = attention.0;
-        generate("mistral", &cfg, 6, |t, got, at, cache| {
-            let diff = max_diff(got, at);
-            assert!(diff < 1e-4, "{name} position {}: {diff}", t - 1);
-            let held = cache.layers[0].as_ref().unwrap().0.dim(2).unwrap();
-            assert_eq!(held, t.min(4), "{name}: the cache holds the last W tokens");
-        });
-    }
+    decode_across_the_window("mistral", 6, 4);
 }
