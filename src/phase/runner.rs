@@ -191,64 +191,25 @@ fn timeline_dir() -> Option<&'static std::path::Path> {
 /// The train-step window's allocation events (`meter::cpu_alloc`) as a timeline
 /// ([`crate::store::timeline::classify`]: each allocation made in a stage and alive at its
 /// end is that stage's kept bytes — the forward's activations, the backward's gradients; the
-/// others temporaries), written to `dir/case-N-train-step.json`. Each allocation's lifetime is
-/// one id (an address reused after a free is a new allocation). The CPU sees no op names:
-/// every event is `alloc` or `free`.
+/// others temporaries), written to `dir/case-N-train-step.json`.
 fn write_measured_timeline(
     dir: &std::path::Path,
     case: &Case,
     baseline: u64,
 ) -> anyhow::Result<()> {
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
-    use crate::store::timeline::{Event, classify, write_trace};
+    use crate::store::timeline::{of_addresses, write_trace_file};
     let (raw, marks) = take_events().map_err(|n| {
         anyhow::anyhow!(
             "--timeline: the train step made {n} allocation events, more than the {EVENTS} recorded"
         )
     })?;
-    let stage_at = |i: usize| -> &'static str {
-        let mut s = STAGES[0];
-        for (k, m) in marks.iter().enumerate() {
-            if m.is_some_and(|m| i >= m) {
-                s = STAGES[k];
-            }
-        }
-        s
-    };
-    // Live allocations: address → (id, bytes). A free of memory allocated before the window
-    // belongs to the baseline (stage `setup`: outside the stacked bytes).
-    let mut live: std::collections::HashMap<u64, (u64, i64)> = std::collections::HashMap::new();
-    let mut next = 0u64;
-    let events: Vec<Event> = raw
+    let marks: Vec<(usize, &'static str)> = marks
         .iter()
-        .enumerate()
-        .map(|(i, &(ptr, delta))| {
-            let (id, stage) = match live.get_mut(&ptr) {
-                Some((id, bytes)) => {
-                    *bytes += delta;
-                    let id = *id;
-                    if *bytes <= 0 {
-                        live.remove(&ptr);
-                    }
-                    (id, stage_at(i))
-                }
-                None if delta > 0 => {
-                    next += 1;
-                    live.insert(ptr, (next, delta));
-                    (next, stage_at(i))
-                }
-                None => (0, "setup"),
-            };
-            Event {
-                id,
-                delta,
-                label: if delta > 0 { "alloc" } else { "" },
-                tag: 0,
-                stage,
-            }
-        })
+        .zip(STAGES)
+        .filter_map(|(m, stage)| m.map(|m| (m, stage)))
         .collect();
-    let mut t = classify(&events);
+    let mut t = of_addresses(&raw, &marks);
     t.baseline_bytes = baseline;
     let path = dir.join(format!("case-{}-train-step.json", case.index));
     let name = format!(
@@ -259,12 +220,8 @@ fn write_measured_timeline(
         case.seq,
         case.dtype.as_str()
     );
-    let file = std::fs::File::create(&path)
-        .with_context(|| format!("--timeline: writing {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    write_trace(&mut out, &[(name, t)])?;
-    std::io::Write::flush(&mut out)?;
-    Ok(())
+    write_trace_file(&path, &[(name, t)])
+        .with_context(|| format!("--timeline: writing {}", path.display()))
 }
 
 /// What a training forward leaves for the backward.

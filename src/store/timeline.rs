@@ -101,7 +101,10 @@ impl Timeline {
     /// tensor's bookkeeping or a gemm buffer beside it) and its layer.
     pub fn peak_op(&self) -> (&'static str, String) {
         let (_, at) = self.peak();
-        let s = self.samples[..=at.min(self.samples.len().saturating_sub(1))]
+        let s = self
+            .samples
+            .get(..=at)
+            .unwrap_or_default()
             .iter()
             .rev()
             .find(|s| !matches!(s.label, "bookkeeping" | "free" | "gemm"))
@@ -188,6 +191,64 @@ pub fn classify(events: &[Event]) -> Timeline {
         baseline_bytes: baseline.max(0) as u64,
         samples,
     }
+}
+
+/// The timeline of allocator events `(address, ±bytes)` whose stages begin at the event
+/// indexes `marks` (`(index, stage)`, in order; the events before the first are its stage).
+/// Each allocation's lifetime is one id (an address reused after a free is a new allocation);
+/// a free of memory allocated before the window belongs to the baseline (`setup`). The
+/// allocator sees no op names: every event is `alloc` or `free`.
+pub fn of_addresses(events: &[(u64, i64)], marks: &[(usize, &'static str)]) -> Timeline {
+    let stage_at = |i: usize| {
+        marks
+            .iter()
+            .rev()
+            .find(|(m, _)| i >= *m)
+            .or(marks.first())
+            .map_or("forward", |(_, s)| *s)
+    };
+    let mut live: HashMap<u64, (u64, i64)> = HashMap::new();
+    let mut next = 0u64;
+    let events: Vec<Event> = events
+        .iter()
+        .enumerate()
+        .map(|(i, &(ptr, delta))| {
+            let (id, stage) = match live.get_mut(&ptr) {
+                Some((id, bytes)) => {
+                    *bytes += delta;
+                    let id = *id;
+                    if *bytes <= 0 {
+                        live.remove(&ptr);
+                    }
+                    (id, stage_at(i))
+                }
+                None if delta > 0 => {
+                    next += 1;
+                    live.insert(ptr, (next, delta));
+                    (next, stage_at(i))
+                }
+                None => (0, "setup"),
+            };
+            Event {
+                id,
+                delta,
+                label: if delta > 0 { "alloc" } else { "" },
+                tag: 0,
+                stage,
+            }
+        })
+        .collect();
+    classify(&events)
+}
+
+/// [`write_trace`] to the file `path` (created or truncated).
+pub fn write_trace_file(
+    path: &std::path::Path,
+    timelines: &[(String, Timeline)],
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    write_trace(&mut out, timelines)?;
+    out.flush()
 }
 
 /// Chrome/Perfetto trace events of the timelines `(name, timeline)`, one process each: a
