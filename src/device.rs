@@ -201,10 +201,13 @@ pub enum ServingWeights {
     Q4_0,
     Q4K,
     Q6K,
+    /// FP8 e4m3 with an f32 scale per 128×128 block (how DeepSeek-V3 and the `*-FP8`
+    /// checkpoints ship their projections).
+    Fp8,
 }
 
 impl ServingWeights {
-    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k";
+    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k, fp8";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -214,6 +217,7 @@ impl ServingWeights {
             "q4_0" => Some(Self::Q4_0),
             "q4_k" => Some(Self::Q4K),
             "q6_k" => Some(Self::Q6K),
+            "fp8" => Some(Self::Fp8),
             _ => None,
         }
     }
@@ -226,6 +230,7 @@ impl ServingWeights {
             Self::Q4_0 => "q4_0",
             Self::Q4K => "q4_k",
             Self::Q6K => "q6_k",
+            Self::Fp8 => "fp8",
         }
     }
 
@@ -238,6 +243,7 @@ impl ServingWeights {
             Self::Q4_0 => Some(LoraBase::Q4_0),
             Self::Q4K => Some(LoraBase::Q4K),
             Self::Q6K => Some(LoraBase::Q6K),
+            Self::Fp8 => Some(LoraBase::Fp8),
         }
     }
 }

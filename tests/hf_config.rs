@@ -311,10 +311,10 @@ fn flags_override_the_file() {
         .stderr(contains("no/such/config.json"));
 }
 
-/// A `quantization_config` is refused, never ignored: the error names the file, the field and
-/// the method (FP8, MXFP4, GPTQ, an unknown one), and says how to size the unquantized model
-/// instead (`--hf-set quantization_config=null`), which then gives the same model as a config
-/// without the field.
+/// A `quantization_config` memfit does not hold as shipped is refused, never ignored: the error
+/// names the file, the field and the method (MXFP4, GPTQ, an unknown one), and says how to size
+/// the unquantized model instead (`--hf-set quantization_config=null`), which then gives the same
+/// model as a config without the field.
 #[test]
 fn a_quantization_config_is_refused_by_name() {
     let base: serde_json::Value =
@@ -325,10 +325,6 @@ fn a_quantization_config_is_refused_by_name() {
         c.to_string()
     };
     for (q, named) in [
-        (
-            serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}),
-            "`fp8` (FP8 e4m3",
-        ),
         (
             serde_json::json!({"quant_method": "mxfp4"}),
             "`mxfp4` (MXFP4",
@@ -348,10 +344,65 @@ fn a_quantization_config_is_refused_by_name() {
         assert!(err.contains(named), "{err}");
         assert!(err.contains("--hf-set quantization_config=null"), "{err}");
     }
-    let text = with(serde_json::json!({"quant_method": "fp8"}));
+    let text = with(serde_json::json!({"quant_method": "mxfp4"}));
     let set = hf_config::parse_with(&text, "q.json", &["quantization_config=null".into()]).unwrap();
     let plain = hf_config::parse(&base.to_string(), "plain.json").unwrap();
     assert_eq!(set.cfg, plain.cfg);
+    assert_eq!(set.shipped, None);
+}
+
+/// `quant_method: fp8` is read as shipped (DeepSeek-V3's and the `*-FP8` checkpoints' e4m3 with
+/// 128×128 block scales): the model's sizes unchanged, its projections held in FP8; a block
+/// size, format or activation scheme memfit does not hold is refused by its key, as is keeping a
+/// block projection dense; `modules_to_not_convert` naming parts memfit keeps dense is read;
+/// `dequantize: true` asks for the dense model.
+#[test]
+fn an_fp8_quantization_config_is_read_as_shipped() {
+    use hf_config::Shipped;
+    let base: serde_json::Value =
+        serde_json::from_str(llama::preset_json("llama-3-8b").unwrap()).unwrap();
+    let parse = |q: serde_json::Value| {
+        let mut c = base.clone();
+        c["quantization_config"] = q;
+        hf_config::parse(&c.to_string(), "q.json")
+    };
+    let plain = hf_config::parse(&base.to_string(), "plain.json").unwrap();
+    for q in [
+        serde_json::json!({"quant_method": "fp8"}),
+        serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                           "weight_block_size": [128, 128]}),
+        serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128],
+                           "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate",
+                                                      "model.layers.3.input_layernorm"]}),
+    ] {
+        let got = parse(q.clone()).unwrap_or_else(|e| panic!("{q}: {e}"));
+        assert_eq!(got.shipped, Some(Shipped::Fp8), "{q}");
+        assert_eq!(got.cfg, plain.cfg, "{q}");
+    }
+    let dense = parse(serde_json::json!({"quant_method": "fp8", "dequantize": true})).unwrap();
+    assert_eq!(dense.shipped, None);
+    for (q, key) in [
+        (
+            serde_json::json!({"quant_method": "fp8", "weight_block_size": [64, 64]}),
+            "quantization_config.weight_block_size",
+        ),
+        (
+            serde_json::json!({"quant_method": "fp8", "fmt": "e5m2"}),
+            "quantization_config.fmt",
+        ),
+        (
+            serde_json::json!({"quant_method": "fp8", "activation_scheme": "static"}),
+            "quantization_config.activation_scheme",
+        ),
+        (
+            serde_json::json!({"quant_method": "fp8",
+                               "modules_to_not_convert": ["model.layers.0.self_attn.q_proj"]}),
+            "quantization_config.modules_to_not_convert",
+        ),
+    ] {
+        let err = parse(q.clone()).unwrap_err().to_string();
+        assert!(err.contains("q.json") && err.contains(key), "{q}: {err}");
+    }
 }
 
 /// transformers ≥ 4.56 writes `dtype` where older versions wrote `torch_dtype`: both are read,
@@ -516,4 +567,62 @@ fn mla_decode_attends_over_the_latent() {
         s["max_context_decompressed"].as_u64().unwrap(),
     );
     assert!(ctx > ctx_d + ctx_d / 4, "{ctx} vs {ctx_d} decompressed");
+}
+
+/// DeepSeek-V3 as shipped (`workloads/configs/deepseek-v3.json`, its `quantization_config`
+/// fp8): the serving weights are the checkpoint's layout to the byte — every block projection
+/// `out·in` bytes of e4m3 plus an f32 per 128×128 block (`kv_a_proj_with_mqa`'s 576 rows: 5
+/// blocks, the last partial), everything else bf16 — counted here tensor by tensor from the
+/// config, plus the rotary tables memfit holds (`S_max × 32` twice in bf16), less the routers'
+/// f32 correction biases (memfit keeps them on the host). About half of the bf16 model, which
+/// training still holds (upcast), and which `--weights model` asks for.
+#[test]
+fn deepseek_v3_fp8_serving_weights_are_the_checkpoint_layout() {
+    let cfg = format!(
+        "{}/workloads/configs/deepseek-v3.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let predict = |extra: &[&str]| -> serde_json::Value {
+        let out = memfit()
+            .args(["predict", "--hf-config", &cfg, "--dtype", "bf16"])
+            .args(["--device", "cuda:0", "--seq", "4096", "--json"])
+            .args(["--phases", "inference,prefill,decode"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (h, l, v, heads) = (7168u64, 61u64, 129_280u64, 128u64);
+    let (q_rank, kv_rank, nope, rope, dv) = (1536u64, 512u64, 128u64, 64u64, 128u64);
+    let (inter, moe_inter, experts, dense_layers) = (18_432u64, 2048u64, 256u64, 3u64);
+    let fp8 = |o: u64, i: u64| o * i + 4 * o.div_ceil(128) * i.div_ceil(128);
+    let mut layout = 2 * v * h * 2 + 2 * h; // embeddings, head, final norm
+    for layer in 0..l {
+        layout += 2 * 2 * h; // the two norms
+        layout += fp8(q_rank, h) + 2 * q_rank + fp8(heads * (nope + rope), q_rank);
+        layout += fp8(kv_rank + rope, h) + 2 * kv_rank + fp8(heads * (nope + dv), kv_rank);
+        layout += fp8(h, heads * dv);
+        let mlp = |w: u64| 2 * fp8(w, h) + fp8(h, w);
+        layout += if layer < dense_layers {
+            mlp(inter)
+        } else {
+            2 * experts * h + 4 * experts + experts * mlp(moe_inter) + mlp(moe_inter)
+        };
+    }
+    assert_eq!(layout, 673_150_611_808, "626.92 GiB");
+    let rotary = 2 * 163_840 * (rope / 2) * 2;
+    let biases = (l - dense_layers) * 4 * experts;
+    let shipped = predict(&[]);
+    assert_eq!(shipped["serving"]["weights"], "fp8");
+    assert_eq!(
+        shipped["serving"]["weights_bytes"].as_u64().unwrap(),
+        layout + rotary - biases
+    );
+    let dense = predict(&["--weights", "model"]);
+    assert_eq!(dense["serving"]["weights"], "model");
+    let d = dense["serving"]["weights_bytes"].as_u64().unwrap() as f64;
+    let ratio = shipped["serving"]["weights_bytes"].as_u64().unwrap() as f64 / d;
+    assert!((0.5..0.52).contains(&ratio), "{ratio}");
+    assert_eq!(shipped["weights_bytes"], dense["weights_bytes"]);
 }

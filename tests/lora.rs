@@ -175,7 +175,8 @@ fn lora_memory_is_predicted() {
     }
 }
 
-/// QLoRA over GGUF's k-quants (super-blocks of 256) and QLoRA and the frozen-base op in
+/// QLoRA over GGUF's k-quants (super-blocks of 256), over FP8 with 128×128 block scales (an
+/// FP8 checkpoint's base as shipped), and QLoRA and the frozen-base op in
 /// 16-bit (the dequantized weight cast to the activations' type; the backward's input gradient
 /// from `grad·W`): every phase predicted (on the CPU within the tolerances above; on CUDA within
 /// the pool's factor), and the quantized weights kept after init ordered by bits per weight.
@@ -188,6 +189,8 @@ fn qlora_k_quants_and_half(device: &str) {
         (half, "q4_0"),
         (half, "q4_k"),
         (half, "op"),
+        ("f32", "fp8"),
+        (half, "fp8"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let rows = run_rows(
@@ -238,6 +241,10 @@ fn qlora_k_quants_and_half(device: &str) {
     // 4.5 < 6.56 bits per weight; 16-bit dense weights keep the most.
     assert!(kept[&("f32", "q4_k")] < kept[&("f32", "q6_k")], "{kept:?}");
     assert!(kept[&(half, "q4_k")] < kept[&(half, "op")], "{kept:?}");
+    // FP8: 8 bits and an f32 per 128×128 block (8.002 bits per weight), the same in either
+    // activation type.
+    assert!(kept[&(half, "q4_k")] < kept[&(half, "fp8")], "{kept:?}");
+    assert!(kept[&(half, "fp8")] < kept[&(half, "op")], "{kept:?}");
 }
 
 on_each_device!(qlora_blocks, qlora_k_quants_and_half);

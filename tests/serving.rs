@@ -110,7 +110,8 @@ fn prefill_uses_the_efficient_attention() {
     }
 }
 
-/// GGUF's k-quants (`q4_k`, `q6_k`: super-blocks of 256 weights) and 16-bit activations
+/// GGUF's k-quants (`q4_k`, `q6_k`: super-blocks of 256 weights), FP8 with 128×128 block scales
+/// (dequantized straight into the activations' type), and 16-bit activations
 /// through the frozen-linear op (the weights dequantized on the device, cast to the
 /// activations' type): every serving window predicted (on the CPU to the byte, up to metadata;
 /// on CUDA within the pool's factor), the logits' error recorded and smaller for 6 bits than for
@@ -123,6 +124,8 @@ fn k_quants_and_half_activations(device: &str) {
         ("f32", "q6_k"),
         (half, "q8_0"),
         (half, "q4_k"),
+        ("f32", "fp8"),
+        (half, "fp8"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let rows = run_rows(
@@ -179,3 +182,58 @@ fn k_quants_and_half_activations(device: &str) {
 }
 
 on_each_device!(k_quants, k_quants_and_half_activations);
+
+/// Mixtures of experts served as FP8 checkpoints ship them (Qwen3-MoE's and DeepSeek-V3's
+/// fixtures: attention — MLA's latent projections included —, experts and shared experts in FP8,
+/// routers and norms dense): every serving window predicted from the recorded routing, decode
+/// over the latent with `kv_b` dequantized for the step, and the logits' error recorded.
+fn mixtures_of_experts_in_fp8(device: &str) {
+    let half = if device == "cpu" { "f16" } else { "bf16" };
+    for family in ["qwen3_moe", "deepseek_v3"] {
+        let cfg = format!(
+            "{}/tests/fixtures/{family}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let rows = run_rows(
+            dir.path(),
+            &[
+                "--device",
+                device,
+                "--hf-config",
+                &cfg,
+                "--batch",
+                "2",
+                "--seq",
+                "16",
+                "--dtype",
+                half,
+                "--phases",
+                "inference,prefill,decode",
+                "--decode-tokens",
+                "3",
+                "--weights",
+                "fp8",
+            ],
+        );
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
+            assert_eq!(r.weights, "fp8");
+            let ok = if device == "cpu" {
+                within(r, 0.0, EXACT_BYTES)
+            } else {
+                pool_peak_near(r)
+            };
+            assert!(
+                ok,
+                "{device} {family} {}: measured {:?} predicted {:?}",
+                r.phase, r.peak_bytes, r.predicted_peak_bytes
+            );
+        }
+        let e = rows[0].logits_rel_error.expect("recorded");
+        assert!(e > 0.0 && e < 1.0, "{family}: {e}");
+    }
+}
+
+on_each_device!(moe_fp8, mixtures_of_experts_in_fp8);

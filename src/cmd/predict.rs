@@ -8,6 +8,7 @@
 //! longest context each of the case's sequences can reach.
 
 use crate::cli::PredictArgs;
+use crate::device::ServingWeights;
 use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
 use crate::phase::Phase;
@@ -83,8 +84,10 @@ pub struct CasePrediction {
 /// Serving a decoder: weights, cache and activations (all from the replay of the serving model).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Serving {
-    /// The serving copy's weights (`--weights`: the model's type, f16, q8_0, q4_0), with the
-    /// rotary tables and metadata.
+    /// How the serving copy holds its projections (`--weights`: `model`, `f16`, `q8_0`, …,
+    /// `fp8`; an FP8 checkpoint's default is `fp8`, as shipped).
+    pub weights: String,
+    /// The serving copy's weights, with the rotary tables and metadata.
     pub weights_bytes: u64,
     /// `2 · L · kv_heads · head_dim · e` (MLA: `L · (kv_lora_rank + qk_rope_head_dim) · e`, the
     /// latent cache): what one cached token of one sequence costs.
@@ -279,8 +282,13 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     .map_or(String::new(), |d| {
                         format!(" latent ({} decompressed)", human_bytes(d))
                     });
+                let held = match sv.weights.as_str() {
+                    "model" => String::new(),
+                    "fp8" => " (fp8: e4m3 projections with an f32 scale per 128×128 block, the rest in the model's type)".to_string(),
+                    w => format!(" ({w})"),
+                };
                 println!(
-                    "       serving: weights {}, KV {} per token{latent} ({} for one sequence of {}), prefill activations {}{budget}",
+                    "       serving: weights {}{held}, KV {} per token{latent} ({} for one sequence of {}), prefill activations {}{budget}",
                     human_bytes(sv.weights_bytes),
                     human_bytes(sv.kv_bytes_per_token),
                     human_bytes(sv.kv_bytes_per_sequence),
@@ -490,7 +498,11 @@ pub fn predict_case(
             .map(|&ph| (ph.as_str().to_string(), at(ph)))
             .collect(),
         train_total_bytes: train_total(&shape),
-        inference_total_bytes: weights(&shape) + at(Phase::Inference),
+        // The serving process: its own copy of the weights when they are not the model's.
+        inference_total_bytes: match &serving {
+            Some(sv) if shape.serve != ServingWeights::Model => sv.weights_bytes,
+            _ => weights(&shape),
+        } + at(Phase::Inference),
         fits,
         max_batch,
         max_seq,
@@ -548,6 +560,7 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
         }
     };
     Serving {
+        weights: shape.serve.as_str().to_string(),
         weights_bytes: weights,
         kv_bytes_per_token: per_token,
         kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),

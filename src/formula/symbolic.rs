@@ -429,7 +429,7 @@ pub enum Op {
     /// memfit's frozen linear (a `CustomOp1` on x): input, the dense weight or `None` when
     /// quantized (dequantized to `(out, in)` f32 per call), output width, and the bytes the CPU
     /// dequantize holds beside its f32 output (`frozen::dequantize_scratch`).
-    Frozen(Sym, Option<Sym>, usize, usize),
+    Frozen(Sym, FrozenW, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),
     /// `phase::by_block::seed`: a one-element op on a boundary tensor whose backward hands in
@@ -840,19 +840,13 @@ impl Sym {
         self.out(&[d[0], d[2], d[1], d[3]], self.0.dtype, op)
     }
 
-    /// `x.apply_op1(FrozenLinear)` for `x (r, in)`: see `model::frozen` for the allocations.
-    /// `w` is the dense weight `(out, in)`, `None` when quantized.
-    pub fn frozen_linear(
-        &self,
-        w: Option<Sym>,
-        out: usize,
-        bias: Option<&Sym>,
-        scratch: usize,
-    ) -> Sym {
+    /// `x.apply_op1(FrozenLinear)` for `x (r, in)` with the weight `w` `(out, in)`: see
+    /// `model::frozen` for the allocations.
+    pub fn frozen_linear(&self, w: FrozenW, out: usize, bias: Option<&Sym>) -> Sym {
         let (rows, inp) = (self.dims()[0], self.dims()[1]);
         let l = self.ledger().clone();
         let x = Sym::new(&l, &[rows, inp], self.0.dtype);
-        let wd = frozen_dense(&l, w.as_ref(), out, inp, self.0.dtype, scratch);
+        let wd = frozen_dense(&l, &w, out, inp, self.0.dtype);
         let y = x.matmul(&wd.t());
         drop((x, wd));
         let y = match bias {
@@ -863,7 +857,7 @@ impl Sym {
             }
             None => y,
         };
-        let op = self.op1(|a| Op::Frozen(a, w, out, scratch));
+        let op = self.op1(|a| Op::Frozen(a, w, out));
         let res = self.out(&[rows, out], self.0.dtype, op);
         drop(y);
         res
@@ -1164,7 +1158,7 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, _, _, _) | Op::Seed(x, _) => vec![x],
+            Op::Frozen(x, _, _) | Op::Seed(x, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -1420,10 +1414,10 @@ pub fn backward(root: &Sym) -> GradStore {
                     drop(g);
                 }
             }
-            Op::Frozen(arg, w, out, scratch) => {
+            Op::Frozen(arg, w, out) => {
                 // bwd: the dense weight (dequantized when quantized) and grad·W.
                 let inp = arg.dims()[1];
-                let wd = frozen_dense(grad.ledger(), w.as_ref(), *out, inp, grad.dtype(), *scratch);
+                let wd = frozen_dense(grad.ledger(), w, *out, inp, grad.dtype());
                 let arg_grad = grad.matmul(&wd);
                 drop(wd);
                 let s = grads.or_insert(arg);
@@ -1735,20 +1729,32 @@ impl Graph for Sym {
     }
 }
 
-/// `FrozenWeight::dense`: the dense weight itself, or (quantized, `w` `None`) a fresh f32
-/// dequantized `(out, in)` copy (with `scratch` bytes beside it while it is written), cast to
-/// `like` when that is 16-bit (the f32 copy dropped).
-fn frozen_dense(
+/// A frozen weight as `FrozenWeight` holds it.
+#[derive(Debug, Clone)]
+pub enum FrozenW {
+    /// The dense weight.
+    Dense(Sym),
+    /// GGML blocks: dequantized to f32 (with `scratch` bytes beside the output while it is
+    /// written), then cast when the activations are 16-bit.
+    Ggml { scratch: usize },
+    /// FP8 with block scales: dequantized straight into the activations' type.
+    Fp8,
+}
+
+/// `FrozenWeight::dense`: the dense weight itself, or a fresh dequantized `(out, in)` copy in
+/// `like` (GGML's through f32, the f32 copy dropped after the cast; FP8's directly).
+pub(crate) fn frozen_dense(
     l: &Rc<Ledger>,
-    w: Option<&Sym>,
+    w: &FrozenW,
     out: usize,
     inp: usize,
     like: DType,
-    scratch: usize,
 ) -> Sym {
-    if let Some(w) = w {
-        return w.clone();
-    }
+    let scratch = match w {
+        FrozenW::Dense(w) => return w.clone(),
+        FrozenW::Fp8 => return Sym::new(l, &[out, inp], like),
+        FrozenW::Ggml { scratch } => *scratch,
+    };
     let f = Sym::new(l, &[out, inp], DType::F32);
     if scratch > 0 {
         drop(Sym::new(l, &[scratch], DType::U8));

@@ -14,10 +14,10 @@
 
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::{quantize_scratch, quantized_bytes};
+use crate::model::shapes::LoraBase;
 use crate::model::transformer::{BlockTensor, LoraTarget};
 use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
-use candle_core::quantized::GgmlDType;
 
 pub use super::shape::{BLOCK_8BIT, Shape, lora_bits};
 
@@ -154,13 +154,9 @@ impl Shape {
         outside + self.blocks().params() + self.lora_sizes().iter().sum::<u64>()
     }
 
-    /// The GGML type of QLoRA's frozen projections, if any.
-    pub fn quantized_base(&self) -> Option<GgmlDType> {
-        if self.lora_rank > 0 {
-            self.lora_base.ggml()
-        } else {
-            None
-        }
+    /// The quantized base of QLoRA's frozen projections (GGML blocks or FP8), if any.
+    pub fn quantized_base(&self) -> Option<LoraBase> {
+        (self.lora_rank > 0 && self.lora_base.quantized()).then_some(self.lora_base)
     }
 
     /// True when projection `t` has an adapter.
@@ -581,24 +577,35 @@ impl Shape {
     /// their variables' bookkeeping) go after the last one.
     /// Peak: `max(build, weights + max_i(Σ_{j<i} kept_j + transient_i))`.
     fn qlora_init(&self) -> Prediction {
-        let q = self.quantized_base().expect("QLoRA");
+        let base = self.quantized_base().expect("QLoRA");
         let e = self.elem.size();
-        let (bs, ts) = (q.block_size() as u64, q.type_size() as u64);
-        let pad = if self.cpu { 0 } else { 512 / bs * ts };
         let (mut kept, mut peak, mut proj_elems, mut projs) = (0u64, 0u64, 0u64, 0u64);
         let block = self.projections();
         for _ in 0..self.l {
             for p in &block {
                 let n = (p.inp * p.out) as u64;
-                let qb = quantized_bytes(n, q) + pad;
-                let f32_copy = if e == 4 { 0 } else { 4 * n };
-                let blocks = if self.cpu {
-                    qb + quantize_scratch(n, q)
-                } else {
-                    2 * qb
+                let (qb, transient, meta) = match base.ggml() {
+                    Some(q) => {
+                        let (bs, ts) = (q.block_size() as u64, q.type_size() as u64);
+                        let pad = if self.cpu { 0 } else { 512 / bs * ts };
+                        let qb = quantized_bytes(n, q) + pad;
+                        let f32_copy = if e == 4 { 0 } else { 4 * n };
+                        let blocks = if self.cpu {
+                            qb + quantize_scratch(n, q)
+                        } else {
+                            2 * qb
+                        };
+                        (qb, f32_copy + blocks, QUANT_META_PER_PROJ)
+                    }
+                    // FP8: quantized on the host straight from the weight's elements (on CUDA
+                    // from a host copy), each part uploaded once.
+                    None => {
+                        let qb = base.quantized_bytes(p.out, p.inp).expect("FP8");
+                        (qb, qb, FP8_META_PER_PROJ)
+                    }
                 };
-                peak = peak.max(kept + f32_copy + blocks);
-                kept += qb + e + self.meta(QUANT_META_PER_PROJ);
+                peak = peak.max(kept + transient);
+                kept += qb + e + self.meta(meta);
                 proj_elems += n;
                 projs += 1;
             }
@@ -733,6 +740,11 @@ pub const META_PER_STATE_TENSOR_8BIT: u64 = 272;
 /// modelled: the runner's list of the projections' names (≈ 120 B per projection) that lives
 /// while it removes their variables, at init's peak.
 pub const QUANT_META_PER_PROJ: u64 = 240;
+
+/// Bookkeeping per FP8 projection (CPU), measured: its e4m3 and scale tensors behind their `Arc`
+/// and the placeholder, less the detached view they replace (368 B more than a GGML
+/// projection's [`QUANT_META_PER_PROJ`]; the same residual as q8_0's at init).
+pub const FP8_META_PER_PROJ: u64 = 608;
 
 /// Bookkeeping per loaded tensor (its name in the map, the tensor, the parsed header entry).
 pub const LOAD_META_PER_TENSOR: u64 = 300;

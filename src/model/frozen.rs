@@ -15,6 +15,12 @@
 //! any device and in f32, f16 or bf16 (where candle has the matmul: bf16 on CUDA only), and
 //! hands back a copy of the result's storage; the backward (`grad·W`) is ordinary ops too.
 //!
+//! FP8 weights (`lora_base`/`weights` `fp8`, DeepSeek-V3's and the `*-FP8` checkpoints' format)
+//! are held as shipped: the e4m3 weight `(out, in)`, 1 B each, and an f32 inverse scale per
+//! 128×128 block (`(⌈out/128⌉, ⌈in/128⌉)`), dequantized at each call straight into the
+//! activations' type (`w = f8 · scale`, one pass, no f32 copy beside a 16-bit one: memfit's
+//! loop on the CPU, its `memfit_fp8_dequant` kernel on CUDA).
+//!
 //! Memory per call (`r` rows, `in → out`, activations of `e` bytes): forward — a copy of the
 //! input `e·r·in`, the dequantized weight `4·out·in` and, for 16-bit input, its cast
 //! `e·out·in` beside it (quantized only; the f32 copy is dropped before the product), the
@@ -25,30 +31,150 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, bail};
+use candle_core::{
+    CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, bail,
+};
 
-/// A frozen weight `(out, in)`: dense, or quantized in GGML blocks.
+use super::shapes::FP8_BLOCK;
+
+/// A frozen weight `(out, in)`: dense, quantized in GGML blocks, or FP8 with block scales.
 #[derive(Debug, Clone)]
 pub enum FrozenWeight {
     Dense(Tensor),
     Quantized(Arc<QTensor>),
+    /// e4m3 `(out, in)` and its f32 inverse scales ([`Fp8Weight`]).
+    Fp8(Arc<Fp8Weight>),
+}
+
+/// An FP8 weight as shipped: e4m3 `w` `(out, in)` and its f32 inverse scales `scale`
+/// `(⌈out/128⌉, ⌈in/128⌉)` ([`FP8_BLOCK`]).
+#[derive(Debug)]
+pub struct Fp8Weight {
+    pub w: Tensor,
+    pub scale: Tensor,
+}
+
+/// e4m3's largest finite value: a block's largest magnitude maps to it.
+const E4M3_MAX: f32 = 448.0;
+
+/// The f32 value of each e4m3 byte.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| float8::F8E4M3::from_bits(b as u8).to_f32()))
+}
+
+/// Quantizes rows of `inp` weights (`src`, read as f32 by `f`) into e4m3 and the block scales,
+/// DeepSeek's way: per block, `scale = max|w| / 448` (1 for an all-zero block) and `q = w / scale`
+/// rounded to e4m3.
+fn fp8_quantize<T: Copy + Sync>(
+    src: &[T],
+    f: impl Fn(T) -> f32 + Sync,
+    out: usize,
+    inp: usize,
+) -> (Vec<float8::F8E4M3>, Vec<f32>) {
+    use rayon::prelude::*;
+    let (br, bc) = (FP8_BLOCK.rows, FP8_BLOCK.cols);
+    let (sr, sc) = FP8_BLOCK.scales(out, inp);
+    let mut scales = vec![0f32; sr * sc];
+    scales.par_chunks_mut(sc).enumerate().for_each(|(bi, row)| {
+        for (bj, s) in row.iter_mut().enumerate() {
+            let mut amax = 0f32;
+            for r in bi * br..((bi + 1) * br).min(out) {
+                for &v in &src[r * inp + bj * bc..(r * inp + (bj + 1) * bc).min((r + 1) * inp)] {
+                    amax = amax.max(f(v).abs());
+                }
+            }
+            *s = if amax > 0.0 { amax / E4M3_MAX } else { 1.0 };
+        }
+    });
+    let mut q = vec![float8::F8E4M3::from_bits(0); out * inp];
+    q.par_chunks_mut(inp).enumerate().for_each(|(r, row)| {
+        let srow = &scales[r / br * sc..(r / br + 1) * sc];
+        for (c, o) in row.iter_mut().enumerate() {
+            *o = float8::F8E4M3::from_f32(f(src[r * inp + c]) / srow[c / bc]);
+        }
+    });
+    (q, scales)
+}
+
+/// Dequantizes e4m3 rows of `inp` with their block scales into `T` (by `of`).
+fn fp8_dequantize<T: Copy + Send + Default>(
+    q: &[float8::F8E4M3],
+    scales: &[f32],
+    out: usize,
+    inp: usize,
+    of: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let table = e4m3_table();
+    let (br, bc) = (FP8_BLOCK.rows, FP8_BLOCK.cols);
+    let sc = inp.div_ceil(bc);
+    let mut w = vec![T::default(); out * inp];
+    w.par_chunks_mut(inp).enumerate().for_each(|(r, row)| {
+        let srow = &scales[r / br * sc..(r / br + 1) * sc];
+        let qrow = &q[r * inp..(r + 1) * inp];
+        for (c, o) in row.iter_mut().enumerate() {
+            *o = of(table[qrow[c].to_bits() as usize] * srow[c / bc]);
+        }
+    });
+    w
 }
 
 impl FrozenWeight {
     /// The weight for a product with `like` (its device and type): the same tensor, or a fresh
     /// dequantized copy (f32, then cast when `like` is 16-bit; the f32 copy dropped).
     fn dense(&self, like: &Tensor) -> Result<Tensor> {
+        self.dense_as(like.dtype(), like.device())
+    }
+
+    /// The dense weight in `dtype` on `device` (see [`FrozenWeight::dense`]).
+    pub(crate) fn dense_as(&self, dtype: DType, device: &Device) -> Result<Tensor> {
         match self {
             FrozenWeight::Dense(t) => Ok(t.clone()),
             FrozenWeight::Quantized(q) => {
-                let w = q.dequantize(like.device())?;
-                if like.dtype() == DType::F32 {
+                let w = q.dequantize(device)?;
+                if dtype == DType::F32 {
                     Ok(w)
                 } else {
-                    w.to_dtype(like.dtype())
+                    w.to_dtype(dtype)
                 }
             }
+            FrozenWeight::Fp8(f) => fp8_dense(&f.w, &f.scale, dtype),
         }
+    }
+
+    /// Quantizes `w` `(out, in)` to e4m3 with an f32 scale per 128×128 block, on `w`'s device
+    /// (on CUDA through the host: a host copy of `w`, quantized there, both parts uploaded).
+    /// The result holds `FP8_BLOCK.bytes(out, in)` bytes; nothing else stays.
+    pub fn quantize_fp8(w: &Tensor) -> Result<Self> {
+        let (out, inp) = w.dims2()?;
+        let (sr, sc) = FP8_BLOCK.scales(out, inp);
+        let host = if w.device().is_cpu() {
+            w.contiguous()?
+        } else {
+            w.to_device(&Device::Cpu)?
+        };
+        let (q, scales) = {
+            let (s, l) = host.storage_and_layout();
+            let Some((a, b)) = l.contiguous_offsets() else {
+                bail!("fp8: the weight must be contiguous")
+            };
+            match &*s {
+                Storage::Cpu(CpuStorage::F32(d)) => fp8_quantize(&d[a..b], |v| v, out, inp),
+                Storage::Cpu(CpuStorage::F16(d)) => {
+                    fp8_quantize(&d[a..b], |v| v.to_f32(), out, inp)
+                }
+                Storage::Cpu(CpuStorage::BF16(d)) => {
+                    fp8_quantize(&d[a..b], |v| v.to_f32(), out, inp)
+                }
+                _ => bail!("fp8: the weight must be f32, f16 or bf16"),
+            }
+        };
+        drop(host);
+        Ok(FrozenWeight::Fp8(Arc::new(Fp8Weight {
+            w: Tensor::from_vec(q, (out, inp), w.device())?,
+            scale: Tensor::from_vec(scales, (sr, sc), w.device())?,
+        })))
     }
 
     /// Quantizes `w` (last dimension a multiple of the block size: 32 for Q4_0 and Q8_0, 256
@@ -57,6 +183,51 @@ impl FrozenWeight {
         Ok(FrozenWeight::Quantized(Arc::new(QTensor::quantize(
             w, dtype,
         )?)))
+    }
+}
+
+/// The dense `(out, in)` weight of e4m3 `w` and its block scales, in `dtype`, on their device:
+/// one fresh tensor, nothing beside it.
+fn fp8_dense(w: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
+    let (out, inp) = w.dims2()?;
+    let (ws, wl) = w.storage_and_layout();
+    let (ss, sl) = scale.storage_and_layout();
+    match (&*ws, &*ss) {
+        (Storage::Cpu(CpuStorage::F8E4M3(q)), Storage::Cpu(CpuStorage::F32(s))) => {
+            let (Some((a, b)), Some((c, d))) = (wl.contiguous_offsets(), sl.contiguous_offsets())
+            else {
+                bail!("fp8: weight and scales must be contiguous")
+            };
+            let (q, s) = (&q[a..b], &s[c..d]);
+            let shape = (out, inp);
+            match dtype {
+                DType::F32 => {
+                    Tensor::from_vec(fp8_dequantize(q, s, out, inp, |v| v), shape, &Device::Cpu)
+                }
+                DType::F16 => Tensor::from_vec(
+                    fp8_dequantize(q, s, out, inp, half::f16::from_f32),
+                    shape,
+                    &Device::Cpu,
+                ),
+                DType::BF16 => Tensor::from_vec(
+                    fp8_dequantize(q, s, out, inp, half::bf16::from_f32),
+                    shape,
+                    &Device::Cpu,
+                ),
+                d => bail!("fp8: no dequantize into {d:?}"),
+            }
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(q), Storage::Cuda(s)) => {
+            let out_storage = super::kernels::cuda::fp8_dequant((q, wl), (s, sl), out, inp, dtype)?;
+            Ok(Tensor::from_storage(
+                Storage::Cuda(out_storage),
+                (out, inp),
+                candle_core::op::BackpropOp::none(),
+                false,
+            ))
+        }
+        _ => bail!("fp8: an e4m3 weight with f32 scales on one device"),
     }
 }
 
@@ -182,5 +353,109 @@ impl CustomOp1 for FrozenLinear {
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let w = self.weight.dense(grad)?;
         Ok(Some(grad.matmul(&w)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// e4m3fn's values as the OCP FP8 spec gives them (bias 7, no infinities, S.1111.111 NaN).
+    #[test]
+    fn e4m3_table_is_the_spec() {
+        let t = e4m3_table();
+        for (bits, want) in [
+            (0x00u8, 0.0f32),
+            (0x01, 2f32.powi(-9)), // smallest subnormal
+            (0x07, 7.0 * 2f32.powi(-9)),
+            (0x08, 2f32.powi(-6)), // smallest normal
+            (0x38, 1.0),
+            (0x3c, 1.5),
+            (0x7e, 448.0),
+            (0xb8, -1.0),
+            (0xfe, -448.0),
+        ] {
+            assert_eq!(t[bits as usize], want, "{bits:#04x}");
+        }
+        assert!(t[0x7f].is_nan() && t[0xff].is_nan());
+    }
+
+    /// Quantized by blocks of 128×128 (a `(200, 300)` weight: 2 × 3 blocks, the last of each
+    /// dimension partial): each block's largest magnitude maps to 448 and its scale is
+    /// `max/448`; the dequantized weight is exactly `e4m3 · scale`, within e4m3's half-ulp
+    /// (2⁻⁴ relative, or half the subnormal step) of the original; an all-zero block gets scale
+    /// 1; the parts hold `FP8_BLOCK.bytes` bytes.
+    #[test]
+    fn fp8_blocks_round_trip() {
+        let (out, inp) = (200usize, 300usize);
+        let mut w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3 * (1 + i / 9000) as f32)
+            .collect();
+        for r in 128..200 {
+            for c in 256..300 {
+                w[r * inp + c] = 0.0;
+            }
+        }
+        let t = Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap();
+        let FrozenWeight::Fp8(f) = FrozenWeight::quantize_fp8(&t).unwrap() else {
+            panic!("fp8")
+        };
+        let (q, scale) = (f.w.clone(), f.scale.clone());
+        assert_eq!(q.dtype(), DType::F8E4M3);
+        assert_eq!(scale.dims(), &[2, 3]);
+        let bytes = q.elem_count() + 4 * scale.elem_count();
+        assert_eq!(bytes as u64, FP8_BLOCK.bytes(out, inp));
+        let s: Vec<Vec<f32>> = scale.to_vec2().unwrap();
+        assert_eq!(s[1][2], 1.0, "an all-zero block");
+        for (bi, row) in s.iter().enumerate() {
+            for (bj, &sc) in row.iter().enumerate() {
+                let amax = (bi * 128..((bi + 1) * 128).min(out))
+                    .flat_map(|r| (bj * 128..((bj + 1) * 128).min(inp)).map(move |c| (r, c)))
+                    .map(|(r, c)| w[r * inp + c].abs())
+                    .fold(0f32, f32::max);
+                if amax > 0.0 {
+                    assert_eq!(sc, amax / 448.0, "block ({bi}, {bj})");
+                }
+            }
+        }
+        let qv: Vec<u8> = q
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&x| float8::F8E4M3::from_f32(x).to_bits())
+            .collect();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let d = fp8_dense(&q, &scale, dtype).unwrap();
+            assert_eq!(d.dtype(), dtype);
+            let d: Vec<f32> = d
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for r in 0..out {
+                for c in 0..inp {
+                    let sc = s[r / 128][c / 128];
+                    let exact = e4m3_table()[qv[r * inp + c] as usize] * sc;
+                    let got = d[r * inp + c];
+                    let cast = match dtype {
+                        DType::F16 => half::f16::from_f32(exact).to_f32(),
+                        DType::BF16 => half::bf16::from_f32(exact).to_f32(),
+                        _ => exact,
+                    };
+                    assert_eq!(got, cast, "({r}, {c}) {dtype:?}");
+                    if dtype == DType::F32 {
+                        let x = w[r * inp + c];
+                        let tol = (x.abs() / 16.0).max(sc * 2f32.powi(-10));
+                        assert!((got - x).abs() <= tol, "({r}, {c}): {x} → {got}");
+                    }
+                }
+            }
+        }
     }
 }

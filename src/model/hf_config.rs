@@ -29,9 +29,20 @@
 //! family, non-zero dropout (`attention_dropout`, `resid_pdrop`, `embd_pdrop`). The mixtures of
 //! experts are read by [`moe_shape`]. Fields that change memory and that memfit does not model
 //! are refused, never ignored: mixture-of-experts fields in a dense type, the routers'
-//! auxiliary loss, another activation, a `quantization_config` (weights as shipped: FP8, MXFP4,
-//! GPTQ, AWQ, bitsandbytes …, named in the error; `--hf-set quantization_config=null` asks for
-//! the unquantized model).
+//! auxiliary loss, another activation, a `quantization_config` that memfit does not hold as
+//! shipped (MXFP4, GPTQ, AWQ, bitsandbytes …, named in the error; `--hf-set
+//! quantization_config=null` asks for the unquantized model).
+//!
+//! `quantization_config` with `quant_method: fp8` (DeepSeek-V3/R1, Kimi-K2, the `*-FP8` Qwen
+//! checkpoints) is read as shipped ([`Shipped`]): e4m3 (`fmt`), 128×128 blocks
+//! (`weight_block_size`, the default), dynamic activations (`activation_scheme`; activations are
+//! not held in FP8 between ops), the block projections (attention, MLP, experts, shared
+//! experts) in FP8 with an f32 scale per block and everything else (embeddings, norms, routers,
+//! the head) in `dtype`; `modules_to_not_convert` may name only parts memfit keeps dense anyway
+//! (the head, embeddings, norms, routers). Serving phases then hold the weights as shipped
+//! (`weights = "fp8"` by default) and LoRA freezes its base as shipped (`lora_base = "fp8"`);
+//! full training upcasts to `dtype`, as transformers' `dequantize: true` does (which is read too:
+//! it asks for the dense model).
 //! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
 //! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
 //! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
@@ -126,6 +137,15 @@ pub struct HfConfig {
     pub sliding_window: Option<usize>,
     /// `model_type` as written.
     pub model_type: String,
+    /// How the checkpoint ships its block projections, when not in `dtype`.
+    pub shipped: Option<Shipped>,
+}
+
+/// A checkpoint's block projections as shipped (`quantization_config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shipped {
+    /// FP8 e4m3 with an f32 inverse scale per 128×128 block.
+    Fp8,
 }
 
 /// Reads and parses `path`.
@@ -273,20 +293,19 @@ fn config_dtype(f: &Fields) -> Result<Option<ElemType>, UserError> {
     }
 }
 
-/// Refuses a `quantization_config`: the weights as shipped (FP8 with block scales, MXFP4,
-/// GPTQ/AWQ/bitsandbytes integers) are not what memfit builds, and sizing the model in its
-/// `dtype` instead would be a different answer given silently. Removing the field
-/// (`--hf-set quantization_config=null`) asks for the unquantized model.
-fn quantization(f: &Fields) -> Result<(), UserError> {
-    let Some(q) = f.get("quantization_config") else {
-        return Ok(());
+/// Reads a `quantization_config`: FP8 with 128×128 block scales as shipped; every other format
+/// refused by name (sizing the unquantized model instead would be a different answer given
+/// silently; `--hf-set quantization_config=null` asks for it).
+fn quantization(f: &Fields) -> Result<Option<Shipped>, UserError> {
+    let Some(q) = f.get("quantization_config").filter(|q| !q.is_null()) else {
+        return Ok(None);
     };
     let method = q
         .get("quant_method")
         .and_then(Value::as_str)
         .unwrap_or("(no quant_method)");
     let format = match method {
-        "fp8" => "FP8 e4m3 weights with block scales",
+        "fp8" => return fp8_config(f, q),
         "mxfp4" => "MXFP4: 4-bit values with an 8-bit scale per 32",
         "gptq" | "awq" => "4-bit integer weights with group scales",
         "bitsandbytes" => "bitsandbytes 8-bit or 4-bit weights",
@@ -297,10 +316,85 @@ fn quantization(f: &Fields) -> Result<(), UserError> {
         "quantization_config",
         q,
         &format!(
-            "quant_method `{method}` ({format}): memfit does not build checkpoints in their shipped format yet, and sizing the unquantized model instead would be a different answer"
+            "quant_method `{method}` ({format}): memfit does not build checkpoints in this format yet, and sizing the unquantized model instead would be a different answer"
         ),
-        "no quantization_config: `--hf-set quantization_config=null` sizes the unquantized model in --dtype",
+        "quant_method fp8, or no quantization_config: `--hf-set quantization_config=null` sizes the unquantized model in --dtype",
     ))
+}
+
+/// The parts `modules_to_not_convert` may name: memfit holds them in `dtype` anyway.
+const KEPT_DENSE: &[&str] = &[
+    "lm_head",
+    "embed_tokens",
+    "norm",
+    "mlp.gate",
+    "shared_expert_gate",
+];
+
+/// `quant_method: fp8` (transformers' `FineGrainedFP8Config`): e4m3, 128×128 blocks, dynamic
+/// activations; `dequantize: true` asks for the dense model.
+fn fp8_config(f: &Fields, q: &Value) -> Result<Option<Shipped>, UserError> {
+    let bad = |key: &str, v: &Value, why: &str, allowed: &str| {
+        f.bad(&format!("quantization_config.{key}"), v, why, allowed)
+    };
+    if let Some(v) = q.get("dequantize")
+        && v.as_bool() == Some(true)
+    {
+        return Ok(None);
+    }
+    if let Some(v) = q.get("fmt").filter(|v| v.as_str() != Some("e4m3")) {
+        return Err(bad("fmt", v, "memfit holds FP8 as e4m3", "e4m3"));
+    }
+    if let Some(v) = q.get("weight_block_size").filter(|v| !v.is_null())
+        && v.as_array()
+            .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
+            != Some(vec![Some(128), Some(128)])
+    {
+        return Err(bad(
+            "weight_block_size",
+            v,
+            "memfit holds FP8 with a scale per 128×128 block (DeepSeek-V3's and Qwen's layout)",
+            "[128, 128]",
+        ));
+    }
+    if let Some(v) = q
+        .get("activation_scheme")
+        .filter(|v| v.as_str() != Some("dynamic"))
+    {
+        return Err(bad(
+            "activation_scheme",
+            v,
+            "static activation scales are not modelled",
+            "dynamic",
+        ));
+    }
+    if let Some(v) = q.get("modules_to_not_convert").filter(|v| !v.is_null()) {
+        let names = v.as_array().ok_or_else(|| {
+            bad(
+                "modules_to_not_convert",
+                v,
+                "not a list",
+                "a list of module names",
+            )
+        })?;
+        for name in names {
+            let ok = name.as_str().is_some_and(|n| {
+                n.ends_with("norm")
+                    || KEPT_DENSE
+                        .iter()
+                        .any(|k| n == *k || n.ends_with(&format!(".{k}")))
+            });
+            if !ok {
+                return Err(bad(
+                    "modules_to_not_convert",
+                    name,
+                    "memfit holds every block projection in FP8; keeping this one dense is not modelled",
+                    "names of parts memfit keeps dense anyway: lm_head, embed_tokens, norms, mlp.gate (routers), shared_expert_gate",
+                ));
+            }
+        }
+    }
+    Ok(Some(Shipped::Fp8))
 }
 
 /// Parses the text of a `config.json`; `origin` names it in errors.
@@ -365,7 +459,7 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
             ));
         }
     }
-    quantization(&f)?;
+    let shipped = quantization(&f)?;
     let dtype = config_dtype(&f)?;
     let (kind, cfg, sliding_window) = match model_type.as_str() {
         t if LLAMA_TYPES.contains(&t) => llama_config(&f, &model_type)?,
@@ -386,6 +480,7 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
         dtype,
         sliding_window,
         model_type,
+        shipped,
     })
 }
 

@@ -205,9 +205,9 @@ impl Mla {
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe)?;
         if !first
             && q.dim(2)? == 1
-            && let Some(w) = self.absorbable()
+            && let Some(w) = self.absorbable(q.dtype())?
         {
-            let y = self.absorbed_step(q, &c, &k_pe, w)?;
+            let y = self.absorbed_step(q, &c, &k_pe, &w)?;
             *cache = Some((c, k_pe));
             return Ok(y);
         }
@@ -220,12 +220,18 @@ impl Mla {
         }
     }
 
-    /// `kv_b`'s dense weight `(A·(n + dv), L)` when decode steps attend over the latent: not
-    /// under `decompressed_decode`, nor with a LoRA adapter or a frozen (quantized) base.
-    fn absorbable(&self) -> Option<&Tensor> {
+    /// `kv_b`'s dense weight `(A·(n + dv), L)` in `dtype` when decode steps attend over the
+    /// latent: not under `decompressed_decode`, nor with a LoRA adapter. A frozen base (FP8 or
+    /// GGML blocks as shipped) is dequantized for the step, as its projection is at each call.
+    fn absorbable(&self, dtype: candle_core::DType) -> Result<Option<Tensor>> {
         let p = &self.kv_b;
-        (!self.shape.decompressed_decode && p.lora.is_none() && p.frozen.is_none())
-            .then(|| p.linear.weight())
+        if self.shape.decompressed_decode || p.lora.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(match &p.frozen {
+            None => p.linear.weight().clone(),
+            Some(f) => f.dense_as(dtype, p.linear.weight().device())?,
+        }))
     }
 
     /// One decode step over the latent cache `c (B, 1, T, L)`, `k_pe (B, 1, T, r)` for the

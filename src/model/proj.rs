@@ -101,15 +101,17 @@ impl Proj {
         let frozen = match mode {
             LoraBase::Detach => None,
             LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
+            LoraBase::Fp8 => Some(FrozenWeight::quantize_fp8(&weight)?),
             q => Some(FrozenWeight::quantize(
                 &weight,
                 q.ggml().expect("the other bases are dense"),
             )?),
         };
-        // A quantized projection keeps no f32 weight: a 1-element placeholder stands in.
-        let weight = match mode.ggml() {
-            Some(_) => Tensor::zeros(1, weight.dtype(), weight.device())?,
-            None => weight,
+        // A quantized projection keeps no dense weight: a 1-element placeholder stands in.
+        let weight = if mode.quantized() {
+            Tensor::zeros(1, weight.dtype(), weight.device())?
+        } else {
+            weight
         };
         Ok(Self {
             linear: Linear::new(weight, bias),

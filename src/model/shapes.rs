@@ -242,10 +242,14 @@ pub enum LoraBase {
     /// [`super::frozen::FrozenLinear`] over GGUF's 6-bit k-quant super-blocks (210 B per 256 weights).
     #[serde(rename = "q6_k")]
     Q6K,
+    /// [`super::frozen::FrozenLinear`] over FP8 e4m3 weights (1 B each) with an f32 inverse
+    /// scale per 128×128 block, as DeepSeek-V3 and the `*-FP8` checkpoints ship them
+    /// (`quantization_config` `quant_method: fp8`, `weight_block_size: [128, 128]`).
+    Fp8,
 }
 
 impl LoraBase {
-    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k";
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k, fp8";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -255,6 +259,7 @@ impl LoraBase {
             "q8_0" => Some(Self::Q8_0),
             "q4_k" => Some(Self::Q4K),
             "q6_k" => Some(Self::Q6K),
+            "fp8" => Some(Self::Fp8),
             _ => None,
         }
     }
@@ -267,18 +272,65 @@ impl LoraBase {
             Self::Q8_0 => "q8_0",
             Self::Q4K => "q4_k",
             Self::Q6K => "q6_k",
+            Self::Fp8 => "fp8",
         }
     }
 
-    /// The GGML block type of a quantized base; `None` for dense ones.
-    pub fn ggml(self) -> Option<GgmlDType> {
+    /// Whether the base is held in blocks (GGML's or FP8's) rather than dense.
+    pub fn quantized(self) -> bool {
+        !matches!(self, Self::Detach | Self::Op)
+    }
+
+    /// Bytes of a quantized `(out, in)` weight as it is held: GGML's blocks along the rows, or
+    /// FP8's `out·in` bytes plus an f32 per 128×128 block (`4·⌈out/128⌉·⌈in/128⌉`); `None` for
+    /// dense bases.
+    pub fn quantized_bytes(self, out: usize, inp: usize) -> Option<u64> {
         match self {
             Self::Detach | Self::Op => None,
+            Self::Fp8 => Some(FP8_BLOCK.bytes(out, inp)),
+            q => {
+                let q = q.ggml().expect("a GGML type");
+                Some((out * inp) as u64 / q.block_size() as u64 * q.type_size() as u64)
+            }
+        }
+    }
+
+    /// The GGML block type of a quantized base; `None` for dense and FP8 ones.
+    pub fn ggml(self) -> Option<GgmlDType> {
+        match self {
+            Self::Detach | Self::Op | Self::Fp8 => None,
             Self::Q4_0 => Some(GgmlDType::Q4_0),
             Self::Q8_0 => Some(GgmlDType::Q8_0),
             Self::Q4K => Some(GgmlDType::Q4K),
             Self::Q6K => Some(GgmlDType::Q6K),
         }
+    }
+}
+
+/// FP8 weights' scale blocks: `rows × cols` weights share one f32 inverse scale (the weight is
+/// `f8 · scale`); the last block of a dimension that is not a multiple is partial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Block {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// The blocks of every FP8 checkpoint memfit reads (DeepSeek-V3's, Qwen3's `*-FP8`).
+pub const FP8_BLOCK: Fp8Block = Fp8Block {
+    rows: 128,
+    cols: 128,
+};
+
+impl Fp8Block {
+    /// The scales of an `(out, in)` weight: `(⌈out/rows⌉, ⌈in/cols⌉)`.
+    pub fn scales(self, out: usize, inp: usize) -> (usize, usize) {
+        (out.div_ceil(self.rows), inp.div_ceil(self.cols))
+    }
+
+    /// `out·in` bytes of e4m3 plus 4 per scale.
+    pub fn bytes(self, out: usize, inp: usize) -> u64 {
+        let (r, c) = self.scales(out, inp);
+        (out * inp) as u64 + 4 * (r * c) as u64
     }
 }
 

@@ -55,7 +55,7 @@ impl Trainer {
         // LoRA: the base weights are frozen (detached views), only the adapters train.
         let model = if case.cfg.lora_rank > 0 {
             let frozen = model.frozen()?;
-            if case.cfg.lora_base.ggml().is_some() {
+            if case.cfg.lora_base.quantized() {
                 // QLoRA keeps only the quantized copy of the projections' weights.
                 let mut data = varmap.data().lock().expect("varmap lock");
                 for (i, path, _) in case.cfg.all_projections() {

@@ -813,11 +813,22 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     if lora_targets.is_empty() {
         return Err(ctx.bad("lora_targets", "[]", "empty list", target_names));
     }
+    // A checkpoint shipped in FP8 (hf_config's `quantization_config`): LoRA freezes its base
+    // as shipped, and serving holds it so, unless the key says otherwise.
+    let shipped_fp8 = hf
+        .as_ref()
+        .is_some_and(|h| h.shipped == Some(hf_config::Shipped::Fp8));
     // CUDA's default is candle's own matmul (the frozen-linear op runs there too).
     let lora_bases = ctx.choices(
         "lora_base",
         &spec.lora_base,
-        if device.is_cuda() { "detach" } else { "op" },
+        if shipped_fp8 {
+            "fp8"
+        } else if device.is_cuda() {
+            "detach"
+        } else {
+            "op"
+        },
         ("unknown LoRA base", LoraBase::NAMES),
         LoraBase::parse,
         |_, _| Ok(()),
@@ -842,7 +853,11 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let weights = ctx.choices(
         "weights",
         &spec.weights,
-        "model",
+        if shipped_fp8 && lora_ranks.iter().all(|&r| r == 0) {
+            "fp8"
+        } else {
+            "model"
+        },
         ("unknown weights", ServingWeights::NAMES),
         ServingWeights::parse,
         |name, &w| {
@@ -1102,7 +1117,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             let moe = cfg.llama.and_then(|l| l.moe).is_some();
             // LoRA on a mixture of experts: adapters on the experts' (and shared experts')
             // projections it targets; the router stays frozen.
-            if moe && rank > 0 && lora_base.ggml().is_some() {
+            if moe && rank > 0 && lora_base.quantized() {
                 return Err(ctx.bad(
                     "lora_base",
                     lora_base.as_str(),
@@ -1110,12 +1125,12 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "op, detach with a mixture-of-experts model",
                 ));
             }
-            if moe && serve.quantized().is_some() {
+            if moe && serve.quantized().is_some_and(|q| q != LoraBase::Fp8) {
                 return Err(ctx.bad(
                     "weights",
                     serve.as_str(),
-                    "quantized serving of a mixture of experts is not built yet",
-                    "model, f16 with a mixture-of-experts model",
+                    "GGML-quantized serving of a mixture of experts is not built yet",
+                    "model, f16, fp8 with a mixture-of-experts model",
                 ));
             }
             if k > cfg.layers {

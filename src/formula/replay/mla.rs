@@ -114,9 +114,9 @@ impl Mla {
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe);
         if !first
             && q.dims()[2] == 1
-            && let Some(w) = self.absorbable()
+            && let Some(w) = self.absorbable(q.dtype())
         {
-            let y = self.absorbed_step(q, &c, &k_pe, w);
+            let y = self.absorbed_step(q, &c, &k_pe, &w);
             *cache = Some((c, k_pe));
             return y;
         }
@@ -130,10 +130,12 @@ impl Mla {
     }
 
     /// Mirror of `Mla::absorbable`.
-    fn absorbable(&self) -> Option<&Sym> {
+    fn absorbable(&self, dtype: crate::formula::symbolic::DType) -> Option<Sym> {
         let p = &self.kv_b;
-        (!self.shape.decompressed_decode && p.lora.is_none() && p.frozen.is_none())
-            .then_some(&p.weight)
+        if self.shape.decompressed_decode || p.lora.is_some() {
+            return None;
+        }
+        Some(p.dense_weight(dtype))
     }
 
     /// Mirror of `Mla::absorbed_step`.

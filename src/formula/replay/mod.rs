@@ -138,7 +138,7 @@ impl SelfAttention {
 
 /// Mirror of the model's `Ffn`: a block's dense MLP or mixture of experts.
 enum Ffn {
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     Moe(Box<moe::Moe>),
 }
 
@@ -164,7 +164,7 @@ impl Ffn {
 
     fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
         match self {
-            Ffn::Dense(m) => Ffn::Dense(m.map(f)),
+            Ffn::Dense(m) => Ffn::Dense(Box::new(m.map(f))),
             Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(f))),
         }
     }
@@ -475,12 +475,12 @@ impl Transformer {
                             fused: shape.kernels.fused(),
                         }))
                     }
-                    MlpLayout::Dense(specs) if llama => Ffn::Dense(swiglu(specs)),
-                    MlpLayout::Dense(specs) => Ffn::Dense(Mlp::Gelu {
+                    MlpLayout::Dense(specs) if llama => Ffn::Dense(Box::new(swiglu(specs))),
+                    MlpLayout::Dense(specs) => Ffn::Dense(Box::new(Mlp::Gelu {
                         fc1: proj(&specs[0]),
                         fc2: proj(&specs[1]),
                         fused: shape.kernels.fused(),
-                    }),
+                    })),
                 };
                 Block {
                     ln1,
@@ -499,9 +499,10 @@ impl Transformer {
                 weight: wte.clone(),
                 bias: None,
                 out: v,
+                inp: h,
                 lora: None,
                 frozen: None,
-                scratch: 0,
+                scales: None,
                 fused: shape.kernels.fused(),
             },
             _ => Linear {
@@ -754,9 +755,10 @@ impl Transformer {
                 weight: wte.clone(),
                 bias: None,
                 out: self.head.out,
+                inp: self.head.inp,
                 lora: None,
                 frozen: None,
-                scratch: 0,
+                scales: None,
                 fused: self.head.fused,
             },
             _ => lin(&self.head),

@@ -2,8 +2,9 @@
 //! LoRA adapters, on symbolic tensors.
 
 use super::Params;
-use crate::formula::symbolic::{DType, Sym};
-use crate::model::frozen::{dequantize_scratch, quantized_bytes};
+use crate::formula::symbolic::{DType, FrozenW, Sym, frozen_dense};
+use crate::model::frozen::dequantize_scratch;
+use crate::model::shapes::FP8_BLOCK;
 use crate::model::transformer::{LoraBase, ProjSpec};
 
 /// Mirror of `proj::rows`: `x (…, in)` as `(N, in)`.
@@ -23,18 +24,31 @@ fn out_dims(x: &Sym, out: usize) -> Vec<usize> {
     d
 }
 
+/// How a frozen base is held (`model::frozen::FrozenWeight`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Frozen {
+    Dense,
+    /// GGML blocks; the bytes a CPU dequantize holds beside its output.
+    Ggml {
+        scratch: usize,
+    },
+    Fp8,
+}
+
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 pub(super) struct Linear {
     pub(super) weight: Sym,
     pub(super) bias: Option<Sym>,
-    /// Output width (the weight's rows; a quantized weight is only bytes).
+    /// Output and input widths (the weight's; a quantized weight is only bytes).
     pub(super) out: usize,
+    pub(super) inp: usize,
     /// LoRA adapter A `(r, in)`, B `(out, r)` (the model's `Proj`).
     pub(super) lora: Option<(Sym, Sym)>,
-    /// The base runs as `FrozenLinear`: quantized (the weight is then the GGML bytes) or not.
-    pub(super) frozen: Option<bool>,
-    /// Bytes a CPU dequantize of the quantized weight holds beside its output.
-    pub(super) scratch: usize,
+    /// The base runs as `FrozenLinear` (the weight is then what it holds: dense, GGML's bytes,
+    /// or FP8's e4m3 bytes with `scales`).
+    pub(super) frozen: Option<Frozen>,
+    /// FP8's block scales `(⌈out/128⌉, ⌈in/128⌉)` f32.
+    pub(super) scales: Option<Sym>,
     /// A block projection (or the head) with fused kernels: one `kernels::linear` op (with a
     /// bias) or `kernels::linear_no_bias` (without, contiguous input).
     pub(super) fused: bool,
@@ -46,9 +60,10 @@ impl Linear {
             weight: p.tensor(&[out, inp]),
             bias: bias.then(|| p.tensor(&[out])),
             out,
+            inp,
             lora: None,
             frozen: None,
-            scratch: 0,
+            scales: None,
             fused: false,
         }
     }
@@ -66,28 +81,40 @@ impl Linear {
         // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also
         // carry an adapter.
         let lora = (r > 0).then(|| (p.adapter(&[r, inp]), p.adapter(&[out, r])));
-        let (weight, frozen, scratch) = match p.base {
-            LoraBase::Detach => (p.frozen(&[out, inp]), None, 0),
-            LoraBase::Op => (p.frozen(&[out, inp]), Some(false), 0),
+        let (weight, frozen, scales) = match p.base {
+            LoraBase::Detach => (p.frozen(&[out, inp]), None, None),
+            LoraBase::Op => (p.frozen(&[out, inp]), Some(Frozen::Dense), None),
+            LoraBase::Fp8 => {
+                let (r, c) = FP8_BLOCK.scales(out, inp);
+                (
+                    Sym::new(p.ledger, &[out * inp], DType::U8),
+                    Some(Frozen::Fp8),
+                    Some(Sym::new(p.ledger, &[r, c], DType::F32)),
+                )
+            }
             q => {
-                let q = q.ggml().expect("the other bases are dense");
-                let n = (out * inp) as u64;
-                let bytes = quantized_bytes(n, q) as usize;
+                let bytes = q.quantized_bytes(out, inp).expect("quantized") as usize;
+                let q = q.ggml().expect("the other bases are dense or FP8");
                 let scratch = if p.cpu {
-                    dequantize_scratch(n, q) as usize
+                    dequantize_scratch((out * inp) as u64, q) as usize
                 } else {
                     0
                 };
-                (Sym::new(p.ledger, &[bytes], DType::U8), Some(true), scratch)
+                (
+                    Sym::new(p.ledger, &[bytes], DType::U8),
+                    Some(Frozen::Ggml { scratch }),
+                    None,
+                )
             }
         };
         Self {
             weight,
             bias: spec.bias.then(|| p.frozen(&[out])),
             out,
+            inp,
             lora,
             frozen,
-            scratch,
+            scales,
             fused: p.fused,
         }
     }
@@ -98,9 +125,10 @@ impl Linear {
             weight: base(&self.weight),
             bias: self.bias.as_ref().map(base),
             out: self.out,
+            inp: self.inp,
             lora: self.lora.as_ref().map(|(a, b)| (adapter(a), adapter(b))),
             frozen: self.frozen,
-            scratch: self.scratch,
+            scales: self.scales.as_ref().map(base),
             fused: self.fused,
         }
     }
@@ -112,11 +140,15 @@ impl Linear {
             (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
             (None, None) if self.fused && x.is_contiguous() => x.fused_linear_no_bias(&self.weight),
             (None, _) => self.linear_forward(x),
-            (Some(quantized), _) => {
+            (Some(frozen), _) => {
                 let out = self.out;
-                let w = (!quantized).then(|| self.weight.clone());
+                let w = match frozen {
+                    Frozen::Dense => FrozenW::Dense(self.weight.clone()),
+                    Frozen::Ggml { scratch } => FrozenW::Ggml { scratch },
+                    Frozen::Fp8 => FrozenW::Fp8,
+                };
                 rows(x)
-                    .frozen_linear(w, out, self.bias.as_ref(), self.scratch)
+                    .frozen_linear(w, out, self.bias.as_ref())
                     .reshape(&out_dims(x, out))
             }
         };
@@ -131,6 +163,24 @@ impl Linear {
                 let r = y.add(&scaled);
                 drop((y, scaled));
                 r
+            }
+        }
+    }
+
+    /// Mirror of `FrozenWeight::dense_as` (or the dense weight itself): `(out, in)` in `dtype`.
+    pub(super) fn dense_weight(&self, dtype: DType) -> Sym {
+        let inp = self.inp;
+        match self.frozen {
+            None | Some(Frozen::Dense) => self.weight.clone(),
+            Some(Frozen::Ggml { scratch }) => frozen_dense(
+                self.weight.ledger(),
+                &FrozenW::Ggml { scratch },
+                self.out,
+                inp,
+                dtype,
+            ),
+            Some(Frozen::Fp8) => {
+                frozen_dense(self.weight.ledger(), &FrozenW::Fp8, self.out, inp, dtype)
             }
         }
     }

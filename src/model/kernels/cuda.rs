@@ -12,6 +12,7 @@
 //! | linear | cuBLAS `x·wᵀ`, then `memfit_add_bias` in place | the output |
 //! | rotary | `memfit_rotary` (a thread per pair) | the output |
 //! | optimizer updates | `memfit_axpby`, `memfit_adam_update` in place | nothing |
+//! | FP8 weight dequantize | `memfit_fp8_dequant` (a thread per weight) | the output |
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -221,6 +222,60 @@ pub fn add_bias(y: &mut CudaStorage, b: (&CudaStorage, &Layout), out: usize) -> 
         Ok(())
     }
     by_type!("linear", y, go(y, b, out))
+}
+
+/// Block-scaled e4m3 weights `(rows, cols)` (128×128 blocks, f32 scales `(⌈rows/128⌉,
+/// ⌈cols/128⌉)`) into a fresh `dtype` output.
+pub fn fp8_dequant(
+    w: (&CudaStorage, &Layout),
+    s: (&CudaStorage, &Layout),
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+) -> Result<CudaStorage> {
+    fn go<T: Elem>(
+        w: (&CudaStorage, &Layout),
+        s: (&CudaStorage, &Layout),
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaStorage> {
+        let op = "fp8";
+        let dev = w.0.device();
+        let q: &CudaSlice<float8::F8E4M3> = w.0.as_cuda_slice()?;
+        let q = match w.1.contiguous_offsets() {
+            Some((a, b)) if b - a == rows * cols => q.slice(a..b),
+            _ => bail!("{op}: the weight must be contiguous"),
+        };
+        let scales = view::<f32>(s.0, s.1, op, "the scales")?;
+        let scale_cols = cols.div_ceil(128);
+        if scales.len() != rows.div_ceil(128) * scale_cols {
+            bail!(
+                "{op}: {} scales for a ({rows}, {cols}) weight",
+                scales.len()
+            )
+        }
+        let n = rows * cols;
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_fp8_dequant"), MODULE, PTX)?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(n)? };
+        let mut args = func.builder();
+        args.arg(&q)
+            .arg(&scales)
+            .arg(&mut out)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&scale_cols);
+        // SAFETY: the arguments match `memfit_fp8_dequant`'s signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    match dtype {
+        DType::F32 => go::<f32>(w, s, rows, cols),
+        DType::F16 => go::<half::f16>(w, s, rows, cols),
+        DType::BF16 => go::<half::bf16>(w, s, rows, cols),
+        other => bail!("fp8: no dequantize into {other:?}"),
+    }
 }
 
 /// SwiGLU on contiguous gate and up: `silu(g)·u` into a fresh output (`grad` absent), or its

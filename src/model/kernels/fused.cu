@@ -238,6 +238,26 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
     d[i] = of_f<T>(to_f(d[i]) * decay - lr * (to_f(m[i]) * sm) / (sqrtf(to_f(v[i]) * sv) + eps));
 }
 
+// FP8 e4m3 (the `e4m3fn` of DeepSeek's checkpoints: no infinities, S.1111.111 is NaN) to float.
+__device__ __forceinline__ float e4m3_to_f(uint8_t b) {
+    int e = (b >> 3) & 0xF, m = b & 7;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -9);                      // m/8 · 2^-6
+    else if (e == 15 && m == 7) v = __int_as_float(0x7fc00000); // NaN
+    else v = ldexpf((float)(8 + m), e - 10);                     // (1 + m/8) · 2^(e-7)
+    return (b & 0x80) ? -v : v;
+}
+
+// Block-scaled FP8 weights into T: out[r, c] = e4m3(w[r, c]) · scale[r / 128, c / 128].
+template <typename T>
+__device__ void fp8_dequant(const uint8_t *w, const float *scale, T *out, size_t rows, size_t cols,
+                            size_t scale_cols) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    size_t r = i / cols, c = i % cols;
+    out[i] = of_f<T>(e4m3_to_f(w[i]) * scale[(r / 128) * scale_cols + c / 128]);
+}
+
 #define KERNELS(T, SFX)                                                                          \
     extern "C" __global__ void memfit_norm_##SFX(const T *x, const T *w, const T *b, T *out,    \
                                                  int n, float eps, int centre) {                 \
@@ -278,6 +298,11 @@ __device__ void adam_update(T *d, const T *m, const T *v, size_t n, float lr, fl
     extern "C" __global__ void memfit_scale_rows_##SFX(T *y, const T *s, size_t total, int out,  \
                                                        size_t stride) {                          \
         scale_rows<T>(y, s, total, out, stride);                                                 \
+    }                                                                                            \
+    extern "C" __global__ void memfit_fp8_dequant_##SFX(const uint8_t *w, const float *scale,   \
+                                                        T *out, size_t rows, size_t cols,        \
+                                                        size_t scale_cols) {                     \
+        fp8_dequant<T>(w, scale, out, rows, cols, scale_cols);                                   \
     }                                                                                            \
     extern "C" __global__ void memfit_add_bias_##SFX(T *y, const T *b, size_t total, int out) { \
         add_bias<T>(y, b, total, out);                                                           \
