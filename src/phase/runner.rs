@@ -265,7 +265,19 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
     };
     let mut opt = t.optimizer(case)?;
     t.train_step(&mut opt)?;
-    let _ = t.model.detached().forward(&t.tokens)?;
+    let detached = t.model.detached();
+    let _ = detached.forward(&t.tokens)?;
+    // Generation's shapes (a prompt into a cache, then one token per sequence) reach gemm
+    // paths and pool threads that the step does not (measured: a second thread's 512 KiB of
+    // packing first allocated inside the decode window at 2 threads).
+    if case.phases.contains(&Phase::Prefill) || case.phases.contains(&Phase::Decode) {
+        let mut cache = KvCache::default();
+        let next = detached
+            .forward_cached(&t.tokens, &mut cache)?
+            .argmax(D::Minus1)?
+            .unsqueeze(1)?;
+        drop(detached.forward_cached(&next, &mut cache)?);
+    }
     Ok(())
 }
 
