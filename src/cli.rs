@@ -193,6 +193,11 @@ pub struct PredictArgs {
     /// the peak's op and layer marked.
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
+    /// Draw each case's phases (train step, inference, prefill, decode among those asked) as
+    /// stacked bars split into weights, optimizer state, gradients, activations, KV cache,
+    /// temporaries and other, with the `--fit-in` budget as a line (FILE.svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 /// The routing a mixture of experts' budget answers assume.

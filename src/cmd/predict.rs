@@ -8,7 +8,6 @@
 //! longest context each of the case's sequences can reach.
 
 use crate::cli::PredictArgs;
-use crate::device::ServingWeights;
 use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
 use crate::phase::Phase;
@@ -24,6 +23,10 @@ use crate::workload::{self, Case, WorkloadFile};
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CasePrediction {
     pub case: usize,
+    /// With `--plot`: each asked phase among train step, inference, prefill and decode split
+    /// by component ([`crate::formula::breakdown`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Vec<crate::formula::breakdown::Bar>>,
     /// `gpt` or `vit`.
     pub model: String,
     pub preset: String,
@@ -135,6 +138,11 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     // dataload cases build no model: nothing to predict (their RAM formula is fitted from
     // measurements, `memfit fit`).
     cases.retain(|c| c.data.is_none());
+    if let Some(path) = &args.plot
+        && path.extension().and_then(|e| e.to_str()) != Some("svg")
+    {
+        anyhow::bail!("--plot {}: give an .svg file", path.display());
+    }
     let budget = args
         .fit_in
         .as_deref()
@@ -151,10 +159,14 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.timeline {
         write_timelines(path, &cases, threads)?;
     }
+
     // Every case first, so a calibration that lacks a case's rows fails before any output.
     let mut predictions = Vec::with_capacity(cases.len());
     for case in &cases {
         let mut p = predict_case(case, threads, budget, args.routing.worst());
+        if args.plot.is_some() {
+            p.breakdown = Some(crate::formula::breakdown::bars(case, threads));
+        }
         if let Some(c) = &calibration {
             p.calibrated = Some(c.apply(
                 &case.device.to_string(),
@@ -164,6 +176,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             p.calibration_runtime = Some(c.runtime_check());
         }
         predictions.push(p);
+    }
+    if let Some(path) = &args.plot {
+        write_plot(path, &cases, &predictions, budget)?;
     }
     if let Some(c) = &calibration
         && !args.json
@@ -335,6 +350,51 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
 /// The prediction of one case (and, with a budget, the largest batch that fits). A mixture of
 /// experts' budget answers assume the worst routing when `worst_fit` (the safe answer), else
 /// balanced routing.
+/// `--plot FILE.svg`: every case's phases as stacked bars by component
+/// ([`crate::formula::breakdown`]), the budget as a line.
+fn write_plot(
+    path: &std::path::Path,
+    cases: &[Case],
+    predictions: &[CasePrediction],
+    budget: Option<u64>,
+) -> anyhow::Result<()> {
+    use crate::formula::breakdown::COMPONENTS;
+    use crate::store::breakdown::{Group, write_svg};
+    let groups: Vec<Group> = cases
+        .iter()
+        .zip(predictions)
+        .map(|(c, p)| Group {
+            label: format!("{} B{} S{} {}", c.preset, c.batch, c.seq, c.dtype.as_str()),
+            bars: p
+                .breakdown
+                .iter()
+                .flatten()
+                .map(|b| (b.phase, b.bytes))
+                .collect(),
+        })
+        .collect();
+    if groups.iter().all(|g| g.bars.is_empty()) {
+        anyhow::bail!(
+            "--plot {}: no case asks for a train step, inference, prefill or decode",
+            path.display()
+        );
+    }
+    let title = "Predicted memory by phase and component";
+    let mut out = std::io::BufWriter::new(anyhow::Context::with_context(
+        std::fs::File::create(path),
+        || format!("writing {}", path.display()),
+    )?);
+    write_svg(&mut out, title, &COMPONENTS, &groups, budget)?;
+    out.flush()?;
+    eprintln!(
+        "plot: {} bar(s) of {} case(s) → {}",
+        groups.iter().map(|g| g.bars.len()).sum::<usize>(),
+        groups.len(),
+        path.display()
+    );
+    Ok(())
+}
+
 /// `--timeline FILE`: every training case's predicted train step
 /// ([`crate::formula::timeline`]), one trace process per case.
 fn write_timelines(path: &std::path::Path, cases: &[Case], threads: usize) -> anyhow::Result<()> {
@@ -498,16 +558,17 @@ pub fn predict_case(
             .map(|&ph| (ph.as_str().to_string(), at(ph)))
             .collect(),
         train_total_bytes: train_total(&shape),
-        // The serving process: its own copy of the weights when they are not the model's.
-        inference_total_bytes: match &serving {
-            Some(sv) if shape.serve != ServingWeights::Model => sv.weights_bytes,
-            _ => weights(&shape),
-        } + at(Phase::Inference),
+        // The serving process: the serving copy's weights (`--weights`), a ViT's own.
+        inference_total_bytes: serving
+            .as_ref()
+            .map_or_else(|| weights(&shape), |sv| sv.weights_bytes)
+            + at(Phase::Inference),
         fits,
         max_batch,
         max_seq,
         serving,
         calibrated: None,
+        breakdown: None,
         calibration_runtime: None,
     }
 }
@@ -566,15 +627,7 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
         kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),
         // A sliding layer's window caps what one sequence keeps there (per-token bytes are the
         // same in every layer).
-        kv_bytes_per_sequence: (0..shape.l as usize)
-            .map(|i| {
-                per_token / shape.l.max(1)
-                    * shape
-                        .llama
-                        .and_then(|l| l.window_at(i))
-                        .map_or(shape.s, |w| shape.s.min(w as u64))
-            })
-            .sum(),
+        kv_bytes_per_sequence: crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s),
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
         max_context: context,

@@ -1,6 +1,7 @@
 //! Predicted bytes per phase. Every function here is a formula of the case's shape, derived from
 //! what the model and candle 0.11.1's CPU backend allocate; `transformer` holds the derivations.
 
+pub mod breakdown;
 pub mod cuda_init;
 pub mod flops;
 pub mod full_size;

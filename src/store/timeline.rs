@@ -319,7 +319,7 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
 }
 
 /// `bytes` in the unit that keeps it readable (B, KiB, MiB, GiB).
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     let b = bytes as f64;
     let k = 1024.0;
     if b >= k * k * k {
@@ -478,7 +478,7 @@ pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Re
     writeln!(out, "</svg>")
 }
 
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
