@@ -83,6 +83,36 @@ FAMILIES = {
     # GQA 4:2, a sliding window of 5 over the 11-token input.
     "phi3": ("phi3", transformers.Phi3Config, transformers.Phi3ForCausalLM,
              {"sliding_window": 5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # Rope scaling (transformers' modeling_rope_utils), each over the 11-token input:
+    # Llama 3.1's llama3 (original context 8: frequency 0 in the smoothed band, 1-3 divided).
+    "llama_rope_llama3": ("llama", transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                          {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8}}),
+    # Qwen3 under YaRN (factor 4 over an original 8: cos and sin times 0.1·ln 4 + 1).
+    "qwen3_yarn": ("qwen3", transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                   {"head_dim": 16, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 8}}),
+    # DeepSeek-V3's own YaRN (factor 40, mscale = mscale_all_dim = 1: the attention scale
+    # times mscale²), as its config.json ships it.
+    "deepseek_v3_yarn": ("deepseek_v3", transformers.DeepseekV3Config,
+                         transformers.DeepseekV3ForCausalLM,
+                         {"num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16,
+                          "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
+                          "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+                          "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 20,
+                          "first_k_dense_replace": 1, "norm_topk_prob": True,
+                          "routed_scaling_factor": 2.5, "rope_interleave": True,
+                          "rope_scaling": {"type": "yarn", "factor": 40.0, "beta_fast": 32,
+                                           "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                           "original_max_position_embeddings": 4}}),
+    # Phi-3 128k's LongRoPE (short factors up to the original 16 positions; attention factor
+    # from max / original = 2).
+    "phi3_longrope": ("phi3", transformers.Phi3Config, transformers.Phi3ForCausalLM,
+                      {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                       "original_max_position_embeddings": 16,
+                       "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0],
+                                        "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
 }
 
 

@@ -309,3 +309,32 @@ fn decode_across_the_window(family: &str, prompt: usize, w: usize) {
 fn mistral_decode_rolls_its_cache_across_the_window() {
     decode_across_the_window("mistral", 6, 4);
 }
+
+/// Rope scaling as transformers computes its angles: Llama 3.1's `llama3` (a smoothed band,
+/// the rest divided), Qwen3 under YaRN (a ramp between interpolation and extrapolation, cos and
+/// sin times its attention factor), DeepSeek-V3's YaRN (its attention scale times `mscale²`)
+/// and Phi-3's LongRoPE (per-frequency factors, an attention factor): the logits equal
+/// transformers' in every attention, and the same weights with the default angles do not.
+#[test]
+fn rope_scaling_logits_equal_transformers() {
+    for family in [
+        "llama_rope_llama3",
+        "qwen3_yarn",
+        "deepseek_v3_yarn",
+        "phi3_longrope",
+    ] {
+        assert!(config(family).rope_scaling.is_some(), "{family}");
+        check(family);
+        let cfg = Config {
+            rope_scaling: None,
+            ..config(family)
+        };
+        let (tokens, want) = io(family);
+        let got = model(family, &cfg).forward(&tokens).unwrap();
+        let diff = max_diff(&got, &want) / max_abs(&want);
+        assert!(
+            diff > 1e-3,
+            "{family} without its rope scaling: the logits still agree ({diff})"
+        );
+    }
+}

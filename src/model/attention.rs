@@ -55,6 +55,8 @@ pub struct Core {
     pub(crate) causal: bool,
     /// A sliding window (keys per query, itself included); the cache keeps that many.
     pub(crate) window: Option<usize>,
+    /// The attention scale is this over `√Dq` (DeepSeek under YaRN: `mscale²`; else 1).
+    pub(crate) scale_mul: f64,
 }
 
 impl Core {
@@ -69,6 +71,7 @@ impl Core {
             fused: cfg.kernels.fused(),
             causal: cfg.vision.is_none(),
             window: cfg.llama.and_then(|l| l.window_at(layer)),
+            scale_mul: super::shapes::RopeScaling::softmax_scale(cfg.rope_scaling.as_ref()),
         }
     }
 
@@ -77,6 +80,11 @@ impl Core {
     /// values at their own head count (but the composed standard attention, which repeats
     /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
     /// A·Dv)`. The scale is `1/√Dq`.
+    /// The attention scale for queries of width `d`: `scale_mul / √d`.
+    fn scale(&self, d: usize) -> f32 {
+        (self.scale_mul / (d as f64).sqrt()) as f32
+    }
+
     pub(crate) fn attend_any(
         &self,
         q: Tensor,
@@ -87,7 +95,7 @@ impl Core {
         if self.tiled {
             let (b, _, s, d) = q.dims4()?;
             let dv = v.dim(3)?;
-            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let scale = self.scale(d);
             let y =
                 super::tiled_attention::attention(&q, &k, &v, scale, self.causal, self.window())?;
             drop((q, k, v));
@@ -110,7 +118,7 @@ impl Core {
             // A decoder is causal whether or not a mask tensor is passed (fused kernels pass
             // none).
             let op = EfficientAttention {
-                scale: (1.0 / (d as f64).sqrt()) as f32,
+                scale: self.scale(d),
                 causal: self.causal,
                 window: self.window(),
             };
@@ -146,7 +154,7 @@ impl Core {
         let (b, _, s, d) = q.dims4()?;
         let dv = v.dim(3)?;
         if self.fused {
-            let scale = (1.0 / (d as f64).sqrt()) as f32;
+            let scale = self.scale(d);
             let probs = kernels::attn_probs(&q, &k, scale, self.causal, self.window)?;
             drop((q, k));
             let y = probs.matmul(&v)?;
@@ -159,7 +167,7 @@ impl Core {
             return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
         }
         let (k, v) = self.repeat(k, v)?;
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
         drop((q, k));
         let scores = match mask {
             Some(m) => scores.broadcast_add(m)?,

@@ -46,6 +46,9 @@ pub struct Config {
     /// Base of the rotary angles (`rope_theta`; LLaMA only).
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
+    /// How the rotary angles stretch (`rope_scaling`; none: the default angles).
+    #[serde(default)]
+    pub rope_scaling: Option<super::shapes::RopeScaling>,
     /// Fused kernels with a backward ([`super::kernels`]) or candle's composed ops for the
     /// norms, attention softmax, activations and loss.
     #[serde(default)]
@@ -504,6 +507,7 @@ impl Config {
             llama: None,
             tied: false,
             rope_theta: default_rope_theta(),
+            rope_scaling: None,
             kernels: Kernels::Composed,
         }
     }

@@ -9,8 +9,9 @@
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
 //! `attention_bias` (llama: q, k, v, o; default false), `mlp_bias` (default false),
-//! `rms_norm_eps`, `rope_theta`, `rope_scaling` (any known type: the tables' sizes do not
-//! change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral, phi3:
+//! `rms_norm_eps`, `rope_theta`, `rope_scaling` (`linear`, `llama3`, `yarn` — DeepSeek's
+//! with its `mscale²` on the attention scale —, `longrope` with its short factors, `dynamic` and
+//! `default` as transformers computes the angles; the tables' sizes never change), `torch_dtype` or `dtype` (transformers ≥ 4.56; both must agree), `hidden_act` (must be `silu`), `sliding_window` (mistral, mixtral, phi3:
 //! every layer, Mistral's 4096 when absent; qwen2, qwen3, qwen2_moe when `use_sliding_window`,
 //! the layers from `max_window_layers` (default 28) on, qwen3_moe every layer; 4096 when
 //! absent, as transformers' configs default) and
@@ -60,7 +61,9 @@ use serde_json::{Map, Value};
 
 use super::ModelKind;
 use super::config::Config;
-use super::shapes::{Factor, GroupLimit, Llama, MlaShape, MoeShape, Scoring, Sizes, Vision};
+use super::shapes::{
+    Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
+};
 
 use crate::device::ElemType;
 use crate::error::UserError;
@@ -491,7 +494,6 @@ fn llama_config(
     model_type: &str,
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
     f.require("hidden_act", &["silu"])?;
-    rope_scaling(f)?;
     no_dropout(f)?;
     if let Some(v) = f.get("partial_rotary_factor")
         && v.as_f64() != Some(1.0)
@@ -592,6 +594,7 @@ fn llama_config(
     );
     cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
     cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
+    cfg.rope_scaling = rope_scaling(f, model_type, head_dim, max_seq)?;
     Ok((ModelKind::Llama, cfg, sliding_window))
 }
 
@@ -614,10 +617,20 @@ fn no_dropout(f: &Fields) -> Result<(), UserError> {
     Ok(())
 }
 
-/// `rope_scaling`: null, or an object whose `rope_type` (or `type`) is one of [`ROPE_TYPES`].
-fn rope_scaling(f: &Fields) -> Result<(), UserError> {
-    let Some(v) = f.get("rope_scaling") else {
-        return Ok(());
+/// `rope_scaling`: null, or an object whose `rope_type` (or `type`) is one of [`ROPE_TYPES`],
+/// read as transformers' `modeling_rope_utils` computes its angles (`default` and `dynamic`:
+/// the default angles, which `dynamic` keeps up to `max_position_embeddings`); its keys are
+/// checked by type, a missing `factor` or a LongRoPE factor list of another length than
+/// `dim / 2` refused. DeepSeek's YaRN also multiplies the attention scale by `mscale²` (from
+/// `mscale_all_dim`), as transformers' DeepSeek attention does.
+fn rope_scaling(
+    f: &Fields,
+    model_type: &str,
+    dim: usize,
+    max_pos: usize,
+) -> Result<Option<RopeScaling>, UserError> {
+    let Some(v) = f.get("rope_scaling").filter(|v| !v.is_null()) else {
+        return Ok(None);
     };
     let allowed = format!(
         "null, or an object with rope_type one of {}",
@@ -626,14 +639,117 @@ fn rope_scaling(f: &Fields) -> Result<(), UserError> {
     let Value::Object(m) = v else {
         return Err(f.bad("rope_scaling", v, "not an object", &allowed));
     };
-    match m
+    let kind = match m
         .get("rope_type")
         .or_else(|| m.get("type"))
         .and_then(Value::as_str)
     {
-        Some(t) if ROPE_TYPES.contains(&t) => Ok(()),
-        _ => Err(f.bad("rope_scaling", v, "unknown rope_type", &allowed)),
-    }
+        Some(t) if ROPE_TYPES.contains(&t) => t,
+        _ => return Err(f.bad("rope_scaling", v, "unknown rope_type", &allowed)),
+    };
+    let num = |key: &str| -> Result<Option<f64>, UserError> {
+        match m.get(key).filter(|x| !x.is_null()) {
+            None => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| {
+                f.bad(
+                    &format!("rope_scaling.{key}"),
+                    x,
+                    "not a number",
+                    "a number",
+                )
+            }),
+        }
+    };
+    let need = |key: &str| -> Result<f64, UserError> {
+        num(key)?.ok_or_else(|| {
+            f.missing(
+                &format!("rope_scaling.{key}"),
+                &format!("a number (rope_type {kind})"),
+            )
+        })
+    };
+    let original = |default: usize| -> Result<usize, UserError> {
+        Ok(num("original_max_position_embeddings")?.map_or(default, |x| x as usize))
+    };
+    Ok(match kind {
+        "default" | "dynamic" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: need("factor")?,
+        }),
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max: need("original_max_position_embeddings")? as usize,
+        }),
+        "yarn" => {
+            let factor = need("factor")?;
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let (ms, ms_all) = (num("mscale")?, num("mscale_all_dim")?);
+            let attention_factor = match (num("attention_factor")?, ms, ms_all) {
+                (Some(a), _, _) => a,
+                (None, Some(a), Some(b)) if a != 0.0 && b != 0.0 => {
+                    mscale(factor, a) / mscale(factor, b)
+                }
+                _ => mscale(factor, 1.0),
+            };
+            let deepseek = model_type.starts_with("deepseek");
+            let softmax_scale = match ms_all {
+                Some(b) if deepseek && b != 0.0 => mscale(factor, b).powi(2),
+                _ => 1.0,
+            };
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max: original(max_pos)?,
+                beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                truncate: m.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+                softmax_scale,
+            })
+        }
+        "longrope" => {
+            let factors: Vec<f64> = m
+                .get("short_factor")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                .unwrap_or_default();
+            if factors.len() != dim / 2 {
+                return Err(f.bad(
+                    "rope_scaling.short_factor",
+                    m.get("short_factor").unwrap_or(&Value::Null),
+                    &format!(
+                        "LongRoPE needs one factor per rotary frequency ({})",
+                        dim / 2
+                    ),
+                    &format!("a list of {} numbers", dim / 2),
+                ));
+            }
+            // transformers: the factor is max / original when the config gives the original.
+            let orig = f.size_opt("original_max_position_embeddings", MAX_SIZE)?;
+            let factor = match orig {
+                Some(o) => max_pos as f64 / o as f64,
+                None => num("factor")?.unwrap_or(1.0),
+            };
+            let orig = orig.unwrap_or(max_pos) as f64;
+            let attention_factor = match num("attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / orig.ln()).sqrt(),
+            };
+            Some(RopeScaling::LongRope {
+                factors,
+                attention_factor,
+            })
+        }
+        _ => unreachable!("ROPE_TYPES"),
+    })
 }
 
 /// The attention window and the layers that do not use it (bit `i`: layer `i` attends to

@@ -4,24 +4,30 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-/// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · θ^(−2j/D)` for position `p`
-/// and frequency `j` (computed in f32, then converted to `dtype`, as candle-transformers'
-/// llama does).
+use super::shapes::RopeScaling;
+
+/// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · f_j` for position `p` and
+/// inverse frequency `f_j = θ^(−2j/D)` (or as `scaling` stretches it, cos and sin then times its
+/// attention factor), computed in f64, rounded to f32, then converted to `dtype` (as
+/// candle-transformers' llama does).
 pub fn rotary_tables(
     max_seq: usize,
     head_dim: usize,
     theta: f64,
+    scaling: Option<&RopeScaling>,
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     let half = head_dim / 2;
-    let angle = |k: usize| {
-        let (p, j) = ((k / half) as f64, (k % half) as f64);
-        p / theta.powf(2.0 * j / head_dim as f64)
-    };
+    let (inv_freq, factor) = RopeScaling::inv_freq(scaling, head_dim, theta);
+    let angle = |k: usize| (k / half) as f64 * inv_freq[k % half];
     // Exact-size iterators: the Vecs the tensors keep have no spare capacity.
-    let cos: Vec<f32> = (0..max_seq * half).map(|k| angle(k).cos() as f32).collect();
-    let sin: Vec<f32> = (0..max_seq * half).map(|k| angle(k).sin() as f32).collect();
+    let cos: Vec<f32> = (0..max_seq * half)
+        .map(|k| (angle(k).cos() * factor) as f32)
+        .collect();
+    let sin: Vec<f32> = (0..max_seq * half)
+        .map(|k| (angle(k).sin() * factor) as f32)
+        .collect();
     let cos = Tensor::from_vec(cos, (max_seq, half), device)?.to_dtype(dtype)?;
     let sin = Tensor::from_vec(sin, (max_seq, half), device)?.to_dtype(dtype)?;
     Ok((cos, sin))

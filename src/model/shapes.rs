@@ -307,6 +307,130 @@ impl LoraBase {
     }
 }
 
+/// How the rotary angles are stretched for long contexts (`rope_scaling`, transformers'
+/// `modeling_rope_utils`): each changes the inverse frequencies (and YaRN and LongRoPE scale the
+/// tables by an attention factor), none the tables' sizes. `dynamic` NTK equals the default
+/// angles up to `max_position_embeddings` (the longest sequence memfit runs), so it needs none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum RopeScaling {
+    /// Every frequency divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama 3.1: low frequencies divided by `factor`, high ones kept, the band between
+    /// smoothed.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max: usize,
+    },
+    /// YaRN: interpolated and extrapolated frequencies blended by a ramp over the dimensions
+    /// between the `beta_fast` and `beta_slow` rotations; cos and sin times `attention_factor`.
+    /// DeepSeek's attention scale is also multiplied by `softmax_scale` (`mscale²` from
+    /// `mscale_all_dim`; 1 elsewhere).
+    Yarn {
+        factor: f64,
+        original_max: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+        attention_factor: f64,
+        softmax_scale: f64,
+    },
+    /// LongRoPE (Phi-3): frequency `j` divided by `factors[j]` (the short factors: what
+    /// transformers uses up to `original_max_position_embeddings`), cos and sin times
+    /// `attention_factor`.
+    LongRope {
+        factors: Vec<f64>,
+        attention_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The inverse frequencies of a rotary width `dim` with base `theta` (`dim/2` of them), and
+    /// the factor on cos and sin.
+    pub fn inv_freq(this: Option<&Self>, dim: usize, theta: f64) -> (Vec<f64>, f64) {
+        let half = dim / 2;
+        let base: Vec<f64> = (0..half)
+            .map(|j| 1.0 / theta.powf(2.0 * j as f64 / dim as f64))
+            .collect();
+        let pi2 = 2.0 * std::f64::consts::PI;
+        match this {
+            None => (base, 1.0),
+            Some(Self::Linear { factor }) => (base.iter().map(|f| f / factor).collect(), 1.0),
+            Some(Self::Llama3 {
+                factor,
+                low_freq_factor: lo,
+                high_freq_factor: hi,
+                original_max,
+            }) => {
+                let old = *original_max as f64;
+                let (low_wavelen, high_wavelen) = (old / lo, old / hi);
+                let f = base
+                    .iter()
+                    .map(|&f| {
+                        let wavelen = pi2 / f;
+                        let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                        if wavelen < high_wavelen || wavelen > low_wavelen {
+                            scaled
+                        } else {
+                            let smooth = (old / wavelen - lo) / (hi - lo);
+                            (1.0 - smooth) * scaled / factor + smooth * scaled
+                        }
+                    })
+                    .collect();
+                (f, 1.0)
+            }
+            Some(Self::Yarn {
+                factor,
+                original_max,
+                beta_fast,
+                beta_slow,
+                truncate,
+                attention_factor,
+                ..
+            }) => {
+                let d = dim as f64;
+                let corr =
+                    |rot: f64| d * (*original_max as f64 / (rot * pi2)).ln() / (2.0 * theta.ln());
+                let (mut low, mut high) = (corr(*beta_fast), corr(*beta_slow));
+                if *truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let f = base
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &f)| {
+                        let ramp = ((j as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolation = 1.0 - ramp;
+                        f / factor * (1.0 - extrapolation) + f * extrapolation
+                    })
+                    .collect();
+                (f, *attention_factor)
+            }
+            Some(Self::LongRope {
+                factors,
+                attention_factor,
+            }) => (
+                base.iter().zip(factors).map(|(f, e)| f / e).collect(),
+                *attention_factor,
+            ),
+        }
+    }
+
+    /// What DeepSeek's attention scale is multiplied by (YaRN's `mscale²`; else 1).
+    pub fn softmax_scale(this: Option<&Self>) -> f64 {
+        match this {
+            Some(Self::Yarn { softmax_scale, .. }) => *softmax_scale,
+            _ => 1.0,
+        }
+    }
+}
+
 /// FP8 weights' scale blocks: `rows × cols` weights share one f32 inverse scale (the weight is
 /// `f8 · scale`); the last block of a dimension that is not a multiple is partial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

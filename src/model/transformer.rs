@@ -317,6 +317,7 @@ impl Transformer {
                 cfg.max_seq,
                 l.head_dim,
                 cfg.rope_theta,
+                cfg.rope_scaling.as_ref(),
                 vb.dtype(),
                 vb.device(),
             )?),

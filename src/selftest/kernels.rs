@@ -370,7 +370,7 @@ pub fn frozen_linear_matches_a_matmul_on_its_weights() {
 pub fn rotary_matches_apply_rotary() {
     for dtype in dtypes(false) {
         let (s_max, d, offset, s) = (20, 16, 5, 9);
-        let (cos, sin) = rotary::rotary_tables(s_max, d, 10_000.0, dtype, &dev()).unwrap();
+        let (cos, sin) = rotary::rotary_tables(s_max, d, 10_000.0, None, dtype, &dev()).unwrap();
         let fused = |x: &Tensor| {
             let (c, sn) = (
                 cos.narrow(0, offset, s).unwrap(),
