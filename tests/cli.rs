@@ -540,6 +540,25 @@ fn fit_reads_results_and_fits_the_forward() {
     assert!(g["r2"].as_f64().unwrap() > 0.999, "{g}");
     let kfold = g["kfold"].as_array().unwrap();
     assert!(kfold[1].as_f64().unwrap() < 10.0, "{g}");
+    // Per component: the forward's activations and every window's peak, from the 12 rows'
+    // own predictions, none under-estimated.
+    for component in ["activations", "step peaks"] {
+        let c = lines
+            .iter()
+            .find(|v| v["component"] == component)
+            .unwrap_or_else(|| panic!("{component}"));
+        assert_eq!(
+            (c["rows"].as_u64(), c["under"].as_u64()),
+            (Some(12), Some(0)),
+            "{c}"
+        );
+        // Tiny rows: their bookkeeping is a percent of them, never 12 KiB.
+        assert!(
+            c["worst_under_bytes"].as_f64().unwrap() < 12.0 * 1024.0,
+            "{c}"
+        );
+        assert!(c["max_abs_pct"].as_f64().unwrap() < 5.0, "{c}");
+    }
     memfit()
         .args(["fit", "no/such/dir"])
         .assert()

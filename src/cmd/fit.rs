@@ -73,6 +73,7 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
             formula
         );
     }
+    print_components(&all, args.json)?;
     print_dataload(&all, args.json)?;
     // The textbook formulas on the same rows, beside ours.
     if args.json {
@@ -89,6 +90,52 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
                 t.formula, t.against, t.cases, t.mean_pct, t.max_pct
             );
         }
+    }
+    Ok(())
+}
+
+/// Prints the analytical predictions' errors per component and how often each under-estimates
+/// ([`crate::fit::components`]).
+fn print_components(rows: &[Row], json: bool) -> anyhow::Result<()> {
+    use crate::fit::components::{UNDER_BYTES, UNDER_REL, errors};
+    let e = errors(rows);
+    if json {
+        for c in &e {
+            println!("{}", serde_json::to_string(c)?);
+        }
+        return Ok(());
+    }
+    if e.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "
+predicted against measured, per component (under-estimate: below the measurement by more than {} KiB and {} %)",
+        UNDER_BYTES / 1024.0,
+        UNDER_REL * 100.0
+    );
+    println!(
+        "{:<16} {:<6} {:>6} {:>13} {:>12} {:>16} {:>16}",
+        "component",
+        "device",
+        "rows",
+        "mean |err| %",
+        "max |err| %",
+        "under-estimates",
+        "worst under B"
+    );
+    for c in &e {
+        println!(
+            "{:<16} {:<6} {:>6} {:>13.3} {:>12.3} {:>9} ({:>4.1} %) {:>16.0}",
+            c.component,
+            c.device,
+            c.rows,
+            c.mean_abs_pct,
+            c.max_abs_pct,
+            c.under,
+            100.0 * c.under_rate,
+            c.worst_under_bytes
+        );
     }
     Ok(())
 }

@@ -96,6 +96,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
     let fitted =
         |r: &Row| -> Option<f64> { by_key.get(&key(r))?.predict(&crate::fit::features(r)) };
     let textbook = crate::fit::textbook::evaluate(&all);
+    let components = crate::fit::components::errors(&all);
     let cpu_peak = if args.measure_cpu_peak {
         Some(cpu_peak()?)
     } else {
@@ -112,6 +113,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
         sets: &sets,
         fits: &fits,
         textbook: &textbook,
+        components: &components,
         fitted: &fitted,
         dataload: &dataload,
         full_size: &full_size,

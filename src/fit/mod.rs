@@ -11,11 +11,13 @@
 //!
 //! What is fitted, one file each: `group` (that model per group of comparable rows, for
 //! `memfit fit` and the report's fit table), `dataload` (the data pipeline's RAM formula and
-//! throughput curves), `calibration` (the analytical predictions against the measurements) and
+//! throughput curves), `calibration` (the analytical predictions against the measurements),
+//! `components` (their errors and under-estimates per component of memory) and
 //! `textbook` (the literature's formulas on the same rows). The commands call them; the report
 //! only reads their results.
 
 pub mod calibration;
+pub mod components;
 pub mod dataload;
 pub mod group;
 pub mod line;

@@ -54,6 +54,8 @@ pub struct Inputs<'a> {
     pub sets: &'a [ResultSet],
     pub fits: &'a [GroupFit],
     pub textbook: &'a [TextbookError],
+    /// The analytical predictions' errors and under-estimates per component.
+    pub components: &'a [crate::fit::components::ComponentError],
     /// The fitted peak of a row's phase and group (the least-squares fit of `memfit fit`).
     pub fitted: &'a dyn Fn(&Row) -> Option<f64>,
     /// The `dataload` rows' RAM fits and throughput curves, for the claims.
@@ -111,6 +113,7 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .collect();
     let claims = claims::evaluate(&all, &workload_of, &cores_of, inp.dataload, inp.full_size);
     summary(&mut b, &all, &ok, &claims);
+    components_section(&mut b, inp.components);
     claims_section(&mut b, &claims);
     b.push(Block::Heading(2, "Details".into()));
     environment(&mut b, inp);
@@ -432,6 +435,54 @@ pub fn phase_labels(
             (p, l)
         })
         .collect()
+}
+
+/// The analytical predictions per component: mean and largest error, and how often each
+/// under-estimates ([`crate::fit::components`]).
+fn components_section(b: &mut Vec<Block>, components: &[crate::fit::components::ComponentError]) {
+    use crate::fit::components::{UNDER_BYTES, UNDER_REL};
+    if components.is_empty() {
+        return;
+    }
+    b.push(Block::Heading(2, "Predictions per component".into()));
+    b.push(Block::Para(format!(
+        "The analytical prediction against the measurement of each part of memory: the weights \
+         init leaves, the optimizer state the first step leaves, the activations a training \
+         forward keeps, the KV cache a prompt leaves, and every window's peak. An under-estimate \
+         is a prediction below the measurement by more than {} KiB and {} % of it (inside both: \
+         bookkeeping) — the error a memory tool must not make.",
+        UNDER_BYTES / 1024.0,
+        UNDER_REL * 100.0
+    )));
+    let rows = components
+        .iter()
+        .map(|c| {
+            vec![
+                c.component.to_string(),
+                c.device.clone(),
+                c.rows.to_string(),
+                format!("{:.3}", c.mean_abs_pct),
+                format!("{:.3}", c.max_abs_pct),
+                format!("{} ({:.1} %)", c.under, 100.0 * c.under_rate),
+                format!("{:.0}", c.worst_under_bytes),
+            ]
+        })
+        .collect();
+    b.push(Block::Table(
+        [
+            "component",
+            "device",
+            "rows",
+            "mean |error| %",
+            "max |error| %",
+            "under-estimates",
+            "largest under-estimate (B)",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        rows,
+    ));
 }
 
 fn fit_section(b: &mut Vec<Block>, inp: &Inputs) {
