@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{run_rows, within};
+use common::{EXACT_BYTES, run_rows, within};
 
 fn rows(kv: &str, tokens: &str) -> Vec<memfit::record::Row> {
     let dir = tempfile::tempdir().unwrap();
@@ -57,7 +57,7 @@ fn prefill_and_decode_are_predicted_with_and_without_cache() {
         for r in rows(kv, "6") {
             assert_eq!(r.kv_cache, kv);
             assert!(
-                within(&r, 0.001, 64 * 1024),
+                within(&r, 0.0, EXACT_BYTES),
                 "{kv} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,

@@ -152,8 +152,8 @@ fn lora_memory_is_predicted() {
         for r in &rows {
             assert_eq!(r.lora_base, base, "{r:?}");
             let (rel, abs) = match r.phase.as_str() {
-                "backward" | "train-step" => (0.01, 0),
-                _ => (0.001, 64 * 1024),
+                "backward" | "train-step" => (0.0, EXACT_BYTES),
+                _ => (0.0, EXACT_BYTES),
             };
             assert!(
                 within(r, rel, abs),
@@ -225,7 +225,7 @@ fn qlora_k_quants_and_half(device: &str) {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert_eq!((r.lora_base.as_str(), r.dtype.as_str()), (base, dtype));
             let ok = match (device, r.phase.as_str()) {
-                ("cpu", "backward" | "train-step") => within(r, 0.01, 0),
+                ("cpu", "backward" | "train-step") => within(r, 0.0, EXACT_BYTES),
                 ("cpu", _) => within(r, 0.0, EXACT_BYTES),
                 _ => pool_peak_near(r),
             };

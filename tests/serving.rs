@@ -37,7 +37,7 @@ fn serving_weights_are_predicted_and_their_error_recorded() {
         for r in &rows {
             assert_eq!(r.weights, w);
             assert!(
-                within(r, 0.001, 64 * 1024),
+                within(r, 0.0, EXACT_BYTES),
                 "{w} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,
@@ -94,7 +94,7 @@ fn prefill_uses_the_efficient_attention() {
             for r in &rows {
                 assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
                 assert!(
-                    within(r, 0.001, 64 * 1024),
+                    within(r, 0.0, EXACT_BYTES),
                     "{kernels} {attention} {}: measured {:?} predicted {:?}",
                     r.phase,
                     r.peak_bytes,
