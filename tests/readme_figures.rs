@@ -112,3 +112,68 @@ fn torch_compare_fused_rows_within_their_bound() {
     );
     assert!(seen >= 30, "only {seen} fused torch-compare rows");
 }
+
+/// README's textbook paragraph: each formula's mean and max error and its case count, as
+/// `memfit fit` evaluates them on the committed CPU rows (`fit::textbook::evaluate`).
+#[test]
+fn textbook_paragraph() {
+    let mut rows = Vec::new();
+    let mut dirs = vec![root().join("results/cpu")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "results.jsonl") {
+                rows.extend(memfit::store::jsonl::read(&p).unwrap());
+            }
+        }
+    }
+    let all = memfit::fit::textbook::evaluate(&rows);
+    let get = |formula: &str| {
+        all.iter()
+            .find(|t| t.formula == formula)
+            .unwrap_or_else(|| panic!("{formula}"))
+    };
+    let text = std::fs::read_to_string(root().join("README.md"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for (formula, said) in [
+        (
+            "Korthikanti 34+5as/h",
+            "by {mean} % on average ({max} % max, {n} cases)",
+        ),
+        (
+            "inference ≈ 2×P (N2)",
+            "peak by {mean} % ({max} %, {n} cases)",
+        ),
+        (
+            "Adam 2×P (B2)",
+            "holds within {mean} % ({max} %, {n} cases)",
+        ),
+        (
+            "16 B/param (mixed AdamW)",
+            "AdamW within {mean} % ({max} %, {n} cases)",
+        ),
+        (
+            "KV cache 2·L·B·T·G·D·e (GQA)",
+            "is exact ({mean} %, {n} cases:",
+        ),
+        (
+            "KV cache 2·L·B·T·H·e (N4)",
+            "misses it by {mean} % ({max} %)",
+        ),
+    ] {
+        let t = get(formula);
+        let line = said
+            .replace("{mean}", &format!("{:.2}", t.mean_pct))
+            .replace("{max}", &format!("{:.2}", t.max_pct))
+            .replace("{n}", &t.cases.to_string());
+        assert!(
+            text.contains(&line),
+            "README's textbook paragraph no longer says {line:?} for {formula} ({t:?})"
+        );
+    }
+}

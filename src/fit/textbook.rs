@@ -14,7 +14,8 @@
 //!   backward + optimizer retained of a mixed-precision AdamW case.
 //! - The seed's "inference ≈ 2 × parameter memory" (N2) — against weights + inference peak.
 //! - The KV cache `2·L·B·T·H·e` (N4) and with grouped-query attention's `2·L·B·T·G·D·e` —
-//!   against the decode phase's retained bytes.
+//!   against the decode phase's retained bytes, on the rows they describe: a cache of keys and
+//!   values per head (not MLA's latent) that the decode does not run past a window of.
 //! - Megatron-LM's `theoretical_memory_usage` ([`megatron`]) and accelerate's
 //!   `estimate-memory` ([`accelerate`]), the calculators users compare against, on the same
 //!   rows.
@@ -119,9 +120,13 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
             w + pk as f64,
         ));
     }
+    // The KV formulas describe a cache of keys and values per head that grows with every
+    // token: not MLA's latent (its per-token bytes are not `2·L·G·D·e`) nor a window the
+    // decode runs past (the cache stops growing there).
     if let Some(d) = get("decode")
         && d.kv_cache == "on"
         && let Some(m) = retained(d)
+        && kv_formula_applies(d)
     {
         // The cache has the serving activations' type: 16 bits for f16 serving weights and
         // for mixed precision's working copy.
@@ -144,6 +149,26 @@ fn checks(case: &BTreeMap<String, &Row>) -> Vec<Check> {
         out.extend(accelerate(case, &dec));
     }
     out
+}
+
+/// Whether `d`'s cache is keys and values per K/V head growing with every token: its recorded
+/// per-token bytes are `2·L·G·D·e` (not MLA's latent), and the prompt and new tokens stay
+/// within its window.
+fn kv_formula_applies(d: &Row) -> bool {
+    let e = if d.weights == "f16" || d.precision == "mixed" {
+        2
+    } else {
+        elem_bytes(d) as u64
+    };
+    let per_head = match (d.kv_heads_or_heads(), d.head_dim_or_default()) {
+        (Some(g), Some(dh)) => Some(2 * d.layers as u64 * g * dh * e),
+        _ => None,
+    };
+    let latent = matches!((d.kv_bytes_per_token, per_head), (Some(k), Some(p)) if k != p);
+    let past_window = d
+        .sliding_window
+        .is_some_and(|w| (d.seq + d.decode_tokens) as u64 > w);
+    !latent && !past_window
 }
 
 /// The decoder's sizes Megatron and accelerate read from a config.
