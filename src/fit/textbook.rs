@@ -161,13 +161,13 @@ fn kv_formula_applies(d: &Row) -> bool {
         elem_bytes(d) as u64
     };
     let per_head = match (d.kv_heads_or_heads(), d.head_dim_or_default()) {
-        (Some(g), Some(dh)) => Some(2 * d.layers as u64 * g * dh * e),
+        (Some(g), Some(dh)) => Some(2 * d.layers * g * dh * e),
         _ => None,
     };
     let latent = matches!((d.kv_bytes_per_token, per_head), (Some(k), Some(p)) if k != p);
     let past_window = d
         .sliding_window
-        .is_some_and(|w| (d.seq + d.decode_tokens) as u64 > w);
+        .is_some_and(|w| d.seq + d.decode_tokens > w);
     !latent && !past_window
 }
 
