@@ -423,3 +423,79 @@ fn the_committed_time_ratios_come_from_the_run_beside_pytorch() {
     }
     assert_eq!(checked, 2);
 }
+
+/// `docs/report/first-screen.png` is the committed report's first screen, rendered here by
+/// headless Chromium at 1280×900 (so it cannot show another report than the one committed), and
+/// the committed report covers every committed CPU row (a report of fewer rows than
+/// `results/cpu` holds is stale: regenerate it, `scripts/results-cpu.sh`'s last line).
+#[test]
+fn first_screen_is_the_committed_reports() {
+    let chromium = std::path::Path::new("/usr/bin/chromium");
+    assert!(
+        chromium.exists(),
+        "/usr/bin/chromium missing: install chromium (scripts/setup.sh test does)"
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let md = std::fs::read_to_string(root.join("docs/report/report.md")).unwrap();
+    let said: usize = md
+        .split(" row(s) from ")
+        .next()
+        .and_then(|s| s.rsplit(['\n', ' ']).next())
+        .and_then(|n| n.parse().ok())
+        .expect("the report's summary says its row count");
+    let mut rows = 0;
+    let mut dirs = vec![root.join("results/cpu")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "results.jsonl") {
+                rows += std::fs::read_to_string(&p).unwrap().lines().count();
+            }
+        }
+    }
+    assert_eq!(
+        said, rows,
+        "docs/report covers {said} rows, results/cpu holds {rows}: regenerate docs/report"
+    );
+    let png = root.join("docs/report/first-screen.png");
+    let profile = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--window-size=1280,900",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(format!(
+            "file://{}",
+            root.join("docs/report/report.html").display()
+        ))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "chromium failed: {run:?}");
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG", "a PNG");
+    let dim = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!((dim(16), dim(20)), (1280, 900), "IHDR width × height");
+    assert!(
+        bytes.len() > 20_000,
+        "a screen with pictures ({} B)",
+        bytes.len()
+    );
+    // The first screen is the verdicts and the two pictures.
+    let html = std::fs::read_to_string(root.join("docs/report/report.html")).unwrap();
+    let first = html
+        .find("<div class=\"strip\">")
+        .expect("the verdict strip");
+    let glance = html.find("<div class=\"glance\">").expect("the pictures");
+    let summary = html.find("<h2>Summary</h2>").expect("the summary");
+    assert!(first < glance && glance < summary);
+}

@@ -16,6 +16,14 @@ pub enum Block {
         name: String,
         caption: String,
     },
+    /// Plots side by side (the report's first screen): `(name, caption)` as [`Block::Plot`].
+    Glance(Vec<(String, String)>),
+    /// A strip of labelled cells coloured by kind (the claims' verdicts): `(label, kind)`;
+    /// `legend` names each kind with its colour. In Markdown one line of `label kind` pairs.
+    Strip {
+        cells: Vec<(String, String)>,
+        legend: Vec<(String, String)>,
+    },
 }
 
 /// Tables longer than this are collapsed (`<details>`) in the HTML.
@@ -51,6 +59,20 @@ pub fn markdown(blocks: &[Block]) -> String {
             Block::Plot { name, caption } => out.push_str(&format!(
                 "[![{caption}]({name}.png)]({name}.svg)\n\n*{caption}* ([SVG]({name}.svg), [PNG]({name}.png))\n\n"
             )),
+            Block::Glance(plots) => {
+                for (name, caption) in plots {
+                    out.push_str(&format!(
+                        "[![{caption}]({name}.png)]({name}.svg)\n\n*{caption}* ([SVG]({name}.svg), [PNG]({name}.png))\n\n"
+                    ));
+                }
+            }
+            Block::Strip { cells, .. } => {
+                let parts: Vec<String> = cells
+                    .iter()
+                    .map(|(label, kind)| format!("**{label}** {kind}"))
+                    .collect();
+                out.push_str(&format!("{}\n\n", parts.join(" · ")));
+            }
         }
     }
     out
@@ -64,7 +86,7 @@ pub fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// Inline Markdown used in paragraphs and cells: `code` spans only.
+/// Inline Markdown used in paragraphs and cells: `code` spans and **bold** outside them.
 fn inline(s: &str) -> String {
     let e = escape(s);
     let mut out = String::new();
@@ -72,7 +94,13 @@ fn inline(s: &str) -> String {
         if i % 2 == 1 {
             out.push_str(&format!("<code>{part}</code>"));
         } else {
-            out.push_str(part);
+            for (j, text) in part.split("**").enumerate() {
+                if j % 2 == 1 {
+                    out.push_str(&format!("<strong>{text}</strong>"));
+                } else {
+                    out.push_str(text);
+                }
+            }
         }
     }
     out
@@ -87,6 +115,9 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
          th, td {{ border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}\n\
          th {{ background: #eee; }}\n code {{ background: #f4f4f4; padding: 0 0.2em; }}\n\
          figure {{ margin: 1.5em 0; }} figure svg {{ max-width: 100%; height: auto; }}\n\
+         .strip span {{ display: inline-block; min-width: 2.4em; margin: 0 2px 2px 0; padding: 0.3em 0.2em; text-align: center; font-weight: bold; border-radius: 3px; }}\n\
+         .legend {{ font-size: 0.85em; margin-bottom: 1em; }} .legend span {{ display: inline-block; width: 1em; margin-left: 0.6em; }}\n\
+         .glance {{ display: flex; flex-wrap: wrap; gap: 1em; }} .glance figure {{ flex: 1 1 480px; margin: 0.5em 0; }}\n\
          </style>\n</head>\n<body>\n",
         escape(title)
     );
@@ -122,24 +153,61 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                     out.push_str("</details>\n");
                 }
             }
-            Block::Plot { name, caption } => {
-                out.push_str("<figure>\n");
-                match svg(name) {
-                    Some(s) => {
-                        // Drop the XML declaration: the SVG is an element of the page.
-                        let body = s.find("<svg").map_or(s.as_str(), |i| &s[i..]);
-                        out.push_str(body);
-                    }
-                    None => out.push_str(&format!("<p>(plot {} missing)</p>", escape(name))),
+            Block::Plot { name, caption } => out.push_str(&figure(name, caption, svg)),
+            Block::Glance(plots) => {
+                out.push_str("<div class=\"glance\">\n");
+                for (name, caption) in plots {
+                    out.push_str(&figure(name, caption, svg));
                 }
-                out.push_str(&format!(
-                    "\n<figcaption>{}</figcaption>\n</figure>\n",
-                    inline(caption)
-                ));
+                out.push_str("</div>\n");
+            }
+            Block::Strip { cells, legend } => {
+                let colour = |kind: &str| {
+                    legend
+                        .iter()
+                        .find(|(k, _)| k == kind)
+                        .map_or("#ccc", |(_, c)| c.as_str())
+                        .to_string()
+                };
+                out.push_str("<div class=\"strip\">");
+                for (label, kind) in cells {
+                    out.push_str(&format!(
+                        "<span style=\"background:{}\" title=\"{}: {}\">{}</span>",
+                        colour(kind),
+                        escape(label),
+                        escape(kind),
+                        escape(label)
+                    ));
+                }
+                out.push_str("</div>\n<div class=\"legend\">");
+                for (kind, c) in legend {
+                    out.push_str(&format!(
+                        "<span style=\"background:{c}\">&nbsp;</span> {} ",
+                        escape(kind)
+                    ));
+                }
+                out.push_str("</div>\n");
             }
         }
     }
     out.push_str("</body>\n</html>\n");
+    out
+}
+
+/// A plot as an HTML figure: its SVG inline (the XML declaration dropped) and its caption.
+fn figure(name: &str, caption: &str, svg: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::from("<figure>\n");
+    match svg(name) {
+        Some(s) => {
+            let body = s.find("<svg").map_or(s.as_str(), |i| &s[i..]);
+            out.push_str(body);
+        }
+        None => out.push_str(&format!("<p>(plot {} missing)</p>", escape(name))),
+    }
+    out.push_str(&format!(
+        "\n<figcaption>{}</figcaption>\n</figure>\n",
+        inline(caption)
+    ));
     out
 }
 

@@ -75,6 +75,19 @@ pub struct Report {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// MiB as a short label: `2.6 GiB`, `85 MiB`, `3.1 MiB`, `0.42 MiB`.
+fn human_mib(m: f64) -> String {
+    if m >= 1024.0 {
+        format!("{:.1} GiB", m / 1024.0)
+    } else if m >= 10.0 {
+        format!("{m:.0} MiB")
+    } else if m >= 1.0 {
+        format!("{m:.1} MiB")
+    } else {
+        format!("{m:.2} MiB")
+    }
+}
+
 /// A set's peak FLOP/s per element type.
 type PeakFn = Box<dyn Fn(&str) -> Option<hardware::Peak>>;
 
@@ -102,9 +115,6 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .collect();
     let ok: Vec<&Row> = all.iter().filter(|r| r.status == Status::Ok).collect();
     b.push(Block::Heading(1, "memfit report".into()));
-    for line in mixed_builds(inp.sets) {
-        b.push(Block::Para(line));
-    }
     let workload_of = workload_names(inp);
     let cores_of: BTreeMap<String, u64> = inp
         .sets
@@ -112,12 +122,16 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .flat_map(|s| s.metas.iter().map(|m| (m.run_id.clone(), m.cores)))
         .collect();
     let claims = claims::evaluate(&all, &workload_of, &cores_of, inp.dataload, inp.full_size);
+    let charts = plots_for(&ok, inp);
+    first_screen(&mut b, &claims, &charts);
+    for line in mixed_builds(inp.sets) {
+        b.push(Block::Para(line));
+    }
     summary(&mut b, &all, &ok, &claims);
     components_section(&mut b, inp.components);
     claims_section(&mut b, &claims);
     b.push(Block::Heading(2, "Details".into()));
     environment(&mut b, inp);
-    let charts = plots_for(&ok, inp, &workload_of);
     phase_tables(&mut b, &ok, &workload_of);
     fit_section(&mut b, inp);
     candle_extra_section(&mut b, &ok);
@@ -134,7 +148,10 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     torch::section(&mut b, &ok, &refs, &metas);
     hardware_section(&mut b, inp);
     b.push(Block::Heading(2, "Plots".into()));
-    for (name, chart) in &charts {
+    for (name, chart) in charts
+        .iter()
+        .filter(|(n, _)| !AT_A_GLANCE.contains(&n.as_str()))
+    {
         let caption = match chart {
             Chart::Xy(c) => c.title.clone(),
             Chart::Bars(c) => c.title.clone(),
@@ -156,6 +173,60 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         charts,
         svgs,
     })
+}
+
+/// The plots of the report's first screen, beside the verdicts.
+const AT_A_GLANCE: [&str; 2] = ["predicted_vs_measured", "breakdown"];
+
+/// The colour of each verdict kind in the strip.
+const KIND_COLOURS: [(&str, &str); 6] = [
+    ("holds", "#8cd17d"),
+    ("partly", "#f1ce63"),
+    ("does not hold", "#ff9d9a"),
+    ("open", "#d7d7d7"),
+    ("derived", "#a0cbe8"),
+    ("not applicable", "#f4f4f4"),
+];
+
+/// The first screen: every claim's verdict as a coloured strip, then the predicted-against-
+/// measured plot and what each training case holds, side by side.
+fn first_screen(b: &mut Vec<Block>, claims: &[claims::Claim], charts: &[(String, Chart)]) {
+    let n = |k: &str| claims.iter().filter(|c| c.kind() == k).count();
+    b.push(Block::Para(format!(
+        "Verdicts of the {} claims ({}), from the stored rows:",
+        claims.len(),
+        KIND_COLOURS
+            .iter()
+            .filter(|(k, _)| n(k) > 0)
+            .map(|(k, _)| format!("{k} {}", n(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )));
+    b.push(Block::Strip {
+        cells: claims
+            .iter()
+            .map(|c| (c.id.to_string(), c.kind().to_string()))
+            .collect(),
+        legend: KIND_COLOURS
+            .iter()
+            .map(|(k, c)| (k.to_string(), c.to_string()))
+            .collect(),
+    });
+    let glance: Vec<(String, String)> = AT_A_GLANCE
+        .iter()
+        .filter_map(|name| {
+            charts.iter().find(|(n, _)| n == name).map(|(n, chart)| {
+                let caption = match chart {
+                    Chart::Xy(c) => c.title.clone(),
+                    Chart::Bars(c) => c.title.clone(),
+                };
+                (n.clone(), caption)
+            })
+        })
+        .collect();
+    if !glance.is_empty() {
+        b.push(Block::Glance(glance));
+    }
 }
 
 /// One line per result set whose runs come from more than one build (memfit version and git
@@ -797,11 +868,7 @@ fn breakdown_cases<'a>(ok: &[&'a Row]) -> Vec<BTreeMap<&'a str, &'a Row>> {
         .collect()
 }
 
-fn plots_for(
-    ok: &[&Row],
-    inp: &Inputs,
-    workload_of: &BTreeMap<String, String>,
-) -> Vec<(String, Chart)> {
+fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
     let mut out = Vec::new();
     let mib = |v: f64| v / MIB;
     // 1. Predicted vs measured, per phase, log-log.
@@ -930,21 +997,48 @@ fn plots_for(
                 .map_or(f64::NAN, |v| mib(v.max(0) as f64))
         };
         let opt_rows: Vec<&Row> = cases.iter().map(|c| c["optimizer"]).collect();
+        // Shares of each case's total, so that a 3 GiB case and a 3 MiB one both show what
+        // they hold; the total is in the short label.
+        let parts = [
+            ("weights (init)", "init"),
+            ("activations (forward graph)", "forward"),
+            ("gradients (backward)", "backward"),
+            ("optimizer state", "optimizer"),
+        ];
+        let totals: Vec<f64> = cases
+            .iter()
+            .map(|c| {
+                parts
+                    .iter()
+                    .map(|(_, p)| val(c, p))
+                    .filter(|v| v.is_finite())
+                    .sum()
+            })
+            .collect();
+        let names = labels::short_labels(&opt_rows);
         out.push((
             "breakdown".to_string(),
             Chart::Bars(BarChart {
-                title: "What a training step holds, per case".into(),
-                y_label: "retained after the phase (MiB)".into(),
-                categories: labels::labels(&opt_rows, workload_of),
-                stacks: [
-                    ("weights (init)", "init"),
-                    ("activations (forward graph)", "forward"),
-                    ("gradients (backward)", "backward"),
-                    ("optimizer state", "optimizer"),
-                ]
-                .iter()
-                .map(|(n, p)| (n.to_string(), cases.iter().map(|c| val(c, p)).collect()))
-                .collect(),
+                title: "What a training step holds, per case (share of its total)".into(),
+                y_label: "% of the case's total".into(),
+                categories: names
+                    .iter()
+                    .zip(&totals)
+                    .map(|(n, t)| format!("{n} · {}", human_mib(*t)))
+                    .collect(),
+                stacks: parts
+                    .iter()
+                    .map(|(n, p)| {
+                        (
+                            n.to_string(),
+                            cases
+                                .iter()
+                                .zip(&totals)
+                                .map(|(c, t)| 100.0 * val(c, p) / t.max(f64::MIN_POSITIVE))
+                                .collect(),
+                        )
+                    })
+                    .collect(),
             }),
         ));
     }
