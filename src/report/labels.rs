@@ -117,6 +117,42 @@ pub fn labels(rows: &[&Row], workload_of: &BTreeMap<String, String>) -> Vec<Stri
     out
 }
 
+/// Short labels for a picture: the preset (or `L·H` of a custom model), batch and sequence,
+/// the type when not f32 and `mixed` under mixed precision; rows that would share a label are
+/// numbered (`#2`, …).
+pub fn short_labels(rows: &[&Row]) -> Vec<String> {
+    let base: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let model = if r.preset == "custom" {
+                format!("{} L{} H{}", r.model, r.layers, r.hidden)
+            } else {
+                r.preset.clone()
+            };
+            let mut s = format!("{model} B{} S{}", r.batch, r.seq);
+            if r.dtype != "f32" {
+                s.push_str(&format!(" {}", r.dtype));
+            }
+            if r.precision == "mixed" {
+                s.push_str(" mixed");
+            }
+            s
+        })
+        .collect();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    base.iter()
+        .map(|b| {
+            let n = seen.entry(b.as_str()).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                b.clone()
+            } else {
+                format!("{b} #{n}")
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,40 +188,4 @@ mod tests {
         u.dedup();
         assert_eq!(u.len(), 4);
     }
-}
-
-/// Short labels for a picture: the preset (or `L·H` of a custom model), batch and sequence,
-/// the type when not f32 and `mixed` under mixed precision; rows that would share a label are
-/// numbered (`#2`, …).
-pub fn short_labels(rows: &[&Row]) -> Vec<String> {
-    let base: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let model = if r.preset == "custom" {
-                format!("{} L{} H{}", r.model, r.layers, r.hidden)
-            } else {
-                r.preset.clone()
-            };
-            let mut s = format!("{model} B{} S{}", r.batch, r.seq);
-            if r.dtype != "f32" {
-                s.push_str(&format!(" {}", r.dtype));
-            }
-            if r.precision == "mixed" {
-                s.push_str(" mixed");
-            }
-            s
-        })
-        .collect();
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    base.iter()
-        .map(|b| {
-            let n = seen.entry(b.as_str()).or_insert(0);
-            *n += 1;
-            if *n == 1 {
-                b.clone()
-            } else {
-                format!("{b} #{n}")
-            }
-        })
-        .collect()
 }
