@@ -498,4 +498,10 @@ fn first_screen_is_the_committed_reports() {
     let glance = html.find("<div class=\"glance\">").expect("the pictures");
     let summary = html.find("<h2>Summary</h2>").expect("the summary");
     assert!(first < glance && glance < summary);
+    // Below, each claim's verdict opens onto its criterion and figures.
+    let claims = &html[html.find("<h2>Claims</h2>").expect("the claims")..];
+    let table = &claims[..claims.find("</table>").unwrap()];
+    assert_eq!(table.matches("<tr>").count() - 1, 27, "27 claims");
+    assert_eq!(table.matches("<details><summary>").count(), 27);
+    assert_eq!(table.matches("<dt>criterion</dt>").count(), 27);
 }

@@ -16,6 +16,10 @@ pub enum Block {
         name: String,
         caption: String,
     },
+    /// A table whose last shown column opens onto more fields (the claims: the verdict opens
+    /// onto its criterion and figures): header of the shown columns, then per row its shown
+    /// cells and its `(field, text)` details. In Markdown every field is a column.
+    Expandable(Vec<String>, Vec<(Vec<String>, Vec<(String, String)>)>),
     /// Plots side by side (the report's first screen): `(name, caption)` as [`Block::Plot`].
     Glance(Vec<(String, String)>),
     /// A strip of labelled cells coloured by kind (the claims' verdicts): `(label, kind)`;
@@ -59,6 +63,21 @@ pub fn markdown(blocks: &[Block]) -> String {
             Block::Plot { name, caption } => out.push_str(&format!(
                 "[![{caption}]({name}.png)]({name}.svg)\n\n*{caption}* ([SVG]({name}.svg), [PNG]({name}.png))\n\n"
             )),
+            Block::Expandable(head, rows) => {
+                let mut full = head.clone();
+                if let Some((_, details)) = rows.first() {
+                    full.extend(details.iter().map(|(f, _)| f.clone()));
+                }
+                let rows: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|(cells, details)| {
+                        let mut r = cells.clone();
+                        r.extend(details.iter().map(|(_, t)| t.clone()));
+                        r
+                    })
+                    .collect();
+                out.push_str(&markdown(&[Block::OpenTable(full, rows)]));
+            }
             Block::Glance(plots) => {
                 for (name, caption) in plots {
                     out.push_str(&format!(
@@ -116,6 +135,7 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
          th {{ background: #eee; }}\n code {{ background: #f4f4f4; padding: 0 0.2em; }}\n\
          figure {{ margin: 1.5em 0; }} figure svg {{ max-width: 100%; height: auto; }}\n\
          .strip span {{ display: inline-block; min-width: 2.4em; margin: 0 2px 2px 0; padding: 0.3em 0.2em; text-align: center; font-weight: bold; border-radius: 3px; }}\n\
+         .expandable summary {{ cursor: pointer; }} .expandable dt {{ font-weight: bold; margin-top: 0.4em; }} .expandable dd {{ margin-left: 1em; }}\n\
          .legend {{ font-size: 0.85em; margin-bottom: 1em; }} .legend span {{ display: inline-block; width: 1em; margin-left: 0.6em; }}\n\
          .glance {{ display: flex; flex-wrap: wrap; gap: 1em; }} .glance figure {{ flex: 1 1 480px; margin: 0.5em 0; }}\n\
          </style>\n</head>\n<body>\n",
@@ -154,6 +174,37 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                 }
             }
             Block::Plot { name, caption } => out.push_str(&figure(name, caption, svg)),
+            Block::Expandable(head, rows) => {
+                out.push_str("<table class=\"expandable\">\n<tr>");
+                for h in head {
+                    out.push_str(&format!("<th>{}</th>", inline(h)));
+                }
+                out.push_str("</tr>\n");
+                for (cells, details) in rows {
+                    out.push_str("<tr>");
+                    let last = cells.len().saturating_sub(1);
+                    for (i, c) in cells.iter().enumerate() {
+                        if i < last || details.is_empty() {
+                            out.push_str(&format!("<td>{}</td>", inline(c)));
+                            continue;
+                        }
+                        out.push_str(&format!(
+                            "<td><details><summary>{}</summary>\n<dl>",
+                            inline(c)
+                        ));
+                        for (field, text) in details {
+                            out.push_str(&format!(
+                                "<dt>{}</dt><dd>{}</dd>",
+                                inline(field),
+                                inline(text)
+                            ));
+                        }
+                        out.push_str("</dl></details></td>");
+                    }
+                    out.push_str("</tr>\n");
+                }
+                out.push_str("</table>\n");
+            }
             Block::Glance(plots) => {
                 out.push_str("<div class=\"glance\">\n");
                 for (name, caption) in plots {
