@@ -1,6 +1,9 @@
 //! A small document model for the report, rendered two ways: Markdown (plots linked as files)
 //! and a self-contained HTML page (plots inlined as SVG). Pure functions, no I/O.
 
+/// A row of [`Block::Expandable`]: its shown cells and its `(field, text)` details.
+pub type ExpandableRow = (Vec<String>, Vec<(String, String)>);
+
 /// One block of the report.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Block {
@@ -19,7 +22,7 @@ pub enum Block {
     /// A table whose last shown column opens onto more fields (the claims: the verdict opens
     /// onto its criterion and figures): header of the shown columns, then per row its shown
     /// cells and its `(field, text)` details. In Markdown every field is a column.
-    Expandable(Vec<String>, Vec<(Vec<String>, Vec<(String, String)>)>),
+    Expandable(Vec<String>, Vec<ExpandableRow>),
     /// Plots side by side (the report's first screen): `(name, caption)` as [`Block::Plot`].
     Glance(Vec<(String, String)>),
     /// A strip of labelled cells coloured by kind (the claims' verdicts): `(label, kind)`;
