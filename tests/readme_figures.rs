@@ -2,6 +2,8 @@
 //! (issue: figures that cannot go stale). Each test names the doc line it checks and fails when
 //! either the line or the rows move apart.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -117,18 +119,10 @@ fn torch_compare_fused_rows_within_their_bound() {
 /// `memfit fit` evaluates them on the committed CPU rows (`fit::textbook::evaluate`).
 #[test]
 fn textbook_paragraph() {
-    let mut rows = Vec::new();
-    let mut dirs = vec![root().join("results/cpu")];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.file_name().is_some_and(|n| n == "results.jsonl") {
-                rows.extend(memfit::store::jsonl::read(&p).unwrap());
-            }
-        }
-    }
+    let rows: Vec<memfit::record::Row> = common::journals_under(&root().join("results/cpu"))
+        .iter()
+        .flat_map(|p| memfit::store::jsonl::read(p).unwrap())
+        .collect();
     let all = memfit::fit::textbook::evaluate(&rows);
     let get = |formula: &str| {
         all.iter()

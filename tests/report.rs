@@ -252,11 +252,6 @@ fn committed_results_rows_apart_and_verdicts_classified() {
 /// it).
 #[test]
 fn report_html_renders_in_headless_chromium() {
-    let chromium = std::path::Path::new("/usr/bin/chromium");
-    assert!(
-        chromium.exists(),
-        "/usr/bin/chromium missing: install chromium (scripts/setup.sh test does)"
-    );
     let dir = tempfile::tempdir().unwrap();
     let res = results(dir.path());
     let out = dir.path().join("rep");
@@ -303,20 +298,8 @@ window.addEventListener('load', () => {{
     )
     .unwrap();
     let profile = tempfile::tempdir().unwrap();
-    let run = std::process::Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--virtual-time-budget=10000",
-            "--window-size=1280,900",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
+    let run = common::chromium(profile.path())
+        .args(["--virtual-time-budget=10000", "--window-size=1280,900"])
         .arg("--dump-dom")
         .arg(format!("file://{}", page.display()))
         .output()
@@ -430,11 +413,6 @@ fn the_committed_time_ratios_come_from_the_run_beside_pytorch() {
 /// `results/cpu` holds is stale: regenerate it, `scripts/results-cpu.sh`'s last line).
 #[test]
 fn first_screen_is_the_committed_reports() {
-    let chromium = std::path::Path::new("/usr/bin/chromium");
-    assert!(
-        chromium.exists(),
-        "/usr/bin/chromium missing: install chromium (scripts/setup.sh test does)"
-    );
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let md = std::fs::read_to_string(root.join("docs/report/report.md")).unwrap();
     let said: usize = md
@@ -443,36 +421,18 @@ fn first_screen_is_the_committed_reports() {
         .and_then(|s| s.rsplit(['\n', ' ']).next())
         .and_then(|n| n.parse().ok())
         .expect("the report's summary says its row count");
-    let mut rows = 0;
-    let mut dirs = vec![root.join("results/cpu")];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.file_name().is_some_and(|n| n == "results.jsonl") {
-                rows += std::fs::read_to_string(&p).unwrap().lines().count();
-            }
-        }
-    }
+    let rows: usize = common::journals_under(&root.join("results/cpu"))
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().count())
+        .sum();
     assert_eq!(
         said, rows,
         "docs/report covers {said} rows, results/cpu holds {rows}: regenerate docs/report"
     );
     let png = root.join("docs/report/first-screen.png");
     let profile = tempfile::tempdir().unwrap();
-    let run = std::process::Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--window-size=1280,900",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
+    let run = common::chromium(profile.path())
+        .args(["--hide-scrollbars", "--window-size=1280,900"])
         .arg(format!("--screenshot={}", png.display()))
         .arg(format!(
             "file://{}",

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use super::timeline::{escape, human};
+use super::timeline::{escape, human, svg_head, y_ticks};
 
 /// The components' colours, in [`crate::formula::breakdown::COMPONENTS`] order.
 const COLOURS: [&str; 7] = [
@@ -45,29 +45,8 @@ pub fn write_svg(
         .max(1);
     let ymax = tallest as f64 * 1.12;
     let y = |b: f64| top + ph * (1.0 - b / ymax);
-    writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    )?;
-    writeln!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#)?;
-    writeln!(
-        out,
-        r#"<text x="{left}" y="24" font-size="14" font-weight="bold">{}</text>"#,
-        escape(title)
-    )?;
-    for k in 0..=4 {
-        let b = ymax * k as f64 / 4.0;
-        writeln!(
-            out,
-            r##"<text x="{}" y="{:.1}" text-anchor="end">{}</text><line x1="{left}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="#ddd"/>"##,
-            left - 6.0,
-            y(b) + 4.0,
-            human(b as u64),
-            y(b),
-            left + plot_w,
-            y(b)
-        )?;
-    }
+    svg_head(out, (w, h), left, 24.0, title)?;
+    y_ticks(out, ymax, left, left + plot_w, &y)?;
     let mut x = left + group_gap / 2.0;
     for g in groups {
         let start = x;

@@ -358,16 +358,7 @@ pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Re
     let ymax = (peak.max(1)) as f64 * 1.1;
     let x = |i: usize| left + pw * i as f64 / n as f64;
     let y = |b: f64| top + ph * (1.0 - b / ymax);
-    writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    )?;
-    writeln!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#)?;
-    writeln!(
-        out,
-        r#"<text x="{left}" y="22" font-size="14" font-weight="bold">{}</text>"#,
-        escape(title)
-    )?;
+    svg_head(out, (w, h), left, 22.0, title)?;
     // Areas, bottom category first: each polygon between the running sums.
     let mut below = vec![0u64; picked.len()];
     for (c, colour) in COLOURS.iter().enumerate() {
@@ -413,19 +404,7 @@ pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Re
         top + ph,
         top + ph
     )?;
-    for k in 0..=4 {
-        let b = ymax * k as f64 / 4.0;
-        writeln!(
-            out,
-            r##"<text x="{}" y="{:.1}" text-anchor="end">{}</text><line x1="{left}" y1="{:.1}" x2="{}" y2="{:.1}" stroke="#ddd"/>"##,
-            left - 6.0,
-            y(b) + 4.0,
-            human(b as u64),
-            y(b),
-            left + pw,
-            y(b)
-        )?;
-    }
+    y_ticks(out, ymax, left, left + pw, &y)?;
     // Stage starts.
     let mut stage = "";
     for (i, s) in t.samples.iter().enumerate() {
@@ -476,6 +455,51 @@ pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Re
         human(t.baseline_bytes)
     )?;
     writeln!(out, "</svg>")
+}
+
+/// An SVG picture's opening: the element `size` wide and high on white, the bold `title` at
+/// `(left, title_y)`.
+pub(crate) fn svg_head(
+    out: &mut impl Write,
+    (w, h): (f64, f64),
+    left: f64,
+    title_y: f64,
+    title: &str,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    )?;
+    writeln!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#)?;
+    writeln!(
+        out,
+        r#"<text x="{left}" y="{title_y}" font-size="14" font-weight="bold">{}</text>"#,
+        escape(title)
+    )
+}
+
+/// Five byte ticks from 0 to `ymax` with grid lines from `left` to `right`; `y` maps bytes to
+/// the picture's ordinate.
+pub(crate) fn y_ticks(
+    out: &mut impl Write,
+    ymax: f64,
+    left: f64,
+    right: f64,
+    y: &dyn Fn(f64) -> f64,
+) -> std::io::Result<()> {
+    for k in 0..=4 {
+        let b = ymax * k as f64 / 4.0;
+        writeln!(
+            out,
+            r##"<text x="{}" y="{:.1}" text-anchor="end">{}</text><line x1="{left}" y1="{:.1}" x2="{right}" y2="{:.1}" stroke="#ddd"/>"##,
+            left - 6.0,
+            y(b) + 4.0,
+            human(b as u64),
+            y(b),
+            y(b)
+        )?;
+    }
+    Ok(())
 }
 
 pub(crate) fn escape(s: &str) -> String {

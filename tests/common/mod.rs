@@ -129,3 +129,43 @@ pub fn windowed_json(window: &str, positions: usize) -> String {
         "tie_word_embeddings": false}}"#
     )
 }
+
+/// Every `results.jsonl` under `dir` (folders searched), in no particular order.
+pub fn journals_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "results.jsonl") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The headless Chromium the report tests drive (`scripts/setup.sh test` installs it), with the
+/// flags that keep it off the network and out of the user's profile (`profile`).
+pub fn chromium(profile: &Path) -> std::process::Command {
+    let path = Path::new("/usr/bin/chromium");
+    assert!(
+        path.exists(),
+        "/usr/bin/chromium missing: install chromium (scripts/setup.sh test does)"
+    );
+    let mut c = std::process::Command::new(path);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
