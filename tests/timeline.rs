@@ -407,3 +407,42 @@ fn measured_and_predicted_timelines_match_event_for_event() {
         );
     }
 }
+
+/// The workload key `timeline` (a folder): `memfit run` writes each CPU case's measured train
+/// step there, `memfit predict` the predicted ones (`predicted.json`), as `--timeline` would;
+/// the measured maximum is the row's peak.
+#[test]
+fn the_timeline_workload_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("tl");
+    let toml = dir.path().join("w.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "name = \"t\"\ntimeline = \"{}\"\n[[grid]]\nhidden = 64\nheads = 2\nlayers = 2\nvocab = 100\nbatch = 2\nseq = 16\nphases = [\"train-step\"]\n",
+            tl.display()
+        ),
+    )
+    .unwrap();
+    memfit()
+        .arg("run")
+        .arg(&toml)
+        .args(["--threads", "1", "--quiet", "--out"])
+        .arg(dir.path().join("out"))
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(tl.join("case-0-train-step.json")).unwrap();
+    let trace: Value = serde_json::from_str(&text).unwrap();
+    let rows = std::fs::read_to_string(dir.path().join("out/results.jsonl")).unwrap();
+    let row: Value = serde_json::from_str(rows.lines().next().unwrap()).unwrap();
+    assert_eq!(trace_max(&trace), row["peak_bytes"].as_u64().unwrap());
+    memfit()
+        .arg("predict")
+        .arg(&toml)
+        .args(["--threads", "1"])
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(tl.join("predicted.json")).unwrap();
+    let predicted: Value = serde_json::from_str(&text).unwrap();
+    assert!(trace_max(&predicted) > 0);
+}

@@ -7,6 +7,8 @@
 //! activations, and with `--fit-in` how many tokens of cache fit (vLLM's question) and the
 //! longest context each of the case's sequences can reach.
 
+use anyhow::Context;
+
 use crate::cli::PredictArgs;
 use crate::formula::search::largest_within;
 use crate::formula::transformer::Shape;
@@ -156,7 +158,18 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(crate::fit::calibration::load)
         .transpose()?;
-    if let Some(path) = &args.timeline {
+    // `--timeline FILE`, or the workload's `timeline` folder (its `predicted.json`).
+    let timeline = match (&args.timeline, &file.timeline) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(dir)) => {
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!("{origin}: timeline {}: creating the folder", dir.display())
+            })?;
+            Some(dir.join("predicted.json"))
+        }
+        (None, None) => None,
+    };
+    if let Some(path) = &timeline {
         write_timelines(path, &cases, threads)?;
     }
 

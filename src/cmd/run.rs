@@ -26,6 +26,8 @@ struct Resolved {
     threads: usize,
     budget: Option<u64>,
     case_timeout: f64,
+    /// `--timeline`, or the workload's `timeline` key.
+    timeline: Option<std::path::PathBuf>,
 }
 
 fn resolve(args: &RunArgs) -> anyhow::Result<Resolved> {
@@ -60,6 +62,7 @@ fn resolve(args: &RunArgs) -> anyhow::Result<Resolved> {
         threads,
         budget,
         case_timeout,
+        timeline: args.timeline.clone().or(file.timeline),
     })
 }
 
@@ -104,7 +107,7 @@ pub(crate) fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     // 1. Resolve everything before touching the disk.
     let r = resolve(args)?;
-    if let Some(dir) = &args.timeline {
+    if let Some(dir) = &r.timeline {
         anyhow::ensure!(
             !crate::meter::cpu_alloc::UNMETERED,
             "--timeline records the counting allocator's events, which the `unmetered` build leaves out"

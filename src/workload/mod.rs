@@ -229,6 +229,10 @@ pub struct WorkloadFile {
     pub threads: Option<i64>,
     /// Seconds one case may run before its process is killed (`--case-timeout`).
     pub case_timeout: Option<f64>,
+    /// A folder for the memory timelines of the train steps (`--timeline` overrides it):
+    /// `memfit run` writes each CPU case's measured one there (`case-N-train-step.json`),
+    /// `memfit predict` the predicted ones (`predicted.json`, one trace process per case).
+    pub timeline: Option<std::path::PathBuf>,
     #[serde(default)]
     pub defaults: GridSpec,
     #[serde(default)]
