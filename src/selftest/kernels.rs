@@ -314,7 +314,7 @@ pub fn moe_ops_match_their_compositions() {
 
 /// The frozen-linear op (`model::frozen`: LoRA's `op` base, QLoRA and quantized serving) on
 /// the device under test against candle's matmul on the same weights: dense, and dequantized
-/// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k). The op's input gradient is
+/// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k, and FP8 with block scales). The op's input gradient is
 /// compared; its weight and bias are frozen (no gradient, by construction).
 pub fn frozen_linear_matches_a_matmul_on_its_weights() {
     use crate::model::frozen::{FrozenLinear, FrozenWeight};
@@ -342,6 +342,25 @@ pub fn frozen_linear_matches_a_matmul_on_its_weights() {
             let deq = qt.dequantize(&dev()).unwrap().to_dtype(dtype).unwrap();
             weights.push((format!("{q:?}"), fw, deq));
         }
+        // FP8 with 128×128 block scales (memfit's own dequantize: a loop on the CPU, its
+        // kernel on CUDA) against candle's e4m3 → f32 cast times the block's scale.
+        let fw = FrozenWeight::quantize_fp8(&w).unwrap();
+        let FrozenWeight::Fp8(f) = &fw else {
+            unreachable!()
+        };
+        let scale = f.scale.reshape((1, 2, 1)).unwrap();
+        let deq =
+            f.w.to_dtype(DType::F32)
+                .unwrap()
+                .reshape((40, 2, 128))
+                .unwrap()
+                .broadcast_mul(&scale)
+                .unwrap()
+                .reshape((40, 256))
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+        weights.push(("fp8".to_string(), fw, deq));
         for (name, fw, deq) in weights {
             let op = || FrozenLinear {
                 weight: fw.clone(),
