@@ -429,7 +429,9 @@ pub enum Op {
     /// memfit's frozen linear (a `CustomOp1` on x): input, the dense weight or `None` when
     /// quantized (dequantized to `(out, in)` f32 per call), output width, and the bytes the CPU
     /// dequantize holds beside its f32 output (`frozen::dequantize_scratch`).
-    Frozen(Sym, FrozenW, usize),
+    /// The input, the dense weight (kept for the backward; `None` when quantized), how the
+    /// weight is held, the output width.
+    Frozen(Sym, Option<Sym>, FrozenW, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),
     /// `phase::by_block::seed`: a one-element op on a boundary tensor whose backward hands in
@@ -840,13 +842,13 @@ impl Sym {
         self.out(&[d[0], d[2], d[1], d[3]], self.0.dtype, op)
     }
 
-    /// `x.apply_op1(FrozenLinear)` for `x (r, in)` with the weight `w` `(out, in)`: see
-    /// `model::frozen` for the allocations.
-    pub fn frozen_linear(&self, w: FrozenW, out: usize, bias: Option<&Sym>) -> Sym {
+    /// `x.apply_op1(FrozenLinear)` for `x (r, in)` with the weight `w` held as `held` (dense
+    /// `(out, in)`, or the quantized bytes): see `model::frozen` for the allocations.
+    pub fn frozen_linear(&self, w: &Sym, held: FrozenW, out: usize, bias: Option<&Sym>) -> Sym {
         let (rows, inp) = (self.dims()[0], self.dims()[1]);
         let l = self.ledger().clone();
         let x = Sym::new(&l, &[rows, inp], self.0.dtype);
-        let wd = frozen_dense(&l, &w, out, inp, self.0.dtype);
+        let wd = frozen_dense(&l, w, held, out, inp, self.0.dtype);
         let y = x.matmul(&wd.t());
         drop((x, wd));
         let y = match bias {
@@ -857,7 +859,8 @@ impl Sym {
             }
             None => y,
         };
-        let op = self.op1(|a| Op::Frozen(a, w, out));
+        let dense = (held == FrozenW::Dense).then(|| w.clone());
+        let op = self.op1(|a| Op::Frozen(a, dense, held, out));
         let res = self.out(&[rows, out], self.0.dtype, op);
         drop(y);
         res
@@ -1158,7 +1161,7 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, _, _) | Op::Seed(x, _) => vec![x],
+            Op::Frozen(x, ..) | Op::Seed(x, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
@@ -1414,10 +1417,14 @@ pub fn backward(root: &Sym) -> GradStore {
                     drop(g);
                 }
             }
-            Op::Frozen(arg, w, out) => {
+            Op::Frozen(arg, dense, held, out) => {
                 // bwd: the dense weight (dequantized when quantized) and grad·W.
                 let inp = arg.dims()[1];
-                let wd = frozen_dense(grad.ledger(), w, *out, inp, grad.dtype());
+                // A quantized weight is not read: only its size and how it is held matter.
+                let wd = match dense {
+                    Some(w) => w.clone(),
+                    None => frozen_dense(grad.ledger(), arg, *held, *out, inp, grad.dtype()),
+                };
                 let arg_grad = grad.matmul(&wd);
                 drop(wd);
                 let s = grads.or_insert(arg);
@@ -1729,11 +1736,11 @@ impl Graph for Sym {
     }
 }
 
-/// A frozen weight as `FrozenWeight` holds it.
-#[derive(Debug, Clone)]
+/// How `FrozenWeight` holds a frozen weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrozenW {
     /// The dense weight.
-    Dense(Sym),
+    Dense,
     /// GGML blocks: dequantized to f32 (with `scratch` bytes beside the output while it is
     /// written), then cast when the activations are 16-bit.
     Ggml { scratch: usize },
@@ -1741,19 +1748,20 @@ pub enum FrozenW {
     Fp8,
 }
 
-/// `FrozenWeight::dense`: the dense weight itself, or a fresh dequantized `(out, in)` copy in
-/// `like` (GGML's through f32, the f32 copy dropped after the cast; FP8's directly).
+/// `FrozenWeight::dense`: the dense weight `w` itself, or a fresh dequantized `(out, in)` copy
+/// in `like` (GGML's through f32, the f32 copy dropped after the cast; FP8's directly).
 pub(crate) fn frozen_dense(
     l: &Rc<Ledger>,
-    w: &FrozenW,
+    w: &Sym,
+    held: FrozenW,
     out: usize,
     inp: usize,
     like: DType,
 ) -> Sym {
-    let scratch = match w {
-        FrozenW::Dense(w) => return w.clone(),
+    let scratch = match held {
+        FrozenW::Dense => return w.clone(),
         FrozenW::Fp8 => return Sym::new(l, &[out, inp], like),
-        FrozenW::Ggml { scratch } => *scratch,
+        FrozenW::Ggml { scratch } => scratch,
     };
     let f = Sym::new(l, &[out, inp], DType::F32);
     if scratch > 0 {

@@ -14,7 +14,7 @@
 
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::{quantize_scratch, quantized_bytes};
-use crate::model::shapes::LoraBase;
+use crate::model::shapes::{FP8_BLOCK, LoraBase};
 use crate::model::transformer::{BlockTensor, LoraTarget};
 use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
@@ -600,7 +600,7 @@ impl Shape {
                     // FP8: quantized on the host straight from the weight's elements (on CUDA
                     // from a host copy), each part uploaded once.
                     None => {
-                        let qb = base.quantized_bytes(p.out, p.inp).expect("FP8");
+                        let qb = FP8_BLOCK.bytes(p.out, p.inp);
                         (qb, qb, FP8_META_PER_PROJ)
                     }
                 };

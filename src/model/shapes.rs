@@ -281,20 +281,6 @@ impl LoraBase {
         !matches!(self, Self::Detach | Self::Op)
     }
 
-    /// Bytes of a quantized `(out, in)` weight as it is held: GGML's blocks along the rows, or
-    /// FP8's `out·in` bytes plus an f32 per 128×128 block (`4·⌈out/128⌉·⌈in/128⌉`); `None` for
-    /// dense bases.
-    pub fn quantized_bytes(self, out: usize, inp: usize) -> Option<u64> {
-        match self {
-            Self::Detach | Self::Op => None,
-            Self::Fp8 => Some(FP8_BLOCK.bytes(out, inp)),
-            q => {
-                let q = q.ggml().expect("a GGML type");
-                Some((out * inp) as u64 / q.block_size() as u64 * q.type_size() as u64)
-            }
-        }
-    }
-
     /// The GGML block type of a quantized base; `None` for dense and FP8 ones.
     pub fn ggml(self) -> Option<GgmlDType> {
         match self {

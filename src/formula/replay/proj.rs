@@ -3,7 +3,7 @@
 
 use super::Params;
 use crate::formula::symbolic::{DType, FrozenW, Sym, frozen_dense};
-use crate::model::frozen::dequantize_scratch;
+use crate::model::frozen::{dequantize_scratch, quantized_bytes};
 use crate::model::shapes::FP8_BLOCK;
 use crate::model::transformer::{LoraBase, ProjSpec};
 
@@ -24,17 +24,6 @@ fn out_dims(x: &Sym, out: usize) -> Vec<usize> {
     d
 }
 
-/// How a frozen base is held (`model::frozen::FrozenWeight`).
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Frozen {
-    Dense,
-    /// GGML blocks; the bytes a CPU dequantize holds beside its output.
-    Ggml {
-        scratch: usize,
-    },
-    Fp8,
-}
-
 /// candle-nn's `Linear` (weight `(out, in)`, optional bias).
 pub(super) struct Linear {
     pub(super) weight: Sym,
@@ -46,7 +35,7 @@ pub(super) struct Linear {
     pub(super) lora: Option<(Sym, Sym)>,
     /// The base runs as `FrozenLinear` (the weight is then what it holds: dense, GGML's bytes,
     /// or FP8's e4m3 bytes with `scales`).
-    pub(super) frozen: Option<Frozen>,
+    pub(super) frozen: Option<FrozenW>,
     /// FP8's block scales `(⌈out/128⌉, ⌈in/128⌉)` f32.
     pub(super) scales: Option<Sym>,
     /// A block projection (or the head) with fused kernels: one `kernels::linear` op (with a
@@ -83,26 +72,26 @@ impl Linear {
         let lora = (r > 0).then(|| (p.adapter(&[r, inp]), p.adapter(&[out, r])));
         let (weight, frozen, scales) = match p.base {
             LoraBase::Detach => (p.frozen(&[out, inp]), None, None),
-            LoraBase::Op => (p.frozen(&[out, inp]), Some(Frozen::Dense), None),
+            LoraBase::Op => (p.frozen(&[out, inp]), Some(FrozenW::Dense), None),
             LoraBase::Fp8 => {
                 let (r, c) = FP8_BLOCK.scales(out, inp);
                 (
                     Sym::new(p.ledger, &[out * inp], DType::U8),
-                    Some(Frozen::Fp8),
+                    Some(FrozenW::Fp8),
                     Some(Sym::new(p.ledger, &[r, c], DType::F32)),
                 )
             }
             q => {
-                let bytes = q.quantized_bytes(out, inp).expect("quantized") as usize;
                 let q = q.ggml().expect("the other bases are dense or FP8");
+                let n = (out * inp) as u64;
                 let scratch = if p.cpu {
-                    dequantize_scratch((out * inp) as u64, q) as usize
+                    dequantize_scratch(n, q) as usize
                 } else {
                     0
                 };
                 (
-                    Sym::new(p.ledger, &[bytes], DType::U8),
-                    Some(Frozen::Ggml { scratch }),
+                    Sym::new(p.ledger, &[quantized_bytes(n, q) as usize], DType::U8),
+                    Some(FrozenW::Ggml { scratch }),
                     None,
                 )
             }
@@ -140,17 +129,9 @@ impl Linear {
             (None, Some(b)) if self.fused => x.fused_linear(&self.weight, b),
             (None, None) if self.fused && x.is_contiguous() => x.fused_linear_no_bias(&self.weight),
             (None, _) => self.linear_forward(x),
-            (Some(frozen), _) => {
-                let out = self.out;
-                let w = match frozen {
-                    Frozen::Dense => FrozenW::Dense(self.weight.clone()),
-                    Frozen::Ggml { scratch } => FrozenW::Ggml { scratch },
-                    Frozen::Fp8 => FrozenW::Fp8,
-                };
-                rows(x)
-                    .frozen_linear(w, out, self.bias.as_ref())
-                    .reshape(&out_dims(x, out))
-            }
+            (Some(held), _) => rows(x)
+                .frozen_linear(&self.weight, held, self.out, self.bias.as_ref())
+                .reshape(&out_dims(x, self.out)),
         };
         match &self.lora {
             None => y,
@@ -169,20 +150,15 @@ impl Linear {
 
     /// Mirror of `FrozenWeight::dense_as` (or the dense weight itself): `(out, in)` in `dtype`.
     pub(super) fn dense_weight(&self, dtype: DType) -> Sym {
-        let inp = self.inp;
-        match self.frozen {
-            None | Some(Frozen::Dense) => self.weight.clone(),
-            Some(Frozen::Ggml { scratch }) => frozen_dense(
-                self.weight.ledger(),
-                &FrozenW::Ggml { scratch },
-                self.out,
-                inp,
-                dtype,
-            ),
-            Some(Frozen::Fp8) => {
-                frozen_dense(self.weight.ledger(), &FrozenW::Fp8, self.out, inp, dtype)
-            }
-        }
+        let held = self.frozen.unwrap_or(FrozenW::Dense);
+        frozen_dense(
+            self.weight.ledger(),
+            &self.weight,
+            held,
+            self.out,
+            self.inp,
+            dtype,
+        )
     }
 
     /// Mirror of `Proj::adds_in_place`: fused, dense, no bias, no adapter.
