@@ -187,15 +187,16 @@ pub struct PredictArgs {
     /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
-    /// Write each case's predicted train step as a memory timeline: Chrome/Perfetto trace
-    /// events (FILE.json; open in ui.perfetto.dev or chrome://tracing), the live bytes event by
-    /// event split into activations, temporaries, gradients, workspace and bookkeeping, with
-    /// the peak's op and layer marked.
+    /// Write each case's predicted train step and serving phases (inference, prefill, decode)
+    /// as memory timelines: Chrome/Perfetto trace events (FILE.json; open in ui.perfetto.dev
+    /// or chrome://tracing), the live bytes event by event split into KV cache, activations,
+    /// temporaries, gradients, workspace and bookkeeping, with the peak's op and layer marked;
+    /// or one timeline's picture (FILE.svg or FILE.png).
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
     /// Draw each case's phases (train step, inference, prefill, decode among those asked) as
     /// stacked bars split into weights, optimizer state, gradients, activations, KV cache,
-    /// temporaries and other, with the `--fit-in` budget as a line (FILE.svg).
+    /// temporaries and other, with the `--fit-in` budget as a line (FILE.svg or FILE.png).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
 }
@@ -363,10 +364,11 @@ pub struct RunArgs {
     /// Print every case with its shard (with --shard) and predicted cost, and run nothing.
     #[arg(long, alias = "dry-run")]
     pub list_cases: bool,
-    /// A folder for each CPU case's measured train-step timeline
-    /// (`case-N-train-step.json`, Chrome/Perfetto trace events: every change of the counting
-    /// allocator's bytes in the window, split by stage and lifetime into activations,
+    /// A folder for each CPU case's measured timelines of the train step and the serving
+    /// phases (`case-N-PHASE.json`, Chrome/Perfetto trace events: every change of the counting
+    /// allocator's bytes in the window, split by stage and lifetime into KV cache, activations,
     /// temporaries and gradients; recorded in static arrays, so the measured peak is the same).
+    /// Name it `timeline` inside a result set's folder and `memfit report` draws them.
     #[arg(long, value_name = "DIR")]
     pub timeline: Option<PathBuf>,
     /// (internal) Run only this case, streaming events on stdout, for a parent `memfit run`.

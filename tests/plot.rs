@@ -136,10 +136,10 @@ fn plot_bars_split_the_predictions_exactly() {
     let per_token = m["serving"]["kv_bytes_per_token"].as_u64().unwrap();
     assert_eq!(kv, 4096 * per_token, "the window caps the cache");
     memfit()
-        .args(["predict", "--layers", "1", "--plot", "p.png"])
+        .args(["predict", "--layers", "1", "--plot", "p.gif"])
         .assert()
         .failure()
-        .stderr(predicates::str::contains("give an .svg file"));
+        .stderr(predicates::str::contains("give an .svg or a .png file"));
 }
 
 /// The README's picture: `memfit predict README_PLOT docs/plot-llama-3-8b.svg`.

@@ -32,6 +32,8 @@ fn results(dir: &std::path::Path) -> std::path::PathBuf {
             "2",
             "--phases",
             "init,forward,backward,optimizer,train-step,inference,prefill,decode",
+            "--timeline",
+            dir.join("out/timeline").to_str().unwrap(),
         ],
     );
     assert!(rows.len() == 3 * 2 * 2 * 8, "{} rows", rows.len());
@@ -58,6 +60,9 @@ fn report_writes_markdown_html_plots_and_every_claim() {
     let at = |h: &str| md.find(h).unwrap_or_else(|| panic!("report.md lacks {h}"));
     assert!(at("## Summary") < at("## Claims") && at("## Claims") < at("## Details"));
     assert!(at("## Details") < at("## Environment"));
+    // The stored measured timelines, named with the file a trace viewer opens.
+    assert!(at("## Claims") < at("## Memory timelines (measured)"));
+    assert!(md.contains("48 stored timeline(s)") && md.contains("timeline/case-0-train-step.json"));
     let summary = &md[at("## Summary")..at("## Claims")];
     assert!(summary.contains("Verdicts of the 27 claims") && summary.contains("worst error %"));
     assert!(summary.contains("No CUDA rows"), "{summary}");
@@ -285,8 +290,9 @@ document.addEventListener('DOMContentLoaded', () => {{
 window.addEventListener('load', () => {{
   const svgs = [...document.querySelectorAll('figure svg')].map(s => {{ const r = s.getBoundingClientRect(); return [r.width, r.height]; }});
   const imgs = [...document.querySelectorAll('img.memfit-png')].map(i => [i.getAttribute('src'), i.naturalWidth, i.naturalHeight]);
+  const timelines = [...document.querySelectorAll('figure.timeline')].map(f => [f.dataset.file, Number(f.dataset.events), Number(f.dataset.peak), f.dataset.categories, f.querySelectorAll('svg.timeline polygon').length]);
   const pre = document.createElement('pre'); pre.id = 'memfit-check';
-  pre.textContent = JSON.stringify({{svgs, imgs, errors: window.__errors}});
+  pre.textContent = JSON.stringify({{svgs, imgs, timelines, errors: window.__errors}});
   document.body.appendChild(pre);
 }});
 </script>"#
@@ -329,6 +335,55 @@ window.addEventListener('load', () => {{
         );
     }
     assert_eq!(v["errors"].as_array().unwrap().len(), 0, "{v}");
+    // The measured timelines (`run --timeline`), one per phase, drawn by the page from their
+    // trace JSON: the page read every counter event and reached the trace's own maximum, which
+    // is the row's measured peak.
+    let timelines = v["timelines"].as_array().unwrap();
+    assert_eq!(
+        timelines.len(),
+        4,
+        "train step, inference, prefill, decode: {v}"
+    );
+    let rows = memfit::store::jsonl::read(&res.join("results.jsonl")).unwrap();
+    for t in timelines {
+        let file = t[0].as_str().unwrap();
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let totals: Vec<u64> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == "bytes")
+            .map(|e| {
+                e["args"]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .map(|b| b.as_u64().unwrap())
+                    .sum()
+            })
+            .collect();
+        assert_eq!(t[1].as_u64(), Some(totals.len() as u64), "{file}: {t}");
+        let max = *totals.iter().max().unwrap();
+        assert_eq!(t[2].as_u64(), Some(max), "{file}: {t}");
+        assert!(t[3].as_str().unwrap().contains("activations"), "{t}");
+        assert!(
+            t[4].as_u64().unwrap() >= 6,
+            "{file}: one area per category: {t}"
+        );
+        // `case-N-PHASE.json` holds case N's measured window: its maximum is that row's peak.
+        let name = std::path::Path::new(file)
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let (case, phase) = name["case-".len()..].split_once('-').unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r.case.to_string() == case && r.phase == phase)
+            .unwrap_or_else(|| panic!("no row for {name}"));
+        assert_eq!(row.peak_bytes, Some(max), "{name}");
+    }
 }
 
 /// `docs/claims.md` is the claims' context only (issue 24 item 7): it names every claim ID and

@@ -1,7 +1,9 @@
-//! `memfit predict --timeline FILE.json`: the predicted train step event by event, as
-//! Chrome/Perfetto trace events. The timeline's maximum is the predicted train-step peak to the
-//! byte, whatever the family, backward, checkpointing, precision, kernels or LoRA base; the
-//! file is valid trace JSON with the stages and the peak marked.
+//! `memfit predict --timeline FILE.json`: the predicted train step and serving phases event by
+//! event, as Chrome/Perfetto trace events. Each timeline's maximum is the phase's predicted peak
+//! to the byte, whatever the family, backward, checkpointing, precision, kernels, weights or
+//! LoRA base; the file is valid trace JSON with the stages and the peak marked. `memfit run
+//! --timeline` measures the same windows: their maxima are the rows' peaks, and they overlay
+//! the predictions event for event.
 
 mod common;
 
@@ -99,6 +101,7 @@ fn the_trace_marks_its_stages_and_its_peak() {
     let counter = events.iter().find(|e| e["name"] == "bytes").unwrap();
     let cats: Vec<&String> = counter["args"].as_object().unwrap().keys().collect();
     for c in [
+        "kv cache",
         "activations",
         "temporaries",
         "gradients",
@@ -145,10 +148,10 @@ fn the_trace_marks_its_stages_and_its_peak() {
     assert!(late["gradients"].as_u64().unwrap() > 0, "{late}");
 }
 
-/// A case without a train step has no timeline, a file that is neither `.json` nor `.svg` is
-/// refused, and a picture of several cases too: said, not an empty file.
+/// A case without a phase the timeline draws has none, a file that is neither `.json`, `.svg`
+/// nor `.png` is refused, and a picture of several timelines too: said, not an empty file.
 #[test]
-fn a_timeline_needs_a_train_step() {
+fn a_timeline_needs_a_phase_it_draws() {
     let dir = tempfile::tempdir().unwrap();
     let refused = |args: &str, file: &str, says: &[&str]| {
         let out = memfit()
@@ -163,18 +166,80 @@ fn a_timeline_needs_a_train_step() {
             assert!(err.contains(s), "{args} {file}: {err}");
         }
     };
-    refused("--preset small --phases forward", "t.json", &["train-step"]);
+    refused(
+        "--preset small --phases forward",
+        "t.json",
+        &["train step, inference, prefill or decode"],
+    );
     refused(
         "--preset small --phases train-step",
         "t.txt",
-        &[".json", ".svg"],
+        &[".json", ".svg", ".png"],
     );
-    // A picture draws one case.
+    // A picture draws one timeline.
     refused(
         "--preset small --batch 1,2 --phases train-step",
         "t.svg",
-        &["one case"],
+        &["one timeline", "make 2"],
     );
+    refused(
+        "--preset small --phases train-step,prefill",
+        "t.png",
+        &["one timeline", "make 2"],
+    );
+}
+
+/// `.png` draws what `.svg` draws, as a bitmap at twice the size (text from the embedded font):
+/// the timeline (960 × 400 → 1920 × 800) with its peak's red mark, and `--plot`'s bars with
+/// the budget's red line.
+#[test]
+fn pictures_are_drawn_as_png_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let reds = |path: &std::path::Path| -> (u32, u32, usize) {
+        let img = image::open(path).unwrap().to_rgb8();
+        let red = img.pixels().filter(|p| p.0 == [220, 0, 0]).count();
+        (img.width(), img.height(), red)
+    };
+    let t = dir.path().join("t.png");
+    memfit()
+        .args([
+            "predict",
+            "--preset",
+            "llama-tiny",
+            "--phases",
+            "prefill",
+            "--timeline",
+        ])
+        .arg(&t)
+        .assert()
+        .success();
+    let (w, h, red) = reds(&t);
+    assert_eq!((w, h), (1920, 800));
+    assert!(red > 50, "the peak's mark and label: {red} red pixels");
+    let p = dir.path().join("p.png");
+    memfit()
+        .args(["predict", "--preset", "small", "--batch", "1,4"])
+        .args([
+            "--phases",
+            "train-step,prefill",
+            "--fit-in",
+            "4GiB",
+            "--plot",
+        ])
+        .arg(&p)
+        .assert()
+        .success();
+    let (w, h, red) = reds(&p);
+    assert_eq!(h, 880);
+    assert!(w >= 1520, "{w}");
+    assert!(red > 1000, "the budget line: {red} red pixels");
+    let out = memfit()
+        .args(["predict", "--preset", "small", "--plot"])
+        .arg(dir.path().join("p.gif"))
+        .assert()
+        .failure();
+    let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(err.contains(".svg or a .png"), "{err}");
 }
 
 /// The README's picture: `memfit predict README_TIMELINE docs/timeline-llama-3-8b.svg`.
@@ -200,6 +265,190 @@ fn the_readme_timeline_is_this_builds() {
     );
     let svg = std::fs::read_to_string(&path).unwrap();
     assert!(svg.contains("peak 46.98 GiB"), "the README quotes the peak");
+}
+
+/// `predict --json ARGS --phases inference,prefill,decode --timeline`: each serving phase's
+/// predicted peak, and the trace's maximum per process (one a phase, in the same order).
+fn predicted_serving(args: &str) -> (Vec<(String, u64)>, Vec<u64>, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let phases = if args.contains("vit") {
+        "inference"
+    } else {
+        "inference,prefill,decode"
+    };
+    let out = memfit()
+        .arg("predict")
+        .arg("--json")
+        .args(args.split_whitespace())
+        .args(["--phases", phases, "--decode-tokens", "3", "--threads", "1"])
+        .arg("--timeline")
+        .arg(&path)
+        .assert()
+        .success();
+    let line = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let v: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let peaks = v["phase_peak_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_u64().unwrap()))
+        .collect();
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut maxima = Vec::new();
+    for e in trace["traceEvents"].as_array().unwrap() {
+        let pid = e["pid"].as_u64().unwrap() as usize;
+        if maxima.len() < pid {
+            maxima.resize(pid, 0);
+        }
+        if e["ph"] == "C" && e["name"] == "bytes" {
+            let total: u64 = e["args"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|b| b.as_u64().unwrap())
+                .sum();
+            maxima[pid - 1] = maxima[pid - 1].max(total);
+        }
+    }
+    (peaks, maxima, trace)
+}
+
+/// The serving phases' timelines (inference, prefill and decode, each its own window) reach
+/// the phases' predicted peaks to the byte: GPT, LLaMA with standard attention, quantized and
+/// FP8 weights, a sliding window, a mixture of experts, MLA's absorbed decode, a ViT's
+/// inference. The decode's cache grows by replacing the one before the window (released bytes).
+#[test]
+fn serving_timelines_reach_the_predicted_peaks() {
+    let fixture = |f: &str| {
+        format!(
+            "{}/tests/fixtures/{f}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let cases = [
+        "--preset small --batch 2 --seq 64".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --attention standard".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --weights q8_0".to_string(),
+        "--preset llama-tiny --batch 2 --seq 32 --weights fp8".to_string(),
+        format!("--hf-config {} --batch 2 --seq 24", fixture("mistral")),
+        format!("--hf-config {} --batch 2 --seq 16", fixture("qwen3_moe")),
+        format!("--hf-config {} --batch 2 --seq 16", fixture("deepseek_v3")),
+        "--preset vit-tiny --batch 4".to_string(),
+    ];
+    for case in &cases {
+        let (peaks, maxima, trace) = predicted_serving(case);
+        let peaks: Vec<u64> = peaks.iter().map(|p| p.1).collect();
+        assert_eq!(maxima, peaks, "{case}");
+        let names: Vec<&str> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "M")
+            .map(|e| e["args"]["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names[0].ends_with("inference (predicted)")
+                && names.last().unwrap().ends_with(if case.contains("vit") {
+                    "inference (predicted)"
+                } else {
+                    "decode (predicted)"
+                }),
+            "{case}: {names:?}"
+        );
+    }
+}
+
+/// The measured serving timelines (`memfit run --timeline`: inference, prefill and decode,
+/// one thread): each one's maximum is its row's peak to the byte, the peaks are the same byte
+/// counts unrecorded, the decode's cache grows where it was (released bytes: the cache before
+/// the window), and each overlays the prediction event for event (every storage event of
+/// ≥ 2 KiB in common, in order, but for 3 %).
+#[test]
+fn measured_serving_timelines_overlay_the_prediction() {
+    let phases = ["inference", "prefill", "decode"];
+    for args in [
+        "--hidden 64 --heads 2 --layers 2 --vocab 100 --batch 2 --seq 16",
+        "--preset llama-tiny --batch 2 --seq 32",
+    ] {
+        let run = |traced: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cmd = memfit();
+            cmd.arg("run")
+                .args(args.split_whitespace())
+                .args([
+                    "--phases",
+                    "inference,prefill,decode",
+                    "--decode-tokens",
+                    "3",
+                ])
+                .args(["--threads", "1", "--out"])
+                .arg(dir.path().join("out"));
+            if traced {
+                cmd.arg("--timeline").arg(dir.path().join("tl"));
+            }
+            cmd.assert().success();
+            let rows = std::fs::read_to_string(dir.path().join("out/results.jsonl")).unwrap();
+            let peaks: Vec<u64> = rows
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["peak_bytes"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect();
+            let traces: Vec<Value> = if traced {
+                phases
+                    .iter()
+                    .map(|p| {
+                        let f = dir.path().join(format!("tl/case-0-{p}.json"));
+                        serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (peaks, traces)
+        };
+        let (peaks, traces) = run(true);
+        let (untraced, _) = run(false);
+        assert_eq!(peaks, untraced, "{args}: --timeline moved a measured peak");
+        let (_, _, predicted) = predicted_serving(args);
+        for (i, phase) in phases.iter().enumerate() {
+            assert_eq!(trace_max(&traces[i]), peaks[i], "{args} {phase}");
+            let m = storage_events(&traces[i], 2048);
+            let p = storage_events(&one_process(&predicted, i as u64 + 1), 2048);
+            let (_, in_p) = matched(&m, &p);
+            let common = in_p.iter().filter(|&&x| x).count();
+            assert!(
+                common * 100 >= m.len().max(p.len()) * 97 && common > 10,
+                "{args} {phase}: {common} in common of {} measured, {} predicted",
+                m.len(),
+                p.len()
+            );
+        }
+        let released = traces[2]["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "freed from before the window");
+        assert!(
+            released,
+            "{args}: the decode replaces the cache it started with"
+        );
+    }
+}
+
+/// The events of the trace's process `pid`.
+fn one_process(trace: &Value, pid: u64) -> Value {
+    let events: Vec<Value> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["pid"] == pid)
+        .cloned()
+        .collect();
+    serde_json::json!({ "traceEvents": events })
 }
 
 /// `memfit run ARGS --out DIR/out [--timeline DIR/tl]` with one thread: the train-step row's

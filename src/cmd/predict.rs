@@ -141,9 +141,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     // measurements, `memfit fit`).
     cases.retain(|c| c.data.is_none());
     if let Some(path) = &args.plot
-        && path.extension().and_then(|e| e.to_str()) != Some("svg")
+        && crate::store::picture::Format::of(path).is_none()
     {
-        anyhow::bail!("--plot {}: give an .svg file", path.display());
+        anyhow::bail!("--plot {}: give an .svg or a .png file", path.display());
     }
     let budget = args
         .fit_in
@@ -360,10 +360,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The prediction of one case (and, with a budget, the largest batch that fits). A mixture of
-/// experts' budget answers assume the worst routing when `worst_fit` (the safe answer), else
-/// balanced routing.
-/// `--plot FILE.svg`: every case's phases as stacked bars by component
+/// `--plot FILE.svg|png`: every case's phases as stacked bars by component
 /// ([`crate::formula::breakdown`]), the budget as a line.
 fn write_plot(
     path: &std::path::Path,
@@ -372,7 +369,9 @@ fn write_plot(
     budget: Option<u64>,
 ) -> anyhow::Result<()> {
     use crate::formula::breakdown::COMPONENTS;
-    use crate::store::breakdown::{Group, write_svg};
+    use crate::store::breakdown::{Group, picture};
+    use crate::store::picture::Format;
+    let format = Format::of(path).expect("checked before predicting");
     let groups: Vec<Group> = cases
         .iter()
         .zip(predictions)
@@ -397,7 +396,7 @@ fn write_plot(
         std::fs::File::create(path),
         || format!("writing {}", path.display()),
     )?);
-    write_svg(&mut out, title, &COMPONENTS, &groups, budget)?;
+    picture(title, &COMPONENTS, &groups, budget).write(&mut out, format)?;
     out.flush()?;
     eprintln!(
         "plot: {} bar(s) of {} case(s) → {}",
@@ -408,51 +407,63 @@ fn write_plot(
     Ok(())
 }
 
-/// `--timeline FILE`: every training case's predicted train step
-/// ([`crate::formula::timeline`]), one trace process per case.
+/// `--timeline FILE`: every case's predicted train step and serving phases
+/// ([`crate::formula::timeline`]), one trace process each.
 fn write_timelines(path: &std::path::Path, cases: &[Case], threads: usize) -> anyhow::Result<()> {
     use crate::formula::timeline;
-    let svg = match path.extension().and_then(|e| e.to_str()) {
-        Some("json") => false,
-        Some("svg") => true,
-        _ => anyhow::bail!(
-            "--timeline {}: give a .json file (Chrome/Perfetto trace events) or an .svg (a picture)",
-            path.display()
-        ),
+    use crate::store::picture::Format;
+    let picture = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => None,
+        _ => Some(Format::of(path).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--timeline {}: give a .json file (Chrome/Perfetto trace events) or an .svg or .png (a picture)",
+                path.display()
+            )
+        })?),
     };
     let mut timelines = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        if !case.phases.contains(&Phase::TrainStep) {
-            continue;
-        }
         let shape = Shape::of(case);
-        let t = timeline::train_step(&shape, case.optimizer, threads);
-        let (peak, at) = t.peak();
-        let (op, layer) = t.peak_op();
-        eprintln!(
-            "timeline: case {i} train step, {} events, peak {} at {op} ({layer}, {})",
-            t.samples.len(),
-            human_bytes(peak),
-            t.samples[at].stage
-        );
-        timelines.push((
-            format!(
-                "case {i}: {} B{} S{} {} {} train step (predicted)",
-                case.preset,
-                case.batch,
-                case.seq,
-                case.dtype.as_str(),
-                case.device
-            ),
-            t,
-        ));
+        let mut of_case = Vec::new();
+        if case.phases.contains(&Phase::TrainStep) {
+            of_case.push((
+                "train step",
+                timeline::train_step(&shape, case.optimizer, threads),
+            ));
+        }
+        for (phase, t) in timeline::serving(&shape, &case.phases, threads) {
+            of_case.push((phase.as_str(), t));
+        }
+        for (phase, t) in of_case {
+            let (peak, at) = t.peak();
+            let (op, layer) = t.peak_op();
+            eprintln!(
+                "timeline: case {i} {phase}, {} events, peak {} at {op} ({layer}, {})",
+                t.samples.len(),
+                human_bytes(peak),
+                t.samples.get(at).map_or("-", |s| s.stage)
+            );
+            timelines.push((
+                format!(
+                    "case {i}: {} B{} S{} {} {} {phase} (predicted)",
+                    case.preset,
+                    case.batch,
+                    case.seq,
+                    case.dtype.as_str(),
+                    case.device
+                ),
+                t,
+            ));
+        }
     }
     if timelines.is_empty() {
-        anyhow::bail!("--timeline: no case trains (add train-step to --phases)");
-    }
-    if svg && timelines.len() > 1 {
         anyhow::bail!(
-            "--timeline {}: a picture draws one case and {} cases train; use a .json trace (one process per case) or one case",
+            "--timeline: no case asks for a train step, inference, prefill or decode (add one to --phases)"
+        );
+    }
+    if picture.is_some() && timelines.len() > 1 {
+        anyhow::bail!(
+            "--timeline {}: a picture draws one timeline and these cases make {}; use a .json trace (one process each) or ask for one case and phase",
             path.display(),
             timelines.len()
         );
@@ -460,16 +471,20 @@ fn write_timelines(path: &std::path::Path, cases: &[Case], threads: usize) -> an
     let file = std::fs::File::create(path)
         .map_err(|e| anyhow::anyhow!("--timeline {}: {e}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    if svg {
-        let (name, t) = &timelines[0];
-        timeline::write_svg(&mut out, name, t)?;
-    } else {
-        timeline::write_trace(&mut out, &timelines)?;
+    match picture {
+        Some(format) => {
+            let (name, t) = &timelines[0];
+            timeline::picture(name, t).write(&mut out, format)?;
+        }
+        None => timeline::write_trace(&mut out, &timelines)?,
     }
     out.flush()?;
     Ok(())
 }
 
+/// The prediction of one case (and, with a budget, the largest batch that fits). A mixture of
+/// experts' budget answers assume the worst routing when `worst_fit` (the safe answer), else
+/// balanced routing.
 pub fn predict_case(
     case: &Case,
     threads: usize,

@@ -45,11 +45,18 @@ pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
     for f in crate::store::reference::files(path) {
         reference.extend(crate::store::reference::read(&f)?);
     }
+    let mut timelines = Vec::new();
+    for f in crate::store::timeline::trace_files(path) {
+        let json = std::fs::read_to_string(&f)
+            .with_context(|| format!("reading the timeline {}", f.display()))?;
+        timelines.push((f.display().to_string(), json));
+    }
     Ok(ResultSet {
         label: path.display().to_string(),
         metas,
         rows,
         reference,
+        timelines,
     })
 }
 

@@ -92,6 +92,7 @@ pub fn bars(case: &Case, threads: usize) -> Vec<Bar> {
 
 /// The train step's bar: sums to `train_total_bytes`.
 fn train_step(shape: &Shape, opt: OptimizerKind, threads: usize) -> Bar {
+    use crate::store::timeline::{ACTIVATIONS, GRADIENTS, KV, TEMPORARIES};
     let t = super::timeline::train_step(shape, opt, threads);
     let (_, at) = t.peak();
     let mut b = [0; 7];
@@ -102,11 +103,13 @@ fn train_step(shape: &Shape, opt: OptimizerKind, threads: usize) -> Bar {
     b[1] = shape.optimizer_state_bytes(opt);
     b[6] = shape.input_bytes();
     if let Some(s) = t.samples.get(at) {
-        // CATEGORIES: activations, temporaries, gradients, workspace, bookkeeping.
-        b[3] = s.bytes[0];
-        b[5] = s.bytes[1];
-        b[2] = s.bytes[2];
-        b[6] += s.bytes[3] + s.bytes[4];
+        // CATEGORIES: kv cache (none in training), activations, temporaries, gradients,
+        // workspace, bookkeeping.
+        let c = s.shown();
+        b[3] = c[ACTIVATIONS] + c[KV];
+        b[5] = c[TEMPORARIES];
+        b[2] = c[GRADIENTS];
+        b[6] += c[4] + c[5];
     }
     Bar {
         phase: "train step",

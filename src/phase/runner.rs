@@ -179,7 +179,8 @@ impl Trainer {
 
 static TIMELINE_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
-/// `memfit run --timeline DIR`: the folder the CPU cases' measured train-step timelines go to.
+/// `memfit run --timeline DIR`: the folder the CPU cases' measured timelines go to (the train
+/// step and the serving phases).
 pub fn set_timeline_dir(dir: std::path::PathBuf) {
     let _ = TIMELINE_DIR.set(dir);
 }
@@ -188,40 +189,68 @@ fn timeline_dir() -> Option<&'static std::path::Path> {
     TIMELINE_DIR.get().map(|p| p.as_path())
 }
 
-/// The train-step window's allocation events (`meter::cpu_alloc`) as a timeline
+/// The folder a CPU case's measured timelines go to, when `memfit run --timeline` asks.
+fn traced(device: &Device) -> Option<&'static std::path::Path> {
+    timeline_dir().filter(|_| device.is_cpu())
+}
+
+/// A window's allocation events (`meter::cpu_alloc`) as a timeline
 /// ([`crate::store::timeline::classify`]: each allocation made in a stage and alive at its
-/// end is that stage's kept bytes — the forward's activations, the backward's gradients; the
-/// others temporaries), written to `dir/case-N-train-step.json`.
+/// end is that stage's kept bytes — the forward's activations, the backward's gradients, the
+/// cache prefill and decode leave; the others temporaries), written to
+/// `dir/case-N-PHASE.json`. A train step's stages are its marks; a serving phase is one stage.
 fn write_measured_timeline(
     dir: &std::path::Path,
     case: &Case,
+    phase: Phase,
     baseline: u64,
 ) -> anyhow::Result<()> {
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
     use crate::store::timeline::{of_addresses, write_trace_file};
     let (raw, marks) = take_events().map_err(|n| {
         anyhow::anyhow!(
-            "--timeline: the train step made {n} allocation events, more than the {EVENTS} recorded"
+            "--timeline: the {} made {n} allocation events, more than the {EVENTS} recorded",
+            phase.as_str()
         )
     })?;
-    let marks: Vec<(usize, &'static str)> = marks
-        .iter()
-        .zip(STAGES)
-        .filter_map(|(m, stage)| m.map(|m| (m, stage)))
-        .collect();
+    let marks: Vec<(usize, &'static str)> = match phase {
+        Phase::TrainStep => marks
+            .iter()
+            .zip(STAGES)
+            .filter_map(|(m, stage)| m.map(|m| (m, stage)))
+            .collect(),
+        p => vec![(0, p.as_str())],
+    };
     let mut t = of_addresses(&raw, &marks);
     t.baseline_bytes = baseline;
-    let path = dir.join(format!("case-{}-train-step.json", case.index));
+    let path = dir.join(format!("case-{}-{}.json", case.index, phase.as_str()));
     let name = format!(
-        "case {}: {} B{} S{} {} train step (measured)",
+        "case {}: {} B{} S{} {} {} (measured)",
         case.index,
         case.preset,
         case.batch,
         case.seq,
-        case.dtype.as_str()
+        case.dtype.as_str(),
+        phase.as_str().replace('-', " ")
     );
     write_trace_file(&path, &[(name, t)])
         .with_context(|| format!("--timeline: writing {}", path.display()))
+}
+
+/// Runs `body` with the counting allocator's events recorded (when `dir` is given), noting the
+/// bytes alive as it starts in `baseline`.
+fn recording(
+    dir: Option<&std::path::Path>,
+    baseline: &mut u64,
+    body: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if dir.is_some() {
+        *baseline = crate::meter::cpu_alloc::current();
+        crate::meter::cpu_alloc::start_events();
+    }
+    let r = body();
+    crate::meter::cpu_alloc::stop_events();
+    r
 }
 
 /// What a training forward leaves for the backward.
@@ -430,20 +459,13 @@ fn run_chain(
                 o
             }
         };
-        let traced =
-            timeline_dir().filter(|_| device.is_cpu() && case.phases.contains(&Phase::TrainStep));
+        let traced = traced(&device);
         let mut baseline = 0;
         metered(Phase::TrainStep, results, meters, &mut || {
-            if traced.is_some() {
-                baseline = crate::meter::cpu_alloc::current();
-                crate::meter::cpu_alloc::start_events();
-            }
-            t.train_step(&mut opt)?;
-            crate::meter::cpu_alloc::stop_events();
-            Ok(())
+            recording(traced, &mut baseline, &mut || Ok(t.train_step(&mut opt)?))
         })?;
         if let Some(dir) = traced {
-            write_measured_timeline(dir, case, baseline)?;
+            write_measured_timeline(dir, case, Phase::TrainStep, baseline)?;
         }
     }
     if last < Phase::Inference {
@@ -465,11 +487,18 @@ fn run_chain(
             .serving(q.quantized().expect("the other weights are dense"))?,
     };
     let mut logits = None;
+    let traced = traced(&device);
     if wants(Phase::Inference) {
+        let mut baseline = 0;
         metered(Phase::Inference, results, meters, &mut || {
-            logits = Some(detached.forward(&t.tokens)?);
-            Ok(())
+            recording(traced, &mut baseline, &mut || {
+                logits = Some(detached.forward(&t.tokens)?);
+                Ok(())
+            })
         })?;
+        if let Some(dir) = traced {
+            write_measured_timeline(dir, case, Phase::Inference, baseline)?;
+        }
     }
     // Other weights than the model's: how far the logits moved (after the window).
     if case.weights != ServingWeights::Model && case.phases.contains(&Phase::Inference) {
@@ -489,7 +518,7 @@ fn run_chain(
     }
     drop(logits);
     if wants(Phase::Prefill) || wants(Phase::Decode) {
-        generate(case, &t, &detached, results, meters, &metered)?;
+        generate(case, &t, &detached, results, meters, &metered, traced)?;
     }
     if wants(Phase::Load) {
         load(case, &t, &device, results, meters, &metered)?;
@@ -515,33 +544,46 @@ fn generate(
     results: &mut Vec<PhaseResult>,
     meters: &mut [Box<dyn Meter>],
     metered: &Metered,
+    traced: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let mut cache = KvCache::default();
     let mut next = None;
+    let mut baseline = 0;
     metered(Phase::Prefill, results, meters, &mut || {
-        let logits = detached.forward_cached(&t.tokens, &mut cache)?;
-        next = Some(logits.argmax(D::Minus1)?);
-        Ok(())
+        recording(traced, &mut baseline, &mut || {
+            let logits = detached.forward_cached(&t.tokens, &mut cache)?;
+            next = Some(logits.argmax(D::Minus1)?);
+            Ok(())
+        })
     })?;
-    if !case.phases.contains(&Phase::Decode) {
+    let asked = |p: Phase| case.phases.contains(&p);
+    if let Some(dir) = traced.filter(|_| asked(Phase::Prefill)) {
+        write_measured_timeline(dir, case, Phase::Prefill, baseline)?;
+    }
+    if !asked(Phase::Decode) {
         return Ok(());
     }
     let mut next = next.expect("prefill ran");
     let mut prefix = t.tokens.clone();
     metered(Phase::Decode, results, meters, &mut || {
-        for _ in 0..case.decode_tokens {
-            let token = next.unsqueeze(1)?;
-            let logits = if case.kv_cache {
-                detached.forward_cached(&token, &mut cache)?
-            } else {
-                prefix = Tensor::cat(&[&prefix, &token], 1)?;
-                detached.forward_cached(&prefix, &mut KvCache::default())?
-            };
-            drop(token);
-            next = logits.argmax(D::Minus1)?;
-        }
-        Ok(())
+        recording(traced, &mut baseline, &mut || {
+            for _ in 0..case.decode_tokens {
+                let token = next.unsqueeze(1)?;
+                let logits = if case.kv_cache {
+                    detached.forward_cached(&token, &mut cache)?
+                } else {
+                    prefix = Tensor::cat(&[&prefix, &token], 1)?;
+                    detached.forward_cached(&prefix, &mut KvCache::default())?
+                };
+                drop(token);
+                next = logits.argmax(D::Minus1)?;
+            }
+            Ok(())
+        })
     })?;
+    if let Some(dir) = traced {
+        write_measured_timeline(dir, case, Phase::Decode, baseline)?;
+    }
     drop((cache, next, prefix));
     Ok(())
 }

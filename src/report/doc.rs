@@ -31,6 +31,14 @@ pub enum Block {
         cells: Vec<(String, String)>,
         legend: Vec<(String, String)>,
     },
+    /// A memory timeline from its trace file (`file`, Chrome/Perfetto trace events): in HTML
+    /// the trace is embedded and drawn by the page's script ([`TIMELINE_SCRIPT`]) when given
+    /// (None: too large to carry; named only). In Markdown the caption and the file.
+    Timeline {
+        file: String,
+        caption: String,
+        trace: Option<String>,
+    },
 }
 
 /// Tables longer than this are collapsed (`<details>`) in the HTML.
@@ -88,6 +96,9 @@ pub fn markdown(blocks: &[Block]) -> String {
                     ));
                 }
             }
+            Block::Timeline { file, caption, .. } => out.push_str(&format!(
+                "{caption}: `{file}` (Chrome/Perfetto trace events: open it in ui.perfetto.dev or chrome://tracing)\n\n"
+            )),
             Block::Strip { cells, .. } => {
                 let parts: Vec<String> = cells
                     .iter()
@@ -144,6 +155,7 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
          </style>\n</head>\n<body>\n",
         escape(title)
     );
+    let mut timelines = 0;
     for b in blocks {
         match b {
             Block::Heading(level, t) => {
@@ -215,6 +227,30 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                 }
                 out.push_str("</div>\n");
             }
+            Block::Timeline {
+                file,
+                caption,
+                trace,
+            } => {
+                timelines += 1;
+                out.push_str(&format!(
+                    "<figure class=\"timeline\" data-file=\"{}\">\n",
+                    escape(file)
+                ));
+                match trace {
+                    Some(t) => out.push_str(&format!(
+                        "<svg class=\"timeline\" width=\"960\" height=\"360\" viewBox=\"0 0 960 360\"></svg>\n<script type=\"application/json\" class=\"trace\">{}</script>\n",
+                        // `</` cannot end the script early once written `<\/` (the same JSON).
+                        t.replace("</", "<\\/")
+                    )),
+                    None => out.push_str("<p>(too large to draw here: open the file in ui.perfetto.dev)</p>\n"),
+                }
+                out.push_str(&format!(
+                    "<figcaption>{}: <code>{}</code> (open it in ui.perfetto.dev or chrome://tracing)</figcaption>\n</figure>\n",
+                    inline(caption),
+                    escape(file)
+                ));
+            }
             Block::Strip { cells, legend } => {
                 let colour = |kind: &str| {
                     legend
@@ -244,9 +280,64 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
             }
         }
     }
+    if timelines > 0 {
+        out.push_str(TIMELINE_SCRIPT);
+    }
     out.push_str("</body>\n</html>\n");
     out
 }
+
+/// Draws each `figure.timeline` from its embedded trace (the first process's stacked `bytes`
+/// counter: one column per event, the categories in the trace's order, the peak marked) and
+/// notes on the figure what it drew: `data-events` (counter events), `data-peak` (the largest
+/// stacked total) and `data-categories`.
+pub const TIMELINE_SCRIPT: &str = r#"<script>
+(() => {
+  const NS = 'http://www.w3.org/2000/svg';
+  const COLOURS = ['#76b7b2', '#4e79a7', '#f28e2b', '#59a14f', '#b07aa1', '#bab0ac'];
+  const human = b => b >= 2 ** 30 ? (b / 2 ** 30).toFixed(2) + ' GiB' : b >= 2 ** 20 ? (b / 2 ** 20).toFixed(2) + ' MiB' : b >= 1024 ? (b / 1024).toFixed(2) + ' KiB' : b + ' B';
+  const el = (svg, name, attrs, text) => { const e = document.createElementNS(NS, name); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== undefined) e.textContent = text; svg.appendChild(e); return e; };
+  for (const fig of document.querySelectorAll('figure.timeline')) {
+    const src = fig.querySelector('script.trace');
+    const svg = fig.querySelector('svg.timeline');
+    if (!src || !svg) continue;
+    const trace = JSON.parse(src.textContent);
+    const events = trace.traceEvents.filter(e => e.ph === 'C' && e.name === 'bytes' && e.pid === 1);
+    if (events.length === 0) continue;
+    const ORDER = ['kv cache', 'activations', 'temporaries', 'gradients', 'workspace', 'bookkeeping'];
+    const keys = Object.keys(events[0].args);
+    const cats = ORDER.filter(c => keys.includes(c)).concat(keys.filter(c => !ORDER.includes(c)));
+    const totals = events.map(e => cats.reduce((s, c) => s + (e.args[c] || 0), 0));
+    const peak = Math.max(...totals), at = totals.indexOf(peak);
+    const [w, h, left, top, bottom] = [960, 360, 90, 20, 50];
+    const pw = w - left - 20, ph = h - top - bottom, ymax = Math.max(peak, 1) * 1.1;
+    const x = i => left + pw * i / events.length, y = b => top + ph * (1 - b / ymax);
+    el(svg, 'rect', { width: w, height: h, fill: 'white' });
+    let below = events.map(() => 0);
+    cats.forEach((c, k) => {
+      const above = events.map((e, i) => below[i] + (e.args[c] || 0));
+      const pts = above.flatMap((a, i) => [x(i) + ',' + y(a), x(i + 1) + ',' + y(a)]).concat(below.map((b, i) => [x(i + 1) + ',' + y(b), x(i) + ',' + y(b)]).reverse().flat());
+      el(svg, 'polygon', { points: pts.join(' '), fill: COLOURS[k % COLOURS.length] });
+      el(svg, 'rect', { x: left + k * 130, y: h - 22, width: 12, height: 12, fill: COLOURS[k % COLOURS.length] });
+      el(svg, 'text', { x: left + k * 130 + 16, y: h - 12, 'font-size': 12 }, c);
+      below = above;
+    });
+    el(svg, 'line', { x1: left, y1: top + ph, x2: left + pw, y2: top + ph, stroke: 'black' });
+    el(svg, 'line', { x1: left, y1: top, x2: left, y2: top + ph, stroke: 'black' });
+    for (let k = 0; k <= 4; k++) el(svg, 'text', { x: left - 6, y: y(ymax * k / 4) + 4, 'text-anchor': 'end', 'font-size': 12 }, human(Math.round(ymax * k / 4)));
+    for (const s of trace.traceEvents.filter(e => e.ph === 'i' && e.pid === 1 && !e.name.startsWith('peak'))) {
+      el(svg, 'line', { x1: x(s.ts), y1: top, x2: x(s.ts), y2: top + ph, stroke: '#555', 'stroke-dasharray': '4 3' });
+      el(svg, 'text', { x: x(s.ts) + 3, y: top + 12, fill: '#555', 'font-size': 12 }, s.name);
+    }
+    el(svg, 'circle', { cx: x(at), cy: y(peak), r: 4, fill: 'red' });
+    el(svg, 'text', { x: x(at) > left + pw * 0.4 ? x(at) - 8 : x(at) + 8, y: y(peak) - 6, fill: 'red', 'text-anchor': x(at) > left + pw * 0.4 ? 'end' : 'start', 'font-size': 12 }, 'peak ' + human(peak));
+    fig.dataset.events = events.length;
+    fig.dataset.peak = peak;
+    fig.dataset.categories = cats.join(',');
+  }
+})();
+</script>
+"#;
 
 /// A plot as an HTML figure: its SVG inline (the XML declaration dropped) and its caption.
 fn figure(name: &str, caption: &str, svg: &dyn Fn(&str) -> Option<String>) -> String {

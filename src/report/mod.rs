@@ -37,6 +37,9 @@ pub struct ResultSet {
     pub rows: Vec<Row>,
     /// PyTorch's figures stored beside the rows (`torch.jsonl`), if any.
     pub reference: Vec<crate::store::reference::ReferenceRow>,
+    /// The memory timelines stored beside them (`memfit run --timeline`): each file's path and
+    /// its trace JSON.
+    pub timelines: Vec<(String, String)>,
 }
 
 /// The CPU's peak FLOP/s, measured by `memfit report --measure-cpu-peak` (never asserted).
@@ -130,6 +133,7 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
     summary(&mut b, &all, &ok, &claims);
     components_section(&mut b, inp.components);
     claims_section(&mut b, &claims);
+    timelines_section(&mut b, inp.sets);
     b.push(Block::Heading(2, "Details".into()));
     environment(&mut b, inp);
     phase_tables(&mut b, &ok, &workload_of);
@@ -173,6 +177,89 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         charts,
         svgs,
     })
+}
+
+/// Trace files larger than this are named, not drawn inline (the page would carry them whole).
+const TIMELINE_INLINE_BYTES: usize = 2 << 20;
+
+/// The stored memory timelines (`memfit run --timeline`): the first of each phase drawn from
+/// its trace JSON in the page (the trace embedded as is, drawn by the page's script: what a
+/// trace viewer opens), the others counted.
+fn timelines_section(b: &mut Vec<Block>, sets: &[ResultSet]) {
+    let mut all: Vec<&(String, String)> = sets.iter().flat_map(|s| s.timelines.iter()).collect();
+    // The train step first, then the serving phases in their order.
+    let rank = |f: &str| {
+        ["train-step", "inference", "prefill", "decode"]
+            .iter()
+            .position(|p| f.ends_with(&format!("{p}.json")))
+            .unwrap_or(4)
+    };
+    all.sort_by_key(|(f, _)| rank(f));
+    if all.is_empty() {
+        return;
+    }
+    b.push(Block::Heading(2, "Memory timelines (measured)".into()));
+    b.push(Block::Para(format!(
+        "{} stored timeline(s) (`memfit run --timeline`): the counting allocator's every change \
+         in the window, split into KV cache, activations, temporaries, gradients, workspace and \
+         bookkeeping above the window's start; the first of each phase is drawn here from its \
+         trace file, which opens as is in ui.perfetto.dev or chrome://tracing.",
+        all.len()
+    )));
+    let mut drawn: Vec<String> = Vec::new();
+    for (path, json) in all {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
+            b.push(Block::Para(format!(
+                "`{path}`: not valid trace JSON (skipped)."
+            )));
+            continue;
+        };
+        let events = v["traceEvents"].as_array().cloned().unwrap_or_default();
+        let name = events
+            .iter()
+            .find(|e| e["ph"] == "M")
+            .and_then(|e| e["args"]["name"].as_str())
+            .unwrap_or(path.as_str())
+            .to_string();
+        let phase = name
+            .rsplit_once(' ')
+            .map_or(name.as_str(), |(head, _)| head)
+            .split_whitespace()
+            .skip_while(|w| !w.starts_with('S') || w[1..].parse::<u64>().is_err())
+            .skip(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if drawn.contains(&phase) {
+            continue;
+        }
+        drawn.push(phase);
+        let peak = events
+            .iter()
+            .find(|e| e["ph"] == "i" && e["name"].as_str().is_some_and(|n| n.starts_with("peak")))
+            .map(|e| &e["args"]);
+        let caption = match peak {
+            Some(p) => {
+                let op = p["op"].as_str().unwrap_or("?");
+                format!(
+                    "{name}: peak {} in the {}{}",
+                    crate::store::timeline::human(p["bytes"].as_u64().unwrap_or(0)),
+                    p["stage"].as_str().unwrap_or("?"),
+                    // The allocator sees no op names (`alloc`); a prediction's peak has one.
+                    if op == "alloc" {
+                        String::new()
+                    } else {
+                        format!(" at `{op}` ({})", p["layer"].as_str().unwrap_or("?"))
+                    }
+                )
+            }
+            None => name.clone(),
+        };
+        b.push(Block::Timeline {
+            file: path.clone(),
+            caption,
+            trace: (json.len() <= TIMELINE_INLINE_BYTES).then(|| json.clone()),
+        });
+    }
 }
 
 /// The plots of the report's first screen, beside the verdicts.
@@ -1171,6 +1258,7 @@ mod tests {
     #[test]
     fn a_mix_of_builds_is_flagged_with_each_builds_runs() {
         let set = |metas| ResultSet {
+            timelines: Vec::new(),
             label: "results/cpu".into(),
             metas,
             rows: Vec::new(),

@@ -7,20 +7,10 @@ use plotters::coord::Shift;
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
-/// DejaVu Sans 2.37 (Bitstream Vera licence, `assets/fonts/LICENSE-DejaVu.txt`).
-static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+use crate::store::picture::{FAMILY, register_font};
 
-const FAMILY: &str = "sans-serif";
 pub const WIDTH: u32 = 960;
 pub const HEIGHT: u32 = 600;
-
-fn register_font() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        plotters::style::register_font(FAMILY, FontStyle::Normal, FONT)
-            .unwrap_or_else(|_| panic!("the embedded DejaVu Sans is a valid font"));
-    });
-}
 
 /// One series of an x–y chart.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,11 +1,10 @@
-//! The picture of `memfit predict --plot FILE.svg`: per case, a stacked bar per phase (train
+//! The picture of `memfit predict --plot FILE.svg|png`: per case, a stacked bar per phase (train
 //! step, inference, prefill, decode) split by component ([`crate::formula::breakdown`]), each
 //! bar's total above it, and the budget (`--fit-in`) as a red line — the picture a person sizing
 //! a GPU wants. One scale for every case, so the cases compare at a glance.
 
-use std::io::Write;
-
-use super::timeline::{escape, human, svg_head, y_ticks};
+use super::picture::{Anchor, Mark, Picture, Text};
+use super::timeline::{head, human, legend, y_ticks};
 
 /// The components' colours, in [`crate::formula::breakdown::COMPONENTS`] order.
 const COLOURS: [&str; 7] = [
@@ -18,14 +17,8 @@ pub struct Group<'a> {
     pub bars: Vec<(&'a str, [u64; 7])>,
 }
 
-/// Writes the bars of `groups` (components named by `names`) with the `budget` line when given.
-pub fn write_svg(
-    out: &mut impl Write,
-    title: &str,
-    names: &[&str; 7],
-    groups: &[Group],
-    budget: Option<u64>,
-) -> std::io::Result<()> {
+/// The bars of `groups` (components named by `names`) with the `budget` line when given.
+pub fn picture(title: &str, names: &[&str; 7], groups: &[Group], budget: Option<u64>) -> Picture {
     let bars: usize = groups.iter().map(|g| g.bars.len()).sum();
     let (bar_w, gap, group_gap) = (46.0, 10.0, 36.0);
     let (left, top, bottom) = (90.0, 48.0, 110.0);
@@ -45,8 +38,11 @@ pub fn write_svg(
         .max(1);
     let ymax = tallest as f64 * 1.12;
     let y = |b: f64| top + ph * (1.0 - b / ymax);
-    svg_head(out, (w, h), left, 24.0, title)?;
-    y_ticks(out, ymax, left, left + plot_w, &y)?;
+    let mut p = head((w, h), left, 24.0, title);
+    y_ticks(&mut p, ymax, left, left + plot_w, &y);
+    let small = |at: (f64, f64), text: String| -> Mark {
+        Text::new(at, text).anchor(Anchor::Middle).size(10.0).into()
+    };
     let mut x = left + group_gap / 2.0;
     for g in groups {
         let start = x;
@@ -57,67 +53,59 @@ pub fn write_svg(
                     continue;
                 }
                 let (y0, y1) = (y(below as f64), y((below + part) as f64));
-                writeln!(
-                    out,
-                    r#"<rect x="{x:.1}" y="{y1:.1}" width="{bar_w}" height="{:.1}" fill="{}"><title>{} {}: {}</title></rect>"#,
-                    (y0 - y1).max(0.0),
-                    COLOURS[c],
-                    escape(phase),
-                    names[c],
-                    human(part)
-                )?;
+                p.push(Mark::Rect {
+                    x,
+                    y: y1,
+                    w: bar_w,
+                    h: (y0 - y1).max(0.0),
+                    fill: COLOURS[c],
+                    title: Some(format!("{phase} {}: {}", names[c], human(part))),
+                });
                 below += part;
             }
-            writeln!(
-                out,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
-                x + bar_w / 2.0,
-                y(below as f64) - 4.0,
-                human(below)
-            )?;
-            writeln!(
-                out,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
-                x + bar_w / 2.0,
-                top + ph + 14.0,
-                escape(phase)
-            )?;
+            p.push(small(
+                (x + bar_w / 2.0, y(below as f64) - 4.0),
+                human(below),
+            ));
+            p.push(small((x + bar_w / 2.0, top + ph + 14.0), phase.to_string()));
             x += bar_w + gap;
         }
-        writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text>"#,
-            (start + x - gap) / 2.0,
-            top + ph + 32.0,
-            escape(&g.label)
-        )?;
+        p.push(
+            Text::new(((start + x - gap) / 2.0, top + ph + 32.0), g.label.clone())
+                .anchor(Anchor::Middle)
+                .bold()
+                .into(),
+        );
         x += group_gap;
     }
-    writeln!(
-        out,
-        r#"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="black"/><line x1="{left}" y1="{top}" x2="{left}" y2="{0:.1}" stroke="black"/>"#,
-        top + ph,
-        left + plot_w
-    )?;
+    p.push(Mark::line(
+        (left, top + ph),
+        (left + plot_w, top + ph),
+        "black",
+    ));
+    p.push(Mark::line((left, top), (left, top + ph), "black"));
     if let Some(b) = budget {
-        writeln!(
-            out,
-            r#"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="red" stroke-width="2" stroke-dasharray="6 4"/><text x="{1:.1}" y="{2:.1}" text-anchor="end" fill="red">budget {3}</text>"#,
-            y(b as f64),
-            left + plot_w,
-            y(b as f64) - 5.0,
-            human(b)
-        )?;
+        p.push(Mark::Line {
+            from: (left, y(b as f64)),
+            to: (left + plot_w, y(b as f64)),
+            stroke: "red",
+            width: 2.0,
+            dash: Some((6.0, 4.0)),
+        });
+        p.push(
+            Text::new(
+                (left + plot_w, y(b as f64) - 5.0),
+                format!("budget {}", human(b)),
+            )
+            .anchor(Anchor::End)
+            .fill("red")
+            .into(),
+        );
     }
     for (c, (name, colour)) in names.iter().zip(COLOURS).enumerate() {
         let lx = left + (c % 4) as f64 * 150.0;
         let ly = h - 44.0 + (c / 4) as f64 * 18.0;
-        writeln!(
-            out,
-            r#"<rect x="{lx}" y="{ly}" width="12" height="12" fill="{colour}"/><text x="{}" y="{}">{name}</text>"#,
-            lx + 16.0,
-            ly + 10.0
-        )?;
+        legend(&mut p, (lx, ly), colour, name);
     }
-    writeln!(out, "</svg>")
+    p
 }

@@ -5,6 +5,7 @@ pub mod breakdown;
 pub mod csv;
 pub mod hdf5;
 pub mod jsonl;
+pub mod picture;
 pub mod reference;
 pub mod timeline;
 

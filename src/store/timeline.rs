@@ -22,6 +22,8 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
+use super::picture::{Anchor, Mark, Picture, Text};
+
 /// One change of the live bytes (a timeline's event: the replay's `Ledger::start_trace`, or the
 /// counting allocator's `meter::cpu_alloc::start_events`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,19 +49,30 @@ pub const BOOKKEEPING: u64 = u64::MAX;
 pub const WORKSPACE: u64 = u64::MAX - 1;
 
 /// The categories of the bytes above the window's start, in the trace's stacking order.
-pub const CATEGORIES: [&str; 5] = [
+pub const CATEGORIES: [&str; 6] = [
+    "kv cache",
     "activations",
     "temporaries",
     "gradients",
     "workspace",
     "bookkeeping",
 ];
+/// Indexes into [`CATEGORIES`].
+pub const KV: usize = 0;
+pub const ACTIVATIONS: usize = 1;
+pub const TEMPORARIES: usize = 2;
+pub const GRADIENTS: usize = 3;
+const WORKSPACE_BYTES: usize = 4;
+const BOOKKEEPING_BYTES: usize = 5;
 
 /// One step of the timeline: the live bytes per category after an event, and what made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
-    /// Bytes per [`CATEGORIES`] entry, above the window's start.
-    pub bytes: [u64; 5],
+    /// Bytes per [`CATEGORIES`] entry made in the window and alive now.
+    pub bytes: [u64; 6],
+    /// Bytes made before the window and freed in it so far (a decode step's grown cache
+    /// replaces the one before): they lower the live bytes above the window's start.
+    pub released: u64,
     /// The op (or `bookkeeping`, `gemm`, `optimizer-step`) of the event.
     pub label: &'static str,
     /// The layer (0: outside the blocks; else the block's index + 1).
@@ -68,16 +81,28 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// The live bytes above the window's start.
     pub fn total(&self) -> u64 {
-        self.bytes.iter().sum()
+        self.bytes.iter().sum::<u64>().saturating_sub(self.released)
+    }
+
+    /// [`Sample::bytes`] less the released bytes, taken from the bottom category up: what
+    /// the pictures stack (summing to [`Sample::total`]).
+    pub fn shown(&self) -> [u64; 6] {
+        let mut left = self.released;
+        self.bytes.map(|b| {
+            let take = b.min(left);
+            left -= take;
+            b - take
+        })
     }
 }
 
-/// A training step's predicted timeline.
+/// A window's timeline (a train step, or a serving phase).
 #[derive(Debug, Clone)]
 pub struct Timeline {
-    /// Bytes alive before the window (weights, the batch; the optimizer state is added from
-    /// its closed form: the replay does not build it).
+    /// Bytes alive before the window (weights, the batch, a cache; a prediction's optimizer
+    /// state is added from its closed form: the replay does not build it).
     pub baseline_bytes: u64,
     pub samples: Vec<Sample>,
 }
@@ -129,10 +154,13 @@ impl Timeline {
 }
 
 /// The samples of `events`: the `setup` stage is the baseline; every later allocation is
-/// categorised by the stage that made it and whether it is still alive when that stage ends.
+/// categorised by the stage that made it and whether it is still alive when that stage ends:
+/// kept by the forward, activations (and the inference's output); by the backward, gradients;
+/// by prefill or decode, the key/value cache (and the next token); the rest temporaries. Frees
+/// of what the window did not make are [`Sample::released`].
 pub fn classify(events: &[Event]) -> Timeline {
-    // `done` is the gradients' release after the step, in the gradient store's hash order:
-    // not part of the step, and not the same order from run to run.
+    // `done` is what follows the window (a train step's gradients released in the gradient
+    // store's hash order, not the same from run to run).
     let in_window = |e: &&Event| !matches!(e.stage, "setup" | "" | "done");
     let baseline: i64 = events
         .iter()
@@ -165,23 +193,34 @@ pub fn classify(events: &[Event]) -> Timeline {
         *alive.entry(e.id).or_insert(0) += e.delta;
     }
     close(stage, &made, &alive, &mut kept);
-    let category = |e: &Event| -> usize {
+    // A category, or None: made before the window.
+    let category = |e: &Event| -> Option<usize> {
         match e.id {
-            WORKSPACE => 3,
-            BOOKKEEPING => 4,
+            WORKSPACE => Some(WORKSPACE_BYTES),
+            BOOKKEEPING => Some(BOOKKEEPING_BYTES),
             id => match (made.get(&id).copied(), kept.get(&id).copied()) {
-                (Some("forward"), Some(true)) => 0,
-                (Some("backward"), Some(true)) => 2,
-                _ => 1,
+                (None, _) => None,
+                (Some("forward" | "inference"), Some(true)) => Some(ACTIVATIONS),
+                (Some("backward"), Some(true)) => Some(GRADIENTS),
+                (Some("prefill" | "decode"), Some(true)) => Some(KV),
+                _ => Some(TEMPORARIES),
             },
         }
     };
-    let mut bytes = [0i64; 5];
+    let mut bytes = [0i64; 6];
+    let mut before = 0i64;
     let mut samples = Vec::new();
     for e in events.iter().filter(in_window) {
-        bytes[category(e)] += e.delta;
+        match category(e) {
+            Some(c) => bytes[c] += e.delta,
+            None => before -= e.delta,
+        }
+        // A pooled category below zero (bookkeeping of tensors made before the window, freed
+        // in it) is released bytes too.
+        let deficit: i64 = bytes.iter().map(|b| (-b).max(0)).sum();
         samples.push(Sample {
             bytes: bytes.map(|b| b.max(0) as u64),
+            released: (before + deficit).max(0) as u64,
             label: if e.label.is_empty() { "free" } else { e.label },
             tag: e.tag,
             stage: e.stage,
@@ -196,8 +235,8 @@ pub fn classify(events: &[Event]) -> Timeline {
 /// The timeline of allocator events `(address, ±bytes)` whose stages begin at the event
 /// indexes `marks` (`(index, stage)`, in order; the events before the first are its stage).
 /// Each allocation's lifetime is one id (an address reused after a free is a new allocation);
-/// a free of memory allocated before the window belongs to the baseline (`setup`). The
-/// allocator sees no op names: every event is `alloc` or `free`.
+/// a free of memory allocated before the window (id 0, never made in it) is released bytes.
+/// The allocator sees no op names: every event is `alloc` or `free`.
 pub fn of_addresses(events: &[(u64, i64)], marks: &[(usize, &'static str)]) -> Timeline {
     let stage_at = |i: usize| {
         marks
@@ -227,7 +266,7 @@ pub fn of_addresses(events: &[(u64, i64)], marks: &[(usize, &'static str)]) -> T
                     live.insert(ptr, (next, delta));
                     (next, stage_at(i))
                 }
-                None => (0, "setup"),
+                None => (0, stage_at(i)),
             };
             Event {
                 id,
@@ -266,7 +305,7 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
         serde_json::to_writer(&mut *out, &e)?;
         Ok(())
     };
-    let categories = |bytes: &[u64; 5]| -> serde_json::Map<String, Value> {
+    let categories = |bytes: &[u64; 6]| -> serde_json::Map<String, Value> {
         CATEGORIES
             .iter()
             .zip(bytes)
@@ -286,6 +325,7 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
             "ts": 0, "pid": pid, "tid": 0, "args": {"bytes": t.baseline_bytes}}),
         )?;
         let mut stage = "";
+        let mut released = 0;
         for (i, s) in t.samples.iter().enumerate() {
             if s.stage != stage {
                 stage = s.stage;
@@ -298,8 +338,16 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
             emit(
                 out,
                 json!({"name": "bytes", "ph": "C", "ts": i, "pid": pid, "tid": 0,
-                "args": categories(&s.bytes)}),
+                "args": categories(&s.shown())}),
             )?;
+            if s.released != released {
+                released = s.released;
+                emit(
+                    out,
+                    json!({"name": "freed from before the window", "ph": "C", "ts": i,
+                    "pid": pid, "tid": 0, "args": {"bytes": released}}),
+                )?;
+            }
         }
         let (peak, at) = t.peak();
         if let Some(s) = t.samples.get(at) {
@@ -309,13 +357,42 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
                 json!({"name": format!("peak: {peak} B ({op}, {layer}, {})", s.stage),
                 "ph": "i", "s": "p", "ts": at, "pid": pid, "tid": 0,
                 "args": {"bytes": peak, "op": op, "layer": layer, "stage": s.stage,
-                    "categories": categories(&s.bytes)}}),
+                    "categories": categories(&s.shown())}}),
             )?;
         }
     }
     out.write_all(
-        b"\n],\"displayTimeUnit\":\"ns\",\"otherData\":{\"producer\":\"memfit predict --timeline\",\"time\":\"event index\"}}\n",
+        format!(
+            "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"producer\":\"memfit --timeline\",\"build\":\"{}\",\"time\":\"event index\"}}}}\n",
+            env!("MEMFIT_GIT_COMMIT")
+        )
+        .as_bytes(),
     )
+}
+
+/// The trace files `memfit run --timeline` and `predict --timeline` write under `dir`: every
+/// `.json` in a folder named `timeline` (the workload key's default name) or inside `dir` when
+/// it is one, in path order.
+pub fn trace_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "json")
+                && d.file_name().is_some_and(|n| n == "timeline")
+            {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `bytes` in the unit that keeps it readable (B, KiB, MiB, GiB).
@@ -334,12 +411,14 @@ pub(crate) fn human(bytes: u64) -> String {
 }
 
 /// Colours of [`CATEGORIES`] in the picture.
-const COLOURS: [&str; 5] = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#bab0ac"];
+const COLOURS: [&str; 6] = [
+    "#76b7b2", "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#bab0ac",
+];
 
-/// A stacked-area picture of one timeline (SVG): the categories over the events (at most 1200
+/// A stacked-area picture of one timeline: the categories over the events (at most 1200
 /// columns, each the event of its span with the largest total, so the peak is drawn), the
 /// stages' starts, the peak marked with its op and layer, a legend.
-pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Result<()> {
+pub fn picture(title: &str, t: &Timeline) -> Picture {
     let (w, h, left, top, bottom) = (960.0, 400.0, 90.0, 40.0, 70.0);
     let (pw, ph) = (w - left - 20.0, h - top - bottom);
     let n = t.samples.len().max(1);
@@ -358,152 +437,140 @@ pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Re
     let ymax = (peak.max(1)) as f64 * 1.1;
     let x = |i: usize| left + pw * i as f64 / n as f64;
     let y = |b: f64| top + ph * (1.0 - b / ymax);
-    svg_head(out, (w, h), left, 22.0, title)?;
+    let mut p = head((w, h), left, 22.0, title);
     // Areas, bottom category first: each polygon between the running sums.
     let mut below = vec![0u64; picked.len()];
-    for (c, colour) in COLOURS.iter().enumerate() {
-        let above: Vec<u64> = picked
-            .iter()
-            .zip(&below)
-            .map(|((_, s), b)| b + s.bytes[c])
-            .collect();
+    let shown: Vec<[u64; 6]> = picked.iter().map(|(_, s)| s.shown()).collect();
+    for (c, &colour) in COLOURS.iter().enumerate() {
+        if shown.iter().all(|s| s[c] == 0) {
+            continue;
+        }
+        let above: Vec<u64> = shown.iter().zip(&below).map(|(s, b)| b + s[c]).collect();
         // Steps: column `c` spans `cx(c)..cx(c + 1)` at its sample's level, so a one-event
         // spike (the peak) is a column wide.
         let cx = |c: usize| left + pw * c as f64 / picked.len() as f64;
-        let mut pts: Vec<String> = above
+        let mut points: Vec<(f64, f64)> = above
             .iter()
             .enumerate()
             .flat_map(|(c, a)| {
                 let ya = y(*a as f64);
-                [
-                    format!("{:.1},{ya:.1}", cx(c)),
-                    format!("{:.1},{ya:.1}", cx(c + 1)),
-                ]
+                [(cx(c), ya), (cx(c + 1), ya)]
             })
             .collect();
-        pts.extend(below.iter().enumerate().rev().flat_map(|(c, b)| {
+        points.extend(below.iter().enumerate().rev().flat_map(|(c, b)| {
             let yb = y(*b as f64);
-            [
-                format!("{:.1},{yb:.1}", cx(c + 1)),
-                format!("{:.1},{yb:.1}", cx(c)),
-            ]
+            [(cx(c + 1), yb), (cx(c), yb)]
         }));
-        writeln!(
-            out,
-            r#"<polygon points="{}" fill="{colour}" stroke="none"/>"#,
-            pts.join(" ")
-        )?;
+        p.push(Mark::Polygon {
+            points,
+            fill: colour,
+        });
         below = above;
     }
     // Axes and ticks.
-    writeln!(
-        out,
-        r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>"#,
-        top + ph,
-        left + pw,
-        top + ph,
-        top + ph
-    )?;
-    y_ticks(out, ymax, left, left + pw, &y)?;
+    p.push(Mark::line((left, top + ph), (left + pw, top + ph), "black"));
+    p.push(Mark::line((left, top), (left, top + ph), "black"));
+    y_ticks(&mut p, ymax, left, left + pw, &y);
     // Stage starts.
     let mut stage = "";
     for (i, s) in t.samples.iter().enumerate() {
         if s.stage != stage {
             stage = s.stage;
-            writeln!(
-                out,
-                r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1}" stroke="#555" stroke-dasharray="4 3"/><text x="{2:.1}" y="{3}" fill="#555">{4}</text>"##,
-                x(i),
-                top + ph,
-                x(i) + 3.0,
-                top + 12.0,
-                stage
-            )?;
+            p.push(Mark::Line {
+                from: (x(i), top),
+                to: (x(i), top + ph),
+                stroke: "#555555",
+                width: 1.0,
+                dash: Some((4.0, 3.0)),
+            });
+            p.push(
+                Text::new((x(i) + 3.0, top + 12.0), stage)
+                    .fill("#555555")
+                    .into(),
+            );
         }
     }
     // The peak.
     let (op, layer) = t.peak_op();
     let (px, py) = (x(at), y(peak as f64));
-    let anchor = if px > left + pw * 0.4 { "end" } else { "start" };
-    let dx = if anchor == "end" { -8.0 } else { 8.0 };
-    writeln!(
-        out,
-        r#"<circle cx="{px:.1}" cy="{py:.1}" r="4" fill="red"/><text x="{:.1}" y="{:.1}" text-anchor="{anchor}" fill="red">peak {}: {} ({}, {})</text>"#,
-        px + dx,
-        py - 6.0,
-        human(peak),
-        escape(op),
-        escape(&layer),
-        t.samples.get(at).map_or("", |s| s.stage)
-    )?;
+    let end = px > left + pw * 0.4;
+    p.push(Mark::Circle {
+        at: (px, py),
+        r: 4.0,
+        fill: "red",
+    });
+    p.push(
+        Text::new(
+            (if end { px - 8.0 } else { px + 8.0 }, py - 6.0),
+            format!(
+                "peak {}: {op} ({layer}, {})",
+                human(peak),
+                t.samples.get(at).map_or("", |s| s.stage)
+            ),
+        )
+        .anchor(if end { Anchor::End } else { Anchor::Start })
+        .fill("red")
+        .into(),
+    );
     // Legend and the axis name.
     for (c, (name, colour)) in CATEGORIES.iter().zip(COLOURS).enumerate() {
-        let lx = left + c as f64 * 150.0;
-        writeln!(
-            out,
-            r#"<rect x="{lx}" y="{}" width="12" height="12" fill="{colour}"/><text x="{}" y="{}">{name}</text>"#,
-            h - 28.0,
-            lx + 16.0,
-            h - 18.0
-        )?;
+        let lx = left + c as f64 * 130.0;
+        legend(&mut p, (lx, h - 28.0), colour, name);
     }
-    writeln!(
-        out,
-        r##"<text x="{}" y="{}" text-anchor="end" fill="#555">events →  (above the window's start; before it: {})</text>"##,
-        left + pw,
-        top + ph + 18.0,
-        human(t.baseline_bytes)
-    )?;
-    writeln!(out, "</svg>")
+    let released = t.samples.iter().map(|s| s.released).max().unwrap_or(0);
+    p.push(Text::new(
+            (left + pw, top + ph + 18.0),
+            if released > 0 {
+                format!(
+                    "events →  (above the window's start; before it: {}, of which freed in it up to {})",
+                    human(t.baseline_bytes),
+                    human(released)
+                )
+            } else {
+                format!(
+                    "events →  (above the window's start; before it: {})",
+                    human(t.baseline_bytes)
+                )
+            },
+        ).anchor(Anchor::End).fill("#555555").into());
+    p
 }
 
-/// An SVG picture's opening: the element `size` wide and high on white, the bold `title` at
-/// `(left, title_y)`.
-pub(crate) fn svg_head(
-    out: &mut impl Write,
-    (w, h): (f64, f64),
-    left: f64,
-    title_y: f64,
-    title: &str,
-) -> std::io::Result<()> {
-    writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    )?;
-    writeln!(out, r#"<rect width="{w}" height="{h}" fill="white"/>"#)?;
-    writeln!(
-        out,
-        r#"<text x="{left}" y="{title_y}" font-size="14" font-weight="bold">{}</text>"#,
-        escape(title)
-    )
+/// Writes [`picture`] as an SVG.
+pub fn write_svg(out: &mut impl Write, title: &str, t: &Timeline) -> std::io::Result<()> {
+    picture(title, t).svg(out)
+}
+
+/// A picture `size` wide and high with the bold `title` at `(left, title_y)`.
+pub(crate) fn head((w, h): (f64, f64), left: f64, title_y: f64, title: &str) -> Picture {
+    let mut p = Picture::new((w, h));
+    p.push(Text::new((left, title_y), title).size(14.0).bold().into());
+    p
+}
+
+/// A legend entry: a 12-pixel swatch of `colour` at `at` and its `name`.
+pub(crate) fn legend(p: &mut Picture, at: (f64, f64), colour: &'static str, name: &str) {
+    p.push(Mark::Rect {
+        x: at.0,
+        y: at.1,
+        w: 12.0,
+        h: 12.0,
+        fill: colour,
+        title: None,
+    });
+    p.push(Mark::text((at.0 + 16.0, at.1 + 10.0), name));
 }
 
 /// Five byte ticks from 0 to `ymax` with grid lines from `left` to `right`; `y` maps bytes to
 /// the picture's ordinate.
-pub(crate) fn y_ticks(
-    out: &mut impl Write,
-    ymax: f64,
-    left: f64,
-    right: f64,
-    y: &dyn Fn(f64) -> f64,
-) -> std::io::Result<()> {
+pub(crate) fn y_ticks(p: &mut Picture, ymax: f64, left: f64, right: f64, y: &dyn Fn(f64) -> f64) {
     for k in 0..=4 {
         let b = ymax * k as f64 / 4.0;
-        writeln!(
-            out,
-            r##"<text x="{}" y="{:.1}" text-anchor="end">{}</text><line x1="{left}" y1="{:.1}" x2="{right}" y2="{:.1}" stroke="#ddd"/>"##,
-            left - 6.0,
-            y(b) + 4.0,
-            human(b as u64),
-            y(b),
-            y(b)
-        )?;
+        p.push(
+            Text::new((left - 6.0, y(b) + 4.0), human(b as u64))
+                .anchor(Anchor::End)
+                .into(),
+        );
+        p.push(Mark::line((left, y(b)), (right, y(b)), "#dddddd"));
     }
-    Ok(())
-}
-
-pub(crate) fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

@@ -1043,6 +1043,7 @@ fn generation(
 ) -> (u64, u64, u64, i64) {
     let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
     let base = ledger.reset_peak();
+    ledger.set_stage("prefill");
     let next = {
         let logits = model.forward_cached(tokens, &mut cache);
         logits.argmax_last()
@@ -1050,6 +1051,7 @@ fn generation(
     let prefill_peak = ledger.window_peak(base);
     let prefill_retained = ledger.current() - base;
     let base = ledger.reset_peak();
+    ledger.set_stage("decode");
     let mut next = next;
     let mut prefix = tokens.clone();
     for _ in 0..shape.decode_tokens {
@@ -1065,6 +1067,7 @@ fn generation(
     }
     let decode_peak = ledger.window_peak(base);
     let decode_retained = ledger.current() as i64 - base as i64;
+    ledger.set_stage("done");
     drop((cache, next, prefix));
 
     (prefill_peak, prefill_retained, decode_peak, decode_retained)
@@ -1470,6 +1473,20 @@ fn serving_compressed(
     )
 }
 
+/// [`replay_serving_full`] recording every change of the live bytes ([`Ledger::start_trace`]):
+/// the stages `setup` (the serving model and the prompt), `inference`, `between` (its logits
+/// dropped), `prefill`, `decode` and `done`.
+pub fn trace_serving(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+) -> (Serving, Vec<crate::formula::symbolic::Event>) {
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    ledger.start_trace();
+    let s = serving_on(&ledger, shape, &all_layers(shape));
+    (s, ledger.take_trace())
+}
+
 /// The serving replay through every layer.
 pub fn replay_serving_full(
     shape: &Shape,
@@ -1482,12 +1499,15 @@ pub fn replay_serving_full(
 
 /// The serving replay of the layers `slots` on `ledger`.
 fn serving_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Serving {
+    ledger.set_stage("setup");
     let model = Transformer::with_layers(ledger, shape, false, slots, None);
     let (tokens, _) = inputs(ledger, shape);
     let base = ledger.reset_peak();
+    ledger.set_stage("inference");
     let logits = model.forward(&tokens);
     let inference_peak = ledger.window_peak(base);
     let inference_retained = ledger.current() - base;
+    ledger.set_stage("between");
     drop(logits);
     // A ViT does not generate (the workload refuses prefill and decode).
     let (prefill_peak, prefill_retained, decode_peak, decode_retained) = match shape.vision {
