@@ -858,6 +858,9 @@ impl<'a> Ctx<'a> {
                         q.preset, q.lora_base, q.lora_rank, q.lora_targets
                     ),
                     a / b,
+                    // The unquantized model's type: f32, or 16-bit (the int8-against-16-bit
+                    // half of the claim).
+                    q.dtype != "f32",
                 ));
                 Some(format!(
                     "QLoRA {} r{} {}: weights {} vs {} with {} frozen projections (×{:.3})",
@@ -871,7 +874,23 @@ impl<'a> Ctx<'a> {
                 ))
             })
             .collect::<Vec<_>>();
-        let halved = ratios.iter().filter(|(_, x)| *x <= 0.5).count();
+        let halved = ratios.iter().filter(|(_, x, _)| *x <= 0.5).count();
+        // Storage against each baseline: the f32 model's, and the 16-bit model's (int8 and int4
+        // against 16-bit weights: what quantizing a checkpoint as shipped saves).
+        let against = |sixteen: bool| -> String {
+            let l: Vec<String> = ratios
+                .iter()
+                .filter(|r| r.2 == sixteen)
+                .map(|(b, x, _)| format!("{b} ×{x:.3}"))
+                .collect();
+            match (l.is_empty(), sixteen) {
+                (true, false) => "no f32 pair".into(),
+                (true, true) => "no 16-bit pair (QLoRA init rows in f16 would decide it)".into(),
+                (false, false) => format!("against f32 {}", l.join(", ")),
+                (false, true) => format!("against 16-bit {}", l.join(", ")),
+            }
+        };
+        let storage_text = format!("{}; {}", against(false), against(true));
         // The inference peaks decide too: a quantized model dequantizes one layer per call, and
         // the claim's memory is only saved when that peak stays within 5 % of the same case
         // with the model's weights.
@@ -905,29 +924,22 @@ impl<'a> Ctx<'a> {
                     format!("; {}", storage.join(", "))
                 }
             ),
-            "projections 1.0625 (q8_0) / 0.5625 (q4_0) B per weight vs 4 (f32)".into(),
+            "projections 1.0625 (q8_0) / 0.5625 (q4_0) B per weight vs 4 (f32) or 2 (16-bit)".into(),
             "the quantized model's weights (init, QLoRA) ≤ 50 % of the same model with unquantized projections, and its inference peak ≤ 1.05 × the same case's with the model's weights",
             if ratios.is_empty() {
                 "open: the stored size of quantized weights needs QLoRA init rows beside LoRA ones (`seed-lora` would decide it)".into()
             } else if halved == ratios.len() && peaks_ok {
-                format!(
-                    "holds: storage {}; {peak_text}; the logits error is recorded",
-                    ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
-                )
+                format!("holds: storage halves ({storage_text}); {peak_text}; the logits error is recorded")
             } else if halved == ratios.len() {
-                format!(
-                    "partly: storage halves ({}), but {peak_text}",
-                    ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
-                )
+                format!("partly: storage halves ({storage_text}), but {peak_text}")
             } else if halved == 0 {
                 format!(
-                    "does not hold: {} (embeddings and head stay unquantized)",
-                    ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
+                    "does not hold: storage does not halve ({storage_text}; embeddings and head stay unquantized)"
                 )
             } else {
                 format!(
-                    "partly: {}",
-                    ratios.iter().map(|(b, x)| format!("{b} ×{x:.3}")).collect::<Vec<_>>().join(", ")
+                    "partly: storage halves in {halved} of {} pairs ({storage_text}; embeddings, norms and adapters stay unquantized); {peak_text}",
+                    ratios.len()
                 )
             },
         ))

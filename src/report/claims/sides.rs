@@ -1106,8 +1106,9 @@ fn n5_quantized_storage() {
     let set = |q4_bytes: i64| set_peaks(q4_bytes, 5000, 6000);
     let c = eval(&set(400), "N5");
     assert!(
-        c.verdict
-            .starts_with("holds: storage custom q4_0 r8 q,v ×0.400"),
+        c.verdict.starts_with(
+            "holds: storage halves (against f32 custom q4_0 r8 q,v ×0.400; no 16-bit pair"
+        ),
         "{c:?}"
     );
     let c = eval(&set_peaks(400, 9000, 6000), "N5");
@@ -1115,8 +1116,27 @@ fn n5_quantized_storage() {
     assert!(c.verdict.contains("×1.50"), "{c:?}");
     let c = eval(&set(600), "N5");
     assert!(
-        c.verdict
-            .starts_with("does not hold: custom q4_0 r8 q,v ×0.600"),
+        c.verdict.starts_with(
+            "does not hold: storage does not halve (against f32 custom q4_0 r8 q,v ×0.600"
+        ),
+        "{c:?}"
+    );
+    // int8 against 16-bit weights: the same model in f16, its projections in q8_0 (34 B per
+    // 32 weights against 64 B) — ×0.66 with 16-bit embeddings: that half does not halve.
+    let mut rows = set(400);
+    for (case, base, retained) in [(20, "op", 900), (21, "q8_0", 600)] {
+        let mut r = rows[0].clone();
+        r.case = case;
+        r.dtype = "f16".into();
+        r.lora_base = base.into();
+        r.retained_bytes = Some(retained);
+        rows.push(r);
+    }
+    let c = eval(&rows, "N5");
+    assert!(
+        c.verdict.starts_with(
+            "partly: storage halves in 1 of 2 pairs (against f32 custom q4_0 r8 q,v ×0.400; against 16-bit custom q8_0 r8 q,v ×0.667"
+        ),
         "{c:?}"
     );
 }

@@ -345,6 +345,7 @@ impl<'a> Ctx<'a> {
                 && r.preset == full.preset
                 && r.batch == full.batch
                 && r.seq == full.seq
+                && r.dtype == full.dtype
         };
         let f = state(full)?;
         let mut used = vec![*full];
