@@ -7,8 +7,9 @@
 #   scripts/results-cpu.sh                  # every workload below
 #   scripts/results-cpu.sh seed-vit default # just those
 #
-# seed-dataload is not rerun here (it needs its 80 MB dataset: see its header); torch-compare
-# needs PyTorch (scripts/torch-compare.sh).
+# seed-dataload is not rerun here (it needs its 80 MB dataset: see its header; seed-persistent
+# reads the same dataset, made first when missing); torch-compare needs PyTorch
+# (scripts/torch-compare.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 memfit="${MEMFIT_BIN:-}"
@@ -18,17 +19,20 @@ if [[ -z "$memfit" ]]; then
 fi
 all=(default seed-attention seed-checkpoint seed-decode seed-decode-threads seed-f3-slice
      seed-f5-time seed-llama seed-llama-real seed-load seed-lora seed-optimizers seed-precision
-     seed-quantized seed-vit seed-moe)
+     seed-quantized seed-vit seed-moe seed-persistent)
 names=("$@")
 (( ${#names[@]} )) || names=("${all[@]}")
 new="results/.cpu-new"
+if [[ " ${names[*]} " == *" seed-persistent "* && ! -f data/seed-dataload/manifest.json ]]; then
+  "$memfit" dataset make --out data/seed-dataload --count 256 --size 256-512
+fi
 for name in "${names[@]}"; do
   rm -rf "${new:?}/$name"
   mkdir -p "$new/$name"
   case "$name" in
     seed-decode-threads)
       for t in 1 2; do "$memfit" run "workloads/$name.toml" --threads "$t" --out "$new/$name/t$t" --quiet; done ;;
-    seed-f5-time)
+    seed-f5-time|seed-persistent)
       for i in 1 2 3; do "$memfit" run "workloads/$name.toml" --out "$new/$name/r$i" --quiet; done ;;
     *)
       "$memfit" run "workloads/$name.toml" --out "$new/$name" --quiet ;;

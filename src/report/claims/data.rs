@@ -17,6 +17,36 @@ const D4_CONSTANT: f64 = 1.3;
 const D4_ENOUGH: f64 = 0.95;
 /// D5: "barely" when the device pool's peak is at most this many batches.
 const D5_BATCHES: f64 = 4.0;
+/// D6: the samples each side of a persistent on/off configuration needs before it decides.
+const D6_SAMPLES: usize = 3;
+/// D6: persistent workers are faster (or slower) when the medians differ by more than this
+/// share and they win (or lose) at least [`D6_SUPERIORITY`] of the (on, off) sample pairs;
+/// else the configuration shows no difference.
+const D6_MARGIN: f64 = 0.05;
+/// D6: the share of (on, off) sample pairs a side must win.
+const D6_SUPERIORITY: f64 = 0.75;
+
+/// One persistent on/off configuration's outcome.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Persist {
+    Faster,
+    Slower,
+    Same,
+    /// Fewer than [`D6_SAMPLES`] on a side.
+    Undecided,
+}
+
+/// The median of `v` (not empty).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
 
 impl<'a> Ctx<'a> {
     /// `dataload` rows on `device_cpu` (true: the CPU; false: CUDA).
@@ -205,10 +235,12 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn d4(&self) -> Option<Claim> {
         let d = self.dataload(true);
+        // Decoding and augmenting: re-spawned workers' start-up (D6's `persistent = off`) is
+        // not work per image, as the throughput curves leave it out.
         let per_image = |kind: &str| {
             let v: Vec<f64> = d
                 .iter()
-                .filter(|r| r.worker_kind == kind)
+                .filter(|r| r.worker_kind == kind && r.persistent != "off")
                 .filter_map(|r| Some((r.cpu_user_s? + r.cpu_sys_s?) / r.images? as f64))
                 .collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
@@ -381,40 +413,81 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn d6(&self) -> Option<Claim> {
         let d = self.dataload(true);
-        let mut faster = (0, 0);
-        // Each pair's relative difference (on / off − 1).
-        let mut diffs: Vec<f64> = Vec::new();
-        let pairs: Vec<String> = d
+        // Each configuration's images/s samples, persistent on and off (every run's rows).
+        type Key<'k> = (&'k str, Option<u64>, &'k str, Option<u64>, Option<u64>);
+        let mut groups: BTreeMap<Key, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for r in d
             .iter()
-            .filter(|r| r.persistent == "on")
-            .filter_map(|on| {
-                let off = d.iter().find(|o| {
-                    o.persistent == "off"
-                        && (
-                            o.worker_kind.as_str(),
-                            o.workers,
-                            o.storage.as_str(),
-                            o.epochs,
-                        ) == (
-                            on.worker_kind.as_str(),
-                            on.workers,
-                            on.storage.as_str(),
-                            on.epochs,
-                        )
-                })?;
-                let (a, b) = (on.images_per_s?, off.images_per_s?);
-                diffs.push(a / b - 1.0);
-                if a > b {
-                    faster.0 += 1;
-                } else {
-                    faster.1 += 1;
-                }
-                Some(format!(
-                    "{} w{}: {a:.0} vs {b:.0} images/s",
-                    on.worker_kind, on.workers?
+            .filter(|r| matches!(r.persistent.as_str(), "on" | "off"))
+        {
+            let Some(ips) = r.images_per_s else { continue };
+            let g = groups
+                .entry((
+                    r.worker_kind.as_str(),
+                    r.workers,
+                    r.storage.as_str(),
+                    r.epochs,
+                    r.prefetch,
                 ))
+                .or_default();
+            if r.persistent == "on" {
+                g.0.push(ips);
+            } else {
+                g.1.push(ips);
+            }
+        }
+        let mut outcomes = Vec::new();
+        let pairs: Vec<String> = groups
+            .iter()
+            .filter(|(_, (on, off))| !on.is_empty() && !off.is_empty())
+            .map(|((kind, workers, _, _, _), (on, off))| {
+                let (a, b) = (median(on), median(off));
+                let rel = a / b - 1.0;
+                // The share of (on, off) sample pairs in which persistent workers were faster
+                // (the probability of superiority; ties count half).
+                let wins: f64 = on
+                    .iter()
+                    .flat_map(|x| off.iter().map(move |y| (x, y)))
+                    .map(|(x, y)| match x.total_cmp(y) {
+                        std::cmp::Ordering::Greater => 1.0,
+                        std::cmp::Ordering::Equal => 0.5,
+                        std::cmp::Ordering::Less => 0.0,
+                    })
+                    .sum::<f64>()
+                    / (on.len() * off.len()) as f64;
+                let o = if on.len() < D6_SAMPLES || off.len() < D6_SAMPLES {
+                    Persist::Undecided
+                } else if rel > D6_MARGIN && wins >= D6_SUPERIORITY {
+                    Persist::Faster
+                } else if rel < -D6_MARGIN && 1.0 - wins >= D6_SUPERIORITY {
+                    Persist::Slower
+                } else {
+                    Persist::Same
+                };
+                outcomes.push(o);
+                format!(
+                    "{kind} w{}: {a:.0} vs {b:.0} images/s (medians of {} and {}, {:+.0} %, faster in {:.0} % of the sample pairs: {})",
+                    workers.unwrap_or(0),
+                    on.len(),
+                    off.len(),
+                    rel * 100.0,
+                    wins * 100.0,
+                    match o {
+                        Persist::Faster => "faster",
+                        Persist::Slower => "slower",
+                        Persist::Same => "no difference beyond the margin",
+                        Persist::Undecided => "undecided",
+                    }
+                )
             })
             .collect();
+        let count = |o: Persist| outcomes.iter().filter(|x| **x == o).count();
+        let (fast, slow, same) = (
+            count(Persist::Faster),
+            count(Persist::Slower),
+            count(Persist::Same),
+        );
+        let decided = fast + slow + same;
         let copies = self
             .dataload(false)
             .iter()
@@ -423,30 +496,41 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|(p, q)| format!("pinned {}/s vs pageable {}/s", mb(*p), mb(*q)))
             .collect();
-        let persistent_ok = (faster.0 > 0 && faster.1 == 0)
-            .then_some(true)
-            .or((faster.1 > 0 && faster.0 == 0).then_some(false));
+        let persistent_ok = match (decided, fast) {
+            (0, _) => None,
+            (n, f) if f == n => Some(true),
+            (_, 0) => Some(false),
+            _ => None,
+        };
         let pinned_ok = copies.map(|(p, q)| p > q);
         let kind = match (persistent_ok, pinned_ok) {
+            // Nothing decided: too few samples and no GPU row.
+            (None, None) if decided == 0 => "open",
             (Some(true), Some(true)) => "holds",
             (Some(false), Some(false)) | (Some(false), None) | (None, Some(false)) => {
                 "does not hold"
             }
             _ => "partly",
         };
-        let persistent_verdict = match faster {
-            (0, 0) => "persistent workers: not measured".to_string(),
-            (n, 0) => format!("persistent workers faster in all {n} pairs"),
-            (0, n) => format!("persistent workers slower in all {n} pairs"),
-            (a, b) => {
-                let lo = diffs.iter().copied().fold(f64::INFINITY, f64::min);
-                let hi = diffs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                format!(
-                    "persistent workers: no consistent difference ({a} pairs faster, {b} slower, from {:+.0} % to {:+.0} %; why is not measured here)",
-                    lo * 100.0,
-                    hi * 100.0
-                )
-            }
+        let persistent_verdict = if pairs.is_empty() {
+            "persistent workers: not measured".to_string()
+        } else if decided == 0 {
+            format!(
+                "persistent workers: undecided (fewer than {D6_SAMPLES} samples a side in each of {} configurations)",
+                pairs.len()
+            )
+        } else if fast == decided {
+            format!("persistent workers faster in all {decided} configurations")
+        } else if fast == 0 {
+            format!(
+                "persistent workers not faster in any of {decided} configurations ({slow} slower, {same} without a difference beyond ±{:.0} %)",
+                D6_MARGIN * 100.0
+            )
+        } else {
+            format!(
+                "persistent workers faster in {fast} of {decided} configurations ({slow} slower, {same} without a difference beyond ±{:.0} %; why is not measured here)",
+                D6_MARGIN * 100.0
+            )
         };
         let pinned_verdict = match copies {
             None => "pinned memory: needs a GPU".to_string(),
@@ -471,7 +555,7 @@ impl<'a> Ctx<'a> {
                     .unwrap_or_else(|| "host→device copies: not measured (CUDA only)".into())
             ),
             "—".into(),
-            "persistent: faster (images/s) in every on/off pair; pinned: pinned bytes/s > pageable",
+            "persistent: per on/off configuration with ≥ 3 samples a side, persistent workers' median images/s above the re-spawned ones' by more than 5 % and faster in ≥ 75 % of the (on, off) sample pairs, in every configuration; pinned: pinned bytes/s > pageable",
             format!("{kind}: {persistent_verdict}; {pinned_verdict}"),
         ))
     }
