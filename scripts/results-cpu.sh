@@ -7,9 +7,9 @@
 #   scripts/results-cpu.sh                  # every workload below
 #   scripts/results-cpu.sh seed-vit default # just those
 #
-# seed-dataload is not rerun here (it needs its 80 MB dataset: see its header; seed-persistent
-# reads the same dataset, made first when missing); torch-compare needs PyTorch
-# (scripts/torch-compare.sh).
+# seed-dataload and seed-persistent read an 80 MB dataset (data/seed-dataload, made first when
+# missing: see seed-dataload's header); torch-compare, the PyTorch reference run, needs PyTorch
+# (scripts/torch-compare.sh) and is not rerun here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 memfit="${MEMFIT_BIN:-}"
@@ -19,11 +19,11 @@ if [[ -z "$memfit" ]]; then
 fi
 all=(default seed-attention seed-checkpoint seed-decode seed-decode-threads seed-f3-slice
      seed-f5-time seed-llama seed-llama-real seed-load seed-lora seed-optimizers seed-precision
-     seed-quantized seed-vit seed-moe seed-persistent)
+     seed-quantized seed-vit seed-moe seed-dataload seed-persistent)
 names=("$@")
 (( ${#names[@]} )) || names=("${all[@]}")
 new="results/.cpu-new"
-if [[ " ${names[*]} " == *" seed-persistent "* && ! -f data/seed-dataload/manifest.json ]]; then
+if [[ " ${names[*]} " =~ " seed-(dataload|persistent) " && ! -f data/seed-dataload/manifest.json ]]; then
   "$memfit" dataset make --out data/seed-dataload --count 256 --size 256-512
 fi
 for name in "${names[@]}"; do
