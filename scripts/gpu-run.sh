@@ -203,6 +203,10 @@ if (( rc == 0 )); then
     done
     echo "# memfit probe backward (each fused op's backward alone: pool peak beyond its gradients, and the replay's)"
     timeout 60 "${memfit[@]}" probe backward --device "$device" --dtype "$pdt" --threads 2 --json 2>&1 || r2=$?
+    echo "# the measured timelines of a small case (the pool sampled every 20 µs: results/timeline)"
+    timeout 90 "${memfit[@]}" run --preset llama-tiny --batch 2 --seq 32 --decode-tokens 3 \
+      --phases train-step,inference,prefill,decode --device "$device" --threads 2 \
+      --case-timeout 60 --out "$res/timeline" --timeline "$res/timeline/timeline" --quiet 2>&1 || r2=$?
     exit $(( r1 != 0 ? r1 : r2 ))
   ) >> "$out/smoke.log" 2>&1
   step smoke-extra "$?" $(( $(date +%s) - s ))

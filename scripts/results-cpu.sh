@@ -23,9 +23,11 @@ all=(default seed-attention seed-checkpoint seed-decode seed-decode-threads seed
 names=("$@")
 (( ${#names[@]} )) || names=("${all[@]}")
 new="results/.cpu-new"
-if [[ " ${names[*]} " =~ " seed-(dataload|persistent) " && ! -f data/seed-dataload/manifest.json ]]; then
-  "$memfit" dataset make --out data/seed-dataload --count 256 --size 256-512
-fi
+for name in "${names[@]}"; do
+  if [[ "$name" == seed-dataload || "$name" == seed-persistent ]] && [[ ! -f data/seed-dataload/manifest.json ]]; then
+    "$memfit" dataset make --out data/seed-dataload --count 256 --size 256-512
+  fi
+done
 for name in "${names[@]}"; do
   rm -rf "${new:?}/$name"
   mkdir -p "$new/$name"
@@ -37,6 +39,8 @@ for name in "${names[@]}"; do
     *)
       "$memfit" run "workloads/$name.toml" --out "$new/$name" --quiet ;;
   esac
+  # A README beside the rows (how the set was made) stays.
+  [[ -f "results/cpu/$name/README.md" ]] && cp "results/cpu/$name/README.md" "$new/$name/"
   rm -rf "results/cpu/$name"
   mv "$new/$name" "results/cpu/$name"
   echo "results-cpu: $name done ($(date -u +%H:%M:%S))"

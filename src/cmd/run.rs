@@ -117,6 +117,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--timeline {}: creating the folder", dir.display()))?;
         }
         crate::phase::runner::set_timeline_dir(dir.clone());
+        // A CUDA case samples its pool while each window is open (`meter::pool_timeline`).
+        crate::meter::pool_timeline::request();
     }
     if let Some(index) = args.child_case {
         // The process of one case, for a parent `memfit run` (`sweep::child`).

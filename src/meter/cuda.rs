@@ -53,9 +53,18 @@ impl CudaPool {
     }
 }
 
+// SAFETY: the pool handle is a process-wide driver object, valid from any thread on which its
+// context is bound ([`PoolSource::bind`]); the context itself is shared by an `Arc`.
+unsafe impl Send for CudaPool {}
+
 impl PoolSource for CudaPool {
     fn sync(&mut self) -> anyhow::Result<()> {
         self.ctx.synchronize().context("cuCtxSynchronize")
+    }
+    fn bind(&mut self) -> anyhow::Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .context("binding the CUDA context")
     }
     fn used_current(&mut self) -> anyhow::Result<u64> {
         self.get(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
@@ -332,6 +341,12 @@ pub fn setup(ordinal: usize, trim: bool) -> anyhow::Result<CudaSetup> {
             meters.insert(0, Box::new(trim));
         }
         meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
+        // `memfit run --timeline`: the pool's bytes in use, sampled while each window is open.
+        if super::pool_timeline::requested() {
+            meters.push(Box::new(super::pool_timeline::PoolSampling::new(
+                CudaPool::new(ctx.clone())?,
+            )));
+        }
         meters.push(Box::new(super::pool::PoolMeter::new(CudaPool::new(ctx)?)));
         "cuda-pool"
     } else {

@@ -10,6 +10,7 @@ pub mod cpu_alloc;
 pub mod cuda;
 pub mod flops;
 pub mod pool;
+pub mod pool_timeline;
 pub mod proctree;
 pub mod rusage;
 pub mod sampler;

@@ -19,6 +19,11 @@ pub trait PoolSource {
     fn reserved_high(&mut self) -> anyhow::Result<u64>;
     /// Resets `USED_MEM_HIGH` and `RESERVED_MEM_HIGH` to the current values.
     fn reset_highs(&mut self) -> anyhow::Result<()>;
+    /// Makes the source usable from the calling thread (CUDA: binds its context), for a
+    /// sampler on its own thread ([`super::pool_timeline`]).
+    fn bind(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// The pool's watermark around a window.

@@ -189,9 +189,10 @@ fn timeline_dir() -> Option<&'static std::path::Path> {
     TIMELINE_DIR.get().map(|p| p.as_path())
 }
 
-/// The folder a CPU case's measured timelines go to, when `memfit run --timeline` asks.
-fn traced(device: &Device) -> Option<&'static std::path::Path> {
-    timeline_dir().filter(|_| device.is_cpu())
+/// The folder a case's measured timelines go to, when `memfit run --timeline` asks (on the CPU
+/// the allocator's events; on CUDA the pool's samples, `meter::pool_timeline`).
+fn traced(_device: &Device) -> Option<&'static std::path::Path> {
+    timeline_dir()
 }
 
 /// A window's allocation events (`meter::cpu_alloc`) as a timeline
@@ -204,9 +205,42 @@ fn write_measured_timeline(
     case: &Case,
     phase: Phase,
     baseline: u64,
+    peak: Option<u64>,
 ) -> anyhow::Result<()> {
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
     use crate::store::timeline::{of_addresses, write_trace_file};
+    let name = format!(
+        "case {}: {} B{} S{} {} {} (measured)",
+        case.index,
+        case.preset,
+        case.batch,
+        case.seq,
+        case.dtype.as_str(),
+        phase.as_str().replace('-', " ")
+    );
+    let path = dir.join(format!("case-{}-{}.json", case.index, phase.as_str()));
+    if case.device != crate::device::DeviceSpec::Cpu {
+        // CUDA: the pool's samples of the window (its exact peak is the row's `peak_bytes`).
+        let Some(s) = crate::meter::pool_timeline::take() else {
+            eprintln!(
+                "warning: --timeline: {} of case {}: the pool was not sampled (a device without memory pools?)",
+                phase.as_str(),
+                case.index
+            );
+            return Ok(());
+        };
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("--timeline: writing {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        crate::store::timeline::write_sampled_trace(
+            &mut out,
+            &name,
+            s.baseline_bytes,
+            &s.samples,
+            peak,
+        )?;
+        return Ok(std::io::Write::flush(&mut out)?);
+    }
     let (raw, marks) = take_events().map_err(|n| {
         anyhow::anyhow!(
             "--timeline: the {} made {n} allocation events, more than the {EVENTS} recorded",
@@ -223,18 +257,24 @@ fn write_measured_timeline(
     };
     let mut t = of_addresses(&raw, &marks);
     t.baseline_bytes = baseline;
-    let path = dir.join(format!("case-{}-{}.json", case.index, phase.as_str()));
-    let name = format!(
-        "case {}: {} B{} S{} {} {} (measured)",
-        case.index,
-        case.preset,
-        case.batch,
-        case.seq,
-        case.dtype.as_str(),
-        phase.as_str().replace('-', " ")
-    );
     write_trace_file(&path, &[(name, t)])
         .with_context(|| format!("--timeline: writing {}", path.display()))
+}
+
+/// `dir` when the case runs on the CPU (whose allocator records events; CUDA samples its pool).
+fn on_cpu<'p>(case: &Case, dir: Option<&'p std::path::Path>) -> Option<&'p std::path::Path> {
+    dir.filter(|_| case.device == crate::device::DeviceSpec::Cpu)
+}
+
+/// The peak of the `phase` window just measured (the last result, when it is that phase's).
+fn last_peak(results: &[PhaseResult], phase: Phase) -> Option<u64> {
+    match results.last() {
+        Some(PhaseResult {
+            phase: p,
+            outcome: Ok(r),
+        }) if *p == phase => r.peak_bytes,
+        _ => None,
+    }
 }
 
 /// Runs `body` with the counting allocator's events recorded (when `dir` is given), noting the
@@ -462,10 +502,18 @@ fn run_chain(
         let traced = traced(&device);
         let mut baseline = 0;
         metered(Phase::TrainStep, results, meters, &mut || {
-            recording(traced, &mut baseline, &mut || Ok(t.train_step(&mut opt)?))
+            recording(on_cpu(case, traced), &mut baseline, &mut || {
+                Ok(t.train_step(&mut opt)?)
+            })
         })?;
         if let Some(dir) = traced {
-            write_measured_timeline(dir, case, Phase::TrainStep, baseline)?;
+            write_measured_timeline(
+                dir,
+                case,
+                Phase::TrainStep,
+                baseline,
+                last_peak(results, Phase::TrainStep),
+            )?;
         }
     }
     if last < Phase::Inference {
@@ -491,13 +539,19 @@ fn run_chain(
     if wants(Phase::Inference) {
         let mut baseline = 0;
         metered(Phase::Inference, results, meters, &mut || {
-            recording(traced, &mut baseline, &mut || {
+            recording(on_cpu(case, traced), &mut baseline, &mut || {
                 logits = Some(detached.forward(&t.tokens)?);
                 Ok(())
             })
         })?;
         if let Some(dir) = traced {
-            write_measured_timeline(dir, case, Phase::Inference, baseline)?;
+            write_measured_timeline(
+                dir,
+                case,
+                Phase::Inference,
+                baseline,
+                last_peak(results, Phase::Inference),
+            )?;
         }
     }
     // Other weights than the model's: how far the logits moved (after the window).
@@ -550,7 +604,7 @@ fn generate(
     let mut next = None;
     let mut baseline = 0;
     metered(Phase::Prefill, results, meters, &mut || {
-        recording(traced, &mut baseline, &mut || {
+        recording(on_cpu(case, traced), &mut baseline, &mut || {
             let logits = detached.forward_cached(&t.tokens, &mut cache)?;
             next = Some(logits.argmax(D::Minus1)?);
             Ok(())
@@ -558,7 +612,13 @@ fn generate(
     })?;
     let asked = |p: Phase| case.phases.contains(&p);
     if let Some(dir) = traced.filter(|_| asked(Phase::Prefill)) {
-        write_measured_timeline(dir, case, Phase::Prefill, baseline)?;
+        write_measured_timeline(
+            dir,
+            case,
+            Phase::Prefill,
+            baseline,
+            last_peak(results, Phase::Prefill),
+        )?;
     }
     if !asked(Phase::Decode) {
         return Ok(());
@@ -566,7 +626,7 @@ fn generate(
     let mut next = next.expect("prefill ran");
     let mut prefix = t.tokens.clone();
     metered(Phase::Decode, results, meters, &mut || {
-        recording(traced, &mut baseline, &mut || {
+        recording(on_cpu(case, traced), &mut baseline, &mut || {
             for _ in 0..case.decode_tokens {
                 let token = next.unsqueeze(1)?;
                 let logits = if case.kv_cache {
@@ -582,7 +642,13 @@ fn generate(
         })
     })?;
     if let Some(dir) = traced {
-        write_measured_timeline(dir, case, Phase::Decode, baseline)?;
+        write_measured_timeline(
+            dir,
+            case,
+            Phase::Decode,
+            baseline,
+            last_peak(results, Phase::Decode),
+        )?;
     }
     drop((cache, next, prefix));
     Ok(())

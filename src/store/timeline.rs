@@ -370,6 +370,51 @@ pub fn write_trace(out: &mut impl Write, timelines: &[(String, Timeline)]) -> st
     )
 }
 
+/// A sampled timeline's trace (CUDA's pool, `meter::pool_timeline`): one process `name`, the
+/// baseline, one counter `bytes` with the single category `pool (sampled)` at each sample's
+/// time (µs since the window opened), and instant events at the sampled maximum and, when
+/// known, at the pool's exact high-water mark (`peak_bytes`, which a spike shorter than the
+/// sampling period can exceed the samples by).
+pub fn write_sampled_trace(
+    out: &mut impl Write,
+    name: &str,
+    baseline: u64,
+    samples: &[(u64, u64)],
+    peak: Option<u64>,
+) -> std::io::Result<()> {
+    let mut events = vec![
+        json!({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": name}}),
+        json!({"name": "baseline (weights, batch, optimizer state)", "ph": "C", "ts": 0,
+            "pid": 1, "tid": 0, "args": {"bytes": baseline}}),
+    ];
+    for (t, b) in samples {
+        events.push(
+            json!({"name": "bytes", "ph": "C", "ts": t, "pid": 1, "tid": 0,
+            "args": {"pool (sampled)": b}}),
+        );
+    }
+    if let Some((t, b)) = samples.iter().max_by_key(|s| s.1) {
+        events.push(
+            json!({"name": format!("sampled maximum: {b} B"), "ph": "i", "s": "p",
+            "ts": t, "pid": 1, "tid": 0, "args": {"bytes": b}}),
+        );
+        if let Some(p) = peak {
+            events.push(
+                json!({"name": format!("peak: {p} B (the pool's high-water mark)"),
+                "ph": "i", "s": "p", "ts": t, "pid": 1, "tid": 0,
+                "args": {"bytes": p, "stage": "window", "op": "cuda-pool", "layer": "—"}}),
+            );
+        }
+    }
+    serde_json::to_writer(
+        &mut *out,
+        &json!({"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": "memfit run --timeline (CUDA pool, sampled)",
+                "build": env!("MEMFIT_GIT_COMMIT"), "time": "µs since the window opened"}}),
+    )?;
+    out.write_all(b"\n")
+}
+
 /// The trace files `memfit run --timeline` and `predict --timeline` write under `dir`: every
 /// `.json` in a folder named `timeline` (the workload key's default name) or inside `dir` when
 /// it is one, in path order.

@@ -17,6 +17,8 @@ const D4_CONSTANT: f64 = 1.3;
 const D4_ENOUGH: f64 = 0.95;
 /// D5: "barely" when the device pool's peak is at most this many batches.
 const D5_BATCHES: f64 = 4.0;
+/// D5: the loading windows on the device it needs before it decides.
+const D5_SAMPLES: usize = 3;
 /// D6: the samples each side of a persistent on/off configuration needs before it decides.
 const D6_SAMPLES: usize = 3;
 /// D6: persistent workers are faster (or slower) when the medians differ by more than this
@@ -380,32 +382,44 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn d5(&self) -> Option<Claim> {
         let d = self.dataload(false);
-        let r = d
+        // Each CUDA loading window's pool peak in batches of B·3·crop²·4 bytes.
+        let samples: Vec<(&Row, f64, f64)> = d
             .iter()
-            .filter(|r| r.peak_bytes.is_some())
-            .max_by_key(|r| r.peak_bytes)?;
-        let peak = r.peak_bytes? as f64;
-        let batch = (r.batch * 3 * r.crop_px? * r.crop_px? * 4) as f64;
+            .filter_map(|r| {
+                let batch = (r.batch * 3 * r.crop_px? * r.crop_px? * 4) as f64;
+                Some((*r, r.peak_bytes? as f64, batch))
+            })
+            .collect();
+        let &(top, peak, batch) = samples
+            .iter()
+            .max_by(|a, b| (a.1 / a.2).total_cmp(&(b.1 / b.2)))?;
+        let worst = peak / batch;
         Some(self.make(
             "D5",
             &d,
             format!(
-                "device pool peak while loading: {} = {:.2} batches of {}",
+                "device pool peak while loading, {} window(s): at most {} = {worst:.2} batches of {} ({} workers)",
+                samples.len(),
                 mb(peak),
-                peak / batch,
-                mb(batch)
+                mb(batch),
+                top.workers.unwrap_or(0)
             ),
             "—".into(),
-            "device pool peak ≤ 4 batches (B·3·crop²·4 bytes)",
-            if peak <= D5_BATCHES * batch {
+            "over ≥ 3 loading windows on the device, each pool peak ≤ 4 batches (B·3·crop²·4 bytes: the batch being copied, the prefetched ones and the one consumed)",
+            if samples.len() < D5_SAMPLES {
                 format!(
-                    "holds: the device holds {:.2} batches at most",
-                    peak / batch
+                    "open: {} loading window(s) on the device, {D5_SAMPLES} needed (the worst holds {worst:.2} batches)",
+                    samples.len()
+                )
+            } else if worst <= D5_BATCHES {
+                format!(
+                    "holds: the device holds {worst:.2} batches at most over {} windows",
+                    samples.len()
                 )
             } else {
                 format!(
-                    "does not hold: the device holds {:.2} batches",
-                    peak / batch
+                    "does not hold: the device holds {worst:.2} batches ({} workers)",
+                    top.workers.unwrap_or(0)
                 )
             },
         ))

@@ -959,6 +959,43 @@ fn d4_cpu_per_image_and_the_advice() {
     );
 }
 
+/// D5: CUDA loading windows' pool peaks in batches (B·3·crop²·4 bytes): fewer than three
+/// windows decide nothing; three within 4 batches hold; one beyond does not.
+#[test]
+fn d5_device_pool_while_loading() {
+    let windows = |peaks_in_batches: &[f64]| -> Vec<Row> {
+        peaks_in_batches
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let mut r = dataload("thread", "ram", 2 * i as u64, 10);
+                r.device = "cuda:0".into();
+                r.batch = 32;
+                r.peak_bytes = Some((k * (32 * 3 * 224 * 224 * 4) as f64) as u64);
+                r
+            })
+            .collect()
+    };
+    let c = eval(&windows(&[1.0, 2.0]), "D5");
+    assert!(
+        c.verdict
+            .starts_with("open: 2 loading window(s) on the device, 3 needed"),
+        "{c:?}"
+    );
+    let c = eval(&windows(&[1.0, 2.0, 3.5]), "D5");
+    assert!(
+        c.verdict
+            .starts_with("holds: the device holds 3.50 batches at most over 3 windows"),
+        "{c:?}"
+    );
+    let c = eval(&windows(&[1.0, 6.0, 2.0]), "D5");
+    assert!(
+        c.verdict
+            .starts_with("does not hold: the device holds 6.00 batches (2 workers)"),
+        "{c:?}"
+    );
+}
+
 /// D6: each persistent on/off configuration decides on ≥ 3 samples a side — the medians more
 /// than 5 % apart and one side faster in ≥ 75 % of the sample pairs. Single pairs decide
 /// nothing; noise within the margin is no difference; pinned copies need a GPU row.
