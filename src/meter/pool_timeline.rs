@@ -50,10 +50,14 @@ pub fn take() -> Option<Sampled> {
     LAST.lock().ok()?.take()
 }
 
+/// A running sampler: its stop flag and its thread, which gives the source back with the
+/// samples.
+type Running<S> = (Arc<AtomicBool>, JoinHandle<(S, Sampled)>);
+
 /// A meter that samples a pool while each window is open and leaves the samples for [`take`].
 pub struct PoolSampling<S: PoolSource + Send + 'static> {
     source: Option<S>,
-    running: Option<(Arc<AtomicBool>, JoinHandle<(S, Sampled)>)>,
+    running: Option<Running<S>>,
 }
 
 impl<S: PoolSource + Send + 'static> PoolSampling<S> {
