@@ -349,20 +349,7 @@ window.addEventListener('load', () => {{
         let file = t[0].as_str().unwrap();
         let trace: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-        let totals: Vec<u64> = trace["traceEvents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["ph"] == "C" && e["name"] == "bytes")
-            .map(|e| {
-                e["args"]
-                    .as_object()
-                    .unwrap()
-                    .values()
-                    .map(|b| b.as_u64().unwrap())
-                    .sum()
-            })
-            .collect();
+        let totals = common::trace_totals(&trace);
         assert_eq!(t[1].as_u64(), Some(totals.len() as u64), "{file}: {t}");
         let max = *totals.iter().max().unwrap();
         assert_eq!(t[2].as_u64(), Some(max), "{file}: {t}");

@@ -38,21 +38,7 @@ fn predicted_and_trace(args: &[&str]) -> (u64, Value) {
 
 /// The largest stacked total of the trace's `bytes` counter.
 fn trace_max(trace: &Value) -> u64 {
-    trace["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "C" && e["name"] == "bytes")
-        .map(|e| {
-            e["args"]
-                .as_object()
-                .unwrap()
-                .values()
-                .map(|b| b.as_u64().unwrap())
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap()
+    common::trace_totals(trace).into_iter().max().unwrap()
 }
 
 #[test]

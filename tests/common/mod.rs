@@ -169,3 +169,23 @@ pub fn chromium(profile: &Path) -> std::process::Command {
     .arg(format!("--user-data-dir={}", profile.display()));
     c
 }
+
+/// A Chrome/Perfetto trace's stacked `bytes` counter (`--timeline`): each event's total over its
+/// categories, in order.
+#[allow(dead_code)]
+pub fn trace_totals(trace: &serde_json::Value) -> Vec<u64> {
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "bytes")
+        .map(|e| {
+            e["args"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|b| b.as_u64().unwrap())
+                .sum()
+        })
+        .collect()
+}
