@@ -2,7 +2,8 @@
 # Regenerates the committed CPU results (results/cpu/) from the workloads, as each workload's
 # header says, then the report (docs/report/). Each run goes to a fresh folder first and
 # replaces the committed one only when it finished, so a failure leaves the old results.
-# About 40 minutes on 2 cores; keep the machine otherwise idle (the rows' times are measured).
+# About 70 minutes on 2 cores (seed-moe alone half an hour); keep the machine otherwise idle (the
+# rows' times are measured).
 #
 #   scripts/results-cpu.sh                  # every workload below
 #   scripts/results-cpu.sh seed-vit default # just those
