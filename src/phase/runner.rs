@@ -185,14 +185,10 @@ pub fn set_timeline_dir(dir: std::path::PathBuf) {
     let _ = TIMELINE_DIR.set(dir);
 }
 
-fn timeline_dir() -> Option<&'static std::path::Path> {
-    TIMELINE_DIR.get().map(|p| p.as_path())
-}
-
 /// The folder a case's measured timelines go to, when `memfit run --timeline` asks (on the CPU
 /// the allocator's events; on CUDA the pool's samples, `meter::pool_timeline`).
-fn traced(_device: &Device) -> Option<&'static std::path::Path> {
-    timeline_dir()
+fn timeline_dir() -> Option<&'static std::path::Path> {
+    TIMELINE_DIR.get().map(|p| p.as_path())
 }
 
 /// A window's allocation events (`meter::cpu_alloc`) as a timeline
@@ -499,7 +495,7 @@ fn run_chain(
                 o
             }
         };
-        let traced = traced(&device);
+        let traced = timeline_dir();
         let mut baseline = 0;
         metered(Phase::TrainStep, results, meters, &mut || {
             recording(on_cpu(case, traced), &mut baseline, &mut || {
@@ -535,7 +531,7 @@ fn run_chain(
             .serving(q.quantized().expect("the other weights are dense"))?,
     };
     let mut logits = None;
-    let traced = traced(&device);
+    let traced = timeline_dir();
     if wants(Phase::Inference) {
         let mut baseline = 0;
         metered(Phase::Inference, results, meters, &mut || {

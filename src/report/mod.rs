@@ -206,7 +206,7 @@ fn timelines_section(b: &mut Vec<Block>, sets: &[ResultSet]) {
          trace file, which opens as is in ui.perfetto.dev or chrome://tracing.",
         all.len()
     )));
-    let mut drawn: Vec<String> = Vec::new();
+    let mut drawn: Vec<usize> = Vec::new();
     for (path, json) in all {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
             b.push(Block::Para(format!(
@@ -221,18 +221,12 @@ fn timelines_section(b: &mut Vec<Block>, sets: &[ResultSet]) {
             .and_then(|e| e["args"]["name"].as_str())
             .unwrap_or(path.as_str())
             .to_string();
-        let phase = name
-            .rsplit_once(' ')
-            .map_or(name.as_str(), |(head, _)| head)
-            .split_whitespace()
-            .skip_while(|w| !w.starts_with('S') || w[1..].parse::<u64>().is_err())
-            .skip(2)
-            .collect::<Vec<_>>()
-            .join(" ");
-        if drawn.contains(&phase) {
+        // One drawing per phase, named by the file (`case-N-PHASE.json`; any other trace file
+        // counts as one more kind).
+        if drawn.contains(&rank(path)) {
             continue;
         }
-        drawn.push(phase);
+        drawn.push(rank(path));
         let peak = events
             .iter()
             .find(|e| e["ph"] == "i" && e["name"].as_str().is_some_and(|n| n.starts_with("peak")))
