@@ -2,7 +2,7 @@
 # Regenerates the committed CPU results (results/cpu/) from the workloads, as each workload's
 # header says, then the report (docs/report/). Each run goes to a fresh folder first and
 # replaces the committed one only when it finished, so a failure leaves the old results.
-# About 70 minutes on 2 cores (seed-moe alone half an hour); keep the machine otherwise idle (the
+# About 75 minutes on 2 cores (seed-moe alone half an hour); keep the machine otherwise idle (the
 # rows' times are measured).
 #
 #   scripts/results-cpu.sh                  # every workload below
@@ -35,7 +35,7 @@ for name in "${names[@]}"; do
   case "$name" in
     seed-decode-threads)
       for t in 1 2; do "$memfit" run "workloads/$name.toml" --threads "$t" --out "$new/$name/t$t" --quiet; done ;;
-    seed-f5-time|seed-persistent)
+    seed-f5-time|seed-persistent|seed-dataload)
       for i in 1 2 3; do "$memfit" run "workloads/$name.toml" --out "$new/$name/r$i" --quiet; done ;;
     *)
       "$memfit" run "workloads/$name.toml" --out "$new/$name" --quiet ;;
