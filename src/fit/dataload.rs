@@ -15,8 +15,12 @@
 //! each requested batch costs its bytes once; `k ≈ 2` that it exists twice (a worker's copy
 //! and the main thread's, or pipe buffers).
 //!
-//! Throughput: images/s per worker count; saturation = the fewest workers reaching 95 % of the
-//! group's best; CPU utilisation = (user + sys) / wall, in cores.
+//! Repeated runs are samples: the rows of one configuration (workers, prefetch, epochs, images,
+//! persistent) are fitted as one point, their median; `samples` is the fewest a point had.
+//!
+//! Throughput: images/s per worker count (the median over that count's rows); saturation = the
+//! fewest workers reaching 95 % of the group's best; CPU utilisation = (user + sys) / wall, in
+//! cores (the median too).
 
 use std::collections::BTreeMap;
 
@@ -36,7 +40,12 @@ pub struct RamFit {
     pub storage: String,
     /// `pss` or `rss` (the tree's sums).
     pub measure: String,
+    /// Rows read (every sample).
     pub rows: usize,
+    /// Configurations fitted (one point each, the median of its samples).
+    pub points: usize,
+    /// The fewest samples (rows) any point had.
+    pub samples: usize,
     pub base_bytes: f64,
     pub per_worker_bytes: f64,
     pub in_flight_factor: f64,
@@ -53,8 +62,10 @@ pub struct Curve {
     pub device: String,
     pub worker_kind: String,
     pub storage: String,
-    /// `(workers, images/s, CPU cores busy)`, the mean per worker count.
+    /// `(workers, images/s, CPU cores busy)`, the median per worker count.
     pub points: Vec<(u64, f64, f64)>,
+    /// The fewest rows (samples) any worker count had.
+    pub samples: usize,
     pub saturation_workers: u64,
 }
 
@@ -65,6 +76,18 @@ pub fn in_flight_bytes(r: &Row) -> Option<f64> {
     let batches = per_epoch.div_ceil(r.batch.max(1));
     let flight = if w == 0 { 1 } else { p * w };
     Some((flight.min(batches) * r.batch * 3 * c * c * 4) as f64)
+}
+
+/// The median of `v` (not empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 fn groups(rows: &[Row]) -> BTreeMap<Key, Vec<&Row>> {
@@ -103,18 +126,29 @@ pub fn ram_fits(rows: &[Row]) -> Vec<RamFit> {
             .filter(|r| kind != "process" || r.worker_kind != "main")
             .collect();
         for measure in ["pss", "rss"] {
-            let mut x = Vec::new();
-            let mut y = Vec::new();
+            // One point per configuration: its samples' median.
+            type Config<'s> = (u64, Option<u64>, Option<u64>, Option<u64>, &'s str);
+            let mut by_config: BTreeMap<Config, (f64, Vec<f64>)> = BTreeMap::new();
             for r in &rs {
                 let m = match measure {
                     "pss" => r.pss_peak_bytes,
                     _ => r.tree_rss_peak_bytes,
                 };
                 if let (Some(m), Some(b), Some(w)) = (m, in_flight_bytes(r), r.workers) {
-                    x.push(vec![1.0, w as f64, b]);
-                    y.push(m as f64);
+                    let key = (w, r.prefetch, r.epochs, r.images, r.persistent.as_str());
+                    by_config
+                        .entry(key)
+                        .or_insert((b, Vec::new()))
+                        .1
+                        .push(m as f64);
                 }
             }
+            let rows_read: usize = by_config.values().map(|v| v.1.len()).sum();
+            let samples = by_config.values().map(|v| v.1.len()).min().unwrap_or(0);
+            let (mut x, y): (Vec<Vec<f64>>, Vec<f64>) = by_config
+                .iter()
+                .map(|((w, ..), (b, ms))| (vec![1.0, *w as f64, *b], median(ms)))
+                .unzip();
             if y.len() < 4 {
                 continue;
             }
@@ -152,7 +186,9 @@ pub fn ram_fits(rows: &[Row]) -> Vec<RamFit> {
                 worker_kind: kind.clone(),
                 storage: storage.clone(),
                 measure: measure.into(),
-                rows: y.len(),
+                rows: rows_read,
+                points: y.len(),
+                samples,
                 base_bytes: f.coef[0],
                 per_worker_bytes: f.coef[1],
                 in_flight_factor: f.coef[2],
@@ -181,15 +217,13 @@ pub fn curves(rows: &[Row]) -> Vec<Curve> {
                 by_w.entry(w).or_default().push((ips, (u + s) / wall));
             }
         }
+        let samples = by_w.values().map(Vec::len).min().unwrap_or(0);
         let points: Vec<(u64, f64, f64)> = by_w
             .into_iter()
             .map(|(w, v)| {
-                let n = v.len() as f64;
-                (
-                    w,
-                    v.iter().map(|p| p.0).sum::<f64>() / n,
-                    v.iter().map(|p| p.1).sum::<f64>() / n,
-                )
+                let ips: Vec<f64> = v.iter().map(|p| p.0).collect();
+                let busy: Vec<f64> = v.iter().map(|p| p.1).collect();
+                (w, median(&ips), median(&busy))
             })
             .collect();
         if points.is_empty() {
@@ -205,6 +239,7 @@ pub fn curves(rows: &[Row]) -> Vec<Curve> {
             worker_kind: kind,
             storage,
             points,
+            samples,
             saturation_workers,
         });
     }
@@ -279,5 +314,39 @@ mod tests {
         // 0 → 10, 1 → 20, 2 and 3 → 30: saturates at 2; CPU (1 + 0.5) / 3 = 0.5 cores.
         assert_eq!(c.saturation_workers, 2);
         assert_eq!(c.points[0], (0, 10.0, 0.5));
+        assert_eq!(c.samples, 1);
+    }
+
+    /// Three runs: each configuration is one point, its samples' median, so one wild sample
+    /// per point (a tenth more, or less) leaves the constants exact; the curve's points are
+    /// medians too.
+    #[test]
+    fn samples_are_fitted_by_their_median() {
+        let bb = 1536.0;
+        let mut rows = Vec::new();
+        for (i, (w, p)) in [(4, 1), (1, 2), (2, 2), (3, 2), (2, 4), (1, 8)]
+            .into_iter()
+            .enumerate()
+        {
+            let flight = (p * w) as f64;
+            let exact = 1000.0 + 300.0 * w as f64 + 2.0 * flight * bb;
+            let wild = if i % 2 == 0 { 1.1 } else { 0.9 };
+            for (s, f) in [1.0, wild, 1.0].into_iter().enumerate() {
+                let mut r = row("process", w, p, (exact * f) as u64);
+                r.run_id = format!("r{s}");
+                r.images_per_s = Some(10.0 * w as f64 * f);
+                rows.push(r);
+            }
+        }
+        let f = &ram_fits(&rows)[0];
+        assert_eq!((f.rows, f.points, f.samples), (18, 6, 3), "{f:?}");
+        assert!((f.base_bytes - 1000.0).abs() < 1e-6, "{f:?}");
+        assert!((f.per_worker_bytes - 300.0).abs() < 1e-6, "{f:?}");
+        assert!((f.in_flight_factor - 2.0).abs() < 1e-9, "{f:?}");
+        let c = &curves(&rows)[0];
+        assert_eq!(c.samples, 3);
+        // Worker count 1: configurations (1, 2) and (1, 8), samples 10, 9, 10 and 10, 9, 10.
+        assert_eq!(c.points[0].1, 10.0, "{c:?}");
+        assert_eq!(c.points[1].1, 20.0, "{c:?}");
     }
 }

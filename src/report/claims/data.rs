@@ -1,13 +1,18 @@
 //! D1–D6: the data pipeline's host RAM and CPU, from `dataload` rows.
 
 use super::*;
+use crate::fit::dataload::median;
 
-/// D2: RAM rises with workers when every fitted per-worker slope is at least this (bytes) with
-/// R² at least `D2_R2`; a worker copies the dataset when the `ram` slope exceeds the `stream`
-/// slope by at least half the dataset's in-heap size (D1's main-thread `ram` − `stream` PSS),
-/// and threads share it when theirs differ by at most a tenth of it.
+/// D2: RAM rises with workers when every fitted per-worker slope, less [`D2_SIGMAS`] standard
+/// errors (its ≈ 95 % lower bound), is at least this (bytes); a worker copies the dataset when
+/// the `ram` slope exceeds the `stream` slope by at least half the dataset's in-heap size (D1's
+/// main-thread `ram` − `stream` PSS), and threads share it when theirs differ by at most a
+/// tenth of it. The fits are over each configuration's median of ≥ [`D2_SAMPLES`] samples.
 const D2_MIN_SLOPE: f64 = 1024.0 * 1024.0;
-const D2_R2: f64 = 0.95;
+const D2_SIGMAS: f64 = 2.0;
+/// D2 and D4: the samples (runs) each configuration needs before they decide.
+const D2_SAMPLES: usize = 3;
+const D4_SAMPLES: usize = D2_SAMPLES;
 /// D3: augmentation temporaries are a "high peak" when at least one batch's bytes.
 const D3_HIGH: f64 = 1.0;
 /// D4: the CPU per image is "constant" across worker kinds within this ratio (max/min).
@@ -15,6 +20,9 @@ const D4_CONSTANT: f64 = 1.3;
 /// D4: the advice's workers (⌈0.5·cores⌉ to ⌊0.8·cores⌋, at least one) suffice for a pipeline
 /// when its images/s there reach this share of its best (the curves' saturation share).
 const D4_ENOUGH: f64 = 0.95;
+/// D4: each half decides only outside this relative band around its limit (a ratio within
+/// 5 % above 1.3, a share within 5 % below 95 %, is undecided: run-to-run noise is that size).
+const D4_MARGIN: f64 = 0.05;
 /// D5: "barely" when the device pool's peak is at most this many batches.
 const D5_BATCHES: f64 = 4.0;
 /// D5: the loading windows on the device it needs before it decides.
@@ -36,18 +44,6 @@ enum Persist {
     Same,
     /// Fewer than [`D6_SAMPLES`] on a side.
     Undecided,
-}
-
-/// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
 }
 
 impl<'a> Ctx<'a> {
@@ -121,12 +117,15 @@ impl<'a> Ctx<'a> {
             .iter()
             .map(|f| {
                 format!(
-                    "{} {}: {} + {}·workers (R² {:.3})",
+                    "{} {}: {} + ({} ± {})·workers (R² {:.3}, {} configurations × ≥ {} samples)",
                     f.worker_kind,
                     f.storage,
                     mb(f.base_bytes),
                     mb(f.per_worker_bytes),
-                    f.r2
+                    mb(f.stderr[1]),
+                    f.r2,
+                    f.points,
+                    f.samples
                 )
             })
             .collect();
@@ -135,17 +134,21 @@ impl<'a> Ctx<'a> {
                 .find(|f| f.worker_kind == kind && f.storage == st)
                 .map(|f| f.per_worker_bytes)
         };
+        let samples = fits.iter().map(|f| f.samples).min().unwrap_or(0);
         let rises = fits
             .iter()
-            .all(|f| f.per_worker_bytes >= D2_MIN_SLOPE && f.r2 >= D2_R2);
+            .all(|f| f.per_worker_bytes - D2_SIGMAS * f.stderr[1] >= D2_MIN_SLOPE);
+        // The main thread's PSS peak, the median over its samples.
         let held = |st: &str| {
-            d.iter()
+            let v: Vec<f64> = d
+                .iter()
                 .filter(|r| r.worker_kind == "main" && r.storage == st)
-                .filter_map(|r| r.pss_peak_bytes)
-                .max()
+                .filter_map(|r| Some(r.pss_peak_bytes? as f64))
+                .collect();
+            (!v.is_empty()).then(|| median(&v))
         };
         let dataset = match (held("ram"), held("stream")) {
-            (Some(r), Some(s)) if r > s => Some((r - s) as f64),
+            (Some(r), Some(s)) if r > s => Some(r - s),
             _ => None,
         };
         let mut parts = Vec::new();
@@ -179,19 +182,27 @@ impl<'a> Ctx<'a> {
         // It holds as the claim's explanation goes: worker processes each copy the in-heap
         // dataset while threads share it. Threads that copy it too (or processes that do not)
         // leave the rise unexplained: partly.
-        let kind = match (rises, copies, threads_share) {
-            (true, Some(true), Some(true) | None) => "holds",
-            (true, _, _) => "partly",
-            (false, _, _) => "does not hold",
+        let kind = match (samples >= D2_SAMPLES, rises, copies, threads_share) {
+            (false, ..) => "open",
+            (true, true, Some(true), Some(true) | None) => "holds",
+            (true, true, _, _) => "partly",
+            (true, false, _, _) => "does not hold",
+        };
+        let undecided = if samples < D2_SAMPLES {
+            format!(
+                " (undecided: a configuration has {samples} sample(s), {D2_SAMPLES} needed; `scripts/results-cpu.sh` runs seed-dataload three times)"
+            )
+        } else {
+            String::new()
         };
         Some(self.make(
             "D2",
             &d,
             m.join("; "),
             "PSS = base + per-worker·workers (+ in-flight batches)".into(),
-            "every fit's per-worker slope ≥ 1 MiB with R² ≥ 0.95; a process copies when its `ram` slope − `stream` slope ≥ ½ the dataset (D1's `ram` − `stream`); threads share when theirs differ by ≤ ⅒ of it; holds when slopes rise, processes copy and threads (when measured) share",
+            "fitted over each configuration's median of ≥ 3 samples (runs); every fit's per-worker slope − 2 standard errors ≥ 1 MiB; a process copies when its `ram` slope − `stream` slope ≥ ½ the dataset (D1's `ram` − `stream`); threads share when theirs differ by ≤ ⅒ of it; holds when slopes rise, processes copy and threads (when measured) share",
             format!(
-                "{kind}: RAM {} with workers{}{}",
+                "{kind}: RAM {} with workers{}{}{undecided}",
                 if rises { "rises" } else { "does not rise in every pipeline" },
                 if parts.is_empty() { "" } else { "; " },
                 parts.join("; ")
@@ -239,14 +250,41 @@ impl<'a> Ctx<'a> {
         let d = self.dataload(true);
         // Decoding and augmenting: re-spawned workers' start-up (D6's `persistent = off`) is
         // not work per image, as the throughput curves leave it out.
+        // Per kind: the mean over its configurations of each one's median over its samples.
+        type Config<'k> = (&'k str, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+        let mut by_config: BTreeMap<(&str, Config), Vec<f64>> = BTreeMap::new();
+        for r in d.iter().filter(|r| r.persistent != "off") {
+            if let (Some(u), Some(s), Some(n)) = (r.cpu_user_s, r.cpu_sys_s, r.images) {
+                let key = (
+                    r.storage.as_str(),
+                    r.workers,
+                    r.prefetch,
+                    r.epochs,
+                    r.images,
+                );
+                by_config
+                    .entry((r.worker_kind.as_str(), key))
+                    .or_default()
+                    .push((u + s) / n as f64);
+            }
+        }
         let per_image = |kind: &str| {
-            let v: Vec<f64> = d
+            let v: Vec<f64> = by_config
                 .iter()
-                .filter(|r| r.worker_kind == kind && r.persistent != "off")
-                .filter_map(|r| Some((r.cpu_user_s? + r.cpu_sys_s?) / r.images? as f64))
+                .filter(|((k, _), _)| *k == kind)
+                .map(|(_, v)| median(v))
                 .collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
+        let cpu_samples = by_config.values().map(Vec::len).min().unwrap_or(0);
+        let curve_samples = self
+            .fitted
+            .curves
+            .iter()
+            .filter(|c| c.device == "cpu")
+            .map(|c| c.samples)
+            .min()
+            .unwrap_or(0);
         let m: Vec<String> = ["main", "thread", "process"]
             .iter()
             .filter_map(|k| Some(format!("{k} {:.2} ms", 1e3 * per_image(k)?)))
@@ -325,7 +363,7 @@ impl<'a> Ctx<'a> {
                 if reach_text.is_empty() { "—".into() } else { reach_text.join(", ") }
             ),
             "workers ≈ 0.5–0.8 × cores".into(),
-            "CPU work: the CPU per image is constant across worker kinds (max ≤ 1.3 × min); the advice: at ⌈0.5·cores⌉–⌊0.8·cores⌋ workers (≥ 1) every pipeline reaches ≥ 95 % of its best images/s; holds when both do, partly when one does",
+            "on each configuration's median of ≥ 3 samples (runs): CPU work: the CPU per image is constant across worker kinds (max ≤ 1.3 × min; > 1.3 × 1.05 differs; between: undecided); the advice: at ⌈0.5·cores⌉–⌊0.8·cores⌋ workers (≥ 1) every pipeline reaches ≥ 95 % of its best images/s (< 95 % × 0.95 fails; between: undecided); holds when both do, partly when one does, open when neither is decided",
             {
                 let mut at: Vec<u64> = curves.iter().map(|c| c.saturation_workers).collect();
                 at.sort_unstable();
@@ -339,26 +377,66 @@ impl<'a> Ctx<'a> {
                     .filter_map(|k| per_image(k))
                     .collect();
                 let (lo, hi) = minmax(costs.iter().copied());
-                let cpu_work = hi <= D4_CONSTANT * lo;
-                let cpu_text = if cpu_work {
-                    format!(
+                let cpu_work = if cpu_samples < D4_SAMPLES {
+                    None
+                } else if hi <= D4_CONSTANT * lo {
+                    Some(true)
+                } else if hi > D4_CONSTANT * (1.0 + D4_MARGIN) * lo {
+                    Some(false)
+                } else {
+                    None
+                };
+                let cpu_text = match cpu_work {
+                    Some(true) => format!(
                         "it is CPU work (a constant {:.2}–{:.2} ms per image, so more images/s means more CPU)",
                         lo * 1e3,
                         hi * 1e3
-                    )
-                } else {
-                    format!(
+                    ),
+                    Some(false) => format!(
                         "the CPU per image differs between kinds ({:.2}–{:.2} ms)",
                         lo * 1e3,
                         hi * 1e3
-                    )
+                    ),
+                    None if cpu_samples < D4_SAMPLES => format!(
+                        "the CPU per image is undecided ({:.2}–{:.2} ms on {cpu_samples} sample(s) a configuration, {D4_SAMPLES} needed)",
+                        lo * 1e3,
+                        hi * 1e3
+                    ),
+                    None => format!(
+                        "the CPU per image is undecided ({:.2}–{:.2} ms, {:.3}×: within {:.0} % above the {D4_CONSTANT}× limit)",
+                        lo * 1e3,
+                        hi * 1e3,
+                        hi / lo,
+                        D4_MARGIN * 100.0
+                    ),
                 };
                 let (wlo, whi) = reach
                     .iter()
                     .fold((f64::INFINITY, 0f64), |(a, b), (_, x)| (a.min(*x), b.max(*x)));
-                let enough = (!reach.is_empty()).then_some(wlo >= D4_ENOUGH);
+                let enough = if reach.is_empty() || curve_samples < D4_SAMPLES {
+                    None
+                } else if wlo >= D4_ENOUGH {
+                    Some(true)
+                } else if wlo < D4_ENOUGH * (1.0 - D4_MARGIN) {
+                    Some(false)
+                } else {
+                    None
+                };
                 let advice_verdict = match enough {
-                    None => format!("the advice is not tested: no pipeline ran at {advice_text}"),
+                    None if reach.is_empty() => {
+                        format!("the advice is not tested: no pipeline ran at {advice_text}")
+                    }
+                    None if curve_samples < D4_SAMPLES => format!(
+                        "the advice ({advice_text}) is undecided: {:.0}–{:.0} % of each pipeline's best images/s on {curve_samples} sample(s) a worker count, {D4_SAMPLES} needed",
+                        100.0 * wlo,
+                        100.0 * whi
+                    ),
+                    None => format!(
+                        "the advice ({advice_text}) is undecided: {:.0}–{:.0} % of each pipeline's best images/s, within {:.0} % below the 95 % share",
+                        100.0 * wlo,
+                        100.0 * whi,
+                        D4_MARGIN * 100.0
+                    ),
                     Some(true) => format!(
                         "the advice ({advice_text}) reaches {:.0}–{:.0} % of each pipeline's best images/s; {sat}",
                         100.0 * wlo,
@@ -370,9 +448,12 @@ impl<'a> Ctx<'a> {
                         100.0 * whi
                     ),
                 };
+                // Both halves decided and met: holds; none met and one failed: does not hold;
+                // nothing decided: open.
                 let kind = match (cpu_work, enough) {
-                    (true, Some(true)) => "holds",
-                    (false, Some(false) | None) => "does not hold",
+                    (Some(true), Some(true)) => "holds",
+                    (None, None) => "open",
+                    (Some(false) | None, Some(false) | None) => "does not hold",
                     _ => "partly",
                 };
                 format!("{kind}: {cpu_text}; {advice_verdict}")
