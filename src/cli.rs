@@ -145,6 +145,11 @@ pub struct MaxBatchArgs {
     /// CPU threads of the trials.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// A mixture of experts: the routing the predicted batch assumes (as `predict --routing`):
+    /// `worst` holds whatever the tokens, `balanced` is what a trained router tends to. The
+    /// trials run the model's own router either way.
+    #[arg(long, value_enum, default_value_t = Routing::Worst)]
+    pub routing: Routing,
     /// One JSON object instead of the text.
     #[arg(long)]
     pub json: bool,

@@ -8,7 +8,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{EXACT_BYTES, run_rows, within};
+use common::{exact_peak, run_rows};
 use memfit::model::kernels::Kernels;
 use memfit::model::shapes::{Sizes, Vision};
 use memfit::model::transformer::{Config, synthetic_batch};
@@ -154,7 +154,7 @@ fn by_block_memory_is_predicted_and_below_the_whole_backward() {
         let rows = run_rows(&dir.path().join(i.to_string()), &args);
         for r in &rows {
             assert!(
-                within(r, 0.0, EXACT_BYTES),
+                exact_peak(r),
                 "{case:?} {} {}: measured {:?} predicted {:?}",
                 r.backward,
                 r.phase,

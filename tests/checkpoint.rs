@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use common::{EXACT_BYTES, run_rows, within};
+use common::{exact_peak, run_rows};
 use memfit::model::transformer::{Config, Transformer, synthetic_batch};
 use memfit::phase::checkpoint;
 
@@ -125,12 +125,8 @@ fn checkpointed_memory_is_predicted() {
         );
         for r in &rows {
             assert_eq!(r.checkpoint.to_string(), k);
-            let (rel, abs) = match r.phase.as_str() {
-                "forward" => (0.0, EXACT_BYTES),
-                _ => (0.0, EXACT_BYTES),
-            };
             assert!(
-                within(r, rel, abs),
+                exact_peak(r),
                 "K = {k} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,

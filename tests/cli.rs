@@ -425,6 +425,91 @@ fn fit_in_answers_assume_the_worst_routing_by_default() {
     assert!(p.get("fit_routing").is_none(), "{p}");
 }
 
+/// `max-batch --routing`: a mixture of experts' predicted batch assumes the worst routing by
+/// default and says so; it promises less than the balanced routing's, and never more than the
+/// trials find (they run the model's own untrained router, drawn afresh in each run, which
+/// spreads tokens unevenly and differently every time: train-step peaks of 13.85–14.37 MB at
+/// batch 6 over three runs here, and the balanced answer once named 6 where 5 fit, which is why
+/// it is not the default).
+#[test]
+fn max_batch_assumes_the_worst_routing_by_default() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mixtral/config.json");
+    let ask = |routing: &str| {
+        let out = memfit()
+            .arg("max-batch")
+            .arg("--hf-config")
+            .arg(&fixture)
+            .args(["--hf-set", "intermediate_size=1024"])
+            .args([
+                "--seq",
+                "32",
+                "--budget",
+                "24MiB",
+                "--routing",
+                routing,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (worst, balanced) = (ask("worst"), ask("balanced"));
+    assert_eq!(worst["routing"], "worst", "{worst}");
+    assert_eq!(balanced["routing"], "balanced", "{balanced}");
+    let n = |m: &serde_json::Value, k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k}: {m}"));
+    assert!(n(&worst, "predicted") >= 1, "{worst}");
+    assert!(
+        n(&worst, "predicted") < n(&balanced, "predicted"),
+        "{worst} vs {balanced}"
+    );
+    assert!(n(&worst, "predicted") <= n(&worst, "found"), "{worst}");
+}
+
+/// KV capacity per layer kind (vLLM's hybrid allocator): a sliding-window layer keeps at most
+/// its window of each sequence, so more tokens of context fit than the per-token cost alone
+/// says once `--seq` passes the window: the one windowed layer of two (window 4) at S 16 makes
+/// a sequence cost 10 tokens' worth of both layers, and every sliding layer (Mistral's
+/// fixture, window 4) 4 tokens' worth.
+#[test]
+fn kv_capacity_counts_each_layer_kind() {
+    for (fixture, tokens_worth) in [("qwen3_layer_types", 10), ("mistral", 4)] {
+        let config = format!(
+            "{}/tests/fixtures/{fixture}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let out = memfit()
+            .args(["predict", "--hf-config", &config])
+            .args(["--batch", "1", "--seq", "16", "--threads", "1", "--json"])
+            .args(["--fit-in", "4MiB"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sv = &p["serving"];
+        let u = |k: &str| sv[k].as_u64().unwrap_or_else(|| panic!("{k}: {sv}"));
+        let per_token = u("kv_bytes_per_token");
+        let per_sequence = u("kv_bytes_per_sequence");
+        assert_eq!(per_sequence, tokens_worth * per_token, "{fixture}: {sv}");
+        // On the CPU the budget holds the process's gemm slabs first.
+        let process = p["process_bytes"]
+            .as_u64()
+            .expect("a CPU budget's process part");
+        let free = (4u64 << 20) - process - u("weights_bytes") - u("prefill_activation_bytes");
+        assert_eq!(
+            u("kv_capacity_tokens"),
+            free * 16 / per_sequence,
+            "{fixture}"
+        );
+        assert_eq!(u("kv_capacity_sequences"), free / per_sequence, "{fixture}");
+        assert!(
+            u("kv_capacity_tokens") > free / per_token,
+            "{fixture}: {sv}"
+        );
+    }
+}
+
 /// `predict` runs nothing and agrees with the predictions `run` stores; `--fit-in` answers.
 #[test]
 fn predict_agrees_with_run_and_answers_fit_in() {
@@ -552,11 +637,8 @@ fn fit_reads_results_and_fits_the_forward() {
             (Some(12), Some(0)),
             "{c}"
         );
-        // Tiny rows: their bookkeeping is a percent of them, never 12 KiB.
-        assert!(
-            c["worst_under_bytes"].as_f64().unwrap() < 12.0 * 1024.0,
-            "{c}"
-        );
+        // Tiny rows: what is left is bookkeeping, within one op's (2 KiB).
+        assert!(c["worst_under_bytes"].as_f64().unwrap() <= 2048.0, "{c}");
         assert!(c["max_abs_pct"].as_f64().unwrap() < 5.0, "{c}");
     }
     memfit()
@@ -615,6 +697,26 @@ fn max_batch_finds_the_predicted_batch() {
     };
     assert_eq!(verdict(found), Some(true), "{m}");
     assert_eq!(verdict(found + 1), Some(false), "{m}");
+    // `predict --fit-in` runs nothing: it leaves this CPU's gemm slabs (2 × its L2 at one
+    // thread) out of the budget, and promises no more than the trials found.
+    let out = memfit()
+        .args(["predict", "--hidden", "96", "--heads", "3", "--layers", "2"])
+        .args(["--vocab", "300", "--seq", "64", "--threads", "1", "--json"])
+        .args(["--fit-in", "32MiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let slabs = p["process_bytes"].as_u64().expect("the CPU's process part");
+    assert!(
+        slabs > 0 && slabs <= overhead as u64,
+        "{p}: measured {overhead}"
+    );
+    let promised = p["max_batch"].as_u64().unwrap();
+    assert!(
+        promised <= found,
+        "predict promises {promised}, {found} fits: {p}"
+    );
     // The budget really binds: the same case far above it fails because of the budget (the
     // allocator's refusal, or a row recorded out of memory), and runs under a large budget.
     let case = [

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{EXACT_BYTES, run_rows, within};
+use common::{exact_peak, exact_retained, run_rows};
 
 fn rows(kv: &str, tokens: &str) -> Vec<memfit::record::Row> {
     let dir = tempfile::tempdir().unwrap();
@@ -47,7 +47,7 @@ fn cache_grows_by_the_formula_per_token() {
         let prefill = r.iter().find(|r| r.phase == "prefill").unwrap();
         let cache = 2 * 2 * 3 * 21 * 60 * 4;
         let kept = prefill.retained_bytes.unwrap() as u64;
-        assert!(kept >= cache && kept < cache + 4096, "{prefill:?}");
+        assert!(kept >= cache && exact_retained(prefill), "{prefill:?}");
     }
 }
 
@@ -57,20 +57,18 @@ fn prefill_and_decode_are_predicted_with_and_without_cache() {
         for r in rows(kv, "6") {
             assert_eq!(r.kv_cache, kv);
             assert!(
-                within(&r, 0.0, EXACT_BYTES),
+                exact_peak(&r),
                 "{kv} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,
                 r.predicted_peak_bytes
             );
-            let (m, p) = (
-                r.retained_bytes.unwrap(),
-                r.predicted_retained_bytes.unwrap(),
-            );
             assert!(
-                m.abs_diff(p) < 4096,
-                "{kv} {}: retained {m} vs {p}",
-                r.phase
+                exact_retained(&r),
+                "{kv} {}: retained {:?} vs {:?}",
+                r.phase,
+                r.retained_bytes,
+                r.predicted_retained_bytes
             );
         }
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{memfit, run_rows, within};
+use common::{exact_peak, memfit, run_rows};
 use memfit::record::Status;
 
 const TINY: &[&str] = &[
@@ -32,7 +32,7 @@ fn the_setting_is_recorded_and_changes_no_memory() {
         );
         assert_eq!((a.status, b.status), (Status::Ok, Status::Ok), "{b:?}");
         assert_eq!(a.peak_bytes, b.peak_bytes, "{}", a.phase);
-        assert!(within(b, 0.01, 0), "{b:?}");
+        assert!(exact_peak(b), "{b:?}");
     }
 }
 

@@ -54,10 +54,7 @@ fn every_phase_is_metered_by_the_device_meter(device: &str) {
         }
         if device == "cpu" {
             // The CPU figures are exact (tests/exactness.rs holds the tight bounds).
-            assert!(
-                peak.abs_diff(predicted) <= predicted / 100 + 64 * 1024,
-                "{r:?}"
-            );
+            assert!(common::exact_peak(r), "{r:?}");
             assert!(r.reserved_peak_bytes.is_none() && r.nvml_samples_count.is_none());
         } else {
             // The pool's peak near the prediction, and its reservation covers the used peak.

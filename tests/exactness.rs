@@ -3,13 +3,7 @@
 
 mod common;
 
-use common::{run_rows, within};
-
-/// What the README claims for these configurations: every phase's peak within 12 KiB of the
-/// formula, absolute (seen at most: init 4.0 KiB, forward 4.4, optimizer 0.8, inference 0.3,
-/// backward 7.3, train-step 8.8 KiB): candle's per-tensor bookkeeping, which the replay models
-/// as 240 B per live tensor.
-const TOLERANCE: u64 = common::EXACT_BYTES;
+use common::{exact_peak, exact_retained, run_rows};
 
 /// Every case twice: with candle's composed ops and with memfit's fused kernels.
 fn check(args: &[&str]) {
@@ -27,7 +21,7 @@ fn check_one(args: &[&str]) {
     for r in &rows {
         assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
         assert!(
-            within(r, 0.0, TOLERANCE),
+            exact_peak(r),
             "{args:?} {}: measured {:?} predicted {:?}",
             r.phase,
             r.peak_bytes,
@@ -46,11 +40,7 @@ fn check_one(args: &[&str]) {
     let retained = init.retained_bytes.unwrap() as u64;
     // The metadata beyond `params × e` (the VarMap, the names, the tensor handles: 15–26 KB
     // here) is the formula's within the same tolerance.
-    let predicted = init.predicted_retained_bytes.unwrap() as u64;
-    assert!(
-        retained >= weights && retained.abs_diff(predicted) <= TOLERANCE,
-        "{init:?}"
-    );
+    assert!(retained >= weights && exact_retained(init), "{init:?}");
 }
 
 #[test]
@@ -162,7 +152,7 @@ fn windows_inside_efficient_and_tiled_attention() {
         for r in &rows {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert!(
-                within(r, 0.0, TOLERANCE),
+                exact_peak(r),
                 "{attention} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,
@@ -312,7 +302,7 @@ fn backward_head_point_is_exact() {
         ],
     );
     let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();
-    assert!(within(bwd, 0.0, TOLERANCE), "{bwd:?}");
+    assert!(exact_peak(bwd), "{bwd:?}");
     assert_eq!(
         bwd.peak_bytes,
         Some(7 * 4 * 2 * 64 * 8192 + 4108),

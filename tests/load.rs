@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use common::{run_rows, within};
+use common::{exact_peak, exact_retained, run_rows};
 use memfit::formula::transformer::Shape;
 use memfit::model::transformer::{Config, LoraTarget, Transformer};
 
@@ -63,15 +63,16 @@ fn load_phase_is_predicted() {
         let r = &rows[0];
         assert_eq!(r.load, mode);
         assert!(
-            within(r, 0.001, 64 * 1024),
+            exact_peak(r),
             "{mode}: {:?} vs {:?}",
             r.peak_bytes,
             r.predicted_peak_bytes
         );
-        let (m, p) = (
-            r.retained_bytes.unwrap(),
-            r.predicted_retained_bytes.unwrap(),
+        assert!(
+            exact_retained(r),
+            "{mode}: retained {:?} vs {:?}",
+            r.retained_bytes,
+            r.predicted_retained_bytes
         );
-        assert!(m.abs_diff(p) < 4096, "{mode}: retained {m} vs {p}");
     }
 }

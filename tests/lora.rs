@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use common::{EXACT_BYTES, pool_peak_near, run_rows, within};
+use common::{exact_peak, pool_peak_near, run_rows};
 use memfit::model::transformer::{Config, LoraBase, LoraTarget, Transformer, synthetic_batch};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
@@ -151,12 +151,8 @@ fn lora_memory_is_predicted() {
         );
         for r in &rows {
             assert_eq!(r.lora_base, base, "{r:?}");
-            let (rel, abs) = match r.phase.as_str() {
-                "backward" | "train-step" => (0.0, EXACT_BYTES),
-                _ => (0.0, EXACT_BYTES),
-            };
             assert!(
-                within(r, rel, abs),
+                exact_peak(r),
                 "{targets} {base} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,
@@ -169,8 +165,8 @@ fn lora_memory_is_predicted() {
         let adapter_params = opt.params - base;
         let state = opt.retained_bytes.unwrap() as u64;
         assert!(
-            state >= 8 * adapter_params && state < 8 * adapter_params + 16 * 1024,
-            "{state}"
+            state >= 8 * adapter_params && common::exact_retained(opt),
+            "{state}: {opt:?}"
         );
     }
 }
@@ -225,8 +221,7 @@ fn qlora_k_quants_and_half(device: &str) {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert_eq!((r.lora_base.as_str(), r.dtype.as_str()), (base, dtype));
             let ok = match (device, r.phase.as_str()) {
-                ("cpu", "backward" | "train-step") => within(r, 0.0, EXACT_BYTES),
-                ("cpu", _) => within(r, 0.0, EXACT_BYTES),
+                ("cpu", _) => exact_peak(r),
                 _ => pool_peak_near(r),
             };
             assert!(

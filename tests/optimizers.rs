@@ -159,14 +159,14 @@ fn optimizer_state_and_step_match_their_formulas() {
             r.predicted_retained_bytes.unwrap(),
         );
         let (peak, peak_pred) = (r.peak_bytes.unwrap(), r.predicted_peak_bytes.unwrap());
-        // Data exact; what is left is allocator bookkeeping (< 2 KiB).
+        // Data exact; what is left is allocator bookkeeping.
         assert!(
-            kept.abs_diff(kept_pred) < 2048,
+            common::exact("optimizer state", kept as u64, kept_pred as u64),
             "{}: state {kept} vs {kept_pred}",
             kind.as_str()
         );
         assert!(
-            peak.abs_diff(peak_pred) < 2048,
+            common::exact("optimizer peak", peak, peak_pred),
             "{}: peak {peak} vs {peak_pred}",
             kind.as_str()
         );
@@ -209,7 +209,7 @@ fn eight_bit_block_size_changes_the_state_as_predicted() {
             r.predicted_retained_bytes.unwrap(),
         );
         assert!(
-            kept.abs_diff(pred) < 2048,
+            common::exact("8-bit state", kept as u64, pred as u64),
             "block {block}: {kept} vs {pred}"
         );
         states.push(kept);

@@ -71,20 +71,20 @@ fn each_backward_holds_its_gradients_and_at_most_its_design() {
                 "{op} {dtype}: {tmp} > {bound}: {p}"
             );
             assert!(grads > 0, "{op}: {p}");
-            // The replay's peak of the same call: candle's bookkeeping apart (240 B per live
-            // tensor in the replay), within 4 KiB; the efficient attention's row statistics
-            // (12·S f32 per thread) are not modelled.
+            // The replay's peak of the same call, to `common::tolerance`; the efficient
+            // attention's row statistics (12·S + 8·head_dim f32 per thread, 2 threads) are not
+            // modelled and are allowed on top.
             let (peak, predicted) = (
                 p["peak_bytes"].as_u64().unwrap(),
                 p["predicted_peak_bytes"].as_u64().unwrap(),
             );
-            let within = match op {
+            let unmodelled = match op {
                 "attn-probs" => continue,
-                "efficient-attention" => 2 * (12 * seq + 8 * head_dim) + 4096,
-                _ => 4096,
+                "efficient-attention" => 2 * (12 * seq + 8 * head_dim),
+                _ => 0,
             };
             assert!(
-                peak.abs_diff(predicted) <= within,
+                peak.abs_diff(predicted) <= common::tolerance(peak) + unmodelled,
                 "{op} {dtype}: measured {peak}, predicted {predicted}"
             );
         }

@@ -251,3 +251,83 @@ fn accuracy_table_is_the_committed_rows() {
         cells.join("\n")
     );
 }
+
+/// README's F3 example (a LLaMA-7B-shaped GPT at B 4 × S 4096 in bf16 on CUDA, without and with
+/// checkpointing every block): its graph and training-step figures are what `memfit predict`
+/// says now.
+#[test]
+fn f3_example_is_the_prediction() {
+    let out = common::memfit()
+        .args([
+            "predict",
+            "--preset",
+            "llama-7b-shape",
+            "--batch",
+            "4",
+            "--seq",
+            "4096",
+        ])
+        .args([
+            "--dtype",
+            "bf16",
+            "--device",
+            "cuda",
+            "--checkpoint",
+            "0,1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cases: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cases.len(), 2);
+    let gib = |c: &Value, k: &str| {
+        format!(
+            "{:.2} GiB",
+            c[k].as_u64().unwrap() as f64 / (1u64 << 30) as f64
+        )
+    };
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for line in [
+        format!(
+            "standard attention keeps {} of activations",
+            gib(&cases[0], "graph_bytes")
+        ),
+        format!(
+            "brings the graph to {} and the training step to {} ({}",
+            gib(&cases[1], "graph_bytes"),
+            gib(&cases[1], "train_total_bytes"),
+            gib(&cases[0], "train_total_bytes")
+        ),
+    ] {
+        assert!(
+            flat.contains(&line),
+            "README no longer says {line:?}: update it"
+        );
+    }
+}
+
+/// README's quick-start table is the committed default run's GPT-2 small rows as `memfit run`
+/// prints them (`results/cpu/default`, every column): on failure the expected block is printed.
+#[test]
+fn quick_start_table_is_the_committed_rows() {
+    let rows =
+        memfit::store::jsonl::read(&root().join("results/cpu/default/results.jsonl")).unwrap();
+    let lines: Vec<String> = rows
+        .iter()
+        .filter(|r| r.preset == "gpt2-small")
+        .map(memfit::report::table::line)
+        .collect();
+    assert!(lines.len() >= 6, "{} GPT-2 small rows", lines.len());
+    let block = format!("{}\n{}", memfit::report::table::header(), lines.join("\n"));
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        text.contains(&block),
+        "README's quick-start table is not the committed rows; it should read:\n{block}"
+    );
+}

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{EXACT_BYTES, pool_peak_near, run_rows, within};
+use common::{exact_peak, pool_peak_near, run_rows};
 
 #[test]
 fn serving_weights_are_predicted_and_their_error_recorded() {
@@ -37,7 +37,7 @@ fn serving_weights_are_predicted_and_their_error_recorded() {
         for r in &rows {
             assert_eq!(r.weights, w);
             assert!(
-                within(r, 0.0, EXACT_BYTES),
+                exact_peak(r),
                 "{w} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,
@@ -94,7 +94,7 @@ fn prefill_uses_the_efficient_attention() {
             for r in &rows {
                 assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
                 assert!(
-                    within(r, 0.0, EXACT_BYTES),
+                    exact_peak(r),
                     "{kernels} {attention} {}: measured {:?} predicted {:?}",
                     r.phase,
                     r.peak_bytes,
@@ -160,7 +160,7 @@ fn k_quants_and_half_activations(device: &str) {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert_eq!((r.weights.as_str(), r.dtype.as_str()), (w, dtype));
             let ok = if device == "cpu" {
-                within(r, 0.0, EXACT_BYTES)
+                exact_peak(r)
             } else {
                 pool_peak_near(r)
             };
@@ -221,7 +221,7 @@ fn mixtures_of_experts_in_fp8(device: &str) {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
             assert_eq!(r.weights, "fp8");
             let ok = if device == "cpu" {
-                within(r, 0.0, EXACT_BYTES)
+                exact_peak(r)
             } else {
                 pool_peak_near(r)
             };
@@ -267,7 +267,7 @@ fn generation_on_two_threads_is_predicted() {
         assert_eq!(rows.len(), 3);
         for r in &rows {
             assert!(
-                within(r, 0.0, EXACT_BYTES),
+                exact_peak(r),
                 "{model} {}: measured {:?} predicted {:?}",
                 r.phase,
                 r.peak_bytes,

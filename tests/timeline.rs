@@ -502,7 +502,7 @@ fn the_measured_timeline_overlays_the_prediction() {
         let m = kept(&trace, &["activations"]);
         let p = kept(&predicted, &["activations", "bookkeeping"]);
         assert!(
-            m.abs_diff(p) <= p / 100 + 16 * 1024,
+            common::exact("forward kept", m, p),
             "{args}: the forward leaves {m} B measured, {p} B predicted"
         );
         let stage = |t: &Value| -> String {

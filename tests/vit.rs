@@ -6,27 +6,20 @@ mod common;
 
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use common::{memfit, run_rows, within};
+use common::{exact_peak, exact_retained, memfit, run_rows};
 use memfit::model::transformer::{Config, Transformer};
 use memfit::model::vit::{self, Vision};
 use memfit::phase::checkpoint;
 use memfit::record::{Row, Status};
 
-/// 64 KiB: the documented metadata allowance (as in tests/exactness.rs).
-const META: u64 = 64 * 1024;
-
-/// Every row ok and predicted: init, forward, optimizer, inference within 0.1 % + metadata;
-/// backward and train-step (replayed op by op) within 1 % (+ metadata for toy sizes).
+/// Every row ok and predicted to [`common::tolerance`] (1 %, one op's bookkeeping for small
+/// figures), the weights after init too.
 fn check(rows: &[Row], phases: usize) {
     assert_eq!(rows.len(), phases, "one row per phase");
     for r in rows {
         assert_eq!(r.status, Status::Ok, "{r:?}");
-        let (rel, abs) = match r.phase.as_str() {
-            "backward" | "train-step" => (0.01, 8 * 1024),
-            _ => (0.001, META),
-        };
         assert!(
-            within(r, rel, abs),
+            exact_peak(r),
             "{} {} {}: measured {:?} predicted {:?}",
             r.preset,
             r.attention,
@@ -38,7 +31,7 @@ fn check(rows: &[Row], phases: usize) {
     let init = rows.iter().find(|r| r.phase == "init").unwrap();
     let retained = init.retained_bytes.unwrap() as u64;
     let weights = 4 * init.params;
-    assert!(retained >= weights && retained - weights < META, "{init:?}");
+    assert!(retained >= weights && exact_retained(init), "{init:?}");
 }
 
 /// Odd sizes: 24 px, patch 6 (16 patches, S = 17), 5 heads of 12, 3 blocks, 7 classes.

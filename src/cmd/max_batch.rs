@@ -38,6 +38,9 @@ pub struct MaxBatch {
     /// `overhead_batch` (`None`: the uncapped run gave no heap figure, e.g. on CUDA).
     pub process_overhead_bytes: Option<i64>,
     pub overhead_batch: Option<usize>,
+    /// A mixture of experts: the routing the prediction assumes (`worst` or `balanced`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<&'static str>,
     /// The answer: the largest batch whose formula total plus the measured part fits.
     pub predicted: usize,
     pub found: usize,
@@ -57,8 +60,20 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
     }
     let case = &cases[0];
     let shape = Shape::of(case);
-    let total =
-        |b: u64| Shape { b, ..shape.clone() }.train_total_bytes(case.optimizer, args.threads);
+    let moe = case.cfg.llama.and_then(|l| l.moe).is_some();
+    // The tensors at batch `b` with the routing asked for (MoE only) and with the balanced one,
+    // the routing the process's own part is measured against (a trial runs the model's router,
+    // which spreads tokens nearly evenly).
+    let total_with = |b: u64, worst: bool| {
+        Shape {
+            b,
+            worst_routing: worst,
+            ..shape.clone()
+        }
+        .train_total_bytes(case.optimizer, args.threads)
+    };
+    let worst = moe && args.routing.worst();
+    let total = |b: u64| total_with(b, worst);
     // `predict --fit-in`'s max batch: the same search over the same total.
     let formula_predicted = largest_within(1 << 20, budget, total) as usize;
     // The process's own part, measured at the answer until the answer stops moving.
@@ -68,7 +83,7 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         let Some(heap_peak) = heap_peak(at, args.threads)? else {
             break;
         };
-        let gap = heap_peak as i64 - total(at as u64) as i64;
+        let gap = heap_peak as i64 - total_with(at as u64, false) as i64;
         (overhead, overhead_batch) = (Some(gap), Some(at));
         predicted =
             largest_within(1 << 20, budget, |b| (total(b) as i64 + gap).max(0) as u64) as usize;
@@ -114,6 +129,7 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         formula_predicted,
         process_overhead_bytes: overhead,
         overhead_batch,
+        routing: moe.then_some(if worst { "worst" } else { "balanced" }),
         predicted,
         found: lo,
         trials,
@@ -122,9 +138,11 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
-            "budget {}: predicted largest batch {} (tensors alone: {}; this process's own heap: {}), found {} ({} trial(s): {})",
+            "budget {}: predicted largest batch {}{} (tensors alone: {}; this process's own heap: {}), found {} ({} trial(s): {})",
             args.budget,
             out.predicted,
+            out.routing
+                .map_or(String::new(), |r| format!(" with {r} routing (--routing)")),
             out.formula_predicted,
             match (out.process_overhead_bytes, out.overhead_batch) {
                 (Some(g), Some(b)) => format!("{g} B measured at batch {b}"),
@@ -198,7 +216,14 @@ fn child_rows(
 /// options and the batch, which the trial sets).
 fn passthrough_args() -> Vec<String> {
     let all: Vec<String> = std::env::args().skip(1).collect();
-    let skip_with_value = ["--budget", "--batch", "--threads", "--phases", "--out"];
+    let skip_with_value = [
+        "--budget",
+        "--batch",
+        "--threads",
+        "--phases",
+        "--out",
+        "--routing",
+    ];
     let mut out = Vec::new();
     let mut it = all.into_iter().skip_while(|a| a != "max-batch").skip(1);
     while let Some(a) = it.next() {

@@ -69,6 +69,13 @@ pub struct CasePrediction {
     pub train_total_bytes: u64,
     /// Weights + the inference forward's peak.
     pub inference_total_bytes: u64,
+    /// On the CPU with a budget: the case process's own heap beyond its tensors that depends on
+    /// this machine, gemm's per-thread packing slabs (`(threads + 1) ×` this CPU's L2 size,
+    /// [`crate::formula::gemm::process_slab_bytes`]); the budget answers (fits, max batch, max
+    /// sequence, KV capacity, max context) leave it out of the budget first. `max-batch`
+    /// measures the whole part instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_bytes: Option<u64>,
     pub fits: Option<bool>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
@@ -106,10 +113,16 @@ pub struct Serving {
     /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
     /// it leaves.
     pub prefill_activation_bytes: u64,
-    /// With a budget: `(budget − weights − prefill activations) / kv_bytes_per_token`, the
-    /// tokens of cache that fit across all sequences (vLLM's KV capacity; 0 when even the
-    /// prefill does not fit).
+    /// With a budget: the tokens of context that fit in `budget − weights − prefill
+    /// activations` across sequences of `--seq` tokens each, counted per layer kind as vLLM's
+    /// hybrid allocator does: a sliding-window layer keeps at most its window of each sequence,
+    /// so the capacity is `free · seq / kv_bytes_per_sequence` (`free / kv_bytes_per_token`
+    /// without windows or when `--seq` is within every window; 0 when even the prefill does not
+    /// fit).
     pub kv_capacity_tokens: Option<u64>,
+    /// With a budget: how many sequences of `--seq` tokens fit at once, `free /
+    /// kv_bytes_per_sequence` (vLLM's "maximum concurrency").
+    pub kv_capacity_sequences: Option<u64>,
     /// With a budget: the longest context (cached tokens per sequence, ≤ the position table)
     /// at which one more decode step of the case's batch still fits, counting the step's own
     /// temporaries (the grown cache, the K/V repeated to the query heads, the scores); 0 when
@@ -298,10 +311,14 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(sv) = &p.serving {
-                let budget = match (sv.kv_capacity_tokens, sv.max_context) {
-                    (Some(c), Some(t)) => format!(
-                        "; in the budget: {c} cached tokens (vLLM's count), context {t} per sequence at B {}",
-                        p.batch
+                let budget = match (
+                    sv.kv_capacity_tokens,
+                    sv.kv_capacity_sequences,
+                    sv.max_context,
+                ) {
+                    (Some(c), Some(n), Some(t)) => format!(
+                        "; in the budget: {c} cached tokens, {n} sequence(s) of {} at once (vLLM's counts, per layer kind), context {t} per sequence at B {}",
+                        p.seq, p.batch
                     ),
                     _ => String::new(),
                 };
@@ -506,6 +523,10 @@ pub fn predict_case(
             .max(0) as u64
     };
     let train_total = |s: &Shape| s.train_total_bytes(case.optimizer, threads);
+    // On the CPU the budget caps the whole process: its machine-dependent part comes first.
+    let process_bytes = (budget.is_some() && !case.device.is_cuda())
+        .then(|| crate::formula::gemm::process_slab_bytes(threads));
+    let budget = budget.map(|b| b.saturating_sub(process_bytes.unwrap_or(0)));
     let (fits, max_batch, max_seq) = match budget {
         None => (None, None, None),
         Some(b) => {
@@ -586,6 +607,7 @@ pub fn predict_case(
             .map(|&ph| (ph.as_str().to_string(), at(ph)))
             .collect(),
         train_total_bytes: train_total(&shape),
+        process_bytes,
         // The serving process: the serving copy's weights (`--weights`), a ViT's own.
         inference_total_bytes: serving
             .as_ref()
@@ -637,15 +659,16 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
             ..s.clone()
         })
     };
-    let (capacity, context, context_decompressed) = match budget {
-        None => (None, None, None),
+    let (capacity, sequences, context, context_decompressed) = match budget {
+        None => (None, None, None, None),
         Some(b) => {
             let shape = fit;
             let (prefill, activations) = activations_of(shape);
-            let capacity = b.saturating_sub(weights + activations) / per_token;
+            let free = b.saturating_sub(weights + activations);
+            let (tokens, sequences) = kv_capacity(shape, free);
             let context = max_context(shape, b, prefill.peak_bytes);
             let other = decompressed(shape).map(|d| max_context(&d, b, prefill.peak_bytes));
-            (Some(capacity), Some(context), other)
+            (Some(tokens), Some(sequences), Some(context), other)
         }
     };
     Serving {
@@ -658,11 +681,24 @@ fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> S
         kv_bytes_per_sequence: crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s),
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,
+        kv_capacity_sequences: sequences,
         max_context: context,
         decode_step_bytes: shape.decode_step(shape.s, threads).2,
         decode_step_bytes_decompressed: decompressed(shape).map(|d| d.decode_step(d.s, threads).2),
         max_context_decompressed: context_decompressed,
     }
+}
+
+/// `free` bytes of cache as `(tokens, sequences)` of `shape.s` tokens each, per layer kind:
+/// each sliding-window layer keeps `min(seq, window)` tokens of a sequence, a full layer all of
+/// them (see [`Serving::kv_capacity_tokens`]).
+fn kv_capacity(shape: &Shape, free: u64) -> (u64, u64) {
+    let per_sequence = crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s);
+    if per_sequence == 0 {
+        return (0, 0);
+    }
+    let tokens = (free as u128 * shape.s as u128 / per_sequence as u128) as u64;
+    (tokens, free / per_sequence)
 }
 
 #[cfg(test)]

@@ -13,6 +13,21 @@
 use gemm_common::cache::{KernelParams, kernel_params};
 use gemm_common::gemm::{CACHELINE_ALIGN, get_rhs_packing_threshold};
 
+/// Bytes of the `L2_SLAB` that `gemm-common` keeps per thread: a buffer of this CPU's L2 size
+/// (`CACHE_INFO[1]`), allocated on the thread's first product that packs the left operand in
+/// place and held until the thread ends. The warm-up leaves one in every thread that ran a
+/// matmul, so it sits outside every phase window yet inside the process's heap.
+pub fn thread_slab_bytes() -> u64 {
+    gemm_common::cache::CACHE_INFO[1].cache_bytes as u64
+}
+
+/// The case process's slabs with candle at `threads` threads: one per rayon worker and one in
+/// the calling thread (a product run with one thread packs there), `(threads + 1) ·`
+/// [`thread_slab_bytes`]: the part of a CPU case's heap that depends on this machine's caches.
+pub fn process_slab_bytes(threads: usize) -> u64 {
+    (threads as u64 + 1) * thread_slab_bytes()
+}
+
 /// Microkernel of `gemm-f32` 0.19 on this CPU: (lanes N, MR, NR, has horizontal kernels).
 fn microkernel() -> (usize, usize, usize, bool) {
     #[cfg(target_arch = "x86_64")]

@@ -28,15 +28,63 @@ pub fn run_rows(dir: &Path, args: &[&str]) -> Vec<Row> {
     memfit::store::jsonl::read(&out.join("results.jsonl")).expect("journal reads back")
 }
 
-/// |measured − predicted| ≤ rel·measured + abs.
-pub fn within(row: &Row, rel: f64, abs: u64) -> bool {
-    let m = row.peak_bytes.expect("measured") as f64;
-    let p = row.predicted_peak_bytes.expect("predicted") as f64;
-    (m - p).abs() <= rel * m + abs as f64
+/// One op's bookkeeping, the one absolute allowance of the memory tests. candle keeps, per live
+/// tensor on the CPU, an `Arc<Tensor_>` with its layout's shape and stride vectors and its op
+/// node: ≈ 256 B (208 B per graph node; `Tensor::zeros` costs its data + ≈ 256 B). The replay
+/// charges 240 B per live tensor, so what is left between a measured and a predicted figure is
+/// the few tens of bytes each tensor's metadata differs by, and where the peak falls between two
+/// ops, the tensors of one op: at most 8 tensors (a fused backward's outputs and temporaries)
+/// × 256 B = 2 KiB. A figure of 200 KiB or more is held to 1 % instead.
+pub const OP_BOOKKEEPING: u64 = 8 * 256;
+
+/// The tolerance for a CPU figure of `m` bytes: 1 % of it, or [`OP_BOOKKEEPING`] when that is
+/// more (small figures).
+pub fn tolerance(m: u64) -> u64 {
+    (m / 100).max(OP_BOOKKEEPING)
 }
 
-/// The CPU's exactness bound: every phase within 12 KiB, absolute (the README's claim).
-pub const EXACT_BYTES: u64 = 12 * 1024;
+/// |measured − predicted| ≤ [`tolerance`]`(measured)`. With `MEMFIT_TOLERANCE_LOG` set, every
+/// check appends one line (test, what, measured, predicted, tolerance) to that file: how close
+/// the suite's figures are, measured (with `MEMFIT_TOLERANCE_SURVEY=1` too, every check passes,
+/// so a survey sees every figure of every test).
+pub fn exact(what: &str, m: u64, p: u64) -> bool {
+    let tol = tolerance(m);
+    let survey = std::env::var("MEMFIT_TOLERANCE_SURVEY").as_deref() == Ok("1");
+    if let Some(path) = std::env::var_os("MEMFIT_TOLERANCE_LOG") {
+        use std::io::Write;
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}\t{what}\t{m}\t{p}\t{tol}");
+        }
+    }
+    survey || m.abs_diff(p) <= tol
+}
+
+/// A row's peak against its prediction, to [`tolerance`].
+pub fn exact_peak(row: &Row) -> bool {
+    exact(
+        &format!("{} {} {} peak", row.preset, row.attention, row.phase),
+        row.peak_bytes.expect("measured"),
+        row.predicted_peak_bytes.expect("predicted"),
+    )
+}
+
+/// A row's retained bytes against their prediction, to [`tolerance`].
+pub fn exact_retained(row: &Row) -> bool {
+    let m = row.retained_bytes.expect("measured retained");
+    let p = row.predicted_retained_bytes.expect("predicted retained");
+    m >= 0
+        && p >= 0
+        && exact(
+            &format!("{} {} {} retained", row.preset, row.attention, row.phase),
+            m as u64,
+            p as u64,
+        )
+}
 
 /// On CUDA the pool sees tensor data only — the tensors the formula counts — so its peak is near
 /// the prediction: within a factor of two (a meter that reads nothing or everything on the
