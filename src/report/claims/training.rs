@@ -427,7 +427,10 @@ impl<'a> Ctx<'a> {
             ),
             "\"sharply\": the smallest LoRA model state ≤ ½ the full fine-tune's; \"70B on 48 GB\": a predicted QLoRA training total of Llama-2-70B ≤ 48 GiB (a 48 GB card)",
             match (sharp, !fits.is_empty()) {
-                (true, true) => format!("holds: {state_part}; {card_part}"),
+                // The 70B half is a prediction: "derived", never "holds".
+                (true, true) => format!(
+                    "derived: holds — {state_part} (measured); {card_part} (predicted)"
+                ),
                 (false, false) => format!("does not hold: {state_part}; {card_part}"),
                 _ => format!("partly: {state_part}; {card_part}"),
             },
