@@ -510,6 +510,7 @@ impl<'a> Ctx<'a> {
         });
         let mut used = Vec::new();
         let mut m = Vec::new();
+        let mut predicted = Vec::new();
         let mut ratios = Vec::new();
         for p in &pairs {
             let (st, ef) = (p[0], p[1]);
@@ -517,6 +518,17 @@ impl<'a> Ctx<'a> {
             used.extend([st, ef]);
             m.push(format!("S {}: graph {} → {}", st.seq, mb(a), mb(b)));
             ratios.push(a / b);
+            // What the rows' own prediction (the replay of their kernels) says for the pair.
+            if let (Some(pa), Some(pb)) = (st.predicted_retained_bytes, ef.predicted_retained_bytes)
+            {
+                predicted.push(format!(
+                    "S {}: {} → {} ({} kernels)",
+                    st.seq,
+                    mb(pa as f64),
+                    mb(pb as f64),
+                    st.kernels
+                ));
+            }
         }
         if m.is_empty() {
             return None;
@@ -527,7 +539,14 @@ impl<'a> Ctx<'a> {
             "F6",
             &used,
             format!("standard → efficient: {}", m.join("; ")),
-            "efficient: no A·B·S² term (4·L·(6ABS² + 2ABS) + 4S² bytes fewer, f32)".into(),
+            if predicted.is_empty() {
+                "—".into()
+            } else {
+                format!(
+                    "the rows' predicted graphs (their kernels replayed; efficient attention keeps no A·B·S² term): {}",
+                    predicted.join("; ")
+                )
+            },
             "memory: the efficient graph is smaller at every shape; compute: needs a fused GPU kernel",
             if min > 1.0 {
                 format!(

@@ -1201,6 +1201,7 @@ fn f6_efficient_attention_smaller() {
                     (_, true) => standard * 11 / 10,
                 };
                 r.retained_bytes = Some(bytes as i64);
+                r.predicted_retained_bytes = Some(bytes as i64 + 8);
                 v.push(r);
             }
         }
@@ -1209,6 +1210,12 @@ fn f6_efficient_attention_smaller() {
     let c = eval(&pairs(false), "F6");
     assert!(
         c.verdict.starts_with("holds for memory (1.67×–1.67×"),
+        "{c:?}"
+    );
+    // The predicted column is the rows' own predictions, not a formula of other kernels.
+    assert!(
+        c.predicted
+            .contains("S 128: 125.01 KiB → 75.01 KiB (composed kernels)"),
         "{c:?}"
     );
     let c = eval(&pairs(true), "F6");
