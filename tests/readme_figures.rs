@@ -83,18 +83,18 @@ fn gpt2_small_every_phase_row() {
     assert!(seen >= 6, "only {seen} GPT-2 small rows committed");
 }
 
-/// BENCHMARKS.md § 4: "memfit's fused rows are predicted by the replay within 0.39 % on every
+/// BENCHMARKS.md § 4: "memfit's fused rows are predicted by the replay within 0.40 % on every
 /// phase" (the stored torch-compare rows).
 #[test]
 fn torch_compare_fused_rows_within_their_bound() {
     doc_says(
         "BENCHMARKS.md",
-        "memfit's fused rows are predicted by the replay within 0.39 % on every phase",
+        "memfit's fused rows are predicted by the replay within 0.40 % on every phase",
     );
     let seen = check_rows(
         "results/cpu/torch-compare",
         |r| r["kernels"] == "fused",
-        |_, _, rel| rel <= 0.39,
+        |_, _, rel| rel <= 0.40,
     );
     assert!(seen >= 30, "only {seen} fused torch-compare rows");
 }
