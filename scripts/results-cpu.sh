@@ -2,7 +2,7 @@
 # Regenerates the committed CPU results (results/cpu/) from the workloads, as each workload's
 # header says, then the report (docs/report/). Each run goes to a fresh folder first and
 # replaces the committed one only when it finished, so a failure leaves the old results.
-# About 75 minutes on 2 cores (seed-moe alone half an hour); keep the machine otherwise idle (the
+# About 51 minutes on 2 cores (measured 2026-12-05 at 3d40a0d; seed-moe 25 of them); keep the machine otherwise idle (the
 # rows' times are measured).
 #
 #   scripts/results-cpu.sh                  # every workload below
