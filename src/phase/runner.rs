@@ -196,15 +196,17 @@ fn timeline_dir() -> Option<&'static std::path::Path> {
 /// end is that stage's kept bytes — the forward's activations, the backward's gradients, the
 /// cache prefill and decode leave; the others temporaries), written to
 /// `dir/case-N-PHASE.json`. A train step's stages are its marks; a serving phase is one stage.
+/// On CUDA the window's pool samples instead, marked with its exact peak (the last of
+/// `results`, the window just measured).
 fn write_measured_timeline(
     dir: &std::path::Path,
     case: &Case,
     phase: Phase,
     baseline: u64,
-    peak: Option<u64>,
+    results: &[PhaseResult],
 ) -> anyhow::Result<()> {
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
-    use crate::store::timeline::{of_addresses, write_trace_file};
+    use crate::store::timeline::{of_addresses, write_sampled_trace_file, write_trace_file};
     let name = format!(
         "case {}: {} B{} S{} {} {} (measured)",
         case.index,
@@ -225,17 +227,9 @@ fn write_measured_timeline(
             );
             return Ok(());
         };
-        let file = std::fs::File::create(&path)
-            .with_context(|| format!("--timeline: writing {}", path.display()))?;
-        let mut out = std::io::BufWriter::new(file);
-        crate::store::timeline::write_sampled_trace(
-            &mut out,
-            &name,
-            s.baseline_bytes,
-            &s.samples,
-            peak,
-        )?;
-        return Ok(std::io::Write::flush(&mut out)?);
+        let peak = last_peak(results, phase);
+        return write_sampled_trace_file(&path, &name, s.baseline_bytes, &s.samples, peak)
+            .with_context(|| format!("--timeline: writing {}", path.display()));
     }
     let (raw, marks) = take_events().map_err(|n| {
         anyhow::anyhow!(
@@ -503,13 +497,7 @@ fn run_chain(
             })
         })?;
         if let Some(dir) = traced {
-            write_measured_timeline(
-                dir,
-                case,
-                Phase::TrainStep,
-                baseline,
-                last_peak(results, Phase::TrainStep),
-            )?;
+            write_measured_timeline(dir, case, Phase::TrainStep, baseline, results)?;
         }
     }
     if last < Phase::Inference {
@@ -541,13 +529,7 @@ fn run_chain(
             })
         })?;
         if let Some(dir) = traced {
-            write_measured_timeline(
-                dir,
-                case,
-                Phase::Inference,
-                baseline,
-                last_peak(results, Phase::Inference),
-            )?;
+            write_measured_timeline(dir, case, Phase::Inference, baseline, results)?;
         }
     }
     // Other weights than the model's: how far the logits moved (after the window).
@@ -608,13 +590,7 @@ fn generate(
     })?;
     let asked = |p: Phase| case.phases.contains(&p);
     if let Some(dir) = traced.filter(|_| asked(Phase::Prefill)) {
-        write_measured_timeline(
-            dir,
-            case,
-            Phase::Prefill,
-            baseline,
-            last_peak(results, Phase::Prefill),
-        )?;
+        write_measured_timeline(dir, case, Phase::Prefill, baseline, results)?;
     }
     if !asked(Phase::Decode) {
         return Ok(());
@@ -638,13 +614,7 @@ fn generate(
         })
     })?;
     if let Some(dir) = traced {
-        write_measured_timeline(
-            dir,
-            case,
-            Phase::Decode,
-            baseline,
-            last_peak(results, Phase::Decode),
-        )?;
+        write_measured_timeline(dir, case, Phase::Decode, baseline, results)?;
     }
     drop((cache, next, prefix));
     Ok(())

@@ -285,8 +285,29 @@ pub fn write_trace_file(
     path: &std::path::Path,
     timelines: &[(String, Timeline)],
 ) -> std::io::Result<()> {
+    to_file(path, |out| write_trace(out, timelines))
+}
+
+/// [`write_sampled_trace`] into the file `path`.
+pub fn write_sampled_trace_file(
+    path: &std::path::Path,
+    name: &str,
+    baseline: u64,
+    samples: &[(u64, u64)],
+    peak: Option<u64>,
+) -> std::io::Result<()> {
+    to_file(path, |out| {
+        write_sampled_trace(out, name, baseline, samples, peak)
+    })
+}
+
+/// Creates `path` and writes it through a buffer with `write`.
+fn to_file(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    write_trace(&mut out, timelines)?;
+    write(&mut out)?;
     out.flush()
 }
 

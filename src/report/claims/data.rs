@@ -277,14 +277,6 @@ impl<'a> Ctx<'a> {
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
         let cpu_samples = by_config.values().map(Vec::len).min().unwrap_or(0);
-        let curve_samples = self
-            .fitted
-            .curves
-            .iter()
-            .filter(|c| c.device == "cpu")
-            .map(|c| c.samples)
-            .min()
-            .unwrap_or(0);
         let m: Vec<String> = ["main", "thread", "process"]
             .iter()
             .filter_map(|k| Some(format!("{k} {:.2} ms", 1e3 * per_image(k)?)))
@@ -299,6 +291,7 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|c| c.device == "cpu")
             .collect();
+        let curve_samples = curves.iter().map(|c| c.samples).min().unwrap_or(0);
         let sat: Vec<String> = curves
             .iter()
             .map(|c| format!("{} {}: {}", c.worker_kind, c.storage, c.saturation_workers))
