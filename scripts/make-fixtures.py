@@ -113,6 +113,16 @@ FAMILIES = {
                        "original_max_position_embeddings": 16,
                        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0],
                                         "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
+    # Gemma 3: (1 + w) norms, four a block, GeGLU (tanh GELU), the embedding times sqrt(H),
+    # q/k norms, head_dim 16 with the attention scale 24^-1/2, layer 0 sliding (window 4, its
+    # own rotary base 10^4), layer 1 full (base 10^6 under linear scaling 8), tied head.
+    "gemma3": ("gemma3_text", transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4,
+                "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 1e6,
+                "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_act": None}),
 }
 
 
@@ -135,11 +145,14 @@ def split_fused(weights, cfg):
     return out
 
 
-def memfit_name(hf: str) -> str:
+def memfit_name(hf: str, gemma: bool = False) -> str:
     """transformers' parameter name → memfit's variable name."""
     # Routers: Mixtral's block_sparse_moe.gate, Qwen3-MoE's mlp.gate; Mixtral's experts w1
     # (gate), w3 (up), w2 (down).
-    n = hf.replace(".block_sparse_moe.gate.", ".mlp.router.").replace(".mlp.gate.", ".mlp.router.")
+    # Gemma 3's four norms a block: after the attention, before and after the MLP.
+    n = hf.replace(".post_attention_layernorm.", ".ln1_post.") if gemma else hf
+    n = n.replace(".pre_feedforward_layernorm.", ".ln2.").replace(".post_feedforward_layernorm.", ".ln2_post.")
+    n = n.replace(".block_sparse_moe.gate.", ".mlp.router.").replace(".mlp.gate.", ".mlp.router.")
     n = n.replace(".block_sparse_moe.experts.", ".mlp.experts.")
     # Shared experts: Qwen2-MoE's shared_expert and its gate, DeepSeek's shared_experts.
     n = n.replace(".mlp.shared_expert_gate.", ".mlp.shared_gate.")
@@ -171,7 +184,8 @@ def main():
         if only and name not in only:
             continue
         torch.manual_seed(seed(name))
-        cfg = Cfg(**{**COMMON, **extra})
+        args = {k: v for k, v in {**COMMON, **extra}.items() if v is not None}
+        cfg = Cfg(**args)
         cfg._attn_implementation = "eager"
         model = Model(cfg).eval()
         with torch.no_grad():
@@ -187,9 +201,12 @@ def main():
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(conf, f, indent=1, sort_keys=True)
         # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
-        weights = split_fused({memfit_name(k): v.detach().contiguous()
+        # A tied head is the embedding itself (Gemma 3): not a tensor of its own.
+        gemma = model_type == "gemma3_text"
+        weights = split_fused({memfit_name(k, gemma): v.detach().contiguous()
                                for k, v in model.state_dict().items()
-                               if not k.endswith("e_score_correction_bias")}, cfg)
+                               if not k.endswith("e_score_correction_bias")
+                               and not (cfg.tie_word_embeddings and k == "lm_head.weight")}, cfg)
         save_file(weights, os.path.join(out, "model.safetensors"))
         save_file({"tokens": tokens.to(torch.int64), "logits": logits.contiguous()},
                   os.path.join(out, "io.safetensors"))

@@ -391,7 +391,8 @@ pub struct GridArgs {
     /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium,
     /// llama-7b-shape; vit-tiny, vit-s16, vit-b16, vit-l16; llama-tiny, llama-2-7b,
     /// llama-2-70b, llama-3-8b, llama-3.2-1b, mistral-7b, phi-3-mini, qwen2-0.5b, qwen3-8b,
-    /// qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, tinyllama-1.1b, smollm2-135m).
+    /// qwen3-30b-a3b, gemma-3-1b, gemma-3-27b, mixtral-8x7b, deepseek-v2-lite, tinyllama-1.1b,
+    /// smollm2-135m).
     #[arg(long)]
     pub preset: Option<String>,
     /// Batch sizes, comma-separated.

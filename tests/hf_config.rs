@@ -36,6 +36,8 @@ fn presets_have_the_published_parameter_counts() {
         ("deepseek-v2-lite", 15_706_484_224),
         ("tinyllama-1.1b", 1_100_048_384),
         ("smollm2-135m", 134_515_008),
+        ("gemma-3-1b", 999_885_952),
+        ("gemma-3-27b", 27_009_346_304),
     ] {
         let cfg = Config::preset(name).unwrap_or_else(|| panic!("{name} is a preset"));
         assert_eq!(cfg.params(), want, "{name}");
@@ -182,6 +184,28 @@ fn errors_name_the_file_and_the_field() {
         (
             format!(r#"{{"model_type": "llama", {base}, "attention_dropout": 0.1}}"#),
             "attention_dropout",
+        ),
+        (
+            format!(r#"{{"model_type": "gemma3", "text_config": {{{base}}}}}"#),
+            "model_type",
+        ),
+        (
+            format!(r#"{{"model_type": "gemma3_text", {base}, "hidden_activation": "silu"}}"#),
+            "hidden_activation",
+        ),
+        (
+            format!(r#"{{"model_type": "gemma3_text", {base}, "final_logit_softcapping": 30.0}}"#),
+            "final_logit_softcapping",
+        ),
+        (
+            format!(r#"{{"model_type": "gemma3_text", {base}, "attn_logit_softcapping": 50.0}}"#),
+            "attn_logit_softcapping",
+        ),
+        (
+            format!(
+                r#"{{"model_type": "gemma3_text", {base}, "use_bidirectional_attention": true}}"#
+            ),
+            "use_bidirectional_attention",
         ),
     ] {
         let err = hf_config::parse(&body, "cfg.json").unwrap_err().to_string();
@@ -625,4 +649,38 @@ fn deepseek_v3_fp8_serving_weights_are_the_checkpoint_layout() {
     let ratio = shipped["serving"]["weights_bytes"].as_u64().unwrap() as f64 / d;
     assert!((0.5..0.52).contains(&ratio), "{ratio}");
     assert_eq!(shipped["weights_bytes"], dense["weights_bytes"]);
+}
+
+/// A Gemma 3 config that names only its type is transformers 4.57.1's `Gemma3TextConfig()`:
+/// 2,628,658,432 parameters (`Gemma3ForCausalLM` on the meta device), layers 5, 11, 17, 23 full
+/// and the others sliding over 4096 tokens (`sliding_window_pattern` 6), the head tied; a
+/// `layer_types` list overrides the pattern.
+#[test]
+fn gemma3_defaults_are_transformers() {
+    let parsed = hf_config::parse(r#"{"model_type": "gemma3_text"}"#, "cfg.json").unwrap();
+    let cfg = parsed.cfg;
+    assert_eq!(cfg.params(), 2_628_658_432);
+    assert!(cfg.tied);
+    let l = cfg.llama.unwrap();
+    let g = l.gemma.unwrap();
+    assert_eq!(
+        (g.query_pre_attn_scalar.0, g.local_rope_theta.0),
+        (256.0, 10_000.0)
+    );
+    assert_eq!(cfg.rope_theta, 1_000_000.0);
+    let full: Vec<usize> = (0..26).filter(|&i| l.window_at(i).is_none()).collect();
+    assert_eq!(full, [5, 11, 17, 23]);
+    assert_eq!(l.window_at(0), Some(4096));
+    let types = r#"["full_attention", "sliding_attention"]"#;
+    let two = hf_config::parse(
+        &format!(
+            r#"{{"model_type": "gemma3_text", "num_hidden_layers": 2, "layer_types": {types}}}"#
+        ),
+        "cfg.json",
+    )
+    .unwrap()
+    .cfg
+    .llama
+    .unwrap();
+    assert_eq!((two.window_at(0), two.window_at(1)), (None, Some(4096)));
 }

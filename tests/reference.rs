@@ -4,7 +4,8 @@
 //! token; Qwen3-MoE, 6 experts, 3 per token, q/k norms; Qwen2-MoE with a gated shared expert
 //! and a dense layer; DeepSeek-V2 and V3 with multi-head latent attention, shared experts, a
 //! dense first layer, greedy softmax and group-limited sigmoid routing; Phi-3 with its fused
-//! projections and a sliding window), their weights under memfit's
+//! projections and a sliding window; Gemma 3 with its four `1 + w` norms a block, GeGLU, scaled
+//! embedding and a sliding layer on its own rotary base), their weights under memfit's
 //! names and transformers' logits for a fixed input, stored in `tests/fixtures/<family>/`. memfit
 //! reads the same `config.json`, loads the weights and must give the same logits, with candle's
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
@@ -259,6 +260,65 @@ fn qwen3_layer_types_full_and_sliding_layers() {
             let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
             assert_eq!((held(0), held(1)), (t, t.min(4)), "{kernels:?}");
         });
+    }
+}
+
+/// Gemma 3 (`gemma3_text`): `1 + w` norms, four a block, GeGLU, the embedding times √H, q/k
+/// norms, the attention scale `query_pre_attn_scalar^-½` (24, head_dim 16), layer 0 sliding
+/// (window 4) with its own rotary base, layer 1 full with the global base under linear
+/// scaling, the head tied: logits in every attention, the parameter count, and generation from
+/// a 6-token prompt to 11 (the sliding layer's cache stops at 4 tokens, the full layer's grows).
+#[test]
+fn gemma3_logits_equal_transformers() {
+    check("gemma3");
+    let cfg = config("gemma3");
+    let l = cfg.llama.unwrap();
+    assert!(l.gemma.is_some() && l.qk_norm && cfg.tied);
+    assert_eq!((l.window_at(0), l.window_at(1)), (Some(4), None));
+    for attention in ATTENTIONS {
+        let cfg = with("gemma3", attention);
+        let name = attention.0;
+        generate("gemma3", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at) / max_abs(at);
+            assert!(diff < 1e-4, "gemma3 {name} position {}: {diff}", t - 1);
+            let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
+            assert_eq!((held(0), held(1)), (t.min(4), t), "gemma3 {name}");
+        });
+    }
+}
+
+/// Each of Gemma 3's differences is seen by the comparison: the same weights without one of
+/// them do not give transformers' logits.
+#[test]
+fn gemma3_without_one_of_its_parts_differs() {
+    use memfit::model::shapes::Factor;
+    type Change = fn(&mut Config);
+    let changes: [(&str, Change); 4] = [
+        ("the sliding layers' own rotary base", |c| {
+            let g = c.llama.as_mut().unwrap().gemma.as_mut().unwrap();
+            g.local_rope_theta = Factor(c.rope_theta);
+        }),
+        ("query_pre_attn_scalar", |c| {
+            let g = c.llama.as_mut().unwrap().gemma.as_mut().unwrap();
+            g.query_pre_attn_scalar = Factor(16.0);
+        }),
+        ("the rope scaling on the full layer", |c| {
+            c.rope_scaling = None
+        }),
+        ("the window", |c| {
+            c.llama.as_mut().unwrap().sliding_window = None
+        }),
+    ];
+    let (tokens, want) = io("gemma3");
+    for (what, change) in changes {
+        let mut cfg = config("gemma3");
+        change(&mut cfg);
+        let got = model("gemma3", &cfg).forward(&tokens).unwrap();
+        let diff = max_diff(&got, &want) / max_abs(&want);
+        assert!(
+            diff > 1e-3,
+            "gemma3 without {what}: the logits still agree ({diff})"
+        );
     }
 }
 

@@ -214,7 +214,11 @@ impl Shape {
     pub fn rotary_bytes(&self) -> u64 {
         match self.llama {
             None => 0,
-            Some(l) => 2 * self.s_max * (l.head_dim as u64 / 2) * self.e(),
+            Some(l) => {
+                // Gemma's sliding layers keep a second pair (their own base).
+                let pairs = 1 + u64::from(l.local_rope(self.l as usize));
+                pairs * 2 * self.s_max * (l.head_dim as u64 / 2) * self.e()
+            }
         }
     }
 
@@ -247,10 +251,12 @@ impl Shape {
                 INIT_META_FIXED
                     + self.per_block_meta(INIT_META_PER_LAYER) * self.l
                     + lora_meta
-                    + if self.llama.is_some() {
-                        2 * META_PER_TENSOR
-                    } else {
-                        0
+                    + match self.llama {
+                        // The rotary tables (Gemma: two pairs).
+                        Some(l) => {
+                            (2 + 2 * u64::from(l.local_rope(self.l as usize))) * META_PER_TENSOR
+                        }
+                        None => 0,
                     },
             )
     }

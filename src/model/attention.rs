@@ -57,6 +57,8 @@ pub struct Core {
     pub(crate) window: Option<usize>,
     /// The attention scale is this over `√Dq` (DeepSeek under YaRN: `mscale²`; else 1).
     pub(crate) scale_mul: f64,
+    /// The attention scale itself, whatever `Dq` (Gemma's `query_pre_attn_scalar^-½`).
+    pub(crate) scale_abs: Option<f64>,
 }
 
 impl Core {
@@ -72,6 +74,7 @@ impl Core {
             causal: cfg.vision.is_none(),
             window: cfg.llama.and_then(|l| l.window_at(layer)),
             scale_mul: super::shapes::RopeScaling::softmax_scale(cfg.rope_scaling.as_ref()),
+            scale_abs: cfg.llama.and_then(|l| l.gemma).map(|g| g.attention_scale()),
         }
     }
 
@@ -80,9 +83,10 @@ impl Core {
     /// values at their own head count (but the composed standard attention, which repeats
     /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
     /// A·Dv)`. The scale is `1/√Dq`.
-    /// The attention scale for queries of width `d`: `scale_mul / √d`.
+    /// The attention scale for queries of width `d`: `scale_mul / √d` (Gemma: its own).
     fn scale(&self, d: usize) -> f32 {
-        (self.scale_mul / (d as f64).sqrt()) as f32
+        self.scale_abs
+            .unwrap_or_else(|| self.scale_mul / (d as f64).sqrt()) as f32
     }
 
     pub(crate) fn attend_any(

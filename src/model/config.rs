@@ -245,9 +245,10 @@ pub enum BlockTensor {
 }
 
 /// The tensors of block `layer` in creation order: `ln1`; the attention (q, k, v, o and
-/// Qwen3's `q_norm`, `k_norm`; MLA: `q_a`, `q_a_norm`, `q_b` or `q`, then `kv_a`,
-/// `kv_a_norm`, `kv_b`, `o`); `ln2`; the MLP (dense: its projections; a mixture: the router,
-/// each expert's projections, the shared experts', the shared gate). Paths are under `h.{i}`.
+/// Qwen3's and Gemma's `q_norm`, `k_norm`; MLA: `q_a`, `q_a_norm`, `q_b` or `q`, then `kv_a`,
+/// `kv_a_norm`, `kv_b`, `o`); Gemma's `ln1_post`; `ln2`; the MLP (dense: its projections; a
+/// mixture: the router, each expert's projections, the shared experts', the shared gate);
+/// Gemma's `ln2_post`. Paths are under `h.{i}`.
 pub fn block_tensors(
     hidden: usize,
     heads: usize,
@@ -286,6 +287,10 @@ pub fn block_tensors(
             }
         }
     }
+    let gemma = llama.is_some_and(|l| l.gemma.is_some());
+    if gemma {
+        v.push(norm("ln1_post", hidden));
+    }
     v.push(norm("ln2", hidden));
     match &lay.mlp {
         MlpLayout::Dense(p) => v.extend(p.iter().map(|s| proj(s, ""))),
@@ -321,6 +326,9 @@ pub fn block_tensors(
                 });
             }
         }
+    }
+    if gemma {
+        v.push(norm("ln2_post", hidden));
     }
     v
 }

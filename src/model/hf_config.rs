@@ -1,10 +1,15 @@
 //! A Hugging Face `config.json` (a local file; nothing is ever downloaded) read into a memfit
 //! [`Config`].
 //!
-//! `model_type` decides the family: `llama`, `mistral`, `phi3`, `qwen2`, `qwen3`, `mixtral`,
-//! `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3` → the LLaMA-family decoder
-//! ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder; `gpt_oss` and
-//! `gemma3` are refused by name with what memfit lacks to build them. Read for LLaMA:
+//! `model_type` decides the family: `llama`, `mistral`, `phi3`, `qwen2`, `qwen3`,
+//! `gemma3_text`, `mixtral`, `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3` → the
+//! LLaMA-family decoder ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder;
+//! `gpt_oss` and the multimodal `gemma3` (its vision tower) are refused by name with what memfit
+//! lacks to build them. Gemma 3 ([`Gemma`]) reads `hidden_activation` (must be
+//! `gelu_pytorch_tanh`), `query_pre_attn_scalar`, `rope_local_base_freq`,
+//! `sliding_window_pattern` (layer `i` full when `(i + 1)` is a multiple; `layer_types`
+//! overrides), its fields absent taking `Gemma3TextConfig`'s defaults ([`GEMMA3_DEFAULTS`]; the
+//! head tied by default), and refuses soft-capping and `use_bidirectional_attention`. Read for LLaMA:
 //! `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
@@ -62,7 +67,7 @@ use serde_json::{Map, Value};
 use super::ModelKind;
 use super::config::Config;
 use super::shapes::{
-    Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
+    Factor, Gemma, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
 };
 
 use crate::device::ElemType;
@@ -80,8 +85,8 @@ pub const MOE_FIELDS: &[&str] = &[
 ];
 
 /// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, \
-     deepseek_v2, deepseek_v3, gpt2, vit";
+pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, gemma3_text, mixtral, qwen2_moe, \
+     qwen3_moe, deepseek_v2, deepseek_v3, gpt2, vit";
 
 /// Model types refused by name, with what memfit lacks to build them exactly.
 const REFUSED_TYPES: &[(&str, &str)] = &[
@@ -92,13 +97,11 @@ const REFUSED_TYPES: &[(&str, &str)] = &[
     ),
     (
         "gemma3",
-        "Gemma 3 needs per-layer windows (layer_types), a second rotary base for local layers, \
-         four norms per block and a scaled embedding, which memfit does not build yet",
-    ),
-    (
-        "gemma3_text",
-        "Gemma 3 needs per-layer windows (layer_types), a second rotary base for local layers, \
-         four norms per block and a scaled embedding, which memfit does not build yet",
+        "Gemma 3 with its SigLIP vision tower: memfit builds Gemma 3's language model \
+         (gemma3_text) but not the vision tower and projector (about 0.42 B parameters that \
+         serving loads too), so sizing the language model alone would under-estimate; to size \
+         the language model alone, save the config's text_config as its own config.json with \
+         \"model_type\": \"gemma3_text\" (as --preset gemma-3-27b is)",
     ),
 ];
 
@@ -109,6 +112,7 @@ const LLAMA_TYPES: &[&str] = &[
     "phi3",
     "qwen2",
     "qwen3",
+    "gemma3_text",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -442,6 +446,17 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
         .str_opt("model_type")?
         .ok_or_else(|| f.missing("model_type", MODEL_TYPES))?
         .to_string();
+    // Gemma 3's configs leave most fields to transformers' defaults.
+    let filled;
+    let f = if model_type == "gemma3_text" {
+        filled = gemma3_defaults(map);
+        Fields {
+            map: &filled,
+            origin,
+        }
+    } else {
+        f
+    };
     if let Some((_, why)) = REFUSED_TYPES.iter().find(|(t, _)| *t == model_type) {
         return Err(f.bad(
             "model_type",
@@ -489,11 +504,80 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
 
 const MAX_SIZE: i64 = super::limits::MAX_HIDDEN;
 
+/// transformers' `Gemma3TextConfig` defaults (4.57.1) for the fields memfit reads, where the
+/// config leaves them out.
+const GEMMA3_DEFAULTS: &[(&str, &str)] = &[
+    ("vocab_size", "262208"),
+    ("hidden_size", "2304"),
+    ("intermediate_size", "9216"),
+    ("num_hidden_layers", "26"),
+    ("num_attention_heads", "8"),
+    ("num_key_value_heads", "4"),
+    ("head_dim", "256"),
+    ("hidden_activation", "\"gelu_pytorch_tanh\""),
+    ("max_position_embeddings", "131072"),
+    ("rms_norm_eps", "1e-6"),
+    ("tie_word_embeddings", "true"),
+    ("rope_theta", "1000000.0"),
+    ("query_pre_attn_scalar", "256"),
+    ("sliding_window", "4096"),
+    ("rope_local_base_freq", "10000.0"),
+    ("sliding_window_pattern", "6"),
+];
+
+/// A Gemma 3 config with [`GEMMA3_DEFAULTS`] where a field is absent.
+fn gemma3_defaults(map: &Map<String, Value>) -> Map<String, Value> {
+    let mut m = map.clone();
+    for (k, v) in GEMMA3_DEFAULTS {
+        if !m.contains_key(*k) {
+            m.insert(
+                k.to_string(),
+                serde_json::from_str(v).expect("GEMMA3_DEFAULTS are JSON"),
+            );
+        }
+    }
+    m
+}
+
+/// Gemma 3's own fields: `hidden_activation` (the tanh GELU), `query_pre_attn_scalar`,
+/// `rope_local_base_freq`; soft-capping (Gemma 2's) and bidirectional attention
+/// (EmbeddingGemma) are not built and are refused when set.
+fn gemma3(f: &Fields) -> Result<Gemma, UserError> {
+    f.require("hidden_activation", &["gelu_pytorch_tanh"])?;
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some(v) = f.get(key) {
+            return Err(f.bad(
+                key,
+                v,
+                "soft-capping (tanh of the scaled logits) is not built",
+                "null (Gemma 3's configs)",
+            ));
+        }
+    }
+    if f.bool_or("use_bidirectional_attention", false)? {
+        return Err(f.bad(
+            "use_bidirectional_attention",
+            &Value::from(true),
+            "a bidirectional Gemma (EmbeddingGemma) is not built",
+            "false",
+        ));
+    }
+    Ok(Gemma {
+        query_pre_attn_scalar: Factor(f.float_or("query_pre_attn_scalar", 256.0)?),
+        local_rope_theta: Factor(f.float_or("rope_local_base_freq", 10_000.0)?),
+    })
+}
+
 fn llama_config(
     f: &Fields,
     model_type: &str,
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
-    f.require("hidden_act", &["silu"])?;
+    let gemma = if model_type == "gemma3_text" {
+        Some(gemma3(f)?)
+    } else {
+        f.require("hidden_act", &["silu"])?;
+        None
+    };
     no_dropout(f)?;
     if let Some(v) = f.get("partial_rotary_factor")
         && v.as_f64() != Some(1.0)
@@ -577,11 +661,12 @@ fn llama_config(
         qkv_bias: qwen2 || attention_bias,
         o_bias: attention_bias,
         mlp_bias: f.bool_or("mlp_bias", false)?,
-        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
+        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe" | "gemma3_text"),
         moe,
         sliding_window,
         full_layers,
         mla,
+        gemma,
     };
     let mut cfg = Config::llama(
         vocab,
@@ -590,7 +675,7 @@ fn llama_config(
         layers,
         max_seq,
         llama,
-        f.bool_or("tie_word_embeddings", false)?,
+        f.bool_or("tie_word_embeddings", gemma.is_some())?,
     );
     cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
     cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
@@ -776,6 +861,28 @@ fn sliding_window(
     let (window, mut full) = match model_type {
         "mistral" => (window_or(Some(4096))?, 0),
         "mixtral" | "phi3" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
+        // Gemma 3: without `layer_types`, layer `i` slides unless `(i + 1)` is a multiple of
+        // `sliding_window_pattern` (5 local : 1 global).
+        "gemma3_text" => {
+            let pattern = f.size("sliding_window_pattern", super::limits::MAX_LAYERS)?;
+            let full = (0..layers.min(128))
+                .filter(|i| (i + 1) % pattern == 0)
+                .fold(0u128, |m, i| m | 1u128 << i);
+            if layers > 128 && pattern > 1 && f.get("layer_types").is_none() {
+                return Err(f.bad(
+                    "num_hidden_layers",
+                    &Value::from(layers),
+                    "full and sliding layers mixed in more than 128 layers are not modelled",
+                    "at most 128 layers when they mix",
+                ));
+            }
+            let window = f.size_opt("sliding_window", super::limits::MAX_SEQ)?;
+            if pattern == 1 {
+                (None, 0)
+            } else {
+                (window, full)
+            }
+        }
         // Qwen3-MoE's attention slides in every layer (it has no `max_window_layers`).
         "qwen3_moe" if f.bool_or("use_sliding_window", false)? => (window_or(Some(4096))?, 0),
         "qwen2" | "qwen3" | "qwen2_moe" if f.bool_or("use_sliding_window", false)? => {

@@ -17,6 +17,14 @@
 //! to `(B, S, H)`; residual; RMSNorm; gate and up `(B, S, I)`, down to `(B, S, H)`; residual.
 //! Final RMSNorm, logits `(B, S, V)`.
 //!
+//! Gemma 3 ([`super::shapes::Gemma`]) on the same blocks: every RMSNorm scales by `1 + w` (the
+//! sum a fresh `(n)` tensor per call), `ln1_post` after the attention's output projection and
+//! `ln2_post` after the MLP, each before its residual sum; GeGLU `down(gelu_tanh(gate(x)) ·
+//! up(x))`; the embedding times `√H` (an affine copy `(B, S, H)`, the rows freed); the attention
+//! scale `query_pre_attn_scalar^-½`; sliding layers rotate from a second pair of tables (base
+//! `rope_local_base_freq`, no scaling). Parameters: `+ 2H` per block (the two extra norms) and
+//! Qwen3's `2D` q/k norms.
+//!
 //! Parameter count (exact):
 //! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm) + L·(2H + H·A·D + 2·H·G·D +
 //! A·D·H + 3·H·I + biases [+ 2D q/k norms])`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H`
@@ -58,6 +66,8 @@ pub const PRESETS: &[&str] = &[
     "qwen2-0.5b",
     "qwen3-8b",
     "qwen3-30b-a3b",
+    "gemma-3-1b",
+    "gemma-3-27b",
     "mixtral-8x7b",
     "deepseek-v2-lite",
     "tinyllama-1.1b",
@@ -76,6 +86,8 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "qwen2-0.5b" => include_str!("../../workloads/configs/qwen2-0.5b.json"),
         "qwen3-8b" => include_str!("../../workloads/configs/qwen3-8b.json"),
         "qwen3-30b-a3b" => include_str!("../../workloads/configs/qwen3-30b-a3b.json"),
+        "gemma-3-1b" => include_str!("../../workloads/configs/gemma-3-1b.json"),
+        "gemma-3-27b" => include_str!("../../workloads/configs/gemma-3-27b.json"),
         "mixtral-8x7b" => include_str!("../../workloads/configs/mixtral-8x7b.json"),
         "deepseek-v2-lite" => include_str!("../../workloads/configs/deepseek-v2-lite.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
@@ -115,6 +127,7 @@ pub fn tiny() -> Config {
             sliding_window: None,
             full_layers: 0,
             mla: None,
+            gemma: None,
         },
         false,
     )

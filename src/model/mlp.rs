@@ -1,4 +1,5 @@
-//! The position-wise MLP: GPT's tanh-GELU MLP or LLaMA's SwiGLU, composed or fused.
+//! The position-wise MLP: GPT's tanh-GELU MLP, LLaMA's SwiGLU or Gemma's GeGLU, composed or
+//! fused.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -8,7 +9,8 @@ use super::kernels;
 use super::proj::Proj;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
-/// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I).
+/// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I); with `gelu`, Gemma's GeGLU
+/// `down(gelu_tanh(gate(x)) · up(x))` (fused: the GELU kernel, then the product).
 #[derive(Debug, Clone)]
 pub enum Mlp {
     Gelu {
@@ -21,6 +23,8 @@ pub enum Mlp {
         up: Proj,
         down: Proj,
         fused: bool,
+        /// The gate's activation is the tanh GELU (Gemma's GeGLU), not SiLU.
+        gelu: bool,
     },
 }
 
@@ -40,6 +44,7 @@ impl Mlp {
                 up: p(1)?,
                 down: p(2)?,
                 fused,
+                gelu: cfg.llama.is_some_and(|l| l.gemma.is_some()),
             },
         })
     }
@@ -68,11 +73,13 @@ impl Mlp {
                 up,
                 down,
                 fused,
+                gelu,
             } => Mlp::SwiGlu {
                 gate: gate.map(base, adapter)?,
                 up: up.map(base, adapter)?,
                 down: down.map(base, adapter)?,
                 fused: *fused,
+                gelu: *gelu,
             },
         })
     }
@@ -94,10 +101,39 @@ impl Mlp {
                 up,
                 down,
                 fused: true,
+                gelu: true,
+            } => {
+                let g = gate.forward(x)?;
+                let u = up.forward(x)?;
+                let a = kernels::gelu(&g)?;
+                drop(g);
+                let m = a.mul(&u)?;
+                drop((a, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+                ..
             } => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
                 let m = kernels::silu_mul(&g, &u)?;
+                drop((g, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                gelu: true,
+                ..
+            } => {
+                let g = gate.forward(x)?.gelu()?;
+                let u = up.forward(x)?;
+                let m = g.mul(&u)?;
                 drop((g, u));
                 (m, down)
             }

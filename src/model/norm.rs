@@ -40,7 +40,9 @@ impl Module for LayerNorm {
 }
 
 /// The block's normalisation: LayerNorm (GPT, ViT) or RMSNorm (LLaMA: weight only, computed
-/// with `ops::rms_norm_slow`, which has a backward; `ops::rms_norm` has none).
+/// with `ops::rms_norm_slow`, which has a backward; `ops::rms_norm` has none). Gemma's RMSNorm
+/// (`offset`) scales by `1 + w`: the sum is made at each call (a fresh `(n)` tensor, freed
+/// when the call returns; in training the graph keeps it) and its weight starts at 0.
 #[derive(Debug, Clone)]
 pub enum Norm {
     Layer(LayerNorm),
@@ -48,6 +50,7 @@ pub enum Norm {
         weight: Tensor,
         eps: f64,
         fused: bool,
+        offset: bool,
     },
 }
 
@@ -60,20 +63,20 @@ impl Norm {
                 cfg.kernels.fused(),
                 vb,
             )?)),
-            Some(_) => Ok(Norm::Rms {
-                weight: vb.get_with_hints(cfg.hidden, "weight", Init::Const(1.0))?,
-                eps: cfg.layer_norm_eps,
-                fused: cfg.kernels.fused(),
-            }),
+            Some(_) => Self::rms(cfg.hidden, cfg, vb),
         }
     }
 
-    /// An RMSNorm over `size` (Qwen3's q/k norms over a head).
+    /// An RMSNorm over `size` (the blocks', Qwen3's and Gemma's q/k norms over a head), with
+    /// Gemma's `1 + w` in a Gemma.
     pub fn rms(size: usize, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let offset = cfg.llama.is_some_and(|l| l.gemma.is_some());
+        let init = Init::Const(if offset { 0.0 } else { 1.0 });
         Ok(Norm::Rms {
-            weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
+            weight: vb.get_with_hints(size, "weight", init)?,
             eps: cfg.layer_norm_eps,
             fused: cfg.kernels.fused(),
+            offset,
         })
     }
 
@@ -83,6 +86,7 @@ impl Norm {
             weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
             eps,
             fused,
+            offset: false,
         })
     }
 
@@ -94,10 +98,16 @@ impl Norm {
                 eps: l.eps,
                 fused: l.fused,
             }),
-            Norm::Rms { weight, eps, fused } => Norm::Rms {
+            Norm::Rms {
+                weight,
+                eps,
+                fused,
+                offset,
+            } => Norm::Rms {
                 weight: f(weight)?,
                 eps: *eps,
                 fused: *fused,
+                offset: *offset,
             },
         })
     }
@@ -110,9 +120,22 @@ impl Module for Norm {
             Norm::Rms {
                 weight,
                 eps,
-                fused: true,
-            } => kernels::rms_norm(x, weight, *eps as f32),
-            Norm::Rms { weight, eps, .. } => ops::rms_norm_slow(x, weight, *eps as f32),
+                fused,
+                offset,
+            } => {
+                // Gemma: `1 + w`, made first and freed when the norm returns.
+                let plus_one = if *offset {
+                    Some(weight.affine(1.0, 1.0)?)
+                } else {
+                    None
+                };
+                let w = plus_one.as_ref().unwrap_or(weight);
+                if *fused {
+                    kernels::rms_norm(x, w, *eps as f32)
+                } else {
+                    ops::rms_norm_slow(x, w, *eps as f32)
+                }
+            }
         }
     }
 }

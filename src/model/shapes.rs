@@ -46,6 +46,33 @@ pub struct Llama {
     /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
     #[serde(default)]
     pub mla: Option<MlaShape>,
+    /// Gemma 3's differences ([`Gemma`]).
+    #[serde(default)]
+    pub gemma: Option<Gemma>,
+}
+
+/// What makes a LLaMA-family decoder Gemma 3 (`gemma3_text`; transformers'
+/// `modeling_gemma3`): every RMSNorm scales by `1 + w` (its weight starts at 0; the sum is a
+/// fresh `(n)` tensor each call), each block adds a norm after its attention and after its MLP
+/// before the residual sums (four norms a block), the MLP is GeGLU (`down(gelu_tanh(gate(x)) ·
+/// up(x))`), the token embedding is multiplied by `√H` (in the weights' type), q and k are
+/// normalised per head (as Qwen3), the attention scale is `query_pre_attn_scalar^-½` instead of
+/// `head_dim^-½`, and the sliding layers rotate with their own base `rope_local_base_freq` and
+/// no scaling (their own rotary tables, `S_max × D/2` cos and sin more), the full layers with
+/// `rope_theta` and `rope_scaling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Gemma {
+    /// `query_pre_attn_scalar`: the attention scale is its inverse square root.
+    pub query_pre_attn_scalar: Factor,
+    /// `rope_local_base_freq`: the sliding layers' rotary base.
+    pub local_rope_theta: Factor,
+}
+
+impl Gemma {
+    /// The attention scale `query_pre_attn_scalar^-½`.
+    pub fn attention_scale(&self) -> f64 {
+        self.query_pre_attn_scalar.0.powf(-0.5)
+    }
 }
 
 impl Llama {
@@ -53,6 +80,12 @@ impl Llama {
     pub fn window_at(&self, layer: usize) -> Option<usize> {
         self.sliding_window
             .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
+    }
+
+    /// Whether the model keeps a second pair of rotary tables: a Gemma with sliding layers
+    /// (their own base).
+    pub fn local_rope(&self, layers: usize) -> bool {
+        self.gemma.is_some() && (0..layers).any(|i| self.window_at(i).is_some())
     }
 
     /// Whether some layers slide and others do not.

@@ -95,6 +95,16 @@ impl Ffn {
 }
 
 impl Ffn {
+    /// `ffn(x)`, no residual (Gemma's norm comes between), x freed once used.
+    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+        let y = match self {
+            Ffn::Dense(m) => m.forward(&x)?,
+            Ffn::Moe(m) => m.forward(&x)?,
+        };
+        drop(x);
+        Ok(y)
+    }
+
     /// `residual + ffn(x)`, x freed before the sum (a dense MLP: [`Mlp::forward_add`]).
     fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
         match self {
@@ -133,6 +143,27 @@ impl SelfAttention {
         o.forward_add(y, x, residual)
     }
 
+    /// The heads and the output projection, no residual (Gemma's norm comes between): `x`
+    /// freed once the heads exist, the heads once projected.
+    fn forward_owned(
+        &self,
+        x: Tensor,
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let (heads, o) = match (self, cache) {
+            (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary)?, &a.o),
+            (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary)?, &a.o),
+            (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c)?, &a.o),
+            (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c)?, &a.o),
+        };
+        drop(x);
+        let y = o.forward(&heads)?;
+        drop(heads);
+        Ok(y)
+    }
+
     /// [`SelfAttention::forward_add`] with the key/value cache.
     fn forward_cached_add(
         &self,
@@ -150,29 +181,44 @@ impl SelfAttention {
     }
 }
 
-/// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+/// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`; Gemma's ("sandwich"):
+/// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
 pub struct Block {
     ln1: Norm,
     attn: SelfAttention,
     ln2: Norm,
     mlp: Ffn,
+    /// Gemma's norms after the attention (`ln1_post`) and after the MLP (`ln2_post`).
+    post: Option<(Norm, Norm)>,
 }
 
 impl Block {
-    /// Block `layer` of the model ([`super::config::layer_layout`]).
+    /// Block `layer` of the model ([`super::config::layer_layout`]); its tensors are made in
+    /// [`super::config::block_tensors`]' order.
     pub fn new(cfg: &Config, layer: usize, vb: VarBuilder) -> Result<Self> {
         let lay = cfg.layer_layout(layer);
+        let gemma = cfg.llama.is_some_and(|l| l.gemma.is_some());
         let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
             Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, vb.pp("attn"))?),
             None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, vb.pp("attn"))?),
         };
+        let ln1_post = gemma
+            .then(|| Norm::new(cfg, vb.pp("ln1_post")))
+            .transpose()?;
+        let ln2 = Norm::new(cfg, vb.pp("ln2"))?;
+        let mlp = Ffn::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?;
+        let post = match ln1_post {
+            Some(a) => Some((a, Norm::new(cfg, vb.pp("ln2_post"))?)),
+            None => None,
+        };
         Ok(Self {
             ln1,
             attn,
-            ln2: Norm::new(cfg, vb.pp("ln2"))?,
-            mlp: Ffn::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?,
+            ln2,
+            mlp,
+            post,
         })
     }
 
@@ -182,10 +228,35 @@ impl Block {
         mask: Option<&Tensor>,
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
+        if let Some(post) = &self.post {
+            return self.sandwich(x, post, mask, rotary, None);
+        }
         let x = self
             .attn
             .forward_add(self.ln1.forward(x)?, x, mask, rotary)?;
         self.mlp.forward_add(self.ln2.forward(&x)?, &x)
+    }
+
+    /// Gemma's block: each half's output normalised before its residual sum; each
+    /// intermediate freed as soon as the next exists.
+    fn sandwich(
+        &self,
+        x: &Tensor,
+        (ln1_post, ln2_post): &(Norm, Norm),
+        mask: Option<&Tensor>,
+        rotary: Option<Rotary>,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let y = self
+            .attn
+            .forward_owned(self.ln1.forward(x)?, mask, rotary, cache)?;
+        let n = ln1_post.forward(&y)?;
+        drop(y);
+        let x = (x + n)?;
+        let y = self.mlp.forward_owned(self.ln2.forward(&x)?)?;
+        let n = ln2_post.forward(&y)?;
+        drop(y);
+        &x + n
     }
 
     /// [`Block::forward`] with the attention's key/value cache.
@@ -196,6 +267,9 @@ impl Block {
         rotary: Option<Rotary>,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Result<Tensor> {
+        if let Some(post) = &self.post {
+            return self.sandwich(x, post, mask, rotary, Some(cache));
+        }
         let x = self
             .attn
             .forward_cached_add(self.ln1.forward(x)?, x, mask, rotary, cache)?;
@@ -231,11 +305,20 @@ impl Block {
             }),
             SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
         };
+        let ln1 = self.ln1.map(base)?;
+        let ln1_post = self.post.as_ref().map(|p| p.0.map(base)).transpose()?;
+        let ln2 = self.ln2.map(base)?;
+        let mlp = self.mlp.map(base, adapter)?;
+        let post = match (ln1_post, &self.post) {
+            (Some(a), Some((_, b))) => Some((a, b.map(base)?)),
+            _ => None,
+        };
         Ok(Block {
-            ln1: self.ln1.map(base)?,
+            ln1,
             attn,
-            ln2: self.ln2.map(base)?,
-            mlp: self.mlp.map(base, adapter)?,
+            ln2,
+            mlp,
+            post,
         })
     }
 }
@@ -300,6 +383,8 @@ pub struct Transformer {
     wpe: Option<Tensor>,
     /// Rotary tables cos and sin `(S_max, D/2)` (LLaMA).
     rope: Option<(Tensor, Tensor)>,
+    /// Gemma's sliding layers' own tables (their base, no scaling), when a layer slides.
+    rope_local: Option<(Tensor, Tensor)>,
     blocks: Vec<Block>,
     ln_f: Norm,
     head: Linear,
@@ -321,6 +406,20 @@ impl Transformer {
                 vb.dtype(),
                 vb.device(),
             )?),
+        };
+        let rope_local = match cfg.llama {
+            Some(l) if l.local_rope(cfg.layers) => {
+                let g = l.gemma.expect("a Gemma");
+                Some(super::rotary::rotary_tables(
+                    cfg.max_seq,
+                    l.head_dim,
+                    g.local_rope_theta.0,
+                    None,
+                    vb.dtype(),
+                    vb.device(),
+                )?)
+            }
+            _ => None,
         };
         let stem = match cfg.vision {
             None => Stem::Tokens(embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?),
@@ -362,6 +461,7 @@ impl Transformer {
             stem,
             wpe,
             rope,
+            rope_local,
             blocks,
             ln_f,
             head,
@@ -374,11 +474,36 @@ impl Transformer {
         &self.cfg
     }
 
-    /// The rotary tables at positions `offset..` (LLaMA), or none.
-    fn rotary(&self, offset: usize) -> Option<Rotary<'_>> {
-        self.rope
-            .as_ref()
-            .map(|(cos, sin)| Rotary { cos, sin, offset })
+    /// Block `i`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
+    /// the local tables), or none.
+    fn rotary(&self, i: usize, offset: usize) -> Option<Rotary<'_>> {
+        let tables = match &self.rope_local {
+            Some(local) if self.windowed(i) => Some(local),
+            _ => self.rope.as_ref(),
+        };
+        tables.map(|(cos, sin)| Rotary { cos, sin, offset })
+    }
+
+    /// Gemma's embedding scale `√H` (candle's affine rounds it to the weights' type, as
+    /// transformers' `embed_scale.to(dtype)`), or none.
+    fn embed_scale(&self) -> Option<f64> {
+        self.cfg
+            .llama
+            .and_then(|l| l.gemma)
+            .map(|_| (self.cfg.hidden as f64).sqrt())
+    }
+
+    /// The token embedding of `tokens` (Gemma: times √H, the unscaled rows freed).
+    fn tokens(&self, wte: &Embedding, tokens: &Tensor) -> Result<Tensor> {
+        let e = wte.forward(tokens)?;
+        match self.embed_scale() {
+            None => Ok(e),
+            Some(s) => {
+                let x = e.affine(s, 0.0)?;
+                drop(e);
+                Ok(x)
+            }
+        }
     }
 
     /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
@@ -386,7 +511,7 @@ impl Transformer {
         let masks = self.input_mask(input)?;
         let mut x = self.embed(input)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, masks.at(self.windowed(i)), self.rotary(0))?;
+            x = block.forward(&x, masks.at(self.windowed(i)), self.rotary(i, 0))?;
         }
         self.head_forward(&x)
     }
@@ -457,10 +582,10 @@ impl Transformer {
                 let pos = wpe.narrow(0, offset, s)?;
                 wte.forward(tokens)?.broadcast_add(&pos)?
             }
-            None => wte.forward(tokens)?,
+            None => self.tokens(wte, tokens)?,
         };
         for (i, (block, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
-            x = block.forward_cached(&x, masks.at(self.windowed(i)), self.rotary(offset), c)?;
+            x = block.forward_cached(&x, masks.at(self.windowed(i)), self.rotary(i, offset), c)?;
         }
         cache.pos += s;
         let last = x.narrow(1, s - 1, 1)?.contiguous()?;
@@ -490,7 +615,7 @@ impl Transformer {
                         let pos = wpe.narrow(0, 0, s)?;
                         wte.forward(input)?.broadcast_add(&pos)
                     }
-                    None => wte.forward(input),
+                    None => self.tokens(wte, input),
                 }
             }
             Stem::Patches { proj, cls, patch } => {
@@ -522,7 +647,7 @@ impl Transformer {
     ) -> Result<Tensor> {
         let mut x = x.clone();
         for i in range {
-            x = self.blocks[i].forward(&x, masks.at(self.windowed(i)), self.rotary(0))?;
+            x = self.blocks[i].forward(&x, masks.at(self.windowed(i)), self.rotary(i, 0))?;
         }
         Ok(x)
     }
@@ -638,6 +763,10 @@ impl Transformer {
             None => None,
             Some((c, s)) => Some((base(c)?, base(s)?)),
         };
+        let rope_local = match &self.rope_local {
+            None => None,
+            Some((c, s)) => Some((base(c)?, base(s)?)),
+        };
         let stem = match &self.stem {
             Stem::Tokens(wte) => {
                 Stem::Tokens(Embedding::new(base(wte.embeddings())?, self.cfg.hidden))
@@ -666,6 +795,7 @@ impl Transformer {
             stem,
             wpe,
             rope,
+            rope_local,
             blocks,
             ln_f,
             head,

@@ -16,6 +16,8 @@ pub(super) enum Mlp {
         up: Linear,
         down: Linear,
         fused: bool,
+        /// Gemma's GeGLU (tanh GELU on the gate).
+        gelu: bool,
     },
 }
 
@@ -37,6 +39,35 @@ impl Mlp {
                 up,
                 down,
                 fused: true,
+                gelu: true,
+            } => {
+                let g = gate.forward(x);
+                let u = up.forward(x);
+                let a = Sym::kernel(Kernel::Gelu, &[&g], g.dims(), g.dtype());
+                drop(g);
+                let m = a.mul(&u);
+                drop((a, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                gelu: true,
+                ..
+            } => {
+                let g = gate.forward(x).gelu();
+                let u = up.forward(x);
+                let m = g.mul(&u);
+                drop((g, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
+                fused: true,
+                ..
             } => {
                 let g = gate.forward(x);
                 let u = up.forward(x);
@@ -91,11 +122,13 @@ impl Mlp {
                 up,
                 down,
                 fused,
+                gelu,
             } => Mlp::SwiGlu {
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
                 fused: *fused,
+                gelu: *gelu,
             },
         }
     }

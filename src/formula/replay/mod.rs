@@ -94,6 +94,26 @@ impl SelfAttention {
         o.forward_add(y, x, residual)
     }
 
+    /// Mirror of the model's `SelfAttention::forward_owned`.
+    fn forward_owned(
+        &self,
+        x: Sym,
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: Option<&mut Option<(Sym, Sym)>>,
+    ) -> Sym {
+        let (heads, o) = match (self, cache) {
+            (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary), &a.o),
+            (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary), &a.o),
+            (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c), &a.o),
+            (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c), &a.o),
+        };
+        drop(x);
+        let y = o.forward(&heads);
+        drop(heads);
+        y
+    }
+
     /// Mirror of the model's `SelfAttention::forward_cached_add`.
     fn forward_cached_add(
         &self,
@@ -143,6 +163,16 @@ enum Ffn {
 }
 
 impl Ffn {
+    /// Mirror of the model's `Ffn::forward_owned`.
+    fn forward_owned(&self, x: Sym) -> Sym {
+        let y = match self {
+            Ffn::Dense(m) => m.forward(&x),
+            Ffn::Moe(m) => m.forward(&x),
+        };
+        drop(x);
+        y
+    }
+
     /// Mirror of the model's `Ffn::forward_add`.
     fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
         match self {
@@ -175,6 +205,8 @@ struct Block {
     attn: SelfAttention,
     ln2: Norm,
     mlp: Ffn,
+    /// Gemma's norms after the attention and after the MLP.
+    post: Option<(Norm, Norm)>,
     /// Its attention slides (takes the windowed mask).
     windowed: bool,
     /// Its ledger tag (`compress`): what it allocates, forward and backward, is its segment.
@@ -200,8 +232,32 @@ impl Masks {
 
 impl Block {
     fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
+        if let Some(post) = &self.post {
+            return self.sandwich(x, post, mask, rotary, None);
+        }
         let x = self.attn.forward_add(self.ln1.forward(x), x, mask, rotary);
         self.mlp.forward_add(self.ln2.forward(&x), &x)
+    }
+
+    /// Mirror of the model's `Block::sandwich` (Gemma).
+    fn sandwich(
+        &self,
+        x: &Sym,
+        (ln1_post, ln2_post): &(Norm, Norm),
+        mask: Option<&Sym>,
+        rotary: Option<Rotary>,
+        cache: Option<&mut Option<(Sym, Sym)>>,
+    ) -> Sym {
+        let y = self
+            .attn
+            .forward_owned(self.ln1.forward(x), mask, rotary, cache);
+        let n = ln1_post.forward(&y);
+        drop(y);
+        let x = add_owned(x, n);
+        let y = self.mlp.forward_owned(self.ln2.forward(&x));
+        let n = ln2_post.forward(&y);
+        drop(y);
+        add_owned(&x, n)
     }
 
     fn forward_cached(
@@ -211,6 +267,9 @@ impl Block {
         rotary: Option<Rotary>,
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
+        if let Some(post) = &self.post {
+            return self.sandwich(x, post, mask, rotary, Some(cache));
+        }
         let x = self
             .attn
             .forward_cached_add(self.ln1.forward(x), x, mask, rotary, cache);
@@ -293,6 +352,10 @@ pub struct Transformer {
     wpe: Option<Sym>,
     /// LLaMA's rotary tables cos, sin `(S_max, D/2)`.
     rope: Option<(Sym, Sym)>,
+    /// Gemma's sliding layers' own tables.
+    rope_local: Option<(Sym, Sym)>,
+    /// Gemma: the token embedding times √H (an affine copy).
+    embed_scale: bool,
     blocks: Vec<Block>,
     ln_f: Norm,
     head: Linear,
@@ -359,6 +422,19 @@ impl Transformer {
                 Sym::new(ledger, &[s_max, half], param_dtype),
             )
         });
+        // Gemma's sliding layers' own tables (after the global ones).
+        let rope_local = shape
+            .llama
+            .filter(|l| l.local_rope(shape.l as usize))
+            .map(|l| {
+                let half = l.head_dim / 2;
+                (
+                    Sym::new(ledger, &[s_max, half], param_dtype),
+                    Sym::new(ledger, &[s_max, half], param_dtype),
+                )
+            });
+        let gemma = shape.llama.and_then(|l| l.gemma);
+        let norm = |n: usize, rms: bool| Norm::with_offset(&p, n, rms, gemma.is_some());
         let stem = match shape.vision {
             None => Stem::Tokens(p.tensor(&[v, h])),
             Some(vis) => Stem::Patches {
@@ -391,6 +467,7 @@ impl Transformer {
             up: proj(&specs[1]),
             down: proj(&specs[2]),
             fused: shape.kernels.fused(),
+            gelu: gemma.is_some(),
         };
         // The routing a row recorded is per sparse layer, in layer order.
         let mut sparse_index = 0;
@@ -401,7 +478,7 @@ impl Transformer {
                 let lay = shape.layer_layout(layer as u64);
                 let window = shape.llama.and_then(|l| l.window_at(layer));
                 let core = Core { window, ..core };
-                let ln1 = Norm::new(&p, h, llama);
+                let ln1 = norm(h, llama);
                 let attn = match shape.llama.and_then(|l| l.mla) {
                     Some(m) => {
                         let mut it = lay.attn.iter();
@@ -433,16 +510,14 @@ impl Transformer {
                         v: proj(&lay.attn[2]),
                         o: proj(&lay.attn[3]),
                         qk_norm: shape.llama.filter(|l| l.qk_norm).map(|_| {
-                            (
-                                Norm::new(&p, head_dim as usize, true),
-                                Norm::new(&p, head_dim as usize, true),
-                            )
+                            (norm(head_dim as usize, true), norm(head_dim as usize, true))
                         }),
                         head_dim: head_dim as usize,
                         core,
                     }),
                 };
-                let ln2 = Norm::new(&p, h, llama);
+                let ln1_post = gemma.map(|_| norm(h, true));
+                let ln2 = norm(h, llama);
                 let mlp = match &lay.mlp {
                     MlpLayout::Moe {
                         shape: m,
@@ -482,18 +557,20 @@ impl Transformer {
                         fused: shape.kernels.fused(),
                     })),
                 };
+                let post = ln1_post.map(|a| (a, norm(h, true)));
                 Block {
                     ln1,
                     attn,
                     ln2,
                     mlp,
+                    post,
                     windowed: window.is_some(),
                     tag,
                 }
             })
             .collect();
         ledger.set_tag(0);
-        let ln_f = Norm::new(&p, h, llama);
+        let ln_f = norm(h, llama);
         let head = match (&stem, shape.tied) {
             (Stem::Tokens(wte), true) => Linear {
                 weight: wte.clone(),
@@ -531,6 +608,10 @@ impl Transformer {
             }
             all.extend(b.attn.norm_weights());
             all.extend(b.ln2.weights());
+            if let Some((a, c)) = &b.post {
+                all.extend(a.weights());
+                all.extend(c.weights());
+            }
         }
         all.extend(ln_f.weights());
         if !shape.tied {
@@ -541,6 +622,8 @@ impl Transformer {
             stem,
             wpe,
             rope,
+            rope_local,
+            embed_scale: gemma.is_some(),
             blocks,
             ln_f,
             head,
@@ -553,11 +636,31 @@ impl Transformer {
         }
     }
 
-    /// The rotary tables at positions `offset..` (LLaMA).
-    fn rotary(&self, offset: usize) -> Option<Rotary<'_>> {
-        self.rope
-            .as_ref()
-            .map(|(cos, sin)| Rotary { cos, sin, offset })
+    /// Block `block`'s rotary tables at positions `offset..` (LLaMA; Gemma's sliding layers:
+    /// their own).
+    fn rotary(&self, block: &Block, offset: usize) -> Option<Rotary<'_>> {
+        let tables = match &self.rope_local {
+            Some(local) if block.windowed => Some(local),
+            _ => self.rope.as_ref(),
+        };
+        tables.map(|(cos, sin)| Rotary { cos, sin, offset })
+    }
+
+    /// Mirror of the model's `tokens`: the embedding (Gemma: times √H, the rows freed).
+    fn tokens(&self, wte: &Sym, input: &Sym) -> Sym {
+        // candle-nn `Embedding::forward`.
+        let mut final_dims = input.dims().to_vec();
+        final_dims.push(self.hidden);
+        let indexes = input.flatten_all();
+        let values = wte.index_select(&indexes, 0);
+        let e = values.reshape(&final_dims);
+        drop((indexes, values));
+        if !self.embed_scale {
+            return e;
+        }
+        let x = e.affine(1.0);
+        drop(e);
+        x
     }
 
     /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: images →
@@ -567,7 +670,7 @@ impl Transformer {
         let mut x = self.embed(input);
         for block in &self.blocks {
             input.ledger().set_tag(block.tag);
-            x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(block, 0));
         }
         input.ledger().set_tag(0);
         self.head_forward(&x)
@@ -614,13 +717,7 @@ impl Transformer {
         } else {
             Masks::default()
         };
-        let tokens_embedded = {
-            let mut final_dims = tokens.dims().to_vec();
-            final_dims.push(self.hidden);
-            let indexes = tokens.flatten_all();
-            let values = wte.index_select(&indexes, 0);
-            values.reshape(&final_dims)
-        };
+        let tokens_embedded = self.tokens(wte, tokens);
         // The model adds to a temporary: the embedding goes once the sum exists.
         let mut x = match &self.wpe {
             Some(wpe) => {
@@ -633,7 +730,7 @@ impl Transformer {
         };
         for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
             tokens.ledger().set_tag(block.tag);
-            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(offset), c);
+            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(block, offset), c);
         }
         tokens.ledger().set_tag(0);
         let last = x.narrow(1, s - 1, 1).contiguous();
@@ -653,20 +750,12 @@ impl Transformer {
         match &self.stem {
             Stem::Tokens(wte) => {
                 let s = input.dims()[1];
-                // candle-nn `Embedding::forward`.
-                let embedded = || {
-                    let mut final_dims = input.dims().to_vec();
-                    final_dims.push(self.hidden);
-                    let indexes = input.flatten_all();
-                    let values = wte.index_select(&indexes, 0);
-                    values.reshape(&final_dims)
-                };
                 match &self.wpe {
                     Some(wpe) => {
                         let pos = wpe.narrow(0, 0, s);
-                        embedded().broadcast_add(&pos)
+                        self.tokens(wte, input).broadcast_add(&pos)
                     }
-                    None => embedded(),
+                    None => self.tokens(wte, input),
                 }
             }
             Stem::Patches { proj, cls, patch } => {
@@ -689,7 +778,7 @@ impl Transformer {
         let outer = ledger.tag();
         for block in &self.blocks[range] {
             ledger.set_tag(block.tag);
-            x = block.forward(&x, masks.at(block.windowed), self.rotary(0));
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(block, 0));
         }
         ledger.set_tag(outer);
         x
@@ -719,6 +808,7 @@ impl Transformer {
     fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
         let lin = |l: &Linear| l.map(f, f);
         let rope = self.rope.as_ref().map(|(c, s)| (f(c), f(s)));
+        let rope_local = self.rope_local.as_ref().map(|(c, s)| (f(c), f(s)));
         let stem = match &self.stem {
             Stem::Tokens(wte) => Stem::Tokens(f(wte)),
             Stem::Patches { proj, cls, patch } => Stem::Patches {
@@ -736,13 +826,16 @@ impl Transformer {
                 ledger.set_tag(b.tag);
                 let ln1 = b.ln1.map(f);
                 let attn = b.attn.map(&lin, f);
+                let ln1_post = b.post.as_ref().map(|p| p.0.map(f));
                 let ln2 = b.ln2.map(f);
                 let mlp = b.mlp.map(&lin);
+                let post = ln1_post.zip(b.post.as_ref().map(|p| p.1.map(f)));
                 Block {
                     ln1,
                     attn,
                     ln2,
                     mlp,
+                    post,
                     windowed: b.windowed,
                     tag: b.tag,
                 }
@@ -767,6 +860,8 @@ impl Transformer {
             stem,
             wpe,
             rope,
+            rope_local,
+            embed_scale: self.embed_scale,
             blocks,
             ln_f,
             head,

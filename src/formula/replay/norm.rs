@@ -8,17 +8,32 @@ use crate::model::kernels::Kernel;
 /// (LLaMA), over the last dimension.
 ///
 /// Fused (`model::kernels`): one op on x and the weights (its `eps` does not change memory).
+/// Gemma's RMSNorm (`offset`) makes `1 + w` first, freed when the norm returns.
 pub(super) enum Norm {
-    Layer { weight: Sym, bias: Sym, fused: bool },
-    Rms { weight: Sym, fused: bool },
+    Layer {
+        weight: Sym,
+        bias: Sym,
+        fused: bool,
+    },
+    Rms {
+        weight: Sym,
+        fused: bool,
+        offset: bool,
+    },
 }
 
 impl Norm {
     pub(super) fn new(p: &Params, h: usize, rms: bool) -> Self {
+        Self::with_offset(p, h, rms, false)
+    }
+
+    /// [`Norm::new`]; an RMSNorm with `offset` scales by `1 + w` (Gemma).
+    pub(super) fn with_offset(p: &Params, h: usize, rms: bool, offset: bool) -> Self {
         if rms {
             Norm::Rms {
                 weight: p.tensor(&[h]),
                 fused: p.fused,
+                offset,
             }
         } else {
             Norm::Layer {
@@ -40,9 +55,14 @@ impl Norm {
                 bias: f(bias),
                 fused: *fused,
             },
-            Norm::Rms { weight, fused } => Norm::Rms {
+            Norm::Rms {
+                weight,
+                fused,
+                offset,
+            } => Norm::Rms {
                 weight: f(weight),
                 fused: *fused,
+                offset: *offset,
             },
         }
     }
@@ -55,6 +75,20 @@ impl Norm {
     }
 
     pub(super) fn forward(&self, x: &Sym) -> Sym {
+        if let Norm::Rms {
+            weight,
+            fused,
+            offset: true,
+        } = self
+        {
+            // Gemma: `weight.affine(1, 1)`, freed when the norm returns.
+            let plus_one = Norm::Rms {
+                weight: weight.affine(1.0),
+                fused: *fused,
+                offset: false,
+            };
+            return plus_one.forward(x);
+        }
         match self {
             Norm::Layer {
                 weight,
@@ -67,6 +101,7 @@ impl Norm {
             Norm::Rms {
                 weight,
                 fused: true,
+                ..
             } => {
                 let k = Kernel::RmsNorm { eps: 0.0 };
                 return Sym::kernel(k, &[x, weight], x.dims(), x.dtype());
