@@ -434,7 +434,8 @@ pub struct GridArgs {
     /// or all (default q,v).
     #[arg(long, value_delimiter = ',')]
     pub lora_targets: Vec<String>,
-    /// How LoRA freezes the base projections: detach, op, q4_0, q8_0, q4_k, q6_k (QLoRA), comma-separated.
+    /// How LoRA freezes the base projections: detach, op, q4_0, q8_0, q4_k, q6_k (QLoRA), fp8,
+    /// mxfp4 (held as those checkpoints ship), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub lora_base: Vec<String>,
     /// Elements per quantization block of adamw-8bit, comma-separated (default 2048).
@@ -446,7 +447,8 @@ pub struct GridArgs {
     /// Decode with a key/value cache (on) or recompute the prefix per token (off).
     #[arg(long, value_delimiter = ',')]
     pub kv_cache: Vec<String>,
-    /// Weights the inference phases serve with: model, f16, q8_0, q4_0, q4_k, q6_k (comma-separated).
+    /// Weights the inference phases serve with: model, f16, q8_0, q4_0, q4_k, q6_k, fp8, mxfp4
+    /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub weights: Vec<String>,
     /// How the load phase reads the safetensors file: read, mmap (comma-separated).

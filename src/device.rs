@@ -204,10 +204,12 @@ pub enum ServingWeights {
     /// FP8 e4m3 with an f32 scale per 128×128 block (how DeepSeek-V3 and the `*-FP8`
     /// checkpoints ship their projections).
     Fp8,
+    /// MXFP4: e2m1 values with a power-of-two scale per 32 (how gpt-oss ships its experts).
+    Mxfp4,
 }
 
 impl ServingWeights {
-    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k, fp8";
+    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k, fp8, mxfp4";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -218,6 +220,7 @@ impl ServingWeights {
             "q4_k" => Some(Self::Q4K),
             "q6_k" => Some(Self::Q6K),
             "fp8" => Some(Self::Fp8),
+            "mxfp4" => Some(Self::Mxfp4),
             _ => None,
         }
     }
@@ -231,6 +234,7 @@ impl ServingWeights {
             Self::Q4K => "q4_k",
             Self::Q6K => "q6_k",
             Self::Fp8 => "fp8",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
@@ -244,6 +248,7 @@ impl ServingWeights {
             Self::Q4K => Some(LoraBase::Q4K),
             Self::Q6K => Some(LoraBase::Q6K),
             Self::Fp8 => Some(LoraBase::Fp8),
+            Self::Mxfp4 => Some(LoraBase::Mxfp4),
         }
     }
 }

@@ -235,8 +235,8 @@ fn lora_frozen_op_refuses_mixed_precision() {
     );
 }
 
-/// The k-quants pack 256 weights of a row per super-block: a projection whose input is not a
-/// multiple of 256 is named in the refusal (q4_0's 32 fit the same model).
+/// The k-quants pack 256 weights of a row per super-block, MXFP4 32: a projection whose input
+/// is not a multiple is named in the refusal (q4_0's 32 fit the first model).
 #[test]
 fn k_quant_blocks_need_inputs_of_256() {
     rejects(
@@ -263,6 +263,12 @@ fn k_quant_blocks_need_inputs_of_256() {
         ],
         &[],
         &["lora_base", "q6_k", "not a multiple of 256"],
+    );
+    // MXFP4's scale covers 32 weights of a row: a 48-wide input is refused by name.
+    rejects(
+        &["--hidden", "48", "--heads", "2", "--weights", "mxfp4"],
+        &[],
+        &["weights", "mxfp4", "input width 48", "not a multiple of 32"],
     );
 }
 

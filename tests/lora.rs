@@ -172,7 +172,7 @@ fn lora_memory_is_predicted() {
 }
 
 /// QLoRA over GGUF's k-quants (super-blocks of 256), over FP8 with 128×128 block scales (an
-/// FP8 checkpoint's base as shipped), and QLoRA and the frozen-base op in
+/// FP8 checkpoint's base as shipped), over MXFP4 (e2m1 with a scale per 32), and QLoRA and the frozen-base op in
 /// 16-bit (the dequantized weight cast to the activations' type; the backward's input gradient
 /// from `grad·W`): every phase predicted (on the CPU within the tolerances above; on CUDA within
 /// the pool's factor), and the quantized weights kept after init ordered by bits per weight.
@@ -187,6 +187,8 @@ fn qlora_k_quants_and_half(device: &str) {
         (half, "op"),
         ("f32", "fp8"),
         (half, "fp8"),
+        ("f32", "mxfp4"),
+        (half, "mxfp4"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let rows = run_rows(
@@ -240,6 +242,8 @@ fn qlora_k_quants_and_half(device: &str) {
     // activation type.
     assert!(kept[&(half, "q4_k")] < kept[&(half, "fp8")], "{kept:?}");
     assert!(kept[&(half, "fp8")] < kept[&(half, "op")], "{kept:?}");
+    // MXFP4: 4 bits and a byte per 32 (4.25 bits per weight), below Q4_K's 4.5.
+    assert!(kept[&(half, "mxfp4")] < kept[&(half, "q4_k")], "{kept:?}");
 }
 
 on_each_device!(qlora_blocks, qlora_k_quants_and_half);

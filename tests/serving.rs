@@ -111,7 +111,8 @@ fn prefill_uses_the_efficient_attention() {
 }
 
 /// GGUF's k-quants (`q4_k`, `q6_k`: super-blocks of 256 weights), FP8 with 128×128 block scales
-/// (dequantized straight into the activations' type), and 16-bit activations
+/// and MXFP4 (e2m1 with a power-of-two scale per 32; both dequantized straight into the
+/// activations' type), and 16-bit activations
 /// through the frozen-linear op (the weights dequantized on the device, cast to the
 /// activations' type): every serving window predicted (on the CPU to the byte, up to metadata;
 /// on CUDA within the pool's factor), the logits' error recorded and smaller for 6 bits than for
@@ -126,6 +127,8 @@ fn k_quants_and_half_activations(device: &str) {
         (half, "q4_k"),
         ("f32", "fp8"),
         (half, "fp8"),
+        ("f32", "mxfp4"),
+        (half, "mxfp4"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let rows = run_rows(
@@ -185,11 +188,19 @@ on_each_device!(k_quants, k_quants_and_half_activations);
 
 /// Mixtures of experts served as FP8 checkpoints ship them (Qwen3-MoE's and DeepSeek-V3's
 /// fixtures: attention — MLA's latent projections included —, experts and shared experts in FP8,
-/// routers and norms dense): every serving window predicted from the recorded routing, decode
-/// over the latent with `kv_b` dequantized for the step, and the logits' error recorded.
+/// routers and norms dense), and in MXFP4 as gpt-oss ships its experts (Qwen3-MoE's fixture with
+/// experts 32 wide, a whole MXFP4 block a row): every serving window predicted from the
+/// recorded routing, decode over the latent with `kv_b` dequantized for the step, and the
+/// logits' error recorded.
 fn mixtures_of_experts_in_fp8(device: &str) {
     let half = if device == "cpu" { "f16" } else { "bf16" };
-    for family in ["qwen3_moe", "deepseek_v3"] {
+    // MXFP4 cuts rows into blocks of 32: Qwen3-MoE's experts (24 wide) widened for it; the
+    // others as their fixtures are.
+    for (family, format, width) in [
+        ("qwen3_moe", "fp8", "moe_intermediate_size=24"),
+        ("deepseek_v3", "fp8", "moe_intermediate_size=20"),
+        ("qwen3_moe", "mxfp4", "moe_intermediate_size=32"),
+    ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",
             env!("CARGO_MANIFEST_DIR")
@@ -213,13 +224,15 @@ fn mixtures_of_experts_in_fp8(device: &str) {
                 "--decode-tokens",
                 "3",
                 "--weights",
-                "fp8",
+                format,
+                "--hf-set",
+                width,
             ],
         );
         assert_eq!(rows.len(), 3, "{rows:?}");
         for r in &rows {
             assert_eq!(r.status, memfit::record::Status::Ok, "{r:?}");
-            assert_eq!(r.weights, "fp8");
+            assert_eq!(r.weights, format);
             let ok = if device == "cpu" {
                 exact_peak(r)
             } else {
@@ -227,7 +240,7 @@ fn mixtures_of_experts_in_fp8(device: &str) {
             };
             assert!(
                 ok,
-                "{device} {family} {}: measured {:?} predicted {:?}",
+                "{device} {family} {format} {}: measured {:?} predicted {:?}",
                 r.phase, r.peak_bytes, r.predicted_peak_bytes
             );
         }

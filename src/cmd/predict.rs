@@ -97,7 +97,7 @@ pub struct CasePrediction {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Serving {
     /// How the serving copy holds its projections (`--weights`: `model`, `f16`, `q8_0`, …,
-    /// `fp8`; an FP8 checkpoint's default is `fp8`, as shipped).
+    /// `fp8`, `mxfp4`; an FP8 checkpoint's default is `fp8`, as shipped).
     pub weights: String,
     /// The serving copy's weights, with the rotary tables and metadata.
     pub weights_bytes: u64,
@@ -330,6 +330,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 let held = match sv.weights.as_str() {
                     "model" => String::new(),
                     "fp8" => " (fp8: e4m3 projections with an f32 scale per 128×128 block, the rest in the model's type)".to_string(),
+                    "mxfp4" => " (mxfp4: e2m1 projections, two a byte, with a power-of-two scale per 32, the rest in the model's type)".to_string(),
                     w => format!(" ({w})"),
                 };
                 println!(

@@ -1744,7 +1744,7 @@ pub enum FrozenW {
     /// GGML blocks: dequantized to f32 (with `scratch` bytes beside the output while it is
     /// written), then cast when the activations are 16-bit.
     Ggml { scratch: usize },
-    /// FP8 with block scales: dequantized straight into the activations' type.
+    /// FP8 with block scales, or MXFP4: dequantized straight into the activations' type.
     Fp8,
 }
 

@@ -14,7 +14,7 @@
 
 use crate::device::{ElemType, ServingWeights};
 use crate::model::frozen::{quantize_scratch, quantized_bytes};
-use crate::model::shapes::{FP8_BLOCK, LoraBase};
+use crate::model::shapes::{FP8_BLOCK, LoraBase, mxfp4_bytes};
 use crate::model::transformer::{BlockTensor, LoraTarget};
 use crate::optim::inplace;
 use crate::phase::{OptimizerKind, Phase};
@@ -603,10 +603,14 @@ impl Shape {
                         };
                         (qb, f32_copy + blocks, QUANT_META_PER_PROJ)
                     }
-                    // FP8: quantized on the host straight from the weight's elements (on CUDA
-                    // from a host copy), each part uploaded once.
+                    // FP8 and MXFP4: quantized on the host straight from the weight's elements
+                    // (on CUDA from a host copy), each of the two parts uploaded once.
                     None => {
-                        let qb = FP8_BLOCK.bytes(p.out, p.inp);
+                        let qb = if base == LoraBase::Mxfp4 {
+                            mxfp4_bytes(p.out, p.inp)
+                        } else {
+                            FP8_BLOCK.bytes(p.out, p.inp)
+                        };
                         (qb, qb, FP8_META_PER_PROJ)
                     }
                 };

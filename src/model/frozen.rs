@@ -21,6 +21,15 @@
 //! activations' type (`w = f8 · scale`, one pass, no f32 copy beside a 16-bit one: memfit's
 //! loop on the CPU, its `memfit_fp8_dequant` kernel on CUDA).
 //!
+//! MXFP4 weights (`lora_base`/`weights` `mxfp4`, OCP Microscaling as gpt-oss ships its
+//! experts) are held as shipped too: the e2m1 values, two per byte (`(out, in/2)` u8, the low
+//! nibble first: element `2j` in bits 0–3, `2j + 1` in bits 4–7, bit 3 of a nibble its sign),
+//! and a UE8M0 scale per 32 weights of a row (`(out, in/32)` u8, the weight `e2m1 ·
+//! 2^(scale − 127)`), dequantized straight into the activations' type like FP8 (memfit's
+//! loop on the CPU, its `memfit_mxfp4_dequant` kernel on CUDA). Quantizing follows the OCP MX
+//! specification: a block's scale is `2^(⌊log₂ max|w|⌋ − 2)` (e2m1's largest power is 2²), each
+//! value rounded to the nearest e2m1 value (ties to the even code), saturating at ±6.
+//!
 //! Memory per call (`r` rows, `in → out`, activations of `e` bytes): forward — a copy of the
 //! input `e·r·in`, the dequantized weight `4·out·in` and, for 16-bit input, its cast
 //! `e·out·in` beside it (quantized only; the f32 copy is dropped before the product), the
@@ -35,7 +44,7 @@ use candle_core::{
     CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, bail,
 };
 
-use super::shapes::FP8_BLOCK;
+use super::shapes::{FP8_BLOCK, MXFP4_BLOCK};
 
 /// A frozen weight `(out, in)`: dense, quantized in GGML blocks, or FP8 with block scales.
 #[derive(Debug, Clone)]
@@ -44,6 +53,107 @@ pub enum FrozenWeight {
     Quantized(Arc<QTensor>),
     /// e4m3 `(out, in)` and its f32 inverse scales ([`Fp8Weight`]).
     Fp8(Arc<Fp8Weight>),
+    /// e2m1 pairs and UE8M0 scales ([`Mxfp4Weight`]).
+    Mxfp4(Arc<Mxfp4Weight>),
+}
+
+/// An MXFP4 weight `(out, in)` as shipped: `blocks` `(out, in/2)` u8 (two e2m1 values a byte,
+/// the low nibble first) and `scales` `(out, in/32)` u8 (UE8M0: `2^(s − 127)`).
+#[derive(Debug)]
+pub struct Mxfp4Weight {
+    pub blocks: Tensor,
+    pub scales: Tensor,
+}
+
+/// The e2m1 values of the codes 0–7 (a nibble's bit 3 is the sign).
+pub const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// The e2m1 code (sign in bit 3) nearest `x`, ties to the even code, ±6 beyond.
+fn e2m1_code(x: f32) -> u8 {
+    let a = x.abs();
+    let mut best = 0usize;
+    for (i, &v) in E2M1.iter().enumerate().skip(1) {
+        let (d, db) = ((a - v).abs(), (a - E2M1[best]).abs());
+        if d < db || (d == db && i % 2 == 0) {
+            best = i;
+        }
+    }
+    best as u8
+        | if x.is_sign_negative() && best > 0 {
+            8
+        } else {
+            0
+        }
+}
+
+/// The f32 value of an e2m1 nibble.
+fn e2m1_value(nibble: u8) -> f32 {
+    let v = E2M1[(nibble & 7) as usize];
+    if nibble & 8 != 0 { -v } else { v }
+}
+
+/// Quantizes rows of `inp` weights (`inp` a multiple of 32) into MXFP4: the packed values and
+/// a UE8M0 scale per 32 (see the module docs).
+fn mxfp4_quantize<T: Copy + Sync>(
+    src: &[T],
+    f: impl Fn(T) -> f32 + Sync,
+    out: usize,
+    inp: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    use rayon::prelude::*;
+    let groups = inp / MXFP4_BLOCK;
+    let mut blocks = vec![0u8; out * inp / 2];
+    let mut scales = vec![0u8; out * groups];
+    blocks
+        .par_chunks_mut(inp / 2)
+        .zip(scales.par_chunks_mut(groups))
+        .enumerate()
+        .for_each(|(r, (brow, srow))| {
+            for (g, s) in srow.iter_mut().enumerate() {
+                let vals = &src[r * inp + g * MXFP4_BLOCK..r * inp + (g + 1) * MXFP4_BLOCK];
+                let amax = vals.iter().fold(0f32, |m, &v| m.max(f(v).abs()));
+                // UE8M0 holds 2^-127 ..= 2^127; an all-zero block keeps scale 1.
+                let e = if amax > 0.0 && amax.is_finite() {
+                    (amax.log2().floor() as i32 - 2).clamp(-127, 127)
+                } else {
+                    0
+                };
+                *s = (e + 127) as u8;
+                let inv = (-e as f32).exp2();
+                for (j, pair) in brow[g * 16..(g + 1) * 16].iter_mut().enumerate() {
+                    let lo = e2m1_code(f(vals[2 * j]) * inv);
+                    let hi = e2m1_code(f(vals[2 * j + 1]) * inv);
+                    *pair = lo | hi << 4;
+                }
+            }
+        });
+    (blocks, scales)
+}
+
+/// Dequantizes MXFP4 rows of `inp` into `T` (by `of`).
+fn mxfp4_dequantize<T: Copy + Send + Default>(
+    blocks: &[u8],
+    scales: &[u8],
+    out: usize,
+    inp: usize,
+    of: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let groups = inp / MXFP4_BLOCK;
+    let mut w = vec![T::default(); out * inp];
+    w.par_chunks_mut(inp).enumerate().for_each(|(r, row)| {
+        let (brow, srow) = (
+            &blocks[r * inp / 2..(r + 1) * inp / 2],
+            &scales[r * groups..(r + 1) * groups],
+        );
+        for (c, o) in row.iter_mut().enumerate() {
+            let byte = brow[c / 2];
+            let nibble = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            let scale = (srow[c / MXFP4_BLOCK] as i32 - 127) as f32;
+            *o = of(e2m1_value(nibble) * scale.exp2());
+        }
+    });
+    w
 }
 
 /// An FP8 weight as shipped: e4m3 `w` `(out, in)` and its f32 inverse scales `scale`
@@ -140,7 +250,44 @@ impl FrozenWeight {
                 }
             }
             FrozenWeight::Fp8(f) => fp8_dense(&f.w, &f.scale, dtype),
+            FrozenWeight::Mxfp4(m) => mxfp4_dense(&m.blocks, &m.scales, dtype),
         }
+    }
+
+    /// Quantizes `w` `(out, in)` (`in` a multiple of 32) to MXFP4, on `w`'s device (on CUDA
+    /// through the host, as [`FrozenWeight::quantize_fp8`]). The result holds
+    /// [`super::shapes::mxfp4_bytes`] bytes; nothing else stays.
+    pub fn quantize_mxfp4(w: &Tensor) -> Result<Self> {
+        let (out, inp) = w.dims2()?;
+        if inp % MXFP4_BLOCK != 0 {
+            bail!("mxfp4: a row of {inp} weights is not a whole number of blocks of {MXFP4_BLOCK}")
+        }
+        let host = if w.device().is_cpu() {
+            w.contiguous()?
+        } else {
+            w.to_device(&Device::Cpu)?
+        };
+        let (blocks, scales) = {
+            let (s, l) = host.storage_and_layout();
+            let Some((a, b)) = l.contiguous_offsets() else {
+                bail!("mxfp4: the weight must be contiguous")
+            };
+            match &*s {
+                Storage::Cpu(CpuStorage::F32(d)) => mxfp4_quantize(&d[a..b], |v| v, out, inp),
+                Storage::Cpu(CpuStorage::F16(d)) => {
+                    mxfp4_quantize(&d[a..b], |v| v.to_f32(), out, inp)
+                }
+                Storage::Cpu(CpuStorage::BF16(d)) => {
+                    mxfp4_quantize(&d[a..b], |v| v.to_f32(), out, inp)
+                }
+                _ => bail!("mxfp4: the weight must be f32, f16 or bf16"),
+            }
+        };
+        drop(host);
+        Ok(FrozenWeight::Mxfp4(Arc::new(Mxfp4Weight {
+            blocks: Tensor::from_vec(blocks, (out, inp / 2), w.device())?,
+            scales: Tensor::from_vec(scales, (out, inp / MXFP4_BLOCK), w.device())?,
+        })))
     }
 
     /// Quantizes `w` `(out, in)` to e4m3 with an f32 scale per 128×128 block, on `w`'s device
@@ -228,6 +375,53 @@ fn fp8_dense(w: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
             ))
         }
         _ => bail!("fp8: an e4m3 weight with f32 scales on one device"),
+    }
+}
+
+/// The dense `(out, in)` weight of MXFP4 `blocks` `(out, in/2)` and `scales` `(out, in/32)`, in
+/// `dtype`, on their device: one fresh tensor, nothing beside it.
+fn mxfp4_dense(blocks: &Tensor, scales: &Tensor, dtype: DType) -> Result<Tensor> {
+    let (out, half) = blocks.dims2()?;
+    let inp = 2 * half;
+    let (bs, bl) = blocks.storage_and_layout();
+    let (ss, sl) = scales.storage_and_layout();
+    match (&*bs, &*ss) {
+        (Storage::Cpu(CpuStorage::U8(q)), Storage::Cpu(CpuStorage::U8(s))) => {
+            let (Some((a, b)), Some((c, d))) = (bl.contiguous_offsets(), sl.contiguous_offsets())
+            else {
+                bail!("mxfp4: values and scales must be contiguous")
+            };
+            let (q, s) = (&q[a..b], &s[c..d]);
+            let shape = (out, inp);
+            match dtype {
+                DType::F32 => {
+                    Tensor::from_vec(mxfp4_dequantize(q, s, out, inp, |v| v), shape, &Device::Cpu)
+                }
+                DType::F16 => Tensor::from_vec(
+                    mxfp4_dequantize(q, s, out, inp, half::f16::from_f32),
+                    shape,
+                    &Device::Cpu,
+                ),
+                DType::BF16 => Tensor::from_vec(
+                    mxfp4_dequantize(q, s, out, inp, half::bf16::from_f32),
+                    shape,
+                    &Device::Cpu,
+                ),
+                d => bail!("mxfp4: no dequantize into {d:?}"),
+            }
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(q), Storage::Cuda(s)) => {
+            let out_storage =
+                super::kernels::cuda::mxfp4_dequant((q, bl), (s, sl), out, inp, dtype)?;
+            Ok(Tensor::from_storage(
+                Storage::Cuda(out_storage),
+                (out, inp),
+                candle_core::op::BackpropOp::none(),
+                false,
+            ))
+        }
+        _ => bail!("mxfp4: u8 values and scales on one device"),
     }
 }
 
@@ -385,6 +579,109 @@ mod tests {
     /// `max/448`; the dequantized weight is exactly `e4m3 · scale`, within e4m3's half-ulp
     /// (2⁻⁴ relative, or half the subnormal step) of the original; an all-zero block gets scale
     /// 1; the parts hold `FP8_BLOCK.bytes` bytes.
+    /// MXFP4 as gpt-oss ships it (transformers' `convert_moe_packed_tensors`): the low nibble
+    /// is the even element, bit 3 the sign, the value `e2m1 · 2^(scale − 127)`; quantizing puts a
+    /// block's largest magnitude in [4, 8) before rounding (saturating at 6), rounds to the
+    /// nearest e2m1 value with ties to the even code, round-trips values already on the grid
+    /// exactly, and the parts hold `mxfp4_bytes` bytes.
+    #[test]
+    fn mxfp4_layout_and_round_trip() {
+        // One row of 32: byte 0 = 0x9F (element 0 the low nibble 0xF = −6, element 1 0x9 =
+        // −0.5), byte 1 = 0x72 (1.0, 6.0), the rest 0; scale 2^(130 − 127) = 8.
+        let mut packed = vec![0u8; 16];
+        packed[0] = 0x9F;
+        packed[1] = 0x72;
+        let blocks = Tensor::from_vec(packed, (1, 16), &Device::Cpu).unwrap();
+        let scales = Tensor::from_vec(vec![130u8], (1, 1), &Device::Cpu).unwrap();
+        let d: Vec<f32> = mxfp4_dense(&blocks, &scales, DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(&d[..4], &[-48.0, -4.0, 8.0, 48.0]);
+        assert!(d[4..].iter().all(|&v| v == 0.0));
+        // Ties to the even code: 0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4,
+        // 5 → 4; beyond 6 saturates.
+        for (x, want) in [
+            (0.25f32, 0.0f32),
+            (0.75, 1.0),
+            (1.25, 1.0),
+            (1.75, 2.0),
+            (2.5, 2.0),
+            (3.5, 4.0),
+            (5.0, 4.0),
+            (7.9, 6.0),
+            (-2.6, -3.0),
+        ] {
+            assert_eq!(e2m1_value(e2m1_code(x)), want, "{x}");
+        }
+        let (out, inp) = (3usize, 96usize);
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3 * (1 + i / 40) as f32)
+            .collect();
+        let t = Tensor::from_vec(w.clone(), (out, inp), &Device::Cpu).unwrap();
+        let FrozenWeight::Mxfp4(m) = FrozenWeight::quantize_mxfp4(&t).unwrap() else {
+            panic!("mxfp4")
+        };
+        assert_eq!(m.blocks.dims(), &[3, 48]);
+        assert_eq!(m.scales.dims(), &[3, 3]);
+        let bytes = m.blocks.elem_count() + m.scales.elem_count();
+        assert_eq!(bytes as u64, super::super::shapes::mxfp4_bytes(out, inp));
+        let sc: Vec<Vec<u8>> = m.scales.to_vec2().unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let d: Vec<f32> = mxfp4_dense(&m.blocks, &m.scales, dtype)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for (r, srow) in sc.iter().enumerate() {
+                for (g, &s) in srow.iter().enumerate() {
+                    let range = r * inp + g * 32..r * inp + (g + 1) * 32;
+                    let amax = w[range.clone()].iter().fold(0f32, |a, &v| a.max(v.abs()));
+                    let scale = (s as f32 - 127.0).exp2();
+                    assert_eq!(scale, (amax.log2().floor() - 2.0).exp2(), "({r}, {g})");
+                    for i in range {
+                        let x = w[i] / scale;
+                        // Within half the grid's step at x (1 above 4, 0.5 in [2, 4), 0.25
+                        // below 2), or saturated.
+                        let step = if x.abs() >= 4.0 {
+                            1.0
+                        } else if x.abs() >= 2.0 {
+                            0.5
+                        } else {
+                            0.25
+                        };
+                        let q = d[i] / scale;
+                        assert!(
+                            (q - x).abs() <= step || (x.abs() > 6.0 && q.abs() == 6.0),
+                            "{dtype:?} ({r}, {i}): {} → {}",
+                            w[i],
+                            d[i]
+                        );
+                    }
+                }
+            }
+        }
+        // Values on the grid come back exactly.
+        let grid: Vec<f32> = (0..64)
+            .map(|i| E2M1[i % 8] * if i % 3 == 0 { -0.25 } else { 0.25 })
+            .collect();
+        let t = Tensor::from_vec(grid.clone(), (2, 32), &Device::Cpu).unwrap();
+        let back: Vec<f32> = FrozenWeight::quantize_mxfp4(&t)
+            .unwrap()
+            .dense_as(DType::F32, &Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(back, grid);
+    }
+
     #[test]
     fn fp8_blocks_round_trip() {
         let (out, inp) = (200usize, 300usize);

@@ -313,7 +313,11 @@ fn quantization(f: &Fields) -> Result<Option<Shipped>, UserError> {
         .unwrap_or("(no quant_method)");
     let format = match method {
         "fp8" => return fp8_config(f, q),
-        "mxfp4" => "MXFP4: 4-bit values with an 8-bit scale per 32",
+        "mxfp4" => {
+            "MXFP4: 4-bit values with an 8-bit scale per 32; memfit holds projections so \
+             (`--weights mxfp4`, `--lora-base mxfp4`), but which modules a checkpoint ships in it \
+             is gpt-oss's layout, and gpt-oss is not built yet"
+        }
         "gptq" | "awq" => "4-bit integer weights with group scales",
         "bitsandbytes" => "bitsandbytes 8-bit or 4-bit weights",
         "compressed-tensors" => "compressed-tensors weights",

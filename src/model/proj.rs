@@ -102,6 +102,7 @@ impl Proj {
             LoraBase::Detach => None,
             LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
             LoraBase::Fp8 => Some(FrozenWeight::quantize_fp8(&weight)?),
+            LoraBase::Mxfp4 => Some(FrozenWeight::quantize_mxfp4(&weight)?),
             q => Some(FrozenWeight::quantize(
                 &weight,
                 q.ggml().expect("the other bases are dense"),

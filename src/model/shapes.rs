@@ -279,10 +279,14 @@ pub enum LoraBase {
     /// scale per 128×128 block, as DeepSeek-V3 and the `*-FP8` checkpoints ship them
     /// (`quantization_config` `quant_method: fp8`, `weight_block_size: [128, 128]`).
     Fp8,
+    /// [`super::frozen::FrozenLinear`] over MXFP4 (OCP Microscaling): e2m1 values, two per
+    /// byte, and a UE8M0 power-of-two scale per 32 weights of a row (17 B per 32 weights), as
+    /// gpt-oss ships its experts and vLLM and llama.cpp serve them ([`MXFP4_BLOCK`]).
+    Mxfp4,
 }
 
 impl LoraBase {
-    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k, fp8";
+    pub const NAMES: &'static str = "detach, op, q4_0, q8_0, q4_k, q6_k, fp8, mxfp4";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -293,6 +297,7 @@ impl LoraBase {
             "q4_k" => Some(Self::Q4K),
             "q6_k" => Some(Self::Q6K),
             "fp8" => Some(Self::Fp8),
+            "mxfp4" => Some(Self::Mxfp4),
             _ => None,
         }
     }
@@ -306,18 +311,28 @@ impl LoraBase {
             Self::Q4K => "q4_k",
             Self::Q6K => "q6_k",
             Self::Fp8 => "fp8",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
-    /// Whether the base is held in blocks (GGML's or FP8's) rather than dense.
+    /// Whether the base is held in blocks (GGML's, FP8's or MXFP4's) rather than dense.
     pub fn quantized(self) -> bool {
         !matches!(self, Self::Detach | Self::Op)
     }
 
-    /// The GGML block type of a quantized base; `None` for dense and FP8 ones.
+    /// The weights of a row one block holds, where a row is cut into blocks (GGML's, MXFP4's
+    /// 32); `None` for dense and FP8 (128×128 tiles, partial at the edges) bases.
+    pub fn row_block(self) -> Option<usize> {
+        match self {
+            Self::Mxfp4 => Some(MXFP4_BLOCK),
+            q => q.ggml().map(|g| g.block_size()),
+        }
+    }
+
+    /// The GGML block type of a quantized base; `None` for dense, FP8 and MXFP4 ones.
     pub fn ggml(self) -> Option<GgmlDType> {
         match self {
-            Self::Detach | Self::Op | Self::Fp8 => None,
+            Self::Detach | Self::Op | Self::Fp8 | Self::Mxfp4 => None,
             Self::Q4_0 => Some(GgmlDType::Q4_0),
             Self::Q8_0 => Some(GgmlDType::Q8_0),
             Self::Q4K => Some(GgmlDType::Q4K),
@@ -475,6 +490,15 @@ impl Fp8Block {
         let (r, c) = self.scales(out, inp);
         (out * inp) as u64 + 4 * (r * c) as u64
     }
+}
+
+/// Weights of a row that share one MXFP4 scale.
+pub const MXFP4_BLOCK: usize = 32;
+
+/// Bytes of an MXFP4 `(out, in)` weight (`in` a multiple of [`MXFP4_BLOCK`]): half a byte per
+/// value, one per scale: `out·in/2 + out·in/32`.
+pub fn mxfp4_bytes(out: usize, inp: usize) -> u64 {
+    (out * inp / 2 + out * inp / MXFP4_BLOCK) as u64
 }
 
 /// Projections that can carry a LoRA adapter.

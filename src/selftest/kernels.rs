@@ -314,7 +314,8 @@ pub fn moe_ops_match_their_compositions() {
 
 /// The frozen-linear op (`model::frozen`: LoRA's `op` base, QLoRA and quantized serving) on
 /// the device under test against candle's matmul on the same weights: dense, and dequantized
-/// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k, and FP8 with block scales). The op's input gradient is
+/// from every block type memfit stores (q4_0, q8_0, q4_k, q6_k, FP8 with block scales and
+/// MXFP4). The op's input gradient is
 /// compared; its weight and bias are frozen (no gradient, by construction).
 pub fn frozen_linear_matches_a_matmul_on_its_weights() {
     use crate::model::frozen::{FrozenLinear, FrozenWeight};
@@ -361,6 +362,31 @@ pub fn frozen_linear_matches_a_matmul_on_its_weights() {
                 .to_dtype(dtype)
                 .unwrap();
         weights.push(("fp8".to_string(), fw, deq));
+        // MXFP4 (memfit's loop on the CPU, its kernel on CUDA) against a host decode written
+        // as transformers' `convert_moe_packed_tensors` does: a signed table of the 16 nibbles,
+        // the low nibble first, times `2^(scale − 127)`.
+        let fw = FrozenWeight::quantize_mxfp4(&w).unwrap();
+        let FrozenWeight::Mxfp4(m) = &fw else {
+            unreachable!()
+        };
+        const LUT: [f32; 16] = [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        ];
+        let blocks: Vec<u8> = m.blocks.flatten_all().unwrap().to_vec1().unwrap();
+        let scales: Vec<u8> = m.scales.flatten_all().unwrap().to_vec1().unwrap();
+        let host: Vec<f32> = blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &b)| {
+                let s = (scales[i * 2 / 32] as f32 - 127.0).exp2();
+                [LUT[(b & 0x0f) as usize] * s, LUT[(b >> 4) as usize] * s]
+            })
+            .collect();
+        let deq = Tensor::from_vec(host, (40, 256), &dev())
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        weights.push(("mxfp4".to_string(), fw, deq));
         for (name, fw, deq) in weights {
             let op = || FrozenLinear {
                 weight: fw.clone(),

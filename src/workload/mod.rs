@@ -1129,12 +1129,12 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "op, detach with a mixture-of-experts model",
                 ));
             }
-            if moe && serve.quantized().is_some_and(|q| q != LoraBase::Fp8) {
+            if moe && serve.quantized().is_some_and(|q| q.ggml().is_some()) {
                 return Err(ctx.bad(
                     "weights",
                     serve.as_str(),
                     "GGML-quantized serving of a mixture of experts is not built yet",
-                    "model, f16, fp8 with a mixture-of-experts model",
+                    "model, f16, fp8, mxfp4 with a mixture-of-experts model",
                 ));
             }
             if k > cfg.layers {
@@ -1156,31 +1156,26 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "by-block with checkpoint > 0, or checkpoint = 0",
                 ));
             }
-            let quantized = serve
-                .quantized()
-                .or((rank > 0).then_some(lora_base))
-                .and_then(LoraBase::ggml);
-            if let Some(q) = quantized {
-                let block = q.block_size();
-                if let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % block != 0)
-                {
-                    let key = if rank > 0 { "lora_base" } else { "weights" };
-                    return Err(ctx.bad(
-                        key,
-                        if rank > 0 {
-                            lora_base.as_str()
-                        } else {
-                            serve.as_str()
-                        },
-                        &format!(
-                            "a {q:?} block holds {block} weights of a row: {}'s input width {} is not a multiple of {block}",
-                            p.path, p.inp
-                        ),
-                        &format!(
-                            "model, f16, or a block type whose block divides every projection input ({block} does not)"
-                        ),
-                    ));
-                }
+            let quantized = serve.quantized().or((rank > 0).then_some(lora_base));
+            if let Some((q, block)) = quantized.and_then(|q| q.row_block().map(|b| (q, b)))
+                && let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % block != 0)
+            {
+                let key = if rank > 0 { "lora_base" } else { "weights" };
+                return Err(ctx.bad(
+                    key,
+                    if rank > 0 {
+                        lora_base.as_str()
+                    } else {
+                        serve.as_str()
+                    },
+                    &format!(
+                        "a {} block holds {block} weights of a row: {}'s input width {} is not a multiple of {block}",
+                        q.as_str(), p.path, p.inp
+                    ),
+                    &format!(
+                        "model, f16, or a block type whose block divides every projection input ({block} does not)"
+                    ),
+                ));
             }
             // The frozen-linear op runs in the activations' type; mixed precision's per-forward
             // 16-bit copies would have to cover the frozen weights too, which it does not model.

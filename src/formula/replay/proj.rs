@@ -4,7 +4,7 @@
 use super::Params;
 use crate::formula::symbolic::{DType, FrozenW, Sym, frozen_dense};
 use crate::model::frozen::{dequantize_scratch, quantized_bytes};
-use crate::model::shapes::FP8_BLOCK;
+use crate::model::shapes::{FP8_BLOCK, MXFP4_BLOCK};
 use crate::model::transformer::{LoraBase, ProjSpec};
 
 /// Mirror of `proj::rows`: `x (…, in)` as `(N, in)`.
@@ -81,6 +81,12 @@ impl Linear {
                     Some(Sym::new(p.ledger, &[r, c], DType::F32)),
                 )
             }
+            // The values (two a byte), then a UE8M0 scale per 32; dequantized as FP8 is.
+            LoraBase::Mxfp4 => (
+                Sym::new(p.ledger, &[out * inp / 2], DType::U8),
+                Some(FrozenW::Fp8),
+                Some(Sym::new(p.ledger, &[out * inp / MXFP4_BLOCK], DType::U8)),
+            ),
             q => {
                 let q = q.ggml().expect("the other bases are dense or FP8");
                 let n = (out * inp) as u64;

@@ -13,6 +13,7 @@
 //! | rotary | `memfit_rotary` (a thread per pair) | the output |
 //! | optimizer updates | `memfit_axpby`, `memfit_adam_update` in place | nothing |
 //! | FP8 weight dequantize | `memfit_fp8_dequant` (a thread per weight) | the output |
+//! | MXFP4 weight dequantize | `memfit_mxfp4_dequant` (a thread per weight) | the output |
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -275,6 +276,55 @@ pub fn fp8_dequant(
         DType::F16 => go::<half::f16>(w, s, rows, cols),
         DType::BF16 => go::<half::bf16>(w, s, rows, cols),
         other => bail!("fp8: no dequantize into {other:?}"),
+    }
+}
+
+/// MXFP4 weights `(rows, cols)`: `blocks` `(rows, cols/2)` u8 (two e2m1 values a byte) and
+/// `scales` `(rows, cols/32)` u8 (UE8M0), into a fresh `dtype` output.
+pub fn mxfp4_dequant(
+    b: (&CudaStorage, &Layout),
+    s: (&CudaStorage, &Layout),
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+) -> Result<CudaStorage> {
+    fn go<T: Elem>(
+        b: (&CudaStorage, &Layout),
+        s: (&CudaStorage, &Layout),
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaStorage> {
+        let op = "mxfp4";
+        let dev = b.0.device();
+        let bytes = |st: &CudaStorage, l: &Layout, len: usize, what: &str| {
+            let data: &CudaSlice<u8> = st.as_cuda_slice()?;
+            match l.contiguous_offsets() {
+                Some((a, e)) if e - a == len => Ok(data.slice(a..e)),
+                _ => bail!("{op}: {what} must be contiguous, {len} bytes"),
+            }
+        };
+        let blocks = bytes(b.0, b.1, rows * cols / 2, "the values")?;
+        let scales = bytes(s.0, s.1, rows * cols / 32, "the scales")?;
+        let n = rows * cols;
+        let func =
+            dev.get_or_load_custom_func(&kernel_name::<T>("memfit_mxfp4_dequant"), MODULE, PTX)?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<T>(n)? };
+        let mut args = func.builder();
+        args.arg(&blocks)
+            .arg(&scales)
+            .arg(&mut out)
+            .arg(&rows)
+            .arg(&cols);
+        // SAFETY: the arguments match `memfit_mxfp4_dequant`'s signature.
+        unsafe { args.launch(launch_elems(n)?) }.w()?;
+        Ok(wrap(out, dev))
+    }
+    match dtype {
+        DType::F32 => go::<f32>(b, s, rows, cols),
+        DType::F16 => go::<half::f16>(b, s, rows, cols),
+        DType::BF16 => go::<half::bf16>(b, s, rows, cols),
+        other => bail!("mxfp4: no dequantize into {other:?}"),
     }
 }
 

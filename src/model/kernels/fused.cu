@@ -258,6 +258,21 @@ __device__ void fp8_dequant(const uint8_t *w, const float *scale, T *out, size_t
     out[i] = of_f<T>(e4m3_to_f(w[i]) * scale[(r / 128) * scale_cols + c / 128]);
 }
 
+// MXFP4 weights into T: out[r, c] = e2m1(nibble c of row r) · 2^(scale[r, c / 32] − 127), the
+// low nibble of a byte the even element, bit 3 of a nibble its sign.
+template <typename T>
+__device__ void mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, T *out, size_t rows,
+                              size_t cols) {
+    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    uint8_t byte = blocks[i / 2];
+    uint8_t nib = (i % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
+    float v = e2m1[nib & 7];
+    if (nib & 8) v = -v;
+    out[i] = of_f<T>(ldexpf(v, (int)scales[i / 32] - 127));
+}
+
 #define KERNELS(T, SFX)                                                                          \
     extern "C" __global__ void memfit_norm_##SFX(const T *x, const T *w, const T *b, T *out,    \
                                                  int n, float eps, int centre) {                 \
@@ -303,6 +318,11 @@ __device__ void fp8_dequant(const uint8_t *w, const float *scale, T *out, size_t
                                                         T *out, size_t rows, size_t cols,        \
                                                         size_t scale_cols) {                     \
         fp8_dequant<T>(w, scale, out, rows, cols, scale_cols);                                   \
+    }                                                                                            \
+    extern "C" __global__ void memfit_mxfp4_dequant_##SFX(const uint8_t *blocks,                \
+                                                          const uint8_t *scales, T *out,         \
+                                                          size_t rows, size_t cols) {            \
+        mxfp4_dequant<T>(blocks, scales, out, rows, cols);                                       \
     }                                                                                            \
     extern "C" __global__ void memfit_add_bias_##SFX(T *y, const T *b, size_t total, int out) { \
         add_bias<T>(y, b, total, out);                                                           \
