@@ -89,14 +89,26 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
     assert_eq!(set(&|c| c.kv_cache.to_string()), want(&["false", "true"]));
     assert_eq!(
         set(&|c| c.weights.as_str().into()),
-        want(&["f16", "fp8", "model", "q4_0", "q4_k", "q6_k", "q8_0"])
+        want(&[
+            "f16", "fp8", "model", "mxfp4", "q4_0", "q4_k", "q6_k", "q8_0"
+        ])
     );
     let lora_bases: BTreeSet<String> = cases
         .iter()
         .filter(|c| c.cfg.lora_rank > 0)
         .map(|c| c.cfg.lora_base.as_str().to_string())
         .collect();
-    assert_eq!(lora_bases, want(&["detach", "fp8", "op", "q4_0", "q4_k"]));
+    assert_eq!(
+        lora_bases,
+        want(&["detach", "fp8", "mxfp4", "op", "q4_0", "q4_k"])
+    );
+    assert!(
+        cases.iter().any(|c| c
+            .cfg
+            .llama
+            .is_some_and(|l| l.gemma.is_some() && l.local_rope(c.cfg.layers))),
+        "a Gemma 3 with sliding and full layers"
+    );
     assert_eq!(set(&|c| c.load_mmap.to_string()), want(&["false", "true"]));
     assert!(
         file.case_timeout.is_some(),
