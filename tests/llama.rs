@@ -510,17 +510,24 @@ fn mla_latent_cache_and_attention_variants() {
 fn layer_types_mix_full_and_sliding_layers() {
     for kernels in ["composed", "fused"] {
         let rows = every_phase_on_fixture("qwen3_layer_types", kernels);
-        // B 16, G 2, D 16, f32.
-        let per_token = 2 * 16 * 2 * 16 * 4;
-        let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
-        let kept = prefill.retained_bytes.unwrap();
-        assert!(
-            kept >= per_token * (28 + 4) && kept < per_token * (28 + 4) + 4096,
-            "{kernels}: {kept}"
-        );
-        let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
-        assert_eq!(decode.retained_bytes, Some(per_token * 4), "{kernels}");
+        one_full_one_sliding_layer_cache(&rows, kernels);
     }
+}
+
+/// The cache of a model with one full layer and one sliding over 4 tokens (B 16, G 2, D 16,
+/// f32) after [`every_phase_on_fixture`]: the prefill keeps 28 tokens in the full layer and 4
+/// in the sliding one (`2·B·(28 + 4)·G·D·e`, with its tensors' metadata), and decoding 4 more
+/// adds the full layer's 4.
+fn one_full_one_sliding_layer_cache(rows: &[memfit::record::Row], kernels: &str) {
+    let per_token = 2 * 16 * 2 * 16 * 4;
+    let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+    let kept = prefill.retained_bytes.unwrap();
+    assert!(
+        kept >= per_token * (28 + 4) && kept < per_token * (28 + 4) + 4096,
+        "{kernels}: {kept}"
+    );
+    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    assert_eq!(decode.retained_bytes, Some(per_token * 4), "{kernels}");
 }
 
 /// Mistral with a sliding window of 4 (the reference fixture's config) at S 28: every phase,
@@ -559,15 +566,7 @@ fn gemma3_sandwich_norms_and_local_rotary() {
             (64 * 32 + 32 + 2 * per_layer) as u64,
             "{kernels}"
         );
-        let per_token = 2 * 16 * 2 * 16 * 4;
-        let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
-        let kept = prefill.retained_bytes.unwrap();
-        assert!(
-            kept >= per_token * (28 + 4) && kept < per_token * (28 + 4) + 4096,
-            "{kernels}: {kept}"
-        );
-        let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
-        assert_eq!(decode.retained_bytes, Some(per_token * 4), "{kernels}");
+        one_full_one_sliding_layer_cache(&rows, kernels);
         let cfg = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/gemma3/config.json"

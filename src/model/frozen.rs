@@ -333,6 +333,61 @@ impl FrozenWeight {
     }
 }
 
+/// A dequantize loop generic in the element it writes (`of` rounds each f32 value into it).
+trait Dequantize {
+    fn values<T: Copy + Send + Default>(&self, of: impl Fn(f32) -> T + Sync) -> Vec<T>;
+}
+
+/// e4m3 rows with their block scales ([`fp8_dequantize`]).
+struct Fp8Rows<'a> {
+    q: &'a [float8::F8E4M3],
+    s: &'a [f32],
+    out: usize,
+    inp: usize,
+}
+
+impl Dequantize for Fp8Rows<'_> {
+    fn values<T: Copy + Send + Default>(&self, of: impl Fn(f32) -> T + Sync) -> Vec<T> {
+        fp8_dequantize(self.q, self.s, self.out, self.inp, of)
+    }
+}
+
+/// MXFP4 rows: packed values and scales ([`mxfp4_dequantize`]).
+struct Mxfp4Rows<'a> {
+    q: &'a [u8],
+    s: &'a [u8],
+    out: usize,
+    inp: usize,
+}
+
+impl Dequantize for Mxfp4Rows<'_> {
+    fn values<T: Copy + Send + Default>(&self, of: impl Fn(f32) -> T + Sync) -> Vec<T> {
+        mxfp4_dequantize(self.q, self.s, self.out, self.inp, of)
+    }
+}
+
+/// The loop's output as one fresh `(out, in)` CPU tensor of `dtype` (f32, f16 or bf16).
+fn cpu_dense(d: &impl Dequantize, dtype: DType, shape: (usize, usize), op: &str) -> Result<Tensor> {
+    let cpu = &Device::Cpu;
+    match dtype {
+        DType::F32 => Tensor::from_vec(d.values(|v| v), shape, cpu),
+        DType::F16 => Tensor::from_vec(d.values(half::f16::from_f32), shape, cpu),
+        DType::BF16 => Tensor::from_vec(d.values(half::bf16::from_f32), shape, cpu),
+        d => bail!("{op}: no dequantize into {d:?}"),
+    }
+}
+
+/// A kernel's fresh output storage as an `(out, in)` tensor outside any graph.
+#[cfg(feature = "cuda")]
+fn cuda_dense(s: candle_core::CudaStorage, shape: (usize, usize)) -> Tensor {
+    Tensor::from_storage(
+        Storage::Cuda(s),
+        shape,
+        candle_core::op::BackpropOp::none(),
+        false,
+    )
+}
+
 /// The dense `(out, in)` weight of e4m3 `w` and its block scales, in `dtype`, on their device:
 /// one fresh tensor, nothing beside it.
 fn fp8_dense(w: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
@@ -345,35 +400,19 @@ fn fp8_dense(w: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
             else {
                 bail!("fp8: weight and scales must be contiguous")
             };
-            let (q, s) = (&q[a..b], &s[c..d]);
-            let shape = (out, inp);
-            match dtype {
-                DType::F32 => {
-                    Tensor::from_vec(fp8_dequantize(q, s, out, inp, |v| v), shape, &Device::Cpu)
-                }
-                DType::F16 => Tensor::from_vec(
-                    fp8_dequantize(q, s, out, inp, half::f16::from_f32),
-                    shape,
-                    &Device::Cpu,
-                ),
-                DType::BF16 => Tensor::from_vec(
-                    fp8_dequantize(q, s, out, inp, half::bf16::from_f32),
-                    shape,
-                    &Device::Cpu,
-                ),
-                d => bail!("fp8: no dequantize into {d:?}"),
-            }
+            let rows = Fp8Rows {
+                q: &q[a..b],
+                s: &s[c..d],
+                out,
+                inp,
+            };
+            cpu_dense(&rows, dtype, (out, inp), "fp8")
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(q), Storage::Cuda(s)) => {
-            let out_storage = super::kernels::cuda::fp8_dequant((q, wl), (s, sl), out, inp, dtype)?;
-            Ok(Tensor::from_storage(
-                Storage::Cuda(out_storage),
-                (out, inp),
-                candle_core::op::BackpropOp::none(),
-                false,
-            ))
-        }
+        (Storage::Cuda(q), Storage::Cuda(s)) => Ok(cuda_dense(
+            super::kernels::cuda::fp8_dequant((q, wl), (s, sl), out, inp, dtype)?,
+            (out, inp),
+        )),
         _ => bail!("fp8: an e4m3 weight with f32 scales on one device"),
     }
 }
@@ -391,36 +430,19 @@ fn mxfp4_dense(blocks: &Tensor, scales: &Tensor, dtype: DType) -> Result<Tensor>
             else {
                 bail!("mxfp4: values and scales must be contiguous")
             };
-            let (q, s) = (&q[a..b], &s[c..d]);
-            let shape = (out, inp);
-            match dtype {
-                DType::F32 => {
-                    Tensor::from_vec(mxfp4_dequantize(q, s, out, inp, |v| v), shape, &Device::Cpu)
-                }
-                DType::F16 => Tensor::from_vec(
-                    mxfp4_dequantize(q, s, out, inp, half::f16::from_f32),
-                    shape,
-                    &Device::Cpu,
-                ),
-                DType::BF16 => Tensor::from_vec(
-                    mxfp4_dequantize(q, s, out, inp, half::bf16::from_f32),
-                    shape,
-                    &Device::Cpu,
-                ),
-                d => bail!("mxfp4: no dequantize into {d:?}"),
-            }
+            let rows = Mxfp4Rows {
+                q: &q[a..b],
+                s: &s[c..d],
+                out,
+                inp,
+            };
+            cpu_dense(&rows, dtype, (out, inp), "mxfp4")
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(q), Storage::Cuda(s)) => {
-            let out_storage =
-                super::kernels::cuda::mxfp4_dequant((q, bl), (s, sl), out, inp, dtype)?;
-            Ok(Tensor::from_storage(
-                Storage::Cuda(out_storage),
-                (out, inp),
-                candle_core::op::BackpropOp::none(),
-                false,
-            ))
-        }
+        (Storage::Cuda(q), Storage::Cuda(s)) => Ok(cuda_dense(
+            super::kernels::cuda::mxfp4_dequant((q, bl), (s, sl), out, inp, dtype)?,
+            (out, inp),
+        )),
         _ => bail!("mxfp4: u8 values and scales on one device"),
     }
 }

@@ -279,6 +279,21 @@ pub fn fp8_dequant(
     }
 }
 
+/// `len` contiguous bytes of `s` (`op` and `what` name them in the error).
+fn bytes<'a>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    len: usize,
+    op: &str,
+    what: &str,
+) -> Result<CudaView<'a, u8>> {
+    let data: &CudaSlice<u8> = s.as_cuda_slice()?;
+    match l.contiguous_offsets() {
+        Some((a, e)) if e - a == len => Ok(data.slice(a..e)),
+        _ => bail!("{op}: {what} must be contiguous, {len} bytes"),
+    }
+}
+
 /// MXFP4 weights `(rows, cols)`: `blocks` `(rows, cols/2)` u8 (two e2m1 values a byte) and
 /// `scales` `(rows, cols/32)` u8 (UE8M0), into a fresh `dtype` output.
 pub fn mxfp4_dequant(
@@ -296,15 +311,8 @@ pub fn mxfp4_dequant(
     ) -> Result<CudaStorage> {
         let op = "mxfp4";
         let dev = b.0.device();
-        let bytes = |st: &CudaStorage, l: &Layout, len: usize, what: &str| {
-            let data: &CudaSlice<u8> = st.as_cuda_slice()?;
-            match l.contiguous_offsets() {
-                Some((a, e)) if e - a == len => Ok(data.slice(a..e)),
-                _ => bail!("{op}: {what} must be contiguous, {len} bytes"),
-            }
-        };
-        let blocks = bytes(b.0, b.1, rows * cols / 2, "the values")?;
-        let scales = bytes(s.0, s.1, rows * cols / 32, "the scales")?;
+        let blocks = bytes(b.0, b.1, rows * cols / 2, op, "the values")?;
+        let scales = bytes(s.0, s.1, rows * cols / 32, op, "the scales")?;
         let n = rows * cols;
         let func =
             dev.get_or_load_custom_func(&kernel_name::<T>("memfit_mxfp4_dequant"), MODULE, PTX)?;
