@@ -123,7 +123,43 @@ FAMILIES = {
                 "rope_scaling": {"rope_type": "linear", "factor": 8.0},
                 "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
                 "hidden_act": None}),
+    # gpt-oss: attention sinks, q/k/v/o biases, layer 0 sliding (window 4) and layer 1 full,
+    # YaRN (factor 4 over an original 8, not truncated), 4 biased experts of width 48 with the
+    # clamped SwiGLU (their gate/up scaled by 4 below, so that gates pass 7 and ups pass ±7),
+    # 2 per token from a biased router.
+    "gpt_oss": ("gpt_oss", transformers.GptOssConfig, transformers.GptOssForCausalLM,
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
+                 "head_dim": 16, "layer_types": ["sliding_attention", "full_attention"],
+                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                  "beta_slow": 1.0, "truncate": False,
+                                  "original_max_position_embeddings": 8}}),
 }
+
+
+def split_experts(weights):
+    """gpt-oss's stacked experts under memfit's names, one projection each: `gate_up_proj`
+    (E, H, 2I) holds gate in its even columns and up in its odd ones (interleaved), `down_proj`
+    (E, I, H); memfit's weights are (out, in)."""
+    out = {}
+    for k, v in weights.items():
+        p = k[: k.rfind(".") + 1]
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.gate.weight"] = v[e][:, 0::2].t().contiguous()
+                out[f"{p}{e}.up.weight"] = v[e][:, 1::2].t().contiguous()
+        elif k.endswith(".mlp.experts.gate_up_proj_bias"):
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.gate.bias"] = v[e][0::2].contiguous()
+                out[f"{p}{e}.up.bias"] = v[e][1::2].contiguous()
+        elif k.endswith(".mlp.experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.down.weight"] = v[e].t().contiguous()
+        elif k.endswith(".mlp.experts.down_proj_bias"):
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.down.bias"] = v[e].contiguous()
+        else:
+            out[k] = v
+    return out
 
 
 def split_fused(weights, cfg):
@@ -189,8 +225,10 @@ def main():
         cfg._attn_implementation = "eager"
         model = Model(cfg).eval()
         with torch.no_grad():
-            for p in model.parameters():  # away from the init's ones and zeros
+            for n, p in model.named_parameters():  # away from the init's ones and zeros
                 p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+                if n.endswith("gate_up_proj"):  # gpt-oss: past its clamps
+                    p.mul_(4.0)
             tokens = torch.randint(0, cfg.vocab_size, (2, 11))
             logits = model(tokens).logits.float()
         out = os.path.join(ROOT, name)
@@ -203,10 +241,10 @@ def main():
         # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
         # A tied head is the embedding itself (Gemma 3): not a tensor of its own.
         gemma = model_type == "gemma3_text"
-        weights = split_fused({memfit_name(k, gemma): v.detach().contiguous()
+        weights = split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
                                for k, v in model.state_dict().items()
                                if not k.endswith("e_score_correction_bias")
-                               and not (cfg.tie_word_embeddings and k == "lm_head.weight")}, cfg)
+                               and not (cfg.tie_word_embeddings and k == "lm_head.weight")}, cfg))
         save_file(weights, os.path.join(out, "model.safetensors"))
         save_file({"tokens": tokens.to(torch.int64), "logits": logits.contiguous()},
                   os.path.join(out, "io.safetensors"))

@@ -135,8 +135,8 @@ fn errors_name_the_file_and_the_field() {
             "hidden_size",
         ),
         (
-            format!(r#"{{"model_type": "gpt_oss", {base}}}"#),
-            "model_type",
+            format!(r#"{{"model_type": "gpt_oss", {base}, "output_router_logits": true}}"#),
+            "output_router_logits",
         ),
         (
             format!(
@@ -683,4 +683,55 @@ fn gemma3_defaults_are_transformers() {
     .llama
     .unwrap();
     assert_eq!((two.window_at(0), two.window_at(1)), (None, Some(4096)));
+}
+
+/// gpt-oss: a config that names only its type is transformers 4.57.1's `GptOssConfig()`
+/// (gpt-oss-120b's sizes: 116,829,156,672 parameters on the meta device), with 24 layers and 32
+/// experts gpt-oss-20b's 20,914,757,184; even layers slide over 128 tokens, odd ones attend to
+/// everything; biases on q, k, v, o, the router and the experts. The standard attention is its
+/// default; the efficient and tiled ones (no sinks yet) are refused by name.
+#[test]
+fn gpt_oss_defaults_and_its_attention() {
+    let parse = |body: &str| hf_config::parse(body, "cfg.json").unwrap().cfg;
+    let big = parse(r#"{"model_type": "gpt_oss"}"#);
+    assert_eq!(big.params(), 116_829_156_672);
+    let small =
+        parse(r#"{"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32}"#);
+    assert_eq!(small.params(), 20_914_757_184);
+    let l = small.llama.unwrap();
+    assert!(l.oss && l.qkv_bias && l.o_bias && l.mlp_bias && !small.tied);
+    assert_eq!(
+        (l.window_at(0), l.window_at(1), l.window_at(23)),
+        (Some(128), None, None)
+    );
+    let m = l.moe.unwrap();
+    assert_eq!((m.experts, m.top_k, m.norm_topk), (32, 4, true));
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gpt_oss/config.json"
+    );
+    let out = memfit()
+        .args([
+            "predict",
+            "--json",
+            "--hf-config",
+            cfg,
+            "--phases",
+            "prefill",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for attention in ["efficient", "tiled"] {
+        memfit()
+            .args(["predict", "--hf-config", cfg, "--attention", attention])
+            .assert()
+            .failure()
+            .stderr(contains("attention` = "))
+            .stderr(contains("sinks"));
+    }
 }

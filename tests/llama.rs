@@ -32,6 +32,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             full_layers: 0,
             mla: None,
             gemma: None,
+            oss: false,
         },
         tied,
     )
@@ -570,6 +571,40 @@ fn gemma3_sandwich_norms_and_local_rotary() {
         let cfg = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/gemma3/config.json"
+        );
+        check_mixed_checkpointed(
+            &["--hf-config", cfg, "--batch", "16", "--seq", "28"],
+            kernels,
+        );
+    }
+}
+
+/// gpt-oss (the reference fixture's config: attention sinks, q/k/v/o biases, a biased router,
+/// biased experts with the clamped SwiGLU, layer 0 sliding over 4 tokens and layer 1 full) at
+/// S 28: every phase with the standard attention (its default: the sinks' softmax is composed
+/// whatever the kernels), composed and fused kernels, and mixed f16 with checkpointing,
+/// against the replay from the recorded routing; the sliding layer's cache keeps its window.
+#[test]
+fn gpt_oss_sinks_and_clamped_experts() {
+    for kernels in ["composed", "fused"] {
+        let rows = every_phase_on_fixture("gpt_oss", kernels);
+        assert!(rows.iter().all(|r| r.attention == "standard"), "{kernels}");
+        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        // V·H + final norm + head V·H, then per block: q 32·64 + 64, k and v 2·(32·32 + 32),
+        // o 64·32 + 32, sinks 4, two norms 2·32, router 32·4 + 4, 4 experts × (gate and up
+        // 2·(32·48 + 48), down 48·32 + 32).
+        let expert = 2 * (32 * 48 + 48) + 48 * 32 + 32;
+        let per_layer =
+            32 * 64 + 64 + 2 * (32 * 32 + 32) + 64 * 32 + 32 + 4 + 2 * 32 + 32 * 4 + 4 + 4 * expert;
+        assert_eq!(
+            init.params,
+            (2 * 64 * 32 + 32 + 2 * per_layer) as u64,
+            "{kernels}"
+        );
+        one_full_one_sliding_layer_cache(&rows, kernels);
+        let cfg = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gpt_oss/config.json"
         );
         check_mixed_checkpointed(
             &["--hf-config", cfg, "--batch", "16", "--seq", "28"],

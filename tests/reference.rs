@@ -322,6 +322,55 @@ fn gemma3_without_one_of_its_parts_differs() {
     }
 }
 
+/// gpt-oss: attention sinks (a learned logit per head beside the keys), q/k/v/o biases, layer 0
+/// sliding over 4 tokens and layer 1 full, YaRN (not truncated), a biased router (2 of 4
+/// experts), biased experts with the clamped SwiGLU (this fixture's gates pass 7 and its ups
+/// ±7): the logits with the composed and the fused kernels (the sinks' softmax is composed in
+/// both), the parameter count, and generation from 6 tokens to 11 (the sliding layer's cache
+/// stops at 4). The efficient and tiled attention have no sink and refuse by name; the same
+/// weights without gpt-oss's parts give other logits.
+#[test]
+fn gpt_oss_logits_equal_transformers() {
+    for attention in &ATTENTIONS[..2] {
+        let e = logits_error("gpt_oss", *attention);
+        println!(
+            "gpt_oss {}: logits within {e:.2e} of transformers'",
+            attention.0
+        );
+        assert!(e < 1e-4, "gpt_oss {}: logits differ by {e}", attention.0);
+        let cfg = with("gpt_oss", *attention);
+        generate("gpt_oss", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at) / max_abs(at);
+            assert!(
+                diff < 1e-4,
+                "gpt_oss {} position {}: {diff}",
+                attention.0,
+                t - 1
+            );
+            let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
+            assert_eq!((held(0), held(1)), (t.min(4), t), "gpt_oss {}", attention.0);
+        });
+    }
+    let (tokens, want) = io("gpt_oss");
+    for attention in &ATTENTIONS[2..] {
+        let cfg = with("gpt_oss", *attention);
+        let err = model("gpt_oss", &cfg)
+            .forward(&tokens)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sinks"), "{}: {err}", attention.0);
+    }
+    let mut cfg = config("gpt_oss");
+    assert!(cfg.llama.unwrap().oss);
+    cfg.llama.as_mut().unwrap().oss = false;
+    let got = model("gpt_oss", &cfg).forward(&tokens).unwrap();
+    let diff = max_diff(&got, &want) / max_abs(&want);
+    assert!(
+        diff > 1e-2,
+        "gpt_oss without its parts: the logits still agree ({diff})"
+    );
+}
+
 #[test]
 fn mistral_sliding_window_logits_equal_transformers() {
     check("mistral");

@@ -247,7 +247,7 @@ fn kernel(op: &str, scale: f32) -> Kernel {
         "layer-norm" => Kernel::LayerNorm { eps: 1e-5 },
         "rms-norm" => Kernel::RmsNorm { eps: 1e-5 },
         "gelu" => Kernel::Gelu,
-        "silu-mul" => Kernel::SiluMul,
+        "silu-mul" => Kernel::SiluMul { oss: false },
         "rotary" => Kernel::Rotary,
         "cross-entropy" => Kernel::CrossEntropy,
         _ => Kernel::AttnProbs {

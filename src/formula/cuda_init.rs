@@ -68,9 +68,13 @@ impl Shape {
                         vars.push((*size as u64, Draw::Const));
                     }
                 }
-                BlockTensor::Linear { inp, out, .. } => {
+                BlockTensor::Linear { inp, out, bias, .. } => {
                     vars.push(((inp * out) as u64, Draw::Normal));
+                    if *bias {
+                        vars.push((*out as u64, Draw::Uniform));
+                    }
                 }
+                BlockTensor::Vector { size, .. } => vars.push((*size as u64, Draw::Const)),
                 BlockTensor::Proj { spec: p, .. } => {
                     let (inp, out) = (p.inp as u64, p.out as u64);
                     if self.has_lora(p.target) {

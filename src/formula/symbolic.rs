@@ -1591,7 +1591,12 @@ impl Graph for Sym {
     fn index_select(&self, ids: &Self, dim: usize) -> candle_core::Result<Self> {
         Ok(Sym::index_select(self, ids, dim))
     }
-    fn silu_mul_grad(gate: &Self, _up: &Self, grad: &Self) -> candle_core::Result<(Self, Self)> {
+    fn silu_mul_grad(
+        gate: &Self,
+        _up: &Self,
+        grad: &Self,
+        _oss: bool,
+    ) -> candle_core::Result<(Self, Self)> {
         let grad = grad.contiguous();
         let mut dims = vec![2];
         dims.extend_from_slice(gate.dims());

@@ -71,11 +71,22 @@ impl Shape {
                             vars.push((format!("h.{i}.{path}.bias"), vec![*size as u64]));
                         }
                     }
-                    BlockTensor::Linear { path, inp, out } => {
+                    BlockTensor::Linear {
+                        path,
+                        inp,
+                        out,
+                        bias,
+                    } => {
                         vars.push((
                             format!("h.{i}.{path}.weight"),
                             vec![*out as u64, *inp as u64],
                         ));
+                        if *bias {
+                            vars.push((format!("h.{i}.{path}.bias"), vec![*out as u64]));
+                        }
+                    }
+                    BlockTensor::Vector { path, size } => {
+                        vars.push((format!("h.{i}.{path}"), vec![*size as u64]));
                     }
                     BlockTensor::Proj { path, spec: p } => {
                         let (inp, out) = (p.inp as u64, p.out as u64);

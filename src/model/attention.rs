@@ -184,6 +184,49 @@ impl Core {
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
     }
 
+    /// Standard attention with gpt-oss's sinks `(A)`: the scaled, masked scores beside each
+    /// head's sink logit (a contiguous `(B, A, Sq, 1)` copy, then one `cat`), a softmax over
+    /// both, the sink's column dropped (a view), then `· v`; composed whatever the kernels (the
+    /// fused probabilities, the efficient op and the tiled composition have no sink yet:
+    /// refused).
+    pub(crate) fn attend_sinks(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<&Tensor>,
+        sinks: &Tensor,
+    ) -> Result<Tensor> {
+        if self.efficient || self.tiled {
+            candle_core::bail!(
+                "attention sinks (gpt-oss) are built into the standard attention only, not the efficient or tiled one"
+            )
+        }
+        let (b, _, s, d) = q.dims4()?;
+        let dv = v.dim(3)?;
+        let (k, v) = self.repeat(k, v)?;
+        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let t = scores.dim(3)?;
+        let sink = sinks
+            .reshape((1, self.heads, 1, 1))?
+            .broadcast_as((b, self.heads, s, 1))?
+            .contiguous()?;
+        let all = Tensor::cat(&[&scores, &sink], 3)?;
+        drop((scores, sink));
+        let probs = ops::softmax(&all, D::Minus1)?;
+        drop(all);
+        let kept = probs.narrow(3, 0, t)?;
+        drop(probs);
+        let y = kept.matmul(&v)?;
+        drop((kept, v));
+        y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+    }
+
     /// [`Core::attend_any`] runs the efficient CPU op, which reads q, k and v through their
     /// strides (no contiguous head split needed).
     pub(crate) fn reads_strided(&self) -> bool {
@@ -231,6 +274,8 @@ pub struct Attention {
     pub(crate) o: Proj,
     /// Qwen3's RMSNorms of each query and key head (`q_norm`, `k_norm`), before the rotary.
     pub(crate) qk_norm: Option<(Norm, Norm)>,
+    /// gpt-oss's attention sinks: a logit per query head ([`Core::attend_sinks`]).
+    pub(crate) sinks: Option<Tensor>,
     pub(crate) head_dim: usize,
     pub(crate) core: Core,
 }
@@ -254,6 +299,12 @@ impl Attention {
                     Norm::rms(cfg.head_dim(), cfg, vb.pp("q_norm"))?,
                     Norm::rms(cfg.head_dim(), cfg, vb.pp("k_norm"))?,
                 )),
+                _ => None,
+            },
+            sinks: match cfg.llama {
+                Some(l) if l.oss => {
+                    Some(vb.get_with_hints(cfg.heads, "sinks", candle_nn::Init::Const(0.0))?)
+                }
                 _ => None,
             },
             head_dim: cfg.head_dim(),
@@ -280,7 +331,10 @@ impl Attention {
         rotary: Option<Rotary>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided())?;
-        self.core.attend_any(q, k, v, mask)
+        match &self.sinks {
+            Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks),
+            None => self.core.attend_any(q, k, v, mask),
+        }
     }
 
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
@@ -390,7 +444,9 @@ impl Attention {
         *cache = Some(kept);
         // A prompt into an empty cache attends as the training forward does (the tiled or
         // efficient attention when the case asks for it).
-        if first && q.dim(2)? > 1 {
+        if let Some(sinks) = &self.sinks {
+            self.core.attend_sinks(q, k, v, mask, sinks)
+        } else if first && q.dim(2)? > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)

@@ -235,13 +235,16 @@ pub enum BlockTensor {
     Norm { path: String, size: usize },
     /// A projection (its weight, bias and LoRA adapter as `spec` says), at `path`.
     Proj { path: String, spec: ProjSpec },
-    /// A plain bias-free linear without adapter (a router `H → E`, a shared-expert gate
-    /// `H → 1`).
+    /// A plain linear without adapter (a router `H → E`, with a bias in gpt-oss; a
+    /// shared-expert gate `H → 1`).
     Linear {
         path: String,
         inp: usize,
         out: usize,
+        bias: bool,
     },
+    /// A plain vector of `size` named `path` (gpt-oss's attention sinks, one per head).
+    Vector { path: String, size: usize },
 }
 
 /// The tensors of block `layer` in creation order: `ln1`; the attention (q, k, v, o and
@@ -285,6 +288,12 @@ pub fn block_tensors(
                     norm("attn.k_norm", l.head_dim),
                 ]);
             }
+            if llama.is_some_and(|l| l.oss) {
+                v.push(BlockTensor::Vector {
+                    path: "attn.sinks".into(),
+                    size: heads,
+                });
+            }
         }
     }
     let gemma = llama.is_some_and(|l| l.gemma.is_some());
@@ -303,6 +312,7 @@ pub fn block_tensors(
                 path: "mlp.router".into(),
                 inp: hidden,
                 out: shape.experts,
+                bias: llama.is_some_and(|l| l.oss),
             });
             for e in 0..shape.experts {
                 for s in expert {
@@ -323,6 +333,7 @@ pub fn block_tensors(
                     path: "mlp.shared_gate".into(),
                     inp: hidden,
                     out: 1,
+                    bias: false,
                 });
             }
         }
@@ -450,7 +461,14 @@ impl BlockTensor {
                 }
                 v
             }
-            BlockTensor::Linear { inp, out, .. } => vec![(inp * out) as u64],
+            BlockTensor::Linear { inp, out, bias, .. } => {
+                let mut v = vec![(inp * out) as u64];
+                if *bias {
+                    v.push(*out as u64);
+                }
+                v
+            }
+            BlockTensor::Vector { size, .. } => vec![*size as u64],
         }
     }
 }

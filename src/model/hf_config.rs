@@ -86,24 +86,17 @@ pub const MOE_FIELDS: &[&str] = &[
 
 /// The model types memfit reads.
 pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, gemma3_text, mixtral, qwen2_moe, \
-     qwen3_moe, deepseek_v2, deepseek_v3, gpt2, vit";
+     qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gpt2, vit";
 
 /// Model types refused by name, with what memfit lacks to build them exactly.
-const REFUSED_TYPES: &[(&str, &str)] = &[
-    (
-        "gpt_oss",
-        "gpt-oss needs attention sinks, biased experts with a clamped SwiGLU and alternating \
-         sliding layers (layer_types), which memfit does not build yet",
-    ),
-    (
-        "gemma3",
-        "Gemma 3 with its SigLIP vision tower: memfit builds Gemma 3's language model \
+const REFUSED_TYPES: &[(&str, &str)] = &[(
+    "gemma3",
+    "Gemma 3 with its SigLIP vision tower: memfit builds Gemma 3's language model \
          (gemma3_text) but not the vision tower and projector (about 0.42 B parameters that \
          serving loads too), so sizing the language model alone would under-estimate; to size \
          the language model alone, save the config's text_config as its own config.json with \
          \"model_type\": \"gemma3_text\" (as --preset gemma-3-27b is)",
-    ),
-];
+)];
 
 /// The LLaMA-family types.
 const LLAMA_TYPES: &[&str] = &[
@@ -118,6 +111,7 @@ const LLAMA_TYPES: &[&str] = &[
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_oss",
 ];
 
 /// The mixture-of-experts types.
@@ -127,6 +121,7 @@ const MOE_TYPES: &[&str] = &[
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_oss",
 ];
 
 /// The `rope_scaling` types accepted: each changes the rotary angles, none the tables' sizes
@@ -452,14 +447,22 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
         .to_string();
     // Gemma 3's configs leave most fields to transformers' defaults.
     let filled;
-    let f = if model_type == "gemma3_text" {
-        filled = gemma3_defaults(map);
-        Fields {
-            map: &filled,
-            origin,
+    let f = match model_type.as_str() {
+        "gemma3_text" => {
+            filled = with_defaults(map, GEMMA3_DEFAULTS);
+            Fields {
+                map: &filled,
+                origin,
+            }
         }
-    } else {
-        f
+        "gpt_oss" => {
+            filled = with_defaults(map, GPT_OSS_DEFAULTS);
+            Fields {
+                map: &filled,
+                origin,
+            }
+        }
+        _ => f,
     };
     if let Some((_, why)) = REFUSED_TYPES.iter().find(|(t, _)| *t == model_type) {
         return Err(f.bad(
@@ -529,14 +532,38 @@ const GEMMA3_DEFAULTS: &[(&str, &str)] = &[
     ("sliding_window_pattern", "6"),
 ];
 
-/// A Gemma 3 config with [`GEMMA3_DEFAULTS`] where a field is absent.
-fn gemma3_defaults(map: &Map<String, Value>) -> Map<String, Value> {
+/// transformers' `GptOssConfig` defaults (4.57.1: gpt-oss-120b's sizes) for the fields memfit
+/// reads, where the config leaves them out; `layer_types` then alternates sliding (even layers)
+/// and full (odd).
+const GPT_OSS_DEFAULTS: &[(&str, &str)] = &[
+    ("num_hidden_layers", "36"),
+    ("num_local_experts", "128"),
+    ("num_experts_per_tok", "4"),
+    ("vocab_size", "201088"),
+    ("hidden_size", "2880"),
+    ("intermediate_size", "2880"),
+    ("head_dim", "64"),
+    ("num_attention_heads", "64"),
+    ("num_key_value_heads", "8"),
+    ("sliding_window", "128"),
+    ("rope_theta", "150000.0"),
+    ("max_position_embeddings", "131072"),
+    ("rms_norm_eps", "1e-5"),
+    (
+        "rope_scaling",
+        r#"{"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": false, "original_max_position_embeddings": 4096}"#,
+    ),
+];
+
+/// A config with `defaults` where a field is absent.
+fn with_defaults(map: &Map<String, Value>, defaults: &[(&str, &str)]) -> Map<String, Value> {
     let mut m = map.clone();
-    for (k, v) in GEMMA3_DEFAULTS {
+    for (k, v) in defaults {
         if !m.contains_key(*k) {
             m.insert(
                 k.to_string(),
-                serde_json::from_str(v).expect("GEMMA3_DEFAULTS are JSON"),
+                serde_json::from_str(v).expect("the defaults are JSON"),
             );
         }
     }
@@ -599,7 +626,7 @@ fn llama_config(
     // `intermediate_size`), dense layers `intermediate_size`.
     let moe = moe_shape(f, model_type)?;
     let intermediate = match moe {
-        Some(_) if model_type != "mixtral" => {
+        Some(_) if !matches!(model_type, "mixtral" | "gpt_oss") => {
             f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?
         }
         _ => f.size("intermediate_size", MAX_SIZE)?,
@@ -652,10 +679,13 @@ fn llama_config(
     // Qwen2 (and Qwen2-MoE): biases on q, k, v always (its config has no `attention_bias`);
     // Qwen3: none by default, q/k norms.
     let qwen2 = matches!(model_type, "qwen2" | "qwen2_moe");
+    // gpt-oss: biases on q, k, v, o always (transformers sets `attention_bias` itself) and on
+    // the experts' projections.
+    let oss = model_type == "gpt_oss";
     let attention_bias = if qwen2 {
         false
     } else {
-        f.bool_or("attention_bias", false)?
+        oss || f.bool_or("attention_bias", false)?
     };
     let (sliding_window, full_layers) = sliding_window(f, model_type, layers)?;
     let llama = Llama {
@@ -664,13 +694,14 @@ fn llama_config(
         head_dim,
         qkv_bias: qwen2 || attention_bias,
         o_bias: attention_bias,
-        mlp_bias: f.bool_or("mlp_bias", false)?,
+        mlp_bias: oss || f.bool_or("mlp_bias", false)?,
         qk_norm: matches!(model_type, "qwen3" | "qwen3_moe" | "gemma3_text"),
         moe,
         sliding_window,
         full_layers,
         mla,
         gemma,
+        oss: model_type == "gpt_oss",
     };
     let mut cfg = Config::llama(
         vocab,
@@ -865,6 +896,13 @@ fn sliding_window(
     let (window, mut full) = match model_type {
         "mistral" => (window_or(Some(4096))?, 0),
         "mixtral" | "phi3" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
+        // gpt-oss: even layers slide, odd ones attend to everything (`layer_types` overrides).
+        "gpt_oss" => (
+            f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
+            (0..layers.min(128))
+                .filter(|i| i % 2 == 1)
+                .fold(0u128, |m, i| m | 1u128 << i),
+        ),
         // Gemma 3: without `layer_types`, layer `i` slides unless `(i + 1)` is a multiple of
         // `sliding_window_pattern` (5 local : 1 global).
         "gemma3_text" => {
@@ -1042,7 +1080,11 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
     }
     let dense_width = || f.size("intermediate_size", MAX_SIZE);
     let mut shape = match model_type {
-        "mixtral" => MoeShape::plain(f.moe_size(model_type, "num_local_experts", max)?, 0, true),
+        // gpt-oss routes by the top k logits' softmax: the same weights as the top k of the
+        // softmax over every expert, renormalised.
+        "mixtral" | "gpt_oss" => {
+            MoeShape::plain(f.moe_size(model_type, "num_local_experts", max)?, 0, true)
+        }
         "qwen2_moe" | "qwen3_moe" => {
             let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
             let dense_layers = match f.get("mlp_only_layers") {

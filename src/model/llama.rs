@@ -128,6 +128,7 @@ pub fn tiny() -> Config {
             full_layers: 0,
             mla: None,
             gemma: None,
+            oss: false,
         },
         false,
     )

@@ -23,9 +23,29 @@ pub enum Mlp {
         up: Proj,
         down: Proj,
         fused: bool,
-        /// The gate's activation is the tanh GELU (Gemma's GeGLU), not SiLU.
-        gelu: bool,
+        /// The gate's activation.
+        act: Glu,
     },
+}
+
+/// A gated MLP's activation: LLaMA's SwiGLU, Gemma's GeGLU (tanh GELU), gpt-oss's clamped
+/// SwiGLU ([`kernels::oss_glu`], one op with either kernel set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    Silu,
+    Gelu,
+    Oss,
+}
+
+impl Glu {
+    /// The activation of `cfg`'s gated MLPs.
+    pub fn of(cfg: &Config) -> Self {
+        match cfg.llama {
+            Some(l) if l.gemma.is_some() => Glu::Gelu,
+            Some(l) if l.oss => Glu::Oss,
+            _ => Glu::Silu,
+        }
+    }
 }
 
 impl Mlp {
@@ -44,7 +64,7 @@ impl Mlp {
                 up: p(1)?,
                 down: p(2)?,
                 fused,
-                gelu: cfg.llama.is_some_and(|l| l.gemma.is_some()),
+                act: Glu::of(cfg),
             },
         })
     }
@@ -73,13 +93,13 @@ impl Mlp {
                 up,
                 down,
                 fused,
-                gelu,
+                act,
             } => Mlp::SwiGlu {
                 gate: gate.map(base, adapter)?,
                 up: up.map(base, adapter)?,
                 down: down.map(base, adapter)?,
                 fused: *fused,
-                gelu: *gelu,
+                act: *act,
             },
         })
     }
@@ -100,8 +120,21 @@ impl Mlp {
                 gate,
                 up,
                 down,
+                act: Glu::Oss,
+                ..
+            } => {
+                let g = gate.forward(x)?;
+                let u = up.forward(x)?;
+                let m = kernels::oss_glu(&g, &u)?;
+                drop((g, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
                 fused: true,
-                gelu: true,
+                act: Glu::Gelu,
             } => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
@@ -128,7 +161,7 @@ impl Mlp {
                 gate,
                 up,
                 down,
-                gelu: true,
+                act: Glu::Gelu,
                 ..
             } => {
                 let g = gate.forward(x)?.gelu()?;

@@ -89,7 +89,10 @@ impl Moe {
     ) -> Result<Self> {
         let m = self;
         Ok(Moe {
-            router: candle_nn::Linear::new(base(m.router.weight())?, None),
+            router: candle_nn::Linear::new(
+                base(m.router.weight())?,
+                m.router.bias().map(base).transpose()?,
+            ),
             experts: m
                 .experts
                 .iter()
@@ -121,7 +124,12 @@ impl Moe {
         shared: &[ProjSpec],
         vb: VarBuilder,
     ) -> Result<Self> {
-        let router = linear_no_bias(cfg.hidden, shape.experts, vb.pp("router"))?;
+        // gpt-oss's router has a bias.
+        let router = if cfg.llama.is_some_and(|l| l.oss) {
+            candle_nn::linear(cfg.hidden, shape.experts, vb.pp("router"))?
+        } else {
+            linear_no_bias(cfg.hidden, shape.experts, vb.pp("router"))?
+        };
         let experts = (0..shape.experts)
             .map(|e| Mlp::new(cfg, expert, vb.pp("experts").pp(e)))
             .collect::<Result<Vec<_>>>()?;

@@ -49,6 +49,11 @@ pub struct Llama {
     /// Gemma 3's differences ([`Gemma`]).
     #[serde(default)]
     pub gemma: Option<Gemma>,
+    /// gpt-oss's differences: attention sinks (a learned logit per query head, `attn.sinks
+    /// (A)`, in every softmax beside the keys, then dropped), a router with a bias, and the
+    /// experts' clamped SwiGLU (`(clamp(up, ±7) + 1)·g·σ(1.702·g)`, `g = min(gate, 7)`).
+    #[serde(default)]
+    pub oss: bool,
 }
 
 /// What makes a LLaMA-family decoder Gemma 3 (`gemma3_text`; transformers'

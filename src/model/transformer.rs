@@ -301,6 +301,7 @@ impl Block {
                     Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
                     None => None,
                 },
+                sinks: a.sinks.as_ref().map(base).transpose()?,
                 ..a.clone()
             }),
             SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
@@ -550,7 +551,7 @@ impl Transformer {
     /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
     /// attention masks inside ([`kernels::attn_probs`]).
     pub fn needs_mask(&self) -> bool {
-        !self.cfg.kernels.fused()
+        !self.cfg.kernels.fused() || self.cfg.llama.is_some_and(|l| l.oss)
     }
 
     /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended

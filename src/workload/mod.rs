@@ -727,10 +727,12 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     )?;
     // (efficient op, tiled composition): `efficient` is the CPU op on the CPU and the tiled
     // composition on CUDA, where the op has no kernel.
+    // gpt-oss's attention sinks are built into the standard attention only: its default.
+    let sinks = preset.llama.is_some_and(|l| l.oss);
     let attentions = ctx.choices(
         "attention",
         &spec.attention,
-        DEFAULT_ATTENTION,
+        if sinks { "standard" } else { DEFAULT_ATTENTION },
         ("unknown attention", "standard, efficient, tiled"),
         |name| match name {
             "standard" => Some((false, false)),
@@ -739,7 +741,17 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             "tiled" => Some((false, true)),
             _ => None,
         },
-        |_, _| Ok(()),
+        |name, &(efficient, tiled)| {
+            if sinks && (efficient || tiled) {
+                return Err(ctx.bad(
+                    "attention",
+                    name,
+                    "gpt-oss's attention sinks are built into the standard attention only (the efficient op and the tiled composition have no sink yet)",
+                    "standard with a gpt-oss model",
+                ));
+            }
+            Ok(())
+        },
     )?;
     // Fused is the default on every device (CPU loops, or `fused.cu` on CUDA).
     let kernel_choices = ctx.choices(

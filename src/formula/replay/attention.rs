@@ -151,6 +151,45 @@ impl Core {
         y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
     }
 
+    /// Mirror of `Core::attend_sinks`.
+    pub(super) fn attend_sinks(
+        &self,
+        q: Sym,
+        k: Sym,
+        v: Sym,
+        mask: Option<&Sym>,
+        sinks: &Sym,
+    ) -> Sym {
+        let (b, s) = (q.dims()[0], q.dims()[2]);
+        let dv = v.dims()[3];
+        let (k, v) = self.repeat(k, v);
+        let scores = {
+            let m = q.matmul(&k.t());
+            let r = m.affine(1.0);
+            drop(m);
+            r
+        };
+        drop((q, k));
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m),
+            None => scores,
+        };
+        let t = scores.dims()[3];
+        let sink = sinks
+            .reshape(&[1, self.heads, 1, 1])
+            .broadcast_as(&[b, self.heads, s, 1])
+            .contiguous();
+        let all = Sym::cat(&[&scores, &sink], 3);
+        drop((scores, sink));
+        let probs = softmax(&all, 3);
+        drop(all);
+        let kept = probs.narrow(3, 0, t);
+        drop(probs);
+        let y = kept.matmul(&v);
+        drop((kept, v));
+        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
+    }
+
     /// Mirror of `Core::repeat`.
     fn repeat(&self, k: Sym, v: Sym) -> (Sym, Sym) {
         let group = self.heads / self.kv_heads;
@@ -199,6 +238,8 @@ pub(super) struct Attention {
     pub(super) o: Linear,
     /// Qwen3's q/k norms (mirror of the model's `qk_norm`).
     pub(super) qk_norm: Option<(Norm, Norm)>,
+    /// gpt-oss's sinks `(A)`.
+    pub(super) sinks: Option<Sym>,
     pub(super) head_dim: usize,
     pub(super) core: Core,
 }
@@ -207,7 +248,10 @@ impl Attention {
     /// Mirror of the model's `Attention::heads`.
     pub(super) fn heads(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
         let (q, k, v) = self.qkv(x, rotary, self.core.efficient && !self.core.tiled);
-        self.core.attend_any(q, k, v, mask)
+        match &self.sinks {
+            Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks),
+            None => self.core.attend_any(q, k, v, mask),
+        }
     }
 
     /// Mirror of the model's `Attention::qkv`.
@@ -280,7 +324,9 @@ impl Attention {
             (k, v)
         };
         *cache = Some(kept);
-        if first && q.dims()[2] > 1 {
+        if let Some(sinks) = &self.sinks {
+            self.core.attend_sinks(q, k, v, mask, sinks)
+        } else if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)
@@ -295,6 +341,7 @@ impl Attention {
             v: f(&self.v),
             o: f(&self.o),
             qk_norm: self.qk_norm.as_ref().map(|(qn, kn)| (qn.map(w), kn.map(w))),
+            sinks: self.sinks.as_ref().map(w),
             head_dim: self.head_dim,
             core: self.core,
         }

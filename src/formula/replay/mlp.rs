@@ -3,6 +3,7 @@
 use super::proj::Linear;
 use crate::formula::symbolic::Sym;
 use crate::model::kernels::Kernel;
+pub(super) use crate::model::mlp::Glu;
 
 /// GPT's `fc2(gelu(fc1(x)))` or LLaMA's `down(silu(gate(x)) · up(x))`.
 pub(super) enum Mlp {
@@ -16,8 +17,8 @@ pub(super) enum Mlp {
         up: Linear,
         down: Linear,
         fused: bool,
-        /// Gemma's GeGLU (tanh GELU on the gate).
-        gelu: bool,
+        /// The gate's activation.
+        act: Glu,
     },
 }
 
@@ -38,8 +39,22 @@ impl Mlp {
                 gate,
                 up,
                 down,
+                act: Glu::Oss,
+                ..
+            } => {
+                let g = gate.forward(x);
+                let u = up.forward(x);
+                let k = Kernel::SiluMul { oss: true };
+                let m = Sym::kernel(k, &[&g, &u], g.dims(), g.dtype());
+                drop((g, u));
+                (m, down)
+            }
+            Mlp::SwiGlu {
+                gate,
+                up,
+                down,
                 fused: true,
-                gelu: true,
+                act: Glu::Gelu,
             } => {
                 let g = gate.forward(x);
                 let u = up.forward(x);
@@ -53,7 +68,7 @@ impl Mlp {
                 gate,
                 up,
                 down,
-                gelu: true,
+                act: Glu::Gelu,
                 ..
             } => {
                 let g = gate.forward(x).gelu();
@@ -71,7 +86,12 @@ impl Mlp {
             } => {
                 let g = gate.forward(x);
                 let u = up.forward(x);
-                let m = Sym::kernel(Kernel::SiluMul, &[&g, &u], g.dims(), g.dtype());
+                let m = Sym::kernel(
+                    Kernel::SiluMul { oss: false },
+                    &[&g, &u],
+                    g.dims(),
+                    g.dtype(),
+                );
                 drop((g, u));
                 (m, down)
             }
@@ -122,13 +142,13 @@ impl Mlp {
                 up,
                 down,
                 fused,
-                gelu,
+                act,
             } => Mlp::SwiGlu {
                 gate: f(gate),
                 up: f(up),
                 down: f(down),
                 fused: *fused,
-                gelu: *gelu,
+                act: *act,
             },
         }
     }

@@ -137,13 +137,17 @@ impl SelfAttention {
         }
     }
 
-    /// The weights of its norms (Qwen3's q/k norms, MLA's).
+    /// The weights of its norms (Qwen3's q/k norms, MLA's) and gpt-oss's sinks.
     fn norm_weights(&self) -> Vec<Sym> {
         match self {
-            SelfAttention::Mha(a) => match &a.qk_norm {
-                Some((qn, kn)) => qn.weights().into_iter().chain(kn.weights()).collect(),
-                None => Vec::new(),
-            },
+            SelfAttention::Mha(a) => {
+                let mut v: Vec<Sym> = match &a.qk_norm {
+                    Some((qn, kn)) => qn.weights().into_iter().chain(kn.weights()).collect(),
+                    None => Vec::new(),
+                };
+                v.extend(a.sinks.clone());
+                v
+            }
             SelfAttention::Mla(a) => a.norm_weights(),
         }
     }
@@ -356,6 +360,9 @@ pub struct Transformer {
     rope_local: Option<(Sym, Sym)>,
     /// Gemma: the token embedding times √H (an affine copy).
     embed_scale: bool,
+    /// gpt-oss: its attention adds the mask tensor whatever the kernels (the sinks' softmax is
+    /// composed).
+    sinks: bool,
     blocks: Vec<Block>,
     ln_f: Norm,
     head: Linear,
@@ -467,7 +474,13 @@ impl Transformer {
             up: proj(&specs[1]),
             down: proj(&specs[2]),
             fused: shape.kernels.fused(),
-            gelu: gemma.is_some(),
+            act: if gemma.is_some() {
+                mlp::Glu::Gelu
+            } else if shape.llama.is_some_and(|l| l.oss) {
+                mlp::Glu::Oss
+            } else {
+                mlp::Glu::Silu
+            },
         };
         // The routing a row recorded is per sparse layer, in layer order.
         let mut sparse_index = 0;
@@ -512,6 +525,10 @@ impl Transformer {
                         qk_norm: shape.llama.filter(|l| l.qk_norm).map(|_| {
                             (norm(head_dim as usize, true), norm(head_dim as usize, true))
                         }),
+                        sinks: shape
+                            .llama
+                            .filter(|l| l.oss)
+                            .map(|_| p.tensor(&[shape.a as usize])),
                         head_dim: head_dim as usize,
                         core,
                     }),
@@ -526,7 +543,8 @@ impl Transformer {
                     } => {
                         // The router, each expert's gate, up, down, the shared experts, the
                         // shared gate (model order).
-                        let router = Linear::new(&p, h, m.experts, false);
+                        let router =
+                            Linear::new(&p, h, m.experts, shape.llama.is_some_and(|l| l.oss));
                         let expert_ids: Vec<usize> =
                             experts.map_or_else(|| (0..m.experts).collect(), <[usize]>::to_vec);
                         let experts = expert_ids.iter().map(|_| swiglu(expert)).collect();
@@ -624,6 +642,7 @@ impl Transformer {
             rope,
             rope_local,
             embed_scale: gemma.is_some(),
+            sinks: shape.llama.is_some_and(|l| l.oss),
             blocks,
             ln_f,
             head,
@@ -691,10 +710,15 @@ impl Transformer {
         Masks { full, sliding }
     }
 
+    /// Mirror of the model's `needs_mask`.
+    fn needs_mask(&self) -> bool {
+        !self.kernels.fused() || self.sinks
+    }
+
     /// Mirror of the model's `input_mask`.
     pub fn input_mask(&self, input: &Sym) -> Masks {
         match self.stem {
-            Stem::Tokens(_) if !self.kernels.fused() => self.masks(input, input.dims()[1]),
+            Stem::Tokens(_) if self.needs_mask() => self.masks(input, input.dims()[1]),
             _ => Masks::default(),
         }
     }
@@ -712,7 +736,7 @@ impl Transformer {
         if cache.len() != self.blocks.len() {
             *cache = (0..self.blocks.len()).map(|_| None).collect();
         }
-        let masks = if s > 1 && !self.kernels.fused() {
+        let masks = if s > 1 && self.needs_mask() {
             self.masks(tokens, s)
         } else {
             Masks::default()
@@ -862,6 +886,7 @@ impl Transformer {
             rope,
             rope_local,
             embed_scale: self.embed_scale,
+            sinks: self.sinks,
             blocks,
             ln_f,
             head,

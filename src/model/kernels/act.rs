@@ -16,6 +16,16 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
 
 /// `silu(gate)·up` with a fused backward; `gate` and `up` of one shape, contiguous.
 pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    glu(gate, up, false)
+}
+
+/// gpt-oss's clamped SwiGLU with a fused backward: `g' = min(gate, 7)`, `u' = clamp(up, −7,
+/// 7)`, `(u' + 1)·g'·σ(1.702·g')` (transformers' `GptOssExperts`: `alpha`, `limit`).
+pub fn oss_glu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    glu(gate, up, true)
+}
+
+fn glu(gate: &Tensor, up: &Tensor, oss: bool) -> Result<Tensor> {
     if gate.shape() != up.shape() {
         candle_core::bail!(
             "silu_mul: gate {:?} and up {:?} differ",
@@ -23,12 +33,42 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             up.shape()
         )
     }
-    gate.apply_op2(up, SiluMulOp)
+    gate.apply_op2(up, SiluMulOp { oss })
 }
 
 struct GeluOp;
 
-struct SiluMulOp;
+struct SiluMulOp {
+    oss: bool,
+}
+
+/// gpt-oss's GLU constants (`GptOssExperts.alpha`, `.limit`).
+pub(crate) const OSS_ALPHA: f32 = 1.702;
+pub(crate) const OSS_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped GLU of one element.
+fn oss(g: f32, u: f32) -> f32 {
+    let (a, b) = (g.min(OSS_LIMIT), u.clamp(-OSS_LIMIT, OSS_LIMIT));
+    (b + 1.0) * a / (1.0 + (-OSS_ALPHA * a).exp())
+}
+
+/// Its gradients `(d/d gate, d/d up)` for the output gradient `d`: none past a clamp (torch's
+/// clamp passes the bounds themselves).
+fn oss_grad(g: f32, u: f32, d: f32) -> (f32, f32) {
+    let (a, b) = (g.min(OSS_LIMIT), u.clamp(-OSS_LIMIT, OSS_LIMIT));
+    let s = 1.0 / (1.0 + (-OSS_ALPHA * a).exp());
+    let dg = if g <= OSS_LIMIT {
+        d * (b + 1.0) * s * (1.0 + OSS_ALPHA * a * (1.0 - s))
+    } else {
+        0.0
+    };
+    let du = if (-OSS_LIMIT..=OSS_LIMIT).contains(&u) {
+        d * a * s
+    } else {
+        0.0
+    };
+    (dg, du)
+}
 
 impl CustomOp1 for GeluOp {
     fn name(&self) -> &'static str {
@@ -89,7 +129,7 @@ fn silu(v: f32) -> f32 {
 
 impl CustomOp2 for SiluMulOp {
     fn name(&self) -> &'static str {
-        Kernel::SiluMul.name()
+        Kernel::SiluMul { oss: self.oss }.name()
     }
 
     /// One pass, one output.
@@ -100,6 +140,9 @@ impl CustomOp2 for SiluMulOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if self.oss {
+            return map2(self.name(), ("gate", s1, l1), ("up", s2, l2), oss);
+        }
         map2(self.name(), ("gate", s1, l1), ("up", s2, l2), |g, u| {
             silu(g) * u
         })
@@ -114,7 +157,7 @@ impl CustomOp2 for SiluMulOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::silu_mul((s1, l1), (s2, l2), None)?;
+        let out = super::cuda::silu_mul((s1, l1), (s2, l2), None, self.oss)?;
         Ok((out, l1.shape().clone()))
     }
 
@@ -125,15 +168,18 @@ impl CustomOp2 for SiluMulOp {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Kernel::SiluMul.backward2(&[gate, up], res, grad)
+        Kernel::SiluMul { oss: self.oss }.backward2(&[gate, up], res, grad)
     }
 }
 
 /// SwiGLU's backward in one pass over contiguous gate, up and the output's gradient: `[d/d
 /// gate; d/d up]` `(2, …)` in the inputs' type, computed in f32 per element (`σ = 1/(1 +
 /// e^−g)`: `d/d gate = dy·u·σ·(1 + g·(1 − σ))`, `d/d up = dy·g·σ`) — one allocation of two
-/// gradients, where the composed backward held seven f32 tensors of the input's size.
-pub(crate) struct SiluMulGradOp;
+/// gradients, where the composed backward held seven f32 tensors of the input's size. With
+/// `oss`, gpt-oss's clamped GLU's (`oss_grad`).
+pub(crate) struct SiluMulGradOp {
+    pub(crate) oss: bool,
+}
 
 impl SiluMulGradOp {
     fn shape(l: &Layout) -> Shape {
@@ -170,6 +216,11 @@ impl CustomOp3 for SiluMulGradOp {
             let (dg, du) = out.split_at_mut(n);
             for i in 0..n {
                 let (a, b, d) = (g[i].f(), u[i].f(), dy[i].f());
+                if self.oss {
+                    let (x, y) = oss_grad(a, b, d);
+                    (dg[i], du[i]) = (T::of(x), T::of(y));
+                    continue;
+                }
                 let s = 1.0 / (1.0 + (-a).exp());
                 dg[i] = T::of(d * b * s * (1.0 + a * (1.0 - s)));
                 du[i] = T::of(d * a * s);
@@ -191,7 +242,7 @@ impl CustomOp3 for SiluMulGradOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::silu_mul((s1, l1), (s2, l2), Some((s3, l3)))?;
+        let out = super::cuda::silu_mul((s1, l1), (s2, l2), Some((s3, l3)), self.oss)?;
         Ok((out, Self::shape(l1)))
     }
 }

@@ -336,27 +336,31 @@ pub fn mxfp4_dequant(
     }
 }
 
-/// SwiGLU on contiguous gate and up: `silu(g)·u` into a fresh output (`grad` absent), or its
-/// backward (`grad` given): `[d/d gate; d/d up]` into one fresh `2·n` output.
+/// SwiGLU on contiguous gate and up: `silu(g)·u` (with `oss`, gpt-oss's clamped form) into a
+/// fresh output (`grad` absent), or its backward (`grad` given): `[d/d gate; d/d up]` into one
+/// fresh `2·n` output.
 pub fn silu_mul(
     g: (&CudaStorage, &Layout),
     u: (&CudaStorage, &Layout),
     grad: Option<(&CudaStorage, &Layout)>,
+    oss: bool,
 ) -> Result<CudaStorage> {
     fn go<T: Elem>(
         g: (&CudaStorage, &Layout),
         u: (&CudaStorage, &Layout),
         grad: Option<(&CudaStorage, &Layout)>,
+        oss: bool,
     ) -> Result<CudaStorage> {
         let op = "silu_mul";
         let dev = g.0.device();
         let gs = view::<T>(g.0, g.1, op, "gate")?;
         let us = view::<T>(u.0, u.1, op, "up")?;
         let n = gs.len();
-        let name = if grad.is_some() {
-            "memfit_silu_mul_grad"
-        } else {
-            "memfit_silu_mul"
+        let name = match (grad.is_some(), oss) {
+            (true, false) => "memfit_silu_mul_grad",
+            (false, false) => "memfit_silu_mul",
+            (true, true) => "memfit_oss_glu_grad",
+            (false, true) => "memfit_oss_glu",
         };
         let func = dev.get_or_load_custom_func(&kernel_name::<T>(name), MODULE, PTX)?;
         let outputs = if grad.is_some() { 2 * n } else { n };
@@ -373,7 +377,7 @@ pub fn silu_mul(
         unsafe { args.launch(launch_elems(n)?) }.w()?;
         Ok(wrap(out, dev))
     }
-    by_type!("silu_mul", g.0, go(g, u, grad))
+    by_type!("silu_mul", g.0, go(g, u, grad, oss))
 }
 
 /// GELU's (tanh) backward on contiguous x and the output's gradient into a fresh output.

@@ -138,6 +138,26 @@ template <typename T> __device__ void silu_mul_grad(const T *g, const T *u, cons
     out[n + i] = of_f<T>(d * a * s);
 }
 
+// gpt-oss's clamped SwiGLU: g' = min(g, 7), u' = clamp(u, -7, 7), out = (u' + 1)·g'·σ(1.702 g').
+template <typename T> __device__ void oss_glu(const T *g, const T *u, T *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float a = fminf(to_f(g[i]), 7.0f), b = fminf(fmaxf(to_f(u[i]), -7.0f), 7.0f);
+    out[i] = of_f<T>((b + 1.0f) * a / (1.0f + __expf(-1.702f * a)));
+}
+
+// Its backward in one pass: out[i] = d/d gate, out[n + i] = d/d up, in f32; no gradient past
+// a clamp (torch's: bounds included).
+template <typename T> __device__ void oss_glu_grad(const T *g, const T *u, const T *dy, T *out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g0 = to_f(g[i]), u0 = to_f(u[i]), d = to_f(dy[i]);
+    float a = fminf(g0, 7.0f), b = fminf(fmaxf(u0, -7.0f), 7.0f);
+    float s = 1.0f / (1.0f + __expf(-1.702f * a));
+    out[i] = of_f<T>(g0 <= 7.0f ? d * (b + 1.0f) * s * (1.0f + 1.702f * a * (1.0f - s)) : 0.0f);
+    out[n + i] = of_f<T>(u0 >= -7.0f && u0 <= 7.0f ? d * a * s : 0.0f);
+}
+
 // GELU's (tanh approximation) backward in one pass: out[i] = dy[i]·gelu'(x[i]), in f32
 // (gelu' = ½(1 + tanh u) + ½·x·(1 − tanh² u)·c(1 + 3a x²), u = c(x + a x³)).
 template <typename T> __device__ void gelu_grad(const T *x, const T *dy, T *out, size_t n) {
@@ -295,6 +315,13 @@ __device__ void mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, T *o
     extern "C" __global__ void memfit_silu_mul_grad_##SFX(const T *g, const T *u, const T *dy,  \
                                                           T *out, size_t n) {                    \
         silu_mul_grad<T>(g, u, dy, out, n);                                                      \
+    }                                                                                            \
+    extern "C" __global__ void memfit_oss_glu_##SFX(const T *g, const T *u, T *out, size_t n) {  \
+        oss_glu<T>(g, u, out, n);                                                                \
+    }                                                                                            \
+    extern "C" __global__ void memfit_oss_glu_grad_##SFX(const T *g, const T *u, const T *dy,   \
+                                                         T *out, size_t n) {                     \
+        oss_glu_grad<T>(g, u, dy, out, n);                                                       \
     }                                                                                            \
     extern "C" __global__ void memfit_gelu_grad_##SFX(const T *x, const T *dy, T *out,          \
                                                       size_t n) {                                \

@@ -78,7 +78,7 @@ pub trait Graph: Clone + Sized {
     /// SwiGLU's gradients `(d/d gate, d/d up)` of detached gate, up and the output's gradient
     /// (made contiguous first: a copy when it is not), in the inputs' type: two views of one
     /// fresh `(2, …)` allocation (`kernels::act::SiluMulGradOp`).
-    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self) -> Result<(Self, Self)>;
+    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self, oss: bool) -> Result<(Self, Self)>;
     /// GELU's gradient of detached x and the output's gradient (each made contiguous first: a
     /// copy when it is not), in x's type: one fresh tensor (`kernels::act::GeluGradOp`).
     fn gelu_grad(x: &Self, grad: &Self) -> Result<Self>;
@@ -112,9 +112,9 @@ impl Graph for Tensor {
     fn index_select(&self, ids: &Self, dim: usize) -> Result<Self> {
         Tensor::index_select(self, ids, dim)
     }
-    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self) -> Result<(Self, Self)> {
+    fn silu_mul_grad(gate: &Self, up: &Self, grad: &Self, oss: bool) -> Result<(Self, Self)> {
         let grad = grad.contiguous()?;
-        let both = gate.apply_op3_no_bwd(up, &grad, &super::act::SiluMulGradOp)?;
+        let both = gate.apply_op3_no_bwd(up, &grad, &super::act::SiluMulGradOp { oss })?;
         drop(grad);
         Ok((both.get(0)?, both.get(1)?))
     }

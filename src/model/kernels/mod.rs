@@ -48,7 +48,7 @@ mod rotary;
 mod scatter;
 pub mod tiled;
 
-pub use act::{gelu, silu_mul};
+pub use act::{gelu, oss_glu, silu_mul};
 pub use attn::attn_probs;
 pub use graph::Graph;
 pub use linear::{linear, linear_add, linear_no_bias, linear_scaled};
@@ -104,8 +104,8 @@ pub enum Kernel {
     RmsNorm { eps: f32 },
     /// GELU with the tanh approximation (candle's `gelu`); arg x.
     Gelu,
-    /// `silu(gate)·up`; args gate, up.
-    SiluMul,
+    /// `silu(gate)·up` (with `oss`, gpt-oss's clamped GLU, [`oss_glu`]); args gate, up.
+    SiluMul { oss: bool },
     /// `softmax(q·kᵀ·scale + mask)`; args q, k. With `causal`, query `i` of `Sq` sees keys
     /// `0..=i + Sk − Sq`.
     AttnProbs {
@@ -148,7 +148,8 @@ impl Kernel {
             Kernel::LayerNorm { .. } => "fused-layer-norm",
             Kernel::RmsNorm { .. } => "fused-rms-norm",
             Kernel::Gelu => "fused-gelu",
-            Kernel::SiluMul => "fused-silu-mul",
+            Kernel::SiluMul { oss: false } => "fused-silu-mul",
+            Kernel::SiluMul { oss: true } => "fused-oss-glu",
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
             Kernel::Linear => "fused-linear",
@@ -203,7 +204,7 @@ impl Kernel {
             Kernel::LayerNorm { eps } => norm_bwd(args, grad, eps, true),
             Kernel::RmsNorm { eps } => norm_bwd(args, grad, eps, false),
             Kernel::Gelu => gelu_bwd(args[0], grad),
-            Kernel::SiluMul => silu_mul_bwd(args[0], args[1], grad),
+            Kernel::SiluMul { oss } => silu_mul_bwd(args[0], args[1], grad, oss),
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
             Kernel::Linear => linear_bwd(args[0], args[1], args[2], grad),
@@ -258,8 +259,8 @@ fn norm_bwd<G: Graph>(args: &[&G], grad: &G, eps: f32, centre: bool) -> Result<V
 /// `d/d gate = up·σ(gate)·(1 + gate·(1 − σ(gate)))·g`, `d/d up = silu(gate)·g`, in f32 per
 /// element, in one pass ([`Graph::silu_mul_grad`]: one `(2, …)` allocation in the inputs'
 /// type, where a composition of tensor ops held seven f32 tensors of the input's size at once).
-fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G) -> Result<Vec<Option<G>>> {
-    let (dg, du) = G::silu_mul_grad(&gate.detach(), &up.detach(), grad)?;
+fn silu_mul_bwd<G: Graph>(gate: &G, up: &G, grad: &G, oss: bool) -> Result<Vec<Option<G>>> {
+    let (dg, du) = G::silu_mul_grad(&gate.detach(), &up.detach(), grad, oss)?;
     Ok(vec![Some(dg), Some(du)])
 }
 
