@@ -204,12 +204,15 @@ pub enum ServingWeights {
     /// FP8 e4m3 with an f32 scale per 128×128 block (how DeepSeek-V3 and the `*-FP8`
     /// checkpoints ship their projections).
     Fp8,
-    /// MXFP4: e2m1 values with a power-of-two scale per 32 (how gpt-oss ships its experts).
+    /// MXFP4: e2m1 values with a power-of-two scale per 32.
     Mxfp4,
+    /// The experts' projections in MXFP4, everything else the model's own (how gpt-oss ships
+    /// its checkpoints).
+    Mxfp4Experts,
 }
 
 impl ServingWeights {
-    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k, fp8, mxfp4";
+    pub const NAMES: &'static str = "model, f16, q8_0, q4_0, q4_k, q6_k, fp8, mxfp4, mxfp4-experts";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -221,6 +224,7 @@ impl ServingWeights {
             "q6_k" => Some(Self::Q6K),
             "fp8" => Some(Self::Fp8),
             "mxfp4" => Some(Self::Mxfp4),
+            "mxfp4-experts" => Some(Self::Mxfp4Experts),
             _ => None,
         }
     }
@@ -235,6 +239,7 @@ impl ServingWeights {
             Self::Q6K => "q6_k",
             Self::Fp8 => "fp8",
             Self::Mxfp4 => "mxfp4",
+            Self::Mxfp4Experts => "mxfp4-experts",
         }
     }
 
@@ -248,8 +253,14 @@ impl ServingWeights {
             Self::Q4K => Some(LoraBase::Q4K),
             Self::Q6K => Some(LoraBase::Q6K),
             Self::Fp8 => Some(LoraBase::Fp8),
-            Self::Mxfp4 => Some(LoraBase::Mxfp4),
+            Self::Mxfp4 | Self::Mxfp4Experts => Some(LoraBase::Mxfp4),
         }
+    }
+
+    /// Only a mixture of experts' expert projections are held quantized; attention, routers,
+    /// embeddings and the head stay the model's own.
+    pub fn experts_only(self) -> bool {
+        self == Self::Mxfp4Experts
     }
 }
 

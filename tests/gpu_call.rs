@@ -90,7 +90,15 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
     assert_eq!(
         set(&|c| c.weights.as_str().into()),
         want(&[
-            "f16", "fp8", "model", "mxfp4", "q4_0", "q4_k", "q6_k", "q8_0"
+            "f16",
+            "fp8",
+            "model",
+            "mxfp4",
+            "mxfp4-experts",
+            "q4_0",
+            "q4_k",
+            "q6_k",
+            "q8_0"
         ])
     );
     let lora_bases: BTreeSet<String> = cases
@@ -108,6 +116,12 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
             .llama
             .is_some_and(|l| l.gemma.is_some() && l.local_rope(c.cfg.layers))),
         "a Gemma 3 with sliding and full layers"
+    );
+    assert!(
+        cases
+            .iter()
+            .any(|c| c.cfg.llama.is_some_and(|l| l.oss && l.moe.is_some())),
+        "a gpt-oss"
     );
     assert_eq!(set(&|c| c.load_mmap.to_string()), want(&["false", "true"]));
     assert!(

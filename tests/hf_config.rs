@@ -38,6 +38,7 @@ fn presets_have_the_published_parameter_counts() {
         ("smollm2-135m", 134_515_008),
         ("gemma-3-1b", 999_885_952),
         ("gemma-3-27b", 27_009_346_304),
+        ("gpt-oss-20b", 20_914_757_184),
     ] {
         let cfg = Config::preset(name).unwrap_or_else(|| panic!("{name} is a preset"));
         assert_eq!(cfg.params(), want, "{name}");
@@ -734,4 +735,37 @@ fn gpt_oss_defaults_and_its_attention() {
             .stderr(contains("attention` = "))
             .stderr(contains("sinks"));
     }
+}
+
+/// gpt-oss-20b as shipped (`quantization_config` mxfp4, its experts alone): served by default
+/// with `mxfp4-experts`, whose weights are the checkpoint's layout to the byte — the experts'
+/// 19,110,297,600 weights at 17 B per 32 and the other 1,804,459,584 parameters in bf16,
+/// 13,761,264,768 B — plus memfit's two rotary tables (131,072 × 32 × 2 B each); `--weights
+/// model` holds it all in bf16 (3.03× that).
+#[test]
+fn gpt_oss_mxfp4_serving_weights_are_the_checkpoint_layout() {
+    let predict = |extra: &[&str]| -> serde_json::Value {
+        let out = memfit()
+            .args(["predict", "--preset", "gpt-oss-20b", "--dtype", "bf16"])
+            .args(["--device", "cuda:0", "--seq", "4096", "--json"])
+            .args(["--phases", "inference,prefill,decode"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (experts, others) = (19_110_297_600u64, 20_914_757_184u64 - 19_110_297_600);
+    let layout = experts / 32 * 17 + 2 * others;
+    assert_eq!(layout, 13_761_264_768);
+    let rotary = 2 * 131_072 * 32 * 2;
+    let shipped = predict(&[]);
+    assert_eq!(shipped["serving"]["weights"], "mxfp4-experts");
+    assert_eq!(
+        shipped["serving"]["weights_bytes"].as_u64().unwrap(),
+        layout + rotary
+    );
+    let dense = predict(&["--weights", "model"]);
+    let d = dense["serving"]["weights_bytes"].as_u64().unwrap();
+    assert_eq!(d, 2 * (experts + others) + rotary);
 }

@@ -34,6 +34,11 @@ fn silu_mul_matches_silu_times_up() {
 }
 
 #[test]
+fn oss_glu_matches_its_composition() {
+    check("oss_glu_matches_its_composition");
+}
+
+#[test]
 fn linear_matches_candle_nn_linear() {
     check("linear_matches_candle_nn_linear");
 }
@@ -138,6 +143,7 @@ const TESTED: &[&str] = &[
     "rms_norm_matches_rms_norm_slow",
     "gelu_matches_candle_gelu",
     "silu_mul_matches_silu_times_up",
+    "oss_glu_matches_its_composition",
     "linear_matches_candle_nn_linear",
     "linear_add_matches_the_projection_and_sum",
     "moe_ops_match_their_compositions",

@@ -188,8 +188,8 @@ on_each_device!(k_quants, k_quants_and_half_activations);
 
 /// Mixtures of experts served as FP8 checkpoints ship them (Qwen3-MoE's and DeepSeek-V3's
 /// fixtures: attention — MLA's latent projections included —, experts and shared experts in FP8,
-/// routers and norms dense), and in MXFP4 as gpt-oss ships its experts (Qwen3-MoE's fixture with
-/// experts 32 wide, a whole MXFP4 block a row): every serving window predicted from the
+/// routers and norms dense), and in MXFP4 (Qwen3-MoE's fixture with experts 32 wide, a whole
+/// MXFP4 block a row; gpt-oss's with its experts alone in MXFP4, as it ships them): every serving window predicted from the
 /// recorded routing, decode over the latent with `kv_b` dequantized for the step, and the
 /// logits' error recorded.
 fn mixtures_of_experts_in_fp8(device: &str) {
@@ -200,6 +200,8 @@ fn mixtures_of_experts_in_fp8(device: &str) {
         ("qwen3_moe", "fp8", "moe_intermediate_size=24"),
         ("deepseek_v3", "fp8", "moe_intermediate_size=20"),
         ("qwen3_moe", "mxfp4", "moe_intermediate_size=32"),
+        // gpt-oss as shipped: its experts alone in MXFP4 (48 wide in the fixture: 64 here).
+        ("gpt_oss", "mxfp4-experts", "intermediate_size=64"),
     ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",

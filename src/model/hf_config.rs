@@ -2,10 +2,14 @@
 //! [`Config`].
 //!
 //! `model_type` decides the family: `llama`, `mistral`, `phi3`, `qwen2`, `qwen3`,
-//! `gemma3_text`, `mixtral`, `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3` → the
-//! LLaMA-family decoder ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT encoder;
-//! `gpt_oss` and the multimodal `gemma3` (its vision tower) are refused by name with what memfit
-//! lacks to build them. Gemma 3 ([`Gemma`]) reads `hidden_activation` (must be
+//! `gemma3_text`, `mixtral`, `qwen2_moe`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3`, `gpt_oss` →
+//! the LLaMA-family decoder ([`super::llama`]); `gpt2` → the GPT decoder; `vit` → the ViT
+//! encoder; the multimodal `gemma3` (its vision tower) is refused by name. gpt-oss
+//! (`Llama::oss`) takes `GptOssConfig`'s defaults for absent fields ([`GPT_OSS_DEFAULTS`]),
+//! biases on q, k, v, o and the experts always, its router as Mixtral's (softmax, renormalised
+//! top k), even layers sliding unless `layer_types` says otherwise, `swiglu_limit` 7 when
+//! given, and reads its shipped `quantization_config` mxfp4 as the experts alone in MXFP4
+//! ([`Shipped::Mxfp4Experts`]). Gemma 3 ([`Gemma`]) reads `hidden_activation` (must be
 //! `gelu_pytorch_tanh`), `query_pre_attn_scalar`, `rope_local_base_freq`,
 //! `sliding_window_pattern` (layer `i` full when `(i + 1)` is a multiple; `layer_types`
 //! overrides), its fields absent taking `Gemma3TextConfig`'s defaults ([`GEMMA3_DEFAULTS`]; the
@@ -148,6 +152,8 @@ pub struct HfConfig {
 pub enum Shipped {
     /// FP8 e4m3 with an f32 inverse scale per 128×128 block.
     Fp8,
+    /// The experts' projections in MXFP4, the rest in `dtype` (gpt-oss).
+    Mxfp4Experts,
 }
 
 /// Reads and parses `path`.
@@ -308,10 +314,11 @@ fn quantization(f: &Fields) -> Result<Option<Shipped>, UserError> {
         .unwrap_or("(no quant_method)");
     let format = match method {
         "fp8" => return fp8_config(f, q),
+        "mxfp4" if f.str_opt("model_type")? == Some("gpt_oss") => return mxfp4_config(f, q),
         "mxfp4" => {
             "MXFP4: 4-bit values with an 8-bit scale per 32; memfit holds projections so \
-             (`--weights mxfp4`, `--lora-base mxfp4`), but which modules a checkpoint ships in it \
-             is gpt-oss's layout, and gpt-oss is not built yet"
+             (`--weights mxfp4`, `--lora-base mxfp4`), but reads which modules a checkpoint ships \
+             in it for gpt-oss only (its experts)"
         }
         "gptq" | "awq" => "4-bit integer weights with group scales",
         "bitsandbytes" => "bitsandbytes 8-bit or 4-bit weights",
@@ -326,6 +333,45 @@ fn quantization(f: &Fields) -> Result<Option<Shipped>, UserError> {
         ),
         "quant_method fp8, or no quantization_config: `--hf-set quantization_config=null` sizes the unquantized model in --dtype",
     ))
+}
+
+/// gpt-oss's `quant_method: mxfp4`: its experts' projections in MXFP4 (read as shipped,
+/// `weights = "mxfp4-experts"`), everything `modules_to_not_convert` names (attention, router,
+/// embeddings, head, norms: what gpt-oss ships) in `dtype`; naming anything else is refused;
+/// `dequantize: true` asks for the dense model.
+fn mxfp4_config(f: &Fields, q: &Value) -> Result<Option<Shipped>, UserError> {
+    if q.get("dequantize").and_then(Value::as_bool) == Some(true) {
+        return Ok(None);
+    }
+    if let Some(v) = q.get("modules_to_not_convert").filter(|v| !v.is_null()) {
+        let allowed = "attention (self_attn), mlp.router, embed_tokens, lm_head, norms: memfit holds \
+                       gpt-oss's experts alone in MXFP4";
+        let names = v.as_array().ok_or_else(|| {
+            f.bad(
+                "quantization_config.modules_to_not_convert",
+                v,
+                "not a list",
+                allowed,
+            )
+        })?;
+        for name in names {
+            let ok = name.as_str().is_some_and(|n| {
+                n.ends_with("norm")
+                    || ["self_attn", "mlp.router", "embed_tokens", "lm_head"]
+                        .iter()
+                        .any(|k| n == *k || n.ends_with(&format!(".{k}")))
+            });
+            if !ok {
+                return Err(f.bad(
+                    "quantization_config.modules_to_not_convert",
+                    name,
+                    "memfit holds gpt-oss's experts in MXFP4 and the rest dense; keeping an expert dense is not modelled",
+                    allowed,
+                ));
+            }
+        }
+    }
+    Ok(Some(Shipped::Mxfp4Experts))
 }
 
 /// The parts `modules_to_not_convert` may name: memfit holds them in `dtype` anyway.
@@ -682,6 +728,16 @@ fn llama_config(
     // gpt-oss: biases on q, k, v, o always (transformers sets `attention_bias` itself) and on
     // the experts' projections.
     let oss = model_type == "gpt_oss";
+    if let Some(v) = f.get("swiglu_limit").filter(|_| oss)
+        && v.as_f64() != Some(7.0)
+    {
+        return Err(f.bad(
+            "swiglu_limit",
+            v,
+            "memfit's gpt-oss experts clamp at 7 (transformers 4.57's `GptOssExperts.limit`)",
+            "7.0",
+        ));
+    }
     let attention_bias = if qwen2 {
         false
     } else {

@@ -25,6 +25,13 @@
 //! `rope_local_base_freq`, no scaling). Parameters: `+ 2H` per block (the two extra norms) and
 //! Qwen3's `2D` q/k norms.
 //!
+//! gpt-oss (`Llama::oss`) on the same blocks: q, k, v, o with biases; each attention head's
+//! learned sink logit (`attn.sinks (A)`) in the softmax beside the keys, then dropped
+//! ([`super::attention::Core::attend_sinks`]: the scores and a `(B, A, S, 1)` column
+//! concatenated, `(B, A, S, T + 1)`; the standard attention only); a mixture of experts with a
+//! biased router and biased experts whose GLU is clamped ([`super::kernels::oss_glu`]).
+//! Parameters: `+ A` per block (the sinks), `+ E` (router bias), `+ E·(2I + H)` (expert biases).
+//!
 //! Parameter count (exact):
 //! `P = V·H (embedding) + [V·H (head, untied)] + H (final norm) + L·(2H + H·A·D + 2·H·G·D +
 //! A·D·H + 3·H·I + biases [+ 2D q/k norms])`, biases `A·D + 2·G·D` (q, k, v), `H` (o), `2I + H`
@@ -68,6 +75,7 @@ pub const PRESETS: &[&str] = &[
     "qwen3-30b-a3b",
     "gemma-3-1b",
     "gemma-3-27b",
+    "gpt-oss-20b",
     "mixtral-8x7b",
     "deepseek-v2-lite",
     "tinyllama-1.1b",
@@ -88,12 +96,22 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "qwen3-30b-a3b" => include_str!("../../workloads/configs/qwen3-30b-a3b.json"),
         "gemma-3-1b" => include_str!("../../workloads/configs/gemma-3-1b.json"),
         "gemma-3-27b" => include_str!("../../workloads/configs/gemma-3-27b.json"),
+        "gpt-oss-20b" => include_str!("../../workloads/configs/gpt-oss-20b.json"),
         "mixtral-8x7b" => include_str!("../../workloads/configs/mixtral-8x7b.json"),
         "deepseek-v2-lite" => include_str!("../../workloads/configs/deepseek-v2-lite.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
         "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
         _ => return None,
     })
+}
+
+/// How a shipped preset's checkpoint holds its projections (`quantization_config`), if not
+/// in its `dtype`.
+pub fn preset_shipped(name: &str) -> Option<super::hf_config::Shipped> {
+    let text = preset_json(name)?;
+    super::hf_config::parse(text, &format!("<preset {name}>"))
+        .expect("the shipped preset configs parse (tests/hf_config.rs)")
+        .shipped
 }
 
 /// A LLaMA preset's config (`None` for other names).

@@ -1,5 +1,6 @@
-//! A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3): a router and `E`
-//! SwiGLU experts, computed as the reference implementations do — each token goes to its `k`
+//! A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss: its router
+//! with a bias, its experts with biases and the clamped SwiGLU of [`kernels::oss_glu`]): a
+//! router and `E` SwiGLU experts, computed as the reference implementations do — each token goes to its `k`
 //! best experts, each expert runs on the tokens gathered for it, and the results are added
 //! back — so memory depends on the routing the case drew; optional shared experts on every
 //! token; dense layers first or between sparse ones ([`MoeShape::sparse`]).

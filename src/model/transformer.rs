@@ -728,8 +728,21 @@ impl Transformer {
     }
 
     /// A serving copy whose block projections run through the frozen-linear op over `mode`'s
-    /// weights (`q4_0`, `q8_0`: quantized inference); everything detached.
-    pub fn serving(&self, mode: LoraBase) -> Result<Self> {
+    /// weights (`q4_0`, `q8_0`: quantized inference; `experts`: only a mixture of experts'
+    /// expert projections, the rest as the model's own); everything detached.
+    pub fn serving(&self, mode: LoraBase, experts: bool) -> Result<Self> {
+        if experts {
+            let f = |t: &Tensor| Ok(t.detach());
+            let mut m = self.map(&f, &f, self.dtype)?;
+            for b in &mut m.blocks {
+                if let Ffn::Moe(moe) = &mut b.mlp {
+                    for p in moe.projs_mut() {
+                        *p = p.freeze(mode)?;
+                    }
+                }
+            }
+            return Ok(m);
+        }
         self.frozen_with(mode, true)
     }
 

@@ -514,9 +514,10 @@ fn run_chain(
     let detached = match case.weights {
         ServingWeights::Model => own()?,
         ServingWeights::F16 => t.model.detached().cast(DType::F16)?,
-        q => t
-            .model
-            .serving(q.quantized().expect("the other weights are dense"))?,
+        q => t.model.serving(
+            q.quantized().expect("the other weights are dense"),
+            q.experts_only(),
+        )?,
     };
     let mut logits = None;
     let traced = timeline_dir();

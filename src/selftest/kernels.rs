@@ -187,6 +187,30 @@ pub fn silu_mul_matches_silu_times_up() {
     }
 }
 
+/// gpt-oss's clamped SwiGLU against its composition from candle's ops (`minimum`, `clamp`,
+/// the sigmoid composed): gate and up spread over ±10, so both clamps cut (forward and
+/// gradients).
+pub fn oss_glu_matches_its_composition() {
+    for dtype in dtypes(false) {
+        let g = Var::from_tensor(&(data(&[2, 9, 40], 41, dtype) * 10.0).unwrap()).unwrap();
+        let u = Var::from_tensor(&(data(&[2, 9, 40], 42, dtype) * 10.0).unwrap()).unwrap();
+        compare(
+            "oss_glu",
+            &[g, u],
+            dtype,
+            |a| kernels::oss_glu(&a[0], &a[1]).unwrap(),
+            |a| {
+                let g = a[0].minimum(7.0).unwrap();
+                let u = a[1].clamp(-7.0, 7.0).unwrap();
+                let s = ((g.affine(-1.702, 0.0).unwrap().exp().unwrap() + 1.0).unwrap())
+                    .recip()
+                    .unwrap();
+                ((u + 1.0).unwrap() * (g * s).unwrap()).unwrap()
+            },
+        );
+    }
+}
+
 /// The fused linear with and without a bias against candle-nn's `Linear`.
 pub fn linear_matches_candle_nn_linear() {
     for dtype in dtypes(true) {

@@ -42,6 +42,7 @@ checks![
     kernels::rms_norm_matches_rms_norm_slow,
     kernels::gelu_matches_candle_gelu,
     kernels::silu_mul_matches_silu_times_up,
+    kernels::oss_glu_matches_its_composition,
     kernels::linear_matches_candle_nn_linear,
     kernels::linear_add_matches_the_projection_and_sum,
     kernels::moe_ops_match_their_compositions,

@@ -831,9 +831,13 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     }
     // A checkpoint shipped in FP8 (hf_config's `quantization_config`): LoRA freezes its base
     // as shipped, and serving holds it so, unless the key says otherwise.
-    let shipped_fp8 = hf
-        .as_ref()
-        .is_some_and(|h| h.shipped == Some(hf_config::Shipped::Fp8));
+    let shipped = match &hf {
+        Some(h) => h.shipped,
+        None => spec.preset.as_deref().and_then(llama::preset_shipped),
+    };
+    let shipped_fp8 = shipped == Some(hf_config::Shipped::Fp8);
+    // gpt-oss ships its experts in MXFP4: served so unless the key says otherwise.
+    let shipped_mxfp4 = shipped == Some(hf_config::Shipped::Mxfp4Experts);
     // CUDA's default is candle's own matmul (the frozen-linear op runs there too).
     let lora_bases = ctx.choices(
         "lora_base",
@@ -871,6 +875,8 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         &spec.weights,
         if shipped_fp8 && lora_ranks.iter().all(|&r| r == 0) {
             "fp8"
+        } else if shipped_mxfp4 && lora_ranks.iter().all(|&r| r == 0) {
+            "mxfp4-experts"
         } else {
             "model"
         },
@@ -1141,6 +1147,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     "op, detach with a mixture-of-experts model",
                 ));
             }
+            if !moe && serve.experts_only() {
+                return Err(ctx.bad(
+                    "weights",
+                    serve.as_str(),
+                    "the experts alone in MXFP4, in a model without experts",
+                    "mxfp4 (every block projection) or model, f16 for a dense model",
+                ));
+            }
             if moe && serve.quantized().is_some_and(|q| q.ggml().is_some()) {
                 return Err(ctx.bad(
                     "weights",
@@ -1169,8 +1183,18 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 ));
             }
             let quantized = serve.quantized().or((rank > 0).then_some(lora_base));
+            // With `mxfp4-experts` only the experts' projections are cut into blocks.
+            let held = |path: &str| {
+                !serve.experts_only()
+                    || rank > 0
+                    || path.contains("experts.")
+                    || path.contains("mlp.shared.")
+            };
             if let Some((q, block)) = quantized.and_then(|q| q.row_block().map(|b| (q, b)))
-                && let Some((_, _, p)) = cfg.all_projections().iter().find(|p| p.2.inp % block != 0)
+                && let Some((_, _, p)) = cfg
+                    .all_projections()
+                    .iter()
+                    .find(|p| held(&p.1) && p.2.inp % block != 0)
             {
                 let key = if rank > 0 { "lora_base" } else { "weights" };
                 return Err(ctx.bad(

@@ -407,6 +407,7 @@ impl Transformer {
             dtype
         };
         let (lora, base) = match serve.quantized() {
+            Some(_) if serve.experts_only() => (false, shape.lora_base),
             Some(q) => (true, q),
             None => (shape.lora_rank > 0, shape.lora_base),
         };
@@ -418,6 +419,12 @@ impl Transformer {
             base,
             fused: shape.kernels.fused(),
             cpu: shape.cpu,
+        };
+        // The experts' projections (held quantized alone with `mxfp4-experts`).
+        let p_expert = Params {
+            lora: lora || serve.experts_only(),
+            base: serve.quantized().unwrap_or(base),
+            ..p
         };
         let (h, v, s_max) = (shape.h as usize, shape.v as usize, shape.s_max as usize);
         let llama = shape.llama.is_some();
@@ -469,10 +476,10 @@ impl Transformer {
             }
         };
         let proj = |spec: &ProjSpec| Linear::proj(&p, spec, lora(spec));
-        let swiglu = |specs: &[ProjSpec]| Mlp::SwiGlu {
-            gate: proj(&specs[0]),
-            up: proj(&specs[1]),
-            down: proj(&specs[2]),
+        let swiglu_with = |pp: &Params, specs: &[ProjSpec]| Mlp::SwiGlu {
+            gate: Linear::proj(pp, &specs[0], lora(&specs[0])),
+            up: Linear::proj(pp, &specs[1], lora(&specs[1])),
+            down: Linear::proj(pp, &specs[2], lora(&specs[2])),
             fused: shape.kernels.fused(),
             act: if gemma.is_some() {
                 mlp::Glu::Gelu
@@ -482,6 +489,8 @@ impl Transformer {
                 mlp::Glu::Silu
             },
         };
+        let swiglu = |specs: &[ProjSpec]| swiglu_with(&p, specs);
+        let expert_mlp = |specs: &[ProjSpec]| swiglu_with(&p_expert, specs);
         // The routing a row recorded is per sparse layer, in layer order.
         let mut sparse_index = 0;
         let blocks: Vec<Block> = slots
@@ -547,8 +556,8 @@ impl Transformer {
                             Linear::new(&p, h, m.experts, shape.llama.is_some_and(|l| l.oss));
                         let expert_ids: Vec<usize> =
                             experts.map_or_else(|| (0..m.experts).collect(), <[usize]>::to_vec);
-                        let experts = expert_ids.iter().map(|_| swiglu(expert)).collect();
-                        let shared_mlp = (!shared.is_empty()).then(|| swiglu(shared));
+                        let experts = expert_ids.iter().map(|_| expert_mlp(expert)).collect();
+                        let shared_mlp = (!shared.is_empty()).then(|| expert_mlp(shared));
                         let shared_gate = (!shared.is_empty() && m.shared_gate)
                             .then(|| Linear::new(&p, h, 1, false));
                         let routing = shape

@@ -12,6 +12,7 @@
 //! | [`rms_norm`] | x `(…, H)`, w `(H)` → `(…, H)` | nothing (PyTorch: rstd `(…)`) |
 //! | [`gelu`] (tanh) | x → gelu(x) | x |
 //! | [`silu_mul`] (SwiGLU) | gate, up → silu(gate)·up | gate, up |
+//! | [`oss_glu`] (gpt-oss) | gate, up → (clamp(up, ±7) + 1)·g·σ(1.702·g), g = min(gate, 7) | gate, up |
 //! | [`attn_probs`] | q `(B, A, Sq, D)`, k `(B, A, Sk, D)` → softmax(q·kᵀ·scale + causal) | the probabilities only: no scores, no mask, no mask gradient |
 //! | [`cross_entropy`] | logits `(N, V)`, targets `(N)` → mean loss `()` | the logits |
 //! | [`rotary`] | x `(B, n, S, D)`, cos, sin `(S, D/2)` → x rotated ("rotate half") | x (no halves, products or `cat`; no gradient for the tables) |
