@@ -57,10 +57,13 @@ fn each_backward_holds_its_gradients_and_at_most_its_design() {
                 // One tensor of the op's size (the rotated gradient's halves; the softmax
                 // before the −1 at each target).
                 "rotary" | "cross-entropy" => elements * e + slack,
-                // Two P-sized tensors (`dP − rowsum`, then `dS`) and the two products' gemm
-                // scratch, which at S 96 is larger than they are (measured 33 B/element in f32
-                // here, 7 at S 512).
-                "attn-probs" => elements * 40 + slack,
+                // Two P-sized tensors (`dP − rowsum`, then `dS`) and the products' gemm
+                // scratch: at S 96 a thread's first product that packs its left operand makes
+                // gemm-common's L2 slab, one buffer of this CPU's L2 size (measured: 608 KB on
+                // an AMD EPYC with 512 KiB of L2, 2,184,720 B on an Intel Xeon with 2 MiB).
+                "attn-probs" => {
+                    2 * elements * e + memfit::formula::gemm::thread_slab_bytes() + slack
+                }
                 // The row statistics (3·S f32) and two D-wide accumulators per thread.
                 "efficient-attention" => 2 * (12 * seq + 8 * head_dim) + 8 * slack,
                 other => panic!("unexpected op {other}"),
