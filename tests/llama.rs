@@ -213,6 +213,18 @@ fn qwen3_qk_norms() {
 
 const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,decode";
 
+/// [`check_mixed_checkpointed`] on a reference fixture's config at B 16 × S 28.
+fn mixed_checkpointed_on_fixture(family: &str, kernels: &str) {
+    let cfg = format!(
+        "{}/tests/fixtures/{family}/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    check_mixed_checkpointed(
+        &["--hf-config", &cfg, "--batch", "16", "--seq", "28"],
+        kernels,
+    );
+}
+
 /// [`check_run`] of `base` in mixed f16 with a checkpoint every block, the training phases.
 fn check_mixed_checkpointed(base: &[&str], kernels: &str) {
     let mut a = base.to_vec();
@@ -568,14 +580,7 @@ fn gemma3_sandwich_norms_and_local_rotary() {
             "{kernels}"
         );
         one_full_one_sliding_layer_cache(&rows, kernels);
-        let cfg = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/gemma3/config.json"
-        );
-        check_mixed_checkpointed(
-            &["--hf-config", cfg, "--batch", "16", "--seq", "28"],
-            kernels,
-        );
+        mixed_checkpointed_on_fixture("gemma3", kernels);
     }
 }
 
@@ -602,13 +607,6 @@ fn gpt_oss_sinks_and_clamped_experts() {
             "{kernels}"
         );
         one_full_one_sliding_layer_cache(&rows, kernels);
-        let cfg = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/gpt_oss/config.json"
-        );
-        check_mixed_checkpointed(
-            &["--hf-config", cfg, "--batch", "16", "--seq", "28"],
-            kernels,
-        );
+        mixed_checkpointed_on_fixture("gpt_oss", kernels);
     }
 }

@@ -171,12 +171,7 @@ impl Core {
             return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
         }
         let (k, v) = self.repeat(k, v)?;
-        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
-        drop((q, k));
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
-        };
+        let scores = self.scores(q, k, mask)?;
         let probs = ops::softmax(&scores, D::Minus1)?;
         drop(scores);
         let y = probs.matmul(&v)?;
@@ -202,15 +197,10 @@ impl Core {
                 "attention sinks (gpt-oss) are built into the standard attention only, not the efficient or tiled one"
             )
         }
-        let (b, _, s, d) = q.dims4()?;
+        let (b, _, s, _) = q.dims4()?;
         let dv = v.dim(3)?;
         let (k, v) = self.repeat(k, v)?;
-        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
-        drop((q, k));
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
-        };
+        let scores = self.scores(q, k, mask)?;
         let t = scores.dim(3)?;
         let sink = sinks
             .reshape((1, self.heads, 1, 1))?
@@ -225,6 +215,18 @@ impl Core {
         let y = kept.matmul(&v)?;
         drop((kept, v));
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+    }
+
+    /// The composed attention's scores `q·kᵀ·scale (+ mask)` of queries and repeated keys,
+    /// both freed once the product exists.
+    fn scores(&self, q: Tensor, k: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let d = q.dim(3)?;
+        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        drop((q, k));
+        match mask {
+            Some(m) => scores.broadcast_add(m),
+            None => Ok(scores),
+        }
     }
 
     /// [`Core::attend_any`] runs the efficient CPU op, which reads q, k and v through their

@@ -262,28 +262,7 @@ impl FrozenWeight {
         if inp % MXFP4_BLOCK != 0 {
             bail!("mxfp4: a row of {inp} weights is not a whole number of blocks of {MXFP4_BLOCK}")
         }
-        let host = if w.device().is_cpu() {
-            w.contiguous()?
-        } else {
-            w.to_device(&Device::Cpu)?
-        };
-        let (blocks, scales) = {
-            let (s, l) = host.storage_and_layout();
-            let Some((a, b)) = l.contiguous_offsets() else {
-                bail!("mxfp4: the weight must be contiguous")
-            };
-            match &*s {
-                Storage::Cpu(CpuStorage::F32(d)) => mxfp4_quantize(&d[a..b], |v| v, out, inp),
-                Storage::Cpu(CpuStorage::F16(d)) => {
-                    mxfp4_quantize(&d[a..b], |v| v.to_f32(), out, inp)
-                }
-                Storage::Cpu(CpuStorage::BF16(d)) => {
-                    mxfp4_quantize(&d[a..b], |v| v.to_f32(), out, inp)
-                }
-                _ => bail!("mxfp4: the weight must be f32, f16 or bf16"),
-            }
-        };
-        drop(host);
+        let (blocks, scales) = on_host(w, &Mxfp4Quantize { out, inp }, "mxfp4")?;
         Ok(FrozenWeight::Mxfp4(Arc::new(Mxfp4Weight {
             blocks: Tensor::from_vec(blocks, (out, inp / 2), w.device())?,
             scales: Tensor::from_vec(scales, (out, inp / MXFP4_BLOCK), w.device())?,
@@ -296,28 +275,7 @@ impl FrozenWeight {
     pub fn quantize_fp8(w: &Tensor) -> Result<Self> {
         let (out, inp) = w.dims2()?;
         let (sr, sc) = FP8_BLOCK.scales(out, inp);
-        let host = if w.device().is_cpu() {
-            w.contiguous()?
-        } else {
-            w.to_device(&Device::Cpu)?
-        };
-        let (q, scales) = {
-            let (s, l) = host.storage_and_layout();
-            let Some((a, b)) = l.contiguous_offsets() else {
-                bail!("fp8: the weight must be contiguous")
-            };
-            match &*s {
-                Storage::Cpu(CpuStorage::F32(d)) => fp8_quantize(&d[a..b], |v| v, out, inp),
-                Storage::Cpu(CpuStorage::F16(d)) => {
-                    fp8_quantize(&d[a..b], |v| v.to_f32(), out, inp)
-                }
-                Storage::Cpu(CpuStorage::BF16(d)) => {
-                    fp8_quantize(&d[a..b], |v| v.to_f32(), out, inp)
-                }
-                _ => bail!("fp8: the weight must be f32, f16 or bf16"),
-            }
-        };
-        drop(host);
+        let (q, scales) = on_host(w, &Fp8Quantize { out, inp }, "fp8")?;
         Ok(FrozenWeight::Fp8(Arc::new(Fp8Weight {
             w: Tensor::from_vec(q, (out, inp), w.device())?,
             scale: Tensor::from_vec(scales, (sr, sc), w.device())?,
@@ -331,6 +289,58 @@ impl FrozenWeight {
             w, dtype,
         )?)))
     }
+}
+
+/// A quantizer of `(out, in)` rows generic in the element it reads (`f` widens each to f32).
+trait Quantize {
+    type Out;
+    fn run<T: Copy + Sync>(&self, src: &[T], f: impl Fn(T) -> f32 + Sync) -> Self::Out;
+}
+
+/// [`fp8_quantize`]'s rows.
+struct Fp8Quantize {
+    out: usize,
+    inp: usize,
+}
+
+impl Quantize for Fp8Quantize {
+    type Out = (Vec<float8::F8E4M3>, Vec<f32>);
+    fn run<T: Copy + Sync>(&self, src: &[T], f: impl Fn(T) -> f32 + Sync) -> Self::Out {
+        fp8_quantize(src, f, self.out, self.inp)
+    }
+}
+
+/// [`mxfp4_quantize`]'s rows.
+struct Mxfp4Quantize {
+    out: usize,
+    inp: usize,
+}
+
+impl Quantize for Mxfp4Quantize {
+    type Out = (Vec<u8>, Vec<u8>);
+    fn run<T: Copy + Sync>(&self, src: &[T], f: impl Fn(T) -> f32 + Sync) -> Self::Out {
+        mxfp4_quantize(src, f, self.out, self.inp)
+    }
+}
+
+/// `q` over `w`'s elements (f32, f16 or bf16) on the host: a contiguous view of a CPU weight,
+/// a host copy of a CUDA one, freed before the parts are made into tensors.
+fn on_host<Q: Quantize>(w: &Tensor, q: &Q, op: &str) -> Result<Q::Out> {
+    let host = if w.device().is_cpu() {
+        w.contiguous()?
+    } else {
+        w.to_device(&Device::Cpu)?
+    };
+    let (s, l) = host.storage_and_layout();
+    let Some((a, b)) = l.contiguous_offsets() else {
+        bail!("{op}: the weight must be contiguous")
+    };
+    Ok(match &*s {
+        Storage::Cpu(CpuStorage::F32(d)) => q.run(&d[a..b], |v| v),
+        Storage::Cpu(CpuStorage::F16(d)) => q.run(&d[a..b], |v| v.to_f32()),
+        Storage::Cpu(CpuStorage::BF16(d)) => q.run(&d[a..b], |v| v.to_f32()),
+        _ => bail!("{op}: the weight must be f32, f16 or bf16"),
+    })
 }
 
 /// A dequantize loop generic in the element it writes (`of` rounds each f32 value into it).

@@ -116,16 +116,22 @@ impl Mlp {
                 fused: true,
             } => (kernels::gelu(&fc1.forward(x)?)?, fc2),
             Mlp::Gelu { fc1, fc2, .. } => (fc1.forward(x)?.gelu()?, fc2),
+            // One op on gate and up: gpt-oss's clamped GLU (with either kernel set), or the
+            // fused SwiGLU.
             Mlp::SwiGlu {
                 gate,
                 up,
                 down,
-                act: Glu::Oss,
-                ..
-            } => {
+                fused,
+                act,
+            } if *act == Glu::Oss || (*fused && *act == Glu::Silu) => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
-                let m = kernels::oss_glu(&g, &u)?;
+                let m = if *act == Glu::Oss {
+                    kernels::oss_glu(&g, &u)?
+                } else {
+                    kernels::silu_mul(&g, &u)?
+                };
                 drop((g, u));
                 (m, down)
             }
@@ -142,19 +148,6 @@ impl Mlp {
                 drop(g);
                 let m = a.mul(&u)?;
                 drop((a, u));
-                (m, down)
-            }
-            Mlp::SwiGlu {
-                gate,
-                up,
-                down,
-                fused: true,
-                ..
-            } => {
-                let g = gate.forward(x)?;
-                let u = up.forward(x)?;
-                let m = kernels::silu_mul(&g, &u)?;
-                drop((g, u));
                 (m, down)
             }
             Mlp::SwiGlu {

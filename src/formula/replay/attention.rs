@@ -132,6 +132,16 @@ impl Core {
             return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
         let (k, v) = self.repeat(k, v);
+        let scores = Self::scores(q, k, mask);
+        let probs = softmax(&scores, 3);
+        drop(scores);
+        let y = probs.matmul(&v);
+        drop((probs, v));
+        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
+    }
+
+    /// Mirror of `Core::scores`.
+    fn scores(q: Sym, k: Sym, mask: Option<&Sym>) -> Sym {
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
@@ -140,15 +150,10 @@ impl Core {
             r
         };
         drop((q, k));
-        let scores = match mask {
+        match mask {
             Some(m) => scores.broadcast_add(m),
             None => scores,
-        };
-        let probs = softmax(&scores, 3);
-        drop(scores);
-        let y = probs.matmul(&v);
-        drop((probs, v));
-        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
+        }
     }
 
     /// Mirror of `Core::attend_sinks`.
@@ -163,17 +168,7 @@ impl Core {
         let (b, s) = (q.dims()[0], q.dims()[2]);
         let dv = v.dims()[3];
         let (k, v) = self.repeat(k, v);
-        let scores = {
-            let m = q.matmul(&k.t());
-            let r = m.affine(1.0);
-            drop(m);
-            r
-        };
-        drop((q, k));
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m),
-            None => scores,
-        };
+        let scores = Self::scores(q, k, mask);
         let t = scores.dims()[3];
         let sink = sinks
             .reshape(&[1, self.heads, 1, 1])

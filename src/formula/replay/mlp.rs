@@ -35,16 +35,19 @@ impl Mlp {
                 (Sym::kernel(Kernel::Gelu, &[&y], y.dims(), y.dtype()), fc2)
             }
             Mlp::Gelu { fc1, fc2, .. } => (fc1.forward(x).gelu(), fc2),
+            // Mirror of the model's one-op GLUs.
             Mlp::SwiGlu {
                 gate,
                 up,
                 down,
-                act: Glu::Oss,
-                ..
-            } => {
+                fused,
+                act,
+            } if *act == Glu::Oss || (*fused && *act == Glu::Silu) => {
                 let g = gate.forward(x);
                 let u = up.forward(x);
-                let k = Kernel::SiluMul { oss: true };
+                let k = Kernel::SiluMul {
+                    oss: *act == Glu::Oss,
+                };
                 let m = Sym::kernel(k, &[&g, &u], g.dims(), g.dtype());
                 drop((g, u));
                 (m, down)
@@ -74,24 +77,6 @@ impl Mlp {
                 let g = gate.forward(x).gelu();
                 let u = up.forward(x);
                 let m = g.mul(&u);
-                drop((g, u));
-                (m, down)
-            }
-            Mlp::SwiGlu {
-                gate,
-                up,
-                down,
-                fused: true,
-                ..
-            } => {
-                let g = gate.forward(x);
-                let u = up.forward(x);
-                let m = Sym::kernel(
-                    Kernel::SiluMul { oss: false },
-                    &[&g, &u],
-                    g.dims(),
-                    g.dtype(),
-                );
                 drop((g, u));
                 (m, down)
             }
