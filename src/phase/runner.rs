@@ -299,8 +299,12 @@ fn synthetic_input(case: &Case, device: &Device) -> candle_core::Result<(Tensor,
     }
 }
 
-/// One unmetered training step on a throwaway model of the case's shape, plus a small matmul on
-/// every pool thread: first-use allocations (gemm scratch, thread-locals) happen here.
+/// One unmetered step on a throwaway model of the case's shape, plus a small matmul on every
+/// pool thread: first-use allocations (gemm scratch, thread-locals) happen here. The step is a
+/// training step when a training phase is asked (forward, backward, optimizer, train step);
+/// otherwise only the serving forwards run, so that a case that serves a model holds no
+/// gradients or optimizer state it never asked for (a gpt-oss-20b slice whose weights fit
+/// was killed here by its training step's 4× the weights).
 pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
     if device.is_cpu() {
         rayon::broadcast(|_| -> candle_core::Result<()> {
@@ -322,8 +326,16 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
-    let mut opt = t.optimizer(case)?;
-    t.train_step(&mut opt)?;
+    let trains = case.phases.iter().any(|p| {
+        matches!(
+            p,
+            Phase::Forward | Phase::Backward | Phase::Optimizer | Phase::TrainStep
+        )
+    });
+    if trains {
+        let mut opt = t.optimizer(case)?;
+        t.train_step(&mut opt)?;
+    }
     let detached = t.model.detached();
     let _ = detached.forward(&t.tokens)?;
     // Generation's shapes (a prompt into a cache, then one token per sequence) reach gemm
