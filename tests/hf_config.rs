@@ -607,17 +607,7 @@ fn deepseek_v3_fp8_serving_weights_are_the_checkpoint_layout() {
         "{}/workloads/configs/deepseek-v3.json",
         env!("CARGO_MANIFEST_DIR")
     );
-    let predict = |extra: &[&str]| -> serde_json::Value {
-        let out = memfit()
-            .args(["predict", "--hf-config", &cfg, "--dtype", "bf16"])
-            .args(["--device", "cuda:0", "--seq", "4096", "--json"])
-            .args(["--phases", "inference,prefill,decode"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let predict = |extra: &[&str]| serving_prediction(&["--hf-config", &cfg], extra);
     let (h, l, v, heads) = (7168u64, 61u64, 129_280u64, 128u64);
     let (q_rank, kv_rank, nope, rope, dv) = (1536u64, 512u64, 128u64, 64u64, 128u64);
     let (inter, moe_inter, experts, dense_layers) = (18_432u64, 2048u64, 256u64, 3u64);
@@ -737,6 +727,22 @@ fn gpt_oss_defaults_and_its_attention() {
     }
 }
 
+/// `memfit predict --json` of `model`'s serving phases in bf16 on CUDA at S 4096, with `extra`.
+fn serving_prediction(model: &[&str], extra: &[&str]) -> serde_json::Value {
+    let out = memfit()
+        .arg("predict")
+        .args(model)
+        .args([
+            "--dtype", "bf16", "--device", "cuda:0", "--seq", "4096", "--json",
+        ])
+        .args(["--phases", "inference,prefill,decode"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// gpt-oss-20b as shipped (`quantization_config` mxfp4, its experts alone): served by default
 /// with `mxfp4-experts`, whose weights are the checkpoint's layout to the byte — the experts'
 /// 19,110,297,600 weights at 17 B per 32 and the other 1,804,459,584 parameters in bf16,
@@ -744,17 +750,7 @@ fn gpt_oss_defaults_and_its_attention() {
 /// model` holds it all in bf16 (3.03× that).
 #[test]
 fn gpt_oss_mxfp4_serving_weights_are_the_checkpoint_layout() {
-    let predict = |extra: &[&str]| -> serde_json::Value {
-        let out = memfit()
-            .args(["predict", "--preset", "gpt-oss-20b", "--dtype", "bf16"])
-            .args(["--device", "cuda:0", "--seq", "4096", "--json"])
-            .args(["--phases", "inference,prefill,decode"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let predict = |extra: &[&str]| serving_prediction(&["--preset", "gpt-oss-20b"], extra);
     let (experts, others) = (19_110_297_600u64, 20_914_757_184u64 - 19_110_297_600);
     let layout = experts / 32 * 17 + 2 * others;
     assert_eq!(layout, 13_761_264_768);

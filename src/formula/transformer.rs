@@ -221,14 +221,20 @@ impl Shape {
         gpt_per_layer * self.tensors_per_block() / 16
     }
 
+    /// Pairs of rotary tables (cos, sin) the model keeps: none outside LLaMA, one, and a
+    /// second for Gemma's sliding layers (their own base).
+    fn rotary_pairs(&self) -> u64 {
+        self.llama
+            .map_or(0, |l| 1 + u64::from(l.local_rope(self.l as usize)))
+    }
+
     /// Bytes of the rotary tables (cos and sin, `S_max × D/2` each, in the weights' type).
     pub fn rotary_bytes(&self) -> u64 {
         match self.llama {
             None => 0,
             Some(l) => {
                 // Gemma's sliding layers keep a second pair (their own base).
-                let pairs = 1 + u64::from(l.local_rope(self.l as usize));
-                pairs * 2 * self.s_max * (l.head_dim as u64 / 2) * self.e()
+                self.rotary_pairs() * 2 * self.s_max * (l.head_dim as u64 / 2) * self.e()
             }
         }
     }
@@ -262,13 +268,8 @@ impl Shape {
                 INIT_META_FIXED
                     + self.per_block_meta(INIT_META_PER_LAYER) * self.l
                     + lora_meta
-                    + match self.llama {
-                        // The rotary tables (Gemma: two pairs).
-                        Some(l) => {
-                            (2 + 2 * u64::from(l.local_rope(self.l as usize))) * META_PER_TENSOR
-                        }
-                        None => 0,
-                    },
+                    // The rotary tables.
+                    + 2 * self.rotary_pairs() * META_PER_TENSOR,
             )
     }
 

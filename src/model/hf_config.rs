@@ -949,38 +949,32 @@ fn sliding_window(
             Ok(default)
         }
     };
+    // Layer `i` attends to everything when `(i + 1)` is a multiple of `period`, the others
+    // slide (`layer_types`, when given, overrides); a period of 1: no window.
+    let periodic = |period: usize| -> Result<(Option<usize>, u128), UserError> {
+        if period == 1 {
+            return Ok((None, 0));
+        }
+        if layers > 128 && f.get("layer_types").is_none() {
+            return Err(f.bad(
+                "num_hidden_layers",
+                &Value::from(layers),
+                "full and sliding layers mixed in more than 128 layers are not modelled",
+                "at most 128 layers when they mix",
+            ));
+        }
+        let full = (0..layers.min(128))
+            .filter(|i| (i + 1) % period == 0)
+            .fold(0u128, |m, i| m | 1u128 << i);
+        Ok((f.size_opt("sliding_window", super::limits::MAX_SEQ)?, full))
+    };
     let (window, mut full) = match model_type {
         "mistral" => (window_or(Some(4096))?, 0),
         "mixtral" | "phi3" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
-        // gpt-oss: even layers slide, odd ones attend to everything (`layer_types` overrides).
-        "gpt_oss" => (
-            f.size_opt("sliding_window", super::limits::MAX_SEQ)?,
-            (0..layers.min(128))
-                .filter(|i| i % 2 == 1)
-                .fold(0u128, |m, i| m | 1u128 << i),
-        ),
-        // Gemma 3: without `layer_types`, layer `i` slides unless `(i + 1)` is a multiple of
-        // `sliding_window_pattern` (5 local : 1 global).
-        "gemma3_text" => {
-            let pattern = f.size("sliding_window_pattern", super::limits::MAX_LAYERS)?;
-            let full = (0..layers.min(128))
-                .filter(|i| (i + 1) % pattern == 0)
-                .fold(0u128, |m, i| m | 1u128 << i);
-            if layers > 128 && pattern > 1 && f.get("layer_types").is_none() {
-                return Err(f.bad(
-                    "num_hidden_layers",
-                    &Value::from(layers),
-                    "full and sliding layers mixed in more than 128 layers are not modelled",
-                    "at most 128 layers when they mix",
-                ));
-            }
-            let window = f.size_opt("sliding_window", super::limits::MAX_SEQ)?;
-            if pattern == 1 {
-                (None, 0)
-            } else {
-                (window, full)
-            }
-        }
+        // gpt-oss: even layers slide, odd ones attend to everything.
+        "gpt_oss" => periodic(2)?,
+        // Gemma 3: every `sliding_window_pattern`-th layer full (5 local : 1 global).
+        "gemma3_text" => periodic(f.size("sliding_window_pattern", super::limits::MAX_LAYERS)?)?,
         // Qwen3-MoE's attention slides in every layer (it has no `max_window_layers`).
         "qwen3_moe" if f.bool_or("use_sliding_window", false)? => (window_or(Some(4096))?, 0),
         "qwen2" | "qwen3" | "qwen2_moe" if f.bool_or("use_sliding_window", false)? => {

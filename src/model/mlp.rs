@@ -7,6 +7,7 @@ use candle_nn::VarBuilder;
 use super::config::{Config, ProjSpec};
 use super::kernels;
 use super::proj::Proj;
+use super::shapes::Llama;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I); with `gelu`, Gemma's GeGLU
@@ -38,13 +39,19 @@ pub enum Glu {
 }
 
 impl Glu {
-    /// The activation of `cfg`'s gated MLPs.
-    pub fn of(cfg: &Config) -> Self {
-        match cfg.llama {
+    /// The activation of a LLaMA-family model's gated MLPs (SiLU outside Gemma and gpt-oss).
+    pub fn of(llama: Option<&Llama>) -> Self {
+        match llama {
             Some(l) if l.gemma.is_some() => Glu::Gelu,
             Some(l) if l.oss => Glu::Oss,
             _ => Glu::Silu,
         }
+    }
+
+    /// Whether the MLP's activation is one op on gate and up: gpt-oss's clamped GLU (with
+    /// either kernel set), or SwiGLU with fused kernels.
+    pub fn one_op(self, fused: bool) -> bool {
+        self == Glu::Oss || (fused && self == Glu::Silu)
     }
 }
 
@@ -64,7 +71,7 @@ impl Mlp {
                 up: p(1)?,
                 down: p(2)?,
                 fused,
-                act: Glu::of(cfg),
+                act: Glu::of(cfg.llama.as_ref()),
             },
         })
     }
@@ -124,7 +131,7 @@ impl Mlp {
                 down,
                 fused,
                 act,
-            } if *act == Glu::Oss || (*fused && *act == Glu::Silu) => {
+            } if act.one_op(*fused) => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
                 let m = if *act == Glu::Oss {

@@ -724,29 +724,24 @@ impl Transformer {
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
     /// adapters still variables; the block projections frozen as `cfg.lora_base` says.
     pub fn frozen(&self) -> Result<Self> {
-        self.frozen_with(self.cfg.lora_base, false)
+        self.frozen_with(self.cfg.lora_base, false, false)
     }
 
     /// A serving copy whose block projections run through the frozen-linear op over `mode`'s
     /// weights (`q4_0`, `q8_0`: quantized inference; `experts`: only a mixture of experts'
     /// expert projections, the rest as the model's own); everything detached.
     pub fn serving(&self, mode: LoraBase, experts: bool) -> Result<Self> {
-        if experts {
-            let f = |t: &Tensor| Ok(t.detach());
-            let mut m = self.map(&f, &f, self.dtype)?;
-            for b in &mut m.blocks {
-                if let Ffn::Moe(moe) = &mut b.mlp {
-                    for p in moe.projs_mut() {
-                        *p = p.freeze(mode)?;
-                    }
-                }
-            }
-            return Ok(m);
-        }
-        self.frozen_with(mode, true)
+        self.frozen_with(mode, true, experts)
     }
 
-    fn frozen_with(&self, mode: LoraBase, detach_adapters: bool) -> Result<Self> {
+    /// A copy with the base weights detached and the block projections (only the experts' with
+    /// `experts_only`) frozen as `mode` says.
+    fn frozen_with(
+        &self,
+        mode: LoraBase,
+        detach_adapters: bool,
+        experts_only: bool,
+    ) -> Result<Self> {
         let base = |t: &Tensor| Ok(t.detach());
         let adapter = |t: &Tensor| {
             Ok(if detach_adapters {
@@ -757,7 +752,12 @@ impl Transformer {
         };
         let mut m = self.map(&base, &adapter, self.dtype)?;
         for b in &mut m.blocks {
-            for p in b.projs_mut() {
+            let projs = match (&mut b.mlp, experts_only) {
+                (_, false) => b.projs_mut(),
+                (Ffn::Moe(moe), true) => moe.projs_mut(),
+                (Ffn::Dense(_), true) => Vec::new(),
+            };
+            for p in projs {
                 *p = p.freeze(mode)?;
             }
         }

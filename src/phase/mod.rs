@@ -50,6 +50,11 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// A training phase: the training forward, backward, optimizer step or whole step.
+    pub fn trains(self) -> bool {
+        (Phase::Forward..=Phase::TrainStep).contains(&self)
+    }
+
     /// The phases a case runs when it names none: training and one inference forward.
     pub const DEFAULT: [Phase; 6] = [
         Phase::Init,

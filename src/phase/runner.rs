@@ -326,13 +326,7 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         compute: (case.precision == Precision::Mixed).then(|| case.dtype.candle()),
         lora: case.cfg.lora_rank > 0,
     };
-    let trains = case.phases.iter().any(|p| {
-        matches!(
-            p,
-            Phase::Forward | Phase::Backward | Phase::Optimizer | Phase::TrainStep
-        )
-    });
-    if trains {
+    if case.phases.iter().any(|p| p.trains()) {
         let mut opt = t.optimizer(case)?;
         t.train_step(&mut opt)?;
     }

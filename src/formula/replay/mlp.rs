@@ -42,7 +42,7 @@ impl Mlp {
                 down,
                 fused,
                 act,
-            } if *act == Glu::Oss || (*fused && *act == Glu::Silu) => {
+            } if act.one_op(*fused) => {
                 let g = gate.forward(x);
                 let u = up.forward(x);
                 let k = Kernel::SiluMul {

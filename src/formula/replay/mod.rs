@@ -481,13 +481,7 @@ impl Transformer {
             up: Linear::proj(pp, &specs[1], lora(&specs[1])),
             down: Linear::proj(pp, &specs[2], lora(&specs[2])),
             fused: shape.kernels.fused(),
-            act: if gemma.is_some() {
-                mlp::Glu::Gelu
-            } else if shape.llama.is_some_and(|l| l.oss) {
-                mlp::Glu::Oss
-            } else {
-                mlp::Glu::Silu
-            },
+            act: mlp::Glu::of(shape.llama.as_ref()),
         };
         let swiglu = |specs: &[ProjSpec]| swiglu_with(&p, specs);
         let expert_mlp = |specs: &[ProjSpec]| swiglu_with(&p_expert, specs);

@@ -35,13 +35,16 @@ impl<T: CudaDType + DeviceRepr + WithDType> Elem for T {}
 
 /// Calls `$f::<T>` with the storage's element type (f32, f16, bf16), or an error naming `$op`.
 macro_rules! by_type {
-    ($op:expr, $storage:expr, $f:ident($($arg:expr),*)) => {
-        match $storage.dtype() {
+    ($op:expr, into $dtype:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
             DType::F32 => $f::<f32>($($arg),*),
             DType::F16 => $f::<half::f16>($($arg),*),
             DType::BF16 => $f::<half::bf16>($($arg),*),
             other => bail!("{}: unsupported type {other:?}", $op),
         }
+    };
+    ($op:expr, $storage:expr, $f:ident($($arg:expr),*)) => {
+        by_type!($op, into $storage.dtype(), $f($($arg),*))
     };
 }
 
@@ -271,12 +274,7 @@ pub fn fp8_dequant(
         unsafe { args.launch(launch_elems(n)?) }.w()?;
         Ok(wrap(out, dev))
     }
-    match dtype {
-        DType::F32 => go::<f32>(w, s, rows, cols),
-        DType::F16 => go::<half::f16>(w, s, rows, cols),
-        DType::BF16 => go::<half::bf16>(w, s, rows, cols),
-        other => bail!("fp8: no dequantize into {other:?}"),
-    }
+    by_type!("fp8", into dtype, go(w, s, rows, cols))
 }
 
 /// `len` contiguous bytes of `s` (`op` and `what` name them in the error).
@@ -328,12 +326,7 @@ pub fn mxfp4_dequant(
         unsafe { args.launch(launch_elems(n)?) }.w()?;
         Ok(wrap(out, dev))
     }
-    match dtype {
-        DType::F32 => go::<f32>(b, s, rows, cols),
-        DType::F16 => go::<half::f16>(b, s, rows, cols),
-        DType::BF16 => go::<half::bf16>(b, s, rows, cols),
-        other => bail!("mxfp4: no dequantize into {other:?}"),
-    }
+    by_type!("mxfp4", into dtype, go(b, s, rows, cols))
 }
 
 /// SwiGLU on contiguous gate and up: `silu(g)·u` (with `oss`, gpt-oss's clamped form) into a
