@@ -171,7 +171,13 @@ impl Core {
             return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
         }
         let (k, v) = self.repeat(k, v)?;
-        let scores = self.scores(q, k, mask)?;
+        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        drop((q, k));
+        // The unmasked scores stay (a shadowed binding) until the attention returns.
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
         let probs = ops::softmax(&scores, D::Minus1)?;
         drop(scores);
         let y = probs.matmul(&v)?;
@@ -197,10 +203,16 @@ impl Core {
                 "attention sinks (gpt-oss) are built into the standard attention only, not the efficient or tiled one"
             )
         }
-        let (b, _, s, _) = q.dims4()?;
+        let (b, _, s, d) = q.dims4()?;
         let dv = v.dim(3)?;
         let (k, v) = self.repeat(k, v)?;
-        let scores = self.scores(q, k, mask)?;
+        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        drop((q, k));
+        // The unmasked scores stay (a shadowed binding) until the attention returns.
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
         let t = scores.dim(3)?;
         let sink = sinks
             .reshape((1, self.heads, 1, 1))?
@@ -215,18 +227,6 @@ impl Core {
         let y = kept.matmul(&v)?;
         drop((kept, v));
         y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
-    }
-
-    /// The composed attention's scores `q·kᵀ·scale (+ mask)` of queries and repeated keys,
-    /// both freed once the product exists.
-    fn scores(&self, q: Tensor, k: Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let d = q.dim(3)?;
-        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
-        drop((q, k));
-        match mask {
-            Some(m) => scores.broadcast_add(m),
-            None => Ok(scores),
-        }
     }
 
     /// [`Core::attend_any`] runs the efficient CPU op, which reads q, k and v through their

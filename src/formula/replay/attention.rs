@@ -132,16 +132,6 @@ impl Core {
             return y.transpose(1, 2).reshape(&[b, s, self.heads * dv]);
         }
         let (k, v) = self.repeat(k, v);
-        let scores = Self::scores(q, k, mask);
-        let probs = softmax(&scores, 3);
-        drop(scores);
-        let y = probs.matmul(&v);
-        drop((probs, v));
-        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
-    }
-
-    /// Mirror of `Core::scores`.
-    fn scores(q: Sym, k: Sym, mask: Option<&Sym>) -> Sym {
         // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
         let scores = {
             let m = q.matmul(&k.t());
@@ -150,10 +140,16 @@ impl Core {
             r
         };
         drop((q, k));
-        match mask {
+        // The unmasked scores stay (a shadowed binding) until the attention returns.
+        let scores = match mask {
             Some(m) => scores.broadcast_add(m),
             None => scores,
-        }
+        };
+        let probs = softmax(&scores, 3);
+        drop(scores);
+        let y = probs.matmul(&v);
+        drop((probs, v));
+        y.transpose(1, 2).reshape(&[b, s, self.heads * dv])
     }
 
     /// Mirror of `Core::attend_sinks`.
@@ -168,7 +164,19 @@ impl Core {
         let (b, s) = (q.dims()[0], q.dims()[2]);
         let dv = v.dims()[3];
         let (k, v) = self.repeat(k, v);
-        let scores = Self::scores(q, k, mask);
+        // `(q.matmul(&k.t())? * scale)?`: the product is passed by value to `*`.
+        let scores = {
+            let m = q.matmul(&k.t());
+            let r = m.affine(1.0);
+            drop(m);
+            r
+        };
+        drop((q, k));
+        // The unmasked scores stay (a shadowed binding) until the attention returns.
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m),
+            None => scores,
+        };
         let t = scores.dims()[3];
         let sink = sinks
             .reshape(&[1, self.heads, 1, 1])
