@@ -3,8 +3,9 @@
 
 GPT: memfit's decoder (token + position embedding, pre-LayerNorm blocks with separate q/k/v/o
 Linears with bias, causal softmax attention written out (scores, mask, softmax), 4H MLP with
-tanh-GELU, final LayerNorm, untied head without bias, cross-entropy, AdamW) — the same parameter
-count as memfit's. ViT: memfit's encoder (patches unfolded and projected by a Linear with bias,
+tanh-GELU, final LayerNorm, head without bias — tied to the token table for the gpt2-* presets,
+as GPT-2's and memfit's are, untied for tiny and small —, cross-entropy, AdamW) — the same
+parameter count as memfit's. ViT: memfit's encoder (patches unfolded and projected by a Linear with bias,
 a class token, learned positions, the same pre-LayerNorm blocks without the causal mask, final
 LayerNorm, a classifier with bias on the class token, cross-entropy over the classes). LLaMA
 family (Llama, Qwen3-MoE, Mixtral, …): `transformers.AutoModelForCausalLM.from_config` on a
@@ -33,11 +34,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PRESETS = {  # V, H, A, L, S_max as memfit's presets
-    "tiny": (300, 96, 3, 2, 128),
-    "small": (2048, 256, 4, 4, 256),
-    "gpt2-small": (50257, 768, 12, 12, 1024),
-    "gpt2-medium": (50257, 1024, 16, 24, 1024),
+PRESETS = {  # V, H, A, L, S_max, tied head as memfit's presets
+    "tiny": (300, 96, 3, 2, 128, False),
+    "small": (2048, 256, 4, 4, 256, False),
+    "gpt2-small": (50257, 768, 12, 12, 1024, True),
+    "gpt2-medium": (50257, 1024, 16, 24, 1024, True),
 }
 VIT_PRESETS = {  # image, patch, channels, classes, H, A, L as memfit's vit presets
     "vit-tiny": (32, 8, 3, 10, 96, 3, 2),
@@ -77,12 +78,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(s, v, h, a, l, smax):
+    def __init__(s, v, h, a, l, smax, tied=False):
         super().__init__()
         s.wte, s.wpe = nn.Embedding(v, h), nn.Embedding(smax, h)
         s.h = nn.ModuleList(Block(h, a, smax) for _ in range(l))
         s.ln_f = nn.LayerNorm(h)
         s.head = nn.Linear(h, v, bias=False)
+        if tied:
+            s.head.weight = s.wte.weight
 
     def forward(s, idx):
         x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -134,8 +137,8 @@ def build(args, dev, dtype):
         image, patch, c, k, h, a, l = VIT_PRESETS[args.preset]
         m = ViT(image, patch, c, k, h, a, args.layers or l).to(device=dev, dtype=dtype)
         return m, k, m
-    v, h, a, l, smax = PRESETS[args.preset]
-    m = GPT(v, h, a, args.layers or l, smax).to(device=dev, dtype=dtype)
+    v, h, a, l, smax, tied = PRESETS[args.preset]
+    m = GPT(v, h, a, args.layers or l, smax, tied).to(device=dev, dtype=dtype)
     return m, v, m
 
 

@@ -22,7 +22,7 @@ pub struct Cli {
 pub enum Command {
     /// Run a workload: every case × phase measured, predicted and stored.
     #[command(
-        after_help = "Examples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
+        after_help = "Exit status: 0 every row measured; 1 bad input, or the journal could not be written (the message says how to resume); 2 a malformed command line; 3 every row written, but some case crashed, failed, ran out of memory or of time (its rows say which); 130 interrupted by SIGINT/SIGTERM (resume with --resume --out DIR).\n\nExamples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
     )]
     Run(Box<RunArgs>),
     /// Write results.csv and results.h5 of a run folder from its journal and meta.json (e.g. a
@@ -388,12 +388,7 @@ pub struct GridArgs {
     /// SwiGLU); a vit-… or LLaMA preset implies its family.
     #[arg(long)]
     pub model: Option<String>,
-    /// Named shape the size flags start from (tiny, small, gpt2-small, gpt2-medium,
-    /// llama-7b-shape; vit-tiny, vit-s16, vit-b16, vit-l16; llama-tiny, llama-2-7b,
-    /// llama-2-70b, llama-3-8b, llama-3.2-1b, mistral-7b, phi-3-mini, qwen2-0.5b, qwen3-8b,
-    /// qwen3-30b-a3b, gemma-3-1b, gemma-3-27b, mixtral-8x7b, deepseek-v2-lite, tinyllama-1.1b,
-    /// smollm2-135m).
-    #[arg(long)]
+    #[arg(long, help = preset_help())]
     pub preset: Option<String>,
     /// Batch sizes, comma-separated.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
@@ -416,9 +411,7 @@ pub struct GridArgs {
     /// Vocabulary sizes.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub vocab: Vec<i64>,
-    /// Phases to measure: init, dataload, forward, backward, optimizer, train-step, inference,
-    /// prefill, decode, load.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help = phases_help())]
     pub phases: Vec<String>,
     /// Optimizers: sgd, sgd-momentum, adam, adamw, adamw-8bit.
     #[arg(long, value_delimiter = ',')]
@@ -447,9 +440,7 @@ pub struct GridArgs {
     /// Decode with a key/value cache (on) or recompute the prefix per token (off).
     #[arg(long, value_delimiter = ',')]
     pub kv_cache: Vec<String>,
-    /// Weights the inference phases serve with: model, f16, q8_0, q4_0, q4_k, q6_k, fp8, mxfp4
-    /// (comma-separated).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help = weights_help())]
     pub weights: Vec<String>,
     /// How the load phase reads the safetensors file: read, mmap (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -475,7 +466,9 @@ pub struct GridArgs {
     /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub checkpoint: Vec<i64>,
-    /// Element types, comma-separated: f32 (CPU and CUDA), bf16, f16 (CUDA).
+    /// Element types, comma-separated: f32, f16 (CPU and CUDA), bf16 (CUDA; `predict` answers
+    /// for it on any device). Default: the --hf-config checkpoint's `torch_dtype` / `dtype`
+    /// (a bf16 checkpoint measured on the CPU runs f32, and its rows say so), else f32.
     #[arg(long, value_delimiter = ',')]
     pub dtype: Vec<String>,
     /// Device: cpu or cuda:N (the CUDA build).
@@ -616,6 +609,34 @@ impl GridArgs {
     pub fn has_grid_flags(&self) -> bool {
         self.grid_flags() != GridSpec::default()
     }
+}
+
+/// `--preset`'s help: every preset, from the lists the families keep.
+pub fn preset_help() -> String {
+    format!(
+        "Named model the size flags start from: GPT {}; ViT {}; LLaMA family (shipped \
+         config.json files) {}",
+        crate::model::config::PRESETS.join(", "),
+        crate::model::vit::PRESETS.join(", "),
+        crate::model::llama::PRESETS.join(", ")
+    )
+}
+
+/// `--phases`' help, from the phase list.
+pub fn phases_help() -> String {
+    format!(
+        "Phases, comma-separated ({}): `run` measures them, `predict` predicts them",
+        crate::phase::Phase::names()
+    )
+}
+
+/// `--weights`' help, from the serving weights' names.
+pub fn weights_help() -> String {
+    format!(
+        "Weights the inference phases serve with, comma-separated: {} (mxfp4-experts: the \
+         experts alone in MXFP4, as gpt-oss ships)",
+        crate::device::ServingWeights::NAMES
+    )
 }
 
 /// `--attention`'s help, its default read from the expander that applies it.

@@ -22,6 +22,15 @@ pub enum UserError {
         reason: String,
         allowed: String,
     },
+    /// A key of an input file that memfit neither reads nor knows to be harmless.
+    #[error("{origin}: key `{key}` = {value} is not read: {reason}; allowed: {allowed}")]
+    UnknownKey {
+        origin: String,
+        key: String,
+        value: String,
+        reason: String,
+        allowed: String,
+    },
     #[error("{origin}: key `{key}` is missing and no preset provides it; allowed: {allowed}")]
     Missing {
         origin: String,

@@ -145,6 +145,11 @@ pub struct Row {
     pub biases: String,
     /// Element type of weights and activations: `f32`.
     pub dtype: String,
+    /// The `--hf-config` checkpoint's element type (`torch_dtype` / `dtype`) when it gives one,
+    /// else empty: where it differs from `dtype`, this case measured `dtype` instead (the CPU
+    /// has no bf16 matmul) or `--dtype` asked for another.
+    #[serde(default)]
+    pub checkpoint_dtype: String,
     /// `cpu` or `cuda:N`.
     pub device: String,
     /// `sgd`, `sgd-momentum`, `adam`, `adamw` or `adamw-8bit`.

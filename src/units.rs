@@ -40,25 +40,30 @@ pub fn utc_stamp(secs: u64) -> String {
     )
 }
 
-/// A size from the command line: `80GiB`, `24G`, `512MiB`, `1.5TB`, `1000000` (bytes): binary units for `Ki/Mi/Gi/Ti` and the
-/// bare letters, decimal for `KB/MB/GB/TB`.
+/// The units [`parse_size`] accepts.
+pub const SIZE_UNITS: &str = "B, KiB/K, MiB/M, GiB/G, TiB/T (binary: 1024^n), KB, MB, GB, TB \
+                              (decimal: 1000^n), e.g. 80GiB, 512MiB, 1.5TB, 4096B";
+
+/// A size from the command line: `80GiB`, `24G`, `512MiB`, `1.5TB`, `4096B`: binary units for
+/// `Ki/Mi/Gi/Ti` and the bare letters, decimal for `KB/MB/GB/TB`. The unit is required (a bare
+/// `80` could be bytes or GiB: refused, naming the units), and zero is refused as zero.
 pub fn parse_size(s: &str, key: &str) -> Result<u64, UserError> {
-    let bad = || UserError::OutOfRange {
+    let bad = |reason: &str| UserError::OutOfRange {
         origin: "flags".into(),
         key: key.into(),
         value: s.into(),
-        reason: "not a size".into(),
-        allowed: "a number with an optional unit: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB"
-            .into(),
+        reason: reason.into(),
+        allowed: format!("a positive number with a unit: {SIZE_UNITS}"),
     };
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let x: f64 = num.parse().map_err(|_| bad())?;
+    let x: f64 = num.parse().map_err(|_| bad("not a size"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
+        "" => return Err(bad("a size needs a unit (is 80 bytes, or 80 GiB?)")),
+        "b" => 1.0,
         "k" | "kib" => 1024.0,
         "m" | "mib" => 1024f64.powi(2),
         "g" | "gib" => 1024f64.powi(3),
@@ -67,12 +72,19 @@ pub fn parse_size(s: &str, key: &str) -> Result<u64, UserError> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        _ => return Err(bad()),
+        _ => return Err(bad("unknown unit")),
     };
-    if !(x.is_finite() && x > 0.0) {
-        return Err(bad());
+    if x == 0.0 {
+        return Err(bad("zero: no case fits in no memory"));
     }
-    Ok((x * mult).round() as u64)
+    if !x.is_finite() {
+        return Err(bad("not a size"));
+    }
+    let bytes = (x * mult).round();
+    if bytes < 1.0 {
+        return Err(bad("less than one byte"));
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -86,6 +98,28 @@ mod tests {
         assert_eq!(utc_stamp(1_796_207_749), "20261202T103549Z");
         // Leap day 2024-02-29 12:00:00.
         assert_eq!(utc_stamp(1_709_208_000), "20240229T120000Z");
+    }
+
+    #[test]
+    fn sizes_need_a_unit_and_are_not_zero() {
+        assert_eq!(parse_size("80GiB", "k").unwrap(), 80 << 30);
+        assert_eq!(parse_size("24G", "k").unwrap(), 24 << 30);
+        assert_eq!(parse_size("1.5TB", "k").unwrap(), 1_500_000_000_000);
+        assert_eq!(parse_size("4096B", "k").unwrap(), 4096);
+        assert_eq!(parse_size(" 512 MiB ", "k").unwrap(), 512 << 20);
+        for (bad, why) in [
+            ("80", "needs a unit"),
+            ("0", "needs a unit"),
+            ("0GiB", "zero"),
+            ("0.0B", "zero"),
+            ("lots", "not a size"),
+            ("80 parsecs", "unknown unit"),
+            ("0.1B", "less than one byte"),
+        ] {
+            let e = parse_size(bad, "fit-in").unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.contains("GiB") && e.contains("fit-in"), "{bad}: {e}");
+        }
     }
 
     #[test]

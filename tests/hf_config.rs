@@ -61,6 +61,44 @@ fn presets_have_the_published_parameter_counts() {
     assert!(llama::PRESETS.iter().all(|p| Config::preset(p).is_some()));
 }
 
+/// Every preset that names a published model has its parameter count: GPT-2 small and medium
+/// (tied heads: transformers' `num_parameters()` of `gpt2`, `gpt2-medium`), ViT-S/16, B/16 and
+/// L/16 at 224 px with 1000 classes (timm's `vit_*_patch16_224` counts); the LLaMA family's in
+/// `presets_have_the_published_parameter_counts`. `llama-7b-shape` names a shape, not a model
+/// (LLaMA-7B's sizes in GPT-2's layers; `llama-2-7b` is LLaMA): its count is its own. The
+/// test-sized ones (tiny, small, vit-tiny, llama-tiny) name none. A new preset must be listed.
+#[test]
+fn every_preset_is_what_it_is_called() {
+    let published = [
+        ("gpt2-small", 124_439_808u64),
+        ("gpt2-medium", 354_823_168),
+        ("vit-s16", 22_050_664),
+        ("vit-b16", 86_567_656),
+        ("vit-l16", 304_326_632),
+        // V·H (tokens) + S·H (positions) + 2H + V·H (the untied head) + 32 blocks of 12H² + 13H.
+        ("llama-7b-shape", 6_723_084_288),
+    ];
+    let test_sized = ["tiny", "small", "vit-tiny", "llama-tiny"];
+    for name in memfit::model::config::PRESETS
+        .iter()
+        .chain(memfit::model::vit::PRESETS)
+    {
+        let cfg = Config::preset(name).unwrap();
+        match published.iter().find(|(n, _)| n == name) {
+            Some((_, want)) => assert_eq!(cfg.params(), *want, "{name}"),
+            None => assert!(test_sized.contains(name), "{name}: no published count"),
+        }
+    }
+    // GPT-2's heads are tied, as in its config.json.
+    assert!(Config::preset("gpt2-small").unwrap().tied);
+    let gpt2 = r#"{"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "vocab_size": 50257, "n_positions": 1024, "activation_function": "gelu_new"}"#;
+    assert_eq!(
+        hf_config::parse(gpt2, "gpt2.json").unwrap().cfg,
+        Config::preset("gpt2-small").unwrap()
+    );
+}
+
 /// Active parameters per token: the router and `k` experts of each layer (Qwen3-30B-A3B's
 /// card: 3.3B of 30.5B), the whole model for a dense one.
 #[test]
@@ -764,4 +802,239 @@ fn gpt_oss_mxfp4_serving_weights_are_the_checkpoint_layout() {
     let dense = predict(&["--weights", "model"]);
     let d = dense["serving"]["weights_bytes"].as_u64().unwrap();
     assert_eq!(d, 2 * (experts + others) + rotary);
+}
+
+/// Every key of a config is read, listed as changing no memory, or refused naming the file and
+/// the key: a misspelt `--hf-set` field, an unknown key, a listed key set to a value that does
+/// change memory; a misspelling names the key it is near.
+#[test]
+fn every_key_is_read_listed_or_refused() {
+    let base = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+        "max_position_embeddings": 128, "bos_token_id": 1, "use_cache": true,
+        "architectures": ["LlamaForCausalLM"], "initializer_range": 0.02,
+        "pretraining_tp": 1, "_name_or_path": "x", "output_attentions": false"#;
+    let ok = format!("{base}}}");
+    let params = hf_config::parse(&ok, "ok.json").unwrap().cfg.params();
+    // --hf-set of a misspelt field: refused, naming the key meant (before, the full model was
+    // sized under the slice's label).
+    let e = hf_config::parse_with(&ok, "ok.json", &["num_hiden_layers=1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ok.json")
+            && e.contains("`num_hiden_layers`")
+            && e.contains("num_hidden_layers`?"),
+        "{e}"
+    );
+    // Spelt right, it sizes the slice.
+    let one = hf_config::parse_with(&ok, "ok.json", &["num_hidden_layers=1".into()]).unwrap();
+    assert!(one.cfg.params() < params);
+    // A key no reader reads and no list names.
+    let e = hf_config::parse(
+        &format!(r#"{base}, "interleave_moe_layer_step": 2}}"#),
+        "c.json",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("c.json") && e.contains("interleave_moe_layer_step"),
+        "{e}"
+    );
+    // A listed key that changes memory when set.
+    let e = hf_config::parse(
+        &format!(r#"{base}, "output_hidden_states": true}}"#),
+        "c.json",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("output_hidden_states") && e.contains("keeps"),
+        "{e}"
+    );
+    // A key that is another family's (GPT-2's) is not the llama reader's.
+    assert!(hf_config::parse(&format!(r#"{base}, "n_embd": 64}}"#), "c.json").is_err());
+    // Every listed key has a reason.
+    for n in memfit::model::hf_keys::COMMON {
+        assert!(n.why.len() > 10, "{}", n.key);
+    }
+}
+
+/// The type is checked first: a newer MoE type is refused as an unknown type, naming what it
+/// needs and the supported types, never suggesting a relabel; a MoE field in a dense type says
+/// the file is not the model it names.
+#[test]
+fn an_unknown_type_is_refused_as_unknown() {
+    for t in [
+        "glm4_moe",
+        "llama4_text",
+        "qwen3_next",
+        "gemma2",
+        "olmo2",
+        "smollm3",
+        "xyz",
+    ] {
+        let text = format!(
+            r#"{{"model_type": "{t}", "hidden_size": 64, "num_local_experts": 16,
+            "num_experts": 8, "interleave_moe_layer_step": 1}}"#
+        );
+        let e = hf_config::parse(&text, "new.json").unwrap_err().to_string();
+        assert!(
+            e.contains("new.json") && e.contains("unknown model type"),
+            "{t}: {e}"
+        );
+        assert!(
+            e.contains("deepseek_v3, kimi_k2"),
+            "the supported types: {e}"
+        );
+        assert!(
+            !e.contains("mixture-of-experts model_type"),
+            "no relabel advice: {e}"
+        );
+    }
+    let e = hf_config::parse(
+        r#"{"model_type": "llama", "hidden_size": 64, "num_experts": 8}"#,
+        "dense.json",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("num_experts") && e.contains("is dense"), "{e}");
+}
+
+/// Kimi-K2 ships DeepSeek-V3's architecture under `kimi_k2`: read as shipped (FP8 blocks), the
+/// same model as the same file relabelled `deepseek_v3`.
+#[test]
+fn kimi_k2_is_deepseek_v3_under_its_own_name() {
+    let kimi = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+        "n_shared_experts": 1, "n_routed_experts": 384, "routed_scaling_factor": 2.827,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+        "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 1,
+        "norm_topk_prob": true, "scoring_func": "sigmoid", "aux_loss_alpha": 0.001,
+        "seq_aux": true, "max_position_embeddings": 131072, "rope_theta": 50000.0,
+        "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+        "vocab_size": 163840, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "num_nextn_predict_layers": 0, "pretraining_tp": 1,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+            "quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+    let k = hf_config::parse(kimi, "kimi.json").unwrap();
+    let v3 = hf_config::parse(&kimi.replace("kimi_k2", "deepseek_v3"), "v3.json").unwrap();
+    assert_eq!(k.cfg, v3.cfg);
+    assert_eq!(k.model_type, "kimi_k2");
+    assert_eq!(k.shipped, Some(hf_config::Shipped::Fp8));
+    assert_eq!(k.dtype, Some(memfit::device::ElemType::Bf16));
+    // 384 experts of 3·7168·2048 in 60 sparse layers, 8 of them active per token.
+    let idle = 60 * (384 - 8) * 3 * 7168 * 2048u64;
+    assert_eq!(k.cfg.params() - k.cfg.active_params(), idle);
+}
+
+/// Dropout is refused in every family (GPT-2's shipped 0.1, ViT's), with how to size the model
+/// without it.
+#[test]
+fn dropout_is_refused_in_every_family() {
+    let gpt2 = r#"{"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+        "vocab_size": 100, "n_positions": 32, "activation_function": "gelu_new""#;
+    let vit = r#"{"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 256, "image_size": 32,
+        "patch_size": 8"#;
+    let llama = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+        "max_position_embeddings": 128"#;
+    for (base, key) in [
+        (gpt2, "attn_pdrop"),
+        (gpt2, "resid_pdrop"),
+        (gpt2, "embd_pdrop"),
+        (vit, "hidden_dropout_prob"),
+        (vit, "attention_probs_dropout_prob"),
+        (llama, "attention_dropout"),
+    ] {
+        assert!(
+            hf_config::parse(&format!("{base}}}"), "m.json").is_ok(),
+            "{key}"
+        );
+        assert!(
+            hf_config::parse(&format!(r#"{base}, "{key}": 0.0}}"#), "m.json").is_ok(),
+            "{key} 0"
+        );
+        let e = hf_config::parse(&format!(r#"{base}, "{key}": 0.1}}"#), "m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.json")
+                && e.contains(key)
+                && e.contains("dropout")
+                && e.contains("--hf-set"),
+            "{e}"
+        );
+    }
+}
+
+/// The checkpoint's element type is `predict`'s default and is said with the answer; `--dtype`
+/// overrides it; a bf16 checkpoint measured on the CPU runs f32 and its rows say so.
+#[test]
+fn the_checkpoint_dtype_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bf16.json");
+    std::fs::write(
+        &path,
+        r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+        "max_position_embeddings": 128, "torch_dtype": "bfloat16"}"#,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let weights = |args: &[&str]| {
+        predict_json(&[&["--hf-config", p, "--seq", "8", "--phases", "init"], args].concat())
+            ["weights_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let (bf16, f32) = (weights(&[]), weights(&["--dtype", "f32"]));
+    // Two bytes a parameter against four (the rotary tables and metadata aside).
+    let params = hf_config::load(&path).unwrap().cfg.params();
+    assert!(
+        f32 - bf16 >= 2 * params && f32 - bf16 < 2 * params + 16_384,
+        "{bf16} {f32}"
+    );
+    let cuda = |args: &[&str]| weights(&[&["--device", "cuda:0"], args].concat());
+    assert!(cuda(&["--dtype", "f32"]) - cuda(&[]) >= 2 * params);
+    // The table says whose type it is.
+    let out = memfit()
+        .args([
+            "predict",
+            "--hf-config",
+            p,
+            "--seq",
+            "8",
+            "--fit-in",
+            "1GiB",
+        ])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.contains("dtype bf16: the checkpoint's"), "{text}");
+    // Measured on the CPU: f32, the rows saying the checkpoint holds bf16.
+    let rows = common::run_rows(
+        dir.path(),
+        &[
+            "--hf-config",
+            p,
+            "--batch",
+            "1",
+            "--seq",
+            "8",
+            "--phases",
+            "init",
+        ],
+    );
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(
+            (r.dtype.as_str(), r.checkpoint_dtype.as_str()),
+            ("f32", "bf16")
+        );
+    }
 }

@@ -30,6 +30,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         tied: "off".into(),
         biases: "qkv,o,mlp".into(),
         dtype: "f32".into(),
+        checkpoint_dtype: "bf16".into(),
         device: "cpu".into(),
         optimizer: "adamw".into(),
         optimizer_block: 2048,

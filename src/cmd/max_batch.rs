@@ -209,7 +209,9 @@ fn child_rows(
     let rows =
         crate::store::jsonl::read(&dir.join("out").join("results.jsonl")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(if status.success() { rows } else { Vec::new() })
+    // A trial that ran out of memory still wrote its rows (`run` exits 3 then).
+    let wrote = status.success() || status.code() == Some(crate::sweep::CasesFailed::EXIT.into());
+    Ok(if wrote { rows } else { Vec::new() })
 }
 
 /// The workload flags this `max-batch` was given, to hand to the trials (without its own

@@ -238,13 +238,16 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let any_fit = predictions.iter().any(|p| p.fits.is_some());
     if !args.json {
+        dtype_lines(&cases);
         println!(
-            "{:>4} {:<14} {:>5} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{}",
+            "{:>4} {:<14} {:>5} {:>6} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{}",
             "case",
             "preset",
             "B",
             "S",
+            "dtype",
             "weights",
             "grads",
             "opt state",
@@ -252,14 +255,11 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             "train total",
             "infer total",
             "train step",
-            if budget.is_some() {
-                "  fits  max B"
-            } else {
-                ""
-            }
+            if any_fit { "  fits  max B" } else { "" }
         );
     }
-    for p in predictions {
+    let legend = !args.json && !predictions.is_empty();
+    for (p, case) in predictions.into_iter().zip(&cases) {
         if args.json {
             println!("{}", serde_json::to_string(&p)?);
         } else {
@@ -275,11 +275,12 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 _ => String::new(),
             };
             println!(
-                "{:>4} {:<14} {:>5} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{fit}",
+                "{:>4} {:<14} {:>5} {:>6} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}{fit}",
                 p.case,
                 p.preset,
                 p.batch,
                 p.seq,
+                case.dtype.as_str(),
                 human_bytes(p.weights_bytes),
                 human_bytes(p.gradient_bytes),
                 human_bytes(p.optimizer_state_bytes),
@@ -375,7 +376,47 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if legend {
+        println!("{LEGEND}");
+    }
     Ok(())
+}
+
+/// What the table's columns hold, printed under it.
+pub const LEGEND: &str = "\
+columns: weights, grads, opt state = the model state in the case's dtype (parameters, their
+  gradients, the optimizer's moments; mixed precision: f32 masters beside 16-bit copies); graph =
+  what a training forward keeps for the backward; train step = the training step's peak above
+  what it starts from (weights, optimizer state, the batch): the graph, the gradients as they are
+  made, the temporaries; train total = weights + optimizer state + the batch + train step, all
+  a training step holds at its peak: the figure to hold against a GPU's memory; infer total =
+  weights + an inference forward's peak; fits, max B (max S) with --fit-in, for cases that
+  train: whether train total fits the budget, and the largest batch (sequence) that would.";
+
+/// Where each case's element type comes from: the `--hf-config` checkpoint's (said once per
+/// type), or `--dtype` over it.
+fn dtype_lines(cases: &[Case]) {
+    let mut said: Vec<(Option<crate::device::ElemType>, crate::device::ElemType)> = Vec::new();
+    for c in cases {
+        let Some(ck) = c.checkpoint_dtype else {
+            continue;
+        };
+        if said.contains(&(Some(ck), c.dtype)) {
+            continue;
+        }
+        said.push((Some(ck), c.dtype));
+        if ck == c.dtype {
+            println!(
+                "dtype {}: the checkpoint's (its config's torch_dtype / dtype); --dtype answers for another",
+                c.dtype
+            );
+        } else {
+            println!(
+                "dtype {}: as --dtype asks; the checkpoint holds {ck}",
+                c.dtype
+            );
+        }
+    }
 }
 
 /// `--plot FILE.svg|png`: every case's phases as stacked bars by component
@@ -528,9 +569,10 @@ pub fn predict_case(
     let process_bytes = (budget.is_some() && !case.device.is_cuda())
         .then(|| crate::formula::gemm::process_slab_bytes(threads));
     let budget = budget.map(|b| b.saturating_sub(process_bytes.unwrap_or(0)));
+    // The training answers only where the case trains (a serving-only --phases asks none).
+    let trains = case.phases.iter().any(|p| p.trains());
     let (fits, max_batch, max_seq) = match budget {
-        None => (None, None, None),
-        Some(b) => {
+        Some(b) if trains => {
             // Memory grows with the batch and with the sequence.
             let batch = largest_within(1 << 20, b, |batch| {
                 train_total(&Shape {
@@ -545,19 +587,21 @@ pub fn predict_case(
                 Some(seq as usize),
             )
         }
+        _ => (None, None, None),
     };
     let serving = shape
         .vision
         .is_none()
         .then(|| serving(&shape, &fit, threads, budget));
-    let whole_backward_train_step_bytes = (shape.by_block && shape.checkpoint == 0).then(|| {
-        Shape {
-            by_block: false,
-            ..shape.clone()
-        }
-        .predict(Phase::TrainStep, case.optimizer, threads)
-        .peak_bytes
-    });
+    let whole_backward_train_step_bytes =
+        (trains && shape.by_block && shape.checkpoint == 0).then(|| {
+            Shape {
+                by_block: false,
+                ..shape.clone()
+            }
+            .predict(Phase::TrainStep, case.optimizer, threads)
+            .peak_bytes
+        });
     CasePrediction {
         backward: case.backward.as_str().into(),
         whole_backward_train_step_bytes,
@@ -713,7 +757,8 @@ mod tests {
         assert_eq!(p("24G").unwrap(), 24 << 30);
         assert_eq!(p("512 MiB").unwrap(), 512 << 20);
         assert_eq!(p("1.5TB").unwrap(), 1_500_000_000_000);
-        assert_eq!(p("1000").unwrap(), 1000);
+        assert_eq!(p("1000B").unwrap(), 1000);
+        assert!(p("1000").is_err());
         assert!(p("lots").is_err());
         assert!(p("-3G").is_err());
         assert!(p("0").is_err());

@@ -9,8 +9,9 @@
 //!   the run's meta), so the probe should read 0 bytes beyond the output there; the first GPU
 //!   call (`scripts/gpu-run.sh`) says whether it does.
 //!
-//! The operands are made and one product run (and synchronised) before the window, so the
-//! handles, the kernels and any lazily made workspace exist already; the window holds one
+//! The operands are made, a small product run on every pool thread (each thread's gemm packing
+//! slab) and one product run (and synchronised) before the window, so the handles, the kernels
+//! and any lazily made workspace exist already; the window holds one
 //! product and keeps its output alive until the meters are read.
 
 use anyhow::Context;
@@ -51,6 +52,8 @@ pub fn matmul(
         Ok(candle_core::Tensor::randn(0f32, 1.0, (n, n), &dev)?.to_dtype(dtype.candle())?)
     };
     let (a, b) = (make()?, make()?);
+    // Every pool thread's packing slab made before the window, as a case's warm-up does.
+    crate::phase::runner::warm_pool_threads(&dev)?;
     drop(a.matmul(&b)?);
     dev.synchronize()?;
     let (c, reading) = crate::meter::measure(&mut meters, || {

@@ -11,7 +11,6 @@ use anyhow::Context;
 use crate::cli::RunArgs;
 use crate::error::UserError;
 use crate::record::RunMeta;
-use crate::report::table;
 use crate::store;
 use crate::sweep;
 use crate::workload::{self, Case, WorkloadFile};
@@ -106,6 +105,18 @@ pub(crate) fn base_meta(run_id: String, threads: usize, origin: &str) -> RunMeta
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     // 1. Resolve everything before touching the disk.
+    if args.resume && args.out.is_none() {
+        return Err(UserError::OutOfRange {
+            origin: "flags".into(),
+            key: "resume".into(),
+            value: "set".into(),
+            reason: "--resume continues the run in --out, and none was given (without --out a \
+                     run starts in a new folder runs/<time>)"
+                .into(),
+            allowed: "--resume with --out DIR, the folder of the run to continue".into(),
+        }
+        .into());
+    }
     let r = resolve(args)?;
     if let Some(dir) = &r.timeline {
         anyhow::ensure!(
@@ -130,6 +141,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         pin_threads(r.threads)?;
         let run_id = std::env::var(sweep::child::RUN_ID_ENV).unwrap_or_else(|_| "child".into());
         return sweep::child::serve(case, base_meta(run_id, r.threads, &r.origin), r.budget);
+    }
+    if !args.quiet {
+        dtype_notes(&r.cases);
     }
     let deadline = args
         .deadline
@@ -265,7 +279,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             r.threads,
             out.display()
         );
-        println!("{}", table::header());
     }
 
     // 3. Measure, each case in a process of its own, appending after every case.
@@ -283,10 +296,31 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
 
     // 4. Derive the other stores from the journal (what is on disk, not what is in memory). A
     // build without HDF5 (the GPU machine's) leaves results.h5 to `memfit convert`.
+    let mut failed = None;
     let derived = store::jsonl::read(&journal_path).and_then(|rows| {
         store::csv::write(&out.join("results.csv"), &rows)?;
         if store::hdf5::AVAILABLE {
             store::hdf5::write(&out.join("results.h5"), &meta, &rows)?;
+        }
+        // Every row of the journal (a resumed run's earlier ones too) that did not measure; a
+        // skipped phase follows its case's failed one, which is counted.
+        let bad: Vec<crate::record::Row> = rows
+            .iter()
+            .filter(|r| {
+                !matches!(
+                    r.status,
+                    crate::record::Status::Ok | crate::record::Status::Skipped
+                )
+            })
+            .cloned()
+            .collect();
+        if !bad.is_empty() {
+            failed = Some(sweep::CasesFailed {
+                failed: bad.len(),
+                total: rows.len(),
+                counts: sweep::progress::status_counts(&bad),
+                journal: journal_path.display().to_string(),
+            });
         }
         Ok(rows.len())
     });
@@ -301,7 +335,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    Ok(())
+    match failed {
+        Some(f) => Err(f.into()),
+        None => Ok(()),
+    }
 }
 
 /// `--list-cases`: every case, its shard and predicted cost; per-shard totals.
@@ -537,5 +574,34 @@ mod tests {
         );
         assert_eq!(status_of(&text), Status::Oom);
         assert_eq!(status_of("shape mismatch"), Status::Error);
+    }
+}
+
+/// Says, once per element type, where cases measure another type than their checkpoint's
+/// (`checkpoint_dtype`): on the CPU a bf16 checkpoint runs f32 unless `--dtype` says otherwise.
+fn dtype_notes(cases: &[Case]) {
+    let mut said = Vec::new();
+    for c in cases {
+        let Some(ck) = c.checkpoint_dtype.filter(|&d| d != c.dtype) else {
+            continue;
+        };
+        if said.contains(&(ck, c.dtype)) {
+            continue;
+        }
+        said.push((ck, c.dtype));
+        let why = if ck == crate::device::ElemType::Bf16 && !c.device.is_cuda() {
+            "candle's CPU matmul has no bf16; `memfit predict --device cuda:0` answers in bf16"
+        } else {
+            "as --dtype asks"
+        };
+        eprintln!(
+            "memfit: the checkpoint holds {ck}; its {} case(s) on {} measure {} ({why}); the rows' checkpoint_dtype says {ck}",
+            cases
+                .iter()
+                .filter(|x| x.checkpoint_dtype == Some(ck) && x.dtype == c.dtype)
+                .count(),
+            c.device,
+            c.dtype
+        );
     }
 }

@@ -715,7 +715,7 @@ impl Shape {
                 retained_bytes: sv().decode_retained,
             },
             // The data pipeline builds no model: nothing of it is allocated. Its rows carry no
-            // prediction (`cmd::run::case_rows`); its RAM model is fitted from measurements
+            // prediction (`sweep::rows::predict` skips them); its RAM model is fitted from measurements
             // (`crate::data`, docs/claims.md D2).
             Phase::Dataload => Prediction {
                 peak_bytes: 0,

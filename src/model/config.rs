@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use super::kernels::Kernels;
 use super::shapes::{Llama, LoraBase, LoraTarget, MlaShape, MoeShape, Sizes, Vision};
 
-/// Shape of a GPT-style decoder.
+/// A model's shape: the sizes every family has (`vocab` is a ViT's classes), the GPT decoder by
+/// default, a ViT with `vision`, the LLaMA family with `llama`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     pub vocab: usize,
@@ -492,17 +493,27 @@ impl Config {
     pub fn small() -> Self {
         Self::new(2048, 256, 4, 4, 256)
     }
-    /// GPT-2 small shape: V 50257, H 768, A 12, L 12, S_max 1024 (124 M parameters untied).
+    /// GPT-2 small: V 50257, H 768, A 12, L 12, S_max 1024, the head tied to the token table
+    /// as GPT-2's is: 124,439,808 parameters (transformers' `num_parameters()` of `gpt2`).
     pub fn gpt2_small() -> Self {
-        Self::new(50257, 768, 12, 12, 1024)
+        Self {
+            tied: true,
+            ..Self::new(50257, 768, 12, 12, 1024)
+        }
     }
-    /// GPT-2 medium shape: V 50257, H 1024, A 16, L 24, S_max 1024.
+    /// GPT-2 medium: V 50257, H 1024, A 16, L 24, S_max 1024, tied: 354,823,168 parameters
+    /// (transformers' `num_parameters()` of `gpt2-medium`).
     pub fn gpt2_medium() -> Self {
-        Self::new(50257, 1024, 16, 24, 1024)
+        Self {
+            tied: true,
+            ..Self::new(50257, 1024, 16, 24, 1024)
+        }
     }
 
-    /// LLaMA-7B's sizes in this GPT architecture (LayerNorm, 4H GELU MLP, learned positions):
-    /// V 32000, H 4096, A 32, L 32, S_max 4096, 6.74 B parameters. For predictions (F3).
+    /// LLaMA-7B's sizes in this GPT architecture (LayerNorm, 4H GELU MLP, learned positions,
+    /// untied head): V 32000, H 4096, A 32, L 32, S_max 4096, 6,723,084,288 parameters — not
+    /// LLaMA-7B (`llama-2-7b` is: 6,738,415,616), its shape in GPT-2's layers, as its name
+    /// says. For predictions (F3).
     pub fn llama_7b_shape() -> Self {
         Self::new(32000, 4096, 32, 32, 4096)
     }

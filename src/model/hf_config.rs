@@ -66,10 +66,14 @@
 //! classes (`num_labels`, else the size of `id2label`, else transformers' default 2); memfit's
 //! ViT computes GELU with the tanh approximation whatever `hidden_act` says.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
 use serde_json::{Map, Value};
 
 use super::ModelKind;
 use super::config::Config;
+use super::hf_keys;
 use super::shapes::{
     Factor, Gemma, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
 };
@@ -90,7 +94,7 @@ pub const MOE_FIELDS: &[&str] = &[
 
 /// The model types memfit reads.
 pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, gemma3_text, mixtral, qwen2_moe, \
-     qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gpt2, vit";
+     qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, gpt2, vit";
 
 /// Model types refused by name, with what memfit lacks to build them exactly.
 const REFUSED_TYPES: &[(&str, &str)] = &[(
@@ -101,6 +105,70 @@ const REFUSED_TYPES: &[(&str, &str)] = &[(
          the language model alone, save the config's text_config as its own config.json with \
          \"model_type\": \"gemma3_text\" (as --preset gemma-3-27b is)",
 )];
+
+/// Types memfit does not build yet, with what each needs (refused as unknown; none is another
+/// type under a new name, so no relabelling sizes it).
+const UNBUILT_TYPES: &[(&str, &str)] = &[
+    (
+        "glm4_moe",
+        "GLM-4.5 needs partial rotary, sigmoid routing with groups and a shared expert, and dense \
+         first layers, which memfit does not build yet",
+    ),
+    (
+        "llama4_text",
+        "Llama 4 interleaves dense and MoE layers (interleave_moe_layer_step, \
+         intermediate_size_mlp) with a shared expert and chunked attention, which memfit does not \
+         build yet",
+    ),
+    (
+        "llama4",
+        "Llama 4 (with its vision tower) is not built yet; neither is its text model \
+         (llama4_text)",
+    ),
+    (
+        "qwen3_next",
+        "Qwen3-Next's gated DeltaNet linear attention (a fixed state per sequence) is not built \
+         yet",
+    ),
+    (
+        "gemma2",
+        "Gemma 2's attention and final-logit soft-capping are not built yet",
+    ),
+    (
+        "olmo2",
+        "OLMo 2's post-norms and whole-projection q/k norms are not built yet",
+    ),
+    (
+        "smollm3",
+        "SmolLM3's NoPE layers (no_rope_layers) are not built yet",
+    ),
+    (
+        "mistral3",
+        "Mistral 3 with its Pixtral vision tower is not built (its text_config, model_type \
+         mistral, would size the language model alone, without the tower)",
+    ),
+    (
+        "qwen2_vl",
+        "Qwen2-VL's vision tower and multimodal rotary are not built",
+    ),
+    (
+        "qwen2_5_vl",
+        "Qwen2.5-VL's vision tower and multimodal rotary are not built",
+    ),
+    ("phimoe", "Phi-3.5-MoE's sparse-mixer router is not built"),
+    (
+        "granitemoe",
+        "Granite's MoE with its own multipliers is not built",
+    ),
+    (
+        "cohere",
+        "Cohere's parallel attention and MLP blocks are not built",
+    ),
+    (
+        "falcon",
+        "Falcon's parallel attention and multi-query layout are not built",
+    ),
+];
 
 /// The LLaMA-family types.
 const LLAMA_TYPES: &[&str] = &[
@@ -115,6 +183,7 @@ const LLAMA_TYPES: &[&str] = &[
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "kimi_k2",
     "gpt_oss",
 ];
 
@@ -164,6 +233,9 @@ pub fn load(path: &std::path::Path) -> Result<HfConfig, UserError> {
 struct Fields<'a> {
     map: &'a Map<String, Value>,
     origin: &'a str,
+    /// Every key a reader asked for (present or not): what the config's keys are checked
+    /// against once the family is read ([`accounted`]).
+    read: &'a RefCell<BTreeSet<String>>,
 }
 
 impl Fields<'_> {
@@ -187,7 +259,21 @@ impl Fields<'_> {
 
     /// The field, `None` when absent or null.
     fn get(&self, field: &str) -> Option<&Value> {
+        self.read.borrow_mut().insert(field.to_string());
         self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    /// Whether the field is present (even null).
+    fn has(&self, field: &str) -> bool {
+        self.read.borrow_mut().insert(field.to_string());
+        self.map.contains_key(field)
+    }
+
+    /// Marks `fields` as read where transformers reads and then ignores them in this
+    /// configuration (each call site says why): they change nothing here.
+    fn ignored(&self, fields: &[&str]) {
+        let mut read = self.read.borrow_mut();
+        read.extend(fields.iter().map(|f| f.to_string()));
     }
 
     /// A positive integer ≤ `max`.
@@ -486,30 +572,17 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
             message: "a config.json is a JSON object".into(),
         });
     };
-    let f = Fields { map, origin };
+    let read = RefCell::new(BTreeSet::new());
+    let f = Fields {
+        map,
+        origin,
+        read: &read,
+    };
     let model_type = f
         .str_opt("model_type")?
         .ok_or_else(|| f.missing("model_type", MODEL_TYPES))?
         .to_string();
-    // Gemma 3's configs leave most fields to transformers' defaults.
-    let filled;
-    let f = match model_type.as_str() {
-        "gemma3_text" => {
-            filled = with_defaults(map, GEMMA3_DEFAULTS);
-            Fields {
-                map: &filled,
-                origin,
-            }
-        }
-        "gpt_oss" => {
-            filled = with_defaults(map, GPT_OSS_DEFAULTS);
-            Fields {
-                map: &filled,
-                origin,
-            }
-        }
-        _ => f,
-    };
+    // The type first: an unknown one is refused as unknown, whatever else the file says.
     if let Some((_, why)) = REFUSED_TYPES.iter().find(|(t, _)| *t == model_type) {
         return Err(f.bad(
             "model_type",
@@ -518,33 +591,72 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
             MODEL_TYPES,
         ));
     }
-    let moe_type = MOE_TYPES.contains(&model_type.as_str());
+    if !LLAMA_TYPES.contains(&model_type.as_str())
+        && !["gpt2", "vit"].contains(&model_type.as_str())
+    {
+        let why = UNBUILT_TYPES
+            .iter()
+            .find(|(t, _)| *t == model_type)
+            .map_or("unknown model type".to_string(), |(_, why)| {
+                format!("unknown model type: {why}")
+            });
+        return Err(f.bad(
+            "model_type",
+            &Value::from(model_type.as_str()),
+            &why,
+            MODEL_TYPES,
+        ));
+    }
+    // Kimi-K2 ships DeepSeek-V3's architecture under its own type name (its `architectures` is
+    // `DeepseekV3ForCausalLM`): read as DeepSeek-V3, defaults included.
+    let reader_type = match model_type.as_str() {
+        "kimi_k2" => "deepseek_v3",
+        t => t,
+    };
+    // Gemma 3's and gpt-oss's configs leave most fields to transformers' defaults.
+    let filled;
+    let f = match reader_type {
+        "gemma3_text" => {
+            filled = with_defaults(map, GEMMA3_DEFAULTS);
+            Fields {
+                map: &filled,
+                origin,
+                read: &read,
+            }
+        }
+        "gpt_oss" => {
+            filled = with_defaults(map, GPT_OSS_DEFAULTS);
+            Fields {
+                map: &filled,
+                origin,
+                read: &read,
+            }
+        }
+        _ => f,
+    };
+    let moe_type = MOE_TYPES.contains(&reader_type);
     for field in MOE_FIELDS.iter().filter(|_| !moe_type) {
         if let Some(v) = f.get(field) {
             return Err(f.bad(
                 field,
                 v,
-                "a mixture-of-experts field in a dense model type",
-                "a config without it, or a mixture-of-experts model_type (mixtral, qwen2_moe, \
-                 qwen3_moe, deepseek_v2, deepseek_v3)",
+                &format!(
+                    "a mixture-of-experts field, but transformers' {model_type} is dense (it \
+                     builds no experts, so the file is not the model it names)"
+                ),
+                "a config without it",
             ));
         }
     }
     let shipped = quantization(&f)?;
     let dtype = config_dtype(&f)?;
-    let (kind, cfg, sliding_window) = match model_type.as_str() {
-        t if LLAMA_TYPES.contains(&t) => llama_config(&f, &model_type)?,
+    no_dropout(&f)?;
+    let (kind, cfg, sliding_window) = match reader_type {
         "gpt2" => (ModelKind::Gpt, gpt2_config(&f)?, None),
         "vit" => (ModelKind::Vit, vit_config(&f)?, None),
-        other => {
-            return Err(f.bad(
-                "model_type",
-                &Value::from(other),
-                "unknown model type",
-                MODEL_TYPES,
-            ));
-        }
+        t => llama_config(&f, t)?,
     };
+    accounted(map, &read.borrow(), &model_type, reader_type, origin)?;
     Ok(HfConfig {
         kind,
         cfg,
@@ -553,6 +665,65 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
         model_type,
         shipped,
     })
+}
+
+/// Every key of the file is read, or listed as leaving memory unchanged ([`hf_keys`]), or
+/// transformers' private metadata (a leading underscore); any other key is refused, naming the
+/// nearest key memfit knows when it looks like a misspelling.
+fn accounted(
+    map: &Map<String, Value>,
+    read: &BTreeSet<String>,
+    model_type: &str,
+    reader_type: &str,
+    origin: &str,
+) -> Result<(), UserError> {
+    for (key, value) in map {
+        if key == "model_type" || key.starts_with('_') || read.contains(key) {
+            continue;
+        }
+        let bad = |reason: String, allowed: String| UserError::OutOfRange {
+            origin: origin.into(),
+            key: key.clone(),
+            value: value.to_string(),
+            reason,
+            allowed,
+        };
+        match hf_keys::neutral(reader_type, key) {
+            Some(n) if n.when == hf_keys::When::Always || hf_keys::is_unset(value) => {}
+            Some(n) => {
+                return Err(bad(
+                    format!("changes memory in a way memfit does not model: {}", n.why),
+                    "null, false, 0 or absent".into(),
+                ));
+            }
+            None => {
+                let known = read
+                    .iter()
+                    .map(String::as_str)
+                    .chain(hf_keys::COMMON.iter().map(|n| n.key))
+                    .chain(hf_keys::family(reader_type).iter().map(|n| n.key));
+                let hint = hf_keys::nearest(key, known)
+                    .map_or(String::new(), |k| format!("did you mean `{k}`? "));
+                let reads: Vec<&str> = read.iter().map(String::as_str).collect();
+                return Err(UserError::UnknownKey {
+                    origin: origin.into(),
+                    key: key.clone(),
+                    value: value.to_string(),
+                    reason: format!(
+                        "{hint}memfit's {model_type} reader does not read it and does not know \
+                         it to leave memory unchanged, so ignoring it could size another model \
+                         than the file's"
+                    ),
+                    allowed: format!(
+                        "the keys memfit reads for {model_type} ({}), or ones it lists as \
+                         changing no memory (token ids, generation defaults, metadata)",
+                        reads.join(", ")
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 const MAX_SIZE: i64 = super::limits::MAX_HIDDEN;
@@ -655,7 +826,6 @@ fn llama_config(
         f.require("hidden_act", &["silu"])?;
         None
     };
-    no_dropout(f)?;
     if let Some(v) = f.get("partial_rotary_factor")
         && v.as_f64() != Some(1.0)
     {
@@ -725,6 +895,12 @@ fn llama_config(
     // Qwen2 (and Qwen2-MoE): biases on q, k, v always (its config has no `attention_bias`);
     // Qwen3: none by default, q/k norms.
     let qwen2 = matches!(model_type, "qwen2" | "qwen2_moe");
+    if qwen2 {
+        // transformers' Qwen2 biases q, k, v whatever `attention_bias` says (not its field).
+        f.ignored(&["attention_bias"]);
+    }
+    // Qwen2-MoE's `qkv_bias` (transformers 4.57; true by default) turns them off.
+    let qkv_bias = qwen2 && (model_type != "qwen2_moe" || f.bool_or("qkv_bias", true)?);
     // gpt-oss: biases on q, k, v, o always (transformers sets `attention_bias` itself) and on
     // the experts' projections.
     let oss = model_type == "gpt_oss";
@@ -738,17 +914,18 @@ fn llama_config(
             "7.0",
         ));
     }
+    // gpt-oss's config class sets `attention_bias` true; a file may say otherwise.
     let attention_bias = if qwen2 {
         false
     } else {
-        oss || f.bool_or("attention_bias", false)?
+        f.bool_or("attention_bias", oss)?
     };
     let (sliding_window, full_layers) = sliding_window(f, model_type, layers)?;
     let llama = Llama {
         intermediate,
         kv_heads,
         head_dim,
-        qkv_bias: qwen2 || attention_bias,
+        qkv_bias: qkv_bias || attention_bias,
         o_bias: attention_bias,
         mlp_bias: oss || f.bool_or("mlp_bias", false)?,
         qk_norm: matches!(model_type, "qwen3" | "qwen3_moe" | "gemma3_text"),
@@ -774,19 +951,33 @@ fn llama_config(
     Ok((ModelKind::Llama, cfg, sliding_window))
 }
 
-/// Dropout keeps a mask per dropped tensor in training, which memfit does not build: the
-/// dropout probabilities (`attention_dropout`, Phi-3's `resid_pdrop` and `embd_pdrop`) must be
-/// 0 when given (what every shipped LLaMA-family config says).
+/// The dropout probabilities of the families' configs (LLaMA family: `attention_dropout`,
+/// Phi-3's `resid_pdrop` and `embd_pdrop`; GPT-2: `attn_pdrop`, `resid_pdrop`, `embd_pdrop`;
+/// ViT: `hidden_dropout_prob`, `attention_probs_dropout_prob`).
+const DROPOUT_KEYS: &[&str] = &[
+    "attention_dropout",
+    "attn_pdrop",
+    "resid_pdrop",
+    "embd_pdrop",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+];
+
+/// Dropout keeps a mask per dropped tensor in training, which memfit does not build: in every
+/// family the dropout probabilities ([`DROPOUT_KEYS`]) must be 0 when given (what every shipped
+/// LLaMA-family config says; GPT-2's and ViT's ship 0.1 and 0.0).
 fn no_dropout(f: &Fields) -> Result<(), UserError> {
-    for key in ["attention_dropout", "resid_pdrop", "embd_pdrop"] {
+    for key in DROPOUT_KEYS {
         if let Some(v) = f.get(key)
             && v.as_f64() != Some(0.0)
         {
             return Err(f.bad(
                 key,
                 v,
-                "dropout is not built (it keeps a mask per tensor)",
-                "0.0",
+                "dropout is not built (training would keep a mask per dropped tensor, which \
+                 memfit does not count)",
+                &format!("0.0; `--hf-set {key}=0` sizes the model without dropout"),
             ));
         }
     }
@@ -805,6 +996,9 @@ fn rope_scaling(
     dim: usize,
     max_pos: usize,
 ) -> Result<Option<RopeScaling>, UserError> {
+    // transformers reads a top-level `original_max_position_embeddings` (Phi-3's) for LongRoPE
+    // alone (below); beside another scaling, or none, it changes nothing.
+    f.ignored(&["original_max_position_embeddings"]);
     let Some(v) = f.get("rope_scaling").filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -943,7 +1137,7 @@ fn sliding_window(
     // transformers' default window where the key is absent (Mistral's and Qwen's configs:
     // 4096); an explicit null is no window.
     let window_or = |default: Option<usize>| -> Result<Option<usize>, UserError> {
-        if f.map.contains_key("sliding_window") {
+        if f.has("sliding_window") {
             f.size_opt("sliding_window", super::limits::MAX_SEQ)
         } else {
             Ok(default)
@@ -997,8 +1191,17 @@ fn sliding_window(
                 (window_or(Some(4096))?, all(from))
             }
         }
+        // Qwen's window keys without `use_sliding_window`: transformers ignores them too.
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" => {
+            f.ignored(&["sliding_window", "max_window_layers"]);
+            (None, 0)
+        }
         _ => (None, 0),
     };
+    // Qwen3-MoE slides every layer when it slides: `max_window_layers` is not read by it.
+    if model_type == "qwen3_moe" {
+        f.ignored(&["max_window_layers"]);
+    }
     if let Some(v) = f.get("layer_types") {
         let types: Option<Vec<&str>> = v
             .as_array()
@@ -1060,6 +1263,30 @@ fn mla_shape(f: &Fields, model_type: &str) -> Result<MlaShape, UserError> {
             "memfit's MLA rotates interleaved pairs (DeepSeek-V2's and V3's default)",
             "true",
         ));
+    }
+    // transformers derives `qk_head_dim` (nope + rope) and V3's `head_dim` (rope) but keeps a
+    // value the file gives, which then sizes the query projection and the rotary: only the
+    // derived values are the model memfit builds.
+    let (nope, rope) = (
+        f.size("qk_nope_head_dim", MAX_SIZE)?,
+        f.size("qk_rope_head_dim", MAX_SIZE)?,
+    );
+    for (key, want) in [("qk_head_dim", nope + rope), ("head_dim", rope)] {
+        // DeepSeek-V2's config class overwrites `head_dim` whatever the file says.
+        if model_type == "deepseek_v2" && key == "head_dim" {
+            continue;
+        }
+        if let Some(v) = f.get(key)
+            && v.as_u64() != Some(want as u64)
+        {
+            return Err(f.bad(
+                key,
+                v,
+                "differs from the value transformers derives from qk_nope_head_dim and \
+                 qk_rope_head_dim, which memfit's MLA uses",
+                &want.to_string(),
+            ));
+        }
     }
     Ok(MlaShape {
         q_lora_rank: f.size_opt("q_lora_rank", MAX_SIZE)?,
@@ -1173,6 +1400,9 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             m.dense_layers = dense_layers;
             if m.sparse_step > 1 || dense_layers != 0 {
                 m.dense_width = dense_width()?;
+            } else {
+                // Every layer sparse: transformers sizes nothing by the dense width.
+                f.ignored(&["intermediate_size"]);
             }
             if model_type == "qwen2_moe" {
                 m.shared = count_or(f, "shared_expert_intermediate_size", 5632)?;
@@ -1184,12 +1414,26 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             let v3 = model_type == "deepseek_v3";
             // transformers' defaults: 64 routed experts (V2), 256 (V3); `n_routed_experts:
             // null` is a dense model.
-            let experts = if f.map.contains_key("n_routed_experts") {
+            let experts = if f.has("n_routed_experts") {
                 f.size_opt("n_routed_experts", max)?
             } else {
                 Some(if v3 { 256 } else { 64 })
             };
             let Some(experts) = experts else {
+                // A dense DeepSeek: transformers reads none of the experts' fields.
+                f.ignored(&[
+                    "num_experts_per_tok",
+                    "n_shared_experts",
+                    "moe_intermediate_size",
+                    "first_k_dense_replace",
+                    "moe_layer_freq",
+                    "routed_scaling_factor",
+                    "norm_topk_prob",
+                    "scoring_func",
+                    "topk_method",
+                    "n_group",
+                    "topk_group",
+                ]);
                 return Ok(None);
             };
             // transformers scores V2's router with a softmax and V3's with a sigmoid whatever
@@ -1218,12 +1462,16 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             // V2 never renormalises its top-k weights in transformers (`norm_topk_prob` is
             // read and unused); V3 does unless `norm_topk_prob: false`.
             let renorm = v3 && f.bool_or("norm_topk_prob", true)?;
+            f.ignored(&["norm_topk_prob"]);
             let mut m = MoeShape::plain(experts, 0, renorm);
             m.routed_scale =
                 Factor(f.float_or("routed_scaling_factor", if v3 { 2.5 } else { 1.0 })?);
             m.first_dense = count_or(f, "first_k_dense_replace", if v3 { 3 } else { 0 })?;
             if m.first_dense > 0 {
                 m.dense_width = dense_width()?;
+            } else {
+                // Every layer sparse: transformers sizes nothing by the dense width.
+                f.ignored(&["intermediate_size"]);
             }
             m.shared = count_or(f, "n_shared_experts", if v3 { 1 } else { 2 })?
                 * f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?;
@@ -1252,7 +1500,8 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 })
             };
             match (v3, method) {
-                (false, "greedy") => {}
+                // Greedy top k over every expert: transformers' V2 reads no group.
+                (false, "greedy") => f.ignored(&["n_group", "topk_group"]),
                 (false, "group_limited_greedy") => m.group = Some(groups(&m, false)?),
                 (true, "noaux_tc") => {
                     m.scoring = Scoring::Sigmoid;
@@ -1358,6 +1607,14 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
             "a divisor of hidden_size",
         ));
     }
+    if !f.bool_or("qkv_bias", true)? {
+        return Err(f.bad(
+            "qkv_bias",
+            &Value::from(false),
+            "memfit's ViT has biases on q, k and v (transformers' default)",
+            "true",
+        ));
+    }
     let image = f.size("image_size", super::limits::MAX_IMAGE)?;
     let patch = f.size("patch_size", super::limits::MAX_IMAGE)?;
     if image % patch != 0 {
@@ -1369,7 +1626,11 @@ fn vit_config(f: &Fields) -> Result<Config, UserError> {
         ));
     }
     let classes = match f.size_opt("num_labels", super::limits::MAX_VOCAB)? {
-        Some(k) => k,
+        Some(k) => {
+            // The labels' names: `num_labels` gives their count.
+            f.ignored(&["id2label"]);
+            k
+        }
         None => match f.get("id2label") {
             Some(Value::Object(m)) if !m.is_empty() => m.len(),
             Some(v) => return Err(f.bad("id2label", v, "not a non-empty object", "{\"0\": …}")),

@@ -6,6 +6,7 @@ pub mod config;
 pub mod efficient_attention;
 pub mod frozen;
 pub mod hf_config;
+pub mod hf_keys;
 pub mod kernels;
 pub mod limits;
 pub mod llama;

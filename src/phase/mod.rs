@@ -1,8 +1,9 @@
 //! Phases: each runs one piece of a training or serving step inside a metered window.
 //!
-//! A case runs its phases in the fixed order below, after an unmetered warm-up (one full
-//! training step on a throwaway copy of the same model, so gemm's per-thread scratch buffers
-//! and other first-use allocations are out of the way). Phases that were not asked for but are
+//! A case runs its phases in the fixed order below, after an unmetered warm-up on a throwaway
+//! copy of the same model (a training step when a training phase is asked, else the serving
+//! forwards alone: [`runner::warm_up`]), so gemm's per-thread scratch buffers and other
+//! first-use allocations are out of the way. Phases that were not asked for but are
 //! needed by later ones still run, unmetered. What each window contains:
 //!
 //! | phase | window | baseline holds |

@@ -299,13 +299,11 @@ fn synthetic_input(case: &Case, device: &Device) -> candle_core::Result<(Tensor,
     }
 }
 
-/// One unmetered step on a throwaway model of the case's shape, plus a small matmul on every
-/// pool thread: first-use allocations (gemm scratch, thread-locals) happen here. The step is a
-/// training step when a training phase is asked (forward, backward, optimizer, train step);
-/// otherwise only the serving forwards run, so that a case that serves a model holds no
-/// gradients or optimizer state it never asked for (a gpt-oss-20b slice whose weights fit
-/// was killed here by its training step's 4× the weights).
-pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
+/// On the CPU, a small matmul on every thread of the pool: each thread's first packing product
+/// makes gemm's per-thread packing slab (this CPU's L2 size), which would otherwise appear in
+/// whichever window first gives that thread work (`probe matmul` measured it in 11 of 16 runs
+/// at n = 384 and 512 on 2 threads). Nothing on other devices.
+pub fn warm_pool_threads(device: &Device) -> anyhow::Result<()> {
     if device.is_cpu() {
         rayon::broadcast(|_| -> candle_core::Result<()> {
             let a = Tensor::ones((64, 64), DType::F32, device)?;
@@ -314,6 +312,17 @@ pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
         .into_iter()
         .collect::<candle_core::Result<Vec<_>>>()?;
     }
+    Ok(())
+}
+
+/// One unmetered step on a throwaway model of the case's shape, plus a small matmul on every
+/// pool thread: first-use allocations (gemm scratch, thread-locals) happen here. The step is a
+/// training step when a training phase is asked (forward, backward, optimizer, train step);
+/// otherwise only the serving forwards run, so that a case that serves a model holds no
+/// gradients or optimizer state it never asked for (a gpt-oss-20b slice whose weights fit
+/// was killed here by its training step's 4× the weights).
+pub fn warm_up(case: &Case, device: &Device) -> anyhow::Result<()> {
+    warm_pool_threads(device)?;
     let (varmap, model) = Trainer::init(case, device)?;
     let (tokens, targets) = synthetic_input(case, device)?;
     let t = Trainer {

@@ -75,6 +75,36 @@ pub fn line(r: &Row) -> String {
     s
 }
 
+/// Column titles of the `dataload` rows ([`dataload_line`]): the pipeline where a model row has
+/// its sizes, the throughput, the process tree's PSS peak where a prediction would be.
+pub fn dataload_header() -> String {
+    format!(
+        "{:>4} {:<10} {:>4} {:<26} {:<12} {:<10} {:<6} {:>12} {:>12} {:>8} {:>7} {:>7} {:>7}",
+        "case",
+        "dataload",
+        "B",
+        "storage kind×workers prefetch",
+        "rate",
+        "phase",
+        "status",
+        "measured",
+        "PSS peak",
+        "",
+        "user s",
+        "sys s",
+        "wall s"
+    )
+}
+
+/// The header a row is printed under: [`header`], or [`dataload_header`] for a `dataload` row.
+pub fn header_of(r: &Row) -> String {
+    if r.phase == "dataload" {
+        dataload_header()
+    } else {
+        header()
+    }
+}
+
 /// A `dataload` row has no model: the model columns show the pipeline (storage, workers,
 /// prefetch), the throughput, and the process tree's PSS peak where the prediction would be.
 fn dataload_line(r: &Row, measured: &str) -> String {
@@ -114,12 +144,22 @@ fn dataload_line(r: &Row, measured: &str) -> String {
     s
 }
 
-/// Header and all lines.
+/// All lines, each under its kind's header (printed again where the kind changes).
 pub fn render(rows: &[Row]) -> String {
-    let mut out = header();
-    out.push('\n');
+    let mut out = String::new();
+    let mut shown = None;
     for r in rows {
+        let h = header_of(r);
+        if shown.as_ref() != Some(&h) {
+            out.push_str(&h);
+            out.push('\n');
+            shown = Some(h);
+        }
         out.push_str(&line(r));
+        out.push('\n');
+    }
+    if rows.is_empty() {
+        out.push_str(&header());
         out.push('\n');
     }
     out

@@ -75,9 +75,9 @@ pub const MISSING_I64: i64 = i64::MIN;
 /// field of `Row`.
 pub fn unit(field: &str) -> Option<&'static str> {
     Some(match field {
-        "run_id" | "model" | "preset" | "dtype" | "device" | "optimizer" | "kv_cache"
-        | "weights" | "load" | "attention" | "kernels" | "flush_denormals" | "trim"
-        | "backward" | "lora_targets" | "lora_base" | "precision" | "phase" | "status"
+        "run_id" | "model" | "preset" | "dtype" | "checkpoint_dtype" | "device" | "optimizer"
+        | "kv_cache" | "weights" | "load" | "attention" | "kernels" | "flush_denormals"
+        | "trim" | "backward" | "lora_targets" | "lora_base" | "precision" | "phase" | "status"
         | "error" | "peak_meter" | "dataset" | "worker_kind" | "storage" | "persistent"
         | "tied" | "biases" | "trim_layer" | "moe_routing" => "",
         "moe_tokens_max" | "moe_tokens_min" | "sliding_window" => "tokens",
@@ -163,6 +163,9 @@ pub fn description_of(field: &str) -> Option<&'static str> {
         "tied" => "on when the LM head is the token embedding, else off.",
         "biases" => "Projections with biases: comma list of qkv, o, mlp, or none.",
         "dtype" => "Element type of weights and activations.",
+        "checkpoint_dtype" => {
+            "The --hf-config checkpoint's element type (torch_dtype / dtype); empty when none."
+        }
         "device" => "Device the case ran on: cpu or cuda:N.",
         "optimizer" => "Optimizer: sgd, sgd-momentum, adam, adamw or adamw-8bit.",
         "checkpoint" => "Blocks per gradient-checkpoint segment; 0 = no checkpointing.",

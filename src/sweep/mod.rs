@@ -42,6 +42,24 @@ pub struct Interrupted {
     pub resume: String,
 }
 
+/// `memfit run` finished, but some of its journal's rows did not measure: a case crashed, failed,
+/// ran out of memory or out of time (exit status [`CasesFailed::EXIT`]). Every row is written.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{failed} row(s) of {total} did not measure ({counts}); they are recorded in {journal} with their status and error"
+)]
+pub struct CasesFailed {
+    pub failed: usize,
+    pub total: usize,
+    pub counts: String,
+    pub journal: String,
+}
+
+impl CasesFailed {
+    /// The exit status of a run that wrote every row but not every row measured.
+    pub const EXIT: u8 = 3;
+}
+
 /// What the loop needs besides the cases.
 pub struct Sweep {
     pub exe: PathBuf,
@@ -68,8 +86,10 @@ pub struct Summary {
     pub startup: Vec<(f64, f64)>,
 }
 
-/// A short label of a case for progress lines: `3 small B4 S128 f32 adamw` (` composed` added
-/// for candle's composed kernels).
+/// A short label of a case for progress lines: `3 small B4 S128 f32 adamw`, then what sets it
+/// apart from a default case, so that the cases of one grid read apart: ` composed` (candle's
+/// composed kernels), ` standard`/` tiled` (attention), ` mixed`, ` ckpt2`, ` whole-backward`,
+/// ` lora r8 q,v op`, ` weights q4_0`.
 pub fn label(case: &Case) -> String {
     match &case.data {
         Some(d) => format!(
@@ -80,21 +100,55 @@ pub fn label(case: &Case) -> String {
             d.storage.as_str(),
             d.batch
         ),
-        None => format!(
-            "{} {} B{} S{} {} {}{}",
-            case.index,
-            case.preset,
-            case.batch,
-            case.seq,
-            case.dtype,
-            case.optimizer.as_str(),
-            // The default (fused) is not named.
-            if case.cfg.kernels.fused() {
-                ""
-            } else {
-                " composed"
+        None => {
+            use std::fmt::Write as _;
+            let mut s = format!(
+                "{} {} B{} S{} {} {}",
+                case.index,
+                case.preset,
+                case.batch,
+                case.seq,
+                case.dtype,
+                case.optimizer.as_str(),
+            );
+            // The defaults (fused kernels, efficient attention, …) are not named.
+            if !case.cfg.kernels.fused() {
+                s.push_str(" composed");
             }
-        ),
+            let attention = if case.cfg.efficient_attention {
+                "efficient"
+            } else if case.cfg.tiled_attention {
+                "tiled"
+            } else {
+                "standard"
+            };
+            if attention != crate::workload::DEFAULT_ATTENTION {
+                let _ = write!(s, " {attention}");
+            }
+            if case.precision == crate::device::Precision::Mixed {
+                s.push_str(" mixed");
+            }
+            if case.checkpoint > 0 {
+                let _ = write!(s, " ckpt{}", case.checkpoint);
+            }
+            if case.backward.as_str() != crate::workload::DEFAULT_BACKWARD {
+                let _ = write!(s, " {}-backward", case.backward.as_str());
+            }
+            if case.cfg.lora_rank > 0 {
+                let targets: Vec<&str> = case.cfg.lora_targets.iter().map(|t| t.as_str()).collect();
+                let _ = write!(
+                    s,
+                    " lora r{} {} {}",
+                    case.cfg.lora_rank,
+                    targets.join(","),
+                    case.cfg.lora_base.as_str()
+                );
+            }
+            if case.weights != crate::device::ServingWeights::Model {
+                let _ = write!(s, " weights {}", case.weights.as_str());
+            }
+            s
+        }
     }
 }
 
@@ -109,6 +163,8 @@ pub fn run(
 ) -> Summary {
     let mut summary = Summary::default();
     let mut progress = progress::Progress::new(cases.len(), sweep.quiet);
+    // The header the last printed row was under.
+    let mut shown_header: Option<String> = None;
     let mut est = estimate::Estimator::default();
     let mut device_recorded = meta.device_memory_bytes.is_some();
     let mut warned = false;
@@ -171,6 +227,12 @@ pub fn run(
             break;
         }
         for r in &rows {
+            // Each kind of row under its own header (a dataload row has no model columns).
+            let h = crate::report::table::header_of(r);
+            if shown_header.as_ref() != Some(&h) {
+                progress.println(&h);
+                shown_header = Some(h);
+            }
             progress.println(&crate::report::table::line(r));
         }
         est.record(work, wall);

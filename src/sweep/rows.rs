@@ -117,6 +117,9 @@ pub fn bare_row(
         tied: if case.cfg.tied { "on" } else { "off" }.into(),
         biases: biases(&case.cfg),
         dtype: case.dtype.to_string(),
+        checkpoint_dtype: case
+            .checkpoint_dtype
+            .map_or(String::new(), |d| d.to_string()),
         device: case.device.to_string(),
         optimizer: case.optimizer.as_str().into(),
         optimizer_block: case.optimizer_block as u64,

@@ -118,6 +118,7 @@ pub(super) fn expand(
             batch,
             seq: 0,
             dtype: ElemType::F32,
+            checkpoint_dtype: None,
             precision: Precision::Pure,
             device,
             optimizer: OptimizerKind::Adamw,

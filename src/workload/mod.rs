@@ -249,6 +249,10 @@ pub struct Case {
     pub batch: usize,
     pub seq: usize,
     pub dtype: ElemType,
+    /// The `--hf-config` checkpoint's element type (`torch_dtype` / `dtype`), when it gives
+    /// one: the default of `dtype`, except on the CPU, where candle has no bf16 matmul and a
+    /// measured case runs f32 instead (its rows say both).
+    pub checkpoint_dtype: Option<ElemType>,
     /// `Mixed`: f32 master weights, gradients and optimizer state; `dtype` is the 16-bit
     /// working type of weights copies and activations.
     pub precision: Precision,
@@ -635,14 +639,26 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     if device.is_cuda() && !HAS_CUDA && !ctx.predict_only {
         return Err(ctx.bad("device", &device_name, NO_CUDA, "cpu"));
     }
+    // The checkpoint's element type (`torch_dtype` / `dtype` of --hf-config) is the default;
+    // where this device cannot run it (bf16 on the CPU) a measured case runs f32 and its rows
+    // say what the checkpoint holds (`checkpoint_dtype`); a prediction answers in it anyway.
+    let checkpoint_dtype = hf.as_ref().and_then(|h| h.dtype);
+    let default_dtype = match checkpoint_dtype {
+        Some(ElemType::Bf16) if device == DeviceSpec::Cpu && !ctx.predict_only => ElemType::F32,
+        Some(d) => d,
+        None => ElemType::F32,
+    };
     let dtypes = ctx.choices(
         "dtype",
         &spec.dtype,
-        "f32",
+        default_dtype.as_str(),
         ("unknown element type", ElemType::NAMES),
         ElemType::parse,
         |name, &dtype| {
-            if device == DeviceSpec::Cpu && dtype == ElemType::Bf16 {
+            if device == DeviceSpec::Cpu
+                && dtype == ElemType::Bf16
+                && !(ctx.predict_only && spec.dtype.is_none())
+            {
                 return Err(ctx.bad(
                     "dtype",
                     name,
@@ -1247,6 +1263,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 batch,
                 seq,
                 dtype,
+                checkpoint_dtype,
                 precision,
                 device,
                 optimizer: opt,

@@ -11,8 +11,9 @@
 //! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for
 //! statement, so that what is alive when matches candle: a temporary dies at the end of its
 //! statement, a shadowed binding at the end of its scope, an operand passed by value (`x + a`)
-//! when the operator returns. Keep it in step with `model/gpt.rs`; the exactness tests fail when
-//! the two drift apart.
+//! when the operator returns. Keep it in step with `model/transformer.rs` and the family and layer
+//! files beside it (`llama.rs`, `attention.rs`, `mlp.rs`, `moe.rs`, `mla.rs`, …); the exactness
+//! tests fail when the two drift apart.
 //!
 //! The layers mirror the model's files: `proj.rs` (`model::proj`), `norm.rs`, `attention.rs`,
 //! `mlp.rs`; the block, the model, checkpointing and the phases' windows are here.

@@ -80,6 +80,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("tied", rows, |r| Some(&r.tied))?;
         w.string("biases", rows, |r| Some(&r.biases))?;
         w.string("dtype", rows, |r| Some(&r.dtype))?;
+        w.string("checkpoint_dtype", rows, |r| Some(&r.checkpoint_dtype))?;
         w.string("device", rows, |r| Some(&r.device))?;
         w.string("optimizer", rows, |r| Some(&r.optimizer))?;
         w.plain_u64("optimizer_block", rows, |r| r.optimizer_block)?;
@@ -557,6 +558,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let backward = string_or("backward", "whole")?;
     let trim_layer = string_or("trim_layer", "")?;
     let mut moe_routing = string_or("moe_routing", "")?.into_iter();
+    let mut checkpoint_dtype = string_or("checkpoint_dtype", "")?.into_iter();
     let mut trim_u64 = |name: &str| {
         if has(name) {
             r.opt_u64(name)
@@ -631,6 +633,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             tied: next(&mut tied),
             biases: next(&mut biases),
             dtype: next(&mut dtype),
+            checkpoint_dtype: next(&mut checkpoint_dtype),
             device: next(&mut device),
             optimizer: next(&mut optimizer),
             optimizer_block: optimizer_block[i],
