@@ -815,3 +815,29 @@ fn help_texts_state_the_defaults_each_device_gets() {
         }
     }
 }
+
+/// A size without a unit is refused (is `80` bytes or GiB?), naming the flag and the units, and
+/// so is zero; before, `--fit-in 80` answered for 80 bytes ("fits no, max B 0").
+#[test]
+fn sizes_without_a_unit_or_zero_are_refused() {
+    for (args, value) in [
+        (vec!["predict", "--preset", "tiny", "--fit-in", "80"], "80"),
+        (vec!["predict", "--preset", "tiny", "--fit-in", "0GiB"], "0GiB"),
+        (
+            vec!["max-batch", "--preset", "tiny", "--seq", "8", "--budget", "512"],
+            "512",
+        ),
+        (
+            vec!["run", "--preset", "tiny", "--seq", "8", "--mem-budget", "0"],
+            "0",
+        ),
+    ] {
+        let out = memfit().args(&args).assert().failure();
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert!(
+            err.contains(&format!("= {value} is out of range")) && err.contains("GiB"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -331,3 +331,34 @@ fn quick_start_table_is_the_committed_rows() {
         "README's quick-start table is not the committed rows; it should read:\n{block}"
     );
 }
+
+/// README's "Size your model" example is this binary's output for its command, every line.
+#[test]
+fn size_your_model_example_is_the_output() {
+    let args = [
+        "predict",
+        "--hf-config",
+        "workloads/configs/llama-3-8b.json",
+        "--batch",
+        "1",
+        "--seq",
+        "4096",
+        "--device",
+        "cuda:0",
+        "--fit-in",
+        "80GiB",
+    ];
+    doc_says("README.md", &format!("memfit {}", args.join(" ")));
+    let out = common::memfit()
+        .current_dir(root())
+        .args(args)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(text.contains("dtype bf16: the checkpoint's"), "{text}");
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("```\n{}```", text)),
+        "README's size-your-model block is not this output; it should read:\n{text}"
+    );
+}

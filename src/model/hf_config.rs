@@ -53,10 +53,17 @@
 //! (`weights = "fp8"` by default) and LoRA freezes its base as shipped (`lora_base = "fp8"`);
 //! full training upcasts to `dtype`, as transformers' `dequantize: true` does (which is read too:
 //! it asks for the dense model).
-//! Fields that do not change memory (token ids, `architectures`, `aux_loss_alpha`, …) are not
-//! read; DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are not
-//! built, as transformers does not build them. `--hf-set FIELD=VALUE` ([`load_with`]) changes
-//! any field before it is read.
+//! Every key is accounted for: `model_type` is checked first (an unknown type is refused as
+//! unknown, listing [`MODEL_TYPES`], with what memfit lacks for the newer ones it knows of:
+//! [`UNBUILT_TYPES`]); each reader records the keys it asks for, and once the family is read
+//! any other key of the file is refused ([`accounted`]) unless [`super::hf_keys`] lists it as
+//! changing no memory (token ids, `architectures`, generation defaults, `aux_loss_alpha`, DeepSeek-V3's
+//! multi-token-prediction layers (`num_nextn_predict_layers`), which transformers does not build,
+//! …, each with its reason), or it is transformers' private metadata (a leading underscore). A
+//! refusal names the file and the key, and the known key nearest to a misspelling.
+//! `--hf-set FIELD=VALUE` ([`load_with`]) changes any field before it is read, so a misspelt
+//! field is refused the same way. Kimi-K2 (`kimi_k2`) is read as DeepSeek-V3, whose
+//! architecture it ships. Dropout is refused in every family ([`DROPOUT_KEYS`]).
 //!
 //! GPT-2 reads `n_embd`, `n_head`, `n_layer`, `vocab_size`, `n_positions`,
 //! `layer_norm_epsilon`, `n_inner` (null or 4·n_embd), `activation_function` (`gelu_new`, the

@@ -203,6 +203,14 @@ const MIXTRAL: &[Neutral] = &[
 
 const QWEN_MOE: &[Neutral] = &[any("router_aux_loss_coef", AUX_LOSS)];
 
+const QWEN3_MOE: &[Neutral] = &[
+    any("router_aux_loss_coef", AUX_LOSS),
+    any(
+        "qkv_bias",
+        "Qwen2-MoE's field; transformers' Qwen3-MoE biases by attention_bias (read)",
+    ),
+];
+
 const QWEN2: &[Neutral] = &[any(
     "use_mrope",
     "Qwen2-VL's multimodal rotary flag, which transformers' qwen2 does not read",
@@ -284,6 +292,7 @@ const GPT2: &[Neutral] = &[
 ];
 
 const VIT: &[Neutral] = &[
+    any("tie_word_embeddings", "a ViT classifier has no LM head to tie"),
     any(
         "hidden_act",
         "memfit computes the GELU with the tanh approximation: the same saved tensors",
@@ -308,7 +317,8 @@ pub fn family(model_type: &str) -> &'static [Neutral] {
         "llama" | "mistral" => LLAMA,
         "qwen2" => QWEN2,
         "mixtral" => MIXTRAL,
-        "qwen2_moe" | "qwen3_moe" => QWEN_MOE,
+        "qwen2_moe" => QWEN_MOE,
+        "qwen3_moe" => QWEN3_MOE,
         "deepseek_v2" | "deepseek_v3" => DEEPSEEK,
         "gpt_oss" => GPT_OSS,
         "gpt2" => GPT2,
