@@ -290,7 +290,7 @@ document.addEventListener('DOMContentLoaded', () => {{
 window.addEventListener('load', () => {{
   const svgs = [...document.querySelectorAll('figure svg')].map(s => {{ const r = s.getBoundingClientRect(); return [r.width, r.height]; }});
   const imgs = [...document.querySelectorAll('img.memfit-png')].map(i => [i.getAttribute('src'), i.naturalWidth, i.naturalHeight]);
-  const timelines = [...document.querySelectorAll('figure.timeline')].map(f => [f.dataset.file, Number(f.dataset.events), Number(f.dataset.peak), f.dataset.categories, f.querySelectorAll('svg.timeline polygon').length]);
+  const timelines = [...document.querySelectorAll('figure.timeline')].map(f => [f.dataset.file, Number(f.dataset.events), Number(f.dataset.peak), f.dataset.categories, f.querySelectorAll('svg.timeline polygon').length, [...f.querySelectorAll('svg.timeline text')].map(t => t.textContent).join('|')]);
   const pre = document.createElement('pre'); pre.id = 'memfit-check';
   pre.textContent = JSON.stringify({{svgs, imgs, timelines, errors: window.__errors}});
   document.body.appendChild(pre);
@@ -357,6 +357,13 @@ window.addEventListener('load', () => {{
         assert!(
             t[4].as_u64().unwrap() >= 6,
             "{file}: one area per category: {t}"
+        );
+        // Both axes are named (the memory axis's title is written upwards at its side).
+        let texts = t[5].as_str().unwrap();
+        assert!(
+            texts.contains("memory held above the window's start")
+                && texts.contains("allocator events"),
+            "{file}: {texts}"
         );
         // `case-N-PHASE.json` holds case N's measured window: its maximum is that row's peak.
         let name = std::path::Path::new(file)
@@ -506,4 +513,186 @@ fn first_screen_is_the_committed_reports() {
     assert_eq!(table.matches("<tr>").count() - 1, 27, "27 claims");
     assert_eq!(table.matches("<details><summary>").count(), 27);
     assert_eq!(table.matches("<dt>criterion</dt>").count(), 27);
+}
+
+/// The committed CPU rows' plots, as `memfit report results/cpu` draws them, are legible
+/// (issue 49 item 5): every panel's legend has at most `MAX_LEGEND` entries (its colours then
+/// never repeat) and sits beside the data; the breakdown's shares sum to 100 % on an axis that
+/// ends at 100; the optimizers' bars all carry gradients and no "missing" label (their run
+/// measured no forward: a forward of the same configuration stands in); the fitted curves are
+/// the fit's formula on a fine grid, not a polyline through the few measured sizes; the KV
+/// cache's formula lines go through their measured points.
+#[test]
+fn committed_plots_are_legible() {
+    use memfit::report::plots::{Chart, MAX_LEGEND};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let set = memfit::cmd::report::load_set(&root.join("results/cpu")).unwrap();
+    let ok: Vec<&memfit::record::Row> = set
+        .rows
+        .iter()
+        .filter(|r| r.status == memfit::record::Status::Ok)
+        .collect();
+    let mut groups = std::collections::BTreeMap::new();
+    for r in ok.iter().filter(|r| r.peak_bytes.is_some()) {
+        groups
+            .entry(memfit::fit::group::key(r))
+            .or_insert_with(Vec::new)
+            .push((*r).clone());
+    }
+    let fits: std::collections::BTreeMap<_, _> = groups
+        .iter()
+        .map(|(k, rows)| (k.clone(), memfit::fit::group::fit_group(k, rows)))
+        .collect();
+    let fitted = |r: &memfit::record::Row| {
+        fits.get(&memfit::fit::group::key(r))?
+            .predict(&memfit::fit::features(r))
+    };
+    let charts = memfit::report::plots_for(&ok, &fitted);
+    let chart = |name: &str| {
+        &charts
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name} chart"))
+            .1
+    };
+    for (name, c) in &charts {
+        for legend in c.legends() {
+            assert!(
+                !legend.is_empty() && legend.len() <= MAX_LEGEND,
+                "{name}: {} legend entries: {legend:?}",
+                legend.len()
+            );
+        }
+    }
+    // The KV cache: faceted, and each formula line meets its measured points within 2 %
+    // (the cache is B·n·bytes per token, n capped at the window).
+    let Chart::Panels(kv) = chart("kv_cache") else {
+        panic!("the KV cache chart is panels")
+    };
+    assert!(kv.panels.len() >= 2, "{}", kv.panels.len());
+    for p in &kv.panels {
+        for pair in p.series.chunks(2) {
+            let (dots, line) = (&pair[0], &pair[1]);
+            assert!(!dots.line && line.line && dots.color == line.color);
+            for &(n, m) in &dots.points {
+                let near = line
+                    .points
+                    .windows(2)
+                    .find(|w| w[0].0 <= n && n <= w[1].0)
+                    .map(|w| w[0].1 + (w[1].1 - w[0].1) * (n - w[0].0) / (w[1].0 - w[0].0))
+                    .unwrap_or_else(|| panic!("{}: n {n} off the line", dots.name));
+                assert!(
+                    (near - m).abs() <= 0.02 * m + 0.002,
+                    "{}: n {n}: measured {m} MiB, formula {near}",
+                    dots.name
+                );
+            }
+        }
+    }
+    let Chart::Bars(b) = chart("breakdown") else {
+        panic!("bars")
+    };
+    assert_eq!(b.y_max, Some(100.0));
+    for i in 0..b.categories.len() {
+        let sum: f64 = b
+            .stacks
+            .iter()
+            .map(|(_, v)| v[i])
+            .filter(|v| v.is_finite())
+            .sum();
+        assert!((sum - 100.0).abs() < 1e-6, "{}: {sum} %", b.categories[i]);
+    }
+    let Chart::Bars(o) = chart("optimizers") else {
+        panic!("bars")
+    };
+    assert!(o.categories.len() >= 5, "{:?}", o.categories);
+    for (name, v) in &o.stacks {
+        assert!(v.iter().all(|x| x.is_finite()), "{name}: {v:?}");
+    }
+    let svg = memfit::report::plots::svg(chart("optimizers")).unwrap();
+    assert!(
+        !svg.contains("missing"),
+        "an optimizer's label says missing"
+    );
+    // The gradients are the model's: 4 bytes per parameter of small's f32 (with a few KiB of
+    // bookkeeping), for every optimizer alike.
+    let grads = &o.stacks[0].1;
+    assert!(
+        grads.iter().all(|g| (g - grads[0]).abs() < 1e-9),
+        "{grads:?}"
+    );
+    for axis in ["memory_vs_batch", "memory_vs_seq"] {
+        let Chart::Xy(c) = chart(axis) else {
+            panic!("{axis}: x–y")
+        };
+        for pair in c.series.chunks(2) {
+            let (dots, curve) = (&pair[0], &pair[1]);
+            assert!(!dots.line && curve.line && curve.name.is_empty());
+            // Every whole size on the sweep (up to 256 of them), not just the measured ones.
+            let span = (dots.points.last().unwrap().0 - dots.points[0].0) as usize;
+            assert!(
+                curve.points.len() > dots.points.len() && curve.points.len() >= span.min(256),
+                "{}: {} curve points",
+                dots.name,
+                curve.points.len()
+            );
+            // A fit that misses its own points says so.
+            for &(x, m) in &dots.points {
+                let f = curve.points.iter().find(|p| p.0 == x).map(|p| p.1);
+                if let Some(f) = f
+                    && (f - m).abs() > 0.1 * m
+                {
+                    assert!(dots.name.contains("misses"), "{}: at {x}", dots.name);
+                }
+            }
+        }
+    }
+}
+
+/// The committed `report.html` fits a 1400-pixel-wide window: nothing scrolls sideways (wide
+/// tables scroll inside their own box), and every picture fits the page's width.
+#[test]
+fn committed_report_fits_1400_px() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let html = std::fs::read_to_string(root.join("docs/report/report.html")).unwrap();
+    let probe = r#"<script>
+window.addEventListener('load', () => {
+  const d = document.documentElement;
+  const wide = [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > d.clientWidth + 1 && !e.closest('.wide'))
+    .slice(0, 5)
+    .map(e => e.tagName);
+  const pre = document.createElement('pre'); pre.id = 'memfit-check';
+  pre.textContent = JSON.stringify({scroll: d.scrollWidth, client: d.clientWidth, wide});
+  document.body.appendChild(pre);
+});
+</script>"#;
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("report.html");
+    std::fs::write(
+        &page,
+        html.replacen("<head>", &format!("<head>\n{probe}"), 1),
+    )
+    .unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let run = common::chromium(profile.path())
+        .args(["--virtual-time-budget=5000", "--window-size=1400,1000"])
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "chromium failed: {run:?}");
+    let dom = String::from_utf8_lossy(&run.stdout);
+    let start = dom
+        .find("<pre id=\"memfit-check\">")
+        .unwrap_or_else(|| panic!("the probe wrote nothing"));
+    let json = &dom[start + "<pre id=\"memfit-check\">".len()..];
+    let json = &json[..json.find("</pre>").unwrap()];
+    let v: serde_json::Value = serde_json::from_str(&json.replace("&quot;", "\"")).unwrap();
+    let (scroll, client) = (v["scroll"].as_u64().unwrap(), v["client"].as_u64().unwrap());
+    assert!(
+        scroll <= client && client <= 1400,
+        "the page scrolls sideways at 1400 px: {v}"
+    );
+    assert_eq!(v["wide"].as_array().unwrap().len(), 0, "{v}");
 }

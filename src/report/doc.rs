@@ -143,11 +143,12 @@ fn inline(s: &str) -> String {
 pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>) -> String {
     let mut out = format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>\n\
-         body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }}\n\
+         body {{ font-family: sans-serif; max-width: 1240px; margin: 2em auto; padding: 0 1em; color: #222; overflow-wrap: anywhere; }}\n\
+         .wide {{ max-width: 100%; overflow-x: auto; }}\n\
          table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}\n\
-         th, td {{ border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }}\n\
+         th, td {{ border: 1px solid #bbb; padding: 0.25em 0.5em; text-align: left; vertical-align: top; overflow-wrap: normal; }}\n\
          th {{ background: #eee; }}\n code {{ background: #f4f4f4; padding: 0 0.2em; }}\n\
-         figure {{ margin: 1.5em 0; }} figure svg {{ max-width: 100%; height: auto; }}\n\
+         figure {{ margin: 1.5em 0; }} figure svg, img {{ max-width: 100%; height: auto; }}\n\
          .strip span {{ display: inline-block; min-width: 2.4em; margin: 0 2px 2px 0; padding: 0.3em 0.2em; text-align: center; font-weight: bold; border-radius: 3px; }}\n\
          .expandable summary {{ cursor: pointer; }} .expandable dt {{ font-weight: bold; margin-top: 0.4em; }} .expandable dd {{ margin-left: 1em; }}\n\
          .legend {{ font-size: 0.85em; margin-bottom: 1em; }} .legend span {{ display: inline-block; width: 1em; margin-left: 0.6em; }}\n\
@@ -171,7 +172,7 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                         inline(head.first().map_or("", |h| h.as_str()))
                     ));
                 }
-                out.push_str("<table>\n<tr>");
+                out.push_str("<div class=\"wide\"><table>\n<tr>");
                 for h in head {
                     out.push_str(&format!("<th>{}</th>", inline(h)));
                 }
@@ -183,14 +184,14 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                     }
                     out.push_str("</tr>\n");
                 }
-                out.push_str("</table>\n");
+                out.push_str("</table></div>\n");
                 if collapse {
                     out.push_str("</details>\n");
                 }
             }
             Block::Plot { name, caption } => out.push_str(&figure(name, caption, svg)),
             Block::Expandable(head, rows) => {
-                out.push_str("<table class=\"expandable\">\n<tr>");
+                out.push_str("<div class=\"wide\"><table class=\"expandable\">\n<tr>");
                 for h in head {
                     out.push_str(&format!("<th>{}</th>", inline(h)));
                 }
@@ -218,7 +219,7 @@ pub fn html(title: &str, blocks: &[Block], svg: &dyn Fn(&str) -> Option<String>)
                     }
                     out.push_str("</tr>\n");
                 }
-                out.push_str("</table>\n");
+                out.push_str("</table></div>\n");
             }
             Block::Glance(plots) => {
                 out.push_str("<div class=\"glance\">\n");
@@ -309,7 +310,7 @@ pub const TIMELINE_SCRIPT: &str = r#"<script>
     const cats = ORDER.filter(c => keys.includes(c)).concat(keys.filter(c => !ORDER.includes(c)));
     const totals = events.map(e => cats.reduce((s, c) => s + (e.args[c] || 0), 0));
     const peak = Math.max(...totals), at = totals.indexOf(peak);
-    const [w, h, left, top, bottom] = [960, 360, 90, 20, 50];
+    const [w, h, left, top, bottom] = [960, 360, 104, 20, 50];
     const pw = w - left - 20, ph = h - top - bottom, ymax = Math.max(peak, 1) * 1.1;
     const x = i => left + pw * i / events.length, y = b => top + ph * (1 - b / ymax);
     el(svg, 'rect', { width: w, height: h, fill: 'white' });
@@ -325,6 +326,8 @@ pub const TIMELINE_SCRIPT: &str = r#"<script>
     el(svg, 'line', { x1: left, y1: top + ph, x2: left + pw, y2: top + ph, stroke: 'black' });
     el(svg, 'line', { x1: left, y1: top, x2: left, y2: top + ph, stroke: 'black' });
     for (let k = 0; k <= 4; k++) el(svg, 'text', { x: left - 6, y: y(ymax * k / 4) + 4, 'text-anchor': 'end', 'font-size': 12 }, human(Math.round(ymax * k / 4)));
+    el(svg, 'text', { x: 16, y: top + ph / 2, 'text-anchor': 'middle', 'font-size': 12, fill: '#555', transform: `rotate(-90 16 ${top + ph / 2})` }, "memory held above the window's start");
+    el(svg, 'text', { x: left + pw, y: top + ph + 16, 'text-anchor': 'end', 'font-size': 12, fill: '#555' }, 'allocator events →');
     for (const s of trace.traceEvents.filter(e => e.ph === 'i' && e.pid === 1 && !e.name.startsWith('peak'))) {
       el(svg, 'line', { x1: x(s.ts), y1: top, x2: x(s.ts), y2: top + ph, stroke: '#555', 'stroke-dasharray': '4 3' });
       el(svg, 'text', { x: x(s.ts) + 3, y: top + 12, fill: '#555', 'font-size': 12 }, s.name);
@@ -391,7 +394,7 @@ mod tests {
         let h = html("t", &long, &|_| None);
         assert!(
             h.contains("<details>\n<summary>13 rows (n)</summary>")
-                && h.contains("</table>\n</details>")
+                && h.contains("</table></div>\n</details>")
         );
         assert!(!markdown(&long).contains("details"));
         let open = [Block::OpenTable(vec!["n".into()], rows)];

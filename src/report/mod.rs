@@ -27,7 +27,7 @@ use crate::formula::full_size::FullSize;
 use crate::record::{Row, RunMeta, Status};
 use crate::units::human_bytes;
 use doc::Block;
-use plots::{BarChart, Chart, Series, XyChart};
+use plots::{BarChart, Chart, Panels, Series, XyChart};
 
 /// One result set (one argument of `memfit report`): its rows and the runs' metadata.
 #[derive(Debug, Clone)]
@@ -94,8 +94,17 @@ fn human_mib(m: f64) -> String {
 /// A set's peak FLOP/s per element type.
 type PeakFn = Box<dyn Fn(&str) -> Option<hardware::Peak>>;
 
-/// KV cache points (tokens, MiB) of one configuration and its (L, B, H, bytes per element).
-type KvSeries = (Vec<(f64, f64)>, (u64, u64, u64, f64));
+/// The KV cache points (tokens, MiB) of one configuration and its formula.
+struct KvSeries {
+    points: Vec<(f64, f64)>,
+    /// The configurations measured, (model, B and element type; serving weights): each
+    /// cache the same size at every n.
+    configs: Vec<(String, String)>,
+    /// Bytes per token in the cache: B · the architecture's bytes per token of a sequence.
+    per_token: f64,
+    /// Tokens a sliding window keeps, if any.
+    window: Option<u64>,
+}
 
 fn err_pct(r: &Row) -> Option<f64> {
     match (r.peak_bytes, r.predicted_peak_bytes) {
@@ -125,7 +134,7 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .flat_map(|s| s.metas.iter().map(|m| (m.run_id.clone(), m.cores)))
         .collect();
     let claims = claims::evaluate(&all, &workload_of, &cores_of, inp.dataload, inp.full_size);
-    let charts = plots_for(&ok, inp);
+    let charts = plots_for(&ok, inp.fitted);
     first_screen(&mut b, &claims, &charts);
     for line in mixed_builds(inp.sets) {
         b.push(Block::Para(line));
@@ -156,10 +165,14 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .iter()
         .filter(|(n, _)| !AT_A_GLANCE.contains(&n.as_str()))
     {
-        let caption = match chart {
-            Chart::Xy(c) => c.title.clone(),
-            Chart::Bars(c) => c.title.clone(),
-        };
+        let mut caption = chart.title().to_string();
+        if name.starts_with("memory_vs_") {
+            caption.push_str(
+                ". Each line is its phase's group fit (the fit table's), its formula drawn at every \
+                 size; a group pools every row of its phase, model, element type and attention, \
+                 so it can miss one sweep's points: the legend gives its largest miss on them",
+            );
+        }
         b.push(Block::Plot {
             name: name.clone(),
             caption,
@@ -296,13 +309,10 @@ fn first_screen(b: &mut Vec<Block>, claims: &[claims::Claim], charts: &[(String,
     let glance: Vec<(String, String)> = AT_A_GLANCE
         .iter()
         .filter_map(|name| {
-            charts.iter().find(|(n, _)| n == name).map(|(n, chart)| {
-                let caption = match chart {
-                    Chart::Xy(c) => c.title.clone(),
-                    Chart::Bars(c) => c.title.clone(),
-                };
-                (n.clone(), caption)
-            })
+            charts
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(n, chart)| (n.clone(), chart.title().to_string()))
         })
         .collect();
     if !glance.is_empty() {
@@ -940,7 +950,88 @@ fn breakdown_cases<'a>(ok: &[&'a Row]) -> Vec<BTreeMap<&'a str, &'a Row>> {
         .collect()
 }
 
-fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
+/// KV cache configurations as one legend entry: each model, batch and element type once,
+/// with its serving weights' formats when any is not the model's own.
+fn kv_configs(configs: &[(String, String)]) -> String {
+    let mut by: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (c, w) in configs {
+        match by.iter_mut().find(|(k, _)| k == c) {
+            Some((_, ws)) => ws.push(w),
+            None => by.push((c, vec![w])),
+        }
+    }
+    by.iter()
+        .map(|(c, ws)| {
+            if ws == &["model"] {
+                c.to_string()
+            } else {
+                format!("{c} (weights {})", ws.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The gradients a training case's backward holds, in bytes: its own figure after a whole
+/// backward, else its kept bytes plus the forward graph it freed ([`Row::gradient_bytes`]).
+/// When the case's run measured no forward (a run of the backward and optimizer alone), the
+/// forward of the same configuration in another run stands in (every configuration field but
+/// the optimizer equal: the forward does not depend on it), and the flag says so; `None` when
+/// there is none.
+pub fn gradients_of(ok: &[&Row], o: &Row) -> Option<(i64, bool)> {
+    let backward = ok
+        .iter()
+        .find(|b| b.phase == "backward" && b.run_id == o.run_id && b.case == o.case)?;
+    let own = ok
+        .iter()
+        .find(|f| f.phase == "forward" && f.run_id == o.run_id && f.case == o.case);
+    if let Some(g) = backward.gradient_bytes(own.copied()) {
+        return Some((g, false));
+    }
+    let same = |r: &Row| {
+        claims::config_key_without(r, &["run", "optimizer", "optimizer_block", "phase"])
+            == claims::config_key_without(
+                backward,
+                &["run", "optimizer", "optimizer_block", "phase"],
+            )
+            && (
+                r.kernels.as_str(),
+                r.backward.as_str(),
+                r.trim.as_str(),
+                r.flush_denormals.as_str(),
+            ) == (
+                backward.kernels.as_str(),
+                backward.backward.as_str(),
+                backward.trim.as_str(),
+                backward.flush_denormals.as_str(),
+            )
+    };
+    let stand_in = ok
+        .iter()
+        .find(|f| f.phase == "forward" && f.retained_bytes.is_some() && same(f))?;
+    Some((backward.gradient_bytes(Some(stand_in))?, true))
+}
+
+/// The curve of a fit on a fine grid: `fitted` at up to 256 whole sizes between `lo` and `hi`
+/// (B and S are whole), `at(x)` the row it is evaluated on.
+fn fitted_curve(
+    lo: u64,
+    hi: u64,
+    at: &dyn Fn(u64) -> Row,
+    fitted: &dyn Fn(&Row) -> Option<f64>,
+) -> Vec<(f64, f64)> {
+    let step = hi.saturating_sub(lo).div_ceil(256).max(1) as usize;
+    let mut xs: Vec<u64> = (lo..=hi).step_by(step).collect();
+    if xs.last() != Some(&hi) {
+        xs.push(hi);
+    }
+    xs.into_iter()
+        .filter_map(|x| Some((x as f64, fitted(&at(x))? / MIB)))
+        .collect()
+}
+
+/// The report's charts from the measured rows; `fitted` is each row's group fit.
+pub fn plots_for(ok: &[&Row], fitted: &dyn Fn(&Row) -> Option<f64>) -> Vec<(String, Chart)> {
     let mut out = Vec::new();
     let mib = |v: f64| v / MIB;
     // 1. Predicted vs measured, per phase, log-log.
@@ -964,6 +1055,8 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                 y_label: "predicted peak (MiB)".into(),
                 log: true,
                 diagonal: true,
+                // On the first screen, at half the page's width.
+                narrow: true,
                 series: by
                     .into_iter()
                     .enumerate()
@@ -977,7 +1070,10 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             }),
         ));
     }
-    // 2. Memory vs batch and vs sequence, per phase, with the fitted curve.
+    // 2. Memory vs batch and vs sequence, per phase, with the fitted curve: the group fit's
+    // formula evaluated on a fine grid. The fit is the group's (every row of the phase, model,
+    // element type, attention…; `fit::group`), not the sweep's: its largest miss on the
+    // sweep's own points is in the legend.
     for (axis, name, what) in [
         ("batch", "memory_vs_batch", "batch (sequences)"),
         ("seq", "memory_vs_seq", "sequence length (tokens)"),
@@ -1005,33 +1101,41 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                     format!("{phase} ({fixed})")
                 };
                 let color = series.len() / 2;
+                let points: Vec<(f64, f64)> = s
+                    .iter()
+                    .filter_map(|r| Some((get(r) as f64, mib(r.peak_bytes? as f64))))
+                    .collect();
+                let miss = s
+                    .iter()
+                    .filter_map(|r| {
+                        let m = r.peak_bytes? as f64;
+                        (m > 0.0).then_some((fitted(r)? - m).abs() / m * 100.0)
+                    })
+                    .fold(None, |a: Option<f64>, e| Some(a.map_or(e, |a| a.max(e))));
+                let at = |x: u64| {
+                    let mut r = r0.clone();
+                    if axis == "batch" {
+                        r.batch = x;
+                    } else {
+                        r.seq = x;
+                    }
+                    r
+                };
+                let curve = fitted_curve(get(s[0]), get(s[s.len() - 1]), &at, fitted);
                 series.push(Series {
-                    name: format!("{tag} measured"),
-                    points: s
-                        .iter()
-                        .filter_map(|r| Some((get(r) as f64, mib(r.peak_bytes? as f64))))
-                        .collect(),
+                    name: match miss {
+                        Some(m) if m >= 10.0 => {
+                            format!("{tag}; its group's fit misses by up to {m:.0} %")
+                        }
+                        Some(m) => format!("{tag}; fit within {m:.1} %"),
+                        None => format!("{tag}; no fit"),
+                    },
+                    points,
                     line: false,
                     color,
                 });
-                // The fit at every integer size between the sweep's ends (B and S are whole).
-                let (lo, hi) = (get(s[0]), get(s[s.len() - 1]));
-                let step = ((hi - lo) / 64).max(1) as usize;
-                let curve: Vec<(f64, f64)> = (lo..=hi)
-                    .step_by(step)
-                    .chain(std::iter::once(hi))
-                    .filter_map(|x| {
-                        let mut r = s[0].clone();
-                        if axis == "batch" {
-                            r.batch = x;
-                        } else {
-                            r.seq = x;
-                        }
-                        Some((x as f64, mib((inp.fitted)(&r)?)))
-                    })
-                    .collect();
                 series.push(Series {
-                    name: format!("{tag} fit"),
+                    name: String::new(),
                     points: curve,
                     line: true,
                     color,
@@ -1042,12 +1146,13 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             out.push((
                 name.to_string(),
                 Chart::Xy(XyChart {
-                    title: format!("Peak memory vs {what}, per phase, with the least-squares fit"),
+                    title: format!("Peak vs {what}: measured (dots), least-squares fit (lines)"),
                     x_label: what.into(),
                     y_label: "peak above the phase's start (MiB)".into(),
                     log: false,
                     diagonal: false,
                     series,
+                    narrow: false,
                 }),
             ));
         }
@@ -1092,7 +1197,7 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
             "breakdown".to_string(),
             Chart::Bars(BarChart {
                 title: "What a training step holds, per case (share of its total)".into(),
-                y_label: "% of the case's total".into(),
+                y_label: "% of the case's total (the total follows its label)".into(),
                 categories: names
                     .iter()
                     .zip(&totals)
@@ -1111,11 +1216,19 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                         )
                     })
                     .collect(),
+                y_max: Some(100.0),
+                horizontal: true,
+                // On the first screen, at half the page's width.
+                narrow: true,
             }),
         ));
     }
-    // 4. KV cache growth: prefill's cache (S tokens) and after decode (S + T), with 2·L·B·n·H·e.
-    let mut kv: BTreeMap<String, KvSeries> = BTreeMap::new();
+    // 4. KV cache growth: prefill's cache (S tokens) and after decode (S + T), against
+    // B·n·(the architecture's cache bytes per token), n capped at a sliding window. Rows of
+    // one architecture, batch, element type and cache width are one series (the weights'
+    // formats, which leave the cache alone, are listed in its name); series are grouped into
+    // panels by kind of model.
+    let mut kv: BTreeMap<(usize, String), KvSeries> = BTreeMap::new();
     for d in ok
         .iter()
         .filter(|r| r.phase == "decode" && r.kv_cache == "on")
@@ -1129,49 +1242,145 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
         let (Some(pr), Some(dr)) = (p.retained_bytes, d.retained_bytes) else {
             continue;
         };
-        let e = if d.weights == "f16" || d.precision == "mixed" || d.dtype != "f32" {
-            2.0
-        } else {
-            4.0
+        // The architecture's figure; rows older than that column: 2·L·H·e.
+        let per_token = d.kv_bytes_per_token.map_or_else(
+            || {
+                let e = if d.weights == "f16" || d.precision == "mixed" || d.dtype != "f32" {
+                    2.0
+                } else {
+                    4.0
+                };
+                2.0 * (d.layers * d.hidden) as f64 * e
+            },
+            |k| k as f64,
+        );
+        let panel = match d.preset.as_str() {
+            "custom" => 0,
+            "tiny" | "small" | "gpt2-small" => 1,
+            _ => 2,
         };
-        let key = format!("{} B{} {}", d.preset, d.batch, d.weights);
-        let entry = kv
-            .entry(key)
-            .or_insert((Vec::new(), (d.layers, d.batch, d.hidden, e)));
-        entry.0.push((d.seq as f64, mib(pr as f64)));
-        entry
-            .0
-            .push(((d.seq + d.decode_tokens) as f64, mib((pr + dr) as f64)));
+        let model = if d.preset == "custom" {
+            format!("{} L{} H{}", d.model, d.layers, d.hidden)
+        } else {
+            format!("{} L{}", d.preset, d.layers)
+        };
+        let config = (
+            format!("{model} B{} {}", d.batch, d.dtype),
+            d.weights.clone(),
+        );
+        // Configurations whose caches are the same size at every n share a line and an entry.
+        let per_cache_token = d.batch as f64 * per_token;
+        let window = d
+            .sliding_window
+            .map_or(String::new(), |w| format!(", window {w}"));
+        let key = format!("{:>12} B/token{window}", per_cache_token.round() as u64);
+        let entry = kv.entry((panel, key)).or_insert_with(|| KvSeries {
+            points: Vec::new(),
+            configs: Vec::new(),
+            per_token: per_cache_token,
+            window: d.sliding_window,
+        });
+        if !entry.configs.contains(&config) {
+            entry.configs.push(config);
+        }
+        for pt in [
+            (d.seq as f64, mib(pr as f64)),
+            ((d.seq + d.decode_tokens) as f64, mib((pr + dr) as f64)),
+        ] {
+            if !entry.points.contains(&pt) {
+                entry.points.push(pt);
+            }
+        }
     }
     if !kv.is_empty() {
-        let mut series = Vec::new();
-        for (i, (k, (pts, (l, bsz, h, e)))) in kv.into_iter().enumerate() {
-            let top = pts.iter().map(|p| p.0).fold(0.0, f64::max);
-            series.push(Series {
-                name: format!("{k} measured"),
-                points: pts,
-                line: false,
-                color: i,
-            });
-            series.push(Series {
-                name: format!("{k}: 2·L·B·n·H·e"),
-                points: [0.0, top]
+        let titles = [
+            "custom decoders",
+            "memfit's small presets",
+            "published architectures, layers cut",
+        ];
+        let mut panels: Vec<XyChart> = Vec::new();
+        for (p, title) in titles.iter().enumerate() {
+            let mine: Vec<(&String, &KvSeries)> = kv
+                .iter()
+                .filter(|((panel, _), _)| *panel == p)
+                .map(|((_, k), v)| (k, v))
+                .collect();
+            // At most MAX_LEGEND series a panel, each its own colour.
+            for (part, chunk) in mine.chunks(plots::MAX_LEGEND).enumerate() {
+                let lo = chunk
                     .iter()
-                    .map(|&n| (n, mib(2.0 * (l * bsz * h) as f64 * n * e)))
-                    .collect(),
-                line: true,
-                color: i,
-            });
+                    .flat_map(|(_, s)| s.points.iter().map(|p| p.0))
+                    .fold(f64::MAX, f64::min);
+                let hi = chunk
+                    .iter()
+                    .flat_map(|(_, s)| s.points.iter().map(|p| p.0))
+                    .fold(0.0, f64::max);
+                // Log axes where the sizes span more than 20×, else linear from 0.
+                let log = hi > 20.0 * lo;
+                let (lo, hi) = if log {
+                    (lo / 1.4, hi * 1.4)
+                } else {
+                    (0.0, hi * 1.1)
+                };
+                let mut series = Vec::new();
+                for (i, (_, s)) in chunk.iter().enumerate() {
+                    series.push(Series {
+                        name: format!(
+                            "{}: {}/token{}",
+                            kv_configs(&s.configs),
+                            human_bytes(s.per_token),
+                            s.window.map_or(String::new(), |w| format!(", {w} kept"))
+                        ),
+                        points: s.points.clone(),
+                        line: false,
+                        color: i,
+                    });
+                    // On a fine grid, with the window's corner.
+                    let mut ns: Vec<f64> = (0..=64)
+                        .map(|j| {
+                            let t = j as f64 / 64.0;
+                            if log {
+                                lo * (hi / lo).powf(t)
+                            } else {
+                                lo + (hi - lo) * t
+                            }
+                        })
+                        .chain(s.window.map(|w| w as f64).filter(|w| (lo..=hi).contains(w)))
+                        .collect();
+                    ns.sort_by(f64::total_cmp);
+                    series.push(Series {
+                        name: String::new(),
+                        points: ns
+                            .into_iter()
+                            .map(|n| {
+                                let n_kept = s.window.map_or(n, |w| n.min(w as f64));
+                                (n, mib(s.per_token * n_kept))
+                            })
+                            .collect(),
+                        line: true,
+                        color: i,
+                    });
+                }
+                panels.push(XyChart {
+                    title: if part == 0 {
+                        title.to_string()
+                    } else {
+                        format!("{title} ({})", part + 1)
+                    },
+                    x_label: "tokens in the cache n (per sequence)".into(),
+                    y_label: "cache held (MiB)".into(),
+                    log,
+                    diagonal: false,
+                    series,
+                    narrow: false,
+                });
+            }
         }
         out.push((
             "kv_cache".to_string(),
-            Chart::Xy(XyChart {
-                title: "KV cache size vs tokens in the cache (prefill, then after decoding)".into(),
-                x_label: "tokens in the cache n (per sequence)".into(),
-                y_label: "cache held (MiB)".into(),
-                log: false,
-                diagonal: false,
-                series,
+            Chart::Panels(Panels {
+                title: "KV cache vs tokens: measured (dots), B·n·bytes per token (lines)".into(),
+                panels,
             }),
         ));
     }
@@ -1190,18 +1399,17 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
     .into_iter()
     .max_by_key(|g| g.len())
     {
-        let grads: Vec<f64> = group
+        let found: Vec<Option<(i64, bool)>> = group.iter().map(|o| gradients_of(ok, o)).collect();
+        let grads: Vec<f64> = found
             .iter()
-            .map(|o| {
-                let of = |phase: &str| {
-                    ok.iter()
-                        .find(|b| b.phase == phase && b.run_id == o.run_id && b.case == o.case)
-                };
-                of("backward")
-                    .and_then(|b| b.gradient_bytes(of("forward").copied()))
-                    .map_or(f64::NAN, |v| mib(v as f64))
-            })
+            .map(|g| g.map_or(f64::NAN, |(v, _)| mib(v as f64)))
             .collect();
+        let grads_name = if found.iter().flatten().any(|(_, stand_in)| *stand_in) {
+            "gradients (the backward's; its run measured no forward: the graph it freed is \
+             a same-config run's forward)"
+        } else {
+            "gradients (the backward's)"
+        };
         let state: Vec<f64> = group
             .iter()
             .map(|o| o.retained_bytes.map_or(f64::NAN, |v| mib(v as f64)))
@@ -1227,10 +1435,13 @@ fn plots_for(ok: &[&Row], inp: &Inputs) -> Vec<(String, Chart)> {
                 y_label: "memory (MiB)".into(),
                 categories: group.iter().map(|r| r.optimizer.clone()).collect(),
                 stacks: vec![
-                    ("gradients".into(), grads),
+                    (grads_name.into(), grads),
                     ("optimizer state (kept)".into(), state),
                     ("step transient (peak − kept)".into(), step),
                 ],
+                y_max: None,
+                horizontal: false,
+                narrow: false,
             }),
         ));
     }
@@ -1246,6 +1457,37 @@ mod tests {
         m.git_commit = commit.into();
         m.workload = workload.into();
         m
+    }
+
+    /// A by-block backward's gradients are its kept bytes plus the graph its forward held;
+    /// a run that measured no forward borrows the forward of the same configuration from
+    /// another run (and says so), never one of another configuration.
+    #[test]
+    fn gradients_borrow_a_same_config_forward_only() {
+        let row = |run: &str, phase: &str, retained: i64, seq: u64| {
+            let mut r = Row::example();
+            (r.run_id, r.phase, r.retained_bytes, r.seq) =
+                (run.into(), phase.into(), Some(retained), seq);
+            r.backward = "by-block".into();
+            r
+        };
+        let opt = row("a", "optimizer", 300, 8);
+        let own = [row("a", "forward", 1000, 8), row("a", "backward", -600, 8)];
+        let refs: Vec<&Row> = own.iter().chain([&opt]).collect();
+        assert_eq!(gradients_of(&refs, &opt), Some((400, false)));
+        // Run `a` without its forward: run `b`'s forward of the same configuration stands in
+        // (its optimizer differs: the forward does not depend on it), not run `c`'s longer one.
+        let mut other = row("b", "forward", 1000, 8);
+        other.optimizer = "sgd".into();
+        let rows = [
+            row("a", "backward", -600, 8),
+            row("c", "forward", 5000, 16),
+            other,
+        ];
+        let refs: Vec<&Row> = rows.iter().chain([&opt]).collect();
+        assert_eq!(gradients_of(&refs, &opt), Some((400, true)));
+        let refs: Vec<&Row> = rows[..2].iter().chain([&opt]).collect();
+        assert_eq!(gradients_of(&refs, &opt), None);
     }
 
     /// A set measured by one build says nothing; a mix names each build and its workloads.

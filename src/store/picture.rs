@@ -78,6 +78,8 @@ pub struct Text {
     pub fill: &'static str,
     pub size: f64,
     pub bold: bool,
+    /// Written upwards (turned a quarter anticlockwise about `at`): an axis title at the side.
+    pub upwards: bool,
 }
 
 impl Text {
@@ -90,6 +92,7 @@ impl Text {
             fill: "black",
             size: 12.0,
             bold: false,
+            upwards: false,
         }
     }
 
@@ -107,6 +110,13 @@ impl Text {
 
     pub fn bold(self) -> Text {
         Text { bold: true, ..self }
+    }
+
+    pub fn upwards(self) -> Text {
+        Text {
+            upwards: true,
+            ..self
+        }
     }
 }
 
@@ -256,6 +266,7 @@ impl Picture {
                     fill,
                     size,
                     bold,
+                    upwards,
                 }) => {
                     let anchor = match anchor {
                         Anchor::Start => "",
@@ -273,9 +284,14 @@ impl Picture {
                         format!(r#" font-size="{size}""#)
                     };
                     let bold = if *bold { r#" font-weight="bold""# } else { "" };
+                    let turn = if *upwards {
+                        format!(r#" transform="rotate(-90 {:.1} {:.1})""#, at.0, at.1)
+                    } else {
+                        String::new()
+                    };
                     writeln!(
                         out,
-                        r#"<text x="{:.1}" y="{:.1}"{anchor}{fill}{size}{bold}>{}</text>"#,
+                        r#"<text x="{:.1}" y="{:.1}"{anchor}{fill}{size}{bold}{turn}>{}</text>"#,
                         at.0,
                         at.1,
                         escape(text)
@@ -352,6 +368,7 @@ impl Picture {
                         fill,
                         size,
                         bold,
+                        upwards,
                     }) => {
                         let h = match anchor {
                             Anchor::Start => HPos::Left,
@@ -364,9 +381,12 @@ impl Picture {
                             FontStyle::Normal
                         };
                         let c = colour(fill)?;
-                        let style = TextStyle::from((FAMILY, size * s, face).into_font())
+                        let mut style = TextStyle::from((FAMILY, size * s, face).into_font())
                             .color(&c)
                             .pos(Pos::new(h, VPos::Bottom));
+                        if *upwards {
+                            style = style.transform(FontTransform::Rotate270);
+                        }
                         root.draw(&plotters::element::Text::new(text.clone(), p(*at), style))
                             .map_err(err)?
                     }
@@ -441,6 +461,7 @@ mod tests {
             fill: "red",
         });
         p.push(Mark::text((10.0, 70.0), "peak <x>"));
+        p.push(Text::new((8.0, 50.0), "bytes").upwards().into());
         p
     }
 
@@ -454,6 +475,11 @@ mod tests {
         assert!(s.contains(r#"stroke="red" stroke-width="2" stroke-dasharray="6 4""#));
         assert!(s.contains(r#"<circle cx="150.0" cy="20.0" r="4" fill="red"/>"#));
         assert!(s.contains(">peak &lt;x&gt;</text>"));
+        // An axis title written upwards: turned about its anchor.
+        assert!(
+            s.contains(r#"<text x="8.0" y="50.0" transform="rotate(-90 8.0 50.0)">bytes</text>"#),
+            "{s}"
+        );
         assert!(s.trim_end().ends_with("</svg>"));
     }
 

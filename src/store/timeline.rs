@@ -504,6 +504,8 @@ pub fn picture(title: &str, t: &Timeline) -> Picture {
     let x = |i: usize| left + pw * i as f64 / n as f64;
     let y = |b: f64| top + ph * (1.0 - b / ymax);
     let mut p = head((w, h), left, 22.0, title);
+    // The grid under the areas.
+    y_ticks(&mut p, ymax, left, left + pw, &y);
     // Areas, bottom category first: each polygon between the running sums.
     let mut below = vec![0u64; picked.len()];
     let shown: Vec<[u64; 6]> = picked.iter().map(|(_, s)| s.shown()).collect();
@@ -536,7 +538,16 @@ pub fn picture(title: &str, t: &Timeline) -> Picture {
     // Axes and ticks.
     p.push(Mark::line((left, top + ph), (left + pw, top + ph), "black"));
     p.push(Mark::line((left, top), (left, top + ph), "black"));
-    y_ticks(&mut p, ymax, left, left + pw, &y);
+    p.push(
+        Text::new(
+            (20.0, top + ph / 2.0),
+            "memory held above the window's start",
+        )
+        .anchor(Anchor::Middle)
+        .fill("#555555")
+        .upwards()
+        .into(),
+    );
     // Stage starts.
     let mut stage = "";
     for (i, s) in t.samples.iter().enumerate() {
