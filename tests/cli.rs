@@ -822,9 +822,20 @@ fn help_texts_state_the_defaults_each_device_gets() {
 fn sizes_without_a_unit_or_zero_are_refused() {
     for (args, value) in [
         (vec!["predict", "--preset", "tiny", "--fit-in", "80"], "80"),
-        (vec!["predict", "--preset", "tiny", "--fit-in", "0GiB"], "0GiB"),
         (
-            vec!["max-batch", "--preset", "tiny", "--seq", "8", "--budget", "512"],
+            vec!["predict", "--preset", "tiny", "--fit-in", "0GiB"],
+            "0GiB",
+        ),
+        (
+            vec![
+                "max-batch",
+                "--preset",
+                "tiny",
+                "--seq",
+                "8",
+                "--budget",
+                "512",
+            ],
             "512",
         ),
         (

@@ -313,11 +313,27 @@ fn f3_example_is_the_prediction() {
 }
 
 /// README's quick-start table is the committed default run's GPT-2 small rows as `memfit run`
-/// prints them (`results/cpu/default`, every column): on failure the expected block is printed.
+/// prints them (`results/cpu-xeon/default`, every column), and it names the machine its meta
+/// records: on failure the expected block is printed.
 #[test]
 fn quick_start_table_is_the_committed_rows() {
-    let rows =
-        memfit::store::jsonl::read(&root().join("results/cpu/default/results.jsonl")).unwrap();
+    let dir = root().join("results/cpu-xeon/default");
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    assert!(
+        meta["cpu_model"].as_str().unwrap().contains("Xeon"),
+        "{meta}"
+    );
+    assert_eq!(meta["cores"], 2);
+    doc_says(
+        "README.md",
+        "runs in 26 s on a 2-core Intel Xeon (2 threads",
+    );
+    let rows = memfit::store::jsonl::read(&dir.join("results.jsonl")).unwrap();
+    assert!(
+        rows.iter()
+            .all(|r| r.preset != "gpt2-small" || r.tied == "on")
+    );
     let lines: Vec<String> = rows
         .iter()
         .filter(|r| r.preset == "gpt2-small")

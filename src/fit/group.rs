@@ -1,7 +1,9 @@
 //! The per-group fits of `memfit fit` and `memfit report` (reads rows, never measures): rows
 //! measured under the same conditions — phase, model, device, element type, precision,
 //! attention, checkpointing, LoRA rank, optimizer, serving weights (decode with and without
-//! its KV cache apart) and, for the backward and train step, the backward's mode — form a group ([`key`]), and each group's measured peak is fitted by
+//! its KV cache apart), for the backward and train step the backward's mode, and the kernels
+//! (fused or candle's composed ops: their saved tensors differ, so one line through both missed
+//! their points by up to 77 %) — form a group ([`key`]), and each group's measured peak is fitted by
 //! least squares ([`crate::fit::least_squares`]) to the features of [`crate::fit::features`]:
 //!
 //! `peak_bytes = c₀ + c₁·P + c₂·B·S·H·L + c₃·A·B·S²·L + c₄·B·S·V`
@@ -24,6 +26,7 @@ pub type GroupKey = (
     String,
     u64,
     u64,
+    String,
     String,
     String,
     String,
@@ -52,6 +55,7 @@ pub fn key(r: &Row) -> GroupKey {
         } else {
             String::new()
         },
+        r.kernels.clone(),
     )
 }
 
@@ -138,7 +142,7 @@ pub fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
         device: k.2.clone(),
         dtype: k.3.clone(),
         variant: format!(
-            "{} {} {} ck{} lora{} {} {}{}",
+            "{} {} {} ck{} lora{} {} {}{} {}",
             k.1,
             k.4,
             k.5,
@@ -150,7 +154,8 @@ pub fn fit_group(k: &GroupKey, rows: &[Row]) -> GroupFit {
                 String::new()
             } else {
                 format!(" {}", k.10)
-            }
+            },
+            k.11
         ),
         rows: rows.len(),
         coefficients: FEATURES

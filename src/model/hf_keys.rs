@@ -292,7 +292,10 @@ const GPT2: &[Neutral] = &[
 ];
 
 const VIT: &[Neutral] = &[
-    any("tie_word_embeddings", "a ViT classifier has no LM head to tie"),
+    any(
+        "tie_word_embeddings",
+        "a ViT classifier has no LM head to tie",
+    ),
     any(
         "hidden_act",
         "memfit computes the GELU with the tanh approximation: the same saved tensors",

@@ -118,8 +118,9 @@ pub fn labels(rows: &[&Row], workload_of: &BTreeMap<String, String>) -> Vec<Stri
 }
 
 /// Short labels for a picture: the preset (or `L·H` of a custom model), batch and sequence,
-/// the type when not f32 and `mixed` under mixed precision; rows that would share a label are
-/// numbered (`#2`, …).
+/// the type when not f32 and `mixed` under mixed precision; rows that would share a label get
+/// the fields that tell them apart (optimizer, attention, kernels, checkpointing, backward,
+/// LoRA), and are numbered (`#2`, …) only when none does.
 pub fn short_labels(rows: &[&Row]) -> Vec<String> {
     let base: Vec<String> = rows
         .iter()
@@ -139,8 +140,38 @@ pub fn short_labels(rows: &[&Row]) -> Vec<String> {
             s
         })
         .collect();
+    let fields: [&dyn Fn(&Row) -> String; 6] = [
+        &|r| r.optimizer.clone(),
+        &|r| r.attention.clone(),
+        &|r| r.kernels.clone(),
+        &|r| format!("ckpt{}", r.checkpoint),
+        &|r| format!("{} backward", r.backward),
+        &|r| format!("lora r{} {}", r.lora_rank, r.lora_base),
+    ];
+    let with_fields: Vec<String> = base
+        .iter()
+        .zip(rows)
+        .map(|(b, r)| {
+            let twins: Vec<&Row> = base
+                .iter()
+                .zip(rows)
+                .filter(|(o, _)| *o == b)
+                .map(|(_, o)| *o)
+                .collect();
+            let mut l = b.clone();
+            if twins.len() > 1 {
+                for f in &fields {
+                    if twins.iter().any(|t| f(t) != f(r)) {
+                        l.push_str(&format!(" {}", f(r)));
+                    }
+                }
+            }
+            l
+        })
+        .collect();
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    base.iter()
+    with_fields
+        .iter()
         .map(|b| {
             let n = seen.entry(b.as_str()).or_insert(0);
             *n += 1;
