@@ -23,11 +23,11 @@ pub enum UserError {
         allowed: String,
     },
     /// A key of an input file that memfit neither reads nor knows to be harmless.
-    #[error("{origin}: key `{key}` = {value} is not read: {reason}; allowed: {allowed}")]
+    /// (`key` holds the key and its value: `name` = value.)
+    #[error("{origin}: key {key} is not read: {reason}; allowed: {allowed}")]
     UnknownKey {
         origin: String,
         key: String,
-        value: String,
         reason: String,
         allowed: String,
     },

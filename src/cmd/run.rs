@@ -557,26 +557,6 @@ fn os_name() -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::record::{Status, error_text, status_of};
-
-    #[test]
-    fn stored_errors_lose_the_backtrace_and_oom_is_recognised() {
-        let e = anyhow::anyhow!(
-            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: bt\n   at x.rs:1"
-        )
-        .context("phase forward");
-        let text = error_text(&e);
-        assert_eq!(
-            text,
-            "phase forward: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
-        );
-        assert_eq!(status_of(&text), Status::Oom);
-        assert_eq!(status_of("shape mismatch"), Status::Error);
-    }
-}
-
 /// Says, once per element type, where cases measure another type than their checkpoint's
 /// (`checkpoint_dtype`): on the CPU a bf16 checkpoint runs f32 unless `--dtype` says otherwise.
 fn dtype_notes(cases: &[Case]) {
@@ -605,3 +585,24 @@ fn dtype_notes(cases: &[Case]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::record::{Status, error_text, status_of};
+
+    #[test]
+    fn stored_errors_lose_the_backtrace_and_oom_is_recognised() {
+        let e = anyhow::anyhow!(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: bt\n   at x.rs:1"
+        )
+        .context("phase forward");
+        let text = error_text(&e);
+        assert_eq!(
+            text,
+            "phase forward: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+        );
+        assert_eq!(status_of(&text), Status::Oom);
+        assert_eq!(status_of("shape mismatch"), Status::Error);
+    }
+}
+

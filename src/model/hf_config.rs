@@ -714,8 +714,7 @@ fn accounted(
                 let reads: Vec<&str> = read.iter().map(String::as_str).collect();
                 return Err(UserError::UnknownKey {
                     origin: origin.into(),
-                    key: key.clone(),
-                    value: value.to_string(),
+                    key: format!("`{key}` = {value}"),
                     reason: format!(
                         "{hint}memfit's {model_type} reader does not read it and does not know \
                          it to leave memory unchanged, so ignoring it could size another model \
