@@ -247,7 +247,10 @@ else
 fi
 step sweep "$rc" $(( $(date +%s) - s ))
 snapshot
+# memfit run's 3: every row written, some case did not measure (the workload's case that cannot
+# fit comes back `oom`, as meant); time.txt keeps the 3, the call's status is the sweep's success.
 sweep_rc=$rc
+(( rc == 3 )) && sweep_rc=0
 
 # 3. Data loading onto the device (D5, D6's pinned copies) with what is left.
 s=$(date +%s)
