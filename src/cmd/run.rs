@@ -605,4 +605,3 @@ mod tests {
         assert_eq!(status_of("shape mismatch"), Status::Error);
     }
 }
-

@@ -469,25 +469,19 @@ where
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(err)?;
-        let mut base = vec![0.0; n];
-        for (k, (_, vals)) in c.stacks.iter().enumerate() {
-            let rects: Vec<Rectangle<(f64, SegmentValue<usize>)>> = (0..n)
-                .filter(|&i| vals[i].is_finite())
-                .map(|i| {
-                    let (x0, x1) = (base[i], base[i] + vals[i].max(0.0));
-                    base[i] = x1;
-                    let row = n - 1 - i;
-                    let mut r = Rectangle::new(
-                        [
-                            (x0, SegmentValue::Exact(row)),
-                            (x1, SegmentValue::Exact(row + 1)),
-                        ],
-                        color(k).filled(),
-                    );
-                    r.set_margin(4, 4, 0, 0);
-                    r
-                })
-                .collect();
+        for (k, spans) in stacked_spans(&c.stacks, n).into_iter().enumerate() {
+            let rects = spans.into_iter().map(|(i, x0, x1)| {
+                let row = n - 1 - i;
+                let mut r = Rectangle::new(
+                    [
+                        (x0, SegmentValue::Exact(row)),
+                        (x1, SegmentValue::Exact(row + 1)),
+                    ],
+                    color(k).filled(),
+                );
+                r.set_margin(4, 4, 0, 0);
+                r
+            });
             ctx.draw_series(rects).map_err(err)?;
         }
     } else {
@@ -517,24 +511,18 @@ where
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(err)?;
-        let mut base = vec![0.0; n];
-        for (k, (_, vals)) in c.stacks.iter().enumerate() {
-            let rects: Vec<Rectangle<(SegmentValue<usize>, f64)>> = (0..n)
-                .filter(|&i| vals[i].is_finite())
-                .map(|i| {
-                    let (y0, y1) = (base[i], base[i] + vals[i].max(0.0));
-                    base[i] = y1;
-                    let mut r = Rectangle::new(
-                        [
-                            (SegmentValue::Exact(i), y0),
-                            (SegmentValue::Exact(i + 1), y1),
-                        ],
-                        color(k).filled(),
-                    );
-                    r.set_margin(0, 0, 12, 12);
-                    r
-                })
-                .collect();
+        for (k, spans) in stacked_spans(&c.stacks, n).into_iter().enumerate() {
+            let rects = spans.into_iter().map(|(i, y0, y1)| {
+                let mut r = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(i), y0),
+                        (SegmentValue::Exact(i + 1), y1),
+                    ],
+                    color(k).filled(),
+                );
+                r.set_margin(0, 0, 12, 12);
+                r
+            });
             ctx.draw_series(rects).map_err(err)?;
         }
         if rotate {
@@ -618,6 +606,26 @@ pub fn png(chart: &Chart) -> anyhow::Result<Vec<u8>> {
     )
     .context("encoding a PNG")?;
     Ok(out)
+}
+
+/// Each series' segments of `n` stacked bars, series by series: `(bar, from, to)`, each bar's
+/// total growing as the series stack up (a value that is not finite is left out, a negative one
+/// drawn empty).
+fn stacked_spans(stacks: &[(String, Vec<f64>)], n: usize) -> Vec<Vec<(usize, f64, f64)>> {
+    let mut base = vec![0.0; n];
+    stacks
+        .iter()
+        .map(|(_, vals)| {
+            (0..n)
+                .filter(|&i| vals[i].is_finite())
+                .map(|i| {
+                    let (lo, hi) = (base[i], base[i] + vals[i].max(0.0));
+                    base[i] = hi;
+                    (i, lo, hi)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]
