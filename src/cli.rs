@@ -626,7 +626,7 @@ pub fn preset_help() -> String {
 pub fn phases_help() -> String {
     format!(
         "Phases, comma-separated ({}): `run` measures them, `predict` predicts them",
-        crate::phase::Phase::names()
+        crate::step::Phase::names()
     )
 }
 

@@ -6,7 +6,8 @@
 //! allocator, rusage/VmHWM, process-tree RSS/PSS) → record (one row per case × phase) → store (JSONL journal, CSV,
 //! HDF5) → formula (predicted bytes per phase) → report (tables). `sweep` runs each case of a
 //! workload in a process of its own and keeps the journal whole (resume, deadline, signals). `data` is the image
-//! pipeline the `dataload` phase measures (dataset, transforms, workers).
+//! pipeline the `dataload` phase measures (dataset, transforms, workers). `step` names the parts
+//! of a step (phases, optimizers, the backward's mode) for all of them.
 //!
 //! What it measures on the CPU: every byte the process allocates through Rust's global allocator
 //! (which is where candle's CPU tensors live), as a resettable peak and a current count. It does
@@ -27,6 +28,7 @@ pub mod phase;
 pub mod record;
 pub mod report;
 pub mod selftest;
+pub mod step;
 pub mod store;
 pub mod sweep;
 pub mod units;

@@ -22,9 +22,9 @@ use super::DataFigures;
 use super::workers::run_epochs;
 use crate::meter::proctree::TreeSampler;
 use crate::meter::{Meter, measure};
-use crate::phase::Phase;
-use crate::phase::runner::PhaseResult;
 use crate::record::Row;
+use crate::step::Phase;
+use crate::step::PhaseResult;
 use crate::workload::Case;
 
 /// Sampling period of the process tree's memory.

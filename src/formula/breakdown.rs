@@ -16,7 +16,7 @@
 //!   above it.
 
 use super::transformer::Shape;
-use crate::phase::{OptimizerKind, Phase};
+use crate::step::{OptimizerKind, Phase};
 use crate::workload::Case;
 
 /// The components, in the bars' stacking order.

@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn qlora_init_on_cuda_pads_each_block_buffer_and_holds_two_at_once() {
         use crate::model::transformer::LoraBase;
-        use crate::phase::{OptimizerKind, Phase};
+        use crate::step::{OptimizerKind, Phase};
         let mut cpu = Shape::new(1, 8, 256, 4, 2, 300, 64);
         cpu.lora_rank = 8;
         cpu.lora_targets = u16::MAX;

@@ -8,7 +8,7 @@
 //! for prediction as a workload file's `[[grid]]` would be.
 
 use crate::formula::transformer::Shape;
-use crate::phase::Phase;
+use crate::step::Phase;
 use crate::workload::{self, Case, GridSpec, OneOrMany, WorkloadFile};
 
 /// The cases of one grid of presets at full size, expanded for prediction (CUDA cases included

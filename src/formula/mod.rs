@@ -15,7 +15,7 @@ pub mod timeline;
 pub mod transformer;
 pub mod zero;
 
-use crate::phase::Phase;
+use crate::step::Phase;
 use crate::workload::Case;
 
 /// What the formula module predicts for one phase.

@@ -92,7 +92,7 @@ impl Shape {
             s_max: case.cfg.max_seq as u64,
             elem: case.dtype,
             checkpoint: case.checkpoint as u64,
-            by_block: case.backward == crate::phase::by_block::Backward::ByBlock,
+            by_block: case.backward == crate::step::Backward::ByBlock,
             efficient: case.cfg.efficient_attention,
             tiled: case.cfg.tiled_attention,
             mixed: case.precision == crate::device::Precision::Mixed,

@@ -12,7 +12,7 @@
 
 use super::replay::{trace_serving, trace_training};
 use super::transformer::Shape;
-use crate::phase::{OptimizerKind, Phase};
+use crate::step::{OptimizerKind, Phase};
 use crate::store::timeline::Event;
 pub use crate::store::timeline::{
     CATEGORIES, Sample, TEMPORARIES, Timeline, classify, picture, write_svg, write_trace,

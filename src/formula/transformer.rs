@@ -17,7 +17,7 @@ use crate::model::frozen::{quantize_scratch, quantized_bytes};
 use crate::model::shapes::{FP8_BLOCK, LoraBase, mxfp4_bytes};
 use crate::model::transformer::{BlockTensor, LoraTarget};
 use crate::optim::inplace;
-use crate::phase::{OptimizerKind, Phase};
+use crate::step::{OptimizerKind, Phase};
 
 pub use super::shape::{BLOCK_8BIT, Shape, lora_bits};
 

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Va
 use candle_nn::ParamsAdamW;
 
 use crate::model::kernels::cpu::{Float, slice};
-use crate::phase::OptimizerKind;
+use crate::step::OptimizerKind;
 
 /// The update rule.
 #[derive(Debug, Clone, Copy)]

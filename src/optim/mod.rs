@@ -26,7 +26,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, SGD};
 
-use crate::phase::OptimizerKind;
+use crate::step::OptimizerKind;
 
 /// Learning rate of every optimizer (the value does not change memory).
 pub const LEARNING_RATE: f64 = 1e-3;

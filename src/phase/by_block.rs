@@ -47,33 +47,7 @@ use crate::model::transformer::Transformer;
 
 use super::checkpoint::keep;
 
-/// `whole` (candle's `loss.backward()`) or `by-block` (this module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backward {
-    Whole,
-    #[default]
-    ByBlock,
-}
-
-impl Backward {
-    pub const NAMES: &'static str = "by-block, whole";
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "whole" => Some(Self::Whole),
-            "by-block" => Some(Self::ByBlock),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Whole => "whole",
-            Self::ByBlock => "by-block",
-        }
-    }
-}
+pub use crate::step::Backward;
 
 /// A boundary between two parts: the tensor the lower part made (its storage moved out) and
 /// the id of the variable that holds its values now (the upper part's input).

@@ -25,13 +25,7 @@ use candle_core::{Result, Tensor, Var};
 
 use crate::model::transformer::Transformer;
 
-/// Segments of `k` blocks (the last may be shorter) over `layers` blocks.
-pub fn segments(layers: usize, k: usize) -> Vec<std::ops::Range<usize>> {
-    (0..layers)
-        .step_by(k.max(1))
-        .map(|s| s..(s + k.max(1)).min(layers))
-        .collect()
-}
+pub use crate::step::segments;
 
 /// What the checkpointed forward keeps for the backward.
 pub struct Forward {

@@ -14,17 +14,12 @@ use crate::record::StatusError;
 
 use super::by_block::{self, Backward};
 use super::{Phase, checkpoint};
-use crate::meter::{Meter, Reading, measure};
+use crate::meter::{Meter, measure};
 use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::model::vit;
 use crate::workload::Case;
 
-/// The result of one requested phase.
-#[derive(Debug)]
-pub struct PhaseResult {
-    pub phase: Phase,
-    pub outcome: anyhow::Result<Reading>,
-}
+pub use crate::step::PhaseResult;
 
 /// The training state a case builds up phase by phase.
 struct Trainer {

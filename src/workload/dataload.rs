@@ -24,7 +24,7 @@ use crate::device::{DeviceSpec, ElemType, Precision, ServingWeights};
 use crate::error::UserError;
 use crate::model::ModelKind;
 use crate::model::transformer::Config;
-use crate::phase::{OptimizerKind, Phase};
+use crate::step::{OptimizerKind, Phase};
 
 pub(super) fn expand(
     spec: &super::GridSpec,
@@ -123,7 +123,7 @@ pub(super) fn expand(
             device,
             optimizer: OptimizerKind::Adamw,
             checkpoint: 0,
-            backward: crate::phase::by_block::Backward::ByBlock,
+            backward: crate::step::Backward::ByBlock,
             optimizer_block: 0,
             decode_tokens: 0,
             kv_cache: false,

@@ -43,8 +43,8 @@ use crate::model::ModelKind;
 use crate::model::kernels::Kernels;
 use crate::model::transformer::{self, Config, LoraBase, LoraTarget};
 use crate::model::{hf_config, llama, vit};
-use crate::phase::by_block::Backward;
-use crate::phase::{OptimizerKind, Phase};
+use crate::step::Backward;
+use crate::step::{OptimizerKind, Phase};
 
 /// The embedded default workload (`workloads/default.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../workloads/default.toml");

@@ -37,7 +37,7 @@ use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::kernels::{Kernel, Kernels};
 use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
-use crate::phase::checkpoint::segments;
+use crate::step::segments;
 
 mod attention;
 mod compress;

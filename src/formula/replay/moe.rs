@@ -268,7 +268,7 @@ impl Moe {
 mod tests {
     use super::*;
     use crate::formula::transformer::Shape;
-    use crate::phase::{OptimizerKind, Phase};
+    use crate::step::{OptimizerKind, Phase};
     use std::sync::Arc;
 
     /// A Mixtral-shaped slice: 8 experts of width 512, 2 per token, B 4 × S 32.
