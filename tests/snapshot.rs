@@ -127,20 +127,21 @@ fn workload() -> String {
     w
 }
 
-#[test]
-fn predictions_are_pinned() {
+/// `memfit predict WORKLOAD --json --threads 2 EXTRA` against the pinned `file`.
+fn pinned(file: &str, workload: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("snapshot.toml");
-    std::fs::write(&file, workload()).unwrap();
+    let toml = dir.path().join("snapshot.toml");
+    std::fs::write(&toml, workload).unwrap();
     let out = common::memfit()
         .current_dir(root())
         .arg("predict")
-        .arg(&file)
+        .arg(&toml)
         .args(["--json", "--threads", "2"])
+        .args(extra)
         .assert()
         .success();
     let got = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    let path = root().join("tests/snapshots/predict.jsonl");
+    let path = root().join("tests/snapshots").join(file);
     if std::env::var("MEMFIT_SNAPSHOT").as_deref() == Ok("update") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &got).unwrap();
@@ -158,12 +159,30 @@ fn predictions_are_pinned() {
         .collect();
     assert!(
         differ.is_empty() && g.len() == w.len(),
-        "{} of {} predictions differ from tests/snapshots/predict.jsonl ({} now, {} pinned); \
-         if the change means it, regenerate with MEMFIT_SNAPSHOT=update and say which moved:\n{}",
+        "{} of {} predictions differ from tests/snapshots/{file} ({} now, {} pinned); if the \
+         change means it, regenerate with MEMFIT_SNAPSHOT=update and say which moved:\n{}",
         g.iter().zip(&w).filter(|(a, b)| a != b).count() + g.len().abs_diff(w.len()),
         g.len().max(w.len()),
         g.len(),
         w.len(),
         differ.join("\n")
+    );
+}
+
+#[test]
+fn predictions_are_pinned() {
+    pinned("predict.jsonl", &workload(), &[]);
+}
+
+/// The budget answers (fits, max batch, max sequence, KV capacity, max context) of every case,
+/// at 80 GiB, worst and balanced routing.
+#[test]
+fn budget_answers_are_pinned() {
+    let w = workload();
+    pinned("predict-fit-in-80GiB.jsonl", &w, &["--fit-in", "80GiB"]);
+    pinned(
+        "predict-fit-in-80GiB-balanced.jsonl",
+        &w,
+        &["--fit-in", "80GiB", "--routing", "balanced"],
     );
 }

@@ -15,7 +15,7 @@
 use std::process::Command;
 
 use crate::cli::MaxBatchArgs;
-use crate::formula::search::largest_within;
+use crate::formula::budget;
 use crate::formula::transformer::Shape;
 use crate::record::Status;
 use crate::units;
@@ -73,9 +73,14 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         .train_total_bytes(case.optimizer, args.threads)
     };
     let worst = moe && args.routing.worst();
-    let total = |b: u64| total_with(b, worst);
-    // `predict --fit-in`'s max batch: the same search over the same total.
-    let formula_predicted = largest_within(1 << 20, budget, total) as usize;
+    let fit = Shape {
+        worst_routing: worst,
+        ..shape.clone()
+    };
+    let largest =
+        |extra: i64| budget::max_batch(&fit, budget, case.optimizer, args.threads, extra) as usize;
+    // `predict --fit-in`'s max batch: the same search.
+    let formula_predicted = largest(0);
     // The process's own part, measured at the answer until the answer stops moving.
     let (mut predicted, mut at) = (formula_predicted, formula_predicted.max(1));
     let (mut overhead, mut overhead_batch) = (None, None);
@@ -85,8 +90,7 @@ pub fn max_batch(args: &MaxBatchArgs) -> anyhow::Result<()> {
         };
         let gap = heap_peak as i64 - total_with(at as u64, false) as i64;
         (overhead, overhead_batch) = (Some(gap), Some(at));
-        predicted =
-            largest_within(1 << 20, budget, |b| (total(b) as i64 + gap).max(0) as u64) as usize;
+        predicted = largest(gap);
         if predicted == at || predicted == 0 {
             break;
         }

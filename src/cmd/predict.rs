@@ -10,7 +10,7 @@
 use anyhow::Context;
 
 use crate::cli::PredictArgs;
-use crate::formula::search::largest_within;
+use crate::formula::budget;
 use crate::formula::transformer::Shape;
 use crate::phase::Phase;
 use crate::units;
@@ -93,52 +93,7 @@ pub struct CasePrediction {
     pub calibration_runtime: Option<crate::fit::calibration::RuntimeCheck>,
 }
 
-/// Serving a decoder: weights, cache and activations (all from the replay of the serving model).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Serving {
-    /// How the serving copy holds its projections (`--weights`: `model`, `f16`, `q8_0`, …,
-    /// `fp8`, `mxfp4`; an FP8 checkpoint's default is `fp8`, as shipped).
-    pub weights: String,
-    /// The serving copy's weights, with the rotary tables and metadata.
-    pub weights_bytes: u64,
-    /// `2 · L · kv_heads · head_dim · e` (MLA: `L · (kv_lora_rank + qk_rope_head_dim) · e`, the
-    /// latent cache): what one cached token of one sequence costs.
-    pub kv_bytes_per_token: u64,
-    /// MLA: one cached token decompressed (keys and values per head, `L·A·(dq + dv)·e`,
-    /// what transformers' cache keeps), the comparison for the latent cache memfit measures.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_bytes_per_token_decompressed: Option<u64>,
-    /// One sequence of `--seq` tokens in the cache: `min(seq, window) · kv_bytes_per_token`.
-    pub kv_bytes_per_sequence: u64,
-    /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
-    /// it leaves.
-    pub prefill_activation_bytes: u64,
-    /// With a budget: the tokens of context that fit in `budget − weights − prefill
-    /// activations` across sequences of `--seq` tokens each, counted per layer kind as vLLM's
-    /// hybrid allocator does: a sliding-window layer keeps at most its window of each sequence,
-    /// so the capacity is `free · seq / kv_bytes_per_sequence` (`free / kv_bytes_per_token`
-    /// without windows or when `--seq` is within every window; 0 when even the prefill does not
-    /// fit).
-    pub kv_capacity_tokens: Option<u64>,
-    /// With a budget: how many sequences of `--seq` tokens fit at once, `free /
-    /// kv_bytes_per_sequence` (vLLM's "maximum concurrency").
-    pub kv_capacity_sequences: Option<u64>,
-    /// With a budget: the longest context (cached tokens per sequence, ≤ the position table)
-    /// at which one more decode step of the case's batch still fits, counting the step's own
-    /// temporaries (the grown cache, the K/V repeated to the query heads, the scores); 0 when
-    /// none fits.
-    pub max_context: Option<u64>,
-    /// One decode step's temporaries over a cache of `--seq` tokens per sequence (its peak
-    /// above the weights and that cache). MLA: attending over the latent (the absorbed form).
-    pub decode_step_bytes: u64,
-    /// MLA: the same step in transformers' form, the whole cache decompressed through `kv_b`
-    /// (`decompressed_decode`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decode_step_bytes_decompressed: Option<u64>,
-    /// MLA with a budget: [`Serving::max_context`] in the decompressed form.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_context_decompressed: Option<u64>,
-}
+pub use crate::formula::budget::Serving;
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     let (file, origin) = match &args.workload {
@@ -572,27 +527,17 @@ pub fn predict_case(
     // The training answers only where the case trains (a serving-only --phases asks none).
     let trains = case.phases.iter().any(|p| p.trains());
     let (fits, max_batch, max_seq) = match budget {
-        Some(b) if trains => {
-            // Memory grows with the batch and with the sequence.
-            let batch = largest_within(1 << 20, b, |batch| {
-                train_total(&Shape {
-                    b: batch,
-                    ..fit.clone()
-                })
-            });
-            let seq = largest_within(fit.s_max, b, |s| train_total(&Shape { s, ..fit.clone() }));
-            (
-                Some(train_total(&fit) <= b),
-                Some(batch as usize),
-                Some(seq as usize),
-            )
-        }
+        Some(b) if trains => (
+            Some(budget::fits(&fit, b, case.optimizer, threads)),
+            Some(budget::max_batch(&fit, b, case.optimizer, threads, 0) as usize),
+            Some(budget::max_seq(&fit, b, case.optimizer, threads) as usize),
+        ),
         _ => (None, None, None),
     };
     let serving = shape
         .vision
         .is_none()
-        .then(|| serving(&shape, &fit, threads, budget));
+        .then(|| budget::serving(&shape, &fit, threads, budget));
     let whole_backward_train_step_bytes =
         (trains && shape.by_block && shape.checkpoint == 0).then(|| {
             Shape {
@@ -666,84 +611,6 @@ pub fn predict_case(
         breakdown: None,
         calibration_runtime: None,
     }
-}
-
-/// The serving answers of a decoder case (see [`Serving`]); the budget answers from `fit` (the
-/// case with the routing they assume).
-fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) -> Serving {
-    let activations_of = |s: &Shape| {
-        let prefill = s.predict(Phase::Prefill, crate::phase::OptimizerKind::Sgd, threads);
-        let activations = prefill
-            .peak_bytes
-            .saturating_sub(prefill.retained_bytes.max(0) as u64);
-        (prefill, activations)
-    };
-    let (_, activations) = activations_of(shape);
-    let (weights, _, _) = shape.decode_step(1, threads);
-    let per_token = shape.kv_bytes_per_token();
-    // One more token must have a position: contexts up to S_max − 1; none when the prefill
-    // itself does not fit.
-    let max_context = |shape: &Shape, b: u64, prefill_peak: u64| {
-        if weights + prefill_peak <= b {
-            largest_within(shape.s_max.saturating_sub(1), b, |t| {
-                let (w, cache, step) = shape.decode_step(t, threads);
-                w + cache + step
-            })
-        } else {
-            0
-        }
-    };
-    // MLA: the same shape decoding in transformers' decompressed form.
-    let decompressed = |s: &Shape| {
-        let mut l = s.llama?;
-        let mut m = l.mla?;
-        m.decompressed_decode = true;
-        l.mla = Some(m);
-        Some(Shape {
-            llama: Some(l),
-            ..s.clone()
-        })
-    };
-    let (capacity, sequences, context, context_decompressed) = match budget {
-        None => (None, None, None, None),
-        Some(b) => {
-            let shape = fit;
-            let (prefill, activations) = activations_of(shape);
-            let free = b.saturating_sub(weights + activations);
-            let (tokens, sequences) = kv_capacity(shape, free);
-            let context = max_context(shape, b, prefill.peak_bytes);
-            let other = decompressed(shape).map(|d| max_context(&d, b, prefill.peak_bytes));
-            (Some(tokens), Some(sequences), Some(context), other)
-        }
-    };
-    Serving {
-        weights: shape.serve.as_str().to_string(),
-        weights_bytes: weights,
-        kv_bytes_per_token: per_token,
-        kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),
-        // A sliding layer's window caps what one sequence keeps there (per-token bytes are the
-        // same in every layer).
-        kv_bytes_per_sequence: crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s),
-        prefill_activation_bytes: activations,
-        kv_capacity_tokens: capacity,
-        kv_capacity_sequences: sequences,
-        max_context: context,
-        decode_step_bytes: shape.decode_step(shape.s, threads).2,
-        decode_step_bytes_decompressed: decompressed(shape).map(|d| d.decode_step(d.s, threads).2),
-        max_context_decompressed: context_decompressed,
-    }
-}
-
-/// `free` bytes of cache as `(tokens, sequences)` of `shape.s` tokens each, per layer kind:
-/// each sliding-window layer keeps `min(seq, window)` tokens of a sequence, a full layer all of
-/// them (see [`Serving::kv_capacity_tokens`]).
-fn kv_capacity(shape: &Shape, free: u64) -> (u64, u64) {
-    let per_sequence = crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s);
-    if per_sequence == 0 {
-        return (0, 0);
-    }
-    let tokens = (free as u128 * shape.s as u128 / per_sequence as u128) as u64;
-    (tokens, free / per_sequence)
 }
 
 #[cfg(test)]

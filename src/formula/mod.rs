@@ -2,6 +2,7 @@
 //! what the model and candle 0.11.1's CPU backend allocate; `transformer` holds the derivations.
 
 pub mod breakdown;
+pub mod budget;
 pub mod cuda_init;
 pub mod flops;
 pub mod full_size;
