@@ -21,6 +21,7 @@ pub mod device;
 pub mod error;
 pub mod fit;
 pub mod formula;
+pub mod machine;
 pub mod meter;
 pub mod model;
 pub mod optim;

@@ -45,7 +45,7 @@ pub fn matmul(
     n: usize,
     threads: usize,
 ) -> anyhow::Result<MatmulProbe> {
-    let mut meta = crate::cmd::run::base_meta(String::new(), threads, "probe");
+    let mut meta = crate::machine::base_meta(String::new(), threads, "probe");
     let (mut meters, label) = crate::sweep::child::open_meters(device, true, &mut meta)?;
     let dev = device.candle().context("opening the device")?;
     let make = || -> anyhow::Result<candle_core::Tensor> {
@@ -103,7 +103,7 @@ pub(crate) fn device_and_dtype(
 pub(crate) fn pinned_threads(threads: Option<usize>) -> anyhow::Result<usize> {
     let threads =
         threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    crate::cmd::run::pin_threads(threads)?;
+    crate::machine::pin_threads(threads)?;
     Ok(threads)
 }
 

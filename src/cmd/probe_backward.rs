@@ -81,7 +81,7 @@ pub fn op_backward(
     shapes: Shapes,
     threads: usize,
 ) -> anyhow::Result<OpBackward> {
-    let mut meta = crate::cmd::run::base_meta(String::new(), threads, "probe");
+    let mut meta = crate::machine::base_meta(String::new(), threads, "probe");
     let (mut meters, label) = crate::sweep::child::open_meters(device, true, &mut meta)?;
     let dev = device.candle()?;
     let dt = dtype.candle();

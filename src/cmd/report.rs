@@ -62,7 +62,7 @@ pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
 
 /// The CPU's peak FLOP/s, measured here now (`meter::flops`), with how and on what.
 fn cpu_peak() -> anyhow::Result<CpuPeak> {
-    let model = crate::cmd::run::cpu_model();
+    let model = crate::machine::cpu_model();
     let flops =
         crate::meter::flops::cpu_matmul_peak().context("measuring the CPU's matmul FLOP/s")?;
     let threads = rayon::current_num_threads();

@@ -22,7 +22,7 @@ pub fn selftest(args: &SelftestArgs) -> anyhow::Result<()> {
     }
     let spec = DeviceSpec::from_flag(&args.device)?;
     if let Some(t) = args.threads {
-        crate::cmd::run::pin_threads(t)?;
+        crate::machine::pin_threads(t)?;
     }
     let device = spec.candle()?;
     let chosen: Vec<_> = CHECKS

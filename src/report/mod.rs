@@ -1453,7 +1453,7 @@ mod tests {
     use super::*;
 
     fn meta(run: &str, commit: &str, workload: &str) -> RunMeta {
-        let mut m = crate::cmd::run::base_meta(run.into(), 2, "test");
+        let mut m = crate::machine::base_meta(run.into(), 2, "test");
         m.git_commit = commit.into();
         m.workload = workload.into();
         m

@@ -450,7 +450,7 @@ mod tests {
     }
 
     fn meta(run_id: &str, cpu: &str) -> RunMeta {
-        let mut m = crate::cmd::run::base_meta(run_id.into(), 2, "test");
+        let mut m = crate::machine::base_meta(run_id.into(), 2, "test");
         m.cpu_model = cpu.into();
         m
     }
