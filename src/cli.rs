@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::workload::{GridSpec, OneOrMany};
+use crate::workload::GridSpec;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,7 +22,7 @@ pub struct Cli {
 pub enum Command {
     /// Run a workload: every case × phase measured, predicted and stored.
     #[command(
-        after_help = "Exit status: 0 every row measured; 1 bad input, or the journal could not be written (the message says how to resume); 2 a malformed command line; 3 every row written, but some case crashed, failed, ran out of memory or of time (its rows say which); 130 interrupted by SIGINT/SIGTERM (resume with --resume --out DIR).\n\nExamples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
+        after_help = "Every key of a workload file's grid is a flag too: a comma list (--batch 1,2,4) expands like a TOML list, and flags lie over every grid of a file.\n\nExit status: 0 every row measured; 1 bad input, or the journal could not be written (the message says how to resume); 2 a malformed command line; 3 every row written, but some case crashed, failed, ran out of memory or of time (its rows say which); 130 interrupted by SIGINT/SIGTERM (resume with --resume --out DIR).\n\nExamples:\n  memfit run\n  memfit run workloads/default.toml --out runs/a\n  memfit run --model gpt --batch 3 --seq 100 --hidden 96 --heads 3 --layers 5 --vocab 300 \\\n      --phases init,forward,backward,optimizer,train-step,inference --optimizer adamw --out runs/b\n  memfit run --preset small --batch 1,2,4 --seq 64 --threads 1"
     )]
     Run(Box<RunArgs>),
     /// Write results.csv and results.h5 of a run folder from its journal and meta.json (e.g. a
@@ -31,7 +31,7 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Predict every phase's memory for a workload or flags, without running anything.
     #[command(
-        after_help = "Examples:\n  memfit predict --preset gpt2-medium --batch 8 --seq 1024 --dtype bf16 --precision mixed\n  memfit predict --preset llama-7b-shape --batch 4 --seq 4096 --dtype bf16 --precision mixed \\\n      --attention standard --fit-in 80GiB\n  memfit predict workloads/default.toml --json"
+        after_help = "Every key of a workload file's grid is a flag too: a comma list (--batch 1,2,4) expands like a TOML list, and flags lie over every grid of a file.\n\nExamples:\n  memfit predict --preset gpt2-medium --batch 8 --seq 1024 --dtype bf16 --precision mixed\n  memfit predict --preset llama-7b-shape --batch 4 --seq 4096 --dtype bf16 --precision mixed \\\n      --attention standard --fit-in 80GiB\n  memfit predict workloads/default.toml --json"
     )]
     Predict(Box<PredictArgs>),
     /// Fit each phase's peak to the decoder features from stored results (never measures),
@@ -381,160 +381,7 @@ pub struct RunArgs {
     pub child_case: Option<usize>,
 }
 
-/// Every workload key as a flag (comma lists expand like TOML lists).
-#[derive(Debug, Args, Default)]
-pub struct GridArgs {
-    /// Model family: gpt (decoder), vit (image encoder) or llama (RMSNorm, rotary, GQA,
-    /// SwiGLU); a vit-… or LLaMA preset implies its family.
-    #[arg(long)]
-    pub model: Option<String>,
-    #[arg(long, help = preset_help())]
-    pub preset: Option<String>,
-    /// Batch sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub batch: Vec<i64>,
-    /// Sequence lengths, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub seq: Vec<i64>,
-    /// Position-table lengths (default: the preset's, or the sequence for custom shapes).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub max_seq: Vec<i64>,
-    /// Hidden sizes.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub hidden: Vec<i64>,
-    /// Attention heads (must divide hidden).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub heads: Vec<i64>,
-    /// Decoder blocks.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub layers: Vec<i64>,
-    /// Vocabulary sizes.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub vocab: Vec<i64>,
-    #[arg(long, value_delimiter = ',', help = phases_help())]
-    pub phases: Vec<String>,
-    /// Optimizers: sgd, sgd-momentum, adam, adamw, adamw-8bit.
-    #[arg(long, value_delimiter = ',')]
-    pub optimizer: Vec<String>,
-    /// Precision: pure (everything in --dtype) or mixed (f32 master weights, gradients and
-    /// optimizer state; --dtype f16/bf16 working copies and activations).
-    #[arg(long, value_delimiter = ',')]
-    pub precision: Vec<String>,
-    /// LoRA ranks, comma-separated (0 = off): base weights frozen, adapters train.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub lora_rank: Vec<i64>,
-    /// Projections with LoRA adapters: q, k, v, o, fc1, fc2 (GPT) or gate, up, down (LLaMA),
-    /// or all (default q,v).
-    #[arg(long, value_delimiter = ',')]
-    pub lora_targets: Vec<String>,
-    /// How LoRA freezes the base projections: detach, op, q4_0, q8_0, q4_k, q6_k (QLoRA), fp8,
-    /// mxfp4 (held as those checkpoints ship), comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub lora_base: Vec<String>,
-    /// Elements per quantization block of adamw-8bit, comma-separated (default 2048).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub optimizer_block: Vec<i64>,
-    /// Tokens the decode phase generates, comma-separated (default 16).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub decode_tokens: Vec<i64>,
-    /// Decode with a key/value cache (on) or recompute the prefix per token (off).
-    #[arg(long, value_delimiter = ',')]
-    pub kv_cache: Vec<String>,
-    #[arg(long, value_delimiter = ',', help = weights_help())]
-    pub weights: Vec<String>,
-    /// How the load phase reads the safetensors file: read, mmap (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub load: Vec<String>,
-    #[arg(long, value_delimiter = ',', help = attention_help())]
-    pub attention: Vec<String>,
-    #[arg(long, value_delimiter = ',', help = kernels_help())]
-    pub kernels: Vec<String>,
-    /// The backward: by-block (the default: each block's graph is freed once its gradients
-    /// are taken, as PyTorch frees saved tensors) or whole (candle's loss.backward(), the
-    /// whole graph kept until it returns); comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub backward: Vec<String>,
-    /// on: the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes results, can make
-    /// a backward several times faster); off (the default); comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub flush_denormals: Vec<String>,
-    /// on (the default): trim the heap and reset the RSS high-water mark before each window,
-    /// trim again after it (rss_peak_bytes, trim_* figures); off: skip both, saving the trim's
-    /// page faults on small windows (those figures are then missing); comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub trim: Vec<String>,
-    /// Blocks per gradient-checkpoint segment, comma-separated (0 = off).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub checkpoint: Vec<i64>,
-    /// Element types, comma-separated: f32, f16 (CPU and CUDA), bf16 (CUDA; `predict` answers
-    /// for it on any device). Default: the --hf-config checkpoint's `torch_dtype` / `dtype`
-    /// (a bf16 checkpoint measured on the CPU runs f32, and its rows say so), else f32.
-    #[arg(long, value_delimiter = ',')]
-    pub dtype: Vec<String>,
-    /// Device: cpu or cuda:N (the CUDA build).
-    #[arg(long)]
-    pub device: Option<String>,
-    /// ViT: image sides in pixels, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub image: Vec<i64>,
-    /// ViT: patch sides in pixels (divide the image), comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub patch: Vec<i64>,
-    /// ViT: colour channels, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub channels: Vec<i64>,
-    /// ViT: classes of the classifier, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub classes: Vec<i64>,
-    /// A Hugging Face config.json (local path): the model family and sizes; size flags
-    /// override its fields (e.g. --layers 2 for a two-block slice).
-    #[arg(long)]
-    pub hf_config: Option<String>,
-    /// Change a field of the --hf-config file before it is read: FIELD=VALUE, the value as
-    /// JSON (else a string); repeatable (e.g. --hf-set num_hidden_layers=2 --hf-set
-    /// n_routed_experts=8).
-    #[arg(long, value_name = "FIELD=VALUE")]
-    pub hf_set: Vec<String>,
-    /// LLaMA: K/V heads (divide --heads), comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub kv_heads: Vec<i64>,
-    /// LLaMA: width of one head (even), comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub head_dim: Vec<i64>,
-    /// LLaMA: width of the SwiGLU MLP, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub intermediate: Vec<i64>,
-    /// GPT, LLaMA: tie the LM head to the token embedding: on, off (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub tied: Vec<String>,
-    /// LLaMA: attention biases off, qkv (Qwen2) or on (q, k, v, o), comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub attention_bias: Vec<String>,
-    /// dataload: the dataset folder (`memfit dataset make`).
-    #[arg(long)]
-    pub dataset: Option<String>,
-    /// dataload: worker counts, comma-separated (0 = the main thread).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub workers: Vec<i64>,
-    /// dataload: thread, process (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub worker_kind: Vec<String>,
-    /// dataload: batches requested ahead per worker, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub prefetch: Vec<i64>,
-    /// dataload: ram, mmap, stream (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub storage: Vec<String>,
-    /// dataload: persistent workers on, off (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub persistent: Vec<String>,
-    /// dataload: passes over the dataset, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub epochs: Vec<i64>,
-    /// dataload: crop side in pixels, comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub crop: Vec<i64>,
-}
+pub use crate::workload::GridArgs;
 
 impl RunArgs {
     /// The workload keys given as flags, to lay over every grid.
@@ -546,115 +393,4 @@ impl RunArgs {
     pub fn has_grid_flags(&self) -> bool {
         self.grid.has_grid_flags()
     }
-}
-
-impl GridArgs {
-    /// The workload keys given as flags, to lay over every grid.
-    pub fn grid_flags(&self) -> GridSpec {
-        fn many<T: Clone>(v: &[T]) -> Option<OneOrMany<T>> {
-            (!v.is_empty()).then(|| OneOrMany::Many(v.to_vec()))
-        }
-        GridSpec {
-            model: self.model.clone(),
-            preset: self.preset.clone(),
-            batch: many(&self.batch),
-            seq: many(&self.seq),
-            max_seq: many(&self.max_seq),
-            hidden: many(&self.hidden),
-            heads: many(&self.heads),
-            layers: many(&self.layers),
-            vocab: many(&self.vocab),
-            optimizer: many(&self.optimizer),
-            phases: (!self.phases.is_empty()).then(|| self.phases.clone()),
-            dtype: many(&self.dtype),
-            checkpoint: many(&self.checkpoint),
-            backward: many(&self.backward),
-            attention: many(&self.attention),
-            kernels: many(&self.kernels),
-            flush_denormals: many(&self.flush_denormals),
-            trim: many(&self.trim),
-            precision: many(&self.precision),
-            lora_rank: many(&self.lora_rank),
-            lora_targets: (!self.lora_targets.is_empty()).then(|| self.lora_targets.clone()),
-            lora_base: many(&self.lora_base),
-            optimizer_block: many(&self.optimizer_block),
-            decode_tokens: many(&self.decode_tokens),
-            kv_cache: many(&self.kv_cache),
-            weights: many(&self.weights),
-            load: many(&self.load),
-            device: self.device.clone(),
-            image: many(&self.image),
-            patch: many(&self.patch),
-            channels: many(&self.channels),
-            classes: many(&self.classes),
-            hf_config: self.hf_config.clone(),
-            hf_set: (!self.hf_set.is_empty()).then(|| self.hf_set.clone()),
-            kv_heads: many(&self.kv_heads),
-            head_dim: many(&self.head_dim),
-            intermediate: many(&self.intermediate),
-            tied: many(&self.tied),
-            attention_bias: many(&self.attention_bias),
-            dataset: self.dataset.clone(),
-            workers: many(&self.workers),
-            worker_kind: many(&self.worker_kind),
-            prefetch: many(&self.prefetch),
-            storage: many(&self.storage),
-            persistent: many(&self.persistent),
-            epochs: many(&self.epochs),
-            crop: many(&self.crop),
-        }
-    }
-
-    /// True when any workload key was given as a flag.
-    pub fn has_grid_flags(&self) -> bool {
-        self.grid_flags() != GridSpec::default()
-    }
-}
-
-/// `--preset`'s help: every preset, from the lists the families keep.
-pub fn preset_help() -> String {
-    format!(
-        "Named model the size flags start from: GPT {}; ViT {}; LLaMA family (shipped \
-         config.json files) {}",
-        crate::model::config::PRESETS.join(", "),
-        crate::model::vit::PRESETS.join(", "),
-        crate::model::llama::PRESETS.join(", ")
-    )
-}
-
-/// `--phases`' help, from the phase list.
-pub fn phases_help() -> String {
-    format!(
-        "Phases, comma-separated ({}): `run` measures them, `predict` predicts them",
-        crate::step::Phase::names()
-    )
-}
-
-/// `--weights`' help, from the serving weights' names.
-pub fn weights_help() -> String {
-    format!(
-        "Weights the inference phases serve with, comma-separated: {} (mxfp4-experts: the \
-         experts alone in MXFP4, as gpt-oss ships)",
-        crate::device::ServingWeights::NAMES
-    )
-}
-
-/// `--attention`'s help, its default read from the expander that applies it.
-pub fn attention_help() -> String {
-    format!(
-        "Attention: standard (scores materialised), efficient (no S×S tensor kept: the \
-         online-softmax op on the CPU, the tiled composition on CUDA) or tiled (the composition \
-         of ordinary ops, every device and type), comma-separated; default {} on every device",
-        crate::workload::DEFAULT_ATTENTION
-    )
-}
-
-/// `--kernels`' help, its default read from the expander that applies it.
-pub fn kernels_help() -> String {
-    format!(
-        "Norms, attention softmax, activations and loss: fused (memfit's kernels with a \
-         backward: CPU loops, `fused.cu` on CUDA) or composed (candle's stock ops, kept for \
-         comparison), comma-separated; default {} on every device",
-        crate::workload::DEFAULT_KERNELS
-    )
 }
