@@ -46,7 +46,7 @@ pub fn matmul(
     threads: usize,
 ) -> anyhow::Result<MatmulProbe> {
     let mut meta = crate::machine::base_meta(String::new(), threads, "probe");
-    let (mut meters, label) = crate::sweep::child::open_meters(device, true, &mut meta)?;
+    let (mut meters, label) = crate::sweep::child::open_meters(device, true, false, &mut meta)?;
     let dev = device.candle().context("opening the device")?;
     let make = || -> anyhow::Result<candle_core::Tensor> {
         Ok(candle_core::Tensor::randn(0f32, 1.0, (n, n), &dev)?.to_dtype(dtype.candle())?)

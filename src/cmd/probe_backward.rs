@@ -82,7 +82,7 @@ pub fn op_backward(
     threads: usize,
 ) -> anyhow::Result<OpBackward> {
     let mut meta = crate::machine::base_meta(String::new(), threads, "probe");
-    let (mut meters, label) = crate::sweep::child::open_meters(device, true, &mut meta)?;
+    let (mut meters, label) = crate::sweep::child::open_meters(device, true, false, &mut meta)?;
     let dev = device.candle()?;
     let dt = dtype.candle();
     let make = |dims: &[usize]| -> anyhow::Result<Tensor> {

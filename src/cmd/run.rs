@@ -53,13 +53,19 @@ fn resolve(args: &RunArgs) -> anyhow::Result<Resolved> {
         (None, Some(t)) => seconds(t, &origin, "case_timeout")?,
         (None, None) => sweep::DEFAULT_CASE_TIMEOUT_S,
     };
+    // Each case writes its measured timelines to the run's folder, when one is asked for.
+    let timeline = args.timeline.clone().or(file.timeline);
+    let mut cases = cases;
+    for c in &mut cases {
+        c.timeline = timeline.clone();
+    }
     Ok(Resolved {
         cases,
         origin,
         threads,
         budget,
         case_timeout,
-        timeline: args.timeline.clone().or(file.timeline),
+        timeline,
     })
 }
 
@@ -102,9 +108,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("--timeline {}: creating the folder", dir.display()))?;
         }
-        crate::phase::runner::set_timeline_dir(dir.clone());
-        // A CUDA case samples its pool while each window is open (`meter::pool_timeline`).
-        crate::meter::pool_timeline::request();
     }
     if let Some(index) = args.child_case {
         // The process of one case, for a parent `memfit run` (`sweep::child`).

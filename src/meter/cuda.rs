@@ -287,8 +287,9 @@ pub struct CudaSetup {
 
 /// Opens `cuda:ordinal` the way candle does and builds its meters; without `trim` (`--trim
 /// off`) the host meter does not trim the heap before a window and no meter trims the pool
-/// after it.
-pub fn setup(ordinal: usize, trim: bool) -> anyhow::Result<CudaSetup> {
+/// after it; with `sample_pool` (`run --timeline`) a meter samples the pool's bytes in use
+/// while each window is open.
+pub fn setup(ordinal: usize, trim: bool, sample_pool: bool) -> anyhow::Result<CudaSetup> {
     // The process's one device (its cuBLAS workspace already set outside the pool).
     let dev = crate::device::DeviceSpec::Cuda(ordinal)
         .candle()
@@ -342,7 +343,7 @@ pub fn setup(ordinal: usize, trim: bool) -> anyhow::Result<CudaSetup> {
         }
         meters.push(Box::new(MemInfoMeter::new(ctx.clone())));
         // `memfit run --timeline`: the pool's bytes in use, sampled while each window is open.
-        if super::pool_timeline::requested() {
+        if sample_pool {
             meters.push(Box::new(super::pool_timeline::PoolSampling::new(
                 CudaPool::new(ctx.clone())?,
             )));

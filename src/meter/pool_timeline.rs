@@ -32,18 +32,7 @@ pub struct Sampled {
     pub dropped: u64,
 }
 
-static REQUESTED: AtomicBool = AtomicBool::new(false);
 static LAST: Mutex<Option<Sampled>> = Mutex::new(None);
-
-/// Asks the CUDA meters for a sampling meter (`memfit run --timeline`).
-pub fn request() {
-    REQUESTED.store(true, Ordering::Relaxed);
-}
-
-/// Whether `memfit run --timeline` asked for the pool's timeline.
-pub fn requested() -> bool {
-    REQUESTED.load(Ordering::Relaxed)
-}
 
 /// The samples of the last window read, once.
 pub fn take() -> Option<Sampled> {

@@ -172,20 +172,6 @@ impl Trainer {
     }
 }
 
-static TIMELINE_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// `memfit run --timeline DIR`: the folder the CPU cases' measured timelines go to (the train
-/// step and the serving phases).
-pub fn set_timeline_dir(dir: std::path::PathBuf) {
-    let _ = TIMELINE_DIR.set(dir);
-}
-
-/// The folder a case's measured timelines go to, when `memfit run --timeline` asks (on the CPU
-/// the allocator's events; on CUDA the pool's samples, `meter::pool_timeline`).
-fn timeline_dir() -> Option<&'static std::path::Path> {
-    TIMELINE_DIR.get().map(|p| p.as_path())
-}
-
 /// A window's allocation events (`meter::cpu_alloc`) as a timeline
 /// ([`crate::store::timeline::classify`]: each allocation made in a stage and alive at its
 /// end is that stage's kept bytes — the forward's activations, the backward's gradients, the
@@ -499,7 +485,7 @@ fn run_chain(
                 o
             }
         };
-        let traced = timeline_dir();
+        let traced = case.timeline.as_deref();
         let mut baseline = 0;
         metered(Phase::TrainStep, results, meters, &mut || {
             recording(on_cpu(case, traced), &mut baseline, &mut || {
@@ -530,7 +516,7 @@ fn run_chain(
         )?,
     };
     let mut logits = None;
-    let traced = timeline_dir();
+    let traced = case.timeline.as_deref();
     if wants(Phase::Inference) {
         let mut baseline = 0;
         metered(Phase::Inference, results, meters, &mut || {

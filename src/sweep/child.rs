@@ -85,12 +85,13 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
         crate::meter::cpu_alloc::set_budget(b);
     }
     let exe = crate::data::workers::current_exe()?;
-    let opened = open_meters(case.device, case.trim, &mut meta).and_then(|m| {
-        if case.flush_denormals {
-            crate::phase::denormals::set_all_threads()?;
-        }
-        Ok(m)
-    });
+    let opened =
+        open_meters(case.device, case.trim, case.timeline.is_some(), &mut meta).and_then(|m| {
+            if case.flush_denormals {
+                crate::phase::denormals::set_all_threads()?;
+            }
+            Ok(m)
+        });
     match opened {
         Err(e) => {
             super::fault::trigger(&faults, case.index, case.phases[0]);
@@ -133,10 +134,12 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
 /// A device's meters and the label of the one that fills `peak_bytes`. Opening a CUDA device
 /// records what it tells about itself in `meta`. Without `trim` (`--trim off`) the host meter
 /// neither trims nor resets the RSS high-water mark before a window, and no trim meter reads
-/// the layer after it.
+/// the layer after it. With `timeline` (`run --timeline`) a CUDA device's pool is sampled
+/// while each window is open (`meter::pool_timeline`; the CPU's events are always recorded).
 pub fn open_meters(
     device: crate::device::DeviceSpec,
     trim: bool,
+    timeline: bool,
     meta: &mut RunMeta,
 ) -> anyhow::Result<(Vec<Box<dyn Meter>>, &'static str)> {
     use crate::device::DeviceSpec;
@@ -144,7 +147,7 @@ pub fn open_meters(
         // The meter-overhead benchmark's build: the clocks only (wall, CPU seconds); every
         // memory field stays missing and `peak_meter` says so.
         DeviceSpec::Cpu if crate::meter::cpu_alloc::UNMETERED => {
-            let _ = meta;
+            let _ = (meta, timeline);
             Ok((
                 vec![Box::new(crate::meter::rusage::HostMeter::default())],
                 "unmetered",
@@ -152,7 +155,7 @@ pub fn open_meters(
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(n) if crate::meter::cpu_alloc::UNMETERED => {
-            let s = crate::meter::cuda::setup(n, trim)?;
+            let s = crate::meter::cuda::setup(n, trim, timeline)?;
             meta.device_name = format!("cuda:{n}: {}", s.device_name);
             meta.device_memory_bytes = Some(s.memory_bytes);
             Ok((
@@ -161,7 +164,7 @@ pub fn open_meters(
             ))
         }
         DeviceSpec::Cpu => {
-            let _ = meta;
+            let _ = (meta, timeline);
             let mut meters: Vec<Box<dyn Meter>> = Vec::new();
             if trim {
                 // First: read last, trimming the heap once the window's figures are in.
@@ -175,7 +178,7 @@ pub fn open_meters(
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(n) => {
-            let s = crate::meter::cuda::setup(n, trim)?;
+            let s = crate::meter::cuda::setup(n, trim, timeline)?;
             if let Some(why) = &s.nvml_missing {
                 eprintln!("warning: cuda:{n}: {why}; the NVML fields stay empty");
             }
@@ -190,7 +193,7 @@ pub fn open_meters(
         }
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => {
-            let _ = meta;
+            let _ = (meta, timeline);
             anyhow::bail!(crate::device::NO_CUDA)
         }
     }

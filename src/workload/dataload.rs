@@ -144,6 +144,7 @@ pub(super) fn expand(
             }),
             flush_denormals: false,
             trim: true,
+            timeline: None,
         });
     }
     Ok(())

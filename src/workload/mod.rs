@@ -131,6 +131,10 @@ pub struct Case {
     /// The meters trim the heap around each window (`meter::rusage`, `meter::trim`); off:
     /// the RSS peak and trim figures are missing.
     pub trim: bool,
+    /// The folder this case's measured timelines go to (`run --timeline`, or the workload's
+    /// `timeline`): the train step's and the serving phases', CPU allocator events or the CUDA
+    /// pool's samples. Set by `memfit run`, `None` from the expander.
+    pub timeline: Option<std::path::PathBuf>,
 }
 
 /// The size limits (inclusive), defined beside the models they bound.
@@ -1127,6 +1131,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 data: None,
                 flush_denormals,
                 trim,
+                timeline: None,
             });
         }
     }
