@@ -1,0 +1,225 @@
+//! The fused kernels' ops on symbolic tensors ([`crate::model::kernels::Graph`] for [`Sym`]):
+//! each kernel's backward, written once over the trait, replays here statement for statement;
+//! and the frozen projections' weights ([`FrozenW`]) the serving and LoRA replays hold.
+
+use std::cell::Cell;
+
+use super::*;
+
+thread_local! {
+    /// Tests: compute every tile the shortcut of [`Graph::skipped`] would stand in for.
+    static EVERY_TILE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Replay every tile of the tiled attention, no shortcut (tests).
+#[cfg(test)]
+pub fn replay_every_tile(on: bool) {
+    EVERY_TILE.with(|e| e.set(on));
+}
+
+/// The fused kernels' backward on symbolic tensors: each method is the candle op of the same
+/// name (`model::kernels::graph`), so [`Kernel::backward`] replays statement for statement.
+impl Graph for Sym {
+    fn dims(&self) -> Vec<usize> {
+        Sym::dims(self).to_vec()
+    }
+    fn skipped(&self, dims: &[usize]) -> Option<Self> {
+        (!EVERY_TILE.with(|e| e.get())).then(|| Sym::new(self.ledger(), dims, self.0.dtype))
+    }
+    fn detach(&self) -> Self {
+        Sym::detach(self)
+    }
+    fn tracked(&self) -> bool {
+        self.track_op()
+    }
+    fn index_select(&self, ids: &Self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::index_select(self, ids, dim))
+    }
+    fn silu_mul_grad(
+        gate: &Self,
+        _up: &Self,
+        grad: &Self,
+        _oss: bool,
+    ) -> candle_core::Result<(Self, Self)> {
+        let grad = grad.contiguous();
+        let mut dims = vec![2];
+        dims.extend_from_slice(gate.dims());
+        let both = Sym::new(gate.ledger(), &dims, gate.0.dtype);
+        drop(grad);
+        Ok((
+            both.narrow(0, 0, 1).squeeze(0),
+            both.narrow(0, 1, 1).squeeze(0),
+        ))
+    }
+    fn gelu_grad(x: &Self, grad: &Self) -> candle_core::Result<Self> {
+        let (x, grad) = (x.contiguous(), grad.contiguous());
+        let dx = Sym::new(x.ledger(), x.dims(), x.0.dtype);
+        drop((x, grad));
+        Ok(dx)
+    }
+    fn norm_grad(
+        x: &Self,
+        _w: &Self,
+        grad: &Self,
+        _eps: f32,
+        centre: bool,
+    ) -> candle_core::Result<(Self, Self, Option<Self>)> {
+        let grad = grad.contiguous();
+        let n = *x.dims().last().expect("a norm's input has a dimension");
+        let rows = x.dims().iter().product::<usize>() / n;
+        let l = x.ledger().clone();
+        // `cpu_fwd`: the output, then the rows' statistics, freed on return.
+        let all = Sym::new(&l, &[rows + 1 + usize::from(centre), n], x.0.dtype);
+        let stats = Sym::new(&l, &[rows, 2], DType::F32);
+        drop(stats);
+        drop(grad);
+        let dx = all.narrow(0, 0, rows).reshape(x.dims());
+        // `Tensor::copy` of a row: a fresh `(H)` tensor each.
+        let dw = Sym::new(&l, &[n], x.0.dtype);
+        let db = centre.then(|| Sym::new(&l, &[n], x.0.dtype));
+        Ok((dx, dw, db))
+    }
+    fn to_f32(&self) -> candle_core::Result<Self> {
+        Ok(self.to_dtype(DType::F32))
+    }
+    fn to_dtype_of(&self, like: &Self) -> candle_core::Result<Self> {
+        Ok(self.to_dtype(like.dtype()))
+    }
+    fn add(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::add(self, rhs))
+    }
+    fn sub(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::sub(self, rhs))
+    }
+    fn mul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::mul(self, rhs))
+    }
+    fn broadcast_sub(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_sub(self, rhs))
+    }
+    fn broadcast_mul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_mul(self, rhs))
+    }
+    fn broadcast_div(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_div(self, rhs))
+    }
+    fn affine(&self, mul: f64, _add: f64) -> candle_core::Result<Self> {
+        Ok(Sym::affine(self, mul))
+    }
+    fn exp(&self) -> candle_core::Result<Self> {
+        Ok(Sym::exp(self))
+    }
+    fn log(&self) -> candle_core::Result<Self> {
+        Ok(Sym::log(self))
+    }
+    fn broadcast_add(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_add(self, rhs))
+    }
+    /// `Tensor::from_vec` of f32 on the device (the vector becomes the storage on the CPU),
+    /// then `to_dtype`.
+    fn causal_mask(
+        &self,
+        rows: usize,
+        cols: usize,
+        _first_row: usize,
+        _period: usize,
+        _first_key: usize,
+        _window: usize,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), &[rows, cols], DType::F32).to_dtype(self.dtype()))
+    }
+    /// `Tensor::zeros`: one fresh tensor.
+    fn zeros(&self, dims: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), dims, self.0.dtype))
+    }
+    /// In place: nothing allocated.
+    fn slice_set(&self, _src: &Self, _dim: usize, _offset: usize) -> candle_core::Result<()> {
+        Ok(())
+    }
+    fn sqr(&self) -> candle_core::Result<Self> {
+        Ok(Sym::sqr(self))
+    }
+    fn sqrt(&self) -> candle_core::Result<Self> {
+        Ok(Sym::sqrt(self))
+    }
+    fn recip(&self) -> candle_core::Result<Self> {
+        Ok(Sym::recip(self))
+    }
+    fn tanh(&self) -> candle_core::Result<Self> {
+        Ok(Sym::tanh(self))
+    }
+    fn neg(&self) -> candle_core::Result<Self> {
+        Ok(Sym::neg(self))
+    }
+    fn sum_last_keepdim(&self) -> candle_core::Result<Self> {
+        Ok(self.sum_keepdim(&[self.dims().len() - 1]))
+    }
+    fn max_last_keepdim(&self) -> candle_core::Result<Self> {
+        Ok(self.max_keepdim(self.dims().len() - 1))
+    }
+    fn sum_leading(&self) -> candle_core::Result<Self> {
+        let dims: Vec<usize> = (0..self.dims().len() - 1).collect();
+        Ok(self.sum(&dims))
+    }
+    fn matmul(&self, rhs: &Self) -> candle_core::Result<Self> {
+        Ok(Sym::matmul(self, rhs))
+    }
+    fn t(&self) -> candle_core::Result<Self> {
+        Ok(Sym::t(self))
+    }
+    fn reshape(&self, dims: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::reshape(self, dims))
+    }
+    fn narrow(&self, dim: usize, start: usize, len: usize) -> candle_core::Result<Self> {
+        Ok(Sym::narrow(self, dim, start, len))
+    }
+    fn cat(parts: &[&Self], dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::cat(parts, dim))
+    }
+    /// `Tensor::full(−1f32, (N, 1))` converted to the type, then `scatter_add_set` in place.
+    fn minus_one_at(self, targets: &Self) -> candle_core::Result<Self> {
+        let idx = targets.unsqueeze(1);
+        let src = Sym::new(self.ledger(), idx.dims(), DType::F32).to_dtype(self.dtype());
+        drop((idx, src));
+        Ok(self)
+    }
+}
+
+/// How `FrozenWeight` holds a frozen weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrozenW {
+    /// The dense weight.
+    Dense,
+    /// GGML blocks: dequantized to f32 (with `scratch` bytes beside the output while it is
+    /// written), then cast when the activations are 16-bit.
+    Ggml { scratch: usize },
+    /// FP8 with block scales, or MXFP4: dequantized straight into the activations' type.
+    Fp8,
+}
+
+/// `FrozenWeight::dense`: the dense weight `w` itself, or a fresh dequantized `(out, in)` copy
+/// in `like` (GGML's through f32, the f32 copy dropped after the cast; FP8's directly).
+pub(crate) fn frozen_dense(
+    l: &Rc<Ledger>,
+    w: &Sym,
+    held: FrozenW,
+    out: usize,
+    inp: usize,
+    like: DType,
+) -> Sym {
+    let scratch = match held {
+        FrozenW::Dense => return w.clone(),
+        FrozenW::Fp8 => return Sym::new(l, &[out, inp], like),
+        FrozenW::Ggml { scratch } => scratch,
+    };
+    let f = Sym::new(l, &[out, inp], DType::F32);
+    if scratch > 0 {
+        drop(Sym::new(l, &[scratch], DType::U8));
+    }
+    if like == DType::F32 {
+        return f;
+    }
+    let h = f.to_dtype(like);
+    drop(f);
+    h
+}
