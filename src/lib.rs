@@ -32,5 +32,6 @@ pub mod selftest;
 pub mod step;
 pub mod store;
 pub mod sweep;
+pub mod timeline;
 pub mod units;
 pub mod workload;

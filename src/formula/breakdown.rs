@@ -92,7 +92,7 @@ pub fn bars(case: &Case, threads: usize) -> Vec<Bar> {
 
 /// The train step's bar: sums to `train_total_bytes`.
 fn train_step(shape: &Shape, opt: OptimizerKind, threads: usize) -> Bar {
-    use crate::store::timeline::{ACTIVATIONS, GRADIENTS, KV, TEMPORARIES};
+    use crate::timeline::{ACTIVATIONS, GRADIENTS, KV, TEMPORARIES};
     let t = super::timeline::train_step(shape, opt, threads);
     let (_, at) = t.peak();
     let mut b = [0; 7];

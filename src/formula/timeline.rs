@@ -13,10 +13,9 @@
 use super::replay::{trace_serving, trace_training};
 use super::transformer::Shape;
 use crate::step::{OptimizerKind, Phase};
-use crate::store::timeline::Event;
-pub use crate::store::timeline::{
-    CATEGORIES, Sample, TEMPORARIES, Timeline, classify, picture, write_svg, write_trace,
-};
+pub use crate::store::timeline::{picture, write_svg, write_trace};
+use crate::timeline::Event;
+pub use crate::timeline::{CATEGORIES, Sample, TEMPORARIES, Timeline, classify};
 
 /// The train step of `shape` (optimizer `opt`, the CPU on `threads` threads where it matters),
 /// event by event.

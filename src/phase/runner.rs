@@ -173,7 +173,7 @@ impl Trainer {
 }
 
 /// A window's allocation events (`meter::cpu_alloc`) as a timeline
-/// ([`crate::store::timeline::classify`]: each allocation made in a stage and alive at its
+/// ([`crate::timeline::classify`]: each allocation made in a stage and alive at its
 /// end is that stage's kept bytes — the forward's activations, the backward's gradients, the
 /// cache prefill and decode leave; the others temporaries), written to
 /// `dir/case-N-PHASE.json`. A train step's stages are its marks; a serving phase is one stage.
@@ -187,7 +187,8 @@ fn write_measured_timeline(
     results: &[PhaseResult],
 ) -> anyhow::Result<()> {
     use crate::meter::cpu_alloc::{EVENTS, STAGES, take_events};
-    use crate::store::timeline::{of_addresses, write_sampled_trace_file, write_trace_file};
+    use crate::store::timeline::{write_sampled_trace_file, write_trace_file};
+    use crate::timeline::of_addresses;
     let name = format!(
         "case {}: {} B{} S{} {} {} (measured)",
         case.index,

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use crate::model::kernels::{Graph, Kernel};
-pub use crate::store::timeline::{BOOKKEEPING, Event, WORKSPACE};
+pub use crate::timeline::{BOOKKEEPING, Event, WORKSPACE};
 
 mod backward;
 mod graph;
