@@ -351,25 +351,17 @@ columns: weights, grads, opt state = the model state in the case's dtype (parame
 /// Where each case's element type comes from: the `--hf-config` checkpoint's (said once per
 /// type), or `--dtype` over it.
 fn dtype_lines(cases: &[Case]) {
-    let mut said: Vec<(Option<crate::device::ElemType>, crate::device::ElemType)> = Vec::new();
-    for c in cases {
-        let Some(ck) = c.checkpoint_dtype else {
-            continue;
-        };
-        if said.contains(&(Some(ck), c.dtype)) {
-            continue;
-        }
-        said.push((Some(ck), c.dtype));
-        if ck == c.dtype {
-            println!(
+    for (c, _) in workload::checkpoint_dtypes(cases) {
+        match c.checkpoint_dtype {
+            Some(ck) if ck == c.dtype => println!(
                 "dtype {}: the checkpoint's (its config's torch_dtype / dtype); --dtype answers for another",
                 c.dtype
-            );
-        } else {
-            println!(
+            ),
+            Some(ck) => println!(
                 "dtype {}: as --dtype asks; the checkpoint holds {ck}",
                 c.dtype
-            );
+            ),
+            None => {}
         }
     }
 }

@@ -464,28 +464,18 @@ fn write_meta(path: &Path, meta: &RunMeta) -> anyhow::Result<()> {
 /// Says, once per element type, where cases measure another type than their checkpoint's
 /// (`checkpoint_dtype`): on the CPU a bf16 checkpoint runs f32 unless `--dtype` says otherwise.
 fn dtype_notes(cases: &[Case]) {
-    let mut said = Vec::new();
-    for c in cases {
+    for (c, n) in workload::checkpoint_dtypes(cases) {
         let Some(ck) = c.checkpoint_dtype.filter(|&d| d != c.dtype) else {
             continue;
         };
-        if said.contains(&(ck, c.dtype)) {
-            continue;
-        }
-        said.push((ck, c.dtype));
         let why = if ck == crate::device::ElemType::Bf16 && !c.device.is_cuda() {
             "candle's CPU matmul has no bf16; `memfit predict --device cuda:0` answers in bf16"
         } else {
             "as --dtype asks"
         };
         eprintln!(
-            "memfit: the checkpoint holds {ck}; its {} case(s) on {} measure {} ({why}); the rows' checkpoint_dtype says {ck}",
-            cases
-                .iter()
-                .filter(|x| x.checkpoint_dtype == Some(ck) && x.dtype == c.dtype)
-                .count(),
-            c.device,
-            c.dtype
+            "memfit: the checkpoint holds {ck}; its {n} case(s) on {} measure {} ({why}); the rows' checkpoint_dtype says {ck}",
+            c.device, c.dtype
         );
     }
 }

@@ -566,6 +566,18 @@ impl Config {
         cfg
     }
 
+    /// The attention's name as the rows and the `attention` key spell it: `efficient`,
+    /// `tiled` or `standard`.
+    pub fn attention_name(&self) -> &'static str {
+        if self.efficient_attention {
+            "efficient"
+        } else if self.tiled_attention {
+            "tiled"
+        } else {
+            "standard"
+        }
+    }
+
     /// K/V heads (the query heads outside LLaMA).
     pub fn kv_heads(&self) -> usize {
         self.llama.map_or(self.heads, |l| l.kv_heads)

@@ -988,12 +988,10 @@ pub fn gradients_of(ok: &[&Row], o: &Row) -> Option<(i64, bool)> {
     if let Some(g) = backward.gradient_bytes(own.copied()) {
         return Some((g, false));
     }
+    let apart = ["run", "optimizer", "optimizer_block", "phase"];
+    let key = claims::config_key_without(backward, &apart);
     let same = |r: &Row| {
-        claims::config_key_without(r, &["run", "optimizer", "optimizer_block", "phase"])
-            == claims::config_key_without(
-                backward,
-                &["run", "optimizer", "optimizer_block", "phase"],
-            )
+        claims::config_key_without(r, &apart) == key
             && (
                 r.kernels.as_str(),
                 r.backward.as_str(),

@@ -115,13 +115,7 @@ pub fn label(case: &Case) -> String {
             if !case.cfg.kernels.fused() {
                 s.push_str(" composed");
             }
-            let attention = if case.cfg.efficient_attention {
-                "efficient"
-            } else if case.cfg.tiled_attention {
-                "tiled"
-            } else {
-                "standard"
-            };
+            let attention = case.cfg.attention_name();
             if attention != crate::workload::DEFAULT_ATTENTION {
                 let _ = write!(s, " {attention}");
             }

@@ -143,14 +143,7 @@ pub fn bare_row(
         } else {
             String::new()
         },
-        attention: if case.cfg.efficient_attention {
-            "efficient"
-        } else if case.cfg.tiled_attention {
-            "tiled"
-        } else {
-            "standard"
-        }
-        .into(),
+        attention: case.cfg.attention_name().into(),
         kernels: case.cfg.kernels.as_str().into(),
         flush_denormals: if case.flush_denormals { "on" } else { "off" }.into(),
         trim: if case.trim { "on" } else { "off" }.into(),

@@ -140,6 +140,23 @@ pub struct Case {
 /// The size limits (inclusive), defined beside the models they bound.
 pub use crate::model::limits::*;
 
+/// The cases whose `--hf-config` checkpoint says its element type, grouped by (checkpoint type,
+/// the type the case runs in): the first case of each group and how many it holds, in order.
+/// What `run` and `predict` say once per group.
+pub fn checkpoint_dtypes(cases: &[Case]) -> Vec<(&Case, usize)> {
+    let mut groups: Vec<(&Case, usize)> = Vec::new();
+    for c in cases.iter().filter(|c| c.checkpoint_dtype.is_some()) {
+        match groups
+            .iter_mut()
+            .find(|(g, _)| (g.checkpoint_dtype, g.dtype) == (c.checkpoint_dtype, c.dtype))
+        {
+            Some((_, n)) => *n += 1,
+            None => groups.push((c, 1)),
+        }
+    }
+    groups
+}
+
 /// Parses a workload file's text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<WorkloadFile, UserError> {
     toml::from_str(text).map_err(|e| UserError::Syntax {
