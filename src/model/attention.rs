@@ -2,37 +2,43 @@
 //! op) or tiled (the composition of ordinary ops), with grouped-query K/V heads, rotary
 //! positions, and its step with a key/value cache (`forward_cached`).
 
-use candle_core::{D, Module, Result, Tensor};
-use candle_nn::{VarBuilder, ops};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
 
 use super::config::{Config, ProjSpec};
-use super::efficient_attention::EfficientAttention;
-use super::kernels;
+use super::kernels::Kernel;
 pub use super::mask::{causal_mask, windowed_mask};
 use super::norm::Norm;
 use super::proj::Proj;
 use super::rotary;
+use super::tensor_ops::{self, TensorOps};
 
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.
-#[derive(Debug, Clone, Copy)]
-pub struct Rotary<'a> {
-    pub cos: &'a Tensor,
-    pub sin: &'a Tensor,
+#[derive(Debug)]
+pub struct Rotary<'a, T = Tensor> {
+    pub cos: &'a T,
+    pub sin: &'a T,
     pub offset: usize,
 }
 
-impl Rotary<'_> {
+impl<T> Clone for Rotary<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Rotary<'_, T> {}
+
+impl<T: TensorOps> Rotary<'_, T> {
     /// `x (B, n, S, D)` rotated at positions `offset..offset + S`: the fused kernel, or the
     /// composed [`rotary::apply_rotary`].
-    pub fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+    pub fn apply(&self, x: &T, fused: bool) -> Result<T> {
         if fused {
-            let s = x.dim(2)?;
-            kernels::rotary(
-                x,
-                &self.cos.narrow(0, self.offset, s)?,
-                &self.sin.narrow(0, self.offset, s)?,
-            )
+            let s = x.dims()[2];
+            let cos = self.cos.narrow(0, self.offset, s)?;
+            let sin = self.sin.narrow(0, self.offset, s)?;
+            T::kernel(Kernel::Rotary, &[x, &cos, &sin])
         } else {
             rotary::apply_rotary(x, self.cos, self.sin, self.offset)
         }
@@ -49,7 +55,7 @@ pub struct Core {
     pub(crate) efficient: bool,
     /// [`super::tiled_attention`].
     pub(crate) tiled: bool,
-    /// [`kernels::attn_probs`] instead of the composed scores, mask and softmax.
+    /// [`super::kernels::attn_probs`] instead of the composed scores, mask and softmax.
     pub(crate) fused: bool,
     /// A decoder (causal); the ViT encoder attends everywhere.
     pub(crate) causal: bool,
@@ -78,63 +84,49 @@ impl Core {
         }
     }
 
-    /// Queries `(B, A, S, Dq)` against keys `(B, G, S, Dq)` and values `(B, G, S, Dv)` at the
-    /// same positions: the tiled, efficient or standard attention, each reading the keys and
-    /// values at their own head count (but the composed standard attention, which repeats
-    /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
-    /// A·Dv)`. The scale is `1/√Dq`.
     /// The attention scale for queries of width `d`: `scale_mul / √d` (Gemma: its own).
     fn scale(&self, d: usize) -> f32 {
         self.scale_abs
             .unwrap_or_else(|| self.scale_mul / (d as f64).sqrt()) as f32
     }
 
-    pub(crate) fn attend_any(
-        &self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    /// Queries `(B, A, S, Dq)` against keys `(B, G, S, Dq)` and values `(B, G, S, Dv)` at the
+    /// same positions: the tiled, efficient or standard attention, each reading the keys and
+    /// values at their own head count (but the composed standard attention, which repeats
+    /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
+    /// A·Dv)`. The scale is `1/√Dq`.
+    pub(crate) fn attend_any<T: TensorOps>(&self, q: T, k: T, v: T, mask: Option<&T>) -> Result<T> {
+        let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        let dv = v.dims()[3];
         if self.tiled {
-            let (b, _, s, d) = q.dims4()?;
-            let dv = v.dim(3)?;
             let scale = self.scale(d);
-            let y =
-                super::tiled_attention::attention(&q, &k, &v, scale, self.causal, self.window())?;
+            let y = T::tiled_attention(&q, &k, &v, scale, self.causal, self.window())?;
             drop((q, k, v));
-            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+            return y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv]);
         }
         if self.efficient {
-            let (b, _, s, d) = q.dims4()?;
-            let dv = v.dim(3)?;
             // The op takes q, k, v of one shape: narrower values are padded with zeros to
             // `Dq` and the output cut back (as transformers does for flash attention).
             let v = if dv < d {
-                let (vb, va, vs, _) = v.dims4()?;
-                let pad = Tensor::zeros((vb, va, vs, d - dv), v.dtype(), v.device())?;
-                let padded = Tensor::cat(&[&v, &pad], 3)?;
+                let vd = v.dims();
+                let pad = v.zeros(&[vd[0], vd[1], vd[2], d - dv])?;
+                let padded = T::cat(&[&v, &pad], 3)?;
                 drop((v, pad));
                 padded
             } else {
                 v
             };
             // A decoder is causal whether or not a mask tensor is passed (fused kernels pass
-            // none).
-            let op = EfficientAttention {
-                scale: self.scale(d),
-                causal: self.causal,
-                window: self.window(),
-            };
-            // The op writes `(B, S, A, D)`: merging the heads is a view.
-            let y = q.apply_op3(&k, &v, op)?;
+            // none). The op writes `(B, S, A, D)`: merging the heads is a view.
+            let scale = self.scale(d);
+            let y = T::efficient_attention(&q, &k, &v, scale, self.causal, self.window())?;
             drop((q, k, v));
             let y = if dv < d {
                 y.narrow(3, 0, dv)?.contiguous()?
             } else {
                 y
             };
-            return y.reshape((b, s, self.heads * dv));
+            return y.reshape(&[b, s, self.heads * dv]);
         }
         self.attend(q, k, v, mask)
     }
@@ -143,46 +135,49 @@ impl Core {
     /// intermediate is freed as soon as the next exists. `k`, `v` `(B, G, T, ·)` at their own
     /// head count.
     ///
-    /// Fused: the probabilities in one op ([`kernels::attn_probs`]), causal for a decoder
+    /// Fused: the probabilities in one op ([`super::kernels::attn_probs`]), causal for a decoder
     /// (no mask tensor: a single cached query sees every key, a prompt is masked), made per
     /// key head `(B, G, r·Sq, T)` for its `r` query heads, so `P·v` reads each value head
     /// once. Composed: k and v repeated to the query heads ([`rotary::repeat_kv`]), then
     /// candle's scores, mask and softmax.
-    pub(crate) fn attend(
-        &self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let (b, _, s, d) = q.dims4()?;
-        let dv = v.dim(3)?;
+    pub(crate) fn attend<T: TensorOps>(&self, q: T, k: T, v: T, mask: Option<&T>) -> Result<T> {
+        let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
+        let dv = v.dims()[3];
         if self.fused {
             let scale = self.scale(d);
-            let probs = kernels::attn_probs(&q, &k, scale, self.causal, self.window)?;
+            let probs = T::attn_probs(&q, &k, scale, self.causal, self.window)?;
             drop((q, k));
             let y = probs.matmul(&v)?;
             drop((probs, v));
             let y = if self.kv_heads == self.heads {
                 y
             } else {
-                y.reshape((b, self.heads, s, dv))?
+                y.reshape(&[b, self.heads, s, dv])?
             };
-            return y.transpose(1, 2)?.reshape((b, s, self.heads * dv));
+            return y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv]);
         }
         let (k, v) = self.repeat(k, v)?;
-        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        let scores = self.scores(&q, &k)?;
         drop((q, k));
         // The unmasked scores stay (a shadowed binding) until the attention returns.
         let scores = match mask {
             Some(m) => scores.broadcast_add(m)?,
             None => scores,
         };
-        let probs = ops::softmax(&scores, D::Minus1)?;
+        let probs = tensor_ops::softmax_last(&scores)?;
         drop(scores);
         let y = probs.matmul(&v)?;
         drop((probs, v));
-        y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+        y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv])
+    }
+
+    /// `(q.matmul(&k.t()?)? * scale)?`: the product passed by value to `*`, freed once scaled.
+    fn scores<T: TensorOps>(&self, q: &T, k: &T) -> Result<T> {
+        let d = q.dims()[3];
+        let product = q.matmul(&k.t()?)?;
+        let scaled = product.affine(f64::from(self.scale(d)), 0.0)?;
+        drop(product);
+        Ok(scaled)
     }
 
     /// Standard attention with gpt-oss's sinks `(A)`: the scaled, masked scores beside each
@@ -190,43 +185,43 @@ impl Core {
     /// both, the sink's column dropped (a view), then `· v`; composed whatever the kernels (the
     /// fused probabilities, the efficient op and the tiled composition have no sink yet:
     /// refused).
-    pub(crate) fn attend_sinks(
+    pub(crate) fn attend_sinks<T: TensorOps>(
         &self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Option<&Tensor>,
-        sinks: &Tensor,
-    ) -> Result<Tensor> {
+        q: T,
+        k: T,
+        v: T,
+        mask: Option<&T>,
+        sinks: &T,
+    ) -> Result<T> {
         if self.efficient || self.tiled {
             candle_core::bail!(
                 "attention sinks (gpt-oss) are built into the standard attention only, not the efficient or tiled one"
             )
         }
-        let (b, _, s, d) = q.dims4()?;
-        let dv = v.dim(3)?;
+        let (b, s) = (q.dims()[0], q.dims()[2]);
+        let dv = v.dims()[3];
         let (k, v) = self.repeat(k, v)?;
-        let scores = (q.matmul(&k.t()?)? * f64::from(self.scale(d)))?;
+        let scores = self.scores(&q, &k)?;
         drop((q, k));
         // The unmasked scores stay (a shadowed binding) until the attention returns.
         let scores = match mask {
             Some(m) => scores.broadcast_add(m)?,
             None => scores,
         };
-        let t = scores.dim(3)?;
+        let t = scores.dims()[3];
         let sink = sinks
-            .reshape((1, self.heads, 1, 1))?
-            .broadcast_as((b, self.heads, s, 1))?
+            .reshape(&[1, self.heads, 1, 1])?
+            .broadcast_as(&[b, self.heads, s, 1])?
             .contiguous()?;
-        let all = Tensor::cat(&[&scores, &sink], 3)?;
+        let all = T::cat(&[&scores, &sink], 3)?;
         drop((scores, sink));
-        let probs = ops::softmax(&all, D::Minus1)?;
+        let probs = tensor_ops::softmax_last(&all)?;
         drop(all);
         let kept = probs.narrow(3, 0, t)?;
         drop(probs);
         let y = kept.matmul(&v)?;
         drop((kept, v));
-        y.transpose(1, 2)?.reshape((b, s, self.heads * dv))
+        y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv])
     }
 
     /// [`Core::attend_any`] runs the efficient CPU op, which reads q, k and v through their
@@ -241,7 +236,7 @@ impl Core {
     }
 
     /// Keys and values `(B, G, T, ·)` repeated to the query heads ([`rotary::repeat_kv`]).
-    fn repeat(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+    fn repeat<T: TensorOps>(&self, k: T, v: T) -> Result<(T, T)> {
         let group = self.heads / self.kv_heads;
         Ok((rotary::repeat_kv(k, group)?, rotary::repeat_kv(v, group)?))
     }
@@ -249,17 +244,13 @@ impl Core {
 
 /// A layer's cache pair `prev` (if any) with the new `(a, b)` appended along the sequence
 /// (`Tensor::cat`, new allocations; the old first part is freed before the second is made).
-pub(crate) fn append(
-    prev: Option<(Tensor, Tensor)>,
-    a: Tensor,
-    b: Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn append<T: TensorOps>(prev: Option<(T, T)>, a: T, b: T) -> Result<(T, T)> {
     match prev {
         None => Ok((a, b)),
         Some((pa, pb)) => {
-            let a = Tensor::cat(&[&pa, &a], 2)?;
+            let a = T::cat(&[&pa, &a], 2)?;
             drop(pa);
-            let b = Tensor::cat(&[&pb, &b], 2)?;
+            let b = T::cat(&[&pb, &b], 2)?;
             Ok((a, b))
         }
     }
@@ -269,15 +260,15 @@ pub(crate) fn append(
 /// `heads` (LLaMA's grouped-query attention) k and v have fewer heads and are repeated before
 /// the scores ([`rotary::repeat_kv`]).
 #[derive(Debug, Clone)]
-pub struct Attention {
-    pub(crate) q: Proj,
-    pub(crate) k: Proj,
-    pub(crate) v: Proj,
-    pub(crate) o: Proj,
+pub struct Attention<T: TensorOps = Tensor> {
+    pub(crate) q: Proj<T>,
+    pub(crate) k: Proj<T>,
+    pub(crate) v: Proj<T>,
+    pub(crate) o: Proj<T>,
     /// Qwen3's RMSNorms of each query and key head (`q_norm`, `k_norm`), before the rotary.
-    pub(crate) qk_norm: Option<(Norm, Norm)>,
+    pub(crate) qk_norm: Option<(Norm<T>, Norm<T>)>,
     /// gpt-oss's attention sinks: a logit per query head ([`Core::attend_sinks`]).
-    pub(crate) sinks: Option<Tensor>,
+    pub(crate) sinks: Option<T>,
     pub(crate) head_dim: usize,
     pub(crate) core: Core,
 }
@@ -314,24 +305,20 @@ impl Attention {
         })
     }
 
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
+    }
+}
+
+impl<T: TensorOps> Attention<T> {
     /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above (decoder),
     /// or none (encoder: every position attends to every position).
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         self.o.forward(&self.heads(x, mask, rotary)?)
     }
 
     /// [`Attention::forward`] before the output projection: the heads merged, `(B, S, A·D)`.
-    pub(crate) fn heads(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+    pub(crate) fn heads(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided())?;
         match &self.sinks {
             Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks),
@@ -351,20 +338,15 @@ impl Attention {
     /// `strided` (the efficient CPU op, which reads its operands through their strides): the
     /// head split is the transposed view of the projection, never copied, so the graph keeps
     /// the projection's output alone.
-    fn qkv(
-        &self,
-        x: &Tensor,
-        rotary: Option<Rotary>,
-        strided: bool,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (b, s, _h) = x.dims3()?;
+    fn qkv(&self, x: &T, rotary: Option<Rotary<T>>, strided: bool) -> Result<(T, T, T)> {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
         let d = self.head_dim;
-        let split = |t: Tensor, n: usize| -> Result<Tensor> {
-            let t = t.reshape((b, s, n, d))?.transpose(1, 2)?;
+        let split = |t: T, n: usize| -> Result<T> {
+            let t = t.reshape(&[b, s, n, d])?.transpose(1, 2)?;
             if strided { Ok(t) } else { t.contiguous() }
         };
         if let (Some(r), true) = (rotary, self.core.fused) {
-            let heads = |t: Tensor, n: usize| t.reshape((b, s, n, d));
+            let heads = |t: T, n: usize| t.reshape(&[b, s, n, d]);
             let (q, k) = (
                 heads(self.q.forward(x)?, self.core.heads)?,
                 heads(self.k.forward(x)?, self.core.kv_heads)?,
@@ -378,7 +360,7 @@ impl Attention {
             let v = split(self.v.forward(x)?, self.core.kv_heads)?;
             return Ok((q, k, v));
         }
-        let rotate = |t: Tensor| -> Result<Tensor> {
+        let rotate = |t: T| -> Result<T> {
             match rotary {
                 None => Ok(t),
                 Some(r) => r.apply(&t, self.core.fused),
@@ -406,22 +388,22 @@ impl Attention {
     /// this step only.
     pub fn forward_cached(
         &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         self.o.forward(&self.heads_cached(x, mask, rotary, cache)?)
     }
 
     /// [`Attention::forward_cached`] before the output projection.
     pub(crate) fn heads_cached(
         &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         let (q, k, v) = self.qkv(x, rotary, false)?;
         let first = cache.is_none();
         let (k, v) = append(cache.take(), k, v)?;
@@ -429,15 +411,15 @@ impl Attention {
         // attends to all of its keys (the windowed mask or kernel hides the old ones); a
         // single new token to the kept W, and the longer tensors go.
         let kept = match self.core.window {
-            Some(w) if k.dim(2)? > w => {
-                let t = k.dim(2)?;
+            Some(w) if k.dims()[2] > w => {
+                let t = k.dims()[2];
                 let kk = k.narrow(2, t - w, w)?.contiguous()?;
                 let kv = v.narrow(2, t - w, w)?.contiguous()?;
                 (kk, kv)
             }
             _ => (k.clone(), v.clone()),
         };
-        let (k, v) = if q.dim(2)? == 1 {
+        let (k, v) = if q.dims()[2] == 1 {
             drop((k, v));
             kept.clone()
         } else {
@@ -448,14 +430,10 @@ impl Attention {
         // efficient attention when the case asks for it).
         if let Some(sinks) = &self.sinks {
             self.core.attend_sinks(q, k, v, mask, sinks)
-        } else if first && q.dim(2)? > 1 {
+        } else if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)
         }
-    }
-
-    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
-        vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
     }
 }

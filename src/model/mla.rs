@@ -37,7 +37,7 @@
 //! `L·A·(n + dv)` + `A·dv·H`, plus biases on `q_a`, `kv_a` and `o` with `attention_bias`.
 //! LoRA targets: `q` (or `q_a` and `q_b`) is q, `kv_a` is k, `kv_b` is v, `o` is o.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::attention::{Core, Rotary};
@@ -229,8 +229,8 @@ impl Mla {
             return Ok(None);
         }
         Ok(Some(match &p.frozen {
-            None => p.linear.weight().clone(),
-            Some(f) => f.dense_as(dtype, p.linear.weight().device())?,
+            None => p.weight.clone(),
+            Some(f) => f.dense_as(dtype, p.weight.device())?,
         }))
     }
 

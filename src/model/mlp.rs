@@ -1,28 +1,30 @@
 //! The position-wise MLP: GPT's tanh-GELU MLP, LLaMA's SwiGLU or Gemma's GeGLU, composed or
-//! fused.
+//! fused. Written once over [`TensorOps`]: the model runs it on candle's tensors, the replay on
+//! symbolic ones.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 use super::config::{Config, ProjSpec};
-use super::kernels;
+use super::kernels::Kernel;
 use super::proj::Proj;
 use super::shapes::Llama;
+use super::tensor_ops::TensorOps;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I); with `gelu`, Gemma's GeGLU
 /// `down(gelu_tanh(gate(x)) · up(x))` (fused: the GELU kernel, then the product).
 #[derive(Debug, Clone)]
-pub enum Mlp {
+pub enum Mlp<T: TensorOps = Tensor> {
     Gelu {
-        fc1: Proj,
-        fc2: Proj,
+        fc1: Proj<T>,
+        fc2: Proj<T>,
         fused: bool,
     },
     SwiGlu {
-        gate: Proj,
-        up: Proj,
-        down: Proj,
+        gate: Proj<T>,
+        up: Proj<T>,
+        down: Proj<T>,
         fused: bool,
         /// The gate's activation.
         act: Glu,
@@ -89,10 +91,28 @@ impl Mlp {
         base: &dyn Fn(&Tensor) -> Result<Tensor>,
         adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
     ) -> Result<Self> {
+        self.map_projs(&|p| p.map(base, adapter))
+    }
+}
+
+impl<T: TensorOps> Mlp<T> {
+    /// The projections (fc1, fc2 or gate, up, down).
+    pub fn projs(&self) -> Vec<&Proj<T>> {
+        match self {
+            Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],
+            Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
+        }
+    }
+
+    /// A copy with `f` applied to each projection.
+    pub fn map_projs<U: TensorOps>(
+        &self,
+        f: &dyn Fn(&Proj<T>) -> Result<Proj<U>>,
+    ) -> Result<Mlp<U>> {
         Ok(match self {
             Mlp::Gelu { fc1, fc2, fused } => Mlp::Gelu {
-                fc1: fc1.map(base, adapter)?,
-                fc2: fc2.map(base, adapter)?,
+                fc1: f(fc1)?,
+                fc2: f(fc2)?,
                 fused: *fused,
             },
             Mlp::SwiGlu {
@@ -102,9 +122,9 @@ impl Mlp {
                 fused,
                 act,
             } => Mlp::SwiGlu {
-                gate: gate.map(base, adapter)?,
-                up: up.map(base, adapter)?,
-                down: down.map(base, adapter)?,
+                gate: f(gate)?,
+                up: f(up)?,
+                down: f(down)?,
                 fused: *fused,
                 act: *act,
             },
@@ -112,16 +132,16 @@ impl Mlp {
     }
 }
 
-impl Mlp {
+impl<T: TensorOps> Mlp<T> {
     /// The hidden activation of `x` and the projection that brings it back to `H` (fc2 or
     /// down).
-    fn hidden(&self, x: &Tensor) -> Result<(Tensor, &Proj)> {
+    fn hidden(&self, x: &T) -> Result<(T, &Proj<T>)> {
         Ok(match self {
             Mlp::Gelu {
                 fc1,
                 fc2,
                 fused: true,
-            } => (kernels::gelu(&fc1.forward(x)?)?, fc2),
+            } => (T::kernel(Kernel::Gelu, &[&fc1.forward(x)?])?, fc2),
             Mlp::Gelu { fc1, fc2, .. } => (fc1.forward(x)?.gelu()?, fc2),
             // One op on gate and up: gpt-oss's clamped GLU (with either kernel set), or the
             // fused SwiGLU.
@@ -134,11 +154,8 @@ impl Mlp {
             } if act.one_op(*fused) => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
-                let m = if *act == Glu::Oss {
-                    kernels::oss_glu(&g, &u)?
-                } else {
-                    kernels::silu_mul(&g, &u)?
-                };
+                let oss = *act == Glu::Oss;
+                let m = T::kernel(Kernel::SiluMul { oss }, &[&g, &u])?;
                 drop((g, u));
                 (m, down)
             }
@@ -151,7 +168,7 @@ impl Mlp {
             } => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
-                let a = kernels::gelu(&g)?;
+                let a = T::kernel(Kernel::Gelu, &[&g])?;
                 drop(g);
                 let m = a.mul(&u)?;
                 drop((a, u));
@@ -182,22 +199,27 @@ impl Mlp {
 
     /// `self.forward(x) ⊙ s`, `s (n, 1)` ([`Proj::forward_scaled`]): a routed expert's output
     /// times its routing weights; x freed once the hidden activation exists.
-    pub fn forward_scaled(&self, x: Tensor, s: &Tensor) -> Result<Tensor> {
+    pub fn forward_scaled(&self, x: T, s: &T) -> Result<T> {
         let (a, out) = self.hidden(&x)?;
         drop(x);
         out.forward_scaled(a, s)
     }
 
     /// `residual + self.forward(&x)` ([`Proj::forward_add`]), x freed before the sum.
-    pub fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
+    pub fn forward_add(&self, x: T, residual: &T) -> Result<T> {
         let (a, out) = self.hidden(&x)?;
         out.forward_add(a, x, residual)
+    }
+
+    /// The MLP of `x`.
+    pub fn forward(&self, x: &T) -> Result<T> {
+        let (a, out) = self.hidden(x)?;
+        out.forward(&a)
     }
 }
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (a, out) = self.hidden(x)?;
-        out.forward(&a)
+        Mlp::<Tensor>::forward(self, x)
     }
 }

@@ -19,6 +19,7 @@ pub mod presets;
 pub mod proj;
 pub mod rotary;
 pub mod shapes;
+pub mod tensor_ops;
 pub mod tiled_attention;
 pub mod transformer;
 pub mod vit;

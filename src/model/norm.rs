@@ -1,53 +1,29 @@
 //! The blocks' normalisation: LayerNorm (GPT, ViT) or RMSNorm (LLaMA), composed from candle's
-//! `*_slow` ops or fused ([`super::kernels`]).
+//! `*_slow` ops or fused ([`super::kernels`]). Written once over [`TensorOps`]: the model runs
+//! it on candle's tensors, the replay on symbolic ones.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Init, VarBuilder, ops};
+use candle_nn::{Init, VarBuilder};
 
 use super::config::Config;
-use super::kernels;
+use super::kernels::Kernel;
+use super::tensor_ops::{self, TensorOps};
 
-/// LayerNorm with weight and bias, computed with `ops::layer_norm_slow` (which has a backward).
+/// The block's normalisation: LayerNorm with weight and bias (GPT, ViT: `layer_norm_slow`,
+/// which has a backward; `LayerNorm::forward` has none) or RMSNorm (LLaMA: weight only,
+/// `rms_norm_slow`; `ops::rms_norm` has no backward), or with `fused` one kernel. Gemma's
+/// RMSNorm (`offset`) scales by `1 + w`: the sum is made at each call (a fresh `(n)` tensor,
+/// freed when the call returns; in training the graph keeps it) and its weight starts at 0.
 #[derive(Debug, Clone)]
-pub struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-    eps: f64,
-    /// [`kernels::layer_norm`] instead of `layer_norm_slow`.
-    fused: bool,
-}
-
-impl LayerNorm {
-    pub fn new(size: usize, eps: f64, fused: bool, vb: VarBuilder) -> Result<Self> {
-        let weight = vb.get_with_hints(size, "weight", Init::Const(1.0))?;
-        let bias = vb.get_with_hints(size, "bias", Init::Const(0.0))?;
-        Ok(Self {
-            weight,
-            bias,
-            eps,
-            fused,
-        })
-    }
-}
-
-impl Module for LayerNorm {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.fused {
-            return kernels::layer_norm(x, &self.weight, &self.bias, self.eps as f32);
-        }
-        ops::layer_norm_slow(x, &self.weight, &self.bias, self.eps as f32)
-    }
-}
-
-/// The block's normalisation: LayerNorm (GPT, ViT) or RMSNorm (LLaMA: weight only, computed
-/// with `ops::rms_norm_slow`, which has a backward; `ops::rms_norm` has none). Gemma's RMSNorm
-/// (`offset`) scales by `1 + w`: the sum is made at each call (a fresh `(n)` tensor, freed
-/// when the call returns; in training the graph keeps it) and its weight starts at 0.
-#[derive(Debug, Clone)]
-pub enum Norm {
-    Layer(LayerNorm),
+pub enum Norm<T = Tensor> {
+    Layer {
+        weight: T,
+        bias: T,
+        eps: f64,
+        fused: bool,
+    },
     Rms {
-        weight: Tensor,
+        weight: T,
         eps: f64,
         fused: bool,
         offset: bool,
@@ -57,12 +33,12 @@ pub enum Norm {
 impl Norm {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         match cfg.llama {
-            None => Ok(Norm::Layer(LayerNorm::new(
-                cfg.hidden,
-                cfg.layer_norm_eps,
-                cfg.kernels.fused(),
-                vb,
-            )?)),
+            None => Ok(Norm::Layer {
+                weight: vb.get_with_hints(cfg.hidden, "weight", Init::Const(1.0))?,
+                bias: vb.get_with_hints(cfg.hidden, "bias", Init::Const(0.0))?,
+                eps: cfg.layer_norm_eps,
+                fused: cfg.kernels.fused(),
+            }),
             Some(_) => Self::rms(cfg.hidden, cfg, vb),
         }
     }
@@ -89,15 +65,23 @@ impl Norm {
             offset: false,
         })
     }
+}
 
-    pub(crate) fn map(&self, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Self> {
+impl<T: TensorOps> Norm<T> {
+    /// A copy with `f` applied to the weight (and bias).
+    pub(crate) fn map<U>(&self, f: &dyn Fn(&T) -> Result<U>) -> Result<Norm<U>> {
         Ok(match self {
-            Norm::Layer(l) => Norm::Layer(LayerNorm {
-                weight: f(&l.weight)?,
-                bias: f(&l.bias)?,
-                eps: l.eps,
-                fused: l.fused,
-            }),
+            Norm::Layer {
+                weight,
+                bias,
+                eps,
+                fused,
+            } => Norm::Layer {
+                weight: f(weight)?,
+                bias: f(bias)?,
+                eps: *eps,
+                fused: *fused,
+            },
             Norm::Rms {
                 weight,
                 eps,
@@ -111,12 +95,31 @@ impl Norm {
             },
         })
     }
-}
 
-impl Module for Norm {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The weight, and LayerNorm's bias.
+    pub fn weights(&self) -> Vec<&T> {
         match self {
-            Norm::Layer(l) => l.forward(x),
+            Norm::Layer { weight, bias, .. } => vec![weight, bias],
+            Norm::Rms { weight, .. } => vec![weight],
+        }
+    }
+
+    /// The normalised `x`, over its last dimension.
+    pub fn forward(&self, x: &T) -> Result<T> {
+        match self {
+            Norm::Layer {
+                weight,
+                bias,
+                eps,
+                fused,
+            } => {
+                let eps = *eps as f32;
+                if *fused {
+                    T::kernel(Kernel::LayerNorm { eps }, &[x, weight, bias])
+                } else {
+                    tensor_ops::layer_norm_slow(x, weight, bias, eps)
+                }
+            }
             Norm::Rms {
                 weight,
                 eps,
@@ -130,12 +133,19 @@ impl Module for Norm {
                     None
                 };
                 let w = plus_one.as_ref().unwrap_or(weight);
+                let eps = *eps as f32;
                 if *fused {
-                    kernels::rms_norm(x, w, *eps as f32)
+                    T::kernel(Kernel::RmsNorm { eps }, &[x, w])
                 } else {
-                    ops::rms_norm_slow(x, w, *eps as f32)
+                    tensor_ops::rms_norm_slow(x, w, eps)
                 }
             }
         }
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Norm::<Tensor>::forward(self, x)
     }
 }

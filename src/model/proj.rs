@@ -1,33 +1,37 @@
 //! A block's projection: candle-nn's `Linear` (or the fused linear), an optional LoRA adapter,
-//! and how LoRA freezes the base ([`LoraBase`], [`LoraTarget`]).
+//! and how LoRA freezes the base ([`LoraBase`], [`LoraTarget`]). The forward is written once
+//! over [`TensorOps`]: the model runs it on candle's tensors, the replay on symbolic ones.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Init, Linear, VarBuilder, linear, linear_no_bias};
+use candle_nn::{Init, VarBuilder};
 
 use super::config::{Config, ProjSpec};
-use super::frozen::{FrozenLinear, FrozenWeight};
-use super::kernels;
+use super::frozen::FrozenWeight;
+use super::kernels::Kernel;
 pub use super::shapes::{LoraBase, LoraTarget};
+use super::tensor_ops::{self, TensorOps};
 
 /// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
 /// zero at the start, scale `α/r` with α = r.
 #[derive(Debug, Clone)]
-pub struct Lora {
-    pub a: Tensor,
-    pub b: Tensor,
+pub struct Lora<T = Tensor> {
+    pub a: T,
+    pub b: T,
     pub scale: f64,
 }
 
-/// A projection (candle-nn `Linear`) with an optional LoRA adapter. Under LoRA with
-/// `lora_base` `op`, `q4_0` or `q8_0` the base runs as a [`FrozenLinear`] instead (`frozen`),
-/// and `linear` keeps only what the op does not hold.
+/// A projection (candle-nn's `Linear`: weight `(out, in)`, optional bias) with an optional
+/// LoRA adapter. Under LoRA with `lora_base` `op`, `q4_0`, `q8_0`, `fp8` or `mxfp4` the base
+/// runs as the frozen-linear op instead (`frozen`, what the op holds), and `weight` keeps only
+/// what the op does not hold (candle: a 1-element placeholder when quantized).
 #[derive(Debug, Clone)]
-pub struct Proj {
-    pub linear: Linear,
-    pub lora: Option<Lora>,
-    pub frozen: Option<FrozenWeight>,
-    /// Fused kernels: with no frozen base one [`kernels::linear`] op (with a bias) or
-    /// [`kernels::linear_no_bias`] (without, on a contiguous input).
+pub struct Proj<T: TensorOps = Tensor> {
+    pub weight: T,
+    pub bias: Option<T>,
+    pub lora: Option<Lora<T>>,
+    pub frozen: Option<T::Frozen>,
+    /// Fused kernels: with no frozen base one [`Kernel::Linear`] op (with a bias) or
+    /// [`Kernel::LinearNoBias`] (without, on a contiguous input).
     pub fused: bool,
 }
 
@@ -55,17 +59,20 @@ impl Proj {
             None
         };
         let linear = if spec.bias {
-            linear(inp, out, vb)?
+            candle_nn::linear(inp, out, vb)?
         } else {
-            linear_no_bias(inp, out, vb)?
+            candle_nn::linear_no_bias(inp, out, vb)?
         };
+        let (weight, bias) = (linear.weight().clone(), linear.bias().cloned());
         Ok(Self {
-            linear,
+            weight,
+            bias,
             lora,
             frozen: None,
             fused: cfg.kernels.fused(),
         })
     }
+
     /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
     pub(crate) fn map(
         &self,
@@ -73,10 +80,8 @@ impl Proj {
         adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
     ) -> Result<Self> {
         Ok(Self {
-            linear: Linear::new(
-                base(self.linear.weight())?,
-                self.linear.bias().map(base).transpose()?,
-            ),
+            weight: base(&self.weight)?,
+            bias: self.bias.as_ref().map(base).transpose()?,
             lora: match &self.lora {
                 None => None,
                 Some(l) => Some(Lora {
@@ -96,8 +101,8 @@ impl Proj {
 
     /// The projection with its base frozen as `mode` says (adapters untouched).
     pub(crate) fn freeze(&self, mode: LoraBase) -> Result<Self> {
-        let bias = self.linear.bias().map(|b| b.detach());
-        let weight = self.linear.weight().detach();
+        let bias = self.bias.as_ref().map(|b| b.detach());
+        let weight = self.weight.detach();
         let frozen = match mode {
             LoraBase::Detach => None,
             LoraBase::Op => Some(FrozenWeight::Dense(weight.clone())),
@@ -115,7 +120,8 @@ impl Proj {
             weight
         };
         Ok(Self {
-            linear: Linear::new(weight, bias),
+            weight,
+            bias,
             lora: self.lora.clone(),
             frozen,
             fused: self.fused,
@@ -123,28 +129,58 @@ impl Proj {
     }
 }
 
-impl Proj {
+impl<T: TensorOps> Proj<T> {
+    /// `x·Wᵀ (+ b)`, or the frozen-linear op on x's rows, plus `scale·(x·Aᵀ)·Bᵀ` with an
+    /// adapter.
+    pub fn forward(&self, x: &T) -> Result<T> {
+        let y = match &self.frozen {
+            None => dense(&self.weight, self.bias.as_ref(), self.fused, x)?,
+            Some(w) => {
+                let y = rows(x)?.frozen_linear(w, self.bias.as_ref())?;
+                let out = y.dims()[1];
+                y.reshape(&out_dims(x, out))?
+            }
+        };
+        match &self.lora {
+            None => Ok(y),
+            Some(l) => {
+                let down = rows(x)?.matmul(&l.a.t()?)?;
+                let up = down
+                    .matmul(&l.b.t()?)?
+                    .reshape(&out_dims(x, l.b.dims()[0]))?;
+                // `y + (up * scale)`: both operands by value.
+                let scaled = up.affine(l.scale, 0.0)?;
+                drop(up);
+                let sum = y.add(&scaled)?;
+                drop((y, scaled));
+                Ok(sum)
+            }
+        }
+    }
+
     /// `residual + self.forward(&h)`, freeing h and `input` (the sublayer's input, which the
     /// caller no longer needs) before the sum is made. With fused kernels, a dense projection
-    /// without bias or adapter (contiguous operands) is one op ([`kernels::linear_add`]): its
+    /// without bias or adapter (contiguous operands) is one op ([`Kernel::LinearAdd`]): its
     /// own output never exists, so the graph does not keep it.
-    pub fn forward_add(&self, h: Tensor, input: Tensor, residual: &Tensor) -> Result<Tensor> {
+    pub fn forward_add(&self, h: T, input: T, residual: &T) -> Result<T> {
         if self.adds_in_place() && h.is_contiguous() && residual.is_contiguous() {
             drop(input);
-            return kernels::linear_add(&h, self.linear.weight(), residual);
+            return T::kernel(Kernel::LinearAdd, &[&h, &self.weight, residual]);
         }
         let y = self.forward(&h)?;
         drop((h, input));
-        residual + y
+        let sum = residual.add(&y)?;
+        drop(y);
+        Ok(sum)
     }
 
     /// `self.forward(&h) ⊙ s` for `h (n, in)` and `s (n, 1)` (a routed expert's output times
     /// its routing weight), h freed before the product is scaled. With fused kernels, a dense
     /// projection without bias or adapter on a contiguous h is one op
-    /// ([`kernels::linear_scaled`]): the unscaled product is never kept.
-    pub fn forward_scaled(&self, h: Tensor, s: &Tensor) -> Result<Tensor> {
+    /// ([`Kernel::LinearScaled`]): the unscaled product is never kept.
+    pub fn forward_scaled(&self, h: T, s: &T) -> Result<T> {
         if self.adds_in_place() && h.is_contiguous() {
-            return kernels::linear_scaled(&h, self.linear.weight(), s);
+            return T::kernel(Kernel::LinearScaled, &[&h, &self.weight, s]);
         }
         let y = self.forward(&h)?;
         drop(h);
@@ -154,57 +190,41 @@ impl Proj {
     /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s and
     /// [`Proj::forward_scaled`]'s one op.
     fn adds_in_place(&self) -> bool {
-        self.fused && self.frozen.is_none() && self.lora.is_none() && self.linear.bias().is_none()
+        self.fused && self.frozen.is_none() && self.lora.is_none() && self.bias.is_none()
     }
 }
 
 impl Module for Proj {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.frozen {
-            None => dense(&self.linear, self.fused, x)?,
-            Some(w) => {
-                let op = FrozenLinear {
-                    weight: w.clone(),
-                    bias: self.linear.bias().cloned(),
-                };
-                let y = rows(x)?.apply_op1(op)?;
-                let out = y.dim(1)?;
-                y.reshape(out_dims(x, out)?)?
-            }
-        };
-        match &self.lora {
-            None => Ok(y),
-            Some(l) => {
-                let down = rows(x)?.matmul(&l.a.t()?)?;
-                let up = down.matmul(&l.b.t()?)?.reshape(out_dims(x, l.b.dim(0)?)?)?;
-                y + (up * l.scale)?
-            }
-        }
+        Proj::<Tensor>::forward(self, x)
     }
 }
 
-/// A dense linear layer: with fused kernels one op ([`kernels::linear`] with a bias,
-/// [`kernels::linear_no_bias`] without, on a contiguous input), else candle-nn's `Linear`.
-/// The block projections and the LM head.
-pub(crate) fn dense(linear: &Linear, fused: bool, x: &Tensor) -> Result<Tensor> {
-    match linear.bias() {
-        Some(b) if fused => kernels::linear(x, linear.weight(), b),
-        None if fused && x.is_contiguous() => kernels::linear_no_bias(x, linear.weight()),
-        _ => linear.forward(x),
+/// A dense linear layer `x·wᵀ (+ b)`: with fused kernels one op ([`Kernel::Linear`] with a
+/// bias, [`Kernel::LinearNoBias`] without, on a contiguous input), else candle-nn's `Linear`
+/// ([`tensor_ops::linear`]). The block projections and the LM head.
+pub(crate) fn dense<T: TensorOps>(w: &T, b: Option<&T>, fused: bool, x: &T) -> Result<T> {
+    match b {
+        Some(b) if fused => T::kernel(Kernel::Linear, &[x, w, b]),
+        None if fused && x.is_contiguous() => T::kernel(Kernel::LinearNoBias, &[x, w]),
+        _ => tensor_ops::linear(w, b, x),
     }
 }
 
 /// `x (…, in)` as rows `(N, in)` (a view when contiguous): `(B, S, H)` in the blocks,
 /// `(n_e, H)` in an expert.
-fn rows(x: &Tensor) -> Result<Tensor> {
-    let inp = x.dim(candle_core::D::Minus1)?;
-    x.reshape((x.elem_count() / inp, inp))
+fn rows<T: TensorOps>(x: &T) -> Result<T> {
+    let dims = x.dims();
+    let inp = *dims
+        .last()
+        .expect("a projection's input has a last dimension");
+    x.reshape(&[dims.iter().product::<usize>() / inp, inp])
 }
 
 /// `x`'s leading dimensions with `out` last.
-fn out_dims(x: &Tensor, out: usize) -> Result<Vec<usize>> {
-    let mut d = x.dims().to_vec();
+fn out_dims<T: TensorOps>(x: &T, out: usize) -> Vec<usize> {
+    let mut d = x.dims();
     *d.last_mut()
         .expect("a projection's input has a last dimension") = out;
-    Ok(d)
+    d
 }

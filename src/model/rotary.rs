@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::shapes::RopeScaling;
+use super::tensor_ops::TensorOps;
 
 /// The rotary tables `cos`, `sin`, each `(S_max, D/2)`: angle `p · f_j` for position `p` and
 /// inverse frequency `f_j = θ^(−2j/D)` (or as `scaling` stretches it, cos and sin then times its
@@ -37,8 +38,8 @@ pub fn rotary_tables(
 /// `[x₁·cos − x₂·sin, x₂·cos + x₁·sin]` with `x₁, x₂` the two halves of the last dimension.
 /// Each product and sum is a fresh `(B, n, S, D/2)` tensor, the result a fresh `(B, n, S, D)`;
 /// the products are dropped as soon as their sum exists.
-pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, offset: usize) -> Result<Tensor> {
-    let (_b, _n, s, d) = x.dims4()?;
+pub fn apply_rotary<T: TensorOps>(x: &T, cos: &T, sin: &T, offset: usize) -> Result<T> {
+    let (s, d) = (x.dims()[2], x.dims()[3]);
     let cos = cos.narrow(0, offset, s)?;
     let sin = sin.narrow(0, offset, s)?;
     let x1 = x.narrow(3, 0, d / 2)?;
@@ -49,15 +50,15 @@ pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, offset: usize) -> Re
     let (a, b) = (x2.broadcast_mul(&cos)?, x1.broadcast_mul(&sin)?);
     let r2 = a.add(&b)?;
     drop((a, b));
-    Tensor::cat(&[&r1, &r2], 3)
+    T::cat(&[&r1, &r2], 3)
 }
 
 /// candle-transformers' `utils::repeat_kv`: `(B, G, T, D)` → `(B, G·n, T, D)` by a `cat` of
 /// `n` copies along T and a reshape (the same tensor when `n` is 1).
-pub fn repeat_kv(x: Tensor, n: usize) -> Result<Tensor> {
+pub fn repeat_kv<T: TensorOps>(x: T, n: usize) -> Result<T> {
     if n == 1 {
         return Ok(x);
     }
-    let (b, g, t, d) = x.dims4()?;
-    Tensor::cat(&vec![&x; n], 2)?.reshape((b, g * n, t, d))
+    let d = x.dims();
+    T::cat(&vec![&x; n], 2)?.reshape(&[d[0], d[1] * n, d[2], d[3]])
 }

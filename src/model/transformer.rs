@@ -52,7 +52,7 @@ pub use super::config::{
 pub use super::mla::Mla;
 pub use super::mlp::Mlp;
 pub use super::moe::Moe;
-pub use super::norm::{LayerNorm, Norm};
+pub use super::norm::Norm;
 pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
 
 /// A block's feed-forward part: a dense MLP ([`Mlp`]) or a mixture of experts ([`Moe`]).
@@ -662,7 +662,8 @@ impl Transformer {
             Stem::Tokens(_) => self.ln_f.forward(x)?,
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
-        super::proj::dense(&self.head, self.cfg.kernels.fused(), &x)
+        let (w, b) = (self.head.weight(), self.head.bias());
+        super::proj::dense(w, b, self.cfg.kernels.fused(), &x)
     }
 
     /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32 (candle-nn's

@@ -2,8 +2,9 @@
 //! the latent (the absorbed form) and the decompression of the others.
 
 use super::attention::{Core, Rotary};
-use super::norm::Norm;
 use super::proj::Linear;
+use super::{Norm, lift};
+use crate::formula::symbolic::Sure;
 use crate::formula::symbolic::Sym;
 use crate::model::mla::MlaShape;
 
@@ -35,7 +36,7 @@ fn rotate(x: &Sym, rotary: Rotary, fused: bool) -> Sym {
         .reshape(&[b, n, s, r / 2, 2])
         .transpose(3, 4)
         .reshape(&[b, n, s, r]);
-    rotary.apply(&halves, fused)
+    rotary.apply(&halves, fused).sure()
 }
 
 impl Mla {
@@ -50,10 +51,10 @@ impl Mla {
             m.kv_lora_rank,
         );
         let q = match &self.q_a {
-            None => self.q.forward(x),
+            None => self.q.forward(x).sure(),
             Some((q_a, norm)) => {
-                let qa = norm.forward(&q_a.forward(x));
-                self.q.forward(&qa)
+                let qa = norm.forward(&q_a.forward(x).sure()).sure();
+                self.q.forward(&qa).sure()
             }
         };
         let q = heads_first(&q, a, n + r);
@@ -61,10 +62,11 @@ impl Mla {
         let q_pe = rotate(&q.narrow(3, n, r), rotary, self.core.fused);
         let q = Sym::cat(&[&q_nope, &q_pe], 3);
         drop((q_nope, q_pe));
-        let ckv = self.kv_a.forward(x);
+        let ckv = self.kv_a.forward(x).sure();
         let c = self
             .kv_a_norm
             .forward(&ckv.narrow(2, 0, l).contiguous())
+            .sure()
             .reshape(&[b, 1, s, l]);
         let k_pe = ckv.narrow(2, l, r).reshape(&[b, 1, s, r]);
         drop(ckv);
@@ -82,7 +84,7 @@ impl Mla {
             m.qk_rope_head_dim,
             m.v_head_dim,
         );
-        let kv = heads_first(&self.kv_b.forward(&c.squeeze(1)), a, n + dv);
+        let kv = heads_first(&self.kv_b.forward(&c.squeeze(1)).sure(), a, n + dv);
         let k_nope = kv.narrow(3, 0, n);
         let k_pe = k_pe.broadcast_as(&[b, a, t, r]).contiguous();
         let k = Sym::cat(&[&k_nope, &k_pe], 3);
@@ -97,7 +99,7 @@ impl Mla {
         let (q, c, k_pe) = self.latent(x, rotary);
         let (k, v) = self.decompress(&c, &k_pe);
         drop((c, k_pe));
-        self.core.attend_any(q, k, v, mask)
+        self.core.attend_any(q, k, v, mask).sure()
     }
 
     /// Mirror of the model's `Mla::heads_cached`.
@@ -111,7 +113,7 @@ impl Mla {
         let rotary = rotary.expect("MLA has rotary tables");
         let (q, c, k_pe) = self.latent(x, rotary);
         let first = cache.is_none();
-        let (c, k_pe) = super::attention::append(cache.take(), c, k_pe);
+        let (c, k_pe) = crate::model::attention::append(cache.take(), c, k_pe).sure();
         if !first
             && q.dims()[2] == 1
             && let Some(w) = self.absorbable(q.dtype())
@@ -123,9 +125,9 @@ impl Mla {
         let (k, v) = self.decompress(&c, &k_pe);
         *cache = Some((c, k_pe));
         if first && q.dims()[2] > 1 {
-            self.core.attend_any(q, k, v, mask)
+            self.core.attend_any(q, k, v, mask).sure()
         } else {
-            self.core.attend(q, k, v, mask)
+            self.core.attend(q, k, v, mask).sure()
         }
     }
 
@@ -135,7 +137,7 @@ impl Mla {
         if self.shape.decompressed_decode || p.lora.is_some() {
             return None;
         }
-        Some(p.dense_weight(dtype))
+        Some(super::proj::dense_weight(p, dtype))
     }
 
     /// Mirror of `Mla::absorbed_step`.
@@ -170,7 +172,7 @@ impl Mla {
             kv_heads: 1,
             ..self.core
         };
-        let y = core.attend(q_abs, k_abs, c.clone(), None);
+        let y = core.attend(q_abs, k_abs, c.clone(), None).sure();
         let o_lat = y.reshape(&[b, a, l]).transpose(0, 1).contiguous();
         drop(y);
         let out = o_lat.matmul(&w.narrow(1, n, dv).transpose(1, 2));
@@ -192,18 +194,18 @@ impl Mla {
     pub(super) fn norm_weights(&self) -> Vec<Sym> {
         let mut v = Vec::new();
         if let Some((_, n)) = &self.q_a {
-            v.extend(n.weights());
+            v.extend(n.weights().into_iter().cloned());
         }
-        v.extend(self.kv_a_norm.weights());
+        v.extend(self.kv_a_norm.weights().into_iter().cloned());
         v
     }
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
         Mla {
             q: f(&self.q),
-            q_a: self.q_a.as_ref().map(|(p, n)| (f(p), n.map(w))),
+            q_a: self.q_a.as_ref().map(|(p, n)| (f(p), lift(n, w))),
             kv_a: f(&self.kv_a),
-            kv_a_norm: self.kv_a_norm.map(w),
+            kv_a_norm: lift(&self.kv_a_norm, w),
             kv_b: f(&self.kv_b),
             o: f(&self.o),
             shape: self.shape,

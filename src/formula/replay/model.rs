@@ -6,6 +6,8 @@
 use std::rc::Rc;
 
 use super::*;
+use crate::model::mlp::Glu;
+use crate::model::proj::Lora;
 
 /// candle-nn `ops::log_softmax`.
 pub(super) fn log_softmax(xs: &Sym, d: usize) -> Sym {
@@ -44,10 +46,10 @@ impl SelfAttention {
         rotary: Option<Rotary>,
     ) -> Sym {
         let (y, o) = match self {
-            SelfAttention::Mha(a) => (a.heads(&x, mask, rotary), &a.o),
+            SelfAttention::Mha(a) => (a.heads(&x, mask, rotary).sure(), &a.o),
             SelfAttention::Mla(a) => (a.heads(&x, mask, rotary), &a.o),
         };
-        o.forward_add(y, x, residual)
+        o.forward_add(y, x, residual).sure()
     }
 
     /// Mirror of the model's `SelfAttention::forward_owned`.
@@ -59,13 +61,13 @@ impl SelfAttention {
         cache: Option<&mut Option<(Sym, Sym)>>,
     ) -> Sym {
         let (heads, o) = match (self, cache) {
-            (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary), &a.o),
+            (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary).sure(), &a.o),
             (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary), &a.o),
-            (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c), &a.o),
+            (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c).sure(), &a.o),
             (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c), &a.o),
         };
         drop(x);
-        let y = o.forward(&heads);
+        let y = o.forward(&heads).sure();
         drop(heads);
         y
     }
@@ -80,10 +82,10 @@ impl SelfAttention {
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
         let (y, o) = match self {
-            SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache), &a.o),
+            SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache).sure(), &a.o),
             SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache), &a.o),
         };
-        o.forward_add(y, x, residual)
+        o.forward_add(y, x, residual).sure()
     }
 
     pub(super) fn linears(&self) -> Vec<&Linear> {
@@ -98,7 +100,12 @@ impl SelfAttention {
         match self {
             SelfAttention::Mha(a) => {
                 let mut v: Vec<Sym> = match &a.qk_norm {
-                    Some((qn, kn)) => qn.weights().into_iter().chain(kn.weights()).collect(),
+                    Some((qn, kn)) => qn
+                        .weights()
+                        .into_iter()
+                        .chain(kn.weights())
+                        .cloned()
+                        .collect(),
                     None => Vec::new(),
                 };
                 v.extend(a.sinks.clone());
@@ -110,7 +117,7 @@ impl SelfAttention {
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
         match self {
-            SelfAttention::Mha(a) => SelfAttention::Mha(a.map(f, w)),
+            SelfAttention::Mha(a) => SelfAttention::Mha(attention::map(a, f, w)),
             SelfAttention::Mla(a) => SelfAttention::Mla(a.map(f, w)),
         }
     }
@@ -126,7 +133,7 @@ impl Ffn {
     /// Mirror of the model's `Ffn::forward_owned`.
     pub(super) fn forward_owned(&self, x: Sym) -> Sym {
         let y = match self {
-            Ffn::Dense(m) => m.forward(&x),
+            Ffn::Dense(m) => m.forward(&x).sure(),
             Ffn::Moe(m) => m.forward(&x),
         };
         drop(x);
@@ -136,7 +143,7 @@ impl Ffn {
     /// Mirror of the model's `Ffn::forward_add`.
     pub(super) fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
         match self {
-            Ffn::Dense(m) => m.forward_add(x, residual),
+            Ffn::Dense(m) => m.forward_add(x, residual).sure(),
             Ffn::Moe(m) => {
                 let y = m.forward(&x);
                 drop(x);
@@ -147,14 +154,14 @@ impl Ffn {
 
     pub(super) fn linears(&self) -> Vec<&Linear> {
         match self {
-            Ffn::Dense(m) => m.linears(),
+            Ffn::Dense(m) => m.projs(),
             Ffn::Moe(m) => m.linears(),
         }
     }
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
         match self {
-            Ffn::Dense(m) => Ffn::Dense(Box::new(m.map(f))),
+            Ffn::Dense(m) => Ffn::Dense(Box::new(m.map_projs(&|p| Ok(f(p))).sure())),
             Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(f))),
         }
     }
@@ -195,8 +202,10 @@ impl Block {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
         }
-        let x = self.attn.forward_add(self.ln1.forward(x), x, mask, rotary);
-        self.mlp.forward_add(self.ln2.forward(&x), &x)
+        let x = self
+            .attn
+            .forward_add(self.ln1.forward(x).sure(), x, mask, rotary);
+        self.mlp.forward_add(self.ln2.forward(&x).sure(), &x)
     }
 
     /// Mirror of the model's `Block::sandwich` (Gemma).
@@ -210,12 +219,12 @@ impl Block {
     ) -> Sym {
         let y = self
             .attn
-            .forward_owned(self.ln1.forward(x), mask, rotary, cache);
-        let n = ln1_post.forward(&y);
+            .forward_owned(self.ln1.forward(x).sure(), mask, rotary, cache);
+        let n = ln1_post.forward(&y).sure();
         drop(y);
         let x = add_owned(x, n);
-        let y = self.mlp.forward_owned(self.ln2.forward(&x));
-        let n = ln2_post.forward(&y);
+        let y = self.mlp.forward_owned(self.ln2.forward(&x).sure());
+        let n = ln2_post.forward(&y).sure();
         drop(y);
         add_owned(&x, n)
     }
@@ -232,8 +241,8 @@ impl Block {
         }
         let x = self
             .attn
-            .forward_cached_add(self.ln1.forward(x), x, mask, rotary, cache);
-        self.mlp.forward_add(self.ln2.forward(&x), &x)
+            .forward_cached_add(self.ln1.forward(x).sure(), x, mask, rotary, cache);
+        self.mlp.forward_add(self.ln2.forward(&x).sure(), &x)
     }
 
     /// The block's projections in model order.
@@ -260,6 +269,26 @@ pub(super) struct Params<'a> {
 }
 
 impl Params<'_> {
+    /// An RMSNorm (with `offset`, Gemma's `1 + w`) or a LayerNorm over `h` (the epsilon does
+    /// not change memory, and the replay computes no values).
+    pub(super) fn norm(&self, h: usize, rms: bool, offset: bool) -> Norm {
+        if rms {
+            Norm::Rms {
+                weight: self.tensor(&[h]),
+                eps: 0.0,
+                fused: self.fused,
+                offset,
+            }
+        } else {
+            Norm::Layer {
+                weight: self.tensor(&[h]),
+                bias: self.tensor(&[h]),
+                eps: 0.0,
+                fused: self.fused,
+            }
+        }
+    }
+
     pub(super) fn tensor(&self, dims: &[usize]) -> Sym {
         if self.lora {
             return self.frozen(dims);
@@ -404,11 +433,11 @@ impl Transformer {
                 )
             });
         let gemma = shape.llama.and_then(|l| l.gemma);
-        let norm = |n: usize, rms: bool| Norm::with_offset(&p, n, rms, gemma.is_some());
+        let norm = |n: usize, rms: bool| p.norm(n, rms, gemma.is_some());
         let stem = match shape.vision {
             None => Stem::Tokens(p.tensor(&[v, h])),
             Some(vis) => Stem::Patches {
-                proj: Linear::new(&p, vis.patch_dim(), h, true),
+                proj: p.linear(vis.patch_dim(), h, true),
                 cls: p.tensor(&[1, 1, h]),
                 patch: vis.patch,
             },
@@ -423,6 +452,9 @@ impl Transformer {
             fused: shape.kernels.fused(),
             causal: shape.vision.is_none(),
             window: None,
+            // The scale changes no allocation.
+            scale_mul: 1.0,
+            scale_abs: None,
         };
         let lora = |spec: &ProjSpec| {
             if shape.has_lora(spec.target) {
@@ -431,13 +463,13 @@ impl Transformer {
                 0
             }
         };
-        let proj = |spec: &ProjSpec| Linear::proj(&p, spec, lora(spec));
+        let proj = |spec: &ProjSpec| p.proj(spec, lora(spec));
         let swiglu_with = |pp: &Params, specs: &[ProjSpec]| Mlp::SwiGlu {
-            gate: Linear::proj(pp, &specs[0], lora(&specs[0])),
-            up: Linear::proj(pp, &specs[1], lora(&specs[1])),
-            down: Linear::proj(pp, &specs[2], lora(&specs[2])),
+            gate: pp.proj(&specs[0], lora(&specs[0])),
+            up: pp.proj(&specs[1], lora(&specs[1])),
+            down: pp.proj(&specs[2], lora(&specs[2])),
             fused: shape.kernels.fused(),
-            act: mlp::Glu::of(shape.llama.as_ref()),
+            act: Glu::of(shape.llama.as_ref()),
         };
         let swiglu = |specs: &[ProjSpec]| swiglu_with(&p, specs);
         let expert_mlp = |specs: &[ProjSpec]| swiglu_with(&p_expert, specs);
@@ -457,11 +489,11 @@ impl Transformer {
                         let mut next = || proj(it.next().expect("an MLA projection"));
                         let q_a = m.q_lora_rank.map(|r| {
                             let q_a = next();
-                            (q_a, Norm::new(&p, r, true))
+                            (q_a, p.norm(r, true, false))
                         });
                         let q = next();
                         let kv_a = next();
-                        let kv_a_norm = Norm::new(&p, m.kv_lora_rank, true);
+                        let kv_a_norm = p.norm(m.kv_lora_rank, true, false);
                         SelfAttention::Mla(mla::Mla {
                             q,
                             q_a,
@@ -502,14 +534,13 @@ impl Transformer {
                     } => {
                         // The router, each expert's gate, up, down, the shared experts, the
                         // shared gate (model order).
-                        let router =
-                            Linear::new(&p, h, m.experts, shape.llama.is_some_and(|l| l.oss));
+                        let router = p.linear(h, m.experts, shape.llama.is_some_and(|l| l.oss));
                         let expert_ids: Vec<usize> =
                             experts.map_or_else(|| (0..m.experts).collect(), <[usize]>::to_vec);
                         let experts = expert_ids.iter().map(|_| expert_mlp(expert)).collect();
                         let shared_mlp = (!shared.is_empty()).then(|| expert_mlp(shared));
-                        let shared_gate = (!shared.is_empty() && m.shared_gate)
-                            .then(|| Linear::new(&p, h, 1, false));
+                        let shared_gate =
+                            (!shared.is_empty() && m.shared_gate).then(|| p.linear(h, 1, false));
                         let routing = shape
                             .routing
                             .as_ref()
@@ -552,16 +583,13 @@ impl Transformer {
             (Stem::Tokens(wte), true) => Linear {
                 weight: wte.clone(),
                 bias: None,
-                out: v,
-                inp: h,
                 lora: None,
                 frozen: None,
-                scales: None,
                 fused: shape.kernels.fused(),
             },
             _ => Linear {
                 fused: shape.kernels.fused(),
-                ..Linear::new(&p, h, v, shape.vision.is_some())
+                ..p.linear(h, v, shape.vision.is_some())
             },
         };
         let mut all = match &stem {
@@ -575,22 +603,22 @@ impl Transformer {
         };
         all.extend(wpe.clone());
         for b in &blocks {
-            all.extend(b.ln1.weights());
+            all.extend(b.ln1.weights().into_iter().cloned());
             for l in b.linears() {
                 all.push(l.weight.clone());
                 all.extend(l.bias.clone());
-                if let Some((a, b)) = &l.lora {
+                if let Some(Lora { a, b, .. }) = &l.lora {
                     all.extend([a.clone(), b.clone()]);
                 }
             }
             all.extend(b.attn.norm_weights());
-            all.extend(b.ln2.weights());
+            all.extend(b.ln2.weights().into_iter().cloned());
             if let Some((a, c)) = &b.post {
-                all.extend(a.weights());
-                all.extend(c.weights());
+                all.extend(a.weights().into_iter().cloned());
+                all.extend(c.weights().into_iter().cloned());
             }
         }
-        all.extend(ln_f.weights());
+        all.extend(ln_f.weights().into_iter().cloned());
         if !shape.tied {
             all.push(head.weight.clone());
             all.extend(head.bias.clone());
@@ -743,7 +771,7 @@ impl Transformer {
             }
             Stem::Patches { proj, cls, patch } => {
                 let patches = patchify(&input.to_dtype(self.dtype), *patch);
-                let x = proj.forward(&patches);
+                let x = proj.forward(&patches).sure();
                 drop(patches);
                 let (b, h) = (x.dims()[0], x.dims()[2]);
                 let cls = cls.broadcast_as(&[b, 1, h]).contiguous();
@@ -770,10 +798,10 @@ impl Transformer {
     /// Final LayerNorm and LM head (ViT: of the class token).
     pub fn head_forward(&self, x: &Sym) -> Sym {
         let x = match self.stem {
-            Stem::Tokens(_) => self.ln_f.forward(x),
-            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()),
+            Stem::Tokens(_) => self.ln_f.forward(x).sure(),
+            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()).sure(),
         };
-        self.head.forward(&x)
+        self.head.forward(&x).sure()
     }
 
     /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
@@ -789,7 +817,7 @@ impl Transformer {
     /// Mirror of the model's `map`: `f` on every weight (and the rotary tables), in model
     /// order; a tied head is the mapped token table.
     pub(super) fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
-        let lin = |l: &Linear| l.map(f, f);
+        let lin = |l: &Linear| lift(l, f);
         let rope = self.rope.as_ref().map(|(c, s)| (f(c), f(s)));
         let rope_local = self.rope_local.as_ref().map(|(c, s)| (f(c), f(s)));
         let stem = match &self.stem {
@@ -807,12 +835,12 @@ impl Transformer {
             .iter()
             .map(|b| {
                 ledger.set_tag(b.tag);
-                let ln1 = b.ln1.map(f);
+                let ln1 = lift(&b.ln1, f);
                 let attn = b.attn.map(&lin, f);
-                let ln1_post = b.post.as_ref().map(|p| p.0.map(f));
-                let ln2 = b.ln2.map(f);
+                let ln1_post = b.post.as_ref().map(|p| lift(&p.0, f));
+                let ln2 = lift(&b.ln2, f);
                 let mlp = b.mlp.map(&lin);
-                let post = ln1_post.zip(b.post.as_ref().map(|p| p.1.map(f)));
+                let post = ln1_post.zip(b.post.as_ref().map(|p| lift(&p.1, f)));
                 Block {
                     ln1,
                     attn,
@@ -825,16 +853,13 @@ impl Transformer {
             })
             .collect();
         ledger.set_tag(0);
-        let ln_f = self.ln_f.map(f);
+        let ln_f = lift(&self.ln_f, f);
         let head = match (&stem, self.tied) {
             (Stem::Tokens(wte), true) => Linear {
                 weight: wte.clone(),
                 bias: None,
-                out: self.head.out,
-                inp: self.head.inp,
                 lora: None,
                 frozen: None,
-                scales: None,
                 fused: self.head.fused,
             },
             _ => lin(&self.head),

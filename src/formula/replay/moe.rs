@@ -3,12 +3,13 @@
 //! inference), for a given routing (tokens per expert; a row's recorded
 //! `moe_routing`, or balanced).
 
-use super::attention::softmax;
-use super::mlp::Mlp;
+use super::Mlp;
 use super::proj::Linear;
+use crate::formula::symbolic::Sure;
 use crate::formula::symbolic::{DType, Sym};
 use crate::model::kernels::Kernel;
 use crate::model::moe::{MoeShape, Scoring};
+use crate::model::tensor_ops;
 
 /// Mirror of the composed sigmoid `1 / (1 + exp(−x))` (`model::moe`).
 fn sigmoid(x: &Sym) -> Sym {
@@ -94,11 +95,11 @@ impl Moe {
         let counts = self.counts(t);
         let ledger = x.ledger().clone();
         let xs = x.reshape(&[t, h]);
-        let logits = self.router.linear_forward(&xs);
+        let logits = tensor_ops::linear(&self.router.weight, self.router.bias.as_ref(), &xs).sure();
         let probs = {
             let l = logits.to_dtype(DType::F32);
             match self.shape.scoring {
-                Scoring::Softmax => softmax(&l, 1),
+                Scoring::Softmax => tensor_ops::softmax_last(&l).sure(),
                 Scoring::Sigmoid => sigmoid(&l),
             }
         };
@@ -179,7 +180,7 @@ impl Moe {
             ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
             let ids = host_ids.into_tensor(&[n], DType::U32);
             let we = weights.index_select(&ids, 0).narrow(1, i, 1);
-            let ye = expert.forward_scaled(xs.index_select(&ids, 0), &we);
+            let ye = expert.forward_scaled(xs.index_select(&ids, 0), &we).sure();
             drop(we);
             match ys.take() {
                 Some(acc) => ys = Some(acc.index_add_tracked(&ids, &ye, 0)),
@@ -212,11 +213,11 @@ impl Moe {
         match &self.shared {
             None => ys,
             Some(shared) => {
-                let y = shared.forward(x);
+                let y = shared.forward(x).sure();
                 let y = match &self.shared_gate {
                     None => y,
                     Some(g) => {
-                        let gate = sigmoid(&g.forward(x));
+                        let gate = sigmoid(&g.forward(x).sure());
                         y.broadcast_mul(&gate)
                     }
                 };
@@ -230,7 +231,7 @@ impl Moe {
     pub(super) fn linears(&self) -> Vec<&Linear> {
         let mut v = vec![&self.router];
         for e in self.experts.iter().chain(&self.shared) {
-            v.extend(e.linears());
+            v.extend(e.projs());
         }
         v.extend(&self.shared_gate);
         v
@@ -248,13 +249,16 @@ impl Moe {
                 .map(|(slot, e)| {
                     // A mapped weight (mixed precision's cast) is its expert's, as in forward.
                     ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
-                    let m = e.map(f);
+                    let m = e.map_projs(&|p| Ok(f(p))).sure();
                     ledger.set_tag(layer_tag);
                     m
                 })
                 .collect(),
             expert_ids: self.expert_ids.clone(),
-            shared: self.shared.as_ref().map(|e| e.map(f)),
+            shared: self
+                .shared
+                .as_ref()
+                .map(|e| e.map_projs(&|p| Ok(f(p))).sure()),
             shared_gate: self.shared_gate.as_ref().map(f),
             shape: self.shape,
             fused: self.fused,

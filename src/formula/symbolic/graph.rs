@@ -223,3 +223,134 @@ pub(crate) fn frozen_dense(
     drop(f);
     h
 }
+
+/// What a frozen projection's op holds, on symbolic tensors (candle's `FrozenWeight`): the
+/// weight's storage (dense `(out, in)`, or the quantized bytes), FP8's or MXFP4's block scales,
+/// how it is dequantized, and the widths.
+#[derive(Debug, Clone)]
+pub struct FrozenSym {
+    pub weight: Sym,
+    pub scales: Option<Sym>,
+    pub held: FrozenW,
+    pub out: usize,
+    pub inp: usize,
+}
+
+impl FrozenSym {
+    /// `FrozenWeight::dense_as`: the dense `(out, in)` weight in `like` (the weight itself when
+    /// dense; a fresh dequantized copy otherwise).
+    pub fn dense(&self, like: DType) -> Sym {
+        frozen_dense(
+            self.weight.ledger(),
+            &self.weight,
+            self.held,
+            self.out,
+            self.inp,
+            like,
+        )
+    }
+}
+
+/// The layers' forward on symbolic tensors: each method is the candle op of the same name.
+impl crate::model::tensor_ops::TensorOps for Sym {
+    type Frozen = FrozenSym;
+    fn is_contiguous(&self) -> bool {
+        Sym::is_contiguous(self)
+    }
+    fn contiguous(&self) -> candle_core::Result<Self> {
+        Ok(Sym::contiguous(self))
+    }
+    fn gelu(&self) -> candle_core::Result<Self> {
+        Ok(Sym::gelu(self))
+    }
+    fn silu(&self) -> candle_core::Result<Self> {
+        Ok(Sym::silu(self))
+    }
+    fn transpose(&self, a: usize, b: usize) -> candle_core::Result<Self> {
+        Ok(Sym::transpose(self, a, b))
+    }
+    fn broadcast_left(&self, left: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_left(self, left))
+    }
+    fn kernel(k: Kernel, a: &[&Self]) -> candle_core::Result<Self> {
+        Ok(match k {
+            Kernel::Linear | Kernel::LinearAdd | Kernel::LinearNoBias | Kernel::LinearScaled => {
+                a[0].fused_product(k, a[1], &a[2..])
+            }
+            Kernel::CrossEntropy => Sym::kernel(k, a, &[], a[0].dtype()),
+            Kernel::ScatterRows { rows } => {
+                let h = a[0].dims()[1];
+                Sym::kernel(k, a, &[rows, h], a[0].dtype())
+            }
+            Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
+                candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
+            }
+            // Element-wise on the first arg: norms, activations, the rotary embedding.
+            _ => Sym::kernel(k, a, a[0].dims(), a[0].dtype()),
+        })
+    }
+    fn frozen_linear(&self, w: &FrozenSym, bias: Option<&Self>) -> candle_core::Result<Self> {
+        Ok(Sym::frozen_linear(self, &w.weight, w.held, w.out, bias))
+    }
+    fn broadcast_as(&self, dims: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::broadcast_as(self, dims))
+    }
+    /// The window does not change what the kernel allocates.
+    fn attn_probs(
+        q: &Self,
+        k: &Self,
+        scale: f32,
+        causal: bool,
+        _window: Option<usize>,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::attn_probs(q, k, scale, causal))
+    }
+    fn efficient_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        _scale: f32,
+        _causal: bool,
+        _window: usize,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::efficient_attention(q, k, v))
+    }
+    /// `tiled_attention::attention`: the tiled forward on detached views, then the node's copy
+    /// of the output (the precomputed one freed inside its forward).
+    fn tiled_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        scale: f32,
+        causal: bool,
+        window: usize,
+    ) -> candle_core::Result<Self> {
+        let (out, lse) = crate::model::tiled_attention::forward(
+            &q.detach(),
+            &k.detach(),
+            &v.detach(),
+            scale as f64,
+            causal,
+            window,
+        )?;
+        let kernel = Kernel::TiledAttention {
+            scale,
+            causal,
+            window,
+        };
+        let y = Sym::kernel(kernel, &[q, k, v, &lse], out.dims(), out.dtype());
+        drop((out, lse));
+        Ok(y)
+    }
+}
+
+/// Results of symbolic tensors' ops, which never fail: the replay's drivers take the value.
+pub trait Sure<T> {
+    fn sure(self) -> T;
+}
+
+impl<T> Sure<T> for candle_core::Result<T> {
+    fn sure(self) -> T {
+        self.expect("symbolic tensors' ops do not fail")
+    }
+}

@@ -659,7 +659,7 @@ impl Sym {
 
     /// The projection ops of `model::kernels::linear`: `self (…, in)·wᵀ` written by one gemm
     /// call on `(rows, in)` into the output (args self, w, then `rest`), finished in place.
-    fn fused_product(&self, kernel: Kernel, w: &Sym, rest: &[&Sym]) -> Sym {
+    pub(super) fn fused_product(&self, kernel: Kernel, w: &Sym, rest: &[&Sym]) -> Sym {
         let mut dims = self.dims().to_vec();
         let inp = *dims.last().expect("a dimension");
         let rows = dims.iter().product::<usize>() / inp.max(1);

@@ -1,0 +1,263 @@
+//! The tensor operations the layers' forward passes are written in: [`Graph`] (what the fused
+//! kernels' backward uses) grown to the forward. Two interpreters implement it: candle's
+//! [`Tensor`] (the model that runs and is metered) and the replay's symbolic tensor
+//! ([`crate::formula::symbolic::Sym`], the model that is predicted at any size). A layer
+//! written once over [`TensorOps`] (`Norm<T>`, `Proj<T>`, `Mlp<T>`) runs the same statements
+//! on both, so where memory is allocated and freed is the same by construction — PyTorch sizes
+//! models it never runs the same way, by executing the module's code on fake tensors.
+//!
+//! Every method allocates what the candle op of the same name allocates and, unlike
+//! [`Graph`]'s use in the backward, is recorded in the autograd graph when an operand is
+//! tracked.
+
+use candle_core::{Result, Tensor};
+
+use super::efficient_attention::EfficientAttention;
+use super::frozen::{FrozenLinear, FrozenWeight};
+use super::kernels::{self, Graph, Kernel};
+
+/// Tensor operations used by the layers' forward passes.
+pub trait TensorOps: Graph {
+    /// A frozen projection's weight as its op holds it (dense, GGML blocks, FP8 or MXFP4):
+    /// candle's [`FrozenWeight`]; the replay's description of the same bytes.
+    type Frozen: Clone + std::fmt::Debug;
+    fn is_contiguous(&self) -> bool;
+    /// The same tensor when contiguous, else a contiguous copy.
+    fn contiguous(&self) -> Result<Self>;
+    /// GELU with the tanh approximation, composed (candle's `gelu`).
+    fn gelu(&self) -> Result<Self>;
+    fn silu(&self) -> Result<Self>;
+    /// Swaps dimensions `a` and `b` (a view).
+    fn transpose(&self, a: usize, b: usize) -> Result<Self>;
+    /// A view with `left` prepended as broadcast dimensions.
+    fn broadcast_left(&self, left: &[usize]) -> Result<Self>;
+    /// One of the fused kernels of [`kernels`] on `args` (in the order [`Kernel`] lists them):
+    /// one fresh output.
+    fn kernel(k: Kernel, args: &[&Self]) -> Result<Self>;
+    /// The frozen-linear op ([`FrozenLinear`]) on rows `x (N, in)` → `(N, out)`.
+    fn frozen_linear(&self, w: &Self::Frozen, bias: Option<&Self>) -> Result<Self>;
+    /// A view broadcast to `dims`.
+    fn broadcast_as(&self, dims: &[usize]) -> Result<Self>;
+    /// [`kernels::attn_probs`]: `softmax(q·kᵀ·scale + mask)` per key head, one op.
+    fn attn_probs(
+        q: &Self,
+        k: &Self,
+        scale: f32,
+        causal: bool,
+        window: Option<usize>,
+    ) -> Result<Self>;
+    /// The efficient CPU attention op ([`EfficientAttention`]) on q, k, v of one width:
+    /// `(B, S, A, D)`, the heads last.
+    fn efficient_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        scale: f32,
+        causal: bool,
+        window: usize,
+    ) -> Result<Self>;
+    /// The tiled attention ([`super::tiled_attention::attention`]): `(B, A, S, Dv)`.
+    fn tiled_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        scale: f32,
+        causal: bool,
+        window: usize,
+    ) -> Result<Self>;
+}
+
+impl TensorOps for Tensor {
+    type Frozen = FrozenWeight;
+    fn is_contiguous(&self) -> bool {
+        Tensor::is_contiguous(self)
+    }
+    fn contiguous(&self) -> Result<Self> {
+        Tensor::contiguous(self)
+    }
+    fn gelu(&self) -> Result<Self> {
+        Tensor::gelu(self)
+    }
+    fn silu(&self) -> Result<Self> {
+        Tensor::silu(self)
+    }
+    fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        Tensor::transpose(self, a, b)
+    }
+    fn broadcast_left(&self, left: &[usize]) -> Result<Self> {
+        Tensor::broadcast_left(self, left)
+    }
+    fn kernel(k: Kernel, a: &[&Self]) -> Result<Self> {
+        match k {
+            Kernel::LayerNorm { eps } => kernels::layer_norm(a[0], a[1], a[2], eps),
+            Kernel::RmsNorm { eps } => kernels::rms_norm(a[0], a[1], eps),
+            Kernel::Gelu => kernels::gelu(a[0]),
+            Kernel::SiluMul { oss: false } => kernels::silu_mul(a[0], a[1]),
+            Kernel::SiluMul { oss: true } => kernels::oss_glu(a[0], a[1]),
+            Kernel::CrossEntropy => kernels::cross_entropy(a[0], a[1]),
+            Kernel::Linear => kernels::linear(a[0], a[1], a[2]),
+            Kernel::LinearAdd => kernels::linear_add(a[0], a[1], a[2]),
+            Kernel::LinearNoBias => kernels::linear_no_bias(a[0], a[1]),
+            Kernel::LinearScaled => kernels::linear_scaled(a[0], a[1], a[2]),
+            Kernel::ScatterRows { rows } => kernels::scatter_rows(a[0], a[1], rows),
+            Kernel::Rotary => kernels::rotary(a[0], a[1], a[2]),
+            Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
+                candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
+            }
+        }
+    }
+    fn frozen_linear(&self, w: &FrozenWeight, bias: Option<&Self>) -> Result<Self> {
+        self.apply_op1(FrozenLinear {
+            weight: w.clone(),
+            bias: bias.cloned(),
+        })
+    }
+    fn broadcast_as(&self, dims: &[usize]) -> Result<Self> {
+        Tensor::broadcast_as(self, dims)
+    }
+    fn attn_probs(
+        q: &Self,
+        k: &Self,
+        scale: f32,
+        causal: bool,
+        window: Option<usize>,
+    ) -> Result<Self> {
+        kernels::attn_probs(q, k, scale, causal, window)
+    }
+    fn efficient_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        scale: f32,
+        causal: bool,
+        window: usize,
+    ) -> Result<Self> {
+        q.apply_op3(
+            k,
+            v,
+            EfficientAttention {
+                scale,
+                causal,
+                window,
+            },
+        )
+    }
+    fn tiled_attention(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        scale: f32,
+        causal: bool,
+        window: usize,
+    ) -> Result<Self> {
+        super::tiled_attention::attention(q, k, v, scale, causal, window)
+    }
+}
+
+/// candle-nn's `ops::softmax` over the last dimension (candle-nn 0.11.1), composed.
+pub fn softmax_last<T: TensorOps>(xs: &T) -> Result<T> {
+    let max = xs.max_last_keepdim()?;
+    let diff = xs.broadcast_sub(&max)?;
+    let num = diff.exp()?;
+    let den = num.sum_last_keepdim()?;
+    num.broadcast_div(&den)
+}
+
+/// candle-nn's `ops::layer_norm_slow` (candle-nn 0.11.1), statement for statement: half
+/// precision is normalised in f32.
+pub fn layer_norm_slow<T: TensorOps>(x: &T, w: &T, b: &T, eps: f32) -> Result<T> {
+    let h = *x.dims().last().expect("a norm's input has a dimension") as f64;
+    let xf = x.to_f32()?;
+    let xf = {
+        let mean_x = xf.sum_last_keepdim()?.affine(1.0 / h, 0.0)?;
+        xf.broadcast_sub(&mean_x)?
+    };
+    let norm_x = xf.sqr()?.sum_last_keepdim()?.affine(1.0 / h, 0.0)?;
+    let x_normed = xf.broadcast_div(&norm_x.affine(1.0, eps as f64)?.sqrt()?)?;
+    x_normed.to_dtype_of(x)?.broadcast_mul(w)?.broadcast_add(b)
+}
+
+/// candle-nn's `ops::rms_norm_slow` (candle-nn 0.11.1), statement for statement.
+pub fn rms_norm_slow<T: TensorOps>(x: &T, w: &T, eps: f32) -> Result<T> {
+    let h = *x.dims().last().expect("a norm's input has a dimension") as f64;
+    let xf = x.to_f32()?;
+    let norm_x = xf.sqr()?.sum_last_keepdim()?.affine(1.0 / h, 0.0)?;
+    let x_normed = xf.broadcast_div(&norm_x.affine(1.0, eps as f64)?.sqrt()?)?;
+    x_normed.to_dtype_of(x)?.broadcast_mul(w)
+}
+
+/// candle-nn's `Linear::forward` (candle-nn 0.11.1) with weight `w (out, in)` and an optional
+/// bias: a contiguous 3- or 4-d input multiplied as rows, a strided one by a broadcast weight.
+pub fn linear<T: TensorOps>(w: &T, b: Option<&T>, x: &T) -> Result<T> {
+    let dims = x.dims();
+    let y = match *dims.as_slice() {
+        [b1, b2, m, k] if x.is_contiguous() => {
+            let wt = w.t()?;
+            let n = wt.dims()[1];
+            x.reshape(&[b1 * b2 * m, k])?
+                .matmul(&wt)?
+                .reshape(&[b1, b2, m, n])?
+        }
+        [b1, b2, _, _] => x.matmul(&w.broadcast_left(&[b1, b2])?.t()?)?,
+        [bsize, m, k] if x.is_contiguous() => {
+            let wt = w.t()?;
+            let n = wt.dims()[1];
+            x.reshape(&[bsize * m, k])?
+                .matmul(&wt)?
+                .reshape(&[bsize, m, n])?
+        }
+        [bsize, _, _] => x.matmul(&w.broadcast_left(&[bsize])?.t()?)?,
+        _ => x.matmul(&w.t()?)?,
+    };
+    match b {
+        None => Ok(y),
+        Some(b) => y.broadcast_add(b),
+    }
+}
+
+/// Checks [`linear`] against candle-nn's own `Linear` (the same values, so the same ops).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{D, DType, Device, Module};
+
+    #[test]
+    fn linear_and_norms_are_candle_nns() -> Result<()> {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (5, 4), &dev)?;
+        let b = Tensor::randn(0f32, 1., 5, &dev)?;
+        let g = Tensor::randn(0f32, 1., 4, &dev)?;
+        for x in [
+            Tensor::randn(0f32, 1., (2, 3, 4), &dev)?,
+            Tensor::randn(0f32, 1., (2, 4, 3), &dev)?.transpose(1, 2)?,
+            Tensor::randn(0f32, 1., (2, 2, 3, 4), &dev)?,
+            Tensor::randn(0f32, 1., (3, 4), &dev)?,
+        ] {
+            let theirs = candle_nn::Linear::new(w.clone(), Some(b.clone())).forward(&x)?;
+            let ours = linear(&w, Some(&b), &x)?;
+            assert_eq!(theirs.dims(), ours.dims());
+            let diff = (theirs - ours)?.abs()?.flatten_all()?.max(D::Minus1)?;
+            assert!(diff.to_scalar::<f32>()? < 1e-6);
+            for dt in [DType::F32, DType::BF16] {
+                let x = x.to_dtype(dt)?;
+                let (g, b) = (g.to_dtype(dt)?, b.narrow(0, 0, 4)?.to_dtype(dt)?);
+                let pairs = [
+                    (
+                        candle_nn::ops::layer_norm_slow(&x, &g, &b, 1e-5)?,
+                        layer_norm_slow(&x, &g, &b, 1e-5)?,
+                    ),
+                    (
+                        candle_nn::ops::rms_norm_slow(&x, &g, 1e-5)?,
+                        rms_norm_slow(&x, &g, 1e-5)?,
+                    ),
+                ];
+                for (theirs, ours) in pairs {
+                    let d = (theirs.to_dtype(DType::F32)? - ours.to_dtype(DType::F32)?)?;
+                    let d = d.abs()?.flatten_all()?.max(D::Minus1)?;
+                    assert_eq!(d.to_scalar::<f32>()?, 0.0);
+                }
+            }
+        }
+        Ok(())
+    }
+}
