@@ -45,6 +45,7 @@ use super::config::{Config, ProjSpec};
 use super::norm::Norm;
 use super::proj::Proj;
 pub use super::shapes::MlaShape;
+use super::tensor_ops::TensorOps;
 
 /// Epsilon of MLA's inner norms: transformers makes them with its default 1e-6, not
 /// `rms_norm_eps`.
@@ -52,14 +53,14 @@ pub const INNER_EPS: f64 = 1e-6;
 
 /// Multi-head latent attention.
 #[derive(Debug, Clone)]
-pub struct Mla {
+pub struct Mla<T: TensorOps = Tensor> {
     /// `q`, or `q_a` with its norm and `q_b`.
-    pub(crate) q: Proj,
-    pub(crate) q_a: Option<(Proj, Norm)>,
-    pub(crate) kv_a: Proj,
-    pub(crate) kv_a_norm: Norm,
-    pub(crate) kv_b: Proj,
-    pub(crate) o: Proj,
+    pub(crate) q: Proj<T>,
+    pub(crate) q_a: Option<(Proj<T>, Norm<T>)>,
+    pub(crate) kv_a: Proj<T>,
+    pub(crate) kv_a_norm: Norm<T>,
+    pub(crate) kv_b: Proj<T>,
+    pub(crate) o: Proj<T>,
     pub(crate) shape: MlaShape,
     pub(crate) core: Core,
 }
@@ -98,10 +99,71 @@ impl Mla {
         })
     }
 
+    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
+        let mut v = Vec::new();
+        if let Some((q_a, _)) = &mut self.q_a {
+            v.push(q_a);
+        }
+        v.extend([&mut self.q, &mut self.kv_a, &mut self.kv_b, &mut self.o]);
+        v
+    }
+
+    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
+    pub(crate) fn map(
+        &self,
+        base: &dyn Fn(&Tensor) -> Result<Tensor>,
+        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Self> {
+        self.map_parts(&|p| p.map(base, adapter), base)
+    }
+}
+
+impl<T: TensorOps> Mla<T> {
+    /// The projections in model order.
+    pub fn projs(&self) -> Vec<&Proj<T>> {
+        let mut v = Vec::new();
+        if let Some((q_a, _)) = &self.q_a {
+            v.push(q_a);
+        }
+        v.extend([&self.q, &self.kv_a, &self.kv_b, &self.o]);
+        v
+    }
+
+    /// The inner norms' weights.
+    pub fn norm_weights(&self) -> Vec<&T> {
+        let mut v = Vec::new();
+        if let Some((_, n)) = &self.q_a {
+            v.extend(n.weights());
+        }
+        v.extend(self.kv_a_norm.weights());
+        v
+    }
+
+    /// A copy with `f` on the projections and `w` on the norms' weights.
+    pub fn map_parts<U: TensorOps>(
+        &self,
+        f: &dyn Fn(&Proj<T>) -> Result<Proj<U>>,
+        w: &dyn Fn(&T) -> Result<U>,
+    ) -> Result<Mla<U>> {
+        Ok(Mla {
+            q: f(&self.q)?,
+            q_a: match &self.q_a {
+                None => None,
+                Some((p, n)) => Some((f(p)?, n.map(w)?)),
+            },
+            kv_a: f(&self.kv_a)?,
+            kv_a_norm: self.kv_a_norm.map(w)?,
+            kv_b: f(&self.kv_b)?,
+            o: f(&self.o)?,
+            shape: self.shape,
+            core: self.core,
+        })
+    }
+
     /// The queries `(B, A, S, dq)` (rotated), the normalised latent `(B, 1, S, L)` and the
     /// rotated shared key `(B, 1, S, r)` of `x (B, S, H)`.
-    fn latent(&self, x: &Tensor, rotary: Rotary) -> Result<(Tensor, Tensor, Tensor)> {
-        let (b, s, _h) = x.dims3()?;
+    fn latent(&self, x: &T, rotary: Rotary<T>) -> Result<(T, T, T)> {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
         let m = &self.shape;
         let (a, n, r, l) = (
             self.core.heads,
@@ -121,7 +183,7 @@ impl Mla {
         let q = heads_first(&q, a, n + r)?;
         let q_nope = q.narrow(3, 0, n)?;
         let q_pe = rotate(&q.narrow(3, n, r)?, rotary, self.core.fused)?;
-        let q = Tensor::cat(&[&q_nope, &q_pe], 3)?;
+        let q = T::cat(&[&q_nope, &q_pe], 3)?;
         drop((q_nope, q_pe));
         let ckv = self.kv_a.forward(x)?;
         // A reshape, not `unsqueeze`: candle's `unsqueeze` grows its shape and stride Vecs
@@ -129,8 +191,8 @@ impl Mla {
         let c = self
             .kv_a_norm
             .forward(&ckv.narrow(2, 0, l)?.contiguous()?)?
-            .reshape((b, 1, s, l))?;
-        let k_pe = ckv.narrow(2, l, r)?.reshape((b, 1, s, r))?;
+            .reshape(&[b, 1, s, l])?;
+        let k_pe = ckv.narrow(2, l, r)?.reshape(&[b, 1, s, r])?;
         drop(ckv);
         let k_pe = rotate(&k_pe, rotary, self.core.fused)?;
         Ok((q, c, k_pe))
@@ -138,8 +200,8 @@ impl Mla {
 
     /// Keys `(B, A, T, dq)` and values `(B, A, T, dv)` decompressed from the latent
     /// `(B, 1, T, L)` and the shared rotary key `(B, 1, T, r)`.
-    fn decompress(&self, c: &Tensor, k_pe: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (b, _, t, _) = c.dims4()?;
+    fn decompress(&self, c: &T, k_pe: &T) -> Result<(T, T)> {
+        let (b, t) = (c.dims()[0], c.dims()[2]);
         let m = &self.shape;
         let (a, n, r, dv) = (
             self.core.heads,
@@ -149,29 +211,19 @@ impl Mla {
         );
         let kv = heads_first(&self.kv_b.forward(&c.squeeze(1)?)?, a, n + dv)?;
         let k_nope = kv.narrow(3, 0, n)?;
-        let k_pe = k_pe.broadcast_as((b, a, t, r))?.contiguous()?;
-        let k = Tensor::cat(&[&k_nope, &k_pe], 3)?;
+        let k_pe = k_pe.broadcast_as(&[b, a, t, r])?.contiguous()?;
+        let k = T::cat(&[&k_nope, &k_pe], 3)?;
         drop((k_nope, k_pe));
         let v = kv.narrow(3, n, dv)?.contiguous()?;
         Ok((k, v))
     }
 
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         self.o.forward(&self.heads(x, mask, rotary)?)
     }
 
     /// [`Mla::forward`] before the output projection.
-    pub(crate) fn heads(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+    pub(crate) fn heads(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
         let (q, c, k_pe) = self.latent(x, rotary)?;
         let (k, v) = self.decompress(&c, &k_pe)?;
@@ -183,29 +235,29 @@ impl Mla {
     /// each), then the whole cache decompressed for this step.
     pub fn forward_cached(
         &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         self.o.forward(&self.heads_cached(x, mask, rotary, cache)?)
     }
 
     /// [`Mla::forward_cached`] before the output projection.
     pub(crate) fn heads_cached(
         &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         let rotary = rotary.expect("MLA is a LLaMA-family attention (rotary tables)");
         let (q, c, k_pe) = self.latent(x, rotary)?;
         let first = cache.is_none();
         let (c, k_pe) = super::attention::append(cache.take(), c, k_pe)?;
         if !first
-            && q.dim(2)? == 1
-            && let Some(w) = self.absorbable(q.dtype())?
+            && q.dims()[2] == 1
+            && let Some(w) = self.absorbable(&q)?
         {
             let y = self.absorbed_step(q, &c, &k_pe, &w)?;
             *cache = Some((c, k_pe));
@@ -213,32 +265,33 @@ impl Mla {
         }
         let (k, v) = self.decompress(&c, &k_pe)?;
         *cache = Some((c, k_pe));
-        if first && q.dim(2)? > 1 {
+        if first && q.dims()[2] > 1 {
             self.core.attend_any(q, k, v, mask)
         } else {
             self.core.attend(q, k, v, mask)
         }
     }
 
-    /// `kv_b`'s dense weight `(A·(n + dv), L)` in `dtype` when decode steps attend over the
-    /// latent: not under `decompressed_decode`, nor with a LoRA adapter. A frozen base (FP8 or
-    /// GGML blocks as shipped) is dequantized for the step, as its projection is at each call.
-    fn absorbable(&self, dtype: candle_core::DType) -> Result<Option<Tensor>> {
+    /// `kv_b`'s dense weight `(A·(n + dv), L)` in `like`'s type when decode steps attend over
+    /// the latent: not under `decompressed_decode`, nor with a LoRA adapter. A frozen base (FP8
+    /// or GGML blocks as shipped) is dequantized for the step, as its projection is at each
+    /// call.
+    fn absorbable(&self, like: &T) -> Result<Option<T>> {
         let p = &self.kv_b;
         if self.shape.decompressed_decode || p.lora.is_some() {
             return Ok(None);
         }
         Ok(Some(match &p.frozen {
             None => p.weight.clone(),
-            Some(f) => f.dense_as(dtype, p.weight.device())?,
+            Some(f) => T::frozen_dense(f, like)?,
         }))
     }
 
     /// One decode step over the latent cache `c (B, 1, T, L)`, `k_pe (B, 1, T, r)` for the
     /// queries `q (B, A, 1, n + r)`: the absorbed form of the module docs, heads merged
     /// `(B, 1, A·dv)`.
-    fn absorbed_step(&self, q: Tensor, c: &Tensor, k_pe: &Tensor, w: &Tensor) -> Result<Tensor> {
-        let (b, a, _, _) = q.dims4()?;
+    fn absorbed_step(&self, q: T, c: &T, k_pe: &T, w: &T) -> Result<T> {
+        let (b, a) = (q.dims()[0], q.dims()[1]);
         let m = &self.shape;
         let (n, r, dv, l) = (
             m.qk_nope_head_dim,
@@ -246,83 +299,59 @@ impl Mla {
             m.v_head_dim,
             m.kv_lora_rank,
         );
-        let w = w.reshape((a, n + dv, l))?;
+        let w = w.reshape(&[a, n + dv, l])?;
         // Per head, `(A, B, n) × (A, n, L)`: the weight's rows read in place.
         let q_nope = q
             .narrow(3, 0, n)?
-            .reshape((b, a, n))?
+            .reshape(&[b, a, n])?
             .transpose(0, 1)?
             .contiguous()?;
         let q_lat = q_nope.matmul(&w.narrow(1, 0, n)?)?;
         drop(q_nope);
-        let q_lat = q_lat.transpose(0, 1)?.reshape((b, a, 1, l))?;
+        let q_lat = q_lat.transpose(0, 1)?.reshape(&[b, a, 1, l])?;
         // The core scales by 1/√(L + r); MLA's scale is 1/√(n + r).
         let scale = ((l + r) as f64 / (n + r) as f64).sqrt();
-        let q_abs = (Tensor::cat(&[&q_lat, &q.narrow(3, n, r)?], 3)? * scale)?;
+        let q_abs = {
+            let joined = T::cat(&[&q_lat, &q.narrow(3, n, r)?], 3)?;
+            let scaled = joined.affine(scale, 0.0)?;
+            drop(joined);
+            scaled
+        };
         drop((q_lat, q));
-        let k_abs = Tensor::cat(&[c, k_pe], 3)?;
+        let k_abs = T::cat(&[c, k_pe], 3)?;
         let core = Core {
             kv_heads: 1,
             ..self.core
         };
         let y = core.attend(q_abs, k_abs, c.clone(), None)?;
-        let o_lat = y.reshape((b, a, l))?.transpose(0, 1)?.contiguous()?;
+        let o_lat = y.reshape(&[b, a, l])?.transpose(0, 1)?.contiguous()?;
         drop(y);
         let out = o_lat.matmul(&w.narrow(1, n, dv)?.transpose(1, 2)?)?;
         drop(o_lat);
-        out.transpose(0, 1)?.reshape((b, 1, a * dv))
-    }
-
-    pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
-        let mut v = Vec::new();
-        if let Some((q_a, _)) = &mut self.q_a {
-            v.push(q_a);
-        }
-        v.extend([&mut self.q, &mut self.kv_a, &mut self.kv_b, &mut self.o]);
-        v
-    }
-
-    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
-    pub(crate) fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        Ok(Self {
-            q: self.q.map(base, adapter)?,
-            q_a: match &self.q_a {
-                None => None,
-                Some((p, n)) => Some((p.map(base, adapter)?, n.map(base)?)),
-            },
-            kv_a: self.kv_a.map(base, adapter)?,
-            kv_a_norm: self.kv_a_norm.map(base)?,
-            kv_b: self.kv_b.map(base, adapter)?,
-            o: self.o.map(base, adapter)?,
-            shape: self.shape,
-            core: self.core,
-        })
+        out.transpose(0, 1)?.reshape(&[b, 1, a * dv])
     }
 }
 
 /// `x (B, S, A·d)` → `(B, A, S, d)` contiguous with natural strides (a copy; a pure reshape
 /// when S is 1, where candle would keep a transposed view with an odd stride that its `cat`
 /// cannot copy in one piece).
-fn heads_first(x: &Tensor, a: usize, d: usize) -> Result<Tensor> {
-    let (b, s, _) = x.dims3()?;
+fn heads_first<T: TensorOps>(x: &T, a: usize, d: usize) -> Result<T> {
+    let (b, s) = (x.dims()[0], x.dims()[1]);
     if s == 1 {
-        return x.reshape((b, a, 1, d));
+        return x.reshape(&[b, a, 1, d]);
     }
-    x.reshape((b, s, a, d))?.transpose(1, 2)?.contiguous()
+    x.reshape(&[b, s, a, d])?.transpose(1, 2)?.contiguous()
 }
 
 /// `x (B, n, S, r)` (a view) de-interleaved — pairs `(x₀, x₁), (x₂, x₃), …` to the halves
 /// `(x₀, x₂, …), (x₁, x₃, …)`, one copy — then rotated as the model's other rotary
 /// embeddings.
-fn rotate(x: &Tensor, rotary: Rotary, fused: bool) -> Result<Tensor> {
-    let (b, n, s, r) = x.dims4()?;
+fn rotate<T: TensorOps>(x: &T, rotary: Rotary<T>, fused: bool) -> Result<T> {
+    let d = x.dims();
+    let (b, n, s, r) = (d[0], d[1], d[2], d[3]);
     let halves = x
-        .reshape((b, n, s, r / 2, 2))?
+        .reshape(&[b, n, s, r / 2, 2])?
         .transpose(3, 4)?
-        .reshape((b, n, s, r))?;
+        .reshape(&[b, n, s, r])?;
     rotary.apply(&halves, fused)
 }

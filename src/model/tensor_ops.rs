@@ -38,6 +38,11 @@ pub trait TensorOps: Graph {
     fn frozen_linear(&self, w: &Self::Frozen, bias: Option<&Self>) -> Result<Self>;
     /// A view broadcast to `dims`.
     fn broadcast_as(&self, dims: &[usize]) -> Result<Self>;
+    /// The view without dimension `dim` (of size 1).
+    fn squeeze(&self, dim: usize) -> Result<Self>;
+    /// A frozen weight as a dense `(out, in)` tensor in `like`'s type (the dense weight itself,
+    /// or a fresh dequantized copy).
+    fn frozen_dense(w: &Self::Frozen, like: &Self) -> Result<Self>;
     /// [`kernels::attn_probs`]: `softmax(q·kᵀ·scale + mask)` per key head, one op.
     fn attn_probs(
         q: &Self,
@@ -114,6 +119,12 @@ impl TensorOps for Tensor {
     }
     fn broadcast_as(&self, dims: &[usize]) -> Result<Self> {
         Tensor::broadcast_as(self, dims)
+    }
+    fn squeeze(&self, dim: usize) -> Result<Self> {
+        Tensor::squeeze(self, dim)
+    }
+    fn frozen_dense(w: &FrozenWeight, like: &Self) -> Result<Self> {
+        w.dense_as(like.dtype(), like.device())
     }
     fn attn_probs(
         q: &Self,

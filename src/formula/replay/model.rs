@@ -47,7 +47,7 @@ impl SelfAttention {
     ) -> Sym {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads(&x, mask, rotary).sure(), &a.o),
-            SelfAttention::Mla(a) => (a.heads(&x, mask, rotary), &a.o),
+            SelfAttention::Mla(a) => (a.heads(&x, mask, rotary).sure(), &a.o),
         };
         o.forward_add(y, x, residual).sure()
     }
@@ -62,9 +62,9 @@ impl SelfAttention {
     ) -> Sym {
         let (heads, o) = match (self, cache) {
             (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary).sure(), &a.o),
-            (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary), &a.o),
+            (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary).sure(), &a.o),
             (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c).sure(), &a.o),
-            (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c), &a.o),
+            (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c).sure(), &a.o),
         };
         drop(x);
         let y = o.forward(&heads).sure();
@@ -83,7 +83,7 @@ impl SelfAttention {
     ) -> Sym {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache).sure(), &a.o),
-            SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache), &a.o),
+            SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache).sure(), &a.o),
         };
         o.forward_add(y, x, residual).sure()
     }
@@ -91,7 +91,7 @@ impl SelfAttention {
     pub(super) fn linears(&self) -> Vec<&Linear> {
         match self {
             SelfAttention::Mha(a) => vec![&a.q, &a.k, &a.v, &a.o],
-            SelfAttention::Mla(a) => a.linears(),
+            SelfAttention::Mla(a) => a.projs(),
         }
     }
 
@@ -111,14 +111,14 @@ impl SelfAttention {
                 v.extend(a.sinks.clone());
                 v
             }
-            SelfAttention::Mla(a) => a.norm_weights(),
+            SelfAttention::Mla(a) => a.norm_weights().into_iter().cloned().collect(),
         }
     }
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
         match self {
             SelfAttention::Mha(a) => SelfAttention::Mha(attention::map(a, f, w)),
-            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(f, w)),
+            SelfAttention::Mla(a) => SelfAttention::Mla(mla::map(a, f, w)),
         }
     }
 }

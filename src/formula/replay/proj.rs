@@ -113,11 +113,3 @@ pub(super) fn map(l: &Linear, base: &dyn Fn(&Sym) -> Sym, adapter: &dyn Fn(&Sym)
         fused: l.fused,
     }
 }
-
-/// `FrozenWeight::dense_as` (or the dense weight itself): `(out, in)` in `dtype`.
-pub(super) fn dense_weight(l: &Linear, dtype: DType) -> Sym {
-    match &l.frozen {
-        Some(f) => f.dense(dtype),
-        None => l.weight.clone(),
-    }
-}

@@ -295,6 +295,12 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     fn broadcast_as(&self, dims: &[usize]) -> candle_core::Result<Self> {
         Ok(Sym::broadcast_as(self, dims))
     }
+    fn squeeze(&self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::squeeze(self, dim))
+    }
+    fn frozen_dense(w: &FrozenSym, like: &Self) -> candle_core::Result<Self> {
+        Ok(w.dense(like.dtype()))
+    }
     /// The window does not change what the kernel allocates.
     fn attn_probs(
         q: &Self,
