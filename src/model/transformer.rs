@@ -43,6 +43,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
 
 use super::kernels::{self, Kernels};
+use super::tensor_ops::TensorOps;
 use super::vit::{self};
 
 pub use super::attention::{Attention, Rotary};
@@ -55,11 +56,23 @@ pub use super::moe::Moe;
 pub use super::norm::Norm;
 pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
 
+/// A mixture-of-experts layer as a block runs it: candle's [`Moe`] routes on the host from
+/// the router's values; the replay's routes as a recorded (or balanced, or worst) routing says.
+pub trait MoeLayer<T> {
+    fn forward(&self, x: &T) -> Result<T>;
+}
+
+impl MoeLayer<Tensor> for Moe {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Module::forward(self, x)
+    }
+}
+
 /// A block's feed-forward part: a dense MLP ([`Mlp`]) or a mixture of experts ([`Moe`]).
 #[derive(Debug, Clone)]
-pub enum Ffn {
-    Dense(Mlp),
-    Moe(Box<Moe>),
+pub enum Ffn<T: TensorOps = Tensor, M = Moe> {
+    Dense(Mlp<T>),
+    Moe(Box<M>),
 }
 
 impl Ffn {
@@ -94,9 +107,9 @@ impl Ffn {
     }
 }
 
-impl Ffn {
+impl<T: TensorOps, M: MoeLayer<T>> Ffn<T, M> {
     /// `ffn(x)`, no residual (Gemma's norm comes between), x freed once used.
-    fn forward_owned(&self, x: Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_owned(&self, x: T) -> Result<T> {
         let y = match self {
             Ffn::Dense(m) => m.forward(&x)?,
             Ffn::Moe(m) => m.forward(&x)?,
@@ -106,36 +119,43 @@ impl Ffn {
     }
 
     /// `residual + ffn(x)`, x freed before the sum (a dense MLP: [`Mlp::forward_add`]).
-    fn forward_add(&self, x: Tensor, residual: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_add(&self, x: T, residual: &T) -> Result<T> {
         match self {
             Ffn::Dense(m) => m.forward_add(x, residual),
             Ffn::Moe(m) => {
                 let y = m.forward(&x)?;
                 drop(x);
-                residual + y
+                add_owned(residual, y)
             }
         }
     }
 }
 
+/// `a + b` with b passed by value (candle's `&a + b`): b freed once the sum exists.
+fn add_owned<T: TensorOps>(a: &T, b: T) -> Result<T> {
+    let sum = a.add(&b)?;
+    drop(b);
+    Ok(sum)
+}
+
 /// A block's attention: q, k, v, o ([`Attention`]) or multi-head latent attention
 /// ([`Mla`]).
 #[derive(Debug, Clone)]
-pub enum SelfAttention {
-    Mha(Attention),
-    Mla(Mla),
+pub enum SelfAttention<T: TensorOps = Tensor> {
+    Mha(Attention<T>),
+    Mla(Mla<T>),
 }
 
-impl SelfAttention {
+impl<T: TensorOps> SelfAttention<T> {
     /// `residual + attn(x)`: the heads, then the output projection into the residual
     /// ([`Proj::forward_add`]); x freed before the sum.
     fn forward_add(
         &self,
-        x: Tensor,
-        residual: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+        x: T,
+        residual: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+    ) -> Result<T> {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads(&x, mask, rotary)?, &a.o),
             SelfAttention::Mla(a) => (a.heads(&x, mask, rotary)?, &a.o),
@@ -147,11 +167,11 @@ impl SelfAttention {
     /// freed once the heads exist, the heads once projected.
     fn forward_owned(
         &self,
-        x: Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
-    ) -> Result<Tensor> {
+        x: T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: Option<&mut Option<(T, T)>>,
+    ) -> Result<T> {
         let (heads, o) = match (self, cache) {
             (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary)?, &a.o),
             (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary)?, &a.o),
@@ -167,12 +187,12 @@ impl SelfAttention {
     /// [`SelfAttention::forward_add`] with the key/value cache.
     fn forward_cached_add(
         &self,
-        x: Tensor,
-        residual: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: T,
+        residual: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
             SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
@@ -184,13 +204,13 @@ impl SelfAttention {
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`; Gemma's ("sandwich"):
 /// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
-pub struct Block {
-    ln1: Norm,
-    attn: SelfAttention,
-    ln2: Norm,
-    mlp: Ffn,
+pub struct Block<T: TensorOps = Tensor, M = Moe> {
+    pub(crate) ln1: Norm<T>,
+    pub(crate) attn: SelfAttention<T>,
+    pub(crate) ln2: Norm<T>,
+    pub(crate) mlp: Ffn<T, M>,
     /// Gemma's norms after the attention (`ln1_post`) and after the MLP (`ln2_post`).
-    post: Option<(Norm, Norm)>,
+    pub(crate) post: Option<(Norm<T>, Norm<T>)>,
 }
 
 impl Block {
@@ -221,13 +241,10 @@ impl Block {
             post,
         })
     }
+}
 
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-    ) -> Result<Tensor> {
+impl<T: TensorOps, M: MoeLayer<T>> Block<T, M> {
+    pub fn forward(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
         }
@@ -241,32 +258,32 @@ impl Block {
     /// intermediate freed as soon as the next exists.
     fn sandwich(
         &self,
-        x: &Tensor,
-        (ln1_post, ln2_post): &(Norm, Norm),
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
-    ) -> Result<Tensor> {
+        x: &T,
+        (ln1_post, ln2_post): &(Norm<T>, Norm<T>),
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: Option<&mut Option<(T, T)>>,
+    ) -> Result<T> {
         let y = self
             .attn
             .forward_owned(self.ln1.forward(x)?, mask, rotary, cache)?;
         let n = ln1_post.forward(&y)?;
         drop(y);
-        let x = (x + n)?;
+        let x = add_owned(x, n)?;
         let y = self.mlp.forward_owned(self.ln2.forward(&x)?)?;
         let n = ln2_post.forward(&y)?;
         drop(y);
-        &x + n
+        add_owned(&x, n)
     }
 
     /// [`Block::forward`] with the attention's key/value cache.
     pub fn forward_cached(
         &self,
-        x: &Tensor,
-        mask: Option<&Tensor>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+        x: &T,
+        mask: Option<&T>,
+        rotary: Option<Rotary<T>>,
+        cache: &mut Option<(T, T)>,
+    ) -> Result<T> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, Some(cache));
         }
@@ -275,7 +292,9 @@ impl Block {
             .forward_cached_add(self.ln1.forward(x)?, x, mask, rotary, cache)?;
         self.mlp.forward_add(self.ln2.forward(&x)?, &x)
     }
+}
 
+impl Block {
     /// The block's projections in model order.
     fn projs_mut(&mut self) -> Vec<&mut Proj> {
         let mut v: Vec<&mut Proj> = match &mut self.attn {

@@ -7,17 +7,17 @@
 //! `exp`, `+ 1`, `recip`, `1 − node`, two products and a sum, all recorded), and SwiGLU's
 //! product.
 //!
-//! The code below is the model's code (and candle-nn's `Linear`, `Embedding`, `layer_norm_slow`,
-//! `softmax`, `log_softmax`, `cross_entropy`) written again on symbolic tensors, statement for
-//! statement, so that what is alive when matches candle: a temporary dies at the end of its
-//! statement, a shadowed binding at the end of its scope, an operand passed by value (`x + a`)
-//! when the operator returns. Keep it in step with `model/transformer.rs` and the family and layer
-//! files beside it (`llama.rs`, `attention.rs`, `mlp.rs`, `moe.rs`, `mla.rs`, …); the exactness
-//! tests fail when the two drift apart.
-//!
-//! The layers mirror the model's files: `proj.rs` (`model::proj`), `norm.rs`, `attention.rs`,
-//! `mlp.rs`, the block and the model in `model.rs`; the checkpointed and block-by-block
-//! backward drivers in `backward.rs`; generation, the phases' windows and the drivers here.
+//! The layers are the model's own: `Norm`, `Proj`, `Mlp`, `Attention` (its core, rotary,
+//! cache), `Mla` and the `Block` are written once over [`crate::model::tensor_ops::TensorOps`]
+//! and run here on [`Sym`], so what is alive when is candle's by construction: a temporary dies
+//! at the end of its statement, a shadowed binding at the end of its scope, an operand passed
+//! by value when the operator returns. `proj.rs` allocates the weights as the replay holds them
+//! (variables, frozen bases, LoRA's adapters, quantized bytes); `attention.rs` and `mla.rs`
+//! copy a layer's tensors. Still stated here, statement for statement, and kept in step with
+//! the model by the exactness tests: the mixture of experts (`moe.rs`, given a routing instead
+//! of routing on the host) and the stems, head and loss of `model.rs` (candle-nn's `Embedding`,
+//! `log_softmax`, `cross_entropy`). The checkpointed and block-by-block backward drivers are in
+//! `backward.rs`; generation, the phases' windows and the drivers here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts

@@ -1,7 +1,6 @@
-//! The model on symbolic tensors: the transformer of [`crate::model::transformer`] (its blocks,
-//! attention and feed-forward choices, the masks, the stems of the GPT, ViT and LLaMA families)
-//! written again statement for statement over [`Sym`], its layers in the files beside it. The
-//! part of the replay that re-states the model (issue 50 would have it written once).
+//! The model on symbolic tensors: the blocks are the model's own ([`crate::model::transformer`]
+//! run on [`Sym`]), made of the replay's weights ([`Params`]); the stems, the head and the
+//! losses of the GPT, ViT and LLaMA families are still stated here (issue 50).
 
 use std::rc::Rc;
 
@@ -23,71 +22,19 @@ pub(super) fn cross_entropy(inp: &Sym, target: &Sym) -> Sym {
     inp.gather(&target.unsqueeze(1), 1).sum_all().affine(-1.0)
 }
 
-/// `a + b` where `b` is passed by value: `b` is dropped when the operator returns.
-pub(super) fn add_owned(a: &Sym, b: Sym) -> Sym {
-    let r = a.add(&b);
-    drop(b);
-    r
-}
+/// The model's block attention, feed-forward part and block on symbolic tensors (the
+/// replay's mixture of experts, which routes as it is told).
+pub(super) type SelfAttention = crate::model::transformer::SelfAttention<Sym>;
+pub(super) type Ffn = crate::model::transformer::Ffn<Sym, moe::Moe>;
+type ModelBlock = crate::model::transformer::Block<Sym, moe::Moe>;
 
-/// Mirror of the model's `SelfAttention`.
-pub(super) enum SelfAttention {
-    Mha(Attention),
-    Mla(mla::Mla),
+impl crate::model::transformer::MoeLayer<Sym> for moe::Moe {
+    fn forward(&self, x: &Sym) -> candle_core::Result<Sym> {
+        Ok(moe::Moe::forward(self, x))
+    }
 }
 
 impl SelfAttention {
-    /// Mirror of the model's `SelfAttention::forward_add`.
-    pub(super) fn forward_add(
-        &self,
-        x: Sym,
-        residual: &Sym,
-        mask: Option<&Sym>,
-        rotary: Option<Rotary>,
-    ) -> Sym {
-        let (y, o) = match self {
-            SelfAttention::Mha(a) => (a.heads(&x, mask, rotary).sure(), &a.o),
-            SelfAttention::Mla(a) => (a.heads(&x, mask, rotary).sure(), &a.o),
-        };
-        o.forward_add(y, x, residual).sure()
-    }
-
-    /// Mirror of the model's `SelfAttention::forward_owned`.
-    pub(super) fn forward_owned(
-        &self,
-        x: Sym,
-        mask: Option<&Sym>,
-        rotary: Option<Rotary>,
-        cache: Option<&mut Option<(Sym, Sym)>>,
-    ) -> Sym {
-        let (heads, o) = match (self, cache) {
-            (SelfAttention::Mha(a), None) => (a.heads(&x, mask, rotary).sure(), &a.o),
-            (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary).sure(), &a.o),
-            (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c).sure(), &a.o),
-            (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c).sure(), &a.o),
-        };
-        drop(x);
-        let y = o.forward(&heads).sure();
-        drop(heads);
-        y
-    }
-
-    /// Mirror of the model's `SelfAttention::forward_cached_add`.
-    pub(super) fn forward_cached_add(
-        &self,
-        x: Sym,
-        residual: &Sym,
-        mask: Option<&Sym>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Sym, Sym)>,
-    ) -> Sym {
-        let (y, o) = match self {
-            SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache).sure(), &a.o),
-            SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache).sure(), &a.o),
-        };
-        o.forward_add(y, x, residual).sure()
-    }
-
     pub(super) fn linears(&self) -> Vec<&Linear> {
         match self {
             SelfAttention::Mha(a) => vec![&a.q, &a.k, &a.v, &a.o],
@@ -123,35 +70,7 @@ impl SelfAttention {
     }
 }
 
-/// Mirror of the model's `Ffn`: a block's dense MLP or mixture of experts.
-pub(super) enum Ffn {
-    Dense(Box<Mlp>),
-    Moe(Box<moe::Moe>),
-}
-
 impl Ffn {
-    /// Mirror of the model's `Ffn::forward_owned`.
-    pub(super) fn forward_owned(&self, x: Sym) -> Sym {
-        let y = match self {
-            Ffn::Dense(m) => m.forward(&x).sure(),
-            Ffn::Moe(m) => m.forward(&x),
-        };
-        drop(x);
-        y
-    }
-
-    /// Mirror of the model's `Ffn::forward_add`.
-    pub(super) fn forward_add(&self, x: Sym, residual: &Sym) -> Sym {
-        match self {
-            Ffn::Dense(m) => m.forward_add(x, residual).sure(),
-            Ffn::Moe(m) => {
-                let y = m.forward(&x);
-                drop(x);
-                add_owned(residual, y)
-            }
-        }
-    }
-
     pub(super) fn linears(&self) -> Vec<&Linear> {
         match self {
             Ffn::Dense(m) => m.projs(),
@@ -161,23 +80,26 @@ impl Ffn {
 
     pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
         match self {
-            Ffn::Dense(m) => Ffn::Dense(Box::new(m.map_projs(&|p| Ok(f(p))).sure())),
+            Ffn::Dense(m) => Ffn::Dense(m.map_projs(&|p| Ok(f(p))).sure()),
             Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(f))),
         }
     }
 }
 
+/// A block of the model with what the replay adds: whether it slides and its ledger tag.
 pub(super) struct Block {
-    pub(super) ln1: Norm,
-    pub(super) attn: SelfAttention,
-    pub(super) ln2: Norm,
-    pub(super) mlp: Ffn,
-    /// Gemma's norms after the attention and after the MLP.
-    pub(super) post: Option<(Norm, Norm)>,
+    pub(super) block: ModelBlock,
     /// Its attention slides (takes the windowed mask).
     pub(super) windowed: bool,
     /// Its ledger tag (`compress`): what it allocates, forward and backward, is its segment.
     pub(super) tag: u32,
+}
+
+impl std::ops::Deref for Block {
+    type Target = ModelBlock;
+    fn deref(&self) -> &ModelBlock {
+        &self.block
+    }
 }
 
 /// Mirror of the model's `Masks`.
@@ -199,34 +121,7 @@ impl Masks {
 
 impl Block {
     pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        if let Some(post) = &self.post {
-            return self.sandwich(x, post, mask, rotary, None);
-        }
-        let x = self
-            .attn
-            .forward_add(self.ln1.forward(x).sure(), x, mask, rotary);
-        self.mlp.forward_add(self.ln2.forward(&x).sure(), &x)
-    }
-
-    /// Mirror of the model's `Block::sandwich` (Gemma).
-    pub(super) fn sandwich(
-        &self,
-        x: &Sym,
-        (ln1_post, ln2_post): &(Norm, Norm),
-        mask: Option<&Sym>,
-        rotary: Option<Rotary>,
-        cache: Option<&mut Option<(Sym, Sym)>>,
-    ) -> Sym {
-        let y = self
-            .attn
-            .forward_owned(self.ln1.forward(x).sure(), mask, rotary, cache);
-        let n = ln1_post.forward(&y).sure();
-        drop(y);
-        let x = add_owned(x, n);
-        let y = self.mlp.forward_owned(self.ln2.forward(&x).sure());
-        let n = ln2_post.forward(&y).sure();
-        drop(y);
-        add_owned(&x, n)
+        self.block.forward(x, mask, rotary).sure()
     }
 
     pub(super) fn forward_cached(
@@ -236,13 +131,7 @@ impl Block {
         rotary: Option<Rotary>,
         cache: &mut Option<(Sym, Sym)>,
     ) -> Sym {
-        if let Some(post) = &self.post {
-            return self.sandwich(x, post, mask, rotary, Some(cache));
-        }
-        let x = self
-            .attn
-            .forward_cached_add(self.ln1.forward(x).sure(), x, mask, rotary, cache);
-        self.mlp.forward_add(self.ln2.forward(&x).sure(), &x)
+        self.block.forward_cached(x, mask, rotary, cache).sure()
     }
 
     /// The block's projections in model order.
@@ -558,20 +447,22 @@ impl Transformer {
                             fused: shape.kernels.fused(),
                         }))
                     }
-                    MlpLayout::Dense(specs) if llama => Ffn::Dense(Box::new(swiglu(specs))),
-                    MlpLayout::Dense(specs) => Ffn::Dense(Box::new(Mlp::Gelu {
+                    MlpLayout::Dense(specs) if llama => Ffn::Dense(swiglu(specs)),
+                    MlpLayout::Dense(specs) => Ffn::Dense(Mlp::Gelu {
                         fc1: proj(&specs[0]),
                         fc2: proj(&specs[1]),
                         fused: shape.kernels.fused(),
-                    })),
+                    }),
                 };
                 let post = ln1_post.map(|a| (a, norm(h, true)));
                 Block {
-                    ln1,
-                    attn,
-                    ln2,
-                    mlp,
-                    post,
+                    block: ModelBlock {
+                        ln1,
+                        attn,
+                        ln2,
+                        mlp,
+                        post,
+                    },
                     windowed: window.is_some(),
                     tag,
                 }
@@ -842,11 +733,13 @@ impl Transformer {
                 let mlp = b.mlp.map(&lin);
                 let post = ln1_post.zip(b.post.as_ref().map(|p| lift(&p.1, f)));
                 Block {
-                    ln1,
-                    attn,
-                    ln2,
-                    mlp,
-                    post,
+                    block: ModelBlock {
+                        ln1,
+                        attn,
+                        ln2,
+                        mlp,
+                        post,
+                    },
                     windowed: b.windowed,
                     tag: b.tag,
                 }
