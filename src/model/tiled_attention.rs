@@ -36,14 +36,7 @@ pub fn attention(
     causal: bool,
     window: usize,
 ) -> Result<Tensor> {
-    let (out, lse) = forward(
-        &q.detach(),
-        &k.detach(),
-        &v.detach(),
-        scale as f64,
-        causal,
-        window,
-    )?;
+    let (out, lse) = precompute(q, k, v, scale, causal, window)?;
     let op = TiledAttention {
         scale,
         causal,
@@ -52,6 +45,26 @@ pub fn attention(
         lse,
     };
     q.apply_op3(k, v, op)
+}
+
+/// The tiled forward on detached q, k, v: the output and `lse` that the graph node (candle's
+/// op, or the replay's kernel node) keeps or copies.
+pub fn precompute<G: super::kernels::Graph>(
+    q: &G,
+    k: &G,
+    v: &G,
+    scale: f32,
+    causal: bool,
+    window: usize,
+) -> Result<(G, G)> {
+    forward(
+        &q.detach(),
+        &k.detach(),
+        &v.detach(),
+        scale as f64,
+        causal,
+        window,
+    )
 }
 
 /// The graph node: the precomputed output (taken by the forward) and `lse`.

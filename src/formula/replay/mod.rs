@@ -50,39 +50,16 @@ mod proj;
 
 use super::symbolic::Sure;
 use attention::{Attention, Core, Rotary};
+use proj::Linear;
 
 /// The model's norm (`model::norm`) and MLP (`model::mlp`), run on symbolic tensors.
 type Norm = crate::model::norm::Norm<Sym>;
 type Mlp = crate::model::mlp::Mlp<Sym>;
 
-/// A layer's `map` with an infallible `f` (the replay's copies of repeated layers).
-fn lift<L: Lift>(layer: &L, f: &dyn Fn(&Sym) -> Sym) -> L {
-    layer.lift(f)
+/// A norm's `map` with an infallible `f` (the replay's copies of repeated layers).
+fn lift(norm: &Norm, f: &dyn Fn(&Sym) -> Sym) -> Norm {
+    norm.map(&|t| Ok(f(t))).sure()
 }
-
-/// Layers of the model whose tensors the replay maps ([`lift`]).
-trait Lift {
-    fn lift(&self, f: &dyn Fn(&Sym) -> Sym) -> Self;
-}
-
-impl Lift for Norm {
-    fn lift(&self, f: &dyn Fn(&Sym) -> Sym) -> Self {
-        self.map(&|t| Ok(f(t))).sure()
-    }
-}
-
-impl Lift for Linear {
-    fn lift(&self, f: &dyn Fn(&Sym) -> Sym) -> Self {
-        proj::map(self, f, f)
-    }
-}
-
-impl Lift for Mlp {
-    fn lift(&self, f: &dyn Fn(&Sym) -> Sym) -> Self {
-        self.map_projs(&|p| Ok(proj::map(p, f, f))).sure()
-    }
-}
-use proj::Linear;
 
 use backward::*;
 pub use model::Masks;

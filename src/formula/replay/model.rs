@@ -708,7 +708,7 @@ impl Transformer {
     /// Mirror of the model's `map`: `f` on every weight (and the rotary tables), in model
     /// order; a tied head is the mapped token table.
     pub(super) fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
-        let lin = |l: &Linear| lift(l, f);
+        let lin = |l: &Linear| proj::map(l, f, f);
         let rope = self.rope.as_ref().map(|(c, s)| (f(c), f(s)));
         let rope_local = self.rope_local.as_ref().map(|(c, s)| (f(c), f(s)));
         let stem = match &self.stem {

@@ -331,14 +331,7 @@ impl crate::model::tensor_ops::TensorOps for Sym {
         causal: bool,
         window: usize,
     ) -> candle_core::Result<Self> {
-        let (out, lse) = crate::model::tiled_attention::forward(
-            &q.detach(),
-            &k.detach(),
-            &v.detach(),
-            scale as f64,
-            causal,
-            window,
-        )?;
+        let (out, lse) = crate::model::tiled_attention::precompute(q, k, v, scale, causal, window)?;
         let kernel = Kernel::TiledAttention {
             scale,
             causal,
