@@ -74,6 +74,18 @@ impl Proj {
     }
 
     /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
+    /// candle-nn's `Linear` as a projection without adapter (the patch projection, the head),
+    /// fused or not.
+    pub(crate) fn plain(l: candle_nn::Linear, fused: bool) -> Self {
+        Self {
+            weight: l.weight().clone(),
+            bias: l.bias().cloned(),
+            lora: None,
+            frozen: None,
+            fused,
+        }
+    }
+
     pub(crate) fn map(
         &self,
         base: &dyn Fn(&Tensor) -> Result<Tensor>,

@@ -70,6 +70,21 @@ pub trait TensorOps: Graph {
         causal: bool,
         window: usize,
     ) -> Result<Self>;
+    /// The dimensions in the order `order` (a view).
+    fn permute(&self, order: &[usize]) -> Result<Self>;
+    /// A view with a dimension of size 1 inserted at `dim`.
+    fn unsqueeze(&self, dim: usize) -> Result<Self>;
+    /// The values at `ids` along `dim` (`ids` of this one's rank).
+    fn gather(&self, ids: &Self, dim: usize) -> Result<Self>;
+    /// The sum of every element, a scalar.
+    fn sum_all(&self) -> Result<Self>;
+    /// The replay's ledger segment (a block's tag) the work under way belongs to; candle has
+    /// none.
+    fn segment(&self) -> u32 {
+        0
+    }
+    /// Puts the work that follows in segment `tag` (the replay's ledger; nothing on candle).
+    fn set_segment(&self, _tag: u32) {}
 }
 
 impl TensorOps for Tensor {
@@ -163,6 +178,47 @@ impl TensorOps for Tensor {
     ) -> Result<Self> {
         super::tiled_attention::attention(q, k, v, scale, causal, window)
     }
+    fn permute(&self, order: &[usize]) -> Result<Self> {
+        Tensor::permute(self, order)
+    }
+    fn unsqueeze(&self, dim: usize) -> Result<Self> {
+        Tensor::unsqueeze(self, dim)
+    }
+    fn gather(&self, ids: &Self, dim: usize) -> Result<Self> {
+        Tensor::gather(self, ids, dim)
+    }
+    fn sum_all(&self) -> Result<Self> {
+        Tensor::sum_all(self)
+    }
+}
+
+/// candle-nn's `Embedding::forward` (candle-nn 0.11.1): the rows of `table (V, H)` at `ids`,
+/// shaped `(ids…, H)`.
+pub fn embedding<T: TensorOps>(table: &T, ids: &T) -> Result<T> {
+    let mut final_dims = ids.dims();
+    final_dims.push(table.dims()[1]);
+    let n = final_dims[..final_dims.len() - 1].iter().product();
+    let indexes = ids.reshape(&[n])?;
+    let values = table.index_select(&indexes, 0)?;
+    values.reshape(&final_dims)
+}
+
+/// candle-nn's `ops::log_softmax` over the last dimension (candle-nn 0.11.1), composed.
+pub fn log_softmax_last<T: TensorOps>(xs: &T) -> Result<T> {
+    let max = xs.max_last_keepdim()?;
+    let diff = xs.broadcast_sub(&max)?;
+    let sum_exp = diff.exp()?.sum_last_keepdim()?;
+    diff.broadcast_sub(&sum_exp.log()?)
+}
+
+/// candle-nn's `loss::cross_entropy` (candle-nn 0.11.1): the mean negative log-likelihood of
+/// `targets (N)` u32 under the log-softmax of `logits (N, V)`.
+pub fn cross_entropy<T: TensorOps>(logits: &T, targets: &T) -> Result<T> {
+    let n = targets.dims()[0];
+    let inp = log_softmax_last(logits)?;
+    inp.gather(&targets.unsqueeze(1)?, 1)?
+        .sum_all()?
+        .affine(-1f64 / n as f64, 0.)
 }
 
 /// candle-nn's `ops::softmax` over the last dimension (candle-nn 0.11.1), composed.
@@ -231,6 +287,27 @@ pub fn linear<T: TensorOps>(w: &T, b: Option<&T>, x: &T) -> Result<T> {
 mod tests {
     use super::*;
     use candle_core::{D, DType, Device, Module};
+
+    /// The embedding and the composed cross-entropy give candle-nn's values.
+    #[test]
+    fn embedding_and_cross_entropy_are_candle_nns() -> Result<()> {
+        let dev = Device::Cpu;
+        let table = Tensor::randn(0f32, 1., (7, 3), &dev)?;
+        let ids = Tensor::new(&[[1u32, 6, 0], [2, 2, 5]], &dev)?;
+        let theirs = candle_nn::Embedding::new(table.clone(), 3).forward(&ids)?;
+        let ours = embedding(&table, &ids)?;
+        assert_eq!(theirs.dims(), ours.dims());
+        assert_eq!(
+            theirs.flatten_all()?.to_vec1::<f32>()?,
+            ours.flatten_all()?.to_vec1::<f32>()?
+        );
+        let logits = Tensor::randn(0f32, 1., (6, 7), &dev)?;
+        let targets = ids.flatten_all()?;
+        let theirs = candle_nn::loss::cross_entropy(&logits, &targets)?;
+        let ours = cross_entropy(&logits, &targets)?;
+        assert_eq!(theirs.to_scalar::<f32>()?, ours.to_scalar::<f32>()?);
+        Ok(())
+    }
 
     #[test]
     fn linear_and_norms_are_candle_nns() -> Result<()> {

@@ -40,10 +40,10 @@
 //! ```
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
+use candle_nn::{Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
 
-use super::kernels::{self, Kernels};
-use super::tensor_ops::TensorOps;
+use super::kernels::{Kernel, Kernels};
+use super::tensor_ops::{self, TensorOps};
 use super::vit::{self};
 
 pub use super::attention::{Attention, Rotary};
@@ -211,6 +211,11 @@ pub struct Block<T: TensorOps = Tensor, M = Moe> {
     pub(crate) mlp: Ffn<T, M>,
     /// Gemma's norms after the attention (`ln1_post`) and after the MLP (`ln2_post`).
     pub(crate) post: Option<(Norm<T>, Norm<T>)>,
+    /// Its attention slides (takes the windowed mask and, in a Gemma, the local tables).
+    pub(crate) windowed: bool,
+    /// Its segment of the replay's ledger (`formula::replay::compress`): what it allocates,
+    /// forward and backward; candle's blocks carry their index.
+    pub(crate) tag: u32,
 }
 
 impl Block {
@@ -239,6 +244,8 @@ impl Block {
             ln2,
             mlp,
             post,
+            windowed: cfg.llama.and_then(|l| l.window_at(layer)).is_some(),
+            tag: layer as u32,
         })
     }
 }
@@ -339,21 +346,32 @@ impl Block {
             ln2,
             mlp,
             post,
+            windowed: self.windowed,
+            tag: self.tag,
         })
     }
 }
 
 /// A decoder's additive attention masks (composed kernels): the causal one for full layers,
 /// the windowed one for sliding layers; each only when some layer needs it.
-#[derive(Debug, Clone, Default)]
-pub struct Masks {
-    pub full: Option<Tensor>,
-    pub sliding: Option<Tensor>,
+#[derive(Debug, Clone)]
+pub struct Masks<T = Tensor> {
+    pub full: Option<T>,
+    pub sliding: Option<T>,
 }
 
-impl Masks {
+impl<T> Default for Masks<T> {
+    fn default() -> Self {
+        Self {
+            full: None,
+            sliding: None,
+        }
+    }
+}
+
+impl<T> Masks<T> {
     /// The mask of a layer that slides (`windowed`) or not.
-    pub fn at(&self, windowed: bool) -> Option<&Tensor> {
+    pub fn at(&self, windowed: bool) -> Option<&T> {
         if windowed {
             self.sliding.as_ref()
         } else {
@@ -364,14 +382,23 @@ impl Masks {
 
 /// The key/value cache of a decoder: per block, keys and values `(B, G, T, D)` (G = A outside
 /// LLaMA).
-#[derive(Debug, Default)]
-pub struct KvCache {
-    pub layers: Vec<Option<(Tensor, Tensor)>>,
+#[derive(Debug)]
+pub struct KvCache<T = Tensor> {
+    pub layers: Vec<Option<(T, T)>>,
     /// Tokens seen so far (a sliding window's cache keeps only the last W of them).
     pub pos: usize,
 }
 
-impl KvCache {
+impl<T> Default for KvCache<T> {
+    fn default() -> Self {
+        Self {
+            layers: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl<T> KvCache<T> {
     /// Tokens seen (the next token's position).
     pub fn len(&self) -> usize {
         self.pos
@@ -384,33 +411,66 @@ impl KvCache {
 
 /// What turns the input into the blocks' `(B, S, H)`.
 #[derive(Debug, Clone)]
-enum Stem {
-    /// GPT: token embedding (`wte`).
-    Tokens(Embedding),
-    /// ViT: patch projection (`patch`) and class token (`cls`, `(1, 1, H)`).
-    Patches {
-        proj: Linear,
-        cls: Tensor,
-        patch: usize,
-    },
+pub(crate) enum Stem<T: TensorOps = Tensor> {
+    /// GPT: the token embedding table `wte (V, H)`.
+    Tokens(T),
+    /// ViT: patch projection (`patch`, not fused) and class token (`cls`, `(1, 1, H)`).
+    Patches { proj: Proj<T>, cls: T, patch: usize },
 }
 
-/// The whole model: decoder or encoder.
+/// What the forward reads of the configuration, the same for every interpreter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Form {
+    pub(crate) kernels: Kernels,
+    /// The longest input the position tables allow: checked where candle runs (the replay
+    /// sizes any length).
+    pub(crate) max_seq: Option<usize>,
+    /// Gemma's embedding scale `√H` (candle's affine rounds it to the weights' type, as
+    /// transformers' `embed_scale.to(dtype)`).
+    pub(crate) embed_scale: Option<f64>,
+    /// The sliding layers' window.
+    pub(crate) sliding_window: Option<usize>,
+    /// gpt-oss: its attention adds the mask tensor whatever the kernels (the sinks' softmax is
+    /// composed).
+    pub(crate) sinks: bool,
+    /// The head is the token table.
+    pub(crate) tied: bool,
+}
+
+impl Form {
+    pub(crate) fn of(cfg: &Config) -> Self {
+        Form {
+            kernels: cfg.kernels,
+            max_seq: Some(cfg.max_seq),
+            embed_scale: cfg
+                .llama
+                .and_then(|l| l.gemma)
+                .map(|_| (cfg.hidden as f64).sqrt()),
+            sliding_window: cfg.llama.and_then(|l| l.sliding_window),
+            sinks: cfg.llama.is_some_and(|l| l.oss),
+            tied: cfg.tied,
+        }
+    }
+}
+
+/// The whole model, decoder or encoder, over one interpreter's tensors `T` (candle's, which
+/// run; the replay's, which are predicted) with its mixture of experts `M`; `C` is what the
+/// interpreter keeps beside (candle: the [`Config`]; the replay: its variables).
 #[derive(Debug, Clone)]
-pub struct Transformer {
-    stem: Stem,
+pub struct Transformer<T: TensorOps = Tensor, M = Moe, C = Config> {
+    pub(crate) stem: Stem<T>,
     /// Position embeddings `(S_max, H)` (GPT, ViT).
-    wpe: Option<Tensor>,
+    pub(crate) wpe: Option<T>,
     /// Rotary tables cos and sin `(S_max, D/2)` (LLaMA).
-    rope: Option<(Tensor, Tensor)>,
+    pub(crate) rope: Option<(T, T)>,
     /// Gemma's sliding layers' own tables (their base, no scaling), when a layer slides.
-    rope_local: Option<(Tensor, Tensor)>,
-    blocks: Vec<Block>,
-    ln_f: Norm,
-    head: Linear,
-    cfg: Config,
-    /// Element type of the weights (the causal mask is converted to it).
-    dtype: DType,
+    pub(crate) rope_local: Option<(T, T)>,
+    pub(crate) blocks: Vec<Block<T, M>>,
+    pub(crate) ln_f: Norm<T>,
+    /// The LM head or classifier (fused with fused kernels; the token table when tied).
+    pub(crate) head: Proj<T>,
+    pub(crate) form: Form,
+    pub(crate) own: C,
 }
 
 impl Transformer {
@@ -442,9 +502,13 @@ impl Transformer {
             _ => None,
         };
         let stem = match cfg.vision {
-            None => Stem::Tokens(embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?),
+            None => Stem::Tokens(
+                embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?
+                    .embeddings()
+                    .clone(),
+            ),
             Some(v) => Stem::Patches {
-                proj: linear(v.patch_dim(), cfg.hidden, vb.pp("patch"))?,
+                proj: Proj::plain(linear(v.patch_dim(), cfg.hidden, vb.pp("patch"))?, false),
                 cls: vb.get_with_hints(
                     (1, 1, cfg.hidden),
                     "cls",
@@ -471,12 +535,14 @@ impl Transformer {
             .map(|i| Block::new(cfg, i, vb.pp(format!("h.{i}"))))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
+        let fused = cfg.kernels.fused();
         let head = match (&stem, cfg.vision, cfg.tied) {
-            (Stem::Tokens(wte), None, true) => Linear::new(wte.embeddings().clone(), None),
-            (_, None, _) => linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?,
-            (_, Some(_), _) => linear(cfg.hidden, cfg.vocab, vb.pp("head"))?,
+            (Stem::Tokens(wte), None, true) => Proj::plain(Linear::new(wte.clone(), None), fused),
+            (_, None, _) => {
+                Proj::plain(linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?, fused)
+            }
+            (_, Some(_), _) => Proj::plain(linear(cfg.hidden, cfg.vocab, vb.pp("head"))?, fused),
         };
-        let dtype = vb.dtype();
         Ok(Self {
             stem,
             wpe,
@@ -485,210 +551,24 @@ impl Transformer {
             blocks,
             ln_f,
             head,
-            cfg: cfg.clone(),
-            dtype,
+            form: Form::of(cfg),
+            own: cfg.clone(),
         })
     }
 
     pub fn config(&self) -> &Config {
-        &self.cfg
-    }
-
-    /// Block `i`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
-    /// the local tables), or none.
-    fn rotary(&self, i: usize, offset: usize) -> Option<Rotary<'_>> {
-        let tables = match &self.rope_local {
-            Some(local) if self.windowed(i) => Some(local),
-            _ => self.rope.as_ref(),
-        };
-        tables.map(|(cos, sin)| Rotary { cos, sin, offset })
-    }
-
-    /// Gemma's embedding scale `√H` (candle's affine rounds it to the weights' type, as
-    /// transformers' `embed_scale.to(dtype)`), or none.
-    fn embed_scale(&self) -> Option<f64> {
-        self.cfg
-            .llama
-            .and_then(|l| l.gemma)
-            .map(|_| (self.cfg.hidden as f64).sqrt())
-    }
-
-    /// The token embedding of `tokens` (Gemma: times √H, the unscaled rows freed).
-    fn tokens(&self, wte: &Embedding, tokens: &Tensor) -> Result<Tensor> {
-        let e = wte.forward(tokens)?;
-        match self.embed_scale() {
-            None => Ok(e),
-            Some(s) => {
-                let x = e.affine(s, 0.0)?;
-                drop(e);
-                Ok(x)
-            }
-        }
-    }
-
-    /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
-    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
-        let masks = self.input_mask(input)?;
-        let mut x = self.embed(input)?;
-        for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, masks.at(self.windowed(i)), self.rotary(i, 0))?;
-        }
-        self.head_forward(&x)
-    }
-
-    /// Whether block `i` attends through a window.
-    fn windowed(&self, i: usize) -> bool {
-        self.cfg.llama.and_then(|l| l.window_at(i)).is_some()
-    }
-
-    /// The attention masks for `input`: the causal mask of its length for the full layers and
-    /// the windowed one for the sliding layers, each made when some layer uses it (decoder);
-    /// none (ViT, fused kernels).
-    pub fn input_mask(&self, input: &Tensor) -> Result<Masks> {
-        match self.stem {
-            Stem::Tokens(_) if self.needs_mask() => self.masks(input.dim(1)?, input.device()),
-            _ => Ok(Masks::default()),
-        }
-    }
-
-    /// The masks of a prompt of `s` tokens: full first, then windowed (as transformers makes
-    /// its `full_attention` and `sliding_attention` masks).
-    fn masks(&self, s: usize, device: &Device) -> Result<Masks> {
-        let windowed: Vec<bool> = (0..self.blocks.len()).map(|i| self.windowed(i)).collect();
-        let full = if windowed.iter().any(|w| !w) {
-            Some(self.mask(s, None, device)?)
-        } else {
-            None
-        };
-        let sliding = match self.cfg.llama.and_then(|l| l.sliding_window) {
-            Some(w) if windowed.iter().any(|&x| x) => Some(self.mask(s, Some(w), device)?),
-            _ => None,
-        };
-        Ok(Masks { full, sliding })
-    }
-
-    /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
-    /// attention masks inside ([`kernels::attn_probs`]).
-    pub fn needs_mask(&self) -> bool {
-        !self.cfg.kernels.fused() || self.cfg.llama.is_some_and(|l| l.oss)
-    }
-
-    /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
-    /// to the cache; returns the logits of the last position `(B, V)`. A prompt of several
-    /// tokens uses the causal mask; a single new token attends to everything cached.
-    pub fn forward_cached(&self, tokens: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
-        let Stem::Tokens(wte) = &self.stem else {
-            candle_core::bail!("generation (prefill, decode) needs a decoder, not a ViT")
-        };
-        let (_b, s) = tokens.dims2()?;
-        let offset = cache.len();
-        if offset + s > self.cfg.max_seq {
-            candle_core::bail!(
-                "position {} is beyond max_seq {}",
-                offset + s,
-                self.cfg.max_seq
-            )
-        }
-        if cache.layers.len() != self.blocks.len() {
-            cache.layers = (0..self.blocks.len()).map(|_| None).collect();
-        }
-        let masks = if s > 1 && self.needs_mask() {
-            self.masks(s, tokens.device())?
-        } else {
-            Masks::default()
-        };
-        let mut x = match &self.wpe {
-            Some(wpe) => {
-                let pos = wpe.narrow(0, offset, s)?;
-                wte.forward(tokens)?.broadcast_add(&pos)?
-            }
-            None => self.tokens(wte, tokens)?,
-        };
-        for (i, (block, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
-            x = block.forward_cached(&x, masks.at(self.windowed(i)), self.rotary(i, offset), c)?;
-        }
-        cache.pos += s;
-        let last = x.narrow(1, s - 1, 1)?.contiguous()?;
-        drop(x);
-        let logits = self.head_forward(&last)?;
-        logits.squeeze(1)
-    }
-
-    /// The causal mask (with a window: the windowed one) in the model's element type (f32 →
-    /// the model's type: no copy for f32).
-    pub fn mask(&self, s: usize, window: Option<usize>, device: &Device) -> Result<Tensor> {
-        super::attention::windowed_mask(s, s, 0, window, device)?.to_dtype(self.dtype)
-    }
-
-    /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):
-    /// `tokens (B, S)` → `(B, S, H)`. ViT: the patches projected, the class token in front,
-    /// plus position embedding: `images (B, C, I, I)` → `(B, N + 1, H)`.
-    pub fn embed(&self, input: &Tensor) -> Result<Tensor> {
-        match &self.stem {
-            Stem::Tokens(wte) => {
-                let (_b, s) = input.dims2()?;
-                if s > self.cfg.max_seq {
-                    candle_core::bail!("sequence {s} is longer than max_seq {}", self.cfg.max_seq)
-                }
-                match &self.wpe {
-                    Some(wpe) => {
-                        let pos = wpe.narrow(0, 0, s)?;
-                        wte.forward(input)?.broadcast_add(&pos)
-                    }
-                    None => self.tokens(wte, input),
-                }
-            }
-            Stem::Patches { proj, cls, patch } => {
-                let wpe = self.wpe.as_ref().expect("a ViT has a position table");
-                let patches = vit::patchify(&input.to_dtype(self.dtype)?, *patch)?;
-                let x = proj.forward(&patches)?;
-                drop(patches);
-                let (b, n, h) = x.dims3()?;
-                if n + 1 != self.cfg.max_seq {
-                    candle_core::bail!(
-                        "{n} patches do not match the {} positions of the model",
-                        self.cfg.max_seq
-                    )
-                }
-                let cls = cls.broadcast_as((b, 1, h))?.contiguous()?;
-                let x = Tensor::cat(&[&cls, &x], 1)?;
-                drop(cls);
-                x.broadcast_add(wpe)
-            }
-        }
-    }
-
-    /// Blocks `range` applied to `x (B, S, H)`.
-    pub fn blocks_forward(
-        &self,
-        x: &Tensor,
-        masks: &Masks,
-        range: std::ops::Range<usize>,
-    ) -> Result<Tensor> {
-        let mut x = x.clone();
-        for i in range {
-            x = self.blocks[i].forward(&x, masks.at(self.windowed(i)), self.rotary(i, 0))?;
-        }
-        Ok(x)
-    }
-
-    /// Final norm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
-    /// only (taken first: the LayerNorm is per position), `(B, 1, K)`. With fused kernels the
-    /// head is one op ([`kernels::linear_no_bias`], or [`kernels::linear`] with ViT's bias), so
-    /// its weight gradient (`V·H`, the embedding's when tied) is written once.
-    pub fn head_forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = match self.stem {
-            Stem::Tokens(_) => self.ln_f.forward(x)?,
-            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
-        };
-        let (w, b) = (self.head.weight(), self.head.bias());
-        super::proj::dense(w, b, self.cfg.kernels.fused(), &x)
+        &self.own
     }
 
     /// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32 (candle-nn's
     /// composed `cross_entropy`).
     pub fn loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        Self::loss_with(Kernels::Composed, logits, targets)
+        loss_with(Kernels::Composed, logits, targets)
+    }
+
+    /// Mean cross-entropy with the given kernels.
+    pub fn loss_with(kernels: Kernels, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        loss_with(kernels, logits, targets)
     }
 
     /// The training forward to the loss with the whole graph recorded. `half`: mixed
@@ -710,41 +590,26 @@ impl Transformer {
         }
     }
 
-    /// [`Transformer::loss`] with the model's kernels ([`kernels::cross_entropy`] when fused).
-    pub fn train_loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        Self::loss_with(self.cfg.kernels, logits, targets)
-    }
-
-    /// Mean cross-entropy with the given kernels.
-    pub fn loss_with(kernels: Kernels, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let (b, s, v) = logits.dims3()?;
-        let (logits, targets) = (logits.reshape((b * s, v))?, targets.flatten_all()?);
-        match kernels {
-            Kernels::Fused => kernels::cross_entropy(&logits, &targets),
-            Kernels::Composed => candle_nn::loss::cross_entropy(&logits, &targets),
-        }
-    }
-
     /// A copy of the model whose weights are `w.to_dtype(dtype)` (mixed precision's 16-bit
     /// working copy). With variables the conversions are recorded, so the gradients flow back,
     /// converted, to the f32 master weights; the copies (`2·P` bytes for 16 bits) live as long
     /// as the copy or a graph that uses it. The rotary tables are converted too.
     pub fn cast(&self, dtype: DType) -> Result<Self> {
         let f = |t: &Tensor| t.to_dtype(dtype);
-        self.map(&f, &f, dtype)
+        self.map(&f, &f)
     }
 
     /// A copy of the model whose weights are detached views of the same storage: running it
     /// records no graph (inference) and allocates nothing for the weights.
     pub fn detached(&self) -> Self {
         let f = |t: &Tensor| Ok(t.detach());
-        self.map(&f, &f, self.dtype).expect("detach cannot fail")
+        self.map(&f, &f).expect("detach cannot fail")
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
     /// adapters still variables; the block projections frozen as `cfg.lora_base` says.
     pub fn frozen(&self) -> Result<Self> {
-        self.frozen_with(self.cfg.lora_base, false, false)
+        self.frozen_with(self.own.lora_base, false, false)
     }
 
     /// A serving copy whose block projections run through the frozen-linear op over `mode`'s
@@ -770,7 +635,7 @@ impl Transformer {
                 t.clone()
             })
         };
-        let mut m = self.map(&base, &adapter, self.dtype)?;
+        let mut m = self.map(&base, &adapter)?;
         for b in &mut m.blocks {
             let projs = match (&mut b.mlp, experts_only) {
                 (_, false) => b.projs_mut(),
@@ -791,7 +656,6 @@ impl Transformer {
         &self,
         base: &dyn Fn(&Tensor) -> Result<Tensor>,
         adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-        dtype: DType,
     ) -> Result<Self> {
         let rope = match &self.rope {
             None => None,
@@ -802,11 +666,9 @@ impl Transformer {
             Some((c, s)) => Some((base(c)?, base(s)?)),
         };
         let stem = match &self.stem {
-            Stem::Tokens(wte) => {
-                Stem::Tokens(Embedding::new(base(wte.embeddings())?, self.cfg.hidden))
-            }
+            Stem::Tokens(wte) => Stem::Tokens(base(wte)?),
             Stem::Patches { proj, cls, patch } => Stem::Patches {
-                proj: Linear::new(base(proj.weight())?, proj.bias().map(base).transpose()?),
+                proj: proj.map(base, adapter)?,
                 cls: base(cls)?,
                 patch: *patch,
             },
@@ -818,12 +680,12 @@ impl Transformer {
             .map(|b| b.map(base, adapter))
             .collect::<Result<Vec<_>>>()?;
         let ln_f = self.ln_f.map(base)?;
-        let head = match (&stem, self.cfg.tied) {
-            (Stem::Tokens(wte), true) => Linear::new(wte.embeddings().clone(), None),
-            _ => Linear::new(
-                base(self.head.weight())?,
-                self.head.bias().map(base).transpose()?,
-            ),
+        let head = match (&stem, self.form.tied) {
+            (Stem::Tokens(wte), true) => Proj {
+                weight: wte.clone(),
+                ..self.head.clone()
+            },
+            _ => self.head.map(base, adapter)?,
         };
         Ok(Self {
             stem,
@@ -833,9 +695,216 @@ impl Transformer {
             blocks,
             ln_f,
             head,
-            cfg: self.cfg.clone(),
-            dtype,
+            form: self.form,
+            own: self.own.clone(),
         })
+    }
+}
+
+/// Mean cross-entropy of `logits (B, S, V)` against `targets (B, S)` u32 with the given
+/// kernels: candle-nn's composed `cross_entropy`, or one op ([`super::kernels::cross_entropy`]).
+pub fn loss_with<T: TensorOps>(kernels: Kernels, logits: &T, targets: &T) -> Result<T> {
+    let d = logits.dims();
+    let (logits, targets) = (
+        logits.reshape(&[d[0] * d[1], d[2]])?,
+        targets.reshape(&[d[0] * d[1]])?,
+    );
+    match kernels {
+        Kernels::Fused => T::kernel(Kernel::CrossEntropy, &[&logits, &targets]),
+        Kernels::Composed => tensor_ops::cross_entropy(&logits, &targets),
+    }
+}
+
+impl<T: TensorOps, M: MoeLayer<T>, C> Transformer<T, M, C> {
+    /// Block `i`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
+    /// the local tables), or none.
+    fn rotary(&self, i: usize, offset: usize) -> Option<Rotary<'_, T>> {
+        let tables = match &self.rope_local {
+            Some(local) if self.blocks[i].windowed => Some(local),
+            _ => self.rope.as_ref(),
+        };
+        tables.map(|(cos, sin)| Rotary { cos, sin, offset })
+    }
+
+    /// The token embedding of `tokens` (Gemma: times √H, the unscaled rows freed).
+    fn tokens(&self, wte: &T, tokens: &T) -> Result<T> {
+        let e = tensor_ops::embedding(wte, tokens)?;
+        match self.form.embed_scale {
+            None => Ok(e),
+            Some(s) => {
+                let x = e.affine(s, 0.0)?;
+                drop(e);
+                Ok(x)
+            }
+        }
+    }
+
+    /// `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: `images (B, C, I, I)` → `(B, 1, K)`.
+    pub fn forward(&self, input: &T) -> Result<T> {
+        let masks = self.input_mask(input)?;
+        let x = self.embed(input)?;
+        let x = self.run_blocks(x, &masks, 0..self.blocks.len())?;
+        self.head_forward(&x)
+    }
+
+    /// The attention masks for `input`: the causal mask of its length for the full layers and
+    /// the windowed one for the sliding layers, each made when some layer uses it (decoder);
+    /// none (ViT, fused kernels).
+    pub fn input_mask(&self, input: &T) -> Result<Masks<T>> {
+        match &self.stem {
+            Stem::Tokens(wte) if self.needs_mask() => self.masks(wte, input.dims()[1]),
+            _ => Ok(Masks::default()),
+        }
+    }
+
+    /// The masks of a prompt of `s` tokens: full first, then windowed (as transformers makes
+    /// its `full_attention` and `sliding_attention` masks).
+    fn masks(&self, wte: &T, s: usize) -> Result<Masks<T>> {
+        let full = if self.blocks.iter().any(|b| !b.windowed) {
+            Some(self.mask(wte, s, None)?)
+        } else {
+            None
+        };
+        let sliding = match self.form.sliding_window {
+            Some(w) if self.blocks.iter().any(|b| b.windowed) => {
+                Some(self.mask(wte, s, Some(w))?)
+            }
+            _ => None,
+        };
+        Ok(Masks { full, sliding })
+    }
+
+    /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
+    /// attention masks inside ([`super::kernels::attn_probs`]).
+    pub fn needs_mask(&self) -> bool {
+        !self.form.kernels.fused() || self.form.sinks
+    }
+
+    /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
+    /// to the cache; returns the logits of the last position `(B, V)`. A prompt of several
+    /// tokens uses the causal mask; a single new token attends to everything cached.
+    pub fn forward_cached(&self, tokens: &T, cache: &mut KvCache<T>) -> Result<T> {
+        let Stem::Tokens(wte) = &self.stem else {
+            candle_core::bail!("generation (prefill, decode) needs a decoder, not a ViT")
+        };
+        let s = tokens.dims()[1];
+        let offset = cache.len();
+        if let Some(max) = self.form.max_seq
+            && offset + s > max
+        {
+            candle_core::bail!("position {} is beyond max_seq {max}", offset + s)
+        }
+        if cache.layers.len() != self.blocks.len() {
+            cache.layers = (0..self.blocks.len()).map(|_| None).collect();
+        }
+        let masks = if s > 1 && self.needs_mask() {
+            self.masks(wte, s)?
+        } else {
+            Masks::default()
+        };
+        let mut x = match &self.wpe {
+            Some(wpe) => {
+                let pos = wpe.narrow(0, offset, s)?;
+                self.tokens(wte, tokens)?.broadcast_add(&pos)?
+            }
+            None => self.tokens(wte, tokens)?,
+        };
+        let outer = tokens.segment();
+        for (i, (block, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+            tokens.set_segment(block.tag);
+            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(i, offset), c)?;
+        }
+        tokens.set_segment(outer);
+        cache.pos += s;
+        let last = x.narrow(1, s - 1, 1)?.contiguous()?;
+        drop(x);
+        let logits = self.head_forward(&last)?;
+        logits.squeeze(1)
+    }
+
+    /// The causal mask (with a window: the windowed one) in the model's element type, the
+    /// token table's (f32 → the model's type: no copy for f32).
+    fn mask(&self, wte: &T, s: usize, window: Option<usize>) -> Result<T> {
+        wte.causal_mask(s, s, 0, s, 0, window.unwrap_or(0))
+    }
+
+    /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):
+    /// `tokens (B, S)` → `(B, S, H)`. ViT: the patches projected, the class token in front,
+    /// plus position embedding: `images (B, C, I, I)` → `(B, N + 1, H)`.
+    pub fn embed(&self, input: &T) -> Result<T> {
+        match &self.stem {
+            Stem::Tokens(wte) => {
+                let s = input.dims()[1];
+                if let Some(max) = self.form.max_seq
+                    && s > max
+                {
+                    candle_core::bail!("sequence {s} is longer than max_seq {max}")
+                }
+                match &self.wpe {
+                    Some(wpe) => {
+                        let pos = wpe.narrow(0, 0, s)?;
+                        self.tokens(wte, input)?.broadcast_add(&pos)
+                    }
+                    None => self.tokens(wte, input),
+                }
+            }
+            Stem::Patches { proj, cls, patch } => {
+                let wpe = self.wpe.as_ref().expect("a ViT has a position table");
+                let patches = vit::patchify(&input.to_dtype_of(&proj.weight)?, *patch)?;
+                let x = proj.forward(&patches)?;
+                drop(patches);
+                let d = x.dims();
+                let (b, n, h) = (d[0], d[1], d[2]);
+                if let Some(max) = self.form.max_seq
+                    && n + 1 != max
+                {
+                    candle_core::bail!("{n} patches do not match the {max} positions of the model")
+                }
+                let cls = cls.broadcast_as(&[b, 1, h])?.contiguous()?;
+                let x = T::cat(&[&cls, &x], 1)?;
+                drop(cls);
+                x.broadcast_add(wpe)
+            }
+        }
+    }
+
+    /// Blocks `range` applied to `x (B, S, H)`, each in its segment.
+    pub fn blocks_forward(
+        &self,
+        x: &T,
+        masks: &Masks<T>,
+        range: std::ops::Range<usize>,
+    ) -> Result<T> {
+        self.run_blocks(x.clone(), masks, range)
+    }
+
+    /// Blocks `range` applied to `x`, each block's input freed once its output exists.
+    fn run_blocks(&self, mut x: T, masks: &Masks<T>, range: std::ops::Range<usize>) -> Result<T> {
+        let outer = x.segment();
+        for i in range {
+            let block = &self.blocks[i];
+            x.set_segment(block.tag);
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(i, 0))?;
+        }
+        x.set_segment(outer);
+        Ok(x)
+    }
+
+    /// Final norm and LM head: `(B, S, H)` → logits `(B, S, V)`. ViT: the class token
+    /// only (taken first: the LayerNorm is per position), `(B, 1, K)`. With fused kernels the
+    /// head is one op ([`super::kernels::linear_no_bias`], or [`super::kernels::linear`] with ViT's bias), so
+    /// its weight gradient (`V·H`, the embedding's when tied) is written once.
+    pub fn head_forward(&self, x: &T) -> Result<T> {
+        let x = match self.stem {
+            Stem::Tokens(_) => self.ln_f.forward(x)?,
+            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
+        };
+        self.head.forward(&x)
+    }
+
+    /// [`loss_with`] the model's kernels ([`super::kernels::cross_entropy`] when fused).
+    pub fn train_loss(&self, logits: &T, targets: &T) -> Result<T> {
+        loss_with(self.form.kernels, logits, targets)
     }
 }
 

@@ -31,6 +31,7 @@
 //! ```
 
 pub use super::shapes::{Sizes, Vision};
+use super::tensor_ops::TensorOps;
 use candle_core::{Device, Result, Tensor};
 
 /// Names of the ViT presets (also accepted by `transformer::Config::preset`).
@@ -69,13 +70,13 @@ pub fn preset(name: &str) -> Option<Sizes> {
 
 /// Unfold `images (B, C, I, I)` into patches `(B, N, C·p²)`, row-major over the patch grid,
 /// each patch's values channel-major (a copy: the permuted view is not contiguous).
-pub fn patchify(images: &Tensor, patch: usize) -> Result<Tensor> {
-    let (b, c, height, width) = images.dims4()?;
-    let (nh, nw) = (height / patch, width / patch);
+pub fn patchify<T: TensorOps>(images: &T, patch: usize) -> Result<T> {
+    let d = images.dims();
+    let (b, c, nh, nw) = (d[0], d[1], d[2] / patch, d[3] / patch);
     images
-        .reshape((b, c, nh, patch, nw, patch))?
-        .permute((0, 2, 4, 1, 3, 5))?
-        .reshape((b, nh * nw, c * patch * patch))
+        .reshape(&[b, c, nh, patch, nw, patch])?
+        .permute(&[0, 2, 4, 1, 3, 5])?
+        .reshape(&[b, nh * nw, c * patch * patch])
 }
 
 /// Deterministic synthetic batch: images `(B, C, I, I)` f32 in `[-1, 1)` and class targets

@@ -7,8 +7,6 @@ pub(super) use crate::model::attention::Core;
 
 /// The model's multi-head attention on symbolic tensors.
 pub(super) type Attention = crate::model::attention::Attention<Sym>;
-/// The rotary tables and the first position.
-pub(super) type Rotary<'a> = crate::model::attention::Rotary<'a, Sym>;
 
 /// `f` on the projections, `w` on the q/k norms' weights and the sinks, in model order.
 pub(super) fn map(

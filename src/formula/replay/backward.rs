@@ -30,20 +30,22 @@ pub(super) fn ckpt_forward(
     k: usize,
     f32_loss: bool,
 ) -> CkptForward {
-    let mask = model.input_mask(tokens);
-    let mut x = detached.embed(tokens);
+    let mask = model.input_mask(tokens).sure();
+    let mut x = detached.embed(tokens).sure();
     let mut inputs = Vec::new();
     for seg in segments(model.blocks.len(), k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, &mask, seg);
+        x = detached.blocks_forward(&x, &mask, seg).sure();
     }
     let head_in = x.var_from();
     drop(x);
-    let logits = model.head_forward(&head_in);
+    let logits = model.head_forward(&head_in).sure();
     let loss = if f32_loss {
-        model.train_loss(&logits.to_dtype(DType::F32), targets)
+        model
+            .train_loss(&logits.to_dtype(DType::F32), targets)
+            .sure()
     } else {
-        model.train_loss(&logits, targets)
+        model.train_loss(&logits, targets).sure()
     };
     drop(logits);
     CkptForward {
@@ -86,7 +88,7 @@ pub(super) fn ckpt_backward(
         mask,
         half,
     } = fwd;
-    let vars = model.vars.clone();
+    let vars = model.own.vars.clone();
     let model = half.as_ref().unwrap_or(model);
     let mut grads = GradStore::default();
     let mut all = backward(&loss);
@@ -98,14 +100,14 @@ pub(super) fn ckpt_backward(
         // The segment's work is its first block's part.
         ledger.set_tag(model.blocks[seg.start].tag);
         let xin = inputs.pop().expect("one input per segment").var_from();
-        let out = model.blocks_forward(&xin, &mask, seg);
+        let out = model.blocks_forward(&xin, &mask, seg).sure();
         let mut all = backward(&out.mul(&grad_out).sum_all());
         drop(out);
         grad_out = all.remove(&xin).expect("segment input gradient");
         keep(&mut grads, &mut all, &vars);
     }
     ledger.set_tag(0);
-    let x0 = model.embed(tokens);
+    let x0 = model.embed(tokens).sure();
     let mut all = backward(&x0.mul(&grad_out).sum_all());
     keep(&mut grads, &mut all, &vars);
     grads
@@ -142,8 +144,8 @@ pub(super) fn by_block_forward(
 ) -> ByBlockForward {
     let copy = half.map(|d| model.cast(d));
     let run = copy.as_ref().unwrap_or(model);
-    let masks = run.input_mask(tokens);
-    let mut x = run.embed(tokens);
+    let masks = run.input_mask(tokens).sure();
+    let mut x = run.embed(tokens).sure();
     let layers = run.blocks.len();
     let mut cuts = Vec::with_capacity(layers + 1);
     // A boundary is cut as the part that made it (the embedding's under tag 0, a block's
@@ -151,20 +153,22 @@ pub(super) fn by_block_forward(
     let ledger = tokens.ledger().clone();
     for i in 0..layers {
         ledger.set_tag(if i == 0 { 0 } else { run.blocks[i - 1].tag });
-        let (input, cut) = boundary(x, model.cuda);
+        let (input, cut) = boundary(x, model.own.cuda);
         ledger.set_tag(0);
         cuts.push(cut);
-        x = run.blocks_forward(&input, &masks, i..i + 1);
+        x = run.blocks_forward(&input, &masks, i..i + 1).sure();
     }
     ledger.set_tag(run.blocks.last().map_or(0, |b| b.tag));
-    let (input, cut) = boundary(x, model.cuda);
+    let (input, cut) = boundary(x, model.own.cuda);
     ledger.set_tag(0);
     cuts.push(cut);
-    let logits = run.head_forward(&input);
+    let logits = run.head_forward(&input).sure();
     drop(input);
     let loss = match half {
-        Some(_) => model.train_loss(&logits.to_dtype(DType::F32), targets),
-        None => model.train_loss(&logits, targets),
+        Some(_) => model
+            .train_loss(&logits.to_dtype(DType::F32), targets)
+            .sure(),
+        None => model.train_loss(&logits, targets).sure(),
     };
     drop(logits);
     drop(masks);
@@ -184,7 +188,7 @@ pub(super) fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Opt
 /// blocks'), under which its seed and backward allocate.
 pub(super) fn by_block_backward(model: &Transformer, fwd: ByBlockForward) -> GradStore {
     let ByBlockForward { loss, mut cuts } = fwd;
-    let vars = model.vars.clone();
+    let vars = model.own.vars.clone();
     let ledger = loss.ledger().clone();
     let mut grads = GradStore::default();
     let mut all = backward(&loss);

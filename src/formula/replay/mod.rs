@@ -1,23 +1,24 @@
 //! The transformer of [`crate::model::transformer`] (GPT decoder, ViT encoder or the
 //! LLaMA-family decoder of [`crate::model::llama`]) on [`Sym`] tensors: the backward and
-//! inference predictions. For LLaMA the replay follows `rms_norm_slow` (x², mean, `+ eps`,
+//! inference predictions. For LLaMA the model follows `rms_norm_slow` (x², mean, `+ eps`,
 //! sqrt, divide, scale), the composed rotary embedding (two halves, four broadcast products, a
 //! sub, an add and a `cat` per rotated tensor, the tables narrowed at the cache offset),
 //! `repeat_kv` (one `cat` of `heads/kv_heads` copies), SiLU with candle's backward (`neg`,
 //! `exp`, `+ 1`, `recip`, `1 − node`, two products and a sum, all recorded), and SwiGLU's
 //! product.
 //!
-//! The layers are the model's own: `Norm`, `Proj`, `Mlp`, `Attention` (its core, rotary,
-//! cache), `Mla` and the `Block` are written once over [`crate::model::tensor_ops::TensorOps`]
-//! and run here on [`Sym`], so what is alive when is candle's by construction: a temporary dies
-//! at the end of its statement, a shadowed binding at the end of its scope, an operand passed
-//! by value when the operator returns. `proj.rs` allocates the weights as the replay holds them
-//! (variables, frozen bases, LoRA's adapters, quantized bytes); `attention.rs` and `mla.rs`
-//! copy a layer's tensors. Still stated here, statement for statement, and kept in step with
-//! the model by the exactness tests: the mixture of experts (`moe.rs`, given a routing instead
-//! of routing on the host) and the stems, head and loss of `model.rs` (candle-nn's `Embedding`,
-//! `log_softmax`, `cross_entropy`). The checkpointed and block-by-block backward drivers are in
-//! `backward.rs`; generation, the phases' windows and the drivers here.
+//! The model is the model's own: `Norm`, `Proj`, `Mlp`, `Attention` (its core, rotary,
+//! cache), `Mla`, the `Block` and the `Transformer` (stems, masks, head, loss, the cached
+//! generation) are written once over [`crate::model::tensor_ops::TensorOps`] and run here on
+//! [`Sym`], so what is alive when is candle's by construction: a temporary dies at the end of
+//! its statement, a shadowed binding at the end of its scope, an operand passed by value when
+//! the operator returns. `model.rs` and `proj.rs` allocate the weights as the replay holds
+//! them (variables, frozen bases, LoRA's adapters, quantized bytes) and copy them (mixed
+//! precision's cast); `attention.rs` and `mla.rs` copy a layer's tensors. Still stated here,
+//! statement for statement, and kept in step with the model by the exactness tests: the
+//! mixture of experts (`moe.rs`, given a routing instead of routing on the host). The
+//! checkpointed and block-by-block backward drivers are in `backward.rs`; generation, the
+//! phases' windows and the drivers here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts
@@ -36,7 +37,6 @@ use std::rc::Rc;
 use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
-use crate::model::kernels::{Kernel, Kernels};
 use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
 use crate::step::segments;
 
@@ -49,7 +49,7 @@ mod moe;
 mod proj;
 
 use super::symbolic::Sure;
-use attention::{Attention, Core, Rotary};
+use attention::{Attention, Core};
 use proj::Linear;
 
 /// The model's norm (`model::norm`) and MLP (`model::mlp`), run on symbolic tensors.
@@ -62,8 +62,8 @@ fn lift(norm: &Norm, f: &dyn Fn(&Sym) -> Sym) -> Norm {
 }
 
 use backward::*;
-pub use model::Masks;
 use model::*;
+pub use model::{KvCache, Masks};
 
 /// Replayed peaks of one case, in bytes above each window's baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,11 +94,11 @@ fn generation(
     tokens: &Sym,
     shape: &Shape,
 ) -> (u64, u64, u64, i64) {
-    let mut cache: Vec<Option<(Sym, Sym)>> = Vec::new();
+    let mut cache = KvCache::default();
     let base = ledger.reset_peak();
     ledger.set_stage("prefill");
     let next = {
-        let logits = model.forward_cached(tokens, &mut cache);
+        let logits = model.forward_cached(tokens, &mut cache).sure();
         logits.argmax_last()
     };
     let prefill_peak = ledger.window_peak(base);
@@ -110,10 +110,12 @@ fn generation(
     for _ in 0..shape.decode_tokens {
         let token = next.unsqueeze(1);
         let logits = if shape.kv_cache {
-            model.forward_cached(&token, &mut cache)
+            model.forward_cached(&token, &mut cache).sure()
         } else {
             prefix = Sym::cat(&[&prefix, &token], 1);
-            model.forward_cached(&prefix, &mut Vec::new())
+            model
+                .forward_cached(&prefix, &mut KvCache::default())
+                .sure()
         };
         drop(token);
         next = logits.argmax_last();
@@ -191,7 +193,7 @@ fn decode_step_on(
         ),
     };
     // A sliding layer's cache holds the last W tokens.
-    let mut cache: Vec<Option<(Sym, Sym)>> = slots
+    let layers = slots
         .iter()
         .map(|&Slot { layer, tag }| {
             ledger.set_tag(tag);
@@ -203,16 +205,20 @@ fn decode_step_on(
             kd[2] = t;
             vd[2] = t;
             Some((
-                Sym::new(ledger, &kd, model.dtype),
-                Sym::new(ledger, &vd, model.dtype),
+                Sym::new(ledger, &kd, model.own.dtype),
+                Sym::new(ledger, &vd, model.own.dtype),
             ))
         })
         .collect();
+    let mut cache = KvCache {
+        layers,
+        pos: cached,
+    };
     ledger.set_tag(0);
     let token = Sym::new(ledger, &[shape.b as usize, 1], DType::U32);
     let cache_bytes = ledger.current() - weights;
     let base = ledger.reset_peak();
-    let logits = model.forward_cached(&token, &mut cache);
+    let logits = model.forward_cached(&token, &mut cache).sure();
     let peak = ledger.window_peak(base);
     drop((logits, cache, token));
     (weights, cache_bytes, peak)
@@ -457,10 +463,14 @@ fn training_on(
         let loss = if shape.mixed {
             // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
             let half = model.cast(DType::Half);
-            let logits = half.forward(&tokens);
-            model.train_loss(&logits.to_dtype(DType::F32), &targets)
+            let logits = half.forward(&tokens).sure();
+            model
+                .train_loss(&logits.to_dtype(DType::F32), &targets)
+                .sure()
         } else {
-            model.train_loss(&model.forward(&tokens), &targets)
+            model
+                .train_loss(&model.forward(&tokens).sure(), &targets)
+                .sure()
         };
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
@@ -468,7 +478,12 @@ fn training_on(
         ledger.set_stage("backward");
         let mut all = backward(&loss);
         backward_peak = ledger.window_peak(base);
-        let kept: Vec<Sym> = model.vars.iter().filter_map(|v| all.remove(v)).collect();
+        let kept: Vec<Sym> = model
+            .own
+            .vars
+            .iter()
+            .filter_map(|v| all.remove(v))
+            .collect();
         drop(all);
         backward_retained = ledger.current() as i64 - base as i64;
         ledger.set_stage("done");
@@ -557,7 +572,7 @@ fn serving_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Serving {
     let (tokens, _) = inputs(ledger, shape);
     let base = ledger.reset_peak();
     ledger.set_stage("inference");
-    let logits = model.forward(&tokens);
+    let logits = model.forward(&tokens).sure();
     let inference_peak = ledger.window_peak(base);
     let inference_retained = ledger.current() - base;
     ledger.set_stage("between");

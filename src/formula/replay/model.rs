@@ -1,32 +1,34 @@
-//! The model on symbolic tensors: the blocks are the model's own ([`crate::model::transformer`]
-//! run on [`Sym`]), made of the replay's weights ([`Params`]); the stems, the head and the
-//! losses of the GPT, ViT and LLaMA families are still stated here (issue 50).
+//! The model on symbolic tensors: the model's own ([`crate::model::transformer`] run on
+//! [`Sym`]), made of the replay's weights ([`Params`]) with the replay's mixture of experts
+//! (routed as it is told) and the replay's variables beside it.
 
 use std::rc::Rc;
 
 use super::*;
 use crate::model::mlp::Glu;
 use crate::model::proj::Lora;
-
-/// candle-nn `ops::log_softmax`.
-pub(super) fn log_softmax(xs: &Sym, d: usize) -> Sym {
-    let max = xs.max_keepdim(d);
-    let diff = xs.broadcast_sub(&max);
-    let sum_exp = diff.exp().sum_keepdim(&[d]);
-    diff.broadcast_sub(&sum_exp.log())
-}
-
-/// candle-nn `loss::cross_entropy` (log-softmax, then `nll`).
-pub(super) fn cross_entropy(inp: &Sym, target: &Sym) -> Sym {
-    let inp = log_softmax(inp, 1);
-    inp.gather(&target.unsqueeze(1), 1).sum_all().affine(-1.0)
-}
+use crate::model::transformer::{Form, Stem};
 
 /// The model's block attention, feed-forward part and block on symbolic tensors (the
 /// replay's mixture of experts, which routes as it is told).
 pub(super) type SelfAttention = crate::model::transformer::SelfAttention<Sym>;
 pub(super) type Ffn = crate::model::transformer::Ffn<Sym, moe::Moe>;
-type ModelBlock = crate::model::transformer::Block<Sym, moe::Moe>;
+pub(super) type Block = crate::model::transformer::Block<Sym, moe::Moe>;
+/// The model's masks and cache of symbolic tensors.
+pub type Masks = crate::model::transformer::Masks<Sym>;
+pub type KvCache = crate::model::transformer::KvCache<Sym>;
+/// The whole model on symbolic tensors, its variables beside it ([`Kept`]).
+pub type Transformer = crate::model::transformer::Transformer<Sym, moe::Moe, Kept>;
+
+/// What the replay keeps beside its model: the variables (training: what has a gradient), the
+/// weights' type and the device.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    pub(super) vars: Vec<Sym>,
+    pub(super) dtype: DType,
+    /// On CUDA (a checkpoint's boundary is a fresh copy there).
+    pub(super) cuda: bool,
+}
 
 impl crate::model::transformer::MoeLayer<Sym> for moe::Moe {
     fn forward(&self, x: &Sym) -> candle_core::Result<Sym> {
@@ -86,60 +88,11 @@ impl Ffn {
     }
 }
 
-/// A block of the model with what the replay adds: whether it slides and its ledger tag.
-pub(super) struct Block {
-    pub(super) block: ModelBlock,
-    /// Its attention slides (takes the windowed mask).
-    pub(super) windowed: bool,
-    /// Its ledger tag (`compress`): what it allocates, forward and backward, is its segment.
-    pub(super) tag: u32,
-}
-
-impl std::ops::Deref for Block {
-    type Target = ModelBlock;
-    fn deref(&self) -> &ModelBlock {
-        &self.block
-    }
-}
-
-/// Mirror of the model's `Masks`.
-#[derive(Default)]
-pub struct Masks {
-    pub(super) full: Option<Sym>,
-    pub(super) sliding: Option<Sym>,
-}
-
-impl Masks {
-    pub(super) fn at(&self, windowed: bool) -> Option<&Sym> {
-        if windowed {
-            self.sliding.as_ref()
-        } else {
-            self.full.as_ref()
-        }
-    }
-}
-
-impl Block {
-    pub(super) fn forward(&self, x: &Sym, mask: Option<&Sym>, rotary: Option<Rotary>) -> Sym {
-        self.block.forward(x, mask, rotary).sure()
-    }
-
-    pub(super) fn forward_cached(
-        &self,
-        x: &Sym,
-        mask: Option<&Sym>,
-        rotary: Option<Rotary>,
-        cache: &mut Option<(Sym, Sym)>,
-    ) -> Sym {
-        self.block.forward_cached(x, mask, rotary, cache).sure()
-    }
-
-    /// The block's projections in model order.
-    pub(super) fn linears(&self) -> Vec<&Linear> {
-        let mut v = self.attn.linears();
-        v.extend(self.mlp.linears());
-        v
-    }
+/// The block's projections in model order.
+pub(super) fn linears(b: &Block) -> Vec<&Linear> {
+    let mut v = b.attn.linears();
+    v.extend(b.mlp.linears());
+    v
 }
 
 /// Creates the weights: variables (training) or plain tensors (detached inference).
@@ -202,51 +155,6 @@ impl Params<'_> {
             Sym::new(self.ledger, dims, self.dtype)
         }
     }
-}
-
-/// Mirror of the model's `Stem`.
-pub(super) enum Stem {
-    Tokens(Sym),
-    Patches {
-        proj: Linear,
-        cls: Sym,
-        patch: usize,
-    },
-}
-
-/// Mirror of `vit::patchify`: `(B, C, I, I)` → `(B, N, C·p²)` (the last reshape copies).
-pub(super) fn patchify(images: &Sym, p: usize) -> Sym {
-    let d = images.dims();
-    let (b, c, nh, nw) = (d[0], d[1], d[2] / p, d[3] / p);
-    images
-        .reshape(&[b, c, nh, p, nw, p])
-        .permute(&[0, 2, 4, 1, 3, 5])
-        .reshape(&[b, nh * nw, c * p * p])
-}
-
-/// The model's weights and forward.
-pub struct Transformer {
-    pub(super) stem: Stem,
-    pub(super) wpe: Option<Sym>,
-    /// LLaMA's rotary tables cos, sin `(S_max, D/2)`.
-    pub(super) rope: Option<(Sym, Sym)>,
-    /// Gemma's sliding layers' own tables.
-    pub(super) rope_local: Option<(Sym, Sym)>,
-    /// Gemma: the token embedding times √H (an affine copy).
-    pub(super) embed_scale: bool,
-    /// gpt-oss: its attention adds the mask tensor whatever the kernels (the sinks' softmax is
-    /// composed).
-    pub(super) sinks: bool,
-    pub(super) blocks: Vec<Block>,
-    pub(super) ln_f: Norm,
-    pub(super) head: Linear,
-    pub(super) tied: bool,
-    pub(super) hidden: usize,
-    pub(super) dtype: DType,
-    pub(super) vars: Vec<Sym>,
-    pub(super) kernels: Kernels,
-    /// On CUDA (the fused cross-entropy keeps one f32 per row between its two launches).
-    pub(super) cuda: bool,
 }
 
 impl Transformer {
@@ -456,13 +364,11 @@ impl Transformer {
                 };
                 let post = ln1_post.map(|a| (a, norm(h, true)));
                 Block {
-                    block: ModelBlock {
-                        ln1,
-                        attn,
-                        ln2,
-                        mlp,
-                        post,
-                    },
+                    ln1,
+                    attn,
+                    ln2,
+                    mlp,
+                    post,
                     windowed: window.is_some(),
                     tag,
                 }
@@ -495,7 +401,7 @@ impl Transformer {
         all.extend(wpe.clone());
         for b in &blocks {
             all.extend(b.ln1.weights().into_iter().cloned());
-            for l in b.linears() {
+            for l in linears(b) {
                 all.push(l.weight.clone());
                 all.extend(l.bias.clone());
                 if let Some(Lora { a, b, .. }) = &l.lora {
@@ -514,185 +420,29 @@ impl Transformer {
             all.push(head.weight.clone());
             all.extend(head.bias.clone());
         }
+        ledger.cuda.set(!shape.cpu);
         Self {
             stem,
             wpe,
             rope,
             rope_local,
-            embed_scale: gemma.is_some(),
-            sinks: shape.llama.is_some_and(|l| l.oss),
             blocks,
             ln_f,
             head,
-            tied: shape.tied,
-            hidden: h,
-            dtype: param_dtype,
-            vars: all,
-            kernels: shape.kernels,
-            cuda: !shape.cpu,
+            form: Form {
+                kernels: shape.kernels,
+                max_seq: None,
+                embed_scale: gemma.map(|_| (h as f64).sqrt()),
+                sliding_window: shape.llama.and_then(|l| l.sliding_window),
+                sinks: shape.llama.is_some_and(|l| l.oss),
+                tied: shape.tied,
+            },
+            own: Kept {
+                vars: all,
+                dtype: param_dtype,
+                cuda: !shape.cpu,
+            },
         }
-    }
-
-    /// Block `block`'s rotary tables at positions `offset..` (LLaMA; Gemma's sliding layers:
-    /// their own).
-    pub(super) fn rotary(&self, block: &Block, offset: usize) -> Option<Rotary<'_>> {
-        let tables = match &self.rope_local {
-            Some(local) if block.windowed => Some(local),
-            _ => self.rope.as_ref(),
-        };
-        tables.map(|(cos, sin)| Rotary { cos, sin, offset })
-    }
-
-    /// Mirror of the model's `tokens`: the embedding (Gemma: times √H, the rows freed).
-    pub(super) fn tokens(&self, wte: &Sym, input: &Sym) -> Sym {
-        // candle-nn `Embedding::forward`.
-        let mut final_dims = input.dims().to_vec();
-        final_dims.push(self.hidden);
-        let indexes = input.flatten_all();
-        let values = wte.index_select(&indexes, 0);
-        let e = values.reshape(&final_dims);
-        drop((indexes, values));
-        if !self.embed_scale {
-            return e;
-        }
-        let x = e.affine(1.0);
-        drop(e);
-        x
-    }
-
-    /// The model's `forward`: `tokens (B, S)` u32 → logits `(B, S, V)`; ViT: images →
-    /// `(B, 1, K)`.
-    pub fn forward(&self, input: &Sym) -> Sym {
-        let masks = self.input_mask(input);
-        let mut x = self.embed(input);
-        for block in &self.blocks {
-            input.ledger().set_tag(block.tag);
-            x = block.forward(&x, masks.at(block.windowed), self.rotary(block, 0));
-        }
-        input.ledger().set_tag(0);
-        self.head_forward(&x)
-    }
-
-    /// Mirror of the model's `masks`: full first, then windowed, each when some layer uses it.
-    pub(super) fn masks(&self, tokens: &Sym, s: usize) -> Masks {
-        let full = self
-            .blocks
-            .iter()
-            .any(|b| !b.windowed)
-            .then(|| self.mask(tokens, s));
-        let sliding = self
-            .blocks
-            .iter()
-            .any(|b| b.windowed)
-            .then(|| self.mask(tokens, s));
-        Masks { full, sliding }
-    }
-
-    /// Mirror of the model's `needs_mask`.
-    pub(super) fn needs_mask(&self) -> bool {
-        !self.kernels.fused() || self.sinks
-    }
-
-    /// Mirror of the model's `input_mask`.
-    pub fn input_mask(&self, input: &Sym) -> Masks {
-        match self.stem {
-            Stem::Tokens(_) if self.needs_mask() => self.masks(input, input.dims()[1]),
-            _ => Masks::default(),
-        }
-    }
-
-    /// Mirror of the model's `forward_cached`: the last position's logits `(B, V)`.
-    pub fn forward_cached(&self, tokens: &Sym, cache: &mut Vec<Option<(Sym, Sym)>>) -> Sym {
-        let Stem::Tokens(wte) = &self.stem else {
-            panic!("generation replayed on a ViT (the workload refuses it)")
-        };
-        let s = tokens.dims()[1];
-        let offset = match cache.first() {
-            Some(Some((k, _))) => k.dims()[2],
-            _ => 0,
-        };
-        if cache.len() != self.blocks.len() {
-            *cache = (0..self.blocks.len()).map(|_| None).collect();
-        }
-        let masks = if s > 1 && self.needs_mask() {
-            self.masks(tokens, s)
-        } else {
-            Masks::default()
-        };
-        let tokens_embedded = self.tokens(wte, tokens);
-        // The model adds to a temporary: the embedding goes once the sum exists.
-        let mut x = match &self.wpe {
-            Some(wpe) => {
-                let pos = wpe.narrow(0, offset, s);
-                let x = tokens_embedded.broadcast_add(&pos);
-                drop(tokens_embedded);
-                x
-            }
-            None => tokens_embedded,
-        };
-        for (block, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            tokens.ledger().set_tag(block.tag);
-            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(block, offset), c);
-        }
-        tokens.ledger().set_tag(0);
-        let last = x.narrow(1, s - 1, 1).contiguous();
-        drop(x);
-        let logits = self.head_forward(&last);
-        logits.squeeze(1)
-    }
-
-    /// The causal mask in the model's element type.
-    pub fn mask(&self, tokens: &Sym, s: usize) -> Sym {
-        Sym::new(tokens.ledger(), &[s, s], DType::F32).to_dtype(self.dtype)
-    }
-
-    /// Token plus position embedding; ViT: projected patches after the class token, plus
-    /// position embedding.
-    pub fn embed(&self, input: &Sym) -> Sym {
-        match &self.stem {
-            Stem::Tokens(wte) => {
-                let s = input.dims()[1];
-                match &self.wpe {
-                    Some(wpe) => {
-                        let pos = wpe.narrow(0, 0, s);
-                        self.tokens(wte, input).broadcast_add(&pos)
-                    }
-                    None => self.tokens(wte, input),
-                }
-            }
-            Stem::Patches { proj, cls, patch } => {
-                let patches = patchify(&input.to_dtype(self.dtype), *patch);
-                let x = proj.forward(&patches).sure();
-                drop(patches);
-                let (b, h) = (x.dims()[0], x.dims()[2]);
-                let cls = cls.broadcast_as(&[b, 1, h]).contiguous();
-                let x = Sym::cat(&[&cls, &x], 1);
-                drop(cls);
-                x.broadcast_add(self.wpe.as_ref().expect("a ViT has a position table"))
-            }
-        }
-    }
-
-    /// Blocks `range` applied to `x`.
-    pub fn blocks_forward(&self, x: &Sym, masks: &Masks, range: std::ops::Range<usize>) -> Sym {
-        let mut x = x.clone();
-        let ledger = x.ledger().clone();
-        let outer = ledger.tag();
-        for block in &self.blocks[range] {
-            ledger.set_tag(block.tag);
-            x = block.forward(&x, masks.at(block.windowed), self.rotary(block, 0));
-        }
-        ledger.set_tag(outer);
-        x
-    }
-
-    /// Final LayerNorm and LM head (ViT: of the class token).
-    pub fn head_forward(&self, x: &Sym) -> Sym {
-        let x = match self.stem {
-            Stem::Tokens(_) => self.ln_f.forward(x).sure(),
-            Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1).contiguous()).sure(),
-        };
-        self.head.forward(&x).sure()
     }
 
     /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
@@ -702,7 +452,7 @@ impl Transformer {
 
     /// The model with detached weights (views of the same storages, no graph).
     pub fn detached(&self) -> Transformer {
-        self.map(&Sym::detach, self.dtype)
+        self.map(&Sym::detach, self.own.dtype)
     }
 
     /// Mirror of the model's `map`: `f` on every weight (and the rotary tables), in model
@@ -733,13 +483,11 @@ impl Transformer {
                 let mlp = b.mlp.map(&lin);
                 let post = ln1_post.zip(b.post.as_ref().map(|p| lift(&p.1, f)));
                 Block {
-                    block: ModelBlock {
-                        ln1,
-                        attn,
-                        ln2,
-                        mlp,
-                        post,
-                    },
+                    ln1,
+                    attn,
+                    ln2,
+                    mlp,
+                    post,
                     windowed: b.windowed,
                     tag: b.tag,
                 }
@@ -747,13 +495,10 @@ impl Transformer {
             .collect();
         ledger.set_tag(0);
         let ln_f = lift(&self.ln_f, f);
-        let head = match (&stem, self.tied) {
+        let head = match (&stem, self.form.tied) {
             (Stem::Tokens(wte), true) => Linear {
                 weight: wte.clone(),
-                bias: None,
-                lora: None,
-                frozen: None,
-                fused: self.head.fused,
+                ..self.head.clone()
             },
             _ => lin(&self.head),
         };
@@ -762,44 +507,15 @@ impl Transformer {
             wpe,
             rope,
             rope_local,
-            embed_scale: self.embed_scale,
-            sinks: self.sinks,
             blocks,
             ln_f,
             head,
-            tied: self.tied,
-            hidden: self.hidden,
-            dtype,
-            vars: Vec::new(),
-            kernels: self.kernels,
-            cuda: self.cuda,
+            form: self.form,
+            own: Kept {
+                vars: Vec::new(),
+                dtype,
+                ..self.own
+            },
         }
-    }
-
-    /// The model's `loss`: mean cross-entropy of the logits against `targets (B, S)`.
-    pub fn loss(logits: &Sym, targets: &Sym) -> Sym {
-        let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
-        cross_entropy(&logits.reshape(&[b * s, v]), &targets.flatten_all())
-    }
-
-    /// Mirror of the model's `train_loss` (`loss_with` its kernels).
-    pub fn train_loss(&self, logits: &Sym, targets: &Sym) -> Sym {
-        if !self.kernels.fused() {
-            return Transformer::loss(logits, targets);
-        }
-        let (b, s, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
-        let (logits, targets) = (logits.reshape(&[b * s, v]), targets.flatten_all());
-        // CUDA: the per-row losses (f32) live until the mean is written.
-        let rows = self
-            .cuda
-            .then(|| Sym::new(logits.ledger(), &[b * s], DType::F32));
-        let loss = Sym::kernel(
-            Kernel::CrossEntropy,
-            &[&logits, &targets],
-            &[],
-            logits.dtype(),
-        );
-        drop(rows);
-        loss
     }
 }

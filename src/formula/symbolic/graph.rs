@@ -277,7 +277,17 @@ impl crate::model::tensor_ops::TensorOps for Sym {
             Kernel::Linear | Kernel::LinearAdd | Kernel::LinearNoBias | Kernel::LinearScaled => {
                 a[0].fused_product(k, a[1], &a[2..])
             }
-            Kernel::CrossEntropy => Sym::kernel(k, a, &[], a[0].dtype()),
+            Kernel::CrossEntropy => {
+                // CUDA: the per-row losses (f32) live until the mean is written.
+                let ledger = a[0].ledger();
+                let rows = ledger
+                    .cuda
+                    .get()
+                    .then(|| Sym::new(ledger, &[a[0].dims()[0]], DType::F32));
+                let loss = Sym::kernel(k, a, &[], a[0].dtype());
+                drop(rows);
+                loss
+            }
             Kernel::ScatterRows { rows } => {
                 let h = a[0].dims()[1];
                 Sym::kernel(k, a, &[rows, h], a[0].dtype())
@@ -340,6 +350,24 @@ impl crate::model::tensor_ops::TensorOps for Sym {
         let y = Sym::kernel(kernel, &[q, k, v, &lse], out.dims(), out.dtype());
         drop((out, lse));
         Ok(y)
+    }
+    fn permute(&self, order: &[usize]) -> candle_core::Result<Self> {
+        Ok(Sym::permute(self, order))
+    }
+    fn unsqueeze(&self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::unsqueeze(self, dim))
+    }
+    fn gather(&self, ids: &Self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::gather(self, ids, dim))
+    }
+    fn sum_all(&self) -> candle_core::Result<Self> {
+        Ok(Sym::sum_all(self))
+    }
+    fn segment(&self) -> u32 {
+        self.ledger().tag()
+    }
+    fn set_segment(&self, tag: u32) {
+        self.ledger().set_tag(tag)
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Ledger {
     /// The backward node being differentiated: the label of op-less tensors made meanwhile.
     pub(super) context: Cell<&'static str>,
     pub(super) next_storage: Cell<u64>,
+    /// The replayed device is a GPU: a kernel that keeps scratch there (the fused
+    /// cross-entropy's per-row losses) charges it.
+    pub cuda: Cell<bool>,
 }
 
 impl Ledger {
