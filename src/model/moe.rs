@@ -37,28 +37,71 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use candle_core::{D, DType, Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder, linear_no_bias, ops};
+use candle_core::{Result, Tensor};
+use candle_nn::{VarBuilder, linear_no_bias};
 
 use super::config::{Config, ProjSpec};
-use super::kernels;
+use super::kernels::Kernel;
 use super::mlp::Mlp;
 use super::proj::Proj;
 pub use super::shapes::{Factor, GroupLimit, MoeShape, Scoring};
+use super::tensor_ops::{self, TensorOps};
 
-/// A mixture-of-experts MLP: router, experts (SwiGLU [`Mlp`]s), its layer.
+/// A mixture-of-experts MLP over tensors `T`: router, experts (SwiGLU [`Mlp`]s), routed by `R`
+/// (candle's [`HostRouting`] on the host from the router's scores; the replay's as it is told).
 #[derive(Debug, Clone)]
-pub struct Moe {
-    pub(crate) router: Linear,
-    pub(crate) experts: Vec<Mlp>,
+pub struct Moe<T: TensorOps = Tensor, R = HostRouting> {
+    /// candle-nn's linear (not fused), with gpt-oss's bias.
+    pub(crate) router: Proj<T>,
+    /// The routed experts this layer holds (all `E` of them, or a compressed replay's few:
+    /// [`Routing::expert`] gives each one's index).
+    pub(crate) experts: Vec<Mlp<T>>,
     /// Shared experts (one SwiGLU of width `shape.shared`) and Qwen2-MoE's gate on them.
-    pub(crate) shared: Option<Mlp>,
-    pub(crate) shared_gate: Option<Linear>,
+    pub(crate) shared: Option<Mlp<T>>,
+    pub(crate) shared_gate: Option<Proj<T>>,
     pub(crate) shape: MoeShape,
+    /// Fused kernels: the training combine is one op ([`super::kernels::scatter_rows`]).
+    pub(crate) fused: bool,
+    pub(crate) routing: R,
+}
+
+/// How a mixture of experts picks each token's experts, on the host: the interpreter's part of
+/// [`Moe::forward`] (candle routes from the router's scores; the replay charges the same host
+/// bytes for a routing it is given).
+pub trait Routing<T: TensorOps> {
+    /// One expert's token ids as the host holds them.
+    type Ids;
+    /// The training combine's host buffers: the parts' vector and every token id.
+    type Combine;
+    /// Routes the tokens scored `probs (T, E)` f32 (the host copy of the scores, DeepSeek-V3's
+    /// correction bias, the choice): the 0/1 selection `(T, E)` f32 and, for each expert held,
+    /// its token ids (`None`: no token).
+    fn route(&self, probs: &T, shape: &MoeShape) -> Result<(T, Vec<Option<Self::Ids>>)>;
+    /// The index among the `E` of held expert `slot`.
+    fn expert(&self, slot: usize) -> usize;
+    fn count(ids: &Self::Ids) -> usize;
+    /// The ids as a u32 tensor on `like`'s device (no copy on the CPU).
+    fn ids_tensor(ids: Self::Ids, like: &T) -> Result<T>;
+    /// The training combine's buffers for `hit` experts' parts and `total` ids.
+    fn combine(&self, like: &T, hit: usize, total: usize) -> Self::Combine;
+    /// One expert's ids appended to the combine's.
+    fn extend(combine: &mut Self::Combine, ids: &Self::Ids);
+    /// Every id as a u32 tensor; the parts' vector freed.
+    fn combined_ids(combine: Self::Combine, total: usize, like: &T) -> Result<T>;
+    /// Inference runs one expert per distinct token count (an interpreter that only sizes:
+    /// an expert leaves the memory where it found it less its ids, and its temporaries depend
+    /// on its count only, so a repeated count peaks no higher and changes nothing after).
+    fn one_per_count(&self) -> bool {
+        false
+    }
+}
+
+/// candle's routing: on the host from the router's scores, recorded per layer
+/// ([`routing_snapshot`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HostRouting {
     /// The block's index (where its routing is recorded).
     pub(crate) layer: usize,
-    /// Fused kernels: the training combine is one op ([`kernels::scatter_rows`]).
-    pub(crate) fused: bool,
 }
 
 /// Tokens per expert of each layer's last forward in this process (each case runs in a
@@ -90,10 +133,7 @@ impl Moe {
     ) -> Result<Self> {
         let m = self;
         Ok(Moe {
-            router: candle_nn::Linear::new(
-                base(m.router.weight())?,
-                m.router.bias().map(base).transpose()?,
-            ),
+            router: m.router.map(base, adapter)?,
             experts: m
                 .experts
                 .iter()
@@ -107,13 +147,11 @@ impl Moe {
             shared_gate: m
                 .shared_gate
                 .as_ref()
-                .map(|g| {
-                    Ok::<_, candle_core::Error>(candle_nn::Linear::new(base(g.weight())?, None))
-                })
+                .map(|g| g.map(base, adapter))
                 .transpose()?,
             shape: m.shape,
-            layer: m.layer,
             fused: m.fused,
+            routing: m.routing,
         })
     }
     /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
@@ -140,18 +178,19 @@ impl Moe {
             None
         };
         let shared_gate = if shape.shared > 0 && shape.shared_gate {
-            Some(linear_no_bias(cfg.hidden, 1, vb.pp("shared_gate"))?)
+            let g = linear_no_bias(cfg.hidden, 1, vb.pp("shared_gate"))?;
+            Some(Proj::plain(g, false))
         } else {
             None
         };
         Ok(Self {
-            router,
+            router: Proj::plain(router, false),
             experts,
             shared: shared_mlp,
             shared_gate,
             shape,
-            layer,
             fused: cfg.kernels.fused(),
+            routing: HostRouting { layer },
         })
     }
 }
@@ -248,92 +287,146 @@ pub fn route(scores: &[f32], shape: &MoeShape, bias: Option<&[f32]>) -> (Vec<Vec
 
 /// The router's scores in f32 `(T, E)`: softmax, or the sigmoid composed from ops with a
 /// backward (`neg`, `exp`, `+ 1`, `recip`).
-pub(crate) fn scores(logits: &Tensor, scoring: Scoring) -> Result<Tensor> {
-    let l = logits.to_dtype(DType::F32)?;
+pub(crate) fn scores<T: TensorOps>(logits: &T, scoring: Scoring) -> Result<T> {
+    let l = logits.to_f32()?;
     match scoring {
-        Scoring::Softmax => ops::softmax(&l, D::Minus1),
+        Scoring::Softmax => tensor_ops::softmax_last(&l),
         Scoring::Sigmoid => sigmoid(&l),
     }
 }
 
 /// `1 / (1 + exp(−x))` from ops with a backward, each intermediate freed once the next exists.
-pub(crate) fn sigmoid(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn sigmoid<T: TensorOps>(x: &T) -> Result<T> {
     let e = x.neg()?.exp()?;
-    let p = (e + 1.0)?;
+    let p = e.affine(1.0, 1.0)?;
+    drop(e);
     p.recip()
 }
 
-impl Module for Moe {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, s, h) = x.dims3()?;
-        let (t, e) = (b * s, self.shape.experts);
-        let xs = x.reshape((t, h))?;
-        let logits = self.router.forward(&xs)?;
-        let probs = scores(&logits, self.shape.scoring)?;
-        drop(logits);
+impl Routing<Tensor> for HostRouting {
+    type Ids = Vec<u32>;
+    /// The parts' vector is the forward's own; the ids gathered here.
+    type Combine = Vec<u32>;
+    fn route(&self, probs: &Tensor, shape: &MoeShape) -> Result<(Tensor, Vec<Option<Vec<u32>>>)> {
+        let (t, e) = probs.dims2()?;
         let (top_x, mask) = {
             let host = probs.flatten_all()?.to_vec1::<f32>()?;
             // DeepSeek-V3's correction bias: zero until trained, as transformers makes it.
-            let bias = self.shape.correction_bias.then(|| vec![0f32; e]);
-            route(&host, &self.shape, bias.as_deref())
+            let bias = shape.correction_bias.then(|| vec![0f32; e]);
+            route(&host, shape, bias.as_deref())
         };
         let counts = top_x.iter().map(Vec::len).collect();
         ROUTING
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(self.layer, counts);
-        let mask = Tensor::from_vec(mask, (t, e), x.device())?;
+        let mask = Tensor::from_vec(mask, (t, e), probs.device())?;
+        let ids = top_x
+            .into_iter()
+            .map(|ids| (!ids.is_empty()).then_some(ids))
+            .collect();
+        Ok((mask, ids))
+    }
+    fn expert(&self, slot: usize) -> usize {
+        slot
+    }
+    fn count(ids: &Vec<u32>) -> usize {
+        ids.len()
+    }
+    fn ids_tensor(ids: Vec<u32>, like: &Tensor) -> Result<Tensor> {
+        let n = ids.len();
+        Tensor::from_vec(ids, n, like.device())
+    }
+    fn combine(&self, _like: &Tensor, _hit: usize, total: usize) -> Vec<u32> {
+        Vec::with_capacity(total)
+    }
+    fn extend(combine: &mut Vec<u32>, ids: &Vec<u32>) {
+        combine.extend_from_slice(ids);
+    }
+    fn combined_ids(combine: Vec<u32>, total: usize, like: &Tensor) -> Result<Tensor> {
+        Tensor::from_vec(combine, total, like.device())
+    }
+}
+
+impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
+    pub fn forward(&self, x: &T) -> Result<T> {
+        let d = x.dims();
+        let (b, s, h) = (d[0], d[1], d[2]);
+        let t = b * s;
+        let xs = x.reshape(&[t, h])?;
+        let logits = self.router.forward(&xs)?;
+        let probs = scores(&logits, self.shape.scoring)?;
+        drop(logits);
+        let (mask, ids) = self.routing.route(&probs, &self.shape)?;
         let selected = probs.mul(&mask)?;
         drop((probs, mask));
         let weights = match (self.shape.norm_topk, self.shape.group) {
             (false, _) => selected,
             // Mixtral, Qwen: `w / Σ w`.
             (true, None) if self.shape.scoring == Scoring::Softmax => {
-                let sum = selected.sum_keepdim(1)?;
+                let sum = selected.sum_last_keepdim()?;
                 selected.broadcast_div(&sum)?
             }
             // DeepSeek: `w / (Σ w + 1e-20)`.
             (true, _) => {
-                let sum = (selected.sum_keepdim(1)? + 1e-20)?;
+                let sum = selected.sum_last_keepdim()?.affine(1.0, 1e-20)?;
                 selected.broadcast_div(&sum)?
             }
         };
         let weights = if self.shape.routed_scale.0 != 1.0 {
-            (weights * self.shape.routed_scale.0)?
+            let scaled = weights.affine(self.shape.routed_scale.0, 0.0)?;
+            drop(weights);
+            scaled
         } else {
             weights
         }
-        .to_dtype(x.dtype())?;
+        .to_dtype_of(x)?;
         // Training (the weights tracked): the experts' scaled outputs are concatenated and added
         // into the output by one `index_add`, so the graph keeps one `(k·T, H)` tensor and one
         // `(T, H)` zeros, not a fresh `(T, H)` per expert (candle's `index_add` is not in place).
         // Inference: expert by expert into the output (nothing kept, one `(n_e, H)` at a time).
         // The sums are the same in both, in the same order (each token's experts ascending).
-        let tracked = weights.track_op();
-        let total: usize = top_x.iter().map(Vec::len).sum();
-        let hit = top_x.iter().filter(|t| !t.is_empty()).count();
-        let (mut parts, mut all_ids) = if tracked {
-            (Vec::with_capacity(hit), Vec::with_capacity(total))
+        let tracked = weights.tracked();
+        let total: usize = ids.iter().flatten().map(R::count).sum();
+        let hit = ids.iter().flatten().count();
+        let (mut parts, mut combine) = if tracked {
+            (
+                Vec::with_capacity(hit),
+                Some(self.routing.combine(x, hit, total)),
+            )
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), None)
         };
         let mut ys = if tracked {
             None
         } else {
-            Some(xs.zeros_like()?)
+            Some(xs.zeros(&[t, h])?)
         };
-        for (i, (expert, tokens)) in self.experts.iter().zip(top_x).enumerate() {
-            if tokens.is_empty() {
+        let one_per_count = !tracked && self.routing.one_per_count();
+        let mut counts_run: Vec<usize> = Vec::new();
+        // Each expert's work is its own segment (the layer's, plus its slot above 2¹⁶).
+        let layer_tag = x.segment();
+        for (slot, (expert, ids)) in self.experts.iter().zip(ids).enumerate() {
+            let Some(ids) = ids else {
                 continue;
+            };
+            let n = R::count(&ids);
+            if one_per_count {
+                if counts_run.contains(&n) {
+                    continue;
+                }
+                counts_run.push(n);
             }
-            let n = tokens.len();
-            if tracked {
-                all_ids.extend_from_slice(&tokens);
+            x.set_segment(layer_tag | (slot as u32 + 1) << 16);
+            if let Some(c) = combine.as_mut() {
+                R::extend(c, &ids);
             }
-            let ids = Tensor::from_vec(tokens, n, x.device())?;
+            let ids = R::ids_tensor(ids, x)?;
             // The rows of the expert's tokens (contiguous, `(n_e, E)`), then its column; the
             // expert's output scaled by it (with fused kernels in its down projection's op).
-            let we = weights.index_select(&ids, 0)?.narrow(1, i, 1)?;
+            let we = weights
+                .index_select(&ids, 0)?
+                .narrow(1, self.routing.expert(slot), 1)?;
             let ye = expert.forward_scaled(xs.index_select(&ids, 0)?, &we)?;
             drop(we);
             match ys.take() {
@@ -341,22 +434,23 @@ impl Module for Moe {
                 None => parts.push(ye),
             }
         }
+        x.set_segment(layer_tag);
         let ys = match ys {
             Some(ys) => ys,
             None => {
                 // One part is returned as it is by `cat` (no copy).
-                let y = Tensor::cat(&parts, 0)?;
+                let y = T::cat_owned(&parts, 0)?;
                 drop(parts);
-                let ids = Tensor::from_vec(all_ids, total, x.device())?;
+                let ids = R::combined_ids(combine.expect("tracked"), total, x)?;
                 if self.fused {
-                    kernels::scatter_rows(&y, &ids, t)?
+                    T::kernel(Kernel::ScatterRows { rows: t }, &[&y, &ids])?
                 } else {
-                    xs.zeros_like()?.index_add(&ids, &y, 0)?
+                    xs.zeros(&[t, h])?.index_add(&ids, &y, 0)?
                 }
             }
         };
         drop(weights);
-        let ys = ys.reshape((b, s, h))?;
+        let ys = ys.reshape(&[b, s, h])?;
         // Shared experts on every token, added after the routed ones (Qwen2-MoE: gated by
         // `sigmoid(x·g)`).
         match &self.shared {
@@ -370,7 +464,9 @@ impl Module for Moe {
                         y.broadcast_mul(&gate)?
                     }
                 };
-                ys + y
+                let sum = ys.add(&y)?;
+                drop((ys, y));
+                Ok(sum)
             }
         }
     }

@@ -78,6 +78,12 @@ pub trait TensorOps: Graph {
     fn gather(&self, ids: &Self, dim: usize) -> Result<Self>;
     /// The sum of every element, a scalar.
     fn sum_all(&self) -> Result<Self>;
+    /// A copy of this one with `src`'s rows added at `ids` along `dim` (candle's `index_add`:
+    /// not in place).
+    fn index_add(&self, ids: &Self, src: &Self, dim: usize) -> Result<Self>;
+    /// [`Graph::cat`] of owned parts (candle's `Tensor::cat` of a slice: one part is returned
+    /// as it is).
+    fn cat_owned(parts: &[Self], dim: usize) -> Result<Self>;
     /// The replay's ledger segment (a block's tag) the work under way belongs to; candle has
     /// none.
     fn segment(&self) -> u32 {
@@ -189,6 +195,12 @@ impl TensorOps for Tensor {
     }
     fn sum_all(&self) -> Result<Self> {
         Tensor::sum_all(self)
+    }
+    fn index_add(&self, ids: &Self, src: &Self, dim: usize) -> Result<Self> {
+        Tensor::index_add(self, ids, src, dim)
+    }
+    fn cat_owned(parts: &[Self], dim: usize) -> Result<Self> {
+        Tensor::cat(parts, dim)
     }
 }
 

@@ -39,7 +39,7 @@
 //! let logits = model.forward(&tokens).unwrap(); // (2, 16, cfg.vocab)
 //! ```
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
 
 use super::kernels::{Kernel, Kernels};
@@ -62,9 +62,9 @@ pub trait MoeLayer<T> {
     fn forward(&self, x: &T) -> Result<T>;
 }
 
-impl MoeLayer<Tensor> for Moe {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Module::forward(self, x)
+impl<T: TensorOps, R: super::moe::Routing<T>> MoeLayer<T> for Moe<T, R> {
+    fn forward(&self, x: &T) -> Result<T> {
+        Moe::forward(self, x)
     }
 }
 

@@ -14,11 +14,11 @@
 //! its statement, a shadowed binding at the end of its scope, an operand passed by value when
 //! the operator returns. `model.rs` and `proj.rs` allocate the weights as the replay holds
 //! them (variables, frozen bases, LoRA's adapters, quantized bytes) and copy them (mixed
-//! precision's cast); `attention.rs` and `mla.rs` copy a layer's tensors. Still stated here,
-//! statement for statement, and kept in step with the model by the exactness tests: the
-//! mixture of experts (`moe.rs`, given a routing instead of routing on the host). The
-//! checkpointed and block-by-block backward drivers are in `backward.rs`; generation, the
-//! phases' windows and the drivers here.
+//! precision's cast); `attention.rs` and `mla.rs` copy a layer's tensors; `moe.rs` routes the
+//! model's mixture of experts as it is told (a recorded, balanced or worst routing) and charges
+//! the host bytes candle's routing holds. No layer is stated twice. The checkpointed and
+//! block-by-block backward drivers are in `backward.rs`; generation, the phases' windows and
+//! the drivers here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts

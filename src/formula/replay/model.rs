@@ -30,12 +30,6 @@ pub struct Kept {
     pub(super) cuda: bool,
 }
 
-impl crate::model::transformer::MoeLayer<Sym> for moe::Moe {
-    fn forward(&self, x: &Sym) -> candle_core::Result<Sym> {
-        Ok(moe::Moe::forward(self, x))
-    }
-}
-
 impl SelfAttention {
     pub(super) fn linears(&self) -> Vec<&Linear> {
         match self {
@@ -346,13 +340,15 @@ impl Transformer {
                         Ffn::Moe(Box::new(moe::Moe {
                             router,
                             experts,
-                            expert_ids,
                             shared: shared_mlp,
                             shared_gate,
                             shape: *m,
-                            routing,
-                            worst: shape.worst_routing,
                             fused: shape.kernels.fused(),
+                            routing: moe::Told {
+                                expert_ids,
+                                routing,
+                                worst: shape.worst_routing,
+                            },
                         }))
                     }
                     MlpLayout::Dense(specs) if llama => Ffn::Dense(swiglu(specs)),

@@ -1,40 +1,25 @@
-//! Mirror of `model::moe`: the router, the host routing, the experts on their gathered tokens
-//! and the `index_add`s (one over the concatenated outputs in training, one per expert in
-//! inference), for a given routing (tokens per expert; a row's recorded
-//! `moe_routing`, or balanced).
+//! The model's mixture of experts (`model::moe::Moe`) on symbolic tensors, routed as it is
+//! told ([`Told`]: a row's recorded tokens per expert, the worst routing, or balanced) instead
+//! of on the host, with the host bytes candle's routing holds charged to the ledger.
 
-use super::Mlp;
 use super::proj::Linear;
 use crate::formula::symbolic::Sure;
-use crate::formula::symbolic::{DType, Sym};
-use crate::model::kernels::Kernel;
-use crate::model::moe::{MoeShape, Scoring};
-use crate::model::tensor_ops;
+use crate::formula::symbolic::{DType, HostBytes, Sym};
+use crate::model::moe::{MoeShape, Routing};
 
-/// Mirror of the composed sigmoid `1 / (1 + exp(−x))` (`model::moe`).
-fn sigmoid(x: &Sym) -> Sym {
-    let e = x.neg().exp();
-    let p = e.affine(1.0);
-    drop(e);
-    p.recip()
-}
+/// The model's mixture of experts on symbolic tensors.
+pub(super) type Moe = crate::model::moe::Moe<Sym, Told>;
 
-pub(super) struct Moe {
-    pub(super) router: Linear,
-    pub(super) experts: Vec<Mlp>,
-    /// Each expert's index among the model's `E` (all of them, or a compressed training
+/// A routing the replay is told.
+#[derive(Debug, Clone)]
+pub(super) struct Told {
+    /// Each held expert's index among the model's `E` (all of them, or a compressed training
     /// replay's few: `compress`).
     pub(super) expert_ids: Vec<usize>,
-    /// Shared experts and Qwen2-MoE's gate on them.
-    pub(super) shared: Option<Mlp>,
-    pub(super) shared_gate: Option<Linear>,
-    pub(super) shape: MoeShape,
     /// Tokens per expert as recorded for this layer, if any.
     pub(super) routing: Option<Vec<usize>>,
     /// Without a recorded routing: every token on the first `k` experts (the worst case).
     pub(super) worst: bool,
-    /// Fused kernels (the model's `Moe::fused`).
-    pub(super) fused: bool,
 }
 
 /// `k·T` tokens spread evenly over `E` experts (the first `k·T mod E` get one more).
@@ -78,156 +63,71 @@ pub(super) fn replay_every_expert(on: bool) {
     EVERY_EXPERT.with(|e| e.set(on));
 }
 
-impl Moe {
+impl Told {
     /// The tokens per expert of a forward over `tokens`: the recorded routing when it is of
     /// this many tokens, else the worst case when asked, else balanced.
-    fn counts(&self, tokens: usize) -> Vec<usize> {
+    fn counts(&self, tokens: usize, shape: &MoeShape) -> Vec<usize> {
         match &self.routing {
-            Some(r) if r.iter().sum::<usize>() == tokens * self.shape.top_k => r.clone(),
-            _ if self.worst => worst(tokens, self.shape),
-            _ => balanced(tokens, self.shape),
+            Some(r) if r.iter().sum::<usize>() == tokens * shape.top_k => r.clone(),
+            _ if self.worst => worst(tokens, *shape),
+            _ => balanced(tokens, *shape),
         }
     }
+}
 
-    pub(super) fn forward(&self, x: &Sym) -> Sym {
-        let (b, s, h) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-        let (t, e) = (b * s, self.shape.experts);
-        let counts = self.counts(t);
-        let ledger = x.ledger().clone();
-        let xs = x.reshape(&[t, h]);
-        let logits = tensor_ops::linear(&self.router.weight, self.router.bias.as_ref(), &xs).sure();
-        let probs = {
-            let l = logits.to_dtype(DType::F32);
-            match self.shape.scoring {
-                Scoring::Softmax => tensor_ops::softmax_last(&l).sure(),
-                Scoring::Sigmoid => sigmoid(&l),
-            }
-        };
-        drop(logits);
-        // The host copy of the probabilities, the 0/1 selection and each expert's token list
-        // (the last two become tensors without a copy: `Tensor::from_vec`); DeepSeek-V3's
-        // correction bias, `E` f32 on the host, while the routing is computed.
+/// Host bytes of one expert's ids, and their count.
+pub(super) type Ids = (HostBytes, usize);
+
+impl Routing<Sym> for Told {
+    type Ids = Ids;
+    /// The parts' vector (8 B a part) and the `k·T` ids.
+    type Combine = (HostBytes, HostBytes);
+    /// The host copy of the probabilities, the 0/1 selection and each expert's token list (the
+    /// last two become tensors without a copy: `Tensor::from_vec`); DeepSeek-V3's correction
+    /// bias, `E` f32 on the host, while the routing is computed.
+    fn route(&self, probs: &Sym, shape: &MoeShape) -> candle_core::Result<(Sym, Vec<Option<Ids>>)> {
+        let (t, e) = (probs.dims()[0], probs.dims()[1]);
+        let counts = self.counts(t, shape);
+        let ledger = probs.ledger();
         let host = ledger.host(4 * t * e);
-        let bias = self.shape.correction_bias.then(|| ledger.host(4 * e));
+        let bias = shape.correction_bias.then(|| ledger.host(4 * e));
         let mask = ledger.host(4 * t * e);
-        let mut ids: Vec<_> = self
+        let ids = self
             .expert_ids
             .iter()
-            .map(|&i| (counts[i] > 0).then(|| ledger.host(4 * counts[i])))
+            .map(|&i| (counts[i] > 0).then(|| (ledger.host(4 * counts[i]), counts[i])))
             .collect();
         drop((host, bias));
-        let mask = mask.into_tensor(&[t, e], DType::F32);
-        let selected = probs.mul(&mask);
-        drop((probs, mask));
-        let weights = match (self.shape.norm_topk, self.shape.group) {
-            (false, _) => selected,
-            (true, None) if self.shape.scoring == Scoring::Softmax => {
-                let sum = selected.sum_keepdim(&[1]);
-                selected.broadcast_div(&sum)
-            }
-            (true, _) => {
-                let sum = {
-                    let s = selected.sum_keepdim(&[1]);
-                    let r = s.affine(1.0);
-                    drop(s);
-                    r
-                };
-                selected.broadcast_div(&sum)
-            }
-        };
-        let weights = if self.shape.routed_scale.0 != 1.0 {
-            let r = weights.affine(self.shape.routed_scale.0);
-            drop(weights);
-            r
-        } else {
-            weights
-        }
-        .to_dtype(x.dtype());
-        // Training: the scaled expert outputs concatenated and added by one `index_add` (the
-        // `Vec` of parts, 8 B a part, and the `k·T` ids on the host first); inference: expert
-        // by expert into the output.
-        let tracked = weights.track_op();
-        let total: usize = self.expert_ids.iter().map(|&i| counts[i]).sum();
-        let hit = self.expert_ids.iter().filter(|&&i| counts[i] > 0).count();
-        let (parts_vec, all_ids) = if tracked {
-            (Some(ledger.host(8 * hit)), Some(ledger.host(4 * total)))
-        } else {
-            (None, None)
-        };
-        let mut parts: Vec<Sym> = Vec::new();
-        let mut ys = (!tracked).then(|| xs.zeros_like());
-        // Inference: an expert leaves the ledger where it found it (its output added into a
-        // new accumulator, the old one freed) less its host ids, and its temporaries depend on
-        // its token count only. So an expert whose count an earlier expert had peaks no higher
-        // than that one did (the ids still waiting are fewer) and changes nothing after: its ids
-        // are freed and it is not replayed. Exact, and one expert per distinct count.
-        let skip_repeats = !tracked && !EVERY_EXPERT.with(|e| e.get());
-        let mut replayed: Vec<usize> = Vec::new();
-        // Each expert's work is its own segment (tag: the layer's, plus its slot above 2¹⁶).
-        let layer_tag = ledger.tag();
-        for (slot, (expert, &i)) in self.experts.iter().zip(&self.expert_ids).enumerate() {
-            let n = counts[i];
-            let Some(host_ids) = ids[slot].take() else {
-                continue;
-            };
-            if skip_repeats {
-                if replayed.contains(&n) {
-                    drop(host_ids);
-                    continue;
-                }
-                replayed.push(n);
-            }
-            ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
-            let ids = host_ids.into_tensor(&[n], DType::U32);
-            let we = weights.index_select(&ids, 0).narrow(1, i, 1);
-            let ye = expert.forward_scaled(xs.index_select(&ids, 0), &we).sure();
-            drop(we);
-            match ys.take() {
-                Some(acc) => ys = Some(acc.index_add_tracked(&ids, &ye, 0)),
-                None => parts.push(ye),
-            }
-        }
-        ledger.set_tag(layer_tag);
-        let ys = match ys {
-            Some(ys) => ys,
-            None => {
-                let y = Sym::cat(&parts.iter().collect::<Vec<_>>(), 0);
-                drop(parts);
-                drop(parts_vec);
-                let ids = all_ids.expect("tracked").into_tensor(&[total], DType::U32);
-                let zeros = xs.zeros_like();
-                let r = if self.fused {
-                    // `kernels::scatter_rows`: zeros, candle's index_add into the output, the
-                    // zeros freed in the op.
-                    let kernel = Kernel::ScatterRows { rows: t };
-                    Sym::kernel(kernel, &[&y, &ids], &[t, h], y.dtype())
-                } else {
-                    zeros.index_add_tracked(&ids, &y, 0)
-                };
-                drop(zeros);
-                r
-            }
-        };
-        drop(weights);
-        let ys = ys.reshape(&[b, s, h]);
-        match &self.shared {
-            None => ys,
-            Some(shared) => {
-                let y = shared.forward(x).sure();
-                let y = match &self.shared_gate {
-                    None => y,
-                    Some(g) => {
-                        let gate = sigmoid(&g.forward(x).sure());
-                        y.broadcast_mul(&gate)
-                    }
-                };
-                let r = ys.add(&y);
-                drop((ys, y));
-                r
-            }
-        }
+        Ok((mask.into_tensor(&[t, e], DType::F32), ids))
     }
+    fn expert(&self, slot: usize) -> usize {
+        self.expert_ids[slot]
+    }
+    fn count(ids: &Ids) -> usize {
+        ids.1
+    }
+    fn ids_tensor((host, n): Ids, _like: &Sym) -> candle_core::Result<Sym> {
+        Ok(host.into_tensor(&[n], DType::U32))
+    }
+    fn combine(&self, like: &Sym, hit: usize, total: usize) -> (HostBytes, HostBytes) {
+        let ledger = like.ledger();
+        (ledger.host(8 * hit), ledger.host(4 * total))
+    }
+    fn extend(_combine: &mut (HostBytes, HostBytes), _ids: &Ids) {}
+    fn combined_ids(
+        (parts, ids): (HostBytes, HostBytes),
+        total: usize,
+        _like: &Sym,
+    ) -> candle_core::Result<Sym> {
+        drop(parts);
+        Ok(ids.into_tensor(&[total], DType::U32))
+    }
+    fn one_per_count(&self) -> bool {
+        !EVERY_EXPERT.with(|e| e.get())
+    }
+}
 
+impl Moe {
     pub(super) fn linears(&self) -> Vec<&Linear> {
         let mut v = vec![&self.router];
         for e in self.experts.iter().chain(&self.shared) {
@@ -254,7 +154,6 @@ impl Moe {
                     m
                 })
                 .collect(),
-            expert_ids: self.expert_ids.clone(),
             shared: self
                 .shared
                 .as_ref()
@@ -263,7 +162,6 @@ impl Moe {
             shape: self.shape,
             fused: self.fused,
             routing: self.routing.clone(),
-            worst: self.worst,
         }
     }
 }

@@ -288,9 +288,14 @@ impl crate::model::tensor_ops::TensorOps for Sym {
                 drop(rows);
                 loss
             }
+            // `kernels::scatter_rows`: zeros, candle's index_add into the output, the zeros
+            // freed in the op.
             Kernel::ScatterRows { rows } => {
                 let h = a[0].dims()[1];
-                Sym::kernel(k, a, &[rows, h], a[0].dtype())
+                let zeros = Sym::new(a[0].ledger(), &[rows, h], a[0].dtype());
+                let y = Sym::kernel(k, a, &[rows, h], a[0].dtype());
+                drop(zeros);
+                y
             }
             Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
                 candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
@@ -362,6 +367,12 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     }
     fn sum_all(&self) -> candle_core::Result<Self> {
         Ok(Sym::sum_all(self))
+    }
+    fn index_add(&self, ids: &Self, src: &Self, dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::index_add_tracked(self, ids, src, dim))
+    }
+    fn cat_owned(parts: &[Self], dim: usize) -> candle_core::Result<Self> {
+        Ok(Sym::cat(&parts.iter().collect::<Vec<_>>(), dim))
     }
     fn segment(&self) -> u32 {
         self.ledger().tag()
