@@ -11,7 +11,7 @@ pub use super::mask::{causal_mask, windowed_mask};
 use super::norm::Norm;
 use super::proj::Proj;
 use super::rotary;
-use super::tensor_ops::{self, TensorOps};
+use super::tensor_ops::{self, Map, TensorOps};
 
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.
@@ -311,6 +311,23 @@ impl Attention {
 }
 
 impl<T: TensorOps> Attention<T> {
+    /// A copy with `base` on the weights, norms and sinks and `adapter` on LoRA's A and B.
+    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        Ok(Attention {
+            q: self.q.map(base, adapter)?,
+            k: self.k.map(base, adapter)?,
+            v: self.v.map(base, adapter)?,
+            o: self.o.map(base, adapter)?,
+            qk_norm: match &self.qk_norm {
+                Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
+                None => None,
+            },
+            sinks: self.sinks.as_ref().map(base).transpose()?,
+            head_dim: self.head_dim,
+            core: self.core,
+        })
+    }
+
     /// `x (B, S, H)`, `mask (S, S)` with 0 on and below the diagonal and −∞ above (decoder),
     /// or none (encoder: every position attends to every position).
     pub fn forward(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {

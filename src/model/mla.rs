@@ -45,7 +45,7 @@ use super::config::{Config, ProjSpec};
 use super::norm::Norm;
 use super::proj::Proj;
 pub use super::shapes::MlaShape;
-use super::tensor_ops::TensorOps;
+use super::tensor_ops::{Map, TensorOps};
 
 /// Epsilon of MLA's inner norms: transformers makes them with its default 1e-6, not
 /// `rms_norm_eps`.
@@ -107,18 +107,14 @@ impl Mla {
         v.extend([&mut self.q, &mut self.kv_a, &mut self.kv_b, &mut self.o]);
         v
     }
-
-    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
-    pub(crate) fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        self.map_parts(&|p| p.map(base, adapter), base)
-    }
 }
 
 impl<T: TensorOps> Mla<T> {
+    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
+    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        self.map_parts(&|p| p.map(base, adapter), base)
+    }
+
     /// The projections in model order.
     pub fn projs(&self) -> Vec<&Proj<T>> {
         let mut v = Vec::new();

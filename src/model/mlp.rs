@@ -9,7 +9,7 @@ use super::config::{Config, ProjSpec};
 use super::kernels::Kernel;
 use super::proj::Proj;
 use super::shapes::Llama;
-use super::tensor_ops::TensorOps;
+use super::tensor_ops::{Map, TensorOps};
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I); with `gelu`, Gemma's GeGLU
@@ -84,18 +84,14 @@ impl Mlp {
             Mlp::SwiGlu { gate, up, down, .. } => vec![gate, up, down],
         }
     }
-
-    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B.
-    pub(crate) fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        self.map_projs(&|p| p.map(base, adapter))
-    }
 }
 
 impl<T: TensorOps> Mlp<T> {
+    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B.
+    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        self.map_projs(&|p| p.map(base, adapter))
+    }
+
     /// The projections (fc1, fc2 or gate, up, down).
     pub fn projs(&self) -> Vec<&Proj<T>> {
         match self {

@@ -45,7 +45,7 @@ use super::kernels::Kernel;
 use super::mlp::Mlp;
 use super::proj::Proj;
 pub use super::shapes::{Factor, GroupLimit, MoeShape, Scoring};
-use super::tensor_ops::{self, TensorOps};
+use super::tensor_ops::{self, Map, TensorOps};
 
 /// A mixture-of-experts MLP over tensors `T`: router, experts (SwiGLU [`Mlp`]s), routed by `R`
 /// (candle's [`HostRouting`] on the host from the router's scores; the replay's as it is told).
@@ -125,35 +125,6 @@ impl Moe {
             .collect()
     }
 
-    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B.
-    pub(crate) fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        let m = self;
-        Ok(Moe {
-            router: m.router.map(base, adapter)?,
-            experts: m
-                .experts
-                .iter()
-                .map(|e| e.map(base, adapter))
-                .collect::<Result<Vec<_>>>()?,
-            shared: m
-                .shared
-                .as_ref()
-                .map(|e| e.map(base, adapter))
-                .transpose()?,
-            shared_gate: m
-                .shared_gate
-                .as_ref()
-                .map(|g| g.map(base, adapter))
-                .transpose()?,
-            shape: m.shape,
-            fused: m.fused,
-            routing: m.routing,
-        })
-    }
     /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
     pub(crate) fn new(
         cfg: &Config,
@@ -345,6 +316,44 @@ impl Routing<Tensor> for HostRouting {
     }
     fn combined_ids(combine: Vec<u32>, total: usize, like: &Tensor) -> Result<Tensor> {
         Tensor::from_vec(combine, total, like.device())
+    }
+}
+
+impl<T: TensorOps, R: Routing<T> + Clone> Moe<T, R> {
+    /// A copy with `base` applied to the weights and biases and `adapter` to LoRA's A and B;
+    /// each expert's copies in its segment, as its forward.
+    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        let w = &self.router.weight;
+        let layer_tag = w.segment();
+        let router = self.router.map(base, adapter)?;
+        let experts = self
+            .experts
+            .iter()
+            .enumerate()
+            .map(|(slot, e)| {
+                w.set_segment(layer_tag | (slot as u32 + 1) << 16);
+                let m = e.map(base, adapter);
+                w.set_segment(layer_tag);
+                m
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Moe {
+            router,
+            experts,
+            shared: self
+                .shared
+                .as_ref()
+                .map(|e| e.map(base, adapter))
+                .transpose()?,
+            shared_gate: self
+                .shared_gate
+                .as_ref()
+                .map(|g| g.map(base, adapter))
+                .transpose()?,
+            shape: self.shape,
+            fused: self.fused,
+            routing: self.routing.clone(),
+        })
     }
 }
 

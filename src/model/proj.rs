@@ -9,7 +9,7 @@ use super::config::{Config, ProjSpec};
 use super::frozen::FrozenWeight;
 use super::kernels::Kernel;
 pub use super::shapes::{LoraBase, LoraTarget};
-use super::tensor_ops::{self, TensorOps};
+use super::tensor_ops::{self, Map, TensorOps};
 
 /// LoRA adapter of a projection: `y += scale · (x·Aᵀ)·Bᵀ`, A `(r, in)` random, B `(out, r)`
 /// zero at the start, scale `α/r` with α = r.
@@ -73,7 +73,6 @@ impl Proj {
         })
     }
 
-    /// A copy with `base` applied to the weight and bias and `adapter` to A and B.
     /// candle-nn's `Linear` as a projection without adapter (the patch projection, the head),
     /// fused or not.
     pub(crate) fn plain(l: candle_nn::Linear, fused: bool) -> Self {
@@ -84,31 +83,6 @@ impl Proj {
             frozen: None,
             fused,
         }
-    }
-
-    pub(crate) fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        Ok(Self {
-            weight: base(&self.weight)?,
-            bias: self.bias.as_ref().map(base).transpose()?,
-            lora: match &self.lora {
-                None => None,
-                Some(l) => Some(Lora {
-                    a: adapter(&l.a)?,
-                    b: adapter(&l.b)?,
-                    scale: l.scale,
-                }),
-            },
-            frozen: match &self.frozen {
-                None => None,
-                Some(FrozenWeight::Dense(w)) => Some(FrozenWeight::Dense(base(w)?)),
-                Some(q) => Some(q.clone()),
-            },
-            fused: self.fused,
-        })
     }
 
     /// The projection with its base frozen as `mode` says (adapters untouched).
@@ -142,6 +116,29 @@ impl Proj {
 }
 
 impl<T: TensorOps> Proj<T> {
+    /// A copy with `base` on the weight, the bias and a frozen base's weight, and `adapter` on
+    /// LoRA's A and B.
+    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        let weight = base(&self.weight)?;
+        Ok(Self {
+            bias: self.bias.as_ref().map(base).transpose()?,
+            lora: match &self.lora {
+                None => None,
+                Some(l) => Some(Lora {
+                    a: adapter(&l.a)?,
+                    b: adapter(&l.b)?,
+                    scale: l.scale,
+                }),
+            },
+            frozen: match &self.frozen {
+                None => None,
+                Some(f) => Some(T::map_frozen(f, &weight, base)?),
+            },
+            weight,
+            fused: self.fused,
+        })
+    }
+
     /// `x·Wᵀ (+ b)`, or the frozen-linear op on x's rows, plus `scale·(x·Aᵀ)·Bᵀ` with an
     /// adapter.
     pub fn forward(&self, x: &T) -> Result<T> {

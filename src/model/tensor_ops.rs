@@ -16,6 +16,9 @@ use super::efficient_attention::EfficientAttention;
 use super::frozen::{FrozenLinear, FrozenWeight};
 use super::kernels::{self, Graph, Kernel};
 
+/// A function applied to every weight of a model (a copy's cast, detach or freeze).
+pub type Map<'a, T> = dyn Fn(&T) -> Result<T> + 'a;
+
 /// Tensor operations used by the layers' forward passes.
 pub trait TensorOps: Graph {
     /// A frozen projection's weight as its op holds it (dense, GGML blocks, FP8 or MXFP4):
@@ -91,6 +94,9 @@ pub trait TensorOps: Graph {
     }
     /// Puts the work that follows in segment `tag` (the replay's ledger; nothing on candle).
     fn set_segment(&self, _tag: u32) {}
+    /// A frozen weight of a projection whose weight became `weight`, with `base` applied to
+    /// what it holds as tensors (a dense weight, a quantized one's scales).
+    fn map_frozen(f: &Self::Frozen, weight: &Self, base: &Map<'_, Self>) -> Result<Self::Frozen>;
 }
 
 impl TensorOps for Tensor {
@@ -201,6 +207,13 @@ impl TensorOps for Tensor {
     }
     fn cat_owned(parts: &[Self], dim: usize) -> Result<Self> {
         Tensor::cat(parts, dim)
+    }
+    /// A dense frozen weight is mapped on its own; quantized blocks are kept.
+    fn map_frozen(f: &FrozenWeight, _weight: &Self, base: &Map<'_, Self>) -> Result<FrozenWeight> {
+        Ok(match f {
+            FrozenWeight::Dense(w) => FrozenWeight::Dense(base(w)?),
+            q => q.clone(),
+        })
     }
 }
 

@@ -43,7 +43,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
 
 use super::kernels::{Kernel, Kernels};
-use super::tensor_ops::{self, TensorOps};
+use super::tensor_ops::{self, Map, TensorOps};
 use super::vit::{self};
 
 pub use super::attention::{Attention, Rotary};
@@ -58,13 +58,18 @@ pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
 
 /// A mixture-of-experts layer as a block runs it: candle's [`Moe`] routes on the host from
 /// the router's values; the replay's routes as a recorded (or balanced, or worst) routing says.
-pub trait MoeLayer<T> {
+pub trait MoeLayer<T: TensorOps>: Sized {
     fn forward(&self, x: &T) -> Result<T>;
+    /// A copy with `base` on the weights and `adapter` on LoRA's A and B.
+    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self>;
 }
 
-impl<T: TensorOps, R: super::moe::Routing<T>> MoeLayer<T> for Moe<T, R> {
+impl<T: TensorOps, R: super::moe::Routing<T> + Clone> MoeLayer<T> for Moe<T, R> {
     fn forward(&self, x: &T) -> Result<T> {
         Moe::forward(self, x)
+    }
+    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        Moe::map(self, base, adapter)
     }
 }
 
@@ -94,20 +99,16 @@ impl Ffn {
             Ffn::Moe(m) => m.projs_mut(),
         }
     }
+}
 
-    fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
+impl<T: TensorOps, M: MoeLayer<T>> Ffn<T, M> {
+    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
         Ok(match self {
             Ffn::Dense(m) => Ffn::Dense(m.map(base, adapter)?),
             Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(base, adapter)?)),
         })
     }
-}
 
-impl<T: TensorOps, M: MoeLayer<T>> Ffn<T, M> {
     /// `ffn(x)`, no residual (Gemma's norm comes between), x freed once used.
     pub(crate) fn forward_owned(&self, x: T) -> Result<T> {
         let y = match self {
@@ -251,6 +252,31 @@ impl Block {
 }
 
 impl<T: TensorOps, M: MoeLayer<T>> Block<T, M> {
+    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
+    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+        let attn = match &self.attn {
+            SelfAttention::Mha(a) => SelfAttention::Mha(a.map(base, adapter)?),
+            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
+        };
+        let ln1 = self.ln1.map(base)?;
+        let ln1_post = self.post.as_ref().map(|p| p.0.map(base)).transpose()?;
+        let ln2 = self.ln2.map(base)?;
+        let mlp = self.mlp.map(base, adapter)?;
+        let post = match (ln1_post, &self.post) {
+            (Some(a), Some((_, b))) => Some((a, b.map(base)?)),
+            _ => None,
+        };
+        Ok(Block {
+            ln1,
+            attn,
+            ln2,
+            mlp,
+            post,
+            windowed: self.windowed,
+            tag: self.tag,
+        })
+    }
+
     pub fn forward(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
@@ -310,45 +336,6 @@ impl Block {
         };
         v.extend(self.mlp.projs_mut());
         v
-    }
-
-    fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        let attn = match &self.attn {
-            SelfAttention::Mha(a) => SelfAttention::Mha(Attention {
-                q: a.q.map(base, adapter)?,
-                k: a.k.map(base, adapter)?,
-                v: a.v.map(base, adapter)?,
-                o: a.o.map(base, adapter)?,
-                qk_norm: match &a.qk_norm {
-                    Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
-                    None => None,
-                },
-                sinks: a.sinks.as_ref().map(base).transpose()?,
-                ..a.clone()
-            }),
-            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
-        };
-        let ln1 = self.ln1.map(base)?;
-        let ln1_post = self.post.as_ref().map(|p| p.0.map(base)).transpose()?;
-        let ln2 = self.ln2.map(base)?;
-        let mlp = self.mlp.map(base, adapter)?;
-        let post = match (ln1_post, &self.post) {
-            (Some(a), Some((_, b))) => Some((a, b.map(base)?)),
-            _ => None,
-        };
-        Ok(Block {
-            ln1,
-            attn,
-            ln2,
-            mlp,
-            post,
-            windowed: self.windowed,
-            tag: self.tag,
-        })
     }
 }
 
@@ -596,14 +583,15 @@ impl Transformer {
     /// as the copy or a graph that uses it. The rotary tables are converted too.
     pub fn cast(&self, dtype: DType) -> Result<Self> {
         let f = |t: &Tensor| t.to_dtype(dtype);
-        self.map(&f, &f)
+        self.map_with(&f, &f, self.own.clone())
     }
 
     /// A copy of the model whose weights are detached views of the same storage: running it
     /// records no graph (inference) and allocates nothing for the weights.
     pub fn detached(&self) -> Self {
         let f = |t: &Tensor| Ok(t.detach());
-        self.map(&f, &f).expect("detach cannot fail")
+        self.map_with(&f, &f, self.own.clone())
+            .expect("detach cannot fail")
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
@@ -635,7 +623,7 @@ impl Transformer {
                 t.clone()
             })
         };
-        let mut m = self.map(&base, &adapter)?;
+        let mut m = self.map_with(&base, &adapter, self.own.clone())?;
         for b in &mut m.blocks {
             let projs = match (&mut b.mlp, experts_only) {
                 (_, false) => b.projs_mut(),
@@ -647,57 +635,6 @@ impl Transformer {
             }
         }
         Ok(m)
-    }
-
-    /// A copy with `base` applied to every base weight (and the rotary tables) and `adapter`
-    /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B). A tied
-    /// head is the mapped token table itself.
-    fn map(
-        &self,
-        base: &dyn Fn(&Tensor) -> Result<Tensor>,
-        adapter: &dyn Fn(&Tensor) -> Result<Tensor>,
-    ) -> Result<Self> {
-        let rope = match &self.rope {
-            None => None,
-            Some((c, s)) => Some((base(c)?, base(s)?)),
-        };
-        let rope_local = match &self.rope_local {
-            None => None,
-            Some((c, s)) => Some((base(c)?, base(s)?)),
-        };
-        let stem = match &self.stem {
-            Stem::Tokens(wte) => Stem::Tokens(base(wte)?),
-            Stem::Patches { proj, cls, patch } => Stem::Patches {
-                proj: proj.map(base, adapter)?,
-                cls: base(cls)?,
-                patch: *patch,
-            },
-        };
-        let wpe = self.wpe.as_ref().map(base).transpose()?;
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|b| b.map(base, adapter))
-            .collect::<Result<Vec<_>>>()?;
-        let ln_f = self.ln_f.map(base)?;
-        let head = match (&stem, self.form.tied) {
-            (Stem::Tokens(wte), true) => Proj {
-                weight: wte.clone(),
-                ..self.head.clone()
-            },
-            _ => self.head.map(base, adapter)?,
-        };
-        Ok(Self {
-            stem,
-            wpe,
-            rope,
-            rope_local,
-            blocks,
-            ln_f,
-            head,
-            form: self.form,
-            own: self.own.clone(),
-        })
     }
 }
 
@@ -716,6 +653,59 @@ pub fn loss_with<T: TensorOps>(kernels: Kernels, logits: &T, targets: &T) -> Res
 }
 
 impl<T: TensorOps, M: MoeLayer<T>, C> Transformer<T, M, C> {
+    /// A copy with `base` applied to every base weight (and the rotary tables) and `adapter`
+    /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B; each
+    /// block's in its segment), keeping `own` beside. A tied head is the mapped token table.
+    pub(crate) fn map_with(&self, base: &Map<'_, T>, adapter: &Map<'_, T>, own: C) -> Result<Self> {
+        let rope = match &self.rope {
+            None => None,
+            Some((c, s)) => Some((base(c)?, base(s)?)),
+        };
+        let rope_local = match &self.rope_local {
+            None => None,
+            Some((c, s)) => Some((base(c)?, base(s)?)),
+        };
+        let stem = match &self.stem {
+            Stem::Tokens(wte) => Stem::Tokens(base(wte)?),
+            Stem::Patches { proj, cls, patch } => Stem::Patches {
+                proj: proj.map(base, adapter)?,
+                cls: base(cls)?,
+                patch: *patch,
+            },
+        };
+        let wpe = self.wpe.as_ref().map(base).transpose()?;
+        let w = &self.head.weight;
+        let outer = w.segment();
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                w.set_segment(b.tag);
+                b.map(base, adapter)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        w.set_segment(outer);
+        let ln_f = self.ln_f.map(base)?;
+        let head = match (&stem, self.form.tied) {
+            (Stem::Tokens(wte), true) => Proj {
+                weight: wte.clone(),
+                ..self.head.clone()
+            },
+            _ => self.head.map(base, adapter)?,
+        };
+        Ok(Self {
+            stem,
+            wpe,
+            rope,
+            rope_local,
+            blocks,
+            ln_f,
+            head,
+            form: self.form,
+            own,
+        })
+    }
+
     /// Block `i`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
     /// the local tables), or none.
     fn rotary(&self, i: usize, offset: usize) -> Option<Rotary<'_, T>> {

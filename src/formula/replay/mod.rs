@@ -12,13 +12,13 @@
 //! generation) are written once over [`crate::model::tensor_ops::TensorOps`] and run here on
 //! [`Sym`], so what is alive when is candle's by construction: a temporary dies at the end of
 //! its statement, a shadowed binding at the end of its scope, an operand passed by value when
-//! the operator returns. `model.rs` and `proj.rs` allocate the weights as the replay holds
-//! them (variables, frozen bases, LoRA's adapters, quantized bytes) and copy them (mixed
-//! precision's cast); `attention.rs` and `mla.rs` copy a layer's tensors; `moe.rs` routes the
-//! model's mixture of experts as it is told (a recorded, balanced or worst routing) and charges
-//! the host bytes candle's routing holds. No layer is stated twice. The checkpointed and
-//! block-by-block backward drivers are in `backward.rs`; generation, the phases' windows and
-//! the drivers here.
+//! the operator returns; the copies a step makes (mixed precision's cast, the detached
+//! inference copy) are the model's `map_with`. `model.rs` and `proj.rs` allocate the weights
+//! as the replay holds them (variables, frozen bases, LoRA's adapters, quantized bytes);
+//! `moe.rs` routes the model's mixture of experts as it is told (a recorded, balanced or worst
+//! routing) and charges the host bytes candle's routing holds. No layer is stated twice. The
+//! checkpointed and block-by-block backward drivers are in `backward.rs`; generation, the
+//! phases' windows and the drivers here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts
@@ -40,26 +40,22 @@ use crate::device::{ElemType, ServingWeights};
 use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
 use crate::step::segments;
 
-mod attention;
 mod backward;
 mod compress;
-mod mla;
 mod model;
 mod moe;
 mod proj;
 
 use super::symbolic::Sure;
-use attention::{Attention, Core};
+use crate::model::attention::Core;
+/// The model's attention and multi-head latent attention on symbolic tensors.
+type Attention = crate::model::attention::Attention<Sym>;
+type Mla = crate::model::mla::Mla<Sym>;
 use proj::Linear;
 
 /// The model's norm (`model::norm`) and MLP (`model::mlp`), run on symbolic tensors.
 type Norm = crate::model::norm::Norm<Sym>;
 type Mlp = crate::model::mlp::Mlp<Sym>;
-
-/// A norm's `map` with an infallible `f` (the replay's copies of repeated layers).
-fn lift(norm: &Norm, f: &dyn Fn(&Sym) -> Sym) -> Norm {
-    norm.map(&|t| Ok(f(t))).sure()
-}
 
 use backward::*;
 use model::*;

@@ -57,13 +57,6 @@ impl SelfAttention {
             SelfAttention::Mla(a) => a.norm_weights().into_iter().cloned().collect(),
         }
     }
-
-    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear, w: &dyn Fn(&Sym) -> Sym) -> Self {
-        match self {
-            SelfAttention::Mha(a) => SelfAttention::Mha(attention::map(a, f, w)),
-            SelfAttention::Mla(a) => SelfAttention::Mla(mla::map(a, f, w)),
-        }
-    }
 }
 
 impl Ffn {
@@ -71,13 +64,6 @@ impl Ffn {
         match self {
             Ffn::Dense(m) => m.projs(),
             Ffn::Moe(m) => m.linears(),
-        }
-    }
-
-    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
-        match self {
-            Ffn::Dense(m) => Ffn::Dense(m.map_projs(&|p| Ok(f(p))).sure()),
-            Ffn::Moe(m) => Ffn::Moe(Box::new(m.map(f))),
         }
     }
 }
@@ -285,7 +271,7 @@ impl Transformer {
                         let q = next();
                         let kv_a = next();
                         let kv_a_norm = p.norm(m.kv_lora_rank, true, false);
-                        SelfAttention::Mla(mla::Mla {
+                        SelfAttention::Mla(Mla {
                             q,
                             q_a,
                             kv_a,
@@ -441,77 +427,28 @@ impl Transformer {
         }
     }
 
-    /// Mirror of the model's `cast`: every weight converted (recorded when a variable).
+    /// The model's `cast`: every weight converted (recorded when a variable).
     pub fn cast(&self, dtype: DType) -> Transformer {
-        self.map(&|t: &Sym| t.to_dtype(dtype), dtype)
-    }
-
-    /// The model with detached weights (views of the same storages, no graph).
-    pub fn detached(&self) -> Transformer {
-        self.map(&Sym::detach, self.own.dtype)
-    }
-
-    /// Mirror of the model's `map`: `f` on every weight (and the rotary tables), in model
-    /// order; a tied head is the mapped token table.
-    pub(super) fn map(&self, f: &dyn Fn(&Sym) -> Sym, dtype: DType) -> Transformer {
-        let lin = |l: &Linear| proj::map(l, f, f);
-        let rope = self.rope.as_ref().map(|(c, s)| (f(c), f(s)));
-        let rope_local = self.rope_local.as_ref().map(|(c, s)| (f(c), f(s)));
-        let stem = match &self.stem {
-            Stem::Tokens(wte) => Stem::Tokens(f(wte)),
-            Stem::Patches { proj, cls, patch } => Stem::Patches {
-                proj: lin(proj),
-                cls: f(cls),
-                patch: *patch,
-            },
-        };
-        let wpe = self.wpe.as_ref().map(f);
-        let ledger = self.head.weight.ledger().clone();
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|b| {
-                ledger.set_tag(b.tag);
-                let ln1 = lift(&b.ln1, f);
-                let attn = b.attn.map(&lin, f);
-                let ln1_post = b.post.as_ref().map(|p| lift(&p.0, f));
-                let ln2 = lift(&b.ln2, f);
-                let mlp = b.mlp.map(&lin);
-                let post = ln1_post.zip(b.post.as_ref().map(|p| lift(&p.1, f)));
-                Block {
-                    ln1,
-                    attn,
-                    ln2,
-                    mlp,
-                    post,
-                    windowed: b.windowed,
-                    tag: b.tag,
-                }
-            })
-            .collect();
-        ledger.set_tag(0);
-        let ln_f = lift(&self.ln_f, f);
-        let head = match (&stem, self.form.tied) {
-            (Stem::Tokens(wte), true) => Linear {
-                weight: wte.clone(),
-                ..self.head.clone()
-            },
-            _ => lin(&self.head),
-        };
-        Transformer {
-            stem,
-            wpe,
-            rope,
-            rope_local,
-            blocks,
-            ln_f,
-            head,
-            form: self.form,
-            own: Kept {
+        let f = |t: &Sym| Ok(t.to_dtype(dtype));
+        self.map_with(
+            &f,
+            &f,
+            Kept {
                 vars: Vec::new(),
                 dtype,
                 ..self.own
             },
-        }
+        )
+        .sure()
+    }
+
+    /// The model with detached weights (views of the same storages, no graph).
+    pub fn detached(&self) -> Transformer {
+        let f = |t: &Sym| Ok(t.detach());
+        let own = Kept {
+            vars: Vec::new(),
+            ..self.own
+        };
+        self.map_with(&f, &f, own).sure()
     }
 }

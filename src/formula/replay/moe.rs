@@ -3,7 +3,6 @@
 //! of on the host, with the host bytes candle's routing holds charged to the ledger.
 
 use super::proj::Linear;
-use crate::formula::symbolic::Sure;
 use crate::formula::symbolic::{DType, HostBytes, Sym};
 use crate::model::moe::{MoeShape, Routing};
 
@@ -135,34 +134,6 @@ impl Moe {
         }
         v.extend(&self.shared_gate);
         v
-    }
-
-    pub(super) fn map(&self, f: &dyn Fn(&Linear) -> Linear) -> Self {
-        let ledger = self.router.weight.ledger().clone();
-        let layer_tag = ledger.tag();
-        Moe {
-            router: f(&self.router),
-            experts: self
-                .experts
-                .iter()
-                .enumerate()
-                .map(|(slot, e)| {
-                    // A mapped weight (mixed precision's cast) is its expert's, as in forward.
-                    ledger.set_tag(layer_tag | (slot as u32 + 1) << 16);
-                    let m = e.map_projs(&|p| Ok(f(p))).sure();
-                    ledger.set_tag(layer_tag);
-                    m
-                })
-                .collect(),
-            shared: self
-                .shared
-                .as_ref()
-                .map(|e| e.map_projs(&|p| Ok(f(p))).sure()),
-            shared_gate: self.shared_gate.as_ref().map(f),
-            shape: self.shape,
-            fused: self.fused,
-            routing: self.routing.clone(),
-        }
     }
 }
 

@@ -92,24 +92,3 @@ impl Params<'_> {
         }
     }
 }
-
-/// `Proj::map` on the replay's tensors: `base` on weight, bias and a quantized base's scales,
-/// `adapter` on A and B.
-pub(super) fn map(l: &Linear, base: &dyn Fn(&Sym) -> Sym, adapter: &dyn Fn(&Sym) -> Sym) -> Linear {
-    let weight = base(&l.weight);
-    Proj {
-        frozen: l.frozen.as_ref().map(|f| FrozenSym {
-            weight: weight.clone(),
-            scales: f.scales.as_ref().map(base),
-            ..f.clone()
-        }),
-        weight,
-        bias: l.bias.as_ref().map(base),
-        lora: l.lora.as_ref().map(|a| Lora {
-            a: adapter(&a.a),
-            b: adapter(&a.b),
-            scale: a.scale,
-        }),
-        fused: l.fused,
-    }
-}

@@ -374,6 +374,18 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     fn cat_owned(parts: &[Self], dim: usize) -> candle_core::Result<Self> {
         Ok(Sym::cat(&parts.iter().collect::<Vec<_>>(), dim))
     }
+    /// The frozen op holds the projection's (mapped) weight and its scales.
+    fn map_frozen(
+        f: &FrozenSym,
+        weight: &Self,
+        base: &crate::model::tensor_ops::Map<'_, Self>,
+    ) -> candle_core::Result<FrozenSym> {
+        Ok(FrozenSym {
+            weight: weight.clone(),
+            scales: f.scales.as_ref().map(base).transpose()?,
+            ..f.clone()
+        })
+    }
     fn segment(&self) -> u32 {
         self.ledger().tag()
     }
