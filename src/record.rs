@@ -5,6 +5,7 @@
 //! Derived numbers (error percentages) are not stored: the report computes them from
 //! `peak_bytes` and `predicted_peak_bytes`.
 
+use crate::step::Phase;
 use serde::{Deserialize, Serialize};
 
 /// Outcome of one case × phase.
@@ -208,8 +209,8 @@ pub struct Row {
     /// state; `dtype` working copies and activations).
     #[serde(default)]
     pub precision: String,
-    /// `init`, `forward`, `backward`, `optimizer`, `train-step`, `inference`.
-    pub phase: String,
+    /// The measured phase (`init`, `forward`, …, `dataload`; written as its name).
+    pub phase: Phase,
     pub status: Status,
     /// Error message when `status` is not `ok`.
     pub error: Option<String>,

@@ -164,7 +164,7 @@ fn by_block_memory_is_predicted_and_below_the_whole_backward() {
         }
         let peak = |backward: &str, phase: &str| {
             rows.iter()
-                .find(|r| r.backward == backward && r.phase == phase)
+                .find(|r| r.backward == backward && r.phase.as_str() == phase)
                 .and_then(|r| r.peak_bytes)
                 .unwrap_or_else(|| panic!("{case:?}: no {backward} {phase} row"))
         };

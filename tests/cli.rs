@@ -4,6 +4,7 @@
 mod common;
 
 use common::{memfit, run_rows};
+use memfit::step::Phase;
 use predicates::prelude::*;
 
 #[test]
@@ -537,7 +538,7 @@ fn predict_agrees_with_run_and_answers_fit_in() {
     let phases = p["phase_peak_bytes"].as_array().unwrap();
     assert_eq!(phases.len(), rows.len());
     for (ph, r) in phases.iter().zip(&rows) {
-        assert_eq!(ph[0].as_str().unwrap(), r.phase);
+        assert_eq!(ph[0].as_str().unwrap(), r.phase.as_str());
         assert_eq!(ph[1].as_u64(), r.predicted_peak_bytes, "{}", r.phase);
     }
     assert_eq!(p["params"].as_u64(), Some(rows[0].params));
@@ -550,12 +551,15 @@ fn predict_agrees_with_run_and_answers_fit_in() {
         &dir.path().join("whole"),
         &[&args[..], &["--backward", "whole"]].concat(),
     );
-    let whole_step = whole_rows.iter().find(|r| r.phase == "train-step").unwrap();
+    let whole_step = whole_rows
+        .iter()
+        .find(|r| r.phase == Phase::TrainStep)
+        .unwrap();
     assert_eq!(
         p["whole_backward_train_step_bytes"].as_u64(),
         whole_step.predicted_peak_bytes
     );
-    let step = rows.iter().find(|r| r.phase == "train-step").unwrap();
+    let step = rows.iter().find(|r| r.phase == Phase::TrainStep).unwrap();
     assert!(step.predicted_peak_bytes < whole_step.predicted_peak_bytes);
     // A budget below the weights: does not fit, not even at batch 1.
     let out = memfit()
@@ -758,7 +762,7 @@ fn max_batch_finds_the_predicted_batch() {
     let oom_row = journal
         .iter()
         .flatten()
-        .any(|r| r.phase == "train-step" && r.status == memfit::record::Status::Oom);
+        .any(|r| r.phase == Phase::TrainStep && r.status == memfit::record::Status::Oom);
     assert!(
         (!over.status.success() && stderr.contains("memory allocation of")) || oom_row,
         "the budget's own failure expected: {over:?}"

@@ -294,7 +294,7 @@ fn worker_sweep_runs_end_to_end_and_bad_input_names_the_key() {
     );
     for r in &rows {
         assert_eq!(r.status, Status::Ok, "{:?}", r.error);
-        assert_eq!(r.phase, "dataload");
+        assert_eq!(r.phase, memfit::step::Phase::Dataload);
         assert_eq!(r.images, Some(20));
         assert!(r.images_per_s.unwrap() > 0.0);
         assert!(r.pss_peak_bytes.unwrap() > 0);

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{exact_peak, exact_retained, run_rows};
+use memfit::step::Phase;
 
 fn rows(kv: &str, tokens: &str) -> Vec<memfit::record::Row> {
     let dir = tempfile::tempdir().unwrap();
@@ -36,7 +37,7 @@ fn rows(kv: &str, tokens: &str) -> Vec<memfit::record::Row> {
 fn cache_grows_by_the_formula_per_token() {
     for t in [1u64, 5, 12] {
         let r = rows("on", &t.to_string());
-        let decode = r.iter().find(|r| r.phase == "decode").unwrap();
+        let decode = r.iter().find(|r| r.phase == Phase::Decode).unwrap();
         // 2 (keys, values) × L × B × T × H × 4 bytes, nothing else stays.
         assert_eq!(
             decode.retained_bytes,
@@ -44,7 +45,7 @@ fn cache_grows_by_the_formula_per_token() {
             "{decode:?}"
         );
         assert_eq!(decode.decode_tokens, t);
-        let prefill = r.iter().find(|r| r.phase == "prefill").unwrap();
+        let prefill = r.iter().find(|r| r.phase == Phase::Prefill).unwrap();
         let cache = 2 * 2 * 3 * 21 * 60 * 4;
         let kept = prefill.retained_bytes.unwrap() as u64;
         assert!(kept >= cache && exact_retained(prefill), "{prefill:?}");

@@ -5,6 +5,7 @@ mod common;
 
 use common::run_rows;
 use memfit::record::Status;
+use memfit::step::Phase;
 
 fn every_phase_is_metered_by_the_device_meter(device: &str) {
     let dir = tempfile::tempdir().unwrap();
@@ -28,7 +29,7 @@ fn every_phase_is_metered_by_the_device_meter(device: &str) {
         let peak = r.peak_bytes.expect("peak measured");
         let predicted = r.predicted_peak_bytes.expect("predicted");
         // Weights are 4 bytes per parameter on every device: init holds at least that.
-        if r.phase == "init" {
+        if r.phase == Phase::Init {
             assert!(peak >= 4 * r.params, "{r:?}");
         }
         // The trim after the window (claim I2): a trim gives back, never takes; what stays

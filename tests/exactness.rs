@@ -4,6 +4,7 @@
 mod common;
 
 use common::{exact_peak, exact_retained, run_rows};
+use memfit::step::Phase;
 
 /// Every case twice: with candle's composed ops and with memfit's fused kernels.
 fn check(args: &[&str]) {
@@ -30,7 +31,7 @@ fn check_one(args: &[&str]) {
     }
     // Weights: parameters × bytes per element exactly (f32 masters under mixed precision), plus
     // metadata only.
-    let init = rows.iter().find(|r| r.phase == "init").unwrap();
+    let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
     let e = if init.dtype == "f16" && init.precision == "pure" {
         2
     } else {
@@ -301,7 +302,7 @@ fn backward_head_point_is_exact() {
             "whole",
         ],
     );
-    let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();
+    let bwd = rows.iter().find(|r| r.phase == Phase::Backward).unwrap();
     assert!(exact_peak(bwd), "{bwd:?}");
     assert_eq!(
         bwd.peak_bytes,

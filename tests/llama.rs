@@ -11,6 +11,7 @@ use candle_nn::{VarBuilder, VarMap};
 use common::run_rows;
 use memfit::model::llama::Llama;
 use memfit::model::transformer::{Config, Transformer, synthetic_batch};
+use memfit::step::Phase;
 
 fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) -> Config {
     Config::llama(
@@ -204,7 +205,7 @@ fn qwen3_qk_norms() {
             kernels,
         ]);
         let rows = check_run(&a, 8);
-        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
         // 2 layers × (q, k norms of 16): 64 parameters beyond the LLaMA count.
         assert_eq!(init.params, 25_824, "{kernels}");
         check_mixed_checkpointed(base, kernels);
@@ -278,7 +279,7 @@ fn single_kv_head_tied_with_bias() {
         8,
     );
     // The cache stores keys and values at the K/V heads: 2·L·B·T·G·D·e exactly.
-    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    let decode = rows.iter().find(|r| r.phase == Phase::Decode).unwrap();
     assert_eq!(decode.retained_bytes, Some(2 * 3 * 3 * 5 * 14 * 4));
 }
 
@@ -316,7 +317,7 @@ fn three_kv_heads_all_biases() {
         ],
         8,
     );
-    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    let decode = rows.iter().find(|r| r.phase == Phase::Decode).unwrap();
     assert_eq!(decode.retained_bytes, Some(2 * 2 * 2 * 7 * 3 * 8 * 4));
 }
 
@@ -417,14 +418,18 @@ fn mixture_of_experts_from_the_recorded_routing() {
         let base = ["--hf-config", cfg.as_str(), "--batch", "16", "--seq", "28"];
         for kernels in ["composed", "fused"] {
             let rows = every_phase_on_fixture(family, kernels);
-            for r in rows.iter().filter(|r| r.phase != "init") {
+            for r in rows.iter().filter(|r| r.phase != Phase::Init) {
                 let layers = memfit::model::moe::parse_routing(&r.moe_routing)
                     .unwrap_or_else(|| panic!("{family} {}: no routing recorded", r.phase));
                 assert_eq!(layers.len(), sparse, "{family} {}", r.phase);
                 for l in &layers {
                     assert_eq!(l.len(), experts, "{family} {}", r.phase);
                     // A decode step routes B tokens; every other forward B·S.
-                    let tokens = if r.phase == "decode" { 16 } else { 16 * 28 };
+                    let tokens = if r.phase == Phase::Decode {
+                        16
+                    } else {
+                        16 * 28
+                    };
                     assert_eq!(l.iter().sum::<usize>(), k * tokens, "{family} {}", r.phase);
                 }
                 let max = layers.iter().flatten().max().copied().unwrap() as u64;
@@ -466,7 +471,7 @@ fn lora_on_experts_and_latent_attention() {
             ],
             5,
         );
-        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
         let hf = memfit::model::hf_config::load(std::path::Path::new(&cfg)).unwrap();
         let adapters = memfit::model::transformer::Config {
             lora_rank: 4,
@@ -506,10 +511,10 @@ fn mla_latent_cache_and_attention_variants() {
     a.extend(["--phases", "prefill,decode", "--decode-tokens", "4"]);
     let rows = check_run(&a, 2);
     let cache = 3 * 16 * 28 * (16 + 4) * 4;
-    let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+    let prefill = rows.iter().find(|r| r.phase == Phase::Prefill).unwrap();
     let kept = prefill.retained_bytes.unwrap();
     assert!(kept >= cache && kept < cache + 4096, "{kept}");
-    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    let decode = rows.iter().find(|r| r.phase == Phase::Decode).unwrap();
     let grown = decode.retained_bytes.unwrap();
     let want = 3 * 16 * 4 * (16 + 4) * 4;
     assert_eq!(grown, want, "the latent cache grows by exactly its bytes");
@@ -533,13 +538,13 @@ fn layer_types_mix_full_and_sliding_layers() {
 /// adds the full layer's 4.
 fn one_full_one_sliding_layer_cache(rows: &[memfit::record::Row], kernels: &str) {
     let per_token = 2 * 16 * 2 * 16 * 4;
-    let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+    let prefill = rows.iter().find(|r| r.phase == Phase::Prefill).unwrap();
     let kept = prefill.retained_bytes.unwrap();
     assert!(
         kept >= per_token * (28 + 4) && kept < per_token * (28 + 4) + 4096,
         "{kernels}: {kept}"
     );
-    let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+    let decode = rows.iter().find(|r| r.phase == Phase::Decode).unwrap();
     assert_eq!(decode.retained_bytes, Some(per_token * 4), "{kernels}");
 }
 
@@ -553,10 +558,10 @@ fn sliding_window_decode_keeps_the_window() {
         // The prefill leaves the window's keys and values (L 2, B 16, W 4, G 2, D 8, f32) and
         // their tensors' metadata; decoding 4 more tokens adds nothing.
         let cache = 2 * 2 * 16 * 4 * 2 * 8 * 4;
-        let prefill = rows.iter().find(|r| r.phase == "prefill").unwrap();
+        let prefill = rows.iter().find(|r| r.phase == Phase::Prefill).unwrap();
         let kept = prefill.retained_bytes.unwrap();
         assert!(kept >= cache && kept < cache + 4096, "{kernels}: {kept}");
-        let decode = rows.iter().find(|r| r.phase == "decode").unwrap();
+        let decode = rows.iter().find(|r| r.phase == Phase::Decode).unwrap();
         assert_eq!(decode.retained_bytes, Some(0), "{kernels}");
     }
 }
@@ -570,7 +575,7 @@ fn sliding_window_decode_keeps_the_window() {
 fn gemma3_sandwich_norms_and_local_rotary() {
     for kernels in ["composed", "fused"] {
         let rows = every_phase_on_fixture("gemma3", kernels);
-        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
         // V·H (tied) + final norm H + 2 blocks × (q 32·64, k and v 2·32·32, o 64·32, gate, up,
         // down 3·32·48, four norms 4·32, q/k norms 2·16).
         let per_layer = 32 * 64 + 2 * 32 * 32 + 64 * 32 + 3 * 32 * 48 + 4 * 32 + 2 * 16;
@@ -594,7 +599,7 @@ fn gpt_oss_sinks_and_clamped_experts() {
     for kernels in ["composed", "fused"] {
         let rows = every_phase_on_fixture("gpt_oss", kernels);
         assert!(rows.iter().all(|r| r.attention == "standard"), "{kernels}");
-        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
         // V·H + final norm + head V·H, then per block: q 32·64 + 64, k and v 2·(32·32 + 32),
         // o 64·32 + 32, sinks 4, two norms 2·32, router 32·4 + 4, 4 experts × (gate and up
         // 2·(32·48 + 48), down 48·32 + 32).

@@ -9,6 +9,7 @@ use common::{exact_peak, pool_peak_near, run_rows};
 use memfit::model::transformer::{Config, LoraBase, LoraTarget, Transformer, synthetic_batch};
 use memfit::optim::Opt;
 use memfit::phase::OptimizerKind;
+use memfit::step::Phase;
 
 #[test]
 fn only_adapters_train() {
@@ -160,7 +161,7 @@ fn lora_memory_is_predicted() {
             );
         }
         // The optimizer keeps state for the adapters only: 8 bytes per adapter parameter.
-        let opt = rows.iter().find(|r| r.phase == "optimizer").unwrap();
+        let opt = rows.iter().find(|r| r.phase == Phase::Optimizer).unwrap();
         let base = 2 * 300 * 64 + 40 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64;
         let adapter_params = opt.params - base;
         let state = opt.retained_bytes.unwrap() as u64;
@@ -232,7 +233,7 @@ fn qlora_k_quants_and_half(device: &str) {
                 r.phase, r.peak_bytes, r.predicted_peak_bytes
             );
         }
-        let init = rows.iter().find(|r| r.phase == "init").unwrap();
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
         kept.insert((dtype, base), init.retained_bytes.unwrap());
     }
     // 4.5 < 6.56 bits per weight; 16-bit dense weights keep the most.

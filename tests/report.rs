@@ -5,6 +5,7 @@
 mod common;
 
 use common::{memfit, run_rows};
+use memfit::step::Phase;
 use predicates::prelude::*;
 
 /// A tiny decoder over three batch sizes, every phase but load, two optimizers, both caches.
@@ -374,7 +375,7 @@ window.addEventListener('load', () => {{
         let (case, phase) = name["case-".len()..].split_once('-').unwrap();
         let row = rows
             .iter()
-            .find(|r| r.case.to_string() == case && r.phase == phase)
+            .find(|r| r.case.to_string() == case && r.phase.as_str() == phase)
             .unwrap_or_else(|| panic!("no row for {name}"));
         assert_eq!(row.peak_bytes, Some(max), "{name}");
     }
@@ -428,7 +429,7 @@ fn the_committed_time_ratios_come_from_the_run_beside_pytorch() {
     ] {
         let mine: Vec<&memfit::record::Row> = rows
             .iter()
-            .filter(|r| r.preset == preset && r.kernels == "fused" && r.phase == "train-step")
+            .filter(|r| r.preset == preset && r.kernels == "fused" && r.phase == Phase::TrainStep)
             .collect();
         assert_eq!(mine.len(), 1, "{preset}");
         assert_eq!(

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{exact_peak, pool_peak_near, run_rows};
+use memfit::step::Phase;
 
 #[test]
 fn serving_weights_are_predicted_and_their_error_recorded() {
@@ -44,7 +45,7 @@ fn serving_weights_are_predicted_and_their_error_recorded() {
                 r.predicted_peak_bytes
             );
         }
-        let inference = rows.iter().find(|r| r.phase == "inference").unwrap();
+        let inference = rows.iter().find(|r| r.phase == Phase::Inference).unwrap();
         match w {
             "model" => assert_eq!(inference.logits_rel_error, None),
             _ => errors.push(inference.logits_rel_error.expect("recorded")),
@@ -173,7 +174,7 @@ fn k_quants_and_half_activations(device: &str) {
                 r.phase, r.peak_bytes, r.predicted_peak_bytes
             );
         }
-        let inference = rows.iter().find(|r| r.phase == "inference").unwrap();
+        let inference = rows.iter().find(|r| r.phase == Phase::Inference).unwrap();
         let e = inference.logits_rel_error.expect("recorded");
         assert!(e > 0.0 && e < 0.5, "{dtype} {w}: {e}");
         errors.insert((dtype, w), e);

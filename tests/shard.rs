@@ -83,7 +83,7 @@ fn figures(rows: &[Row]) -> BTreeMap<(u64, String), Figures> {
     rows.iter()
         .map(|r| {
             (
-                (r.case, r.phase.clone()),
+                (r.case, r.phase.to_string()),
                 (
                     r.status.as_str().to_string(),
                     r.peak_bytes,
@@ -116,7 +116,7 @@ fn shards_cover_every_case_once_and_merge_equals_an_unsharded_run() {
             .arg(&out));
         for r in rows(&out) {
             assert!(
-                seen.insert((r.case, r.phase.clone())),
+                seen.insert((r.case, r.phase)),
                 "case {} twice",
                 r.case
             );

@@ -48,7 +48,7 @@ fn base_row(case: u64, phase: &str) -> Row {
         lora_targets: String::new(),
         lora_base: String::new(),
         precision: "pure".into(),
-        phase: phase.into(),
+        phase: memfit::step::Phase::parse(phase).expect("a phase"),
         status: Status::Ok,
         error: None,
         params: 2_000_000,

@@ -63,7 +63,7 @@ fn complete_once(out: &Path) {
     let rows = rows(out);
     let mut seen = HashMap::new();
     for r in &rows {
-        *seen.entry((r.case, r.phase.clone())).or_insert(0) += 1;
+        *seen.entry((r.case, r.phase)).or_insert(0) += 1;
         assert_eq!(
             r.status,
             Status::Ok,

@@ -11,6 +11,7 @@ use memfit::model::transformer::{Config, Transformer};
 use memfit::model::vit::{self, Vision};
 use memfit::phase::checkpoint;
 use memfit::record::{Row, Status};
+use memfit::step::Phase;
 
 /// Every row ok and predicted to [`common::tolerance`] (1 %, one op's bookkeeping for small
 /// figures), the weights after init too.
@@ -28,7 +29,7 @@ fn check(rows: &[Row], phases: usize) {
             r.predicted_peak_bytes
         );
     }
-    let init = rows.iter().find(|r| r.phase == "init").unwrap();
+    let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
     let retained = init.retained_bytes.unwrap() as u64;
     let weights = 4 * init.params;
     assert!(retained >= weights && exact_retained(init), "{init:?}");
@@ -61,7 +62,7 @@ fn odd_shape_every_phase() {
     let dir = tempfile::tempdir().unwrap();
     let rows = run_rows(dir.path(), ODD);
     check(&rows, 6);
-    let fwd = rows.iter().find(|r| r.phase == "forward").unwrap();
+    let fwd = rows.iter().find(|r| r.phase == Phase::Forward).unwrap();
     assert_eq!((fwd.seq, fwd.max_seq, fwd.vocab), (17, 17, 7));
     assert_eq!((fwd.image_px, fwd.patch_px, fwd.channels), (24, 6, 3));
     // `C·p²·H + 2H + S·H + L(12H² + 13H) + 2H + K·H + K`, worked by hand:
@@ -101,7 +102,7 @@ fn larger_shape_sgd() {
         ],
     );
     check(&rows, 6);
-    let bwd = rows.iter().find(|r| r.phase == "backward").unwrap();
+    let bwd = rows.iter().find(|r| r.phase == Phase::Backward).unwrap();
     assert!(bwd.peak_bytes.unwrap() > 2 << 20, "{bwd:?}");
 }
 

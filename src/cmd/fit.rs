@@ -5,6 +5,7 @@
 //! (`crate::fit::textbook`). The fitting is in `crate::fit`; this is the subcommand: its
 //! arguments and what it prints.
 
+use crate::step::Phase;
 use std::collections::BTreeMap;
 
 use crate::cli::FitArgs;
@@ -23,13 +24,13 @@ pub fn fit_cmd(args: &FitArgs) -> anyhow::Result<()> {
     for f in &files {
         for r in store::read_rows(f)? {
             // dataload rows have their own formula (crate::fit::dataload), printed below.
-            if r.status == Status::Ok && r.peak_bytes.is_some() && r.phase != "dataload" {
+            if r.status == Status::Ok && r.peak_bytes.is_some() && r.phase != Phase::Dataload {
                 groups.entry(key(&r)).or_default().push(r.clone());
             }
             all.push(r);
         }
     }
-    let has_data = all.iter().any(|r| r.phase == "dataload");
+    let has_data = all.iter().any(|r| r.phase == Phase::Dataload);
     if groups.is_empty() && !has_data {
         anyhow::bail!("no measured rows in {} file(s)", files.len());
     }

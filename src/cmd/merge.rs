@@ -56,7 +56,7 @@ pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
     }
     let mut metas = Vec::new();
     let mut merged: Vec<Row> = Vec::new();
-    let mut at: HashMap<(String, String), (usize, usize)> = HashMap::new();
+    let mut at: HashMap<(String, crate::step::Phase), (usize, usize)> = HashMap::new();
     let (mut duplicates, mut conflicts) = (0usize, Vec::new());
     let mut incomplete = Vec::new();
     for (d, dir) in args.dirs.iter().enumerate() {
@@ -83,7 +83,7 @@ pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
             ));
         }
         for row in rows {
-            let key = (case_key(&row), row.phase.clone());
+            let key = (case_key(&row), row.phase);
             match at.get(&key) {
                 None => {
                     at.insert(key, (merged.len(), d));

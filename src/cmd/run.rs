@@ -12,6 +12,7 @@ use crate::cli::RunArgs;
 use crate::error::UserError;
 use crate::machine::{base_meta, pin_threads, resolve_threads};
 use crate::record::RunMeta;
+use crate::step::Phase;
 use crate::store;
 use crate::sweep;
 use crate::workload::{self, Case, WorkloadFile};
@@ -140,10 +141,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .cases
         .iter()
         .zip(&skeletons)
-        .map(|(c, sk)| {
-            let names: Vec<&str> = c.phases.iter().map(|p| p.as_str()).collect();
-            sweep::estimate::work(sk, &names)
-        })
+        .map(|(c, sk)| sweep::estimate::work(sk, &c.phases))
         .collect();
     let shard = args.shard.as_deref().map(sweep::shard::parse).transpose()?;
     let shard_of = shard.map(|s| sweep::shard::assign(&costs, s.count));
@@ -184,16 +182,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         path: out.display().to_string(),
         message: format!("cannot create the output folder: {e}"),
     })?;
-    let keys: Vec<(String, Vec<&str>)> = r
+    let keys: Vec<(String, Vec<Phase>)> = r
         .cases
         .iter()
         .zip(&skeletons)
-        .map(|(c, sk)| {
-            (
-                sweep::resume::case_key(sk),
-                c.phases.iter().map(|p| p.as_str()).collect(),
-            )
-        })
+        .map(|(c, sk)| (sweep::resume::case_key(sk), c.phases.clone()))
         .collect();
     let (mut meta, todo) = if journal_path.exists() {
         let prior_meta: Option<RunMeta> = std::fs::read_to_string(&meta_path)

@@ -197,7 +197,7 @@ impl Calibration {
         for r in rows.iter().filter(|r| r.status == Status::Ok) {
             if let (Some(m), Some(p)) = (r.peak_bytes, r.predicted_peak_bytes) {
                 by.entry((
-                    r.phase.clone(),
+                    r.phase.to_string(),
                     device_kind(&r.device).to_string(),
                     r.dtype.clone(),
                 ))
@@ -318,7 +318,7 @@ mod tests {
         let mut r = Row::example();
         r.dtype = "bf16".into();
         r.device = "cuda:0".into();
-        r.phase = phase.into();
+        r.phase = crate::step::Phase::parse(phase).expect("a phase");
         r.predicted_peak_bytes = Some(predicted);
         r.peak_bytes = Some(measured);
         r

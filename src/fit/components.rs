@@ -16,6 +16,7 @@
 //! either is one op's metadata or a rounding of the figure, not a missed tensor).
 
 use crate::record::{Row, Status};
+use crate::step::Phase;
 
 /// Under-estimates smaller than this many bytes are bookkeeping: one op's, 8 tensors × 256 B
 /// (the tests' floor, `tests/common::OP_BOOKKEEPING`).
@@ -25,11 +26,11 @@ pub const UNDER_REL: f64 = 0.001;
 
 /// The components, with the phase whose rows give each and whether the figure is the retained
 /// bytes (else the window's peak).
-pub const COMPONENTS: [(&str, Option<&str>, bool); 5] = [
-    ("weights", Some("init"), true),
-    ("optimizer state", Some("optimizer"), true),
-    ("activations", Some("forward"), true),
-    ("KV cache", Some("prefill"), true),
+pub const COMPONENTS: [(&str, Option<Phase>, bool); 5] = [
+    ("weights", Some(Phase::Init), true),
+    ("optimizer state", Some(Phase::Optimizer), true),
+    ("activations", Some(Phase::Forward), true),
+    ("KV cache", Some(Phase::Prefill), true),
     ("step peaks", None, false),
 ];
 
@@ -69,7 +70,7 @@ pub fn errors(rows: &[Row]) -> Vec<ComponentError> {
             let pairs: Vec<(f64, f64)> = rows
                 .iter()
                 .filter(|r| r.status == Status::Ok)
-                .filter(|r| phase.is_none_or(|p| r.phase == p) && r.phase != "dataload")
+                .filter(|r| phase.is_none_or(|p| r.phase == p) && r.phase != Phase::Dataload)
                 .filter(|r| crate::fit::calibration::device_kind(&r.device) == device)
                 .filter_map(|r| pair(r, retained))
                 .filter(|&(m, _)| m > 0.0)
@@ -103,7 +104,7 @@ mod tests {
 
     fn row(phase: &str, device: &str, measured: (u64, i64), predicted: (u64, i64)) -> Row {
         let mut r = crate::record::Row::example();
-        r.phase = phase.into();
+        r.phase = crate::step::Phase::parse(phase).expect("a phase");
         r.device = device.into();
         r.status = Status::Ok;
         (r.peak_bytes, r.retained_bytes) = (Some(measured.0), Some(measured.1));

@@ -22,6 +22,7 @@
 //! fewest workers reaching 95 % of the group's best; CPU utilisation = (user + sys) / wall, in
 //! cores (the median too).
 
+use crate::step::Phase;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -93,7 +94,7 @@ pub fn median(v: &[f64]) -> f64 {
 fn groups(rows: &[Row]) -> BTreeMap<Key, Vec<&Row>> {
     let ok: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.phase == "dataload" && r.status == Status::Ok && r.workers.is_some())
+        .filter(|r| r.phase == Phase::Dataload && r.status == Status::Ok && r.workers.is_some())
         .collect();
     let mut g: BTreeMap<Key, Vec<&Row>> = BTreeMap::new();
     for r in &ok {
@@ -252,7 +253,7 @@ mod tests {
 
     fn row(kind: &str, w: u64, prefetch: u64, pss: u64) -> Row {
         let mut r = Row::example();
-        r.phase = "dataload".into();
+        r.phase = Phase::Dataload;
         (r.cpu_user_s, r.cpu_sys_s, r.wall_s) = (Some(1.0), Some(0.5), Some(3.0));
         r.worker_kind = kind.into();
         r.workers = Some(w);

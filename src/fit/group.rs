@@ -15,6 +15,7 @@
 
 use crate::fit::{self, FEATURES, HeldOut};
 use crate::record::Row;
+use crate::step::Phase;
 
 /// Rows measured under the same conditions: one fit each.
 pub type GroupKey = (
@@ -34,7 +35,7 @@ pub type GroupKey = (
 
 pub fn key(r: &Row) -> GroupKey {
     (
-        r.phase.clone(),
+        r.phase.to_string(),
         r.model.clone(),
         r.device.clone(),
         r.dtype.clone(),
@@ -44,13 +45,13 @@ pub fn key(r: &Row) -> GroupKey {
         r.lora_rank,
         r.optimizer.clone(),
         // Decoding with and without the cache are different computations: separate fits.
-        if r.phase == "decode" {
+        if r.phase == Phase::Decode {
             format!("{} kv-{}", r.weights, r.kv_cache)
         } else {
             r.weights.clone()
         },
         // The backward's mode changes the backward and train-step peaks only.
-        if matches!(r.phase.as_str(), "backward" | "train-step") {
+        if matches!(r.phase, Phase::Backward | Phase::TrainStep) {
             r.backward.clone()
         } else {
             String::new()
@@ -191,7 +192,7 @@ mod tests {
         let rows: Vec<Row> = (1..=4u64)
             .map(|b| {
                 let mut r = Row::example();
-                r.phase = "forward".into();
+                r.phase = Phase::Forward;
                 r.batch = b;
                 r.peak_bytes = (b != 3).then_some(1000 + 500 * b);
                 r

@@ -383,7 +383,7 @@ pub fn evaluate(rows: &[Row]) -> Vec<TextbookError> {
         cases
             .entry((r.run_id.clone(), r.case))
             .or_default()
-            .insert(r.phase.clone(), r);
+            .insert(r.phase.to_string(), r);
     }
     let mut by: BTreeMap<(&'static str, &'static str), Vec<f64>> = BTreeMap::new();
     for case in cases.values() {
@@ -412,7 +412,7 @@ mod tests {
 
     fn row(phase: &str, retained: i64, peak: u64) -> Row {
         let mut r = Row::example();
-        r.phase = phase.into();
+        r.phase = crate::step::Phase::parse(phase).expect("a phase");
         r.retained_bytes = Some(retained);
         r.peak_bytes = Some(peak);
         r
@@ -508,7 +508,7 @@ mod tests {
     #[test]
     fn candle_extra_is_memfit_minus_the_paper() {
         let mut r = Row::example();
-        r.phase = "forward".into();
+        r.phase = crate::step::Phase::Forward;
         let items = candle_extra(&r).unwrap();
         let blocks: f64 = items[..5].iter().map(|x| x.1).sum();
         let (bsh, abs2, abs, bs) = (256.0, 256.0, 32.0, 16.0);

@@ -47,6 +47,7 @@
 //! and the phases without products (init, optimizer, load).
 
 use crate::record::Row;
+use crate::step::Phase;
 
 /// The sizes and variants the FLOP count depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,9 +181,9 @@ impl FlopCase {
     }
 
     /// The FLOPs of `phase`, or why they are not counted.
-    pub fn phase(&self, phase: &str) -> Result<u64, &'static str> {
+    pub fn phase(&self, phase: Phase) -> Result<u64, &'static str> {
         if let Some(why) = self.unmodelled
-            && !matches!(phase, "init" | "optimizer" | "load")
+            && !matches!(phase, Phase::Init | Phase::Optimizer | Phase::Load)
         {
             return Err(why);
         }
@@ -194,20 +195,22 @@ impl FlopCase {
             }
         };
         match phase {
-            "forward" => training(&|| self.forward()),
-            "backward" | "train-step" if self.efficient => {
+            Phase::Forward => training(&|| self.forward()),
+            Phase::Backward | Phase::TrainStep if self.efficient => {
                 Err("efficient attention's backward (scores recomputed per row) is not modelled")
             }
-            "backward" => training(&|| self.backward()),
-            "train-step" => training(&|| self.forward() + self.backward()),
-            "inference" if self.lora => Err("LoRA's adapter products are not modelled"),
-            "inference" => Ok(self.forward()),
-            "prefill" if self.lora => Err("LoRA's adapter products are not modelled"),
-            "prefill" => Ok(self.prefill()),
-            "decode" if self.lora => Err("LoRA's adapter products are not modelled"),
-            "decode" => Ok(self.decode()),
-            "init" | "optimizer" | "load" => Err("no matrix products (element-wise work only)"),
-            _ => Err("unknown phase"),
+            Phase::Backward => training(&|| self.backward()),
+            Phase::TrainStep => training(&|| self.forward() + self.backward()),
+            Phase::Inference if self.lora => Err("LoRA's adapter products are not modelled"),
+            Phase::Inference => Ok(self.forward()),
+            Phase::Prefill if self.lora => Err("LoRA's adapter products are not modelled"),
+            Phase::Prefill => Ok(self.prefill()),
+            Phase::Decode if self.lora => Err("LoRA's adapter products are not modelled"),
+            Phase::Decode => Ok(self.decode()),
+            Phase::Init | Phase::Optimizer | Phase::Load => {
+                Err("no matrix products (element-wise work only)")
+            }
+            Phase::Dataload => Err("not a model phase"),
         }
     }
 
@@ -239,7 +242,7 @@ impl FlopCase {
 
 /// Achieved FLOP/s of a row: its phase's FLOPs over its wall time.
 pub fn achieved(r: &Row) -> Result<f64, &'static str> {
-    let flops = FlopCase::of_row(r).phase(&r.phase)?;
+    let flops = FlopCase::of_row(r).phase(r.phase)?;
     match r.wall_s {
         Some(w) if w > 0.0 => Ok(flops as f64 / w),
         _ => Err("no wall time"),
@@ -284,22 +287,28 @@ mod tests {
             gated: true,
             ..tiny()
         };
-        assert_eq!(c.phase("forward"), Ok(2048 + 1024 + 4608 + 1024 + 1280));
+        assert_eq!(
+            c.phase(Phase::Forward),
+            Ok(2048 + 1024 + 4608 + 1024 + 1280)
+        );
         let mut r = Row::example();
-        (r.model, r.phase) = ("llama".into(), "forward".into());
+        (r.model, r.phase) = ("llama".into(), Phase::Forward);
         (r.batch, r.seq, r.hidden, r.heads, r.kv_heads, r.head_dim) = (2, 4, 8, 2, 1, 4);
         (r.layers, r.vocab, r.intermediate) = (1, 10, 12);
         (r.attention, r.kv_bytes_per_token) = ("standard".into(), Some(2 * 4 * 4));
-        assert_eq!(FlopCase::of_row(&r).phase("forward"), c.phase("forward"));
+        assert_eq!(
+            FlopCase::of_row(&r).phase(Phase::Forward),
+            c.phase(Phase::Forward)
+        );
         let mut moe = r.clone();
         moe.moe_routing = "3,5".into();
-        assert!(FlopCase::of_row(&moe).phase("forward").is_err());
+        assert!(FlopCase::of_row(&moe).phase(Phase::Forward).is_err());
         let mut mla = r.clone();
         mla.kv_bytes_per_token = Some(4 * 20);
-        assert!(FlopCase::of_row(&mla).phase("forward").is_err());
+        assert!(FlopCase::of_row(&mla).phase(Phase::Forward).is_err());
         let mut window = r;
         window.sliding_window = Some(2);
-        assert!(FlopCase::of_row(&window).phase("forward").is_err());
+        assert!(FlopCase::of_row(&window).phase(Phase::Forward).is_err());
     }
 
     /// A ViT worked by hand: B 2, 4 patches of C·p² = 12 values (S 5), H 8, L 1, K 3 classes.
@@ -320,15 +329,15 @@ mod tests {
             patch_dim: 12,
             ..tiny()
         };
-        assert_eq!(v.phase("forward"), Ok(18_592));
-        assert_eq!(v.phase("backward"), Ok(37_184));
+        assert_eq!(v.phase(Phase::Forward), Ok(18_592));
+        assert_eq!(v.phase(Phase::Backward), Ok(37_184));
         let eff = FlopCase {
             efficient: true,
             ..v
         };
-        assert_eq!(eff.phase("forward"), Ok(18_592));
+        assert_eq!(eff.phase(Phase::Forward), Ok(18_592));
         let ck = FlopCase { checkpoint: 1, ..v };
-        assert_eq!(ck.phase("backward"), Ok(37_184 + 1536 + 16_960));
+        assert_eq!(ck.phase(Phase::Backward), Ok(37_184 + 1536 + 16_960));
     }
 
     /// Worked by hand for B 2, S 4, H 8, A 2 (D 4), L 1, V 10, product by product:
@@ -340,20 +349,20 @@ mod tests {
     #[test]
     fn training_phases_by_hand() {
         let c = tiny();
-        assert_eq!(c.phase("forward"), Ok(14_592));
-        assert_eq!(c.phase("inference"), Ok(14_592));
-        assert_eq!(c.phase("backward"), Ok(29_184));
-        assert_eq!(c.phase("train-step"), Ok(43_776));
+        assert_eq!(c.phase(Phase::Forward), Ok(14_592));
+        assert_eq!(c.phase(Phase::Inference), Ok(14_592));
+        assert_eq!(c.phase(Phase::Backward), Ok(29_184));
+        assert_eq!(c.phase(Phase::TrainStep), Ok(43_776));
         assert_eq!(6 * 848 * 8 + 3 * 1024, 43_776);
         // Checkpointing recomputes the block (everything but the head: 13,312) once more.
         let ck = FlopCase {
             checkpoint: 1,
             ..tiny()
         };
-        assert_eq!(ck.phase("backward"), Ok(29_184 + 13_312));
-        assert!(c.phase("optimizer").is_err() && c.phase("init").is_err());
+        assert_eq!(ck.phase(Phase::Backward), Ok(29_184 + 13_312));
+        assert!(c.phase(Phase::Optimizer).is_err() && c.phase(Phase::Init).is_err());
         let lora = FlopCase { lora: true, ..c };
-        assert!(lora.phase("train-step").is_err());
+        assert!(lora.phase(Phase::TrainStep).is_err());
     }
 
     /// Efficient attention computes only the causal half: per row and head Σᵢ 4(i+1)·D =
@@ -364,8 +373,8 @@ mod tests {
             efficient: true,
             ..tiny()
         };
-        assert_eq!(c.phase("forward"), Ok(14_592 - 1024 + 640));
-        assert!(c.phase("backward").is_err());
+        assert_eq!(c.phase(Phase::Forward), Ok(14_592 - 1024 + 640));
+        assert!(c.phase(Phase::Backward).is_err());
     }
 
     /// Generation, by hand: prefill = projections on 8 rows (12,288) + attention (1024) + the
@@ -376,13 +385,13 @@ mod tests {
     #[test]
     fn generation_by_hand() {
         let c = tiny();
-        assert_eq!(c.phase("prefill"), Ok(13_632));
-        assert_eq!(c.phase("decode"), Ok(7488));
+        assert_eq!(c.phase(Phase::Prefill), Ok(13_632));
+        assert_eq!(c.phase(Phase::Decode), Ok(7488));
         let off = FlopCase {
             kv_cache: false,
             ..c
         };
-        assert_eq!(off.phase("decode"), Ok(38_336));
+        assert_eq!(off.phase(Phase::Decode), Ok(38_336));
     }
 
     /// Achieved FLOP/s is the phase's FLOPs over the row's wall time; phases without products
@@ -391,12 +400,12 @@ mod tests {
     fn achieved_from_a_row() {
         let mut r = Row::example();
         (r.seq, r.max_seq, r.hidden, r.layers) = (4, 4, 8, 1);
-        r.phase = "forward".into();
+        r.phase = Phase::Forward;
         r.wall_s = Some(0.5);
         assert_eq!(achieved(&r), Ok(14_592.0 * 2.0));
-        r.phase = "optimizer".into();
+        r.phase = Phase::Optimizer;
         assert!(achieved(&r).is_err());
-        r.phase = "forward".into();
+        r.phase = Phase::Forward;
         r.wall_s = None;
         assert_eq!(achieved(&r), Err("no wall time"));
     }
@@ -417,6 +426,9 @@ mod tests {
             mlp: 3072,
             ..tiny()
         };
-        assert_eq!(c.phase("train-step"), Ok(94_872_600_576 + 1_811_939_328));
+        assert_eq!(
+            c.phase(Phase::TrainStep),
+            Ok(94_872_600_576 + 1_811_939_328)
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! an H200), with peak memory, wall time, throughput and achieved FLOP/s against the device's
 //! peak. FLOPs per phase come from [`crate::formula::flops`].
 
+use crate::step::Phase;
 use std::collections::BTreeMap;
 
 use crate::formula::flops::{self, FlopCase};
@@ -80,10 +81,10 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>, f64) {
     let mut cells: BTreeMap<((String, String), usize), &Row> = BTreeMap::new();
     for (i, s) in sets.iter().enumerate() {
         for r in s.rows.iter().filter(|r| r.status == Status::Ok) {
-            let Ok(f) = FlopCase::of_row(r).phase(&r.phase) else {
+            let Ok(f) = FlopCase::of_row(r).phase(r.phase) else {
                 continue;
             };
-            let k = (key(r), r.phase.clone());
+            let k = (key(r), r.phase.to_string());
             keys.entry(k.clone()).or_insert((describe(r), f));
             cells.entry((k, i)).or_insert(r);
         }
@@ -121,7 +122,7 @@ pub fn table(sets: &[SetView]) -> (Vec<String>, Vec<Vec<String>>, f64) {
 
 /// A short description of a row's configuration.
 pub fn describe(r: &Row) -> String {
-    if r.phase == "dataload" {
+    if r.phase == Phase::Dataload {
         let n = |v: Option<u64>| v.map_or("—".into(), |x| x.to_string());
         return format!(
             "{} {}×{} prefetch {} persistent {} E{} B{} crop {}",
@@ -159,12 +160,12 @@ pub fn describe(r: &Row) -> String {
     if r.checkpoint > 0 {
         s.push_str(&format!(" ck{}", r.checkpoint));
     }
-    if r.phase == "decode" {
+    if r.phase == Phase::Decode {
         s.push_str(&format!(" T{} cache {}", r.decode_tokens, r.kv_cache));
     }
     if !r.weights.is_empty()
         && r.weights != "model"
-        && matches!(r.phase.as_str(), "inference" | "prefill" | "decode")
+        && matches!(r.phase, Phase::Inference | Phase::Prefill | Phase::Decode)
     {
         s.push_str(&format!(" {}", r.weights));
     }

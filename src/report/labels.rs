@@ -5,6 +5,7 @@
 //! still print the same label (the same configuration in two runs) get their workload's name,
 //! then their run id.
 
+use crate::step::Phase;
 use std::collections::BTreeMap;
 
 use crate::record::Row;
@@ -22,9 +23,9 @@ fn keys(r: &Row) -> Vec<(&'static str, String)> {
     } else {
         "none".into()
     };
-    let decode = r.phase == "decode";
-    let serving = matches!(r.phase.as_str(), "inference" | "prefill" | "decode");
-    let data = r.phase == "dataload";
+    let decode = r.phase == Phase::Decode;
+    let serving = matches!(r.phase, Phase::Inference | Phase::Prefill | Phase::Decode);
+    let data = r.phase == Phase::Dataload;
     vec![
         ("model", r.model.clone()),
         ("H", shown(custom, r.hidden.to_string())),

@@ -19,6 +19,7 @@ pub mod plots;
 pub mod table;
 pub mod torch;
 
+use crate::step::Phase;
 use std::collections::BTreeMap;
 
 use crate::fit::group::GroupFit;
@@ -579,7 +580,7 @@ fn phase_tables(b: &mut Vec<Block>, ok: &[&Row], workload_of: &BTreeMap<String, 
 pub fn phase_groups<'a>(ok: &[&'a Row]) -> BTreeMap<String, Vec<&'a Row>> {
     let mut by: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
     for r in ok {
-        by.entry(r.phase.clone()).or_default().push(r);
+        by.entry(r.phase.to_string()).or_default().push(r);
     }
     by
 }
@@ -743,7 +744,7 @@ fn candle_extra_section(b: &mut Vec<Block>, ok: &[&Row]) {
     let Some((r, items)) = ok
         .iter()
         .filter(|r| {
-            r.phase == "forward"
+            r.phase == Phase::Forward
                 && r.kernels == "composed"
                 && r.checkpoint == 0
                 && r.lora_rank == 0
@@ -981,10 +982,10 @@ fn kv_configs(configs: &[(String, String)]) -> String {
 pub fn gradients_of(ok: &[&Row], o: &Row) -> Option<(i64, bool)> {
     let backward = ok
         .iter()
-        .find(|b| b.phase == "backward" && b.run_id == o.run_id && b.case == o.case)?;
+        .find(|b| b.phase == Phase::Backward && b.run_id == o.run_id && b.case == o.case)?;
     let own = ok
         .iter()
-        .find(|f| f.phase == "forward" && f.run_id == o.run_id && f.case == o.case);
+        .find(|f| f.phase == Phase::Forward && f.run_id == o.run_id && f.case == o.case);
     if let Some(g) = backward.gradient_bytes(own.copied()) {
         return Some((g, false));
     }
@@ -1006,7 +1007,7 @@ pub fn gradients_of(ok: &[&Row], o: &Row) -> Option<(i64, bool)> {
     };
     let stand_in = ok
         .iter()
-        .find(|f| f.phase == "forward" && f.retained_bytes.is_some() && same(f))?;
+        .find(|f| f.phase == Phase::Forward && f.retained_bytes.is_some() && same(f))?;
     Some((backward.gradient_bytes(Some(stand_in))?, true))
 }
 
@@ -1078,7 +1079,7 @@ pub fn plots_for(ok: &[&Row], fitted: &dyn Fn(&Row) -> Option<f64>) -> Vec<(Stri
     ] {
         let get = |r: &Row| if axis == "batch" { r.batch } else { r.seq };
         let mut series = Vec::new();
-        for phase in ["forward", "backward", "train-step"] {
+        for phase in [Phase::Forward, Phase::Backward, Phase::TrainStep] {
             let mut sw = claims::sweeps(ok, phase, axis, get);
             sw.sort_by_key(|s| std::cmp::Reverse(s.len()));
             for s in sw.into_iter().take(if axis == "seq" { 2 } else { 1 }) {
@@ -1229,11 +1230,11 @@ pub fn plots_for(ok: &[&Row], fitted: &dyn Fn(&Row) -> Option<f64>) -> Vec<(Stri
     let mut kv: BTreeMap<(usize, String), KvSeries> = BTreeMap::new();
     for d in ok
         .iter()
-        .filter(|r| r.phase == "decode" && r.kv_cache == "on")
+        .filter(|r| r.phase == Phase::Decode && r.kv_cache == "on")
     {
         let Some(p) = ok
             .iter()
-            .find(|p| p.phase == "prefill" && p.run_id == d.run_id && p.case == d.case)
+            .find(|p| p.phase == Phase::Prefill && p.run_id == d.run_id && p.case == d.case)
         else {
             continue;
         };
@@ -1386,9 +1387,9 @@ pub fn plots_for(ok: &[&Row], fitted: &dyn Fn(&Row) -> Option<f64>) -> Vec<(Stri
     let opt_rows: Vec<&Row> = ok
         .iter()
         .copied()
-        .filter(|r| r.phase == "optimizer" && r.lora_rank == 0 && r.precision != "mixed")
+        .filter(|r| r.phase == Phase::Optimizer && r.lora_rank == 0 && r.precision != "mixed")
         .collect();
-    if let Some(group) = claims::sweeps(&opt_rows, "optimizer", "optimizer", |r| {
+    if let Some(group) = claims::sweeps(&opt_rows, Phase::Optimizer, "optimizer", |r| {
         ["sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit"]
             .iter()
             .position(|o| *o == r.optimizer)
@@ -1464,8 +1465,12 @@ mod tests {
     fn gradients_borrow_a_same_config_forward_only() {
         let row = |run: &str, phase: &str, retained: i64, seq: u64| {
             let mut r = Row::example();
-            (r.run_id, r.phase, r.retained_bytes, r.seq) =
-                (run.into(), phase.into(), Some(retained), seq);
+            (r.run_id, r.phase, r.retained_bytes, r.seq) = (
+                run.into(),
+                Phase::parse(phase).expect("a phase"),
+                Some(retained),
+                seq,
+            );
             r.backward = "by-block".into();
             r
         };

@@ -1,6 +1,7 @@
 //! The run table: one line per case × phase with measured and predicted peak, error and times.
 
 use crate::record::{Row, Status};
+use crate::step::Phase;
 use crate::units::human_bytes;
 
 /// Signed error of the prediction in percent of the measured value.
@@ -46,7 +47,7 @@ pub fn line(r: &Row) -> String {
         (Some(m), Some(p)) => opt_f(error_pct(m, p), 3),
         _ => "-".into(),
     };
-    if r.phase == "dataload" {
+    if r.phase == Phase::Dataload {
         return dataload_line(r, &measured);
     }
     let mut s = format!(
@@ -98,7 +99,7 @@ pub fn dataload_header() -> String {
 
 /// The header a row is printed under: [`header`], or [`dataload_header`] for a `dataload` row.
 pub fn header_of(r: &Row) -> String {
-    if r.phase == "dataload" {
+    if r.phase == Phase::Dataload {
         dataload_header()
     } else {
         header()

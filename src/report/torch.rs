@@ -153,7 +153,7 @@ fn configs(ok: &[&Row], refs: &[ReferenceRow], metas: &[RunMeta]) -> Vec<Config>
                 let of_phase: Vec<&&Row> = mine
                     .iter()
                     .copied()
-                    .filter(|r| r.kernels == kernels && r.phase == ph)
+                    .filter(|r| r.kernels == kernels && r.phase.as_str() == ph)
                     .collect();
                 // The run beside PyTorch's figures, when it has the phase, for the memory too:
                 // other runs may come from other builds, whose figures differ.
@@ -364,7 +364,7 @@ mod tests {
 
     fn mine(phase: &str, kernels: &str, peak: u64, retained: i64) -> Row {
         let mut r = Row::example();
-        r.phase = phase.into();
+        r.phase = crate::step::Phase::parse(phase).expect("a phase");
         r.kernels = kernels.into();
         r.peak_bytes = Some(peak);
         r.retained_bytes = Some(retained);

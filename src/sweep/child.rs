@@ -394,7 +394,7 @@ impl CaseRun {
         let mut rows: Vec<Row> = self
             .rows
             .into_iter()
-            .filter(|r| case.phases.iter().any(|p| p.as_str() == r.phase))
+            .filter(|r| case.phases.contains(&r.phase))
             .map(|mut r| {
                 r.run_id = meta.run_id.clone();
                 r.case = case.index as u64;
@@ -406,7 +406,7 @@ impl CaseRun {
             .phases
             .iter()
             .copied()
-            .filter(|p| !rows.iter().any(|r| r.phase == p.as_str()))
+            .filter(|p| !rows.iter().any(|r| r.phase == *p))
             .collect();
         if missing.is_empty() {
             return rows;
@@ -476,7 +476,7 @@ impl CaseRun {
         rows.sort_by_key(|r| {
             case.phases
                 .iter()
-                .position(|p| p.as_str() == r.phase)
+                .position(|p| *p == r.phase)
                 .unwrap_or(usize::MAX)
         });
         rows

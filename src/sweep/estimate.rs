@@ -12,19 +12,20 @@
 
 use crate::formula::flops::FlopCase;
 use crate::record::Row;
+use crate::step::Phase;
 
 /// Safety factor on the fitted line.
 pub const MARGIN: f64 = 1.25;
 
 /// Predicted work of the case whose skeleton row is `row` (any phase), for `phases`.
-pub fn work(row: &Row, phases: &[&str]) -> Option<f64> {
+pub fn work(row: &Row, phases: &[Phase]) -> Option<f64> {
     if !row.dataset.is_empty() || row.model.is_empty() {
         return None;
     }
     let f = FlopCase::of_row(row);
-    let flops = |p: &str| f.phase(p).unwrap_or(0) as f64;
-    let asked: f64 = phases.iter().map(|p| flops(p)).sum();
-    let warm = flops("train-step") + flops("inference");
+    let flops = |p: Phase| f.phase(p).unwrap_or(0) as f64;
+    let asked: f64 = phases.iter().map(|&p| flops(p)).sum();
+    let warm = flops(Phase::TrainStep) + flops(Phase::Inference);
     Some(asked + warm + 1000.0 * row.params as f64 * (phases.len() as f64 + 1.0))
 }
 
@@ -119,13 +120,13 @@ mod tests {
     #[test]
     fn work_counts_the_warm_up_and_grows_with_the_case() {
         let r = Row::example();
-        let small = work(&r, &["init", "forward"]).unwrap();
+        let small = work(&r, &[Phase::Init, Phase::Forward]).unwrap();
         let big = work(
             &Row {
                 batch: 8,
                 ..Row::example()
             },
-            &["init", "forward"],
+            &[Phase::Init, Phase::Forward],
         )
         .unwrap();
         assert!(big > small && small > 0.0);
@@ -133,6 +134,6 @@ mod tests {
             dataset: "d".into(),
             ..Row::example()
         };
-        assert_eq!(work(&data, &["dataload"]), None);
+        assert_eq!(work(&data, &[Phase::Dataload]), None);
     }
 }

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::record::Row;
+use crate::step::Phase;
 
 /// Fields that describe what was measured, not which case: left out of the key.
 const NOT_KEY: &[&str] = &[
@@ -77,12 +78,12 @@ pub struct Prior {
 }
 
 /// Splits `rows` for a workload whose cases have the keys and asked phases in `cases`.
-pub fn split(rows: Vec<Row>, cases: &[(String, Vec<&str>)]) -> Prior {
+pub fn split(rows: Vec<Row>, cases: &[(String, Vec<Phase>)]) -> Prior {
     let mut by_key: HashMap<String, Vec<&Row>> = HashMap::new();
     for r in &rows {
         by_key.entry(case_key(r)).or_default().push(r);
     }
-    let asked: HashMap<&str, &Vec<&str>> = cases.iter().map(|(k, p)| (k.as_str(), p)).collect();
+    let asked: HashMap<&str, &Vec<Phase>> = cases.iter().map(|(k, p)| (k.as_str(), p)).collect();
     let mut finished = HashSet::new();
     for (key, phases) in cases {
         let Some(have) = by_key.get(key) else {
@@ -122,7 +123,7 @@ mod tests {
     fn row(batch: u64, phase: &str, status: Status) -> Row {
         Row {
             batch,
-            phase: phase.into(),
+            phase: Phase::parse(phase).expect("a phase"),
             status,
             peak_bytes: Some(batch * 100),
             wall_s: Some(0.5),
@@ -145,7 +146,7 @@ mod tests {
 
     #[test]
     fn unfinished_cases_are_set_aside_and_others_kept() {
-        let phases = vec!["init", "forward"];
+        let phases = vec![Phase::Init, Phase::Forward];
         let k = |b| case_key(&row(b, "init", Status::Ok));
         let cases = vec![
             (k(1), phases.clone()),

@@ -48,13 +48,11 @@ pub fn predict(case: &Case, row: &mut Row, threads: usize) {
     if case.data.is_some() {
         return;
     }
-    if let Some(phase) = Phase::parse(&row.phase) {
-        // A mixture of experts: the routing the phase drew (balanced when not recorded).
-        let routing = crate::model::moe::parse_routing(&row.moe_routing);
-        let pred = formula::predict_routed(case, phase, threads, routing);
-        row.predicted_peak_bytes = Some(pred.peak_bytes);
-        row.predicted_retained_bytes = Some(pred.retained_bytes);
-    }
+    // A mixture of experts: the routing the phase drew (balanced when not recorded).
+    let routing = crate::model::moe::parse_routing(&row.moe_routing);
+    let pred = formula::predict_routed(case, row.phase, threads, routing);
+    row.predicted_peak_bytes = Some(pred.peak_bytes);
+    row.predicted_retained_bytes = Some(pred.retained_bytes);
 }
 
 /// The row of one phase of `case`, with the formula's prediction.
@@ -147,7 +145,7 @@ pub fn bare_row(
         kernels: case.cfg.kernels.as_str().into(),
         flush_denormals: if case.flush_denormals { "on" } else { "off" }.into(),
         trim: if case.trim { "on" } else { "off" }.into(),
-        phase: phase.as_str().into(),
+        phase,
         status,
         error,
         params: case.cfg.params(),

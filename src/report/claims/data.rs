@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::fit::dataload::median;
+use crate::step::Phase;
 
 /// D2: RAM rises with workers when every fitted per-worker slope, less [`D2_SIGMAS`] standard
 /// errors (its ≈ 95 % lower bound), is at least this (bytes); a worker copies the dataset when
@@ -49,7 +50,7 @@ enum Persist {
 impl<'a> Ctx<'a> {
     /// `dataload` rows on `device_cpu` (true: the CPU; false: CUDA).
     fn dataload(&self, device_cpu: bool) -> Vec<&'a Row> {
-        self.phase("dataload")
+        self.phase(Phase::Dataload)
             .filter(|r| (r.device == "cpu") == device_cpu && r.workers.is_some())
             .collect()
     }

@@ -1,6 +1,7 @@
 //! F1–F6: activations against batch, sequence, checkpointing and attention.
 
 use super::*;
+use crate::step::Phase;
 
 /// An axis a sweep varies: config key, symbol, value.
 type Axis = (&'static str, &'static str, fn(&Row) -> u64);
@@ -33,7 +34,7 @@ const F4_CRITERION: &str = "the batch sweep of ≥ 3 sizes with the largest peak
 impl<'a> Ctx<'a> {
     pub(super) fn f1(&self) -> Option<Claim> {
         let fw: Vec<&Row> = self
-            .phase("forward")
+            .phase(Phase::Forward)
             .filter(|r| r.lora_rank == 0 && r.checkpoint == 0 && r.precision != "mixed")
             .collect();
         let axes: [Axis; 4] = [
@@ -48,7 +49,7 @@ impl<'a> Ctx<'a> {
         let mut judged: BTreeMap<String, (usize, usize, String)> = BTreeMap::new();
         let mut two_point = 0;
         for (axis, sym, x) in axes {
-            for s in sweeps(&fw, "forward", axis, x) {
+            for s in sweeps(&fw, Phase::Forward, axis, x) {
                 // Standard attention keeps `A·B·S²` scores per layer beside the part the claim is
                 // about (the fused kernel its probabilities; candle's composed ops six such
                 // tensors): that known term is taken out before the line is fitted, and its share
@@ -166,7 +167,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn f2(&self) -> Option<Claim> {
         // ViT-B/16's shape at 224 px (any classes), plain training forward.
         let mut v: Vec<&Row> = self
-            .phase("forward")
+            .phase(Phase::Forward)
             .filter(|r| {
                 r.model == "vit"
                     && plain(r)
@@ -218,7 +219,7 @@ impl<'a> Ctx<'a> {
         // give one block's activations, measured. Llama-2-7B's own blocks (SwiGLU, RoPE) when
         // present, else the GPT with LLaMA's widths (`llama-7b-shape`).
         let at_width = |model: &str| -> Vec<&'a Row> {
-            self.phase("forward")
+            self.phase(Phase::Forward)
                 .filter(|r| r.model == model && plain(r) && r.hidden == 4096 && r.heads == 32)
                 .collect()
         };
@@ -322,9 +323,9 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn f4(&self) -> Option<Claim> {
-        let ts: Vec<&Row> = self.phase("train-step").filter(|r| plain(r)).collect();
+        let ts: Vec<&Row> = self.phase(Phase::TrainStep).filter(|r| plain(r)).collect();
         // Only measured peaks: a row without one is left out, never counted as 0.
-        let sweeps: Vec<Vec<(&Row, f64)>> = sweeps(&ts, "train-step", "batch", |r| r.batch)
+        let sweeps: Vec<Vec<(&Row, f64)>> = sweeps(&ts, Phase::TrainStep, "batch", |r| r.batch)
             .into_iter()
             .map(|s| {
                 s.into_iter()
@@ -382,10 +383,10 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn f5(&self) -> Option<Claim> {
         let ts: Vec<&Row> = self
-            .phase("train-step")
+            .phase(Phase::TrainStep)
             .filter(|r| r.lora_rank == 0)
             .collect();
-        let s = sweeps(&ts, "train-step", "checkpoint", |r| r.checkpoint);
+        let s = sweeps(&ts, Phase::TrainStep, "checkpoint", |r| r.checkpoint);
         let best = s.into_iter().max_by_key(|v| v.len())?;
         let off = best.iter().find(|r| r.checkpoint == 0)?;
         let min = best
@@ -502,10 +503,10 @@ impl<'a> Ctx<'a> {
     pub(super) fn f6(&self) -> Option<Claim> {
         // Checkpointed forwards keep only the segment inputs: attention changes nothing there.
         let fw: Vec<&Row> = self
-            .phase("forward")
+            .phase(Phase::Forward)
             .filter(|r| r.lora_rank == 0 && r.checkpoint == 0)
             .collect();
-        let pairs = sweeps(&fw, "forward", "attention", |r| {
+        let pairs = sweeps(&fw, Phase::Forward, "attention", |r| {
             (r.attention == "efficient") as u64
         });
         let mut used = Vec::new();

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::report::hardware;
+use crate::step::Phase;
 
 /// Half of a two-part claim: its rows, measured, predicted, whether it holds, its verdict.
 type Part<'a> = (Vec<&'a Row>, String, String, bool, String);
@@ -61,7 +62,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn i1(&self) -> Option<Claim> {
         // Per row: (row, B/param with the rotary tables counted apart, the tables' share).
         let i: Vec<(&Row, f64, f64)> = self
-            .per_param("init", |r| r.lora_rank == 0 && r.precision != "mixed")
+            .per_param(Phase::Init, |r| r.lora_rank == 0 && r.precision != "mixed")
             .into_iter()
             .filter_map(|(r, v)| {
                 let rot = rotary_bytes(r)? / r.params as f64;
@@ -224,7 +225,7 @@ impl<'a> Ctx<'a> {
 
     /// I2's first half: the bytes per parameter of f16 against f32 weights after init or load.
     fn i2_half_precision(&self) -> Option<I2Half<'a>> {
-        for phase in ["init", "load"] {
+        for phase in [Phase::Init, Phase::Load] {
             let i = self.per_param(phase, |r| r.lora_rank == 0 && r.precision != "mixed");
             let half = i.iter().find(|(r, _)| r.dtype != "f32");
             let f32s = half.and_then(|(h, _)| {
@@ -389,7 +390,7 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn n1(&self) -> Option<Claim> {
         let inf: Vec<&Row> = self
-            .phase("inference")
+            .phase(Phase::Inference)
             .filter(|r| r.lora_rank == 0 && r.weights != "f16")
             .collect();
         // What stays after the window beyond the logits (e·B·S·V); the head of a ViT sees
@@ -445,7 +446,7 @@ impl<'a> Ctx<'a> {
         let mut m = Vec::new();
         let mut ratios = Vec::new();
         for r in self
-            .phase("inference")
+            .phase(Phase::Inference)
             .filter(|r| r.lora_rank == 0 && r.weights != "f16")
         {
             let c = self.case_of(r);
@@ -530,7 +531,7 @@ impl<'a> Ctx<'a> {
 
     /// N3's loading half: the heap peak of a whole-file read against a memory map.
     fn n3_load(&self) -> Option<Part<'a>> {
-        let l: Vec<&Row> = self.phase("load").collect();
+        let l: Vec<&Row> = self.phase(Phase::Load).collect();
         // Of the read rows with a memory-mapped twin (same configuration but the load mode),
         // the one with the largest weights: a read without a twin decides nothing.
         let (read, mmap, pr, rr, pm) = l
@@ -583,7 +584,7 @@ impl<'a> Ctx<'a> {
     /// (the same configuration in runs of different thread counts).
     fn n3_decode(&self) -> Option<Part<'a>> {
         let d: Vec<&Row> = self
-            .phase("decode")
+            .phase(Phase::Decode)
             .filter(|r| r.kv_cache == "on" && r.wall_s.is_some_and(|w| w > 0.0))
             .collect();
         let mut by: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
@@ -656,7 +657,7 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn n4(&self) -> Option<Claim> {
         let d: Vec<&Row> = self
-            .phase("decode")
+            .phase(Phase::Decode)
             .filter(|r| r.kv_cache == "on" && r.lora_rank == 0 && r.weights == "model")
             .filter(|r| r.kv_heads_or_heads().is_some() && r.head_dim_or_default().is_some())
             .collect();
@@ -739,7 +740,7 @@ impl<'a> Ctx<'a> {
         let speed: Vec<String> = d
             .iter()
             .filter_map(|on| {
-                let off = self.phase("decode").find(|o| {
+                let off = self.phase(Phase::Decode).find(|o| {
                     o.kv_cache == "off" && config_key(o, "kv_cache") == config_key(on, "kv_cache")
                 })?;
                 Some(format!(
@@ -796,7 +797,7 @@ impl<'a> Ctx<'a> {
 
     pub(super) fn n5(&self) -> Option<Claim> {
         let inf: Vec<&Row> = self
-            .phase("inference")
+            .phase(Phase::Inference)
             .filter(|r| r.lora_rank == 0)
             .collect();
         let q: Vec<&Row> = inf
@@ -829,7 +830,10 @@ impl<'a> Ctx<'a> {
             .collect();
         // The stored weights themselves: QLoRA's init (quantized projections) against the same
         // LoRA case with unquantized frozen projections.
-        let init: Vec<&Row> = self.phase("init").filter(|r| r.lora_rank > 0).collect();
+        let init: Vec<&Row> = self
+            .phase(Phase::Init)
+            .filter(|r| r.lora_rank > 0)
+            .collect();
         let mut ratios = Vec::new();
         let storage: Vec<String> = init
             .iter()

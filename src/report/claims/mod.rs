@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::fit::dataload::{Curve, RamFit};
 use crate::formula::full_size::{self, FullSize};
 use crate::record::{Row, Status};
+use crate::step::Phase;
 use crate::units::human_bytes;
 
 mod data;
@@ -272,7 +273,7 @@ pub fn config_key_without(r: &Row, skip: &[&str]) -> String {
             format!("{} {} {}", r.lora_rank, r.lora_targets, r.lora_base),
         ),
         f("precision", r.precision.clone()),
-        f("phase", r.phase.clone()),
+        f("phase", r.phase.to_string()),
         f("threads", r.threads.to_string()),
     ]
     .join("|")
@@ -282,7 +283,7 @@ pub fn config_key_without(r: &Row, skip: &[&str]) -> String {
 /// only groups where `axis` takes at least two values.
 pub fn sweeps<'a>(
     rows: &[&'a Row],
-    phase: &str,
+    phase: Phase,
     axis: &str,
     x: impl Fn(&Row) -> u64,
 ) -> Vec<Vec<&'a Row>> {
@@ -300,9 +301,8 @@ pub fn sweeps<'a>(
 }
 
 impl<'a> Ctx<'a> {
-    fn phase(&self, phase: &str) -> impl Iterator<Item = &'a Row> + '_ {
-        let p = phase.to_string();
-        self.rows.iter().copied().filter(move |r| r.phase == p)
+    fn phase(&self, phase: Phase) -> impl Iterator<Item = &'a Row> + '_ {
+        self.rows.iter().copied().filter(move |r| r.phase == phase)
     }
 
     fn workloads(&self, used: &[&Row]) -> String {
@@ -492,7 +492,7 @@ mod tests {
 
     fn row(phase: &str, optimizer: &str, retained: i64) -> Row {
         let mut r = Row::example();
-        r.phase = phase.into();
+        r.phase = crate::step::Phase::parse(phase).expect("a phase");
         r.optimizer = optimizer.into();
         r.retained_bytes = Some(retained);
         r.peak_bytes = Some(retained.max(0) as u64 + 100);

@@ -7,6 +7,7 @@
 //! (from what, in its criterion or verdict) or not applicable. Halves that need a GPU (D5, D6's
 //! pinned copies, I2's pool trim) have no committed rows to scale.
 
+use crate::step::Phase;
 use std::sync::OnceLock;
 
 use super::*;
@@ -48,7 +49,7 @@ fn probes(id: &str) -> Vec<Probe> {
             4.0,
             "does not hold",
             |r, f| {
-                if r.phase == "dataload" && r.worker_kind == "main" && r.storage == "stream" {
+                if r.phase == Phase::Dataload && r.worker_kind == "main" && r.storage == "stream" {
                     scale_u(&mut r.pss_peak_bytes, f)
                 }
             },
@@ -58,7 +59,7 @@ fn probes(id: &str) -> Vec<Probe> {
             0.5,
             "partly",
             |r, f| {
-                if r.phase == "dataload" && r.worker_kind == "process" && r.storage == "ram" {
+                if r.phase == Phase::Dataload && r.worker_kind == "process" && r.storage == "ram" {
                     scale_u(&mut r.pss_peak_bytes, f)
                 }
             },
@@ -66,7 +67,10 @@ fn probes(id: &str) -> Vec<Probe> {
         "D3" => [(0.5, "does not hold"), (2.0, "holds")]
             .map(|(k, e)| {
                 p("main-thread streaming heap peak", k, e, |r: &mut Row, f| {
-                    if r.phase == "dataload" && r.worker_kind == "main" && r.storage == "stream" {
+                    if r.phase == Phase::Dataload
+                        && r.worker_kind == "main"
+                        && r.storage == "stream"
+                    {
                         scale_u(&mut r.peak_bytes, f)
                     }
                 })
@@ -78,14 +82,14 @@ fn probes(id: &str) -> Vec<Probe> {
                 2.0,
                 "does not hold",
                 |r, f| {
-                    if r.phase == "dataload" && r.worker_kind == "process" {
+                    if r.phase == Phase::Dataload && r.worker_kind == "process" {
                         scale_f(&mut r.cpu_user_s, f);
                         scale_f(&mut r.cpu_sys_s, f);
                     }
                 },
             ),
             p("images/s at one worker", 2.0, "holds", |r, f| {
-                if r.phase == "dataload" && r.workers == Some(1) {
+                if r.phase == Phase::Dataload && r.workers == Some(1) {
                     scale_f(&mut r.images_per_s, f)
                 }
             }),
@@ -95,7 +99,7 @@ fn probes(id: &str) -> Vec<Probe> {
             0.5,
             "does not hold",
             |r, f| {
-                if r.phase == "dataload" && r.persistent == "on" {
+                if r.phase == Phase::Dataload && r.persistent == "on" {
                     scale_f(&mut r.images_per_s, f)
                 }
             },
@@ -105,7 +109,7 @@ fn probes(id: &str) -> Vec<Probe> {
             2.0,
             "partly",
             |r, f| {
-                if r.phase == "forward" && (r.batch == 8 || r.seq == 256) {
+                if r.phase == Phase::Forward && (r.batch == 8 || r.seq == 256) {
                     scale_i(&mut r.retained_bytes, f)
                 }
             },
@@ -115,7 +119,7 @@ fn probes(id: &str) -> Vec<Probe> {
             0.1,
             "does not hold",
             |r, f| {
-                if r.phase == "forward" && r.model == "vit" {
+                if r.phase == Phase::Forward && r.model == "vit" {
                     scale_i(&mut r.retained_bytes, f)
                 }
             },
@@ -125,7 +129,7 @@ fn probes(id: &str) -> Vec<Probe> {
             2.0,
             "open",
             |r, f| {
-                if r.phase == "forward" && r.hidden == 4096 && r.layers == 2 {
+                if r.phase == Phase::Forward && r.hidden == 4096 && r.layers == 2 {
                     scale_i(&mut r.retained_bytes, f)
                 }
             },
@@ -135,7 +139,7 @@ fn probes(id: &str) -> Vec<Probe> {
             0.5,
             "does not hold",
             |r, f| {
-                if r.phase == "train-step" && r.batch == 8 {
+                if r.phase == Phase::TrainStep && r.batch == 8 {
                     scale_u(&mut r.peak_bytes, f)
                 }
             },
@@ -146,7 +150,7 @@ fn probes(id: &str) -> Vec<Probe> {
                 10.0,
                 "does not hold",
                 |r, f| {
-                    if r.phase == "train-step" && r.checkpoint > 0 {
+                    if r.phase == Phase::TrainStep && r.checkpoint > 0 {
                         scale_u(&mut r.peak_bytes, f)
                     }
                 },
@@ -156,7 +160,7 @@ fn probes(id: &str) -> Vec<Probe> {
                 0.33,
                 "partly",
                 |r, f| {
-                    if r.phase == "train-step" && r.checkpoint > 0 {
+                    if r.phase == Phase::TrainStep && r.checkpoint > 0 {
                         scale_f(&mut r.wall_s, f)
                     }
                 },
@@ -167,7 +171,7 @@ fn probes(id: &str) -> Vec<Probe> {
             2.0,
             "does not hold",
             |r, f| {
-                if r.phase == "forward" && r.attention == "efficient" {
+                if r.phase == Phase::Forward && r.attention == "efficient" {
                     scale_i(&mut r.retained_bytes, f)
                 }
             },
@@ -175,20 +179,20 @@ fn probes(id: &str) -> Vec<Probe> {
         "B1" => [(0.5, "does not hold"), (2.0, "does not hold")]
             .map(|(k, e)| {
                 p("gradients kept after backward", k, e, |r: &mut Row, f| {
-                    if r.phase == "backward" {
+                    if r.phase == Phase::Backward {
                         scale_i(&mut r.retained_bytes, f)
                     }
                 })
             })
             .into(),
         "B2" => vec![p("AdamW's state", 0.5, "does not hold", |r, f| {
-            if r.phase == "optimizer" && r.optimizer == "adamw" {
+            if r.phase == Phase::Optimizer && r.optimizer == "adamw" {
                 scale_i(&mut r.retained_bytes, f)
             }
         })],
         "B3" => vec![
             p("pure 16-bit AdamW state", 2.0, "holds", |r, f| {
-                if r.phase == "optimizer" && r.dtype != "f32" && r.precision != "mixed" {
+                if r.phase == Phase::Optimizer && r.dtype != "f32" && r.precision != "mixed" {
                     scale_i(&mut r.retained_bytes, f)
                 }
             }),
@@ -197,7 +201,7 @@ fn probes(id: &str) -> Vec<Probe> {
                 2.0,
                 "does not hold",
                 |r, f| {
-                    if r.phase == "optimizer" && r.precision == "mixed" {
+                    if r.phase == Phase::Optimizer && r.precision == "mixed" {
                         scale_i(&mut r.retained_bytes, f)
                     }
                 },
@@ -207,7 +211,7 @@ fn probes(id: &str) -> Vec<Probe> {
                 2.0,
                 "does not hold",
                 |r, f| {
-                    if r.phase == "forward" && r.precision == "mixed" && r.batch == 1 {
+                    if r.phase == Phase::Forward && r.precision == "mixed" && r.batch == 1 {
                         scale_i(&mut r.retained_bytes, f)
                     }
                 },
@@ -216,7 +220,7 @@ fn probes(id: &str) -> Vec<Probe> {
         "B4" => [(0.5, "does not hold"), (2.0, "does not hold")]
             .map(|(k, e)| {
                 p("mixed-precision AdamW state", k, e, |r: &mut Row, f| {
-                    if r.phase == "optimizer" && r.precision == "mixed" {
+                    if r.phase == Phase::Optimizer && r.precision == "mixed" {
                         scale_i(&mut r.retained_bytes, f)
                     }
                 })
@@ -240,12 +244,12 @@ fn probes(id: &str) -> Vec<Probe> {
             },
         )],
         "B7" => vec![p("8-bit AdamW's state", 2.0, "does not hold", |r, f| {
-            if r.phase == "optimizer" && r.optimizer == "adamw-8bit" {
+            if r.phase == Phase::Optimizer && r.optimizer == "adamw-8bit" {
                 scale_i(&mut r.retained_bytes, f)
             }
         })],
         "I1" => vec![p("weights after init", 1.5, "partly", |r, f| {
-            if r.phase == "init" {
+            if r.phase == Phase::Init {
                 scale_i(&mut r.retained_bytes, f)
             }
         })],
@@ -255,7 +259,7 @@ fn probes(id: &str) -> Vec<Probe> {
                 2.0,
                 "partly",
                 |r, f| {
-                    if matches!(r.phase.as_str(), "init" | "load") && r.dtype != "f32" {
+                    if matches!(r.phase, Phase::Init | Phase::Load) && r.dtype != "f32" {
                         scale_i(&mut r.retained_bytes, f)
                     }
                 },
@@ -272,28 +276,28 @@ fn probes(id: &str) -> Vec<Probe> {
         ],
         // Derived from the measured bytes per parameter: the figures follow them, the kind stays.
         "B5" => vec![p("mixed-precision AdamW state", 2.0, FIGURES, |r, f| {
-            if r.phase == "optimizer" && r.precision == "mixed" {
+            if r.phase == Phase::Optimizer && r.precision == "mixed" {
                 scale_i(&mut r.retained_bytes, f)
             }
         })],
         "N1" => vec![p("what inference keeps", 3.0, "does not hold", |r, f| {
-            if r.phase == "inference" {
+            if r.phase == Phase::Inference {
                 scale_i(&mut r.retained_bytes, f)
             }
         })],
         "N2" => vec![p("inference peaks", 1e-4, "does not hold", |r, f| {
-            if r.phase == "inference" {
+            if r.phase == Phase::Inference {
                 scale_u(&mut r.peak_bytes, f)
             }
         })],
         "N3" => vec![
             p("read-loading peaks", 0.5, "does not hold", |r, f| {
-                if r.phase == "load" && r.load == "read" {
+                if r.phase == Phase::Load && r.load == "read" {
                     scale_u(&mut r.peak_bytes, f)
                 }
             }),
             p("multi-threaded decode CPU seconds", 3.0, "holds", |r, f| {
-                if r.phase == "decode" && r.threads > 1 {
+                if r.phase == Phase::Decode && r.threads > 1 {
                     scale_f(&mut r.cpu_user_s, f)
                 }
             }),
@@ -303,7 +307,7 @@ fn probes(id: &str) -> Vec<Probe> {
             2.0,
             "does not hold",
             |r, f| {
-                if r.phase == "decode" {
+                if r.phase == Phase::Decode {
                     scale_i(&mut r.retained_bytes, f)
                 }
             },
@@ -316,16 +320,16 @@ fn probes(id: &str) -> Vec<Probe> {
                 0.5,
                 "holds",
                 |r, f| {
-                    if r.phase == "inference" && r.weights.starts_with('q') {
+                    if r.phase == Phase::Inference && r.weights.starts_with('q') {
                         scale_u(&mut r.peak_bytes, f)
                     }
-                    if r.phase == "init" && r.lora_base.starts_with('q') {
+                    if r.phase == Phase::Init && r.lora_base.starts_with('q') {
                         scale_i(&mut r.retained_bytes, 0.7)
                     }
                 },
             ),
             p("QLoRA's quantized weights", 4.0, "does not hold", |r, f| {
-                if r.phase == "init" && r.lora_base.starts_with('q') {
+                if r.phase == Phase::Init && r.lora_base.starts_with('q') {
                     scale_i(&mut r.retained_bytes, f)
                 }
             }),

@@ -1,6 +1,7 @@
 //! B1–B7: gradients, optimizer state, precision, ZeRO, LoRA and 8-bit states.
 
 use super::*;
+use crate::step::Phase;
 
 /// B6: the card of the QLoRA claim: a "48 GB" card (RTX A6000, L40S) has 48 GiB of device
 /// memory (GDDR is sized in binary units; `nvidia-smi` shows 49,140 MiB usable).
@@ -16,7 +17,7 @@ const B4_TOLERANCE: f64 = 0.1;
 impl<'a> Ctx<'a> {
     pub(super) fn per_param(
         &self,
-        phase: &str,
+        phase: Phase,
         keep: impl Fn(&Row) -> bool,
     ) -> Vec<(&'a Row, f64)> {
         self.phase(phase)
@@ -27,7 +28,7 @@ impl<'a> Ctx<'a> {
 
     /// What a row's phase leaves: its retained bytes, or a backward's gradients.
     fn kept(&self, r: &Row) -> Option<f64> {
-        if r.phase == "backward" {
+        if r.phase == Phase::Backward {
             self.gradients(r)
         } else {
             ret(r)
@@ -43,7 +44,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b1(&self) -> Option<Claim> {
-        let g = self.per_param("backward", full_state);
+        let g = self.per_param(Phase::Backward, full_state);
         if g.is_empty() {
             return None;
         }
@@ -86,7 +87,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b2(&self) -> Option<Claim> {
-        let s = self.per_param("optimizer", |r| full_state(r) && r.dtype == "f32");
+        let s = self.per_param(Phase::Optimizer, |r| full_state(r) && r.dtype == "f32");
         let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for (r, v) in &s {
             by.entry(r.optimizer.as_str()).or_default().push(*v);
@@ -133,7 +134,7 @@ impl<'a> Ctx<'a> {
 
     /// (weights + gradients + optimizer state) per parameter for AdamW cases by dtype/precision.
     fn model_state(&self) -> Vec<(&'a Row, String, f64)> {
-        self.phase("optimizer")
+        self.phase(Phase::Optimizer)
             .filter(|r| r.lora_rank == 0 && r.optimizer == "adamw")
             .filter_map(|o| {
                 let c = self.case_of(o);
@@ -163,10 +164,10 @@ impl<'a> Ctx<'a> {
     /// pure is the copy (with its casts' bookkeeping). `None` without such a pair of sweeps.
     fn working_copy(&self) -> Option<(f64, Vec<&'a Row>)> {
         let fw: Vec<&'a Row> = self
-            .phase("forward")
+            .phase(Phase::Forward)
             .filter(|r| r.lora_rank == 0 && r.checkpoint == 0 && r.dtype != "f32")
             .collect();
-        let sw = sweeps(&fw, "forward", "batch", |r| r.batch);
+        let sw = sweeps(&fw, Phase::Forward, "batch", |r| r.batch);
         let at_zero = |s: &[&Row]| {
             let pts: Vec<(f64, f64)> = s
                 .iter()
@@ -322,7 +323,7 @@ impl<'a> Ctx<'a> {
         // The first run with LoRA cases that also holds their full fine-tune (a run of LoRA
         // cases alone, e.g. a LLaMA slice, cannot decide it).
         let mut runs: Vec<String> = Vec::new();
-        for r in self.phase("optimizer").filter(|r| r.lora_rank > 0) {
+        for r in self.phase(Phase::Optimizer).filter(|r| r.lora_rank > 0) {
             if !runs.contains(&r.run_id) {
                 runs.push(r.run_id.clone());
             }
@@ -331,7 +332,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn b6_in(&self, lora_run: &str) -> Option<Claim> {
-        let opt: Vec<&Row> = self.phase("optimizer").collect();
+        let opt: Vec<&Row> = self.phase(Phase::Optimizer).collect();
         // The full fine-tune of the same run as the LoRA cases.
         let full = opt.iter().find(|r| {
             r.lora_rank == 0 && r.precision != "mixed" && r.dtype == "f32" && r.run_id == lora_run
@@ -438,7 +439,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub(super) fn b7(&self) -> Option<Claim> {
-        let s = self.per_param("optimizer", |r| full_state(r) && r.dtype == "f32");
+        let s = self.per_param(Phase::Optimizer, |r| full_state(r) && r.dtype == "f32");
         let (r8, v8) = s
             .iter()
             .find(|(r, _)| r.optimizer == "adamw-8bit")
@@ -452,7 +453,7 @@ impl<'a> Ctx<'a> {
         // The 16-bit state it is said to halve: a measured pure 16-bit AdamW state when the
         // rows have one, else the measured f32 state's moments at 2 B each.
         let half = self
-            .per_param("optimizer", |r| {
+            .per_param(Phase::Optimizer, |r| {
                 full_state(r)
                     && matches!(r.dtype.as_str(), "f16" | "bf16")
                     && r.optimizer == "adamw"

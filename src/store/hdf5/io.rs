@@ -15,6 +15,7 @@ use super::super::replace_atomically;
 #[allow(unused_imports)]
 use super::{MISSING_I64, MISSING_U64, ROWS_GROUP, SCHEMA_VERSION, description_of, unit, units_of};
 use crate::record::{Row, RunMeta, Status};
+use crate::step::Phase;
 
 /// Writes `meta` and `rows` to the HDF5 file `path`, replacing any file there.
 ///
@@ -98,7 +99,7 @@ fn write_file(path: &Path, meta: &RunMeta, rows: &[Row]) -> anyhow::Result<()> {
         w.string("lora_targets", rows, |r| Some(&r.lora_targets))?;
         w.string("lora_base", rows, |r| Some(&r.lora_base))?;
         w.string("precision", rows, |r| Some(&r.precision))?;
-        w.string("phase", rows, |r| Some(&r.phase))?;
+        w.string("phase", rows, |r| Some(r.phase.as_str()))?;
         w.string("status", rows, |r| Some(r.status.as_str()))?;
         w.opt_string("error", rows, |r| r.error.as_deref())?;
         w.plain_u64("params", rows, |r| r.params)?;
@@ -499,7 +500,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let lora_targets = r.string("lora_targets")?;
     let lora_base = r.string("lora_base")?;
     let precision = r.string("precision")?;
-    let phase = r.string("phase")?;
+    let phase = r.phase("phase")?;
     let status = r.status("status")?;
     let error = r.opt_string("error")?;
     let params = r.plain_u64("params")?;
@@ -587,7 +588,6 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
     let mut biases = biases.into_iter();
     let mut device = device.into_iter();
     let mut optimizer = optimizer.into_iter();
-    let mut phase = phase.into_iter();
     let mut error = error.into_iter();
     let mut peak_meter = peak_meter.into_iter();
     let mut attention = attention.into_iter();
@@ -651,7 +651,7 @@ fn read_file(path: &Path) -> anyhow::Result<(RunMeta, Vec<Row>)> {
             lora_targets: next(&mut lora_targets),
             lora_base: next(&mut lora_base),
             precision: next(&mut precision),
-            phase: next(&mut phase),
+            phase: phase[i],
             status: status[i],
             error: error.next().flatten(),
             params: params[i],
@@ -828,6 +828,21 @@ impl ColumnReader<'_> {
             .into_iter()
             .map(|s| (!s.is_empty()).then_some(s))
             .collect())
+    }
+
+    fn phase(&mut self, name: &str) -> anyhow::Result<Vec<Phase>> {
+        self.string(name)?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Phase::parse(s).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "dataset /{ROWS_GROUP}/{name}, row {i}: unknown phase {s:?} (allowed: {})",
+                        Phase::names()
+                    )
+                })
+            })
+            .collect()
     }
 
     fn status(&mut self, name: &str) -> anyhow::Result<Vec<Status>> {
