@@ -58,7 +58,7 @@ fn presets_have_the_published_parameter_counts() {
         };
         assert_eq!(shape.params(), want, "{name} (formula)");
     }
-    assert!(llama::PRESETS.iter().all(|p| Config::preset(p).is_some()));
+    assert!(llama::presets().iter().all(|p| Config::preset(p).is_some()));
 }
 
 /// Every preset that names a published model has its parameter count: GPT-2 small and medium

@@ -115,11 +115,7 @@ fn shards_cover_every_case_once_and_merge_equals_an_unsharded_run() {
             .args(["--shard", &format!("{i}/3"), "--out"])
             .arg(&out));
         for r in rows(&out) {
-            assert!(
-                seen.insert((r.case, r.phase)),
-                "case {} twice",
-                r.case
-            );
+            assert!(seen.insert((r.case, r.phase)), "case {} twice", r.case);
         }
         let meta: memfit::record::RunMeta =
             serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();

@@ -23,15 +23,57 @@ fn root() -> PathBuf {
 const TRAIN: &str = r#"["init", "forward", "backward", "optimizer", "train-step", "inference"]"#;
 const SERVE: &str = r#"["init", "inference", "prefill", "decode"]"#;
 
+/// The presets pinned, in the order the snapshot lists them (a new preset is added here, at the
+/// end: `every_preset_is_pinned`).
+const PINNED: &[&str] = &[
+    "tiny",
+    "small",
+    "gpt2-small",
+    "gpt2-medium",
+    "llama-7b-shape",
+    "vit-tiny",
+    "vit-s16",
+    "vit-b16",
+    "vit-l16",
+    "llama-tiny",
+    "llama-2-7b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3.2-1b",
+    "mistral-7b",
+    "phi-3-mini",
+    "qwen2-0.5b",
+    "qwen3-8b",
+    "qwen3-30b-a3b",
+    "gemma-3-1b",
+    "gemma-3-27b",
+    "gpt-oss-20b",
+    "mixtral-8x7b",
+    "deepseek-v2-lite",
+    "tinyllama-1.1b",
+    "smollm2-135m",
+];
+
+/// Every preset memfit has (GPT, ViT, the LLaMA line's and the families') is pinned.
+#[test]
+fn every_preset_is_pinned() {
+    let all: Vec<&str> = memfit::model::config::PRESETS
+        .iter()
+        .chain(memfit::model::vit::PRESETS)
+        .copied()
+        .chain(memfit::model::llama::presets())
+        .collect();
+    for p in &all {
+        assert!(PINNED.contains(p), "{p} is not in the snapshot's PINNED");
+    }
+    assert_eq!(all.len(), PINNED.len());
+}
+
 /// The snapshot's workload: one grid per preset (every kernel set and attention it accepts, f32
 /// and bf16), the variants on a model of each family, the fixtures' configs.
 fn workload() -> String {
     let mut w = String::from("[defaults]\ndevice = \"cuda:0\"\nbatch = 1\n\n");
-    let presets = memfit::model::config::PRESETS
-        .iter()
-        .chain(memfit::model::vit::PRESETS)
-        .chain(memfit::model::llama::PRESETS);
-    for p in presets {
+    for p in PINNED {
         let vit = p.starts_with("vit-");
         // gpt-oss's sinks are built into the standard attention only.
         let attention = if *p == "gpt-oss-20b" {

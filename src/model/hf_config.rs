@@ -9,11 +9,8 @@
 //! biases on q, k, v, o and the experts always, its router as Mixtral's (softmax, renormalised
 //! top k), even layers sliding unless `layer_types` says otherwise, `swiglu_limit` 7 when
 //! given, and reads its shipped `quantization_config` mxfp4 as the experts alone in MXFP4
-//! ([`Shipped::Mxfp4Experts`]). Gemma 3 ([`Gemma`]) reads `hidden_activation` (must be
-//! `gelu_pytorch_tanh`), `query_pre_attn_scalar`, `rope_local_base_freq`,
-//! `sliding_window_pattern` (layer `i` full when `(i + 1)` is a multiple; `layer_types`
-//! overrides), its fields absent taking `Gemma3TextConfig`'s defaults ([`GEMMA3_DEFAULTS`]; the
-//! head tied by default), and refuses soft-capping and `use_bidirectional_attention`. Read for LLaMA:
+//! ([`Shipped::Mxfp4Experts`]). A family with a file of its own ([`super::families`]: Gemma
+//! 3) adds its keys, defaults, layer pattern and wrapping types to this shared reader. Read for LLaMA:
 //! `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `num_key_value_heads` (default: the attention heads), `head_dim` (default hidden/heads),
 //! `vocab_size`, `max_position_embeddings`, `tie_word_embeddings` (default false),
@@ -54,7 +51,7 @@
 //! full training upcasts to `dtype`, as transformers' `dequantize: true` does (which is read too:
 //! it asks for the dense model).
 //! Every key is accounted for: `model_type` is checked first (an unknown type is refused as
-//! unknown, listing [`MODEL_TYPES`], with what memfit lacks for the newer ones it knows of:
+//! unknown, listing [`model_types`], with what memfit lacks for the newer ones it knows of:
 //! [`UNBUILT_TYPES`]); each reader records the keys it asks for, and once the family is read
 //! any other key of the file is refused ([`accounted`]) unless [`super::hf_keys`] lists it as
 //! changing no memory (token ids, `architectures`, generation defaults, `aux_loss_alpha`, DeepSeek-V3's
@@ -80,9 +77,10 @@ use serde_json::{Map, Value};
 
 use super::ModelKind;
 use super::config::Config;
+use super::families;
 use super::hf_keys;
 use super::shapes::{
-    Factor, Gemma, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
+    Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
 };
 
 use crate::device::ElemType;
@@ -99,19 +97,17 @@ pub const MOE_FIELDS: &[&str] = &[
     "shared_expert_intermediate_size",
 ];
 
-/// The model types memfit reads.
-pub const MODEL_TYPES: &str = "llama, mistral, phi3, qwen2, qwen3, gemma3_text, mixtral, qwen2_moe, \
-     qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, gpt2, vit";
-
-/// Model types refused by name, with what memfit lacks to build them exactly.
-const REFUSED_TYPES: &[(&str, &str)] = &[(
-    "gemma3",
-    "Gemma 3 with its SigLIP vision tower: memfit builds Gemma 3's language model \
-         (gemma3_text) but not the vision tower and projector (about 0.42 B parameters that \
-         serving loads too), so sizing the language model alone would under-estimate; to size \
-         the language model alone, save the config's text_config as its own config.json with \
-         \"model_type\": \"gemma3_text\" (as --preset gemma-3-27b is)",
-)];
+/// The model types memfit reads: the LLaMA line's, the families' with a file
+/// ([`families::FAMILIES`]), GPT-2 and ViT.
+pub fn model_types() -> String {
+    LLAMA_TYPES
+        .iter()
+        .copied()
+        .chain(families::FAMILIES.iter().map(|f| f.model_type()))
+        .chain(["gpt2", "vit"])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Types memfit does not build yet, with what each needs (refused as unknown; none is another
 /// type under a new name, so no relabelling sizes it).
@@ -184,7 +180,6 @@ const LLAMA_TYPES: &[&str] = &[
     "phi3",
     "qwen2",
     "qwen3",
-    "gemma3_text",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -237,7 +232,7 @@ pub fn load(path: &std::path::Path) -> Result<HfConfig, UserError> {
     load_with(path, &[])
 }
 
-struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     map: &'a Map<String, Value>,
     origin: &'a str,
     /// Every key a reader asked for (present or not): what the config's keys are checked
@@ -246,7 +241,7 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    fn bad(&self, field: &str, value: &Value, reason: &str, allowed: &str) -> UserError {
+    pub(crate) fn bad(&self, field: &str, value: &Value, reason: &str, allowed: &str) -> UserError {
         UserError::OutOfRange {
             origin: self.origin.into(),
             key: field.into(),
@@ -256,7 +251,7 @@ impl Fields<'_> {
         }
     }
 
-    fn missing(&self, field: &str, allowed: &str) -> UserError {
+    pub(crate) fn missing(&self, field: &str, allowed: &str) -> UserError {
         UserError::Missing {
             origin: self.origin.into(),
             key: field.into(),
@@ -265,26 +260,26 @@ impl Fields<'_> {
     }
 
     /// The field, `None` when absent or null.
-    fn get(&self, field: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, field: &str) -> Option<&Value> {
         self.read.borrow_mut().insert(field.to_string());
         self.map.get(field).filter(|v| !v.is_null())
     }
 
     /// Whether the field is present (even null).
-    fn has(&self, field: &str) -> bool {
+    pub(crate) fn has(&self, field: &str) -> bool {
         self.read.borrow_mut().insert(field.to_string());
         self.map.contains_key(field)
     }
 
     /// Marks `fields` as read where transformers reads and then ignores them in this
     /// configuration (each call site says why): they change nothing here.
-    fn ignored(&self, fields: &[&str]) {
+    pub(crate) fn ignored(&self, fields: &[&str]) {
         let mut read = self.read.borrow_mut();
         read.extend(fields.iter().map(|f| f.to_string()));
     }
 
     /// A positive integer ≤ `max`.
-    fn size_opt(&self, field: &str, max: i64) -> Result<Option<usize>, UserError> {
+    pub(crate) fn size_opt(&self, field: &str, max: i64) -> Result<Option<usize>, UserError> {
         let Some(v) = self.get(field) else {
             return Ok(None);
         };
@@ -295,21 +290,26 @@ impl Fields<'_> {
         }
     }
 
-    fn size(&self, field: &str, max: i64) -> Result<usize, UserError> {
+    pub(crate) fn size(&self, field: &str, max: i64) -> Result<usize, UserError> {
         self.size_opt(field, max)?
             .ok_or_else(|| self.missing(field, &format!("an integer 1..={max}")))
     }
 
     /// [`Fields::size`], or transformers' default for `model_type` when absent
     /// ([`moe_default`]).
-    fn moe_size(&self, model_type: &str, field: &str, max: i64) -> Result<usize, UserError> {
+    pub(crate) fn moe_size(
+        &self,
+        model_type: &str,
+        field: &str,
+        max: i64,
+    ) -> Result<usize, UserError> {
         match (self.size_opt(field, max)?, moe_default(model_type, field)) {
             (Some(n), _) | (None, Some(n)) => Ok(n),
             (None, None) => Err(self.missing(field, &format!("an integer 1..={max}"))),
         }
     }
 
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, UserError> {
+    pub(crate) fn bool_or(&self, field: &str, default: bool) -> Result<bool, UserError> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -318,7 +318,7 @@ impl Fields<'_> {
         }
     }
 
-    fn float_or(&self, field: &str, default: f64) -> Result<f64, UserError> {
+    pub(crate) fn float_or(&self, field: &str, default: f64) -> Result<f64, UserError> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => match v.as_f64() {
@@ -328,7 +328,7 @@ impl Fields<'_> {
         }
     }
 
-    fn str_opt(&self, field: &str) -> Result<Option<&str>, UserError> {
+    pub(crate) fn str_opt(&self, field: &str) -> Result<Option<&str>, UserError> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -339,7 +339,7 @@ impl Fields<'_> {
     }
 
     /// `field` must be `want` when present.
-    fn require(&self, field: &str, want: &[&str]) -> Result<(), UserError> {
+    pub(crate) fn require(&self, field: &str, want: &[&str]) -> Result<(), UserError> {
         if let Some(s) = self.str_opt(field)?
             && !want.contains(&s)
         {
@@ -587,18 +587,20 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
     };
     let model_type = f
         .str_opt("model_type")?
-        .ok_or_else(|| f.missing("model_type", MODEL_TYPES))?
+        .ok_or_else(|| f.missing("model_type", &model_types()))?
         .to_string();
     // The type first: an unknown one is refused as unknown, whatever else the file says.
-    if let Some((_, why)) = REFUSED_TYPES.iter().find(|(t, _)| *t == model_type) {
+    if let Some(why) = families::wrapper(&model_type) {
         return Err(f.bad(
             "model_type",
             &Value::from(model_type.as_str()),
             why,
-            MODEL_TYPES,
+            &model_types(),
         ));
     }
+    let family = families::find(&model_type);
     if !LLAMA_TYPES.contains(&model_type.as_str())
+        && family.is_none()
         && !["gpt2", "vit"].contains(&model_type.as_str())
     {
         let why = UNBUILT_TYPES
@@ -611,7 +613,7 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
             "model_type",
             &Value::from(model_type.as_str()),
             &why,
-            MODEL_TYPES,
+            &model_types(),
         ));
     }
     // Kimi-K2 ships DeepSeek-V3's architecture under its own type name (its `architectures` is
@@ -620,18 +622,19 @@ pub fn parse_with(text: &str, origin: &str, sets: &[String]) -> Result<HfConfig,
         "kimi_k2" => "deepseek_v3",
         t => t,
     };
-    // Gemma 3's and gpt-oss's configs leave most fields to transformers' defaults.
+    // A family's configs (Gemma 3's) and gpt-oss's leave most fields to transformers'
+    // defaults.
     let filled;
-    let f = match reader_type {
-        "gemma3_text" => {
-            filled = with_defaults(map, GEMMA3_DEFAULTS);
+    let f = match (family, reader_type) {
+        (Some(fam), _) => {
+            filled = with_defaults(map, fam.defaults());
             Fields {
                 map: &filled,
                 origin,
                 read: &read,
             }
         }
-        "gpt_oss" => {
+        (None, "gpt_oss") => {
             filled = with_defaults(map, GPT_OSS_DEFAULTS);
             Fields {
                 map: &filled,
@@ -734,27 +737,6 @@ fn accounted(
 
 const MAX_SIZE: i64 = super::limits::MAX_HIDDEN;
 
-/// transformers' `Gemma3TextConfig` defaults (4.57.1) for the fields memfit reads, where the
-/// config leaves them out.
-const GEMMA3_DEFAULTS: &[(&str, &str)] = &[
-    ("vocab_size", "262208"),
-    ("hidden_size", "2304"),
-    ("intermediate_size", "9216"),
-    ("num_hidden_layers", "26"),
-    ("num_attention_heads", "8"),
-    ("num_key_value_heads", "4"),
-    ("head_dim", "256"),
-    ("hidden_activation", "\"gelu_pytorch_tanh\""),
-    ("max_position_embeddings", "131072"),
-    ("rms_norm_eps", "1e-6"),
-    ("tie_word_embeddings", "true"),
-    ("rope_theta", "1000000.0"),
-    ("query_pre_attn_scalar", "256"),
-    ("sliding_window", "4096"),
-    ("rope_local_base_freq", "10000.0"),
-    ("sliding_window_pattern", "6"),
-];
-
 /// transformers' `GptOssConfig` defaults (4.57.1: gpt-oss-120b's sizes) for the fields memfit
 /// reads, where the config leaves them out; `layer_types` then alternates sliding (even layers)
 /// and full (odd).
@@ -793,45 +775,16 @@ fn with_defaults(map: &Map<String, Value>, defaults: &[(&str, &str)]) -> Map<Str
     m
 }
 
-/// Gemma 3's own fields: `hidden_activation` (the tanh GELU), `query_pre_attn_scalar`,
-/// `rope_local_base_freq`; soft-capping (Gemma 2's) and bidirectional attention
-/// (EmbeddingGemma) are not built and are refused when set.
-fn gemma3(f: &Fields) -> Result<Gemma, UserError> {
-    f.require("hidden_activation", &["gelu_pytorch_tanh"])?;
-    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
-        if let Some(v) = f.get(key) {
-            return Err(f.bad(
-                key,
-                v,
-                "soft-capping (tanh of the scaled logits) is not built",
-                "null (Gemma 3's configs)",
-            ));
-        }
-    }
-    if f.bool_or("use_bidirectional_attention", false)? {
-        return Err(f.bad(
-            "use_bidirectional_attention",
-            &Value::from(true),
-            "a bidirectional Gemma (EmbeddingGemma) is not built",
-            "false",
-        ));
-    }
-    Ok(Gemma {
-        query_pre_attn_scalar: Factor(f.float_or("query_pre_attn_scalar", 256.0)?),
-        local_rope_theta: Factor(f.float_or("rope_local_base_freq", 10_000.0)?),
-    })
-}
-
 fn llama_config(
     f: &Fields,
     model_type: &str,
 ) -> Result<(ModelKind, Config, Option<usize>), UserError> {
-    let gemma = if model_type == "gemma3_text" {
-        Some(gemma3(f)?)
-    } else {
+    // A family with a file reads its own activation (and its other keys) once the shape is
+    // filled in.
+    let family = families::find(model_type);
+    if family.is_none() {
         f.require("hidden_act", &["silu"])?;
-        None
-    };
+    }
     if let Some(v) = f.get("partial_rotary_factor")
         && v.as_f64() != Some(1.0)
     {
@@ -927,21 +880,24 @@ fn llama_config(
         f.bool_or("attention_bias", oss)?
     };
     let (sliding_window, full_layers) = sliding_window(f, model_type, layers)?;
-    let llama = Llama {
+    let mut llama = Llama {
         intermediate,
         kv_heads,
         head_dim,
         qkv_bias: qkv_bias || attention_bias,
         o_bias: attention_bias,
         mlp_bias: oss || f.bool_or("mlp_bias", false)?,
-        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe" | "gemma3_text"),
+        qk_norm: matches!(model_type, "qwen3" | "qwen3_moe"),
         moe,
         sliding_window,
         full_layers,
         mla,
-        gemma,
+        gemma: None,
         oss: model_type == "gpt_oss",
     };
+    if let Some(fam) = family {
+        fam.read(f, &mut llama)?;
+    }
     let mut cfg = Config::llama(
         vocab,
         hidden,
@@ -949,7 +905,10 @@ fn llama_config(
         layers,
         max_seq,
         llama,
-        f.bool_or("tie_word_embeddings", gemma.is_some())?,
+        f.bool_or(
+            "tie_word_embeddings",
+            family.is_some_and(|fam| fam.tied_by_default()),
+        )?,
     );
     cfg.layer_norm_eps = f.float_or("rms_norm_eps", 1e-6)?;
     cfg.rope_theta = f.float_or("rope_theta", 10_000.0)?;
@@ -1134,6 +1093,31 @@ fn rope_scaling(
 /// `max_window_layers` (default 28) on slide (transformers' `layer_types` for Qwen), in
 /// qwen3_moe every layer (4096 when absent); `layer_types`, when given, says per layer (`full_attention`,
 /// `sliding_attention`; a mixed model of more than 128 layers is refused).
+/// Layer `i` of `layers` attends to everything when `(i + 1)` is a multiple of `period`, the
+/// others slide (`layer_types`, when given, overrides); a period of 1: no window. The window
+/// and the full layers, a bit each.
+pub(crate) fn periodic(
+    f: &Fields,
+    layers: usize,
+    period: usize,
+) -> Result<(Option<usize>, u128), UserError> {
+    if period == 1 {
+        return Ok((None, 0));
+    }
+    if layers > 128 && f.get("layer_types").is_none() {
+        return Err(f.bad(
+            "num_hidden_layers",
+            &Value::from(layers),
+            "full and sliding layers mixed in more than 128 layers are not modelled",
+            "at most 128 layers when they mix",
+        ));
+    }
+    let full = (0..layers.min(128))
+        .filter(|i| (i + 1) % period == 0)
+        .fold(0u128, |m, i| m | 1u128 << i);
+    Ok((f.size_opt("sliding_window", super::limits::MAX_SEQ)?, full))
+}
+
 fn sliding_window(
     f: &Fields,
     model_type: &str,
@@ -1149,32 +1133,13 @@ fn sliding_window(
             Ok(default)
         }
     };
-    // Layer `i` attends to everything when `(i + 1)` is a multiple of `period`, the others
-    // slide (`layer_types`, when given, overrides); a period of 1: no window.
-    let periodic = |period: usize| -> Result<(Option<usize>, u128), UserError> {
-        if period == 1 {
-            return Ok((None, 0));
-        }
-        if layers > 128 && f.get("layer_types").is_none() {
-            return Err(f.bad(
-                "num_hidden_layers",
-                &Value::from(layers),
-                "full and sliding layers mixed in more than 128 layers are not modelled",
-                "at most 128 layers when they mix",
-            ));
-        }
-        let full = (0..layers.min(128))
-            .filter(|i| (i + 1) % period == 0)
-            .fold(0u128, |m, i| m | 1u128 << i);
-        Ok((f.size_opt("sliding_window", super::limits::MAX_SEQ)?, full))
-    };
+    let pattern = families::find(model_type).and_then(|fam| fam.layer_pattern(f, layers));
     let (window, mut full) = match model_type {
+        _ if pattern.is_some() => pattern.expect("a pattern")?,
         "mistral" => (window_or(Some(4096))?, 0),
         "mixtral" | "phi3" => (f.size_opt("sliding_window", super::limits::MAX_SEQ)?, 0),
         // gpt-oss: even layers slide, odd ones attend to everything.
-        "gpt_oss" => periodic(2)?,
-        // Gemma 3: every `sliding_window_pattern`-th layer full (5 local : 1 global).
-        "gemma3_text" => periodic(f.size("sliding_window_pattern", super::limits::MAX_LAYERS)?)?,
+        "gpt_oss" => periodic(f, layers, 2)?,
         // Qwen3-MoE's attention slides in every layer (it has no `max_window_layers`).
         "qwen3_moe" if f.bool_or("use_sliding_window", false)? => (window_or(Some(4096))?, 0),
         "qwen2" | "qwen3" | "qwen2_moe" if f.bool_or("use_sliding_window", false)? => {

@@ -60,9 +60,10 @@
 use super::config::Config;
 pub use super::shapes::Llama;
 
-/// Presets: `llama-tiny` (test-sized) and the shipped Hugging Face configs
-/// (`workloads/configs/*.json`, embedded in the binary).
-pub const PRESETS: &[&str] = &[
+/// Presets of the LLaMA line read by the shared reader: `llama-tiny` (test-sized) and the
+/// shipped Hugging Face configs (`workloads/configs/*.json`, embedded in the binary); the
+/// families with a file of their own ship theirs there ([`super::families`]).
+const OWN_PRESETS: &[&str] = &[
     "llama-tiny",
     "llama-2-7b",
     "llama-2-70b",
@@ -73,8 +74,6 @@ pub const PRESETS: &[&str] = &[
     "qwen2-0.5b",
     "qwen3-8b",
     "qwen3-30b-a3b",
-    "gemma-3-1b",
-    "gemma-3-27b",
     "gpt-oss-20b",
     "mixtral-8x7b",
     "deepseek-v2-lite",
@@ -94,15 +93,26 @@ pub fn preset_json(name: &str) -> Option<&'static str> {
         "qwen2-0.5b" => include_str!("../../workloads/configs/qwen2-0.5b.json"),
         "qwen3-8b" => include_str!("../../workloads/configs/qwen3-8b.json"),
         "qwen3-30b-a3b" => include_str!("../../workloads/configs/qwen3-30b-a3b.json"),
-        "gemma-3-1b" => include_str!("../../workloads/configs/gemma-3-1b.json"),
-        "gemma-3-27b" => include_str!("../../workloads/configs/gemma-3-27b.json"),
         "gpt-oss-20b" => include_str!("../../workloads/configs/gpt-oss-20b.json"),
         "mixtral-8x7b" => include_str!("../../workloads/configs/mixtral-8x7b.json"),
         "deepseek-v2-lite" => include_str!("../../workloads/configs/deepseek-v2-lite.json"),
         "tinyllama-1.1b" => include_str!("../../workloads/configs/tinyllama-1.1b.json"),
         "smollm2-135m" => include_str!("../../workloads/configs/smollm2-135m.json"),
-        _ => return None,
+        _ => {
+            return super::families::presets()
+                .find(|(n, _)| *n == name)
+                .map(|(_, json)| json);
+        }
     })
+}
+
+/// Every LLaMA-family preset: the shared reader's, then the families'.
+pub fn presets() -> Vec<&'static str> {
+    OWN_PRESETS
+        .iter()
+        .copied()
+        .chain(super::families::presets().map(|(name, _)| name))
+        .collect()
 }
 
 /// How a shipped preset's checkpoint holds its projections (`quantization_config`), if not

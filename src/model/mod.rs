@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod config;
 pub mod efficient_attention;
+pub mod families;
 pub mod frozen;
 pub mod hf_config;
 pub mod hf_keys;

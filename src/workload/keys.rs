@@ -215,7 +215,7 @@ pub fn preset_help() -> String {
          config.json files) {}",
         crate::model::config::PRESETS.join(", "),
         crate::model::vit::PRESETS.join(", "),
-        crate::model::llama::PRESETS.join(", ")
+        crate::model::llama::presets().join(", ")
     )
 }
 

@@ -383,7 +383,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     let family_of = |name: &str| {
         if vit::PRESETS.contains(&name) {
             ModelKind::Vit
-        } else if llama::PRESETS.contains(&name) {
+        } else if llama::presets().contains(&name) {
             ModelKind::Llama
         } else {
             ModelKind::Gpt
@@ -414,9 +414,9 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
         (None, None) => spec.preset.as_deref().map_or(ModelKind::Gpt, family_of),
     };
     let presets = match model {
-        ModelKind::Gpt => transformer::PRESETS,
-        ModelKind::Vit => vit::PRESETS,
-        ModelKind::Llama => llama::PRESETS,
+        ModelKind::Gpt => transformer::PRESETS.to_vec(),
+        ModelKind::Vit => vit::PRESETS.to_vec(),
+        ModelKind::Llama => llama::presets(),
     };
     let (preset_name, preset) = match &hf {
         Some(hf) => {
