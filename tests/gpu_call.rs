@@ -114,7 +114,7 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
         cases.iter().any(|c| c
             .cfg
             .llama
-            .is_some_and(|l| l.gemma.is_some() && l.local_rope(c.cfg.layers))),
+            .is_some_and(|l| l.variant.sandwich_norms && l.local_rope(c.cfg.layers))),
         "a Gemma 3 with sliding and full layers"
     );
     assert!(

@@ -691,11 +691,12 @@ fn gemma3_defaults_are_transformers() {
     assert_eq!(cfg.params(), 2_628_658_432);
     assert!(cfg.tied);
     let l = cfg.llama.unwrap();
-    let g = l.gemma.unwrap();
+    let v = l.variant;
     assert_eq!(
-        (g.query_pre_attn_scalar.0, g.local_rope_theta.0),
-        (256.0, 10_000.0)
+        (v.attention_scale.unwrap().0, v.local_rope_theta.unwrap().0),
+        (256f64.powf(-0.5), 10_000.0)
     );
+    assert!(v.unit_offset_norms && v.sandwich_norms && v.gelu_glu && v.embed_scaled && l.qk_norm);
     assert_eq!(cfg.rope_theta, 1_000_000.0);
     let full: Vec<usize> = (0..26).filter(|&i| l.window_at(i).is_none()).collect();
     assert_eq!(full, [5, 11, 17, 23]);

@@ -32,7 +32,7 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             sliding_window: None,
             full_layers: 0,
             mla: None,
-            gemma: None,
+            variant: Default::default(),
             oss: false,
         },
         tied,

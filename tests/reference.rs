@@ -273,7 +273,9 @@ fn gemma3_logits_equal_transformers() {
     check("gemma3");
     let cfg = config("gemma3");
     let l = cfg.llama.unwrap();
-    assert!(l.gemma.is_some() && l.qk_norm && cfg.tied);
+    let v = l.variant;
+    assert!(v.unit_offset_norms && v.sandwich_norms && v.gelu_glu && v.embed_scaled);
+    assert!(l.qk_norm && cfg.tied);
     assert_eq!((l.window_at(0), l.window_at(1)), (Some(4), None));
     for attention in ATTENTIONS {
         let cfg = with("gemma3", attention);
@@ -293,14 +295,23 @@ fn gemma3_logits_equal_transformers() {
 fn gemma3_without_one_of_its_parts_differs() {
     use memfit::model::shapes::Factor;
     type Change = fn(&mut Config);
-    let changes: [(&str, Change); 4] = [
+    let changes: [(&str, Change); 7] = [
         ("the sliding layers' own rotary base", |c| {
-            let g = c.llama.as_mut().unwrap().gemma.as_mut().unwrap();
-            g.local_rope_theta = Factor(c.rope_theta);
+            let v = &mut c.llama.as_mut().unwrap().variant;
+            v.local_rope_theta = Some(Factor(c.rope_theta));
         }),
         ("query_pre_attn_scalar", |c| {
-            let g = c.llama.as_mut().unwrap().gemma.as_mut().unwrap();
-            g.query_pre_attn_scalar = Factor(16.0);
+            let v = &mut c.llama.as_mut().unwrap().variant;
+            v.attention_scale = Some(Factor(16f64.powf(-0.5)));
+        }),
+        ("the norms' 1 + w", |c| {
+            c.llama.as_mut().unwrap().variant.unit_offset_norms = false
+        }),
+        ("GeGLU", |c| {
+            c.llama.as_mut().unwrap().variant.gelu_glu = false
+        }),
+        ("the embedding's √H", |c| {
+            c.llama.as_mut().unwrap().variant.embed_scaled = false
         }),
         ("the rope scaling on the full layer", |c| {
             c.rope_scaling = None

@@ -80,7 +80,10 @@ impl Core {
             causal: cfg.vision.is_none(),
             window: cfg.llama.and_then(|l| l.window_at(layer)),
             scale_mul: super::shapes::RopeScaling::softmax_scale(cfg.rope_scaling.as_ref()),
-            scale_abs: cfg.llama.and_then(|l| l.gemma).map(|g| g.attention_scale()),
+            scale_abs: cfg
+                .llama
+                .and_then(|l| l.variant.attention_scale)
+                .map(|f| f.0),
         }
     }
 

@@ -297,7 +297,7 @@ pub fn block_tensors(
             }
         }
     }
-    let gemma = llama.is_some_and(|l| l.gemma.is_some());
+    let gemma = llama.is_some_and(|l| l.variant.sandwich_norms);
     if gemma {
         v.push(norm("ln1_post", hidden));
     }

@@ -892,7 +892,7 @@ fn llama_config(
         sliding_window,
         full_layers,
         mla,
-        gemma: None,
+        variant: Default::default(),
         oss: model_type == "gpt_oss",
     };
     if let Some(fam) = family {

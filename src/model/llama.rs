@@ -17,7 +17,7 @@
 //! to `(B, S, H)`; residual; RMSNorm; gate and up `(B, S, I)`, down to `(B, S, H)`; residual.
 //! Final RMSNorm, logits `(B, S, V)`.
 //!
-//! Gemma 3 ([`super::shapes::Gemma`]) on the same blocks: every RMSNorm scales by `1 + w` (the
+//! Gemma 3 (its family file sets every [`super::shapes::Variant`]) on the same blocks: every RMSNorm scales by `1 + w` (the
 //! sum a fresh `(n)` tensor per call), `ln1_post` after the attention's output projection and
 //! `ln2_post` after the MLP, each before its residual sum; GeGLU `down(gelu_tanh(gate(x)) ·
 //! up(x))`; the embedding times `√H` (an affine copy `(B, S, H)`, the rows freed); the attention
@@ -155,7 +155,7 @@ pub fn tiny() -> Config {
             sliding_window: None,
             full_layers: 0,
             mla: None,
-            gemma: None,
+            variant: Default::default(),
             oss: false,
         },
         false,

@@ -44,7 +44,7 @@ impl Glu {
     /// The activation of a LLaMA-family model's gated MLPs (SiLU outside Gemma and gpt-oss).
     pub fn of(llama: Option<&Llama>) -> Self {
         match llama {
-            Some(l) if l.gemma.is_some() => Glu::Gelu,
+            Some(l) if l.variant.gelu_glu => Glu::Gelu,
             Some(l) if l.oss => Glu::Oss,
             _ => Glu::Silu,
         }

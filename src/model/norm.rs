@@ -46,7 +46,7 @@ impl Norm {
     /// An RMSNorm over `size` (the blocks', Qwen3's and Gemma's q/k norms over a head), with
     /// Gemma's `1 + w` in a Gemma.
     pub fn rms(size: usize, cfg: &Config, vb: VarBuilder) -> Result<Self> {
-        let offset = cfg.llama.is_some_and(|l| l.gemma.is_some());
+        let offset = cfg.llama.is_some_and(|l| l.variant.unit_offset_norms);
         let init = Init::Const(if offset { 0.0 } else { 1.0 });
         Ok(Norm::Rms {
             weight: vb.get_with_hints(size, "weight", init)?,

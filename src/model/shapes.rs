@@ -46,9 +46,9 @@ pub struct Llama {
     /// is then the rotary part's width (`qk_rope_head_dim`), as transformers sets it.
     #[serde(default)]
     pub mla: Option<MlaShape>,
-    /// Gemma 3's differences ([`Gemma`]).
+    /// The shared block's variations a family switches on ([`Variant`]: Gemma 3's).
     #[serde(default)]
-    pub gemma: Option<Gemma>,
+    pub variant: Variant,
     /// gpt-oss's differences: attention sinks (a learned logit per query head, `attn.sinks
     /// (A)`, in every softmax beside the keys, then dropped), a router with a bias, and the
     /// experts' clamped SwiGLU (`(clamp(up, ±7) + 1)·g·σ(1.702·g)`, `g = min(gate, 7)`).
@@ -56,28 +56,27 @@ pub struct Llama {
     pub oss: bool,
 }
 
-/// What makes a LLaMA-family decoder Gemma 3 (`gemma3_text`; transformers'
-/// `modeling_gemma3`): every RMSNorm scales by `1 + w` (its weight starts at 0; the sum is a
-/// fresh `(n)` tensor each call), each block adds a norm after its attention and after its MLP
-/// before the residual sums (four norms a block), the MLP is GeGLU (`down(gelu_tanh(gate(x)) ·
-/// up(x))`), the token embedding is multiplied by `√H` (in the weights' type), q and k are
-/// normalised per head (as Qwen3), the attention scale is `query_pre_attn_scalar^-½` instead of
-/// `head_dim^-½`, and the sliding layers rotate with their own base `rope_local_base_freq` and
-/// no scaling (their own rotary tables, `S_max × D/2` cos and sin more), the full layers with
-/// `rope_theta` and `rope_scaling`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Gemma {
-    /// `query_pre_attn_scalar`: the attention scale is its inverse square root.
-    pub query_pre_attn_scalar: Factor,
-    /// `rope_local_base_freq`: the sliding layers' rotary base.
-    pub local_rope_theta: Factor,
-}
-
-impl Gemma {
-    /// The attention scale `query_pre_attn_scalar^-½`.
-    pub fn attention_scale(&self) -> f64 {
-        self.query_pre_attn_scalar.0.powf(-0.5)
-    }
+/// Variations of the shared decoder block that a family switches on (each off by default;
+/// Gemma 3, `super::families::gemma3`, sets every one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Variant {
+    /// Every RMSNorm scales by `1 + w` (its weight starts at 0; the sum is a fresh `(n)`
+    /// tensor each call).
+    pub unit_offset_norms: bool,
+    /// A norm after the attention and after the MLP, before each residual sum (four norms a
+    /// block: `ln1_post`, `ln2_post`).
+    pub sandwich_norms: bool,
+    /// The gated MLP is GeGLU (`down(gelu_tanh(gate(x)) · up(x))`) instead of SwiGLU.
+    pub gelu_glu: bool,
+    /// The token embedding is multiplied by `√H` (in the weights' type).
+    pub embed_scaled: bool,
+    /// The attention scale itself, instead of `head_dim^-½` (Gemma's
+    /// `query_pre_attn_scalar^-½`).
+    pub attention_scale: Option<Factor>,
+    /// The sliding layers' own rotary base, with no scaling (their own tables, `S_max × D/2`
+    /// cos and sin more); the full layers keep `rope_theta` and `rope_scaling`.
+    pub local_rope_theta: Option<Factor>,
 }
 
 impl Llama {
@@ -87,10 +86,10 @@ impl Llama {
             .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
     }
 
-    /// Whether the model keeps a second pair of rotary tables: a Gemma with sliding layers
-    /// (their own base).
+    /// Whether the model keeps a second pair of rotary tables: sliding layers with their own
+    /// base ([`Variant::local_rope_theta`]).
     pub fn local_rope(&self, layers: usize) -> bool {
-        self.gemma.is_some() && (0..layers).any(|i| self.window_at(i).is_some())
+        self.variant.local_rope_theta.is_some() && (0..layers).any(|i| self.window_at(i).is_some())
     }
 
     /// Whether some layers slide and others do not.

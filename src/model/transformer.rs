@@ -224,7 +224,7 @@ impl Block {
     /// [`super::config::block_tensors`]' order.
     pub fn new(cfg: &Config, layer: usize, vb: VarBuilder) -> Result<Self> {
         let lay = cfg.layer_layout(layer);
-        let gemma = cfg.llama.is_some_and(|l| l.gemma.is_some());
+        let gemma = cfg.llama.is_some_and(|l| l.variant.sandwich_norms);
         let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
             Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, vb.pp("attn"))?),
@@ -431,7 +431,7 @@ impl Form {
             max_seq: Some(cfg.max_seq),
             embed_scale: cfg
                 .llama
-                .and_then(|l| l.gemma)
+                .filter(|l| l.variant.embed_scaled)
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
             sinks: cfg.llama.is_some_and(|l| l.oss),
@@ -476,11 +476,11 @@ impl Transformer {
         };
         let rope_local = match cfg.llama {
             Some(l) if l.local_rope(cfg.layers) => {
-                let g = l.gemma.expect("a Gemma");
+                let theta = l.variant.local_rope_theta.expect("a local base");
                 Some(super::rotary::rotary_tables(
                     cfg.max_seq,
                     l.head_dim,
-                    g.local_rope_theta.0,
+                    theta.0,
                     None,
                     vb.dtype(),
                     vb.device(),

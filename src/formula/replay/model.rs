@@ -209,8 +209,8 @@ impl Transformer {
                     Sym::new(ledger, &[s_max, half], param_dtype),
                 )
             });
-        let gemma = shape.llama.and_then(|l| l.gemma);
-        let norm = |n: usize, rms: bool| p.norm(n, rms, gemma.is_some());
+        let variant = shape.llama.map(|l| l.variant).unwrap_or_default();
+        let norm = |n: usize, rms: bool| p.norm(n, rms, variant.unit_offset_norms);
         let stem = match shape.vision {
             None => Stem::Tokens(p.tensor(&[v, h])),
             Some(vis) => Stem::Patches {
@@ -301,7 +301,7 @@ impl Transformer {
                         core,
                     }),
                 };
-                let ln1_post = gemma.map(|_| norm(h, true));
+                let ln1_post = variant.sandwich_norms.then(|| norm(h, true));
                 let ln2 = norm(h, llama);
                 let mlp = match &lay.mlp {
                     MlpLayout::Moe {
@@ -414,7 +414,7 @@ impl Transformer {
             form: Form {
                 kernels: shape.kernels,
                 max_seq: None,
-                embed_scale: gemma.map(|_| (h as f64).sqrt()),
+                embed_scale: variant.embed_scaled.then(|| (h as f64).sqrt()),
                 sliding_window: shape.llama.and_then(|l| l.sliding_window),
                 sinks: shape.llama.is_some_and(|l| l.oss),
                 tied: shape.tied,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::Family;
 use crate::error::UserError;
 use crate::model::hf_config::{Fields, periodic};
-use crate::model::shapes::{Factor, Gemma, Llama};
+use crate::model::shapes::{Factor, Llama, Variant};
 
 pub struct Gemma3;
 
@@ -76,10 +76,16 @@ impl Family for Gemma3 {
                 "false",
             ));
         }
-        llama.gemma = Some(Gemma {
-            query_pre_attn_scalar: Factor(f.float_or("query_pre_attn_scalar", 256.0)?),
-            local_rope_theta: Factor(f.float_or("rope_local_base_freq", 10_000.0)?),
-        });
+        llama.variant = Variant {
+            unit_offset_norms: true,
+            sandwich_norms: true,
+            gelu_glu: true,
+            embed_scaled: true,
+            attention_scale: Some(Factor(
+                f.float_or("query_pre_attn_scalar", 256.0)?.powf(-0.5),
+            )),
+            local_rope_theta: Some(Factor(f.float_or("rope_local_base_freq", 10_000.0)?)),
+        };
         llama.qk_norm = true;
         Ok(())
     }
