@@ -78,6 +78,7 @@ use serde_json::{Map, Value};
 use super::ModelKind;
 use super::config::Config;
 use super::families;
+pub(crate) use super::hf_fields::{Fields, periodic};
 use super::hf_keys;
 use super::shapes::{
     Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
@@ -232,125 +233,12 @@ pub fn load(path: &std::path::Path) -> Result<HfConfig, UserError> {
     load_with(path, &[])
 }
 
-pub(crate) struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    origin: &'a str,
-    /// Every key a reader asked for (present or not): what the config's keys are checked
-    /// against once the family is read ([`accounted`]).
-    read: &'a RefCell<BTreeSet<String>>,
-}
-
-impl Fields<'_> {
-    pub(crate) fn bad(&self, field: &str, value: &Value, reason: &str, allowed: &str) -> UserError {
-        UserError::OutOfRange {
-            origin: self.origin.into(),
-            key: field.into(),
-            value: value.to_string(),
-            reason: reason.into(),
-            allowed: allowed.into(),
-        }
-    }
-
-    pub(crate) fn missing(&self, field: &str, allowed: &str) -> UserError {
-        UserError::Missing {
-            origin: self.origin.into(),
-            key: field.into(),
-            allowed: allowed.into(),
-        }
-    }
-
-    /// The field, `None` when absent or null.
-    pub(crate) fn get(&self, field: &str) -> Option<&Value> {
-        self.read.borrow_mut().insert(field.to_string());
-        self.map.get(field).filter(|v| !v.is_null())
-    }
-
-    /// Whether the field is present (even null).
-    pub(crate) fn has(&self, field: &str) -> bool {
-        self.read.borrow_mut().insert(field.to_string());
-        self.map.contains_key(field)
-    }
-
-    /// Marks `fields` as read where transformers reads and then ignores them in this
-    /// configuration (each call site says why): they change nothing here.
-    pub(crate) fn ignored(&self, fields: &[&str]) {
-        let mut read = self.read.borrow_mut();
-        read.extend(fields.iter().map(|f| f.to_string()));
-    }
-
-    /// A positive integer ≤ `max`.
-    pub(crate) fn size_opt(&self, field: &str, max: i64) -> Result<Option<usize>, UserError> {
-        let Some(v) = self.get(field) else {
-            return Ok(None);
-        };
-        match v.as_i64() {
-            Some(n) if n >= 1 && n <= max => Ok(Some(n as usize)),
-            Some(_) => Err(self.bad(field, v, "out of range", &format!("1..={max}"))),
-            None => Err(self.bad(field, v, "not an integer", &format!("an integer 1..={max}"))),
-        }
-    }
-
-    pub(crate) fn size(&self, field: &str, max: i64) -> Result<usize, UserError> {
-        self.size_opt(field, max)?
-            .ok_or_else(|| self.missing(field, &format!("an integer 1..={max}")))
-    }
-
-    /// [`Fields::size`], or transformers' default for `model_type` when absent
-    /// ([`moe_default`]).
-    pub(crate) fn moe_size(
-        &self,
-        model_type: &str,
-        field: &str,
-        max: i64,
-    ) -> Result<usize, UserError> {
-        match (self.size_opt(field, max)?, moe_default(model_type, field)) {
-            (Some(n), _) | (None, Some(n)) => Ok(n),
-            (None, None) => Err(self.missing(field, &format!("an integer 1..={max}"))),
-        }
-    }
-
-    pub(crate) fn bool_or(&self, field: &str, default: bool) -> Result<bool, UserError> {
-        match self.get(field) {
-            None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| self.bad(field, v, "not a boolean", "true, false")),
-        }
-    }
-
-    pub(crate) fn float_or(&self, field: &str, default: f64) -> Result<f64, UserError> {
-        match self.get(field) {
-            None => Ok(default),
-            Some(v) => match v.as_f64() {
-                Some(x) if x > 0.0 && x.is_finite() => Ok(x),
-                _ => Err(self.bad(field, v, "not a positive number", "a number > 0")),
-            },
-        }
-    }
-
-    pub(crate) fn str_opt(&self, field: &str) -> Result<Option<&str>, UserError> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.bad(field, v, "not a string", "a string")),
-        }
-    }
-
-    /// `field` must be `want` when present.
-    pub(crate) fn require(&self, field: &str, want: &[&str]) -> Result<(), UserError> {
-        if let Some(s) = self.str_opt(field)?
-            && !want.contains(&s)
-        {
-            return Err(self.bad(
-                field,
-                &Value::from(s),
-                "memfit's model computes another function (its memory differs)",
-                &want.join(", "),
-            ));
-        }
-        Ok(())
+/// [`Fields::size`], or transformers' default for `model_type` when absent
+/// ([`moe_default`]).
+fn moe_size(f: &Fields, model_type: &str, field: &str, max: i64) -> Result<usize, UserError> {
+    match (f.size_opt(field, max)?, moe_default(model_type, field)) {
+        (Some(n), _) | (None, Some(n)) => Ok(n),
+        (None, None) => Err(f.missing(field, &format!("an integer 1..={max}"))),
     }
 }
 
@@ -802,7 +690,7 @@ fn llama_config(
     let moe = moe_shape(f, model_type)?;
     let intermediate = match moe {
         Some(_) if !matches!(model_type, "mixtral" | "gpt_oss") => {
-            f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?
+            moe_size(f, model_type, "moe_intermediate_size", MAX_SIZE)?
         }
         _ => f.size("intermediate_size", MAX_SIZE)?,
     };
@@ -1093,31 +981,6 @@ fn rope_scaling(
 /// `max_window_layers` (default 28) on slide (transformers' `layer_types` for Qwen), in
 /// qwen3_moe every layer (4096 when absent); `layer_types`, when given, says per layer (`full_attention`,
 /// `sliding_attention`; a mixed model of more than 128 layers is refused).
-/// Layer `i` of `layers` attends to everything when `(i + 1)` is a multiple of `period`, the
-/// others slide (`layer_types`, when given, overrides); a period of 1: no window. The window
-/// and the full layers, a bit each.
-pub(crate) fn periodic(
-    f: &Fields,
-    layers: usize,
-    period: usize,
-) -> Result<(Option<usize>, u128), UserError> {
-    if period == 1 {
-        return Ok((None, 0));
-    }
-    if layers > 128 && f.get("layer_types").is_none() {
-        return Err(f.bad(
-            "num_hidden_layers",
-            &Value::from(layers),
-            "full and sliding layers mixed in more than 128 layers are not modelled",
-            "at most 128 layers when they mix",
-        ));
-    }
-    let full = (0..layers.min(128))
-        .filter(|i| (i + 1) % period == 0)
-        .fold(0u128, |m, i| m | 1u128 << i);
-    Ok((f.size_opt("sliding_window", super::limits::MAX_SEQ)?, full))
-}
-
 fn sliding_window(
     f: &Fields,
     model_type: &str,
@@ -1331,7 +1194,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
         // gpt-oss routes by the top k logits' softmax: the same weights as the top k of the
         // softmax over every expert, renormalised.
         "mixtral" | "gpt_oss" => {
-            MoeShape::plain(f.moe_size(model_type, "num_local_experts", max)?, 0, true)
+            MoeShape::plain(moe_size(f, model_type, "num_local_experts", max)?, 0, true)
         }
         "qwen2_moe" | "qwen3_moe" => {
             let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
@@ -1361,7 +1224,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 }
             };
             let mut m = MoeShape::plain(
-                f.moe_size(model_type, "num_experts", max)?,
+                moe_size(f, model_type, "num_experts", max)?,
                 0,
                 f.bool_or("norm_topk_prob", false)?,
             );
@@ -1445,7 +1308,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 f.ignored(&["intermediate_size"]);
             }
             m.shared = count_or(f, "n_shared_experts", if v3 { 1 } else { 2 })?
-                * f.moe_size(model_type, "moe_intermediate_size", MAX_SIZE)?;
+                * moe_size(f, model_type, "moe_intermediate_size", MAX_SIZE)?;
             let method =
                 f.str_opt("topk_method")?
                     .unwrap_or(if v3 { "noaux_tc" } else { "greedy" });
@@ -1497,7 +1360,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
         _ => return Ok(None),
     };
     let experts = shape.experts;
-    let top_k = f.moe_size(model_type, "num_experts_per_tok", max)?;
+    let top_k = moe_size(f, model_type, "num_experts_per_tok", max)?;
     if top_k > experts {
         return Err(f.bad(
             "num_experts_per_tok",

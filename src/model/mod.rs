@@ -7,6 +7,7 @@ pub mod efficient_attention;
 pub mod families;
 pub mod frozen;
 pub mod hf_config;
+pub mod hf_fields;
 pub mod hf_keys;
 pub mod kernels;
 pub mod limits;

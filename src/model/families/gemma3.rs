@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::Family;
 use crate::error::UserError;
-use crate::model::hf_config::{Fields, periodic};
+use crate::model::hf_fields::{Fields, periodic};
 use crate::model::shapes::{Factor, Llama, Variant};
 
 pub struct Gemma3;

@@ -10,7 +10,7 @@
 //! (`llama`, `mistral`, `phi3`, the Qwen, Mixtral, DeepSeek and gpt-oss types) are still read
 //! by the shared reader's branches; Gemma 3 is the first written here.
 
-use super::hf_config::Fields;
+use super::hf_fields::Fields;
 use super::shapes::Llama;
 use crate::error::UserError;
 
