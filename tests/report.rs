@@ -214,7 +214,7 @@ fn predict_calibrates_from_stored_rows_and_refuses_what_they_lack() {
 #[test]
 fn committed_results_rows_apart_and_verdicts_classified() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/cpu");
-    let set = memfit::cmd::report::load_set(&root).unwrap();
+    let set = memfit::report::load_set(&root).unwrap();
     let mut workload_of = std::collections::BTreeMap::new();
     for m in &set.metas {
         let name = std::path::Path::new(&m.workload)
@@ -527,7 +527,7 @@ fn first_screen_is_the_committed_reports() {
 fn committed_plots_are_legible() {
     use memfit::report::plots::{Chart, MAX_LEGEND};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let set = memfit::cmd::report::load_set(&root.join("results/cpu")).unwrap();
+    let set = memfit::report::load_set(&root.join("results/cpu")).unwrap();
     let ok: Vec<&memfit::record::Row> = set
         .rows
         .iter()

@@ -8,7 +8,7 @@
 //! and only when asked).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 
@@ -16,49 +16,8 @@ use crate::cli::ReportArgs;
 use crate::error::UserError;
 use crate::fit::group::{GroupFit, GroupKey, fit_group, key};
 use crate::formula::full_size::FullSize;
-use crate::record::{Row, RunMeta, Status};
-use crate::report::{self, CpuPeak, Inputs, ResultSet, claims};
-use crate::store::result_files;
-
-/// Reads one result set: every result file under `path`, and each run's metadata
-/// (`meta.json` beside a journal, the attributes of an HDF5 file).
-pub fn load_set(path: &Path) -> anyhow::Result<ResultSet> {
-    let files = result_files(path)?;
-    if files.is_empty() {
-        return Err(UserError::Unreadable {
-            origin: path.display().to_string(),
-            what: "result set",
-            message: "no results.jsonl or results.h5 in it".into(),
-        }
-        .into());
-    }
-    let mut rows = Vec::new();
-    let mut metas: Vec<RunMeta> = Vec::new();
-    for f in &files {
-        let (r, meta) = crate::store::read_rows_and_meta(f)?;
-        rows.extend(r);
-        metas.extend(meta);
-    }
-    metas.sort_by(|a, b| a.run_id.cmp(&b.run_id));
-    metas.dedup_by(|a, b| a.run_id == b.run_id);
-    let mut reference = Vec::new();
-    for f in crate::store::reference::files(path) {
-        reference.extend(crate::store::reference::read(&f)?);
-    }
-    let mut timelines = Vec::new();
-    for f in crate::store::timeline::trace_files(path) {
-        let json = std::fs::read_to_string(&f)
-            .with_context(|| format!("reading the timeline {}", f.display()))?;
-        timelines.push((f.display().to_string(), json));
-    }
-    Ok(ResultSet {
-        label: path.display().to_string(),
-        metas,
-        rows,
-        reference,
-        timelines,
-    })
-}
+use crate::record::{Row, Status};
+use crate::report::{self, CpuPeak, Inputs, ResultSet, claims, load_set};
 
 /// The CPU's peak FLOP/s, measured here now (`meter::flops`), with how and on what.
 fn cpu_peak() -> anyhow::Result<CpuPeak> {

@@ -18,14 +18,15 @@ use std::time::Duration;
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
+use super::DataCase;
 use super::DataFigures;
 use super::workers::run_epochs;
+use crate::device::DeviceSpec;
 use crate::meter::proctree::TreeSampler;
 use crate::meter::{Meter, measure};
 use crate::record::Row;
 use crate::step::Phase;
 use crate::step::PhaseResult;
-use crate::workload::Case;
 
 /// Sampling period of the process tree's memory.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(10);
@@ -38,9 +39,15 @@ fn children_cpu() -> (f64, f64) {
     (s(ru.ru_utime), s(ru.ru_stime))
 }
 
-/// Runs the case's dataload window; `exe` is the binary worker processes run.
-pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>], exe: &Path) -> Vec<PhaseResult> {
-    let outcome = window(case, meters, exe).map(|(mut reading, figures)| {
+/// Runs a case's dataload window over `data` on `device`; `exe` is the binary worker
+/// processes run.
+pub fn run_case(
+    data: &DataCase,
+    device: DeviceSpec,
+    meters: &mut [Box<dyn Meter>],
+    exe: &Path,
+) -> Vec<PhaseResult> {
+    let outcome = window(data, device, meters, exe).map(|(mut reading, figures)| {
         reading.cpu_user_s = reading.cpu_user_s.map(|u| u + figures.children_user_s);
         reading.cpu_sys_s = reading.cpu_sys_s.map(|s| s + figures.children_sys_s);
         reading.data = Some(figures);
@@ -53,18 +60,14 @@ pub fn run_case(case: &Case, meters: &mut [Box<dyn Meter>], exe: &Path) -> Vec<P
 }
 
 fn window(
-    case: &Case,
+    data: &DataCase,
+    spec: DeviceSpec,
     meters: &mut [Box<dyn Meter>],
     exe: &Path,
 ) -> anyhow::Result<(crate::meter::Reading, DataFigures)> {
-    let data = case
-        .data
-        .as_ref()
-        .context("a dataload case without its data settings")?;
-    let device = case
-        .device
+    let device = spec
         .candle()
-        .with_context(|| format!("opening device {}", case.device))?;
+        .with_context(|| format!("opening device {spec}"))?;
     // Checked before the window: a missing dataset is an error row, not a measurement.
     super::dataset::read_manifest(&data.dataset)?;
     let c = data.crop as usize;
@@ -118,7 +121,7 @@ fn window(
         figures.tree_processes_count = None;
     }
     #[cfg(feature = "cuda")]
-    if let crate::device::DeviceSpec::Cuda(n) = case.device {
+    if let DeviceSpec::Cuda(n) = spec {
         let (pinned, pageable) = super::cuda::h2d_bandwidth(n, data.batch_bytes() as usize)
             .context("timing host→device copies")?;
         figures.h2d_pinned_bytes_per_s = Some(pinned);

@@ -47,7 +47,7 @@ pub struct Reading {
     /// CPU: the counting allocator's bytes when the window opened.
     pub heap_start_bytes: Option<u64>,
     /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
-    pub data: Option<crate::data::DataFigures>,
+    pub data: Option<DataFigures>,
     /// A mixture of experts: tokens per expert of each layer's last forward at the window's
     /// end ([`crate::model::moe::routing_snapshot`]).
     pub moe_routing: Option<Vec<Vec<usize>>>,
@@ -187,4 +187,25 @@ mod tests {
         assert_eq!(e.to_string(), "window");
         assert_eq!(reads.load(Ordering::SeqCst), 3);
     }
+}
+
+/// Figures of a dataload window beyond the common meters'.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DataFigures {
+    pub images: u64,
+    pub images_per_s: f64,
+    /// Seconds from each epoch's start to its first batch, summed over epochs (worker start-up
+    /// and the first batch's work).
+    pub startup_s: f64,
+    pub tree_rss_peak_bytes: Option<u64>,
+    pub tree_rss_steady_bytes: Option<u64>,
+    pub pss_peak_bytes: Option<u64>,
+    pub pss_steady_bytes: Option<u64>,
+    pub tree_processes_count: Option<u64>,
+    /// CPU seconds of worker processes reaped in the window (added to the row's CPU figures).
+    pub children_user_s: f64,
+    pub children_sys_s: f64,
+    /// CUDA: host→device copy bandwidth from a pinned and a pageable buffer of one batch.
+    pub h2d_pinned_bytes_per_s: Option<f64>,
+    pub h2d_pageable_bytes_per_s: Option<f64>,
 }

@@ -84,7 +84,7 @@ use super::shapes::{
     Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
 };
 
-use crate::device::ElemType;
+use super::shapes::ElemType;
 use crate::error::UserError;
 
 /// Fields of mixture-of-experts configs: memfit's MLP is dense, so their presence is an error.

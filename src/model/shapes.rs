@@ -590,3 +590,54 @@ pub struct Sizes {
     pub heads: usize,
     pub layers: usize,
 }
+
+/// Element type of weights, activations, gradients and optimizer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ElemType {
+    pub const NAMES: &'static str = "f32, bf16, f16";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(Self::F32),
+            "bf16" => Some(Self::Bf16),
+            "f16" => Some(Self::F16),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
+
+    pub fn candle(self) -> candle_core::DType {
+        match self {
+            Self::F32 => candle_core::DType::F32,
+            Self::Bf16 => candle_core::DType::BF16,
+            Self::F16 => candle_core::DType::F16,
+        }
+    }
+}
+
+impl std::fmt::Display for ElemType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1447,6 +1447,46 @@ pub fn plots_for(ok: &[&Row], fitted: &dyn Fn(&Row) -> Option<f64>) -> Vec<(Stri
     out
 }
 
+/// Reads one result set: every result file under `path`, and each run's metadata
+/// (`meta.json` beside a journal, the attributes of an HDF5 file).
+pub fn load_set(path: &std::path::Path) -> anyhow::Result<ResultSet> {
+    let files = crate::store::result_files(path)?;
+    if files.is_empty() {
+        return Err(crate::error::UserError::Unreadable {
+            origin: path.display().to_string(),
+            what: "result set",
+            message: "no results.jsonl or results.h5 in it".into(),
+        }
+        .into());
+    }
+    let mut rows = Vec::new();
+    let mut metas: Vec<RunMeta> = Vec::new();
+    for f in &files {
+        let (r, meta) = crate::store::read_rows_and_meta(f)?;
+        rows.extend(r);
+        metas.extend(meta);
+    }
+    metas.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    metas.dedup_by(|a, b| a.run_id == b.run_id);
+    let mut reference = Vec::new();
+    for f in crate::store::reference::files(path) {
+        reference.extend(crate::store::reference::read(&f)?);
+    }
+    let mut timelines = Vec::new();
+    for f in crate::store::timeline::trace_files(path) {
+        let json = std::fs::read_to_string(&f)
+            .map_err(|e| anyhow::anyhow!("reading the timeline {}: {e}", f.display()))?;
+        timelines.push((f.display().to_string(), json));
+    }
+    Ok(ResultSet {
+        label: path.display().to_string(),
+        metas,
+        rows,
+        reference,
+        timelines,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

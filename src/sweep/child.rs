@@ -118,9 +118,9 @@ pub fn serve(case: &Case, mut meta: RunMeta, budget: Option<u64>) -> anyhow::Res
                 emit(&Event::Phase { phase });
                 super::fault::trigger(&faults, case.index, phase);
             };
-            let results = if case.data.is_some() {
+            let results = if let Some(data) = &case.data {
                 observe(Phase::Dataload, &[]);
-                crate::data::bench::run_case(case, &mut meters, &exe)
+                crate::data::bench::run_case(data, case.device, &mut meters, &exe)
             } else {
                 run_case_observed(case, &mut meters, &observe)
             };

@@ -348,7 +348,7 @@ fn committed() -> &'static Committed {
     static SET: OnceLock<Committed> = OnceLock::new();
     SET.get_or_init(|| {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/cpu");
-        let set = crate::cmd::report::load_set(&path).expect("the committed results");
+        let set = crate::report::load_set(&path).expect("the committed results");
         let workload_of = set
             .metas
             .iter()
