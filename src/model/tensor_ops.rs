@@ -217,6 +217,42 @@ impl TensorOps for Tensor {
     }
 }
 
+/// What a backward pass needs of a tensor type beyond the forward: a variable made from a
+/// tensor, the backward of a scalar and its gradient store (candle's `backprop`; the replay's
+/// symbolic backward).
+pub trait Autograd: TensorOps {
+    /// A model's variable (candle's `Var`; the replay's variables are tensors).
+    type Var;
+    type Grads: Default;
+    fn var_tensor(v: &Self::Var) -> &Self;
+    /// A variable holding a copy of this tensor's values (the tensor itself when it is one:
+    /// candle's `Var::from_tensor`).
+    fn var_from(&self) -> Result<Self>;
+    fn backward(&self) -> Result<Self::Grads>;
+    fn take_grad(grads: &mut Self::Grads, of: &Self) -> Option<Self>;
+    fn put_grad(grads: &mut Self::Grads, of: &Self, g: Self);
+}
+
+impl Autograd for Tensor {
+    type Var = candle_core::Var;
+    type Grads = candle_core::backprop::GradStore;
+    fn var_tensor(v: &candle_core::Var) -> &Self {
+        v.as_tensor()
+    }
+    fn var_from(&self) -> Result<Self> {
+        Ok(candle_core::Var::from_tensor(self)?.as_tensor().clone())
+    }
+    fn backward(&self) -> Result<Self::Grads> {
+        Tensor::backward(self)
+    }
+    fn take_grad(grads: &mut Self::Grads, of: &Self) -> Option<Self> {
+        grads.remove(of)
+    }
+    fn put_grad(grads: &mut Self::Grads, of: &Self, g: Self) {
+        grads.insert(of, g);
+    }
+}
+
 /// candle-nn's `Embedding::forward` (candle-nn 0.11.1): the rows of `table (V, H)` at `ids`,
 /// shaped `(ids…, H)`.
 pub fn embedding<T: TensorOps>(table: &T, ids: &T) -> Result<T> {

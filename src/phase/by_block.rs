@@ -113,7 +113,7 @@ pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
     let mut all = loss.backward()?;
     drop(loss);
     let mut upstream = take_cut(&all, cuts.last())?;
-    keep(&mut grads, &mut all, vars)?;
+    keep::<Tensor>(&mut grads, &mut all, vars)?;
     drop(all);
     while let Some(Some(b)) = cuts.pop() {
         let g = upstream
@@ -124,7 +124,7 @@ pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
         let mut all = root.backward()?;
         drop(root);
         upstream = take_cut(&all, cuts.last())?;
-        keep(&mut grads, &mut all, vars)?;
+        keep::<Tensor>(&mut grads, &mut all, vars)?;
     }
     Ok(grads)
 }

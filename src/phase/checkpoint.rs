@@ -20,41 +20,42 @@
 //! its input copy; the backward peaks while recomputing one segment (K blocks' graph and their
 //! backward temporaries) beside all gradients computed so far.
 
-use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor, Var};
+use candle_core::{Result, Tensor};
 
-use crate::model::transformer::Transformer;
+use crate::model::tensor_ops::{Autograd, TensorOps};
+use crate::model::transformer::{Masks, MoeLayer, Transformer};
 
 pub use crate::step::segments;
 
-/// What the checkpointed forward keeps for the backward.
-pub struct Forward {
-    pub loss: Tensor,
-    /// The head's input, a variable so its gradient is computed.
-    head_in: Var,
-    /// Each segment's input, detached.
-    inputs: Vec<Tensor>,
-    mask: crate::model::transformer::Masks,
-    /// Mixed precision: the 16-bit working copy the forward ran on and the backward
-    /// recomputes with (its conversions recorded, so gradients reach the f32 masters); it
-    /// lives until the backward ends (boxed: the model struct is large beside the rest).
-    half: Option<Box<Transformer>>,
+/// What the checkpointed forward keeps for its backward: the loss (its graph is the head's),
+/// the head's input variable, each segment's input, the masks, and under mixed precision the
+/// 16-bit working copy.
+pub struct Forward<
+    T: TensorOps = Tensor,
+    M = crate::model::moe::Moe,
+    C = crate::model::config::Config,
+> {
+    pub loss: T,
+    head_in: T,
+    inputs: Vec<T>,
+    mask: Masks<T>,
+    half: Option<Box<Transformer<T, M, C>>>,
 }
 
-/// Checkpointed forward to the loss. `detached` is `model.detached()` (same storage).
-pub fn forward(
-    model: &Transformer,
-    detached: &Transformer,
-    tokens: &Tensor,
-    targets: &Tensor,
+/// The checkpointed forward with the model's own weights; `detached` is the model with its
+/// weights detached (no graph).
+pub fn forward<T: Autograd, M: MoeLayer<T>, C>(
+    model: &Transformer<T, M, C>,
+    detached: &Transformer<T, M, C>,
+    tokens: &T,
+    targets: &T,
     k: usize,
-) -> Result<Forward> {
+) -> Result<Forward<T, M, C>> {
     run_forward(model, detached, tokens, targets, k, false)
 }
 
-/// Checkpointed forward under mixed precision: the `dtype` working copy of `model` is made
-/// first (as the plain mixed forward makes it), the segments run on its detached views, the
-/// head on the copy, the loss in f32.
+/// The checkpointed forward under mixed precision: the segments and the head on the 16-bit
+/// working copy (kept until the backward), the loss in f32.
 pub fn forward_mixed(
     model: &Transformer,
     dtype: candle_core::DType,
@@ -64,31 +65,43 @@ pub fn forward_mixed(
 ) -> Result<Forward> {
     let half = model.cast(dtype)?;
     let detached = half.detached();
-    let mut f = run_forward(&half, &detached, tokens, targets, k, true)?;
+    forward_on_copy(half, &detached, tokens, targets, k)
+}
+
+/// The checkpointed forward on a working copy `half` of the model (mixed precision's, kept
+/// until the backward; `detached` its weights detached), the loss in f32.
+pub fn forward_on_copy<T: Autograd, M: MoeLayer<T>, C>(
+    half: Transformer<T, M, C>,
+    detached: &Transformer<T, M, C>,
+    tokens: &T,
+    targets: &T,
+    k: usize,
+) -> Result<Forward<T, M, C>> {
+    let mut f = run_forward(&half, detached, tokens, targets, k, true)?;
     f.half = Some(Box::new(half));
     Ok(f)
 }
 
-fn run_forward(
-    model: &Transformer,
-    detached: &Transformer,
-    tokens: &Tensor,
-    targets: &Tensor,
+fn run_forward<T: Autograd, M: MoeLayer<T>, C>(
+    model: &Transformer<T, M, C>,
+    detached: &Transformer<T, M, C>,
+    tokens: &T,
+    targets: &T,
     k: usize,
     f32_loss: bool,
-) -> Result<Forward> {
+) -> Result<Forward<T, M, C>> {
     let mask = model.input_mask(tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
-    for seg in segments(model.config().layers, k) {
+    for seg in segments(model.blocks.len(), k) {
         inputs.push(x.clone());
         x = detached.blocks_forward(&x, &mask, seg)?;
     }
-    let head_in = Var::from_tensor(&x)?;
+    let head_in = x.var_from()?;
     drop(x);
-    let logits = model.head_forward(head_in.as_tensor())?;
+    let logits = model.head_forward(&head_in)?;
     let loss = if f32_loss {
-        model.train_loss(&logits.to_dtype(candle_core::DType::F32)?, targets)?
+        model.train_loss(&logits.to_f32()?, targets)?
     } else {
         model.train_loss(&logits, targets)?
     };
@@ -102,13 +115,17 @@ fn run_forward(
     })
 }
 
-/// Moves the gradients of `vars` from `from` into `into`; a weight used in two places (a tied
-/// head is the token embedding: the head's gradient first, the embedding's last) gets the sum,
-/// as the plain backward sums them.
-pub(crate) fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) -> Result<()> {
+/// Moves the gradients of `vars` from `from` into `into`; a weight used twice (a tied head's
+/// token table) has its two gradients summed.
+pub(crate) fn keep<T: Autograd>(
+    into: &mut T::Grads,
+    from: &mut T::Grads,
+    vars: &[T::Var],
+) -> Result<()> {
     for v in vars {
-        if let Some(g) = from.remove(v.as_tensor()) {
-            let g = match into.remove(v.as_tensor()) {
+        let v = T::var_tensor(v);
+        if let Some(g) = T::take_grad(from, v) {
+            let g = match T::take_grad(into, v) {
                 Some(prev) => {
                     let sum = prev.add(&g)?;
                     drop((prev, g));
@@ -116,20 +133,22 @@ pub(crate) fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Var]) -> 
                 }
                 None => g,
             };
-            into.insert(v.as_tensor(), g);
+            T::put_grad(into, v, g);
         }
     }
     Ok(())
 }
 
-/// Checkpointed backward: every parameter's gradient, nothing else.
-pub fn backward(
-    model: &Transformer,
-    vars: &[Var],
-    fwd: Forward,
-    tokens: &Tensor,
+/// The checkpointed backward: the head's, then each segment recomputed with the real weights
+/// (last first, each in its first block's segment), then the embedding's; the gradients of
+/// `vars` kept.
+pub fn backward<T: Autograd, M: MoeLayer<T>, C>(
+    model: &Transformer<T, M, C>,
+    vars: &[T::Var],
+    fwd: Forward<T, M, C>,
+    tokens: &T,
     k: usize,
-) -> Result<GradStore> {
+) -> Result<T::Grads> {
     let Forward {
         loss,
         head_in,
@@ -138,26 +157,29 @@ pub fn backward(
         half,
     } = fwd;
     let model = half.as_deref().unwrap_or(model);
-    let mut grads = GradStore::default();
+    let mut grads = T::Grads::default();
     let mut all = loss.backward()?;
-    let mut grad_out = all.remove(head_in.as_tensor()).ok_or_else(|| {
+    let mut grad_out = T::take_grad(&mut all, &head_in).ok_or_else(|| {
         candle_core::Error::Msg("checkpoint: no gradient for the head input".into())
     })?;
-    keep(&mut grads, &mut all, vars)?;
+    keep::<T>(&mut grads, &mut all, vars)?;
     drop((all, loss, head_in));
-    for seg in segments(model.config().layers, k).into_iter().rev() {
-        let xin = Var::from_tensor(&inputs.pop().expect("one input per segment"))?;
-        let out = model.blocks_forward(xin.as_tensor(), &mask, seg)?;
+    let outer = tokens.segment();
+    for seg in segments(model.blocks.len(), k).into_iter().rev() {
+        tokens.set_segment(model.blocks[seg.start].tag);
+        let xin = inputs.pop().expect("one input per segment").var_from()?;
+        let out = model.blocks_forward(&xin, &mask, seg)?;
         let mut all = out.mul(&grad_out)?.sum_all()?.backward()?;
         drop(out);
-        grad_out = all.remove(xin.as_tensor()).ok_or_else(|| {
+        grad_out = T::take_grad(&mut all, &xin).ok_or_else(|| {
             candle_core::Error::Msg("checkpoint: no gradient for a segment input".into())
         })?;
-        keep(&mut grads, &mut all, vars)?;
+        keep::<T>(&mut grads, &mut all, vars)?;
     }
+    tokens.set_segment(outer);
     let x0 = model.embed(tokens)?;
     let mut all = x0.mul(&grad_out)?.sum_all()?.backward()?;
-    keep(&mut grads, &mut all, vars)?;
+    keep::<T>(&mut grads, &mut all, vars)?;
     Ok(grads)
 }
 

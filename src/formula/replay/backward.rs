@@ -1,6 +1,6 @@
-//! The backward drivers on symbolic tensors, mirrors of `phase::checkpoint` (the checkpointed
-//! forward and its segment-by-segment backward) and `phase::by_block` (each block's graph freed
-//! once its gradients are taken).
+//! The by-block backward driver on symbolic tensors, the mirror of `phase::by_block` (each
+//! block's graph freed once its gradients are taken); the checkpointed one is
+//! `phase::checkpoint`'s own, run on the replay's tensors.
 
 use super::*;
 
@@ -9,108 +9,6 @@ use super::*;
 pub(super) struct Slot {
     pub(super) layer: usize,
     pub(super) tag: u32,
-}
-
-/// What the checkpointed forward keeps (mirror of `phase::checkpoint::Forward`).
-pub(super) struct CkptForward {
-    pub(super) loss: Sym,
-    pub(super) head_in: Sym,
-    pub(super) inputs: Vec<Sym>,
-    pub(super) mask: Masks,
-    /// Mixed precision's working copy (mirror of `Forward::half`).
-    pub(super) half: Option<Transformer>,
-}
-
-/// Mirror of `phase::checkpoint::forward`.
-pub(super) fn ckpt_forward(
-    model: &Transformer,
-    detached: &Transformer,
-    tokens: &Sym,
-    targets: &Sym,
-    k: usize,
-    f32_loss: bool,
-) -> CkptForward {
-    let mask = model.input_mask(tokens).sure();
-    let mut x = detached.embed(tokens).sure();
-    let mut inputs = Vec::new();
-    for seg in segments(model.blocks.len(), k) {
-        inputs.push(x.clone());
-        x = detached.blocks_forward(&x, &mask, seg).sure();
-    }
-    let head_in = x.var_from();
-    drop(x);
-    let logits = model.head_forward(&head_in).sure();
-    let loss = if f32_loss {
-        model
-            .train_loss(&logits.to_dtype(DType::F32), targets)
-            .sure()
-    } else {
-        model.train_loss(&logits, targets).sure()
-    };
-    drop(logits);
-    CkptForward {
-        loss,
-        head_in,
-        inputs,
-        mask,
-        half: None,
-    }
-}
-
-/// Mirror of `checkpoint::keep`: a tied weight's two gradients summed.
-pub(super) fn keep(into: &mut GradStore, from: &mut GradStore, vars: &[Sym]) {
-    for v in vars {
-        if let Some(g) = from.remove(v) {
-            let g = match into.remove(v) {
-                Some(prev) => {
-                    let sum = prev.add(&g);
-                    drop((prev, g));
-                    sum
-                }
-                None => g,
-            };
-            into.insert(v, g);
-        }
-    }
-}
-
-/// Mirror of `phase::checkpoint::backward`.
-pub(super) fn ckpt_backward(
-    model: &Transformer,
-    fwd: CkptForward,
-    tokens: &Sym,
-    k: usize,
-) -> GradStore {
-    let CkptForward {
-        loss,
-        head_in,
-        mut inputs,
-        mask,
-        half,
-    } = fwd;
-    let vars = model.own.vars.clone();
-    let model = half.as_ref().unwrap_or(model);
-    let mut grads = GradStore::default();
-    let mut all = backward(&loss);
-    let mut grad_out = all.remove(&head_in).expect("head input gradient");
-    keep(&mut grads, &mut all, &vars);
-    drop((all, loss, head_in));
-    let ledger = tokens.ledger().clone();
-    for seg in segments(model.blocks.len(), k).into_iter().rev() {
-        // The segment's work is its first block's part.
-        ledger.set_tag(model.blocks[seg.start].tag);
-        let xin = inputs.pop().expect("one input per segment").var_from();
-        let out = model.blocks_forward(&xin, &mask, seg).sure();
-        let mut all = backward(&out.mul(&grad_out).sum_all());
-        drop(out);
-        grad_out = all.remove(&xin).expect("segment input gradient");
-        keep(&mut grads, &mut all, &vars);
-    }
-    ledger.set_tag(0);
-    let x0 = model.embed(tokens).sure();
-    let mut all = backward(&x0.mul(&grad_out).sum_all());
-    keep(&mut grads, &mut all, &vars);
-    grads
 }
 
 /// A boundary of the by-block forward (mirror of `by_block::Boundary`).
@@ -194,7 +92,7 @@ pub(super) fn by_block_backward(model: &Transformer, fwd: ByBlockForward) -> Gra
     let mut all = backward(&loss);
     drop(loss);
     let mut upstream = take_cut(&all, cuts.last());
-    keep(&mut grads, &mut all, &vars);
+    crate::phase::checkpoint::keep::<Sym>(&mut grads, &mut all, &vars).sure();
     drop(all);
     while let Some(Some(b)) = cuts.pop() {
         // Boundary i is block i's input: the part below it is block i − 1 (or the embedding).
@@ -212,7 +110,7 @@ pub(super) fn by_block_backward(model: &Transformer, fwd: ByBlockForward) -> Gra
         let mut all = backward(&root);
         drop(root);
         upstream = take_cut(&all, cuts.last());
-        keep(&mut grads, &mut all, &vars);
+        crate::phase::checkpoint::keep::<Sym>(&mut grads, &mut all, &vars).sure();
     }
     ledger.set_tag(0);
     grads

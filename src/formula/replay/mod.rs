@@ -38,7 +38,7 @@ use super::shape::Shape;
 use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
-use crate::step::segments;
+use crate::phase::checkpoint;
 
 mod backward;
 mod compress;
@@ -487,21 +487,19 @@ fn training_on(
         drop(kept);
     } else {
         let fwd = if shape.mixed {
-            // Mirror of `checkpoint::forward_mixed`.
+            // `checkpoint::forward_mixed`: the segments on the 16-bit working copy.
             let half = model.cast(DType::Half);
             let detached = half.detached();
-            let mut f = ckpt_forward(&half, &detached, &tokens, &targets, k, true);
-            f.half = Some(half);
-            f
+            checkpoint::forward_on_copy(half, &detached, &tokens, &targets, k).sure()
         } else {
             let detached = model.detached();
-            ckpt_forward(&model, &detached, &tokens, &targets, k, false)
+            checkpoint::forward(&model, &detached, &tokens, &targets, k).sure()
         };
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
         ledger.set_stage("backward");
-        let grads = ckpt_backward(&model, fwd, &tokens, k);
+        let grads = checkpoint::backward(&model, &model.own.vars, fwd, &tokens, k).sure();
         backward_peak = ledger.window_peak(base);
         backward_retained = ledger.current() as i64 - base as i64;
         ledger.set_stage("done");

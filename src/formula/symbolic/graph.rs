@@ -394,6 +394,27 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     }
 }
 
+/// The symbolic backward ([`super::backward`]) as the drivers take it.
+impl crate::model::tensor_ops::Autograd for Sym {
+    type Var = Sym;
+    type Grads = GradStore;
+    fn var_tensor(v: &Sym) -> &Sym {
+        v
+    }
+    fn var_from(&self) -> candle_core::Result<Self> {
+        Ok(Sym::var_from(self))
+    }
+    fn backward(&self) -> candle_core::Result<GradStore> {
+        Ok(super::backward(self))
+    }
+    fn take_grad(grads: &mut GradStore, of: &Sym) -> Option<Sym> {
+        grads.remove(of)
+    }
+    fn put_grad(grads: &mut GradStore, of: &Sym, g: Sym) {
+        grads.insert(of, g);
+    }
+}
+
 /// Results of symbolic tensors' ops, which never fail: the replay's drivers take the value.
 pub trait Sure<T> {
     fn sure(self) -> T;
