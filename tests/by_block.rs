@@ -120,7 +120,8 @@ fn lora_and_mixed_precision_gradients_equal_the_whole_backward() {
 }
 
 /// Measured in a `memfit` process and predicted: the backward and train step by block within
-/// the exactness tests' tolerance, and below the whole backward's.
+/// the exactness tests' tolerance, and below the whole backward's (LoRA's train step: not
+/// above it).
 #[test]
 fn by_block_memory_is_predicted_and_below_the_whole_backward() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,12 +169,25 @@ fn by_block_memory_is_predicted_and_below_the_whole_backward() {
                 .and_then(|r| r.peak_bytes)
                 .unwrap_or_else(|| panic!("{case:?}: no {backward} {phase} row"))
         };
-        for phase in ["backward", "train-step"] {
+        assert!(
+            peak("by-block", "backward") < peak("whole", "backward"),
+            "{case:?} backward: by block {} ≥ whole {}",
+            peak("by-block", "backward"),
+            peak("whole", "backward")
+        );
+        // The train step's peak is the backward's only where the graph outweighs the rest: with
+        // LoRA's few gradients it is reached before (the two differ by bookkeeping, 24 B), so
+        // there by block must only not cost more.
+        let (by, whole) = (peak("by-block", "train-step"), peak("whole", "train-step"));
+        if i < 2 {
             assert!(
-                peak("by-block", phase) < peak("whole", phase),
-                "{case:?} {phase}: by block {} ≥ whole {}",
-                peak("by-block", phase),
-                peak("whole", phase)
+                by < whole,
+                "{case:?} train-step: by block {by} ≥ whole {whole}"
+            );
+        } else {
+            assert!(
+                by <= whole + common::OP_BOOKKEEPING,
+                "{case:?} train-step: by block {by} > whole {whole}"
             );
         }
     }

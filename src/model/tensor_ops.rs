@@ -231,6 +231,17 @@ pub trait Autograd: TensorOps {
     fn backward(&self) -> Result<Self::Grads>;
     fn take_grad(grads: &mut Self::Grads, of: &Self) -> Option<Self>;
     fn put_grad(grads: &mut Self::Grads, of: &Self, g: Self);
+    /// A tensor's identity in a gradient store.
+    type Id: Copy;
+    fn grad_id(&self) -> Self::Id;
+    /// The gradient of the tensor `id`, left in the store.
+    fn grad_of(grads: &Self::Grads, id: Self::Id) -> Option<Self>;
+    /// The by-block backward's cut: this tensor's storage moved (nothing allocated) into a new
+    /// variable of its shape; this one keeps its op (`phase::by_block::cut`).
+    fn cut(&self) -> Result<Self>;
+    /// A one-element tensor whose backward hands `grad` to this one
+    /// (`phase::by_block::seed`).
+    fn seed(&self, grad: Self) -> Result<Self>;
 }
 
 impl Autograd for Tensor {
@@ -250,6 +261,19 @@ impl Autograd for Tensor {
     }
     fn put_grad(grads: &mut Self::Grads, of: &Self, g: Self) {
         grads.insert(of, g);
+    }
+    type Id = candle_core::TensorId;
+    fn grad_id(&self) -> Self::Id {
+        self.id()
+    }
+    fn grad_of(grads: &Self::Grads, id: Self::Id) -> Option<Self> {
+        grads.get_id(id).cloned()
+    }
+    fn cut(&self) -> Result<Self> {
+        crate::phase::by_block::cut(self)
+    }
+    fn seed(&self, grad: Self) -> Result<Self> {
+        crate::phase::by_block::seed(self, grad)
     }
 }
 

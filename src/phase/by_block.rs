@@ -37,46 +37,58 @@
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
-use candle_core::backprop::GradStore;
 use candle_core::op::BackpropOp;
 use candle_core::{
-    CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor, TensorId, Var,
+    CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor,
 };
 
-use crate::model::transformer::Transformer;
+use crate::model::tensor_ops::Autograd;
+use crate::model::transformer::{MoeLayer, Transformer};
 
 use super::checkpoint::keep;
 
 pub use crate::step::Backward;
 
-/// A boundary between two parts: the tensor the lower part made (its storage moved out) and
-/// the id of the variable that holds its values now (the upper part's input).
-struct Boundary {
-    made: Tensor,
-    var: TensorId,
+/// A boundary between two parts: the tensor the lower part made (its storage moved out), the
+/// id of the variable that holds its values now (the upper part's input), and the lower part's
+/// segment (the embedding's: the outer one; a block's: its tag).
+struct Boundary<T: Autograd> {
+    made: T,
+    var: T::Id,
+    part: u32,
 }
 
 /// What the forward leaves for the backward.
-pub struct Forward {
-    loss: Tensor,
+pub struct Forward<T: Autograd = Tensor> {
+    loss: T,
     /// The boundaries from the bottom (the embedding's output) to the top (the head's
     /// input); `None` where the tensor was not tracked.
-    cuts: Vec<Option<Boundary>>,
+    cuts: Vec<Option<Boundary<T>>>,
 }
 
-/// Cuts `x` where it is tracked: `(the upper part's input, the boundary)`.
-fn boundary(x: Tensor) -> Result<(Tensor, Option<Boundary>)> {
-    if !x.track_op() {
+/// Cuts `x` where it is tracked, in the segment of the part that made it: `(the upper part's
+/// input, the boundary)`.
+fn boundary<T: Autograd>(x: T, part: u32) -> Result<(T, Option<Boundary<T>>)> {
+    if !x.tracked() {
         return Ok((x, None));
     }
-    let var = cut(&x)?;
-    let id = var.id();
-    Ok((var, Some(Boundary { made: x, var: id })))
+    let outer = x.segment();
+    x.set_segment(part);
+    let var = x.cut()?;
+    x.set_segment(outer);
+    let id = var.grad_id();
+    Ok((
+        var,
+        Some(Boundary {
+            made: x,
+            var: id,
+            part,
+        }),
+    ))
 }
 
-/// The forward to the loss, part by part. Mixed precision: `dtype` is the 16-bit working type
-/// (a working copy of the weights with recorded conversions, the loss in f32), as the whole
-/// forward runs it.
+/// The block-by-block forward with the model's own weights, or under mixed precision
+/// (`dtype`) on a 16-bit working copy with the loss in f32.
 pub fn forward(
     model: &Transformer,
     dtype: Option<DType>,
@@ -84,59 +96,79 @@ pub fn forward(
     targets: &Tensor,
 ) -> Result<Forward> {
     let half = dtype.map(|d| model.cast(d)).transpose()?;
+    forward_on(model, half, tokens, targets)
+}
+
+/// [`forward`] on `half`, mixed precision's working copy when given (dropped once the loss
+/// exists: its conversions are recorded in the graph).
+pub fn forward_on<T: Autograd, M: MoeLayer<T>, C>(
+    model: &Transformer<T, M, C>,
+    half: Option<Transformer<T, M, C>>,
+    tokens: &T,
+    targets: &T,
+) -> Result<Forward<T>> {
     let run = half.as_ref().unwrap_or(model);
     let masks = run.input_mask(tokens)?;
     let mut x = run.embed(tokens)?;
-    let layers = run.config().layers;
+    let layers = run.blocks.len();
     let mut cuts = Vec::with_capacity(layers + 1);
+    // A boundary is cut as the part that made it (the embedding's in the outer segment, a
+    // block's in its own), so that each layer's work stays its own.
+    let outer = tokens.segment();
     for i in 0..layers {
-        let (input, cut) = boundary(x)?;
+        let part = if i == 0 { outer } else { run.blocks[i - 1].tag };
+        let (input, cut) = boundary(x, part)?;
         cuts.push(cut);
         x = run.blocks_forward(&input, &masks, i..i + 1)?;
     }
-    let (input, cut) = boundary(x)?;
+    let part = run.blocks.last().map_or(outer, |b| b.tag);
+    let (input, cut) = boundary(x, part)?;
     cuts.push(cut);
     let logits = run.head_forward(&input)?;
     drop(input);
-    let loss = match dtype {
-        Some(_) => model.train_loss(&logits.to_dtype(DType::F32)?, targets)?,
+    let loss = match half {
+        Some(_) => model.train_loss(&logits.to_f32()?, targets)?,
         None => model.train_loss(&logits, targets)?,
     };
     Ok(Forward { loss, cuts })
 }
 
-/// The backward part by part: every gradient of `vars`, nothing else; the forward's graphs are
-/// used up.
-pub fn backward(vars: &[Var], fwd: Forward) -> Result<GradStore> {
+/// The backward block by block: the head's first, then each boundary seeded with its gradient
+/// and differentiated alone (in the segment of the part below it), each graph freed before the
+/// next; the gradients of `vars` kept.
+pub fn backward<T: Autograd>(vars: &[T::Var], fwd: Forward<T>) -> Result<T::Grads> {
     let Forward { loss, mut cuts } = fwd;
-    let mut grads = GradStore::default();
+    let mut grads = T::Grads::default();
+    let outer = loss.segment();
     let mut all = loss.backward()?;
     drop(loss);
-    let mut upstream = take_cut(&all, cuts.last())?;
-    keep::<Tensor>(&mut grads, &mut all, vars)?;
+    let mut upstream = take_cut::<T>(&all, cuts.last())?;
+    keep::<T>(&mut grads, &mut all, vars)?;
     drop(all);
     while let Some(Some(b)) = cuts.pop() {
+        b.made.set_segment(b.part);
         let g = upstream
             .take()
             .expect("a gradient for every tracked boundary");
-        let root = seed(&b.made, g)?;
+        let root = b.made.seed(g)?;
         drop(b);
         let mut all = root.backward()?;
         drop(root);
-        upstream = take_cut(&all, cuts.last())?;
-        keep::<Tensor>(&mut grads, &mut all, vars)?;
+        upstream = take_cut::<T>(&all, cuts.last())?;
+        keep::<T>(&mut grads, &mut all, vars)?;
+    }
+    if let Some(first) = vars.first() {
+        T::var_tensor(first).set_segment(outer);
     }
     Ok(grads)
 }
 
-/// The gradient of a boundary's variable from a part's backward (`None`: no boundary below).
-fn take_cut(all: &GradStore, below: Option<&Option<Boundary>>) -> Result<Option<Tensor>> {
+/// The gradient of the boundary below (the next to seed), when it is tracked.
+fn take_cut<T: Autograd>(all: &T::Grads, below: Option<&Option<Boundary<T>>>) -> Result<Option<T>> {
     match below {
-        Some(Some(b)) => {
-            all.get_id(b.var).cloned().map(Some).ok_or_else(|| {
-                candle_core::Error::Msg("by-block: no gradient for a boundary".into())
-            })
-        }
+        Some(Some(b)) => T::grad_of(all, b.var)
+            .map(Some)
+            .ok_or_else(|| candle_core::Error::Msg("by-block: no gradient for a boundary".into())),
         _ => Ok(None),
     }
 }

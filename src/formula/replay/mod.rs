@@ -17,8 +17,9 @@
 //! as the replay holds them (variables, frozen bases, LoRA's adapters, quantized bytes);
 //! `moe.rs` routes the model's mixture of experts as it is told (a recorded, balanced or worst
 //! routing) and charges the host bytes candle's routing holds. No layer is stated twice. The
-//! checkpointed and block-by-block backward drivers are in `backward.rs`; generation, the
-//! phases' windows and the drivers here.
+//! checkpointed and block-by-block training steps are the runner's own (`phase::checkpoint`,
+//! `phase::by_block`, generic over the backward); generation, the phases' windows and the
+//! drivers here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts
@@ -35,12 +36,11 @@
 use std::rc::Rc;
 
 use super::shape::Shape;
-use super::symbolic::{DType, GradStore, Ledger, Sym, backward};
+use super::symbolic::{DType, Ledger, Sym, backward};
 use crate::device::{ElemType, ServingWeights};
 use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
-use crate::phase::checkpoint;
+use crate::phase::{by_block, checkpoint};
 
-mod backward;
 mod compress;
 mod model;
 mod moe;
@@ -57,9 +57,15 @@ use proj::Linear;
 type Norm = crate::model::norm::Norm<Sym>;
 type Mlp = crate::model::mlp::Mlp<Sym>;
 
-use backward::*;
 use model::*;
 pub use model::{KvCache, Masks};
+
+/// One layer of a (possibly compressed) model: its index in the full model and its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot {
+    pub(super) layer: usize,
+    pub(super) tag: u32,
+}
 
 /// Replayed peaks of one case, in bytes above each window's baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,17 +446,13 @@ fn training_on(
     ledger.set_stage("forward");
     let (forward_peak, forward_retained, backward_peak, backward_retained);
     if k == 0 && shape.by_block {
-        let fwd = by_block_forward(
-            &model,
-            shape.mixed.then_some(DType::Half),
-            &tokens,
-            &targets,
-        );
+        let half = shape.mixed.then(|| model.cast(DType::Half));
+        let fwd = by_block::forward_on(&model, half, &tokens, &targets).sure();
         forward_peak = ledger.window_peak(base);
         forward_retained = ledger.current() - base;
         let base = ledger.reset_peak();
         ledger.set_stage("backward");
-        let grads = by_block_backward(&model, fwd);
+        let grads = by_block::backward::<Sym>(&model.own.vars, fwd).sure();
         backward_peak = ledger.window_peak(base);
         backward_retained = ledger.current() as i64 - base as i64;
         ledger.set_stage("done");

@@ -20,14 +20,12 @@ pub type KvCache = crate::model::transformer::KvCache<Sym>;
 /// The whole model on symbolic tensors, its variables beside it ([`Kept`]).
 pub type Transformer = crate::model::transformer::Transformer<Sym, moe::Moe, Kept>;
 
-/// What the replay keeps beside its model: the variables (training: what has a gradient), the
-/// weights' type and the device.
+/// What the replay keeps beside its model: the variables (training: what has a gradient) and
+/// the weights' type (the device is the ledger's).
 #[derive(Debug, Clone)]
 pub struct Kept {
     pub(super) vars: Vec<Sym>,
     pub(super) dtype: DType,
-    /// On CUDA (a checkpoint's boundary is a fresh copy there).
-    pub(super) cuda: bool,
 }
 
 impl SelfAttention {
@@ -422,7 +420,6 @@ impl Transformer {
             own: Kept {
                 vars: all,
                 dtype: param_dtype,
-                cuda: !shape.cpu,
             },
         }
     }
@@ -430,16 +427,11 @@ impl Transformer {
     /// The model's `cast`: every weight converted (recorded when a variable).
     pub fn cast(&self, dtype: DType) -> Transformer {
         let f = |t: &Sym| Ok(t.to_dtype(dtype));
-        self.map_with(
-            &f,
-            &f,
-            Kept {
-                vars: Vec::new(),
-                dtype,
-                ..self.own
-            },
-        )
-        .sure()
+        let own = Kept {
+            vars: Vec::new(),
+            dtype,
+        };
+        self.map_with(&f, &f, own).sure()
     }
 
     /// The model with detached weights (views of the same storages, no graph).
@@ -447,7 +439,7 @@ impl Transformer {
         let f = |t: &Sym| Ok(t.detach());
         let own = Kept {
             vars: Vec::new(),
-            ..self.own
+            dtype: self.own.dtype,
         };
         self.map_with(&f, &f, own).sure()
     }

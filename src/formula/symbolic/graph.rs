@@ -413,6 +413,20 @@ impl crate::model::tensor_ops::Autograd for Sym {
     fn put_grad(grads: &mut GradStore, of: &Sym, g: Sym) {
         grads.insert(of, g);
     }
+    type Id = u64;
+    fn grad_id(&self) -> u64 {
+        self.id()
+    }
+    fn grad_of(grads: &GradStore, id: u64) -> Option<Sym> {
+        grads.get_id(id).cloned()
+    }
+    /// On CUDA the moved-from tensor keeps one element.
+    fn cut(&self) -> candle_core::Result<Self> {
+        Ok(Sym::cut(self, self.ledger().cuda.get()))
+    }
+    fn seed(&self, grad: Self) -> candle_core::Result<Self> {
+        Ok(Sym::seed(self, grad))
+    }
 }
 
 /// Results of symbolic tensors' ops, which never fail: the replay's drivers take the value.
