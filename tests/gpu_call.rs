@@ -118,9 +118,10 @@ fn the_gpu_workload_covers_every_family_and_cuda_variant() {
         "a Gemma 3 with sliding and full layers"
     );
     assert!(
-        cases
-            .iter()
-            .any(|c| c.cfg.llama.is_some_and(|l| l.oss && l.moe.is_some())),
+        cases.iter().any(|c| c
+            .cfg
+            .llama
+            .is_some_and(|l| l.variant.attention_sinks && l.moe.is_some())),
         "a gpt-oss"
     );
     assert_eq!(set(&|c| c.load_mmap.to_string()), want(&["false", "true"]));

@@ -729,7 +729,15 @@ fn gpt_oss_defaults_and_its_attention() {
         parse(r#"{"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32}"#);
     assert_eq!(small.params(), 20_914_757_184);
     let l = small.llama.unwrap();
-    assert!(l.oss && l.qkv_bias && l.o_bias && l.mlp_bias && !small.tied);
+    assert!(
+        l.variant.attention_sinks
+            && l.variant.router_bias
+            && l.variant.clamped_glu
+            && l.qkv_bias
+            && l.o_bias
+            && l.mlp_bias
+            && !small.tied
+    );
     assert_eq!(
         (l.window_at(0), l.window_at(1), l.window_at(23)),
         (Some(128), None, None)

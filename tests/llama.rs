@@ -33,7 +33,6 @@ fn llama(kv: usize, d: usize, i: usize, bias: (bool, bool, bool), tied: bool) ->
             full_layers: 0,
             mla: None,
             variant: Default::default(),
-            oss: false,
         },
         tied,
     )

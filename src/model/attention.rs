@@ -298,7 +298,7 @@ impl Attention {
                 _ => None,
             },
             sinks: match cfg.llama {
-                Some(l) if l.oss => {
+                Some(l) if l.variant.attention_sinks => {
                     Some(vb.get_with_hints(cfg.heads, "sinks", candle_nn::Init::Const(0.0))?)
                 }
                 _ => None,

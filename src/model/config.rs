@@ -289,7 +289,7 @@ pub fn block_tensors(
                     norm("attn.k_norm", l.head_dim),
                 ]);
             }
-            if llama.is_some_and(|l| l.oss) {
+            if llama.is_some_and(|l| l.variant.attention_sinks) {
                 v.push(BlockTensor::Vector {
                     path: "attn.sinks".into(),
                     size: heads,
@@ -313,7 +313,7 @@ pub fn block_tensors(
                 path: "mlp.router".into(),
                 inp: hidden,
                 out: shape.experts,
-                bias: llama.is_some_and(|l| l.oss),
+                bias: llama.is_some_and(|l| l.variant.router_bias),
             });
             for e in 0..shape.experts {
                 for s in expert {

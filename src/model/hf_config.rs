@@ -81,7 +81,7 @@ use super::families;
 pub(crate) use super::hf_fields::{Fields, periodic};
 use super::hf_keys;
 use super::shapes::{
-    Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Vision,
+    Factor, GroupLimit, Llama, MlaShape, MoeShape, RopeScaling, Scoring, Sizes, Variant, Vision,
 };
 
 use super::shapes::ElemType;
@@ -780,8 +780,13 @@ fn llama_config(
         sliding_window,
         full_layers,
         mla,
-        variant: Default::default(),
-        oss: model_type == "gpt_oss",
+        // gpt-oss: sinks, a biased router and its clamped SwiGLU experts.
+        variant: Variant {
+            attention_sinks: oss,
+            router_bias: oss,
+            clamped_glu: oss,
+            ..Variant::default()
+        },
     };
     if let Some(fam) = family {
         fam.read(f, &mut llama)?;

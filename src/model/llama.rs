@@ -156,7 +156,6 @@ pub fn tiny() -> Config {
             full_layers: 0,
             mla: None,
             variant: Default::default(),
-            oss: false,
         },
         false,
     )

@@ -45,7 +45,7 @@ impl Glu {
     pub fn of(llama: Option<&Llama>) -> Self {
         match llama {
             Some(l) if l.variant.gelu_glu => Glu::Gelu,
-            Some(l) if l.oss => Glu::Oss,
+            Some(l) if l.variant.clamped_glu => Glu::Oss,
             _ => Glu::Silu,
         }
     }

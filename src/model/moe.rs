@@ -135,7 +135,7 @@ impl Moe {
         vb: VarBuilder,
     ) -> Result<Self> {
         // gpt-oss's router has a bias.
-        let router = if cfg.llama.is_some_and(|l| l.oss) {
+        let router = if cfg.llama.is_some_and(|l| l.variant.router_bias) {
             candle_nn::linear(cfg.hidden, shape.experts, vb.pp("router"))?
         } else {
             linear_no_bias(cfg.hidden, shape.experts, vb.pp("router"))?

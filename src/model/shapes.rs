@@ -49,15 +49,10 @@ pub struct Llama {
     /// The shared block's variations a family switches on ([`Variant`]: Gemma 3's).
     #[serde(default)]
     pub variant: Variant,
-    /// gpt-oss's differences: attention sinks (a learned logit per query head, `attn.sinks
-    /// (A)`, in every softmax beside the keys, then dropped), a router with a bias, and the
-    /// experts' clamped SwiGLU (`(clamp(up, ±7) + 1)·g·σ(1.702·g)`, `g = min(gate, 7)`).
-    #[serde(default)]
-    pub oss: bool,
 }
 
 /// Variations of the shared decoder block that a family switches on (each off by default;
-/// Gemma 3, `super::families::gemma3`, sets every one).
+/// Gemma 3, `super::families::gemma3`, sets the first six, gpt-oss the last three).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Variant {
@@ -77,6 +72,14 @@ pub struct Variant {
     /// The sliding layers' own rotary base, with no scaling (their own tables, `S_max × D/2`
     /// cos and sin more); the full layers keep `rope_theta` and `rope_scaling`.
     pub local_rope_theta: Option<Factor>,
+    /// Attention sinks: a learned logit per query head (`attn.sinks (A)`) in every softmax
+    /// beside the keys, then dropped; the mask is a tensor whatever the kernels (gpt-oss).
+    pub attention_sinks: bool,
+    /// The mixture of experts' router has a bias (gpt-oss).
+    pub router_bias: bool,
+    /// The gated MLP is the clamped SwiGLU `(clamp(up, ±7) + 1)·g·σ(1.702·g)`,
+    /// `g = min(gate, 7)` (gpt-oss's experts).
+    pub clamped_glu: bool,
 }
 
 impl Llama {

@@ -434,7 +434,7 @@ impl Form {
                 .filter(|l| l.variant.embed_scaled)
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
-            sinks: cfg.llama.is_some_and(|l| l.oss),
+            sinks: cfg.llama.is_some_and(|l| l.variant.attention_sinks),
             tied: cfg.tied,
         }
     }

@@ -614,7 +614,7 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     // (efficient op, tiled composition): `efficient` is the CPU op on the CPU and the tiled
     // composition on CUDA, where the op has no kernel.
     // gpt-oss's attention sinks are built into the standard attention only: its default.
-    let sinks = preset.llama.is_some_and(|l| l.oss);
+    let sinks = preset.llama.is_some_and(|l| l.variant.attention_sinks);
     let attentions = ctx.choices(
         "attention",
         &spec.attention,

@@ -293,7 +293,7 @@ impl Transformer {
                         }),
                         sinks: shape
                             .llama
-                            .filter(|l| l.oss)
+                            .filter(|l| l.variant.attention_sinks)
                             .map(|_| p.tensor(&[shape.a as usize])),
                         head_dim: head_dim as usize,
                         core,
@@ -309,7 +309,11 @@ impl Transformer {
                     } => {
                         // The router, each expert's gate, up, down, the shared experts, the
                         // shared gate (model order).
-                        let router = p.linear(h, m.experts, shape.llama.is_some_and(|l| l.oss));
+                        let router = p.linear(
+                            h,
+                            m.experts,
+                            shape.llama.is_some_and(|l| l.variant.router_bias),
+                        );
                         let expert_ids: Vec<usize> =
                             experts.map_or_else(|| (0..m.experts).collect(), <[usize]>::to_vec);
                         let experts = expert_ids.iter().map(|_| expert_mlp(expert)).collect();
@@ -414,7 +418,7 @@ impl Transformer {
                 max_seq: None,
                 embed_scale: variant.embed_scaled.then(|| (h as f64).sqrt()),
                 sliding_window: shape.llama.and_then(|l| l.sliding_window),
-                sinks: shape.llama.is_some_and(|l| l.oss),
+                sinks: shape.llama.is_some_and(|l| l.variant.attention_sinks),
                 tied: shape.tied,
             },
             own: Kept {

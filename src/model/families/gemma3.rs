@@ -85,6 +85,7 @@ impl Family for Gemma3 {
                 f.float_or("query_pre_attn_scalar", 256.0)?.powf(-0.5),
             )),
             local_rope_theta: Some(Factor(f.float_or("rope_local_base_freq", 10_000.0)?)),
+            ..llama.variant
         };
         llama.qk_norm = true;
         Ok(())
