@@ -334,7 +334,8 @@ pub struct Row {
     #[serde(default)]
     pub trim_live_bytes: Option<u64>,
     /// A mixture of experts: the tokens each expert received in the phase's forward, per layer
-    /// (`n₀,n₁,…;…`, layers in order; empty for a dense model). The replay predicts from it.
+    /// (`n₀,n₁,…;…`, layers in order; empty for a dense model); of several forwards (decode),
+    /// the one whose largest expert got the most tokens. The replay predicts from it.
     #[serde(default)]
     pub moe_routing: String,
     /// The most and fewest tokens any expert of any layer received (a mixture of experts).

@@ -48,8 +48,8 @@ pub struct Reading {
     pub heap_start_bytes: Option<u64>,
     /// `dataload` windows: throughput, the process tree's memory, copy bandwidths.
     pub data: Option<DataFigures>,
-    /// A mixture of experts: tokens per expert of each layer's last forward at the window's
-    /// end ([`crate::model::moe::routing_snapshot`]).
+    /// A mixture of experts: tokens per expert of each layer's forward in the window (of
+    /// several, the most skewed; [`crate::model::moe::routing_snapshot`]).
     pub moe_routing: Option<Vec<Vec<usize>>>,
 }
 

@@ -29,8 +29,9 @@
 //!
 //! Parameters per sparse layer: router `H·E` + `E·3·H·I` + `3·H·I_shared` (+ `H` for the
 //! shared gate); per token `k·3·H·I` of the routed ones are active. The routing of each
-//! layer's last forward is kept process-wide ([`routing_snapshot`]: tokens per expert, by
-//! sparse layer): the runner records it in each phase's row, and the replay predicts from it.
+//! layer's forward in the last metered window is kept process-wide ([`routing_snapshot`]:
+//! tokens per expert, by sparse layer; of a decode's several forwards, the most skewed): the
+//! runner records it in each phase's row, and the replay predicts from it.
 //! The router computes in the activations' type (transformers' DeepSeek casts to f32 first: the
 //! same memory in f32, a little less here in 16 bits).
 
@@ -104,15 +105,51 @@ pub struct HostRouting {
     pub(crate) layer: usize,
 }
 
-/// Tokens per expert of each layer's last forward in this process (each case runs in a
-/// process of its own).
-static ROUTING: Mutex<BTreeMap<usize, Vec<usize>>> = Mutex::new(BTreeMap::new());
+/// Tokens per expert of each layer, with the window that drew them, in this process (each case
+/// runs in a process of its own): of a window's forwards (decode runs one per token), the one
+/// whose largest expert got the most tokens.
+static ROUTING: Mutex<BTreeMap<usize, (u64, Vec<usize>)>> = Mutex::new(BTreeMap::new());
 
-/// The routing of the last forward of every mixture-of-experts layer, in layer order: tokens
-/// per expert. `None` when no such layer has run.
+/// The metered window under way ([`routing_window`]).
+static WINDOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A metered window opens: the routings its forwards draw replace the earlier ones (a window
+/// without a forward, the backward, keeps its forward's).
+pub fn routing_window() {
+    WINDOW.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Records layer `layer`'s routing `counts`: the first of this window, or one whose largest
+/// expert got more tokens than the recorded one's (the temporaries and products of an expert
+/// grow with its tokens, so the window peaked no lower than with it).
+fn record_routing(layer: usize, counts: Vec<usize>) {
+    let window = WINDOW.load(std::sync::atomic::Ordering::Relaxed);
+    let mut map = ROUTING.lock().unwrap_or_else(|e| e.into_inner());
+    record_in(&mut map, window, layer, counts);
+}
+
+/// [`record_routing`] into `map` during `window`.
+fn record_in(
+    map: &mut BTreeMap<usize, (u64, Vec<usize>)>,
+    window: u64,
+    layer: usize,
+    counts: Vec<usize>,
+) {
+    let most = |c: &[usize]| c.iter().copied().max().unwrap_or(0);
+    match map.get(&layer) {
+        Some((w, old)) if *w == window && most(old) >= most(&counts) => {}
+        _ => {
+            map.insert(layer, (window, counts));
+        }
+    }
+}
+
+/// The routing of every mixture-of-experts layer, in layer order: tokens per expert, of the
+/// last window's forward (of several, the most skewed: [`record_routing`]). `None` when no
+/// such layer has run.
 pub fn routing_snapshot() -> Option<Vec<Vec<usize>>> {
     let map = ROUTING.lock().unwrap_or_else(|e| e.into_inner());
-    (!map.is_empty()).then(|| map.values().cloned().collect())
+    (!map.is_empty()).then(|| map.values().map(|(_, c)| c.clone()).collect())
 }
 
 impl Moe {
@@ -286,11 +323,7 @@ impl Routing<Tensor> for HostRouting {
             let bias = shape.correction_bias.then(|| vec![0f32; e]);
             route(&host, shape, bias.as_deref())
         };
-        let counts = top_x.iter().map(Vec::len).collect();
-        ROUTING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.layer, counts);
+        record_routing(self.layer, top_x.iter().map(Vec::len).collect());
         let mask = Tensor::from_vec(mask, (t, e), probs.device())?;
         let ids = top_x
             .into_iter()
@@ -478,5 +511,25 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
                 Ok(sum)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window's first routing replaces an earlier window's; within a window only a more
+    /// skewed one (a larger largest expert) replaces it.
+    #[test]
+    fn a_window_keeps_its_most_skewed_routing() {
+        let mut map = BTreeMap::new();
+        record_in(&mut map, 1, 0, vec![8, 0, 0, 0]);
+        record_in(&mut map, 2, 0, vec![1, 1, 1, 1]);
+        assert_eq!(map[&0].1, vec![1, 1, 1, 1], "a new window replaces");
+        record_in(&mut map, 2, 0, vec![2, 1, 0, 1]);
+        assert_eq!(map[&0].1, vec![2, 1, 0, 1], "more skewed replaces");
+        record_in(&mut map, 2, 0, vec![1, 1, 1, 1]);
+        record_in(&mut map, 2, 0, vec![0, 2, 1, 1]);
+        assert_eq!(map[&0].1, vec![2, 1, 0, 1], "as or less skewed does not");
     }
 }

@@ -401,6 +401,7 @@ fn run_chain(
      -> anyhow::Result<()> {
         if case.phases.contains(&phase) {
             observe(phase, results);
+            crate::model::moe::routing_window();
             let ((), mut reading) = measure(meters, || {
                 f()?;
                 // Queued GPU work belongs to this window (a no-op on the CPU).

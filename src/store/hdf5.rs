@@ -260,7 +260,7 @@ pub fn description_of(field: &str) -> Option<&'static str> {
             "After the window: bytes live in the tensor allocator (CPU counting allocator, CUDA pool used)."
         }
         "moe_routing" => {
-            "Mixture of experts: tokens per expert in the phase's forward, per layer (n0,n1,...;...)."
+            "Mixture of experts: tokens per expert in the phase's forward, per layer (n0,n1,...;...); of several forwards (decode), the one whose largest expert got the most tokens."
         }
         "moe_tokens_max" => "Mixture of experts: the most tokens any expert of any layer received.",
         "moe_tokens_min" => {
