@@ -53,31 +53,17 @@ pub use super::config::{
 pub use super::mla::Mla;
 pub use super::mlp::Mlp;
 pub use super::moe::Moe;
+use super::moe::{HostRouting, Routing};
 pub use super::norm::Norm;
 pub use super::proj::{Lora, LoraBase, LoraTarget, Proj};
 
-/// A mixture-of-experts layer as a block runs it: candle's [`Moe`] routes on the host from
-/// the router's values; the replay's routes as a recorded (or balanced, or worst) routing says.
-pub trait MoeLayer<T: TensorOps>: Sized {
-    fn forward(&self, x: &T) -> Result<T>;
-    /// A copy with `base` on the weights and `adapter` on LoRA's A and B.
-    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self>;
-}
-
-impl<T: TensorOps, R: super::moe::Routing<T> + Clone> MoeLayer<T> for Moe<T, R> {
-    fn forward(&self, x: &T) -> Result<T> {
-        Moe::forward(self, x)
-    }
-    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
-        Moe::map(self, base, adapter)
-    }
-}
-
-/// A block's feed-forward part: a dense MLP ([`Mlp`]) or a mixture of experts ([`Moe`]).
+/// A block's feed-forward part: a dense MLP ([`Mlp`]) or a mixture of experts ([`Moe`]),
+/// routed by `R` (candle's on the host from the router's values; the replay's as a recorded,
+/// balanced or worst routing says).
 #[derive(Debug, Clone)]
-pub enum Ffn<T: TensorOps = Tensor, M = Moe> {
+pub enum Ffn<T: TensorOps = Tensor, R = HostRouting> {
     Dense(Mlp<T>),
-    Moe(Box<M>),
+    Moe(Box<Moe<T, R>>),
 }
 
 impl Ffn {
@@ -101,7 +87,7 @@ impl Ffn {
     }
 }
 
-impl<T: TensorOps, M: MoeLayer<T>> Ffn<T, M> {
+impl<T: TensorOps, R: Routing<T> + Clone> Ffn<T, R> {
     fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
         Ok(match self {
             Ffn::Dense(m) => Ffn::Dense(m.map(base, adapter)?),
@@ -205,11 +191,11 @@ impl<T: TensorOps> SelfAttention<T> {
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`; Gemma's ("sandwich"):
 /// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
-pub struct Block<T: TensorOps = Tensor, M = Moe> {
+pub struct Block<T: TensorOps = Tensor, R = HostRouting> {
     pub(crate) ln1: Norm<T>,
     pub(crate) attn: SelfAttention<T>,
     pub(crate) ln2: Norm<T>,
-    pub(crate) mlp: Ffn<T, M>,
+    pub(crate) mlp: Ffn<T, R>,
     /// Gemma's norms after the attention (`ln1_post`) and after the MLP (`ln2_post`).
     pub(crate) post: Option<(Norm<T>, Norm<T>)>,
     /// Its attention slides (takes the windowed mask and, in a Gemma, the local tables).
@@ -251,7 +237,7 @@ impl Block {
     }
 }
 
-impl<T: TensorOps, M: MoeLayer<T>> Block<T, M> {
+impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
     /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
     fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
         let attn = match &self.attn {
@@ -441,10 +427,10 @@ impl Form {
 }
 
 /// The whole model, decoder or encoder, over one interpreter's tensors `T` (candle's, which
-/// run; the replay's, which are predicted) with its mixture of experts `M`; `C` is what the
+/// run; the replay's, which are predicted) with its experts' routing `R`; `C` is what the
 /// interpreter keeps beside (candle: the [`Config`]; the replay: its variables).
 #[derive(Debug, Clone)]
-pub struct Transformer<T: TensorOps = Tensor, M = Moe, C = Config> {
+pub struct Transformer<T: TensorOps = Tensor, R = HostRouting, C = Config> {
     pub(crate) stem: Stem<T>,
     /// Position embeddings `(S_max, H)` (GPT, ViT).
     pub(crate) wpe: Option<T>,
@@ -452,7 +438,7 @@ pub struct Transformer<T: TensorOps = Tensor, M = Moe, C = Config> {
     pub(crate) rope: Option<(T, T)>,
     /// Gemma's sliding layers' own tables (their base, no scaling), when a layer slides.
     pub(crate) rope_local: Option<(T, T)>,
-    pub(crate) blocks: Vec<Block<T, M>>,
+    pub(crate) blocks: Vec<Block<T, R>>,
     pub(crate) ln_f: Norm<T>,
     /// The LM head or classifier (fused with fused kernels; the token table when tied).
     pub(crate) head: Proj<T>,
@@ -553,11 +539,6 @@ impl Transformer {
         loss_with(Kernels::Composed, logits, targets)
     }
 
-    /// Mean cross-entropy with the given kernels.
-    pub fn loss_with(kernels: Kernels, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        loss_with(kernels, logits, targets)
-    }
-
     /// The training forward to the loss with the whole graph recorded. `half`: mixed
     /// precision's 16-bit working type (a working copy of the weights with recorded
     /// conversions, 16-bit activations, the loss in f32).
@@ -652,7 +633,7 @@ pub fn loss_with<T: TensorOps>(kernels: Kernels, logits: &T, targets: &T) -> Res
     }
 }
 
-impl<T: TensorOps, M: MoeLayer<T>, C> Transformer<T, M, C> {
+impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// A copy with `base` applied to every base weight (and the rotary tables) and `adapter`
     /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B; each
     /// block's in its segment), keeping `own` beside. A tied head is the mapped token table.

@@ -42,8 +42,9 @@ use candle_core::{
     CpuStorage, CustomOp1, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor,
 };
 
+use crate::model::moe::Routing;
 use crate::model::tensor_ops::Autograd;
-use crate::model::transformer::{MoeLayer, Transformer};
+use crate::model::transformer::Transformer;
 
 use super::checkpoint::keep;
 
@@ -101,9 +102,9 @@ pub fn forward(
 
 /// [`forward`] on `half`, mixed precision's working copy when given (dropped once the loss
 /// exists: its conversions are recorded in the graph).
-pub fn forward_on<T: Autograd, M: MoeLayer<T>, C>(
-    model: &Transformer<T, M, C>,
-    half: Option<Transformer<T, M, C>>,
+pub fn forward_on<T: Autograd, R: Routing<T> + Clone, C>(
+    model: &Transformer<T, R, C>,
+    half: Option<Transformer<T, R, C>>,
     tokens: &T,
     targets: &T,
 ) -> Result<Forward<T>> {
@@ -157,6 +158,8 @@ pub fn backward<T: Autograd>(vars: &[T::Var], fwd: Forward<T>) -> Result<T::Grad
         upstream = take_cut::<T>(&all, cuts.last())?;
         keep::<T>(&mut grads, &mut all, vars)?;
     }
+    // Back to the outer segment (when the loop stopped above an untracked boundary it is
+    // still a block's); the variables outlive the loop, and any tensor reaches the ledger.
     if let Some(first) = vars.first() {
         T::var_tensor(first).set_segment(outer);
     }

@@ -22,8 +22,9 @@
 
 use candle_core::{Result, Tensor};
 
+use crate::model::moe::Routing;
 use crate::model::tensor_ops::{Autograd, TensorOps};
-use crate::model::transformer::{Masks, MoeLayer, Transformer};
+use crate::model::transformer::{Masks, Transformer};
 
 pub use crate::step::segments;
 
@@ -32,25 +33,25 @@ pub use crate::step::segments;
 /// 16-bit working copy.
 pub struct Forward<
     T: TensorOps = Tensor,
-    M = crate::model::moe::Moe,
+    R = crate::model::moe::HostRouting,
     C = crate::model::config::Config,
 > {
     pub loss: T,
     head_in: T,
     inputs: Vec<T>,
     mask: Masks<T>,
-    half: Option<Box<Transformer<T, M, C>>>,
+    half: Option<Box<Transformer<T, R, C>>>,
 }
 
 /// The checkpointed forward with the model's own weights; `detached` is the model with its
 /// weights detached (no graph).
-pub fn forward<T: Autograd, M: MoeLayer<T>, C>(
-    model: &Transformer<T, M, C>,
-    detached: &Transformer<T, M, C>,
+pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
+    model: &Transformer<T, R, C>,
+    detached: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     k: usize,
-) -> Result<Forward<T, M, C>> {
+) -> Result<Forward<T, R, C>> {
     run_forward(model, detached, tokens, targets, k, false)
 }
 
@@ -70,26 +71,26 @@ pub fn forward_mixed(
 
 /// The checkpointed forward on a working copy `half` of the model (mixed precision's, kept
 /// until the backward; `detached` its weights detached), the loss in f32.
-pub fn forward_on_copy<T: Autograd, M: MoeLayer<T>, C>(
-    half: Transformer<T, M, C>,
-    detached: &Transformer<T, M, C>,
+pub fn forward_on_copy<T: Autograd, R: Routing<T> + Clone, C>(
+    half: Transformer<T, R, C>,
+    detached: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     k: usize,
-) -> Result<Forward<T, M, C>> {
+) -> Result<Forward<T, R, C>> {
     let mut f = run_forward(&half, detached, tokens, targets, k, true)?;
     f.half = Some(Box::new(half));
     Ok(f)
 }
 
-fn run_forward<T: Autograd, M: MoeLayer<T>, C>(
-    model: &Transformer<T, M, C>,
-    detached: &Transformer<T, M, C>,
+fn run_forward<T: Autograd, R: Routing<T> + Clone, C>(
+    model: &Transformer<T, R, C>,
+    detached: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     k: usize,
     f32_loss: bool,
-) -> Result<Forward<T, M, C>> {
+) -> Result<Forward<T, R, C>> {
     let mask = model.input_mask(tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
@@ -142,10 +143,10 @@ pub(crate) fn keep<T: Autograd>(
 /// The checkpointed backward: the head's, then each segment recomputed with the real weights
 /// (last first, each in its first block's segment), then the embedding's; the gradients of
 /// `vars` kept.
-pub fn backward<T: Autograd, M: MoeLayer<T>, C>(
-    model: &Transformer<T, M, C>,
+pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
+    model: &Transformer<T, R, C>,
     vars: &[T::Var],
-    fwd: Forward<T, M, C>,
+    fwd: Forward<T, R, C>,
     tokens: &T,
     k: usize,
 ) -> Result<T::Grads> {

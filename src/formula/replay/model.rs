@@ -12,13 +12,13 @@ use crate::model::transformer::{Form, Stem};
 /// The model's block attention, feed-forward part and block on symbolic tensors (the
 /// replay's mixture of experts, which routes as it is told).
 pub(super) type SelfAttention = crate::model::transformer::SelfAttention<Sym>;
-pub(super) type Ffn = crate::model::transformer::Ffn<Sym, moe::Moe>;
-pub(super) type Block = crate::model::transformer::Block<Sym, moe::Moe>;
+pub(super) type Ffn = crate::model::transformer::Ffn<Sym, moe::Told>;
+pub(super) type Block = crate::model::transformer::Block<Sym, moe::Told>;
 /// The model's masks and cache of symbolic tensors.
 pub type Masks = crate::model::transformer::Masks<Sym>;
 pub type KvCache = crate::model::transformer::KvCache<Sym>;
 /// The whole model on symbolic tensors, its variables beside it ([`Kept`]).
-pub type Transformer = crate::model::transformer::Transformer<Sym, moe::Moe, Kept>;
+pub type Transformer = crate::model::transformer::Transformer<Sym, moe::Told, Kept>;
 
 /// What the replay keeps beside its model: the variables (training: what has a gradient) and
 /// the weights' type (the device is the ledger's).
