@@ -3,7 +3,7 @@
 //! [`super::replay`] (candle replayed on shapes).
 
 use crate::device::{ElemType, ServingWeights};
-use crate::model::config::{Blocks, LayerLayout, layer_layout};
+use crate::model::config::{Blocks, Config, LayerLayout, layer_layout};
 use crate::model::kernels::Kernels;
 use crate::model::llama::Llama;
 use crate::model::transformer::{LoraBase, LoraTarget, ProjSpec, block_projections};
@@ -171,6 +171,33 @@ impl Shape {
             self.llama.as_ref(),
             layer as usize,
         )
+    }
+
+    /// The model's `Config` of this shape (the values that change no allocation, the norms'
+    /// epsilon and the rotary base, at their defaults): what the replay builds.
+    pub fn config(&self) -> Config {
+        Config {
+            efficient_attention: self.efficient,
+            tiled_attention: self.tiled,
+            lora_rank: self.lora_rank as usize,
+            lora_targets: LoraTarget::ALL
+                .iter()
+                .copied()
+                .filter(|t| self.lora_targets & lora_bits(&[*t]) != 0)
+                .collect(),
+            lora_base: self.lora_base,
+            vision: self.vision,
+            llama: self.llama,
+            tied: self.tied,
+            kernels: self.kernels,
+            ..Config::new(
+                self.v as usize,
+                self.h as usize,
+                self.a as usize,
+                self.l as usize,
+                self.s_max as usize,
+            )
+        }
     }
 
     /// K/V heads and head width (`A` and `H/A` outside LLaMA).

@@ -3,7 +3,6 @@
 //! positions, and its step with a key/value cache (`forward_cached`).
 
 use candle_core::{Result, Tensor};
-use candle_nn::VarBuilder;
 
 use super::config::{Config, ProjSpec};
 use super::kernels::Kernel;
@@ -12,6 +11,7 @@ use super::norm::Norm;
 use super::proj::Proj;
 use super::rotary;
 use super::tensor_ops::{self, Map, TensorOps};
+use super::weights::Weights;
 
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.
@@ -276,15 +276,15 @@ pub struct Attention<T: TensorOps = Tensor> {
     pub(crate) core: Core,
 }
 
-impl Attention {
+impl<T: TensorOps> Attention<T> {
     /// `projs` are the block's q, k, v, o; `layer` its index.
-    pub(crate) fn new(
+    pub(crate) fn new<W: Weights<Tensor = T>>(
         cfg: &Config,
         layer: usize,
         projs: &[ProjSpec],
-        vb: VarBuilder,
+        w: &W,
     ) -> Result<Self> {
-        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        let p = |i: usize| w.proj(&projs[i], cfg);
         Ok(Self {
             q: p(0)?,
             k: p(1)?,
@@ -292,14 +292,14 @@ impl Attention {
             o: p(3)?,
             qk_norm: match cfg.llama {
                 Some(l) if l.qk_norm => Some((
-                    Norm::rms(cfg.head_dim(), cfg, vb.pp("q_norm"))?,
-                    Norm::rms(cfg.head_dim(), cfg, vb.pp("k_norm"))?,
+                    Norm::rms(cfg.head_dim(), cfg, &w.pp("q_norm"))?,
+                    Norm::rms(cfg.head_dim(), cfg, &w.pp("k_norm"))?,
                 )),
                 _ => None,
             },
             sinks: match cfg.llama {
                 Some(l) if l.variant.attention_sinks => {
-                    Some(vb.get_with_hints(cfg.heads, "sinks", candle_nn::Init::Const(0.0))?)
+                    Some(w.weight(&[cfg.heads], "sinks", candle_nn::Init::Const(0.0))?)
                 }
                 _ => None,
             },
@@ -307,7 +307,9 @@ impl Attention {
             core: Core::new(cfg, layer, cfg.heads, cfg.kv_heads()),
         })
     }
+}
 
+impl Attention {
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
         vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
     }

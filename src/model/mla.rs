@@ -38,7 +38,6 @@
 //! LoRA targets: `q` (or `q_a` and `q_b`) is q, `kv_a` is k, `kv_b` is v, `o` is o.
 
 use candle_core::{Result, Tensor};
-use candle_nn::VarBuilder;
 
 use super::attention::{Core, Rotary};
 use super::config::{Config, ProjSpec};
@@ -46,6 +45,7 @@ use super::norm::Norm;
 use super::proj::Proj;
 pub use super::shapes::MlaShape;
 use super::tensor_ops::{Map, TensorOps};
+use super::weights::Weights;
 
 /// Epsilon of MLA's inner norms: transformers makes them with its default 1e-6, not
 /// `rms_norm_eps`.
@@ -65,28 +65,28 @@ pub struct Mla<T: TensorOps = Tensor> {
     pub(crate) core: Core,
 }
 
-impl Mla {
+impl<T: TensorOps> Mla<T> {
     /// Layer `layer`'s attention.
-    pub(crate) fn new(
+    pub(crate) fn new<W: Weights<Tensor = T>>(
         cfg: &Config,
         layer: usize,
         m: MlaShape,
         projs: &[ProjSpec],
-        vb: VarBuilder,
+        w: &W,
     ) -> Result<Self> {
-        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+        let p = |i: usize| w.proj(&projs[i], cfg);
         let fused = cfg.kernels.fused();
         let (q_a, q) = match m.q_lora_rank {
             None => (None, p(0)?),
             Some(r) => {
                 let q_a = p(0)?;
-                let norm = Norm::rms_eps(r, INNER_EPS, fused, vb.pp("q_a_norm"))?;
+                let norm = Norm::rms_eps(r, INNER_EPS, fused, &w.pp("q_a_norm"))?;
                 (Some((q_a, norm)), p(1)?)
             }
         };
         let i = usize::from(m.q_lora_rank.is_some());
         let kv_a = p(i + 1)?;
-        let kv_a_norm = Norm::rms_eps(m.kv_lora_rank, INNER_EPS, fused, vb.pp("kv_a_norm"))?;
+        let kv_a_norm = Norm::rms_eps(m.kv_lora_rank, INNER_EPS, fused, &w.pp("kv_a_norm"))?;
         Ok(Self {
             q,
             q_a,
@@ -98,7 +98,9 @@ impl Mla {
             core: Core::new(cfg, layer, cfg.heads, cfg.heads),
         })
     }
+}
 
+impl Mla {
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
         let mut v = Vec::new();
         if let Some((q_a, _)) = &mut self.q_a {

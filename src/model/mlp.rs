@@ -3,13 +3,13 @@
 //! symbolic ones.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::VarBuilder;
 
 use super::config::{Config, ProjSpec};
 use super::kernels::Kernel;
 use super::proj::Proj;
 use super::shapes::Llama;
 use super::tensor_ops::{Map, TensorOps};
+use super::weights::Weights;
 
 /// Position-wise MLP: GPT's `fc2(gelu(fc1(x)))` (width 4H, GELU with the tanh approximation)
 /// or LLaMA's SwiGLU `down(silu(gate(x)) · up(x))` (width I); with `gelu`, Gemma's GeGLU
@@ -57,10 +57,14 @@ impl Glu {
     }
 }
 
-impl Mlp {
+impl<T: TensorOps> Mlp<T> {
     /// `projs` are the block's MLP projections (fc1, fc2 or gate, up, down).
-    pub(crate) fn new(cfg: &Config, projs: &[ProjSpec], vb: VarBuilder) -> Result<Self> {
-        let p = |i: usize| Proj::new(&projs[i], cfg, vb.clone());
+    pub(crate) fn new<W: Weights<Tensor = T>>(
+        cfg: &Config,
+        projs: &[ProjSpec],
+        w: &W,
+    ) -> Result<Self> {
+        let p = |i: usize| w.proj(&projs[i], cfg);
         let fused = cfg.kernels.fused();
         Ok(match projs.len() {
             2 => Mlp::Gelu {
@@ -77,7 +81,9 @@ impl Mlp {
             },
         })
     }
+}
 
+impl Mlp {
     pub(crate) fn projs_mut(&mut self) -> Vec<&mut Proj> {
         match self {
             Mlp::Gelu { fc1, fc2, .. } => vec![fc1, fc2],

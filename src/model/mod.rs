@@ -1,5 +1,6 @@
 //! Synthetic models written the candle way: a `Config` with named presets and layers built by
-//! `new(cfg, vb)` with sub-layers named through `vb.pp`.
+//! `new(cfg, w)` with sub-layers named through `w.pp`, over a source of weights
+//! ([`weights::Weights`]: candle-nn's `VarBuilder`, or the replay's symbolic parameters).
 
 pub mod attention;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod tensor_ops;
 pub mod tiled_attention;
 pub mod transformer;
 pub mod vit;
+pub mod weights;
 
 /// Model families memfit can build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

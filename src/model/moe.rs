@@ -39,7 +39,6 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use candle_core::{Result, Tensor};
-use candle_nn::{VarBuilder, linear_no_bias};
 
 use super::config::{Config, ProjSpec};
 use super::kernels::Kernel;
@@ -47,6 +46,7 @@ use super::mlp::Mlp;
 use super::proj::Proj;
 pub use super::shapes::{Factor, GroupLimit, MoeShape, Scoring};
 use super::tensor_ops::{self, Map, TensorOps};
+use super::weights::Weights;
 
 /// A mixture-of-experts MLP over tensors `T`: router, experts (SwiGLU [`Mlp`]s), routed by `R`
 /// (candle's [`HostRouting`] on the host from the router's scores; the replay's as it is told).
@@ -161,44 +161,45 @@ impl Moe {
             .flat_map(|e| e.projs_mut())
             .collect()
     }
+}
 
-    /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'.
-    pub(crate) fn new(
+impl<T: TensorOps, R> Moe<T, R> {
+    /// `expert` are one routed expert's gate, up, down; `shared` the shared experts'; the
+    /// routed experts those `w` holds, routed as it says.
+    pub(crate) fn new<W: Weights<Tensor = T, Routing = R>>(
         cfg: &Config,
         shape: MoeShape,
         layer: usize,
         expert: &[ProjSpec],
         shared: &[ProjSpec],
-        vb: VarBuilder,
+        w: &W,
     ) -> Result<Self> {
         // gpt-oss's router has a bias.
-        let router = if cfg.llama.is_some_and(|l| l.variant.router_bias) {
-            candle_nn::linear(cfg.hidden, shape.experts, vb.pp("router"))?
-        } else {
-            linear_no_bias(cfg.hidden, shape.experts, vb.pp("router"))?
-        };
-        let experts = (0..shape.experts)
-            .map(|e| Mlp::new(cfg, expert, vb.pp("experts").pp(e)))
+        let router_bias = cfg.llama.is_some_and(|l| l.variant.router_bias);
+        let router = w
+            .pp("router")
+            .linear(cfg.hidden, shape.experts, router_bias)?;
+        let ids = w.experts(shape.experts);
+        let experts = ids
+            .iter()
+            .map(|e| Mlp::new(cfg, expert, &w.pp("experts").pp(&e.to_string())))
             .collect::<Result<Vec<_>>>()?;
-        let shared_mlp = if shape.shared > 0 {
-            Some(Mlp::new(cfg, shared, vb.pp("shared"))?)
-        } else {
-            None
+        let shared_mlp = match shape.shared {
+            0 => None,
+            _ => Some(Mlp::new(cfg, shared, &w.pp("shared"))?),
         };
-        let shared_gate = if shape.shared > 0 && shape.shared_gate {
-            let g = linear_no_bias(cfg.hidden, 1, vb.pp("shared_gate"))?;
-            Some(Proj::plain(g, false))
-        } else {
-            None
+        let shared_gate = match shape.shared > 0 && shape.shared_gate {
+            true => Some(w.pp("shared_gate").linear(cfg.hidden, 1, false)?),
+            false => None,
         };
         Ok(Self {
-            router: Proj::plain(router, false),
+            router,
             experts,
             shared: shared_mlp,
             shared_gate,
             shape,
             fused: cfg.kernels.fused(),
-            routing: HostRouting { layer },
+            routing: w.routing(cfg, layer, &ids),
         })
     }
 }

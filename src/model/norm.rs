@@ -3,11 +3,12 @@
 //! it on candle's tensors, the replay on symbolic ones.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Init, VarBuilder};
+use candle_nn::Init;
 
 use super::config::Config;
 use super::kernels::Kernel;
 use super::tensor_ops::{self, TensorOps};
+use super::weights::Weights;
 
 /// The block's normalisation: LayerNorm with weight and bias (GPT, ViT: `layer_norm_slow`,
 /// which has a backward; `LayerNorm::forward` has none) or RMSNorm (LLaMA: weight only,
@@ -30,26 +31,27 @@ pub enum Norm<T = Tensor> {
     },
 }
 
-impl Norm {
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+impl<T: TensorOps> Norm<T> {
+    /// The block's norm: LayerNorm (GPT, ViT) or RMSNorm (LLaMA) over the hidden size.
+    pub fn new<W: Weights<Tensor = T>>(cfg: &Config, w: &W) -> Result<Self> {
         match cfg.llama {
             None => Ok(Norm::Layer {
-                weight: vb.get_with_hints(cfg.hidden, "weight", Init::Const(1.0))?,
-                bias: vb.get_with_hints(cfg.hidden, "bias", Init::Const(0.0))?,
+                weight: w.weight(&[cfg.hidden], "weight", Init::Const(1.0))?,
+                bias: w.weight(&[cfg.hidden], "bias", Init::Const(0.0))?,
                 eps: cfg.layer_norm_eps,
                 fused: cfg.kernels.fused(),
             }),
-            Some(_) => Self::rms(cfg.hidden, cfg, vb),
+            Some(_) => Self::rms(cfg.hidden, cfg, w),
         }
     }
 
     /// An RMSNorm over `size` (the blocks', Qwen3's and Gemma's q/k norms over a head), with
     /// Gemma's `1 + w` in a Gemma.
-    pub fn rms(size: usize, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+    pub fn rms<W: Weights<Tensor = T>>(size: usize, cfg: &Config, w: &W) -> Result<Self> {
         let offset = cfg.llama.is_some_and(|l| l.variant.unit_offset_norms);
         let init = Init::Const(if offset { 0.0 } else { 1.0 });
         Ok(Norm::Rms {
-            weight: vb.get_with_hints(size, "weight", init)?,
+            weight: w.weight(&[size], "weight", init)?,
             eps: cfg.layer_norm_eps,
             fused: cfg.kernels.fused(),
             offset,
@@ -57,9 +59,14 @@ impl Norm {
     }
 
     /// An RMSNorm over `size` with its own epsilon (MLA's inner norms).
-    pub fn rms_eps(size: usize, eps: f64, fused: bool, vb: VarBuilder) -> Result<Self> {
+    pub fn rms_eps<W: Weights<Tensor = T>>(
+        size: usize,
+        eps: f64,
+        fused: bool,
+        w: &W,
+    ) -> Result<Self> {
         Ok(Norm::Rms {
-            weight: vb.get_with_hints(size, "weight", Init::Const(1.0))?,
+            weight: w.weight(&[size], "weight", Init::Const(1.0))?,
             eps,
             fused,
             offset: false,

@@ -87,6 +87,8 @@ pub trait TensorOps: Graph {
     /// [`Graph::cat`] of owned parts (candle's `Tensor::cat` of a slice: one part is returned
     /// as it is).
     fn cat_owned(parts: &[Self], dim: usize) -> Result<Self>;
+    /// The index of the largest value along the last dimension (u32, that dimension gone).
+    fn argmax_last(&self) -> Result<Self>;
     /// The replay's ledger segment (a block's tag) the work under way belongs to; candle has
     /// none.
     fn segment(&self) -> u32 {
@@ -207,6 +209,9 @@ impl TensorOps for Tensor {
     }
     fn cat_owned(parts: &[Self], dim: usize) -> Result<Self> {
         Tensor::cat(parts, dim)
+    }
+    fn argmax_last(&self) -> Result<Self> {
+        self.argmax(candle_core::D::Minus1)
     }
     /// A dense frozen weight is mapped on its own; quantized blocks are kept.
     fn map_frozen(f: &FrozenWeight, _weight: &Self, base: &Map<'_, Self>) -> Result<FrozenWeight> {

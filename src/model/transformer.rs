@@ -40,11 +40,12 @@
 //! ```
 
 use candle_core::{DType, Device, Result, Tensor};
-use candle_nn::{Init, Linear, VarBuilder, embedding, linear, linear_no_bias};
+use candle_nn::{Init, VarBuilder};
 
 use super::kernels::{Kernel, Kernels};
 use super::tensor_ops::{self, Map, TensorOps};
 use super::vit::{self};
+use super::weights::Weights;
 
 pub use super::attention::{Attention, Rotary};
 pub use super::config::{
@@ -66,19 +67,26 @@ pub enum Ffn<T: TensorOps = Tensor, R = HostRouting> {
     Moe(Box<Moe<T, R>>),
 }
 
-impl Ffn {
+impl<T: TensorOps, R> Ffn<T, R> {
     /// The feed-forward part of block `layer` as its layout says.
-    fn for_block(cfg: &Config, layer: usize, layout: &MlpLayout, vb: VarBuilder) -> Result<Self> {
+    fn for_block<W: Weights<Tensor = T, Routing = R>>(
+        cfg: &Config,
+        layer: usize,
+        layout: &MlpLayout,
+        w: &W,
+    ) -> Result<Self> {
         Ok(match layout {
             MlpLayout::Moe {
                 shape,
                 expert,
                 shared,
-            } => Ffn::Moe(Box::new(Moe::new(cfg, *shape, layer, expert, shared, vb)?)),
-            MlpLayout::Dense(projs) => Ffn::Dense(Mlp::new(cfg, projs, vb)?),
+            } => Ffn::Moe(Box::new(Moe::new(cfg, *shape, layer, expert, shared, w)?)),
+            MlpLayout::Dense(projs) => Ffn::Dense(Mlp::new(cfg, projs, w)?),
         })
     }
+}
 
+impl Ffn {
     fn projs_mut(&mut self) -> Vec<&mut Proj> {
         match self {
             Ffn::Dense(m) => m.projs_mut(),
@@ -205,24 +213,29 @@ pub struct Block<T: TensorOps = Tensor, R = HostRouting> {
     pub(crate) tag: u32,
 }
 
-impl Block {
-    /// Block `layer` of the model ([`super::config::layer_layout`]); its tensors are made in
-    /// [`super::config::block_tensors`]' order.
-    pub fn new(cfg: &Config, layer: usize, vb: VarBuilder) -> Result<Self> {
+impl<T: TensorOps, R> Block<T, R> {
+    /// Block `layer` of the model ([`super::config::layer_layout`]) in segment `tag`; its
+    /// tensors are made in [`super::config::block_tensors`]' order.
+    pub fn new<W: Weights<Tensor = T, Routing = R>>(
+        cfg: &Config,
+        layer: usize,
+        tag: u32,
+        w: &W,
+    ) -> Result<Self> {
         let lay = cfg.layer_layout(layer);
         let gemma = cfg.llama.is_some_and(|l| l.variant.sandwich_norms);
-        let ln1 = Norm::new(cfg, vb.pp("ln1"))?;
+        let ln1 = Norm::new(cfg, &w.pp("ln1"))?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
-            Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, vb.pp("attn"))?),
-            None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, vb.pp("attn"))?),
+            Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, &w.pp("attn"))?),
+            None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, &w.pp("attn"))?),
         };
         let ln1_post = gemma
-            .then(|| Norm::new(cfg, vb.pp("ln1_post")))
+            .then(|| Norm::new(cfg, &w.pp("ln1_post")))
             .transpose()?;
-        let ln2 = Norm::new(cfg, vb.pp("ln2"))?;
-        let mlp = Ffn::for_block(cfg, layer, &lay.mlp, vb.pp("mlp"))?;
+        let ln2 = Norm::new(cfg, &w.pp("ln2"))?;
+        let mlp = Ffn::for_block(cfg, layer, &lay.mlp, &w.pp("mlp"))?;
         let post = match ln1_post {
-            Some(a) => Some((a, Norm::new(cfg, vb.pp("ln2_post"))?)),
+            Some(a) => Some((a, Norm::new(cfg, &w.pp("ln2_post"))?)),
             None => None,
         };
         Ok(Self {
@@ -232,7 +245,7 @@ impl Block {
             mlp,
             post,
             windowed: cfg.llama.and_then(|l| l.window_at(layer)).is_some(),
-            tag: layer as u32,
+            tag,
         })
     }
 }
@@ -446,75 +459,80 @@ pub struct Transformer<T: TensorOps = Tensor, R = HostRouting, C = Config> {
     pub(crate) own: C,
 }
 
-impl Transformer {
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+impl<T: TensorOps, R: Routing<T> + Clone, C: Clone> Transformer<T, R, C> {
+    /// A copy of the model whose weights are detached views of the same storage: running it
+    /// records no graph (inference) and allocates nothing for the weights.
+    pub fn detached(&self) -> Self {
+        let f = |t: &T| Ok(t.detach());
+        self.map_with(&f, &f, self.own.clone())
+            .expect("detach cannot fail")
+    }
+}
+
+impl<T: TensorOps, R, C> Transformer<T, R, C> {
+    /// The model of `cfg` with its weights from `w`, with the blocks `layers` (each its index
+    /// in the model and its segment, in order: all of them, or a compressed replay's few) and
+    /// `own` beside.
+    pub fn build<W: Weights<Tensor = T, Routing = R>>(
+        cfg: &Config,
+        w: &W,
+        layers: &[(usize, u32)],
+        own: C,
+    ) -> Result<Self> {
         // The rotary tables first: their f32 originals are freed before the weights exist.
         let rope = match cfg.llama {
             None => None,
-            Some(l) => Some(super::rotary::rotary_tables(
-                cfg.max_seq,
-                l.head_dim,
-                cfg.rope_theta,
-                cfg.rope_scaling.as_ref(),
-                vb.dtype(),
-                vb.device(),
-            )?),
+            Some(l) => {
+                Some(w.rotary(cfg, l.head_dim, cfg.rope_theta, cfg.rope_scaling.as_ref())?)
+            }
         };
         let rope_local = match cfg.llama {
             Some(l) if l.local_rope(cfg.layers) => {
                 let theta = l.variant.local_rope_theta.expect("a local base");
-                Some(super::rotary::rotary_tables(
-                    cfg.max_seq,
-                    l.head_dim,
-                    theta.0,
-                    None,
-                    vb.dtype(),
-                    vb.device(),
-                )?)
+                Some(w.rotary(cfg, l.head_dim, theta.0, None)?)
             }
             _ => None,
         };
+        let normal = |stdev| Init::Randn { mean: 0., stdev };
         let stem = match cfg.vision {
-            None => Stem::Tokens(
-                embedding(cfg.vocab, cfg.hidden, vb.pp("wte"))?
-                    .embeddings()
-                    .clone(),
-            ),
+            None => Stem::Tokens(w.pp("wte").weight(
+                &[cfg.vocab, cfg.hidden],
+                "weight",
+                normal(1.),
+            )?),
             Some(v) => Stem::Patches {
-                proj: Proj::plain(linear(v.patch_dim(), cfg.hidden, vb.pp("patch"))?, false),
-                cls: vb.get_with_hints(
-                    (1, 1, cfg.hidden),
-                    "cls",
-                    Init::Randn {
-                        mean: 0.,
-                        stdev: 0.02,
-                    },
-                )?,
+                proj: w.pp("patch").linear(v.patch_dim(), cfg.hidden, true)?,
+                cls: w.weight(&[1, 1, cfg.hidden], "cls", normal(0.02))?,
                 patch: v.patch,
             },
         };
         let wpe = match cfg.llama {
             Some(_) => None,
-            None => Some(vb.get_with_hints(
-                (cfg.max_seq, cfg.hidden),
-                "wpe",
-                Init::Randn {
-                    mean: 0.,
-                    stdev: 0.02,
-                },
-            )?),
+            None => Some(w.weight(&[cfg.max_seq, cfg.hidden], "wpe", normal(0.02))?),
         };
-        let blocks = (0..cfg.layers)
-            .map(|i| Block::new(cfg, i, vb.pp(format!("h.{i}"))))
+        let blocks = layers
+            .iter()
+            .map(|&(i, tag)| {
+                w.segment(tag);
+                Block::new(cfg, i, tag, &w.pp(&format!("h.{i}")))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let ln_f = Norm::new(cfg, vb.pp("ln_f"))?;
+        w.segment(0);
+        let ln_f = Norm::new(cfg, &w.pp("ln_f"))?;
         let fused = cfg.kernels.fused();
         let head = match (&stem, cfg.vision, cfg.tied) {
-            (Stem::Tokens(wte), None, true) => Proj::plain(Linear::new(wte.clone(), None), fused),
-            (_, None, _) => {
-                Proj::plain(linear_no_bias(cfg.hidden, cfg.vocab, vb.pp("head"))?, fused)
-            }
-            (_, Some(_), _) => Proj::plain(linear(cfg.hidden, cfg.vocab, vb.pp("head"))?, fused),
+            (Stem::Tokens(wte), None, true) => Proj {
+                weight: wte.clone(),
+                bias: None,
+                lora: None,
+                frozen: None,
+                fused,
+            },
+            (_, vision, _) => Proj {
+                fused,
+                ..w.pp("head")
+                    .linear(cfg.hidden, cfg.vocab, vision.is_some())?
+            },
         };
         Ok(Self {
             stem,
@@ -525,8 +543,17 @@ impl Transformer {
             ln_f,
             head,
             form: Form::of(cfg),
-            own: cfg.clone(),
+            own,
         })
+    }
+}
+
+impl Transformer {
+    /// The model of `cfg` with its weights from `vb` (every layer; the blocks' segments are
+    /// their indices).
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let layers: Vec<(usize, u32)> = (0..cfg.layers).map(|i| (i, i as u32)).collect();
+        Self::build(cfg, &vb, &layers, cfg.clone())
     }
 
     pub fn config(&self) -> &Config {
@@ -565,14 +592,6 @@ impl Transformer {
     pub fn cast(&self, dtype: DType) -> Result<Self> {
         let f = |t: &Tensor| t.to_dtype(dtype);
         self.map_with(&f, &f, self.own.clone())
-    }
-
-    /// A copy of the model whose weights are detached views of the same storage: running it
-    /// records no graph (inference) and allocates nothing for the weights.
-    pub fn detached(&self) -> Self {
-        let f = |t: &Tensor| Ok(t.detach());
-        self.map_with(&f, &f, self.own.clone())
-            .expect("detach cannot fail")
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the

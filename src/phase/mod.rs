@@ -29,6 +29,8 @@
 pub mod by_block;
 pub mod checkpoint;
 pub mod denormals;
+pub mod generate;
 pub mod runner;
+pub mod train;
 
 pub use crate::step::{OptimizerKind, Phase};

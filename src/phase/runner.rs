@@ -12,9 +12,12 @@ use crate::model::transformer::KvCache;
 use crate::optim::Opt;
 use crate::record::StatusError;
 
-use super::by_block::{self, Backward};
-use super::{Phase, checkpoint};
+use super::Phase;
+use super::by_block::Backward;
+use super::{generate, train};
 use crate::meter::{Meter, measure};
+use crate::model::config::Config;
+use crate::model::moe::HostRouting;
 use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::model::vit;
 use crate::workload::Case;
@@ -86,78 +89,20 @@ impl Trainer {
         }
     }
 
-    /// Mixed precision: a 16-bit working copy of the weights (recorded conversions, so the
-    /// gradients reach the f32 masters), 16-bit activations, the loss in f32.
-    fn loss(&self) -> candle_core::Result<Tensor> {
-        self.model
-            .training_loss(&self.tokens, &self.targets, self.compute)
-    }
-
-    /// The training forward: the whole graph, or with checkpointing the segment inputs and the
-    /// head's graph.
+    /// The training forward (`phase::train`): under mixed precision on a 16-bit working copy
+    /// of the weights (recorded conversions, so the gradients reach the f32 masters), the loss
+    /// in f32.
     fn forward(&self) -> candle_core::Result<Graph> {
-        if self.checkpoint == 0 && self.backward == Backward::ByBlock {
-            Ok(Graph::ByBlock(by_block::forward(
-                &self.model,
-                self.compute,
-                &self.tokens,
-                &self.targets,
-            )?))
-        } else if self.checkpoint == 0 {
-            Ok(Graph::Plain(self.loss()?))
-        } else if let Some(dtype) = self.compute {
-            Ok(Graph::Checkpointed(checkpoint::forward_mixed(
-                &self.model,
-                dtype,
-                &self.tokens,
-                &self.targets,
-                self.checkpoint,
-            )?))
-        } else {
-            let detached = self.model.detached();
-            Ok(Graph::Checkpointed(checkpoint::forward(
-                &self.model,
-                &detached,
-                &self.tokens,
-                &self.targets,
-                self.checkpoint,
-            )?))
-        }
+        let half = self.compute.map(|d| self.model.cast(d)).transpose()?;
+        let (k, backward) = (self.checkpoint, self.backward);
+        train::forward(&self.model, half, &self.tokens, &self.targets, k, backward)
     }
 
-    /// The backward of any graph. The plain graph stays with the caller (the `backward`
-    /// window ends with it alive, as before); the by-block and checkpointed ones are used up.
+    /// The backward of any graph (`phase::train`): the plain graph stays with the caller (the
+    /// `backward` window ends with it alive), the by-block and checkpointed ones are used up.
     fn backward(&self, graph: &mut Option<Graph>) -> candle_core::Result<GradStore> {
-        match graph.take() {
-            Some(Graph::Plain(loss)) => {
-                let grads = self.backward_plain(&loss);
-                *graph = Some(Graph::Plain(loss));
-                grads
-            }
-            Some(Graph::ByBlock(f)) => by_block::backward(&self.varmap.all_vars(), f),
-            Some(Graph::Checkpointed(f)) => checkpoint::backward(
-                &self.model,
-                &self.varmap.all_vars(),
-                f,
-                &self.tokens,
-                self.checkpoint,
-            ),
-            None => Err(candle_core::Error::Msg("backward without a forward".into())),
-        }
-    }
-
-    /// `loss.backward()`, keeping only the parameters' gradients. candle also stores gradients
-    /// for constant operands (the causal mask's broadcast) and never removes them; they are
-    /// freed here.
-    fn backward_plain(&self, loss: &Tensor) -> candle_core::Result<GradStore> {
-        let mut all = loss.backward()?;
-        let mut grads = GradStore::default();
-        for var in self.varmap.all_vars() {
-            if let Some(g) = all.remove(var.as_tensor()) {
-                grads.insert(var.as_tensor(), g);
-            }
-        }
-        Ok(grads)
+        let vars = || self.varmap.all_vars();
+        train::backward(&self.model, vars, graph, &self.tokens, self.checkpoint)
     }
 
     fn train_step(&self, opt: &mut Opt) -> candle_core::Result<()> {
@@ -266,11 +211,7 @@ fn recording(
 }
 
 /// What a training forward leaves for the backward.
-enum Graph {
-    Plain(Tensor),
-    ByBlock(by_block::Forward),
-    Checkpointed(checkpoint::Forward),
-}
+type Graph = train::Graph<Tensor, HostRouting, Config>;
 
 /// The case's synthetic input and targets: tokens `(B, S)` for the decoder, images
 /// `(B, C, I, I)` and classes `(B, 1)` for a ViT.
@@ -582,8 +523,7 @@ fn generate(
     let mut baseline = 0;
     metered(Phase::Prefill, results, meters, &mut || {
         recording(on_cpu(case, traced), &mut baseline, &mut || {
-            let logits = detached.forward_cached(&t.tokens, &mut cache)?;
-            next = Some(logits.argmax(D::Minus1)?);
+            next = Some(generate::prefill(detached, &t.tokens, &mut cache)?);
             Ok(())
         })
     })?;
@@ -594,21 +534,19 @@ fn generate(
     if !asked(Phase::Decode) {
         return Ok(());
     }
-    let mut next = next.expect("prefill ran");
     let mut prefix = t.tokens.clone();
+    let (n, kv) = (case.decode_tokens, case.kv_cache);
     metered(Phase::Decode, results, meters, &mut || {
         recording(on_cpu(case, traced), &mut baseline, &mut || {
-            for _ in 0..case.decode_tokens {
-                let token = next.unsqueeze(1)?;
-                let logits = if case.kv_cache {
-                    detached.forward_cached(&token, &mut cache)?
-                } else {
-                    prefix = Tensor::cat(&[&prefix, &token], 1)?;
-                    detached.forward_cached(&prefix, &mut KvCache::default())?
-                };
-                drop(token);
-                next = logits.argmax(D::Minus1)?;
-            }
+            let first = next.take().expect("prefill ran");
+            next = Some(generate::decode(
+                detached,
+                first,
+                &mut prefix,
+                &mut cache,
+                n,
+                kv,
+            )?);
             Ok(())
         })
     })?;

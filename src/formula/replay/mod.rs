@@ -13,13 +13,14 @@
 //! [`Sym`], so what is alive when is candle's by construction: a temporary dies at the end of
 //! its statement, a shadowed binding at the end of its scope, an operand passed by value when
 //! the operator returns; the copies a step makes (mixed precision's cast, the detached
-//! inference copy) are the model's `map_with`. `model.rs` and `proj.rs` allocate the weights
-//! as the replay holds them (variables, frozen bases, LoRA's adapters, quantized bytes);
-//! `moe.rs` routes the model's mixture of experts as it is told (a recorded, balanced or worst
-//! routing) and charges the host bytes candle's routing holds. No layer is stated twice. The
-//! checkpointed and block-by-block training steps are the runner's own (`phase::checkpoint`,
-//! `phase::by_block`, generic over the backward); generation, the phases' windows and the
-//! drivers here.
+//! inference copy) are the model's `map_with`. The model is built by its own constructors
+//! over a source of weights (`model::weights::Weights`); `model.rs` and `proj.rs` are the
+//! replay's source, which holds each weight as the case does (variables, frozen bases, LoRA's
+//! adapters, quantized bytes); `moe.rs` routes the model's mixture of experts as it is told (a
+//! recorded, balanced or worst routing) and charges the host bytes candle's routing holds. No
+//! layer is stated twice. The training step's forward and backward are the runner's own
+//! (`phase::train`, generic over the backward); generation and the phases' windows on the
+//! ledger are here.
 //!
 //! [`replay_training`], [`replay_serving`] and [`decode_step`] run a deep model through a few
 //! layers of each run of identical layers (training: and a few experts of each run of experts
@@ -36,10 +37,10 @@
 use std::rc::Rc;
 
 use super::shape::Shape;
-use super::symbolic::{DType, Ledger, Sym, backward};
+use super::symbolic::{DType, Ledger, Sym};
 use crate::device::{ElemType, ServingWeights};
-use crate::model::transformer::{LoraBase, MlpLayout, ProjSpec};
-use crate::phase::{by_block, checkpoint};
+use crate::model::transformer::{LoraBase, ProjSpec};
+use crate::phase::{generate, train};
 
 mod compress;
 mod model;
@@ -47,15 +48,7 @@ mod moe;
 mod proj;
 
 use super::symbolic::Sure;
-use crate::model::attention::Core;
-/// The model's attention and multi-head latent attention on symbolic tensors.
-type Attention = crate::model::attention::Attention<Sym>;
-type Mla = crate::model::mla::Mla<Sym>;
 use proj::Linear;
-
-/// The model's norm (`model::norm`) and MLP (`model::mlp`), run on symbolic tensors.
-type Norm = crate::model::norm::Norm<Sym>;
-type Mlp = crate::model::mlp::Mlp<Sym>;
 
 use model::*;
 pub use model::{KvCache, Masks};
@@ -89,7 +82,7 @@ pub struct Replay {
     pub decode_retained: i64,
 }
 
-/// Mirror of the runner's prefill and decode windows: their peaks and what they keep.
+/// The runner's prefill and decode windows (`phase::generate`): their peaks and what they keep.
 fn generation(
     ledger: &Rc<Ledger>,
     model: &Transformer,
@@ -99,29 +92,14 @@ fn generation(
     let mut cache = KvCache::default();
     let base = ledger.reset_peak();
     ledger.set_stage("prefill");
-    let next = {
-        let logits = model.forward_cached(tokens, &mut cache).sure();
-        logits.argmax_last()
-    };
+    let next = generate::prefill(model, tokens, &mut cache).sure();
     let prefill_peak = ledger.window_peak(base);
     let prefill_retained = ledger.current() - base;
     let base = ledger.reset_peak();
     ledger.set_stage("decode");
-    let mut next = next;
     let mut prefix = tokens.clone();
-    for _ in 0..shape.decode_tokens {
-        let token = next.unsqueeze(1);
-        let logits = if shape.kv_cache {
-            model.forward_cached(&token, &mut cache).sure()
-        } else {
-            prefix = Sym::cat(&[&prefix, &token], 1);
-            model
-                .forward_cached(&prefix, &mut KvCache::default())
-                .sure()
-        };
-        drop(token);
-        next = logits.argmax_last();
-    }
+    let (n, kv) = (shape.decode_tokens as usize, shape.kv_cache);
+    let next = generate::decode(model, next, &mut prefix, &mut cache, n, kv).sure();
     let decode_peak = ledger.window_peak(base);
     let decode_retained = ledger.current() as i64 - base as i64;
     ledger.set_stage("done");
@@ -431,7 +409,8 @@ fn all_layers(shape: &Shape) -> Vec<Slot> {
         .collect()
 }
 
-/// The training replay of the layers `slots` on `ledger`.
+/// The training replay of the layers `slots` on `ledger`: the runner's forward and backward
+/// windows (`phase::train`).
 fn training_on(
     ledger: &Rc<Ledger>,
     shape: &Shape,
@@ -442,71 +421,24 @@ fn training_on(
     let model = Transformer::with_layers(ledger, shape, true, slots, experts);
     let (tokens, targets) = inputs(ledger, shape);
     let k = shape.checkpoint as usize;
+    let backward = match shape.by_block {
+        true => train::Backward::ByBlock,
+        false => train::Backward::Whole,
+    };
     let base = ledger.reset_peak();
     ledger.set_stage("forward");
-    let (forward_peak, forward_retained, backward_peak, backward_retained);
-    if k == 0 && shape.by_block {
-        let half = shape.mixed.then(|| model.cast(DType::Half));
-        let fwd = by_block::forward_on(&model, half, &tokens, &targets).sure();
-        forward_peak = ledger.window_peak(base);
-        forward_retained = ledger.current() - base;
-        let base = ledger.reset_peak();
-        ledger.set_stage("backward");
-        let grads = by_block::backward::<Sym>(&model.own.vars, fwd).sure();
-        backward_peak = ledger.window_peak(base);
-        backward_retained = ledger.current() as i64 - base as i64;
-        ledger.set_stage("done");
-        drop(grads);
-    } else if k == 0 {
-        let loss = if shape.mixed {
-            // The runner's mixed-precision loss: a 16-bit working copy, the loss in f32.
-            let half = model.cast(DType::Half);
-            let logits = half.forward(&tokens).sure();
-            model
-                .train_loss(&logits.to_dtype(DType::F32), &targets)
-                .sure()
-        } else {
-            model
-                .train_loss(&model.forward(&tokens).sure(), &targets)
-                .sure()
-        };
-        forward_peak = ledger.window_peak(base);
-        forward_retained = ledger.current() - base;
-        let base = ledger.reset_peak();
-        ledger.set_stage("backward");
-        let mut all = backward(&loss);
-        backward_peak = ledger.window_peak(base);
-        let kept: Vec<Sym> = model
-            .own
-            .vars
-            .iter()
-            .filter_map(|v| all.remove(v))
-            .collect();
-        drop(all);
-        backward_retained = ledger.current() as i64 - base as i64;
-        ledger.set_stage("done");
-        drop(loss);
-        drop(kept);
-    } else {
-        let fwd = if shape.mixed {
-            // `checkpoint::forward_mixed`: the segments on the 16-bit working copy.
-            let half = model.cast(DType::Half);
-            let detached = half.detached();
-            checkpoint::forward_on_copy(half, &detached, &tokens, &targets, k).sure()
-        } else {
-            let detached = model.detached();
-            checkpoint::forward(&model, &detached, &tokens, &targets, k).sure()
-        };
-        forward_peak = ledger.window_peak(base);
-        forward_retained = ledger.current() - base;
-        let base = ledger.reset_peak();
-        ledger.set_stage("backward");
-        let grads = checkpoint::backward(&model, &model.own.vars, fwd, &tokens, k).sure();
-        backward_peak = ledger.window_peak(base);
-        backward_retained = ledger.current() as i64 - base as i64;
-        ledger.set_stage("done");
-        drop(grads);
-    }
+    let half = shape.mixed.then(|| model.cast(DType::Half));
+    let graph = train::forward(&model, half, &tokens, &targets, k, backward).sure();
+    let forward_peak = ledger.window_peak(base);
+    let forward_retained = ledger.current() - base;
+    let base = ledger.reset_peak();
+    ledger.set_stage("backward");
+    let mut graph = Some(graph);
+    let grads = train::backward(&model, || &model.own.vars, &mut graph, &tokens, k).sure();
+    let backward_peak = ledger.window_peak(base);
+    let backward_retained = ledger.current() as i64 - base as i64;
+    ledger.set_stage("done");
+    drop((graph, grads));
     Training {
         forward_peak,
         forward_retained,

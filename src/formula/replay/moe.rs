@@ -2,12 +2,8 @@
 //! told ([`Told`]: a row's recorded tokens per expert, the worst routing, or balanced) instead
 //! of on the host, with the host bytes candle's routing holds charged to the ledger.
 
-use super::proj::Linear;
 use crate::formula::symbolic::{DType, HostBytes, Sym};
 use crate::model::moe::{MoeShape, Routing};
-
-/// The model's mixture of experts on symbolic tensors.
-pub(super) type Moe = crate::model::moe::Moe<Sym, Told>;
 
 /// A routing the replay is told.
 #[derive(Debug, Clone)]
@@ -123,17 +119,6 @@ impl Routing<Sym> for Told {
     }
     fn one_per_count(&self) -> bool {
         !EVERY_EXPERT.with(|e| e.get())
-    }
-}
-
-impl Moe {
-    pub(super) fn linears(&self) -> Vec<&Linear> {
-        let mut v = vec![&self.router];
-        for e in self.experts.iter().chain(&self.shared) {
-            v.extend(e.projs());
-        }
-        v.extend(&self.shared_gate);
-        v
     }
 }
 

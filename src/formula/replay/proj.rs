@@ -15,7 +15,7 @@ pub(super) type Linear = Proj<Sym>;
 impl Params<'_> {
     /// candle-nn's `Linear` `inp → out` (weight `(out, in)`, optional bias), not fused: the
     /// patch projection, the head, the routers.
-    pub(super) fn linear(&self, inp: usize, out: usize, bias: bool) -> Linear {
+    pub(super) fn plain(&self, inp: usize, out: usize, bias: bool) -> Linear {
         Proj {
             weight: self.tensor(&[out, inp]),
             bias: bias.then(|| self.tensor(&[out])),
@@ -27,12 +27,12 @@ impl Params<'_> {
 
     /// A projection `spec`, with an adapter of rank `r` when `r > 0`: the adapter is a
     /// variable, the base weights are frozen (not variables) under LoRA.
-    pub(super) fn proj(&self, spec: &ProjSpec, r: usize) -> Linear {
+    pub(super) fn proj_of(&self, spec: &ProjSpec, r: usize) -> Linear {
         let (inp, out) = (spec.inp, spec.out);
         if !self.lora {
             return Proj {
                 fused: self.fused,
-                ..self.linear(inp, out, spec.bias)
+                ..self.plain(inp, out, spec.bias)
             };
         }
         // Under LoRA every projection is frozen as `lora_base` says; adapted ones (r > 0) also

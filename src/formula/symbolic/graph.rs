@@ -374,6 +374,9 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     fn cat_owned(parts: &[Self], dim: usize) -> candle_core::Result<Self> {
         Ok(Sym::cat(&parts.iter().collect::<Vec<_>>(), dim))
     }
+    fn argmax_last(&self) -> candle_core::Result<Self> {
+        Ok(Sym::argmax_last(self))
+    }
     /// The frozen op holds the projection's (mapped) weight and its scales.
     fn map_frozen(
         f: &FrozenSym,

@@ -1,0 +1,96 @@
+//! Where a model's weights come from, so that each layer's construction is written once
+//! (`build`, beside its forward): candle-nn's `VarBuilder` (variables made and initialised in a
+//! `VarMap`, or read from a checkpoint) or the replay's parameters (symbolic weights on its
+//! ledger, frozen or quantized as the case holds them). A layer asks for its weights by the
+//! names candle-nn gives them (`vb.pp`), in the order the model creates them; what differs
+//! between the two is only how a weight, a projection and the rotary tables are made, which
+//! experts are built, and how the experts are routed.
+
+use candle_core::{Result, Tensor};
+use candle_nn::{Init, VarBuilder};
+
+use super::config::{Config, ProjSpec};
+use super::moe::HostRouting;
+use super::proj::Proj;
+use super::shapes::RopeScaling;
+use super::tensor_ops::TensorOps;
+
+/// A source of weights for one interpreter's tensors.
+pub trait Weights: Sized {
+    type Tensor: TensorOps;
+    /// How a mixture of experts built from here routes its tokens.
+    type Routing;
+    /// The weights under `name` (candle-nn's `pp`).
+    fn pp(&self, name: &str) -> Self;
+    /// A weight `dims` named `name`, made with `init` (a variable while training).
+    fn weight(&self, dims: &[usize], name: &str, init: Init) -> Result<Self::Tensor>;
+    /// candle-nn's `Linear` `inp → out` here (weight `(out, in)`, a bias when `bias`), without
+    /// an adapter and not fused: the patch projection, the head, the routers, the shared gate.
+    fn linear(&self, inp: usize, out: usize, bias: bool) -> Result<Proj<Self::Tensor>>;
+    /// A block's projection `spec`, with its LoRA adapter when `cfg` adapts it.
+    fn proj(&self, spec: &ProjSpec, cfg: &Config) -> Result<Proj<Self::Tensor>>;
+    /// The rotary tables cos and sin `(S_max, D/2)` for heads of `head_dim` (buffers, never
+    /// variables, in the weights' type).
+    fn rotary(
+        &self,
+        cfg: &Config,
+        head_dim: usize,
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    /// The routed experts a mixture of `n` holds (their indices): all of them, or a compressed
+    /// replay's few.
+    fn experts(&self, n: usize) -> Vec<usize> {
+        (0..n).collect()
+    }
+    /// The routing of block `layer`'s mixture, holding the experts `experts`.
+    fn routing(&self, cfg: &Config, layer: usize, experts: &[usize]) -> Self::Routing;
+    /// The weights made next are block `tag`'s (0: outside the blocks); the replay's ledger
+    /// segments (`formula::replay::compress`).
+    fn segment(&self, _tag: u32) {}
+}
+
+impl Weights for VarBuilder<'_> {
+    type Tensor = Tensor;
+    type Routing = HostRouting;
+
+    fn pp(&self, name: &str) -> Self {
+        VarBuilder::pp(self, name)
+    }
+
+    fn weight(&self, dims: &[usize], name: &str, init: Init) -> Result<Tensor> {
+        self.get_with_hints(dims, name, init)
+    }
+
+    fn linear(&self, inp: usize, out: usize, bias: bool) -> Result<Proj> {
+        Ok(Proj::plain(
+            candle_nn::linear_b(inp, out, bias, self.clone())?,
+            false,
+        ))
+    }
+
+    fn proj(&self, spec: &ProjSpec, cfg: &Config) -> Result<Proj> {
+        Proj::new(spec, cfg, self.clone())
+    }
+
+    fn rotary(
+        &self,
+        cfg: &Config,
+        head_dim: usize,
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+    ) -> Result<(Tensor, Tensor)> {
+        super::rotary::rotary_tables(
+            cfg.max_seq,
+            head_dim,
+            theta,
+            scaling,
+            self.dtype(),
+            self.device(),
+        )
+    }
+
+    fn routing(&self, _cfg: &Config, layer: usize, _experts: &[usize]) -> HostRouting {
+        HostRouting { layer }
+    }
+}
