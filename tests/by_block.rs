@@ -89,6 +89,10 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "mixtral",
         "qwen2_moe",
         "deepseek_v2",
+        "deepseek_v3",
+        "phi3",
+        "gemma3",
+        "gpt_oss",
     ] {
         both_kernels(family, fixture(family));
     }

@@ -321,10 +321,10 @@ pub fn softmax_last<T: TensorOps>(xs: &T) -> Result<T> {
 }
 
 /// candle-nn's `ops::layer_norm_slow` (candle-nn 0.11.1), statement for statement: half
-/// precision is normalised in f32.
+/// precision is normalised in f32, f32 and f64 in their own type.
 pub fn layer_norm_slow<T: TensorOps>(x: &T, w: &T, b: &T, eps: f32) -> Result<T> {
     let h = *x.dims().last().expect("a norm's input has a dimension") as f64;
-    let xf = x.to_f32()?;
+    let xf = x.upcast()?;
     let xf = {
         let mean_x = xf.sum_last_keepdim()?.affine(1.0 / h, 0.0)?;
         xf.broadcast_sub(&mean_x)?
@@ -337,7 +337,7 @@ pub fn layer_norm_slow<T: TensorOps>(x: &T, w: &T, b: &T, eps: f32) -> Result<T>
 /// candle-nn's `ops::rms_norm_slow` (candle-nn 0.11.1), statement for statement.
 pub fn rms_norm_slow<T: TensorOps>(x: &T, w: &T, eps: f32) -> Result<T> {
     let h = *x.dims().last().expect("a norm's input has a dimension") as f64;
-    let xf = x.to_f32()?;
+    let xf = x.upcast()?;
     let norm_x = xf.sqr()?.sum_last_keepdim()?.affine(1.0 / h, 0.0)?;
     let x_normed = xf.broadcast_div(&norm_x.affine(1.0, eps as f64)?.sqrt()?)?;
     x_normed.to_dtype_of(x)?.broadcast_mul(w)

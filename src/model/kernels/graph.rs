@@ -24,6 +24,11 @@ pub trait Graph: Clone + Sized {
     fn tracked(&self) -> bool;
     /// f32 (the same tensor when already f32).
     fn to_f32(&self) -> Result<Self>;
+    /// The type a 16-bit tensor computes in (f32); any other type is kept (candle-nn's norms:
+    /// f64 stays f64). The replay's tensors are f32 or 16-bit: [`Graph::to_f32`].
+    fn upcast(&self) -> Result<Self> {
+        self.to_f32()
+    }
     /// Converted to `like`'s element type (the same tensor when equal).
     fn to_dtype_of(&self, like: &Self) -> Result<Self>;
     fn add(&self, rhs: &Self) -> Result<Self>;
@@ -148,6 +153,12 @@ impl Graph for Tensor {
     }
     fn to_f32(&self) -> Result<Self> {
         self.to_dtype(DType::F32)
+    }
+    fn upcast(&self) -> Result<Self> {
+        match self.dtype() {
+            DType::F16 | DType::BF16 => self.to_dtype(DType::F32),
+            _ => Ok(self.clone()),
+        }
     }
     fn to_dtype_of(&self, like: &Self) -> Result<Self> {
         self.to_dtype(like.dtype())
