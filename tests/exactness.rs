@@ -243,8 +243,9 @@ fn mixed_f16() {
     ]);
 }
 
-/// Mixed precision with checkpointing: the working copy lives from the forward to the end of
-/// the backward; segments recomputed on it.
+/// Mixed precision with checkpointing: the stem's and head's working copies live from the
+/// forward to the end of the backward; each segment's blocks are cast as it runs and again as
+/// it is recomputed.
 #[test]
 fn mixed_f16_checkpointed() {
     check(&[

@@ -657,6 +657,23 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B; each
     /// block's in its segment), keeping `own` beside. A tied head is the mapped token table.
     pub(crate) fn map_with(&self, base: &Map<'_, T>, adapter: &Map<'_, T>, own: C) -> Result<Self> {
+        self.map_parts(base, adapter, own, true)
+    }
+
+    /// [`Self::map_with`] of everything but the blocks, which it has none of (a mixed-precision
+    /// checkpointed step's working copy: the masters' blocks are cast a segment at a time and
+    /// run through [`Self::blocks_forward_with`]).
+    pub(crate) fn map_outside(&self, base: &Map<'_, T>, own: C) -> Result<Self> {
+        self.map_parts(base, base, own, false)
+    }
+
+    fn map_parts(
+        &self,
+        base: &Map<'_, T>,
+        adapter: &Map<'_, T>,
+        own: C,
+        blocks: bool,
+    ) -> Result<Self> {
         let rope = match &self.rope {
             None => None,
             Some((c, s)) => Some((base(c)?, base(s)?)),
@@ -676,14 +693,10 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         let wpe = self.wpe.as_ref().map(base).transpose()?;
         let w = &self.head.weight;
         let outer = w.segment();
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|b| {
-                w.set_segment(b.tag);
-                b.map(base, adapter)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let blocks = match blocks {
+            true => self.map_blocks(0..self.blocks.len(), base, adapter)?,
+            false => Vec::new(),
+        };
         w.set_segment(outer);
         let ln_f = self.ln_f.map(base)?;
         let head = match (&stem, self.form.tied) {
@@ -706,11 +719,32 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         })
     }
 
-    /// Block `i`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
+    /// Blocks `range` with `base` on their weights and `adapter` on LoRA's A and B, each made
+    /// in its block's segment.
+    pub(crate) fn map_blocks(
+        &self,
+        range: std::ops::Range<usize>,
+        base: &Map<'_, T>,
+        adapter: &Map<'_, T>,
+    ) -> Result<Vec<Block<T, R>>> {
+        let w = &self.head.weight;
+        let outer = w.segment();
+        let blocks = self.blocks[range]
+            .iter()
+            .map(|b| {
+                w.set_segment(b.tag);
+                b.map(base, adapter)
+            })
+            .collect::<Result<Vec<_>>>();
+        w.set_segment(outer);
+        blocks
+    }
+
+    /// `block`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
     /// the local tables), or none.
-    fn rotary(&self, i: usize, offset: usize) -> Option<Rotary<'_, T>> {
+    fn rotary(&self, block: &Block<T, R>, offset: usize) -> Option<Rotary<'_, T>> {
         let tables = match &self.rope_local {
-            Some(local) if self.blocks[i].windowed => Some(local),
+            Some(local) if block.windowed => Some(local),
             _ => self.rope.as_ref(),
         };
         tables.map(|(cos, sin)| Rotary { cos, sin, offset })
@@ -741,24 +775,32 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// the windowed one for the sliding layers, each made when some layer uses it (decoder);
     /// none (ViT, fused kernels).
     pub fn input_mask(&self, input: &T) -> Result<Masks<T>> {
+        self.input_mask_for(&self.blocks, input)
+    }
+
+    /// [`Self::input_mask`] for the layers `blocks` (a working copy without blocks: the
+    /// masters').
+    pub fn input_mask_for(&self, blocks: &[Block<T, R>], input: &T) -> Result<Masks<T>> {
         match &self.stem {
-            Stem::Tokens(wte) if self.needs_mask() => self.masks(wte, input.dims()[1]),
+            Stem::Tokens(wte) if self.needs_mask() => self.masks_for(blocks, wte, input.dims()[1]),
             _ => Ok(Masks::default()),
         }
     }
 
-    /// The masks of a prompt of `s` tokens: full first, then windowed (as transformers makes
-    /// its `full_attention` and `sliding_attention` masks).
     fn masks(&self, wte: &T, s: usize) -> Result<Masks<T>> {
-        let full = if self.blocks.iter().any(|b| !b.windowed) {
+        self.masks_for(&self.blocks, wte, s)
+    }
+
+    /// The masks of a prompt of `s` tokens for the layers `blocks`: full first, then windowed
+    /// (as transformers makes its `full_attention` and `sliding_attention` masks).
+    fn masks_for(&self, blocks: &[Block<T, R>], wte: &T, s: usize) -> Result<Masks<T>> {
+        let full = if blocks.iter().any(|b| !b.windowed) {
             Some(self.mask(wte, s, None)?)
         } else {
             None
         };
         let sliding = match self.form.sliding_window {
-            Some(w) if self.blocks.iter().any(|b| b.windowed) => {
-                Some(self.mask(wte, s, Some(w))?)
-            }
+            Some(w) if blocks.iter().any(|b| b.windowed) => Some(self.mask(wte, s, Some(w))?),
             _ => None,
         };
         Ok(Masks { full, sliding })
@@ -800,9 +842,14 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             None => self.tokens(wte, tokens)?,
         };
         let outer = tokens.segment();
-        for (i, (block, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+        for (block, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             tokens.set_segment(block.tag);
-            x = block.forward_cached(&x, masks.at(block.windowed), self.rotary(i, offset), c)?;
+            x = block.forward_cached(
+                &x,
+                masks.at(block.windowed),
+                self.rotary(block, offset),
+                c,
+            )?;
         }
         tokens.set_segment(outer);
         cache.pos += s;
@@ -869,12 +916,26 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     }
 
     /// Blocks `range` applied to `x`, each block's input freed once its output exists.
-    fn run_blocks(&self, mut x: T, masks: &Masks<T>, range: std::ops::Range<usize>) -> Result<T> {
+    fn run_blocks(&self, x: T, masks: &Masks<T>, range: std::ops::Range<usize>) -> Result<T> {
+        self.run_blocks_of(&self.blocks[range], x, masks)
+    }
+
+    /// [`Self::blocks_forward`] through `blocks` (a segment's working copy of some of the
+    /// blocks), with this model's tables (this model's own blocks are not read).
+    pub fn blocks_forward_with(
+        &self,
+        blocks: &[Block<T, R>],
+        x: &T,
+        masks: &Masks<T>,
+    ) -> Result<T> {
+        self.run_blocks_of(blocks, x.clone(), masks)
+    }
+
+    fn run_blocks_of(&self, blocks: &[Block<T, R>], mut x: T, masks: &Masks<T>) -> Result<T> {
         let outer = x.segment();
-        for i in range {
-            let block = &self.blocks[i];
+        for block in blocks {
             x.set_segment(block.tag);
-            x = block.forward(&x, masks.at(block.windowed), self.rotary(i, 0))?;
+            x = block.forward(&x, masks.at(block.windowed), self.rotary(block, 0))?;
         }
         x.set_segment(outer);
         Ok(x)

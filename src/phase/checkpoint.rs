@@ -12,9 +12,11 @@
 //! bit in f32 (tested): the same ops run on the same values, and the seeding product multiplies
 //! by exactly 1.
 //!
-//! Under mixed precision ([`forward_mixed`]) the segments run on the 16-bit working copy,
-//! which lives from the forward to the end of the backward; the gradients reach the f32
-//! masters through its recorded conversions.
+//! Under mixed precision ([`forward_mixed_with`]) as autocast under non-reentrant
+//! checkpointing: the stem, tables, final norm and head are cast once (kept to the end of the
+//! backward), each segment's blocks are cast when it runs and again when it is recomputed, so
+//! no 16-bit copy of every block lives through the step; the gradients reach the f32 masters
+//! through the recorded conversions.
 //!
 //! Memory: the forward keeps `⌈L/K⌉` segment inputs (`e·B·S·H` each) plus the head's graph and
 //! its input copy; the backward peaks while recomputing one segment (K blocks' graph and their
@@ -23,14 +25,14 @@
 use candle_core::{Result, Tensor};
 
 use crate::model::moe::Routing;
-use crate::model::tensor_ops::{Autograd, TensorOps};
+use crate::model::tensor_ops::{Autograd, Map, TensorOps};
 use crate::model::transformer::{Masks, Transformer};
 
 pub use crate::step::segments;
 
 /// What the checkpointed forward keeps for its backward: the loss (its graph is the head's),
 /// the head's input variable, each segment's input, the masks, and under mixed precision the
-/// 16-bit working copy.
+/// working copy of everything outside the blocks with a tensor of the working type.
 pub struct Forward<
     T: TensorOps = Tensor,
     R = crate::model::moe::HostRouting,
@@ -40,8 +42,12 @@ pub struct Forward<
     head_in: T,
     inputs: Vec<T>,
     mask: Masks<T>,
-    half: Option<Box<Transformer<T, R, C>>>,
+    half: Option<Working<T, R, C>>,
 }
+
+/// Mixed precision's working copy of everything outside the blocks, and a tensor of the
+/// working type.
+type Working<T, R, C> = (Box<Transformer<T, R, C>>, T);
 
 /// The checkpointed forward with the model's own weights; `detached` is the model with its
 /// weights detached (no graph).
@@ -52,11 +58,11 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
     targets: &T,
     k: usize,
 ) -> Result<Forward<T, R, C>> {
-    run_forward(model, detached, tokens, targets, k, false)
+    run_forward(model, detached, tokens, targets, k, None)
 }
 
-/// The checkpointed forward under mixed precision: the segments and the head on the 16-bit
-/// working copy (kept until the backward), the loss in f32.
+/// The checkpointed forward under mixed precision with candle's tensors in `dtype`
+/// ([`forward_mixed_with`]).
 pub fn forward_mixed(
     model: &Transformer,
     dtype: candle_core::DType,
@@ -64,44 +70,62 @@ pub fn forward_mixed(
     targets: &Tensor,
     k: usize,
 ) -> Result<Forward> {
-    let half = model.cast(dtype)?;
-    let detached = half.detached();
-    forward_on_copy(half, &detached, tokens, targets, k)
+    forward_mixed_with(model, &|t: &Tensor| t.to_dtype(dtype), tokens, targets, k)
 }
 
-/// The checkpointed forward on a working copy `half` of the model (mixed precision's, kept
-/// until the backward; `detached` its weights detached), the loss in f32.
-pub fn forward_on_copy<T: Autograd, R: Routing<T> + Clone, C>(
-    half: Transformer<T, R, C>,
-    detached: &Transformer<T, R, C>,
+/// The checkpointed forward under mixed precision, as autocast runs it under non-reentrant
+/// checkpointing: the stem, the tables, the final norm and the head cast once by `cast` (a
+/// recorded conversion; kept until the backward, as autocast's matmuls keep their cast
+/// weights), each segment's blocks cast as it runs (without a graph, freed after it) and again
+/// when it is recomputed in the backward; the loss in f32. No working copy of every block
+/// lives through the step.
+pub fn forward_mixed_with<T: Autograd, R: Routing<T> + Clone, C: Clone>(
+    model: &Transformer<T, R, C>,
+    cast: &Map<'_, T>,
     tokens: &T,
     targets: &T,
     k: usize,
 ) -> Result<Forward<T, R, C>> {
-    let mut f = run_forward(&half, detached, tokens, targets, k, true)?;
-    f.half = Some(Box::new(half));
+    let half = model.map_outside(cast, model.own.clone())?;
+    let like = half.head.weight.clone();
+    let detached = half.detached();
+    let mut f = run_forward(&half, &detached, tokens, targets, k, Some((model, &like)))?;
+    f.half = Some((Box::new(half), like));
     Ok(f)
 }
 
+/// The forward of `model`'s head over segments run on `detached`; under mixed precision
+/// (`cast`: the masters and a tensor of the working type) each segment's blocks are the
+/// masters' cast without a graph, and the loss is in f32.
 fn run_forward<T: Autograd, R: Routing<T> + Clone, C>(
     model: &Transformer<T, R, C>,
     detached: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     k: usize,
-    f32_loss: bool,
+    cast: Option<(&Transformer<T, R, C>, &T)>,
 ) -> Result<Forward<T, R, C>> {
-    let mask = model.input_mask(tokens)?;
+    // A mixed-precision working copy has no blocks: the masters' say which masks and how
+    // many segments.
+    let blocks = cast.map_or(&model.blocks, |(m, _)| &m.blocks);
+    let mask = model.input_mask_for(blocks, tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
-    for seg in segments(model.blocks.len(), k) {
+    for seg in segments(blocks.len(), k) {
         inputs.push(x.clone());
-        x = detached.blocks_forward(&x, &mask, seg)?;
+        x = match cast {
+            None => detached.blocks_forward(&x, &mask, seg)?,
+            Some((masters, like)) => {
+                let f = |t: &T| t.detach().to_dtype_of(like);
+                let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
+                detached.blocks_forward_with(&blocks, &x, &mask)?
+            }
+        };
     }
     let head_in = x.var_from()?;
     drop(x);
     let logits = model.head_forward(&head_in)?;
-    let loss = if f32_loss {
+    let loss = if cast.is_some() {
         model.train_loss(&logits.to_f32()?, targets)?
     } else {
         model.train_loss(&logits, targets)?
@@ -157,7 +181,8 @@ pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
         mask,
         half,
     } = fwd;
-    let model = half.as_deref().unwrap_or(model);
+    let masters = model;
+    let model = half.as_ref().map_or(model, |(h, _)| h.as_ref());
     let mut grads = T::Grads::default();
     let mut all = loss.backward()?;
     let mut grad_out = T::take_grad(&mut all, &head_in).ok_or_else(|| {
@@ -166,10 +191,18 @@ pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
     keep::<T>(&mut grads, &mut all, vars)?;
     drop((all, loss, head_in));
     let outer = tokens.segment();
-    for seg in segments(model.blocks.len(), k).into_iter().rev() {
-        tokens.set_segment(model.blocks[seg.start].tag);
+    for seg in segments(masters.blocks.len(), k).into_iter().rev() {
+        tokens.set_segment(masters.blocks[seg.start].tag);
         let xin = inputs.pop().expect("one input per segment").var_from()?;
-        let out = model.blocks_forward(&xin, &mask, seg)?;
+        let out = match &half {
+            None => model.blocks_forward(&xin, &mask, seg)?,
+            // The segment's blocks cast again, recorded: their gradients reach the masters.
+            Some((_, like)) => {
+                let f = |t: &T| t.to_dtype_of(like);
+                let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
+                model.blocks_forward_with(&blocks, &xin, &mask)?
+            }
+        };
         let mut all = out.mul(&grad_out)?.sum_all()?.backward()?;
         drop(out);
         grad_out = T::take_grad(&mut all, &xin).ok_or_else(|| {

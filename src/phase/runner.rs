@@ -93,9 +93,12 @@ impl Trainer {
     /// of the weights (recorded conversions, so the gradients reach the f32 masters), the loss
     /// in f32.
     fn forward(&self) -> candle_core::Result<Graph> {
-        let half = self.compute.map(|d| self.model.cast(d)).transpose()?;
+        let cast = self.compute.map(|d| move |t: &Tensor| t.to_dtype(d));
+        let cast = cast
+            .as_ref()
+            .map(|f| f as &crate::model::tensor_ops::Map<'_, Tensor>);
         let (k, backward) = (self.checkpoint, self.backward);
-        train::forward(&self.model, half, &self.tokens, &self.targets, k, backward)
+        train::forward(&self.model, cast, &self.tokens, &self.targets, k, backward)
     }
 
     /// The backward of any graph (`phase::train`): the plain graph stays with the caller (the

@@ -8,7 +8,7 @@ use candle_core::Result;
 
 use super::{by_block, checkpoint};
 use crate::model::moe::Routing;
-use crate::model::tensor_ops::Autograd;
+use crate::model::tensor_ops::{Autograd, Map};
 use crate::model::transformer::Transformer;
 pub use crate::step::Backward;
 
@@ -21,27 +21,27 @@ pub enum Graph<T: Autograd, R, C> {
 }
 
 /// The training forward: checkpointed with `k` blocks a segment (0: none), else block by
-/// block or the whole graph as `backward` says. `half`: mixed precision's working copy of the
-/// weights (made by the caller in its window: the conversions are recorded), kept until the
-/// loss (checkpointed: until the backward), the loss in f32.
+/// block or the whole graph as `backward` says. `cast`: mixed precision's recorded conversion
+/// to the working type; the whole and by-block forwards run on a working copy of every weight
+/// (kept until the loss: its conversions are in the graph), the checkpointed one casts a
+/// segment's blocks at a time ([`checkpoint::forward_mixed_with`]); the loss in f32.
 pub fn forward<T: Autograd, R: Routing<T> + Clone, C: Clone>(
     model: &Transformer<T, R, C>,
-    half: Option<Transformer<T, R, C>>,
+    cast: Option<&Map<'_, T>>,
     tokens: &T,
     targets: &T,
     k: usize,
     backward: Backward,
 ) -> Result<Graph<T, R, C>> {
     if k > 0 {
-        let f = match half {
-            Some(half) => {
-                let detached = half.detached();
-                checkpoint::forward_on_copy(half, &detached, tokens, targets, k)?
-            }
+        return Ok(Graph::Checkpointed(match cast {
+            Some(cast) => checkpoint::forward_mixed_with(model, cast, tokens, targets, k)?,
             None => checkpoint::forward(model, &model.detached(), tokens, targets, k)?,
-        };
-        return Ok(Graph::Checkpointed(f));
+        }));
     }
+    let half = cast
+        .map(|f| model.map_with(f, f, model.own.clone()))
+        .transpose()?;
     Ok(match (backward, half) {
         (Backward::ByBlock, half) => {
             Graph::ByBlock(by_block::forward_on(model, half, tokens, targets)?)

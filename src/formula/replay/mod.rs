@@ -39,6 +39,7 @@ use std::rc::Rc;
 use super::shape::Shape;
 use super::symbolic::{DType, Ledger, Sym};
 use crate::device::{ElemType, ServingWeights};
+use crate::model::tensor_ops::Map;
 use crate::model::transformer::{LoraBase, ProjSpec};
 use crate::phase::{generate, train};
 
@@ -159,6 +160,8 @@ fn decode_step_on(
     let model = Transformer::with_layers(ledger, shape, false, slots, None);
     let weights = ledger.current();
     let (g, d) = shape.kv_dims();
+    // The cache is in the serving weights' (unquantized) type: the final norm's.
+    let dtype = model.ln_f.weights()[0].dtype();
     let b = shape.b as usize;
     // Keys and values `(B, G, T, D)`; MLA: the latent `(B, 1, T, L)` and the shared rotary
     // key `(B, 1, T, r)`.
@@ -184,10 +187,7 @@ fn decode_step_on(
             let (mut kd, mut vd) = (kd, vd);
             kd[2] = t;
             vd[2] = t;
-            Some((
-                Sym::new(ledger, &kd, model.own.dtype),
-                Sym::new(ledger, &vd, model.own.dtype),
-            ))
+            Some((Sym::new(ledger, &kd, dtype), Sym::new(ledger, &vd, dtype)))
         })
         .collect();
     let mut cache = KvCache {
@@ -427,8 +427,9 @@ fn training_on(
     };
     let base = ledger.reset_peak();
     ledger.set_stage("forward");
-    let half = shape.mixed.then(|| model.cast(DType::Half));
-    let graph = train::forward(&model, half, &tokens, &targets, k, backward).sure();
+    let half = |t: &Sym| Ok(t.to_dtype(DType::Half));
+    let cast = shape.mixed.then_some(&half as &Map<'_, Sym>);
+    let graph = train::forward(&model, cast, &tokens, &targets, k, backward).sure();
     let forward_peak = ledger.window_peak(base);
     let forward_retained = ledger.current() - base;
     let base = ledger.reset_peak();

@@ -18,12 +18,11 @@ pub type Transformer = crate::model::transformer::Transformer<Sym, moe::Told, Ke
 pub type Masks = crate::model::transformer::Masks<Sym>;
 pub type KvCache = crate::model::transformer::KvCache<Sym>;
 
-/// What the replay keeps beside its model: the variables (training: what has a gradient) and
-/// the weights' type (the device is the ledger's).
+/// What the replay keeps beside its model: the variables (training: what has a gradient; the
+/// device is the ledger's).
 #[derive(Debug, Clone)]
 pub struct Kept {
     pub(super) vars: Vec<Sym>,
-    pub(super) dtype: DType,
 }
 
 /// Creates the weights as the replay holds them: variables (training, each recorded) or plain
@@ -196,25 +195,12 @@ impl Transformer {
             worst: shape.worst_routing,
         };
         let layers: Vec<(usize, u32)> = slots.iter().map(|s| (s.layer, s.tag)).collect();
-        let own = Kept {
-            vars: Vec::new(),
-            dtype,
-        };
+        let own = Kept { vars: Vec::new() };
         let mut model = Transformer::build(&shape.config(), &p, &layers, own).sure();
         model.own.vars = made.into_inner();
         // Any length: a prediction is not refused at the position table's end.
         model.form.max_seq = None;
         ledger.cuda.set(!shape.cpu);
         model
-    }
-
-    /// The model's `cast`: every weight converted (recorded when a variable).
-    pub fn cast(&self, dtype: DType) -> Transformer {
-        let f = |t: &Sym| Ok(t.to_dtype(dtype));
-        let own = Kept {
-            vars: Vec::new(),
-            dtype,
-        };
-        self.map_with(&f, &f, own).sure()
     }
 }
