@@ -133,6 +133,11 @@ FAMILIES = {
                  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                                   "beta_slow": 1.0, "truncate": False,
                                   "original_max_position_embeddings": 8}}),
+    # SmolLM3: every second layer NoPE (no_rope_layer_interval 2: layer 1 does not rotate its
+    # queries and keys), rotary base 2e6, tied head.
+    "smollm3": ("smollm3", transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM,
+                {"no_rope_layer_interval": 2, "rope_theta": 2e6, "tie_word_embeddings": True,
+                 "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 
 

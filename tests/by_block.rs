@@ -93,6 +93,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "phi3",
         "gemma3",
         "gpt_oss",
+        "smollm3",
     ] {
         both_kernels(family, fixture(family));
     }

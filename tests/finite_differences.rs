@@ -32,6 +32,7 @@ const FAMILIES: &[&str] = &[
     "qwen3_yarn",
     "qwen3_layer_types",
     "gemma3",
+    "smollm3",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",

@@ -880,7 +880,6 @@ fn an_unknown_type_is_refused_as_unknown() {
         "qwen3_next",
         "gemma2",
         "olmo2",
-        "smollm3",
         "xyz",
     ] {
         let text = format!(
@@ -1044,6 +1043,63 @@ fn the_checkpoint_dtype_is_the_default() {
         assert_eq!(
             (r.dtype.as_str(), r.checkpoint_dtype.as_str()),
             ("f32", "bf16")
+        );
+    }
+}
+
+/// SmolLM3: a config that names only its type is transformers 4.57.1's `SmolLM3Config()`
+/// (3,075,098,624 parameters on the meta device, the head tied), every fourth layer NoPE; with
+/// `use_sliding_window` and a window the NoPE layers slide and the others do not (its
+/// `layer_types`); `no_rope_layers` says per layer, and anything but 0 or 1 in it is refused.
+#[test]
+fn smollm3_defaults_and_its_nope_layers() {
+    let cfg = hf_config::parse(r#"{"model_type": "smollm3"}"#, "cfg.json")
+        .unwrap()
+        .cfg;
+    assert_eq!(cfg.params(), 3_075_098_624);
+    assert!(cfg.tied);
+    assert_eq!(cfg.rope_theta, 2_000_000.0);
+    let l = cfg.llama.unwrap();
+    let nope: Vec<usize> = (0..36).filter(|&i| l.nope_at(i)).collect();
+    assert_eq!(nope, [3, 7, 11, 15, 19, 23, 27, 31, 35]);
+    assert!((0..36).all(|i| l.window_at(i).is_none()));
+    let sliding = hf_config::parse(
+        r#"{"model_type": "smollm3", "num_hidden_layers": 8, "use_sliding_window": true, "sliding_window": 4096}"#,
+        "cfg.json",
+    )
+    .unwrap()
+    .cfg
+    .llama
+    .unwrap();
+    let windows: Vec<Option<usize>> = (0..8).map(|i| sliding.window_at(i)).collect();
+    assert_eq!(
+        windows,
+        [None, None, None, Some(4096), None, None, None, Some(4096)]
+    );
+    let listed = hf_config::parse(
+        r#"{"model_type": "smollm3", "num_hidden_layers": 3, "no_rope_layers": [0, 1, 1]}"#,
+        "cfg.json",
+    )
+    .unwrap()
+    .cfg
+    .llama
+    .unwrap();
+    assert_eq!(
+        (0..3).map(|i| listed.nope_at(i)).collect::<Vec<_>>(),
+        [true, false, false]
+    );
+    for bad in [r#"[1, 2]"#, r#"[1]"#, r#""all""#] {
+        let err = hf_config::parse(
+            &format!(
+                r#"{{"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": {bad}}}"#
+            ),
+            "cfg.json",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("no_rope_layers") && err.contains("cfg.json"),
+            "{err}"
         );
     }
 }

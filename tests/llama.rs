@@ -614,3 +614,56 @@ fn gpt_oss_sinks_and_clamped_experts() {
         mixed_checkpointed_on_fixture("gpt_oss", kernels);
     }
 }
+
+/// SmolLM3 (the reference fixture's config: layer 1 a NoPE layer, which rotates neither its
+/// queries nor its keys, layer 0 rotary; tied head) at S 28: every phase, composed and fused,
+/// and mixed f16 with checkpointing, against the replay. Its NoPE layer keeps no rotary
+/// operands, so the forward keeps less than the same model with every layer rotary, measured.
+#[test]
+fn smollm3_nope_layer() {
+    for kernels in ["composed", "fused"] {
+        let rows = every_phase_on_fixture("smollm3", kernels);
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
+        // V·H (tied) + final norm H + 2 blocks × (q 32·32, k and v 2·32·16, o 32·32, gate, up,
+        // down 3·32·48, two norms 2·32).
+        let per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 48 + 2 * 32;
+        assert_eq!(
+            init.params,
+            (64 * 32 + 32 + 2 * per_layer) as u64,
+            "{kernels}"
+        );
+        mixed_checkpointed_on_fixture("smollm3", kernels);
+        // The same model with layer 1 rotary too keeps more in its forward graph.
+        let cfg = format!(
+            "{}/tests/fixtures/smollm3/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let rotary = check_run(
+            &[
+                "--hf-config",
+                cfg.as_str(),
+                "--hf-set",
+                "no_rope_layers=[1,1]",
+                "--batch",
+                "16",
+                "--seq",
+                "28",
+                "--phases",
+                "forward",
+                "--kernels",
+                kernels,
+            ],
+            1,
+        );
+        let kept = |rows: &[memfit::record::Row]| {
+            let f = rows.iter().find(|r| r.phase == Phase::Forward).unwrap();
+            f.retained_bytes.unwrap()
+        };
+        assert!(
+            kept(&rows) < kept(&rotary),
+            "{kernels}: {} vs {}",
+            kept(&rows),
+            kept(&rotary)
+        );
+    }
+}

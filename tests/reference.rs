@@ -398,6 +398,21 @@ fn mistral_sliding_window_logits_equal_transformers() {
 
 /// Phi-3: transformers' fused `qkv_proj` and `gate_up_proj` rows split into memfit's q, k, v and
 /// gate, up (`scripts/make-fixtures.py`), GQA 4:2 and a sliding window of 5 over 11 tokens.
+/// SmolLM3: its NoPE layer (layer 1 of the fixture) does not rotate; rotating it too, on the
+/// same weights, does not give transformers' logits.
+#[test]
+fn smollm3_logits_equal_transformers() {
+    check("smollm3");
+    let mut cfg = config("smollm3");
+    cfg.llama.as_mut().unwrap().variant.nope_layers = 0;
+    let (tokens, want) = io("smollm3");
+    let diff = max_diff(&model("smollm3", &cfg).forward(&tokens).unwrap(), &want);
+    assert!(
+        diff > 1e-2,
+        "smollm3 rotating every layer: the logits still agree ({diff})"
+    );
+}
+
 #[test]
 fn phi3_logits_equal_transformers() {
     check("phi3");

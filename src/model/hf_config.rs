@@ -143,10 +143,6 @@ const UNBUILT_TYPES: &[(&str, &str)] = &[
         "OLMo 2's post-norms and whole-projection q/k norms are not built yet",
     ),
     (
-        "smollm3",
-        "SmolLM3's NoPE layers (no_rope_layers) are not built yet",
-    ),
-    (
         "mistral3",
         "Mistral 3 with its Pixtral vision tower is not built (its text_config, model_type \
          mistral, would size the language model alone, without the tower)",

@@ -52,7 +52,8 @@ pub struct Llama {
 }
 
 /// Variations of the shared decoder block that a family switches on (each off by default;
-/// Gemma 3, `super::families::gemma3`, sets the first six, gpt-oss the last three).
+/// Gemma 3, `super::families::gemma3`, sets the first six, gpt-oss the next three, SmolLM3
+/// `nope_layers`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Variant {
@@ -80,6 +81,9 @@ pub struct Variant {
     /// The gated MLP is the clamped SwiGLU `(clamp(up, ±7) + 1)·g·σ(1.702·g)`,
     /// `g = min(gate, 7)` (gpt-oss's experts).
     pub clamped_glu: bool,
+    /// The layers whose queries and keys are not rotated (bit `i` for layer `i`; SmolLM3's
+    /// NoPE layers, `no_rope_layers`).
+    pub nope_layers: u128,
 }
 
 impl Llama {
@@ -87,6 +91,11 @@ impl Llama {
     pub fn window_at(&self, layer: usize) -> Option<usize> {
         self.sliding_window
             .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
+    }
+
+    /// Whether layer `layer` has no rotary embedding (NoPE).
+    pub fn nope_at(&self, layer: usize) -> bool {
+        layer < 128 && self.variant.nope_layers & (1u128 << layer) != 0
     }
 
     /// Whether the model keeps a second pair of rotary tables: sliding layers with their own

@@ -208,6 +208,8 @@ pub struct Block<T: TensorOps = Tensor, R = HostRouting> {
     pub(crate) post: Option<(Norm<T>, Norm<T>)>,
     /// Its attention slides (takes the windowed mask and, in a Gemma, the local tables).
     pub(crate) windowed: bool,
+    /// Its queries and keys are not rotated (SmolLM3's NoPE layers).
+    pub(crate) nope: bool,
     /// Its segment of the replay's ledger (`formula::replay::compress`): what it allocates,
     /// forward and backward; candle's blocks carry their index.
     pub(crate) tag: u32,
@@ -245,6 +247,7 @@ impl<T: TensorOps, R> Block<T, R> {
             mlp,
             post,
             windowed: cfg.llama.and_then(|l| l.window_at(layer)).is_some(),
+            nope: cfg.llama.is_some_and(|l| l.nope_at(layer)),
             tag,
         })
     }
@@ -272,6 +275,7 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             mlp,
             post,
             windowed: self.windowed,
+            nope: self.nope,
             tag: self.tag,
         })
     }
@@ -741,9 +745,10 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     }
 
     /// `block`'s rotary tables at positions `offset..` (LLaMA; a Gemma's sliding layer:
-    /// the local tables), or none.
+    /// the local tables), or none (GPT, ViT, a NoPE layer).
     fn rotary(&self, block: &Block<T, R>, offset: usize) -> Option<Rotary<'_, T>> {
         let tables = match &self.rope_local {
+            _ if block.nope => None,
             Some(local) if block.windowed => Some(local),
             _ => self.rope.as_ref(),
         };
