@@ -138,6 +138,10 @@ FAMILIES = {
     "smollm3": ("smollm3", transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM,
                 {"no_rope_layer_interval": 2, "rope_theta": 2e6, "tie_word_embeddings": True,
                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # OLMo 2: norms after the attention and the MLP only (none before), RMSNorms of the whole
+    # q and k projections (32 and 16 wide), q/k/v/o biases.
+    "olmo2": ("olmo2", transformers.Olmo2Config, transformers.Olmo2ForCausalLM,
+              {"attention_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 
 
@@ -245,7 +249,8 @@ def main():
             json.dump(conf, f, indent=1, sort_keys=True)
         # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
         # A tied head is the embedding itself (Gemma 3): not a tensor of its own.
-        gemma = model_type == "gemma3_text"
+        # Gemma 3's and OLMo 2's norm after the attention is memfit's ln1_post.
+        gemma = model_type in ("gemma3_text", "olmo2")
         weights = split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
                                for k, v in model.state_dict().items()
                                if not k.endswith("e_score_correction_bias")

@@ -94,6 +94,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "gemma3",
         "gpt_oss",
         "smollm3",
+        "olmo2",
     ] {
         both_kernels(family, fixture(family));
     }

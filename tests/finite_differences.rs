@@ -33,6 +33,7 @@ const FAMILIES: &[&str] = &[
     "qwen3_layer_types",
     "gemma3",
     "smollm3",
+    "olmo2",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",

@@ -874,14 +874,7 @@ fn every_key_is_read_listed_or_refused() {
 /// the file is not the model it names.
 #[test]
 fn an_unknown_type_is_refused_as_unknown() {
-    for t in [
-        "glm4_moe",
-        "llama4_text",
-        "qwen3_next",
-        "gemma2",
-        "olmo2",
-        "xyz",
-    ] {
+    for t in ["glm4_moe", "llama4_text", "qwen3_next", "gemma2", "xyz"] {
         let text = format!(
             r#"{{"model_type": "{t}", "hidden_size": 64, "num_local_experts": 16,
             "num_experts": 8, "interleave_moe_layer_step": 1}}"#
@@ -1102,4 +1095,26 @@ fn smollm3_defaults_and_its_nope_layers() {
             "{err}"
         );
     }
+}
+
+/// OLMo 2: a config that names only its type is transformers 4.57.1's `Olmo2Config()`
+/// (6,888,624,128 parameters on the meta device: no norms before the halves, two after, q/k
+/// norms 4096 wide), the head untied; `mlp_bias` true is refused (its MLP has none).
+#[test]
+fn olmo2_defaults_and_its_norms() {
+    let cfg = hf_config::parse(r#"{"model_type": "olmo2"}"#, "cfg.json")
+        .unwrap()
+        .cfg;
+    assert_eq!(cfg.params(), 6_888_624_128);
+    assert!(!cfg.tied);
+    let l = cfg.llama.unwrap();
+    assert!(l.qk_norm && l.variant.post_norms_only && l.variant.qk_norm_whole);
+    assert_eq!(l.kv_heads, 32);
+    let err = hf_config::parse(r#"{"model_type": "olmo2", "mlp_bias": true}"#, "cfg.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mlp_bias") && err.contains("cfg.json"),
+        "{err}"
+    );
 }

@@ -667,3 +667,23 @@ fn smollm3_nope_layer() {
         );
     }
 }
+
+/// OLMo 2 (the reference fixture's config: norms after each half only, q/k norms over the whole
+/// projections, q/k/v/o biases) at S 28: every phase, composed and fused, and mixed f16 with
+/// checkpointing, against the replay.
+#[test]
+fn olmo2_post_norms_and_whole_qk_norms() {
+    for kernels in ["composed", "fused"] {
+        let rows = every_phase_on_fixture("olmo2", kernels);
+        let init = rows.iter().find(|r| r.phase == Phase::Init).unwrap();
+        // V·H twice (untied) + final norm H + 2 blocks × (q, o 32·32 + 32 each, k, v 16·32 +
+        // 16 each, gate, up, down 3·32·48, two norms 2·32, q/k norms 32 + 16).
+        let per_layer = 2 * (32 * 32 + 32) + 2 * (16 * 32 + 16) + 3 * 32 * 48 + 2 * 32 + 48;
+        assert_eq!(
+            init.params,
+            (2 * 64 * 32 + 32 + 2 * per_layer) as u64,
+            "{kernels}"
+        );
+        mixed_checkpointed_on_fixture("olmo2", kernels);
+    }
+}

@@ -413,6 +413,36 @@ fn smollm3_logits_equal_transformers() {
     );
 }
 
+/// OLMo 2: its norms after each half only and its q/k norms over the whole projection; with
+/// the q/k norms over each head instead (the same weights, reshaped), the logits differ.
+#[test]
+fn olmo2_logits_equal_transformers() {
+    check("olmo2");
+    let mut cfg = config("olmo2");
+    let l = cfg.llama.as_ref().unwrap();
+    assert!(l.variant.post_norms_only && l.variant.qk_norm_whole && l.qk_norm);
+    // Without its q/k norms (their weights left unread) the logits differ.
+    cfg.llama.as_mut().unwrap().qk_norm = false;
+    let (tokens, want) = io("olmo2");
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(
+            &[fixture("olmo2").join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    let got = Transformer::new(&cfg, vb)
+        .unwrap()
+        .forward(&tokens)
+        .unwrap();
+    let diff = max_diff(&got, &want);
+    assert!(
+        diff > 1e-2,
+        "olmo2 without q/k norms: the logits still agree ({diff})"
+    );
+}
+
 #[test]
 fn phi3_logits_equal_transformers() {
     check("phi3");

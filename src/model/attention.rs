@@ -270,6 +270,8 @@ pub struct Attention<T: TensorOps = Tensor> {
     pub(crate) o: Proj<T>,
     /// Qwen3's RMSNorms of each query and key head (`q_norm`, `k_norm`), before the rotary.
     pub(crate) qk_norm: Option<(Norm<T>, Norm<T>)>,
+    /// OLMo 2's q/k norms: over the whole projection, before the heads are split.
+    pub(crate) qk_whole: bool,
     /// gpt-oss's attention sinks: a logit per query head ([`Core::attend_sinks`]).
     pub(crate) sinks: Option<T>,
     pub(crate) head_dim: usize,
@@ -291,12 +293,20 @@ impl<T: TensorOps> Attention<T> {
             v: p(2)?,
             o: p(3)?,
             qk_norm: match cfg.llama {
-                Some(l) if l.qk_norm => Some((
-                    Norm::rms(cfg.head_dim(), cfg, &w.pp("q_norm"))?,
-                    Norm::rms(cfg.head_dim(), cfg, &w.pp("k_norm"))?,
-                )),
+                // OLMo 2's over the whole projection, Qwen3's over a head.
+                Some(l) if l.qk_norm => {
+                    let (q, k) = match l.variant.qk_norm_whole {
+                        true => (cfg.heads, cfg.kv_heads()),
+                        false => (1, 1),
+                    };
+                    Some((
+                        Norm::rms(q * cfg.head_dim(), cfg, &w.pp("q_norm"))?,
+                        Norm::rms(k * cfg.head_dim(), cfg, &w.pp("k_norm"))?,
+                    ))
+                }
                 _ => None,
             },
+            qk_whole: cfg.llama.is_some_and(|l| l.variant.qk_norm_whole),
             sinks: match cfg.llama {
                 Some(l) if l.variant.attention_sinks => {
                     Some(w.weight(&[cfg.heads], "sinks", candle_nn::Init::Const(0.0))?)
@@ -327,6 +337,7 @@ impl<T: TensorOps> Attention<T> {
                 Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
                 None => None,
             },
+            qk_whole: self.qk_whole,
             sinks: self.sinks.as_ref().map(base).transpose()?,
             head_dim: self.head_dim,
             core: self.core,
@@ -367,15 +378,27 @@ impl<T: TensorOps> Attention<T> {
             let t = t.reshape(&[b, s, n, d])?.transpose(1, 2)?;
             if strided { Ok(t) } else { t.contiguous() }
         };
+        // OLMo 2: the projections normalised whole, before the heads are split.
+        let project = |p: &Proj<T>, norm: Option<&Norm<T>>| -> Result<T> {
+            let y = p.forward(x)?;
+            match norm {
+                Some(n) if self.qk_whole => n.forward(&y),
+                _ => Ok(y),
+            }
+        };
+        let (qn, kn) = match &self.qk_norm {
+            Some((qn, kn)) => (Some(qn), Some(kn)),
+            None => (None, None),
+        };
         if let (Some(r), true) = (rotary, self.core.fused) {
             let heads = |t: T, n: usize| t.reshape(&[b, s, n, d]);
             let (q, k) = (
-                heads(self.q.forward(x)?, self.core.heads)?,
-                heads(self.k.forward(x)?, self.core.kv_heads)?,
+                heads(project(&self.q, qn)?, self.core.heads)?,
+                heads(project(&self.k, kn)?, self.core.kv_heads)?,
             );
-            let (q, k) = match &self.qk_norm {
-                Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
-                None => (q, k),
+            let (q, k) = match (&self.qk_norm, self.qk_whole) {
+                (Some((qn, kn)), false) => (qn.forward(&q)?, kn.forward(&k)?),
+                _ => (q, k),
             };
             let q = r.apply(&q.transpose(1, 2)?, true)?;
             let k = r.apply(&k.transpose(1, 2)?, true)?;
@@ -389,13 +412,13 @@ impl<T: TensorOps> Attention<T> {
             }
         };
         let (q, k) = (
-            split(self.q.forward(x)?, self.core.heads)?,
-            split(self.k.forward(x)?, self.core.kv_heads)?,
+            split(project(&self.q, qn)?, self.core.heads)?,
+            split(project(&self.k, kn)?, self.core.kv_heads)?,
         );
         // Qwen3: each head normalised over D (the layout does not change a last-dim norm).
-        let (q, k) = match &self.qk_norm {
-            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
-            None => (q, k),
+        let (q, k) = match (&self.qk_norm, self.qk_whole) {
+            (Some((qn, kn)), false) => (qn.forward(&q)?, kn.forward(&k)?),
+            _ => (q, k),
         };
         let q = rotate(q)?;
         let k = rotate(k)?;

@@ -268,7 +268,10 @@ pub fn block_tensors(
         path: path.to_string(),
         size,
     };
-    let mut v = vec![norm("ln1", hidden)];
+    let variant = llama.map(|l| l.variant).unwrap_or_default();
+    // OLMo 2: no norms before the halves, only after.
+    let pre = !variant.post_norms_only;
+    let mut v: Vec<BlockTensor> = pre.then(|| norm("ln1", hidden)).into_iter().collect();
     match llama.and_then(|l| l.mla.as_ref()) {
         Some(m) => {
             let q_lora = usize::from(m.q_lora_rank.is_some());
@@ -284,9 +287,14 @@ pub fn block_tensors(
         None => {
             v.extend(lay.attn.iter().map(|s| proj(s, "")));
             if let Some(l) = llama.filter(|l| l.qk_norm) {
+                // OLMo 2's over the whole projection, Qwen3's over a head.
+                let (q, k) = match l.variant.qk_norm_whole {
+                    true => (heads, l.kv_heads),
+                    false => (1, 1),
+                };
                 v.extend([
-                    norm("attn.q_norm", l.head_dim),
-                    norm("attn.k_norm", l.head_dim),
+                    norm("attn.q_norm", q * l.head_dim),
+                    norm("attn.k_norm", k * l.head_dim),
                 ]);
             }
             if llama.is_some_and(|l| l.variant.attention_sinks) {
@@ -297,11 +305,13 @@ pub fn block_tensors(
             }
         }
     }
-    let gemma = llama.is_some_and(|l| l.variant.sandwich_norms);
-    if gemma {
+    let post = variant.sandwich_norms || variant.post_norms_only;
+    if post {
         v.push(norm("ln1_post", hidden));
     }
-    v.push(norm("ln2", hidden));
+    if pre {
+        v.push(norm("ln2", hidden));
+    }
     match &lay.mlp {
         MlpLayout::Dense(p) => v.extend(p.iter().map(|s| proj(s, ""))),
         MlpLayout::Moe {
@@ -339,7 +349,7 @@ pub fn block_tensors(
             }
         }
     }
-    if gemma {
+    if post {
         v.push(norm("ln2_post", hidden));
     }
     v

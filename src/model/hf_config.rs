@@ -139,10 +139,6 @@ const UNBUILT_TYPES: &[(&str, &str)] = &[
         "Gemma 2's attention and final-logit soft-capping are not built yet",
     ),
     (
-        "olmo2",
-        "OLMo 2's post-norms and whole-projection q/k norms are not built yet",
-    ),
-    (
         "mistral3",
         "Mistral 3 with its Pixtral vision tower is not built (its text_config, model_type \
          mistral, would size the language model alone, without the tower)",

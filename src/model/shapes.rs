@@ -53,7 +53,7 @@ pub struct Llama {
 
 /// Variations of the shared decoder block that a family switches on (each off by default;
 /// Gemma 3, `super::families::gemma3`, sets the first six, gpt-oss the next three, SmolLM3
-/// `nope_layers`).
+/// `nope_layers`, OLMo 2 the last two).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Variant {
@@ -84,6 +84,12 @@ pub struct Variant {
     /// The layers whose queries and keys are not rotated (bit `i` for layer `i`; SmolLM3's
     /// NoPE layers, `no_rope_layers`).
     pub nope_layers: u128,
+    /// The block's norms come after each half only (`ln1_post`, `ln2_post`), none before:
+    /// `x + norm(attn(x))`, then `x + norm(mlp(x))` (OLMo 2).
+    pub post_norms_only: bool,
+    /// The q/k norms are over the whole projection (`A·D` and `G·D`), before the heads are
+    /// split, instead of over each head (OLMo 2).
+    pub qk_norm_whole: bool,
 }
 
 impl Llama {

@@ -200,9 +200,10 @@ impl<T: TensorOps> SelfAttention<T> {
 /// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
 pub struct Block<T: TensorOps = Tensor, R = HostRouting> {
-    pub(crate) ln1: Norm<T>,
+    /// The norms before the attention and the MLP (none in OLMo 2, whose norms come after).
+    pub(crate) ln1: Option<Norm<T>>,
     pub(crate) attn: SelfAttention<T>,
-    pub(crate) ln2: Norm<T>,
+    pub(crate) ln2: Option<Norm<T>>,
     pub(crate) mlp: Ffn<T, R>,
     /// Gemma's norms after the attention (`ln1_post`) and after the MLP (`ln2_post`).
     pub(crate) post: Option<(Norm<T>, Norm<T>)>,
@@ -225,8 +226,15 @@ impl<T: TensorOps, R> Block<T, R> {
         w: &W,
     ) -> Result<Self> {
         let lay = cfg.layer_layout(layer);
-        let gemma = cfg.llama.is_some_and(|l| l.variant.sandwich_norms);
-        let ln1 = Norm::new(cfg, &w.pp("ln1"))?;
+        let variant = cfg.llama.map(|l| l.variant).unwrap_or_default();
+        let post_only = variant.post_norms_only;
+        let gemma = variant.sandwich_norms || post_only;
+        let pre = |name: &str| {
+            (!post_only)
+                .then(|| Norm::new(cfg, &w.pp(name)))
+                .transpose()
+        };
+        let ln1 = pre("ln1")?;
         let attn = match cfg.llama.and_then(|l| l.mla) {
             Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, &w.pp("attn"))?),
             None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, &w.pp("attn"))?),
@@ -234,7 +242,7 @@ impl<T: TensorOps, R> Block<T, R> {
         let ln1_post = gemma
             .then(|| Norm::new(cfg, &w.pp("ln1_post")))
             .transpose()?;
-        let ln2 = Norm::new(cfg, &w.pp("ln2"))?;
+        let ln2 = pre("ln2")?;
         let mlp = Ffn::for_block(cfg, layer, &lay.mlp, &w.pp("mlp"))?;
         let post = match ln1_post {
             Some(a) => Some((a, Norm::new(cfg, &w.pp("ln2_post"))?)),
@@ -260,9 +268,9 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             SelfAttention::Mha(a) => SelfAttention::Mha(a.map(base, adapter)?),
             SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
         };
-        let ln1 = self.ln1.map(base)?;
+        let ln1 = self.ln1.as_ref().map(|n| n.map(base)).transpose()?;
         let ln1_post = self.post.as_ref().map(|p| p.0.map(base)).transpose()?;
-        let ln2 = self.ln2.map(base)?;
+        let ln2 = self.ln2.as_ref().map(|n| n.map(base)).transpose()?;
         let mlp = self.mlp.map(base, adapter)?;
         let post = match (ln1_post, &self.post) {
             (Some(a), Some((_, b))) => Some((a, b.map(base)?)),
@@ -284,10 +292,8 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
         }
-        let x = self
-            .attn
-            .forward_add(self.ln1.forward(x)?, x, mask, rotary)?;
-        self.mlp.forward_add(self.ln2.forward(&x)?, &x)
+        let x = self.attn.forward_add(pre(&self.ln1, x)?, x, mask, rotary)?;
+        self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
     }
 
     /// Gemma's block: each half's output normalised before its residual sum; each
@@ -302,11 +308,11 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
     ) -> Result<T> {
         let y = self
             .attn
-            .forward_owned(self.ln1.forward(x)?, mask, rotary, cache)?;
+            .forward_owned(pre(&self.ln1, x)?, mask, rotary, cache)?;
         let n = ln1_post.forward(&y)?;
         drop(y);
         let x = add_owned(x, n)?;
-        let y = self.mlp.forward_owned(self.ln2.forward(&x)?)?;
+        let y = self.mlp.forward_owned(pre(&self.ln2, &x)?)?;
         let n = ln2_post.forward(&y)?;
         drop(y);
         add_owned(&x, n)
@@ -325,8 +331,16 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         }
         let x = self
             .attn
-            .forward_cached_add(self.ln1.forward(x)?, x, mask, rotary, cache)?;
-        self.mlp.forward_add(self.ln2.forward(&x)?, &x)
+            .forward_cached_add(pre(&self.ln1, x)?, x, mask, rotary, cache)?;
+        self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
+    }
+}
+
+/// `norm(x)`, or (no norm before this half: OLMo 2) `x` itself.
+fn pre<T: TensorOps>(norm: &Option<Norm<T>>, x: &T) -> Result<T> {
+    match norm {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
     }
 }
 

@@ -9,13 +9,15 @@
 //! fixture and its tests. The families of the LLaMA line read before this registry existed
 //! (`llama`, `mistral`, `phi3`, the Qwen, Mixtral, DeepSeek and gpt-oss types) are still read
 //! by the shared reader's branches; Gemma 3 is the first written here, SmolLM3 the first new
-//! family (its NoPE layers one switch of the shared block, `Variant::nope_layers`).
+//! family (its NoPE layers one switch of the shared block, `Variant::nope_layers`), OLMo 2 the
+//! second (two switches: `post_norms_only`, `qk_norm_whole`).
 
 use super::hf_fields::Fields;
 use super::shapes::Llama;
 use crate::error::UserError;
 
 mod gemma3;
+mod olmo2;
 mod smollm3;
 
 /// What a LLaMA-style family adds to the shared reader.
@@ -54,7 +56,7 @@ pub(crate) trait Family: Sync {
 }
 
 /// The registry: every family with a file of its own.
-pub(crate) const FAMILIES: &[&dyn Family] = &[&gemma3::Gemma3, &smollm3::SmolLm3];
+pub(crate) const FAMILIES: &[&dyn Family] = &[&gemma3::Gemma3, &smollm3::SmolLm3, &olmo2::Olmo2];
 
 /// The family of `model_type`, when it has a file.
 pub(crate) fn find(model_type: &str) -> Option<&'static dyn Family> {
