@@ -242,10 +242,10 @@ pub trait Autograd: TensorOps {
     /// The gradient of the tensor `id`, left in the store.
     fn grad_of(grads: &Self::Grads, id: Self::Id) -> Option<Self>;
     /// The by-block backward's cut: this tensor's storage moved (nothing allocated) into a new
-    /// variable of its shape; this one keeps its op (`phase::by_block::cut`).
+    /// variable of its shape; this one keeps its op (`kernels::boundary::cut`).
     fn cut(&self) -> Result<Self>;
     /// A one-element tensor whose backward hands `grad` to this one
-    /// (`phase::by_block::seed`).
+    /// (`kernels::boundary::seed`).
     fn seed(&self, grad: Self) -> Result<Self>;
 }
 
@@ -275,10 +275,10 @@ impl Autograd for Tensor {
         grads.get_id(id).cloned()
     }
     fn cut(&self) -> Result<Self> {
-        crate::phase::by_block::cut(self)
+        super::kernels::boundary::cut(self)
     }
     fn seed(&self, grad: Self) -> Result<Self> {
-        crate::phase::by_block::seed(self, grad)
+        super::kernels::boundary::seed(self, grad)
     }
 }
 

@@ -43,6 +43,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::kernels::{Kernel, Kernels};
+use super::shapes::RopeScaling;
 use super::tensor_ops::{self, Map, TensorOps};
 use super::vit::{self};
 use super::weights::Weights;
@@ -1004,4 +1005,51 @@ pub fn synthetic_batch(
         Tensor::from_vec(tokens, (batch, seq), device)?,
         Tensor::from_vec(targets, (batch, seq), device)?,
     ))
+}
+
+/// candle's source of weights: variables made and initialised in a `VarMap` (or read from a
+/// checkpoint) under candle-nn's names; the experts route on the host.
+impl Weights for VarBuilder<'_> {
+    type Tensor = Tensor;
+    type Routing = HostRouting;
+
+    fn pp(&self, name: &str) -> Self {
+        VarBuilder::pp(self, name)
+    }
+
+    fn weight(&self, dims: &[usize], name: &str, init: Init) -> Result<Tensor> {
+        self.get_with_hints(dims, name, init)
+    }
+
+    fn linear(&self, inp: usize, out: usize, bias: bool) -> Result<Proj> {
+        Ok(Proj::plain(
+            candle_nn::linear_b(inp, out, bias, self.clone())?,
+            false,
+        ))
+    }
+
+    fn proj(&self, spec: &ProjSpec, cfg: &Config) -> Result<Proj> {
+        Proj::new(spec, cfg, self.clone())
+    }
+
+    fn rotary(
+        &self,
+        cfg: &Config,
+        head_dim: usize,
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+    ) -> Result<(Tensor, Tensor)> {
+        super::rotary::rotary_tables(
+            cfg.max_seq,
+            head_dim,
+            theta,
+            scaling,
+            self.dtype(),
+            self.device(),
+        )
+    }
+
+    fn routing(&self, _cfg: &Config, layer: usize, _experts: &[usize]) -> HostRouting {
+        HostRouting { layer }
+    }
 }

@@ -4,13 +4,14 @@
 //! ledger, frozen or quantized as the case holds them). A layer asks for its weights by the
 //! names candle-nn gives them (`vb.pp`), in the order the model creates them; what differs
 //! between the two is only how a weight, a projection and the rotary tables are made, which
-//! experts are built, and how the experts are routed.
+//! experts are built, and how the experts are routed. candle's source (`VarBuilder`) is
+//! implemented beside the model's assembly (`super::transformer`), the replay's in
+//! `formula::replay`.
 
-use candle_core::{Result, Tensor};
-use candle_nn::{Init, VarBuilder};
+use candle_core::Result;
+use candle_nn::Init;
 
 use super::config::{Config, ProjSpec};
-use super::moe::HostRouting;
 use super::proj::Proj;
 use super::shapes::RopeScaling;
 use super::tensor_ops::TensorOps;
@@ -48,49 +49,4 @@ pub trait Weights: Sized {
     /// The weights made next are block `tag`'s (0: outside the blocks); the replay's ledger
     /// segments (`formula::replay::compress`).
     fn segment(&self, _tag: u32) {}
-}
-
-impl Weights for VarBuilder<'_> {
-    type Tensor = Tensor;
-    type Routing = HostRouting;
-
-    fn pp(&self, name: &str) -> Self {
-        VarBuilder::pp(self, name)
-    }
-
-    fn weight(&self, dims: &[usize], name: &str, init: Init) -> Result<Tensor> {
-        self.get_with_hints(dims, name, init)
-    }
-
-    fn linear(&self, inp: usize, out: usize, bias: bool) -> Result<Proj> {
-        Ok(Proj::plain(
-            candle_nn::linear_b(inp, out, bias, self.clone())?,
-            false,
-        ))
-    }
-
-    fn proj(&self, spec: &ProjSpec, cfg: &Config) -> Result<Proj> {
-        Proj::new(spec, cfg, self.clone())
-    }
-
-    fn rotary(
-        &self,
-        cfg: &Config,
-        head_dim: usize,
-        theta: f64,
-        scaling: Option<&RopeScaling>,
-    ) -> Result<(Tensor, Tensor)> {
-        super::rotary::rotary_tables(
-            cfg.max_seq,
-            head_dim,
-            theta,
-            scaling,
-            self.dtype(),
-            self.device(),
-        )
-    }
-
-    fn routing(&self, _cfg: &Config, layer: usize, _experts: &[usize]) -> HostRouting {
-        HostRouting { layer }
-    }
 }

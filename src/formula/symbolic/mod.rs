@@ -176,7 +176,7 @@ pub enum Op {
     Frozen(Sym, Option<Sym>, FrozenW, usize),
     /// One of memfit's fused kernels (`model::kernels`, a `CustomOp1/2/3` on its args).
     Kernel(Kernel, Vec<Sym>),
-    /// `phase::by_block::seed`: a one-element op on a boundary tensor whose backward hands in
+    /// `model::kernels::boundary::seed`: a one-element op on a boundary tensor whose backward hands in
     /// the gradient from above (taken by the backward).
     Seed(Sym, std::cell::RefCell<Option<Sym>>),
 }
@@ -387,7 +387,7 @@ impl Sym {
         }
     }
 
-    /// `phase::by_block::cut`: the storage moved (nothing allocated) into a new variable of
+    /// `model::kernels::boundary::cut`: the storage moved (nothing allocated) into a new variable of
     /// this shape; `self` keeps its op and an empty storage (one element on CUDA, where an
     /// allocation cannot be empty).
     pub fn cut(&self, cuda: bool) -> Sym {
@@ -414,7 +414,7 @@ impl Sym {
         )
     }
 
-    /// `phase::by_block::seed`: a one-element tensor whose backward hands `grad` to `self`.
+    /// `model::kernels::boundary::seed`: a one-element tensor whose backward hands `grad` to `self`.
     pub fn seed(&self, grad: Sym) -> Sym {
         let op = Op::Seed(self.clone(), std::cell::RefCell::new(Some(grad)));
         Sym::fresh(self.ledger(), &[], self.0.dtype, Some(op))

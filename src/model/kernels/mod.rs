@@ -38,6 +38,7 @@
 
 pub(crate) mod act;
 mod attn;
+pub mod boundary;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
