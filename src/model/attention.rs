@@ -293,15 +293,11 @@ impl<T: TensorOps> Attention<T> {
             v: p(2)?,
             o: p(3)?,
             qk_norm: match cfg.llama {
-                // OLMo 2's over the whole projection, Qwen3's over a head.
                 Some(l) if l.qk_norm => {
-                    let (q, k) = match l.variant.qk_norm_whole {
-                        true => (cfg.heads, cfg.kv_heads()),
-                        false => (1, 1),
-                    };
+                    let (q, k) = l.qk_norm_sizes(cfg.heads);
                     Some((
-                        Norm::rms(q * cfg.head_dim(), cfg, &w.pp("q_norm"))?,
-                        Norm::rms(k * cfg.head_dim(), cfg, &w.pp("k_norm"))?,
+                        Norm::rms(q, cfg, &w.pp("q_norm"))?,
+                        Norm::rms(k, cfg, &w.pp("k_norm"))?,
                     ))
                 }
                 _ => None,

@@ -287,15 +287,8 @@ pub fn block_tensors(
         None => {
             v.extend(lay.attn.iter().map(|s| proj(s, "")));
             if let Some(l) = llama.filter(|l| l.qk_norm) {
-                // OLMo 2's over the whole projection, Qwen3's over a head.
-                let (q, k) = match l.variant.qk_norm_whole {
-                    true => (heads, l.kv_heads),
-                    false => (1, 1),
-                };
-                v.extend([
-                    norm("attn.q_norm", q * l.head_dim),
-                    norm("attn.k_norm", k * l.head_dim),
-                ]);
+                let (q, k) = l.qk_norm_sizes(heads);
+                v.extend([norm("attn.q_norm", q), norm("attn.k_norm", k)]);
             }
             if llama.is_some_and(|l| l.variant.attention_sinks) {
                 v.push(BlockTensor::Vector {
@@ -606,6 +599,14 @@ impl Config {
     /// The projections of one block ([`block_projections`]).
     pub fn projections(&self) -> Vec<ProjSpec> {
         block_projections(self.hidden, self.heads, self.llama.as_ref())
+    }
+
+    /// The rank of the LoRA adapter on a projection of `target`: `lora_rank` when adapted, else 0.
+    pub fn adapter_rank(&self, target: LoraTarget) -> usize {
+        match self.lora_targets.contains(&target) {
+            true => self.lora_rank,
+            false => 0,
+        }
     }
 
     /// The LoRA targets this family has.

@@ -41,8 +41,8 @@ impl Proj {
     pub(crate) fn new(spec: &ProjSpec, cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let vb = vb.pp(spec.path.rsplit('.').next().expect("a path"));
         let (inp, out) = (spec.inp, spec.out);
-        let lora = if cfg.lora_rank > 0 && cfg.lora_targets.contains(&spec.target) {
-            let r = cfg.lora_rank;
+        let r = cfg.adapter_rank(spec.target);
+        let lora = if r > 0 {
             Some(Lora {
                 a: vb.get_with_hints(
                     (r, inp),

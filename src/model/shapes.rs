@@ -99,6 +99,15 @@ impl Llama {
             .filter(|_| layer >= 128 || self.full_layers & (1u128 << layer) == 0)
     }
 
+    /// The widths of the q and k norms of a model with `heads` query heads: a head (Qwen3),
+    /// or the whole projection, `A·D` and `G·D` (OLMo 2's [`Variant::qk_norm_whole`]).
+    pub fn qk_norm_sizes(&self, heads: usize) -> (usize, usize) {
+        match self.variant.qk_norm_whole {
+            true => (heads * self.head_dim, self.kv_heads * self.head_dim),
+            false => (self.head_dim, self.head_dim),
+        }
+    }
+
     /// Whether layer `layer` has no rotary embedding (NoPE).
     pub fn nope_at(&self, layer: usize) -> bool {
         layer < 128 && self.variant.nope_layers & (1u128 << layer) != 0

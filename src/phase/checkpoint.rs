@@ -32,7 +32,7 @@ pub use crate::step::segments;
 
 /// What the checkpointed forward keeps for its backward: the loss (its graph is the head's),
 /// the head's input variable, each segment's input, the masks, and under mixed precision the
-/// working copy of everything outside the blocks with a tensor of the working type.
+/// working copy of everything outside the blocks (its head's weight says the working type).
 pub struct Forward<
     T: TensorOps = Tensor,
     R = crate::model::moe::HostRouting,
@@ -42,12 +42,8 @@ pub struct Forward<
     head_in: T,
     inputs: Vec<T>,
     mask: Masks<T>,
-    half: Option<Working<T, R, C>>,
+    half: Option<Box<Transformer<T, R, C>>>,
 }
-
-/// Mixed precision's working copy of everything outside the blocks, and a tensor of the
-/// working type.
-type Working<T, R, C> = (Box<Transformer<T, R, C>>, T);
 
 /// The checkpointed forward with the model's own weights; `detached` is the model with its
 /// weights detached (no graph).
@@ -87,36 +83,35 @@ pub fn forward_mixed_with<T: Autograd, R: Routing<T> + Clone, C: Clone>(
     k: usize,
 ) -> Result<Forward<T, R, C>> {
     let half = model.map_outside(cast, model.own.clone())?;
-    let like = half.head.weight.clone();
     let detached = half.detached();
-    let mut f = run_forward(&half, &detached, tokens, targets, k, Some((model, &like)))?;
-    f.half = Some((Box::new(half), like));
+    let mut f = run_forward(&half, &detached, tokens, targets, k, Some(model))?;
+    f.half = Some(Box::new(half));
     Ok(f)
 }
 
 /// The forward of `model`'s head over segments run on `detached`; under mixed precision
-/// (`cast`: the masters and a tensor of the working type) each segment's blocks are the
-/// masters' cast without a graph, and the loss is in f32.
+/// (`masters`: the f32 model, `model` its working copy without blocks) each segment's blocks
+/// are the masters' cast to the working type without a graph, and the loss is in f32.
 fn run_forward<T: Autograd, R: Routing<T> + Clone, C>(
     model: &Transformer<T, R, C>,
     detached: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     k: usize,
-    cast: Option<(&Transformer<T, R, C>, &T)>,
+    masters: Option<&Transformer<T, R, C>>,
 ) -> Result<Forward<T, R, C>> {
     // A mixed-precision working copy has no blocks: the masters' say which masks and how
     // many segments.
-    let blocks = cast.map_or(&model.blocks, |(m, _)| &m.blocks);
+    let blocks = masters.map_or(&model.blocks, |m| &m.blocks);
     let mask = model.input_mask_for(blocks, tokens)?;
     let mut x = detached.embed(tokens)?;
     let mut inputs = Vec::new();
     for seg in segments(blocks.len(), k) {
         inputs.push(x.clone());
-        x = match cast {
+        x = match masters {
             None => detached.blocks_forward(&x, &mask, seg)?,
-            Some((masters, like)) => {
-                let f = |t: &T| t.detach().to_dtype_of(like);
+            Some(masters) => {
+                let f = |t: &T| t.detach().to_dtype_of(&model.head.weight);
                 let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
                 detached.blocks_forward_with(&blocks, &x, &mask)?
             }
@@ -125,7 +120,7 @@ fn run_forward<T: Autograd, R: Routing<T> + Clone, C>(
     let head_in = x.var_from()?;
     drop(x);
     let logits = model.head_forward(&head_in)?;
-    let loss = if cast.is_some() {
+    let loss = if masters.is_some() {
         model.train_loss(&logits.to_f32()?, targets)?
     } else {
         model.train_loss(&logits, targets)?
@@ -182,7 +177,7 @@ pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
         half,
     } = fwd;
     let masters = model;
-    let model = half.as_ref().map_or(model, |(h, _)| h.as_ref());
+    let model = half.as_deref().unwrap_or(model);
     let mut grads = T::Grads::default();
     let mut all = loss.backward()?;
     let mut grad_out = T::take_grad(&mut all, &head_in).ok_or_else(|| {
@@ -197,8 +192,8 @@ pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
         let out = match &half {
             None => model.blocks_forward(&xin, &mask, seg)?,
             // The segment's blocks cast again, recorded: their gradients reach the masters.
-            Some((_, like)) => {
-                let f = |t: &T| t.to_dtype_of(like);
+            Some(half) => {
+                let f = |t: &T| t.to_dtype_of(&half.head.weight);
                 let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
                 model.blocks_forward_with(&blocks, &xin, &mask)?
             }

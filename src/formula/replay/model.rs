@@ -103,8 +103,7 @@ impl Weights for Params<'_> {
     }
 
     fn proj(&self, spec: &ProjSpec, cfg: &Config) -> candle_core::Result<Linear> {
-        let adapted = cfg.lora_rank > 0 && cfg.lora_targets.contains(&spec.target);
-        Ok(self.proj_of(spec, if adapted { cfg.lora_rank } else { 0 }))
+        Ok(self.proj_of(spec, cfg.adapter_rank(spec.target)))
     }
 
     /// The tables' values change no allocation.
