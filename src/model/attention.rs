@@ -13,6 +13,16 @@ use super::rotary;
 use super::tensor_ops::{self, Map, TensorOps};
 use super::weights::Weights;
 
+/// `norm(x)` for an x nothing else reads: released when the norm holds its f32 copy instead
+/// (transformers keeps a 16-bit projection's f32 copy, not the projection).
+fn releasing<T: TensorOps>(norm: &Norm<T>, x: &T) -> Result<T> {
+    let y = norm.forward(x)?;
+    if norm.holds_f32_copy(x) && x.tracked() {
+        x.release()?;
+    }
+    Ok(y)
+}
+
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.
 #[derive(Debug)]
@@ -57,6 +67,10 @@ pub struct Core {
     pub(crate) tiled: bool,
     /// [`super::kernels::attn_probs`] instead of the composed scores, mask and softmax.
     pub(crate) fused: bool,
+    /// Kernels keeping what transformers keeps: the fused rotary op's input, which its
+    /// backward never reads, released once rotated (transformers' `q·cos + rotate_half(q)·sin`
+    /// keeps only the tables).
+    pub(crate) torch: bool,
     /// A decoder (causal); the ViT encoder attends everywhere.
     pub(crate) causal: bool,
     /// A sliding window (keys per query, itself included); the cache keeps that many.
@@ -77,6 +91,7 @@ impl Core {
             efficient: cfg.efficient_attention,
             tiled: cfg.tiled_attention,
             fused: cfg.kernels.fused(),
+            torch: cfg.kernels.torch(),
             causal: cfg.vision.is_none(),
             window: cfg.llama.and_then(|l| l.window_at(layer)),
             scale_mul: super::shapes::RopeScaling::softmax_scale(cfg.rope_scaling.as_ref()),
@@ -378,7 +393,7 @@ impl<T: TensorOps> Attention<T> {
         let project = |p: &Proj<T>, norm: Option<&Norm<T>>| -> Result<T> {
             let y = p.forward(x)?;
             match norm {
-                Some(n) if self.qk_whole => n.forward(&y),
+                Some(n) if self.qk_whole => releasing(n, &y),
                 _ => Ok(y),
             }
         };
@@ -393,11 +408,17 @@ impl<T: TensorOps> Attention<T> {
                 heads(project(&self.k, kn)?, self.core.kv_heads)?,
             );
             let (q, k) = match (&self.qk_norm, self.qk_whole) {
-                (Some((qn, kn)), false) => (qn.forward(&q)?, kn.forward(&k)?),
+                (Some((qn, kn)), false) => (releasing(qn, &q)?, releasing(kn, &k)?),
                 _ => (q, k),
             };
-            let q = r.apply(&q.transpose(1, 2)?, true)?;
-            let k = r.apply(&k.transpose(1, 2)?, true)?;
+            let rotate = |t: &T| -> Result<T> {
+                let y = r.apply(&t.transpose(1, 2)?, true)?;
+                if self.core.torch && t.tracked() {
+                    t.release()?;
+                }
+                Ok(y)
+            };
+            let (q, k) = (rotate(&q)?, rotate(&k)?);
             let v = split(self.v.forward(x)?, self.core.kv_heads)?;
             return Ok((q, k, v));
         }

@@ -75,18 +75,17 @@ impl<T: TensorOps> Mla<T> {
         w: &W,
     ) -> Result<Self> {
         let p = |i: usize| w.proj(&projs[i], cfg);
-        let fused = cfg.kernels.fused();
         let (q_a, q) = match m.q_lora_rank {
             None => (None, p(0)?),
             Some(r) => {
                 let q_a = p(0)?;
-                let norm = Norm::rms_eps(r, INNER_EPS, fused, &w.pp("q_a_norm"))?;
+                let norm = Norm::rms_eps(r, INNER_EPS, cfg, &w.pp("q_a_norm"))?;
                 (Some((q_a, norm)), p(1)?)
             }
         };
         let i = usize::from(m.q_lora_rank.is_some());
         let kv_a = p(i + 1)?;
-        let kv_a_norm = Norm::rms_eps(m.kv_lora_rank, INNER_EPS, fused, &w.pp("kv_a_norm"))?;
+        let kv_a_norm = Norm::rms_eps(m.kv_lora_rank, INNER_EPS, cfg, &w.pp("kv_a_norm"))?;
         Ok(Self {
             q,
             q_a,

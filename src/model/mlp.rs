@@ -28,6 +28,9 @@ pub enum Mlp<T: TensorOps = Tensor> {
         fused: bool,
         /// The gate's activation.
         act: Glu,
+        /// Fused SwiGLU holding `silu(gate)` too, as transformers' autograd keeps it
+        /// (`Kernels::Transformers`).
+        torch: bool,
     },
 }
 
@@ -78,6 +81,7 @@ impl<T: TensorOps> Mlp<T> {
                 down: p(2)?,
                 fused,
                 act: Glu::of(cfg.llama.as_ref()),
+                torch: cfg.kernels.torch(),
             },
         })
     }
@@ -123,12 +127,14 @@ impl<T: TensorOps> Mlp<T> {
                 down,
                 fused,
                 act,
+                torch,
             } => Mlp::SwiGlu {
                 gate: f(gate)?,
                 up: f(up)?,
                 down: f(down)?,
                 fused: *fused,
                 act: *act,
+                torch: *torch,
             },
         })
     }
@@ -153,11 +159,18 @@ impl<T: TensorOps> Mlp<T> {
                 down,
                 fused,
                 act,
+                torch,
             } if act.one_op(*fused) => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;
                 let oss = *act == Glu::Oss;
-                let m = T::kernel(Kernel::SiluMul { oss }, &[&g, &u])?;
+                let m = if *torch && !oss {
+                    // transformers' `act_fn(gate(x)) * up(x)` keeps the SiLU output too.
+                    let s = g.detach().silu()?;
+                    T::kernel(Kernel::SiluMul { oss }, &[&g, &u, &s])?
+                } else {
+                    T::kernel(Kernel::SiluMul { oss }, &[&g, &u])?
+                };
                 drop((g, u));
                 (m, down)
             }
@@ -167,6 +180,7 @@ impl<T: TensorOps> Mlp<T> {
                 down,
                 fused: true,
                 act: Glu::Gelu,
+                ..
             } => {
                 let g = gate.forward(x)?;
                 let u = up.forward(x)?;

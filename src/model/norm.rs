@@ -28,6 +28,10 @@ pub enum Norm<T = Tensor> {
         eps: f64,
         fused: bool,
         offset: bool,
+        /// Fused as transformers' `LlamaRMSNorm` runs (`Kernels::Transformers`): the
+        /// normalisation in f32 holding x's f32 copy ([`Kernel::RmsNormalise`]), then the
+        /// weight product in x's type as a recorded op, which keeps the normalised value.
+        torch: bool,
     },
 }
 
@@ -55,22 +59,30 @@ impl<T: TensorOps> Norm<T> {
             eps: cfg.layer_norm_eps,
             fused: cfg.kernels.fused(),
             offset,
+            torch: cfg.kernels.torch(),
         })
     }
 
-    /// An RMSNorm over `size` with its own epsilon (MLA's inner norms).
+    /// An RMSNorm over `size` with its own epsilon (MLA's inner norms), kernels as `cfg`'s.
     pub fn rms_eps<W: Weights<Tensor = T>>(
         size: usize,
         eps: f64,
-        fused: bool,
+        cfg: &Config,
         w: &W,
     ) -> Result<Self> {
         Ok(Norm::Rms {
             weight: w.weight(&[size], "weight", Init::Const(1.0))?,
             eps,
-            fused,
+            fused: cfg.kernels.fused(),
             offset: false,
+            torch: cfg.kernels.torch(),
         })
+    }
+
+    /// Whether it keeps a 16-bit input's f32 copy instead of reading the input in its
+    /// backward (the caller may then release the input once nothing else reads it).
+    pub fn holds_f32_copy(&self, x: &T) -> bool {
+        matches!(self, Norm::Rms { fused: true, torch: true, .. }) && x.half()
     }
 }
 
@@ -94,11 +106,13 @@ impl<T: TensorOps> Norm<T> {
                 eps,
                 fused,
                 offset,
+                torch,
             } => Norm::Rms {
                 weight: f(weight)?,
                 eps: *eps,
                 fused: *fused,
                 offset: *offset,
+                torch: *torch,
             },
         })
     }
@@ -132,6 +146,7 @@ impl<T: TensorOps> Norm<T> {
                 eps,
                 fused,
                 offset,
+                torch,
             } => {
                 // Gemma: `1 + w`, made first and freed when the norm returns.
                 let plus_one = if *offset {
@@ -141,7 +156,18 @@ impl<T: TensorOps> Norm<T> {
                 };
                 let w = plus_one.as_ref().unwrap_or(weight);
                 let eps = *eps as f32;
-                if *fused {
+                if *fused && *torch {
+                    // `hidden_states.to(float32)` (a 16-bit x's f32 copy, held), normalised,
+                    // `.to(input_dtype)`, then `weight * …` in x's type.
+                    let h = {
+                        let xd = x.detach();
+                        let x32 = xd.upcast()?;
+                        let n = *x.dims().last().expect("a dimension");
+                        let ones = xd.zeros(&[n])?.affine(0.0, 1.0)?;
+                        T::kernel(Kernel::RmsNormalise { eps }, &[x, &ones, &x32])?
+                    };
+                    h.broadcast_mul(w)
+                } else if *fused {
                     T::kernel(Kernel::RmsNorm { eps }, &[x, w])
                 } else {
                     tensor_ops::rms_norm_slow(x, w, eps)

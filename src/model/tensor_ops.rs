@@ -89,6 +89,15 @@ pub trait TensorOps: Graph {
     fn cat_owned(parts: &[Self], dim: usize) -> Result<Self>;
     /// The index of the largest value along the last dimension (u32, that dimension gone).
     fn argmax_last(&self) -> Result<Self>;
+    /// The softmax over the last dimension as one op (candle-nn's `softmax_last_dim`), not
+    /// recorded: a fresh tensor.
+    fn softmax_last(&self) -> Result<Self>;
+    /// Frees this one's storage in place when it covers it whole, keeping the tensor (and its
+    /// place in the graph): for a tensor a node holds only to route the gradient, which no
+    /// backward reads ([`kernels::boundary::release`]). Nothing may read it afterwards.
+    fn release(&self) -> Result<()>;
+    /// Whether its type is 16-bit (f16, bf16).
+    fn half(&self) -> bool;
     /// The replay's ledger segment (a block's tag) the work under way belongs to; candle has
     /// none.
     fn segment(&self) -> u32 {
@@ -126,7 +135,12 @@ impl TensorOps for Tensor {
             Kernel::LayerNorm { eps } => kernels::layer_norm(a[0], a[1], a[2], eps),
             Kernel::RmsNorm { eps } => kernels::rms_norm(a[0], a[1], eps),
             Kernel::Gelu => kernels::gelu(a[0]),
+            Kernel::SiluMul { oss: false } if a.len() > 2 => {
+                kernels::silu_mul_holding(a[0], a[1], a[2])
+            }
             Kernel::SiluMul { oss: false } => kernels::silu_mul(a[0], a[1]),
+            Kernel::RmsNormalise { eps } => kernels::rms_normalise(a[0], a[1], a[2], eps),
+            Kernel::CrossEntropyF32 => kernels::cross_entropy_f32(a[0], a[1], a[2]),
             Kernel::SiluMul { oss: true } => kernels::oss_glu(a[0], a[1]),
             Kernel::CrossEntropy => kernels::cross_entropy(a[0], a[1]),
             Kernel::Linear => kernels::linear(a[0], a[1], a[2]),
@@ -214,6 +228,15 @@ impl TensorOps for Tensor {
         self.argmax(candle_core::D::Minus1)
     }
     /// A dense frozen weight is mapped on its own; quantized blocks are kept.
+    fn softmax_last(&self) -> Result<Self> {
+        candle_nn::ops::softmax_last_dim(self)
+    }
+    fn release(&self) -> Result<()> {
+        kernels::boundary::release(self)
+    }
+    fn half(&self) -> bool {
+        matches!(self.dtype(), candle_core::DType::F16 | candle_core::DType::BF16)
+    }
     fn map_frozen(f: &FrozenWeight, _weight: &Self, base: &Map<'_, Self>) -> Result<FrozenWeight> {
         Ok(match f {
             FrozenWeight::Dense(w) => FrozenWeight::Dense(base(w)?),

@@ -293,8 +293,11 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
         }
-        let x = self.attn.forward_add(pre(&self.ln1, x)?, x, mask, rotary)?;
-        self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
+        let h = self.attn.forward_add(pre(&self.ln1, x)?, x, mask, rotary)?;
+        release_residual(&self.ln1, x)?;
+        let y = self.mlp.forward_add(pre(&self.ln2, &h)?, &h)?;
+        release_residual(&self.ln2, &h)?;
+        Ok(y)
     }
 
     /// Gemma's block: each half's output normalised before its residual sum; each
@@ -312,11 +315,14 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             .forward_owned(pre(&self.ln1, x)?, mask, rotary, cache)?;
         let n = ln1_post.forward(&y)?;
         drop(y);
-        let x = add_owned(x, n)?;
-        let y = self.mlp.forward_owned(pre(&self.ln2, &x)?)?;
+        let h = add_owned(x, n)?;
+        release_residual(&self.ln1, x)?;
+        let y = self.mlp.forward_owned(pre(&self.ln2, &h)?)?;
         let n = ln2_post.forward(&y)?;
         drop(y);
-        add_owned(&x, n)
+        let out = add_owned(&h, n)?;
+        release_residual(&self.ln2, &h)?;
+        Ok(out)
     }
 
     /// [`Block::forward`] with the attention's key/value cache.
@@ -334,6 +340,16 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             .attn
             .forward_cached_add(pre(&self.ln1, x)?, x, mask, rotary, cache)?;
         self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
+    }
+}
+
+/// A residual stream tensor, once both its uses (its norm, its sum) are done, released when
+/// its norm holds its f32 copy and the graph is recorded: no backward reads it (the sums'
+/// don't, the norm's reads the copy), and transformers keeps only the copy.
+fn release_residual<T: TensorOps>(norm: &Option<Norm<T>>, x: &T) -> Result<()> {
+    match norm {
+        Some(n) if n.holds_f32_copy(x) && x.tracked() => x.release(),
+        _ => Ok(()),
     }
 }
 
@@ -666,6 +682,17 @@ pub fn loss_with<T: TensorOps>(kernels: Kernels, logits: &T, targets: &T) -> Res
         targets.reshape(&[d[0] * d[1]])?,
     );
     match kernels {
+        Kernels::Transformers => {
+            // transformers' `ForCausalLMLoss`: `logits.float()` (freed once the softmax
+            // exists), `log_softmax` (its f32 output kept for the backward), `nll_loss`.
+            let p = {
+                let x = logits.detach().upcast()?;
+                x.softmax_last()?
+            };
+            let lp = p.log()?;
+            drop(p);
+            T::kernel(Kernel::CrossEntropyF32, &[&logits, &targets, &lp])
+        }
         Kernels::Fused => T::kernel(Kernel::CrossEntropy, &[&logits, &targets]),
         Kernels::Composed => tensor_ops::cross_entropy(&logits, &targets),
     }

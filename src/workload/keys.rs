@@ -254,8 +254,11 @@ pub fn attention_help() -> String {
 /// `--kernels`' help, its default read from the expander that applies it.
 pub fn kernels_help() -> String {
     format!(
-        "Norms, attention softmax, activations and loss: fused (memfit's kernels with a \
-         backward: CPU loops, `fused.cu` on CUDA) or composed (candle's stock ops, kept for \
+        "Norms, attention softmax, activations and loss: transformers (one op each, keeping \
+         what PyTorch + transformers' autograd keeps: RMSNorm's f32 copy and normalised \
+         value, SwiGLU's SiLU output, the loss's f32 log-probabilities; nothing of a rotary \
+         or 16-bit norm input), fused (memfit's lean kernels: each keeps its inputs and \
+         output only, as Liger's fused kernels) or composed (candle's stock ops, kept for \
          comparison); default {} on every device",
         super::DEFAULT_KERNELS
     )

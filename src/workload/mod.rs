@@ -304,7 +304,7 @@ impl Ctx<'_> {
 /// A file without `[[grid]]` tables is one grid made of its defaults.
 /// The kernels a case runs without a `kernels` key or flag, on every device (`--help` prints
 /// it from here).
-pub const DEFAULT_KERNELS: &str = "fused";
+pub const DEFAULT_KERNELS: &str = "transformers";
 
 /// The attention a case runs without an `attention` key or flag, on every device.
 pub const DEFAULT_ATTENTION: &str = "efficient";

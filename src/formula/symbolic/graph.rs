@@ -277,7 +277,7 @@ impl crate::model::tensor_ops::TensorOps for Sym {
             Kernel::Linear | Kernel::LinearAdd | Kernel::LinearNoBias | Kernel::LinearScaled => {
                 a[0].fused_product(k, a[1], &a[2..])
             }
-            Kernel::CrossEntropy => {
+            Kernel::CrossEntropy | Kernel::CrossEntropyF32 => {
                 // CUDA: the per-row losses (f32) live until the mean is written.
                 let ledger = a[0].ledger();
                 let rows = ledger
@@ -376,6 +376,17 @@ impl crate::model::tensor_ops::TensorOps for Sym {
     }
     fn argmax_last(&self) -> candle_core::Result<Self> {
         Ok(Sym::argmax_last(self))
+    }
+    /// candle-nn's `softmax_last_dim` on a detached tensor: its output only.
+    fn softmax_last(&self) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), self.dims(), self.dtype()))
+    }
+    fn release(&self) -> candle_core::Result<()> {
+        Sym::release(self, self.ledger().cuda.get());
+        Ok(())
+    }
+    fn half(&self) -> bool {
+        self.dtype() == DType::Half
     }
     /// The frozen op holds the projection's (mapped) weight and its scales.
     fn map_frozen(

@@ -414,6 +414,22 @@ impl Sym {
         )
     }
 
+    /// `model::kernels::boundary::release`: when this one covers its storage whole, the storage
+    /// freed in place (one element left on CUDA); otherwise nothing.
+    pub fn release(&self, cuda: bool) {
+        let bytes = self.0.storage.bytes.get();
+        let size = self.0.dtype.size();
+        let count: usize = self.dims().iter().product();
+        if count as u64 * size != bytes || bytes == 0 {
+            return;
+        }
+        let left = if cuda { size } else { 0 };
+        let ledger = self.ledger();
+        ledger.alloc_as(left, self.0.storage.id, "");
+        ledger.free_as(bytes, self.0.storage.id);
+        self.0.storage.bytes.set(left);
+    }
+
     /// `model::kernels::boundary::seed`: a one-element tensor whose backward hands `grad` to `self`.
     pub fn seed(&self, grad: Sym) -> Sym {
         let op = Op::Seed(self.clone(), std::cell::RefCell::new(Some(grad)));

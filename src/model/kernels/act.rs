@@ -19,6 +19,20 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     glu(gate, up, false)
 }
 
+/// [`silu_mul`] whose node also holds `s = silu(gate)` (transformers' SwiGLU saves it for the
+/// product's backward); the backward is the same.
+pub fn silu_mul_holding(gate: &Tensor, up: &Tensor, s: &Tensor) -> Result<Tensor> {
+    if gate.shape() != up.shape() {
+        candle_core::bail!("silu_mul: gate {:?} and up {:?}", gate.shape(), up.shape())
+    }
+    let op = super::held::Held {
+        op: SiluMulOp { oss: false },
+        kernel: Kernel::SiluMul { oss: false },
+        held: vec![s.clone()],
+    };
+    gate.apply_op2(up, op)
+}
+
 /// gpt-oss's clamped SwiGLU with a fused backward: `g' = min(gate, 7)`, `u' = clamp(up, −7,
 /// 7)`, `(u' + 1)·g'·σ(1.702·g')` (transformers' `GptOssExperts`: `alpha`, `limit`).
 pub fn oss_glu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {

@@ -31,11 +31,72 @@ pub fn cut(x: &Tensor) -> Result<Tensor> {
     ))
 }
 
+/// Frees `x`'s storage in place (one element is left on CUDA) when `x` covers it whole, so a
+/// graph node that holds `x` for the gradient's route but whose backward never reads it keeps
+/// no bytes of it (what PyTorch's autograd would not have saved). Anything else left as it is.
+/// Nothing may read `x` afterwards.
+pub fn release(x: &Tensor) -> Result<()> {
+    x.inplace_op1(&ReleaseOp)
+}
+
+struct ReleaseOp;
+
+impl InplaceOp1 for ReleaseOp {
+    fn name(&self) -> &'static str {
+        "release"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        macro_rules! free {
+            ($v:ident) => {
+                if whole(l, $v.len()) {
+                    drop(std::mem::take($v));
+                }
+            };
+        }
+        match s {
+            CpuStorage::F32(v) => free!(v),
+            CpuStorage::F16(v) => free!(v),
+            CpuStorage::BF16(v) => free!(v),
+            CpuStorage::F64(v) => free!(v),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let dev = s.device.clone();
+        macro_rules! free {
+            ($v:ident, $t:ty) => {
+                if whole(l, $v.len()) {
+                    let one = dev.alloc_zeros::<$t>(1)?;
+                    drop(std::mem::replace($v, one));
+                }
+            };
+        }
+        match &mut s.slice {
+            S::F32(v) => free!(v, f32),
+            S::F16(v) => free!(v, half::f16),
+            S::BF16(v) => free!(v, half::bf16),
+            S::F64(v) => free!(v, f64),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Whether a layout covers all `len` elements of its storage (from offset 0, any strides).
+fn whole(l: &Layout, len: usize) -> bool {
+    l.start_offset() == 0 && l.shape().elem_count() == len
+}
+
 struct CutOp(Mutex<Option<Storage>>);
 
 impl CutOp {
     fn whole(l: &Layout, len: usize) -> Result<()> {
-        if !l.is_contiguous() || l.start_offset() != 0 || l.shape().elem_count() != len {
+        if !l.is_contiguous() || !whole(l, len) {
             candle_core::bail!(
                 "by-block cut: the tensor does not own its storage alone ({:?}, {len} elements)",
                 l

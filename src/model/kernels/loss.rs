@@ -13,6 +13,17 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     logits.apply_op2(targets, CrossEntropyOp)
 }
 
+/// [`cross_entropy`] as transformers' loss runs it: the node also holds `lp`, the f32
+/// log-probabilities `(N, V)`, from which the backward works ([`Kernel::CrossEntropyF32`]).
+pub fn cross_entropy_f32(logits: &Tensor, targets: &Tensor, lp: &Tensor) -> Result<Tensor> {
+    let op = super::held::Held {
+        op: CrossEntropyOp,
+        kernel: Kernel::CrossEntropyF32,
+        held: vec![lp.clone()],
+    };
+    logits.apply_op2(targets, op)
+}
+
 struct CrossEntropyOp;
 
 fn loss<T: Float>(x: &[T], t: &[u32], v: usize) -> Result<f32> {

@@ -43,6 +43,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub mod graph;
+mod held;
 mod linear;
 mod loss;
 mod norm;
@@ -50,12 +51,12 @@ mod rotary;
 mod scatter;
 pub mod tiled;
 
-pub use act::{gelu, oss_glu, silu_mul};
+pub use act::{gelu, oss_glu, silu_mul, silu_mul_holding};
 pub use attn::attn_probs;
 pub use graph::Graph;
 pub use linear::{linear, linear_add, linear_no_bias, linear_scaled};
-pub use loss::cross_entropy;
-pub use norm::{layer_norm, rms_norm};
+pub use loss::{cross_entropy, cross_entropy_f32};
+pub use norm::{layer_norm, rms_norm, rms_normalise};
 pub use rotary::rotary;
 pub use scatter::scatter_rows;
 
@@ -70,15 +71,25 @@ pub enum Kernels {
     /// `ops::softmax`, `loss::cross_entropy`): every intermediate is a graph node.
     #[default]
     Composed,
-    /// memfit's fused kernels of this module.
+    /// memfit's fused kernels of this module, lean: each node keeps only its inputs and its
+    /// output (what Liger-style fused RMSNorm and SwiGLU kernels keep).
     Fused,
+    /// The fused kernels keeping what PyTorch + transformers' autograd keeps
+    /// (`scripts/torch_saved.py` counts it): RMSNorm's f32 copy of a 16-bit input and its
+    /// normalised value ([`Kernel::RmsNormalise`], the weight product a recorded op), the
+    /// SiLU output of SwiGLU ([`silu_mul`] with a third, held arg), the loss's f32
+    /// log-probabilities ([`Kernel::CrossEntropyF32`]), and nothing of a tensor no backward
+    /// reads: the rotary op's input and a 16-bit norm's input (the residual stream, raw q/k)
+    /// are released once used ([`crate::model::tensor_ops::TensorOps::release`]).
+    Transformers,
 }
 
 impl Kernels {
-    pub const NAMES: &'static str = "fused, composed";
+    pub const NAMES: &'static str = "transformers, fused, composed";
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "transformers" => Some(Self::Transformers),
             "fused" => Some(Self::Fused),
             "composed" => Some(Self::Composed),
             _ => None,
@@ -87,13 +98,20 @@ impl Kernels {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Transformers => "transformers",
             Self::Fused => "fused",
             Self::Composed => "composed",
         }
     }
 
+    /// One op per norm, activation, softmax and loss (lean or as transformers keeps).
     pub fn fused(self) -> bool {
-        self == Self::Fused
+        self != Self::Composed
+    }
+
+    /// Keeps what transformers keeps ([`Kernels::Transformers`]).
+    pub fn torch(self) -> bool {
+        self == Self::Transformers
     }
 }
 
@@ -119,6 +137,15 @@ pub enum Kernel {
     },
     /// Mean cross-entropy of logits `(N, V)` against targets `(N)` u32.
     CrossEntropy,
+    /// [`Kernel::CrossEntropy`] as transformers' `ForCausalLMLoss` runs it (`logits.float()`,
+    /// then `log_softmax` and `nll_loss`): args logits, targets and the f32 log-probabilities
+    /// `(N, V)` (held, no gradient), from which the backward works in f32, converting the
+    /// logits' gradient to their type last.
+    CrossEntropyF32,
+    /// transformers' RMSNorm before its weight product: `x·rsqrt(mean(x²) + eps)` in x's
+    /// type, computed in f32; args x, a `(H)` of ones in x's type, and x in f32 (held: a 16-bit
+    /// x's f32 copy, which the backward reads; an f32 x itself).
+    RmsNormalise { eps: f32 },
     /// `x·wᵀ + b`; args x, w, b.
     Linear,
     /// `x + h·wᵀ` (a projection without bias into the residual stream); args h, w, x.
@@ -154,6 +181,8 @@ impl Kernel {
             Kernel::SiluMul { oss: true } => "fused-oss-glu",
             Kernel::AttnProbs { .. } => "fused-attn-probs",
             Kernel::CrossEntropy => "fused-cross-entropy",
+            Kernel::CrossEntropyF32 => "torch-cross-entropy",
+            Kernel::RmsNormalise { .. } => "torch-rms-normalise",
             Kernel::Linear => "fused-linear",
             Kernel::LinearAdd => "fused-linear-add",
             Kernel::LinearNoBias => "fused-linear-no-bias",
@@ -209,6 +238,8 @@ impl Kernel {
             Kernel::SiluMul { oss } => silu_mul_bwd(args[0], args[1], grad, oss),
             Kernel::AttnProbs { scale, .. } => attn_probs_bwd(args[0], args[1], res, grad, scale),
             Kernel::CrossEntropy => cross_entropy_bwd(args[0], args[1], grad),
+            Kernel::CrossEntropyF32 => cross_entropy_f32_bwd(args[0], args[1], args[2], grad),
+            Kernel::RmsNormalise { eps } => rms_normalise_bwd(args[0], args[1], args[2], grad, eps),
             Kernel::Linear => linear_bwd(args[0], args[1], args[2], grad),
             Kernel::LinearAdd => linear_add_bwd(args[0], args[1], grad),
             Kernel::LinearScaled => linear_scaled_bwd(args[0], args[1], args[2], grad),
@@ -306,6 +337,43 @@ fn cross_entropy_bwd<G: Graph>(logits: &G, targets: &G, grad: &G) -> Result<Vec<
     let dx = d.broadcast_mul(&gs)?;
     drop((d, gs));
     Ok(vec![Some(dx), None])
+}
+
+/// From the held f32 log-probabilities `lp`: `p = exp(lp)` (f32), −1 at the targets in place,
+/// times `g/N`, then converted to the logits' type (PyTorch's `NllLossBackward` →
+/// `LogSoftmaxBackward` → `ToCopyBackward`: at its highest the logits, `lp` and two f32
+/// `(N, V)`, as here).
+fn cross_entropy_f32_bwd<G: Graph>(
+    logits: &G,
+    targets: &G,
+    lp: &G,
+    grad: &G,
+) -> Result<Vec<Option<G>>> {
+    let n = lp.dims()[0] as f64;
+    let p = lp.detach().exp()?.minus_one_at(&targets.detach())?;
+    let gs = grad.to_f32()?.affine(1.0 / n, 0.0)?;
+    let d = p.broadcast_mul(&gs)?;
+    drop((p, gs));
+    let dx = d.to_dtype_of(logits)?;
+    drop(d);
+    Ok(vec![Some(dx), None, None])
+}
+
+/// The normalisation's `dx` from the held f32 input: the norm's gradient in f32 against a
+/// unit weight ([`Graph::norm_grad`]), converted to x's type (for an f32 x, no conversion).
+fn rms_normalise_bwd<G: Graph>(
+    x: &G,
+    ones: &G,
+    x32: &G,
+    grad: &G,
+    eps: f32,
+) -> Result<Vec<Option<G>>> {
+    let (g, w) = (grad.to_f32()?, ones.detach().to_f32()?);
+    let (dx, dw, _) = G::norm_grad(&x32.detach(), &w, &g, eps, false)?;
+    drop((dw, g, w));
+    let out = dx.to_dtype_of(x)?;
+    drop(dx);
+    Ok(vec![Some(out), None, None])
 }
 
 /// `dx = g·w`, `dw = gᵀ·x`, `db = Σ_rows g`, with x and g seen as `(rows, ·)` matrices; no

@@ -16,6 +16,17 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     x.apply_op2(w, RmsNormOp { eps })
 }
 
+/// transformers' RMSNorm before its weight: `x/√(mean(x²) + eps)` in x's type
+/// ([`Kernel::RmsNormalise`]); `ones` a `(H)` of ones in x's type, `x32` x in f32, held.
+pub fn rms_normalise(x: &Tensor, ones: &Tensor, x32: &Tensor, eps: f32) -> Result<Tensor> {
+    let op = super::held::Held {
+        op: RmsNormOp { eps },
+        kernel: Kernel::RmsNormalise { eps },
+        held: vec![x32.clone()],
+    };
+    x.apply_op2(ones, op)
+}
+
 struct LayerNormOp {
     eps: f32,
 }

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What PyTorch + transformers' autograd graph saves after a training forward, op by op.
+
+Builds `transformers.AutoModelForCausalLM.from_config` on a config.json (memfit's
+workloads/configs/*.json) with `--set FIELD=VALUE` changes and `--layers L` (a slice), in
+`--dtype` (f32, bf16, f16: the weights and activations in that type, as `model.to(dtype)`),
+SDPA attention, runs `model(input_ids=x, labels=x)` at batch `--batch`, sequence `--seq`, and
+walks the graph from the loss's `grad_fn` through `next_functions`: every node's `_saved_*`
+tensors, counted once per storage (`untyped_storage().data_ptr()`), parameters' storages
+excluded. The logits the output holds are counted apart (`logits`), as the model returns them.
+
+With `--per-layer`, the slice is built twice (L and L + 1 layers, same seed) and the difference
+per token is printed too: what one more layer keeps per token, by op.
+
+Prints one JSON object: {"total_bytes", "logits_bytes", "by_op": {"Node._saved_x": bytes},
+"per_token_per_layer": {...}} (the last with --per-layer).
+"""
+import argparse, json, sys
+
+import torch
+import transformers
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def build(config_path, sets, layers, dtype):
+    cfg = transformers.AutoConfig.from_pretrained(config_path)
+    for s in sets:
+        k, v = s.split("=", 1)
+        setattr(cfg, k, json.loads(v))
+    cfg.num_hidden_layers = layers
+    for key in ("layer_types",):
+        lt = getattr(cfg, key, None)
+        if isinstance(lt, list):
+            setattr(cfg, key, lt[:layers])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa")
+    return m.to(dtype).train(), cfg
+
+
+def saved(model, batch, seq, vocab):
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    x = torch.randint(0, vocab, (batch, seq))
+    out = model(input_ids=x, labels=x)
+    seen, by_op, total = set(), {}, 0
+    stack, visited = [out.loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                val = getattr(node, attr)
+            except Exception:
+                continue
+            vals = val if isinstance(val, (tuple, list)) else [val]
+            for t in vals:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr in params or ptr in seen or st.nbytes() == 0:
+                    continue
+                seen.add(ptr)
+                key = f"{node.name()}.{attr}"
+                by_op[key] = by_op.get(key, 0) + st.nbytes()
+                total += st.nbytes()
+        stack.extend(f for f, _ in node.next_functions)
+    logits = out.logits.untyped_storage().nbytes()
+    return total, logits, by_op
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--dtype", choices=DTYPES, default="bf16")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--per-layer", action="store_true")
+    a = ap.parse_args()
+    torch.set_grad_enabled(True)
+    dt = DTYPES[a.dtype]
+    m, cfg = build(a.config, a.set, a.layers, dt)
+    total, logits, by_op = saved(m, a.batch, a.seq, cfg.vocab_size)
+    res = {"config": a.config, "sets": a.set, "layers": a.layers, "dtype": a.dtype,
+           "batch": a.batch, "seq": a.seq, "total_bytes": total, "logits_bytes": logits,
+           "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
+    del m
+    if a.per_layer:
+        m2, _ = build(a.config, a.set, a.layers + 1, dt)
+        t2, _, ops2 = saved(m2, a.batch, a.seq, cfg.vocab_size)
+        tokens = a.batch * a.seq
+        res["per_token_per_layer_bytes"] = (t2 - total) / tokens
+        res["per_token_per_layer"] = {k: (ops2.get(k, 0) - by_op.get(k, 0)) / tokens
+                                      for k in sorted(set(ops2) | set(by_op))
+                                      if ops2.get(k, 0) != by_op.get(k, 0)}
+    json.dump(res, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
