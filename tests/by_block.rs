@@ -44,7 +44,7 @@ fn same_gradients(name: &str, cfg: &Config, mixed: Option<DType>) {
 }
 
 fn both_kernels(name: &str, cfg: Config) {
-    for kernels in [Kernels::Composed, Kernels::Fused] {
+    for kernels in [Kernels::Composed, Kernels::Fused, Kernels::Transformers] {
         let cfg = Config {
             kernels,
             ..cfg.clone()
@@ -122,6 +122,15 @@ fn lora_and_mixed_precision_gradients_equal_the_whole_backward() {
             ..fixture("qwen3")
         };
         same_gradients(&format!("qwen3 fused mixed {d:?}"), &q, Some(d));
+        // transformers' kernels in 16 bits: the f32 copies held, the residual stream, raw q/k,
+        // rotary inputs and post-norm outputs released (any read of one would fail here).
+        for family in ["qwen3", "gemma3", "olmo2"] {
+            let c = Config {
+                kernels: Kernels::Transformers,
+                ..fixture(family)
+            };
+            same_gradients(&format!("{family} transformers mixed {d:?}"), &c, Some(d));
+        }
     }
 }
 

@@ -213,6 +213,41 @@ fn qwen3_qk_norms() {
 
 const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,decode";
 
+/// The default kernels (transformers') in f16, where they differ from the lean ones most (an
+/// f32 copy held per RMSNorm, its 16-bit input released), on the fixtures whose norms differ:
+/// Qwen3's per-head q/k norms, Gemma 3's four norms a block (`1 + w`, an f32 product released
+/// once cast), OLMo 2's post-norms and whole-projection q/k norms, DeepSeek-V2's MLA and
+/// experts, SmolLM3's NoPE layers; every phase measured against the replay, and the mixed f16
+/// checkpointed step of Qwen3 (a checkpoint's recomputed blocks release their inputs' copies).
+#[test]
+fn transformers_kernels_in_f16() {
+    for family in ["qwen3", "gemma3", "olmo2", "deepseek_v2", "smollm3"] {
+        let cfg = format!(
+            "{}/tests/fixtures/{family}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let rows = check_run(
+            &[
+                "--hf-config",
+                cfg.as_str(),
+                "--batch",
+                "16",
+                "--seq",
+                "28",
+                "--dtype",
+                "f16",
+                "--phases",
+                ALL,
+                "--decode-tokens",
+                "4",
+            ],
+            8,
+        );
+        assert!(rows.iter().all(|r| r.kernels == "transformers"), "{family}");
+    }
+    mixed_checkpointed_on_fixture("qwen3", "transformers");
+}
+
 /// [`check_mixed_checkpointed`] on a reference fixture's config at B 16 × S 28.
 fn mixed_checkpointed_on_fixture(family: &str, kernels: &str) {
     let cfg = format!(

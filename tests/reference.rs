@@ -67,9 +67,10 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// The attentions every fixture is checked with: standard with each kind of kernel, then
 /// the efficient op and the tiled composition (their own kernels; the rest fused), which
 /// must apply the fixture's sliding windows too.
-const ATTENTIONS: [(&str, Kernels, bool, bool); 4] = [
+const ATTENTIONS: [(&str, Kernels, bool, bool); 5] = [
     ("composed", Kernels::Composed, false, false),
     ("fused", Kernels::Fused, false, false),
+    ("transformers", Kernels::Transformers, false, false),
     ("efficient", Kernels::Fused, true, false),
     ("tiled", Kernels::Fused, false, true),
 ];

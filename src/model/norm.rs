@@ -79,6 +79,12 @@ impl<T: TensorOps> Norm<T> {
         })
     }
 
+    /// Fused as transformers runs it ([`Norm::Rms`]'s `torch`): its output is a fresh tensor
+    /// that no backward of its own reads.
+    pub fn torch(&self) -> bool {
+        matches!(self, Norm::Rms { fused: true, torch: true, .. })
+    }
+
     /// Whether it keeps a 16-bit input's f32 copy instead of reading the input in its
     /// backward (the caller may then release the input once nothing else reads it).
     pub fn holds_f32_copy(&self, x: &T) -> bool {
@@ -156,7 +162,24 @@ impl<T: TensorOps> Norm<T> {
                 };
                 let w = plus_one.as_ref().unwrap_or(weight);
                 let eps = *eps as f32;
-                if *fused && *torch {
+                if *fused && *torch && *offset {
+                    // Gemma's `(_norm(x.float()) * (1.0 + weight.float())).type_as(x)`: the f32
+                    // copy (held by the norm op) and the normalised f32 value (held by the
+                    // product) kept; the f32 product, read by no backward, released once cast.
+                    let x32 = x.to_f32()?;
+                    let n = *x.dims().last().expect("a dimension");
+                    let ones = x32.detach().zeros(&[n])?.affine(0.0, 1.0)?;
+                    let n32 = T::kernel(Kernel::RmsNorm { eps }, &[&x32, &ones])?;
+                    drop((x32, ones));
+                    let w32 = w.to_f32()?;
+                    let o32 = n32.broadcast_mul(&w32)?;
+                    drop((n32, w32));
+                    let out = o32.to_dtype_of(x)?;
+                    if x.half() && o32.tracked() {
+                        o32.release()?;
+                    }
+                    Ok(out)
+                } else if *fused && *torch {
                     // `hidden_states.to(float32)` (a 16-bit x's f32 copy, held), normalised,
                     // `.to(input_dtype)`, then `weight * …` in x's type.
                     let h = {

@@ -313,14 +313,10 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         let y = self
             .attn
             .forward_owned(pre(&self.ln1, x)?, mask, rotary, cache)?;
-        let n = ln1_post.forward(&y)?;
-        drop(y);
-        let h = add_owned(x, n)?;
+        let h = post_add(x, y, ln1_post)?;
         release_residual(&self.ln1, x)?;
         let y = self.mlp.forward_owned(pre(&self.ln2, &h)?)?;
-        let n = ln2_post.forward(&y)?;
-        drop(y);
-        let out = add_owned(&h, n)?;
+        let out = post_add(&h, y, ln2_post)?;
         release_residual(&self.ln2, &h)?;
         Ok(out)
     }
@@ -341,6 +337,23 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             .forward_cached_add(pre(&self.ln1, x)?, x, mask, rotary, cache)?;
         self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
     }
+}
+
+/// `x + norm(y)` (a sandwich or post-norm block's half), y and the norm's output freed once
+/// used. With the norm as transformers runs it and the graph recorded, neither is kept: the
+/// sum's backward reads neither, and the norm holds a 16-bit y's f32 copy instead of y.
+fn post_add<T: TensorOps>(x: &T, y: T, norm: &Norm<T>) -> Result<T> {
+    let n = norm.forward(&y)?;
+    if norm.holds_f32_copy(&y) && y.tracked() {
+        y.release()?;
+    }
+    drop(y);
+    let sum = x.add(&n)?;
+    if norm.torch() && n.tracked() {
+        n.release()?;
+    }
+    drop(n);
+    Ok(sum)
 }
 
 /// A residual stream tensor, once both its uses (its norm, its sum) are done, released when

@@ -837,7 +837,15 @@ pub fn cross_entropy_refuses_a_target_beyond_the_vocabulary() {
 
 /// The fused and the composed model on the same weights: the same loss and, for every
 /// parameter, the same gradient (none missing, none zero).
+/// [`whole_model_with`] for each fused kernel set: the lean one and transformers'.
 fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
+    for kernels in [Kernels::Fused, Kernels::Transformers] {
+        let name = format!("{name} {}", kernels.as_str());
+        whole_model_with(&name, kernels, cfg.clone(), input, targets);
+    }
+}
+
+fn whole_model_with(name: &str, kernels: Kernels, cfg: Config, input: &Tensor, targets: &Tensor) {
     let dev = dev();
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
@@ -851,7 +859,7 @@ fn whole_model(name: &str, cfg: Config, input: &Tensor, targets: &Tensor) {
     .unwrap();
     let fused = Transformer::new(
         &Config {
-            kernels: Kernels::Fused,
+            kernels,
             ..cfg
         },
         vb,

@@ -351,7 +351,7 @@ fn cross_entropy_f32_bwd<G: Graph>(
 ) -> Result<Vec<Option<G>>> {
     let n = lp.dims()[0] as f64;
     let p = lp.detach().exp()?.minus_one_at(&targets.detach())?;
-    let gs = grad.to_f32()?.affine(1.0 / n, 0.0)?;
+    let gs = grad.to_dtype_of(lp)?.affine(1.0 / n, 0.0)?;
     let d = p.broadcast_mul(&gs)?;
     drop((p, gs));
     let dx = d.to_dtype_of(logits)?;
@@ -368,7 +368,7 @@ fn rms_normalise_bwd<G: Graph>(
     grad: &G,
     eps: f32,
 ) -> Result<Vec<Option<G>>> {
-    let (g, w) = (grad.to_f32()?, ones.detach().to_f32()?);
+    let (g, w) = (grad.to_dtype_of(x32)?, ones.detach().to_dtype_of(x32)?);
     let (dx, dw, _) = G::norm_grad(&x32.detach(), &w, &g, eps, false)?;
     drop((dw, g, w));
     let out = dx.to_dtype_of(x)?;
