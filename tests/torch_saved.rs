@@ -31,12 +31,26 @@ const SLICES: [(&str, &[&str], f64); 5] = [
     // attention's output and log-sum-exp, SwiGLU's four `(I)` tensors.
     (
         "Llama-3-8B widths, 16-bit",
-        &["--preset", "llama-3-8b", "--vocab", "32000", "--dtype", "f16"],
+        &[
+            "--preset",
+            "llama-3-8b",
+            "--vocab",
+            "32000",
+            "--dtype",
+            "f16",
+        ],
         200_840.0,
     ),
     (
         "Llama-3-8B widths, f32",
-        &["--preset", "llama-3-8b", "--vocab", "32000", "--dtype", "f32"],
+        &[
+            "--preset",
+            "llama-3-8b",
+            "--vocab",
+            "32000",
+            "--dtype",
+            "f32",
+        ],
         368_776.0,
     ),
     // 128 experts, top 8: the router's f32 softmax is kept as a composed chain (memfit keeps

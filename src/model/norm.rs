@@ -82,13 +82,27 @@ impl<T: TensorOps> Norm<T> {
     /// Fused as transformers runs it ([`Norm::Rms`]'s `torch`): its output is a fresh tensor
     /// that no backward of its own reads.
     pub fn torch(&self) -> bool {
-        matches!(self, Norm::Rms { fused: true, torch: true, .. })
+        matches!(
+            self,
+            Norm::Rms {
+                fused: true,
+                torch: true,
+                ..
+            }
+        )
     }
 
     /// Whether it keeps a 16-bit input's f32 copy instead of reading the input in its
     /// backward (the caller may then release the input once nothing else reads it).
     pub fn holds_f32_copy(&self, x: &T) -> bool {
-        matches!(self, Norm::Rms { fused: true, torch: true, .. }) && x.half()
+        matches!(
+            self,
+            Norm::Rms {
+                fused: true,
+                torch: true,
+                ..
+            }
+        ) && x.half()
     }
 }
 

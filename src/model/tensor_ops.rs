@@ -235,7 +235,10 @@ impl TensorOps for Tensor {
         kernels::boundary::release(self)
     }
     fn half(&self) -> bool {
-        matches!(self.dtype(), candle_core::DType::F16 | candle_core::DType::BF16)
+        matches!(
+            self.dtype(),
+            candle_core::DType::F16 | candle_core::DType::BF16
+        )
     }
     fn map_frozen(f: &FrozenWeight, _weight: &Self, base: &Map<'_, Self>) -> Result<FrozenWeight> {
         Ok(match f {

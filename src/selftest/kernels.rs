@@ -857,14 +857,7 @@ fn whole_model_with(name: &str, kernels: Kernels, cfg: Config, input: &Tensor, t
         vb.clone(),
     )
     .unwrap();
-    let fused = Transformer::new(
-        &Config {
-            kernels,
-            ..cfg
-        },
-        vb,
-    )
-    .unwrap();
+    let fused = Transformer::new(&Config { kernels, ..cfg }, vb).unwrap();
     let lc = composed
         .train_loss(&composed.forward(input).unwrap(), targets)
         .unwrap();
