@@ -132,6 +132,7 @@ fn torch_scripts_stay_out_of_ci_and_compile() {
     let py = Command::new("python3")
         .args(["-m", "py_compile"])
         .arg(root().join("scripts/torch_reference.py"))
+        .arg(root().join("scripts/torch_saved.py"))
         .arg(root().join("scripts/accelerate_estimate.py"))
         .env(
             "PYTHONPYCACHEPREFIX",
