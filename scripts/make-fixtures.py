@@ -142,6 +142,16 @@ FAMILIES = {
     # q and k projections (32 and 16 wide), q/k/v/o biases.
     "olmo2": ("olmo2", transformers.Olmo2Config, transformers.Olmo2ForCausalLM,
               {"attention_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # GLM-4.5: the rotary over half of each head (partial_rotary_factor 0.5 of head_dim 16),
+    # q/k/v biases (none on o), per-head q/k norms, DeepSeek-V3's router (sigmoid, groups: 8
+    # experts in 4 groups, 2 kept, 2 per token, scaled 2.5) with a shared expert, layer 0 dense.
+    "glm4_moe": ("glm4_moe", transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM,
+                 {"head_dim": 16, "partial_rotary_factor": 0.5, "attention_bias": True,
+                  "use_qk_norm": True, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                  "n_group": 4, "topk_group": 2, "n_shared_experts": 1,
+                  "moe_intermediate_size": 20, "first_k_dense_replace": 1,
+                  "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 
 

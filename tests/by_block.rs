@@ -95,6 +95,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "gpt_oss",
         "smollm3",
         "olmo2",
+        "glm4_moe",
     ] {
         both_kernels(family, fixture(family));
     }

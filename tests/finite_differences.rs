@@ -41,6 +41,7 @@ const FAMILIES: &[&str] = &[
     "deepseek_v2",
     "deepseek_v3",
     "deepseek_v3_yarn",
+    "glm4_moe",
 ];
 
 fn fixture(family: &str) -> PathBuf {

@@ -1097,6 +1097,37 @@ fn smollm3_defaults_and_its_nope_layers() {
     }
 }
 
+/// GLM-4.5 (`glm4_moe`): `Glm4MoeConfig()`'s defaults are GLM-4.5-Air's shape; with the
+/// `head_dim` (128) and `attention_bias` (true) of its config, transformers 4.57.1 counts
+/// 106,852,245,504 parameters on the meta device, and memfit the same (active: 13,424,123,904
+/// with the embedding and the head, 12.18 B without: the "12B active" of its card). The
+/// rotary covers 64 of each head's 128; a factor whose part is not an even integer is refused,
+/// naming the file and the key.
+#[test]
+fn glm4_moe_air_shape_and_its_partial_rotary() {
+    let air = r#"{"model_type": "glm4_moe", "head_dim": 128, "attention_bias": true}"#;
+    let hf = hf_config::parse(air, "cfg.json").unwrap();
+    assert_eq!(hf.cfg.params(), 106_852_245_504);
+    let l = hf.cfg.llama.unwrap();
+    assert_eq!(l.variant.partial_rotary, Some(64));
+    assert!(l.qkv_bias && !l.o_bias && !l.qk_norm);
+    let moe = l.moe.unwrap();
+    assert_eq!((moe.experts, moe.top_k, moe.first_dense), (128, 8, 1));
+    assert_eq!(moe.shared, 1408);
+    let odd = r#"{"model_type": "glm4_moe", "head_dim": 128, "partial_rotary_factor": 0.3}"#;
+    let err = hf_config::parse(odd, "cfg.json").unwrap_err().to_string();
+    assert!(
+        err.contains("partial_rotary_factor") && err.contains("cfg.json"),
+        "{err}"
+    );
+    // Elsewhere a partial rotary is still refused by name.
+    let phi = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 64,
+        "max_position_embeddings": 32, "partial_rotary_factor": 0.5}"#;
+    let err = hf_config::parse(phi, "cfg.json").unwrap_err().to_string();
+    assert!(err.contains("partial_rotary_factor"), "{err}");
+}
+
 /// OLMo 2: a config that names only its type is transformers 4.57.1's `Olmo2Config()`
 /// (6,888,624,128 parameters on the meta device: no norms before the halves, two after, q/k
 /// norms 4096 wide), the head untied; `mlp_bias` true is refused (its MLP has none).

@@ -221,7 +221,14 @@ const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,
 /// checkpointed step of Qwen3 (a checkpoint's recomputed blocks release their inputs' copies).
 #[test]
 fn transformers_kernels_in_f16() {
-    for family in ["qwen3", "gemma3", "olmo2", "deepseek_v2", "smollm3"] {
+    for family in [
+        "qwen3",
+        "gemma3",
+        "olmo2",
+        "deepseek_v2",
+        "smollm3",
+        "glm4_moe",
+    ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",
             env!("CARGO_MANIFEST_DIR")
@@ -444,6 +451,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
         ("qwen3_moe_dense", 6, 3, 1),
         ("deepseek_v2", 6, 2, 2),
         ("deepseek_v3", 8, 2, 1),
+        ("glm4_moe", 8, 2, 1),
     ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",

@@ -444,6 +444,27 @@ fn olmo2_logits_equal_transformers() {
     );
 }
 
+/// GLM-4.5: the rotary over the first half of each head (the rest passed through), q/k/v
+/// biases without one on o, per-head q/k norms, DeepSeek-V3's grouped sigmoid router with a
+/// shared expert, layer 0 dense; its parameters are the fixture's tensors. Rotating each head
+/// whole, on the same weights, gives other logits.
+#[test]
+fn glm4_moe_logits_equal_transformers() {
+    check("glm4_moe");
+    let mut cfg = config("glm4_moe");
+    assert_eq!(cfg.params(), model_params(&fixture("glm4_moe")));
+    let l = cfg.llama.as_mut().unwrap();
+    assert!(l.qk_norm && l.qkv_bias && !l.o_bias);
+    assert_eq!(l.variant.partial_rotary, Some(8));
+    l.variant.partial_rotary = None;
+    let (tokens, want) = io("glm4_moe");
+    let diff = max_diff(&model("glm4_moe", &cfg).forward(&tokens).unwrap(), &want);
+    assert!(
+        diff > 1e-2,
+        "glm4_moe rotating each head whole: the logits still agree ({diff})"
+    );
+}
+
 #[test]
 fn phi3_logits_equal_transformers() {
     check("phi3");

@@ -234,7 +234,7 @@ impl Shape {
             None => 0,
             Some(l) => {
                 // Gemma's sliding layers keep a second pair (their own base).
-                self.rotary_pairs() * 2 * self.s_max * (l.head_dim as u64 / 2) * self.e()
+                self.rotary_pairs() * 2 * self.s_max * (l.rotary_width() as u64 / 2) * self.e()
             }
         }
     }

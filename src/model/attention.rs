@@ -44,6 +44,16 @@ impl<T: TensorOps> Rotary<'_, T> {
     /// `x (B, n, S, D)` rotated at positions `offset..offset + S`: the fused kernel, or the
     /// composed [`rotary::apply_rotary`].
     pub fn apply(&self, x: &T, fused: bool) -> Result<T> {
+        let (d, width) = (x.dims()[3], 2 * self.cos.dims()[1]);
+        if width < d {
+            // A partial rotary (GLM-4.5): the first `width` of each head rotated, the rest
+            // passed through, then joined (`cat`, as transformers' `apply_rotary_pos_emb`).
+            // (The passed part copied first: candle joins contiguous parts into a contiguous
+            // tensor, which the attention reads; the copy is freed once joined.)
+            let r = self.apply(&x.narrow(3, 0, width)?, fused)?;
+            let pass = x.narrow(3, width, d - width)?.contiguous()?;
+            return T::cat(&[&r, &pass], 3);
+        }
         if fused {
             let s = x.dims()[2];
             let cos = self.cos.narrow(0, self.offset, s)?;

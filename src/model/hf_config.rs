@@ -114,11 +114,6 @@ pub fn model_types() -> String {
 /// type under a new name, so no relabelling sizes it).
 const UNBUILT_TYPES: &[(&str, &str)] = &[
     (
-        "glm4_moe",
-        "GLM-4.5 needs partial rotary, sigmoid routing with groups and a shared expert, and dense \
-         first layers, which memfit does not build yet",
-    ),
-    (
         "llama4_text",
         "Llama 4 interleaves dense and MoE layers (interleave_moe_layer_step, \
          intermediate_size_mlp) with a shared expert and chunked attention, which memfit does not \
@@ -184,6 +179,7 @@ const LLAMA_TYPES: &[&str] = &[
 
 /// The mixture-of-experts types.
 const MOE_TYPES: &[&str] = &[
+    "glm4_moe",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -665,7 +661,10 @@ fn llama_config(
     if family.is_none() {
         f.require("hidden_act", &["silu"])?;
     }
-    if let Some(v) = f.get("partial_rotary_factor")
+    // GLM-4.5's family file reads its partial rotary; elsewhere a partial one is refused.
+    if let Some(v) = f
+        .get("partial_rotary_factor")
+        .filter(|_| model_type != "glm4_moe")
         && v.as_f64() != Some(1.0)
     {
         return Err(f.bad(
@@ -1352,6 +1351,41 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                     ));
                 }
             }
+            m
+        }
+        // GLM-4.5 (its family file gives `Glm4MoeConfig`'s defaults): DeepSeek-V3's router
+        // (sigmoid scores, the correction bias, groups ranked by their two best, `1e-20` in
+        // the renormalisation) over `n_routed_experts`, `n_shared_experts` ×
+        // `moe_intermediate_size` shared, `first_k_dense_replace` dense layers first.
+        "glm4_moe" => {
+            let experts = f.size("n_routed_experts", max)?;
+            let mut m = MoeShape::plain(experts, 0, f.bool_or("norm_topk_prob", true)?);
+            m.routed_scale = Factor(f.float_or("routed_scaling_factor", 1.0)?);
+            m.first_dense = count_or(f, "first_k_dense_replace", 1)?;
+            if m.first_dense > 0 {
+                m.dense_width = dense_width()?;
+            } else {
+                f.ignored(&["intermediate_size"]);
+            }
+            m.shared =
+                count_or(f, "n_shared_experts", 1)? * f.size("moe_intermediate_size", MAX_SIZE)?;
+            m.scoring = Scoring::Sigmoid;
+            m.correction_bias = true;
+            let groups = f.size("n_group", max)?;
+            let top_groups = f.size("topk_group", max)?;
+            if !experts.is_multiple_of(groups) || top_groups > groups {
+                return Err(f.bad(
+                    "n_group",
+                    &Value::from(groups),
+                    &format!("does not divide the {experts} experts, or topk_group = {top_groups} exceeds it"),
+                    "a divisor of n_routed_experts, ≥ topk_group",
+                ));
+            }
+            m.group = Some(GroupLimit {
+                groups,
+                top_groups,
+                top2_sum: true,
+            });
             m
         }
         _ => return Ok(None),

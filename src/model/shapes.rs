@@ -90,6 +90,9 @@ pub struct Variant {
     /// The q/k norms are over the whole projection (`A·D` and `G·D`), before the heads are
     /// split, instead of over each head (OLMo 2).
     pub qk_norm_whole: bool,
+    /// The rotary embedding covers only the first this many of each head's `D` (its tables
+    /// are that wide); the rest passes through unrotated (GLM-4.5's `partial_rotary_factor`).
+    pub partial_rotary: Option<usize>,
 }
 
 impl Llama {
@@ -115,6 +118,11 @@ impl Llama {
 
     /// Whether the model keeps a second pair of rotary tables: sliding layers with their own
     /// base ([`Variant::local_rope_theta`]).
+    /// The rotary tables' width: the rotated part of a head.
+    pub fn rotary_width(&self) -> usize {
+        self.variant.partial_rotary.unwrap_or(self.head_dim)
+    }
+
     pub fn local_rope(&self, layers: usize) -> bool {
         self.variant.local_rope_theta.is_some() && (0..layers).any(|i| self.window_at(i).is_some())
     }

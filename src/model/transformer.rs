@@ -531,13 +531,14 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
         let rope = match cfg.llama {
             None => None,
             Some(l) => {
-                Some(w.rotary(cfg, l.head_dim, cfg.rope_theta, cfg.rope_scaling.as_ref())?)
+                let width = l.rotary_width();
+                Some(w.rotary(cfg, width, cfg.rope_theta, cfg.rope_scaling.as_ref())?)
             }
         };
         let rope_local = match cfg.llama {
             Some(l) if l.local_rope(cfg.layers) => {
                 let theta = l.variant.local_rope_theta.expect("a local base");
-                Some(w.rotary(cfg, l.head_dim, theta.0, None)?)
+                Some(w.rotary(cfg, l.rotary_width(), theta.0, None)?)
             }
             _ => None,
         };

@@ -10,13 +10,15 @@
 //! (`llama`, `mistral`, `phi3`, the Qwen, Mixtral, DeepSeek and gpt-oss types) are still read
 //! by the shared reader's branches; Gemma 3 is the first written here, SmolLM3 the first new
 //! family (its NoPE layers one switch of the shared block, `Variant::nope_layers`), OLMo 2 the
-//! second (two switches: `post_norms_only`, `qk_norm_whole`).
+//! second (two switches: `post_norms_only`, `qk_norm_whole`), GLM-4.5 the third (one switch,
+//! `partial_rotary`, and DeepSeek-V3's router under its own type).
 
 use super::hf_fields::Fields;
 use super::shapes::Llama;
 use crate::error::UserError;
 
 mod gemma3;
+mod glm4_moe;
 mod olmo2;
 mod smollm3;
 
@@ -56,7 +58,12 @@ pub(crate) trait Family: Sync {
 }
 
 /// The registry: every family with a file of its own.
-pub(crate) const FAMILIES: &[&dyn Family] = &[&gemma3::Gemma3, &smollm3::SmolLm3, &olmo2::Olmo2];
+pub(crate) const FAMILIES: &[&dyn Family] = &[
+    &gemma3::Gemma3,
+    &smollm3::SmolLm3,
+    &olmo2::Olmo2,
+    &glm4_moe::Glm4Moe,
+];
 
 /// The family of `model_type`, when it has a file.
 pub(crate) fn find(model_type: &str) -> Option<&'static dyn Family> {
