@@ -123,6 +123,14 @@ FAMILIES = {
                 "rope_scaling": {"rope_type": "linear", "factor": 8.0},
                 "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
                 "hidden_act": None}),
+    # Gemma 2: Gemma 3's block without q/k norms and local rotary base, layer 0 sliding
+    # (window 4) and layer 1 full, soft-capping tight enough to bite on these weights (the
+    # scores at 1.5, the logits at 2), tied head.
+    "gemma2": ("gemma2", transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4,
+                "attn_logit_softcapping": 1.5, "final_logit_softcapping": 2.0,
+                "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_act": None, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     # gpt-oss: attention sinks, q/k/v/o biases, layer 0 sliding (window 4) and layer 1 full,
     # YaRN (factor 4 over an original 8, not truncated), 4 biased experts of width 48 with the
     # clamped SwiGLU (their gate/up scaled by 4 below, so that gates pass 7 and ups pass ±7),
@@ -260,7 +268,7 @@ def main():
         # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
         # A tied head is the embedding itself (Gemma 3): not a tensor of its own.
         # Gemma 3's and OLMo 2's norm after the attention is memfit's ln1_post.
-        gemma = model_type in ("gemma3_text", "olmo2")
+        gemma = model_type in ("gemma2", "gemma3_text", "olmo2")
         weights = split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
                                for k, v in model.state_dict().items()
                                if not k.endswith("e_score_correction_bias")

@@ -96,6 +96,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "smollm3",
         "olmo2",
         "glm4_moe",
+        "gemma2",
     ] {
         both_kernels(family, fixture(family));
     }

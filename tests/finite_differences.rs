@@ -42,6 +42,7 @@ const FAMILIES: &[&str] = &[
     "deepseek_v3",
     "deepseek_v3_yarn",
     "glm4_moe",
+    "gemma2",
 ];
 
 fn fixture(family: &str) -> PathBuf {

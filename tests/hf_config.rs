@@ -874,7 +874,7 @@ fn every_key_is_read_listed_or_refused() {
 /// the file is not the model it names.
 #[test]
 fn an_unknown_type_is_refused_as_unknown() {
-    for t in ["glm4_moe", "llama4_text", "qwen3_next", "gemma2", "xyz"] {
+    for t in ["llama4_text", "qwen3_next", "xyz"] {
         let text = format!(
             r#"{{"model_type": "{t}", "hidden_size": 64, "num_local_experts": 16,
             "num_experts": 8, "interleave_moe_layer_step": 1}}"#
@@ -1095,6 +1095,47 @@ fn smollm3_defaults_and_its_nope_layers() {
             "{err}"
         );
     }
+}
+
+/// Gemma 2: a config that names only its type is transformers 4.57.1's `Gemma2Config()`
+/// (Gemma-2-2B's shape: 2,614,341,888 parameters on the meta device), both soft-caps on (50 on
+/// the scores, 30 on the logits), even layers sliding over 4096 and odd ones full, the head
+/// tied; `predict` answers with the standard attention, and refuses the efficient one by name.
+#[test]
+fn gemma2_defaults_caps_and_its_attention() {
+    let cfg = hf_config::parse(r#"{"model_type": "gemma2"}"#, "cfg.json")
+        .unwrap()
+        .cfg;
+    assert_eq!(cfg.params(), 2_614_341_888);
+    assert!(cfg.tied);
+    let l = cfg.llama.unwrap();
+    assert_eq!(l.variant.attn_softcap.map(|f| f.0), Some(50.0));
+    assert_eq!(l.variant.final_softcap.map(|f| f.0), Some(30.0));
+    assert_eq!(l.sliding_window, Some(4096));
+    assert_eq!(l.full_layers & 0b1111, 0b1010);
+    assert!(!l.qk_norm && l.variant.sandwich_norms && l.variant.unit_offset_norms);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, r#"{"model_type": "gemma2", "num_hidden_layers": 2}"#).unwrap();
+    let run = |extra: &[&str]| {
+        common::memfit()
+            .args(["predict", "--hf-config"])
+            .arg(&path)
+            .args([
+                "--batch", "1", "--seq", "64", "--phases", "forward", "--json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&[]);
+    assert!(ok.status.success(), "{ok:?}");
+    let bad = run(&["--attention", "efficient"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("soft-capped"),
+        "{err}"
+    );
 }
 
 /// GLM-4.5 (`glm4_moe`): `Glm4MoeConfig()`'s defaults are GLM-4.5-Air's shape; with the

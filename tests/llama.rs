@@ -711,6 +711,18 @@ fn smollm3_nope_layer() {
     }
 }
 
+/// Gemma 2 (the reference fixture's config: soft-capped scores and logits in the standard
+/// attention, its default; four norms a block, layer 0 sliding) at S 28: every phase,
+/// composed and fused, and mixed f16 with checkpointing, against the replay.
+#[test]
+fn gemma2_soft_capping() {
+    for kernels in ["composed", "fused"] {
+        let rows = every_phase_on_fixture("gemma2", kernels);
+        assert!(rows.iter().all(|r| r.attention == "standard"), "{kernels}");
+        mixed_checkpointed_on_fixture("gemma2", kernels);
+    }
+}
+
 /// OLMo 2 (the reference fixture's config: norms after each half only, q/k norms over the whole
 /// projections, q/k/v/o biases) at S 28: every phase, composed and fused, and mixed f16 with
 /// checkpointing, against the replay.

@@ -465,6 +465,49 @@ fn glm4_moe_logits_equal_transformers() {
     );
 }
 
+/// Gemma 2: Gemma 3's block without q/k norms, layer 0 sliding and layer 1 full, and its
+/// soft-capped attention scores and logits (at 1.5 and 2, where they bite on these weights),
+/// in the standard attention with every kernel set (the capped scores composed in each); the
+/// efficient and tiled attentions refuse by name. Without either cap, on the same weights, the
+/// logits differ.
+#[test]
+fn gemma2_logits_equal_transformers() {
+    for attention in &ATTENTIONS[..3] {
+        let e = logits_error("gemma2", *attention);
+        println!(
+            "gemma2 {}: logits within {e:.2e} of transformers'",
+            attention.0
+        );
+        assert!(e < 1e-4, "gemma2 {}: logits differ by {e}", attention.0);
+    }
+    let (tokens, want) = io("gemma2");
+    for attention in &ATTENTIONS[3..] {
+        let cfg = with("gemma2", *attention);
+        let err = model("gemma2", &cfg)
+            .forward(&tokens)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("soft-capping"), "{}: {err}", attention.0);
+    }
+    let cfg = config("gemma2");
+    assert_eq!(cfg.params(), model_params(&fixture("gemma2")));
+    type Change = fn(&mut memfit::model::shapes::Variant);
+    let changes: [(&str, Change); 2] = [
+        ("the attention's cap", |v| v.attn_softcap = None),
+        ("the logits' cap", |v| v.final_softcap = None),
+    ];
+    for (what, change) in changes {
+        let mut cfg = config("gemma2");
+        change(&mut cfg.llama.as_mut().unwrap().variant);
+        let got = model("gemma2", &cfg).forward(&tokens).unwrap();
+        let diff = max_diff(&got, &want) / max_abs(&want);
+        assert!(
+            diff > 1e-3,
+            "gemma2 without {what}: the logits still agree ({diff})"
+        );
+    }
+}
+
 #[test]
 fn phi3_logits_equal_transformers() {
     check("phi3");

@@ -89,6 +89,8 @@ pub struct Core {
     pub(crate) scale_mul: f64,
     /// The attention scale itself, whatever `Dq` (Gemma's `query_pre_attn_scalar^-½`).
     pub(crate) scale_abs: Option<f64>,
+    /// Gemma 2's soft-capping of the scores ([`Core::attend_capped`]).
+    pub(crate) softcap: Option<f64>,
 }
 
 impl Core {
@@ -109,6 +111,7 @@ impl Core {
                 .llama
                 .and_then(|l| l.variant.attention_scale)
                 .map(|f| f.0),
+            softcap: cfg.llama.and_then(|l| l.variant.attn_softcap).map(|f| f.0),
         }
     }
 
@@ -124,6 +127,9 @@ impl Core {
     /// them to the query heads as candle-transformers does); the heads merged to `(B, S,
     /// A·Dv)`. The scale is `1/√Dq`.
     pub(crate) fn attend_any<T: TensorOps>(&self, q: T, k: T, v: T, mask: Option<&T>) -> Result<T> {
+        if let Some(c) = self.softcap {
+            return self.attend_capped(q, k, v, mask, c);
+        }
         let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
         let dv = v.dims()[3];
         if self.tiled {
@@ -249,6 +255,44 @@ impl Core {
         drop(probs);
         let y = kept.matmul(&v)?;
         drop((kept, v));
+        y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv])
+    }
+
+    /// Standard attention with Gemma 2's soft-capped scores, as transformers' eager attention:
+    /// the scaled scores capped (`c·tanh(s/c)`, [`tensor_ops::soft_cap`]), the mask added, a
+    /// softmax, then `· v`; composed whatever the kernels (the fused probabilities, the
+    /// efficient op and the tiled composition have no cap: refused).
+    pub(crate) fn attend_capped<T: TensorOps>(
+        &self,
+        q: T,
+        k: T,
+        v: T,
+        mask: Option<&T>,
+        cap: f64,
+    ) -> Result<T> {
+        if self.efficient || self.tiled {
+            candle_core::bail!(
+                "attention soft-capping (Gemma 2) is built into the standard attention only, not the efficient or tiled one"
+            )
+        }
+        let (b, s) = (q.dims()[0], q.dims()[2]);
+        let dv = v.dims()[3];
+        let (k, v) = self.repeat(k, v)?;
+        let scores = self.scores(&q, &k)?;
+        drop((q, k));
+        let capped = tensor_ops::soft_cap(scores, cap, self.torch)?;
+        let masked = match mask {
+            Some(m) => {
+                let x = capped.broadcast_add(m)?;
+                drop(capped);
+                x
+            }
+            None => capped,
+        };
+        let probs = tensor_ops::softmax_last(&masked)?;
+        drop(masked);
+        let y = probs.matmul(&v)?;
+        drop((probs, v));
         y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv])
     }
 

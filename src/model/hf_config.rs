@@ -130,10 +130,6 @@ const UNBUILT_TYPES: &[(&str, &str)] = &[
          yet",
     ),
     (
-        "gemma2",
-        "Gemma 2's attention and final-logit soft-capping are not built yet",
-    ),
-    (
         "mistral3",
         "Mistral 3 with its Pixtral vision tower is not built (its text_config, model_type \
          mistral, would size the language model alone, without the tower)",

@@ -93,6 +93,11 @@ pub struct Variant {
     /// The rotary embedding covers only the first this many of each head's `D` (its tables
     /// are that wide); the rest passes through unrotated (GLM-4.5's `partial_rotary_factor`).
     pub partial_rotary: Option<usize>,
+    /// The attention scores soft-capped before the mask, `c·tanh(s/c)` (Gemma 2's
+    /// `attn_logit_softcapping`): the standard attention only.
+    pub attn_softcap: Option<Factor>,
+    /// The logits soft-capped, `c·tanh(l/c)` (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<Factor>,
 }
 
 impl Llama {

@@ -308,6 +308,24 @@ impl Autograd for Tensor {
     }
 }
 
+/// `c·tanh(x/c)` (Gemma 2's soft-capping of the attention scores and of the logits), x freed
+/// once divided. With `release` (transformers' kernels) and a recorded graph, what no backward
+/// reads is released once used, as PyTorch saves only the tanh's output: x (the division's
+/// backward reads none of it) and x/c (tanh's backward reads its output).
+pub fn soft_cap<T: TensorOps>(x: T, c: f64, release: bool) -> Result<T> {
+    let scaled = x.affine(1.0 / c, 0.0)?;
+    if release && x.tracked() {
+        x.release()?;
+    }
+    drop(x);
+    let t = scaled.tanh()?;
+    if release && scaled.tracked() {
+        scaled.release()?;
+    }
+    drop(scaled);
+    t.affine(c, 0.0)
+}
+
 /// candle-nn's `Embedding::forward` (candle-nn 0.11.1): the rows of `table (V, H)` at `ids`,
 /// shaped `(ids…, H)`.
 pub fn embedding<T: TensorOps>(table: &T, ids: &T) -> Result<T> {

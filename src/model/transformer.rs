@@ -467,6 +467,10 @@ pub(crate) struct Form {
     /// gpt-oss: its attention adds the mask tensor whatever the kernels (the sinks' softmax is
     /// composed).
     pub(crate) sinks: bool,
+    /// Gemma 2: its capped attention adds the mask tensor whatever the kernels (composed).
+    pub(crate) capped_attention: bool,
+    /// Gemma 2's soft-capping of the logits ([`tensor_ops::soft_cap`]).
+    pub(crate) final_softcap: Option<f64>,
     /// The head is the token table.
     pub(crate) tied: bool,
 }
@@ -482,6 +486,8 @@ impl Form {
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
             sinks: cfg.llama.is_some_and(|l| l.variant.attention_sinks),
+            capped_attention: cfg.llama.is_some_and(|l| l.variant.attn_softcap.is_some()),
+            final_softcap: cfg.llama.and_then(|l| l.variant.final_softcap).map(|f| f.0),
             tied: cfg.tied,
         }
     }
@@ -870,7 +876,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
     /// attention masks inside ([`super::kernels::attn_probs`]).
     pub fn needs_mask(&self) -> bool {
-        !self.form.kernels.fused() || self.form.sinks
+        !self.form.kernels.fused() || self.form.sinks || self.form.capped_attention
     }
 
     /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended
@@ -1011,7 +1017,14 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             Stem::Tokens(_) => self.ln_f.forward(x)?,
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
-        self.head.forward(&x)
+        let logits = self.head.forward(&x)?;
+        match self.form.final_softcap {
+            None => Ok(logits),
+            Some(c) => {
+                drop(x);
+                tensor_ops::soft_cap(logits, c, self.form.kernels.torch())
+            }
+        }
     }
 
     /// [`loss_with`] the model's kernels ([`super::kernels::cross_entropy`] when fused).

@@ -615,10 +615,18 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     // composition on CUDA, where the op has no kernel.
     // gpt-oss's attention sinks are built into the standard attention only: its default.
     let sinks = preset.llama.is_some_and(|l| l.variant.attention_sinks);
+    // Gemma 2's soft-capped scores too (transformers trains it with its eager attention).
+    let capped = preset
+        .llama
+        .is_some_and(|l| l.variant.attn_softcap.is_some());
     let attentions = ctx.choices(
         "attention",
         &spec.attention,
-        if sinks { "standard" } else { DEFAULT_ATTENTION },
+        if sinks || capped {
+            "standard"
+        } else {
+            DEFAULT_ATTENTION
+        },
         ("unknown attention", "standard, efficient, tiled"),
         |name| match name {
             "standard" => Some((false, false)),
@@ -634,6 +642,14 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                     name,
                     "gpt-oss's attention sinks are built into the standard attention only (the efficient op and the tiled composition have no sink yet)",
                     "standard with a gpt-oss model",
+                ));
+            }
+            if capped && (efficient || tiled) {
+                return Err(ctx.bad(
+                    "attention",
+                    name,
+                    "Gemma 2's soft-capped attention scores are built into the standard attention only (the efficient op and the tiled composition have no cap)",
+                    "standard with a Gemma 2 model",
                 ));
             }
             Ok(())

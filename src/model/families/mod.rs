@@ -11,12 +11,14 @@
 //! by the shared reader's branches; Gemma 3 is the first written here, SmolLM3 the first new
 //! family (its NoPE layers one switch of the shared block, `Variant::nope_layers`), OLMo 2 the
 //! second (two switches: `post_norms_only`, `qk_norm_whole`), GLM-4.5 the third (one switch,
-//! `partial_rotary`, and DeepSeek-V3's router under its own type).
+//! `partial_rotary`, and DeepSeek-V3's router under its own type), Gemma 2 the fourth (two:
+//! `attn_softcap`, `final_softcap`).
 
 use super::hf_fields::Fields;
 use super::shapes::Llama;
 use crate::error::UserError;
 
+mod gemma2;
 mod gemma3;
 mod glm4_moe;
 mod olmo2;
@@ -59,6 +61,7 @@ pub(crate) trait Family: Sync {
 
 /// The registry: every family with a file of its own.
 pub(crate) const FAMILIES: &[&dyn Family] = &[
+    &gemma2::Gemma2,
     &gemma3::Gemma3,
     &smollm3::SmolLm3,
     &olmo2::Olmo2,
