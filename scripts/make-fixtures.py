@@ -113,6 +113,11 @@ FAMILIES = {
                        "original_max_position_embeddings": 16,
                        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.5, 4.0],
                                         "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
+    # Phi-4-mini's shape of Phi-3: the rotary over the first 0.75 of each head (6 of 8), the
+    # head tied.
+    "phi3_partial": ("phi3", transformers.Phi3Config, transformers.Phi3ForCausalLM,
+                     {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                      "partial_rotary_factor": 0.75, "tie_word_embeddings": True}),
     # Gemma 3: (1 + w) norms, four a block, GeGLU (tanh GELU), the embedding times sqrt(H),
     # q/k norms, head_dim 16 with the attention scale 24^-1/2, layer 0 sliding (window 4, its
     # own rotary base 10^4), layer 1 full (base 10^6 under linear scaling 8), tied head.

@@ -28,6 +28,7 @@ const FAMILIES: &[&str] = &[
     "mistral",
     "phi3",
     "phi3_longrope",
+    "phi3_partial",
     "qwen3",
     "qwen3_yarn",
     "qwen3_layer_types",

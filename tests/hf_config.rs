@@ -212,8 +212,8 @@ fn errors_name_the_file_and_the_field() {
             "qk_rope_head_dim",
         ),
         (
-            // Phi-4-mini: a rotary over 3/4 of each head.
-            format!(r#"{{"model_type": "phi3", {base}, "partial_rotary_factor": 0.75}}"#),
+            // A partial rotary whose width is odd (int(16 · 0.7) = 11).
+            format!(r#"{{"model_type": "phi3", {base}, "partial_rotary_factor": 0.7}}"#),
             "partial_rotary_factor",
         ),
         (
@@ -1142,8 +1142,8 @@ fn gemma2_defaults_caps_and_its_attention() {
 /// `head_dim` (128) and `attention_bias` (true) of its config, transformers 4.57.1 counts
 /// 106,852,245,504 parameters on the meta device, and memfit the same (active: 13,424,123,904
 /// with the embedding and the head, 12.18 B without: the "12B active" of its card). The
-/// rotary covers 64 of each head's 128; a factor whose part is not an even integer is refused,
-/// naming the file and the key.
+/// rotary covers 64 of each head's 128; a factor whose part (truncated, as transformers') is odd
+/// is refused, naming the file and the key.
 #[test]
 fn glm4_moe_air_shape_and_its_partial_rotary() {
     let air = r#"{"model_type": "glm4_moe", "head_dim": 128, "attention_bias": true}"#;
@@ -1155,13 +1155,31 @@ fn glm4_moe_air_shape_and_its_partial_rotary() {
     let moe = l.moe.unwrap();
     assert_eq!((moe.experts, moe.top_k, moe.first_dense), (128, 8, 1));
     assert_eq!(moe.shared, 1408);
-    let odd = r#"{"model_type": "glm4_moe", "head_dim": 128, "partial_rotary_factor": 0.3}"#;
-    let err = hf_config::parse(odd, "cfg.json").unwrap_err().to_string();
+    // transformers' `int(head_dim · factor)`: 0.3 rotates 38 of 128, 0.35 an odd 44.8 → 44
+    // (even: accepted), 0.1 an odd 12.8 → 12; 0.18 → 23, odd: refused.
+    let with = |factor: &str| {
+        let text = format!(
+            r#"{{"model_type": "glm4_moe", "head_dim": 128, "partial_rotary_factor": {factor}}}"#
+        );
+        hf_config::parse(&text, "cfg.json")
+    };
+    let width = |factor: &str| {
+        with(factor)
+            .unwrap()
+            .cfg
+            .llama
+            .unwrap()
+            .variant
+            .partial_rotary
+    };
+    assert_eq!(width("0.3"), Some(38));
+    assert_eq!(width("1.0"), None);
+    let err = with("0.18").unwrap_err().to_string();
     assert!(
         err.contains("partial_rotary_factor") && err.contains("cfg.json"),
         "{err}"
     );
-    // Elsewhere a partial rotary is still refused by name.
+    // Where transformers rotates each head whole (Llama), a partial rotary is refused by name.
     let phi = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 64,
         "max_position_embeddings": 32, "partial_rotary_factor": 0.5}"#;

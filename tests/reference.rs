@@ -508,6 +508,26 @@ fn gemma2_logits_equal_transformers() {
     }
 }
 
+/// Phi-4-mini's Phi-3: the rotary over the first `int(0.75 · 8)` = 6 of each head, the rest
+/// passed through, the head tied; rotating each head whole gives other logits.
+#[test]
+fn phi3_partial_rotary_logits_equal_transformers() {
+    check("phi3_partial");
+    let mut cfg = config("phi3_partial");
+    let l = cfg.llama.as_mut().unwrap();
+    assert_eq!(l.variant.partial_rotary, Some(6));
+    l.variant.partial_rotary = None;
+    let (tokens, want) = io("phi3_partial");
+    let diff = max_diff(
+        &model("phi3_partial", &cfg).forward(&tokens).unwrap(),
+        &want,
+    );
+    assert!(
+        diff > 1e-2,
+        "phi3_partial rotating each head whole: the logits still agree ({diff})"
+    );
+}
+
 #[test]
 fn phi3_logits_equal_transformers() {
     check("phi3");

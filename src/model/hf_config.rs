@@ -657,16 +657,17 @@ fn llama_config(
     if family.is_none() {
         f.require("hidden_act", &["silu"])?;
     }
-    // GLM-4.5's family file reads its partial rotary; elsewhere a partial one is refused.
+    // A partial rotary is read where transformers' attention splits each head (Phi-3's, for
+    // Phi-4-mini's 0.75, below; GLM-4.5's family file); elsewhere it is refused.
     if let Some(v) = f
         .get("partial_rotary_factor")
-        .filter(|_| model_type != "glm4_moe")
+        .filter(|_| !matches!(model_type, "glm4_moe" | "phi3"))
         && v.as_f64() != Some(1.0)
     {
         return Err(f.bad(
             "partial_rotary_factor",
             v,
-            "a rotary over part of each head (Phi-4-mini's 0.75) is not built",
+            "transformers' attention of this type rotates each head whole",
             "1.0",
         ));
     }
@@ -772,6 +773,12 @@ fn llama_config(
             attention_sinks: oss,
             router_bias: oss,
             clamped_glu: oss,
+            // Phi-3's attention rotates the first `int(head_dim · partial_rotary_factor)`.
+            partial_rotary: if model_type == "phi3" {
+                super::hf_fields::partial_rotary(f, head_dim, 1.0)?
+            } else {
+                None
+            },
             ..Variant::default()
         },
     };

@@ -119,6 +119,28 @@ impl Fields<'_> {
     }
 }
 
+/// The rotated width of a head of `head_dim` under `partial_rotary_factor` (`default` when
+/// absent), as transformers sizes its tables: `int(head_dim · factor)`; `None` for the whole
+/// head. A factor outside (0, 1], or one whose width is odd (the rotation turns pairs), is
+/// refused.
+pub(crate) fn partial_rotary(
+    f: &Fields,
+    head_dim: usize,
+    default: f64,
+) -> Result<Option<usize>, UserError> {
+    let factor = f.float_or("partial_rotary_factor", default)?;
+    let width = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor <= 1.0) || width == 0 || !width.is_multiple_of(2) {
+        return Err(f.bad(
+            "partial_rotary_factor",
+            &Value::from(factor),
+            &format!("rotates {width} of each head's {head_dim} dimensions, not an even number"),
+            &format!("a factor in (0, 1] whose int(head_dim = {head_dim} × factor) is even"),
+        ));
+    }
+    Ok((width < head_dim).then_some(width))
+}
+
 /// Layer `i` of `layers` attends to everything when `(i + 1)` is a multiple of `period`, the
 /// others slide (`layer_types`, when given, overrides); a period of 1: no window. The window
 /// and the full layers, a bit each.

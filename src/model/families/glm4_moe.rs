@@ -7,11 +7,9 @@
 //! prediction layer (`num_nextn_predict_layers`) is not built, as transformers does not build
 //! it. Fields a config leaves out take `Glm4MoeConfig`'s defaults.
 
-use serde_json::Value;
-
 use super::Family;
 use crate::error::UserError;
-use crate::model::hf_fields::Fields;
+use crate::model::hf_fields::{Fields, partial_rotary};
 use crate::model::shapes::{Llama, Variant};
 
 pub struct Glm4Moe;
@@ -50,31 +48,15 @@ impl Family for Glm4Moe {
         ]
     }
 
-    /// `hidden_act` (SiLU), `use_qk_norm`, `partial_rotary_factor` (a rotated width that is
-    /// even and at most `head_dim`); no bias on o; the multi-token prediction layer ignored.
+    /// `hidden_act` (SiLU), `use_qk_norm`, `partial_rotary_factor`
+    /// ([`partial_rotary`]); no bias on o; the multi-token prediction layer ignored.
     fn read(&self, f: &Fields, llama: &mut Llama) -> Result<(), UserError> {
         f.require("hidden_act", &["silu"])?;
         f.ignored(&["num_nextn_predict_layers"]);
         llama.qk_norm = f.bool_or("use_qk_norm", false)?;
         llama.o_bias = false;
-        let d = llama.head_dim;
-        let factor = f.float_or("partial_rotary_factor", 0.5)?;
-        let width = factor * d as f64;
-        let allowed = format!("a factor in (0, 1] whose part of head_dim = {d} is an even integer");
-        if !(factor > 0.0 && factor <= 1.0)
-            || width.fract() != 0.0
-            || !(width as usize).is_multiple_of(2)
-        {
-            return Err(f.bad(
-                "partial_rotary_factor",
-                &Value::from(factor),
-                "does not rotate an even number of each head's dimensions",
-                &allowed,
-            ));
-        }
-        let width = width as usize;
         llama.variant = Variant {
-            partial_rotary: (width < d).then_some(width),
+            partial_rotary: partial_rotary(f, llama.head_dim, 0.5)?,
             ..llama.variant
         };
         Ok(())
