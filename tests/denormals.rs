@@ -1,4 +1,4 @@
-//! `--flush-denormals`: recorded in every row, off by default, the same memory either way, and
+//! `--flush-denormals`: recorded in every row, on by default, the same memory either way, and
 //! a clear error for a bad value; `--kernels`' refusals.
 
 mod common;
@@ -20,10 +20,11 @@ const TINY: &[&str] = &[
 #[test]
 fn the_setting_is_recorded_and_changes_no_memory() {
     let (off_dir, on_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let off = run_rows(off_dir.path(), TINY);
     let mut args = TINY.to_vec();
-    args.extend(["--flush-denormals", "on"]);
-    let on = run_rows(on_dir.path(), &args);
+    args.extend(["--flush-denormals", "off"]);
+    let off = run_rows(off_dir.path(), &args);
+    // The default.
+    let on = run_rows(on_dir.path(), TINY);
     assert_eq!(off.len(), 2);
     for (a, b) in off.iter().zip(&on) {
         assert_eq!(

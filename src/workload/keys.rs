@@ -135,8 +135,8 @@ grid_keys! {
     backward: strs;
     attention: strs, help = attention_help();
     kernels: strs, help = kernels_help();
-    /// on: the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes results, can make
-    /// a backward several times faster); off (the default).
+    /// on (the default): the CPU threads flush subnormal floats to zero (FTZ/DAZ; changes
+    /// results below 2⁻¹²⁶, not memory; can make a backward several times faster); off.
     flush_denormals: strs;
     /// on (the default): trim the heap and reset the RSS high-water mark before each window,
     /// trim again after it (rss_peak_bytes, trim_* figures); off: skip both, saving the trim's
