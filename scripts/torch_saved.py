@@ -9,6 +9,9 @@ walks the graph from the loss's `grad_fn` through `next_functions`: every node's
 tensors, counted once per storage (`untyped_storage().data_ptr()`), parameters' storages
 excluded. The logits the output holds are counted apart (`logits`), as the model returns them.
 
+With `--autocast` the model stays f32 and the forward runs under `torch.autocast` in
+`--dtype` (mixed precision as PyTorch users run it).
+
 With `--per-layer`, the slice is built twice (L and L + 1 layers, same seed) and the difference
 per token is printed too: what one more layer keeps per token, by op.
 
@@ -39,10 +42,14 @@ def build(config_path, sets, layers, dtype):
     return m.to(dtype).train(), cfg
 
 
-def saved(model, batch, seq, vocab):
+def saved(model, batch, seq, vocab, autocast=None):
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     x = torch.randint(0, vocab, (batch, seq))
-    out = model(input_ids=x, labels=x)
+    if autocast is None:
+        out = model(input_ids=x, labels=x)
+    else:
+        with torch.autocast("cpu", dtype=autocast):
+            out = model(input_ids=x, labels=x)
     seen, by_op, total = set(), {}, 0
     stack, visited = [out.loss.grad_fn], set()
     while stack:
@@ -83,18 +90,23 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--per-layer", action="store_true")
+    ap.add_argument("--autocast", action="store_true")
     a = ap.parse_args()
     torch.set_grad_enabled(True)
     dt = DTYPES[a.dtype]
+    ac = dt if a.autocast else None
+    if a.autocast:
+        dt = torch.float32
     m, cfg = build(a.config, a.set, a.layers, dt)
-    total, logits, by_op = saved(m, a.batch, a.seq, cfg.vocab_size)
+    total, logits, by_op = saved(m, a.batch, a.seq, cfg.vocab_size, ac)
     res = {"config": a.config, "sets": a.set, "layers": a.layers, "dtype": a.dtype,
+           "autocast": a.autocast,
            "batch": a.batch, "seq": a.seq, "total_bytes": total, "logits_bytes": logits,
            "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
     del m
     if a.per_layer:
         m2, _ = build(a.config, a.set, a.layers + 1, dt)
-        t2, _, ops2 = saved(m2, a.batch, a.seq, cfg.vocab_size)
+        t2, _, ops2 = saved(m2, a.batch, a.seq, cfg.vocab_size, ac)
         tokens = a.batch * a.seq
         res["per_token_per_layer_bytes"] = (t2 - total) / tokens
         res["per_token_per_layer"] = {k: (ops2.get(k, 0) - by_op.get(k, 0)) / tokens
