@@ -39,7 +39,10 @@ pub fn set_this_thread() -> Result<()> {
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        bail!("--flush-denormals: not supported on this CPU architecture")
+        bail!(
+            "--flush-denormals on (the default): not supported on this CPU architecture; run with \
+             --flush-denormals off"
+        )
     }
 }
 
@@ -58,11 +61,19 @@ pub fn set_all_threads() -> Result<()> {
     let pool: Vec<Result<bool>> = rayon::broadcast(|_| set_this_thread().map(|()| flushing()));
     for (i, r) in pool.into_iter().enumerate() {
         if !r? {
-            bail!("--flush-denormals: rayon thread {i} still computes subnormals")
+            bail!(
+                "--flush-denormals on (the default): rayon thread {i} still computes subnormals \
+                 (an emulator such as valgrind ignores the flush-to-zero bits); run with \
+                 --flush-denormals off"
+            )
         }
     }
     if !flushing() {
-        bail!("--flush-denormals: the main thread still computes subnormals")
+        bail!(
+            "--flush-denormals on (the default): the main thread still computes subnormals (an \
+             emulator such as valgrind ignores the flush-to-zero bits); run with \
+             --flush-denormals off"
+        )
     }
     Ok(())
 }

@@ -73,16 +73,9 @@ impl Family for Gemma2 {
             ));
         }
         llama.variant = Variant {
-            unit_offset_norms: true,
-            sandwich_norms: true,
-            gelu_glu: true,
-            embed_scaled: true,
-            attention_scale: Some(Factor(
-                f.float_or("query_pre_attn_scalar", 256.0)?.powf(-0.5),
-            )),
             attn_softcap: cap(f, "attn_logit_softcapping")?,
             final_softcap: cap(f, "final_logit_softcapping")?,
-            ..llama.variant
+            ..super::gemma3::gemma_block(f, llama.variant)?
         };
         Ok(())
     }

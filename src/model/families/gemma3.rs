@@ -16,6 +16,21 @@ use crate::model::shapes::{Factor, Llama, Variant};
 
 pub struct Gemma3;
 
+/// The block Gemma 2 and 3 share, on `v`: `1 + w` norms, four a block, GeGLU with the tanh
+/// GELU, the embedding times `√H`, queries scaled by `query_pre_attn_scalar^-½`.
+pub(super) fn gemma_block(f: &Fields, v: Variant) -> Result<Variant, UserError> {
+    Ok(Variant {
+        unit_offset_norms: true,
+        sandwich_norms: true,
+        gelu_glu: true,
+        embed_scaled: true,
+        attention_scale: Some(Factor(
+            f.float_or("query_pre_attn_scalar", 256.0)?.powf(-0.5),
+        )),
+        ..v
+    })
+}
+
 impl Family for Gemma3 {
     fn model_type(&self) -> &'static str {
         "gemma3_text"
@@ -77,15 +92,8 @@ impl Family for Gemma3 {
             ));
         }
         llama.variant = Variant {
-            unit_offset_norms: true,
-            sandwich_norms: true,
-            gelu_glu: true,
-            embed_scaled: true,
-            attention_scale: Some(Factor(
-                f.float_or("query_pre_attn_scalar", 256.0)?.powf(-0.5),
-            )),
             local_rope_theta: Some(Factor(f.float_or("rope_local_base_freq", 10_000.0)?)),
-            ..llama.variant
+            ..gemma_block(f, llama.variant)?
         };
         llama.qk_norm = true;
         Ok(())
