@@ -129,6 +129,13 @@ fn torch_scripts_stay_out_of_ci_and_compile() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in CI"));
+    let saved = Command::new("bash")
+        .arg(root().join("scripts/bench-saved.sh"))
+        .env("CI", "1")
+        .output()
+        .unwrap();
+    assert!(saved.status.success());
+    assert!(String::from_utf8_lossy(&saved.stderr).contains("not in CI"));
     let py = Command::new("python3")
         .args(["-m", "py_compile"])
         .arg(root().join("scripts/torch_reference.py"))
