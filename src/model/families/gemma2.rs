@@ -61,6 +61,9 @@ impl Family for Gemma2 {
     /// `hidden_activation` (the tanh GELU), `query_pre_attn_scalar`, the two soft-caps.
     fn read(&self, f: &Fields, llama: &mut Llama) -> Result<(), UserError> {
         f.require("hidden_activation", &["gelu_pytorch_tanh"])?;
+        // Gemma 2's published configs carry these too; transformers' Gemma 2 reads neither (its
+        // activation is `hidden_activation`, its window `sliding_window`).
+        f.ignored(&["hidden_act", "sliding_window_size"]);
         if let Some(v) = f
             .get("attention_bias")
             .filter(|v| v.as_bool() == Some(true))
