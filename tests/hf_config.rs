@@ -1136,6 +1136,20 @@ fn gemma2_defaults_caps_and_its_attention() {
         !bad.status.success() && err.contains("soft-capped"),
         "{err}"
     );
+    // Gemma-2-9B's shape with the keys its released config carries beside transformers'
+    // (`hidden_act` next to `hidden_activation`, `sliding_window_size`, which transformers'
+    // Gemma 2 does not read): 9,241,705,984 parameters, transformers' count on the meta device.
+    let nine = r#"{"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+        "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
+        "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
+        "sliding_window_size": 4096, "cache_implementation": "hybrid", "vocab_size": 256000,
+        "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+        "query_pre_attn_scalar": 256, "max_position_embeddings": 8192}"#;
+    assert_eq!(
+        hf_config::parse(nine, "cfg.json").unwrap().cfg.params(),
+        9_241_705_984
+    );
 }
 
 /// GLM-4.5 (`glm4_moe`): `Glm4MoeConfig()`'s defaults are GLM-4.5-Air's shape; with the
