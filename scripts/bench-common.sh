@@ -54,3 +54,16 @@ timed_locked() {
   local file="$1"; shift
   locked bash -c 's=$(date +%s.%N); "${@:2}"; rc=$?; e=$(date +%s.%N); echo "$s $e" >"$1"; exit $rc' _ "$file" "$@"
 }
+
+# PyTorch + transformers at their pinned versions in $TORCH_VENV (installed when missing: about
+# 7 GB, minutes): for the scripts that run PyTorch beside memfit (bench-torch.sh,
+# bench-saved.sh, torch-compare.sh), never in CI.
+TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
+TORCH_VERSION="${TORCH_VERSION:-2.9.1}"
+TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.1}"
+need_torch() {
+  if ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
+    python3 -m venv "$TORCH_VENV"
+    "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+  fi
+}

@@ -12,17 +12,13 @@
 #   scripts/bench-saved.sh                                   # the five slices, bf16, S 512
 #   SLICES="llama-3-8b+vocab_size=32000" DTYPE=f32 scripts/bench-saved.sh
 source "$(dirname "$0")/bench-common.sh"
-TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
 SLICES="${SLICES:-llama-3-8b+vocab_size=32000 qwen3-30b-a3b deepseek-v2-lite gemma-3-1b}"
 DTYPE="${DTYPE:-bf16}"
 SEQ="${SEQ:-512}"
 KERNELS="${KERNELS:-transformers fused}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
 if [[ -n "${CI:-}" ]]; then echo "bench-saved.sh: not in CI (it installs PyTorch)" >&2; exit 0; fi
-if ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  python3 -m venv "$TORCH_VENV"
-  "$TORCH_VENV/bin/pip" install -q "torch==${TORCH_VERSION:-2.9.1}" "transformers==${TRANSFORMERS_VERSION:-4.57.1}"
-fi
+need_torch
 build_bins
 cpu_dtype="$DTYPE"; [[ "$DTYPE" == bf16 ]] && cpu_dtype=f16
 graph() {  # graph bytes of `memfit predict ARGS`

@@ -13,18 +13,12 @@
 #   scripts/bench-torch.sh                         # the GPT, ViT and LLaMA configs below, f32
 #   CONFIGS="small:4:128" RUNS=1 scripts/bench-torch.sh
 source "$(dirname "$0")/bench-common.sh"
-TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
-TORCH_VERSION="${TORCH_VERSION:-2.9.1}"
-TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.1}"
 CONFIGS="${CONFIGS:-small:4:128 gpt2-small:1:128 vit-tiny:8:- vit-b16:2:- smollm2-135m:1:128 tinyllama-1.1b:1:128:2}"
 RUNS="${RUNS:-3}"
 STEPS="${STEPS:-5}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
 if [[ -n "${CI:-}" ]]; then echo "bench-torch.sh: not in CI (it installs PyTorch)" >&2; exit 0; fi
-if ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  python3 -m venv "$TORCH_VENV"
-  "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
-fi
+need_torch
 build_bins
 PHASES=init,forward,backward,optimizer,train-step,inference
 # memfit with each kernel set, PyTorch with each attention (sdpa: its memory-efficient path).

@@ -13,15 +13,9 @@
 source "$(dirname "$0")/bench-common.sh"
 OUT="${1:-$ROOT/results/cpu/torch-compare}"
 WORKLOAD="${WORKLOAD:-$ROOT/workloads/torch-compare.toml}"
-TORCH_VENV="${TORCH_VENV:-$HOME/.cache/memfit/torch-venv}"
-TORCH_VERSION="${TORCH_VERSION:-2.9.1}"
-TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-4.57.1}"
 STEPS="${STEPS:-5}"
 if [[ -n "${CI:-}" ]]; then echo "torch-compare.sh: not in CI (it installs PyTorch)" >&2; exit 0; fi
-if ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  python3 -m venv "$TORCH_VENV"
-  "$TORCH_VENV/bin/pip" install -q "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
-fi
+need_torch
 memfit="${MEMFIT_BIN:-}"
 if [[ -z "$memfit" ]]; then
   (cd "$ROOT" && cargo build --release --quiet)
