@@ -327,7 +327,7 @@ fn quick_start_table_is_the_committed_rows() {
     assert_eq!(meta["cores"], 2);
     doc_says(
         "README.md",
-        "runs in 26 s on a 2-core Intel Xeon (2 threads",
+        "runs in 19 s on a 2-core Intel Xeon (2 threads",
     );
     let rows = memfit::store::jsonl::read(&dir.join("results.jsonl")).unwrap();
     assert!(
