@@ -158,27 +158,29 @@ fn check_run(all: &[&str], rows_expected: usize) -> Vec<memfit::record::Row> {
 /// Every phase (4 tokens decoded) at B 16 × S 28 on a reference fixture's config, checked by
 /// [`check_run`].
 fn every_phase_on_fixture(family: &str, kernels: &str) -> Vec<memfit::record::Row> {
+    every_phase_on_fixture_with(family, &["--kernels", kernels])
+}
+
+/// [`every_phase_on_fixture`] with `extra` flags instead of a kernel set.
+fn every_phase_on_fixture_with(family: &str, extra: &[&str]) -> Vec<memfit::record::Row> {
     let cfg = format!(
         "{}/tests/fixtures/{family}/config.json",
         env!("CARGO_MANIFEST_DIR")
     );
-    check_run(
-        &[
-            "--hf-config",
-            cfg.as_str(),
-            "--batch",
-            "16",
-            "--seq",
-            "28",
-            "--phases",
-            ALL,
-            "--decode-tokens",
-            "4",
-            "--kernels",
-            kernels,
-        ],
-        8,
-    )
+    let mut args = vec![
+        "--hf-config",
+        cfg.as_str(),
+        "--batch",
+        "16",
+        "--seq",
+        "28",
+        "--phases",
+        ALL,
+        "--decode-tokens",
+        "4",
+    ];
+    args.extend_from_slice(extra);
+    check_run(&args, 8)
 }
 
 /// Qwen3 (the reference fixture's config: q/k RMSNorms per head, head_dim 16 ≠ 32/4, GQA 4/2),
@@ -229,27 +231,7 @@ fn transformers_kernels_in_f16() {
         "smollm3",
         "glm4_moe",
     ] {
-        let cfg = format!(
-            "{}/tests/fixtures/{family}/config.json",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let rows = check_run(
-            &[
-                "--hf-config",
-                cfg.as_str(),
-                "--batch",
-                "16",
-                "--seq",
-                "28",
-                "--dtype",
-                "f16",
-                "--phases",
-                ALL,
-                "--decode-tokens",
-                "4",
-            ],
-            8,
-        );
+        let rows = every_phase_on_fixture_with(family, &["--dtype", "f16"]);
         assert!(rows.iter().all(|r| r.kernels == "transformers"), "{family}");
     }
     mixed_checkpointed_on_fixture("qwen3", "transformers");

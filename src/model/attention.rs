@@ -17,9 +17,7 @@ use super::weights::Weights;
 /// (transformers keeps a 16-bit projection's f32 copy, not the projection).
 fn releasing<T: TensorOps>(norm: &Norm<T>, x: &T) -> Result<T> {
     let y = norm.forward(x)?;
-    if norm.holds_f32_copy(x) && x.tracked() {
-        x.release()?;
-    }
+    x.release_if(norm.holds_f32_copy(x))?;
     Ok(y)
 }
 
@@ -467,9 +465,7 @@ impl<T: TensorOps> Attention<T> {
             };
             let rotate = |t: &T| -> Result<T> {
                 let y = r.apply(&t.transpose(1, 2)?, true)?;
-                if self.core.torch && t.tracked() {
-                    t.release()?;
-                }
+                t.release_if(self.core.torch)?;
                 Ok(y)
             };
             let (q, k) = (rotate(&q)?, rotate(&k)?);

@@ -1311,27 +1311,8 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             let method =
                 f.str_opt("topk_method")?
                     .unwrap_or(if v3 { "noaux_tc" } else { "greedy" });
-            let groups = |m: &MoeShape, top2_sum| -> Result<GroupLimit, UserError> {
-                let groups = f
-                    .size_opt("n_group", max)?
-                    .unwrap_or(if v3 { 8 } else { 1 });
-                let top_groups = f
-                    .size_opt("topk_group", max)?
-                    .unwrap_or(if v3 { 4 } else { 1 });
-                if !m.experts.is_multiple_of(groups) || top_groups > groups {
-                    return Err(f.bad(
-                        "n_group",
-                        &Value::from(groups),
-                        &format!("does not divide the {} experts, or topk_group = {top_groups} exceeds it", m.experts),
-                        "a divisor of n_routed_experts, ≥ topk_group",
-                    ));
-                }
-                Ok(GroupLimit {
-                    groups,
-                    top_groups,
-                    top2_sum,
-                })
-            };
+            let defaults = if v3 { (8, 4) } else { (1, 1) };
+            let groups = |m: &MoeShape, top2_sum| group_limit(f, m.experts, defaults, top2_sum);
             match (v3, method) {
                 // Greedy top k over every expert: transformers' V2 reads no group.
                 (false, "greedy") => f.ignored(&["n_group", "topk_group"]),
@@ -1374,21 +1355,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 count_or(f, "n_shared_experts", 1)? * f.size("moe_intermediate_size", MAX_SIZE)?;
             m.scoring = Scoring::Sigmoid;
             m.correction_bias = true;
-            let groups = f.size("n_group", max)?;
-            let top_groups = f.size("topk_group", max)?;
-            if !experts.is_multiple_of(groups) || top_groups > groups {
-                return Err(f.bad(
-                    "n_group",
-                    &Value::from(groups),
-                    &format!("does not divide the {experts} experts, or topk_group = {top_groups} exceeds it"),
-                    "a divisor of n_routed_experts, ≥ topk_group",
-                ));
-            }
-            m.group = Some(GroupLimit {
-                groups,
-                top_groups,
-                top2_sum: true,
-            });
+            m.group = Some(group_limit(f, experts, (1, 1), true)?);
             m
         }
         _ => return Ok(None),
@@ -1419,6 +1386,36 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
     }
     shape.top_k = top_k;
     Ok(Some(shape))
+}
+
+/// A router's group limit: `n_group` groups of the `experts` (`defaults` when absent: the
+/// config class's), the best `topk_group` of them kept, ranked by their best or (`top2_sum`)
+/// their two best scores summed; refused unless the groups divide the experts and keep no
+/// more groups than there are.
+fn group_limit(
+    f: &Fields,
+    experts: usize,
+    defaults: (usize, usize),
+    top2_sum: bool,
+) -> Result<GroupLimit, UserError> {
+    let max = super::limits::MAX_EXPERTS;
+    let groups = f.size_opt("n_group", max)?.unwrap_or(defaults.0);
+    let top_groups = f.size_opt("topk_group", max)?.unwrap_or(defaults.1);
+    if !experts.is_multiple_of(groups) || top_groups > groups {
+        return Err(f.bad(
+            "n_group",
+            &Value::from(groups),
+            &format!(
+                "does not divide the {experts} experts, or topk_group = {top_groups} exceeds it"
+            ),
+            "a divisor of n_routed_experts, ≥ topk_group",
+        ));
+    }
+    Ok(GroupLimit {
+        groups,
+        top_groups,
+        top2_sum,
+    })
 }
 
 fn gpt2_config(f: &Fields) -> Result<Config, UserError> {

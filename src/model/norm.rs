@@ -95,14 +95,7 @@ impl<T: TensorOps> Norm<T> {
     /// Whether it keeps a 16-bit input's f32 copy instead of reading the input in its
     /// backward (the caller may then release the input once nothing else reads it).
     pub fn holds_f32_copy(&self, x: &T) -> bool {
-        matches!(
-            self,
-            Norm::Rms {
-                fused: true,
-                torch: true,
-                ..
-            }
-        ) && x.half()
+        self.torch() && x.half()
     }
 }
 
@@ -181,17 +174,14 @@ impl<T: TensorOps> Norm<T> {
                     // copy (held by the norm op) and the normalised f32 value (held by the
                     // product) kept; the f32 product, read by no backward, released once cast.
                     let x32 = x.to_f32()?;
-                    let n = *x.dims().last().expect("a dimension");
-                    let ones = x32.detach().zeros(&[n])?.affine(0.0, 1.0)?;
+                    let ones = unit_weight(&x32.detach())?;
                     let n32 = T::kernel(Kernel::RmsNorm { eps }, &[&x32, &ones])?;
                     drop((x32, ones));
                     let w32 = w.to_f32()?;
                     let o32 = n32.broadcast_mul(&w32)?;
                     drop((n32, w32));
                     let out = o32.to_dtype_of(x)?;
-                    if x.half() && o32.tracked() {
-                        o32.release()?;
-                    }
+                    o32.release_if(x.half())?;
                     Ok(out)
                 } else if *fused && *torch {
                     // `hidden_states.to(float32)` (a 16-bit x's f32 copy, held), normalised,
@@ -199,8 +189,7 @@ impl<T: TensorOps> Norm<T> {
                     let h = {
                         let xd = x.detach();
                         let x32 = xd.upcast()?;
-                        let n = *x.dims().last().expect("a dimension");
-                        let ones = xd.zeros(&[n])?.affine(0.0, 1.0)?;
+                        let ones = unit_weight(&xd)?;
                         T::kernel(Kernel::RmsNormalise { eps }, &[x, &ones, &x32])?
                     };
                     h.broadcast_mul(w)
@@ -212,6 +201,13 @@ impl<T: TensorOps> Norm<T> {
             }
         }
     }
+}
+
+/// A `(H)` of ones in x's type, H x's last dimension: the weight of a normalisation alone
+/// (made as zeros, then set: two allocations, the first freed at once).
+fn unit_weight<T: TensorOps>(x: &T) -> Result<T> {
+    let n = *x.dims().last().expect("a dimension");
+    x.zeros(&[n])?.affine(0.0, 1.0)
 }
 
 impl Module for Norm {

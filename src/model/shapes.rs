@@ -123,6 +123,25 @@ impl Llama {
 
     /// Whether the model keeps a second pair of rotary tables: sliding layers with their own
     /// base ([`Variant::local_rope_theta`]).
+    /// Why its attention is the standard one only, composed with a mask tensor whatever the
+    /// kernels (gpt-oss's sinks, Gemma 2's soft-capped scores: the efficient op and the tiled
+    /// composition have neither), and what to give instead; `None` when any attention builds.
+    pub fn standard_attention_only(&self) -> Option<(&'static str, &'static str)> {
+        if self.variant.attention_sinks {
+            Some((
+                "gpt-oss's attention sinks are built into the standard attention only (the efficient op and the tiled composition have no sink yet)",
+                "standard with a gpt-oss model",
+            ))
+        } else if self.variant.attn_softcap.is_some() {
+            Some((
+                "Gemma 2's soft-capped attention scores are built into the standard attention only (the efficient op and the tiled composition have no cap)",
+                "standard with a Gemma 2 model",
+            ))
+        } else {
+            None
+        }
+    }
+
     /// The rotary tables' width: the rotated part of a head.
     pub fn rotary_width(&self) -> usize {
         self.variant.partial_rotary.unwrap_or(self.head_dim)

@@ -96,6 +96,15 @@ pub trait TensorOps: Graph {
     /// place in the graph): for a tensor a node holds only to route the gradient, which no
     /// backward reads ([`kernels::boundary::release`]). Nothing may read it afterwards.
     fn release(&self) -> Result<()>;
+    /// [`TensorOps::release`] when `when` and a graph holds this one (it is recorded); outside
+    /// a graph nothing else holds it, and it is freed when dropped.
+    fn release_if(&self, when: bool) -> Result<()> {
+        if when && self.tracked() {
+            self.release()
+        } else {
+            Ok(())
+        }
+    }
     /// Whether its type is 16-bit (f16, bf16).
     fn half(&self) -> bool;
     /// The replay's ledger segment (a block's tag) the work under way belongs to; candle has
@@ -227,7 +236,6 @@ impl TensorOps for Tensor {
     fn argmax_last(&self) -> Result<Self> {
         self.argmax(candle_core::D::Minus1)
     }
-    /// A dense frozen weight is mapped on its own; quantized blocks are kept.
     fn softmax_last(&self) -> Result<Self> {
         candle_nn::ops::softmax_last_dim(self)
     }
@@ -240,6 +248,7 @@ impl TensorOps for Tensor {
             candle_core::DType::F16 | candle_core::DType::BF16
         )
     }
+    /// A dense frozen weight is mapped on its own; quantized blocks are kept.
     fn map_frozen(f: &FrozenWeight, _weight: &Self, base: &Map<'_, Self>) -> Result<FrozenWeight> {
         Ok(match f {
             FrozenWeight::Dense(w) => FrozenWeight::Dense(base(w)?),
@@ -314,14 +323,10 @@ impl Autograd for Tensor {
 /// backward reads none of it) and x/c (tanh's backward reads its output).
 pub fn soft_cap<T: TensorOps>(x: T, c: f64, release: bool) -> Result<T> {
     let scaled = x.affine(1.0 / c, 0.0)?;
-    if release && x.tracked() {
-        x.release()?;
-    }
+    x.release_if(release)?;
     drop(x);
     let t = scaled.tanh()?;
-    if release && scaled.tracked() {
-        scaled.release()?;
-    }
+    scaled.release_if(release)?;
     drop(scaled);
     t.affine(c, 0.0)
 }

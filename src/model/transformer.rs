@@ -344,14 +344,10 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
 /// sum's backward reads neither, and the norm holds a 16-bit y's f32 copy instead of y.
 fn post_add<T: TensorOps>(x: &T, y: T, norm: &Norm<T>) -> Result<T> {
     let n = norm.forward(&y)?;
-    if norm.holds_f32_copy(&y) && y.tracked() {
-        y.release()?;
-    }
+    y.release_if(norm.holds_f32_copy(&y))?;
     drop(y);
     let sum = x.add(&n)?;
-    if norm.torch() && n.tracked() {
-        n.release()?;
-    }
+    n.release_if(norm.torch())?;
     drop(n);
     Ok(sum)
 }
@@ -360,10 +356,7 @@ fn post_add<T: TensorOps>(x: &T, y: T, norm: &Norm<T>) -> Result<T> {
 /// its norm holds its f32 copy and the graph is recorded: no backward reads it (the sums'
 /// don't, the norm's reads the copy), and transformers keeps only the copy.
 fn release_residual<T: TensorOps>(norm: &Option<Norm<T>>, x: &T) -> Result<()> {
-    match norm {
-        Some(n) if n.holds_f32_copy(x) && x.tracked() => x.release(),
-        _ => Ok(()),
-    }
+    x.release_if(norm.as_ref().is_some_and(|n| n.holds_f32_copy(x)))
 }
 
 /// `norm(x)`, or (no norm before this half: OLMo 2) `x` itself.
@@ -464,11 +457,9 @@ pub(crate) struct Form {
     pub(crate) embed_scale: Option<f64>,
     /// The sliding layers' window.
     pub(crate) sliding_window: Option<usize>,
-    /// gpt-oss: its attention adds the mask tensor whatever the kernels (the sinks' softmax is
-    /// composed).
-    pub(crate) sinks: bool,
-    /// Gemma 2: its capped attention adds the mask tensor whatever the kernels (composed).
-    pub(crate) capped_attention: bool,
+    /// Its attention adds the mask tensor whatever the kernels: the standard attention composed
+    /// (gpt-oss's sinks, Gemma 2's capped scores: [`super::shapes::Llama::standard_attention_only`]).
+    pub(crate) composed_attention: bool,
     /// Gemma 2's soft-capping of the logits ([`tensor_ops::soft_cap`]).
     pub(crate) final_softcap: Option<f64>,
     /// The head is the token table.
@@ -485,8 +476,9 @@ impl Form {
                 .filter(|l| l.variant.embed_scaled)
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
-            sinks: cfg.llama.is_some_and(|l| l.variant.attention_sinks),
-            capped_attention: cfg.llama.is_some_and(|l| l.variant.attn_softcap.is_some()),
+            composed_attention: cfg
+                .llama
+                .is_some_and(|l| l.standard_attention_only().is_some()),
             final_softcap: cfg.llama.and_then(|l| l.variant.final_softcap).map(|f| f.0),
             tied: cfg.tied,
         }
@@ -876,7 +868,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// Whether the decoder's attention adds a mask tensor: not with fused kernels, whose
     /// attention masks inside ([`super::kernels::attn_probs`]).
     pub fn needs_mask(&self) -> bool {
-        !self.form.kernels.fused() || self.form.sinks || self.form.capped_attention
+        !self.form.kernels.fused() || self.form.composed_attention
     }
 
     /// Inference with a key/value cache: `tokens (B, s)` at positions `cache.len()..`, appended

@@ -613,16 +613,16 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     )?;
     // (efficient op, tiled composition): `efficient` is the CPU op on the CPU and the tiled
     // composition on CUDA, where the op has no kernel.
-    // gpt-oss's attention sinks are built into the standard attention only: its default.
-    let sinks = preset.llama.is_some_and(|l| l.variant.attention_sinks);
-    // Gemma 2's soft-capped scores too (transformers trains it with its eager attention).
-    let capped = preset
+    // gpt-oss's attention sinks and Gemma 2's soft-capped scores are built into the standard
+    // attention only: its default for them.
+    let standard_only = preset
         .llama
-        .is_some_and(|l| l.variant.attn_softcap.is_some());
+        .as_ref()
+        .and_then(|l| l.standard_attention_only());
     let attentions = ctx.choices(
         "attention",
         &spec.attention,
-        if sinks || capped {
+        if standard_only.is_some() {
             "standard"
         } else {
             DEFAULT_ATTENTION
@@ -635,24 +635,11 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
             "tiled" => Some((false, true)),
             _ => None,
         },
-        |name, &(efficient, tiled)| {
-            if sinks && (efficient || tiled) {
-                return Err(ctx.bad(
-                    "attention",
-                    name,
-                    "gpt-oss's attention sinks are built into the standard attention only (the efficient op and the tiled composition have no sink yet)",
-                    "standard with a gpt-oss model",
-                ));
+        |name, &(efficient, tiled)| match standard_only {
+            Some((why, allowed)) if efficient || tiled => {
+                Err(ctx.bad("attention", name, why, allowed))
             }
-            if capped && (efficient || tiled) {
-                return Err(ctx.bad(
-                    "attention",
-                    name,
-                    "Gemma 2's soft-capped attention scores are built into the standard attention only (the efficient op and the tiled composition have no cap)",
-                    "standard with a Gemma 2 model",
-                ));
-            }
-            Ok(())
+            _ => Ok(()),
         },
     )?;
     // Fused is the default on every device (CPU loops, or `fused.cu` on CUDA).

@@ -22,9 +22,7 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// [`silu_mul`] whose node also holds `s = silu(gate)` (transformers' SwiGLU saves it for the
 /// product's backward); the backward is the same.
 pub fn silu_mul_holding(gate: &Tensor, up: &Tensor, s: &Tensor) -> Result<Tensor> {
-    if gate.shape() != up.shape() {
-        candle_core::bail!("silu_mul: gate {:?} and up {:?}", gate.shape(), up.shape())
-    }
+    same_shape(gate, up)?;
     let op = super::held::Held {
         op: SiluMulOp { oss: false },
         kernel: Kernel::SiluMul { oss: false },
@@ -40,6 +38,12 @@ pub fn oss_glu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 }
 
 fn glu(gate: &Tensor, up: &Tensor, oss: bool) -> Result<Tensor> {
+    same_shape(gate, up)?;
+    gate.apply_op2(up, SiluMulOp { oss })
+}
+
+/// A gated activation's gate and up must be of one shape.
+fn same_shape(gate: &Tensor, up: &Tensor) -> Result<()> {
     if gate.shape() != up.shape() {
         candle_core::bail!(
             "silu_mul: gate {:?} and up {:?} differ",
@@ -47,7 +51,7 @@ fn glu(gate: &Tensor, up: &Tensor, oss: bool) -> Result<Tensor> {
             up.shape()
         )
     }
-    gate.apply_op2(up, SiluMulOp { oss })
+    Ok(())
 }
 
 struct GeluOp;
