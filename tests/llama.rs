@@ -219,8 +219,9 @@ const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,
 /// f32 copy held per RMSNorm, its 16-bit input released), on the fixtures whose norms differ:
 /// Qwen3's per-head q/k norms, Gemma 3's four norms a block (`1 + w`, an f32 product released
 /// once cast), OLMo 2's post-norms and whole-projection q/k norms, DeepSeek-V2's MLA and
-/// experts, SmolLM3's NoPE layers; every phase measured against the replay, and the mixed f16
-/// checkpointed step of Qwen3 (a checkpoint's recomputed blocks release their inputs' copies).
+/// experts, SmolLM3's NoPE layers, GLM-4.5's partial rotary, Gemma 2's soft-caps; every phase
+/// measured against the replay, and the mixed f16 checkpointed step of Qwen3 (a checkpoint's
+/// recomputed blocks release their inputs' copies).
 #[test]
 fn transformers_kernels_in_f16() {
     for family in [
@@ -230,6 +231,7 @@ fn transformers_kernels_in_f16() {
         "deepseek_v2",
         "smollm3",
         "glm4_moe",
+        "gemma2",
     ] {
         let rows = every_phase_on_fixture_with(family, &["--dtype", "f16"]);
         assert!(rows.iter().all(|r| r.kernels == "transformers"), "{family}");
