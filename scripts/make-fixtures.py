@@ -252,7 +252,9 @@ def main():
         if only and name not in only:
             continue
         torch.manual_seed(seed(name))
-        args = {k: v for k, v in {**COMMON, **extra}.items() if v is not None}
+        # A None among a family's own values removes COMMON's (Gemma's hidden_act); elsewhere
+        # it is the value (DeepSeek-V2's q_lora_rank: no query compression).
+        args = {k: v for k, v in {**COMMON, **extra}.items() if v is not None or k not in COMMON}
         cfg = Cfg(**args)
         cfg._attn_implementation = "eager"
         model = Model(cfg).eval()
