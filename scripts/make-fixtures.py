@@ -1,20 +1,48 @@
 #!/usr/bin/env python3
 """Reference fixtures for tests/reference.rs: tiny models built by transformers, their weights
-(renamed to memfit's variable names) and their logits for a fixed input, so that CI checks that
-memfit's models compute the same function as the reference implementations without PyTorch.
+(renamed to memfit's variable names), their logits for a fixed input and their gradients for fixed
+targets, so that CI checks that memfit's models compute the same function, and the same
+gradients, as the reference implementations without PyTorch.
 
 Run with the bench venv (scripts/bench-torch.sh installs it), from the repository root:
     ~/.cache/memfit/torch-venv/bin/python scripts/make-fixtures.py
 Each family draws from its own seed, so `make-fixtures.py mixtral` alone rewrites mixtral's
 files to the same bytes as a run over every family (MEMFIT_FIXTURES_OUT=DIR writes elsewhere, to
-compare). Writes tests/fixtures/<family>/{config.json, model.safetensors, io.safetensors}: config.json
-is the Hugging Face config memfit reads (`--hf-config`), model.safetensors the weights under
-memfit's names (f32), io.safetensors the input tokens (u32 as i64 → stored as `tokens` i64) and
-transformers' logits (`logits`, f32, (B, S, V)).
+compare). Writes tests/fixtures/<family>/{config.json, model.safetensors, io.safetensors,
+grads.safetensors}: config.json is the Hugging Face config memfit reads (`--hf-config`),
+model.safetensors the weights under memfit's names (f32), io.safetensors the input tokens (u32 as
+i64 → stored as `tokens` i64) and transformers' logits (`logits`, f32, (B, S, V)),
+grads.safetensors the targets (`targets`, i64, (B, S), drawn from a generator of their own so
+that the weights, tokens and logits draw as they did before the targets existed) and, under
+memfit's names, transformers' gradient of every parameter (f64) of the mean cross-entropy over
+all B·S positions, `F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))` (memfit's
+`Transformer::loss`), with the model in float64 (eager attention). A tied head's gradient is the
+embedding's, one tensor (memfit's tied head is the token table); an expert no token reached has
+a zero gradient. The gradients are transformers' as they are: its embedding gives the pad
+token's row (`padding_idx` = `pad_token_id`) no gradient from the input, which memfit's does
+(tests/reference.rs leaves that row out where the input holds the pad token: phi3_partial).
+
+Precision of the gradients: float64 except where transformers computes in float32 whatever the
+model's type, so their agreement with an exact gradient is that of float32 rounding at those
+points (about 1e-7 relative each, not 1e-16): the eager attention's softmax
+(`softmax(..., dtype=torch.float32)`; gpt-oss's, with its sinks, in the model's type), the
+RMSNorms (`hidden_states.to(torch.float32)`; Gemma's `x.float()` and `1 + w.float()`), the rotary
+tables (`inv_freq.float()`) and DeepSeek-V2's rotation (`xq.float()`, as complex numbers), and
+the routers: Mixtral's, Qwen2-MoE's and Qwen3-MoE's softmax (`F.softmax(router_logits,
+dtype=torch.float)`), DeepSeek-V2's, DeepSeek-V3's and GLM-4.5's router logits and scores
+(`F.linear(hidden.type(torch.float32), weight.type(torch.float32))`); gpt-oss's router is in the
+model's type. DeepSeek-V3's and GLM-4.5's routing weights are handed to the experts in float64
+(see `gradients`: in float32 transformers' float64 model does not run).
+
+The logits (float32) depend to their last bits on the machine's float32 kernels: regenerated on
+another CPU, io.safetensors may differ by about 1e-6 relative while the configs, weights, tokens
+and targets are byte-identical (so do 15 of the 22 families' logits, made elsewhere, on the
+machine that made the gradients: up to 9e-7; they were kept).
 """
 import json, os, sys, zlib
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 import transformers
 
@@ -246,6 +274,37 @@ def seed(name):
     return zlib.crc32(name.encode())
 
 
+def memfit_tensors(tensors, cfg, gemma):
+    """`tensors` (transformers' names: the weights or their gradients) under memfit's names:
+    renamed, Phi-3's fused projections and gpt-oss's stacked experts split. DeepSeek-V3's
+    e_score_correction_bias is a buffer (zero), kept on memfit's host; a tied head is the
+    embedding itself (Gemma 3): not a tensor of its own."""
+    return split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
+                                      for k, v in tensors.items()
+                                      if not k.endswith("e_score_correction_bias")
+                                      and not (cfg.tie_word_embeddings and k == "lm_head.weight")},
+                                     cfg))
+
+
+def gradients(model, tokens, targets):
+    """transformers' gradient of every parameter (a zero one where none reached it: an expert
+    no token chose) of the mean cross-entropy of `targets` over all positions, in float64, and
+    the float64 logits. Converts `model` to float64."""
+    model.double()
+    # DeepSeek-V3's and GLM-4.5's experts add their outputs into a buffer of the routing weights'
+    # type, float32 whatever the model's, which `index_add_` refuses a float64 output: the
+    # weights handed on in the model's type (the sum in float64).
+    for m in model.modules():
+        if type(m).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
+            m.register_forward_hook(lambda _, args, out: (out[0], out[1].to(args[0].dtype)))
+    logits = model(tokens).logits
+    assert logits.dtype == torch.float64, logits.dtype
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    grads = {k: p.grad if p.grad is not None else torch.zeros_like(p)
+             for k, p in model.named_parameters()}
+    return grads, logits.detach()
+
+
 def main():
     only = set(sys.argv[1:])
     for name, (model_type, Cfg, Model, extra) in FAMILIES.items():
@@ -265,6 +324,9 @@ def main():
                     p.mul_(4.0)
             tokens = torch.randint(0, cfg.vocab_size, (2, 11))
             logits = model(tokens).logits.float()
+        # The targets from a generator of their own: the draws above are as before they existed.
+        targets = torch.randint(0, cfg.vocab_size, (2, 11),
+                                generator=torch.Generator().manual_seed(seed(name + " targets")))
         out = os.path.join(ROOT, name)
         os.makedirs(out, exist_ok=True)
         conf = {k: v for k, v in json.loads(cfg.to_json_string()).items()}
@@ -272,18 +334,24 @@ def main():
         conf["model_type"] = model_type
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(conf, f, indent=1, sort_keys=True)
-        # DeepSeek-V3's e_score_correction_bias is a buffer (zero), kept on memfit's host.
-        # A tied head is the embedding itself (Gemma 3): not a tensor of its own.
         # Gemma 3's and OLMo 2's norm after the attention is memfit's ln1_post.
         gemma = model_type in ("gemma2", "gemma3_text", "olmo2")
-        weights = split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
-                               for k, v in model.state_dict().items()
-                               if not k.endswith("e_score_correction_bias")
-                               and not (cfg.tie_word_embeddings and k == "lm_head.weight")}, cfg))
+        weights = memfit_tensors(model.state_dict(), cfg, gemma)
         save_file(weights, os.path.join(out, "model.safetensors"))
         save_file({"tokens": tokens.to(torch.int64), "logits": logits.contiguous()},
                   os.path.join(out, "io.safetensors"))
-        print(name, sorted(weights)[:4], "...", len(weights), "tensors; logits", tuple(logits.shape))
+        grads, logits64 = gradients(model, tokens, targets)
+        grads = memfit_tensors(grads, cfg, gemma)
+        assert {k: v.shape for k, v in grads.items()} == {k: v.shape for k, v in weights.items()}, \
+            f"{name}: the gradients are not the weights' tensors"
+        # The float64 model routes as the float32 one did (a token sent to another expert would
+        # move its logits by far more).
+        agree = ((logits64 - logits).abs().max() / logits.abs().max()).item()
+        assert agree < 1e-5, f"{name}: float64 logits {agree:.1e} from float32 ones"
+        save_file({"targets": targets.to(torch.int64), **{k: v.double() for k, v in grads.items()}},
+                  os.path.join(out, "grads.safetensors"))
+        print(name, sorted(weights)[:4], "...", len(weights), "tensors; logits", tuple(logits.shape),
+              f"; float64 logits within {agree:.1e}")
 
 
 if __name__ == "__main__":
