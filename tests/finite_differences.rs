@@ -1,10 +1,13 @@
 //! memfit's gradients against an independent reference: central finite differences of the loss
-//! in f64. Every other gradient test compares memfit's paths with each other (fused with
-//! composed, by block with whole, efficient with standard attention), so a gradient every path
-//! gets wrong the same way — a router's renormalisation detached, a norm's weight skipped —
-//! passes them all. Here each fixture family (transformers' configs and weights) is built in
-//! f64 with candle's composed ops; for every parameter tensor `w` and a random direction `d`,
-//! the backward's `⟨∂L/∂w, d⟩` must equal `(L(w + εd) − L(w − εd)) / 2ε`.
+//! in f64. Most gradient tests compare memfit's paths with each other (fused with composed, by
+//! block with whole, efficient with standard attention), so a gradient every path gets wrong
+//! the same way — a router's renormalisation detached, a norm's weight skipped — passes them
+//! all. Two tests look outside: `tests/reference.rs` compares every path's f32 gradients (each
+//! kernel set and attention, both backwards, gpt-oss included) with transformers' on the
+//! fixtures; this one checks the derivative itself, without trusting transformers'. Each
+//! fixture family (transformers' configs and weights) is built in f64 with candle's composed
+//! ops; for every parameter tensor `w` and a random direction `d`, the backward's `⟨∂L/∂w, d⟩`
+//! must equal `(L(w + εd) − L(w − εd)) / 2ε`.
 //!
 //! gpt-oss is not here: its clamped SwiGLU is one fused op computing in f32 (no f64, and no
 //! composed form to fall back on).

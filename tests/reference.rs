@@ -10,17 +10,30 @@
 //! reads the same `config.json`, loads the weights and must give the same logits, with candle's
 //! composed ops and with the fused kernels. (Memory only means something if the model is the
 //! model.)
+//!
+//! The gradients too (`gradients::<family>`, one test per fixture): each fixture also holds
+//! targets and transformers' gradient of every parameter of the mean cross-entropy, computed
+//! with the model in float64 (`grads.safetensors`; float32 where transformers rounds to it
+//! whatever the model's type: the attention's softmax, the RMSNorms, some routers). memfit's
+//! f32 gradients on the fixture's weights, by the whole backward and block by block, with every
+//! kernel set and attention the family builds, must be those parameters' and within 1e-4 of
+//! each reference's largest element (they agree to within 1e-5). The one difference by design:
+//! transformers' embedding gives the pad token's row no gradient (`padding_idx`), memfit's the
+//! gradient of its uses; where the input holds the pad token (Phi-4-mini's fixture) that row is
+//! left out.
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_nn::{VarBuilder, VarMap};
 use common::max_abs;
 use memfit::model::hf_config;
 use memfit::model::kernels::Kernels;
 use memfit::model::transformer::{Config, Transformer};
+use memfit::phase::by_block;
 
 fn fixture(family: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -596,4 +609,255 @@ fn rope_scaling_logits_equal_transformers() {
             "{family} without its rope scaling: the logits still agree ({diff})"
         );
     }
+}
+
+/// transformers' gradients (`grads.safetensors`): the targets `(B, S)` (u32) and, by memfit's
+/// names, every parameter's gradient of the mean cross-entropy (f64; an expert no token chose
+/// has a zero one).
+fn reference_gradients(family: &str) -> (Tensor, HashMap<String, Tensor>) {
+    let mut g =
+        candle_core::safetensors::load(fixture(family).join("grads.safetensors"), &Device::Cpu)
+            .unwrap();
+    let targets = g
+        .remove("targets")
+        .expect("the fixture's targets")
+        .to_dtype(DType::U32)
+        .unwrap();
+    (targets, g)
+}
+
+/// memfit's gradients of the mean cross-entropy of `targets` under `cfg`, in f32 on the
+/// fixture's weights (every one a variable) and tokens, by the whole backward (`training_loss`,
+/// then `backward`) or block by block (`phase::by_block`), by name: every parameter of the
+/// model, `None` where no gradient reached it (an expert no token chose).
+fn memfit_gradients(
+    family: &str,
+    cfg: &Config,
+    targets: &Tensor,
+    by_block: bool,
+) -> HashMap<String, Option<Tensor>> {
+    let varmap = VarMap::new();
+    let model = Transformer::new(
+        cfg,
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    let weights =
+        candle_core::safetensors::load(fixture(family).join("model.safetensors"), &Device::Cpu)
+            .unwrap();
+    let data = varmap.data().lock().unwrap();
+    for (name, var) in data.iter() {
+        let w = weights
+            .get(name)
+            .unwrap_or_else(|| panic!("{family}: memfit's {name} is not in the fixture"));
+        var.set(w).unwrap();
+    }
+    let (tokens, _) = io(family);
+    let grads = if by_block {
+        let vars: Vec<_> = data.values().cloned().collect();
+        let fwd = by_block::forward(&model, None, &tokens, targets).unwrap();
+        by_block::backward(&vars, fwd).unwrap()
+    } else {
+        model
+            .training_loss(&tokens, targets, None)
+            .and_then(|loss| loss.backward())
+            .unwrap()
+    };
+    data.iter()
+        .map(|(name, var)| (name.clone(), grads.get(var.as_tensor()).cloned()))
+        .collect()
+}
+
+/// `max |t|` in f64.
+fn max_abs_f64(t: &Tensor) -> f64 {
+    t.abs()
+        .and_then(|t| t.max_all())
+        .and_then(|t| t.to_dtype(DType::F64))
+        .and_then(|t| t.to_scalar::<f64>())
+        .unwrap()
+}
+
+/// How far a gradient may be from transformers', relative to the reference's largest element:
+/// memfit's f32 gradients come within 1e-5 of the f64 reference, a wrong one (a router's
+/// renormalisation detached) misses it by 1e-1 and more.
+const GRADIENT_TOLERANCE: f64 = 1e-4;
+/// How far, absolutely, where the reference is all zeros: the experts no token chose (three of
+/// GLM-4.5's fixture's eight in layer 1, two of Qwen2-MoE's four), whose gradient memfit must
+/// leave at zero too.
+const ZERO_GRADIENT: f64 = 1e-7;
+
+/// The pad token (`pad_token_id` in the fixture's `config.json`) where the input holds it.
+/// transformers' embedding (`nn.Embedding(.., padding_idx=pad_token_id)`) gives its row no
+/// gradient from the input; memfit's embedding has no padding index and gives that row the
+/// gradient of its uses, as for any token.
+fn pad_in_input(family: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(fixture(family).join("config.json")).unwrap();
+    let conf: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let pad = u32::try_from(conf["pad_token_id"].as_u64()?).unwrap();
+    let (tokens, _) = io(family);
+    let tokens = tokens.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+    tokens.contains(&pad).then_some(pad)
+}
+
+/// `t` without row `row`.
+fn without_row(t: &Tensor, row: u32) -> Tensor {
+    let keep: Vec<u32> = (0..t.dim(0).unwrap() as u32)
+        .filter(|&r| r != row)
+        .collect();
+    let keep = Tensor::new(keep, t.device()).unwrap();
+    t.index_select(&keep, 0).unwrap()
+}
+
+/// memfit's f32 gradients against transformers' f64 ones (`grads.safetensors`) for every
+/// attention of [`ATTENTIONS`] the family builds (gpt-oss and Gemma 2: the standard one with
+/// each kernel set; the others refuse by name) and both backwards, whole and by block: the
+/// same parameters, of the same shapes, and each gradient within [`GRADIENT_TOLERANCE`] of
+/// the reference's largest element. Prints the worst tensor of each combination. Where the
+/// input holds the pad token ([`pad_in_input`]: Phi-4-mini's fixture), the token table's row
+/// for it differs by design and is printed, not checked; the rest of the table is.
+fn gradients_equal_transformers(family: &str) {
+    let (targets, want) = reference_gradients(family);
+    let pad = pad_in_input(family);
+    if let Some(p) = pad {
+        let table = &want["wte.weight"];
+        let row = table.get(p as usize).unwrap();
+        println!(
+            "{family}: the pad token {p} is in the input; transformers' gradient of its row \
+             (largest {:.3e}, the whole table's {:.3e}) is not compared",
+            max_abs_f64(&row),
+            max_abs_f64(table)
+        );
+    }
+    let mut want_names: Vec<&String> = want.keys().collect();
+    want_names.sort();
+    let standard_only = config(family)
+        .llama
+        .and_then(|l| l.standard_attention_only())
+        .is_some();
+    let (mut failures, mut rows, mut pad_rows) = (Vec::new(), Vec::new(), Vec::new());
+    for attention in ATTENTIONS {
+        let cfg = with(family, attention);
+        if standard_only && (cfg.efficient_attention || cfg.tiled_attention) {
+            continue;
+        }
+        for by_block in [false, true] {
+            let backward = if by_block { "by-block" } else { "whole" };
+            let case = format!("{family} {} {backward}", attention.0);
+            let got = memfit_gradients(family, &cfg, &targets, by_block);
+            let mut got_names: Vec<&String> = got.keys().collect();
+            got_names.sort();
+            assert_eq!(
+                got_names, want_names,
+                "{case}: memfit's parameters are transformers'"
+            );
+            // The worst tensor: (relative difference, name, difference, reference's largest).
+            let (mut worst, mut bad) = ((0f64, "", 0f64, 0f64), 0);
+            for (name, reference) in &want {
+                let mut g = match &got[name] {
+                    Some(g) => {
+                        assert_eq!(g.dims(), reference.dims(), "{case} {name}");
+                        g.to_dtype(DType::F64).unwrap()
+                    }
+                    None => reference.zeros_like().unwrap(),
+                };
+                let mut reference = reference.clone();
+                if let (Some(p), "wte.weight") = (pad, name.as_str()) {
+                    let d = max_abs_f64(
+                        &(g.get(p as usize).unwrap() - reference.get(p as usize).unwrap()).unwrap(),
+                    );
+                    pad_rows.push(format!("{} {backward} {d:.3e}", attention.0));
+                    (g, reference) = (without_row(&g, p), without_row(&reference, p));
+                }
+                let d = max_abs_f64(&(&g - &reference).unwrap());
+                let m = max_abs_f64(&reference);
+                let (r, passes) = if m > 0.0 {
+                    (d / m, d <= GRADIENT_TOLERANCE * m)
+                } else {
+                    (d, d <= ZERO_GRADIENT)
+                };
+                let r = if r.is_nan() { f64::INFINITY } else { r };
+                bad += usize::from(!passes);
+                if r >= worst.0 {
+                    worst = (r, name.as_str(), d, m);
+                }
+            }
+            let (r, name, d, m) = worst;
+            if bad > 0 {
+                failures.push(format!(
+                    "{case}: {bad} of {} gradients differ by more than {GRADIENT_TOLERANCE:e} of \
+                     their largest element; the most {name}, by {d:.3e} of {m:.3e} ({r:.2e})",
+                    want.len()
+                ));
+            }
+            rows.push(format!("{} {backward} {r:.1e} ({name})", attention.0));
+        }
+    }
+    println!(
+        "{family} gradients against transformers': {}",
+        rows.join("; ")
+    );
+    if !pad_rows.is_empty() {
+        println!(
+            "{family}: the pad token's row of the token table differs by {}",
+            pad_rows.join("; ")
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{family}: gradients differ from transformers':\n{}",
+        failures.join("\n")
+    );
+}
+
+/// One gradient test per fixture family (`gradients::<family>`), and the list of them.
+macro_rules! gradient_tests {
+    ($($family:ident),* $(,)?) => {
+        const GRADIENT_FAMILIES: &[&str] = &[$(stringify!($family)),*];
+        mod gradients {
+            $(
+                #[test]
+                fn $family() {
+                    super::gradients_equal_transformers(stringify!($family));
+                }
+            )*
+        }
+    };
+}
+
+gradient_tests!(
+    llama,
+    llama_rope_llama3,
+    mistral,
+    phi3,
+    phi3_longrope,
+    phi3_partial,
+    qwen3,
+    qwen3_yarn,
+    qwen3_layer_types,
+    gemma2,
+    gemma3,
+    smollm3,
+    olmo2,
+    mixtral,
+    qwen2_moe,
+    qwen3_moe,
+    qwen3_moe_dense,
+    deepseek_v2,
+    deepseek_v3,
+    deepseek_v3_yarn,
+    glm4_moe,
+    gpt_oss,
+);
+
+/// Every fixture in `tests/fixtures` has its gradient test.
+#[test]
+fn every_fixture_has_a_gradient_test() {
+    let mut dirs: Vec<String> = std::fs::read_dir(fixture(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    dirs.sort();
+    let mut tested = GRADIENT_FAMILIES.to_vec();
+    tested.sort();
+    assert_eq!(dirs, tested);
 }
