@@ -187,7 +187,8 @@ fn the_pack_lists_what_travels_and_refuses_too_much() {
         std::fs::metadata(dist.join("memfit.xz")).unwrap().len()
     );
     // The tree's own share stays small enough to leave room for the CUDA build (8.6 MiB packed)
-    // under gpu-pack.sh's 40 MiB: results and fixtures that grow without bound fail here.
+    // under gpu-pack.sh's 40 MiB: results and fixtures that grow without bound fail here. (20:
+    // 18.5 MiB on 2026-12-06, of which 2.5 are the fixtures' transformers gradients.)
     let tree_mib: f64 = stdout
         .split("travel: tree ")
         .nth(1)
@@ -195,8 +196,8 @@ fn the_pack_lists_what_travels_and_refuses_too_much() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(
-        tree_mib <= 16.0,
-        "the tree that travels to the GPU is {tree_mib} MiB (at most 16)"
+        tree_mib <= 20.0,
+        "the tree that travels to the GPU is {tree_mib} MiB (at most 20)"
     );
     assert!(dist.join("BUILD").is_file());
     // This CPU build links libhdf5, so its chain is packed beside it (the CUDA build has none).

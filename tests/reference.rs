@@ -13,8 +13,9 @@
 //!
 //! The gradients too (`gradients::<family>`, one test per fixture): each fixture also holds
 //! targets and transformers' gradient of every parameter of the mean cross-entropy, computed
-//! with the model in float64 (`grads.safetensors`; float32 where transformers rounds to it
-//! whatever the model's type: the attention's softmax, the RMSNorms, some routers). memfit's
+//! with the model in float64 (`grads.safetensors`, stored as f32; float32 where transformers
+//! rounds to it whatever the model's type: the attention's softmax, the RMSNorms, some
+//! routers). memfit's
 //! f32 gradients on the fixture's weights, by the whole backward and block by block, with every
 //! kernel set and attention the family builds, must be those parameters' and within 1e-4 of
 //! each reference's largest element (they agree to within 1e-5). The one difference by design:
@@ -612,8 +613,8 @@ fn rope_scaling_logits_equal_transformers() {
 }
 
 /// transformers' gradients (`grads.safetensors`): the targets `(B, S)` (u32) and, by memfit's
-/// names, every parameter's gradient of the mean cross-entropy (f64; an expert no token chose
-/// has a zero one).
+/// names, every parameter's gradient of the mean cross-entropy (computed in f64, stored as f32,
+/// compared in f64; an expert no token chose has a zero one).
 fn reference_gradients(family: &str) -> (Tensor, HashMap<String, Tensor>) {
     let mut g =
         candle_core::safetensors::load(fixture(family).join("grads.safetensors"), &Device::Cpu)
@@ -623,6 +624,10 @@ fn reference_gradients(family: &str) -> (Tensor, HashMap<String, Tensor>) {
         .expect("the fixture's targets")
         .to_dtype(DType::U32)
         .unwrap();
+    let g = g
+        .into_iter()
+        .map(|(k, v)| (k, v.to_dtype(DType::F64).unwrap()))
+        .collect();
     (targets, g)
 }
 
