@@ -4,7 +4,7 @@
 Builds `transformers.AutoModelForCausalLM.from_config` on a config.json (memfit's
 workloads/configs/*.json) with `--set FIELD=VALUE` changes and `--layers L` (a slice), in
 `--dtype` (f32, bf16, f16: the weights and activations in that type, as `model.to(dtype)`),
-SDPA attention, runs `model(input_ids=x, labels=x)` at batch `--batch`, sequence `--seq`, and
+SDPA attention (`--attn eager`: transformers' eager attention), runs `model(input_ids=x, labels=x)` at batch `--batch`, sequence `--seq`, and
 walks the graph from the loss's `grad_fn` through `next_functions`: every node's `_saved_*`
 tensors, counted once per storage (`untyped_storage().data_ptr()`), parameters' storages
 excluded. The logits the output holds are counted apart (`logits`), as the model returns them.
@@ -26,7 +26,7 @@ import transformers
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def build(config_path, sets, layers, dtype):
+def build(config_path, sets, layers, dtype, attn="sdpa"):
     cfg = transformers.AutoConfig.from_pretrained(config_path)
     for s in sets:
         k, v = s.split("=", 1)
@@ -36,9 +36,9 @@ def build(config_path, sets, layers, dtype):
         lt = getattr(cfg, key, None)
         if isinstance(lt, list):
             setattr(cfg, key, lt[:layers])
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attn
     torch.manual_seed(0)
-    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa")
+    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=attn)
     return m.to(dtype).train(), cfg
 
 
@@ -91,21 +91,22 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--per-layer", action="store_true")
     ap.add_argument("--autocast", action="store_true")
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     a = ap.parse_args()
     torch.set_grad_enabled(True)
     dt = DTYPES[a.dtype]
     ac = dt if a.autocast else None
     if a.autocast:
         dt = torch.float32
-    m, cfg = build(a.config, a.set, a.layers, dt)
+    m, cfg = build(a.config, a.set, a.layers, dt, a.attn)
     total, logits, by_op = saved(m, a.batch, a.seq, cfg.vocab_size, ac)
     res = {"config": a.config, "sets": a.set, "layers": a.layers, "dtype": a.dtype,
-           "autocast": a.autocast,
+           "autocast": a.autocast, "attn": a.attn,
            "batch": a.batch, "seq": a.seq, "total_bytes": total, "logits_bytes": logits,
            "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
     del m
     if a.per_layer:
-        m2, _ = build(a.config, a.set, a.layers + 1, dt)
+        m2, _ = build(a.config, a.set, a.layers + 1, dt, a.attn)
         t2, _, ops2 = saved(m2, a.batch, a.seq, cfg.vocab_size, ac)
         tokens = a.batch * a.seq
         res["per_token_per_layer_bytes"] = (t2 - total) / tokens

@@ -26,7 +26,7 @@ fn graph(args: &[&str], layers: usize) -> f64 {
 }
 
 /// (what, memfit's args, PyTorch's saved bytes per token per layer).
-const SLICES: [(&str, &[&str], f64); 5] = [
+const SLICES: [(&str, &[&str], f64); 7] = [
     // H 4096, I 14336, 32:8 heads: the norms' f32 copies and normalised values, q, k, v, the
     // attention's output and log-sum-exp, SwiGLU's four `(I)` tensors.
     (
@@ -73,6 +73,40 @@ const SLICES: [(&str, &[&str], f64); 5] = [
         "Gemma-3-1B widths, 16-bit",
         &["--preset", "gemma-3-1b", "--dtype", "f16"],
         113_244.0,
+    ),
+    // Mixed precision as autocast runs it (`torch_saved.py --autocast`: the f32 model under
+    // `torch.autocast`): 851,968 B of the figure are the projections' 16-bit weight copies
+    // (218,103,808 weights a layer × 2 B over 512 tokens), the rest the f32 residual stream's
+    // norm inputs and normalised values, one 16-bit cast of the norm's output per projection
+    // (q, k, v; gate, up), the 16-bit attention and SwiGLU. A 16-bit working copy throughout
+    // (memfit before autocast was modelled) keeps 1,052,756 B: 0.96×.
+    (
+        "Llama-3-8B widths, mixed (autocast)",
+        &[
+            "--preset",
+            "llama-3-8b",
+            "--vocab",
+            "32000",
+            "--dtype",
+            "f16",
+            "--precision",
+            "mixed",
+        ],
+        1_093_768.0,
+    ),
+    // Gemma's `(1 + w)` norms in f32, four a block; 1,024 B of PyTorch's figure is SDPA's saved
+    // sliding mask, as above.
+    (
+        "Gemma-3-1B widths, mixed (autocast)",
+        &[
+            "--preset",
+            "gemma-3-1b",
+            "--dtype",
+            "f16",
+            "--precision",
+            "mixed",
+        ],
+        226_524.0,
     ),
 ];
 

@@ -250,15 +250,6 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     human_bytes(w)
                 );
             }
-            // Where memfit's graph is known to differ from PyTorch's, by how much.
-            if case.precision == crate::device::Precision::Mixed
-                && case.cfg.kernels.torch()
-                && case.cfg.vision.is_none()
-            {
-                println!(
-                    "       mixed precision: memfit's working copy is 16-bit throughout, where PyTorch's autocast keeps the residual stream and the norms in f32 and casts each projection's input afresh: at Llama-3-8B widths autocast keeps 4 % more per token per layer than this graph (BENCHMARKS § 4), not yet modelled"
-                );
-            }
             if let Some(r) = &p.routing {
                 let worst = p
                     .worst_routing_phase_peak_bytes

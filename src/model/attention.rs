@@ -389,15 +389,21 @@ impl Attention {
 }
 
 impl<T: TensorOps> Attention<T> {
-    /// A copy with `base` on the weights, norms and sinks and `adapter` on LoRA's A and B.
-    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+    /// A copy with `base` on the weights and sinks, `norm` on the q/k norms' weights and
+    /// `adapter` on LoRA's A and B.
+    pub(crate) fn map(
+        &self,
+        base: &Map<'_, T>,
+        adapter: &Map<'_, T>,
+        norm: &Map<'_, T>,
+    ) -> Result<Self> {
         Ok(Attention {
             q: self.q.map(base, adapter)?,
             k: self.k.map(base, adapter)?,
             v: self.v.map(base, adapter)?,
             o: self.o.map(base, adapter)?,
             qk_norm: match &self.qk_norm {
-                Some((qn, kn)) => Some((qn.map(base)?, kn.map(base)?)),
+                Some((qn, kn)) => Some((qn.map(norm)?, kn.map(norm)?)),
                 None => None,
             },
             qk_whole: self.qk_whole,

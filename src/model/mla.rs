@@ -111,9 +111,15 @@ impl Mla {
 }
 
 impl<T: TensorOps> Mla<T> {
-    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
-    pub(crate) fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
-        self.map_parts(&|p| p.map(base, adapter), base)
+    /// A copy with `base` on the weights, `norm` on the norms' and `adapter` on LoRA's A and
+    /// B.
+    pub(crate) fn map(
+        &self,
+        base: &Map<'_, T>,
+        adapter: &Map<'_, T>,
+        norm: &Map<'_, T>,
+    ) -> Result<Self> {
+        self.map_parts(&|p| p.map(base, adapter), norm)
     }
 
     /// The projections in model order.

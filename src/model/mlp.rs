@@ -214,10 +214,20 @@ impl<T: TensorOps> Mlp<T> {
     }
 
     /// `self.forward(x) ⊙ s`, `s (n, 1)` ([`Proj::forward_scaled`]): a routed expert's output
-    /// times its routing weights; x freed once the hidden activation exists.
+    /// times its routing weights; x freed once the hidden activation exists. As transformers
+    /// runs it (`torch`), the output and the product are two recorded ops, the product keeping
+    /// the output (`current_hidden_states * routing_weights`), in the expert's type.
     pub fn forward_scaled(&self, x: T, s: &T) -> Result<T> {
         let (a, out) = self.hidden(&x)?;
+        // Autocast: the expert's f32 rows, cast by gate and up each, are read by no backward
+        // (x is the expert's own gathered copy).
+        x.release_if(self.projs()[0].casts(&x))?;
         drop(x);
+        if matches!(self, Mlp::SwiGlu { torch: true, .. }) {
+            let y = out.forward(&a)?;
+            drop(a);
+            return y.broadcast_mul(&s.to_dtype_of(&y)?);
+        }
         out.forward_scaled(a, s)
     }
 

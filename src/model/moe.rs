@@ -472,6 +472,17 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
                 .narrow(1, self.routing.expert(slot), 1)?;
             let ye = expert.forward_scaled(xs.index_select(&ids, 0)?, &we)?;
             drop(we);
+            // Under autocast the routing weights are f32 (x's type) and the expert 16-bit:
+            // PyTorch's scaled output is promoted to f32 and added into f32 rows (transformers'
+            // `final_hidden_states`, in the hidden states' type), so the scaled rows are
+            // widened here (the 16-bit product, which no backward reads, released).
+            let ye = if ye.same_type(&weights) {
+                ye
+            } else {
+                let wide = ye.to_dtype_of(&weights)?;
+                ye.release_if(true)?;
+                wide
+            };
             match ys.take() {
                 Some(acc) => ys = Some(acc.index_add(&ids, &ye, 0)?),
                 None => parts.push(ye),
@@ -481,8 +492,15 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
         let ys = match ys {
             Some(ys) => ys,
             None => {
-                // One part is returned as it is by `cat` (no copy).
+                // One part is returned as it is by `cat` (no copy). Several are copied, and the
+                // parts, which `cat`'s node holds and no backward reads, are released (fused:
+                // the scatter's node keeps the one `(k·T, H)`, as `index_add_` keeps its source).
                 let y = T::cat_owned(&parts, 0)?;
+                if parts.len() > 1 {
+                    for p in &parts {
+                        p.release_if(self.fused)?;
+                    }
+                }
                 drop(parts);
                 let ids = R::combined_ids(combine.expect("tracked"), total, x)?;
                 if self.fused {
@@ -507,8 +525,8 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
                         y.broadcast_mul(&gate)?
                     }
                 };
-                let sum = ys.add(&y)?;
-                drop((ys, y));
+                let sum = tensor_ops::add_into(&ys, y)?;
+                drop(ys);
                 Ok(sum)
             }
         }

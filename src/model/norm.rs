@@ -185,14 +185,17 @@ impl<T: TensorOps> Norm<T> {
                     Ok(out)
                 } else if *fused && *torch {
                     // `hidden_states.to(float32)` (a 16-bit x's f32 copy, held), normalised,
-                    // `.to(input_dtype)`, then `weight * …` in x's type.
+                    // `.to(input_dtype)`, then `weight * …` in x's type (under autocast an f32
+                    // weight times a 16-bit x: the weight cast, its `(n)` copy the only
+                    // difference from PyTorch's promoted product, whose f32 output the next
+                    // projection casts back).
                     let h = {
                         let xd = x.detach();
                         let x32 = xd.upcast()?;
                         let ones = unit_weight(&xd)?;
                         T::kernel(Kernel::RmsNormalise { eps }, &[x, &ones, &x32])?
                     };
-                    h.broadcast_mul(w)
+                    h.broadcast_mul(&w.to_dtype_of(&h)?)
                 } else if *fused {
                     T::kernel(Kernel::RmsNorm { eps }, &[x, w])
                 } else {

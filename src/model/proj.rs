@@ -140,8 +140,14 @@ impl<T: TensorOps> Proj<T> {
     }
 
     /// `x·Wᵀ (+ b)`, or the frozen-linear op on x's rows, plus `scale·(x·Aᵀ)·Bᵀ` with an
-    /// adapter.
+    /// adapter. An input of another type than a dense weight's is cast to it first, as
+    /// autocast casts a linear's f32 input (each projection its own copy, which its matmul
+    /// keeps; under mixed precision with transformers' kernels the residual stream and the norms
+    /// are f32, the projections 16-bit).
     pub fn forward(&self, x: &T) -> Result<T> {
+        if self.casts(x) {
+            return self.forward(&x.to_dtype_of(&self.weight)?);
+        }
         let y = match &self.frozen {
             None => dense(&self.weight, self.bias.as_ref(), self.fused, x)?,
             Some(w) => {
@@ -167,20 +173,29 @@ impl<T: TensorOps> Proj<T> {
         }
     }
 
+    /// Whether [`Proj::forward`] casts `x` to its dense weight's type (autocast's f32 input to
+    /// a 16-bit projection): then no backward reads x itself.
+    pub fn casts(&self, x: &T) -> bool {
+        self.frozen.is_none() && !x.same_type(&self.weight)
+    }
+
     /// `residual + self.forward(&h)`, freeing h and `input` (the sublayer's input, which the
     /// caller no longer needs) before the sum is made. With fused kernels, a dense projection
     /// without bias or adapter (contiguous operands) is one op ([`Kernel::LinearAdd`]): its
     /// own output never exists, so the graph does not keep it.
     pub fn forward_add(&self, h: T, input: T, residual: &T) -> Result<T> {
-        if self.adds_in_place() && h.is_contiguous() && residual.is_contiguous() {
+        if self.adds_in_place()
+            && h.is_contiguous()
+            && residual.is_contiguous()
+            && h.same_type(&self.weight)
+            && residual.same_type(&self.weight)
+        {
             drop(input);
             return T::kernel(Kernel::LinearAdd, &[&h, &self.weight, residual]);
         }
         let y = self.forward(&h)?;
         drop((h, input));
-        let sum = residual.add(&y)?;
-        drop(y);
-        Ok(sum)
+        tensor_ops::add_into(residual, y)
     }
 
     /// `self.forward(&h) ⊙ s` for `h (n, in)` and `s (n, 1)` (a routed expert's output times
@@ -188,12 +203,13 @@ impl<T: TensorOps> Proj<T> {
     /// projection without bias or adapter on a contiguous h is one op
     /// ([`Kernel::LinearScaled`]): the unscaled product is never kept.
     pub fn forward_scaled(&self, h: T, s: &T) -> Result<T> {
-        if self.adds_in_place() && h.is_contiguous() {
-            return T::kernel(Kernel::LinearScaled, &[&h, &self.weight, s]);
+        let s = s.to_dtype_of(&self.weight)?;
+        if self.adds_in_place() && h.is_contiguous() && h.same_type(&self.weight) {
+            return T::kernel(Kernel::LinearScaled, &[&h, &self.weight, &s]);
         }
         let y = self.forward(&h)?;
         drop(h);
-        y.broadcast_mul(s)
+        y.broadcast_mul(&s)
     }
 
     /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s and

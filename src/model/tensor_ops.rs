@@ -331,6 +331,37 @@ pub fn soft_cap<T: TensorOps>(x: T, c: f64, release: bool) -> Result<T> {
     t.affine(c, 0.0)
 }
 
+/// `a + b` by PyTorch's type promotion: in the wider type when the two differ (under autocast
+/// the f32 residual stream plus a sublayer's 16-bit output is f32). The narrower operand's
+/// widened copy lives only for the sum (PyTorch widens in the kernel, without a copy; the
+/// difference is a transient): the sum's node holds it, reading none of it, so with a graph it
+/// is released once the sum exists. Equal types: `a + b`, nothing more.
+pub fn add_promoted<T: TensorOps>(a: &T, b: &T) -> Result<T> {
+    if a.same_type(b) {
+        return a.add(b);
+    }
+    let (wide, sum) = if a.half() {
+        let wide = a.to_dtype_of(b)?;
+        let sum = wide.add(b)?;
+        (wide, sum)
+    } else {
+        let wide = b.to_dtype_of(a)?;
+        let sum = a.add(&wide)?;
+        (wide, sum)
+    };
+    wide.release_if(true)?;
+    Ok(sum)
+}
+
+/// `a + b` ([`add_promoted`]) for a b passed by value that no backward reads (a sublayer's
+/// output into the residual stream), freed once the sum exists; widened, it is released too
+/// (with a graph its conversion's node holds it, reading none of it).
+pub fn add_into<T: TensorOps>(a: &T, b: T) -> Result<T> {
+    let sum = add_promoted(a, &b)?;
+    b.release_if(!b.same_type(&sum))?;
+    Ok(sum)
+}
+
 /// candle-nn's `Embedding::forward` (candle-nn 0.11.1): the rows of `table (V, H)` at `ids`,
 /// shaped `(ids…, H)`.
 pub fn embedding<T: TensorOps>(table: &T, ids: &T) -> Result<T> {

@@ -104,6 +104,14 @@ impl<T: TensorOps, R: Routing<T> + Clone> Ffn<T, R> {
         })
     }
 
+    /// A projection reading the input (every one is of its type).
+    fn input_proj(&self) -> &Proj<T> {
+        match self {
+            Ffn::Dense(m) => m.projs()[0],
+            Ffn::Moe(m) => &m.router,
+        }
+    }
+
     /// `ffn(x)`, no residual (Gemma's norm comes between), x freed once used.
     pub(crate) fn forward_owned(&self, x: T) -> Result<T> {
         let y = match self {
@@ -127,11 +135,10 @@ impl<T: TensorOps, R: Routing<T> + Clone> Ffn<T, R> {
     }
 }
 
-/// `a + b` with b passed by value (candle's `&a + b`): b freed once the sum exists.
+/// `a + b` with b passed by value (candle's `&a + b`): b freed once the sum exists (in the
+/// wider type: [`tensor_ops::add_into`]).
 fn add_owned<T: TensorOps>(a: &T, b: T) -> Result<T> {
-    let sum = a.add(&b)?;
-    drop(b);
-    Ok(sum)
+    tensor_ops::add_into(a, b)
 }
 
 /// A block's attention: q, k, v, o ([`Attention`]) or multi-head latent attention
@@ -143,6 +150,14 @@ pub enum SelfAttention<T: TensorOps = Tensor> {
 }
 
 impl<T: TensorOps> SelfAttention<T> {
+    /// A projection reading the input (every one is of its type).
+    fn input_proj(&self) -> &Proj<T> {
+        match self {
+            SelfAttention::Mha(a) => &a.q,
+            SelfAttention::Mla(a) => &a.kv_a,
+        }
+    }
+
     /// `residual + attn(x)`: the heads, then the output projection into the residual
     /// ([`Proj::forward_add`]); x freed before the sum.
     fn forward_add(
@@ -263,18 +278,18 @@ impl<T: TensorOps, R> Block<T, R> {
 }
 
 impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
-    /// A copy with `base` on the weights and norms and `adapter` on LoRA's A and B.
-    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>) -> Result<Self> {
+    /// A copy with `base` on the weights, `norm` on the norms' and `adapter` on LoRA's A and B.
+    fn map(&self, base: &Map<'_, T>, adapter: &Map<'_, T>, norm: &Map<'_, T>) -> Result<Self> {
         let attn = match &self.attn {
-            SelfAttention::Mha(a) => SelfAttention::Mha(a.map(base, adapter)?),
-            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter)?),
+            SelfAttention::Mha(a) => SelfAttention::Mha(a.map(base, adapter, norm)?),
+            SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter, norm)?),
         };
-        let ln1 = self.ln1.as_ref().map(|n| n.map(base)).transpose()?;
-        let ln1_post = self.post.as_ref().map(|p| p.0.map(base)).transpose()?;
-        let ln2 = self.ln2.as_ref().map(|n| n.map(base)).transpose()?;
+        let ln1 = self.ln1.as_ref().map(|n| n.map(norm)).transpose()?;
+        let ln1_post = self.post.as_ref().map(|p| p.0.map(norm)).transpose()?;
+        let ln2 = self.ln2.as_ref().map(|n| n.map(norm)).transpose()?;
         let mlp = self.mlp.map(base, adapter)?;
         let post = match (ln1_post, &self.post) {
-            (Some(a), Some((_, b))) => Some((a, b.map(base)?)),
+            (Some(a), Some((_, b))) => Some((a, b.map(norm)?)),
             _ => None,
         };
         Ok(Block {
@@ -293,9 +308,13 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, None);
         }
-        let h = self.attn.forward_add(pre(&self.ln1, x)?, x, mask, rotary)?;
+        let (a, cast) = sublayer_input(&self.ln1, x, self.attn.input_proj())?;
+        let h = self.attn.forward_add(a, x, mask, rotary)?;
+        release_cast(cast)?;
         release_residual(&self.ln1, x)?;
-        let y = self.mlp.forward_add(pre(&self.ln2, &h)?, &h)?;
+        let (m, cast) = sublayer_input(&self.ln2, &h, self.mlp.input_proj())?;
+        let y = self.mlp.forward_add(m, &h)?;
+        release_cast(cast)?;
         release_residual(&self.ln2, &h)?;
         Ok(y)
     }
@@ -310,13 +329,16 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         rotary: Option<Rotary<T>>,
         cache: Option<&mut Option<(T, T)>>,
     ) -> Result<T> {
-        let y = self
-            .attn
-            .forward_owned(pre(&self.ln1, x)?, mask, rotary, cache)?;
+        let (a, cast) = sublayer_input(&self.ln1, x, self.attn.input_proj())?;
+        let y = self.attn.forward_owned(a, mask, rotary, cache)?;
+        // (After the sum: without a norm before the half (OLMo 2) the input is x itself.)
         let h = post_add(x, y, ln1_post)?;
+        release_cast(cast)?;
         release_residual(&self.ln1, x)?;
-        let y = self.mlp.forward_owned(pre(&self.ln2, &h)?)?;
+        let (m, cast) = sublayer_input(&self.ln2, &h, self.mlp.input_proj())?;
+        let y = self.mlp.forward_owned(m)?;
         let out = post_add(&h, y, ln2_post)?;
+        release_cast(cast)?;
         release_residual(&self.ln2, &h)?;
         Ok(out)
     }
@@ -346,8 +368,8 @@ fn post_add<T: TensorOps>(x: &T, y: T, norm: &Norm<T>) -> Result<T> {
     let n = norm.forward(&y)?;
     y.release_if(norm.holds_f32_copy(&y))?;
     drop(y);
-    let sum = x.add(&n)?;
-    n.release_if(norm.torch())?;
+    let sum = tensor_ops::add_promoted(x, &n)?;
+    n.release_if(norm.torch() || !n.same_type(&sum))?;
     drop(n);
     Ok(sum)
 }
@@ -357,6 +379,30 @@ fn post_add<T: TensorOps>(x: &T, y: T, norm: &Norm<T>) -> Result<T> {
 /// don't, the norm's reads the copy), and transformers keeps only the copy.
 fn release_residual<T: TensorOps>(norm: &Option<Norm<T>>, x: &T) -> Result<()> {
     x.release_if(norm.as_ref().is_some_and(|n| n.holds_f32_copy(x)))
+}
+
+/// A sublayer's input, `norm(x)` (or x: [`pre`]), and, where the graph is recorded and the
+/// sublayer's projections (of `proj`'s type) each cast it (autocast: an f32 input, 16-bit
+/// projections), the same tensor to release once the sublayer has run: no backward reads it
+/// (a cast's reads none of its input; the residual sum's neither; an f32 norm input is
+/// itself its f32 copy, which the norm reads, so x is never this input where a norm comes
+/// first), and PyTorch keeps only the projections' casts.
+fn sublayer_input<T: TensorOps>(
+    norm: &Option<Norm<T>>,
+    x: &T,
+    proj: &Proj<T>,
+) -> Result<(T, Option<T>)> {
+    let h = pre(norm, x)?;
+    let cast = (h.tracked() && proj.casts(&h)).then(|| h.clone());
+    Ok((h, cast))
+}
+
+/// Releases [`sublayer_input`]'s cast input.
+fn release_cast<T: TensorOps>(cast: Option<T>) -> Result<()> {
+    match cast {
+        Some(h) => h.release(),
+        None => Ok(()),
+    }
 }
 
 /// `norm(x)`, or (no norm before this half: OLMo 2) `x` itself.
@@ -615,7 +661,7 @@ impl Transformer {
 
     /// The training forward to the loss with the whole graph recorded. `half`: mixed
     /// precision's 16-bit working type (a working copy of the weights with recorded
-    /// conversions, 16-bit activations, the loss in f32).
+    /// conversions, [`Self::working`]; the loss in f32).
     pub fn training_loss(
         &self,
         input: &Tensor,
@@ -625,7 +671,7 @@ impl Transformer {
         match half {
             None => self.train_loss(&self.forward(input)?, targets),
             Some(dtype) => {
-                let copy = self.cast(dtype)?;
+                let copy = self.working(dtype)?;
                 let logits = copy.forward(input)?;
                 self.train_loss(&logits.to_dtype(DType::F32)?, targets)
             }
@@ -639,6 +685,15 @@ impl Transformer {
     pub fn cast(&self, dtype: DType) -> Result<Self> {
         let f = |t: &Tensor| t.to_dtype(dtype);
         self.map_with(&f, &f, self.own.clone())
+    }
+
+    /// Mixed precision's working copy in `dtype` ([`Transformer::working_copy`]): [`Self::cast`]
+    /// except, under transformers' kernels, the norms and embedding tables, which stay the f32
+    /// masters, as autocast runs the model.
+    pub fn working(&self, dtype: DType) -> Result<Self> {
+        let f = |t: &Tensor| t.to_dtype(dtype);
+        let kept = |t: &Tensor| Ok(t.clone());
+        self.working_copy(&f, &kept, self.own.clone(), true)
     }
 
     /// LoRA training: the base weights detached (frozen: no gradient, no optimizer state), the
@@ -715,23 +770,54 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B; each
     /// block's in its segment), keeping `own` beside. A tied head is the mapped token table.
     pub(crate) fn map_with(&self, base: &Map<'_, T>, adapter: &Map<'_, T>, own: C) -> Result<Self> {
-        self.map_parts(base, adapter, own, true)
+        self.map_parts(base, adapter, None, own, true)
     }
 
-    /// [`Self::map_with`] of everything but the blocks, which it has none of (a mixed-precision
-    /// checkpointed step's working copy: the masters' blocks are cast a segment at a time and
-    /// run through [`Self::blocks_forward_with`]).
-    pub(crate) fn map_outside(&self, base: &Map<'_, T>, own: C) -> Result<Self> {
-        self.map_parts(base, base, own, false)
+    /// Mixed precision's working copy: `cast` (a recorded conversion to the 16-bit type, or
+    /// its detached form) on every weight — except, under transformers' kernels, as autocast
+    /// runs the model: the norms' weights and the embedding tables are `kept` (the f32 masters
+    /// themselves, or detached), so the residual stream and the norms compute in f32 and each
+    /// projection casts its input ([`Proj::forward`]); the rotary tables are cast (the rotated
+    /// q and k reach the attention in 16 bits either way) and a tied head is the token table
+    /// cast.
+    pub(crate) fn working_copy(
+        &self,
+        cast: &Map<'_, T>,
+        kept: &Map<'_, T>,
+        own: C,
+        blocks: bool,
+    ) -> Result<Self> {
+        let kept = self.form.kernels.torch().then_some(kept);
+        self.map_parts(cast, cast, kept, own, blocks)
     }
 
+    /// [`Self::working_copy`]'s blocks `range` (a checkpointed segment's).
+    pub(crate) fn working_blocks(
+        &self,
+        range: std::ops::Range<usize>,
+        cast: &Map<'_, T>,
+        kept: &Map<'_, T>,
+    ) -> Result<Vec<Block<T, R>>> {
+        let norm = if self.form.kernels.torch() {
+            kept
+        } else {
+            cast
+        };
+        self.map_blocks(range, cast, cast, norm)
+    }
+
+    /// A copy with `base` on the weights, `adapter` on LoRA's, `kept` (where given: autocast,
+    /// [`Self::working_copy`]) on the norms' weights and the embedding tables, else `base`;
+    /// the blocks only with `blocks`.
     fn map_parts(
         &self,
         base: &Map<'_, T>,
         adapter: &Map<'_, T>,
+        kept: Option<&Map<'_, T>>,
         own: C,
         blocks: bool,
     ) -> Result<Self> {
+        let norm = kept.unwrap_or(base);
         let rope = match &self.rope {
             None => None,
             Some((c, s)) => Some((base(c)?, base(s)?)),
@@ -741,24 +827,29 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             Some((c, s)) => Some((base(c)?, base(s)?)),
         };
         let stem = match &self.stem {
-            Stem::Tokens(wte) => Stem::Tokens(base(wte)?),
+            Stem::Tokens(wte) => Stem::Tokens(norm(wte)?),
             Stem::Patches { proj, cls, patch } => Stem::Patches {
                 proj: proj.map(base, adapter)?,
-                cls: base(cls)?,
+                cls: norm(cls)?,
                 patch: *patch,
             },
         };
-        let wpe = self.wpe.as_ref().map(base).transpose()?;
+        let wpe = self.wpe.as_ref().map(norm).transpose()?;
         let w = &self.head.weight;
         let outer = w.segment();
         let blocks = match blocks {
-            true => self.map_blocks(0..self.blocks.len(), base, adapter)?,
+            true => self.map_blocks(0..self.blocks.len(), base, adapter, norm)?,
             false => Vec::new(),
         };
         w.set_segment(outer);
-        let ln_f = self.ln_f.map(base)?;
-        let head = match (&stem, self.form.tied) {
-            (Stem::Tokens(wte), true) => Proj {
+        let ln_f = self.ln_f.map(norm)?;
+        let head = match (&stem, &self.stem, self.form.tied) {
+            // Autocast: the head casts the f32 table for itself.
+            (_, Stem::Tokens(table), true) if kept.is_some() => Proj {
+                weight: base(table)?,
+                ..self.head.clone()
+            },
+            (Stem::Tokens(wte), _, true) => Proj {
                 weight: wte.clone(),
                 ..self.head.clone()
             },
@@ -777,13 +868,14 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         })
     }
 
-    /// Blocks `range` with `base` on their weights and `adapter` on LoRA's A and B, each made
-    /// in its block's segment.
+    /// Blocks `range` with `base` on their weights, `norm` on their norms' and `adapter` on
+    /// LoRA's A and B, each made in its block's segment.
     pub(crate) fn map_blocks(
         &self,
         range: std::ops::Range<usize>,
         base: &Map<'_, T>,
         adapter: &Map<'_, T>,
+        norm: &Map<'_, T>,
     ) -> Result<Vec<Block<T, R>>> {
         let w = &self.head.weight;
         let outer = w.segment();
@@ -791,7 +883,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             .iter()
             .map(|b| {
                 w.set_segment(b.tag);
-                b.map(base, adapter)
+                b.map(base, adapter, norm)
             })
             .collect::<Result<Vec<_>>>();
         w.set_segment(outer);
@@ -918,10 +1010,13 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         logits.squeeze(1)
     }
 
-    /// The causal mask (with a window: the windowed one) in the model's element type, the
-    /// token table's (f32 → the model's type: no copy for f32).
-    fn mask(&self, wte: &T, s: usize, window: Option<usize>) -> Result<T> {
-        wte.causal_mask(s, s, 0, s, 0, window.unwrap_or(0))
+    /// The causal mask (with a window: the windowed one) in the type the attention computes
+    /// in, the head's (f32 → the model's type: no copy for f32; under autocast the token table
+    /// stays f32 and the head is 16-bit, as the scores are).
+    fn mask(&self, _wte: &T, s: usize, window: Option<usize>) -> Result<T> {
+        self.head
+            .weight
+            .causal_mask(s, s, 0, s, 0, window.unwrap_or(0))
     }
 
     /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):
@@ -957,7 +1052,14 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
                     candle_core::bail!("{n} patches do not match the {max} positions of the model")
                 }
                 let cls = cls.broadcast_as(&[b, 1, h])?.contiguous()?;
-                let x = T::cat(&[&cls, &x], 1)?;
+                // Under autocast the class token stays f32: `torch.cat` promotes the patches.
+                let x = if x.same_type(&cls) {
+                    T::cat(&[&cls, &x], 1)?
+                } else {
+                    let wide = x.to_dtype_of(&cls)?;
+                    drop(x);
+                    T::cat(&[&cls, &wide], 1)?
+                };
                 drop(cls);
                 x.broadcast_add(wpe)
             }
@@ -1010,6 +1112,8 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
         let logits = self.head.forward(&x)?;
+        // Autocast: the f32 normalised input, cast by the head, is read by no backward.
+        x.release_if(self.head.casts(&x))?;
         match self.form.final_softcap {
             None => Ok(logits),
             Some(c) => {

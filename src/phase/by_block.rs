@@ -91,7 +91,7 @@ pub fn forward(
     tokens: &Tensor,
     targets: &Tensor,
 ) -> Result<Forward> {
-    let half = dtype.map(|d| model.cast(d)).transpose()?;
+    let half = dtype.map(|d| model.working(d)).transpose()?;
     forward_on(model, half, tokens, targets)
 }
 

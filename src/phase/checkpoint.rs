@@ -82,7 +82,7 @@ pub fn forward_mixed_with<T: Autograd, R: Routing<T> + Clone, C: Clone>(
     targets: &T,
     k: usize,
 ) -> Result<Forward<T, R, C>> {
-    let half = model.map_outside(cast, model.own.clone())?;
+    let half = model.working_copy(cast, &|t: &T| Ok(t.clone()), model.own.clone(), false)?;
     let detached = half.detached();
     let mut f = run_forward(&half, &detached, tokens, targets, k, Some(model))?;
     f.half = Some(Box::new(half));
@@ -112,7 +112,8 @@ fn run_forward<T: Autograd, R: Routing<T> + Clone, C>(
             None => detached.blocks_forward(&x, &mask, seg)?,
             Some(masters) => {
                 let f = |t: &T| t.detach().to_dtype_of(&model.head.weight);
-                let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
+                let kept = |t: &T| Ok(t.detach());
+                let blocks = masters.working_blocks(seg.clone(), &f, &kept)?;
                 detached.blocks_forward_with(&blocks, &x, &mask)?
             }
         };
@@ -194,7 +195,8 @@ pub fn backward<T: Autograd, R: Routing<T> + Clone, C>(
             // The segment's blocks cast again, recorded: their gradients reach the masters.
             Some(half) => {
                 let f = |t: &T| t.to_dtype_of(&half.head.weight);
-                let blocks = masters.map_blocks(seg.clone(), &f, &f)?;
+                let kept = |t: &T| Ok(t.clone());
+                let blocks = masters.working_blocks(seg.clone(), &f, &kept)?;
                 model.blocks_forward_with(&blocks, &xin, &mask)?
             }
         };

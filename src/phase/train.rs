@@ -2,7 +2,8 @@
 //! on candle's tensors inside its metered windows, the replay (`formula::replay`) on symbolic
 //! ones inside its ledger's. The forward is the whole graph to the loss, block by block
 //! ([`by_block`]) or checkpointed ([`checkpoint`]); under mixed precision on a 16-bit working
-//! copy of the weights with the loss in f32.
+//! copy of the weights (under transformers' kernels as autocast runs it: the norms, embedding
+//! tables and residual stream f32, each projection casting its input) with the loss in f32.
 
 use candle_core::Result;
 
@@ -22,9 +23,10 @@ pub enum Graph<T: Autograd, R, C> {
 
 /// The training forward: checkpointed with `k` blocks a segment (0: none), else block by
 /// block or the whole graph as `backward` says. `cast`: mixed precision's recorded conversion
-/// to the working type; the whole and by-block forwards run on a working copy of every weight
-/// (kept until the loss: its conversions are in the graph), the checkpointed one casts a
-/// segment's blocks at a time ([`checkpoint::forward_mixed_with`]); the loss in f32.
+/// to the working type; the whole and by-block forwards run on a working copy of the weights
+/// ([`Transformer::working_copy`]: kept until the loss, its conversions in the graph), the
+/// checkpointed one casts a segment's blocks at a time ([`checkpoint::forward_mixed_with`]);
+/// the loss in f32.
 pub fn forward<T: Autograd, R: Routing<T> + Clone, C: Clone>(
     model: &Transformer<T, R, C>,
     cast: Option<&Map<'_, T>>,
@@ -40,7 +42,7 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C: Clone>(
         }));
     }
     let half = cast
-        .map(|f| model.map_with(f, f, model.own.clone()))
+        .map(|f| model.working_copy(f, &|t: &T| Ok(t.clone()), model.own.clone(), true))
         .transpose()?;
     Ok(match (backward, half) {
         (Backward::ByBlock, half) => {

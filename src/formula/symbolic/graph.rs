@@ -85,6 +85,9 @@ impl Graph for Sym {
     fn to_dtype_of(&self, like: &Self) -> candle_core::Result<Self> {
         Ok(self.to_dtype(like.dtype()))
     }
+    fn same_type(&self, other: &Self) -> bool {
+        self.dtype() == other.dtype()
+    }
     fn add(&self, rhs: &Self) -> candle_core::Result<Self> {
         Ok(Sym::add(self, rhs))
     }

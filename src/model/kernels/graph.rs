@@ -31,6 +31,8 @@ pub trait Graph: Clone + Sized {
     }
     /// Converted to `like`'s element type (the same tensor when equal).
     fn to_dtype_of(&self, like: &Self) -> Result<Self>;
+    /// Whether `other` has this one's element type.
+    fn same_type(&self, other: &Self) -> bool;
     fn add(&self, rhs: &Self) -> Result<Self>;
     fn sub(&self, rhs: &Self) -> Result<Self>;
     fn mul(&self, rhs: &Self) -> Result<Self>;
@@ -162,6 +164,9 @@ impl Graph for Tensor {
     }
     fn to_dtype_of(&self, like: &Self) -> Result<Self> {
         self.to_dtype(like.dtype())
+    }
+    fn same_type(&self, other: &Self) -> bool {
+        self.dtype() == other.dtype()
     }
     fn add(&self, rhs: &Self) -> Result<Self> {
         Tensor::add(self, rhs)
