@@ -457,6 +457,8 @@ pub(crate) struct Form {
     pub(crate) embed_scale: Option<f64>,
     /// The sliding layers' window.
     pub(crate) sliding_window: Option<usize>,
+    /// The window is a chunk (Llama 4): the windowed layers' mask is the chunked one.
+    pub(crate) chunked: bool,
     /// Its attention adds the mask tensor whatever the kernels: the standard attention composed
     /// (gpt-oss's sinks, Gemma 2's capped scores: [`super::shapes::Llama::standard_attention_only`]).
     pub(crate) composed_attention: bool,
@@ -476,6 +478,7 @@ impl Form {
                 .filter(|l| l.variant.embed_scaled)
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
+            chunked: cfg.llama.is_some_and(|l| l.variant.chunked_attention),
             composed_attention: cfg
                 .llama
                 .is_some_and(|l| l.standard_attention_only().is_some()),
@@ -918,10 +921,15 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         logits.squeeze(1)
     }
 
-    /// The causal mask (with a window: the windowed one) in the model's element type, the
-    /// token table's (f32 → the model's type: no copy for f32).
+    /// The causal mask (with a window: the windowed one; Llama 4: the chunked one) in the
+    /// model's element type, the token table's (f32 → the model's type: no copy for f32).
     fn mask(&self, wte: &T, s: usize, window: Option<usize>) -> Result<T> {
-        wte.causal_mask(s, s, 0, s, 0, window.unwrap_or(0))
+        match window {
+            Some(c) if self.form.chunked => {
+                wte.host_table(&[s, s], &|i| super::mask::chunked(i / s, i % s, c))
+            }
+            _ => wte.causal_mask(s, s, 0, s, 0, window.unwrap_or(0)),
+        }
     }
 
     /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):
