@@ -16,7 +16,7 @@ use crate::model::shapes::{Llama, Variant};
 pub struct SmolLm3;
 
 /// The NoPE layers of a model of `layers` layers (bit `i` for layer `i`).
-fn nope_layers(f: &Fields, layers: usize) -> Result<u128, UserError> {
+pub(super) fn nope_layers(f: &Fields, layers: usize) -> Result<u128, UserError> {
     let rotates: Vec<bool> = match f.get("no_rope_layers") {
         Some(v) => {
             // transformers reads the interval only to make a missing list.
