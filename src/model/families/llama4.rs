@@ -4,7 +4,7 @@
 //! keys of its own chunk up to itself; [`Variant::chunked_attention`]: the window is a chunk,
 //! the cache keeps the current chunk) and L2-normalise each query and key head with no weight
 //! (`use_qk_norm`, [`Variant::qk_l2_norm`]), while every `no_rope_layer_interval`-th layer (or
-//! as `no_rope_layers` lists) is NoPE, attends causally to everything, and tempers its queries
+//! as `no_rope_layers` lists; an empty list is absent) is NoPE, attends causally to everything, and tempers its queries
 //! (`attn_temperature_tuning`: times `ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1` at
 //! position `p`, [`Variant::attn_temperature`]); a mixture of experts on the layers of
 //! `moe_layers` (else every `interleave_moe_layer_step`-th): the top `num_experts_per_tok` of
@@ -199,7 +199,7 @@ impl Family for Llama4 {
         llama.mlp_bias = false;
         llama.qk_norm = false;
         llama.moe = Some(moe(f, layers)?);
-        let nope = super::smollm3::nope_layers(f, layers)?;
+        let nope = super::smollm3::nope_layers(f, layers, true)?;
         let temperature = temperature(f)?;
         // The tempered NoPE layers attend to everything (their queries' positions are their
         // cache's length).
@@ -235,7 +235,7 @@ impl Family for Llama4 {
             let Some(chunk) = f.size_opt("attention_chunk_size", MAX_SEQ)? else {
                 return Ok((None, 0));
             };
-            let nope = super::smollm3::nope_layers(f, layers)?;
+            let nope = super::smollm3::nope_layers(f, layers, true)?;
             Ok((Some(chunk), nope))
         };
         Some(pattern())
