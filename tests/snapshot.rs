@@ -158,7 +158,10 @@ fn workload() -> String {
         let rel = f.strip_prefix(root()).unwrap().display().to_string();
         // gpt-oss's sinks, Gemma 2's capped scores and Llama 4's chunks: the standard
         // attention only.
-        let attention = if ["gpt_oss", "gemma2", "llama4"].iter().any(|f| rel.contains(f)) {
+        let attention = if ["gpt_oss", "gemma2", "llama4"]
+            .iter()
+            .any(|f| rel.contains(f))
+        {
             r#"["standard"]"#
         } else {
             r#"["standard", "efficient"]"#
