@@ -194,6 +194,21 @@ FAMILIES = {
                   "moe_intermediate_size": 20, "first_k_dense_replace": 1,
                   "routed_scaling_factor": 2.5, "norm_topk_prob": True,
                   "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # Llama 4's text model: 3 layers; layers 0 and 2 rotate (llama3 scaling, factor 8 over an
+    # original 8) and attend within chunks of 4 tokens (the 11-token input spans three) with
+    # the weightless q/k L2 norm; layer 1 is NoPE, attends to everything and tempers its
+    # queries (floor_scale 2, attn_scale 0.5: factors 1 to 1.9 over the input); layers 0 and 1
+    # a mixture of 4 experts of width 20, 1 per token (the sigmoid weight on its input), and a
+    # shared expert of 20; layer 2 dense, 48 wide.
+    "llama4": ("llama4_text", transformers.Llama4TextConfig, transformers.Llama4ForCausalLM,
+               {"num_hidden_layers": 3, "head_dim": 16, "intermediate_size": 20,
+                "intermediate_size_mlp": 48, "num_local_experts": 4, "num_experts_per_tok": 1,
+                "moe_layers": [0, 1], "no_rope_layers": [1, 0, 1], "attention_chunk_size": 4,
+                "use_qk_norm": True, "attn_temperature_tuning": True, "floor_scale": 2,
+                "attn_scale": 0.5,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 
 
@@ -218,6 +233,35 @@ def split_experts(weights):
         elif k.endswith(".mlp.experts.down_proj_bias"):
             for e in range(v.shape[0]):
                 out[f"{p}{e}.down.bias"] = v[e].contiguous()
+        else:
+            out[k] = v
+    return out
+
+
+def llama4_tensors(weights, cfg):
+    """Llama 4's tensors under memfit's layout: the stacked experts split (`gate_up_proj` (E, H,
+    2I) holds gate in its first I columns and up in the last, `chunk(2, dim=-1)`; `down_proj`
+    (E, I, H); memfit's weights are (out, in)), and the q and k rows de-interleaved per head:
+    transformers rotates pairs (2j, 2j + 1) as complex numbers, memfit the halves (j, D/2 + j),
+    the same function of rows so permuted (the scores are dot products over each head: the
+    same permutation of q and k leaves them unchanged)."""
+    d = cfg.head_dim
+    perm = list(range(0, d, 2)) + list(range(1, d, 2))
+    out = {}
+    for k, v in weights.items():
+        p = k[: k.rfind(".") + 1]
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            i = v.shape[2] // 2
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.gate.weight"] = v[e][:, :i].t().contiguous()
+                out[f"{p}{e}.up.weight"] = v[e][:, i:].t().contiguous()
+        elif k.endswith(".mlp.experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[f"{p}{e}.down.weight"] = v[e].t().contiguous()
+        elif k.endswith((".attn.q.weight", ".attn.k.weight")):
+            heads = v.shape[0] // d
+            rows = [h * d + j for h in range(heads) for j in perm]
+            out[k] = v[rows].contiguous()
         else:
             out[k] = v
     return out
@@ -251,6 +295,8 @@ def memfit_name(hf: str, gemma: bool = False) -> str:
     n = n.replace(".pre_feedforward_layernorm.", ".ln2.").replace(".post_feedforward_layernorm.", ".ln2_post.")
     n = n.replace(".block_sparse_moe.gate.", ".mlp.router.").replace(".mlp.gate.", ".mlp.router.")
     n = n.replace(".block_sparse_moe.experts.", ".mlp.experts.")
+    # Llama 4's feed-forward part (dense, or router, experts and shared expert).
+    n = n.replace(".feed_forward.", ".mlp.")
     # Shared experts: Qwen2-MoE's shared_expert and its gate, DeepSeek's shared_experts.
     n = n.replace(".mlp.shared_expert_gate.", ".mlp.shared_gate.")
     n = n.replace(".mlp.shared_experts.", ".mlp.shared.").replace(".mlp.shared_expert.", ".mlp.shared.")
@@ -277,14 +323,17 @@ def seed(name):
 
 def memfit_tensors(tensors, cfg, gemma):
     """`tensors` (transformers' names: the weights or their gradients) under memfit's names:
-    renamed, Phi-3's fused projections and gpt-oss's stacked experts split. DeepSeek-V3's
+    renamed, Phi-3's fused projections and gpt-oss's stacked experts split (Llama 4's: see
+    `llama4_tensors`). DeepSeek-V3's
     e_score_correction_bias is a buffer (zero), kept on memfit's host; a tied head is the
     embedding itself (Gemma 3): not a tensor of its own."""
-    return split_experts(split_fused({memfit_name(k, gemma): v.detach().contiguous()
-                                      for k, v in tensors.items()
-                                      if not k.endswith("e_score_correction_bias")
-                                      and not (cfg.tie_word_embeddings and k == "lm_head.weight")},
-                                     cfg))
+    renamed = {memfit_name(k, gemma): v.detach().contiguous()
+               for k, v in tensors.items()
+               if not k.endswith("e_score_correction_bias")
+               and not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    if cfg.model_type == "llama4_text":
+        return llama4_tensors(renamed, cfg)
+    return split_experts(split_fused(renamed, cfg))
 
 
 def gradients(model, tokens, targets):

@@ -104,6 +104,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "olmo2",
         "glm4_moe",
         "gemma2",
+        "llama4",
     ] {
         both_kernels(family, fixture(family));
     }

@@ -47,6 +47,7 @@ const FAMILIES: &[&str] = &[
     "deepseek_v3_yarn",
     "glm4_moe",
     "gemma2",
+    "llama4",
 ];
 
 fn fixture(family: &str) -> PathBuf {

@@ -874,7 +874,7 @@ fn every_key_is_read_listed_or_refused() {
 /// the file is not the model it names.
 #[test]
 fn an_unknown_type_is_refused_as_unknown() {
-    for t in ["llama4_text", "qwen3_next", "xyz"] {
+    for t in ["phimoe", "qwen3_next", "xyz"] {
         let text = format!(
             r#"{{"model_type": "{t}", "hidden_size": 64, "num_local_experts": 16,
             "num_experts": 8, "interleave_moe_layer_step": 1}}"#
@@ -1221,4 +1221,118 @@ fn olmo2_defaults_and_its_norms() {
         err.contains("mlp_bias") && err.contains("cfg.json"),
         "{err}"
     );
+}
+
+/// Llama-4-Scout-17B-16E's `text_config` as its published `config.json` gives it (the keys
+/// memfit reads or ignores by name; `no_rope_layers: []` is transformers' "every fourth layer
+/// NoPE"), its `max_position_embeddings` (10,485,760) set to 2²⁰, memfit's limit (a size of
+/// the rotary tables only: the count is unchanged).
+const SCOUT: &str = r#"{"model_type": "llama4_text", "max_position_embeddings": 1048576,
+    "torch_dtype": "bfloat16", "hidden_size": 5120, "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "num_local_experts": 16,
+    "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": true,
+    "attention_chunk_size": 8192, "attn_temperature_tuning": true, "floor_scale": 8192,
+    "attn_scale": 0.1, "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+    "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "no_rope_layers": [], "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008],
+    "pad_token_id": 200018, "for_llm_compressor": false, "router_aux_loss_coef": 0.001,
+    "router_jitter_noise": 0.0, "output_router_logits": false, "attention_bias": false,
+    "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": true,
+    "tie_word_embeddings": false}"#;
+
+/// Llama 4's text model (`llama4_text`): `Llama4TextConfig()`'s defaults and Scout's published
+/// text config are Llama-4-Scout-17B-16E's shape, 107,769,861,120 parameters as transformers
+/// 4.57.1 counts `Llama4ForCausalLM` on the meta device, and memfit the same; active per token
+/// 17,172,894,720 (1 of 16 experts a layer, the shared expert, attention, norms, the embedding
+/// and the head: the "17B" of its name; 16,138,408,960 without the embedding). Maverick's shape
+/// (128 experts on every second layer, the others dense 16384 wide, no q/k norm):
+/// 400,711,848,960, 17,184,691,200 active (16,150,205,440 without the embedding). Scout's
+/// layers: every fourth NoPE (full attention, tempered), the others chunked by 8192. The
+/// multimodal `llama4` is refused naming the vision tower and how to size the text model.
+#[test]
+fn llama4_scout_and_maverick_counts() {
+    let scout = hf_config::parse(SCOUT, "cfg.json").unwrap().cfg;
+    let defaults = hf_config::parse(r#"{"model_type": "llama4_text"}"#, "cfg.json")
+        .unwrap()
+        .cfg;
+    for cfg in [&scout, &defaults] {
+        assert_eq!(cfg.params(), 107_769_861_120);
+        assert_eq!(cfg.active_params(), 17_172_894_720);
+        let l = cfg.llama.unwrap();
+        assert!(l.variant.chunked_attention && l.variant.qk_l2_norm);
+        assert_eq!((l.window_at(0), l.window_at(3)), (Some(8192), None));
+        assert_eq!(l.variant.nope_layers.count_ones(), 12);
+    }
+    assert_eq!(
+        scout.active_params() - (scout.vocab * scout.hidden) as u64,
+        16_138_408_960
+    );
+    let maverick = hf_config::parse(
+        r#"{"model_type": "llama4_text", "num_local_experts": 128,
+            "interleave_moe_layer_step": 2, "use_qk_norm": false}"#,
+        "cfg.json",
+    )
+    .unwrap()
+    .cfg;
+    assert_eq!(maverick.params(), 400_711_848_960);
+    assert_eq!(maverick.active_params(), 17_184_691_200);
+    let moe = maverick.llama.unwrap().moe.unwrap();
+    assert!(!moe.sparse(0) && moe.sparse(1) && moe.dense_width == 16384);
+    let err = hf_config::parse(r#"{"model_type": "llama4"}"#, "cfg.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("vision tower") && err.contains("llama4_text"),
+        "{err}"
+    );
+    // A NoPE layer made chunked while its queries are tempered is refused by name.
+    let chunked_nope = r#"{"model_type": "llama4_text", "num_hidden_layers": 4,
+        "layer_types": ["chunked_attention", "chunked_attention", "chunked_attention",
+                        "chunked_attention"]}"#;
+    let err = hf_config::parse(chunked_nope, "cfg.json")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer_types"), "{err}");
+    // No chunk size: every layer attends to everything.
+    let unchunked = r#"{"model_type": "llama4_text", "attention_chunk_size": null}"#;
+    let l = hf_config::parse(unchunked, "cfg.json")
+        .unwrap()
+        .cfg
+        .llama
+        .unwrap();
+    assert!(!l.variant.chunked_attention && l.window_at(0).is_none());
+}
+
+/// Serving Scout in bf16, by hand: a token costs `2·G·D·e` = 2·8·128·2 = 4,096 B in each of the
+/// 48 layers (196,608 B); the 36 chunked layers keep at most one chunk (8192 tokens) of a
+/// sequence, the 12 NoPE layers all of it, so one sequence of 32,768 tokens keeps
+/// 36·8192·4096 + 12·32768·4096 = 1,207,959,552 + 1,610,612,736 = 2,818,572,288 B (2.625 GiB;
+/// 6 GiB without the chunks). In 80 GiB beside the bf16 weights (2 B a parameter, 200.7 GiB
+/// alone, with the rotary tables 200.99 GiB) no sequence fits: 0 tokens, 0 sequences, context 0.
+#[test]
+fn llama4_scout_kv_per_layer_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, SCOUT).unwrap();
+    let path = path.to_str().unwrap();
+    let mut args = vec!["--hf-config", path];
+    args.extend(
+        "--batch 1 --seq 32768 --dtype bf16 --device cuda:0 --phases prefill,decode \
+         --fit-in 80GiB"
+            .split_whitespace(),
+    );
+    let s = predict_json(&args)["serving"].clone();
+    let u = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+    let per_layer = 2 * 8 * 128 * 2;
+    assert_eq!(u("kv_bytes_per_token"), 48 * per_layer);
+    let per_sequence = 36 * 8192 * per_layer + 12 * 32768 * per_layer;
+    assert_eq!(per_sequence, 2_818_572_288);
+    assert_eq!(u("kv_bytes_per_sequence"), per_sequence);
+    assert!(u("weights_bytes") >= 2 * 107_769_861_120);
+    assert!(u("weights_bytes") > 80 << 30);
+    for k in ["kv_capacity_tokens", "kv_capacity_sequences", "max_context"] {
+        assert_eq!(u(k), 0, "{k}: {s}");
+    }
 }

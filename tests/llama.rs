@@ -219,7 +219,8 @@ const ALL: &str = "init,forward,backward,optimizer,train-step,inference,prefill,
 /// f32 copy held per RMSNorm, its 16-bit input released), on the fixtures whose norms differ:
 /// Qwen3's per-head q/k norms, Gemma 3's four norms a block (`1 + w`, an f32 product released
 /// once cast), OLMo 2's post-norms and whole-projection q/k norms, DeepSeek-V2's MLA and
-/// experts, SmolLM3's NoPE layers, GLM-4.5's partial rotary, Gemma 2's soft-caps; every phase
+/// experts, SmolLM3's NoPE layers, GLM-4.5's partial rotary, Gemma 2's soft-caps, Llama 4's
+/// chunks, q/k L2 norms, tempered NoPE layer and input-scaled experts; every phase
 /// measured against the replay, and the mixed f16 checkpointed step of Qwen3 (a checkpoint's
 /// recomputed blocks release their inputs' copies).
 #[test]
@@ -232,6 +233,7 @@ fn transformers_kernels_in_f16() {
         "smollm3",
         "glm4_moe",
         "gemma2",
+        "llama4",
     ] {
         let rows = every_phase_on_fixture_with(family, &["--dtype", "f16"]);
         assert!(rows.iter().all(|r| r.kernels == "transformers"), "{family}");
@@ -423,7 +425,8 @@ fn variants() {
 /// Mixtral (4 experts, 2 per token), Qwen3-MoE (6 experts, 3 per token, q/k norms),
 /// Qwen2-MoE (a gated shared expert, layer 0 dense), DeepSeek-V2 (MLA, 2 shared experts,
 /// layer 0 dense, greedy softmax routing) and DeepSeek-V3 (MLA with q compression, group-limited
-/// sigmoid routing), the reference fixtures' configs: every phase with candle's composed ops
+/// sigmoid routing), GLM-4.5 and Llama 4 (4 experts, 1 per token, the weight on the expert's
+/// input, a shared expert; chunked attention), the reference fixtures' configs: every phase with candle's composed ops
 /// and the fused kernels, and mixed f16 with checkpointing, against the replay of the routing
 /// each row records (tokens per expert per sparse layer, summing to k·B·S in each).
 #[test]
@@ -436,6 +439,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
         ("deepseek_v2", 6, 2, 2),
         ("deepseek_v3", 8, 2, 1),
         ("glm4_moe", 8, 2, 1),
+        ("llama4", 4, 1, 2),
     ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",

@@ -479,6 +479,106 @@ fn glm4_moe_logits_equal_transformers() {
     );
 }
 
+/// Llama 4's text model (`llama4_text`): layers 0 and 2 chunked (4 tokens, the input spans
+/// three chunks) with the weightless q/k L2 norm and llama3-scaled rotary, layer 1 NoPE, full
+/// and tempered (floor_scale 2, attn_scale 0.5), layers 0 and 1 a mixture of 4 experts, top 1,
+/// the sigmoid weight on the expert's input, plus a shared expert, layer 2 dense (48 wide):
+/// the logits with every kernel set in the standard attention (the chunk mask composed in
+/// each), the efficient and tiled attentions refused by name, the parameter count, and
+/// generation from a 6-token prompt to 11 in which a chunked layer's cache holds its current
+/// chunk only (`(t − 1) mod 4 + 1` tokens) and the full layer's grows.
+#[test]
+fn llama4_logits_equal_transformers() {
+    for attention in &ATTENTIONS[..3] {
+        let e = logits_error("llama4", *attention);
+        println!(
+            "llama4 {}: logits within {e:.2e} of transformers'",
+            attention.0
+        );
+        assert!(e < 1e-4, "llama4 {}: logits differ by {e}", attention.0);
+    }
+    let (tokens, _) = io("llama4");
+    for attention in &ATTENTIONS[3..] {
+        let cfg = with("llama4", *attention);
+        let err = model("llama4", &cfg)
+            .forward(&tokens)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("chunked attention"), "{}: {err}", attention.0);
+    }
+    let cfg = config("llama4");
+    assert_eq!(cfg.params(), model_params(&fixture("llama4")));
+    let l = cfg.llama.unwrap();
+    let v = l.variant;
+    assert!(v.chunked_attention && v.qk_l2_norm && !l.qk_norm);
+    assert_eq!(v.nope_layers, 0b010);
+    assert!(v.attn_temperature.is_some());
+    assert_eq!(
+        (l.window_at(0), l.window_at(1), l.window_at(2)),
+        (Some(4), None, Some(4))
+    );
+    let moe = l.moe.unwrap();
+    assert!(moe.input_scaled && moe.sparse(0) && moe.sparse(1) && !moe.sparse(2));
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.shared, moe.dense_width),
+        (4, 1, 20, 48)
+    );
+    for attention in &ATTENTIONS[..3] {
+        let cfg = with("llama4", *attention);
+        let name = attention.0;
+        generate("llama4", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at) / max_abs(at);
+            assert!(diff < 1e-4, "llama4 {name} position {}: {diff}", t - 1);
+            let held = |i: usize| cache.layers[i].as_ref().unwrap().0.dim(2).unwrap();
+            let chunk = (t - 1) % 4 + 1;
+            assert_eq!(
+                (held(0), held(1), held(2)),
+                (chunk, t, chunk),
+                "llama4 {name}"
+            );
+        });
+    }
+}
+
+/// Each of Llama 4's parts is seen by the comparison: the same weights without one of them
+/// (the chunks, the NoPE layer, the q/k L2 norm, the temperature, the routing weight on the
+/// expert's input rather than its output) do not give transformers' logits.
+#[test]
+fn llama4_without_one_of_its_parts_differs() {
+    type Change = fn(&mut Config);
+    let changes: [(&str, Change); 5] = [
+        ("the chunks", |c| {
+            let l = c.llama.as_mut().unwrap();
+            (l.sliding_window, l.full_layers, l.variant.chunked_attention) = (None, 0, false);
+        }),
+        ("the NoPE layer", |c| {
+            c.llama.as_mut().unwrap().variant.nope_layers = 0
+        }),
+        ("the q/k L2 norm", |c| {
+            c.llama.as_mut().unwrap().variant.qk_l2_norm = false
+        }),
+        ("the temperature", |c| {
+            c.llama.as_mut().unwrap().variant.attn_temperature = None
+        }),
+        ("the routing weight on the input", |c| {
+            let l = c.llama.as_mut().unwrap();
+            l.moe.as_mut().unwrap().input_scaled = false;
+        }),
+    ];
+    let (tokens, want) = io("llama4");
+    for (what, change) in changes {
+        let mut cfg = config("llama4");
+        change(&mut cfg);
+        let got = model("llama4", &cfg).forward(&tokens).unwrap();
+        let diff = max_diff(&got, &want) / max_abs(&want);
+        println!("llama4 without {what}: logits differ by {diff:.2e}");
+        assert!(
+            diff > 1e-3,
+            "llama4 without {what}: the logits still agree ({diff})"
+        );
+    }
+}
+
 /// Gemma 2: Gemma 3's block without q/k norms, layer 0 sliding and layer 1 full, and its
 /// soft-capped attention scores and logits (at 1.5 and 2, where they bite on these weights),
 /// in the standard attention with every kernel set (the capped scores composed in each); the
@@ -852,6 +952,7 @@ gradient_tests!(
     deepseek_v3_yarn,
     glm4_moe,
     gpt_oss,
+    llama4,
 );
 
 /// Every fixture in `tests/fixtures` has its gradient test.

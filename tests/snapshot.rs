@@ -156,8 +156,12 @@ fn workload() -> String {
     fixtures.sort();
     for f in fixtures {
         let rel = f.strip_prefix(root()).unwrap().display().to_string();
-        // gpt-oss's sinks and Gemma 2's capped scores: the standard attention only.
-        let attention = if rel.contains("gpt_oss") || rel.contains("gemma2") {
+        // gpt-oss's sinks, Gemma 2's capped scores and Llama 4's chunks: the standard
+        // attention only.
+        let attention = if ["gpt_oss", "gemma2", "llama4"]
+            .iter()
+            .any(|f| rel.contains(f))
+        {
             r#"["standard"]"#
         } else {
             r#"["standard", "efficient"]"#

@@ -21,6 +21,30 @@ fn releasing<T: TensorOps>(norm: &Norm<T>, x: &T) -> Result<T> {
     Ok(y)
 }
 
+/// Llama 4's `Llama4TextL2Norm` of `x` over its last dimension, `x·rsqrt(mean(x²) + eps)`, no
+/// weight: the RMSNorm of `core`'s kernels with a detached weight of ones (transformers': the
+/// normalisation in f32 of x's f32 copy, cast back, [`Kernel::RmsNormalise`]).
+fn l2_norm<T: TensorOps>(x: &T, eps: f64, core: &Core) -> Result<T> {
+    let d = *x.dims().last().expect("a head has a width");
+    let xd = x.detach();
+    let ones = xd.zeros(&[d])?.affine(0.0, 1.0)?;
+    let eps = eps as f32;
+    match (core.fused, core.torch) {
+        (true, true) => {
+            let x32 = xd.upcast()?;
+            T::kernel(Kernel::RmsNormalise { eps }, &[x, &ones, &x32])
+        }
+        (true, false) => T::kernel(Kernel::RmsNorm { eps }, &[x, &ones]),
+        (false, _) => tensor_ops::rms_norm_slow(x, &ones, eps),
+    }
+}
+
+/// Llama 4's query temperature at position `pos` (transformers' f32 arithmetic):
+/// `ln(1 + ⌊(pos + 1)/floor_scale⌋)·attn_scale + 1`.
+pub fn temperature(pos: usize, floor_scale: f64, attn_scale: f64) -> f32 {
+    ((pos as f32 + 1.0) / floor_scale as f32).floor().ln_1p() * attn_scale as f32 + 1.0
+}
+
 /// The rotary tables of a LLaMA model and the position of the first token: what a block needs
 /// to embed positions.
 #[derive(Debug)]
@@ -89,6 +113,10 @@ pub struct Core {
     pub(crate) scale_abs: Option<f64>,
     /// Gemma 2's soft-capping of the scores ([`Core::attend_capped`]).
     pub(crate) softcap: Option<f64>,
+    /// The window is a chunk (Llama 4): the mask tensor (made by the model) hides the other
+    /// chunks, so the standard attention is composed whatever the kernels; the cache keeps the
+    /// current chunk.
+    pub(crate) chunked: bool,
 }
 
 impl Core {
@@ -110,6 +138,9 @@ impl Core {
                 .and_then(|l| l.variant.attention_scale)
                 .map(|f| f.0),
             softcap: cfg.llama.and_then(|l| l.variant.attn_softcap).map(|f| f.0),
+            chunked: cfg
+                .llama
+                .is_some_and(|l| l.variant.chunked_attention && l.window_at(layer).is_some()),
         }
     }
 
@@ -127,6 +158,11 @@ impl Core {
     pub(crate) fn attend_any<T: TensorOps>(&self, q: T, k: T, v: T, mask: Option<&T>) -> Result<T> {
         if let Some(c) = self.softcap {
             return self.attend_capped(q, k, v, mask, c);
+        }
+        if self.chunked && (self.efficient || self.tiled) {
+            candle_core::bail!(
+                "chunked attention (Llama 4) is built into the standard attention only, not the efficient or tiled one"
+            )
         }
         let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
         let dv = v.dims()[3];
@@ -171,11 +207,11 @@ impl Core {
     /// (no mask tensor: a single cached query sees every key, a prompt is masked), made per
     /// key head `(B, G, r·Sq, T)` for its `r` query heads, so `P·v` reads each value head
     /// once. Composed: k and v repeated to the query heads ([`rotary::repeat_kv`]), then
-    /// candle's scores, mask and softmax.
+    /// candle's scores, mask and softmax (a chunked layer's, whatever the kernels).
     pub(crate) fn attend<T: TensorOps>(&self, q: T, k: T, v: T, mask: Option<&T>) -> Result<T> {
         let (b, s, d) = (q.dims()[0], q.dims()[2], q.dims()[3]);
         let dv = v.dims()[3];
-        if self.fused {
+        if self.fused && !self.chunked {
             let scale = self.scale(d);
             let probs = T::attn_probs(&q, &k, scale, self.causal, self.window)?;
             drop((q, k));
@@ -341,6 +377,10 @@ pub struct Attention<T: TensorOps = Tensor> {
     pub(crate) qk_whole: bool,
     /// gpt-oss's attention sinks: a logit per query head ([`Core::attend_sinks`]).
     pub(crate) sinks: Option<T>,
+    /// Llama 4's weightless L2 norm of each query and key head, its epsilon ([`l2_norm`]).
+    pub(crate) l2_eps: Option<f64>,
+    /// Llama 4's query temperature `(floor_scale, attn_scale)` ([`temperature`]).
+    pub(crate) temperature: Option<(f64, f64)>,
     pub(crate) head_dim: usize,
     pub(crate) core: Core,
 }
@@ -376,6 +416,15 @@ impl<T: TensorOps> Attention<T> {
                 }
                 _ => None,
             },
+            l2_eps: cfg
+                .llama
+                .filter(|l| l.variant.qk_l2_norm && !l.nope_at(layer))
+                .map(|_| cfg.layer_norm_eps),
+            temperature: cfg
+                .llama
+                .filter(|l| l.nope_at(layer))
+                .and_then(|l| l.variant.attn_temperature)
+                .map(|(floor, scale)| (floor.0, scale.0)),
             head_dim: cfg.head_dim(),
             core: Core::new(cfg, layer, cfg.heads, cfg.kv_heads()),
         })
@@ -408,6 +457,8 @@ impl<T: TensorOps> Attention<T> {
             },
             qk_whole: self.qk_whole,
             sinks: self.sinks.as_ref().map(base).transpose()?,
+            l2_eps: self.l2_eps,
+            temperature: self.temperature,
             head_dim: self.head_dim,
             core: self.core,
         })
@@ -421,7 +472,7 @@ impl<T: TensorOps> Attention<T> {
 
     /// [`Attention::forward`] before the output projection: the heads merged, `(B, S, A·D)`.
     pub(crate) fn heads(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
-        let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided())?;
+        let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided(), 0)?;
         match &self.sinks {
             Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks),
             None => self.core.attend_any(q, k, v, mask),
@@ -440,7 +491,17 @@ impl<T: TensorOps> Attention<T> {
     /// `strided` (the efficient CPU op, which reads its operands through their strides): the
     /// head split is the transposed view of the projection, never copied, so the graph keeps
     /// the projection's output alone.
-    fn qkv(&self, x: &T, rotary: Option<Rotary<T>>, strided: bool) -> Result<(T, T, T)> {
+    ///
+    /// Llama 4: the rotary layers' heads L2-normalised before they are rotated (the rotation
+    /// keeps each head's norm, so this is transformers' norm after it), the NoPE layers'
+    /// queries tempered at positions `pos..` ([`temperature`]).
+    fn qkv(
+        &self,
+        x: &T,
+        rotary: Option<Rotary<T>>,
+        strided: bool,
+        pos: usize,
+    ) -> Result<(T, T, T)> {
         let (b, s) = (x.dims()[0], x.dims()[1]);
         let d = self.head_dim;
         let split = |t: T, n: usize| -> Result<T> {
@@ -469,12 +530,14 @@ impl<T: TensorOps> Attention<T> {
                 (Some((qn, kn)), false) => (releasing(qn, &q)?, releasing(kn, &k)?),
                 _ => (q, k),
             };
+            let (q, k) = self.l2(q, k)?;
             let rotate = |t: &T| -> Result<T> {
                 let y = r.apply(&t.transpose(1, 2)?, true)?;
                 t.release_if(self.core.torch)?;
                 Ok(y)
             };
             let (q, k) = (rotate(&q)?, rotate(&k)?);
+            let q = self.temper(q, pos)?;
             let v = split(self.v.forward(x)?, self.core.kv_heads)?;
             return Ok((q, k, v));
         }
@@ -493,10 +556,33 @@ impl<T: TensorOps> Attention<T> {
             (Some((qn, kn)), false) => (qn.forward(&q)?, kn.forward(&k)?),
             _ => (q, k),
         };
-        let q = rotate(q)?;
+        let (q, k) = self.l2(q, k)?;
+        let q = self.temper(rotate(q)?, pos)?;
         let k = rotate(k)?;
         let v = split(self.v.forward(x)?, self.core.kv_heads)?;
         Ok((q, k, v))
+    }
+
+    /// Llama 4's L2 norm of the query and key heads (with `l2_eps`), each input freed once
+    /// normalised.
+    fn l2(&self, q: T, k: T) -> Result<(T, T)> {
+        match self.l2_eps {
+            None => Ok((q, k)),
+            Some(eps) => Ok((l2_norm(&q, eps, &self.core)?, l2_norm(&k, eps, &self.core)?)),
+        }
+    }
+
+    /// The queries `(B, A, S, D)` at positions `pos..` tempered (Llama 4's NoPE layers), the
+    /// untempered ones freed.
+    fn temper(&self, q: T, pos: usize) -> Result<T> {
+        let Some((floor, scale)) = self.temperature else {
+            return Ok(q);
+        };
+        let s = q.dims()[2];
+        let factors = q.host_table(&[s, 1], &|i| temperature(pos + i, floor, scale))?;
+        let y = q.broadcast_mul(&factors)?;
+        drop((q, factors));
+        Ok(y)
     }
 
     /// Inference with a key/value cache `(B, G, T, D)` each (at the K/V heads): the new keys
@@ -522,15 +608,29 @@ impl<T: TensorOps> Attention<T> {
         rotary: Option<Rotary<T>>,
         cache: &mut Option<(T, T)>,
     ) -> Result<T> {
-        let (q, k, v) = self.qkv(x, rotary, false)?;
+        // The tokens before these: a full layer's cache holds them all (Llama 4's tempered
+        // NoPE layers are full).
+        let pos = cache.as_ref().map_or(0, |(k, _)| k.dims()[2]);
+        let (q, k, v) = self.qkv(x, rotary, false, pos)?;
         let first = cache.is_none();
-        let (k, v) = append(cache.take(), k, v)?;
+        // A chunked layer whose cache holds a whole chunk: the new token starts the next one,
+        // and the old chunk goes.
+        let prev = match (cache.take(), self.core.chunked, self.core.window) {
+            (Some((pk, _)), true, Some(c)) if pk.dims()[2] >= c => None,
+            (prev, _, _) => prev,
+        };
+        let (k, v) = append(prev, k, v)?;
         // A sliding window: the cache keeps the last W keys and values (a copy each). A prompt
         // attends to all of its keys (the windowed mask or kernel hides the old ones); a
-        // single new token to the kept W, and the longer tensors go.
-        let kept = match self.core.window {
-            Some(w) if k.dims()[2] > w => {
-                let t = k.dims()[2];
+        // single new token to the kept W, and the longer tensors go. A chunk: the cache keeps
+        // the current chunk's tokens, the last `(T − 1) mod W + 1`.
+        let t = k.dims()[2];
+        let keep = match self.core.window {
+            Some(w) if self.core.chunked => Some((t - 1) % w + 1),
+            w => w,
+        };
+        let kept = match keep {
+            Some(w) if t > w => {
                 let kk = k.narrow(2, t - w, w)?.contiguous()?;
                 let kv = v.narrow(2, t - w, w)?.contiguous()?;
                 (kk, kv)

@@ -114,17 +114,6 @@ pub fn model_types() -> String {
 /// type under a new name, so no relabelling sizes it).
 const UNBUILT_TYPES: &[(&str, &str)] = &[
     (
-        "llama4_text",
-        "Llama 4 interleaves dense and MoE layers (interleave_moe_layer_step, \
-         intermediate_size_mlp) with a shared expert and chunked attention, which memfit does not \
-         build yet",
-    ),
-    (
-        "llama4",
-        "Llama 4 (with its vision tower) is not built yet; neither is its text model \
-         (llama4_text)",
-    ),
-    (
         "qwen3_next",
         "Qwen3-Next's gated DeltaNet linear attention (a fixed state per sequence) is not built \
          yet",
@@ -176,6 +165,7 @@ const LLAMA_TYPES: &[&str] = &[
 /// The mixture-of-experts types.
 const MOE_TYPES: &[&str] = &[
     "glm4_moe",
+    "llama4_text",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -1041,8 +1031,12 @@ fn sliding_window(
             .map(|a| a.iter().filter_map(Value::as_str).collect())
             .filter(|t: &Vec<&str>| {
                 t.len() == layers
-                    && t.iter()
-                        .all(|x| matches!(*x, "full_attention" | "sliding_attention"))
+                    && t.iter().all(|x| match *x {
+                        "full_attention" | "sliding_attention" => true,
+                        // Llama 4's window is a chunk (`attention_chunk_size`).
+                        "chunked_attention" => model_type == "llama4_text",
+                        _ => false,
+                    })
             });
         let allowed = format!(
             "{layers} entries, each full_attention or sliding_attention (sliding ones with a sliding_window)"
@@ -1055,7 +1049,9 @@ fn sliding_window(
                 &allowed,
             ));
         };
-        let sliding = types.contains(&"sliding_attention");
+        let sliding = types
+            .iter()
+            .any(|t| matches!(*t, "sliding_attention" | "chunked_attention"));
         if sliding && window.is_none() {
             return Err(f.bad(
                 "layer_types",

@@ -1,4 +1,5 @@
-//! The additive attention masks, made on the device: causal, and causal with a sliding window.
+//! The additive attention masks, made on the device: causal, causal with a sliding window, and
+//! chunked (Llama 4).
 //! Below the attention and the kernels, which both make them.
 
 use candle_core::{Device, Result, Tensor};
@@ -56,4 +57,15 @@ pub fn windowed_mask(
         window.unwrap_or(0),
         device,
     )
+}
+
+/// The additive chunked mask's value for the query at position `query` and the key at `key`
+/// (Llama 4's `attention_chunk_size` `chunk`, transformers' `chunked_causal_mask_function`): 0
+/// when the key is in the query's chunk and not after it, −∞ otherwise.
+pub fn chunked(query: usize, key: usize, chunk: usize) -> f32 {
+    if key > query || key / chunk != query / chunk {
+        f32::NEG_INFINITY
+    } else {
+        0.
+    }
 }

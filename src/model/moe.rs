@@ -24,6 +24,8 @@
 //!   would keep (candle's `index_add` is not in place: `(experts hit + 1)·T·H` per sparse
 //!   layer, 96 GiB of Qwen3-30B-A3B's graph at S 4096); in inference expert by expert into the
 //!   output (nothing is kept; one `(n_e, H)` at a time);
+//! - Llama 4 ([`MoeShape::input_scaled`]): the weight scales the expert's input instead,
+//!   `y_e = expert(x_e · R[top_x[e]]_e)`;
 //! - shared experts: one SwiGLU of width `shared` on every token, added last (Qwen2-MoE: times
 //!   `sigmoid(x·g)`, `g (1, H)`).
 //!
@@ -470,7 +472,17 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
             let we = weights
                 .index_select(&ids, 0)?
                 .narrow(1, self.routing.expert(slot), 1)?;
-            let ye = expert.forward_scaled(xs.index_select(&ids, 0)?, &we)?;
+            let xe = xs.index_select(&ids, 0)?;
+            let ye = if self.shape.input_scaled {
+                // Llama 4: the weight scales the expert's input.
+                let scaled = xe.broadcast_mul(&we)?;
+                drop(xe);
+                let y = expert.forward(&scaled)?;
+                drop(scaled);
+                y
+            } else {
+                expert.forward_scaled(xe, &we)?
+            };
             drop(we);
             // Under autocast the routing weights are f32 (x's type) and the expert 16-bit:
             // PyTorch's scaled output is promoted to f32 and added into f32 rows (transformers'

@@ -53,7 +53,8 @@ pub struct Llama {
 
 /// Variations of the shared decoder block that a family switches on (each off by default;
 /// Gemma 3, `super::families::gemma3`, sets the first six, gpt-oss the next three, SmolLM3
-/// `nope_layers`, OLMo 2 the last two).
+/// `nope_layers`, OLMo 2 the next two, GLM-4.5 `partial_rotary`, Gemma 2 the soft-caps, Llama 4
+/// the last three and `nope_layers`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Variant {
@@ -98,6 +99,17 @@ pub struct Variant {
     pub attn_softcap: Option<Factor>,
     /// The logits soft-capped, `c·tanh(l/c)` (Gemma 2's `final_logit_softcapping`).
     pub final_softcap: Option<Factor>,
+    /// The window is a chunk (Llama 4's `attention_chunk_size`): the windowed layers' query `i`
+    /// sees the keys of its own chunk up to itself (`⌊i/W⌋·W ..= i`), and their cache keeps the
+    /// current chunk's tokens (at most `W`); the standard attention only.
+    pub chunked_attention: bool,
+    /// Each query and key head of the rotary layers L2-normalised over `D`, no weight
+    /// (Llama 4's `use_qk_norm`, `Llama4TextL2Norm` with `rms_norm_eps`).
+    pub qk_l2_norm: bool,
+    /// Llama 4's attention temperature on the NoPE layers (`attn_temperature_tuning`): the
+    /// queries at position `p` times `ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1`; the
+    /// factors `(floor_scale, attn_scale)`.
+    pub attn_temperature: Option<(Factor, Factor)>,
 }
 
 impl Llama {
@@ -136,6 +148,11 @@ impl Llama {
             Some((
                 "Gemma 2's soft-capped attention scores are built into the standard attention only (the efficient op and the tiled composition have no cap)",
                 "standard with a Gemma 2 model",
+            ))
+        } else if self.variant.chunked_attention && self.sliding_window.is_some() {
+            Some((
+                "Llama 4's chunked attention is built into the standard attention only (the efficient op and the tiled composition have no chunk mask)",
+                "standard with a Llama 4 model",
             ))
         } else {
             None
@@ -255,6 +272,10 @@ pub struct MoeShape {
     /// Layers listed dense (Qwen's `mlp_only_layers`; bit `i` for layer `i`).
     #[serde(default)]
     pub dense_layers: u128,
+    /// The routing weight multiplies each expert's input, not its output (Llama 4:
+    /// `expert(x·w)`).
+    #[serde(default)]
+    pub input_scaled: bool,
 }
 
 impl MoeShape {
@@ -274,6 +295,7 @@ impl MoeShape {
             sparse_step: 1,
             dense_width: 0,
             dense_layers: 0,
+            input_scaled: false,
         }
     }
 

@@ -503,6 +503,8 @@ pub(crate) struct Form {
     pub(crate) embed_scale: Option<f64>,
     /// The sliding layers' window.
     pub(crate) sliding_window: Option<usize>,
+    /// The window is a chunk (Llama 4): the windowed layers' mask is the chunked one.
+    pub(crate) chunked: bool,
     /// Its attention adds the mask tensor whatever the kernels: the standard attention composed
     /// (gpt-oss's sinks, Gemma 2's capped scores: [`super::shapes::Llama::standard_attention_only`]).
     pub(crate) composed_attention: bool,
@@ -522,6 +524,7 @@ impl Form {
                 .filter(|l| l.variant.embed_scaled)
                 .map(|_| (cfg.hidden as f64).sqrt()),
             sliding_window: cfg.llama.and_then(|l| l.sliding_window),
+            chunked: cfg.llama.is_some_and(|l| l.variant.chunked_attention),
             composed_attention: cfg
                 .llama
                 .is_some_and(|l| l.standard_attention_only().is_some()),
@@ -1010,13 +1013,17 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         logits.squeeze(1)
     }
 
-    /// The causal mask (with a window: the windowed one) in the type the attention computes
-    /// in, the head's (f32 → the model's type: no copy for f32; under autocast the token table
-    /// stays f32 and the head is 16-bit, as the scores are).
+    /// The causal mask (with a window: the windowed one; Llama 4: the chunked one) in the type
+    /// the attention computes in, the head's (f32 → the model's type: no copy for f32; under
+    /// autocast the token table stays f32 and the head is 16-bit, as the scores are).
     fn mask(&self, _wte: &T, s: usize, window: Option<usize>) -> Result<T> {
-        self.head
-            .weight
-            .causal_mask(s, s, 0, s, 0, window.unwrap_or(0))
+        let like = &self.head.weight;
+        match window {
+            Some(c) if self.form.chunked => {
+                like.host_table(&[s, s], &|i| super::mask::chunked(i / s, i % s, c))
+            }
+            _ => like.causal_mask(s, s, 0, s, 0, window.unwrap_or(0)),
+        }
     }
 
     /// Token plus position embedding (LLaMA: the token embedding; positions are rotary):

@@ -613,8 +613,8 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
     )?;
     // (efficient op, tiled composition): `efficient` is the CPU op on the CPU and the tiled
     // composition on CUDA, where the op has no kernel.
-    // gpt-oss's attention sinks and Gemma 2's soft-capped scores are built into the standard
-    // attention only: its default for them.
+    // gpt-oss's attention sinks, Gemma 2's soft-capped scores and Llama 4's chunks are built
+    // into the standard attention only: its default for them.
     let standard_only = preset
         .llama
         .as_ref()

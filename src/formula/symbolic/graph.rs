@@ -131,6 +131,14 @@ impl Graph for Sym {
     ) -> candle_core::Result<Self> {
         Ok(Sym::new(self.ledger(), &[rows, cols], DType::F32).to_dtype(self.dtype()))
     }
+    /// `Tensor::from_vec` of f32 on the device, then `to_dtype` (the values are not computed).
+    fn host_table(
+        &self,
+        dims: &[usize],
+        _value: &dyn Fn(usize) -> f32,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::new(self.ledger(), dims, DType::F32).to_dtype(self.dtype()))
+    }
     /// `Tensor::zeros`: one fresh tensor.
     fn zeros(&self, dims: &[usize]) -> candle_core::Result<Self> {
         Ok(Sym::new(self.ledger(), dims, self.0.dtype))

@@ -12,7 +12,9 @@
 //! family (its NoPE layers one switch of the shared block, `Variant::nope_layers`), OLMo 2 the
 //! second (two switches: `post_norms_only`, `qk_norm_whole`), GLM-4.5 the third (one switch,
 //! `partial_rotary`, and DeepSeek-V3's router under its own type), Gemma 2 the fourth (two:
-//! `attn_softcap`, `final_softcap`).
+//! `attn_softcap`, `final_softcap`), Llama 4's text model the fifth (three: `chunked_attention`,
+//! `qk_l2_norm`, `attn_temperature`, SmolLM3's `nope_layers`, and the experts' input-side weight,
+//! `MoeShape::input_scaled`).
 
 use super::hf_fields::Fields;
 use super::shapes::Llama;
@@ -21,6 +23,7 @@ use crate::error::UserError;
 mod gemma2;
 mod gemma3;
 mod glm4_moe;
+mod llama4;
 mod olmo2;
 mod smollm3;
 
@@ -66,6 +69,7 @@ pub(crate) const FAMILIES: &[&dyn Family] = &[
     &smollm3::SmolLm3,
     &olmo2::Olmo2,
     &glm4_moe::Glm4Moe,
+    &llama4::Llama4,
 ];
 
 /// The family of `model_type`, when it has a file.

@@ -15,9 +15,17 @@ use crate::model::shapes::{Llama, Variant};
 
 pub struct SmolLm3;
 
-/// The NoPE layers of a model of `layers` layers (bit `i` for layer `i`).
-fn nope_layers(f: &Fields, layers: usize) -> Result<u128, UserError> {
-    let rotates: Vec<bool> = match f.get("no_rope_layers") {
+/// The NoPE layers of a model of `layers` layers (bit `i` for layer `i`); `empty_absent`: an
+/// empty list is read as absent (Llama 4's configs: transformers' backward compatibility).
+pub(super) fn nope_layers(
+    f: &Fields,
+    layers: usize,
+    empty_absent: bool,
+) -> Result<u128, UserError> {
+    let list = f
+        .get("no_rope_layers")
+        .filter(|v| !(empty_absent && v.as_array().is_some_and(|a| a.is_empty())));
+    let rotates: Vec<bool> = match list {
         Some(v) => {
             // transformers reads the interval only to make a missing list.
             f.ignored(&["no_rope_layer_interval"]);
@@ -89,7 +97,7 @@ impl Family for SmolLm3 {
         f.ignored(&["max_window_layers"]);
         let layers = f.size("num_hidden_layers", crate::model::limits::MAX_LAYERS)?;
         llama.variant = Variant {
-            nope_layers: nope_layers(f, layers)?,
+            nope_layers: nope_layers(f, layers, false)?,
             ..llama.variant
         };
         Ok(())
@@ -118,7 +126,7 @@ impl Family for SmolLm3 {
                     "at most 128 layers when they mix",
                 ));
             }
-            let nope = nope_layers(f, layers)?;
+            let nope = nope_layers(f, layers, false)?;
             let all = (0..layers.min(128)).fold(0u128, |m, i| m | 1u128 << i);
             Ok((window, all & !nope))
         };

@@ -59,6 +59,11 @@ pub trait Graph: Clone + Sized {
         first_key: usize,
         window: usize,
     ) -> Result<Self>;
+    /// A table of `dims` whose element `i` (row-major) is `value(i)`, made as f32 on `self`'s
+    /// device (the host's vector becomes the storage on the CPU), then converted to `self`'s
+    /// type: a mask or a per-position factor the host computes (the replay only sizes it and
+    /// never calls `value`).
+    fn host_table(&self, dims: &[usize], value: &dyn Fn(usize) -> f32) -> Result<Self>;
     /// A fresh tensor of zeros of `dims` in this one's type on its device.
     fn zeros(&self, dims: &[usize]) -> Result<Self>;
     /// Copies `src` into `self` from `offset` along `dim`, in place (candle's `slice_set`:
@@ -217,6 +222,12 @@ impl Graph for Tensor {
             self.device(),
         )?
         .to_dtype(self.dtype())
+    }
+    fn host_table(&self, dims: &[usize], value: &dyn Fn(usize) -> f32) -> Result<Self> {
+        // An exact-size iterator: the Vec (which the tensor keeps) has no spare capacity.
+        let n = dims.iter().product();
+        let data: Vec<f32> = (0..n).map(value).collect();
+        Tensor::from_vec(data, dims, self.device())?.to_dtype(self.dtype())
     }
     fn zeros(&self, dims: &[usize]) -> Result<Self> {
         Tensor::zeros(dims, self.dtype(), self.device())
