@@ -188,6 +188,12 @@ pub struct PredictArgs {
     /// One JSON object per case instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// A parallel layout, `tp=T,pp=P,dp=D,zero=Z,ep=E` (any subset; the rest 1, ZeRO 0): each
+    /// pipeline stage's rank's model states (weights, gradients, optimizer state), from the
+    /// model's tensors split as Megatron-Core splits them, ZeRO sharding over the data-parallel
+    /// group. Activations per rank are not yet predicted.
+    #[arg(long, value_name = "LAYOUT")]
+    pub parallel: Option<String>,
     /// Stored results (folder or file, any format `fit` reads) to calibrate the analytical
     /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
     #[arg(long)]

@@ -77,6 +77,9 @@ pub struct CasePrediction {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process_bytes: Option<u64>,
     pub fits: Option<bool>,
+    /// With `--parallel`: each pipeline stage's rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelAnswer>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
     /// Largest sequence (≤ the position table) whose training step fits at the case's batch
@@ -118,6 +121,12 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|v| units::parse_size(v, "fit-in"))
         .transpose()?;
+    let layout = args
+        .parallel
+        .as_deref()
+        .map(|s| s.parse::<crate::formula::parallel::Layout>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -145,6 +154,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     let mut predictions = Vec::with_capacity(cases.len());
     for case in &cases {
         let mut p = predict_case(case, threads, budget, args.routing.worst());
+        if let Some(layout) = &layout {
+            p.parallel = Some(parallel_answer(case, layout, threads)?);
+        }
         if args.plot.is_some() {
             p.breakdown = Some(crate::formula::breakdown::bars(case, threads));
         }
@@ -310,6 +322,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     );
                 }
             }
+            if let Some(par) = &p.parallel {
+                print_parallel(par);
+            }
             for c in p.calibrated.iter().flatten() {
                 println!(
                     "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {}; by size {})",
@@ -350,6 +365,64 @@ columns: weights, grads, opt state = the model state in the case's dtype (parame
 
 /// Where each case's element type comes from: the `--hf-config` checkpoint's (said once per
 /// type), or `--dtype` over it.
+/// `--parallel`'s lines under a case: one per run of pipeline stages holding alike.
+fn print_parallel(par: &ParallelAnswer) {
+    println!(
+        "       parallel {} ({} GPUs), per rank by pipeline stage: model states{}",
+        par.layout,
+        par.gpus,
+        match &par.activations_missing {
+            None => " and the activations 1F1B keeps (the backward's transients and the collectives' buffers not included):".to_string(),
+            Some(why) => format!(" ({why}):"),
+        }
+    );
+    let act = |i: usize| par.activations.as_ref().map(|a| a[i]);
+    let mut i = 0;
+    while i < par.ranks.len() {
+        let r = &par.ranks[i];
+        let same = |j: usize| {
+            let o = &par.ranks[j];
+            o.layers.len() == r.layers.len()
+                && o.params() == r.params()
+                && o.model_state_bytes() == r.model_state_bytes()
+                && act(j) == act(i)
+        };
+        let mut j = i + 1;
+        while j < par.ranks.len() && same(j) {
+            j += 1;
+        }
+        let activations = act(i).map_or(String::new(), |a| {
+            format!(
+                "; activations {} ({} microbatch(es) of {}): {} in all",
+                human_bytes(a.bytes),
+                a.in_flight,
+                human_bytes(a.microbatch_graph_bytes),
+                human_bytes(r.model_state_bytes() + a.bytes)
+            )
+        });
+        let stages = if j - i == 1 {
+            format!("stage {i}")
+        } else {
+            format!("stages {i}–{}", j - 1)
+        };
+        println!(
+            "         {stages} ({} layers{}): {} parameters; weights {}, grads {}, opt state {}: {}{activations}",
+            r.layers.len(),
+            if j - i == 1 {
+                format!(", {}–{}", r.layers.start, r.layers.end.saturating_sub(1))
+            } else {
+                " each".to_string()
+            },
+            r.params(),
+            human_bytes(r.weights_bytes),
+            human_bytes(r.gradient_bytes),
+            human_bytes(r.optimizer_state_bytes),
+            human_bytes(r.model_state_bytes()),
+        );
+        i = j;
+    }
+}
+
 fn dtype_lines(cases: &[Case]) {
     for (c, _) in workload::checkpoint_dtypes(cases) {
         match c.checkpoint_dtype {
@@ -596,6 +669,7 @@ pub fn predict_case(
             .map_or_else(|| weights(&shape), |sv| sv.weights_bytes)
             + at(Phase::Inference),
         fits,
+        parallel: None,
         max_batch,
         max_seq,
         serving,
@@ -603,6 +677,48 @@ pub fn predict_case(
         breakdown: None,
         calibration_runtime: None,
     }
+}
+
+/// `--parallel`'s answer for one case: the layout and each pipeline stage's rank.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ParallelAnswer {
+    pub layout: String,
+    pub gpus: usize,
+    pub ranks: Vec<crate::formula::parallel::StageRank>,
+    /// Each stage's rank's activations (the graph its microbatches in flight keep), where the
+    /// split is modelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activations: Option<Vec<crate::formula::parallel::StageActivations>>,
+    /// Why there are none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activations_missing: Option<String>,
+}
+
+/// The model states of each pipeline stage's rank of `case` under `layout`
+/// ([`crate::formula::parallel`]).
+fn parallel_answer(
+    case: &Case,
+    layout: &crate::formula::parallel::Layout,
+    threads: usize,
+) -> anyhow::Result<ParallelAnswer> {
+    use crate::formula::parallel;
+    let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
+    layout.check(&case.cfg).map_err(what)?;
+    let e = Shape::of(case).e();
+    let rates = parallel::rates(e, case.optimizer).ok_or_else(|| {
+        what(format!(
+            "--parallel: the {} optimizer's state is not a whole number of bytes a parameter (use adam, adamw, sgd or sgd-momentum)",
+            case.optimizer.as_str()
+        ))
+    })?;
+    let acts = parallel::stage_activations(&Shape::of(case), layout, case.optimizer, threads);
+    Ok(ParallelAnswer {
+        layout: layout.to_string(),
+        gpus: layout.gpus(),
+        ranks: parallel::stage_ranks(&case.cfg, layout, rates),
+        activations_missing: acts.as_ref().err().cloned(),
+        activations: acts.ok(),
+    })
 }
 
 #[cfg(test)]

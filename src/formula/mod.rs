@@ -8,6 +8,7 @@ pub mod flops;
 pub mod full_size;
 pub mod gemm;
 pub mod memo;
+pub mod parallel;
 pub mod replay;
 pub mod search;
 pub mod shape;

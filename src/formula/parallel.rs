@@ -1,0 +1,510 @@
+//! Beyond one device (issue 53), first part: the model states each rank holds under a parallel
+//! layout, from the model's own tensor list ([`crate::model::config::Blocks`]), tensor by
+//! tensor, to the element.
+//!
+//! A layout is `tp` tensor-parallel ranks × `pp` pipeline stages × `dp` data-parallel replicas
+//! (`tp·pp·dp` GPUs), ZeRO stage `zero` over the data-parallel group, and `ep` expert-parallel
+//! ranks inside it. What a rank holds, as Megatron-Core lays a model out:
+//! - **Tensor parallel**: the column-parallel projections (q, k, v, gate, up, fc1; MLA's q_b and
+//!   kv_b) hold `out/tp` rows (and their bias's share), the row-parallel ones (o, down, fc2)
+//!   `in/tp` columns (their bias whole); K/V heads fewer than `tp` are replicated, one head a
+//!   rank; norms, routers, the shared-expert gate and MLA's down-projections (q_a, kv_a) are
+//!   whole on every rank; attention sinks split by head. The token table and the head are split
+//!   by vocabulary (`⌈V/tp⌉` rows a rank: the vocabulary padded to a multiple of `tp`).
+//! - **Pipeline parallel**: stage `s` holds its layers; the first the token (and position)
+//!   table, the last the final norm and the head (a tied head: the last stage holds its own copy
+//!   of the table, as Megatron keeps the two in step by an all-reduce). Layers split evenly;
+//!   where `pp` does not divide them, every stage gets `⌈L/pp⌉` and the missing layers are taken
+//!   from the outermost stages first (first, last, second, second-to-last, …), which carry the
+//!   embedding and the head: Llama 3.1 405B's 126 layers over 16 stages are 7, 8 × 14, 7.
+//! - **Expert parallel**: a mixture's experts split over `ep` ranks (`E/ep` each), each expert
+//!   also split over `tp` (expert tensor parallelism equal to `tp`, Megatron-Core's default).
+//! - **ZeRO** over the data-parallel group: stage 1 shards the optimizer state, 2 also the
+//!   gradients, 3 also the weights ([`super::zero::per_gpu_bytes`]); an expert's states shard
+//!   over its own data-parallel group, `dp/ep` ranks (its replicas).
+//!
+//! Bytes per parameter are the single device's (`e` for the weights and the gradients, f32
+//! masters and gradients under mixed precision; the optimizer's state: Adam and AdamW `2e`, SGD
+//! with momentum `e`, SGD none).
+//!
+//! Activations ([`stage_activations`]), for a dense LLaMA-family decoder: the training graph
+//! one microbatch leaves on a rank, from the replay of the rank's shard (the same layer code at
+//! the shard's shapes: heads, K/V heads, the MLP's width and the vocabulary split `tp` ways, the
+//! hidden size whole, as tensor parallelism without sequence parallelism keeps the norms' and
+//! the residual stream's activations on every rank), times the microbatches 1F1B keeps in
+//! flight on stage `s`: `min(mb, pp − s)`. Not in these figures: the backward's transients, the
+//! collectives' buffers (NCCL's, ZeRO-3's gathered weights), sequence parallelism, and the
+//! split of a mixture of experts' or MLA's activations (refused by name).
+
+use std::ops::Range;
+use std::str::FromStr;
+
+use super::transformer::Shape;
+use crate::model::config::{BlockTensor, Config};
+use crate::step::{OptimizerKind, Phase};
+
+/// A parallel layout: `tp × pp × dp` GPUs, ZeRO `zero` over `dp`, `ep` expert-parallel ranks,
+/// `mb` microbatches a step through the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Layout {
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: usize,
+    pub zero: u8,
+    pub ep: usize,
+    pub mb: usize,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            zero: 0,
+            ep: 1,
+            mb: 1,
+        }
+    }
+}
+
+impl FromStr for Layout {
+    type Err = String;
+
+    /// `tp=8,pp=16,dp=4,zero=1,ep=1,mb=16` (any subset, any order; the rest 1, ZeRO 0).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut l = Layout::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                format!("--parallel: `{part}` is not KEY=VALUE (keys tp, pp, dp, zero, ep, mb)")
+            })?;
+            let n: usize = v
+                .parse()
+                .map_err(|_| format!("--parallel: {k}={v}: the value must be a whole number"))?;
+            match k {
+                "tp" | "pp" | "dp" | "ep" | "mb" if n == 0 => {
+                    return Err(format!("--parallel: {k}=0: at least 1"));
+                }
+                "tp" => l.tp = n,
+                "pp" => l.pp = n,
+                "dp" => l.dp = n,
+                "ep" => l.ep = n,
+                "mb" => l.mb = n,
+                "zero" if n <= 3 => l.zero = n as u8,
+                "zero" => return Err(format!("--parallel: zero={n}: ZeRO stages are 0 to 3")),
+                _ => {
+                    return Err(format!(
+                        "--parallel: unknown key `{k}` (keys tp, pp, dp, zero, ep, mb)"
+                    ));
+                }
+            }
+        }
+        Ok(l)
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Layout {
+            tp,
+            pp,
+            dp,
+            zero,
+            ep,
+            mb,
+        } = self;
+        write!(f, "tp={tp},pp={pp},dp={dp},zero={zero},ep={ep},mb={mb}")
+    }
+}
+
+impl Layout {
+    /// GPUs in all: `tp·pp·dp`.
+    pub fn gpus(&self) -> usize {
+        self.tp * self.pp * self.dp
+    }
+
+    /// Whether `cfg` can be laid out so, else why not (naming the sizes).
+    pub fn check(&self, cfg: &Config) -> Result<(), String> {
+        if cfg.vision.is_some() {
+            return Err("--parallel: a ViT is not laid out over ranks (decoders only)".into());
+        }
+        if cfg.lora_rank > 0 {
+            return Err("--parallel: LoRA is not laid out over ranks (full training only)".into());
+        }
+        let kv = cfg.kv_heads();
+        if !cfg.heads.is_multiple_of(self.tp) {
+            return Err(format!(
+                "--parallel tp={}: the {} attention heads do not split into {} equal parts",
+                self.tp, cfg.heads, self.tp
+            ));
+        }
+        if kv >= self.tp && !kv.is_multiple_of(self.tp)
+            || kv < self.tp && !self.tp.is_multiple_of(kv)
+        {
+            return Err(format!(
+                "--parallel tp={}: the {kv} K/V heads neither split into {} parts nor replicate evenly over them",
+                self.tp, self.tp
+            ));
+        }
+        if self.pp > cfg.layers {
+            return Err(format!(
+                "--parallel pp={}: more stages than the model's {} layers",
+                self.pp, cfg.layers
+            ));
+        }
+        if !self.dp.is_multiple_of(self.ep) {
+            return Err(format!(
+                "--parallel ep={}: the expert-parallel ranks must divide dp={} (experts are spread inside the data-parallel group)",
+                self.ep, self.dp
+            ));
+        }
+        let experts = cfg.llama.and_then(|l| l.moe).map(|m| m.experts);
+        match experts {
+            None if self.ep > 1 => Err(format!(
+                "--parallel ep={}: the model has no mixture of experts",
+                self.ep
+            )),
+            Some(e) if !e.is_multiple_of(self.ep) => Err(format!(
+                "--parallel ep={}: the {e} experts do not split into {} equal parts",
+                self.ep, self.ep
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The layers of each of `pp` stages ([module docs](self): `⌈L/pp⌉` each, the missing ones
+/// taken from the outermost stages first).
+pub fn stage_layers(layers: usize, pp: usize) -> Vec<Range<usize>> {
+    let per = layers.div_ceil(pp);
+    let mut counts = vec![per; pp];
+    let mut missing = per * pp - layers;
+    let mut outer = 0;
+    while missing > 0 {
+        let s = if outer % 2 == 0 {
+            outer / 2
+        } else {
+            pp - 1 - outer / 2
+        };
+        counts[s] -= 1;
+        missing -= 1;
+        outer += 1;
+    }
+    let mut start = 0;
+    counts
+        .into_iter()
+        .map(|n| {
+            let r = start..start + n;
+            start += n;
+            r
+        })
+        .collect()
+}
+
+/// Parameters one rank holds of a block tensor under `tp` (and, for a routed expert, whether it
+/// is one): `(dense, expert)` elements; an expert outside `experts` (this rank's) none.
+fn tensor_share(
+    t: &BlockTensor,
+    tp: u64,
+    kv_heads: u64,
+    layer_norm: bool,
+    experts: &Range<usize>,
+) -> (u64, u64) {
+    match t {
+        BlockTensor::Norm { size, .. } => ((1 + u64::from(layer_norm)) * *size as u64, 0),
+        BlockTensor::Linear { inp, out, bias, .. } => {
+            ((*inp * *out) as u64 + u64::from(*bias) * *out as u64, 0)
+        }
+        BlockTensor::Vector { size, .. } => (*size as u64 / tp, 0),
+        BlockTensor::Proj { path, spec } => {
+            let (inp, out) = (spec.inp as u64, spec.out as u64);
+            let bias = u64::from(spec.bias);
+            let name = path.rsplit('.').next().unwrap_or(path);
+            let n = match name {
+                // K/V: split by head, or one head a rank where there are fewer than tp.
+                "k" | "v" if kv_heads < tp => {
+                    let out = out / kv_heads;
+                    inp * out + bias * out
+                }
+                "q" | "k" | "v" | "q_b" | "kv_b" | "gate" | "up" | "fc1" => {
+                    let out = out / tp;
+                    inp * out + bias * out
+                }
+                "o" | "down" | "fc2" => inp / tp * out + bias * out,
+                // MLA's down-projections (q_a, kv_a): whole on every rank.
+                _ => inp * out + bias * out,
+            };
+            match path.strip_prefix("mlp.experts.") {
+                Some(rest) => {
+                    let e: usize = rest
+                        .split('.')
+                        .next()
+                        .and_then(|e| e.parse().ok())
+                        .expect("an expert's path holds its index");
+                    (0, if experts.contains(&e) { n } else { 0 })
+                }
+                None => (n, 0),
+            }
+        }
+    }
+}
+
+/// What one rank of a pipeline stage holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StageRank {
+    pub stage: usize,
+    /// Its layers.
+    pub layers: Range<usize>,
+    /// Parameters it holds before ZeRO shards them: the dense ones (replicated over `dp`) and
+    /// its experts' (replicated over `dp/ep`).
+    pub dense_params: u64,
+    pub expert_params: u64,
+    /// Model states after ZeRO.
+    pub weights_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_state_bytes: u64,
+}
+
+impl StageRank {
+    pub fn params(&self) -> u64 {
+        self.dense_params + self.expert_params
+    }
+
+    pub fn model_state_bytes(&self) -> u64 {
+        self.weights_bytes + self.gradient_bytes + self.optimizer_state_bytes
+    }
+}
+
+/// Bytes per parameter of the weights, the gradients and the optimizer's state (`e`: the
+/// parameters' element size, 4 under mixed precision); `None` for an optimizer whose state is
+/// not a whole number of bytes a parameter (8-bit AdamW's blocks).
+pub fn rates(e: u64, opt: OptimizerKind) -> Option<(u64, u64, u64)> {
+    let state = match opt {
+        OptimizerKind::Sgd => 0,
+        OptimizerKind::SgdMomentum => e,
+        OptimizerKind::Adam | OptimizerKind::Adamw => 2 * e,
+        OptimizerKind::Adamw8bit => return None,
+    };
+    Some((e, e, state))
+}
+
+/// One rank of each pipeline stage of `cfg` under `layout` (every rank of a stage holds the
+/// same), with `(weights, gradients, optimizer state)` bytes a parameter `rates`.
+pub fn stage_ranks(cfg: &Config, layout: &Layout, rates: (u64, u64, u64)) -> Vec<StageRank> {
+    let tp = layout.tp as u64;
+    let kv = cfg.kv_heads() as u64;
+    let layer_norm = cfg.llama.is_none();
+    let (v, h) = (cfg.vocab as u64, cfg.hidden as u64);
+    let table = v.div_ceil(tp) * h;
+    let experts = cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
+    // This rank's experts: the first `E/ep` (every expert-parallel rank holds as many).
+    let mine = 0..experts / layout.ep;
+    let blocks = cfg.blocks();
+    let stages = stage_layers(cfg.layers, layout.pp);
+    let last = stages.len() - 1;
+    stages
+        .into_iter()
+        .enumerate()
+        .map(|(s, layers)| {
+            let (mut dense, mut expert) = (0u64, 0u64);
+            for l in layers.clone() {
+                for t in blocks.layer(l) {
+                    let (d, e) = tensor_share(t, tp, kv, layer_norm, &mine);
+                    dense += d;
+                    expert += e;
+                }
+            }
+            if s == 0 {
+                dense += table;
+                if layer_norm {
+                    dense += cfg.max_seq as u64 * h; // GPT's positions, whole
+                }
+            }
+            if s == last {
+                dense += h * (1 + u64::from(layer_norm)); // the final norm
+                if !cfg.tied || last > 0 {
+                    dense += table; // the head (a tied one's own copy past stage 0)
+                }
+            }
+            let (we, ge, oe) = rates;
+            let d = split_states(
+                layout.zero,
+                layout.dp as u64,
+                we * dense,
+                ge * dense,
+                oe * dense,
+            );
+            let x = split_states(
+                layout.zero,
+                (layout.dp / layout.ep) as u64,
+                we * expert,
+                ge * expert,
+                oe * expert,
+            );
+            StageRank {
+                stage: s,
+                layers,
+                dense_params: dense,
+                expert_params: expert,
+                weights_bytes: d.0 + x.0,
+                gradient_bytes: d.1 + x.1,
+                optimizer_state_bytes: d.2 + x.2,
+            }
+        })
+        .collect()
+}
+
+/// One pipeline stage's rank's activations ([module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StageActivations {
+    /// What one microbatch's forward keeps on the rank for its backward.
+    pub microbatch_graph_bytes: u64,
+    /// Microbatches kept at once under 1F1B: `min(mb, pp − stage)`.
+    pub in_flight: usize,
+    /// `in_flight × microbatch_graph_bytes`.
+    pub bytes: u64,
+}
+
+/// The shard a tensor-parallel rank runs of `shape` with `layers` layers: heads, K/V heads
+/// (one a rank where fewer than `tp`), the MLP's width and the vocabulary (`⌈V/tp⌉`) split, the
+/// hidden size and the heads' width whole. `Err` naming what is not split yet: a mixture of
+/// experts, MLA, GPT and ViT (their heads' width is `H/A`).
+pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
+    let Some(l) = shape.llama else {
+        return Err("activations per rank are modelled for LLaMA-family decoders only".into());
+    };
+    if l.moe.is_some() || l.mla.is_some() {
+        return Err(
+            "activations per rank are not modelled yet for a mixture of experts or MLA".into(),
+        );
+    }
+    if !l.intermediate.is_multiple_of(tp) {
+        return Err(format!(
+            "the MLP's width {} does not split into {tp} equal parts",
+            l.intermediate
+        ));
+    }
+    let mut llama = l;
+    llama.kv_heads = (l.kv_heads / tp).max(1);
+    llama.intermediate = l.intermediate / tp;
+    Ok(Shape {
+        a: shape.a / tp as u64,
+        v: shape.v.div_ceil(tp as u64),
+        l: layers as u64,
+        llama: Some(llama),
+        ..shape.clone()
+    })
+}
+
+/// Each pipeline stage's rank's activations of `shape` under `layout`
+/// ([module docs](self)): a block's graph on the shard is the replay's two-layer graph less its
+/// one-layer graph; the last stage adds what the one-layer graph holds beyond its block (the
+/// embedding's output, the final norm, the head and the loss), the others the stage's input
+/// (`B·S·H` in the residual stream's type, kept for the backward like the first stage's
+/// embedding output).
+pub fn stage_activations(
+    shape: &Shape,
+    layout: &Layout,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<Vec<StageActivations>, String> {
+    let graph = |layers| -> Result<u64, String> {
+        let s = shard(shape, layout.tp, layers)?;
+        Ok(s.predict(Phase::Forward, opt, threads)
+            .retained_bytes
+            .max(0) as u64)
+    };
+    let (one, two) = (graph(1)?, graph(2)?);
+    let block = two.saturating_sub(one);
+    let outside = one.saturating_sub(block);
+    // The residual stream's type: f32 under autocast (mixed precision, transformers' kernels).
+    let e = if shape.mixed && shape.kernels.torch() {
+        4
+    } else {
+        shape.elem.size()
+    };
+    let input = shape.b * shape.s * shape.h * e;
+    let stages = stage_layers(shape.l as usize, layout.pp);
+    let last = stages.len() - 1;
+    Ok(stages
+        .iter()
+        .enumerate()
+        .map(|(s, layers)| {
+            let mb = layers.len() as u64 * block + if s == last { outside } else { input };
+            let in_flight = layout.mb.min(layout.pp - s);
+            StageActivations {
+                microbatch_graph_bytes: mb,
+                in_flight,
+                bytes: mb * in_flight as u64,
+            }
+        })
+        .collect())
+}
+
+/// ZeRO `stage`'s shards of `(weights, gradients, state)` over `n` ranks (each rounded up, as
+/// [`super::zero::per_gpu_bytes`] sums them).
+fn split_states(stage: u8, n: u64, w: u64, g: u64, o: u64) -> (u64, u64, u64) {
+    let shard = |b: u64| b.div_ceil(n);
+    match stage {
+        0 => (w, g, o),
+        1 => (w, g, shard(o)),
+        2 => (w, shard(g), shard(o)),
+        _ => (shard(w), shard(g), shard(o)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_parse_and_refuse_by_name() {
+        let l: Layout = "tp=8, pp=16,zero=1".parse().unwrap();
+        assert_eq!((l.tp, l.pp, l.dp, l.zero, l.ep, l.mb), (8, 16, 1, 1, 1, 1));
+        assert_eq!(l.gpus(), 128);
+        assert_eq!(l.to_string(), "tp=8,pp=16,dp=1,zero=1,ep=1,mb=1");
+        for (bad, says) in [
+            ("tp=0", "at least 1"),
+            ("zero=4", "0 to 3"),
+            ("cp=2", "unknown key `cp`"),
+            ("tp", "KEY=VALUE"),
+            ("dp=x", "whole number"),
+        ] {
+            let e = bad.parse::<Layout>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    /// Llama 3.1 405B's 126 layers over 16 stages: 7, 8 × 14, 7 (the paper's layout); an even
+    /// split stays even; the missing layers come off the outermost stages in turn.
+    #[test]
+    fn stages_split_their_layers() {
+        let s = stage_layers(126, 16);
+        let n: Vec<usize> = s.iter().map(|r| r.len()).collect();
+        assert_eq!(n[0], 7);
+        assert_eq!(n[15], 7);
+        assert!(n[1..15].iter().all(|&k| k == 8));
+        assert_eq!(s.last().unwrap().end, 126);
+        assert_eq!(
+            stage_layers(32, 4)
+                .iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>(),
+            [8, 8, 8, 8]
+        );
+        assert_eq!(
+            stage_layers(10, 4)
+                .iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>(),
+            [2, 3, 3, 2]
+        );
+        assert_eq!(
+            stage_layers(9, 4)
+                .iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>(),
+            [2, 2, 3, 2]
+        );
+    }
+}
