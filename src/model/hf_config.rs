@@ -1195,28 +1195,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
             let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
             let dense_layers = match f.get("mlp_only_layers") {
                 None => 0u128,
-                Some(v) => {
-                    let allowed =
-                        format!("a list of distinct layer indices below {}", layers.min(128));
-                    let list = v
-                        .as_array()
-                        .ok_or_else(|| f.bad("mlp_only_layers", v, "not a list", &allowed))?;
-                    let mut mask = 0u128;
-                    for x in list {
-                        match x.as_u64() {
-                            Some(i) if (i as usize) < layers.min(128) => mask |= 1u128 << i,
-                            _ => {
-                                return Err(f.bad(
-                                    "mlp_only_layers",
-                                    v,
-                                    "an entry is not a layer index (or is past 127)",
-                                    &allowed,
-                                ));
-                            }
-                        }
-                    }
-                    mask
-                }
+                Some(v) => super::hf_fields::layer_set(f, "mlp_only_layers", v, layers)?,
             };
             let mut m = MoeShape::plain(
                 moe_size(f, model_type, "num_experts", max)?,

@@ -141,6 +141,35 @@ pub(crate) fn partial_rotary(
     Ok((width < head_dim).then_some(width))
 }
 
+/// A list of layer indices `v` under `key` (transformers' `mlp_only_layers`, Llama 4's
+/// `moe_layers`) as a bit each: every entry a layer index below `layers` (and 128).
+pub(crate) fn layer_set(
+    f: &Fields,
+    key: &str,
+    v: &Value,
+    layers: usize,
+) -> Result<u128, UserError> {
+    let allowed = format!("a list of layer indices below {}", layers.min(128));
+    let list = v
+        .as_array()
+        .ok_or_else(|| f.bad(key, v, "not a list", &allowed))?;
+    let mut set = 0u128;
+    for x in list {
+        match x.as_u64() {
+            Some(i) if (i as usize) < layers.min(128) => set |= 1u128 << i,
+            _ => {
+                return Err(f.bad(
+                    key,
+                    v,
+                    "an entry is not a layer index (or is past 127)",
+                    &allowed,
+                ));
+            }
+        }
+    }
+    Ok(set)
+}
+
 /// Layer `i` of `layers` attends to everything when `(i + 1)` is a multiple of `period`, the
 /// others slide (`layer_types`, when given, overrides); a period of 1: no window. The window
 /// and the full layers, a bit each.

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use super::Family;
 use crate::error::UserError;
-use crate::model::hf_fields::Fields;
+use crate::model::hf_fields::{Fields, layer_set};
 use crate::model::limits::{MAX_EXPERTS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ};
 use crate::model::shapes::{Factor, Llama, MoeShape, Scoring, Variant};
 
@@ -56,24 +56,7 @@ fn moe(f: &Fields, layers: usize) -> Result<MoeShape, UserError> {
         Some(v) => {
             // transformers reads the step only to make a missing list.
             f.ignored(&["interleave_moe_layer_step"]);
-            let allowed = format!("a list of layer indices below {}", layers.min(128));
-            let list = v
-                .as_array()
-                .ok_or_else(|| f.bad("moe_layers", v, "not a list", &allowed))?;
-            let mut sparse = 0u128;
-            for x in list {
-                match x.as_u64() {
-                    Some(i) if (i as usize) < layers.min(128) => sparse |= 1u128 << i,
-                    _ => {
-                        return Err(f.bad(
-                            "moe_layers",
-                            v,
-                            "an entry is not a layer index (or is past 127)",
-                            &allowed,
-                        ));
-                    }
-                }
-            }
+            let sparse = layer_set(f, "moe_layers", v, layers)?;
             if layers > 128 {
                 return Err(f.bad(
                     "num_hidden_layers",
