@@ -120,11 +120,20 @@ fn llama_405b_zero3_over_64_ranks() {
     assert_eq!(n(r, "optimizer_state_bytes"), (8 * p).div_ceil(64));
     let total = n(r, "weights_bytes") + n(r, "gradient_bytes") + n(r, "optimizer_state_bytes");
     assert_eq!(total, 101_463_347_200);
-    // ZeRO-1 and 2 shard less: the optimizer state, then the gradients too.
+    // ZeRO-1 and 2 shard less: the optimizer state with the f32 masters (the ZeRO paper's
+    // K = 12), then the gradients too.
     let one_v = predict(&args, "dp=64,zero=1").unwrap();
     let one = &ranks(&one_v)[0];
-    assert_eq!(n(one, "weights_bytes"), 4 * p);
+    assert_eq!(n(one, "weights_bytes"), (4 * p).div_ceil(64));
+    assert_eq!(n(one, "gradient_bytes"), 4 * p);
     assert_eq!(n(one, "optimizer_state_bytes"), (8 * p).div_ceil(64));
+    // Pure bf16: the weights are the model itself, whole until stage 3.
+    let mut pure = LLAMA_405B.to_vec();
+    pure.extend(["--dtype", "bf16", "--optimizer", "adamw"]);
+    let pure_v = predict(&pure, "dp=64,zero=2").unwrap();
+    let r2 = &ranks(&pure_v)[0];
+    assert_eq!(n(r2, "weights_bytes"), 2 * p);
+    assert_eq!(n(r2, "gradient_bytes"), (2 * p).div_ceil(64));
     let two_v = predict(&args, "dp=64,zero=2").unwrap();
     let two = &ranks(&two_v)[0];
     assert_eq!(n(two, "gradient_bytes"), (4 * p).div_ceil(64));

@@ -715,7 +715,12 @@ fn parallel_answer(
     Ok(ParallelAnswer {
         layout: layout.to_string(),
         gpus: layout.gpus(),
-        ranks: parallel::stage_ranks(&case.cfg, layout, rates),
+        ranks: parallel::stage_ranks(
+            &case.cfg,
+            layout,
+            rates,
+            case.precision == crate::device::Precision::Mixed,
+        ),
         activations_missing: acts.as_ref().err().cloned(),
         activations: acts.ok(),
     })

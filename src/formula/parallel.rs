@@ -20,8 +20,10 @@
 //! - **Expert parallel**: a mixture's experts split over `ep` ranks (`E/ep` each), each expert
 //!   also split over `tp` (expert tensor parallelism equal to `tp`, Megatron-Core's default).
 //! - **ZeRO** over the data-parallel group: stage 1 shards the optimizer state, 2 also the
-//!   gradients, 3 also the weights ([`super::zero::per_gpu_bytes`]); an expert's states shard
-//!   over its own data-parallel group, `dp/ep` ranks (its replicas).
+//!   gradients, 3 also the weights ([`super::zero::per_gpu_bytes`]); under mixed precision the
+//!   weights are the f32 masters, which stage 1 shards with the state (the ZeRO paper's
+//!   `K = 12` for Adam), the 16-bit working copy being made in the step's graph; an expert's
+//!   states shard over its own data-parallel group, `dp/ep` ranks (its replicas).
 //!
 //! Bytes per parameter are the single device's (`e` for the weights and the gradients, f32
 //! masters and gradients under mixed precision; the optimizer's state: Adam and AdamW `2e`, SGD
@@ -289,8 +291,16 @@ pub fn rates(e: u64, opt: OptimizerKind) -> Option<(u64, u64, u64)> {
 }
 
 /// One rank of each pipeline stage of `cfg` under `layout` (every rank of a stage holds the
-/// same), with `(weights, gradients, optimizer state)` bytes a parameter `rates`.
-pub fn stage_ranks(cfg: &Config, layout: &Layout, rates: (u64, u64, u64)) -> Vec<StageRank> {
+/// same), with `(weights, gradients, optimizer state)` bytes a parameter `rates`. `masters`
+/// (mixed precision): the weights are the f32 masters, which ZeRO shards with the optimizer's
+/// state from stage 1 on (the ZeRO paper's `K = 12` for Adam: masters and two moments), the
+/// 16-bit working copy being made in the step's graph.
+pub fn stage_ranks(
+    cfg: &Config,
+    layout: &Layout,
+    rates: (u64, u64, u64),
+    masters: bool,
+) -> Vec<StageRank> {
     let tp = layout.tp as u64;
     let kv = cfg.kv_heads() as u64;
     let layer_norm = cfg.llama.is_none();
@@ -330,16 +340,14 @@ pub fn stage_ranks(cfg: &Config, layout: &Layout, rates: (u64, u64, u64)) -> Vec
             let d = split_states(
                 layout.zero,
                 layout.dp as u64,
-                we * dense,
-                ge * dense,
-                oe * dense,
+                (we * dense, ge * dense, oe * dense),
+                masters,
             );
             let x = split_states(
                 layout.zero,
                 (layout.dp / layout.ep) as u64,
-                we * expert,
-                ge * expert,
-                oe * expert,
+                (we * expert, ge * expert, oe * expert),
+                masters,
             );
             StageRank {
                 stage: s,
@@ -442,15 +450,12 @@ pub fn stage_activations(
 }
 
 /// ZeRO `stage`'s shards of `(weights, gradients, state)` over `n` ranks (each rounded up, as
-/// [`super::zero::per_gpu_bytes`] sums them).
-fn split_states(stage: u8, n: u64, w: u64, g: u64, o: u64) -> (u64, u64, u64) {
+/// [`super::zero::per_gpu_bytes`] sums them); f32 `masters` shard with the state.
+fn split_states(stage: u8, n: u64, (w, g, o): (u64, u64, u64), masters: bool) -> (u64, u64, u64) {
     let shard = |b: u64| b.div_ceil(n);
-    match stage {
-        0 => (w, g, o),
-        1 => (w, g, shard(o)),
-        2 => (w, shard(g), shard(o)),
-        _ => (shard(w), shard(g), shard(o)),
-    }
+    let w_at = if masters { 1 } else { 3 };
+    let at = |from: u8, b: u64| if stage >= from { shard(b) } else { b };
+    (at(w_at, w), at(2, g), at(1, o))
 }
 
 #[cfg(test)]
