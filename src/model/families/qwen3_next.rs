@@ -107,8 +107,10 @@ impl Family for Qwen3Next {
     /// layers' gate, q/k norms and partial rotary; the zero-centred norms.
     fn read(&self, f: &Fields, llama: &mut Llama) -> Result<(), UserError> {
         f.require("hidden_act", &["silu"])?;
-        // The auxiliary loss needs `output_router_logits` (refused by the shared reader).
-        f.ignored(&["router_aux_loss_coef"]);
+        // The auxiliary loss needs `output_router_logits` (refused by the shared reader);
+        // `Qwen3NextConfig` has no window (the published config's `use_sliding_window: false`
+        // is a stray attribute that transformers' Qwen3-Next never reads, whatever its value).
+        f.ignored(&["router_aux_loss_coef", "use_sliding_window"]);
         let layers = f.size("num_hidden_layers", MAX_LAYERS)?;
         let key_heads = f.size("linear_num_key_heads", MAX_HEADS)?;
         let value_heads = f.size("linear_num_value_heads", MAX_HEADS)?;
