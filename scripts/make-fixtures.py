@@ -32,7 +32,8 @@ tables (`inv_freq.float()`) and DeepSeek-V2's rotation (`xq.float()`, as complex
 the routers: Mixtral's, Qwen2-MoE's and Qwen3-MoE's softmax (`F.softmax(router_logits,
 dtype=torch.float)`), DeepSeek-V2's, DeepSeek-V3's and GLM-4.5's router logits and scores
 (`F.linear(hidden.type(torch.float32), weight.type(torch.float32))`); gpt-oss's router is in the
-model's type. DeepSeek-V3's and GLM-4.5's routing weights are handed to the experts in float64
+model's type; Qwen3-Next's linear layers (the decay `g`, the delta rule, the gated norm:
+`.float()`, `.to(torch.float32)`), whose float64 logits are within 1.8e-5 of the float32 ones. DeepSeek-V3's and GLM-4.5's routing weights are handed to the experts in float64
 (see `gradients`: in float32 transformers' float64 model does not run).
 
 The logits (float32) depend to their last bits on the machine's float32 kernels: regenerated on
@@ -209,6 +210,21 @@ FAMILIES = {
                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
                 "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # Qwen3-Next: 4 layers, 0 and 2 Gated DeltaNet (2 key heads of 8, 4 value heads of 8: q and
+    # k repeated, a convolution of 4; the 11-token input one chunk of 64, padded), 1 and 3 full
+    # attention (the output gate, q/k norms, a quarter of each 16-wide head rotated); layers
+    # 0 to 2 a mixture of 4 experts of 20, 2 per token, renormalised, with a shared expert of
+    # 24 and its gate; layer 3 dense (mlp_only_layers), 48 wide.
+    "qwen3_next": ("qwen3_next", transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
+                   {"num_hidden_layers": 4, "head_dim": 16, "partial_rotary_factor": 0.25,
+                    "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                    "full_attention"],
+                    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8,
+                    "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+                    "linear_num_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 20, "shared_expert_intermediate_size": 24,
+                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [3],
+                    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 
 
@@ -267,6 +283,13 @@ def llama4_tensors(weights, cfg):
     return out
 
 
+def qwen3_next_tensors(weights):
+    """Qwen3-Next's linear layers under memfit's layout: the convolution's weight `(C, 1, K)`
+    kept `(K, C)`."""
+    return {k: (v[:, 0, :].t().contiguous() if k.endswith(".attn.conv") else v)
+            for k, v in weights.items()}
+
+
 def split_fused(weights, cfg):
     """Phi-3's fused projections under memfit's names: `qkv_proj` rows are q (heads·head_dim),
     k then v (kv_heads·head_dim each); `gate_up_proj` rows are gate then up (`chunk(2)`)."""
@@ -309,6 +332,11 @@ def memfit_name(hf: str, gemma: bool = False) -> str:
     n = n.replace("model.embed_tokens.", "wte.").replace("model.norm.", "ln_f.").replace("lm_head.", "head.")
     n = n.replace("model.layers.", "h.").replace(".input_layernorm.", ".ln1.")
     n = n.replace(".post_attention_layernorm.", ".ln2.").replace(".self_attn.", ".attn.")
+    # Qwen3-Next's Gated DeltaNet.
+    n = n.replace(".linear_attn.", ".attn.")
+    for a, b in [("in_proj_qkvz.", "qkvz."), ("in_proj_ba.", "ba."), ("conv1d.weight", "conv"),
+                 ("A_log", "a_log"), ("out_proj.", "out.")]:
+        n = n.replace(f".attn.{a}", f".attn.{b}")
     for a, b in [("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o"),
                  ("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")]:
         n = n.replace(f".{a}.", f".{b}.")
@@ -333,6 +361,8 @@ def memfit_tensors(tensors, cfg, gemma):
                and not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     if cfg.model_type == "llama4_text":
         return llama4_tensors(renamed, cfg)
+    if cfg.model_type == "qwen3_next":
+        return qwen3_next_tensors(split_experts(renamed))
     return split_experts(split_fused(renamed, cfg))
 
 
@@ -372,6 +402,11 @@ def main():
                 p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
                 if n.endswith("gate_up_proj"):  # gpt-oss: past its clamps
                     p.mul_(4.0)
+                # Qwen3-Next: A = exp(A_log) about 0.14, decays of about 0.8 a token, so the
+                # state carries across the input (at A about 2.7 each token forgets nearly all,
+                # and float32's gradients drift 1.5e-4 from float64's; here 1.8e-5).
+                if n.endswith(".A_log"):
+                    p.sub_(3.0)
             tokens = torch.randint(0, cfg.vocab_size, (2, 11))
             logits = model(tokens).logits.float()
         # The targets from a generator of their own: the draws above are as before they existed.
@@ -397,7 +432,10 @@ def main():
         # The float64 model routes as the float32 one did (a token sent to another expert would
         # move its logits by far more).
         agree = ((logits64 - logits).abs().max() / logits.abs().max()).item()
-        assert agree < 1e-5, f"{name}: float64 logits {agree:.1e} from float32 ones"
+        # Qwen3-Next's delta rule and gated norm compute in float32 whatever the model's type
+        # (`.to(torch.float32)`), so its float64 model agrees to float32's rounding there.
+        bound = 1e-4 if model_type == "qwen3_next" else 1e-5
+        assert agree < bound, f"{name}: float64 logits {agree:.1e} from float32 ones"
         # Stored in float32 (computed in float64): 6e-8 relative, far inside the test's 1e-4, at
         # half the bytes (the tree travels to the GPU machine whole).
         save_file({"targets": targets.to(torch.int64), **{k: v.float() for k, v in grads.items()}},

@@ -105,6 +105,7 @@ fn llama_family_gradients_equal_the_whole_backward() {
         "glm4_moe",
         "gemma2",
         "llama4",
+        "qwen3_next",
     ] {
         both_kernels(family, fixture(family));
     }

@@ -15,7 +15,8 @@
 //! Precision: a dense family computes in f64 throughout (agreement to ~1e-9 relative). A
 //! mixture of experts scores its router in f32 (as the model does in every type), so the loss
 //! moves in f32 steps there; ε is larger and the tolerance 1e-3 relative, still far below the
-//! 40 % a detached renormaliser costs the router's gradient.
+//! 40 % a detached renormaliser costs the router's gradient (Qwen3-Next, whose linear layers
+//! curve the loss more, a smaller ε).
 
 use std::path::PathBuf;
 
@@ -48,6 +49,7 @@ const FAMILIES: &[&str] = &[
     "glm4_moe",
     "gemma2",
     "llama4",
+    "qwen3_next",
 ];
 
 fn fixture(family: &str) -> PathBuf {
@@ -163,7 +165,12 @@ fn every_gradient_equals_finite_differences() {
         let moe = cfg.llama.is_some_and(|l| l.moe.is_some());
         // The router's f32 scores: a larger step, a looser agreement (still far below what a
         // wrong gradient costs).
-        let (eps, rel, abs) = if moe {
+        // Qwen3-Next's linear layers (decays that are exponentials of cumulative sums, the
+        // convolution's SiLU) curve the loss more: central differences at 1e-3 are 3.6 % off
+        // along `ba`, at 3e-4 1.6 % along the convolution (a difference of order ε²); 1e-4.
+        let (eps, rel, abs) = if *family == "qwen3_next" {
+            (1e-4, 1e-2, 1e-3)
+        } else if moe {
             (1e-3, 1e-2, 1e-3)
         } else {
             (1e-5, 1e-5, 1e-9)

@@ -874,7 +874,7 @@ fn every_key_is_read_listed_or_refused() {
 /// the file is not the model it names.
 #[test]
 fn an_unknown_type_is_refused_as_unknown() {
-    for t in ["phimoe", "qwen3_next", "xyz"] {
+    for t in ["phimoe", "cohere", "xyz"] {
         let text = format!(
             r#"{{"model_type": "{t}", "hidden_size": 64, "num_local_experts": 16,
             "num_experts": 8, "interleave_moe_layer_step": 1}}"#
@@ -1334,5 +1334,127 @@ fn llama4_scout_kv_per_layer_kind() {
     assert!(u("weights_bytes") > 80 << 30);
     for k in ["kv_capacity_tokens", "kv_capacity_sequences", "max_context"] {
         assert_eq!(u(k), 0, "{k}: {s}");
+    }
+}
+
+/// Qwen3-Next-80B-A3B-Instruct's published `config.json` (the keys memfit reads or ignores by
+/// name; `use_sliding_window` is a stray attribute `Qwen3NextConfig` never reads).
+const QWEN3_NEXT_80B: &str = r#"{"architectures": ["Qwen3NextForCausalLM"],
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next",
+    "moe_intermediate_size": 512, "norm_topk_prob": true, "num_attention_heads": 16,
+    "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": false, "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.57.0.dev0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936}"#;
+
+/// Qwen3-Next (`qwen3_next`): `Qwen3NextConfig()`'s defaults and Qwen3-Next-80B-A3B's published
+/// config are one shape, 79,674,391,296 parameters as transformers 4.57.1 counts
+/// `Qwen3NextForCausalLM(Qwen3NextConfig())` on the meta device, and memfit the same; active
+/// per token 3,874,929,408 (10 of 512 experts a layer, the shared expert and its gate, both
+/// attentions, the norms, the embedding and the head: the "A3B" of its name; 3,563,764,480
+/// without the embedding). Every fourth layer full attention (12), the other 36 Gated DeltaNet
+/// (16 key heads, 32 value heads of 128, a convolution of 4); the full layers' q projection
+/// doubled for the output gate, a quarter of each 256-wide head rotated.
+#[test]
+fn qwen3_next_80b_counts() {
+    let published = hf_config::parse(QWEN3_NEXT_80B, "cfg.json").unwrap().cfg;
+    let defaults = hf_config::parse(r#"{"model_type": "qwen3_next"}"#, "cfg.json")
+        .unwrap()
+        .cfg;
+    for cfg in [&published, &defaults] {
+        assert_eq!(cfg.params(), 79_674_391_296);
+        assert_eq!(cfg.active_params(), 3_874_929_408);
+        let l = cfg.llama.unwrap();
+        let g = l.variant.gated_delta.unwrap();
+        assert_eq!(g.layers.count_ones(), 36);
+        assert!(l.linear_at(2).is_some() && l.linear_at(3).is_none());
+        assert_eq!(
+            (
+                g.key_heads,
+                g.value_heads,
+                g.key_dim,
+                g.value_dim,
+                g.conv_kernel
+            ),
+            (16, 32, 128, 128, 4)
+        );
+        assert_eq!(l.variant.partial_rotary, Some(64));
+        assert!(l.variant.attn_output_gate && l.variant.unit_offset_norms && l.qk_norm);
+    }
+    assert_eq!(
+        published.active_params() - (published.vocab * published.hidden) as u64,
+        3_563_764_480
+    );
+    // A list of layer types overrides the interval; another type is refused by name.
+    let listed = r#"{"model_type": "qwen3_next", "num_hidden_layers": 2,
+        "layer_types": ["full_attention", "linear_attention"]}"#;
+    let l = hf_config::parse(listed, "cfg.json")
+        .unwrap()
+        .cfg
+        .llama
+        .unwrap();
+    assert_eq!(l.variant.gated_delta.unwrap().layers, 0b10);
+    let sliding = r#"{"model_type": "qwen3_next", "num_hidden_layers": 2,
+        "layer_types": ["sliding_attention", "linear_attention"]}"#;
+    let err = hf_config::parse(sliding, "cfg.json")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer_types"), "{err}");
+}
+
+/// Serving Qwen3-Next-80B-A3B in bf16, by hand: only the 12 full layers keep tokens, `2·G·D·e`
+/// = 2·2·256·2 = 2,048 B each, 24,576 B a token; each of the 36 linear layers keeps a fixed
+/// state per sequence whatever its length: the convolution's last 4 inputs of its
+/// 2·16·128 + 32·128 = 8,192 channels in bf16 (65,536 B) and the recurrent state 32·128·128 in
+/// f32, as transformers computes and keeps it (2,097,152 B): 36 · 2,162,688 = 77,856,768 B
+/// (74.25 MiB). One sequence of 32,768 tokens: 32,768 · 24,576 + 77,856,768 = 883,163,136 B
+/// (842.25 MiB). Beside the bf16 weights (2 B a parameter, 148.4 GiB) nothing fits in 80 GiB.
+/// With FP8 weights (`--weights fp8`, 80,406,101,504 B) and balanced routing a 32k prefill's
+/// activations (5.2 GiB) leave nothing either: the answer is the budget's arithmetic, checked.
+#[test]
+fn qwen3_next_80b_fixed_state_and_kv() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, QWEN3_NEXT_80B).unwrap();
+    let path = path.to_str().unwrap();
+    let run = |extra: &str| {
+        let mut args = vec!["--hf-config", path];
+        args.extend(
+            "--batch 1 --seq 32768 --dtype bf16 --device cuda:0 --phases prefill,decode \
+             --fit-in 80GiB"
+                .split_whitespace(),
+        );
+        args.extend(extra.split_whitespace());
+        predict_json(&args)["serving"].clone()
+    };
+    let state = 36 * (4 * 8192 * 2 + 32 * 128 * 128 * 4);
+    assert_eq!(state, 77_856_768);
+    let per_sequence = 32768 * 24_576 + state;
+    assert_eq!(per_sequence, 883_163_136);
+    for (extra, weights) in [
+        ("", 2 * 79_674_391_296),
+        ("--weights fp8 --routing balanced", 0),
+    ] {
+        let s = run(extra);
+        let u = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+        assert_eq!(u("kv_bytes_per_token"), 12 * 2 * 2 * 256 * 2);
+        assert_eq!(u("state_bytes_per_sequence"), state);
+        assert_eq!(u("kv_bytes_per_sequence"), per_sequence);
+        assert!(u("weights_bytes") >= weights);
+        let free = (80u64 << 30).saturating_sub(u("weights_bytes") + u("prefill_activation_bytes"));
+        assert_eq!(
+            u("kv_capacity_sequences"),
+            free / per_sequence,
+            "{extra}: {s}"
+        );
+        assert_eq!(u("kv_capacity_sequences"), 0, "{extra}: {s}");
     }
 }

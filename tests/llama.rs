@@ -234,6 +234,7 @@ fn transformers_kernels_in_f16() {
         "glm4_moe",
         "gemma2",
         "llama4",
+        "qwen3_next",
     ] {
         let rows = every_phase_on_fixture_with(family, &["--dtype", "f16"]);
         assert!(rows.iter().all(|r| r.kernels == "transformers"), "{family}");
@@ -440,6 +441,7 @@ fn mixture_of_experts_from_the_recorded_routing() {
         ("deepseek_v3", 8, 2, 1),
         ("glm4_moe", 8, 2, 1),
         ("llama4", 4, 1, 2),
+        ("qwen3_next", 4, 2, 3),
     ] {
         let cfg = format!(
             "{}/tests/fixtures/{family}/config.json",

@@ -579,6 +579,120 @@ fn llama4_without_one_of_its_parts_differs() {
     }
 }
 
+/// Qwen3-Next (`qwen3_next`): layers 0 and 2 Gated DeltaNet (2 key heads of 8 repeated to 4
+/// value heads of 8, a convolution of 4, the chunked delta rule over one padded chunk), 1 and
+/// 3 full attention with the output gate, q/k norms and a quarter of each head rotated; the
+/// zero-centred norms; a mixture of 4 experts, top 2, with a gated shared expert on layers 0 to
+/// 2, layer 3 dense: the logits in every kernel set and attention (the full layers' efficient
+/// and tiled attentions; the linear layers have none), the parameter count, and generation
+/// from a 6-token prompt to 11 in which each linear layer's state stays the same size (its
+/// convolution's last 4 inputs, its recurrent state) while the full layers' caches grow.
+#[test]
+fn qwen3_next_logits_equal_transformers() {
+    check("qwen3_next");
+    let cfg = config("qwen3_next");
+    assert_eq!(cfg.params(), model_params(&fixture("qwen3_next")));
+    let l = cfg.llama.unwrap();
+    let v = l.variant;
+    assert!(v.unit_offset_norms && v.attn_output_gate && l.qk_norm);
+    assert_eq!(v.partial_rotary, Some(4));
+    let g = v.gated_delta.unwrap();
+    assert_eq!(
+        (
+            g.key_heads,
+            g.value_heads,
+            g.key_dim,
+            g.value_dim,
+            g.conv_kernel,
+            g.layers
+        ),
+        (2, 4, 8, 8, 4, 0b0101)
+    );
+    let moe = l.moe.unwrap();
+    assert!(moe.shared_gate && moe.norm_topk && moe.sparse(2) && !moe.sparse(3));
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.shared, moe.dense_width),
+        (4, 2, 24, 48)
+    );
+    for attention in ATTENTIONS {
+        let cfg = with("qwen3_next", attention);
+        let name = attention.0;
+        generate("qwen3_next", &cfg, 6, |t, got, at, cache| {
+            let diff = max_diff(got, at) / max_abs(at);
+            assert!(diff < 1e-4, "qwen3_next {name} position {}: {diff}", t - 1);
+            let dims = |i: usize| {
+                let (a, b) = cache.layers[i].as_ref().unwrap();
+                (a.dims().to_vec(), b.dims().to_vec())
+            };
+            for i in [0, 2] {
+                assert_eq!(dims(i), (vec![2, 4, 64], vec![2, 4, 8, 8]), "{name}");
+            }
+            for i in [1, 3] {
+                assert_eq!(dims(i).0, vec![2, 2, t, 16], "qwen3_next {name}");
+            }
+        });
+    }
+}
+
+/// Qwen3-Next's chunked delta rule across chunks: on the fixture's weights, 150 tokens (three
+/// chunks of 64, the last padded) through the training forward give at every position the
+/// logits of a 1-token prompt decoded one token at a time (the recurrent step on the state
+/// the previous token left), so the state carried from chunk to chunk is the recurrence's.
+#[test]
+fn qwen3_next_chunks_equal_the_recurrence() {
+    let cfg = Config {
+        max_seq: 160,
+        ..config("qwen3_next")
+    };
+    let (tokens, _) =
+        memfit::model::transformer::synthetic_batch(1, 150, cfg.vocab, &Device::Cpu).unwrap();
+    let model = model("qwen3_next", &cfg);
+    let whole = model.forward(&tokens).unwrap();
+    let mut cache = memfit::model::transformer::KvCache::default();
+    let mut worst = 0f32;
+    for t in 0..150 {
+        let got = model
+            .forward_cached(&tokens.narrow(1, t, 1).unwrap(), &mut cache)
+            .unwrap();
+        let want = whole.narrow(1, t, 1).unwrap().squeeze(1).unwrap();
+        worst = worst.max(max_diff(&got, &want) / max_abs(&want));
+    }
+    println!("qwen3_next: 150 tokens chunked against recurrent, within {worst:.2e}");
+    assert!(
+        worst < 1e-4,
+        "qwen3_next: chunked and recurrent differ by {worst}"
+    );
+}
+
+/// Each of Qwen3-Next's parts is seen by the comparison: the same weights without one of them
+/// (the output gate's sigmoid is replaced by nothing only by changing the model, so: the
+/// zero-centred norms, the partial rotary, the linear layers as full attention) do not give
+/// transformers' logits.
+#[test]
+fn qwen3_next_without_one_of_its_parts_differs() {
+    type Change = fn(&mut Config);
+    let changes: [(&str, Change); 2] = [
+        ("the zero-centred norms", |c| {
+            c.llama.as_mut().unwrap().variant.unit_offset_norms = false
+        }),
+        ("the partial rotary", |c| {
+            c.llama.as_mut().unwrap().variant.partial_rotary = Some(8)
+        }),
+    ];
+    let (tokens, want) = io("qwen3_next");
+    for (what, change) in changes {
+        let mut cfg = config("qwen3_next");
+        change(&mut cfg);
+        let got = model("qwen3_next", &cfg).forward(&tokens).unwrap();
+        let diff = max_diff(&got, &want) / max_abs(&want);
+        println!("qwen3_next without {what}: logits differ by {diff:.2e}");
+        assert!(
+            diff > 1e-3,
+            "qwen3_next without {what}: the logits still agree ({diff})"
+        );
+    }
+}
+
 /// Gemma 2: Gemma 3's block without q/k norms, layer 0 sliding and layer 1 full, and its
 /// soft-capped attention scores and logits (at 1.5 and 2, where they bite on these weights),
 /// in the standard attention with every kernel set (the capped scores composed in each); the
@@ -953,6 +1067,7 @@ gradient_tests!(
     glm4_moe,
     gpt_oss,
     llama4,
+    qwen3_next,
 );
 
 /// Every fixture in `tests/fixtures` has its gradient test.

@@ -295,6 +295,12 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     .map_or(String::new(), |d| {
                         format!(" latent ({} decompressed)", human_bytes(d))
                     });
+                let state = sv.state_bytes_per_sequence.map_or(String::new(), |s| {
+                    format!(
+                        " and a fixed state of {} per sequence (linear layers)",
+                        human_bytes(s)
+                    )
+                });
                 let held = match sv.weights.as_str() {
                     "model" => String::new(),
                     "fp8" => " (fp8: e4m3 projections with an f32 scale per 128×128 block, the rest in the model's type)".to_string(),
@@ -302,7 +308,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     w => format!(" ({w})"),
                 };
                 println!(
-                    "       serving: weights {}{held}, KV {} per token{latent} ({} for one sequence of {}), prefill activations {}{budget}",
+                    "       serving: weights {}{held}, KV {} per token{latent}{state} ({} for one sequence of {}), prefill activations {}{budget}",
                     human_bytes(sv.weights_bytes),
                     human_bytes(sv.kv_bytes_per_token),
                     human_bytes(sv.kv_bytes_per_sequence),

@@ -117,10 +117,12 @@ fn train_step(shape: &Shape, opt: OptimizerKind, threads: usize) -> Bar {
     }
 }
 
-/// What one sequence of `tokens` keeps in the cache: per layer, its window's tokens at most.
+/// What one sequence of `tokens` keeps in the cache: per layer, its window's tokens at most;
+/// a linear layer (Qwen3-Next's) its fixed state instead ([`Shape::state_bytes_per_sequence`]).
 pub fn kv_bytes_per_sequence(shape: &Shape, tokens: u64) -> u64 {
-    let per_layer = shape.kv_bytes_per_token() / shape.l.max(1);
-    (0..shape.l as usize)
+    let per_layer = shape.kv_bytes_per_token() / shape.cached_layers().max(1);
+    let grown: u64 = (0..shape.l as usize)
+        .filter(|&i| shape.llama.is_none_or(|l| l.linear_at(i).is_none()))
         .map(|i| {
             per_layer
                 * shape
@@ -128,5 +130,6 @@ pub fn kv_bytes_per_sequence(shape: &Shape, tokens: u64) -> u64 {
                     .and_then(|l| l.window_at(i))
                     .map_or(tokens, |w| tokens.min(w as u64))
         })
-        .sum()
+        .sum();
+    grown + shape.state_bytes_per_sequence()
 }

@@ -54,7 +54,13 @@ pub struct Serving {
     /// what transformers' cache keeps), the comparison for the latent cache memfit measures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_bytes_per_token_decompressed: Option<u64>,
-    /// One sequence of `--seq` tokens in the cache: `min(seq, window) · kv_bytes_per_token`.
+    /// Qwen3-Next: what each sequence keeps in its linear layers whatever its length (the
+    /// convolution's last inputs and the recurrent state, [`Shape::state_bytes_per_sequence`]),
+    /// counted in `kv_bytes_per_sequence`; absent without linear layers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_bytes_per_sequence: Option<u64>,
+    /// One sequence of `--seq` tokens in the cache: `min(seq, window) · kv_bytes_per_token`
+    /// (per full layer), plus the linear layers' fixed state.
     pub kv_bytes_per_sequence: u64,
     /// A prefill of `--seq` (at the case's batch): its peak above the weights, minus the cache
     /// it leaves.
@@ -141,6 +147,7 @@ pub fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) 
         kv_bytes_per_token_decompressed: shape.kv_bytes_per_token_decompressed(),
         // A sliding layer's window caps what one sequence keeps there (per-token bytes are the
         // same in every layer).
+        state_bytes_per_sequence: Some(shape.state_bytes_per_sequence()).filter(|&b| b > 0),
         kv_bytes_per_sequence: crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s),
         prefill_activation_bytes: activations,
         kv_capacity_tokens: capacity,

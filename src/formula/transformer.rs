@@ -518,9 +518,32 @@ impl Shape {
             Some(m) => self.l * m.latent_per_token() as u64 * e,
             None => {
                 let (g, d) = self.kv_dims();
-                2 * self.l * g * d * e
+                2 * self.cached_layers() * g * d * e
             }
         }
+    }
+
+    /// The layers whose cache grows a token at a time: all but Qwen3-Next's linear layers.
+    pub fn cached_layers(&self) -> u64 {
+        let linear = (0..self.l as usize)
+            .filter(|&i| self.llama.is_some_and(|l| l.linear_at(i).is_some()))
+            .count();
+        self.l - linear as u64
+    }
+
+    /// What one sequence keeps whatever its length: Qwen3-Next's linear layers' state, each
+    /// the convolution's last `K` inputs `(K, C)` in the cache's type and the recurrent state
+    /// `(nv, dk, dv)` in f32 (transformers computes and keeps it in f32 whatever the model's
+    /// type); 0 without linear layers.
+    pub fn state_bytes_per_sequence(&self) -> u64 {
+        let e = self.kv_elem_bytes();
+        (0..self.l as usize)
+            .filter_map(|i| self.llama.and_then(|l| l.linear_at(i)))
+            .map(|g| {
+                (g.conv_kernel * g.conv_dim()) as u64 * e
+                    + (g.value_heads * g.key_dim * g.value_dim) as u64 * 4
+            })
+            .sum()
     }
 
     /// MLA: what one cached token of one sequence costs decompressed (keys and values per

@@ -381,6 +381,9 @@ pub struct Attention<T: TensorOps = Tensor> {
     pub(crate) l2_eps: Option<f64>,
     /// Llama 4's query temperature `(floor_scale, attn_scale)` ([`temperature`]).
     pub(crate) temperature: Option<(f64, f64)>,
+    /// Qwen3-Next's output gate: q projects each head and its gate, and the attention's
+    /// output is multiplied by `sigmoid(gate)` ([`Attention::gated`]).
+    pub(crate) output_gate: bool,
     pub(crate) head_dim: usize,
     pub(crate) core: Core,
 }
@@ -425,6 +428,7 @@ impl<T: TensorOps> Attention<T> {
                 .filter(|l| l.nope_at(layer))
                 .and_then(|l| l.variant.attn_temperature)
                 .map(|(floor, scale)| (floor.0, scale.0)),
+            output_gate: cfg.llama.is_some_and(|l| l.variant.attn_output_gate),
             head_dim: cfg.head_dim(),
             core: Core::new(cfg, layer, cfg.heads, cfg.kv_heads()),
         })
@@ -459,6 +463,7 @@ impl<T: TensorOps> Attention<T> {
             sinks: self.sinks.as_ref().map(base).transpose()?,
             l2_eps: self.l2_eps,
             temperature: self.temperature,
+            output_gate: self.output_gate,
             head_dim: self.head_dim,
             core: self.core,
         })
@@ -472,11 +477,29 @@ impl<T: TensorOps> Attention<T> {
 
     /// [`Attention::forward`] before the output projection: the heads merged, `(B, S, A·D)`.
     pub(crate) fn heads(&self, x: &T, mask: Option<&T>, rotary: Option<Rotary<T>>) -> Result<T> {
-        let (q, k, v) = self.qkv(x, rotary, self.core.reads_strided(), 0)?;
-        match &self.sinks {
-            Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks),
-            None => self.core.attend_any(q, k, v, mask),
+        let (q, k, v, gate) = self.qkv(x, rotary, self.core.reads_strided(), 0)?;
+        let y = match &self.sinks {
+            Some(sinks) => self.core.attend_sinks(q, k, v, mask, sinks)?,
+            None => self.core.attend_any(q, k, v, mask)?,
+        };
+        gated(y, gate)
+    }
+
+    /// The query projection of `x`, and with an output gate ([`Attention::output_gate`]) its
+    /// gate: the projection `(B, S, A·2D)` split per head into the query `(B, S, A·D)` and
+    /// the gate `(B, S, A·D)` (copies, as transformers' `chunk` then `reshape`).
+    fn query(&self, x: &T) -> Result<(T, Option<T>)> {
+        let y = self.q.forward(x)?;
+        if !self.output_gate {
+            return Ok((y, None));
         }
+        let (b, s, d) = (x.dims()[0], x.dims()[1], self.head_dim);
+        let a = self.core.heads;
+        let heads = y.reshape(&[b, s, a, 2 * d])?;
+        drop(y);
+        let q = heads.narrow(3, 0, d)?.reshape(&[b, s, a * d])?;
+        let gate = heads.narrow(3, d, d)?.reshape(&[b, s, a * d])?;
+        Ok((q, Some(gate)))
     }
 
     /// The queries `(B, A, S, D)` and the keys and values `(B, G, S, D)` of `x (B, S, H)`,
@@ -501,7 +524,7 @@ impl<T: TensorOps> Attention<T> {
         rotary: Option<Rotary<T>>,
         strided: bool,
         pos: usize,
-    ) -> Result<(T, T, T)> {
+    ) -> Result<(T, T, T, Option<T>)> {
         let (b, s) = (x.dims()[0], x.dims()[1]);
         let d = self.head_dim;
         let split = |t: T, n: usize| -> Result<T> {
@@ -520,10 +543,15 @@ impl<T: TensorOps> Attention<T> {
             Some((qn, kn)) => (Some(qn), Some(kn)),
             None => (None, None),
         };
+        let (q_proj, gate) = self.query(x)?;
+        let q_proj = match qn {
+            Some(n) if self.qk_whole => releasing(n, &q_proj)?,
+            _ => q_proj,
+        };
         if let (Some(r), true) = (rotary, self.core.fused) {
             let heads = |t: T, n: usize| t.reshape(&[b, s, n, d]);
             let (q, k) = (
-                heads(project(&self.q, qn)?, self.core.heads)?,
+                heads(q_proj, self.core.heads)?,
                 heads(project(&self.k, kn)?, self.core.kv_heads)?,
             );
             let (q, k) = match (&self.qk_norm, self.qk_whole) {
@@ -539,7 +567,7 @@ impl<T: TensorOps> Attention<T> {
             let (q, k) = (rotate(&q)?, rotate(&k)?);
             let q = self.temper(q, pos)?;
             let v = split(self.v.forward(x)?, self.core.kv_heads)?;
-            return Ok((q, k, v));
+            return Ok((q, k, v, gate));
         }
         let rotate = |t: T| -> Result<T> {
             match rotary {
@@ -548,7 +576,7 @@ impl<T: TensorOps> Attention<T> {
             }
         };
         let (q, k) = (
-            split(project(&self.q, qn)?, self.core.heads)?,
+            split(q_proj, self.core.heads)?,
             split(project(&self.k, kn)?, self.core.kv_heads)?,
         );
         // Qwen3: each head normalised over D (the layout does not change a last-dim norm).
@@ -560,7 +588,7 @@ impl<T: TensorOps> Attention<T> {
         let q = self.temper(rotate(q)?, pos)?;
         let k = rotate(k)?;
         let v = split(self.v.forward(x)?, self.core.kv_heads)?;
-        Ok((q, k, v))
+        Ok((q, k, v, gate))
     }
 
     /// Llama 4's L2 norm of the query and key heads (with `l2_eps`), each input freed once
@@ -611,7 +639,7 @@ impl<T: TensorOps> Attention<T> {
         // The tokens before these: a full layer's cache holds them all (Llama 4's tempered
         // NoPE layers are full).
         let pos = cache.as_ref().map_or(0, |(k, _)| k.dims()[2]);
-        let (q, k, v) = self.qkv(x, rotary, false, pos)?;
+        let (q, k, v, gate) = self.qkv(x, rotary, false, pos)?;
         let first = cache.is_none();
         // A chunked layer whose cache holds a whole chunk: the new token starts the next one,
         // and the old chunk goes.
@@ -646,12 +674,28 @@ impl<T: TensorOps> Attention<T> {
         *cache = Some(kept);
         // A prompt into an empty cache attends as the training forward does (the tiled or
         // efficient attention when the case asks for it).
-        if let Some(sinks) = &self.sinks {
-            self.core.attend_sinks(q, k, v, mask, sinks)
+        let y = if let Some(sinks) = &self.sinks {
+            self.core.attend_sinks(q, k, v, mask, sinks)?
         } else if first && q.dims()[2] > 1 {
-            self.core.attend_any(q, k, v, mask)
+            self.core.attend_any(q, k, v, mask)?
         } else {
-            self.core.attend(q, k, v, mask)
+            self.core.attend(q, k, v, mask)?
+        };
+        gated(y, gate)
+    }
+}
+
+/// The attention's merged heads `y (B, S, A·D)` times `sigmoid(gate)` (Qwen3-Next's output
+/// gate), y and the gate freed once used; `y` itself without a gate.
+fn gated<T: TensorOps>(y: T, gate: Option<T>) -> Result<T> {
+    match gate {
+        None => Ok(y),
+        Some(g) => {
+            let s = super::gated_delta::sigmoid(&g)?;
+            drop(g);
+            let out = y.mul(&s)?;
+            drop((y, s));
+            Ok(out)
         }
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::kernels::Kernels;
-use super::shapes::{Llama, LoraBase, LoraTarget, MlaShape, MoeShape, Sizes, Vision};
+use super::shapes::{GatedDelta, Llama, LoraBase, LoraTarget, MlaShape, MoeShape, Sizes, Vision};
 
 /// A model's shape: the sizes every family has (`vocab` is a ViT's classes), the GPT decoder by
 /// default, a ViT with `vision`, the LLaMA family with `llama`.
@@ -118,8 +118,10 @@ pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> V
             Some(m) => mla_projections(h, heads, m, l.o_bias),
             None => {
                 let (q, kv) = (heads * l.head_dim, l.kv_heads * l.head_dim);
+                // Qwen3-Next: each query head followed by its output gate's.
+                let gated = if l.variant.attn_output_gate { 2 } else { 1 };
                 vec![
-                    p(LoraTarget::Q, "attn.q", h, q, l.qkv_bias),
+                    p(LoraTarget::Q, "attn.q", h, gated * q, l.qkv_bias),
                     p(LoraTarget::K, "attn.k", h, kv, l.qkv_bias),
                     p(LoraTarget::V, "attn.v", h, kv, l.qkv_bias),
                     p(LoraTarget::O, "attn.o", q, h, l.o_bias),
@@ -127,6 +129,18 @@ pub fn attn_projections(hidden: usize, heads: usize, llama: Option<&Llama>) -> V
             }
         },
     }
+}
+
+/// The projections of a Gated DeltaNet layer (Qwen3-Next's linear attention) that take an
+/// adapter, in model order: `qkvz` `H → 2·Kd + 2·Vd` (as a query's target) and `out`
+/// `Vd → H` (as o's); its `ba` projection is a plain linear ([`block_tensors`]).
+pub fn linear_attn_projections(hidden: usize, g: &GatedDelta) -> Vec<ProjSpec> {
+    let p = ProjSpec::new;
+    let (kd, vd) = (g.key_width(), g.value_width());
+    vec![
+        p(LoraTarget::Q, "attn.qkvz", hidden, 2 * kd + 2 * vd, false),
+        p(LoraTarget::O, "attn.out", vd, hidden, false),
+    ]
 }
 
 /// The projections of an MLA attention in model order: `q_a`, `q_b` (or `q`), `kv_a`, `kv_b`,
@@ -208,7 +222,10 @@ pub fn layer_layout(
     llama: Option<&Llama>,
     layer: usize,
 ) -> LayerLayout {
-    let attn = attn_projections(hidden, heads, llama);
+    let attn = match llama.and_then(|l| l.linear_at(layer)) {
+        Some(g) => linear_attn_projections(hidden, &g),
+        None => attn_projections(hidden, heads, llama),
+    };
     let mlp = match llama.and_then(|l| l.moe.map(|m| (l, m))) {
         Some((l, m)) if m.sparse(layer) => MlpLayout::Moe {
             shape: m,
@@ -272,7 +289,34 @@ pub fn block_tensors(
     // OLMo 2: no norms before the halves, only after.
     let pre = !variant.post_norms_only;
     let mut v: Vec<BlockTensor> = pre.then(|| norm("ln1", hidden)).into_iter().collect();
+    let linear = llama.and_then(|l| l.linear_at(layer));
     match llama.and_then(|l| l.mla.as_ref()) {
+        // Qwen3-Next's linear layers: qkvz, ba, the convolution `(K, C)`, dt_bias, A_log, the
+        // gated norm over a value head, out.
+        _ if linear.is_some() => {
+            let g = linear.expect("a linear layer");
+            v.push(proj(&lay.attn[0], ""));
+            v.push(BlockTensor::Linear {
+                path: "attn.ba".into(),
+                inp: hidden,
+                out: 2 * g.value_heads,
+                bias: false,
+            });
+            v.push(BlockTensor::Vector {
+                path: "attn.conv".into(),
+                size: g.conv_kernel * g.conv_dim(),
+            });
+            v.push(BlockTensor::Vector {
+                path: "attn.dt_bias".into(),
+                size: g.value_heads,
+            });
+            v.push(BlockTensor::Vector {
+                path: "attn.a_log".into(),
+                size: g.value_heads,
+            });
+            v.push(norm("attn.norm", g.value_dim));
+            v.push(proj(&lay.attn[1], ""));
+        }
         Some(m) => {
             let q_lora = usize::from(m.q_lora_rank.is_some());
             for (i, spec) in lay.attn.iter().enumerate() {

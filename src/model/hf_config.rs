@@ -114,11 +114,6 @@ pub fn model_types() -> String {
 /// type under a new name, so no relabelling sizes it).
 const UNBUILT_TYPES: &[(&str, &str)] = &[
     (
-        "qwen3_next",
-        "Qwen3-Next's gated DeltaNet linear attention (a fixed state per sequence) is not built \
-         yet",
-    ),
-    (
         "mistral3",
         "Mistral 3 with its Pixtral vision tower is not built (its text_config, model_type \
          mistral, would size the language model alone, without the tower)",
@@ -166,6 +161,7 @@ const LLAMA_TYPES: &[&str] = &[
 const MOE_TYPES: &[&str] = &[
     "glm4_moe",
     "llama4_text",
+    "qwen3_next",
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
@@ -651,7 +647,7 @@ fn llama_config(
     // Phi-4-mini's 0.75, below; GLM-4.5's family file); elsewhere it is refused.
     if let Some(v) = f
         .get("partial_rotary_factor")
-        .filter(|_| !matches!(model_type, "glm4_moe" | "phi3"))
+        .filter(|_| !matches!(model_type, "glm4_moe" | "phi3" | "qwen3_next"))
         && v.as_f64() != Some(1.0)
     {
         return Err(f.bad(
@@ -1035,6 +1031,8 @@ fn sliding_window(
                         "full_attention" | "sliding_attention" => true,
                         // Llama 4's window is a chunk (`attention_chunk_size`).
                         "chunked_attention" => model_type == "llama4_text",
+                        // Qwen3-Next's linear layers (its family reads which).
+                        "linear_attention" => model_type == "qwen3_next",
                         _ => false,
                     })
             });
@@ -1191,7 +1189,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
         "mixtral" | "gpt_oss" => {
             MoeShape::plain(moe_size(f, model_type, "num_local_experts", max)?, 0, true)
         }
-        "qwen2_moe" | "qwen3_moe" => {
+        "qwen2_moe" | "qwen3_moe" | "qwen3_next" => {
             let layers = f.size("num_hidden_layers", super::limits::MAX_LAYERS)?;
             let dense_layers = match f.get("mlp_only_layers") {
                 None => 0u128,
@@ -1212,7 +1210,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
                 // Every layer sparse: transformers sizes nothing by the dense width.
                 f.ignored(&["intermediate_size"]);
             }
-            if model_type == "qwen2_moe" {
+            if matches!(model_type, "qwen2_moe" | "qwen3_next") {
                 m.shared = count_or(f, "shared_expert_intermediate_size", 5632)?;
                 m.shared_gate = m.shared > 0;
             }

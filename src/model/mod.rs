@@ -7,6 +7,7 @@ pub mod config;
 pub mod efficient_attention;
 pub mod families;
 pub mod frozen;
+pub mod gated_delta;
 pub mod hf_config;
 pub mod hf_fields;
 pub mod hf_keys;

@@ -110,6 +110,53 @@ pub struct Variant {
     /// queries at position `p` times `ln(1 + ⌊(p + 1)/floor_scale⌋)·attn_scale + 1`; the
     /// factors `(floor_scale, attn_scale)`.
     pub attn_temperature: Option<(Factor, Factor)>,
+    /// The full layers' queries come with an output gate of their width (Qwen3-Next: `q`
+    /// projects to `2·A·D`, each head's second half the gate; the attention's output times
+    /// `sigmoid(gate)` before `o`).
+    pub attn_output_gate: bool,
+    /// The layers whose attention is Gated DeltaNet's linear attention (Qwen3-Next's
+    /// `linear_attention` layers, [`GatedDelta`]).
+    pub gated_delta: Option<GatedDelta>,
+}
+
+/// Qwen3-Next's Gated DeltaNet (transformers' `Qwen3NextGatedDeltaNet`): `in_proj_qkvz`,
+/// `in_proj_ba`, a depthwise causal convolution of `conv_kernel` over q, k, v, the gated delta
+/// rule over `value_heads` heads (q and k repeated from `key_heads`), a gated RMSNorm and
+/// `out_proj`. Its state per sequence is fixed: the convolution's last `conv_kernel` inputs
+/// and the recurrent state, `value_heads × key_dim × value_dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GatedDelta {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+    /// The linear layers (bit `i` for layer `i`); the others are full attention.
+    pub layers: u128,
+}
+
+impl GatedDelta {
+    /// q and k, `key_heads·key_dim` each.
+    pub fn key_width(&self) -> usize {
+        self.key_heads * self.key_dim
+    }
+
+    /// v, z and the output, `value_heads·value_dim` each.
+    pub fn value_width(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+
+    /// The convolution's channels, q, k and v: `2·Kd + Vd`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// Elements of one sequence's state in one layer: the convolution's `conv_kernel` last
+    /// inputs (transformers' `conv_states`, `(conv_dim, kernel)`) and the recurrent state
+    /// (`(value_heads, key_dim, value_dim)`).
+    pub fn state_elems(&self) -> usize {
+        self.conv_dim() * self.conv_kernel + self.value_heads * self.key_dim * self.value_dim
+    }
 }
 
 impl Llama {
@@ -126,6 +173,13 @@ impl Llama {
             true => (heads * self.head_dim, self.kv_heads * self.head_dim),
             false => (self.head_dim, self.head_dim),
         }
+    }
+
+    /// Layer `layer`'s Gated DeltaNet, when it is a linear-attention layer (Qwen3-Next).
+    pub fn linear_at(&self, layer: usize) -> Option<GatedDelta> {
+        self.variant
+            .gated_delta
+            .filter(|g| layer < 128 && g.layers & (1u128 << layer) != 0)
     }
 
     /// Whether layer `layer` has no rotary embedding (NoPE).

@@ -52,6 +52,7 @@ pub use super::attention::{Attention, Rotary};
 pub use super::config::{
     BlockTensor, Config, LayerLayout, MlpLayout, PRESETS, ProjSpec, block_projections,
 };
+pub use super::gated_delta::GatedDeltaNet;
 pub use super::mla::Mla;
 pub use super::mlp::Mlp;
 pub use super::moe::Moe;
@@ -147,6 +148,8 @@ fn add_owned<T: TensorOps>(a: &T, b: T) -> Result<T> {
 pub enum SelfAttention<T: TensorOps = Tensor> {
     Mha(Attention<T>),
     Mla(Mla<T>),
+    /// Qwen3-Next's linear attention ([`GatedDeltaNet`]); its cache pair is its fixed state.
+    Linear(Box<GatedDeltaNet<T>>),
 }
 
 impl<T: TensorOps> SelfAttention<T> {
@@ -155,6 +158,7 @@ impl<T: TensorOps> SelfAttention<T> {
         match self {
             SelfAttention::Mha(a) => &a.q,
             SelfAttention::Mla(a) => &a.kv_a,
+            SelfAttention::Linear(a) => &a.qkvz,
         }
     }
 
@@ -170,6 +174,7 @@ impl<T: TensorOps> SelfAttention<T> {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads(&x, mask, rotary)?, &a.o),
             SelfAttention::Mla(a) => (a.heads(&x, mask, rotary)?, &a.o),
+            SelfAttention::Linear(a) => (a.heads(&x, None)?, &a.out),
         };
         o.forward_add(y, x, residual)
     }
@@ -188,6 +193,7 @@ impl<T: TensorOps> SelfAttention<T> {
             (SelfAttention::Mla(a), None) => (a.heads(&x, mask, rotary)?, &a.o),
             (SelfAttention::Mha(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c)?, &a.o),
             (SelfAttention::Mla(a), Some(c)) => (a.heads_cached(&x, mask, rotary, c)?, &a.o),
+            (SelfAttention::Linear(a), c) => (a.heads(&x, c)?, &a.out),
         };
         drop(x);
         let y = o.forward(&heads)?;
@@ -207,6 +213,7 @@ impl<T: TensorOps> SelfAttention<T> {
         let (y, o) = match self {
             SelfAttention::Mha(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
             SelfAttention::Mla(a) => (a.heads_cached(&x, mask, rotary, cache)?, &a.o),
+            SelfAttention::Linear(a) => (a.heads(&x, Some(cache))?, &a.out),
         };
         o.forward_add(y, x, residual)
     }
@@ -251,7 +258,14 @@ impl<T: TensorOps, R> Block<T, R> {
                 .transpose()
         };
         let ln1 = pre("ln1")?;
+        let linear = cfg.llama.and_then(|l| l.linear_at(layer));
         let attn = match cfg.llama.and_then(|l| l.mla) {
+            _ if linear.is_some() => SelfAttention::Linear(Box::new(GatedDeltaNet::new(
+                cfg,
+                linear.expect("a linear layer"),
+                &lay.attn,
+                &w.pp("attn"),
+            )?)),
             Some(m) => SelfAttention::Mla(Mla::new(cfg, layer, m, &lay.attn, &w.pp("attn"))?),
             None => SelfAttention::Mha(Attention::new(cfg, layer, &lay.attn, &w.pp("attn"))?),
         };
@@ -283,6 +297,9 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         let attn = match &self.attn {
             SelfAttention::Mha(a) => SelfAttention::Mha(a.map(base, adapter, norm)?),
             SelfAttention::Mla(a) => SelfAttention::Mla(a.map(base, adapter, norm)?),
+            SelfAttention::Linear(a) => {
+                SelfAttention::Linear(Box::new(a.map(base, adapter, norm)?))
+            }
         };
         let ln1 = self.ln1.as_ref().map(|n| n.map(norm)).transpose()?;
         let ln1_post = self.post.as_ref().map(|p| p.0.map(norm)).transpose()?;
@@ -419,6 +436,7 @@ impl Block {
         let mut v: Vec<&mut Proj> = match &mut self.attn {
             SelfAttention::Mha(a) => a.projs_mut(),
             SelfAttention::Mla(a) => a.projs_mut(),
+            SelfAttention::Linear(a) => vec![&mut a.qkvz, &mut a.out],
         };
         v.extend(self.mlp.projs_mut());
         v

@@ -180,6 +180,17 @@ fn decode_step_on(
         .iter()
         .map(|&Slot { layer, tag }| {
             ledger.set_tag(tag);
+            // A linear layer (Qwen3-Next's Gated DeltaNet): its fixed state, the
+            // convolution's last inputs `(B, K, C)` in the cache's type and the recurrent
+            // state `(B, nv, dk, dv)` in f32 (transformers computes and keeps it so).
+            if let Some(g) = shape.llama.and_then(|l| l.linear_at(layer)) {
+                let conv = [b, g.conv_kernel, g.conv_dim()];
+                let state = [b, g.value_heads, g.key_dim, g.value_dim];
+                return Some((
+                    Sym::new(ledger, &conv, dtype),
+                    Sym::new(ledger, &state, DType::F32),
+                ));
+            }
             let t = shape
                 .llama
                 .and_then(|l| l.window_at(layer))

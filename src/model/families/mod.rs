@@ -14,7 +14,8 @@
 //! `partial_rotary`, and DeepSeek-V3's router under its own type), Gemma 2 the fourth (two:
 //! `attn_softcap`, `final_softcap`), Llama 4's text model the fifth (three: `chunked_attention`,
 //! `qk_l2_norm`, `attn_temperature`, SmolLM3's `nope_layers`, and the experts' input-side weight,
-//! `MoeShape::input_scaled`).
+//! `MoeShape::input_scaled`), Qwen3-Next the sixth (a layer kind of its own, Gated DeltaNet's
+//! linear attention, `Variant::gated_delta`, and the full layers' `attn_output_gate`).
 
 use super::hf_fields::Fields;
 use super::shapes::Llama;
@@ -25,6 +26,7 @@ mod gemma3;
 mod glm4_moe;
 mod llama4;
 mod olmo2;
+mod qwen3_next;
 mod smollm3;
 
 /// What a LLaMA-style family adds to the shared reader.
@@ -70,6 +72,7 @@ pub(crate) const FAMILIES: &[&dyn Family] = &[
     &olmo2::Olmo2,
     &glm4_moe::Glm4Moe,
     &llama4::Llama4,
+    &qwen3_next::Qwen3Next,
 ];
 
 /// The family of `model_type`, when it has a file.
