@@ -39,6 +39,10 @@ fn presets_have_the_published_parameter_counts() {
         ("gemma-3-1b", 999_885_952),
         ("gemma-3-27b", 27_009_346_304),
         ("gpt-oss-20b", 20_914_757_184),
+        // transformers' Llama4TextConfig() and Qwen3NextConfig() (Scout's text model and
+        // Qwen3-Next-80B-A3B), counted on the meta device.
+        ("llama-4-scout-17b-16e", 107_769_861_120),
+        ("qwen3-next-80b-a3b", 79_674_391_296),
     ] {
         let cfg = Config::preset(name).unwrap_or_else(|| panic!("{name} is a preset"));
         assert_eq!(cfg.params(), want, "{name}");

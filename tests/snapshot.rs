@@ -52,6 +52,8 @@ const PINNED: &[&str] = &[
     "deepseek-v2-lite",
     "tinyllama-1.1b",
     "smollm2-135m",
+    "llama-4-scout-17b-16e",
+    "qwen3-next-80b-a3b",
 ];
 
 /// Every preset memfit has (GPT, ViT, the LLaMA line's and the families') is pinned.
@@ -75,8 +77,8 @@ fn workload() -> String {
     let mut w = String::from("[defaults]\ndevice = \"cuda:0\"\nbatch = 1\n\n");
     for p in PINNED {
         let vit = p.starts_with("vit-");
-        // gpt-oss's sinks are built into the standard attention only.
-        let attention = if *p == "gpt-oss-20b" {
+        // gpt-oss's sinks and Llama 4's chunks are built into the standard attention only.
+        let attention = if *p == "gpt-oss-20b" || p.starts_with("llama-4") {
             r#"["standard"]"#
         } else {
             r#"["standard", "efficient"]"#

@@ -928,6 +928,27 @@ fn expand_grid(spec: &GridSpec, ctx: &Ctx, cases: &mut Vec<Case>) -> Result<(), 
                 }
                 (None, None) => ll.head_dim,
             };
+            // A partial rotary (GLM-4.5, Phi-4-mini, Qwen3-Next) keeps its fraction of a head
+            // that changed width.
+            let old = cfg.llama.map_or(ll.head_dim, |o| o.head_dim);
+            if let Some(w) = ll.variant.partial_rotary
+                && ll.head_dim != old
+            {
+                let scaled = w * ll.head_dim;
+                if scaled % old != 0 || (scaled / old) % 2 != 0 || scaled / old == 0 {
+                    return Err(ctx.bad(
+                        "head_dim",
+                        &ll.head_dim.to_string(),
+                        &format!(
+                            "the model rotates {w} of each head's {old} dimensions, which is no \
+                             even part of {}",
+                            ll.head_dim
+                        ),
+                        &format!("a head_dim whose {w}/{old} is a whole, even number"),
+                    ));
+                }
+                ll.variant.partial_rotary = Some(scaled / old);
+            }
             if ll.head_dim % 2 != 0 {
                 return Err(ctx.bad(
                     "head_dim",

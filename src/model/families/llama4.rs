@@ -107,6 +107,13 @@ impl Family for Llama4 {
         "llama4_text"
     }
 
+    fn presets(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "llama-4-scout-17b-16e",
+            include_str!("../../../workloads/configs/llama-4-scout-17b-16e.json"),
+        )]
+    }
+
     /// transformers' `Llama4TextConfig` defaults (4.57.1: Llama-4-Scout-17B-16E's shape;
     /// `moe_layers` absent: every `interleave_moe_layer_step`-th layer, `no_rope_layers`
     /// absent: every `no_rope_layer_interval`-th layer NoPE).

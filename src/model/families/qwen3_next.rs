@@ -72,6 +72,13 @@ impl Family for Qwen3Next {
         "qwen3_next"
     }
 
+    fn presets(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "qwen3-next-80b-a3b",
+            include_str!("../../../workloads/configs/qwen3-next-80b-a3b.json"),
+        )]
+    }
+
     /// transformers' `Qwen3NextConfig` defaults (4.57.1: Qwen3-Next-80B-A3B's shape).
     fn defaults(&self) -> &'static [(&'static str, &'static str)] {
         &[
