@@ -43,6 +43,10 @@ fn presets_have_the_published_parameter_counts() {
         // Qwen3-Next-80B-A3B), counted on the meta device.
         ("llama-4-scout-17b-16e", 107_769_861_120),
         ("qwen3-next-80b-a3b", 79_674_391_296),
+        // transformers' Gemma2Config() and SmolLM3Config() (Gemma-2-2B's and SmolLM3-3B's
+        // shapes), counted on the meta device.
+        ("gemma-2-2b", 2_614_341_888),
+        ("smollm3-3b", 3_075_098_624),
     ] {
         let cfg = Config::preset(name).unwrap_or_else(|| panic!("{name} is a preset"));
         assert_eq!(cfg.params(), want, "{name}");

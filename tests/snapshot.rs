@@ -54,6 +54,8 @@ const PINNED: &[&str] = &[
     "smollm2-135m",
     "llama-4-scout-17b-16e",
     "qwen3-next-80b-a3b",
+    "gemma-2-2b",
+    "smollm3-3b",
 ];
 
 /// Every preset memfit has (GPT, ViT, the LLaMA line's and the families') is pinned.
@@ -77,12 +79,14 @@ fn workload() -> String {
     let mut w = String::from("[defaults]\ndevice = \"cuda:0\"\nbatch = 1\n\n");
     for p in PINNED {
         let vit = p.starts_with("vit-");
-        // gpt-oss's sinks and Llama 4's chunks are built into the standard attention only.
-        let attention = if *p == "gpt-oss-20b" || p.starts_with("llama-4") {
-            r#"["standard"]"#
-        } else {
-            r#"["standard", "efficient"]"#
-        };
+        // gpt-oss's sinks, Llama 4's chunks and Gemma 2's soft-capped scores are built into
+        // the standard attention only.
+        let attention =
+            if *p == "gpt-oss-20b" || p.starts_with("llama-4") || p.starts_with("gemma-2-") {
+                r#"["standard"]"#
+            } else {
+                r#"["standard", "efficient"]"#
+            };
         let _ = writeln!(
             w,
             "[[grid]]\npreset = \"{p}\"\n{}dtype = [\"f32\", \"bf16\"]\nkernels = [\"composed\", \"fused\"]\nattention = {attention}\nphases = {TRAIN}\n",

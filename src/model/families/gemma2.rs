@@ -35,6 +35,13 @@ impl Family for Gemma2 {
         "gemma2"
     }
 
+    fn presets(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "gemma-2-2b",
+            include_str!("../../../workloads/configs/gemma-2-2b.json"),
+        )]
+    }
+
     /// transformers' `Gemma2Config` defaults (4.57.1).
     fn defaults(&self) -> &'static [(&'static str, &'static str)] {
         &[

@@ -69,6 +69,13 @@ impl Family for SmolLm3 {
         "smollm3"
     }
 
+    fn presets(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "smollm3-3b",
+            include_str!("../../../workloads/configs/smollm3-3b.json"),
+        )]
+    }
+
     /// transformers' `SmolLM3Config` defaults (4.57.1).
     fn defaults(&self) -> &'static [(&'static str, &'static str)] {
         &[
