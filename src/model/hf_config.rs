@@ -1335,14 +1335,7 @@ fn moe_shape(f: &Fields, model_type: &str) -> Result<Option<MoeShape>, UserError
     };
     let experts = shape.experts;
     let top_k = moe_size(f, model_type, "num_experts_per_tok", max)?;
-    if top_k > experts {
-        return Err(f.bad(
-            "num_experts_per_tok",
-            &Value::from(top_k),
-            &format!("more than the {experts} experts"),
-            &format!("1..={experts}"),
-        ));
-    }
+    super::hf_fields::check_top_k(f, top_k, experts)?;
     if let Some(g) = shape.group
         && top_k > g.top_groups * (experts / g.groups)
     {

@@ -141,6 +141,19 @@ pub(crate) fn partial_rotary(
     Ok((width < head_dim).then_some(width))
 }
 
+/// `num_experts_per_tok` = `top_k` refused above the `experts` there are.
+pub(crate) fn check_top_k(f: &Fields, top_k: usize, experts: usize) -> Result<(), UserError> {
+    if top_k > experts {
+        return Err(f.bad(
+            "num_experts_per_tok",
+            &Value::from(top_k),
+            &format!("more than the {experts} experts"),
+            &format!("1..={experts}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A list of layer indices `v` under `key` (transformers' `mlp_only_layers`, Llama 4's
 /// `moe_layers`) as a bit each: every entry a layer index below `layers` (and 128).
 pub(crate) fn layer_set(

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use super::Family;
 use crate::error::UserError;
-use crate::model::hf_fields::{Fields, layer_set};
+use crate::model::hf_fields::{Fields, check_top_k, layer_set};
 use crate::model::limits::{MAX_EXPERTS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ};
 use crate::model::shapes::{Factor, Llama, MoeShape, Scoring, Variant};
 
@@ -40,14 +40,7 @@ pub struct Llama4;
 fn moe(f: &Fields, layers: usize) -> Result<MoeShape, UserError> {
     let experts = f.size("num_local_experts", MAX_EXPERTS)?;
     let top_k = f.size("num_experts_per_tok", MAX_EXPERTS)?;
-    if top_k > experts {
-        return Err(f.bad(
-            "num_experts_per_tok",
-            &Value::from(top_k),
-            &format!("more than the {experts} experts"),
-            &format!("1..={experts}"),
-        ));
-    }
+    check_top_k(f, top_k, experts)?;
     let mut m = MoeShape::plain(experts, top_k, false);
     m.scoring = Scoring::Sigmoid;
     m.input_scaled = true;
