@@ -28,11 +28,21 @@ const LLAMA_405B: &[&str] = &[
 
 /// `predict ARGS --parallel LAYOUT --json`: the case's JSON, or the failure's stderr.
 fn predict(args: &[&str], layout: &str) -> Result<Value, String> {
+    run(
+        args,
+        layout,
+        &["--batch", "1", "--seq", "4096", "--phases", "init"],
+    )
+}
+
+/// `predict ARGS MORE --device cuda:0 --parallel LAYOUT --json`: the case's JSON, or the
+/// failure's stderr.
+fn run(args: &[&str], layout: &str, more: &[&str]) -> Result<Value, String> {
     let out = common::memfit()
         .arg("predict")
         .args(args)
-        .args(["--batch", "1", "--seq", "4096", "--device", "cuda:0"])
-        .args(["--phases", "init", "--parallel", layout, "--json"])
+        .args(more)
+        .args(["--device", "cuda:0", "--parallel", layout, "--json"])
         .output()
         .unwrap();
     if !out.status.success() {
@@ -200,16 +210,7 @@ fn impossible_layouts_are_refused_by_name() {
 
 /// `predict ARGS --parallel LAYOUT --json` at B `b`, S `s` with every training phase.
 fn predict_train(args: &[&str], layout: &str, b: &str, s: &str) -> Value {
-    let out = common::memfit()
-        .arg("predict")
-        .args(args)
-        .args(["--batch", b, "--seq", s, "--device", "cuda:0"])
-        .args(["--parallel", layout, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let line = String::from_utf8(out.stdout).unwrap();
-    serde_json::from_str(line.lines().next().unwrap()).unwrap()
+    run(args, layout, &["--batch", b, "--seq", s]).unwrap()
 }
 
 fn acts(v: &Value) -> &Vec<Value> {

@@ -710,23 +710,18 @@ fn parallel_answer(
     use crate::formula::parallel;
     let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
     layout.check(&case.cfg).map_err(what)?;
-    let e = Shape::of(case).e();
-    let rates = parallel::rates(e, case.optimizer).ok_or_else(|| {
+    let shape = Shape::of(case);
+    let rates = parallel::rates(shape.e(), case.optimizer).ok_or_else(|| {
         what(format!(
             "--parallel: the {} optimizer's state is not a whole number of bytes a parameter (use adam, adamw, sgd or sgd-momentum)",
             case.optimizer.as_str()
         ))
     })?;
-    let acts = parallel::stage_activations(&Shape::of(case), layout, case.optimizer, threads);
+    let acts = parallel::stage_activations(&shape, layout, case.optimizer, threads);
     Ok(ParallelAnswer {
         layout: layout.to_string(),
         gpus: layout.gpus(),
-        ranks: parallel::stage_ranks(
-            &case.cfg,
-            layout,
-            rates,
-            case.precision == crate::device::Precision::Mixed,
-        ),
+        ranks: parallel::stage_ranks(&case.cfg, layout, rates, shape.mixed),
         activations_missing: acts.as_ref().err().cloned(),
         activations: acts.ok(),
     })

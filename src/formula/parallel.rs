@@ -20,7 +20,7 @@
 //! - **Expert parallel**: a mixture's experts split over `ep` ranks (`E/ep` each), each expert
 //!   also split over `tp` (expert tensor parallelism equal to `tp`, Megatron-Core's default).
 //! - **ZeRO** over the data-parallel group: stage 1 shards the optimizer state, 2 also the
-//!   gradients, 3 also the weights ([`super::zero::per_gpu_bytes`]); under mixed precision the
+//!   gradients, 3 also the weights ([`super::zero::shards`]); under mixed precision the
 //!   weights are the f32 masters, which stage 1 shards with the state (the ZeRO paper's
 //!   `K = 12` for Adam), the 16-bit working copy being made in the step's graph; an expert's
 //!   states shard over its own data-parallel group, `dp/ep` ranks (its replicas).
@@ -42,6 +42,7 @@ use std::ops::Range;
 use std::str::FromStr;
 
 use super::transformer::Shape;
+use super::zero;
 use crate::model::config::{BlockTensor, Config};
 use crate::step::{OptimizerKind, Phase};
 
@@ -337,13 +338,13 @@ pub fn stage_ranks(
                 }
             }
             let (we, ge, oe) = rates;
-            let d = split_states(
+            let d = zero::shards(
                 layout.zero,
                 layout.dp as u64,
                 (we * dense, ge * dense, oe * dense),
                 masters,
             );
-            let x = split_states(
+            let x = zero::shards(
                 layout.zero,
                 (layout.dp / layout.ep) as u64,
                 (we * expert, ge * expert, oe * expert),
@@ -447,15 +448,6 @@ pub fn stage_activations(
             }
         })
         .collect())
-}
-
-/// ZeRO `stage`'s shards of `(weights, gradients, state)` over `n` ranks (each rounded up, as
-/// [`super::zero::per_gpu_bytes`] sums them); f32 `masters` shard with the state.
-fn split_states(stage: u8, n: u64, (w, g, o): (u64, u64, u64), masters: bool) -> (u64, u64, u64) {
-    let shard = |b: u64| b.div_ceil(n);
-    let w_at = if masters { 1 } else { 3 };
-    let at = |from: u8, b: u64| if stage >= from { shard(b) } else { b };
-    (at(w_at, w), at(2, g), at(1, o))
 }
 
 #[cfg(test)]

@@ -20,6 +20,17 @@ pub fn per_gpu_bytes(stage: u8, gpus: u64, weights: u64, grads: u64, state: u64)
     }
 }
 
+/// [`per_gpu_bytes`] part by part: ZeRO `stage`'s shares of `(weights, gradients, state)` on
+/// each of `gpus` GPUs, each rounded up to a whole byte (the state sharded from stage 1, the
+/// gradients from 2, the weights from 3 — or, f32 `masters` of mixed precision, the ZeRO
+/// paper's `K = 12` for Adam, with the state from stage 1). `predict --parallel`'s per-rank
+/// states ([`super::parallel`]).
+pub fn shards(stage: u8, gpus: u64, (w, g, o): (u64, u64, u64), masters: bool) -> (u64, u64, u64) {
+    assert!(gpus >= 1, "at least one GPU");
+    let at = |from: u8, b: u64| if stage >= from { b.div_ceil(gpus) } else { b };
+    (at(if masters { 1 } else { 3 }, w), at(2, g), at(1, o))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,9 +25,8 @@ fn releasing<T: TensorOps>(norm: &Norm<T>, x: &T) -> Result<T> {
 /// weight: the RMSNorm of `core`'s kernels with a detached weight of ones (transformers': the
 /// normalisation in f32 of x's f32 copy, cast back, [`Kernel::RmsNormalise`]).
 fn l2_norm<T: TensorOps>(x: &T, eps: f64, core: &Core) -> Result<T> {
-    let d = *x.dims().last().expect("a head has a width");
     let xd = x.detach();
-    let ones = xd.zeros(&[d])?.affine(0.0, 1.0)?;
+    let ones = super::norm::unit_weight(&xd)?;
     let eps = eps as f32;
     match (core.fused, core.torch) {
         (true, true) => {
@@ -691,7 +690,7 @@ fn gated<T: TensorOps>(y: T, gate: Option<T>) -> Result<T> {
     match gate {
         None => Ok(y),
         Some(g) => {
-            let s = super::gated_delta::sigmoid(&g)?;
+            let s = super::moe::sigmoid(&g)?;
             drop(g);
             let out = y.mul(&s)?;
             drop((y, s));

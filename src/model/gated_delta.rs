@@ -57,11 +57,6 @@ pub struct GatedDeltaNet<T: TensorOps = Tensor> {
     pub(crate) shape: GatedDelta,
 }
 
-/// `σ(x) = 1/(1 + e^{−x})`, composed.
-pub(crate) fn sigmoid<T: TensorOps>(x: &T) -> Result<T> {
-    x.neg()?.exp()?.affine(1.0, 1.0)?.recip()
-}
-
 /// `x·rsqrt(Σx² + ε)` over the last dimension (transformers' `l2norm`).
 fn l2norm<T: TensorOps>(x: &T) -> Result<T> {
     let inv = x
@@ -184,7 +179,7 @@ impl<T: TensorOps> GatedDeltaNet<T> {
         let k = conv_out.narrow(2, kd, kd)?.reshape(&[b, s, nk, dk])?;
         let v = conv_out.narrow(2, 2 * kd, vd)?.reshape(&[b, s, nv, dv])?;
         drop(conv_out);
-        let beta = sigmoid(&beta_in)?;
+        let beta = super::moe::sigmoid(&beta_in)?;
         drop(beta_in);
         let gate = self.decay(&a)?;
         drop(a);

@@ -102,6 +102,14 @@ impl<T: TensorOps> Mlp<T> {
         self.map_projs(&|p| p.map(base, adapter))
     }
 
+    /// The projection reading the input first (fc1, or gate: up reads it too, of one type).
+    pub fn input_proj(&self) -> &Proj<T> {
+        match self {
+            Mlp::Gelu { fc1, .. } => fc1,
+            Mlp::SwiGlu { gate, .. } => gate,
+        }
+    }
+
     /// The projections (fc1, fc2 or gate, up, down).
     pub fn projs(&self) -> Vec<&Proj<T>> {
         match self {
@@ -221,7 +229,7 @@ impl<T: TensorOps> Mlp<T> {
         let (a, out) = self.hidden(&x)?;
         // Autocast: the expert's f32 rows, cast by gate and up each, are read by no backward
         // (x is the expert's own gathered copy).
-        x.release_if(self.projs()[0].casts(&x))?;
+        x.release_if(self.input_proj().casts(&x))?;
         drop(x);
         if matches!(self, Mlp::SwiGlu { torch: true, .. }) {
             let y = out.forward(&a)?;

@@ -208,7 +208,7 @@ impl<T: TensorOps> Norm<T> {
 
 /// A `(H)` of ones in x's type, H x's last dimension: the weight of a normalisation alone
 /// (made as zeros, then set: two allocations, the first freed at once).
-fn unit_weight<T: TensorOps>(x: &T) -> Result<T> {
+pub(crate) fn unit_weight<T: TensorOps>(x: &T) -> Result<T> {
     let n = *x.dims().last().expect("a dimension");
     x.zeros(&[n])?.affine(0.0, 1.0)
 }

@@ -203,13 +203,12 @@ impl<T: TensorOps> Proj<T> {
     /// projection without bias or adapter on a contiguous h is one op
     /// ([`Kernel::LinearScaled`]): the unscaled product is never kept.
     pub fn forward_scaled(&self, h: T, s: &T) -> Result<T> {
-        let s = s.to_dtype_of(&self.weight)?;
-        if self.adds_in_place() && h.is_contiguous() && h.same_type(&self.weight) {
-            return T::kernel(Kernel::LinearScaled, &[&h, &self.weight, &s]);
+        if self.adds_in_place() && h.is_contiguous() {
+            return T::kernel(Kernel::LinearScaled, &[&h, &self.weight, s]);
         }
         let y = self.forward(&h)?;
         drop(h);
-        y.broadcast_mul(&s)
+        y.broadcast_mul(s)
     }
 
     /// Fused kernels, a dense weight, no bias, no adapter: [`Proj::forward_add`]'s and

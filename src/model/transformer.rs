@@ -108,7 +108,7 @@ impl<T: TensorOps, R: Routing<T> + Clone> Ffn<T, R> {
     /// A projection reading the input (every one is of its type).
     fn input_proj(&self) -> &Proj<T> {
         match self {
-            Ffn::Dense(m) => m.projs()[0],
+            Ffn::Dense(m) => m.input_proj(),
             Ffn::Moe(m) => &m.router,
         }
     }
@@ -954,25 +954,25 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// masters').
     pub fn input_mask_for(&self, blocks: &[Block<T, R>], input: &T) -> Result<Masks<T>> {
         match &self.stem {
-            Stem::Tokens(wte) if self.needs_mask() => self.masks_for(blocks, wte, input.dims()[1]),
+            Stem::Tokens(_) if self.needs_mask() => self.masks_for(blocks, input.dims()[1]),
             _ => Ok(Masks::default()),
         }
     }
 
-    fn masks(&self, wte: &T, s: usize) -> Result<Masks<T>> {
-        self.masks_for(&self.blocks, wte, s)
+    fn masks(&self, s: usize) -> Result<Masks<T>> {
+        self.masks_for(&self.blocks, s)
     }
 
     /// The masks of a prompt of `s` tokens for the layers `blocks`: full first, then windowed
     /// (as transformers makes its `full_attention` and `sliding_attention` masks).
-    fn masks_for(&self, blocks: &[Block<T, R>], wte: &T, s: usize) -> Result<Masks<T>> {
+    fn masks_for(&self, blocks: &[Block<T, R>], s: usize) -> Result<Masks<T>> {
         let full = if blocks.iter().any(|b| !b.windowed) {
-            Some(self.mask(wte, s, None)?)
+            Some(self.mask(s, None)?)
         } else {
             None
         };
         let sliding = match self.form.sliding_window {
-            Some(w) if blocks.iter().any(|b| b.windowed) => Some(self.mask(wte, s, Some(w))?),
+            Some(w) if blocks.iter().any(|b| b.windowed) => Some(self.mask(s, Some(w))?),
             _ => None,
         };
         Ok(Masks { full, sliding })
@@ -1002,7 +1002,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             cache.layers = (0..self.blocks.len()).map(|_| None).collect();
         }
         let masks = if s > 1 && self.needs_mask() {
-            self.masks(wte, s)?
+            self.masks(s)?
         } else {
             Masks::default()
         };
@@ -1034,7 +1034,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// The causal mask (with a window: the windowed one; Llama 4: the chunked one) in the type
     /// the attention computes in, the head's (f32 → the model's type: no copy for f32; under
     /// autocast the token table stays f32 and the head is 16-bit, as the scores are).
-    fn mask(&self, _wte: &T, s: usize, window: Option<usize>) -> Result<T> {
+    fn mask(&self, s: usize, window: Option<usize>) -> Result<T> {
         let like = &self.head.weight;
         match window {
             Some(c) if self.form.chunked => {
