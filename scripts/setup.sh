@@ -8,14 +8,16 @@
 #                            foreign reader of the HDF5 files), chromium (tests/report.rs renders
 #                            report.html headless), valgrind + heaptrack (the heap profilers
 #                            scripts/bench-profilers.sh compares memfit with; tests/bench_scripts.rs
-#                            runs it once, tiny). scripts/test.sh uses this.
+#                            runs it once, tiny), Open MPI + libclang (the `ranks` feature:
+#                            the mpi crate's bindings; tests/ranks.rs runs mpirun).
+#                            scripts/test.sh uses this.
 # Does nothing when all are there.
 set -euo pipefail
 pkgs=(libhdf5-dev pkg-config)
 case "${1:-}" in
   "") ;;
   cuda) pkgs+=(python3-pip gcc) ;;
-  test) pkgs+=(python3-pip gcc hdf5-tools chromium valgrind heaptrack) ;;
+  test) pkgs+=(python3-pip gcc hdf5-tools chromium valgrind heaptrack libopenmpi-dev openmpi-bin libclang-dev) ;;
   *) echo "setup.sh: unknown set '$1' (none, cuda or test)" >&2; exit 2 ;;
 esac
 need=()

@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-2}"
-cargo test --all-targets
-cargo test --doc
+# `ranks`: memfit ranks over MPI, whose tests (tests/ranks.rs) launch 1–4 ranks with mpirun.
+cargo test --all-targets --features ranks
+cargo test --doc --features ranks
 if [[ "${MEMFIT_SKIP_CUDA_CHECK:-0}" == 1 ]]; then
   echo "cuda check SKIPPED (MEMFIT_SKIP_CUDA_CHECK=1)" >&2
 else

@@ -74,6 +74,13 @@ pub enum Command {
         after_help = "Examples:\n  memfit selftest\n  memfit selftest --device cuda:0 --json\n  memfit selftest --list\n  memfit selftest --filter attn"
     )]
     Selftest(SelftestArgs),
+    /// One data-parallel rank of a training case per process, launched by `mpirun -np N` or
+    /// `srun -n N`: the gradients averaged and the optimizer state sharded over the ranks (ZeRO
+    /// 0, 1 or 2, through MPI); every rank's windows measured and predicted, printed by rank 0.
+    #[command(
+        after_help = "Needs a build with `--features ranks` (MPI) to run more than one rank.\n\nExamples:\n  mpirun -np 2 memfit ranks --preset small --layers 2 --batch 2 --seq 64 --optimizer adamw --zero 1\n  srun -n 4 memfit ranks --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 32 --zero 2 --check --json"
+    )]
+    Ranks(Box<RanksArgs>),
     /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
     #[command(hide = true)]
     DataloadWorker(DataloadWorkerArgs),
@@ -223,6 +230,27 @@ impl Routing {
     pub fn worst(self) -> bool {
         self == Routing::Worst
     }
+}
+
+#[derive(Debug, Args)]
+pub struct RanksArgs {
+    #[command(flatten)]
+    pub grid: GridArgs,
+    /// ZeRO stage over the ranks: 0 (plain data parallel: gradients all-reduced, every rank
+    /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
+    /// too).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub zero: u8,
+    /// CPU threads of each rank.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// After the windows, also train one process on the whole global batch from the same
+    /// weights and compare its gradients and weights with every rank's.
+    #[arg(long)]
+    pub check: bool,
+    /// One JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,7 @@ pub mod meter;
 pub mod model;
 pub mod optim;
 pub mod phase;
+pub mod ranks;
 pub mod record;
 pub mod report;
 pub mod selftest;

@@ -8,6 +8,7 @@ pub mod merge;
 pub mod predict;
 pub mod probe;
 pub mod probe_backward;
+pub mod ranks;
 pub mod report;
 pub mod run;
 pub mod selftest;
@@ -27,6 +28,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Probe(ProbeCommand::Matmul(args)) => probe::probe(&args),
         Command::Probe(ProbeCommand::Backward(args)) => probe_backward::probe(&args),
         Command::Selftest(args) => selftest::selftest(&args),
+        Command::Ranks(args) => ranks::ranks(&args),
         Command::Dataset(cmd) => dataset::dataset(&cmd),
         Command::DataloadWorker(a) => {
             let storage = crate::data::Storage::parse(&a.storage)

@@ -59,19 +59,20 @@ struct Slot {
     v: Option<Tensor>,
 }
 
-/// An in-place optimizer.
-pub struct InPlace {
+/// The update rule of an optimizer kind with its learning rate: one parameter's (or one
+/// contiguous view's) step, given its gradient and state. [`InPlace`] steps every parameter
+/// with it; a ZeRO rank (`crate::ranks::zero`) steps its shard of each.
+#[derive(Debug, Clone, Copy)]
+pub struct Stepper {
     rule: Rule,
     lr: f64,
-    slots: Vec<Slot>,
-    step_t: i32,
 }
 
-impl InPlace {
+impl Stepper {
     /// `kind` with learning rate `lr` (AdamW's other settings candle-nn's defaults; `adam`
     /// without weight decay; momentum 0.9 as `sgd_momentum`); `adamw-8bit` is an error (it
     /// has its own step).
-    pub fn new(kind: OptimizerKind, vars: Vec<Var>, lr: f64) -> Result<Self> {
+    pub fn new(kind: OptimizerKind, lr: f64) -> Result<Self> {
         let d = ParamsAdamW::default();
         let rule = match kind {
             OptimizerKind::Sgd => Rule::Sgd,
@@ -90,11 +91,108 @@ impl InPlace {
             },
             OptimizerKind::Adamw8bit => bail!("adamw-8bit has no in-place step here"),
         };
-        let (moments, second) = match rule {
+        Ok(Self { rule, lr })
+    }
+
+    /// Which state tensors the rule keeps: (first moment or velocity, second moment).
+    pub fn state(&self) -> (bool, bool) {
+        match self.rule {
             Rule::Sgd => (false, false),
             Rule::Momentum { .. } => (true, false),
             Rule::AdamW { .. } => (true, true),
-        };
+        }
+    }
+
+    /// Step `t` (from 1) of `theta` with its gradient `g` (contiguous, of `theta`'s size) and
+    /// its state, all written in place.
+    pub fn apply(
+        &self,
+        theta: &Tensor,
+        g: &Tensor,
+        m: Option<&Tensor>,
+        v: Option<&Tensor>,
+        t: i32,
+    ) -> Result<()> {
+        let lr = self.lr;
+        match (self.rule, m, v) {
+            (Rule::Sgd, _, _) => theta.inplace_op2(
+                g,
+                &Axpby {
+                    a: 1.0,
+                    b: -lr,
+                    square: false,
+                },
+            ),
+            (Rule::Momentum { mu }, Some(v), _) => {
+                v.inplace_op2(
+                    g,
+                    &Axpby {
+                        a: mu,
+                        b: 1.0,
+                        square: false,
+                    },
+                )?;
+                theta.inplace_op2(
+                    v,
+                    &Axpby {
+                        a: 1.0,
+                        b: -lr,
+                        square: false,
+                    },
+                )
+            }
+            (
+                Rule::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    wd,
+                },
+                Some(m),
+                Some(v),
+            ) => {
+                m.inplace_op2(
+                    g,
+                    &Axpby {
+                        a: beta1,
+                        b: 1.0 - beta1,
+                        square: false,
+                    },
+                )?;
+                v.inplace_op2(
+                    g,
+                    &Axpby {
+                        a: beta2,
+                        b: 1.0 - beta2,
+                        square: true,
+                    },
+                )?;
+                let update = AdamUpdate {
+                    lr,
+                    decay: 1.0 - lr * wd,
+                    scale_m: 1.0 / (1.0 - beta1.powi(t)),
+                    scale_v: 1.0 / (1.0 - beta2.powi(t)),
+                    eps,
+                };
+                theta.inplace_op3(m, v, &update)
+            }
+            _ => bail!("in-place optimizer: state missing for its rule"),
+        }
+    }
+}
+
+/// An in-place optimizer.
+pub struct InPlace {
+    stepper: Stepper,
+    slots: Vec<Slot>,
+    step_t: i32,
+}
+
+impl InPlace {
+    /// `kind` with learning rate `lr` ([`Stepper::new`]).
+    pub fn new(kind: OptimizerKind, vars: Vec<Var>, lr: f64) -> Result<Self> {
+        let stepper = Stepper::new(kind, lr)?;
+        let (moments, second) = stepper.state();
         // Exactly one slot per parameter tensor (a collected `filter` would grow by doubling).
         let mut slots = Vec::with_capacity(vars.len());
         for var in vars.into_iter().filter(|v| v.dtype().is_float()) {
@@ -106,8 +204,7 @@ impl InPlace {
             });
         }
         Ok(Self {
-            rule,
-            lr,
+            stepper,
             slots,
             step_t: 0,
         })
@@ -115,77 +212,14 @@ impl InPlace {
 
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step_t += 1;
-        let lr = self.lr;
         for slot in &self.slots {
             let theta = slot.var.as_tensor();
             let Some(g) = grads.get(theta) else { continue };
             // The one scratch a step may make: a contiguous copy of a strided gradient
             // (`contiguous` is the same tensor otherwise).
             let g = g.contiguous()?;
-            match (self.rule, &slot.m, &slot.v) {
-                (Rule::Sgd, _, _) => theta.inplace_op2(
-                    &g,
-                    &Axpby {
-                        a: 1.0,
-                        b: -lr,
-                        square: false,
-                    },
-                )?,
-                (Rule::Momentum { mu }, Some(v), _) => {
-                    v.inplace_op2(
-                        &g,
-                        &Axpby {
-                            a: mu,
-                            b: 1.0,
-                            square: false,
-                        },
-                    )?;
-                    theta.inplace_op2(
-                        v,
-                        &Axpby {
-                            a: 1.0,
-                            b: -lr,
-                            square: false,
-                        },
-                    )?;
-                }
-                (
-                    Rule::AdamW {
-                        beta1,
-                        beta2,
-                        eps,
-                        wd,
-                    },
-                    Some(m),
-                    Some(v),
-                ) => {
-                    m.inplace_op2(
-                        &g,
-                        &Axpby {
-                            a: beta1,
-                            b: 1.0 - beta1,
-                            square: false,
-                        },
-                    )?;
-                    v.inplace_op2(
-                        &g,
-                        &Axpby {
-                            a: beta2,
-                            b: 1.0 - beta2,
-                            square: true,
-                        },
-                    )?;
-                    let update = AdamUpdate {
-                        lr,
-                        decay: 1.0 - lr * wd,
-                        scale_m: 1.0 / (1.0 - beta1.powi(self.step_t)),
-                        scale_v: 1.0 / (1.0 - beta2.powi(self.step_t)),
-                        eps,
-                    };
-                    theta.inplace_op3(m, v, &update)?;
-                }
-                _ => bail!("in-place optimizer: state missing for its rule"),
-            }
+            self.stepper
+                .apply(theta, &g, slot.m.as_ref(), slot.v.as_ref(), self.step_t)?;
         }
         Ok(())
     }

@@ -1,0 +1,154 @@
+//! `memfit ranks`: one data-parallel rank of a training case per process, launched by
+//! `mpirun -np N` or `srun -n N` ([`crate::ranks`]); rank 0 prints every rank's windows,
+//! measured beside predicted.
+
+use anyhow::{Context, ensure};
+
+use crate::cli::RanksArgs;
+use crate::ranks::comm::Comm;
+use crate::ranks::{self, Plan, RankReport, WINDOWS};
+use crate::units::human_bytes;
+use crate::workload::{self, WorkloadFile};
+
+/// The ranks' group: MPI's world in a build with the `ranks` feature, else one process (and
+/// an error when a launcher started several).
+fn open_comm() -> anyhow::Result<Box<dyn Comm>> {
+    #[cfg(feature = "ranks")]
+    {
+        let mpi = ranks::comm::Mpi::init().context("MPI was initialised already")?;
+        Ok(Box::new(mpi))
+    }
+    #[cfg(not(feature = "ranks"))]
+    {
+        for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"] {
+            if let Ok(n) = std::env::var(var)
+                && n.trim() != "1"
+            {
+                anyhow::bail!(
+                    "memfit ranks: {var}={n}, but this memfit was built without MPI (build with `--features ranks`; Debian: libopenmpi-dev and libclang-dev)"
+                );
+            }
+        }
+        Ok(Box::new(ranks::comm::Solo))
+    }
+}
+
+/// The MPI library the ranks talk through.
+fn library() -> String {
+    #[cfg(feature = "ranks")]
+    {
+        ranks::comm::Mpi::library()
+    }
+    #[cfg(not(feature = "ranks"))]
+    {
+        "none (one process; built without the `ranks` feature)".to_string()
+    }
+}
+
+pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
+    let cases = workload::expand(&WorkloadFile::default(), &args.grid.grid_flags(), "flags")?;
+    ensure!(
+        cases.len() == 1,
+        "memfit ranks: the flags make {} cases; give one (no comma lists)",
+        cases.len()
+    );
+    let case = &cases[0];
+    ranks::check_case(case, args.zero)?;
+    crate::machine::pin_threads(args.threads)?;
+    let comm = open_comm()?;
+    let plan = Plan {
+        zero: args.zero,
+        check: args.check,
+        threads: args.threads,
+    };
+    let report = ranks::run_rank(case, plan, comm.as_ref())
+        .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
+    let all = comm.all_gather_u64(&ranks::encode(&report));
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let reports = all
+        .chunks(ranks::ENCODED)
+        .map(ranks::decode)
+        .collect::<anyhow::Result<Vec<RankReport>>>()?;
+    if args.json {
+        let doc = serde_json::json!({
+            "case": {
+                "preset": case.preset,
+                "params": crate::formula::transformer::Shape::of(case).params(),
+                "batch_per_rank": case.batch,
+                "seq": case.seq,
+                "optimizer": case.optimizer.as_str(),
+                "threads": args.threads,
+            },
+            "mpi_library": library(),
+            "windows": WINDOWS,
+            "layers": {
+                "windows": "counting allocator (memfit's tensors and bookkeeping), relative to each window's start",
+                "rss_bytes": "process resident set after the window (VmRSS), MPI's buffers included",
+            },
+            "ranks": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    print_table(case, args, &reports);
+    Ok(())
+}
+
+fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankReport]) {
+    println!(
+        "{} ranks, ZeRO {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
+        reports.len(),
+        args.zero,
+        library(),
+        case.preset,
+        case.batch,
+        case.seq,
+        case.optimizer.as_str(),
+        args.threads
+    );
+    println!(
+        "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
+    );
+    println!(
+        "{:>4} {:<10} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+        "rank", "window", "peak", "predicted", "diff", "retained", "predicted", "RSS"
+    );
+    for r in reports {
+        for (name, w) in WINDOWS.iter().zip(&r.windows) {
+            println!(
+                "{:>4} {:<10} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+                r.rank,
+                name,
+                w.peak_bytes,
+                w.predicted_peak_bytes,
+                w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
+                w.retained_bytes,
+                w.predicted_retained_bytes,
+                human_bytes(w.rss_bytes as f64),
+            );
+        }
+    }
+    println!("model states entering the optimizer, measured (formula::zero's data bytes):");
+    for r in reports {
+        let s = r.states;
+        println!(
+            "  rank {}: weights {} ({}), gradients {} ({}), optimizer state {} ({}); RSS peak {}",
+            r.rank,
+            s.weights_bytes,
+            s.predicted_weights_bytes,
+            s.gradient_bytes,
+            s.predicted_gradient_bytes,
+            s.optimizer_state_bytes,
+            s.predicted_optimizer_state_bytes,
+            human_bytes(r.rss_peak_bytes as f64)
+        );
+        if let Some(c) = r.check {
+            println!(
+                "  rank {}: against one process on the global batch: gradients within {:.2e}, weights after two steps within {:.2e}",
+                r.rank, c.gradient_rel_diff, c.weight_rel_diff
+            );
+        }
+    }
+}

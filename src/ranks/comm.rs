@@ -1,0 +1,122 @@
+//! The collectives a rank's step uses, over an existing library: MPI (the `mpi` crate, Open MPI
+//! or MPICH, feature `ranks`), launched by `mpirun` or Slurm's `srun`. No transport of memfit's
+//! own: [`Solo`] is the one-process group (every collective the identity), for a run without
+//! MPI and for the single-process reference.
+//!
+//! Every buffer is an `f32` slice the caller owns (a tensor's storage, through
+//! [`super::zero::with_f32_mut`]): the library's own buffers (eager and rendezvous buffers,
+//! shared-memory segments) are allocated by it, outside memfit's counting allocator, and show
+//! only on the process layer (RSS).
+
+/// A group of ranks and the collectives the sharded step needs.
+pub trait Comm {
+    /// This process's rank, 0-based.
+    fn rank(&self) -> usize;
+    /// The ranks in the group.
+    fn size(&self) -> usize;
+    /// `recv[i] = Σ over ranks of send[i]`, on every rank.
+    fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]);
+    /// `recv[i] = Σ over ranks of send[i]` on `root` (`recv` is `Some` there, `None` elsewhere).
+    fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>);
+    /// `buf` of `root` copied into `buf` of every rank, in place.
+    fn broadcast(&self, root: usize, buf: &mut [f32]);
+    /// Every rank's `send` (the same length everywhere), on every rank, in rank order.
+    fn all_gather_u64(&self, send: &[u64]) -> Vec<u64>;
+    /// Waits until every rank is here.
+    fn barrier(&self);
+}
+
+/// One process: every collective is the identity.
+pub struct Solo;
+
+impl Comm for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn reduce_sum(&self, _root: usize, send: &[f32], recv: Option<&mut [f32]>) {
+        if let Some(r) = recv {
+            r.copy_from_slice(send);
+        }
+    }
+    fn broadcast(&self, _root: usize, _buf: &mut [f32]) {}
+    fn all_gather_u64(&self, send: &[u64]) -> Vec<u64> {
+        send.to_vec()
+    }
+    fn barrier(&self) {}
+}
+
+#[cfg(feature = "ranks")]
+pub use self::mpi_comm::Mpi;
+
+#[cfg(feature = "ranks")]
+mod mpi_comm {
+    use mpi::collective::SystemOperation;
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::*;
+
+    /// `MPI_COMM_WORLD` of an initialised MPI (finalised when dropped).
+    pub struct Mpi {
+        world: SimpleCommunicator,
+        // Dropped last: finalises MPI.
+        _universe: mpi::environment::Universe,
+    }
+
+    impl Mpi {
+        /// Initialises MPI; `None` when it was initialised already.
+        pub fn init() -> Option<Self> {
+            let universe = mpi::initialize()?;
+            Some(Mpi {
+                world: universe.world(),
+                _universe: universe,
+            })
+        }
+
+        /// The MPI library's version string (`MPI_Get_library_version`).
+        pub fn library() -> String {
+            mpi::environment::library_version()
+                .unwrap_or_else(|_| "unknown".into())
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        }
+    }
+
+    impl super::Comm for Mpi {
+        fn rank(&self) -> usize {
+            self.world.rank() as usize
+        }
+        fn size(&self) -> usize {
+            self.world.size() as usize
+        }
+        fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {
+            self.world
+                .all_reduce_into(send, recv, SystemOperation::sum());
+        }
+        fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>) {
+            let p = self.world.process_at_rank(root as i32);
+            match recv {
+                Some(r) => p.reduce_into_root(send, r, SystemOperation::sum()),
+                None => p.reduce_into(send, SystemOperation::sum()),
+            }
+        }
+        fn broadcast(&self, root: usize, buf: &mut [f32]) {
+            self.world.process_at_rank(root as i32).broadcast_into(buf);
+        }
+        fn all_gather_u64(&self, send: &[u64]) -> Vec<u64> {
+            let mut out = vec![0u64; send.len() * self.size()];
+            self.world.all_gather_into(send, &mut out[..]);
+            out
+        }
+        fn barrier(&self) {
+            self.world.barrier();
+        }
+    }
+}

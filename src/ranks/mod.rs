@@ -1,0 +1,613 @@
+//! Data parallelism on real ranks (issue 53): each rank a process running the case's training
+//! step on its own microbatch, the gradients averaged and the optimizer state sharded over the
+//! ranks as ZeRO stage 0, 1 or 2 does ([`zero`]), the collectives through MPI ([`comm`]).
+//! Each rank measures its own windows with the counting allocator, as a single-device run does,
+//! and predicts them: the single device's replay for the same microbatch (the forward and
+//! backward are the same model on the same shapes) and the sharded terms by arithmetic.
+//!
+//! The windows of a rank, in order: `init` (the model built), `forward`, `backward`, `reduce`
+//! (the gradients averaged over the ranks), `optimizer` (the shard's state made and its first
+//! step), `gather` (the updated shards into every rank's weights), then `train-step` (a whole
+//! second step from the steady state: forward, backward, reduce, step, gather). Before the
+//! first window every rank fills its weights from one deterministic sequence per tensor name
+//! (the constant-initialised vectors kept) and takes rank 0's by broadcast, as DDP starts
+//! every replica from rank 0's weights; rank `r` trains on rows `r·B..(r+1)·B` of one
+//! synthetic global batch of `ranks·B` rows.
+//!
+//! Layers of memory, each labelled: the counting allocator (memfit's tensors and bookkeeping:
+//! the windows' peaks and retained bytes) and the process's resident set (`VmRSS`, `VmHWM`),
+//! which also holds the MPI library's buffers and shared-memory segments.
+
+pub mod comm;
+pub mod zero;
+
+use anyhow::{Context, bail, ensure};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+
+use crate::device::{DeviceSpec, Precision};
+use crate::formula::transformer::Shape;
+use crate::meter::cpu_alloc;
+use crate::model::transformer::{Transformer, synthetic_batch};
+use crate::optim::inplace::Stepper;
+use crate::phase::train;
+use crate::step::{OptimizerKind, Phase};
+use crate::workload::Case;
+use comm::Comm;
+
+/// The windows of a rank, in order.
+pub const WINDOWS: [&str; 7] = [
+    "init",
+    "forward",
+    "backward",
+    "reduce",
+    "optimizer",
+    "gather",
+    "train-step",
+];
+
+/// One window of one rank: measured (the counting allocator, relative to the window's start)
+/// and predicted.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Window {
+    pub peak_bytes: u64,
+    pub retained_bytes: i64,
+    /// The counting allocator's bytes when the window opened.
+    pub heap_start_bytes: u64,
+    /// The process layer after the window: resident set (`VmRSS`; MPI's buffers included).
+    pub rss_bytes: u64,
+    pub predicted_peak_bytes: u64,
+    pub predicted_retained_bytes: i64,
+}
+
+/// What a rank holds of the model states entering the optimizer, measured (from the windows'
+/// retained bytes) and predicted by `formula::zero::shards` (data only: parameters ×
+/// bytes per element, each shard rounded up).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct States {
+    pub weights_bytes: i64,
+    pub gradient_bytes: i64,
+    pub optimizer_state_bytes: i64,
+    pub predicted_weights_bytes: u64,
+    pub predicted_gradient_bytes: u64,
+    pub predicted_optimizer_state_bytes: u64,
+}
+
+/// The single-process check: this rank's averaged gradients (its shard at stage 2) and its
+/// weights after the two steps, against one process training on the whole global batch.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Check {
+    /// ‖g_rank − g_single‖ / ‖g_single‖ over this rank's runs of every gradient.
+    pub gradient_rel_diff: f64,
+    /// ‖w_rank − w_single‖ / ‖w_single‖ over every weight after both steps.
+    pub weight_rel_diff: f64,
+}
+
+/// One rank's report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankReport {
+    pub rank: usize,
+    pub ranks: usize,
+    pub zero: u8,
+    /// [`WINDOWS`], in order.
+    pub windows: Vec<Window>,
+    pub states: States,
+    /// The process's resident high-water mark (`VmHWM`) at the end.
+    pub rss_peak_bytes: u64,
+    pub check: Option<Check>,
+}
+
+/// What a rank run is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// ZeRO stage 0, 1 or 2.
+    pub zero: u8,
+    /// Also train one process on the whole global batch and compare (after the windows).
+    pub check: bool,
+    /// CPU threads (the formulas' gemm packing buffers).
+    pub threads: usize,
+}
+
+/// Refuses what the rank runner does not run, by name.
+pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
+    ensure!(
+        case.device == DeviceSpec::Cpu,
+        "ranks: device {}: ranks run on the CPU (NCCL ranks on GPUs are not built)",
+        case.device
+    );
+    ensure!(
+        case.dtype.candle() == DType::F32 && case.precision == Precision::Pure,
+        "ranks: dtype {} precision {}: ranks train in f32 (MPI has no bf16 sum)",
+        case.dtype.as_str(),
+        case.precision.as_str()
+    );
+    ensure!(
+        case.cfg.vision.is_none() && case.cfg.lora_rank == 0,
+        "ranks: a ViT or LoRA case is not run on ranks (decoders, full fine-tune)"
+    );
+    ensure!(
+        matches!(
+            case.optimizer,
+            OptimizerKind::Sgd
+                | OptimizerKind::SgdMomentum
+                | OptimizerKind::Adam
+                | OptimizerKind::Adamw
+        ),
+        "ranks: optimizer {}: sgd, sgd-momentum, adam or adamw (adamw-8bit's blocks are not sharded)",
+        case.optimizer.as_str()
+    );
+    ensure!(
+        zero <= 2,
+        "ranks: ZeRO stage {zero}: stages 0, 1 and 2 run on ranks; stage 3 would gather each layer's weights ahead of use, which candle's graph (it keeps the weights it multiplied) does not allow"
+    );
+    Ok(())
+}
+
+/// The process layer: (`VmRSS`, `VmHWM`) in bytes, from `/proc/self/status`.
+pub fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Runs `body` as a window of the counting allocator: (peak above the start, retained, start).
+fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64, i64, u64)> {
+    let start = cpu_alloc::reset_peak();
+    let out = body()?;
+    let (peak, now) = (cpu_alloc::peak(), cpu_alloc::current());
+    Ok((out, peak - start, now as i64 - start as i64, start))
+}
+
+/// Every variable, by name (the order the collectives visit them on every rank).
+fn named_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let data = varmap.data().lock().expect("varmap lock");
+    let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The weights every rank starts from: each tensor that is not constant filled from a xorshift
+/// sequence seeded by its name, uniform with a standard deviation of 0.02 (GPT-2's
+/// initialisation); the constant ones (norms' weights, zero biases) kept. In place: nothing
+/// allocated.
+fn fill_deterministic(vars: &[(String, Var)]) -> anyhow::Result<()> {
+    for (name, var) in vars {
+        // FNV-1a of the name, never 0.
+        let mut state = name
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            })
+            .max(1);
+        let a = 0.02 * 3f32.sqrt();
+        zero::with_f32_mut(var.as_tensor(), |w| {
+            if w.iter().all(|&x| x == w[0]) {
+                return;
+            }
+            for x in w.iter_mut() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *x = ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a;
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Rank `rank`'s rows of the synthetic global batch of `ranks·B` rows.
+fn rank_batch(case: &Case, rank: usize, ranks: usize) -> anyhow::Result<(Tensor, Tensor)> {
+    let (b, s) = (case.batch, case.seq);
+    let (tokens, targets) = synthetic_batch(ranks * b, s, case.cfg.vocab, &Device::Cpu)?;
+    let rows = |t: Tensor| t.narrow(0, rank * b, b)?.contiguous()?.copy();
+    Ok((rows(tokens)?, rows(targets)?))
+}
+
+/// The whole step of a rank after its forward: backward, reduce, optimizer, gather.
+struct Step<'a> {
+    model: &'a Transformer,
+    vars: &'a [(String, Var)],
+    tokens: &'a Tensor,
+    targets: &'a Tensor,
+    case: &'a Case,
+    zero: u8,
+}
+
+impl Step<'_> {
+    fn forward(
+        &self,
+    ) -> candle_core::Result<
+        train::Graph<Tensor, crate::model::moe::HostRouting, crate::model::config::Config>,
+    > {
+        train::forward(
+            self.model,
+            None,
+            self.tokens,
+            self.targets,
+            self.case.checkpoint,
+            self.case.backward,
+        )
+    }
+
+    fn backward(
+        &self,
+        graph: &mut Option<
+            train::Graph<Tensor, crate::model::moe::HostRouting, crate::model::config::Config>,
+        >,
+    ) -> candle_core::Result<candle_core::backprop::GradStore> {
+        let vars = || self.vars.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>();
+        train::backward(self.model, vars, graph, self.tokens, self.case.checkpoint)
+    }
+}
+
+/// Runs one rank of `case` under `plan` over `comm`, measuring and predicting its windows.
+pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
+    check_case(case, plan.zero)?;
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let device = Device::Cpu;
+    // First-use allocations (gemm's packing, thread-locals) and the library's first
+    // collectives, before any window.
+    crate::phase::runner::warm_up(case, &device).context("the warm-up step")?;
+    {
+        let mut x = [1.0f32; 4];
+        let send = x;
+        comm.all_reduce_sum(&send, &mut x);
+        comm.broadcast(0, &mut x);
+        comm.reduce_sum(0, &send, (rank == 0).then_some(&mut x[..]));
+        comm.barrier();
+    }
+    let (tokens, targets) = rank_batch(case, rank, ranks)?;
+    let mut measured = Vec::with_capacity(WINDOWS.len());
+    let rss_now = || rss().0;
+
+    // init
+    let varmap = VarMap::new();
+    let (model, p, r, s) = window(|| {
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        Ok(Transformer::new(&case.cfg, vb)?)
+    })?;
+    measured.push((p, r, s, rss_now()));
+    let vars = named_vars(&varmap);
+    fill_deterministic(&vars)?;
+    for (_, v) in &vars {
+        zero::with_f32_mut(v.as_tensor(), |w| comm.broadcast(0, w))?;
+    }
+    let step = Step {
+        model: &model,
+        vars: &vars,
+        tokens: &tokens,
+        targets: &targets,
+        case,
+        zero: plan.zero,
+    };
+    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
+
+    // forward, backward
+    comm.barrier();
+    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
+    measured.push((p, r, s, rss_now()));
+    let mut graph = Some(graph);
+    let (mut grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
+    measured.push((p, r, s, rss_now()));
+    drop(graph);
+    // The gradients the backward left, with the forward's graph gone.
+    let fwd_start = measured[1].2;
+    let grads_held = cpu_alloc::current() as i64 - fwd_start as i64;
+    // reduce
+    comm.barrier();
+    let ((), p, r, s) = window(|| Ok(zero::reduce(plan.zero, &vars, &mut grads, comm)?))?;
+    measured.push((p, r, s, rss_now()));
+    // What the check compares: this rank's averaged gradient runs (after the windows' figures
+    // are taken, outside every window).
+    let reduced = if plan.check {
+        Some(runs_of(&vars, &grads, plan.zero, comm)?)
+    } else {
+        None
+    };
+    // optimizer
+    let (mut opt, p, r, s) = window(|| {
+        let mut o = zero::Sharded::new(stepper, plan.zero, &vars, comm)?;
+        o.step(&grads)?;
+        Ok(o)
+    })?;
+    measured.push((p, r, s, rss_now()));
+    // gather
+    comm.barrier();
+    let ((), p, r, s) = window(|| Ok(zero::gather(plan.zero, &vars, comm)?))?;
+    measured.push((p, r, s, rss_now()));
+    drop(grads);
+    // train-step: the steady state's whole step
+    comm.barrier();
+    let ((), p, r, s) = window(|| {
+        let mut graph = Some(step.forward()?);
+        let mut grads = step.backward(&mut graph)?;
+        drop(graph);
+        zero::reduce(step.zero, &vars, &mut grads, comm)?;
+        opt.step(&grads)?;
+        zero::gather(step.zero, &vars, comm)?;
+        drop(grads);
+        Ok(())
+    })?;
+    measured.push((p, r, s, rss_now()));
+
+    let predicted = predict_windows(case, plan, ranks, rank);
+    let windows: Vec<Window> = measured
+        .iter()
+        .zip(&predicted)
+        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
+            peak_bytes: peak,
+            retained_bytes: retained,
+            heap_start_bytes: start,
+            rss_bytes: rss,
+            predicted_peak_bytes: pp,
+            predicted_retained_bytes: pr,
+        })
+        .collect();
+    let states = states(case, plan.zero, ranks, &windows, grads_held);
+    let check = match reduced {
+        Some(reduced) => Some(check_single(case, comm, &vars, &reduced)?),
+        None => None,
+    };
+    drop((opt, model, varmap));
+    Ok(RankReport {
+        rank,
+        ranks,
+        zero: plan.zero,
+        windows,
+        states,
+        rss_peak_bytes: rss().1,
+        check,
+    })
+}
+
+/// This rank's run of each averaged gradient (the whole of it at stages 0 and 1), copied out.
+fn runs_of(
+    vars: &[(String, Var)],
+    grads: &candle_core::backprop::GradStore,
+    zero: u8,
+    comm: &dyn Comm,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(vars.len());
+    for (name, v) in vars {
+        let g = grads
+            .get(v.as_tensor())
+            .with_context(|| format!("ranks: no gradient for {name}"))?;
+        let mut all = g.flatten_all()?.to_vec1::<f32>()?;
+        if zero < 2 {
+            let run = zero::run_of(all.len(), comm.size(), comm.rank());
+            // Stage 1 still holds the whole gradient; its run is what this rank steps.
+            all = all[run].to_vec();
+        }
+        out.push(all);
+    }
+    Ok(out)
+}
+
+/// One process on the whole global batch, from the same weights, two steps of the same
+/// optimizer (in place, unsharded): its gradients of the first step against this rank's
+/// averaged ones (this rank's run) and its weights after both steps against this rank's.
+fn check_single(
+    case: &Case,
+    comm: &dyn Comm,
+    vars: &[(String, Var)],
+    reduced: &[Vec<f32>],
+) -> anyhow::Result<Check> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let device = Device::Cpu;
+    let varmap = VarMap::new();
+    let model = Transformer::new(
+        &case.cfg,
+        VarBuilder::from_varmap(&varmap, DType::F32, &device),
+    )?;
+    let mine = named_vars(&varmap);
+    fill_deterministic(&mine)?;
+    // The vectors' constant initialisation is rank 0's too (a check that they agree).
+    let (tokens, targets) = synthetic_batch(ranks * case.batch, case.seq, case.cfg.vocab, &device)?;
+    let single = Case {
+        batch: ranks * case.batch,
+        ..case.clone()
+    };
+    let step = Step {
+        model: &model,
+        vars: &mine,
+        tokens: &tokens,
+        targets: &targets,
+        case: &single,
+        zero: 0,
+    };
+    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
+    let mut opt = zero::Sharded::new(stepper, 0, &mine, &comm::Solo)?;
+    // ‖a − b‖ / ‖b‖ over every element compared (a tensor whose gradient is zero in exact
+    // arithmetic, as the keys' bias under softmax, holds only rounding: compared alone its
+    // relative difference means nothing).
+    let acc = |sums: &mut (f64, f64), a: &[f32], b: &[f32]| {
+        for (x, y) in a.iter().zip(b) {
+            sums.0 += ((x - y) as f64).powi(2);
+            sums.1 += (*y as f64).powi(2);
+        }
+    };
+    let rel = |(d, n): (f64, f64)| if n == 0.0 { d.sqrt() } else { (d / n).sqrt() };
+    let mut g_sums = (0f64, 0f64);
+    for t in 0..2 {
+        let mut graph = Some(step.forward()?);
+        let grads = step.backward(&mut graph)?;
+        drop(graph);
+        if t == 0 {
+            for ((name, v), got) in mine.iter().zip(reduced) {
+                let g = grads
+                    .get(v.as_tensor())
+                    .with_context(|| format!("ranks check: no gradient for {name}"))?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let run = zero::run_of(g.len(), ranks, rank);
+                acc(&mut g_sums, got, &g[run]);
+            }
+        }
+        opt.step(&grads)?;
+    }
+    let mut w_sums = (0f64, 0f64);
+    for ((name, a), (other, b)) in vars.iter().zip(&mine) {
+        ensure!(name == other, "ranks check: {name} against {other}");
+        let (a, b) = (
+            a.flatten_all()?.to_vec1::<f32>()?,
+            b.flatten_all()?.to_vec1::<f32>()?,
+        );
+        acc(&mut w_sums, &a, &b);
+    }
+    let (gradient_rel_diff, weight_rel_diff) = (rel(g_sums), rel(w_sums));
+    Ok(Check {
+        gradient_rel_diff,
+        weight_rel_diff,
+    })
+}
+
+/// Bytes of a state or shard tensor's bookkeeping beyond its data (`Tensor::zeros`: as the
+/// in-place optimizer's state, measured there).
+const TENSOR_META: u64 = crate::optim::inplace::STATE_META_PER_TENSOR;
+
+/// Each window's (peak, retained) predicted for rank `rank` of `ranks`.
+pub fn predict_windows(case: &Case, plan: Plan, ranks: usize, rank: usize) -> Vec<(u64, i64)> {
+    let shape = Shape::of(case);
+    let opt = case.optimizer;
+    let at = |p: Phase| shape.predict(p, opt, plan.threads);
+    let (init, fwd, bwd) = (at(Phase::Init), at(Phase::Forward), at(Phase::Backward));
+    let sizes: Vec<u64> = shape.trainable_sizes();
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let run = |n: u64| zero::run_of(n as usize, ranks, rank).len() as u64;
+    let grads = shape.gradient_bytes();
+    let (reduce_peak, reduce_kept): (u64, i64) = if plan.zero < 2 {
+        (4 * largest.min(zero::BUCKET_ELEMS as u64), 0)
+    } else {
+        let shards: u64 = sizes.iter().map(|&n| 4 * run(n) + TENSOR_META).sum();
+        (4 * run(largest) + TENSOR_META, shards as i64 - grads as i64)
+    };
+    let stepper = Stepper::new(opt, crate::optim::LEARNING_RATE).expect("checked optimizer");
+    let (m, v) = stepper.state();
+    let moments = m as u64 + v as u64;
+    let owned: u64 = sizes
+        .iter()
+        .map(|&n| if plan.zero == 0 { n } else { run(n) })
+        .sum();
+    let state = moments * (4 * owned + TENSOR_META * sizes.len() as u64)
+        + zero::SLOT_BYTES * sizes.len() as u64;
+    let t = shape.replay_training(plan.threads);
+    let held = (grads as i64 + reduce_kept) as u64;
+    let step = (t.forward_retained + t.backward_peak)
+        .max(t.forward_peak)
+        .max(grads + reduce_peak)
+        .max(held);
+    vec![
+        (init.peak_bytes, init.retained_bytes),
+        (fwd.peak_bytes, fwd.retained_bytes),
+        (bwd.peak_bytes, bwd.retained_bytes),
+        (reduce_peak, reduce_kept),
+        (state, state as i64),
+        (0, 0),
+        (step, 0),
+    ]
+}
+
+/// The model states entering the optimizer, measured from the windows and predicted by
+/// [`crate::formula::zero::shards`].
+fn states(case: &Case, stage: u8, ranks: usize, w: &[Window], grads_held: i64) -> States {
+    let shape = Shape::of(case);
+    let p = shape.params();
+    let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
+    let (pw, pg, po) =
+        crate::formula::zero::shards(stage, ranks as u64, (4 * p, 4 * p, state), false);
+    States {
+        weights_bytes: w[0].retained_bytes,
+        gradient_bytes: grads_held + w[3].retained_bytes,
+        optimizer_state_bytes: w[4].retained_bytes,
+        predicted_weights_bytes: pw,
+        predicted_gradient_bytes: pg,
+        predicted_optimizer_state_bytes: po,
+    }
+}
+
+/// A rank's report as the numbers an all-gather carries, and back.
+pub fn encode(r: &RankReport) -> Vec<u64> {
+    let mut v = vec![
+        r.rank as u64,
+        r.ranks as u64,
+        r.zero as u64,
+        r.rss_peak_bytes,
+    ];
+    for w in &r.windows {
+        v.extend([
+            w.peak_bytes,
+            w.retained_bytes as u64,
+            w.heap_start_bytes,
+            w.rss_bytes,
+            w.predicted_peak_bytes,
+            w.predicted_retained_bytes as u64,
+        ]);
+    }
+    let s = r.states;
+    v.extend([
+        s.weights_bytes as u64,
+        s.gradient_bytes as u64,
+        s.optimizer_state_bytes as u64,
+        s.predicted_weights_bytes,
+        s.predicted_gradient_bytes,
+        s.predicted_optimizer_state_bytes,
+    ]);
+    match r.check {
+        Some(c) => v.extend([
+            1,
+            c.gradient_rel_diff.to_bits(),
+            c.weight_rel_diff.to_bits(),
+        ]),
+        None => v.extend([0, 0, 0]),
+    }
+    v
+}
+
+/// The length of [`encode`]'s vector.
+pub const ENCODED: usize = 4 + 6 * WINDOWS.len() + 6 + 3;
+
+/// [`encode`] undone.
+pub fn decode(v: &[u64]) -> anyhow::Result<RankReport> {
+    if v.len() != ENCODED {
+        bail!("ranks: a report of {} numbers, not {ENCODED}", v.len());
+    }
+    let windows = (0..WINDOWS.len())
+        .map(|i| {
+            let w = &v[4 + 6 * i..4 + 6 * (i + 1)];
+            Window {
+                peak_bytes: w[0],
+                retained_bytes: w[1] as i64,
+                heap_start_bytes: w[2],
+                rss_bytes: w[3],
+                predicted_peak_bytes: w[4],
+                predicted_retained_bytes: w[5] as i64,
+            }
+        })
+        .collect();
+    let s = &v[4 + 6 * WINDOWS.len()..];
+    Ok(RankReport {
+        rank: v[0] as usize,
+        ranks: v[1] as usize,
+        zero: v[2] as u8,
+        rss_peak_bytes: v[3],
+        windows,
+        states: States {
+            weights_bytes: s[0] as i64,
+            gradient_bytes: s[1] as i64,
+            optimizer_state_bytes: s[2] as i64,
+            predicted_weights_bytes: s[3],
+            predicted_gradient_bytes: s[4],
+            predicted_optimizer_state_bytes: s[5],
+        },
+        check: (s[6] == 1).then(|| Check {
+            gradient_rel_diff: f64::from_bits(s[7]),
+            weight_rel_diff: f64::from_bits(s[8]),
+        }),
+    })
+}

@@ -1,0 +1,244 @@
+//! ZeRO data parallelism on real ranks: the gradients averaged over the data-parallel group
+//! (stages 0 and 1: all-reduced whole; stage 2: reduce-scattered, each rank keeping its shard),
+//! each rank's optimizer stepping only its shard of every parameter with the state of that
+//! shard (stages 1 and 2), and the updated shards broadcast back into every rank's weights.
+//!
+//! A shard: each parameter's elements in `N` contiguous runs of `⌈n/N⌉` (the last shorter, or
+//! empty), rank `r` owning run `r` — FSDP2's per-parameter sharding, flattened. The update is
+//! [`Stepper::apply`] on views of the runs, so a rank's arithmetic is the single process's
+//! element for element.
+//!
+//! What each collective holds (the library's own buffers are outside the counting allocator):
+//! - all-reduce (stages 0, 1): in buckets of at most [`BUCKET_ELEMS`] (PyTorch DDP's
+//!   `bucket_cap_mb = 25`): each bucket copied into one send buffer and reduced into the
+//!   gradient's storage, so the window holds one buffer of `4·min(BUCKET_ELEMS, largest n)` B;
+//! - reduce-scatter (stage 2): for each parameter, largest first, its shard allocated and the
+//!   whole gradient dropped once reduced, so the window peaks at the largest shard;
+//! - the gather: broadcasts in place into the weights, nothing allocated.
+//!
+//! candle's backward makes every gradient before any is reduced, so the backward's peak holds
+//! all of them at every stage; DeepSpeed's stage 2 reduces buckets during the backward.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Tensor, Var, bail};
+
+use super::comm::Comm;
+use crate::optim::inplace::Stepper;
+
+/// Elements a bucket of the all-reduce holds: PyTorch DDP's 25 MiB of f32.
+pub const BUCKET_ELEMS: usize = 25 * 1024 * 1024 / 4;
+
+/// Rank `r`'s run of `n` elements over `ranks` ranks: `⌈n/ranks⌉` each, the last shorter.
+pub fn run_of(n: usize, ranks: usize, r: usize) -> Range<usize> {
+    let c = n.div_ceil(ranks);
+    (r * c).min(n)..((r + 1) * c).min(n)
+}
+
+/// `f` on the `f32` data of a contiguous CPU tensor, mutably (through candle's in-place op, so
+/// the storage's lock is held and nothing is copied).
+pub fn with_f32_mut(t: &Tensor, f: impl FnOnce(&mut [f32])) -> Result<()> {
+    struct Op<F>(RefCell<Option<F>>);
+    impl<F: FnOnce(&mut [f32])> InplaceOp1 for Op<F> {
+        fn name(&self) -> &'static str {
+            "rank-buffer"
+        }
+        fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
+            let Some((a, b)) = layout.contiguous_offsets() else {
+                bail!("a collective's buffer must be contiguous")
+            };
+            let CpuStorage::F32(data) = storage else {
+                bail!("a collective's buffer must be f32")
+            };
+            let f = self.0.borrow_mut().take().expect("called once");
+            f(&mut data[a..b]);
+            Ok(())
+        }
+    }
+    if t.dtype() != DType::F32 || !t.device().is_cpu() {
+        bail!("ranks: collectives run on f32 tensors on the CPU")
+    }
+    t.inplace_op1(&Op(RefCell::new(Some(f))))
+}
+
+/// One parameter's shard and its state.
+struct Slot {
+    var: Var,
+    /// This rank's run of the flattened parameter.
+    run: Range<usize>,
+    m: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+/// Host bytes of the sharded optimizer's per-tensor slot, beside the state's own data and
+/// bookkeeping.
+pub const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
+
+/// A data-parallel rank's optimizer under ZeRO `stage` (0: every rank steps every parameter
+/// with its whole state, as plain data parallelism does; 1 and 2: its shard).
+pub struct Sharded {
+    stepper: Stepper,
+    stage: u8,
+    slots: Vec<Slot>,
+    step_t: i32,
+}
+
+impl Sharded {
+    /// The state of this rank's shards of `vars` (in the order the steps visit them),
+    /// allocated now.
+    pub fn new(
+        stepper: Stepper,
+        stage: u8,
+        vars: &[(String, Var)],
+        comm: &dyn Comm,
+    ) -> Result<Self> {
+        if stage > 2 {
+            bail!("ranks: ZeRO stage {stage} is not run on ranks (stages 0 to 2)")
+        }
+        let (moments, second) = stepper.state();
+        let mut slots = Vec::with_capacity(vars.len());
+        for (_, var) in vars {
+            let n = var.elem_count();
+            let run = if stage == 0 {
+                0..n
+            } else {
+                run_of(n, comm.size(), comm.rank())
+            };
+            let zeros = || Tensor::zeros(run.len(), var.dtype(), var.device());
+            slots.push(Slot {
+                m: moments.then(zeros).transpose()?,
+                v: second.then(zeros).transpose()?,
+                var: var.clone(),
+                run,
+            });
+        }
+        Ok(Self {
+            stepper,
+            stage,
+            slots,
+            step_t: 0,
+        })
+    }
+
+    /// One step of every shard with its (averaged) gradient: at stage 2 the store holds the
+    /// shard itself ([`reduce`]), else the whole gradient, of which the shard's run is read.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_t += 1;
+        for slot in &self.slots {
+            let theta = slot.var.as_tensor();
+            let Some(g) = grads.get(theta) else { continue };
+            if slot.run.is_empty() {
+                continue;
+            }
+            let (start, len) = (slot.run.start, slot.run.len());
+            let view = theta.flatten_all()?.narrow(0, start, len)?;
+            let g = if self.stage == 2 {
+                g.clone()
+            } else {
+                g.flatten_all()?.narrow(0, start, len)?
+            };
+            self.stepper
+                .apply(&view, &g, slot.m.as_ref(), slot.v.as_ref(), self.step_t)?;
+        }
+        Ok(())
+    }
+}
+
+/// The gradients of `vars` summed over the ranks and divided by their number, as DDP averages
+/// them: whole (stages 0, 1) or, stage 2, each rank left with its run of each (the store's
+/// entry for a parameter replaced by it).
+pub fn reduce(
+    stage: u8,
+    vars: &[(String, Var)],
+    grads: &mut GradStore,
+    comm: &dyn Comm,
+) -> Result<()> {
+    let ranks = comm.size();
+    let scale = 1.0 / ranks as f32;
+    if stage < 2 {
+        let largest = vars.iter().map(|(_, v)| v.elem_count()).max();
+        let mut send: Vec<f32> = Vec::with_capacity(largest.unwrap_or(0).min(BUCKET_ELEMS));
+        for (_, var) in vars {
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            with_f32_mut(g, |g| {
+                for part in g.chunks_mut(BUCKET_ELEMS) {
+                    send.clear();
+                    send.extend_from_slice(part);
+                    comm.all_reduce_sum(&send, part);
+                    part.iter_mut().for_each(|x| *x *= scale);
+                }
+            })?;
+        }
+        return Ok(());
+    }
+    // Stage 2: largest first, so the window's peak is the largest shard.
+    let mut order: Vec<&Var> = vars.iter().map(|(_, v)| v).collect();
+    order.sort_by_key(|v| std::cmp::Reverse(v.elem_count()));
+    for var in order {
+        let theta = var.as_tensor();
+        let Some(g) = grads.get(theta) else { continue };
+        let n = g.elem_count();
+        let shard = Tensor::zeros(run_of(n, ranks, comm.rank()).len(), DType::F32, g.device())?;
+        let mut mine = Ok(());
+        with_f32_mut(g, |g| {
+            for r in 0..ranks {
+                let run = run_of(n, ranks, r);
+                if r == comm.rank() {
+                    // The shard's storage, borrowed for the reduce.
+                    mine = with_f32_mut(&shard, |s| {
+                        comm.reduce_sum(r, &g[run], Some(s));
+                        s.iter_mut().for_each(|x| *x *= scale);
+                    });
+                } else {
+                    comm.reduce_sum(r, &g[run], None);
+                }
+            }
+        })?;
+        mine?;
+        // The whole gradient goes; the shard stays in its place.
+        grads.insert(theta, shard);
+    }
+    Ok(())
+}
+
+/// Every rank's updated runs of `vars` into every rank's weights, in place (stages 1, 2;
+/// nothing at 0, where every rank stepped everything).
+pub fn gather(stage: u8, vars: &[(String, Var)], comm: &dyn Comm) -> Result<()> {
+    if stage == 0 {
+        return Ok(());
+    }
+    let ranks = comm.size();
+    for (_, var) in vars {
+        let n = var.elem_count();
+        with_f32_mut(var.as_tensor(), |w| {
+            for r in 0..ranks {
+                comm.broadcast(r, &mut w[run_of(n, ranks, r)]);
+            }
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_cover_every_element_once() {
+        for n in [0, 1, 5, 7, 8, 1000, 1001] {
+            for ranks in 1..=5 {
+                let runs: Vec<_> = (0..ranks).map(|r| run_of(n, ranks, r)).collect();
+                assert_eq!(runs[0].start, 0);
+                assert_eq!(runs[ranks - 1].end, n);
+                for w in runs.windows(2) {
+                    assert_eq!(w[0].end, w[1].start, "n {n} ranks {ranks}");
+                }
+                assert!(runs.iter().all(|r| r.len() <= n.div_ceil(ranks)));
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `memfit ranks` on real ranks (issue 53): data parallelism over MPI (`mpirun`), ZeRO 0, 1 and
+//! 2 over 2 and 4 processes on this machine. Every rank's windows within the CPU tolerance of
+//! its prediction, its averaged gradients and its weights after two steps equal (to float
+//! rounding) to one process training on the whole global batch, and claim B5 measured: the
+//! optimizer state a rank holds falls as 1/N with the ranks.
+//!
+//! Built only with the `ranks` feature (scripts/test.sh turns it on; scripts/setup.sh test
+//! installs Open MPI).
+#![cfg(feature = "ranks")]
+
+mod common;
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// A GPT of 2 blocks (H 96, 3 heads, V 300), 2 rows of 32 tokens a rank, AdamW.
+const GPT: &[&str] = &[
+    "--hidden",
+    "96",
+    "--heads",
+    "3",
+    "--layers",
+    "2",
+    "--vocab",
+    "300",
+    "--batch",
+    "2",
+    "--seq",
+    "32",
+    "--optimizer",
+    "adamw",
+];
+
+/// A LLaMA of 2 blocks with grouped K/V heads (H 64, 4 heads, 2 K/V heads, I 160, V 256).
+const LLAMA: &[&str] = &[
+    "--model",
+    "llama",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--intermediate",
+    "160",
+    "--layers",
+    "2",
+    "--vocab",
+    "256",
+    "--batch",
+    "2",
+    "--seq",
+    "24",
+    "--optimizer",
+    "adamw",
+];
+
+/// `mpirun -np N memfit ranks ARGS --zero Z --check --json`: the JSON document rank 0 prints.
+fn ranks(n: usize, zero: u8, args: &[&str]) -> Value {
+    let exe = assert_cmd::cargo::cargo_bin("memfit");
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "--bind-to", "none", "-np"])
+        .arg(n.to_string())
+        .arg(&exe)
+        .arg("ranks")
+        .args(args)
+        .args(["--zero", &zero.to_string(), "--check", "--json"])
+        // Open MPI refuses root unless told twice (CI runs as root).
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("mpirun runs (scripts/setup.sh test installs openmpi-bin)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mpirun -np {n} memfit ranks {args:?} --zero {zero}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+fn i(v: &Value) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Every rank's every window within the tolerance of its prediction, and its gradients and
+/// weights equal to the single process's.
+fn check_all(doc: &Value, n: usize, what: &str) {
+    let names: Vec<&str> = doc["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let reports = doc["ranks"].as_array().unwrap();
+    assert_eq!(reports.len(), n, "{what}: one report per rank");
+    for (r, rep) in reports.iter().enumerate() {
+        assert_eq!(u(&rep["rank"]) as usize, r);
+        for (name, w) in names.iter().zip(rep["windows"].as_array().unwrap()) {
+            let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+            assert!(
+                common::exact(&format!("{what} rank {r} {name} peak"), m, p),
+                "{what}: rank {r} {name}: peak measured {m}, predicted {p}"
+            );
+            let (m, p) = (i(&w["retained_bytes"]), i(&w["predicted_retained_bytes"]));
+            assert!(
+                m.abs_diff(p) <= common::tolerance(m.unsigned_abs()),
+                "{what}: rank {r} {name}: retained measured {m}, predicted {p}"
+            );
+        }
+        let c = &rep["check"];
+        let (g, wt) = (
+            c["gradient_rel_diff"].as_f64().unwrap(),
+            c["weight_rel_diff"].as_f64().unwrap(),
+        );
+        assert!(
+            g < 1e-5 && wt < 1e-5,
+            "{what}: rank {r} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
+        );
+    }
+}
+
+#[test]
+fn zero_stages_on_two_ranks_as_predicted_and_as_one_process() {
+    for zero in 0..=2 {
+        check_all(&ranks(2, zero, GPT), 2, &format!("gpt zero {zero}"));
+    }
+    check_all(&ranks(2, 2, LLAMA), 2, "llama zero 2");
+}
+
+/// Claim B5, measured: the optimizer state per rank at 1, 2 and 4 ranks (ZeRO 1) and the
+/// gradients kept per rank (ZeRO 2).
+#[test]
+fn b5_state_falls_as_one_over_ranks() {
+    let state = |doc: &Value, r: usize| i(&doc["ranks"][r]["states"]["optimizer_state_bytes"]);
+    let grads = |doc: &Value, r: usize| i(&doc["ranks"][r]["states"]["gradient_bytes"]);
+    let one = ranks(1, 1, LLAMA);
+    let s1 = state(&one, 0);
+    for n in [2usize, 4] {
+        let doc = ranks(n, 1, LLAMA);
+        check_all(&doc, n, &format!("llama zero 1 × {n}"));
+        let total: i64 = (0..n).map(|r| state(&doc, r)).sum();
+        for r in 0..n {
+            // Each rank 1/N of the state: to a tensor's rounding and its metadata.
+            let share = s1 as f64 / n as f64;
+            let s = state(&doc, r) as f64;
+            assert!(
+                (s - share).abs() / share < 0.05,
+                "{n} ranks: rank {r} holds {s} B of state, 1/{n} of one rank's {s1} is {share}"
+            );
+        }
+        // Together the ranks hold one copy of the state, plus each rank's bookkeeping.
+        assert!(
+            total >= s1 && (total - s1) as f64 / (s1 as f64) < 0.05,
+            "{n} ranks hold {total} B of state together, one rank {s1}"
+        );
+        let z2 = ranks(n, 2, LLAMA);
+        let g1 = grads(&one, 0) as f64;
+        let g = grads(&z2, 0) as f64;
+        assert!(
+            (g - g1 / n as f64).abs() / (g1 / n as f64) < 0.05,
+            "ZeRO 2 × {n}: rank 0 keeps {g} B of gradients, one rank {g1}"
+        );
+    }
+}
