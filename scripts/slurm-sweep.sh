@@ -11,8 +11,33 @@
 #   MEMFIT_SWEEP_OUT  the sweep's folder (default runs/slurm-<UTC time>)
 #   MEMFIT_BIN        the memfit binary (default: target/release/memfit, or scripts/memfit-cuda
 #                     for a CUDA workload); MEMFIT_RUN_ARGS  extra `memfit run` flags
+#
+# A multi-rank case (`memfit ranks`, data parallel over MPI) as one job step of N tasks:
+#   scripts/slurm-sweep.sh --ranks N [sbatch options…] -- RANKS_ARGS…
+# Submits one job of N tasks whose step is `srun --mpi=pmix memfit ranks RANKS_ARGS --json`
+# (every task a rank; Slurm places the tasks on the allocation's nodes), rank 0's JSON in
+# OUT/ranks.json, the step's log in OUT/ranks.log. Prints the job id and OUT. The binary must
+# be built with `--features ranks` (the default binary is built so when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--ranks" ]]; then
+  n="${2:-}"
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "slurm-sweep: --ranks takes a number of ranks, not '$n'" >&2; exit 2; }
+  shift 2
+  sb=()
+  while [[ $# -gt 0 && "$1" != "--" ]]; do sb+=("$1"); shift; done
+  [[ "${1:-}" == "--" ]] || { echo "usage: scripts/slurm-sweep.sh --ranks N [sbatch options...] -- RANKS_ARGS..." >&2; exit 2; }
+  shift
+  out="$(realpath -m "${MEMFIT_SWEEP_OUT:-runs/slurm-ranks-$(date -u +%Y%m%dT%H%M%SZ)}")"
+  mkdir -p "$out"
+  bin="${MEMFIT_BIN:-$PWD/target/release/memfit}"
+  [[ -x "$bin" ]] || cargo build --release --features ranks --quiet
+  args="$(printf "'%s' " "$@")"
+  job=$(sbatch --parsable --job-name=memfit-ranks --ntasks="$n" --output="$out/ranks.log" "${sb[@]}" \
+    --wrap="srun --mpi=pmix '$bin' ranks $args --json > '$out/ranks.json'")
+  echo "ranks job ${job%%;*} ($n tasks), out $out"
+  exit 0
+fi
 workload="${1:?usage: scripts/slurm-sweep.sh WORKLOAD --array N [sbatch options...]}"
 shift
 [[ "${1:-}" == "--array" && -n "${2:-}" ]] || { echo "usage: scripts/slurm-sweep.sh WORKLOAD --array N [sbatch options...]" >&2; exit 2; }

@@ -81,11 +81,38 @@ scontrol requeue "${array}_2"
 scontrol update JobId="${array}_2" StartTime=now
 squeue -o "%.12i %.10j %.8T %.10M %R"
 
+if [[ "${MEMFIT_RANKS:-0}" == 1 ]]; then
+  # A multi-rank case as one job step of 2 tasks (memfit built with the `ranks` feature).
+  rsub="$(MEMFIT_SWEEP_OUT="$work/ranks" MEMFIT_BIN="$bin" scripts/slurm-sweep.sh --ranks 2 \
+    --cpus-per-task=1 -- --hidden 32 --heads 2 --layers 1 --vocab 50 --batch 1 --seq 8 --zero 2 --check)"
+  say "$rsub"
+  rjob="$(echo "$rsub" | awk '{print $3}')"
+fi
 say "waiting for the merge job $merge"
 for _ in $(seq 1200); do
   [[ -z "$(squeue -h -j "$merge" 2>/dev/null)" ]] && break
   sleep 0.2
 done
+if [[ -n "${rjob:-}" ]]; then
+  for _ in $(seq 1200); do
+    [[ -z "$(squeue -h -j "$rjob" 2>/dev/null)" ]] && break
+    sleep 0.2
+  done
+  say "ranks job $rjob's log:"; cat "$work/ranks/ranks.log"
+  python3 - "$work/ranks/ranks.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+ranks = doc["ranks"]
+assert [r["rank"] for r in ranks] == [0, 1], "two ranks in one job step"
+for r in ranks:
+    for name, w in zip(doc["windows"], r["windows"]):
+        m, p = w["peak_bytes"], w["predicted_peak_bytes"]
+        assert abs(m - p) <= max(m // 100, 2048), f"rank {r['rank']} {name}: measured {m}, predicted {p}"
+    c = r["check"]
+    assert c["gradient_rel_diff"] < 1e-5 and c["weight_rel_diff"] < 1e-5, f"rank {r['rank']}: {c}"
+print(f"OK: ranks job step: {len(ranks)} ranks over {doc['mpi_library'].split(',')[0]}, every window within tolerance, gradients and weights as one process")
+PY
+fi
 say "jobs' completion records (jobcomp/filetxt; this cluster has no accounting daemon for sacct):"
 awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^(JobId|Name|JobState|ArrayJobId|ArrayTaskId|ExitCode|StartTime|EndTime)=/) printf "%s ", $i; print "" }' "$cluster/jobcomp.log"
 say "merge log:"

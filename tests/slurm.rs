@@ -1,7 +1,8 @@
 //! The sweep on a real Slurm (Debian's slurm-wlm and munge on this machine, root needed):
 //! `scripts/slurm-test.sh` starts a one-node cluster, runs a 4-task job array of a small CPU
 //! workload with one task cancelled mid-case and requeued, merges, and compares with an
-//! unsharded run. ≈ 30 s (plus the packages' install the first time).
+//! unsharded run; with the `ranks` feature, also a 2-rank case as one job step of 2 tasks. ≈ 30 s
+//! (plus the packages' install the first time).
 
 #[test]
 fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
@@ -15,6 +16,8 @@ fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-test.sh"),
     )
     .env("MEMFIT_BIN", env!("CARGO_BIN_EXE_memfit"))
+    // A multi-rank case as one job step too, where memfit has MPI.
+    .env("MEMFIT_RANKS", if cfg!(feature = "ranks") { "1" } else { "0" })
     .output()
     .unwrap();
     let log = format!(
@@ -32,4 +35,7 @@ fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
         log.contains("OK: 48 rows, every case x phase once"),
         "{log}"
     );
+    if cfg!(feature = "ranks") {
+        assert!(log.contains("OK: ranks job step: 2 ranks"), "{log}");
+    }
 }
