@@ -238,8 +238,8 @@ pub struct RanksArgs {
     pub grid: GridArgs,
     /// ZeRO stage over the ranks: 0 (plain data parallel: gradients all-reduced, every rank
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
-    /// too).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
+    /// too). Stage 3 is refused, saying why.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
     /// CPU threads of each rank.
     #[arg(long, default_value_t = 1)]
@@ -251,6 +251,10 @@ pub struct RanksArgs {
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write that document to FILE (rank 0); name it `ranks*.json` inside a result set's
+    /// folder and `memfit report` reads it (claim B5).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -861,3 +861,23 @@ fn sizes_without_a_unit_or_zero_are_refused() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `memfit ranks` refuses, by name, what it does not run on ranks: a 16-bit case (MPI has no
+/// bf16 sum), ZeRO stage 3, a ViT; nothing panics.
+#[test]
+fn ranks_refuses_what_it_does_not_run() {
+    let tiny = [
+        "ranks", "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
+    ];
+    for (more, says) in [
+        (vec!["--dtype", "bf16"], "ranks train in f32"),
+        (vec!["--zero", "3"], "ZeRO stage 3"),
+        (vec!["--model", "vit"], "ViT or LoRA"),
+        (vec!["--batch", "1,2"], "give one"),
+    ] {
+        let out = memfit().args(tiny).args(&more).assert().failure();
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert!(err.contains(says), "{more:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

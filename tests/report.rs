@@ -244,7 +244,14 @@ fn committed_results_rows_apart_and_verdicts_classified() {
         .iter()
         .map(|m| (m.run_id.clone(), m.cores))
         .collect();
-    for c in memfit::report::claims::evaluate(&set.rows, &workload_of, &cores_of, &fitted, &full) {
+    for c in memfit::report::claims::evaluate(
+        &set.rows,
+        &workload_of,
+        &cores_of,
+        &fitted,
+        &full,
+        &set.ranks,
+    ) {
         assert_ne!(c.kind(), "other", "{c:?}");
         if !matches!(c.kind(), "open" | "not applicable") {
             assert_ne!(c.criterion, "—", "{c:?}");
@@ -696,4 +703,52 @@ window.addEventListener('load', () => {
         "the page scrolls sideways at 1400 px: {v}"
     );
     assert_eq!(v["wide"].as_array().unwrap().len(), 0, "{v}");
+}
+
+/// Claim B5 from the multi-rank runs stored in `results/cpu/ranks` (`memfit ranks --out`): the
+/// optimizer state a rank holds under ZeRO 1 at 1, 2 and 4 ranks decides it; a rank that kept
+/// the whole state would make it fail; without such runs it is derived, not measured.
+#[test]
+fn b5_is_decided_by_the_stored_ranks() {
+    use memfit::ranks::RanksDoc;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/cpu/ranks");
+    let docs: Vec<RanksDoc> = RanksDoc::files(&dir)
+        .iter()
+        .map(|f| RanksDoc::read(f).unwrap())
+        .collect();
+    assert!(docs.len() >= 9, "ZeRO 0/1/2 at 1, 2 and 4 ranks");
+    let full = memfit::formula::full_size::FullSize::compute().unwrap();
+    let fitted = memfit::report::claims::Fitted::default();
+    let none = std::collections::BTreeMap::new();
+    let cores = std::collections::BTreeMap::new();
+    let b5 = |docs: &[RanksDoc]| {
+        memfit::report::claims::evaluate(&[], &none, &cores, &fitted, &full, docs)
+            .into_iter()
+            .find(|c| c.id == "B5")
+            .unwrap()
+    };
+    let c = b5(&docs);
+    assert!(
+        c.verdict.starts_with("holds: measured on real ranks"),
+        "{c:?}"
+    );
+    assert!(
+        c.measured.contains("ZeRO 1, by ranks: 1: ") && c.measured.contains(", 4: "),
+        "{c:?}"
+    );
+    let mut kept_whole = docs.clone();
+    for d in kept_whole
+        .iter_mut()
+        .filter(|d| d.zero == 1 && d.ranks.len() == 2)
+    {
+        for r in &mut d.ranks {
+            r.states.optimizer_state_bytes *= 2;
+        }
+    }
+    assert!(
+        b5(&kept_whole).verdict.starts_with("fails"),
+        "{:?}",
+        b5(&kept_whole)
+    );
+    assert!(!b5(&[]).verdict.contains("real ranks"));
 }

@@ -17,7 +17,10 @@ fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
     )
     .env("MEMFIT_BIN", env!("CARGO_BIN_EXE_memfit"))
     // A multi-rank case as one job step too, where memfit has MPI.
-    .env("MEMFIT_RANKS", if cfg!(feature = "ranks") { "1" } else { "0" })
+    .env(
+        "MEMFIT_RANKS",
+        if cfg!(feature = "ranks") { "1" } else { "0" },
+    )
     .output()
     .unwrap();
     let log = format!(

@@ -71,27 +71,17 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         .chunks(ranks::ENCODED)
         .map(ranks::decode)
         .collect::<anyhow::Result<Vec<RankReport>>>()?;
+    let doc = ranks::RanksDoc::new(case, args.zero, args.threads, library(), reports);
+    let json = serde_json::to_string_pretty(&doc)?;
+    if let Some(path) = &args.out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("--out {}: writing", path.display()))?;
+    }
     if args.json {
-        let doc = serde_json::json!({
-            "case": {
-                "preset": case.preset,
-                "params": crate::formula::transformer::Shape::of(case).params(),
-                "batch_per_rank": case.batch,
-                "seq": case.seq,
-                "optimizer": case.optimizer.as_str(),
-                "threads": args.threads,
-            },
-            "mpi_library": library(),
-            "windows": WINDOWS,
-            "layers": {
-                "windows": "counting allocator (memfit's tensors and bookkeeping), relative to each window's start",
-                "rss_bytes": "process resident set after the window (VmRSS), MPI's buffers included",
-            },
-            "ranks": reports,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        println!("{json}");
         return Ok(());
     }
+    let reports = doc.ranks;
     print_table(case, args, &reports);
     Ok(())
 }

@@ -97,6 +97,119 @@ pub struct RankReport {
     pub check: Option<Check>,
 }
 
+/// The case a rank run trained, as its document names it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RanksCase {
+    pub preset: String,
+    pub model: String,
+    pub hidden: usize,
+    pub layers: usize,
+    pub params: u64,
+    pub batch_per_rank: usize,
+    pub seq: usize,
+    pub optimizer: String,
+    pub threads: usize,
+}
+
+/// What `memfit ranks --json` prints and `--out` writes (rank 0): every rank's report, the
+/// case and the library; `memfit report` reads these files (`ranks*.json`) beside a result
+/// set's rows (claim B5).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RanksDoc {
+    pub case: RanksCase,
+    pub zero: u8,
+    pub mpi_library: String,
+    pub windows: Vec<String>,
+    /// Which layer each figure is.
+    pub layers: std::collections::BTreeMap<String, String>,
+    pub ranks: Vec<RankReport>,
+}
+
+impl RanksDoc {
+    pub fn new(
+        case: &Case,
+        zero: u8,
+        threads: usize,
+        library: String,
+        ranks: Vec<RankReport>,
+    ) -> Self {
+        let layers = [
+            (
+                "windows",
+                "counting allocator (memfit's tensors and bookkeeping), relative to each window's start",
+            ),
+            (
+                "rss_bytes",
+                "process resident set after the window (VmRSS), MPI's buffers included",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        RanksDoc {
+            case: RanksCase {
+                preset: case.preset.clone(),
+                model: case.model.as_str().to_string(),
+                hidden: case.cfg.hidden,
+                layers: case.cfg.layers,
+                params: Shape::of(case).params(),
+                batch_per_rank: case.batch,
+                seq: case.seq,
+                optimizer: case.optimizer.as_str().to_string(),
+                threads,
+            },
+            zero,
+            mpi_library: library,
+            windows: WINDOWS.iter().map(|w| w.to_string()).collect(),
+            layers,
+            ranks,
+        }
+    }
+
+    /// The `ranks*.json` files under `path` (a file itself, or a folder searched to any depth),
+    /// sorted.
+    pub fn files(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let is_doc = |p: &std::path::Path| {
+            p.extension().is_some_and(|e| e == "json")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ranks"))
+        };
+        if path.is_file() {
+            return if is_doc(path) {
+                vec![path.to_path_buf()]
+            } else {
+                Vec::new()
+            };
+        }
+        let mut out = Vec::new();
+        let mut stack = vec![path.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if is_doc(&p) {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Reads one document, naming the file on failure.
+    pub fn read(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a `memfit ranks` document", path.display()))
+    }
+}
+
 /// What a rank run is asked.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
@@ -303,10 +416,10 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     comm.barrier();
     let ((), p, r, s) = window(|| Ok(zero::reduce(plan.zero, &vars, &mut grads, comm)?))?;
     measured.push((p, r, s, rss_now()));
-    // What the check compares: this rank's averaged gradient runs (after the windows' figures
-    // are taken, outside every window).
-    let reduced = if plan.check {
-        Some(runs_of(&vars, &grads, plan.zero, comm)?)
+    // The check's first half, between the windows (everything it makes is freed before the
+    // next): this rank's averaged gradients against one process's on the global batch.
+    let gradient_rel_diff = if plan.check {
+        Some(check_gradients(case, comm, &vars, &grads, plan.zero)?)
     } else {
         None
     };
@@ -350,8 +463,11 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         })
         .collect();
     let states = states(case, plan.zero, ranks, &windows, grads_held);
-    let check = match reduced {
-        Some(reduced) => Some(check_single(case, comm, &vars, &reduced)?),
+    let check = match gradient_rel_diff {
+        Some(gradient_rel_diff) => Some(Check {
+            gradient_rel_diff,
+            weight_rel_diff: check_weights(case, comm, &vars)?,
+        }),
         None => None,
     };
     drop((opt, model, varmap));
@@ -366,105 +482,128 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     })
 }
 
-/// This rank's run of each averaged gradient (the whole of it at stages 0 and 1), copied out.
-fn runs_of(
-    vars: &[(String, Var)],
-    grads: &candle_core::backprop::GradStore,
-    zero: u8,
-    comm: &dyn Comm,
-) -> anyhow::Result<Vec<Vec<f32>>> {
-    let mut out = Vec::with_capacity(vars.len());
-    for (name, v) in vars {
-        let g = grads
-            .get(v.as_tensor())
-            .with_context(|| format!("ranks: no gradient for {name}"))?;
-        let mut all = g.flatten_all()?.to_vec1::<f32>()?;
-        if zero < 2 {
-            let run = zero::run_of(all.len(), comm.size(), comm.rank());
-            // Stage 1 still holds the whole gradient; its run is what this rank steps.
-            all = all[run].to_vec();
-        }
-        out.push(all);
-    }
-    Ok(out)
+/// One process on the whole global batch from the same starting weights (the deterministic
+/// fill: rank 0's after the broadcast): its model, variables by name, and its step.
+struct Single {
+    _varmap: VarMap,
+    model: Transformer,
+    vars: Vec<(String, Var)>,
+    tokens: Tensor,
+    targets: Tensor,
+    case: Case,
 }
 
-/// One process on the whole global batch, from the same weights, two steps of the same
-/// optimizer (in place, unsharded): its gradients of the first step against this rank's
-/// averaged ones (this rank's run) and its weights after both steps against this rank's.
-fn check_single(
+impl Single {
+    fn new(case: &Case, ranks: usize) -> anyhow::Result<Self> {
+        let device = Device::Cpu;
+        let varmap = VarMap::new();
+        let model = Transformer::new(
+            &case.cfg,
+            VarBuilder::from_varmap(&varmap, DType::F32, &device),
+        )?;
+        let vars = named_vars(&varmap);
+        fill_deterministic(&vars)?;
+        let (tokens, targets) =
+            synthetic_batch(ranks * case.batch, case.seq, case.cfg.vocab, &device)?;
+        Ok(Single {
+            _varmap: varmap,
+            model,
+            vars,
+            tokens,
+            targets,
+            case: Case {
+                batch: ranks * case.batch,
+                ..case.clone()
+            },
+        })
+    }
+
+    fn step(&self) -> Step<'_> {
+        Step {
+            model: &self.model,
+            vars: &self.vars,
+            tokens: &self.tokens,
+            targets: &self.targets,
+            case: &self.case,
+            zero: 0,
+        }
+    }
+}
+
+/// `‖a − b‖² and ‖b‖²`, added to `sums`.
+fn add_sums(sums: &mut (f64, f64), a: &[f32], b: &[f32]) {
+    for (x, y) in a.iter().zip(b) {
+        sums.0 += ((x - y) as f64).powi(2);
+        sums.1 += (*y as f64).powi(2);
+    }
+}
+
+/// `‖a − b‖ / ‖b‖` from [`add_sums`]' sums. Over every element compared at once: a tensor
+/// whose gradient is zero in exact arithmetic (the keys' bias under softmax) holds only
+/// rounding, and its relative difference alone means nothing.
+fn rel((d, n): (f64, f64)) -> f64 {
+    if n == 0.0 { d.sqrt() } else { (d / n).sqrt() }
+}
+
+/// This rank's averaged gradients (its run of each: at stage 2 what it keeps, else the run it
+/// steps) against one process's on the whole global batch.
+fn check_gradients(
     case: &Case,
     comm: &dyn Comm,
     vars: &[(String, Var)],
-    reduced: &[Vec<f32>],
-) -> anyhow::Result<Check> {
+    grads: &candle_core::backprop::GradStore,
+    zero: u8,
+) -> anyhow::Result<f64> {
     let (rank, ranks) = (comm.rank(), comm.size());
-    let device = Device::Cpu;
-    let varmap = VarMap::new();
-    let model = Transformer::new(
-        &case.cfg,
-        VarBuilder::from_varmap(&varmap, DType::F32, &device),
-    )?;
-    let mine = named_vars(&varmap);
-    fill_deterministic(&mine)?;
-    // The vectors' constant initialisation is rank 0's too (a check that they agree).
-    let (tokens, targets) = synthetic_batch(ranks * case.batch, case.seq, case.cfg.vocab, &device)?;
-    let single = Case {
-        batch: ranks * case.batch,
-        ..case.clone()
-    };
-    let step = Step {
-        model: &model,
-        vars: &mine,
-        tokens: &tokens,
-        targets: &targets,
-        case: &single,
-        zero: 0,
-    };
+    let single = Single::new(case, ranks)?;
+    let step = single.step();
+    let mut graph = Some(step.forward()?);
+    let reference = step.backward(&mut graph)?;
+    drop(graph);
+    let mut sums = (0f64, 0f64);
+    for ((name, v), (other, w)) in vars.iter().zip(&single.vars) {
+        ensure!(name == other, "ranks check: {name} against {other}");
+        let no = || format!("ranks check: no gradient for {name}");
+        let mine = grads.get(v.as_tensor()).with_context(no)?.flatten_all()?;
+        let theirs = reference
+            .get(w.as_tensor())
+            .with_context(no)?
+            .flatten_all()?;
+        let run = zero::run_of(theirs.elem_count(), ranks, rank);
+        let theirs = theirs.narrow(0, run.start, run.len())?.to_vec1::<f32>()?;
+        let mine = if zero == 2 {
+            mine.to_vec1::<f32>()?
+        } else {
+            mine.narrow(0, run.start, run.len())?.to_vec1::<f32>()?
+        };
+        add_sums(&mut sums, &mine, &theirs);
+    }
+    Ok(rel(sums))
+}
+
+/// This rank's weights after its two steps against one process's after two steps of the same
+/// optimizer (in place, unsharded) on the whole global batch.
+fn check_weights(case: &Case, comm: &dyn Comm, vars: &[(String, Var)]) -> anyhow::Result<f64> {
+    let single = Single::new(case, comm.size())?;
+    let step = single.step();
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
-    let mut opt = zero::Sharded::new(stepper, 0, &mine, &comm::Solo)?;
-    // ‖a − b‖ / ‖b‖ over every element compared (a tensor whose gradient is zero in exact
-    // arithmetic, as the keys' bias under softmax, holds only rounding: compared alone its
-    // relative difference means nothing).
-    let acc = |sums: &mut (f64, f64), a: &[f32], b: &[f32]| {
-        for (x, y) in a.iter().zip(b) {
-            sums.0 += ((x - y) as f64).powi(2);
-            sums.1 += (*y as f64).powi(2);
-        }
-    };
-    let rel = |(d, n): (f64, f64)| if n == 0.0 { d.sqrt() } else { (d / n).sqrt() };
-    let mut g_sums = (0f64, 0f64);
-    for t in 0..2 {
+    let mut opt = zero::Sharded::new(stepper, 0, &single.vars, &comm::Solo)?;
+    for _ in 0..2 {
         let mut graph = Some(step.forward()?);
         let grads = step.backward(&mut graph)?;
         drop(graph);
-        if t == 0 {
-            for ((name, v), got) in mine.iter().zip(reduced) {
-                let g = grads
-                    .get(v.as_tensor())
-                    .with_context(|| format!("ranks check: no gradient for {name}"))?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                let run = zero::run_of(g.len(), ranks, rank);
-                acc(&mut g_sums, got, &g[run]);
-            }
-        }
         opt.step(&grads)?;
     }
-    let mut w_sums = (0f64, 0f64);
-    for ((name, a), (other, b)) in vars.iter().zip(&mine) {
+    let mut sums = (0f64, 0f64);
+    for ((name, a), (other, b)) in vars.iter().zip(&single.vars) {
         ensure!(name == other, "ranks check: {name} against {other}");
         let (a, b) = (
             a.flatten_all()?.to_vec1::<f32>()?,
             b.flatten_all()?.to_vec1::<f32>()?,
         );
-        acc(&mut w_sums, &a, &b);
+        add_sums(&mut sums, &a, &b);
     }
-    let (gradient_rel_diff, weight_rel_diff) = (rel(g_sums), rel(w_sums));
-    Ok(Check {
-        gradient_rel_diff,
-        weight_rel_diff,
-    })
+    Ok(rel(sums))
 }
 
 /// Bytes of a state or shard tensor's bookkeeping beyond its data (`Tensor::zeros`: as the

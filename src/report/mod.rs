@@ -41,6 +41,8 @@ pub struct ResultSet {
     /// The memory timelines stored beside them (`memfit run --timeline`): each file's path and
     /// its trace JSON.
     pub timelines: Vec<(String, String)>,
+    /// The multi-rank runs stored beside them (`memfit ranks --out ranks*.json`).
+    pub ranks: Vec<crate::ranks::RanksDoc>,
 }
 
 /// The CPU's peak FLOP/s, measured by `memfit report --measure-cpu-peak` (never asserted).
@@ -134,7 +136,19 @@ pub fn build(inp: &Inputs) -> anyhow::Result<Report> {
         .iter()
         .flat_map(|s| s.metas.iter().map(|m| (m.run_id.clone(), m.cores)))
         .collect();
-    let claims = claims::evaluate(&all, &workload_of, &cores_of, inp.dataload, inp.full_size);
+    let ranks: Vec<crate::ranks::RanksDoc> = inp
+        .sets
+        .iter()
+        .flat_map(|s| s.ranks.iter().cloned())
+        .collect();
+    let claims = claims::evaluate(
+        &all,
+        &workload_of,
+        &cores_of,
+        inp.dataload,
+        inp.full_size,
+        &ranks,
+    );
     let charts = plots_for(&ok, inp.fitted);
     first_screen(&mut b, &claims, &charts);
     for line in mixed_builds(inp.sets) {
@@ -1478,12 +1492,17 @@ pub fn load_set(path: &std::path::Path) -> anyhow::Result<ResultSet> {
             .map_err(|e| anyhow::anyhow!("reading the timeline {}: {e}", f.display()))?;
         timelines.push((f.display().to_string(), json));
     }
+    let ranks = crate::ranks::RanksDoc::files(path)
+        .iter()
+        .map(|f| crate::ranks::RanksDoc::read(f))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(ResultSet {
         label: path.display().to_string(),
         metas,
         rows,
         reference,
         timelines,
+        ranks,
     })
 }
 
@@ -1538,6 +1557,7 @@ mod tests {
     fn a_mix_of_builds_is_flagged_with_each_builds_runs() {
         let set = |metas| ResultSet {
             timelines: Vec::new(),
+            ranks: Vec::new(),
             label: "results/cpu".into(),
             metas,
             rows: Vec::new(),

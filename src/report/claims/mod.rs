@@ -134,6 +134,7 @@ pub fn evaluate(
     cores_of: &BTreeMap<String, u64>,
     fitted: &Fitted,
     full: &FullSize,
+    ranks: &[crate::ranks::RanksDoc],
 ) -> Vec<Claim> {
     let ctx = Ctx {
         rows: rows.iter().filter(|r| r.status == Status::Ok).collect(),
@@ -141,6 +142,7 @@ pub fn evaluate(
         cores_of,
         fitted,
         full,
+        ranks,
     };
     IDS.iter().map(|(id, _)| ctx.claim(id)).collect()
 }
@@ -154,6 +156,8 @@ struct Ctx<'a> {
     fitted: &'a Fitted,
     /// The full-size figures, computed before any claim.
     full: &'a FullSize,
+    /// The multi-rank runs (`memfit ranks`): claim B5 measured.
+    ranks: &'a [crate::ranks::RanksDoc],
 }
 
 fn mb(b: f64) -> String {
@@ -478,7 +482,7 @@ fn evaluate_rows_on(
         ram: crate::fit::dataload::ram_fits(rows),
         curves: crate::fit::dataload::curves(rows),
     };
-    evaluate(rows, workload_of, cores_of, &fitted, full)
+    evaluate(rows, workload_of, cores_of, &fitted, full, &[])
 }
 
 #[cfg(test)]
