@@ -608,3 +608,179 @@ fn search_never_promises_a_layout_it_cannot_answer() {
         "{why}"
     );
 }
+
+/// One LLaMA-like block's graph on a rank of `tp` (bf16, memfit's fused kernels): the middle
+/// stage of a four-layer, four-stage pipeline holds one block and its input (`B·S·H`, 2 B).
+fn llama_block(dims: [u64; 6], attention: &str, tp: u64) -> u64 {
+    let [h, a, g, i, s, b] = dims;
+    let args = [
+        "--model".to_string(),
+        "llama".into(),
+        "--hidden".into(),
+        h.to_string(),
+        "--heads".into(),
+        a.to_string(),
+        "--kv-heads".into(),
+        g.to_string(),
+        "--intermediate".into(),
+        i.to_string(),
+        "--layers".into(),
+        "4".into(),
+        "--vocab".into(),
+        "32000".into(),
+        "--dtype".into(),
+        "bf16".into(),
+        "--kernels".into(),
+        "fused".into(),
+        "--attention".into(),
+        attention.into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = predict_train(
+        &args,
+        &format!("tp={tp},pp=4"),
+        &b.to_string(),
+        &s.to_string(),
+    );
+    n(&acts(&v)[1], "microbatch_graph_bytes") - b * s * h * 2
+}
+
+/// Korthikanti et al. 2022 (Table 2), 16-bit, per layer: `s·b·h·(10 + 24/t + 5·a·s/(h·t))`
+/// under tensor parallelism `t` (`34 + 5·a·s/h` at t = 1), against the replay's block on a
+/// tensor-parallel rank of a LLaMA-like layer, every difference a named term, to the byte.
+/// The paper's terms: unsplit, the two LayerNorms' inputs (4), their outputs (the QKV and
+/// fc1 inputs, 4) and two 1-byte dropout masks (2); split, Q and K (4), V (2), the
+/// out-projection's input (2), GeLU's input and output (16, the MLP 4h wide), and the
+/// softmax's output (2as²b), its dropout mask (as²b) and the dropout's output (2as²b). The
+/// replay's LLaMA block (RMSNorm, rotary, grouped K/V, SwiGLU of width I; candle's graph
+/// holding every op's inputs):
+/// - no dropout: the two masks (−2·sbh) and, with standard attention, the mask and the
+///   dropout's output (−3·as²b);
+/// - tiled (efficient) attention keeps no S×S tensor: its f32 log-sum-exp (4·asb) instead of
+///   the softmax's output;
+/// - the queries: the projection's output kept as the rotary's input (+2·sb·aD) and the
+///   attention's (B, A, S, D) output beside its merged-heads copy, the o projection's input
+///   (+2·sb·aD), where the paper counts Q and the out-projection's input at width h;
+/// - the keys and values at the K/V heads' width g·D (grouped-query attention), with the key
+///   projection's output kept as the rotary's input (+2·sb·gD) and the value projection's
+///   output kept by its head-split copy (+2·sb·gD; no copy where a rank holds one K/V head,
+///   the split being a view then);
+/// - SwiGLU: gate, up and their product (the down projection's input) at width I, `6·sbI`,
+///   where GeLU keeps `16·sbh`;
+/// - 2 bytes: one 16-bit element the two-layer graph holds beyond the one-layer graph and
+///   its block.
+#[test]
+fn korthikanti_term_by_term_for_a_llama_like_layer() {
+    // [H, A, G, I, S, B]: MHA at I = 4H (the paper's MLP width), Llama-2-7B's widths with
+    // grouped K/V, and a narrow one at two sequences.
+    let shapes = [
+        [4096u64, 32, 32, 16384, 2048, 1],
+        [4096, 32, 8, 11008, 2048, 1],
+        [2048, 16, 4, 5632, 1024, 2],
+    ];
+    for dims in shapes {
+        let [h, a, g, i, s, b] = dims;
+        let d = h / a;
+        let sbh = s * b * h;
+        for attention in ["efficient", "standard"] {
+            for t in [1u64, 2, 4] {
+                let replay = llama_block(dims, attention, t);
+                // The paper's, in bytes (every term divides exactly at these sizes).
+                let paper_unsplit = 10 * sbh;
+                let paper_split = 24 * sbh / t;
+                let paper_scores = 5 * a * s * s * b / t;
+                let paper = paper_unsplit + paper_split + paper_scores;
+                // The named differences, as signed bytes.
+                let masks = -2 * sbh as i64;
+                let scores = match attention {
+                    "efficient" => 4 * a * s * b / t,
+                    _ => 2 * a * s * s * b / t,
+                } as i64
+                    - paper_scores as i64;
+                let queries = ((8 * s * b * a * d) as i64 - (4 * sbh) as i64) / t as i64;
+                // A rank's K/V heads (one, replicated, where fewer than t); with one, the
+                // value's head split is a view: no copy, its projection's output the only one.
+                let kv = (g / t).max(1);
+                let kv_bytes = 6 * s * b * kv * d + if kv > 1 { 2 * s * b * kv * d } else { 0 };
+                let keys_values = kv_bytes as i64 - (4 * sbh / t) as i64;
+                let mlp = ((6 * s * b * i) as i64 - (16 * sbh) as i64) / t as i64;
+                let element = 2;
+                let explained =
+                    paper as i64 + masks + scores + queries + keys_values + mlp + element;
+                assert_eq!(
+                    replay as i64, explained,
+                    "{dims:?} {attention} t={t}: replay {replay}, paper {paper}"
+                );
+            }
+        }
+    }
+}
+
+/// A GPT-like layer (LayerNorm, biases, GeLU at 4H, no rotary), one device (the replay does
+/// not split GPT's heads yet: their width is H/A): the block is the two-layer graph less the
+/// one-layer graph. Against the paper's `34·sbh + 5·as²b`: no dropout masks (−2·sbh, and
+/// −3·as²b with standard attention; tiled attention's 4·asb log-sum-exp instead of the
+/// softmax's output), the q, k and v projections' outputs kept by their head-split copies
+/// (+6·sbh), the attention's output beside its merged-heads copy (+2·sbh), the biased o and
+/// fc2 projections' outputs kept by the residual sums (+4·sbh), and the 2-byte element.
+#[test]
+fn korthikanti_term_by_term_for_a_gpt_like_layer() {
+    for [h, a, s, b] in [[4096u64, 32, 2048, 1], [2048, 16, 1024, 2]] {
+        for attention in ["efficient", "standard"] {
+            let graph = |layers: &str| {
+                let args = [
+                    "--model",
+                    "gpt",
+                    "--hidden",
+                    &h.to_string(),
+                    "--heads",
+                    &a.to_string(),
+                    "--layers",
+                    layers,
+                    "--vocab",
+                    "32000",
+                    "--max-seq",
+                    &s.to_string(),
+                    "--dtype",
+                    "bf16",
+                    "--kernels",
+                    "fused",
+                    "--attention",
+                    attention,
+                    "--batch",
+                    &b.to_string(),
+                    "--seq",
+                    &s.to_string(),
+                    "--device",
+                    "cuda:0",
+                    "--phases",
+                    "forward",
+                    "--json",
+                ]
+                .map(|x| x.to_string());
+                let out = common::memfit()
+                    .arg("predict")
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                n(&v, "graph_bytes")
+            };
+            let replay = graph("2") - graph("1");
+            let sbh = s * b * h;
+            let paper = 34 * sbh + 5 * a * s * s * b;
+            let scores = match attention {
+                "efficient" => 4 * a * s * b,
+                _ => 2 * a * s * s * b,
+            } as i64
+                - (5 * a * s * s * b) as i64;
+            let named = -2 * sbh as i64 + scores + (6 + 2 + 4) * sbh as i64 + 2;
+            assert_eq!(
+                replay as i64,
+                paper as i64 + named,
+                "{h} {a} {s} {b} {attention}"
+            );
+        }
+    }
+}
