@@ -195,8 +195,9 @@ pub struct PredictArgs {
     /// `amp` (mixed precision): autocast (the default: memfit's own step, f32 masters and a
     /// 16-bit copy in the graph), megatron (bf16 parameters, f32 main gradients, f32 master +
     /// state in the optimizer) or deepspeed (bf16 parameters and gradients, f32 master + state).
-    /// `search` (with --fit-in and --gpus): every layout of that many GPUs, those that fit
-    /// first.
+    /// `sp=on`: sequence parallelism (the norms' and the residual stream's activations split
+    /// over tp). `search` (with --fit-in and --gpus): every layout of that many GPUs, those
+    /// that fit first.
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,
     /// `--parallel search`: the GPUs every layout is laid over (tp·pp·dp).

@@ -784,3 +784,73 @@ fn korthikanti_term_by_term_for_a_gpt_like_layer() {
         }
     }
 }
+
+/// Sequence parallelism (`sp=on`): the norms' and the residual stream's activations split
+/// over tp by sequence too, so a block on a rank of `t` is the one-rank block's `1/t` (rounded
+/// up), as Korthikanti et al.'s `s·b·h/t·(34 + 5·a·s/h)` divides every term of theirs; a
+/// stage's input is split `t` ways as well. Where a rank holds one K/V head (no head-split
+/// copy of the values) the answer stays at or above that.
+#[test]
+fn sequence_parallel_divides_the_whole_block() {
+    for attention in ["efficient", "standard"] {
+        let dims = [4096u64, 32, 32, 16384, 2048, 1];
+        let one = llama_block(dims, attention, 1);
+        for t in [2u64, 4] {
+            let args = [
+                "--model",
+                "llama",
+                "--hidden",
+                "4096",
+                "--heads",
+                "32",
+                "--kv-heads",
+                "32",
+                "--intermediate",
+                "16384",
+                "--layers",
+                "4",
+                "--vocab",
+                "32000",
+                "--dtype",
+                "bf16",
+                "--kernels",
+                "fused",
+                "--attention",
+                attention,
+            ];
+            let v = predict_train(&args, &format!("tp={t},pp=4,sp=on"), "1", "2048");
+            assert_eq!(v["parallel"]["sequence_parallel"], true);
+            let input = (2048 * 4096 * 2u64).div_ceil(t);
+            let block = n(&acts(&v)[1], "microbatch_graph_bytes") - input;
+            assert_eq!(block, one.div_ceil(t), "{attention} t={t}");
+        }
+    }
+    // One K/V head a rank: at or above the one-rank block's share.
+    let dims = [2048u64, 16, 4, 5632, 1024, 2];
+    let one = llama_block(dims, "efficient", 1);
+    let args = [
+        "--model",
+        "llama",
+        "--hidden",
+        "2048",
+        "--heads",
+        "16",
+        "--kv-heads",
+        "4",
+        "--intermediate",
+        "5632",
+        "--layers",
+        "4",
+        "--vocab",
+        "32000",
+        "--dtype",
+        "bf16",
+        "--kernels",
+        "fused",
+    ];
+    let v = predict_train(&args, "tp=4,pp=4,sp=on", "2", "1024");
+    let block = n(&acts(&v)[1], "microbatch_graph_bytes") - (2 * 1024 * 2048 * 2u64) / 4;
+    assert!(block >= one.div_ceil(4), "{block} {one}");
+    let err = predict(&["--preset", "llama-3-8b"], "tp=2,sp=yes").unwrap_err();
+    assert!(err.contains("on or off"), "{err}");
+}

@@ -167,7 +167,13 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 p.parallel_search = Some(parallel_search(case, &spec, gpus, budget, threads)?);
             }
             Some(spec) => {
-                p.parallel = Some(parallel_answer(case, &spec.layout, spec.amp, threads)?);
+                p.parallel = Some(parallel_answer_sp(
+                    case,
+                    &spec.layout,
+                    spec.amp,
+                    spec.sp,
+                    threads,
+                )?);
             }
             None => {}
         }
@@ -399,7 +405,15 @@ fn print_parallel(par: &ParallelAnswer) {
             Some(why) => format!(" ({why}):"),
         }
     );
-    println!("         precision {}", par.precision_means);
+    println!(
+        "         precision {}{}",
+        par.precision_means,
+        if par.sequence_parallel {
+            "; sequence parallel: the norms' and the residual stream's activations split over tp"
+        } else {
+            ""
+        }
+    );
     let act = |i: usize| par.activations.as_ref().map(|a| a[i]);
     let gathered = |i: usize| par.gathered_bytes.as_ref().map_or(0, |g| g[i]);
     let mut i = 0;
@@ -720,6 +734,8 @@ pub struct ParallelAnswer {
     pub precision: String,
     /// What the regime holds, in words.
     pub precision_means: String,
+    /// `sp=on`: the norms' and the residual stream's activations split over tp by sequence.
+    pub sequence_parallel: bool,
     pub ranks: Vec<crate::formula::parallel::StageRank>,
     /// ZeRO-3: each stage's rank's gathered layer (its largest tensor's whole weight and
     /// gradient while used, [`crate::formula::parallel::gathered_layer`]); absent below stage 3.
@@ -742,6 +758,17 @@ pub fn parallel_answer(
     amp: crate::formula::parallel::Amp,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
+    parallel_answer_sp(case, layout, amp, false, threads)
+}
+
+/// [`parallel_answer`], with sequence parallelism where `sp`.
+pub fn parallel_answer_sp(
+    case: &Case,
+    layout: &crate::formula::parallel::Layout,
+    amp: crate::formula::parallel::Amp,
+    sp: bool,
+    threads: usize,
+) -> anyhow::Result<ParallelAnswer> {
     use crate::formula::parallel;
     let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
     layout.check(&case.cfg).map_err(what)?;
@@ -753,9 +780,11 @@ pub fn parallel_answer(
         mixed: regime.graph_mixed,
         ..shape.clone()
     };
-    let acts = parallel::stage_activations(&graph, layout, case.optimizer, threads);
+    let acts = parallel::shard_graph_sp(&graph, layout.tp, sp, case.optimizer, threads)
+        .map(|g| parallel::stage_activations_of(&g, case.cfg.layers, layout));
     let (w, g, _) = regime.rates;
     Ok(ParallelAnswer {
+        sequence_parallel: sp,
         layout: layout.to_string(),
         gpus: layout.gpus(),
         precision: if shape.mixed { amp.as_str() } else { "pure" }.to_string(),
@@ -775,6 +804,8 @@ pub struct ParallelSearch {
     pub budget_bytes: u64,
     pub precision: String,
     pub precision_means: String,
+    /// `sp=on`: every layout with sequence parallelism.
+    pub sequence_parallel: bool,
     /// Every layout, best first ([`crate::formula::parallel::rank_candidates`]).
     pub layouts: Vec<crate::formula::parallel::Candidate>,
     /// Why some layouts' activations are unknown (by tensor-parallel size).
@@ -813,7 +844,7 @@ fn parallel_search(
     let mut layouts = Vec::with_capacity(all.len());
     for l in &all {
         let known = per_tp.entry(l.tp).or_insert_with(|| {
-            let sg = parallel::shard_graph(&graph, l.tp, case.optimizer, threads)?;
+            let sg = parallel::shard_graph_sp(&graph, l.tp, spec.sp, case.optimizer, threads)?;
             let t = parallel::backward_transient(&graph, l.tp, case.optimizer, threads)?;
             Ok((sg, t))
         });
@@ -842,6 +873,7 @@ fn parallel_search(
         }
         .to_string(),
         precision_means: regime.name.to_string(),
+        sequence_parallel: spec.sp,
         layouts,
         activations_missing: per_tp
             .into_iter()
@@ -865,7 +897,15 @@ fn print_search(s: &ParallelSearch) {
         unknown.len(),
         no.len()
     );
-    println!("         precision {}", s.precision_means);
+    println!(
+        "         precision {}{}",
+        s.precision_means,
+        if s.sequence_parallel {
+            "; sequence parallel"
+        } else {
+            ""
+        }
+    );
     let line = |tag: &str, c: &crate::formula::parallel::Candidate| {
         let detail = match (c.activation_bytes, c.transient_bytes, c.peak_bytes) {
             (Some(a), Some(t), Some(p)) => format!(

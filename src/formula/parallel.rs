@@ -36,9 +36,11 @@
 //! the shard's shapes: heads, K/V heads, the MLP's width and the vocabulary split `tp` ways, the
 //! hidden size whole, as tensor parallelism without sequence parallelism keeps the norms' and
 //! the residual stream's activations on every rank), times the microbatches 1F1B keeps in
-//! flight on stage `s`: `min(mb, pp − s)`. Not in these figures: the backward's transients, the
-//! collectives' buffers (NCCL's, ZeRO-3's gathered weights), sequence parallelism, and the
-//! split of a mixture of experts' or MLA's activations (refused by name).
+//! flight on stage `s`: `min(mb, pp − s)`; with `sp=on` the part tensor parallelism leaves
+//! whole split by sequence too ([`sequence_parallel`]). Not in these figures: the backward's
+//! transients ([`backward_transient`] bounds them for `--parallel search`), the collectives'
+//! buffers (NCCL's; ZeRO-3's gathered layer is [`gathered_layer`]), and the split of a
+//! mixture of experts' or MLA's activations (refused by name).
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -412,14 +414,18 @@ pub struct ParallelSpec {
     pub search: bool,
     /// `mb=` given explicitly.
     pub mb_given: bool,
+    /// `sp=on`: sequence parallelism ([`sequence_parallel`]).
+    pub sp: bool,
 }
 
 impl FromStr for ParallelSpec {
     type Err = String;
 
-    /// [`Layout`]'s keys, plus `amp=autocast|megatron|deepspeed` and the word `search`.
+    /// [`Layout`]'s keys, plus `amp=autocast|megatron|deepspeed`, `sp=on|off` and the word
+    /// `search`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut amp = Amp::default();
+        let mut sp = false;
         let mut search = false;
         let mut mb_given = false;
         let mut rest = Vec::new();
@@ -441,6 +447,13 @@ impl FromStr for ParallelSpec {
                         }
                     }
                 }
+                Some(("sp", v)) => {
+                    sp = match v {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("--parallel sp={v}: on or off")),
+                    }
+                }
                 Some((k, _)) if search_fixed(k) => {
                     mb_given |= k == "mb";
                     rest.push(part);
@@ -456,7 +469,7 @@ impl FromStr for ParallelSpec {
                 .find(|k| !search_fixed(k))
         {
             return Err(format!(
-                "--parallel search: `{k}` is enumerated by the search (give amp= and mb= only)"
+                "--parallel search: `{k}` is enumerated by the search (give amp=, sp= and mb= only)"
             ));
         }
         Ok(ParallelSpec {
@@ -464,6 +477,7 @@ impl FromStr for ParallelSpec {
             amp,
             search,
             mb_given,
+            sp,
         })
     }
 }
@@ -659,6 +673,46 @@ pub fn shard_graph(
         outside,
         input: shape.b * shape.s * shape.h * e,
     })
+}
+
+/// Sequence parallelism (Megatron's `--sequence-parallel`, Korthikanti et al. 2022 §4.2.2):
+/// the part of a block's graph tensor parallelism leaves whole on every rank (the norms'
+/// inputs and outputs, the residual stream: what the shard's block keeps whatever `tp`) is
+/// split over the `tp` ranks by sequence, and so is a stage's input. That part, `R`, comes
+/// from the replay's blocks at `tp` 1 and `tp`: a block is `R + S/tp`, so
+/// `R = (tp·block(tp) − block(1)) / (tp − 1)`; the block under sequence parallelism is
+/// `R/tp + (block(tp) − R)`. Where the split is not linear (a rank holding one K/V head makes
+/// no head-split copy of the values) this keeps the tp-1 rate for that tensor: an answer
+/// above the exact one, never below. The last stage's part outside the blocks (embedding
+/// output, final norm, head, loss) is left whole (above the exact figure too).
+pub fn sequence_parallel(g: &ShardGraph, one: &ShardGraph, tp: usize) -> ShardGraph {
+    if tp == 1 {
+        return *g;
+    }
+    let t = tp as u64;
+    let whole = (t * g.block).saturating_sub(one.block) / (t - 1);
+    let whole = whole.min(g.block);
+    ShardGraph {
+        block: whole.div_ceil(t) + (g.block - whole),
+        outside: g.outside,
+        input: g.input.div_ceil(t),
+    }
+}
+
+/// [`shard_graph`], with sequence parallelism where `sp` ([`sequence_parallel`]).
+pub fn shard_graph_sp(
+    shape: &Shape,
+    tp: usize,
+    sp: bool,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<ShardGraph, String> {
+    let g = shard_graph(shape, tp, opt, threads)?;
+    if !sp || tp == 1 {
+        return Ok(g);
+    }
+    let one = shard_graph(shape, 1, opt, threads)?;
+    Ok(sequence_parallel(&g, &one, tp))
 }
 
 /// Each stage's activations of `layers` layers under `layout` from one microbatch's graph
