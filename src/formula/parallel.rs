@@ -929,6 +929,48 @@ mod tests {
         }
     }
 
+    /// `amp=`, `sp=` and `search` beside the layout's keys; search refuses what it enumerates.
+    #[test]
+    fn parallel_specs_parse() {
+        let p: ParallelSpec = "tp=8,pp=16,amp=megatron,sp=on".parse().unwrap();
+        assert_eq!(
+            (p.layout.tp, p.layout.pp, p.amp, p.sp, p.search),
+            (8, 16, Amp::Megatron, true, false)
+        );
+        let p: ParallelSpec = "search,mb=32".parse().unwrap();
+        assert!(p.search && p.mb_given && p.layout.mb == 32 && p.amp == Amp::Autocast);
+        let e = "search,tp=8".parse::<ParallelSpec>().unwrap_err();
+        assert!(e.contains("enumerated"), "{e}");
+        let e = "amp=fp8".parse::<ParallelSpec>().unwrap_err();
+        assert!(e.contains("autocast, megatron or deepspeed"), "{e}");
+    }
+
+    /// A block `R + S/t` with sequence parallelism is `R/t + S/t`; the input split `t` ways.
+    #[test]
+    fn sequence_parallel_splits_the_whole_part() {
+        let (r, s_) = (800u64, 2400u64);
+        let one = ShardGraph {
+            block: r + s_,
+            outside: 5,
+            input: 100,
+        };
+        let four = ShardGraph {
+            block: r + s_ / 4,
+            outside: 5,
+            input: 100,
+        };
+        let sp = sequence_parallel(&four, &one, 4);
+        assert_eq!(
+            sp,
+            ShardGraph {
+                block: (r + s_) / 4,
+                outside: 5,
+                input: 25
+            }
+        );
+        assert_eq!(sequence_parallel(&one, &one, 1), one);
+    }
+
     /// Llama 3.1 405B's 126 layers over 16 stages: 7, 8 × 14, 7 (the paper's layout); an even
     /// split stays even; the missing layers come off the outermost stages in turn.
     #[test]
