@@ -195,12 +195,21 @@ pub struct PredictArgs {
     /// One JSON object per case instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// A parallel layout, `tp=T,pp=P,dp=D,zero=Z,ep=E` (any subset; the rest 1, ZeRO 0): each
-    /// pipeline stage's rank's model states (weights, gradients, optimizer state), from the
-    /// model's tensors split as Megatron-Core splits them, ZeRO sharding over the data-parallel
-    /// group. Activations per rank are not yet predicted.
+    /// A parallel layout, `tp=T,pp=P,dp=D,zero=Z,ep=E,mb=M,amp=A` (any subset; the rest 1,
+    /// ZeRO 0): each pipeline stage's rank's model states (weights, gradients, optimizer
+    /// state), from the model's tensors split as Megatron-Core splits them, ZeRO sharding over
+    /// the data-parallel group, and (dense LLaMA-family decoders) the activations 1F1B keeps.
+    /// `amp` (mixed precision): autocast (the default: memfit's own step, f32 masters and a
+    /// 16-bit copy in the graph), megatron (bf16 parameters, f32 main gradients, f32 master +
+    /// state in the optimizer) or deepspeed (bf16 parameters and gradients, f32 master + state).
+    /// `sp=on`: sequence parallelism (the norms' and the residual stream's activations split
+    /// over tp). `search` (with --fit-in and --gpus): every layout of that many GPUs, those
+    /// that fit first.
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,
+    /// `--parallel search`: the GPUs every layout is laid over (tp·pp·dp).
+    #[arg(long)]
+    pub gpus: Option<usize>,
     /// Stored results (folder or file, any format `fit` reads) to calibrate the analytical
     /// peaks with: per phase, device kind and dtype, measured ≈ a + b·predicted.
     #[arg(long)]

@@ -288,3 +288,599 @@ fn a_mixture_of_experts_has_no_activations_per_rank_yet() {
     assert!(why.contains("mixture of experts"), "{why}");
     assert_eq!(ranks(&v).len(), 1);
 }
+
+/// Llama 3.1 405B's shape in bf16 mixed precision with AdamW.
+fn llama_405b_mixed() -> Vec<&'static str> {
+    let mut args = LLAMA_405B.to_vec();
+    args.extend([
+        "--dtype",
+        "bf16",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adamw",
+    ]);
+    args
+}
+
+/// Megatron-Core's precision (`amp=megatron`) at TP 8 × PP 16: bf16 parameters (2 B), f32
+/// main gradients (4 B), the optimizer's f32 master and two moments (12 B): 18 B a parameter,
+/// `6 + 12/dp` with the distributed optimizer (`zero=1`). The middle stages' rank holds
+/// 3,187,933,184 parameters (the hand count of `llama_405b_tp8_pp16_is_hand_arithmetic`):
+/// 57,382,797,312 B = 53.44 GiB. Megatron's `theoretical_memory_usage.py` gives its "most
+/// loaded shard" as `(126·layer + final norm)/16/8 + padded vocab·H/8` parameters × 18; memfit's
+/// first stage differs from it by exactly three named terms: Megatron spreads the layers
+/// evenly (7.875 a stage where memfit's first stage holds 7), divides the norms by tp (memfit
+/// holds them whole on every rank), and pads the vocabulary to a multiple of 128·tp (129,024;
+/// memfit pads to a multiple of tp: 128,256).
+#[test]
+fn llama_405b_tp8_pp16_megatron_is_hand_arithmetic() {
+    let args = llama_405b_mixed();
+    let v = predict(&args, "tp=8,pp=16,amp=megatron").unwrap();
+    assert_eq!(v["parallel"]["precision"], "megatron");
+    let r = ranks(&v);
+    for (s, rank) in r.iter().enumerate() {
+        let p = n(rank, "dense_params");
+        assert_eq!(
+            n(rank, "weights_bytes"),
+            2 * p,
+            "stage {s}: bf16 parameters"
+        );
+        assert_eq!(
+            n(rank, "gradient_bytes"),
+            4 * p,
+            "stage {s}: f32 main grads"
+        );
+        assert_eq!(
+            n(rank, "optimizer_state_bytes"),
+            12 * p,
+            "stage {s}: f32 master and moments"
+        );
+    }
+    let mid = &r[1];
+    let states =
+        n(mid, "weights_bytes") + n(mid, "gradient_bytes") + n(mid, "optimizer_state_bytes");
+    assert_eq!(states, 18 * 3_187_933_184);
+    assert_eq!(states, 57_382_797_312);
+    // Megatron's formula, term by term, against memfit's first stage.
+    let (h, i, v, layers): (f64, f64, f64, f64) = (16384.0, 53248.0, 128256.0, 126.0);
+    let layer = 2.0 * h * h * (1.0 + 8.0 / 128.0) + 2.0 * h * (i * 1.5 + 1.0);
+    let padded = (v / 1024.0).ceil() * 1024.0;
+    assert_eq!(padded, 129_024.0);
+    let megatron = ((layers * layer + h) / 16.0 + padded * h) / 8.0;
+    let first = n(&r[0], "dense_params") as f64;
+    let norms = 2.0 * h;
+    let named = (7.875 - 7.0) * layer / 8.0 // layers spread evenly
+        + h / 8.0 / 16.0 // the final norm spread over the stages
+        - 7.0 * norms * (1.0 - 1.0 / 8.0) // memfit's whole norms
+        + (padded - v) * h / 8.0; // the vocabulary's padding
+    assert!(
+        (megatron - (first + named)).abs() < 1e-3,
+        "{megatron} vs {first} + {named}"
+    );
+    // The distributed optimizer (zero=1) over 4 replicas: 6 + 12/4 B a parameter.
+    let v = predict(&args, "tp=8,pp=16,dp=4,zero=1,amp=megatron").unwrap();
+    let mid = &ranks(&v)[1];
+    let p = 3_187_933_184u64;
+    assert_eq!(n(mid, "weights_bytes"), 2 * p);
+    assert_eq!(n(mid, "gradient_bytes"), 4 * p);
+    assert_eq!(n(mid, "optimizer_state_bytes"), 12 * p / 4);
+}
+
+/// DeepSpeed's precision (`amp=deepspeed`) under ZeRO-2 and ZeRO-3 over 64 ranks, against
+/// DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs` in
+/// `deepspeed/runtime/zero/stage_1_and_2.py`: `4Ψ + int(16Ψ/N)` on the GPU without offload;
+/// `estimate_zero3_model_states_mem_needs` in `stage3.py`: `4·largest_layer + int(18Ψ/N)`).
+/// memfit holds the ZeRO paper's counts (16-bit parameters and gradients, `K = 12`): ZeRO-2
+/// `2Ψ + 14Ψ/N`, ZeRO-3 `16Ψ/N` + the gathered layer (the largest tensor's 16-bit weight and
+/// gradient: the token table, 128256 · 16384, the same `4·largest_layer` as DeepSpeed's). The
+/// differences, named: DeepSpeed's ZeRO-2 estimate counts the 16-bit gradients whole (`2Ψ`
+/// where memfit shards them, `2Ψ/N`) and both estimates count the f32 copy of the gradient
+/// partition the optimizer step makes (`4Ψ/N`), ZeRO-3's in place of the 16-bit partition
+/// (`2Ψ/N`). With those, equal to the rounding of the shards (each part rounded up by memfit,
+/// the sum down by DeepSpeed: under 4 bytes).
+#[test]
+fn zero_2_and_3_under_deepspeed_are_its_estimators() {
+    let args = llama_405b_mixed();
+    let psi = 405_853_388_800u64;
+    let gpus = 64u64;
+    let largest = 128_256u64 * 16384;
+    let within = |got: u64, want: u64, what: &str| {
+        assert!(got.abs_diff(want) < 4, "{what}: {got} vs {want}");
+    };
+    // ZeRO-2.
+    let v = predict(&args, "dp=64,zero=2,amp=deepspeed").unwrap();
+    assert_eq!(v["parallel"]["precision"], "deepspeed");
+    let r = &ranks(&v)[0];
+    let memfit = n(r, "weights_bytes") + n(r, "gradient_bytes") + n(r, "optimizer_state_bytes");
+    assert_eq!(n(r, "weights_bytes"), 2 * psi);
+    assert_eq!(n(r, "gradient_bytes"), (2 * psi).div_ceil(gpus));
+    assert_eq!(n(r, "optimizer_state_bytes"), (12 * psi).div_ceil(gpus));
+    assert!(v["parallel"]["gathered_bytes"].is_null());
+    let deepspeed2 = 4 * psi + 16 * psi / gpus;
+    let whole_grads = 2 * psi - 2 * psi / gpus;
+    let f32_grad_partition = 4 * psi / gpus;
+    within(
+        memfit + whole_grads + f32_grad_partition,
+        deepspeed2,
+        "ZeRO-2",
+    );
+    // ZeRO-3, with the gathered layer.
+    let v = predict(&args, "dp=64,zero=3,amp=deepspeed").unwrap();
+    let r = &ranks(&v)[0];
+    let states = n(r, "weights_bytes") + n(r, "gradient_bytes") + n(r, "optimizer_state_bytes");
+    within(states, 16 * psi / gpus, "ZeRO-3's 16Ψ/N");
+    let gathered = v["parallel"]["gathered_bytes"][0].as_u64().unwrap();
+    assert_eq!(gathered, 4 * largest);
+    let deepspeed3 = 4 * largest + 18 * psi / gpus;
+    within(
+        states + gathered + 4 * psi / gpus - 2 * psi / gpus,
+        deepspeed3,
+        "ZeRO-3",
+    );
+    // 405B's states alone under ZeRO-3 over 64 ranks: 16·Ψ/64 = 94.48 GiB a rank.
+    assert_eq!(16 * psi / gpus, 101_463_347_200);
+}
+
+/// `amp=` refuses a pure-precision case and an unknown regime, by name.
+#[test]
+fn precision_regimes_are_refused_by_name() {
+    let err = predict(
+        &["--preset", "llama-3-8b", "--dtype", "bf16"],
+        "tp=2,amp=megatron",
+    )
+    .unwrap_err();
+    assert!(err.contains("--precision mixed"), "{err}");
+    let err = predict(&["--preset", "llama-3-8b"], "amp=apex").unwrap_err();
+    assert!(err.contains("autocast, megatron or deepspeed"), "{err}");
+}
+
+/// Under `amp=megatron` and `amp=deepspeed` the activations are the pure 16-bit graph (no
+/// per-microbatch weight copy, no f32 residual stream): on one rank, the pure bf16 case's
+/// graph to the byte; autocast's stays the mixed case's own.
+#[test]
+fn sixteen_bit_regimes_keep_the_pure_graph() {
+    let pure = ["--preset", "llama-3.2-1b", "--dtype", "bf16"];
+    let mixed = [
+        "--preset",
+        "llama-3.2-1b",
+        "--dtype",
+        "bf16",
+        "--precision",
+        "mixed",
+    ];
+    let want = n(&predict_train(&pure, "tp=1", "2", "512"), "graph_bytes");
+    for amp in ["megatron", "deepspeed"] {
+        let v = predict_train(&mixed, &format!("tp=1,amp={amp}"), "2", "512");
+        assert_eq!(n(&acts(&v)[0], "bytes"), want, "{amp}");
+    }
+    let v = predict_train(&mixed, "tp=1", "2", "512");
+    assert_eq!(n(&acts(&v)[0], "bytes"), n(&v, "graph_bytes"));
+    assert!(n(&v, "graph_bytes") > want);
+}
+
+/// Llama 3 70B's shape (H 8192, 64 heads, 8 K/V heads, I 28672, 80 layers, V 128256, head
+/// untied): no preset, so its sizes.
+const LLAMA_3_70B: &[&str] = &[
+    "--model",
+    "llama",
+    "--hidden",
+    "8192",
+    "--heads",
+    "64",
+    "--kv-heads",
+    "8",
+    "--intermediate",
+    "28672",
+    "--layers",
+    "80",
+    "--vocab",
+    "128256",
+    "--tied",
+    "off",
+];
+
+/// `predict ARGS --parallel SPEC --gpus G --fit-in BUDGET --json`: the case's JSON.
+fn search(args: &[&str], spec: &str, gpus: &str, budget: &str) -> Value {
+    let out = common::memfit()
+        .arg("predict")
+        .args(args)
+        .args(["--batch", "1", "--device", "cuda:0", "--phases", "init"])
+        .args([
+            "--parallel",
+            spec,
+            "--gpus",
+            gpus,
+            "--fit-in",
+            budget,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(line.lines().next().unwrap()).unwrap()
+}
+
+/// `--parallel search` over 64 GPUs for Llama 3 70B (Megatron's precision, S 4096): every
+/// layout of 64 GPUs (tp 1–8 dividing the heads, pp dividing what is left, ZeRO 0–3 where
+/// dp > 1), each layout's worst rank the most any stage's rank of `--parallel LAYOUT` holds
+/// (model states + ZeRO-3's gathered layer + the activations 1F1B keeps) plus one
+/// microbatch's backward transient, the fitting ones first and each within the budget, the
+/// others above it; answered in under a second.
+#[test]
+fn search_lists_the_layouts_that_fit_llama_3_70b() {
+    let mut args = LLAMA_3_70B.to_vec();
+    args.extend([
+        "--seq",
+        "4096",
+        "--dtype",
+        "bf16",
+        "--precision",
+        "mixed",
+        "--optimizer",
+        "adamw",
+    ]);
+    let t = std::time::Instant::now();
+    let v = search(&args, "search,amp=megatron", "64", "80GiB");
+    let took = t.elapsed();
+    assert!(took.as_secs_f64() < 1.0, "{took:?}");
+    let s = &v["parallel_search"];
+    assert_eq!(s["precision"], "megatron");
+    let all = s["layouts"].as_array().unwrap();
+    // tp 1, 2, 4, 8 × pp dividing 64/tp (≤ 80 layers) × ZeRO 0–3 where dp > 1.
+    let mut want = 0;
+    for tp in [1u64, 2, 4, 8] {
+        for pp in (1..=64 / tp).filter(|p| (64 / tp).is_multiple_of(*p)) {
+            want += if 64 / tp / pp > 1 { 4 } else { 1 };
+        }
+    }
+    assert_eq!(all.len(), want);
+    let budget = 80u64 << 30;
+    let fit: Vec<&Value> = all.iter().filter(|c| c["fits"] == true).collect();
+    assert!(!fit.is_empty());
+    // Fitting first, all of them.
+    assert!(all[..fit.len()].iter().all(|c| c["fits"] == true));
+    for c in all {
+        let peak = n(c, "peak_bytes");
+        assert_eq!(
+            peak,
+            n(c, "state_bytes") + n(c, "activation_bytes") + n(c, "transient_bytes")
+        );
+        assert_eq!(c["fits"] == true, peak <= budget, "{c}");
+    }
+    // A few layouts, checked against `--parallel LAYOUT`'s own stages.
+    for c in fit.iter().copied().take(3).chain(all.iter().rev().take(2)) {
+        let layout = c["layout"].as_str().unwrap();
+        let one = predict_train(&args, &format!("{layout},amp=megatron"), "1", "4096");
+        let r = ranks(&one);
+        let a = acts(&one);
+        let g = |s: usize| one["parallel"]["gathered_bytes"][s].as_u64().unwrap_or(0);
+        let worst = (0..r.len())
+            .map(|s| {
+                n(&r[s], "weights_bytes")
+                    + n(&r[s], "gradient_bytes")
+                    + n(&r[s], "optimizer_state_bytes")
+                    + g(s)
+                    + n(&a[s], "bytes")
+            })
+            .max()
+            .unwrap();
+        assert_eq!(
+            worst + n(c, "transient_bytes"),
+            n(c, "peak_bytes"),
+            "{layout}"
+        );
+    }
+}
+
+/// A mixture of experts' activations per rank are not modelled: no layout is said to fit;
+/// those whose model states alone exceed the budget do not, the rest are unknown.
+#[test]
+fn search_never_promises_a_layout_it_cannot_answer() {
+    let args = [
+        "--preset",
+        "mixtral-8x7b",
+        "--seq",
+        "1024",
+        "--dtype",
+        "bf16",
+        "--precision",
+        "mixed",
+    ];
+    let v = search(&args, "search,amp=deepspeed", "16", "80GiB");
+    let all = v["parallel_search"]["layouts"].as_array().unwrap();
+    assert!(all.iter().all(|c| c["fits"] != true));
+    let unknown = all.iter().filter(|c| c["fits"].is_null()).count();
+    let no = all.iter().filter(|c| c["fits"] == false).count();
+    assert!(unknown > 0 && no > 0, "{unknown} unknown, {no} not fitting");
+    for c in all {
+        assert!(c["peak_bytes"].is_null());
+        assert_eq!(c["fits"] == false, n(c, "state_bytes") > 80 << 30, "{c}");
+    }
+    let why = &v["parallel_search"]["activations_missing"][0][1];
+    assert!(
+        why.as_str().unwrap().contains("mixture of experts"),
+        "{why}"
+    );
+}
+
+/// One LLaMA-like block's graph on a rank of `tp` (bf16, memfit's fused kernels): the middle
+/// stage of a four-layer, four-stage pipeline holds one block and its input (`B·S·H`, 2 B).
+fn llama_block(dims: [u64; 6], attention: &str, tp: u64) -> u64 {
+    let [h, a, g, i, s, b] = dims;
+    let args = [
+        "--model".to_string(),
+        "llama".into(),
+        "--hidden".into(),
+        h.to_string(),
+        "--heads".into(),
+        a.to_string(),
+        "--kv-heads".into(),
+        g.to_string(),
+        "--intermediate".into(),
+        i.to_string(),
+        "--layers".into(),
+        "4".into(),
+        "--vocab".into(),
+        "32000".into(),
+        "--dtype".into(),
+        "bf16".into(),
+        "--kernels".into(),
+        "fused".into(),
+        "--attention".into(),
+        attention.into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = predict_train(
+        &args,
+        &format!("tp={tp},pp=4"),
+        &b.to_string(),
+        &s.to_string(),
+    );
+    n(&acts(&v)[1], "microbatch_graph_bytes") - b * s * h * 2
+}
+
+/// Korthikanti et al. 2022 (Table 2), 16-bit, per layer: `s·b·h·(10 + 24/t + 5·a·s/(h·t))`
+/// under tensor parallelism `t` (`34 + 5·a·s/h` at t = 1), against the replay's block on a
+/// tensor-parallel rank of a LLaMA-like layer, every difference a named term, to the byte.
+/// The paper's terms: unsplit, the two LayerNorms' inputs (4), their outputs (the QKV and
+/// fc1 inputs, 4) and two 1-byte dropout masks (2); split, Q and K (4), V (2), the
+/// out-projection's input (2), GeLU's input and output (16, the MLP 4h wide), and the
+/// softmax's output (2as²b), its dropout mask (as²b) and the dropout's output (2as²b). The
+/// replay's LLaMA block (RMSNorm, rotary, grouped K/V, SwiGLU of width I; candle's graph
+/// holding every op's inputs):
+/// - no dropout: the two masks (−2·sbh) and, with standard attention, the mask and the
+///   dropout's output (−3·as²b);
+/// - tiled (efficient) attention keeps no S×S tensor: its f32 log-sum-exp (4·asb) instead of
+///   the softmax's output;
+/// - the queries: the projection's output kept as the rotary's input (+2·sb·aD) and the
+///   attention's (B, A, S, D) output beside its merged-heads copy, the o projection's input
+///   (+2·sb·aD), where the paper counts Q and the out-projection's input at width h;
+/// - the keys and values at the K/V heads' width g·D (grouped-query attention), with the key
+///   projection's output kept as the rotary's input (+2·sb·gD) and the value projection's
+///   output kept by its head-split copy (+2·sb·gD; no copy where a rank holds one K/V head,
+///   the split being a view then);
+/// - SwiGLU: gate, up and their product (the down projection's input) at width I, `6·sbI`,
+///   where GeLU keeps `16·sbh`;
+/// - 2 bytes: one 16-bit element the two-layer graph holds beyond the one-layer graph and
+///   its block.
+#[test]
+fn korthikanti_term_by_term_for_a_llama_like_layer() {
+    // [H, A, G, I, S, B]: MHA at I = 4H (the paper's MLP width), Llama-2-7B's widths with
+    // grouped K/V, and a narrow one at two sequences.
+    let shapes = [
+        [4096u64, 32, 32, 16384, 2048, 1],
+        [4096, 32, 8, 11008, 2048, 1],
+        [2048, 16, 4, 5632, 1024, 2],
+    ];
+    for dims in shapes {
+        let [h, a, g, i, s, b] = dims;
+        let d = h / a;
+        let sbh = s * b * h;
+        for attention in ["efficient", "standard"] {
+            for t in [1u64, 2, 4] {
+                let replay = llama_block(dims, attention, t);
+                // The paper's, in bytes (every term divides exactly at these sizes).
+                let paper_unsplit = 10 * sbh;
+                let paper_split = 24 * sbh / t;
+                let paper_scores = 5 * a * s * s * b / t;
+                let paper = paper_unsplit + paper_split + paper_scores;
+                // The named differences, as signed bytes.
+                let masks = -2 * sbh as i64;
+                let scores = match attention {
+                    "efficient" => 4 * a * s * b / t,
+                    _ => 2 * a * s * s * b / t,
+                } as i64
+                    - paper_scores as i64;
+                let queries = ((8 * s * b * a * d) as i64 - (4 * sbh) as i64) / t as i64;
+                // A rank's K/V heads (one, replicated, where fewer than t); with one, the
+                // value's head split is a view: no copy, its projection's output the only one.
+                let kv = (g / t).max(1);
+                let kv_bytes = 6 * s * b * kv * d + if kv > 1 { 2 * s * b * kv * d } else { 0 };
+                let keys_values = kv_bytes as i64 - (4 * sbh / t) as i64;
+                let mlp = ((6 * s * b * i) as i64 - (16 * sbh) as i64) / t as i64;
+                let element = 2;
+                let explained =
+                    paper as i64 + masks + scores + queries + keys_values + mlp + element;
+                assert_eq!(
+                    replay as i64, explained,
+                    "{dims:?} {attention} t={t}: replay {replay}, paper {paper}"
+                );
+            }
+        }
+    }
+}
+
+/// A GPT-like layer (LayerNorm, biases, GeLU at 4H, no rotary), one device (the replay does
+/// not split GPT's heads yet: their width is H/A): the block is the two-layer graph less the
+/// one-layer graph. Against the paper's `34·sbh + 5·as²b`: no dropout masks (−2·sbh, and
+/// −3·as²b with standard attention; tiled attention's 4·asb log-sum-exp instead of the
+/// softmax's output), the q, k and v projections' outputs kept by their head-split copies
+/// (+6·sbh), the attention's output beside its merged-heads copy (+2·sbh), the biased o and
+/// fc2 projections' outputs kept by the residual sums (+4·sbh), and the 2-byte element.
+#[test]
+fn korthikanti_term_by_term_for_a_gpt_like_layer() {
+    for [h, a, s, b] in [[4096u64, 32, 2048, 1], [2048, 16, 1024, 2]] {
+        for attention in ["efficient", "standard"] {
+            let graph = |layers: &str| {
+                let args = [
+                    "--model",
+                    "gpt",
+                    "--hidden",
+                    &h.to_string(),
+                    "--heads",
+                    &a.to_string(),
+                    "--layers",
+                    layers,
+                    "--vocab",
+                    "32000",
+                    "--max-seq",
+                    &s.to_string(),
+                    "--dtype",
+                    "bf16",
+                    "--kernels",
+                    "fused",
+                    "--attention",
+                    attention,
+                    "--batch",
+                    &b.to_string(),
+                    "--seq",
+                    &s.to_string(),
+                    "--device",
+                    "cuda:0",
+                    "--phases",
+                    "forward",
+                    "--json",
+                ]
+                .map(|x| x.to_string());
+                let out = common::memfit()
+                    .arg("predict")
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                n(&v, "graph_bytes")
+            };
+            let replay = graph("2") - graph("1");
+            let sbh = s * b * h;
+            let paper = 34 * sbh + 5 * a * s * s * b;
+            let scores = match attention {
+                "efficient" => 4 * a * s * b,
+                _ => 2 * a * s * s * b,
+            } as i64
+                - (5 * a * s * s * b) as i64;
+            let named = -2 * sbh as i64 + scores + (6 + 2 + 4) * sbh as i64 + 2;
+            assert_eq!(
+                replay as i64,
+                paper as i64 + named,
+                "{h} {a} {s} {b} {attention}"
+            );
+        }
+    }
+}
+
+/// Sequence parallelism (`sp=on`): the norms' and the residual stream's activations split
+/// over tp by sequence too, so a block on a rank of `t` is the one-rank block's `1/t` (rounded
+/// up), as Korthikanti et al.'s `s·b·h/t·(34 + 5·a·s/h)` divides every term of theirs; a
+/// stage's input is split `t` ways as well. Where a rank holds one K/V head (no head-split
+/// copy of the values) the answer stays at or above that.
+#[test]
+fn sequence_parallel_divides_the_whole_block() {
+    for attention in ["efficient", "standard"] {
+        let dims = [4096u64, 32, 32, 16384, 2048, 1];
+        let one = llama_block(dims, attention, 1);
+        for t in [2u64, 4] {
+            let args = [
+                "--model",
+                "llama",
+                "--hidden",
+                "4096",
+                "--heads",
+                "32",
+                "--kv-heads",
+                "32",
+                "--intermediate",
+                "16384",
+                "--layers",
+                "4",
+                "--vocab",
+                "32000",
+                "--dtype",
+                "bf16",
+                "--kernels",
+                "fused",
+                "--attention",
+                attention,
+            ];
+            let v = predict_train(&args, &format!("tp={t},pp=4,sp=on"), "1", "2048");
+            assert_eq!(v["parallel"]["sequence_parallel"], true);
+            let input = (2048 * 4096 * 2u64).div_ceil(t);
+            let block = n(&acts(&v)[1], "microbatch_graph_bytes") - input;
+            assert_eq!(block, one.div_ceil(t), "{attention} t={t}");
+        }
+    }
+    // One K/V head a rank: at or above the one-rank block's share.
+    let dims = [2048u64, 16, 4, 5632, 1024, 2];
+    let one = llama_block(dims, "efficient", 1);
+    let args = [
+        "--model",
+        "llama",
+        "--hidden",
+        "2048",
+        "--heads",
+        "16",
+        "--kv-heads",
+        "4",
+        "--intermediate",
+        "5632",
+        "--layers",
+        "4",
+        "--vocab",
+        "32000",
+        "--dtype",
+        "bf16",
+        "--kernels",
+        "fused",
+    ];
+    let v = predict_train(&args, "tp=4,pp=4,sp=on", "2", "1024");
+    let block = n(&acts(&v)[1], "microbatch_graph_bytes") - (2 * 1024 * 2048 * 2u64) / 4;
+    assert!(block >= one.div_ceil(4), "{block} {one}");
+    let err = predict(&["--preset", "llama-3-8b"], "tp=2,sp=yes").unwrap_err();
+    assert!(err.contains("on or off"), "{err}");
+}
+
+/// Llama 3.1 405B at TP 8 × PP 16, 16 microbatches of 8,192 tokens: the worst rank (stage 1,
+/// 15 microbatches in flight of 8 layers) under each regime, pinned (the states are hand
+/// arithmetic above; the activations are the replay's, pinned so that a change shows): autocast
+/// 638,455,909,664 B (594.61 GiB: each microbatch's graph holds its own 16-bit weight copy and
+/// an f32 residual stream), Megatron 384,105,972,912 B (357.73 GiB), DeepSpeed 377,730,106,544 B
+/// (351.79 GiB), Megatron with sequence parallelism 155,341,750,512 B (144.67 GiB).
+#[test]
+fn llama_405b_worst_rank_under_each_regime() {
+    let args = llama_405b_mixed();
+    for (amp, want) in [
+        ("autocast", 638_455_909_664u64),
+        ("megatron", 384_105_972_912),
+        ("deepspeed", 377_730_106_544),
+        ("megatron,sp=on", 155_341_750_512),
+    ] {
+        let v = predict_train(&args, &format!("tp=8,pp=16,mb=16,amp={amp}"), "1", "8192");
+        let r = ranks(&v);
+        let a = acts(&v);
+        let total = |s: usize| {
+            n(&r[s], "weights_bytes")
+                + n(&r[s], "gradient_bytes")
+                + n(&r[s], "optimizer_state_bytes")
+                + n(&a[s], "bytes")
+        };
+        let worst = (0..r.len()).max_by_key(|&s| total(s)).unwrap();
+        assert_eq!(worst, 1, "{amp}");
+        assert_eq!(total(worst), want, "{amp}");
+    }
+}

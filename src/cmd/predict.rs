@@ -80,6 +80,9 @@ pub struct CasePrediction {
     /// With `--parallel`: each pipeline stage's rank.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel: Option<ParallelAnswer>,
+    /// With `--parallel search --gpus N --fit-in B`: every layout's worst rank, best first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel_search: Option<ParallelSearch>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
     /// Largest sequence (≤ the position table) whose training step fits at the case's batch
@@ -121,10 +124,10 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(|v| units::parse_size(v, "fit-in"))
         .transpose()?;
-    let layout = args
+    let spec = args
         .parallel
         .as_deref()
-        .map(|s| s.parse::<crate::formula::parallel::Layout>())
+        .map(|s| s.parse::<crate::formula::parallel::ParallelSpec>())
         .transpose()
         .map_err(|e| anyhow::anyhow!(e))?;
     let threads = args
@@ -154,8 +157,25 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
     let mut predictions = Vec::with_capacity(cases.len());
     for case in &cases {
         let mut p = predict_case(case, threads, budget, args.routing.worst());
-        if let Some(layout) = &layout {
-            p.parallel = Some(parallel_answer(case, layout, threads)?);
+        match spec {
+            Some(spec) if spec.search => {
+                let (Some(budget), Some(gpus)) = (budget, args.gpus) else {
+                    anyhow::bail!(
+                        "--parallel search: give --fit-in (the memory of one GPU) and --gpus (how many)"
+                    );
+                };
+                p.parallel_search = Some(parallel_search(case, &spec, gpus, budget, threads)?);
+            }
+            Some(spec) => {
+                p.parallel = Some(parallel_answer_sp(
+                    case,
+                    &spec.layout,
+                    spec.amp,
+                    spec.sp,
+                    threads,
+                )?);
+            }
+            None => {}
         }
         if args.plot.is_some() {
             p.breakdown = Some(crate::formula::breakdown::bars(case, threads));
@@ -331,6 +351,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             if let Some(par) = &p.parallel {
                 print_parallel(par);
             }
+            if let Some(search) = &p.parallel_search {
+                print_search(search);
+            }
             for c in p.calibrated.iter().flatten() {
                 println!(
                     "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {}; by size {})",
@@ -382,7 +405,17 @@ fn print_parallel(par: &ParallelAnswer) {
             Some(why) => format!(" ({why}):"),
         }
     );
+    println!(
+        "         precision {}{}",
+        par.precision_means,
+        if par.sequence_parallel {
+            "; sequence parallel: the norms' and the residual stream's activations split over tp"
+        } else {
+            ""
+        }
+    );
     let act = |i: usize| par.activations.as_ref().map(|a| a[i]);
+    let gathered = |i: usize| par.gathered_bytes.as_ref().map_or(0, |g| g[i]);
     let mut i = 0;
     while i < par.ranks.len() {
         let r = &par.ranks[i];
@@ -392,6 +425,7 @@ fn print_parallel(par: &ParallelAnswer) {
                 && o.params() == r.params()
                 && o.model_state_bytes() == r.model_state_bytes()
                 && act(j) == act(i)
+                && gathered(j) == gathered(i)
         };
         let mut j = i + 1;
         while j < par.ranks.len() && same(j) {
@@ -403,16 +437,20 @@ fn print_parallel(par: &ParallelAnswer) {
                 human_bytes(a.bytes),
                 a.in_flight,
                 human_bytes(a.microbatch_graph_bytes),
-                human_bytes(r.model_state_bytes() + a.bytes)
+                human_bytes(r.model_state_bytes() + gathered(i) + a.bytes)
             )
         });
+        let gather = match gathered(i) {
+            0 => String::new(),
+            g => format!(" + ZeRO-3's gathered layer {}", human_bytes(g)),
+        };
         let stages = if j - i == 1 {
             format!("stage {i}")
         } else {
             format!("stages {i}–{}", j - 1)
         };
         println!(
-            "         {stages} ({} layers{}): {} parameters; weights {}, grads {}, opt state {}: {}{activations}",
+            "         {stages} ({} layers{}): {} parameters; weights {}, grads {}, opt state {}: {}{gather}{activations}",
             r.layers.len(),
             if j - i == 1 {
                 format!(", {}–{}", r.layers.start, r.layers.end.saturating_sub(1))
@@ -676,6 +714,7 @@ pub fn predict_case(
             + at(Phase::Inference),
         fits,
         parallel: None,
+        parallel_search: None,
         max_batch,
         max_seq,
         serving,
@@ -690,7 +729,18 @@ pub fn predict_case(
 pub struct ParallelAnswer {
     pub layout: String,
     pub gpus: usize,
+    /// The precision regime (`amp=`; [`crate::formula::parallel::Amp`]): `autocast`,
+    /// `megatron`, `deepspeed`, or `pure` without mixed precision.
+    pub precision: String,
+    /// What the regime holds, in words.
+    pub precision_means: String,
+    /// `sp=on`: the norms' and the residual stream's activations split over tp by sequence.
+    pub sequence_parallel: bool,
     pub ranks: Vec<crate::formula::parallel::StageRank>,
+    /// ZeRO-3: each stage's rank's gathered layer (its largest tensor's whole weight and
+    /// gradient while used, [`crate::formula::parallel::gathered_layer`]); absent below stage 3.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gathered_bytes: Option<Vec<u64>>,
     /// Each stage's rank's activations (the graph its microbatches in flight keep), where the
     /// split is modelled.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -702,29 +752,188 @@ pub struct ParallelAnswer {
 
 /// The model states of each pipeline stage's rank of `case` under `layout`
 /// ([`crate::formula::parallel`]).
-fn parallel_answer(
+pub fn parallel_answer(
     case: &Case,
     layout: &crate::formula::parallel::Layout,
+    amp: crate::formula::parallel::Amp,
+    threads: usize,
+) -> anyhow::Result<ParallelAnswer> {
+    parallel_answer_sp(case, layout, amp, false, threads)
+}
+
+/// [`parallel_answer`], with sequence parallelism where `sp`.
+pub fn parallel_answer_sp(
+    case: &Case,
+    layout: &crate::formula::parallel::Layout,
+    amp: crate::formula::parallel::Amp,
+    sp: bool,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
     use crate::formula::parallel;
     let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
     layout.check(&case.cfg).map_err(what)?;
     let shape = Shape::of(case);
-    let rates = parallel::rates(shape.e(), case.optimizer).ok_or_else(|| {
-        what(format!(
-            "--parallel: the {} optimizer's state is not a whole number of bytes a parameter (use adam, adamw, sgd or sgd-momentum)",
-            case.optimizer.as_str()
-        ))
-    })?;
-    let acts = parallel::stage_activations(&shape, layout, case.optimizer, threads);
+    let regime =
+        parallel::regime(amp, shape.mixed, shape.elem.size(), case.optimizer).map_err(what)?;
+    // The graph the regime keeps: autocast's, or the pure graph of the element type.
+    let graph = Shape {
+        mixed: regime.graph_mixed,
+        ..shape.clone()
+    };
+    let acts = parallel::shard_graph_sp(&graph, layout.tp, sp, case.optimizer, threads)
+        .map(|g| parallel::stage_activations_of(&g, case.cfg.layers, layout));
+    let (w, g, _) = regime.rates;
     Ok(ParallelAnswer {
+        sequence_parallel: sp,
         layout: layout.to_string(),
         gpus: layout.gpus(),
-        ranks: parallel::stage_ranks(&case.cfg, layout, rates, shape.mixed),
+        precision: if shape.mixed { amp.as_str() } else { "pure" }.to_string(),
+        precision_means: regime.name.to_string(),
+        gathered_bytes: (layout.zero == 3)
+            .then(|| parallel::gathered_layer(&case.cfg, layout, w + g)),
+        ranks: parallel::stage_ranks(&case.cfg, layout, regime.rates, regime.masters),
         activations_missing: acts.as_ref().err().cloned(),
         activations: acts.ok(),
     })
+}
+
+/// `--parallel search`'s answer for one case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ParallelSearch {
+    pub gpus: usize,
+    pub budget_bytes: u64,
+    pub precision: String,
+    pub precision_means: String,
+    /// `sp=on`: every layout with sequence parallelism.
+    pub sequence_parallel: bool,
+    /// Every layout, best first ([`crate::formula::parallel::rank_candidates`]).
+    pub layouts: Vec<crate::formula::parallel::Candidate>,
+    /// Why some layouts' activations are unknown (by tensor-parallel size).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub activations_missing: Vec<(usize, String)>,
+}
+
+/// Every layout of `gpus` GPUs for `case` ([`crate::formula::parallel::layouts`]), each
+/// layout's worst rank against `budget`. The replay runs once per tensor-parallel size (the
+/// shard's graph and its backward's transient); the rest is arithmetic on the model's tensors.
+fn parallel_search(
+    case: &Case,
+    spec: &crate::formula::parallel::ParallelSpec,
+    gpus: usize,
+    budget: u64,
+    threads: usize,
+) -> anyhow::Result<ParallelSearch> {
+    use crate::formula::parallel;
+    let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
+    let shape = Shape::of(case);
+    let regime =
+        parallel::regime(spec.amp, shape.mixed, shape.elem.size(), case.optimizer).map_err(what)?;
+    let graph = Shape {
+        mixed: regime.graph_mixed,
+        ..shape.clone()
+    };
+    let all = parallel::layouts(&case.cfg, gpus, spec.mb_given.then_some(spec.layout.mb));
+    if all.is_empty() {
+        return Err(what(format!(
+            "--parallel search: no layout of {gpus} GPUs splits this model (tp ≤ 8 dividing the heads, pp ≤ the layers)"
+        )));
+    }
+    let mut per_tp: std::collections::BTreeMap<usize, Result<(parallel::ShardGraph, u64), String>> =
+        Default::default();
+    let (w, g, _) = regime.rates;
+    let mut layouts = Vec::with_capacity(all.len());
+    for l in &all {
+        let known = per_tp.entry(l.tp).or_insert_with(|| {
+            let sg = parallel::shard_graph_sp(&graph, l.tp, spec.sp, case.optimizer, threads)?;
+            let t = parallel::backward_transient(&graph, l.tp, case.optimizer, threads)?;
+            Ok((sg, t))
+        });
+        let ranks = parallel::stage_ranks(&case.cfg, l, regime.rates, regime.masters);
+        let gathered = parallel::gathered_layer(&case.cfg, l, w + g);
+        let acts = known
+            .as_ref()
+            .ok()
+            .map(|(sg, t)| (parallel::stage_activations_of(sg, case.cfg.layers, l), *t));
+        layouts.push(parallel::candidate(
+            l,
+            &ranks,
+            &gathered,
+            acts.as_ref().map(|(a, t)| (a.as_slice(), *t)),
+            budget,
+        ));
+    }
+    parallel::rank_candidates(&mut layouts);
+    Ok(ParallelSearch {
+        gpus,
+        budget_bytes: budget,
+        precision: if shape.mixed {
+            spec.amp.as_str()
+        } else {
+            "pure"
+        }
+        .to_string(),
+        precision_means: regime.name.to_string(),
+        sequence_parallel: spec.sp,
+        layouts,
+        activations_missing: per_tp
+            .into_iter()
+            .filter_map(|(tp, r)| r.err().map(|e| (tp, e)))
+            .collect(),
+    })
+}
+
+/// `--parallel search`'s lines under a case: the layouts that fit, best first, then how many
+/// are unknown and how many do not fit (the closest few named).
+fn print_search(s: &ParallelSearch) {
+    let fit: Vec<_> = s.layouts.iter().filter(|c| c.fits == Some(true)).collect();
+    let unknown: Vec<_> = s.layouts.iter().filter(|c| c.fits.is_none()).collect();
+    let no: Vec<_> = s.layouts.iter().filter(|c| c.fits == Some(false)).collect();
+    println!(
+        "       parallel search over {} GPUs of {}: {} layouts; {} fit, {} unknown, {} do not fit (worst rank: model states + ZeRO-3's gathered layer + the activations 1F1B keeps + one microbatch's backward transient; collectives' buffers not included)",
+        s.gpus,
+        human_bytes(s.budget_bytes),
+        s.layouts.len(),
+        fit.len(),
+        unknown.len(),
+        no.len()
+    );
+    println!(
+        "         precision {}{}",
+        s.precision_means,
+        if s.sequence_parallel {
+            "; sequence parallel"
+        } else {
+            ""
+        }
+    );
+    let line = |tag: &str, c: &crate::formula::parallel::Candidate| {
+        let detail = match (c.activation_bytes, c.transient_bytes, c.peak_bytes) {
+            (Some(a), Some(t), Some(p)) => format!(
+                "states {} + activations {} + transient {} = {}",
+                human_bytes(c.state_bytes),
+                human_bytes(a),
+                human_bytes(t),
+                human_bytes(p)
+            ),
+            _ => format!("states {}, activations unknown", human_bytes(c.state_bytes)),
+        };
+        println!(
+            "         {tag:<7} {:<40} worst rank stage {}: {detail}",
+            c.layout, c.worst_stage
+        );
+    };
+    for c in &fit {
+        line("fits", c);
+    }
+    for c in &unknown {
+        line("unknown", c);
+    }
+    for c in no.iter().take(if fit.is_empty() { 5 } else { 0 }) {
+        line("no", c);
+    }
+    for (tp, why) in &s.activations_missing {
+        println!("         tp={tp}: activations unknown: {why}");
+    }
 }
 
 #[cfg(test)]

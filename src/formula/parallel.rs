@@ -27,16 +27,20 @@
 //!
 //! Bytes per parameter are the single device's (`e` for the weights and the gradients, f32
 //! masters and gradients under mixed precision; the optimizer's state: Adam and AdamW `2e`, SGD
-//! with momentum `e`, SGD none).
+//! with momentum `e`, SGD none), or under mixed precision those of the regime `amp=` names
+//! ([`Amp`]: autocast's, Megatron-Core's or DeepSpeed's, [`regime`]); ZeRO-3 adds each rank's
+//! gathered layer ([`gathered_layer`]).
 //!
 //! Activations ([`stage_activations`]), for a dense LLaMA-family decoder: the training graph
 //! one microbatch leaves on a rank, from the replay of the rank's shard (the same layer code at
 //! the shard's shapes: heads, K/V heads, the MLP's width and the vocabulary split `tp` ways, the
 //! hidden size whole, as tensor parallelism without sequence parallelism keeps the norms' and
 //! the residual stream's activations on every rank), times the microbatches 1F1B keeps in
-//! flight on stage `s`: `min(mb, pp − s)`. Not in these figures: the backward's transients, the
-//! collectives' buffers (NCCL's, ZeRO-3's gathered weights), sequence parallelism, and the
-//! split of a mixture of experts' or MLA's activations (refused by name).
+//! flight on stage `s`: `min(mb, pp − s)`; with `sp=on` the part tensor parallelism leaves
+//! whole split by sequence too ([`sequence_parallel`]). Not in these figures: the backward's
+//! transients ([`backward_transient`] bounds them for `--parallel search`), the collectives'
+//! buffers (NCCL's; ZeRO-3's gathered layer is [`gathered_layer`]), and the split of a
+//! mixture of experts' or MLA's activations (refused by name).
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -363,6 +367,230 @@ pub fn stage_ranks(
         .collect()
 }
 
+/// How a mixed-precision step holds its states and its graph under `--parallel` (the key
+/// `amp=`; pure precision holds everything in its type, whatever the layout).
+/// - `autocast` (the default: what memfit's own training step runs and its ranks measure): f32
+///   masters as the parameters, f32 gradients, the optimizer's state in f32; a 16-bit working
+///   copy made in each microbatch's graph, the residual stream in f32 (transformers' kernels).
+///   ZeRO shards the masters with the state from stage 1 (the ZeRO paper's `K = 12`).
+/// - `megatron` (Megatron-Core, `--bf16` with `accumulate_allreduce_grads_in_fp32`): 16-bit
+///   parameters (2 B), f32 main gradients (4 B), the optimizer's f32 master copy and its state
+///   (Adam: 4 + 8 = 12 B); activations the pure 16-bit graph (no per-microbatch weight copy).
+///   `zero=1` is the distributed optimizer (the 12 B sharded over dp: Megatron's
+///   `theoretical_memory_usage.py`, `18` B a parameter without it, `6 + 12/dp` with it); 2 and
+///   3 are Megatron-Core FSDP's `optim_grads` and `optim_grads_params`.
+/// - `deepspeed` (DeepSpeed's ZeRO with `bf16`/`fp16` enabled): 16-bit parameters and
+///   gradients (2 B each), the optimizer's f32 master and state (12 B for Adam); the pure 16-bit
+///   graph. ZeRO-1 `4Ψ + 12Ψ/N`, ZeRO-2 `2Ψ + 14Ψ/N`, ZeRO-3 `16Ψ/N` (the ZeRO paper's
+///   counts; DeepSpeed's estimators add terms named in `tests/parallel.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Amp {
+    #[default]
+    Autocast,
+    Megatron,
+    Deepspeed,
+}
+
+impl Amp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Amp::Autocast => "autocast",
+            Amp::Megatron => "megatron",
+            Amp::Deepspeed => "deepspeed",
+        }
+    }
+}
+
+/// `--parallel`'s value: one layout (`tp=8,pp=16,amp=megatron`) or `search` (with
+/// `--fit-in` and `--gpus`: every layout of that many GPUs, [`search`]), and the precision
+/// regime ([`Amp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParallelSpec {
+    pub layout: Layout,
+    pub amp: Amp,
+    /// `search`: the layout's tp, pp, dp, zero and ep are enumerated; its `mb` is the
+    /// microbatches a step (`mb=` given, else each layout's `pp`).
+    pub search: bool,
+    /// `mb=` given explicitly.
+    pub mb_given: bool,
+    /// `sp=on`: sequence parallelism ([`sequence_parallel`]).
+    pub sp: bool,
+}
+
+impl FromStr for ParallelSpec {
+    type Err = String;
+
+    /// [`Layout`]'s keys, plus `amp=autocast|megatron|deepspeed`, `sp=on|off` and the word
+    /// `search`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut amp = Amp::default();
+        let mut sp = false;
+        let mut search = false;
+        let mut mb_given = false;
+        let mut rest = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "search" {
+                search = true;
+                continue;
+            }
+            match part.split_once('=') {
+                Some(("amp", v)) => {
+                    amp = match v {
+                        "autocast" => Amp::Autocast,
+                        "megatron" => Amp::Megatron,
+                        "deepspeed" => Amp::Deepspeed,
+                        _ => {
+                            return Err(format!(
+                                "--parallel amp={v}: autocast, megatron or deepspeed"
+                            ));
+                        }
+                    }
+                }
+                Some(("sp", v)) => {
+                    sp = match v {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("--parallel sp={v}: on or off")),
+                    }
+                }
+                Some((k, _)) if search_fixed(k) => {
+                    mb_given |= k == "mb";
+                    rest.push(part);
+                }
+                _ => rest.push(part),
+            }
+        }
+        let layout: Layout = rest.join(",").parse()?;
+        if search
+            && let Some(k) = rest
+                .iter()
+                .filter_map(|p| p.split_once('=').map(|(k, _)| k))
+                .find(|k| !search_fixed(k))
+        {
+            return Err(format!(
+                "--parallel search: `{k}` is enumerated by the search (give amp=, sp= and mb= only)"
+            ));
+        }
+        Ok(ParallelSpec {
+            layout,
+            amp,
+            search,
+            mb_given,
+            sp,
+        })
+    }
+}
+
+fn search_fixed(k: &str) -> bool {
+    k == "mb"
+}
+
+/// The model states' bytes a parameter and where ZeRO shards them, under a precision regime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Regime {
+    /// `(weights, gradients, optimizer state)` bytes a parameter, for [`stage_ranks`].
+    pub rates: (u64, u64, u64),
+    /// ZeRO shards the weights with the optimizer's state from stage 1 (autocast's f32
+    /// masters are the parameters).
+    pub masters: bool,
+    /// The graph is autocast's (a 16-bit working copy made in each microbatch's graph, the
+    /// residual stream in f32), else the pure graph of the element type.
+    pub graph_mixed: bool,
+    /// What the answer says about it.
+    pub name: &'static str,
+}
+
+/// The regime `amp` of a step whose parameters are `elem` bytes (`mixed`: mixed precision)
+/// with optimizer `opt`; `Err` naming why not (a 16-bit regime asked of pure precision, or an
+/// optimizer whose state is not a whole number of bytes a parameter).
+pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Regime, String> {
+    let whole = |e| {
+        rates(e, opt).ok_or_else(|| {
+            format!(
+                "--parallel: the {} optimizer's state is not a whole number of bytes a parameter (use adam, adamw, sgd or sgd-momentum)",
+                opt.as_str()
+            )
+        })
+    };
+    match (amp, mixed) {
+        (Amp::Autocast, false) => Ok(Regime {
+            rates: whole(elem)?,
+            masters: false,
+            graph_mixed: false,
+            name: "pure: weights, gradients, optimizer state and activations in the model's type",
+        }),
+        (Amp::Autocast, true) => Ok(Regime {
+            rates: whole(4)?,
+            masters: true,
+            graph_mixed: true,
+            name: "autocast (amp=autocast, the default): f32 masters as the parameters, f32 gradients and optimizer state, a 16-bit working copy made in each microbatch's graph",
+        }),
+        (_, false) => Err(format!(
+            "--parallel amp={}: a mixed-precision regime; give --precision mixed with a 16-bit --dtype",
+            amp.as_str()
+        )),
+        (Amp::Megatron, true) => {
+            let (_, _, state) = whole(4)?;
+            Ok(Regime {
+                rates: (elem, 4, 4 + state),
+                masters: false,
+                graph_mixed: false,
+                name: "megatron (amp=megatron): 16-bit parameters, f32 main gradients, the optimizer's f32 master copy and state; activations the pure 16-bit graph",
+            })
+        }
+        (Amp::Deepspeed, true) => {
+            let (_, _, state) = whole(4)?;
+            Ok(Regime {
+                rates: (elem, elem, 4 + state),
+                masters: false,
+                graph_mixed: false,
+                name: "deepspeed (amp=deepspeed): 16-bit parameters and gradients, the optimizer's f32 master copy and state; activations the pure 16-bit graph",
+            })
+        }
+    }
+}
+
+/// ZeRO-3's gathered layer on each pipeline stage's rank: the largest tensor it holds (its
+/// tensor-parallel share; an embedding or head share included) gathered whole over the
+/// data-parallel group while it is used, its weight and its gradient before the
+/// reduce-scatter (`gathered` bytes a parameter: DeepSpeed's estimator counts 4, a 16-bit
+/// weight and gradient); none below stage 3 or over one replica.
+pub fn gathered_layer(cfg: &Config, layout: &Layout, gathered: u64) -> Vec<u64> {
+    let tp = layout.tp as u64;
+    let kv = cfg.kv_heads() as u64;
+    let layer_norm = cfg.llama.is_none();
+    let table = (cfg.vocab as u64).div_ceil(tp) * cfg.hidden as u64;
+    let experts = cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
+    let mine = 0..experts / layout.ep;
+    let blocks = cfg.blocks();
+    let stages = stage_layers(cfg.layers, layout.pp);
+    let last = stages.len() - 1;
+    stages
+        .into_iter()
+        .enumerate()
+        .map(|(s, layers)| {
+            if layout.zero < 3 || layout.dp == 1 {
+                return 0;
+            }
+            let mut largest = 0u64;
+            for l in layers {
+                for t in blocks.layer(l) {
+                    let (d, e) = tensor_share(t, tp, kv, layer_norm, &mine);
+                    largest = largest.max(d + e);
+                }
+            }
+            if s == 0 || s == last {
+                largest = largest.max(table);
+            }
+            if s == 0 && layer_norm {
+                largest = largest.max(cfg.max_seq as u64 * cfg.hidden as u64); // GPT's positions
+            }
+            largest * gathered
+        })
+        .collect()
+}
+
 /// One pipeline stage's rank's activations ([module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct StageActivations {
@@ -405,20 +633,28 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
     })
 }
 
-/// Each pipeline stage's rank's activations of `shape` under `layout`
-/// ([module docs](self)): a block's graph on the shard is the replay's two-layer graph less its
-/// one-layer graph; the last stage adds what the one-layer graph holds beyond its block (the
-/// embedding's output, the final norm, the head and the loss), the others the stage's input
-/// (`B·S·H` in the residual stream's type, kept for the backward like the first stage's
-/// embedding output).
-pub fn stage_activations(
+/// One microbatch's graph on a tensor-parallel rank, in parts ([`shard_graph`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ShardGraph {
+    /// One block's graph: the replay's two-layer graph less its one-layer graph.
+    pub block: u64,
+    /// What the one-layer graph holds beyond its block: the embedding's output, the final
+    /// norm, the head and the loss (the last stage's).
+    pub outside: u64,
+    /// A stage's input, `B·S·H` in the residual stream's type (the other stages').
+    pub input: u64,
+}
+
+/// The graph one microbatch of `shape` leaves on a rank of `tp` tensor-parallel ranks
+/// ([`shard`]), from the replay's one- and two-layer graphs of the shard.
+pub fn shard_graph(
     shape: &Shape,
-    layout: &Layout,
+    tp: usize,
     opt: OptimizerKind,
     threads: usize,
-) -> Result<Vec<StageActivations>, String> {
+) -> Result<ShardGraph, String> {
     let graph = |layers| -> Result<u64, String> {
-        let s = shard(shape, layout.tp, layers)?;
+        let s = shard(shape, tp, layers)?;
         Ok(s.predict(Phase::Forward, opt, threads)
             .retained_bytes
             .max(0) as u64)
@@ -432,14 +668,67 @@ pub fn stage_activations(
     } else {
         shape.elem.size()
     };
-    let input = shape.b * shape.s * shape.h * e;
-    let stages = stage_layers(shape.l as usize, layout.pp);
+    Ok(ShardGraph {
+        block,
+        outside,
+        input: shape.b * shape.s * shape.h * e,
+    })
+}
+
+/// Sequence parallelism (Megatron's `--sequence-parallel`, Korthikanti et al. 2022 §4.2.2):
+/// the part of a block's graph tensor parallelism leaves whole on every rank (the norms'
+/// inputs and outputs, the residual stream: what the shard's block keeps whatever `tp`) is
+/// split over the `tp` ranks by sequence, and so is a stage's input. That part, `R`, comes
+/// from the replay's blocks at `tp` 1 and `tp`: a block is `R + S/tp`, so
+/// `R = (tp·block(tp) − block(1)) / (tp − 1)`; the block under sequence parallelism is
+/// `R/tp + (block(tp) − R)`. Where the split is not linear (a rank holding one K/V head makes
+/// no head-split copy of the values) this keeps the tp-1 rate for that tensor: an answer
+/// above the exact one, never below. The last stage's part outside the blocks (embedding
+/// output, final norm, head, loss) is left whole (above the exact figure too).
+pub fn sequence_parallel(g: &ShardGraph, one: &ShardGraph, tp: usize) -> ShardGraph {
+    if tp == 1 {
+        return *g;
+    }
+    let t = tp as u64;
+    let whole = (t * g.block).saturating_sub(one.block) / (t - 1);
+    let whole = whole.min(g.block);
+    ShardGraph {
+        block: whole.div_ceil(t) + (g.block - whole),
+        outside: g.outside,
+        input: g.input.div_ceil(t),
+    }
+}
+
+/// [`shard_graph`], with sequence parallelism where `sp` ([`sequence_parallel`]).
+pub fn shard_graph_sp(
+    shape: &Shape,
+    tp: usize,
+    sp: bool,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<ShardGraph, String> {
+    let g = shard_graph(shape, tp, opt, threads)?;
+    if !sp || tp == 1 {
+        return Ok(g);
+    }
+    let one = shard_graph(shape, 1, opt, threads)?;
+    Ok(sequence_parallel(&g, &one, tp))
+}
+
+/// Each stage's activations of `layers` layers under `layout` from one microbatch's graph
+/// on the shard ([`stage_activations`]).
+pub fn stage_activations_of(
+    g: &ShardGraph,
+    layers: usize,
+    layout: &Layout,
+) -> Vec<StageActivations> {
+    let stages = stage_layers(layers, layout.pp);
     let last = stages.len() - 1;
-    Ok(stages
+    stages
         .iter()
         .enumerate()
         .map(|(s, layers)| {
-            let mb = layers.len() as u64 * block + if s == last { outside } else { input };
+            let mb = layers.len() as u64 * g.block + if s == last { g.outside } else { g.input };
             let in_flight = layout.mb.min(layout.pp - s);
             StageActivations {
                 microbatch_graph_bytes: mb,
@@ -447,7 +736,175 @@ pub fn stage_activations(
                 bytes: mb * in_flight as u64,
             }
         })
-        .collect())
+        .collect()
+}
+
+/// Each pipeline stage's rank's activations of `shape` under `layout`
+/// ([module docs](self)): a block's graph on the shard is the replay's two-layer graph less its
+/// one-layer graph; the last stage adds what the one-layer graph holds beyond its block (the
+/// embedding's output, the final norm, the head and the loss), the others the stage's input
+/// (`B·S·H` in the residual stream's type, kept for the backward like the first stage's
+/// embedding output).
+pub fn stage_activations(
+    shape: &Shape,
+    layout: &Layout,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<Vec<StageActivations>, String> {
+    let g = shard_graph(shape, layout.tp, opt, threads)?;
+    Ok(stage_activations_of(&g, shape.l as usize, layout))
+}
+
+/// The largest transient one microbatch's backward makes on a rank of `tp` (the temporaries,
+/// workspace and bookkeeping of the replay's train step of the two-layer shard at their
+/// maximum, the optimizer step left out): added whole to the graph at its fullest, it bounds
+/// the backward's peak from above.
+pub fn backward_transient(
+    shape: &Shape,
+    tp: usize,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<u64, String> {
+    use crate::timeline::{ACTIVATIONS, GRADIENTS, KV};
+    let s = shard(shape, tp, 2)?;
+    let t = super::timeline::train_step(&s, opt, threads);
+    Ok(t.samples
+        .iter()
+        .filter(|x| x.stage != "optimizer")
+        .map(|x| {
+            x.bytes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| ![KV, ACTIVATIONS, GRADIENTS].contains(i))
+                .map(|(_, b)| *b)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0))
+}
+
+/// Every layout of `gpus` GPUs `cfg` can take: `tp` a divisor of the GPUs up to 8 that
+/// splits the heads (as [`Layout::check`] asks), `pp` a divisor of what is left up to the
+/// layers (uneven stages as [`stage_layers`] splits them), `dp` the rest, ZeRO 0–3 (only 0
+/// over one replica), `ep` each divisor of `dp` that splits a mixture's experts (1 for a dense
+/// model); `mb` microbatches a step, or each layout's `pp` (any `mb ≥ pp` keeps the same
+/// memory: 1F1B's first stage holds `pp`).
+pub fn layouts(cfg: &Config, gpus: usize, mb: Option<usize>) -> Vec<Layout> {
+    let divisors = |n: usize| (1..=n).filter(move |d| n.is_multiple_of(*d));
+    let experts = cfg.llama.and_then(|l| l.moe).map(|m| m.experts);
+    let mut out = Vec::new();
+    for tp in divisors(gpus).filter(|&t| t <= 8) {
+        for pp in divisors(gpus / tp).filter(|&p| p <= cfg.layers) {
+            let dp = gpus / tp / pp;
+            let eps: Vec<usize> = match experts {
+                None => vec![1],
+                Some(e) => divisors(dp).filter(|x| e.is_multiple_of(*x)).collect(),
+            };
+            for ep in eps {
+                for zero in 0..=if dp > 1 { 3 } else { 0 } {
+                    let l = Layout {
+                        tp,
+                        pp,
+                        dp,
+                        zero,
+                        ep,
+                        mb: mb.unwrap_or(pp),
+                    };
+                    if l.check(cfg).is_ok() {
+                        out.push(l);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One layout's worst rank in a search ([`layouts`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Candidate {
+    pub layout: String,
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: usize,
+    pub zero: u8,
+    pub ep: usize,
+    pub mb: usize,
+    /// The stage whose rank holds the most (`peak_bytes`, or the model states where the
+    /// activations are unknown).
+    pub worst_stage: usize,
+    /// That rank's model states and ZeRO-3's gathered layer.
+    pub state_bytes: u64,
+    /// Its activations (microbatches in flight × one's graph) and one microbatch's backward
+    /// transient; `None` where the split of the activations is not modelled.
+    pub activation_bytes: Option<u64>,
+    pub transient_bytes: Option<u64>,
+    /// `state + activations + transient`, the most any rank holds; `None` when unknown.
+    pub peak_bytes: Option<u64>,
+    /// `Some(true)`: every rank's peak within the budget; `Some(false)`: some rank's peak (or
+    /// its model states alone) above it; `None`: unknown (activations not modelled, states
+    /// within the budget).
+    pub fits: Option<bool>,
+}
+
+/// The worst rank of `layout`: per stage, `states[s] + gathered[s]` and, where known, the
+/// activations and the transient; the stage with the largest total (states alone where the
+/// activations are unknown).
+pub fn candidate(
+    layout: &Layout,
+    ranks: &[StageRank],
+    gathered: &[u64],
+    acts: Option<(&[StageActivations], u64)>,
+    budget: u64,
+) -> Candidate {
+    let states: Vec<u64> = ranks
+        .iter()
+        .zip(gathered)
+        .map(|(r, g)| r.model_state_bytes() + g)
+        .collect();
+    let total = |s: usize| acts.map(|(a, t)| states[s] + a[s].bytes + t);
+    let worst = (0..states.len())
+        .max_by_key(|&s| (total(s).unwrap_or(states[s]), std::cmp::Reverse(s)))
+        .unwrap_or(0);
+    let peak = total(worst);
+    let max_states = states.iter().copied().max().unwrap_or(0);
+    Candidate {
+        layout: layout.to_string(),
+        tp: layout.tp,
+        pp: layout.pp,
+        dp: layout.dp,
+        zero: layout.zero,
+        ep: layout.ep,
+        mb: layout.mb,
+        worst_stage: worst,
+        state_bytes: states[worst],
+        activation_bytes: acts.map(|(a, _)| a[worst].bytes),
+        transient_bytes: acts.map(|(_, t)| t),
+        peak_bytes: peak,
+        fits: match peak {
+            Some(p) => Some(p <= budget),
+            None if max_states > budget => Some(false),
+            None => None,
+        },
+    }
+}
+
+/// Best first: those that fit, fewest model-parallel ranks (`tp·pp`: the least
+/// communication on the critical path), then the lowest ZeRO stage, then the most headroom;
+/// then the unknown; then those that do not fit, smallest peak first.
+pub fn rank_candidates(c: &mut [Candidate]) {
+    let class = |x: &Candidate| match x.fits {
+        Some(true) => 0,
+        None => 1,
+        Some(false) => 2,
+    };
+    c.sort_by_key(|x| {
+        let bytes = x.peak_bytes.unwrap_or(x.state_bytes);
+        match class(x) {
+            2 => (2, 0, 0, bytes, x.ep),
+            k => (k, x.tp * x.pp, x.zero, bytes, x.ep),
+        }
+    });
 }
 
 #[cfg(test)]
@@ -470,6 +927,48 @@ mod tests {
             let e = bad.parse::<Layout>().unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    /// `amp=`, `sp=` and `search` beside the layout's keys; search refuses what it enumerates.
+    #[test]
+    fn parallel_specs_parse() {
+        let p: ParallelSpec = "tp=8,pp=16,amp=megatron,sp=on".parse().unwrap();
+        assert_eq!(
+            (p.layout.tp, p.layout.pp, p.amp, p.sp, p.search),
+            (8, 16, Amp::Megatron, true, false)
+        );
+        let p: ParallelSpec = "search,mb=32".parse().unwrap();
+        assert!(p.search && p.mb_given && p.layout.mb == 32 && p.amp == Amp::Autocast);
+        let e = "search,tp=8".parse::<ParallelSpec>().unwrap_err();
+        assert!(e.contains("enumerated"), "{e}");
+        let e = "amp=fp8".parse::<ParallelSpec>().unwrap_err();
+        assert!(e.contains("autocast, megatron or deepspeed"), "{e}");
+    }
+
+    /// A block `R + S/t` with sequence parallelism is `R/t + S/t`; the input split `t` ways.
+    #[test]
+    fn sequence_parallel_splits_the_whole_part() {
+        let (r, s_) = (800u64, 2400u64);
+        let one = ShardGraph {
+            block: r + s_,
+            outside: 5,
+            input: 100,
+        };
+        let four = ShardGraph {
+            block: r + s_ / 4,
+            outside: 5,
+            input: 100,
+        };
+        let sp = sequence_parallel(&four, &one, 4);
+        assert_eq!(
+            sp,
+            ShardGraph {
+                block: (r + s_) / 4,
+                outside: 5,
+                input: 25
+            }
+        );
+        assert_eq!(sequence_parallel(&one, &one, 1), one);
     }
 
     /// Llama 3.1 405B's 126 layers over 16 stages: 7, 8 × 14, 7 (the paper's layout); an even
