@@ -862,17 +862,18 @@ fn sizes_without_a_unit_or_zero_are_refused() {
     }
 }
 
-/// `memfit ranks` refuses, by name, what it does not run on ranks: a 16-bit case (MPI has no
-/// bf16 sum), ZeRO stage 3, a ViT; nothing panics.
+/// `memfit ranks` refuses, by name, what it does not run on ranks: a 16-bit case (ranks train
+/// in f32), ZeRO stage 3, LoRA, 8-bit AdamW, several cases; nothing panics.
 #[test]
 fn ranks_refuses_what_it_does_not_run() {
     let tiny = [
         "ranks", "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
     ];
     for (more, says) in [
-        (vec!["--dtype", "bf16"], "ranks train in f32"),
+        (vec!["--dtype", "f16"], "ranks train in f32"),
         (vec!["--zero", "3"], "ZeRO stage 3"),
-        (vec!["--model", "vit"], "ViT or LoRA"),
+        (vec!["--lora-rank", "4"], "ViT or LoRA"),
+        (vec!["--optimizer", "adamw-8bit"], "adamw-8bit's blocks"),
         (vec!["--batch", "1,2"], "give one"),
     ] {
         let out = memfit().args(tiny).args(&more).assert().failure();

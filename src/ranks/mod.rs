@@ -230,7 +230,7 @@ pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
     );
     ensure!(
         case.dtype.candle() == DType::F32 && case.precision == Precision::Pure,
-        "ranks: dtype {} precision {}: ranks train in f32 (MPI has no bf16 sum)",
+        "ranks: dtype {} precision {}: ranks train in f32 (their collectives sum f32)",
         case.dtype.as_str(),
         case.precision.as_str()
     );

@@ -834,7 +834,8 @@ fn claims_section(b: &mut Vec<Block>, claims: &[claims::Claim]) {
     b.push(Block::Para(
         "Every claim of the seed note, decided from these rows by the criterion in its row. A verdict \
          starts with its kind (holds, partly, does not hold, open, derived, not applicable); \"open\" \
-         names the workload that would decide it; B5 is derived from measured per-device state, F3 \
+         names the workload that would decide it; B5 is measured on real ranks where the set holds \
+         `memfit ranks` runs (ranks*.json), else derived from measured per-device state; F3 \
          predicted when no such run is present."
             .into(),
     ));
