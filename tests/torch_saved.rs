@@ -204,11 +204,11 @@ const EAGER_GPT_SMALL: f64 = 18_448.0;
 
 /// The standard attention with fused kernels (lean and transformers') keeps what eager keeps:
 /// q, k and v as their head-split copies (each projection's output released once copied),
-/// the probabilities, and the merged heads (`P·v`'s own output released once merged). It kept
-/// 24,588 B (1.333×) before; 20,492 now, 2,048 above eager: the biased output projections'
-/// (o, fc2) outputs, which the residual sum's node keeps (PyTorch's add saves nothing) — as
-/// every attention does (the efficient one keeps 18,442 B beside SDPA's 16,416). The composed
-/// set keeps candle's stock graph.
+/// the probabilities, the merged heads (`P·v`'s own output released once merged), and not the
+/// biased output projections' (o, fc2) outputs, which the residual sum's node held only to
+/// route the gradient (PyTorch's add saves nothing). 24,588 B (1.333×) before; 18,443.7 now
+/// (PyTorch's norms save 16 B of statistics that memfit's recompute). The composed set keeps
+/// candle's stock graph.
 #[test]
 fn standard_attention_keeps_what_eager_keeps() {
     for kernels in ["fused", "transformers"] {
@@ -226,7 +226,7 @@ fn standard_attention_keeps_what_eager_keeps() {
         let r = per / EAGER_GPT_SMALL;
         println!("{kernels}: memfit {per:.1} B, PyTorch eager {EAGER_GPT_SMALL} B, {r:.3}×");
         assert!(
-            (1.0..=1.12).contains(&r),
+            (0.98..=1.02).contains(&r),
             "{kernels}: {per:.1} B per token per layer, {r:.3}× eager's"
         );
     }
@@ -243,48 +243,52 @@ fn standard_attention_keeps_what_eager_keeps() {
 }
 
 /// The phases beside PyTorch eager's (`results/cpu/torch-compare/torch.jsonl`, GPT small B4
-/// S128 f32, eager: forward 47,223,848 B, train step 51,418,152): the standard attention's
-/// predicted forward within issue 51's 1.1× and train step within 1.2× (fused kernels;
-/// 1.189× and 1.336× before). `predict` is the measured run within 0.1 %
-/// (`tests/exactness.rs`).
+/// S128 f32, eager: forward 47,223,848 B, train step 51,418,152; the same on this Intel Xeon):
+/// the standard attention's predicted forward within issue 51's 1.1× and train step within
+/// 1.2×, under the lean and the default kernels (before: fused 1.189× and 1.336×, transformers
+/// 1.366× and 1.418×; now 0.922× and 1.092×, 1.100× and 1.173× — the default's 8 MiB more
+/// are its loss: the logits beside the f32 log-probabilities, and the softmax beside them for
+/// a moment in the forward). `predict` is the measured run within 0.1 % (`tests/exactness.rs`).
 #[test]
 fn standard_attention_phases_beside_eager() {
-    let v = predict(
-        &[
-            "--preset",
-            "small",
-            "--attention",
-            "standard",
-            "--kernels",
-            "fused",
-            "--dtype",
-            "f32",
-            "--optimizer",
-            "adamw",
-            "--phases",
-            "forward,train-step",
-        ],
-        4,
-        ["4", "128"],
-        "cpu",
-    );
-    let peak = |phase: &str| {
-        v["phase_peak_bytes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p[0] == phase)
-            .unwrap()[1]
-            .as_u64()
-            .unwrap() as f64
-    };
-    let (fwd, step) = (
-        peak("forward") / 47_223_848.0,
-        peak("train-step") / 51_418_152.0,
-    );
-    println!("forward {fwd:.3}× eager, train step {step:.3}×");
-    assert!(
-        fwd <= 1.1 && step <= 1.2,
-        "forward {fwd:.3}×, train step {step:.3}×"
-    );
+    for kernels in ["fused", "transformers"] {
+        let v = predict(
+            &[
+                "--preset",
+                "small",
+                "--attention",
+                "standard",
+                "--kernels",
+                kernels,
+                "--dtype",
+                "f32",
+                "--optimizer",
+                "adamw",
+                "--phases",
+                "forward,train-step",
+            ],
+            4,
+            ["4", "128"],
+            "cpu",
+        );
+        let peak = |phase: &str| {
+            v["phase_peak_bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p[0] == phase)
+                .unwrap()[1]
+                .as_u64()
+                .unwrap() as f64
+        };
+        let (fwd, step) = (
+            peak("forward") / 47_223_848.0,
+            peak("train-step") / 51_418_152.0,
+        );
+        println!("{kernels}: forward {fwd:.4}× eager, train step {step:.4}×");
+        assert!(
+            fwd <= 1.1 && step <= 1.2,
+            "{kernels}: forward {fwd:.4}×, train step {step:.4}×"
+        );
+    }
 }
