@@ -10,11 +10,22 @@
 # patches + 1); a LLaMA preset (a workloads/configs/PRESET.json) is built by transformers from
 # that config.json, LAYERS blocks of it when given (memfit: --preset PRESET --layers LAYERS).
 #
+# DTYPE: f32 (the default), bf16 or f16. PyTorch runs in DTYPE; memfit measures bf16's bytes
+# with its f16 run (candle's CPU matmul has no bf16; f16 and bf16 are the same bytes in every
+# tensor, so the memory columns compare; the times compare f16 kernels with bf16 ones).
+#
 #   scripts/bench-torch.sh                         # the GPT, ViT and LLaMA configs below, f32
 #   CONFIGS="small:4:128" RUNS=1 scripts/bench-torch.sh
+#   CONFIGS="small:4:128" DTYPE=bf16 KERNELS=transformers scripts/bench-torch.sh
 source "$(dirname "$0")/bench-common.sh"
 CONFIGS="${CONFIGS:-small:4:128 gpt2-small:1:128 vit-tiny:8:- vit-b16:2:- smollm2-135m:1:128 tinyllama-1.1b:1:128:2}"
 RUNS="${RUNS:-3}"
+DTYPE="${DTYPE:-f32}"
+case "$DTYPE" in
+  f32 | f16) MEMFIT_DTYPE="$DTYPE" ;;
+  bf16) MEMFIT_DTYPE=f16 ;;
+  *) echo "bench-torch.sh: DTYPE is f32, bf16 or f16, not $DTYPE" >&2; exit 2 ;;
+esac
 STEPS="${STEPS:-5}"
 WORK="${WORK:-$(mktemp -d)}"; mkdir -p "$WORK"
 if [[ -n "${CI:-}" ]]; then echo "bench-torch.sh: not in CI (it installs PyTorch)" >&2; exit 0; fi
@@ -38,23 +49,27 @@ for c in $CONFIGS; do
   for k in $KERNELS; do
     for ((i = 0; i < RUNS; i++)); do
       locked "$BIN_DIR/memfit-metered" run "${mf[@]}" --phases "$PHASES" --kernels "$k" \
-        --optimizer adamw --threads "$RAYON_NUM_THREADS" --out "$WORK/memfit-$c-$k-$i" >"$WORK/memfit-$c-$k-$i.log" 2>&1 ||
+        --dtype "$MEMFIT_DTYPE" --optimizer adamw --threads "$RAYON_NUM_THREADS" \
+        --out "$WORK/memfit-$c-$k-$i" >"$WORK/memfit-$c-$k-$i.log" 2>&1 ||
         { echo "memfit failed on $c ($k): $WORK/memfit-$c-$k-$i.log" >&2; exit 1; }
     done
   done
   for att in $TORCH_ATTENTION; do
     locked "$TORCH_VENV/bin/python" "$ROOT/scripts/torch_reference.py" "${tr[@]}" --attention "$att" \
-      --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c-$att.jsonl" 2>"$WORK/torch-$c-$att.err" ||
+      --dtype "$DTYPE" --threads "$RAYON_NUM_THREADS" --steps "$STEPS" >"$WORK/torch-$c-$att.jsonl" 2>"$WORK/torch-$c-$att.err" ||
       { echo "torch_reference failed on $c ($att): $WORK/torch-$c-$att.err" >&2; exit 1; }
   done
 done
 
-KERNELS="$KERNELS" TORCH_ATTENTION="$TORCH_ATTENTION" python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'
+KERNELS="$KERNELS" TORCH_ATTENTION="$TORCH_ATTENTION" DTYPE="$DTYPE" MEMFIT_DTYPE="$MEMFIT_DTYPE" \
+  python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'
 import glob, json, os, statistics as st, sys
 work, machine, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
 kernels, atts = os.environ["KERNELS"].split(), os.environ["TORCH_ATTENTION"].split()
+dtype, mdtype = os.environ["DTYPE"], os.environ["MEMFIT_DTYPE"]
 cols = [f"memfit {k}" for k in kernels] + [f"torch {a}" for a in atts]
-print(f"\n== memfit (candle) vs PyTorch, f32, CPU ({machine}): seconds / MiB per phase ==")
+types = dtype if dtype == mdtype else f"PyTorch {dtype}, memfit {mdtype} (the same bytes)"
+print(f"\n== memfit (candle) vs PyTorch, {types}, CPU ({machine}): seconds / MiB per phase ==")
 print(f"{'config':<22} {'phase':<11} " + " ".join(f"{c:>22}" for c in cols)
       + "".join(f" {k[:5]}/{a[:5]} t× m×" for k in kernels for a in atts))
 for c in configs:

@@ -12,6 +12,13 @@ excluded. The logits the output holds are counted apart (`logits`), as the model
 With `--autocast` the model stays f32 and the forward runs under `torch.autocast` in
 `--dtype` (mixed precision as PyTorch users run it).
 
+CONFIG may instead name a GPT preset of `scripts/torch_reference.py` (tiny, small, gpt2-small,
+gpt2-medium): its nanoGPT-style GPT — what memfit's GPT answers for (one-op tanh GELU, separate
+q/k/v/o), not transformers' GPT-2 (whose composed `gelu_new` saves four tensors) — with its
+written-out attention (`--attn eager`: scores, scale, additive mask, softmax, `P·v`) or
+`F.scaled_dot_product_attention` (`--attn sdpa`), and its loss (`F.cross_entropy` of the f32
+logits). The reference's mask buffer is excluded as the parameters are (a constant).
+
 With `--per-layer`, the slice is built twice (L and L + 1 layers, same seed) and the difference
 per token is printed too: what one more layer keeps per token, by op.
 
@@ -26,7 +33,37 @@ import transformers
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
+class Reference:
+    """torch_reference.py's GPT as `build` returns a model: `vocab_size` and the loss call."""
+
+    def __init__(self, preset, layers, dtype, attn):
+        sys.path.insert(0, __file__.rsplit("/", 1)[0])
+        import torch_reference as tr
+
+        tr.SDPA = attn == "sdpa"
+        v, h, a, _, smax, tied = tr.PRESETS[preset]
+        self.vocab_size = v
+        torch.manual_seed(0)
+        self.model = tr.GPT(v, h, a, layers, smax, tied).to(dtype).train()
+
+    def __call__(self, input_ids, labels):
+        """The reference's `loss_of`: the f32 logits' cross-entropy; the logits not held."""
+        logits = self.model(input_ids)
+        v = self.vocab_size
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, v), labels.reshape(-1))
+        return argparse.Namespace(loss=loss, logits=torch.empty(0))
+
+    def parameters(self):
+        return list(self.model.parameters()) + list(self.model.buffers())
+
+
+REFERENCE_PRESETS = ("tiny", "small", "gpt2-small", "gpt2-medium")
+
+
 def build(config_path, sets, layers, dtype, attn="sdpa"):
+    if config_path in REFERENCE_PRESETS:
+        m = Reference(config_path, layers, dtype, attn)
+        return m, m
     cfg = transformers.AutoConfig.from_pretrained(config_path)
     for s in sets:
         k, v = s.split("=", 1)

@@ -1,14 +1,22 @@
 //! Committed measurements measured again (issue 50's pin): the model and its replay can move
 //! together and keep every prediction test green while the memory itself moves (dce38a3 undid
 //! such a change: the composed masked attention freed its scores earlier in both). So a few
-//! cases of `results/cpu/torch-compare` — a GPT and a LLaMA-family model, candle's composed
-//! ops and memfit's fused kernels, standard (masked) attention — are run again here, and each
-//! phase's measured peak must equal the committed one within the suite's tolerance (1 %, or one
-//! op's bookkeeping for small figures) plus what depends on the CPU: gemm sizes its packing
-//! buffer from the machine's caches (`formula::gemm`), so a phase whose peak falls inside a
-//! product may differ by up to the largest buffer one of the case's products makes on this
-//! machine (tinyllama's head, 128 × 2048 · 2048 × 32000: 540,672 B on a 2 MiB-L2 Xeon, where the
-//! committed AMD EPYC rows hold 270,336 B less in the two inference windows).
+//! cases — a GPT and a LLaMA-family model, candle's composed ops and memfit's fused kernels,
+//! standard (masked) attention: `workloads/remeasure.toml`, committed in
+//! `results/cpu-xeon/remeasure` — are run again here, and each phase's measured peak must equal
+//! the committed one within the suite's tolerance (1 %, or one op's bookkeeping for small
+//! figures) plus what depends on the CPU: gemm sizes its packing buffer from the machine's
+//! caches (`formula::gemm`), so a phase whose peak falls inside a product may differ by up to
+//! the largest buffer one of the case's products makes on this machine (tinyllama's head, 128 ×
+//! 2048 · 2048 × 32000: 540,672 B on a 2 MiB-L2 Xeon, where AMD EPYC rows hold 270,336 B less in
+//! the two inference windows).
+//!
+//! A change that means to move the memory measures the baseline again (`memfit run
+//! workloads/remeasure.toml --out results/cpu-xeon/remeasure`) and says in its commit what
+//! moved. The cases were `results/cpu/torch-compare`'s (AMD EPYC, 3d40a0d) until issue 51's
+//! standard attention stopped keeping the projections' outputs beside their head-split copies
+//! (dd07ef4 and dbfc47d: GPT small's fused forward 56,128,352 → 43,545,448 B, TinyLlama's 58,090,964 →
+//! 56,000,486; the composed rows did not move).
 
 mod common;
 
@@ -21,7 +29,7 @@ fn root() -> PathBuf {
 }
 
 fn committed() -> Vec<Row> {
-    memfit::store::jsonl::read(&root().join("results/cpu/torch-compare/results.jsonl")).unwrap()
+    memfit::store::jsonl::read(&root().join("results/cpu-xeon/remeasure/results.jsonl")).unwrap()
 }
 
 /// The largest packing buffer gemm makes on this machine for one of `preset`'s products at

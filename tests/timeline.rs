@@ -250,7 +250,7 @@ fn the_readme_timeline_is_this_builds() {
         "docs/timeline-llama-3-8b.svg is stale: regenerate it (see this test's doc)"
     );
     let svg = std::fs::read_to_string(&path).unwrap();
-    assert!(svg.contains("peak 65.54 GiB"), "the README quotes the peak");
+    assert!(svg.contains("peak 63.04 GiB"), "the README quotes the peak");
 }
 
 /// `predict --json ARGS --phases inference,prefill,decode --timeline`: each serving phase's

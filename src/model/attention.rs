@@ -167,9 +167,11 @@ impl Core {
         let dv = v.dims()[3];
         if self.tiled {
             let scale = self.scale(d);
+            // The op writes `(B, S, A, Dv)`: merging the heads is a view, so the output is
+            // kept once (by the op and the output projection).
             let y = T::tiled_attention(&q, &k, &v, scale, self.causal, self.window())?;
             drop((q, k, v));
-            return y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv]);
+            return y.reshape(&[b, s, self.heads * dv]);
         }
         if self.efficient {
             // The op takes q, k, v of one shape: narrower values are padded with zeros to
@@ -221,7 +223,15 @@ impl Core {
             } else {
                 y.reshape(&[b, self.heads, s, dv])?
             };
-            return y.transpose(1, 2)?.reshape(&[b, s, self.heads * dv]);
+            // The heads merged (a copy the output projection reads), then `P·v`'s own output
+            // released: neither the product's backward (P and v) nor the copy's reads it, and
+            // PyTorch frees it once merged.
+            let heads = y.transpose(1, 2)?;
+            let copies = !heads.is_contiguous();
+            let merged = heads.reshape(&[b, s, self.heads * dv])?;
+            drop(heads);
+            y.release_if(copies)?;
+            return Ok(merged);
         }
         let (k, v) = self.repeat(k, v)?;
         let scores = self.scores(&q, &k)?;
@@ -526,9 +536,21 @@ impl<T: TensorOps> Attention<T> {
     ) -> Result<(T, T, T, Option<T>)> {
         let (b, s) = (x.dims()[0], x.dims()[1]);
         let d = self.head_dim;
+        // The head split: the transposed view, or a contiguous copy of it. With fused kernels
+        // the projection's output is released once copied (the copy's node holds it only to
+        // route the gradient; no backward reads it), so the graph keeps the copy alone, as
+        // PyTorch's eager attention keeps its matmul's copy and frees the projection's output;
+        // the composed set keeps both, as candle's stock ops do.
         let split = |t: T, n: usize| -> Result<T> {
-            let t = t.reshape(&[b, s, n, d])?.transpose(1, 2)?;
-            if strided { Ok(t) } else { t.contiguous() }
+            let heads = t.reshape(&[b, s, n, d])?.transpose(1, 2)?;
+            if strided {
+                return Ok(heads);
+            }
+            let copies = !heads.is_contiguous();
+            let copy = heads.contiguous()?;
+            drop(heads);
+            t.release_if(self.core.fused && copies && t.is_contiguous())?;
+            Ok(copy)
         };
         // OLMo 2: the projections normalised whole, before the heads are split.
         let project = |p: &Proj<T>, norm: Option<&Norm<T>>| -> Result<T> {

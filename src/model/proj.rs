@@ -182,7 +182,9 @@ impl<T: TensorOps> Proj<T> {
     /// `residual + self.forward(&h)`, freeing h and `input` (the sublayer's input, which the
     /// caller no longer needs) before the sum is made. With fused kernels, a dense projection
     /// without bias or adapter (contiguous operands) is one op ([`Kernel::LinearAdd`]): its
-    /// own output never exists, so the graph does not keep it.
+    /// own output never exists, so the graph does not keep it; any other projection's output
+    /// is released once summed (the sum's node holds it only to route the gradient, and
+    /// PyTorch's add saves nothing). The composed set keeps it, as candle's `add` does.
     pub fn forward_add(&self, h: T, input: T, residual: &T) -> Result<T> {
         if self.adds_in_place()
             && h.is_contiguous()
@@ -195,7 +197,9 @@ impl<T: TensorOps> Proj<T> {
         }
         let y = self.forward(&h)?;
         drop((h, input));
-        tensor_ops::add_into(residual, y)
+        let sum = tensor_ops::add_promoted(residual, &y)?;
+        y.release_if(self.fused || !y.same_type(&sum))?;
+        Ok(sum)
     }
 
     /// `self.forward(&h) ⊙ s` for `h (n, in)` and `s (n, 1)` (a routed expert's output times

@@ -24,14 +24,9 @@ pub trait TensorOps: Graph {
     /// A frozen projection's weight as its op holds it (dense, GGML blocks, FP8 or MXFP4):
     /// candle's [`FrozenWeight`]; the replay's description of the same bytes.
     type Frozen: Clone + std::fmt::Debug;
-    fn is_contiguous(&self) -> bool;
-    /// The same tensor when contiguous, else a contiguous copy.
-    fn contiguous(&self) -> Result<Self>;
     /// GELU with the tanh approximation, composed (candle's `gelu`).
     fn gelu(&self) -> Result<Self>;
     fn silu(&self) -> Result<Self>;
-    /// Swaps dimensions `a` and `b` (a view).
-    fn transpose(&self, a: usize, b: usize) -> Result<Self>;
     /// A view with `left` prepended as broadcast dimensions.
     fn broadcast_left(&self, left: &[usize]) -> Result<Self>;
     /// One of the fused kernels of [`kernels`] on `args` (in the order [`Kernel`] lists them):
@@ -64,7 +59,8 @@ pub trait TensorOps: Graph {
         causal: bool,
         window: usize,
     ) -> Result<Self>;
-    /// The tiled attention ([`super::tiled_attention::attention`]): `(B, A, S, Dv)`.
+    /// The tiled attention ([`super::tiled_attention::attention`]): `(B, S, A, Dv)`, the
+    /// heads last.
     fn tiled_attention(
         q: &Self,
         k: &Self,
@@ -121,20 +117,11 @@ pub trait TensorOps: Graph {
 
 impl TensorOps for Tensor {
     type Frozen = FrozenWeight;
-    fn is_contiguous(&self) -> bool {
-        Tensor::is_contiguous(self)
-    }
-    fn contiguous(&self) -> Result<Self> {
-        Tensor::contiguous(self)
-    }
     fn gelu(&self) -> Result<Self> {
         Tensor::gelu(self)
     }
     fn silu(&self) -> Result<Self> {
         Tensor::silu(self)
-    }
-    fn transpose(&self, a: usize, b: usize) -> Result<Self> {
-        Tensor::transpose(self, a, b)
     }
     fn broadcast_left(&self, left: &[usize]) -> Result<Self> {
         Tensor::broadcast_left(self, left)

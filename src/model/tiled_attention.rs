@@ -8,8 +8,10 @@
 //! device), their row maximum `m` and sum `l` of `exp(s − m)`, the probabilities and `P_t·v`;
 //! the tiles' outputs are concatenated into `O`, and `lse = m + ln l (B, A, S, 1)`, in f32 like the softmax, is kept for
 //! the backward. The graph node (a `CustomOp3` on q, k, v) keeps `O` and `lse` only: nothing
-//! of size `S × S` (its forward copies the precomputed `O` into its own output, one `B·S·H`
-//! transient, since a custom op must return a new storage).
+//! of size `S × S`. Its forward copies the precomputed `O` into its own output, one `B·S·H`
+//! transient (a custom op must return a new storage), written `(B, S, A, Dv)`, the heads
+//! last, so that merging the heads for the output projection is a view and `O` is kept once
+//! (as PyTorch's attention kernels write it), not beside a merged copy.
 //!
 //! The backward recomputes each tile's probabilities from `lse`: `P_t = exp(s_t − lse_t)`,
 //! `dV += P_tᵀ·dO_t`, `dP_t = dO_t·vᵀ`, `dS_t = P_t·(dP_t − rowsum(dO ⊙ O)_t)·scale`,
@@ -19,13 +21,14 @@
 
 use std::sync::Mutex;
 
-use candle_core::backend::BackendStorage;
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
 
 use super::kernels::Kernel;
 pub use super::kernels::tiled::{TILE, backward, forward};
 
-/// Tiled attention with a backward: `softmax(q·kᵀ·scale [+ causal mask])·v`; with a sliding
+/// Tiled attention with a backward: `softmax(q·kᵀ·scale [+ causal mask])·v` of q `(B, A, S,
+/// D)`, k, v `(B, G, S, ·)`, written `(B, S, A, Dv)` (the heads last); with a sliding
 /// `window` (> 0, causal) query `i` sees keys `i − window + 1 ..= i`, and a tile reads no key
 /// outside its queries' windows.
 pub fn attention(
@@ -85,6 +88,19 @@ impl TiledAttention {
     }
 }
 
+/// The precomputed `O (B, A, S, Dv)` copied into a fresh `(B, S, A, Dv)` storage (the heads
+/// last): the op's output.
+fn heads_last<S>(src: &S, l: &Layout) -> Result<(S, Shape)>
+where
+    S: BackendStorage,
+    S::Device: BackendDevice<Storage = S>,
+{
+    let l = l.transpose(1, 2)?;
+    let mut dst = src.device().zeros_impl(l.shape(), src.dtype())?;
+    src.copy_strided_src(&mut dst, 0, &l)?;
+    Ok((dst, l.shape().clone()))
+}
+
 impl CustomOp3 for TiledAttention {
     fn name(&self) -> &'static str {
         "tiled-attention"
@@ -102,7 +118,7 @@ impl CustomOp3 for TiledAttention {
         let out = self.take()?;
         let (st, l) = out.storage_and_layout();
         match &*st {
-            Storage::Cpu(c) => Ok((c.try_clone(l)?, l.shape().clone())),
+            Storage::Cpu(c) => heads_last(c, l),
             _ => bail!("tiled attention: the output is not on the CPU"),
         }
     }
@@ -120,7 +136,7 @@ impl CustomOp3 for TiledAttention {
         let out = self.take()?;
         let (st, l) = out.storage_and_layout();
         match &*st {
-            Storage::Cuda(c) => Ok((c.try_clone(l)?, l.shape().clone())),
+            Storage::Cuda(c) => heads_last(c, l),
             _ => bail!("tiled attention: the output is not on the GPU"),
         }
     }

@@ -707,6 +707,8 @@ pub fn tiled_attention_matches_the_composed_attention() {
                 |a| {
                     tiled_attention::attention(&a[0], &a[1], &a[2], scale as f32, causal, window)
                         .unwrap()
+                        .transpose(1, 2)
+                        .unwrap()
                 },
                 |a| {
                     windowed_probs(&a[0], &a[1], scale, causal, window)
@@ -776,6 +778,8 @@ pub fn grouped_attention_matches_repeated_keys() {
                         causal,
                         window,
                     )
+                    .unwrap()
+                    .transpose(1, 2)
                     .unwrap()
                 },
                 |a| repeated(a, causal, window),

@@ -178,6 +178,15 @@ impl Graph for Sym {
     fn t(&self) -> candle_core::Result<Self> {
         Ok(Sym::t(self))
     }
+    fn transpose(&self, a: usize, b: usize) -> candle_core::Result<Self> {
+        Ok(Sym::transpose(self, a, b))
+    }
+    fn is_contiguous(&self) -> bool {
+        Sym::is_contiguous(self)
+    }
+    fn contiguous(&self) -> candle_core::Result<Self> {
+        Ok(Sym::contiguous(self))
+    }
     fn reshape(&self, dims: &[usize]) -> candle_core::Result<Self> {
         Ok(Sym::reshape(self, dims))
     }
@@ -265,20 +274,11 @@ impl FrozenSym {
 /// The layers' forward on symbolic tensors: each method is the candle op of the same name.
 impl crate::model::tensor_ops::TensorOps for Sym {
     type Frozen = FrozenSym;
-    fn is_contiguous(&self) -> bool {
-        Sym::is_contiguous(self)
-    }
-    fn contiguous(&self) -> candle_core::Result<Self> {
-        Ok(Sym::contiguous(self))
-    }
     fn gelu(&self) -> candle_core::Result<Self> {
         Ok(Sym::gelu(self))
     }
     fn silu(&self) -> candle_core::Result<Self> {
         Ok(Sym::silu(self))
-    }
-    fn transpose(&self, a: usize, b: usize) -> candle_core::Result<Self> {
-        Ok(Sym::transpose(self, a, b))
     }
     fn broadcast_left(&self, left: &[usize]) -> candle_core::Result<Self> {
         Ok(Sym::broadcast_left(self, left))
@@ -363,7 +363,10 @@ impl crate::model::tensor_ops::TensorOps for Sym {
             causal,
             window,
         };
-        let y = Sym::kernel(kernel, &[q, k, v, &lse], out.dims(), out.dtype());
+        // The node's output `(B, S, A, Dv)`: the heads last.
+        let mut dims = out.dims().to_vec();
+        dims.swap(1, 2);
+        let y = Sym::kernel(kernel, &[q, k, v, &lse], &dims, out.dtype());
         drop((out, lse));
         Ok(y)
     }

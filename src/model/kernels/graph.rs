@@ -83,6 +83,11 @@ pub trait Graph: Clone + Sized {
     fn matmul(&self, rhs: &Self) -> Result<Self>;
     /// Swaps the last two dimensions (a view).
     fn t(&self) -> Result<Self>;
+    /// Swaps dimensions `a` and `b` (a view).
+    fn transpose(&self, a: usize, b: usize) -> Result<Self>;
+    fn is_contiguous(&self) -> bool;
+    /// The same tensor when contiguous, else a contiguous copy.
+    fn contiguous(&self) -> Result<Self>;
     /// A view when contiguous, else a copy.
     fn reshape(&self, dims: &[usize]) -> Result<Self>;
     fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self>;
@@ -266,6 +271,15 @@ impl Graph for Tensor {
     }
     fn t(&self) -> Result<Self> {
         Tensor::t(self)
+    }
+    fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        Tensor::transpose(self, a, b)
+    }
+    fn is_contiguous(&self) -> bool {
+        Tensor::is_contiguous(self)
+    }
+    fn contiguous(&self) -> Result<Self> {
+        Tensor::contiguous(self)
     }
     fn reshape(&self, dims: &[usize]) -> Result<Self> {
         Tensor::reshape(self, dims)

@@ -159,7 +159,8 @@ pub enum Kernel {
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
-    /// forward's `lse` (kept by the node, no gradient); `window` as in `AttnProbs`.
+    /// forward's `lse` (kept by the node, no gradient), output `(B, S, A, Dv)`; `window` as in
+    /// `AttnProbs`.
     TiledAttention {
         scale: f32,
         causal: bool,
@@ -257,13 +258,14 @@ impl Kernel {
                 causal,
                 window,
             } => {
+                // The output and its gradient `(B, S, A, Dv)`, read as `(B, A, S, Dv)` views.
                 let (dq, dk, dv) = tiled::backward(
                     &args[0].detach(),
                     &args[1].detach(),
                     &args[2].detach(),
-                    &res.detach(),
+                    &res.detach().transpose(1, 2)?,
                     args[3],
-                    grad,
+                    &grad.transpose(1, 2)?,
                     scale as f64,
                     causal,
                     window,

@@ -174,6 +174,9 @@ fn accumulate<G: Graph>(acc: Option<G>, part: G, lo: usize, s: usize) -> Result<
 
 /// The gradients of q, k, v from the forward's `out` and `lse` and the output's gradient
 /// (grouped keys and values as in [`forward`]: their gradients sum their query heads').
+/// `out` and `grad` `(B, A, S, Dv)` in any layout (the op's `(B, S, A, Dv)` output transposed):
+/// `rowsum(dO ⊙ O)` reads them as they are, and the tiles read a contiguous copy of `grad`
+/// (itself when it already is).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<G: Graph>(
     q: &G,
@@ -188,7 +191,10 @@ pub fn backward<G: Graph>(
 ) -> Result<(G, G, G)> {
     let (heads, s) = (q.dims()[1], q.dims()[2]);
     let g = k.dims()[1];
-    let (q, out, grad) = (grouped(q, g)?, grouped(out, g)?, grouped(grad, g)?);
+    let dsum = grad.mul(out)?.sum_last_keepdim()?.to_f32()?;
+    let dsum = grouped(&dsum, g)?;
+    let grad = grad.contiguous()?;
+    let (q, grad) = (grouped(q, g)?, grouped(&grad, g)?);
     let rows = q.dims()[2];
     let tiles = Tiles {
         rows,
@@ -196,8 +202,6 @@ pub fn backward<G: Graph>(
         causal,
         window,
     };
-    let dsum = grad.mul(&out)?.sum_last_keepdim()?.to_f32()?;
-    drop(out);
     let (kt, vt) = (k.t()?, v.t()?);
     let mut dqs = Vec::new();
     let (mut dk, mut dv): (Option<G>, Option<G>) = (None, None);
