@@ -116,6 +116,11 @@ pub struct RanksCase {
 /// set's rows (claim B5).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RanksDoc {
+    /// The commit memfit was built from and the CPU the ranks ran on.
+    #[serde(default)]
+    pub git_commit: String,
+    #[serde(default)]
+    pub cpu_model: String,
     pub case: RanksCase,
     pub zero: u8,
     pub mpi_library: String,
@@ -147,6 +152,8 @@ impl RanksDoc {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         RanksDoc {
+            git_commit: env!("MEMFIT_GIT_COMMIT").into(),
+            cpu_model: crate::machine::cpu_model(),
             case: RanksCase {
                 preset: case.preset.clone(),
                 model: case.model.as_str().to_string(),
