@@ -658,17 +658,19 @@ fn llama_block(dims: [u64; 6], attention: &str, tp: u64) -> u64 {
 ///   dropout's output (−3·as²b);
 /// - tiled (efficient) attention keeps no S×S tensor: its f32 log-sum-exp (4·asb) instead of
 ///   the softmax's output;
-/// - the queries: the projection's output kept as the rotary's input (+2·sb·aD) and the
-///   attention's (B, A, S, D) output beside its merged-heads copy, the o projection's input
-///   (+2·sb·aD), where the paper counts Q and the out-projection's input at width h;
+/// - the queries: the projection's output kept as the rotary's input (+2·sb·aD), where the
+///   paper counts Q and the out-projection's input at width h (the attention's output is kept
+///   once: the tiled attention writes it heads-merged, the standard one releases `P·v`'s
+///   output once its merged copy exists);
 /// - the keys and values at the K/V heads' width g·D (grouped-query attention), with the key
-///   projection's output kept as the rotary's input (+2·sb·gD) and the value projection's
-///   output kept by its head-split copy (+2·sb·gD; no copy where a rank holds one K/V head,
-///   the split being a view then);
+///   projection's output kept as the rotary's input (+2·sb·gD); the value projection's output
+///   is released once its head-split copy exists (no copy where a rank holds one K/V head, the
+///   split being a view then);
 /// - SwiGLU: gate, up and their product (the down projection's input) at width I, `6·sbI`,
 ///   where GeLU keeps `16·sbh`;
-/// - 2 bytes: one 16-bit element the two-layer graph holds beyond the one-layer graph and
-///   its block.
+/// - 16-bit elements: one the two-layer graph holds beyond the one-layer graph and its block,
+///   and the one element a released tensor leaves on CUDA (the value projection's output
+///   where it is copied, `P·v`'s output under standard attention).
 #[test]
 fn korthikanti_term_by_term_for_a_llama_like_layer() {
     // [H, A, G, I, S, B]: MHA at I = 4H (the paper's MLP width), Llama-2-7B's widths with
@@ -697,14 +699,14 @@ fn korthikanti_term_by_term_for_a_llama_like_layer() {
                     _ => 2 * a * s * s * b / t,
                 } as i64
                     - paper_scores as i64;
-                let queries = ((8 * s * b * a * d) as i64 - (4 * sbh) as i64) / t as i64;
+                let queries = ((6 * s * b * a * d) as i64 - (4 * sbh) as i64) / t as i64;
                 // A rank's K/V heads (one, replicated, where fewer than t); with one, the
                 // value's head split is a view: no copy, its projection's output the only one.
                 let kv = (g / t).max(1);
-                let kv_bytes = 6 * s * b * kv * d + if kv > 1 { 2 * s * b * kv * d } else { 0 };
-                let keys_values = kv_bytes as i64 - (4 * sbh / t) as i64;
+                let keys_values = (6 * s * b * kv * d) as i64 - (4 * sbh / t) as i64;
                 let mlp = ((6 * s * b * i) as i64 - (16 * sbh) as i64) / t as i64;
-                let element = 2;
+                let released = u64::from(kv > 1) + u64::from(attention == "standard");
+                let element = 2 + 2 * released as i64;
                 let explained =
                     paper as i64 + masks + scores + queries + keys_values + mlp + element;
                 assert_eq!(
@@ -720,9 +722,11 @@ fn korthikanti_term_by_term_for_a_llama_like_layer() {
 /// not split GPT's heads yet: their width is H/A): the block is the two-layer graph less the
 /// one-layer graph. Against the paper's `34·sbh + 5·as²b`: no dropout masks (−2·sbh, and
 /// −3·as²b with standard attention; tiled attention's 4·asb log-sum-exp instead of the
-/// softmax's output), the q, k and v projections' outputs kept by their head-split copies
-/// (+6·sbh), the attention's output beside its merged-heads copy (+2·sbh), the biased o and
-/// fc2 projections' outputs kept by the residual sums (+4·sbh), and the 2-byte element.
+/// softmax's output), the 2-byte element, and one 2-byte element each tensor released in
+/// place leaves on CUDA: the q, k and v projections' outputs (released once their head-split
+/// copies exist), the biased o and fc2 projections' outputs (once added into the residual
+/// stream) and, under standard attention, `P·v`'s output (once the heads are merged; the
+/// tiled attention writes them merged).
 #[test]
 fn korthikanti_term_by_term_for_a_gpt_like_layer() {
     for [h, a, s, b] in [[4096u64, 32, 2048, 1], [2048, 16, 1024, 2]] {
@@ -775,7 +779,8 @@ fn korthikanti_term_by_term_for_a_gpt_like_layer() {
                 _ => 2 * a * s * s * b,
             } as i64
                 - (5 * a * s * s * b) as i64;
-            let named = -2 * sbh as i64 + scores + (6 + 2 + 4) * sbh as i64 + 2;
+            let released = 3 + 2 + i64::from(attention == "standard");
+            let named = -2 * sbh as i64 + scores + 2 + 2 * released;
             assert_eq!(
                 replay as i64,
                 paper as i64 + named,
@@ -858,17 +863,17 @@ fn sequence_parallel_divides_the_whole_block() {
 /// Llama 3.1 405B at TP 8 × PP 16, 16 microbatches of 8,192 tokens: the worst rank (stage 1,
 /// 15 microbatches in flight of 8 layers) under each regime, pinned (the states are hand
 /// arithmetic above; the activations are the replay's, pinned so that a change shows): autocast
-/// 638,455,909,664 B (594.61 GiB: each microbatch's graph holds its own 16-bit weight copy and
-/// an f32 residual stream), Megatron 384,105,972,912 B (357.73 GiB), DeepSpeed 377,730,106,544 B
-/// (351.79 GiB), Megatron with sequence parallelism 155,341,750,512 B (144.67 GiB).
+/// 634,429,377,824 B (590.86 GiB: each microbatch's graph holds its own 16-bit weight copy and
+/// an f32 residual stream), Megatron 380,079,441,072 B (353.98 GiB), DeepSpeed 373,703,574,704 B
+/// (348.04 GiB), Megatron with sequence parallelism 151,063,560,552 B (140.69 GiB).
 #[test]
 fn llama_405b_worst_rank_under_each_regime() {
     let args = llama_405b_mixed();
     for (amp, want) in [
-        ("autocast", 638_455_909_664u64),
-        ("megatron", 384_105_972_912),
-        ("deepspeed", 377_730_106_544),
-        ("megatron,sp=on", 155_341_750_512),
+        ("autocast", 634_429_377_824u64),
+        ("megatron", 380_079_441_072),
+        ("deepspeed", 373_703_574_704),
+        ("megatron,sp=on", 151_063_560_552),
     ] {
         let v = predict_train(&args, &format!("tp=8,pp=16,mb=16,amp={amp}"), "1", "8192");
         let r = ranks(&v);
