@@ -63,14 +63,15 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     };
     let report = ranks::run_rank(case, plan, comm.as_ref())
         .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
-    let all = comm.all_gather_u64(&ranks::encode(&report));
+    let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
     if comm.rank() != 0 {
         return Ok(());
     }
     let reports = all
-        .chunks(ranks::ENCODED)
-        .map(ranks::decode)
-        .collect::<anyhow::Result<Vec<RankReport>>>()?;
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<Vec<RankReport>, _>>()
+        .context("a rank's report")?;
     let doc = ranks::RanksDoc::new(case, args.zero, args.threads, library(), reports);
     let json = serde_json::to_string_pretty(&doc)?;
     if let Some(path) = &args.out {
@@ -116,7 +117,7 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankRe
                 w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
                 w.retained_bytes,
                 w.predicted_retained_bytes,
-                human_bytes(w.rss_bytes as f64),
+                w.rss_bytes.map_or("—".into(), |b| human_bytes(b as f64)),
             );
         }
     }
@@ -132,7 +133,8 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankRe
             s.predicted_gradient_bytes,
             s.optimizer_state_bytes,
             s.predicted_optimizer_state_bytes,
-            human_bytes(r.rss_peak_bytes as f64)
+            r.rss_peak_bytes
+                .map_or("—".into(), |b| human_bytes(b as f64))
         );
         if let Some(c) = r.check {
             println!(

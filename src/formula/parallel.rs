@@ -306,41 +306,13 @@ pub fn stage_ranks(
     rates: (u64, u64, u64),
     masters: bool,
 ) -> Vec<StageRank> {
-    let tp = layout.tp as u64;
-    let kv = cfg.kv_heads() as u64;
-    let layer_norm = cfg.llama.is_none();
-    let (v, h) = (cfg.vocab as u64, cfg.hidden as u64);
-    let table = v.div_ceil(tp) * h;
-    let experts = cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
-    // This rank's experts: the first `E/ep` (every expert-parallel rank holds as many).
-    let mine = 0..experts / layout.ep;
-    let blocks = cfg.blocks();
-    let stages = stage_layers(cfg.layers, layout.pp);
-    let last = stages.len() - 1;
-    stages
+    stage_shares(cfg, layout)
         .into_iter()
         .enumerate()
-        .map(|(s, layers)| {
-            let (mut dense, mut expert) = (0u64, 0u64);
-            for l in layers.clone() {
-                for t in blocks.layer(l) {
-                    let (d, e) = tensor_share(t, tp, kv, layer_norm, &mine);
-                    dense += d;
-                    expert += e;
-                }
-            }
-            if s == 0 {
-                dense += table;
-                if layer_norm {
-                    dense += cfg.max_seq as u64 * h; // GPT's positions, whole
-                }
-            }
-            if s == last {
-                dense += h * (1 + u64::from(layer_norm)); // the final norm
-                if !cfg.tied || last > 0 {
-                    dense += table; // the head (a tied one's own copy past stage 0)
-                }
-            }
+        .map(|(s, (layers, shares))| {
+            let (dense, expert) = shares
+                .iter()
+                .fold((0, 0), |(d, e), &(td, te)| (d + td, e + te));
             let (we, ge, oe) = rates;
             let d = zero::shards(
                 layout.zero,
@@ -363,6 +335,54 @@ pub fn stage_ranks(
                 gradient_bytes: d.1 + x.1,
                 optimizer_state_bytes: d.2 + x.2,
             }
+        })
+        .collect()
+}
+
+/// One tensor's elements on a rank: (dense, expert).
+type Share = (u64, u64);
+
+/// Each pipeline stage's layers and the parameter tensors one of its ranks holds, as
+/// `(dense, expert)` elements a tensor: its layers' tensors ([`tensor_share`]), then on the
+/// first stage the token table (`⌈V/tp⌉` rows) and GPT's position table (whole), on the last
+/// the final norm's weight (and bias) and the head (a tied one's own copy past stage 0).
+fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<(Range<usize>, Vec<Share>)> {
+    let tp = layout.tp as u64;
+    let kv = cfg.kv_heads() as u64;
+    let layer_norm = cfg.llama.is_none();
+    let (v, h) = (cfg.vocab as u64, cfg.hidden as u64);
+    let table = v.div_ceil(tp) * h;
+    let experts = cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
+    // This rank's experts: the first `E/ep` (every expert-parallel rank holds as many).
+    let mine = 0..experts / layout.ep;
+    let blocks = cfg.blocks();
+    let stages = stage_layers(cfg.layers, layout.pp);
+    let last = stages.len() - 1;
+    stages
+        .into_iter()
+        .enumerate()
+        .map(|(s, layers)| {
+            let mut shares: Vec<Share> = layers
+                .clone()
+                .flat_map(|l| blocks.layer(l))
+                .map(|t| tensor_share(t, tp, kv, layer_norm, &mine))
+                .collect();
+            if s == 0 {
+                shares.push((table, 0));
+                if layer_norm {
+                    shares.push((cfg.max_seq as u64 * h, 0)); // GPT's positions, whole
+                }
+            }
+            if s == last {
+                shares.push((h, 0)); // the final norm
+                if layer_norm {
+                    shares.push((h, 0)); // its bias
+                }
+                if !cfg.tied || last > 0 {
+                    shares.push((table, 0)); // the head (a tied one's own copy past stage 0)
+                }
+            }
+            (layers, shares)
         })
         .collect()
 }
@@ -557,35 +577,13 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
 /// reduce-scatter (`gathered` bytes a parameter: DeepSpeed's estimator counts 4, a 16-bit
 /// weight and gradient); none below stage 3 or over one replica.
 pub fn gathered_layer(cfg: &Config, layout: &Layout, gathered: u64) -> Vec<u64> {
-    let tp = layout.tp as u64;
-    let kv = cfg.kv_heads() as u64;
-    let layer_norm = cfg.llama.is_none();
-    let table = (cfg.vocab as u64).div_ceil(tp) * cfg.hidden as u64;
-    let experts = cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
-    let mine = 0..experts / layout.ep;
-    let blocks = cfg.blocks();
-    let stages = stage_layers(cfg.layers, layout.pp);
-    let last = stages.len() - 1;
-    stages
+    stage_shares(cfg, layout)
         .into_iter()
-        .enumerate()
-        .map(|(s, layers)| {
+        .map(|(_, shares)| {
             if layout.zero < 3 || layout.dp == 1 {
                 return 0;
             }
-            let mut largest = 0u64;
-            for l in layers {
-                for t in blocks.layer(l) {
-                    let (d, e) = tensor_share(t, tp, kv, layer_norm, &mine);
-                    largest = largest.max(d + e);
-                }
-            }
-            if s == 0 || s == last {
-                largest = largest.max(table);
-            }
-            if s == 0 && layer_norm {
-                largest = largest.max(cfg.max_seq as u64 * cfg.hidden as u64); // GPT's positions
-            }
+            let largest = shares.iter().map(|&(d, e)| d + e).max().unwrap_or(0);
             largest * gathered
         })
         .collect()

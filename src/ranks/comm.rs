@@ -20,8 +20,8 @@ pub trait Comm {
     fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>);
     /// `buf` of `root` copied into `buf` of every rank, in place.
     fn broadcast(&self, root: usize, buf: &mut [f32]);
-    /// Every rank's `send` (the same length everywhere), on every rank, in rank order.
-    fn all_gather_u64(&self, send: &[u64]) -> Vec<u64>;
+    /// Every rank's `send` (of any length), on every rank, in rank order.
+    fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>>;
     /// Waits until every rank is here.
     fn barrier(&self);
 }
@@ -45,8 +45,8 @@ impl Comm for Solo {
         }
     }
     fn broadcast(&self, _root: usize, _buf: &mut [f32]) {}
-    fn all_gather_u64(&self, send: &[u64]) -> Vec<u64> {
-        send.to_vec()
+    fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>> {
+        vec![send.to_vec()]
     }
     fn barrier(&self) {}
 }
@@ -56,7 +56,9 @@ pub use self::mpi_comm::Mpi;
 
 #[cfg(feature = "ranks")]
 mod mpi_comm {
+    use mpi::Count;
     use mpi::collective::SystemOperation;
+    use mpi::datatype::PartitionMut;
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::*;
 
@@ -110,10 +112,26 @@ mod mpi_comm {
         fn broadcast(&self, root: usize, buf: &mut [f32]) {
             self.world.process_at_rank(root as i32).broadcast_into(buf);
         }
-        fn all_gather_u64(&self, send: &[u64]) -> Vec<u64> {
-            let mut out = vec![0u64; send.len() * self.size()];
-            self.world.all_gather_into(send, &mut out[..]);
-            out
+        fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>> {
+            let mut counts = vec![0 as Count; self.size()];
+            self.world
+                .all_gather_into(&(send.len() as Count), &mut counts[..]);
+            let displs: Vec<Count> = counts
+                .iter()
+                .scan(0, |at, &n| {
+                    let d = *at;
+                    *at += n;
+                    Some(d)
+                })
+                .collect();
+            let mut all = vec![0u8; counts.iter().sum::<Count>() as usize];
+            let mut parts = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            self.world.all_gather_varcount_into(send, &mut parts);
+            counts
+                .iter()
+                .zip(&displs)
+                .map(|(&n, &d)| all[d as usize..(d + n) as usize].to_vec())
+                .collect()
         }
         fn barrier(&self) {
             self.world.barrier();

@@ -21,13 +21,15 @@
 pub mod comm;
 pub mod zero;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::device::{DeviceSpec, Precision};
 use crate::formula::transformer::Shape;
-use crate::meter::cpu_alloc;
+use crate::meter::cpu_alloc::{self, AllocMeter};
+use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
+use crate::meter::{Meter, measure};
 use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::optim::inplace::Stepper;
 use crate::phase::train;
@@ -54,8 +56,9 @@ pub struct Window {
     pub retained_bytes: i64,
     /// The counting allocator's bytes when the window opened.
     pub heap_start_bytes: u64,
-    /// The process layer after the window: resident set (`VmRSS`; MPI's buffers included).
-    pub rss_bytes: u64,
+    /// The process layer after the window: resident set (`VmRSS`; MPI's buffers included);
+    /// `None` where `/proc` does not say.
+    pub rss_bytes: Option<u64>,
     pub predicted_peak_bytes: u64,
     pub predicted_retained_bytes: i64,
 }
@@ -93,7 +96,7 @@ pub struct RankReport {
     pub windows: Vec<Window>,
     pub states: States,
     /// The process's resident high-water mark (`VmHWM`) at the end.
-    pub rss_peak_bytes: u64,
+    pub rss_peak_bytes: Option<u64>,
     pub check: Option<Check>,
 }
 
@@ -176,36 +179,12 @@ impl RanksDoc {
     /// The `ranks*.json` files under `path` (a file itself, or a folder searched to any depth),
     /// sorted.
     pub fn files(path: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let is_doc = |p: &std::path::Path| {
+        crate::store::files_under(path, |p| {
             p.extension().is_some_and(|e| e == "json")
                 && p.file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with("ranks"))
-        };
-        if path.is_file() {
-            return if is_doc(path) {
-                vec![path.to_path_buf()]
-            } else {
-                Vec::new()
-            };
-        }
-        let mut out = Vec::new();
-        let mut stack = vec![path.to_path_buf()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if is_doc(&p) {
-                    out.push(p);
-                }
-            }
-        }
-        out.sort();
-        out
+        })
     }
 
     /// Reads one document, naming the file on failure.
@@ -263,25 +242,15 @@ pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The process layer: (`VmRSS`, `VmHWM`) in bytes, from `/proc/self/status`.
-pub fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// Runs `body` as a window of the counting allocator: (peak above the start, retained, start).
+/// Runs `body` as a window of the counting allocator's meter (`memfit run`'s CPU meter):
+/// (peak above the start, retained, start).
 fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64, i64, u64)> {
-    let start = cpu_alloc::reset_peak();
-    let out = body()?;
-    let (peak, now) = (cpu_alloc::peak(), cpu_alloc::current());
-    Ok((out, peak - start, now as i64 - start as i64, start))
+    let mut meters: [Box<dyn Meter>; 1] = [Box::new(AllocMeter::default())];
+    let (out, r) = measure(&mut meters, body)?;
+    match (r.peak_bytes, r.retained_bytes, r.heap_start_bytes) {
+        (Some(peak), Some(retained), Some(start)) => Ok((out, peak, retained, start)),
+        _ => anyhow::bail!("ranks: the counting allocator read nothing (an `unmetered` build?)"),
+    }
 }
 
 /// Every variable, by name (the order the collectives visit them on every rank).
@@ -329,14 +298,13 @@ fn rank_batch(case: &Case, rank: usize, ranks: usize) -> anyhow::Result<(Tensor,
     Ok((rows(tokens)?, rows(targets)?))
 }
 
-/// The whole step of a rank after its forward: backward, reduce, optimizer, gather.
+/// A rank's (or the single process's) model and batch: its training forward and backward.
 struct Step<'a> {
     model: &'a Transformer,
     vars: &'a [(String, Var)],
     tokens: &'a Tensor,
     targets: &'a Tensor,
     case: &'a Case,
-    zero: u8,
 }
 
 impl Step<'_> {
@@ -384,7 +352,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     }
     let (tokens, targets) = rank_batch(case, rank, ranks)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
-    let rss_now = || rss().0;
+    let rss_now = vm_rss_bytes;
 
     // init
     let varmap = VarMap::new();
@@ -404,7 +372,6 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         tokens: &tokens,
         targets: &targets,
         case,
-        zero: plan.zero,
     };
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
 
@@ -448,9 +415,9 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         let mut graph = Some(step.forward()?);
         let mut grads = step.backward(&mut graph)?;
         drop(graph);
-        zero::reduce(step.zero, &vars, &mut grads, comm)?;
+        zero::reduce(plan.zero, &vars, &mut grads, comm)?;
         opt.step(&grads)?;
-        zero::gather(step.zero, &vars, comm)?;
+        zero::gather(plan.zero, &vars, comm)?;
         drop(grads);
         Ok(())
     })?;
@@ -484,7 +451,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         zero: plan.zero,
         windows,
         states,
-        rss_peak_bytes: rss().1,
+        rss_peak_bytes: vm_hwm_bytes(),
         check,
     })
 }
@@ -532,7 +499,6 @@ impl Single {
             tokens: &self.tokens,
             targets: &self.targets,
             case: &self.case,
-            zero: 0,
         }
     }
 }
@@ -675,85 +641,4 @@ fn states(case: &Case, stage: u8, ranks: usize, w: &[Window], grads_held: i64) -
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
     }
-}
-
-/// A rank's report as the numbers an all-gather carries, and back.
-pub fn encode(r: &RankReport) -> Vec<u64> {
-    let mut v = vec![
-        r.rank as u64,
-        r.ranks as u64,
-        r.zero as u64,
-        r.rss_peak_bytes,
-    ];
-    for w in &r.windows {
-        v.extend([
-            w.peak_bytes,
-            w.retained_bytes as u64,
-            w.heap_start_bytes,
-            w.rss_bytes,
-            w.predicted_peak_bytes,
-            w.predicted_retained_bytes as u64,
-        ]);
-    }
-    let s = r.states;
-    v.extend([
-        s.weights_bytes as u64,
-        s.gradient_bytes as u64,
-        s.optimizer_state_bytes as u64,
-        s.predicted_weights_bytes,
-        s.predicted_gradient_bytes,
-        s.predicted_optimizer_state_bytes,
-    ]);
-    match r.check {
-        Some(c) => v.extend([
-            1,
-            c.gradient_rel_diff.to_bits(),
-            c.weight_rel_diff.to_bits(),
-        ]),
-        None => v.extend([0, 0, 0]),
-    }
-    v
-}
-
-/// The length of [`encode`]'s vector.
-pub const ENCODED: usize = 4 + 6 * WINDOWS.len() + 6 + 3;
-
-/// [`encode`] undone.
-pub fn decode(v: &[u64]) -> anyhow::Result<RankReport> {
-    if v.len() != ENCODED {
-        bail!("ranks: a report of {} numbers, not {ENCODED}", v.len());
-    }
-    let windows = (0..WINDOWS.len())
-        .map(|i| {
-            let w = &v[4 + 6 * i..4 + 6 * (i + 1)];
-            Window {
-                peak_bytes: w[0],
-                retained_bytes: w[1] as i64,
-                heap_start_bytes: w[2],
-                rss_bytes: w[3],
-                predicted_peak_bytes: w[4],
-                predicted_retained_bytes: w[5] as i64,
-            }
-        })
-        .collect();
-    let s = &v[4 + 6 * WINDOWS.len()..];
-    Ok(RankReport {
-        rank: v[0] as usize,
-        ranks: v[1] as usize,
-        zero: v[2] as u8,
-        rss_peak_bytes: v[3],
-        windows,
-        states: States {
-            weights_bytes: s[0] as i64,
-            gradient_bytes: s[1] as i64,
-            optimizer_state_bytes: s[2] as i64,
-            predicted_weights_bytes: s[3],
-            predicted_gradient_bytes: s[4],
-            predicted_optimizer_state_bytes: s[5],
-        },
-        check: (s[6] == 1).then(|| Check {
-            gradient_rel_diff: f64::from_bits(s[7]),
-            weight_rel_diff: f64::from_bits(s[8]),
-        }),
-    })
 }

@@ -16,6 +16,24 @@ use anyhow::Context;
 use crate::error::UserError;
 use crate::record::Row;
 
+/// Every file under `p` that `keep` accepts (`p` itself when it is a file), searched to any
+/// depth, sorted by path; unreadable folders skipped.
+pub fn files_under(p: &Path, keep: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![p.to_path_buf()];
+    while let Some(q) = todo.pop() {
+        if q.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&q) {
+                todo.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if keep(&q) {
+            out.push(q);
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The result files under `p`: itself when it is a file, else every `results.jsonl` (else
 /// `results.h5`) in it and in the folders below, in name order. A path that does not exist is
 /// an error naming it.

@@ -184,25 +184,12 @@ pub fn write_sampled_trace(
 /// `.json` in a folder named `timeline` (the workload key's default name) or inside `dir` when
 /// it is one, in path order.
 pub fn trace_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "json")
-                && d.file_name().is_some_and(|n| n == "timeline")
-            {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    super::files_under(dir, |p| {
+        p.extension().is_some_and(|x| x == "json")
+            && p.parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n == "timeline")
+    })
 }
 
 /// `bytes` in the unit that keeps it readable (B, KiB, MiB, GiB).
