@@ -247,9 +247,16 @@ pub struct RanksArgs {
     pub grid: GridArgs,
     /// ZeRO stage over the ranks: 0 (plain data parallel: gradients all-reduced, every rank
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
-    /// too). Stage 3 is refused, saying why.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=3))]
-    pub zero: u8,
+    /// too). Stage 3 is refused, saying why. Default 1; not with `--pp`.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+    /// Pipeline parallelism instead of data parallelism: a stage a rank (this many ranks
+    /// launched), Megatron's 1F1B schedule over `--microbatches` microbatches of `--batch` rows.
+    #[arg(long, value_name = "STAGES")]
+    pub pp: Option<usize>,
+    /// Microbatches a step through the pipeline (with `--pp`).
+    #[arg(long, default_value_t = 4)]
+    pub microbatches: usize,
     /// CPU threads of each rank.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,

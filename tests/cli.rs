@@ -863,7 +863,8 @@ fn sizes_without_a_unit_or_zero_are_refused() {
 }
 
 /// `memfit ranks` refuses, by name, what it does not run on ranks: a 16-bit case (ranks train
-/// in f32), ZeRO stage 3, LoRA, 8-bit AdamW, several cases; nothing panics.
+/// in f32), ZeRO stage 3, LoRA, 8-bit AdamW, several cases, a pipeline of more stages than
+/// layers, of one stage, with ZeRO or without microbatches; nothing panics.
 #[test]
 fn ranks_refuses_what_it_does_not_run() {
     let tiny = [
@@ -875,6 +876,13 @@ fn ranks_refuses_what_it_does_not_run() {
         (vec!["--lora-rank", "4"], "ViT or LoRA"),
         (vec!["--optimizer", "adamw-8bit"], "adamw-8bit's blocks"),
         (vec!["--batch", "1,2"], "give one"),
+        (vec!["--pp", "2"], "cannot fill 2 stages"),
+        (vec!["--pp", "1"], "2 stages or more"),
+        (vec!["--pp", "2", "--zero", "1"], "leave --zero out"),
+        (
+            vec!["--pp", "2", "--microbatches", "0"],
+            "1 microbatch or more",
+        ),
     ] {
         let out = memfit().args(tiny).args(&more).assert().failure();
         let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();

@@ -169,3 +169,123 @@ fn b5_state_falls_as_one_over_ranks() {
         );
     }
 }
+
+/// `mpirun -np S memfit ranks ARGS --pp S --microbatches M --check --json`.
+fn pipeline(stages: usize, m: usize, args: &[&str]) -> Value {
+    let exe = assert_cmd::cargo::cargo_bin("memfit");
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "--bind-to", "none", "-np"])
+        .arg(stages.to_string())
+        .arg(&exe)
+        .arg("ranks")
+        .args(args)
+        .args([
+            "--pp",
+            &stages.to_string(),
+            "--microbatches",
+            &m.to_string(),
+        ])
+        .args(["--check", "--json"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("mpirun runs (scripts/setup.sh test installs openmpi-bin)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mpirun -np {stages} memfit ranks {args:?} --pp {stages}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Megatron's 1F1B order for stage `s` of `n` with `m` microbatches.
+fn one_f_one_b(s: usize, n: usize, m: usize) -> Vec<String> {
+    let warmup = (n - s - 1).min(m);
+    let mut order: Vec<String> = (0..warmup).map(|i| format!("F{i}")).collect();
+    for i in 0..m - warmup {
+        order.push(format!("F{}", warmup + i));
+        order.push(format!("B{i}"));
+    }
+    order.extend((m - warmup..m).map(|i| format!("B{i}")));
+    order
+}
+
+/// Every stage of a pipeline: the schedule is 1F1B; one microbatch's graph and the graph at
+/// the schedule's fullest (`min(M, S − s)` microbatches: the first stage holds `S`) as
+/// `formula::parallel::stage_activations` predicts them; the stage's weights and optimizer
+/// state as predicted; the step's peak under its bound and within 25 % of it; its gradients
+/// and weights equal to one process's on the whole global batch.
+fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
+    let reports = doc["ranks"].as_array().unwrap();
+    assert_eq!(reports.len(), n, "{what}: one report per stage");
+    let names: Vec<&str> = doc["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    for (s, rep) in reports.iter().enumerate() {
+        let order: Vec<String> = rep["schedule"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| format!("{}{}", e["op"].as_str().unwrap(), u(&e["microbatch"])))
+            .collect();
+        assert_eq!(order, one_f_one_b(s, n, m), "{what}: stage {s}'s order");
+        let in_flight = u(&rep["in_flight"]) as usize;
+        assert_eq!(in_flight, m.min(n - s), "{what}: stage {s} in flight");
+        assert_eq!(u(&rep["predicted_in_flight"]) as usize, in_flight);
+        for (k, p) in [
+            ("microbatch_graph_bytes", "predicted_microbatch_graph_bytes"),
+            ("in_flight_graph_bytes", "predicted_in_flight_graph_bytes"),
+        ] {
+            let (mv, pv) = (i(&rep[k]) as u64, u(&rep[p]));
+            assert!(
+                common::exact(&format!("{what} stage {s} {k}"), mv, pv),
+                "{what}: stage {s} {k}: measured {mv}, predicted {pv}"
+            );
+        }
+        assert_eq!(
+            u(&rep["params"]),
+            u(&rep["predicted_params"]),
+            "{what}: stage {s} parameters"
+        );
+        for (name, w) in names.iter().zip(rep["windows"].as_array().unwrap()) {
+            let (mv, pv) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+            match *name {
+                "init" | "optimizer" => assert!(
+                    common::exact(&format!("{what} stage {s} {name} peak"), mv, pv),
+                    "{what}: stage {s} {name}: peak measured {mv}, predicted {pv}"
+                ),
+                _ => assert!(
+                    mv <= pv && (pv - mv) as f64 / (mv as f64) < 0.25,
+                    "{what}: stage {s} {name}: peak measured {mv}, bound {pv}"
+                ),
+            }
+            let (mv, pv) = (i(&w["retained_bytes"]), i(&w["predicted_retained_bytes"]));
+            assert!(
+                mv.abs_diff(pv) <= common::tolerance(mv.unsigned_abs()),
+                "{what}: stage {s} {name}: retained measured {mv}, predicted {pv}"
+            );
+        }
+        let c = &rep["check"];
+        let (g, wt) = (
+            c["gradient_rel_diff"].as_f64().unwrap(),
+            c["weight_rel_diff"].as_f64().unwrap(),
+        );
+        assert!(
+            g < 1e-5 && wt < 1e-5,
+            "{what}: stage {s} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
+        );
+    }
+}
+
+/// Two stages, four microbatches of a LLaMA; three of a GPT, whose tied head's gradient is
+/// summed between the first and the last stage.
+#[test]
+fn pipeline_of_two_stages_as_predicted_and_as_one_process() {
+    check_pipeline(&pipeline(2, 4, LLAMA), 2, 4, "llama pp 2");
+    check_pipeline(&pipeline(2, 3, GPT), 2, 3, "gpt pp 2");
+}

@@ -1,11 +1,13 @@
 //! `memfit ranks`: one data-parallel rank of a training case per process, launched by
-//! `mpirun -np N` or `srun -n N` ([`crate::ranks`]); rank 0 prints every rank's windows,
-//! measured beside predicted.
+//! `mpirun -np N` or `srun -n N` ([`crate::ranks`]), or with `--pp N` one pipeline stage per
+//! process ([`crate::ranks::pipeline`]); rank 0 prints every rank's windows, measured beside
+//! predicted.
 
 use anyhow::{Context, ensure};
 
 use crate::cli::RanksArgs;
 use crate::ranks::comm::Comm;
+use crate::ranks::pipeline::{PipePlan, PipelineDoc, StageReport};
 use crate::ranks::{self, Plan, RankReport, WINDOWS};
 use crate::units::human_bytes;
 use crate::workload::{self, WorkloadFile};
@@ -53,11 +55,15 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         cases.len()
     );
     let case = &cases[0];
-    ranks::check_case(case, args.zero)?;
+    if let Some(stages) = args.pp {
+        return pipeline(case, args, stages);
+    }
+    let zero = args.zero.unwrap_or(1);
+    ranks::check_case(case, zero)?;
     crate::machine::pin_threads(args.threads)?;
     let comm = open_comm()?;
     let plan = Plan {
-        zero: args.zero,
+        zero,
         check: args.check,
         threads: args.threads,
     };
@@ -72,7 +78,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<Vec<RankReport>, _>>()
         .context("a rank's report")?;
-    let doc = ranks::RanksDoc::new(case, args.zero, args.threads, library(), reports);
+    let doc = ranks::RanksDoc::new(case, zero, args.threads, library(), reports);
     let json = serde_json::to_string_pretty(&doc)?;
     if let Some(path) = &args.out {
         std::fs::write(path, format!("{json}\n"))
@@ -83,21 +89,131 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let reports = doc.ranks;
-    print_table(case, args, &reports);
+    print_table(case, zero, args.threads, &reports);
     Ok(())
 }
 
-fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankReport]) {
+/// `--pp S`: a pipeline stage a rank ([`crate::ranks::pipeline`]).
+fn pipeline(case: &crate::workload::Case, args: &RanksArgs, stages: usize) -> anyhow::Result<()> {
+    let plan = PipePlan {
+        microbatches: args.microbatches,
+        check: args.check,
+        threads: args.threads,
+    };
+    ensure!(
+        args.zero.is_none(),
+        "memfit ranks --pp {stages} --zero: a pipeline runs one data-parallel replica here (its stages are not sharded by ZeRO); leave --zero out"
+    );
+    ranks::pipeline::check_pipeline(case, stages, plan)?;
+    crate::machine::pin_threads(args.threads)?;
+    let comm = open_comm()?;
+    ensure!(
+        comm.size() == stages,
+        "memfit ranks --pp {stages}: {} ranks were launched; launch one a stage (mpirun -np {stages})",
+        comm.size()
+    );
+    let report = ranks::pipeline::run_stage(case, plan, comm.as_ref())
+        .with_context(|| format!("stage {} of {}", comm.rank(), comm.size()))?;
+    let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let reports = all
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<Vec<StageReport>, _>>()
+        .context("a stage's report")?;
+    let doc = PipelineDoc::new(case, plan, library(), reports);
+    let json = serde_json::to_string_pretty(&doc)?;
+    if let Some(path) = &args.out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("--out {}: writing", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+        return Ok(());
+    }
+    print_pipeline(case, &doc);
+    Ok(())
+}
+
+fn print_pipeline(case: &crate::workload::Case, doc: &PipelineDoc) {
+    println!(
+        "{} stages, {} microbatches of B{} S{} a step (1F1B), {}, {} ({})",
+        doc.stages,
+        doc.microbatches,
+        case.batch,
+        case.seq,
+        case.preset,
+        case.optimizer.as_str(),
+        doc.mpi_library
+    );
+    println!(
+        "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
+    );
+    println!(
+        "{:>5} {:<11} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+        "stage", "window", "peak", "predicted", "diff", "retained", "predicted", "RSS"
+    );
+    for r in &doc.ranks {
+        for (name, w) in ranks::pipeline::WINDOWS.iter().zip(&r.windows) {
+            println!(
+                "{:>5} {:<11} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+                r.rank,
+                name,
+                w.peak_bytes,
+                w.predicted_peak_bytes,
+                w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
+                w.retained_bytes,
+                w.predicted_retained_bytes,
+                w.rss_bytes.map_or("—".into(), |b| human_bytes(b as f64)),
+            );
+        }
+    }
+    println!(
+        "activations: one microbatch's graph, and at the schedule's fullest (measured / predicted):"
+    );
+    for r in &doc.ranks {
+        println!(
+            "  stage {} (layers {}..{}): one {} / {}; {} in flight {} / {} ({} predicted in flight); parameters {} / {}",
+            r.rank,
+            r.layers[0],
+            r.layers[1],
+            r.microbatch_graph_bytes,
+            r.predicted_microbatch_graph_bytes,
+            r.in_flight,
+            r.in_flight_graph_bytes,
+            r.predicted_in_flight_graph_bytes,
+            r.predicted_in_flight,
+            r.params,
+            r.predicted_params,
+        );
+        let order: Vec<String> = r
+            .schedule
+            .iter()
+            .map(|e| format!("{}{}", e.op, e.microbatch))
+            .collect();
+        println!("    order {}", order.join(" "));
+        if let Some(c) = r.check {
+            println!(
+                "    against one process on the global batch: gradients within {:.2e}, weights after two steps within {:.2e}",
+                c.gradient_rel_diff, c.weight_rel_diff
+            );
+        }
+    }
+}
+
+fn print_table(case: &crate::workload::Case, zero: u8, threads: usize, reports: &[RankReport]) {
     println!(
         "{} ranks, ZeRO {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
         reports.len(),
-        args.zero,
+        zero,
         library(),
         case.preset,
         case.batch,
         case.seq,
         case.optimizer.as_str(),
-        args.threads
+        threads
     );
     println!(
         "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"

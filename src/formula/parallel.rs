@@ -36,7 +36,7 @@
 //! the shard's shapes: heads, K/V heads, the MLP's width and the vocabulary split `tp` ways, the
 //! hidden size whole, as tensor parallelism without sequence parallelism keeps the norms' and
 //! the residual stream's activations on every rank), times the microbatches 1F1B keeps in
-//! flight on stage `s`: `min(mb, pp − s)`; with `sp=on` the part tensor parallelism leaves
+//! flight on stage `s`: `min(mb, pp − s)` (measured on real ranks: `memfit ranks --pp`); with `sp=on` the part tensor parallelism leaves
 //! whole split by sequence too ([`sequence_parallel`]). Not in these figures: the backward's
 //! transients ([`backward_transient`] bounds them for `--parallel search`), the collectives'
 //! buffers (NCCL's; ZeRO-3's gathered layer is [`gathered_layer`]), and the split of a
@@ -603,8 +603,15 @@ pub struct StageActivations {
 /// The shard a tensor-parallel rank runs of `shape` with `layers` layers: heads, K/V heads
 /// (one a rank where fewer than `tp`), the MLP's width and the vocabulary (`⌈V/tp⌉`) split, the
 /// hidden size and the heads' width whole. `Err` naming what is not split yet: a mixture of
-/// experts, MLA, GPT and ViT (their heads' width is `H/A`).
+/// experts, MLA, GPT past `tp` 1 and ViT (their heads' width is `H/A`).
 pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
+    // Nothing split: a GPT's stage is its own layers (measured: `memfit ranks --pp`).
+    if tp == 1 && shape.llama.is_none() && shape.vision.is_none() {
+        return Ok(Shape {
+            l: layers as u64,
+            ..shape.clone()
+        });
+    }
     let Some(l) = shape.llama else {
         return Err("activations per rank are modelled for LLaMA-family decoders only".into());
     };
@@ -639,7 +646,14 @@ pub struct ShardGraph {
     /// What the one-layer graph holds beyond its block: the embedding's output, the final
     /// norm, the head and the loss (the last stage's).
     pub outside: u64,
-    /// A stage's input, `B·S·H` in the residual stream's type (the other stages').
+    /// What the embedding's graph keeps beyond its output, on the first stage (within
+    /// [`Self::outside`], the last stage's, when one stage holds everything): candle keeps the
+    /// token lookup's output as the operand of GPT's position add and of Gemma's `√H` scaling
+    /// (PyTorch frees it; their backwards read neither), `B·S·H`; none for a LLaMA.
+    pub embedding: u64,
+    /// What a stage sends the next and keeps as its input, `B·S·H` in the residual stream's
+    /// type (split by sequence under `sp`): inside [`Self::block`] (as the block before's
+    /// output) wherever a stage holds it.
     pub input: u64,
 }
 
@@ -666,10 +680,13 @@ pub fn shard_graph(
     } else {
         shape.elem.size()
     };
+    let kept_lookup = shape.llama.is_none_or(|l| l.variant.embed_scaled);
+    let input = shape.b * shape.s * shape.h * e;
     Ok(ShardGraph {
         block,
         outside,
-        input: shape.b * shape.s * shape.h * e,
+        embedding: if kept_lookup { input } else { 0 },
+        input,
     })
 }
 
@@ -693,6 +710,7 @@ pub fn sequence_parallel(g: &ShardGraph, one: &ShardGraph, tp: usize) -> ShardGr
     ShardGraph {
         block: whole.div_ceil(t) + (g.block - whole),
         outside: g.outside,
+        embedding: g.embedding,
         input: g.input.div_ceil(t),
     }
 }
@@ -726,7 +744,17 @@ pub fn stage_activations_of(
         .iter()
         .enumerate()
         .map(|(s, layers)| {
-            let mb = layers.len() as u64 * g.block + if s == last { g.outside } else { g.input };
+            // Below the last stage the stage's input (the received activation, or the first
+            // stage's embedding output) takes the place of its last block's output, which is
+            // freed once sent (Megatron's `deallocate_output_tensor`): measured on real ranks
+            // (`memfit ranks --pp`).
+            let ends = match (s == 0, s == last) {
+                (_, true) if s == 0 => g.outside,
+                (_, true) => g.outside.saturating_sub(g.embedding),
+                (true, false) => g.embedding,
+                (false, false) => 0,
+            };
+            let mb = layers.len() as u64 * g.block + ends;
             let in_flight = layout.mb.min(layout.pp - s);
             StageActivations {
                 microbatch_graph_bytes: mb,
@@ -739,10 +767,10 @@ pub fn stage_activations_of(
 
 /// Each pipeline stage's rank's activations of `shape` under `layout`
 /// ([module docs](self)): a block's graph on the shard is the replay's two-layer graph less its
-/// one-layer graph; the last stage adds what the one-layer graph holds beyond its block (the
-/// embedding's output, the final norm, the head and the loss), the others the stage's input
-/// (`B·S·H` in the residual stream's type, kept for the backward like the first stage's
-/// embedding output).
+/// one-layer graph (its work and its output); the last stage adds what the one-layer graph
+/// holds beyond its block (the embedding's output, the final norm, the head and the loss); on
+/// the others the stage's input (the received activation, or the embedding's output) stands in
+/// for the last block's output, freed once sent. Measured on real ranks (`memfit ranks --pp`).
 pub fn stage_activations(
     shape: &Shape,
     layout: &Layout,
@@ -779,6 +807,66 @@ pub fn backward_transient(
         })
         .max()
         .unwrap_or(0))
+}
+
+/// The largest transient of each part's backward on a rank of `tp` (from the replay's train
+/// step of the two-layer shard, as [`backward_transient`]): the temporaries, workspace and
+/// bookkeeping of a sample plus the gradients the part has made so far (they stay transient
+/// where the part's gradients are added into accumulated ones: a pipeline's microbatches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PartTransients {
+    /// The head's backward (the loss, the logits, the final norm): the last stage's.
+    pub head: u64,
+    /// A block's.
+    pub block: u64,
+    /// The embedding's (the token table's gradient): the first stage's.
+    pub embedding: u64,
+}
+
+/// [`PartTransients`] of `shape` on a rank of `tp`.
+pub fn part_transients(
+    shape: &Shape,
+    tp: usize,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<PartTransients, String> {
+    use crate::timeline::{GRADIENTS, TEMPORARIES};
+    let s = shard(shape, tp, 2)?;
+    let t = super::timeline::train_step(&s, opt, threads);
+    let mut out = PartTransients {
+        head: 0,
+        block: 0,
+        embedding: 0,
+    };
+    let (mut seen_block, mut part, mut start, mut prev) = (false, None, 0u64, 0u64);
+    for x in t.samples.iter().filter(|x| x.stage == "backward") {
+        seen_block |= x.tag > 0;
+        let kind = match (x.tag, seen_block) {
+            (0, false) => 0,
+            (0, true) => 2,
+            _ => 1,
+        };
+        if part != Some((kind, x.tag)) {
+            part = Some((kind, x.tag));
+            start = prev;
+        }
+        prev = x.bytes[GRADIENTS];
+        let other: u64 = x
+            .bytes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i >= TEMPORARIES && *i != GRADIENTS)
+            .map(|(_, b)| *b)
+            .sum();
+        let v = other + x.bytes[GRADIENTS].saturating_sub(start);
+        let slot = match kind {
+            0 => &mut out.head,
+            1 => &mut out.block,
+            _ => &mut out.embedding,
+        };
+        *slot = (*slot).max(v);
+    }
+    Ok(out)
 }
 
 /// Every layout of `gpus` GPUs `cfg` can take: `tp` a divisor of the GPUs up to 8 that
@@ -950,11 +1038,13 @@ mod tests {
         let one = ShardGraph {
             block: r + s_,
             outside: 5,
+            embedding: 0,
             input: 100,
         };
         let four = ShardGraph {
             block: r + s_ / 4,
             outside: 5,
+            embedding: 0,
             input: 100,
         };
         let sp = sequence_parallel(&four, &one, 4);
@@ -963,6 +1053,7 @@ mod tests {
             ShardGraph {
                 block: (r + s_) / 4,
                 outside: 5,
+                embedding: 0,
                 input: 25
             }
         );

@@ -50,3 +50,102 @@ pub trait Weights: Sized {
     /// segments (`formula::replay::compress`).
     fn segment(&self, _tag: u32) {}
 }
+
+/// A pipeline stage's weights (`memfit ranks --pp`): `W`'s, except the parts another stage
+/// holds, made with no elements (Megatron's layout, `formula::parallel`'s `stage_shares`): the
+/// token table only on the first stage and, when the head is tied to it, on the last (its own
+/// copy); GPT's position table only on the first; the final norm and an untied head only on
+/// the last. The blocks a stage builds are the ones its caller lists
+/// ([`super::transformer::Transformer::build`]).
+#[derive(Clone)]
+pub struct StageWeights<W> {
+    inner: W,
+    first: bool,
+    last: bool,
+    tied: bool,
+    /// Directly under the model's root (where the table, the final norm and the head are).
+    root: bool,
+    /// Under a part this stage does not hold.
+    dropped: bool,
+}
+
+impl<W: Weights> StageWeights<W> {
+    pub fn new(inner: W, first: bool, last: bool, tied: bool) -> Self {
+        StageWeights {
+            inner,
+            first,
+            last,
+            tied,
+            root: true,
+            dropped: false,
+        }
+    }
+
+    /// `dims` with no elements where this stage does not hold the weight.
+    fn dims(&self, dims: &[usize], dropped: bool) -> Vec<usize> {
+        let mut d = dims.to_vec();
+        if dropped && let Some(x) = d.first_mut() {
+            *x = 0;
+        }
+        d
+    }
+}
+
+impl<W: Weights> Weights for StageWeights<W> {
+    type Tensor = W::Tensor;
+    type Routing = W::Routing;
+
+    fn pp(&self, name: &str) -> Self {
+        let dropped = self.dropped
+            || (self.root
+                && match name {
+                    "wte" => !(self.first || (self.last && self.tied)),
+                    "ln_f" | "head" => !self.last,
+                    _ => false,
+                });
+        StageWeights {
+            inner: self.inner.pp(name),
+            first: self.first,
+            last: self.last,
+            tied: self.tied,
+            root: false,
+            dropped,
+        }
+    }
+
+    fn weight(&self, dims: &[usize], name: &str, init: Init) -> Result<Self::Tensor> {
+        let dropped = self.dropped || (self.root && name == "wpe" && !self.first);
+        self.inner.weight(&self.dims(dims, dropped), name, init)
+    }
+
+    fn linear(&self, inp: usize, out: usize, bias: bool) -> Result<Proj<Self::Tensor>> {
+        self.inner
+            .linear(inp, if self.dropped { 0 } else { out }, bias)
+    }
+
+    fn proj(&self, spec: &ProjSpec, cfg: &Config) -> Result<Proj<Self::Tensor>> {
+        self.inner.proj(spec, cfg)
+    }
+
+    fn rotary(
+        &self,
+        cfg: &Config,
+        head_dim: usize,
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        self.inner.rotary(cfg, head_dim, theta, scaling)
+    }
+
+    fn experts(&self, n: usize) -> Vec<usize> {
+        self.inner.experts(n)
+    }
+
+    fn routing(&self, cfg: &Config, layer: usize, experts: &[usize]) -> Self::Routing {
+        self.inner.routing(cfg, layer, experts)
+    }
+
+    fn segment(&self, tag: u32) {
+        self.inner.segment(tag)
+    }
+}

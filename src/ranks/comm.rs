@@ -24,6 +24,13 @@ pub trait Comm {
     fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>>;
     /// Waits until every rank is here.
     fn barrier(&self);
+    /// `buf` sent to rank `to` (blocking: returns once the library holds it or `to` has it).
+    fn send(&self, to: usize, buf: &[f32]);
+    /// `buf` filled by what rank `from` sends.
+    fn recv(&self, from: usize, buf: &mut [f32]);
+    /// `send` to rank `to` and `recv` from rank `from` at once (`MPI_Sendrecv`): the pipeline's
+    /// paired exchanges, which two blocking calls in a fixed order would deadlock.
+    fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]);
 }
 
 /// One process: every collective is the identity.
@@ -49,6 +56,15 @@ impl Comm for Solo {
         vec![send.to_vec()]
     }
     fn barrier(&self) {}
+    fn send(&self, to: usize, _buf: &[f32]) {
+        panic!("one process has no rank {to} to send to")
+    }
+    fn recv(&self, from: usize, _buf: &mut [f32]) {
+        panic!("one process has no rank {from} to receive from")
+    }
+    fn send_recv(&self, to: usize, _send: &[f32], _from: usize, _recv: &mut [f32]) {
+        panic!("one process has no rank {to} to exchange with")
+    }
 }
 
 #[cfg(feature = "ranks")]
@@ -135,6 +151,20 @@ mod mpi_comm {
         }
         fn barrier(&self) {
             self.world.barrier();
+        }
+        fn send(&self, to: usize, buf: &[f32]) {
+            self.world.process_at_rank(to as i32).send(buf);
+        }
+        fn recv(&self, from: usize, buf: &mut [f32]) {
+            self.world.process_at_rank(from as i32).receive_into(buf);
+        }
+        fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]) {
+            mpi::point_to_point::send_receive_into(
+                send,
+                &self.world.process_at_rank(to as i32),
+                recv,
+                &self.world.process_at_rank(from as i32),
+            );
         }
     }
 }

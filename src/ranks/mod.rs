@@ -1,4 +1,4 @@
-//! Data parallelism on real ranks (issue 53): each rank a process running the case's training
+//! Data parallelism on real ranks (issue 53; pipeline parallelism: [`pipeline`]): each rank a process running the case's training
 //! step on its own microbatch, the gradients averaged and the optimizer state sharded over the
 //! ranks as ZeRO stage 0, 1 or 2 does ([`zero`]), the collectives through MPI ([`comm`]).
 //! Each rank measures its own windows with the counting allocator, as a single-device run does,
@@ -19,6 +19,7 @@
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
+pub mod pipeline;
 pub mod zero;
 
 use anyhow::{Context, ensure};
@@ -114,6 +115,22 @@ pub struct RanksCase {
     pub threads: usize,
 }
 
+impl RanksCase {
+    pub fn of(case: &Case, threads: usize) -> Self {
+        RanksCase {
+            preset: case.preset.clone(),
+            model: case.model.as_str().to_string(),
+            hidden: case.cfg.hidden,
+            layers: case.cfg.layers,
+            params: Shape::of(case).params(),
+            batch_per_rank: case.batch,
+            seq: case.seq,
+            optimizer: case.optimizer.as_str().to_string(),
+            threads,
+        }
+    }
+}
+
 /// What `memfit ranks --json` prints and `--out` writes (rank 0): every rank's report, the
 /// case and the library; `memfit report` reads these files (`ranks*.json`) beside a result
 /// set's rows (claim B5).
@@ -157,17 +174,7 @@ impl RanksDoc {
         RanksDoc {
             git_commit: env!("MEMFIT_GIT_COMMIT").into(),
             cpu_model: crate::machine::cpu_model(),
-            case: RanksCase {
-                preset: case.preset.clone(),
-                model: case.model.as_str().to_string(),
-                hidden: case.cfg.hidden,
-                layers: case.cfg.layers,
-                params: Shape::of(case).params(),
-                batch_per_rank: case.batch,
-                seq: case.seq,
-                optimizer: case.optimizer.as_str().to_string(),
-                threads,
-            },
+            case: RanksCase::of(case, threads),
             zero,
             mpi_library: library,
             windows: WINDOWS.iter().map(|w| w.to_string()).collect(),
