@@ -2,6 +2,8 @@
 //! `mpirun -np N` or `srun -n N` ([`crate::ranks`]); rank 0 prints every rank's windows,
 //! measured beside predicted.
 
+use std::rc::Rc;
+
 use anyhow::{Context, ensure};
 
 use crate::cli::RanksArgs;
@@ -53,16 +55,30 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         cases.len()
     );
     let case = &cases[0];
-    ranks::check_case(case, args.zero)?;
+    let zero = args.zero.unwrap_or(if args.tp > 1 { 0 } else { 1 });
+    ranks::check_case(case, zero)?;
+    if args.tp > 1 {
+        ranks::tensor::check_tp(case, zero, args.tp)?;
+    }
     crate::machine::pin_threads(args.threads)?;
-    let comm = open_comm()?;
+    let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
     let plan = Plan {
-        zero: args.zero,
+        zero,
         check: args.check,
         threads: args.threads,
+        tp: args.tp,
+        f_all_reduce: !args.tp_skip_f_all_reduce,
     };
-    let report = ranks::run_rank(case, plan, comm.as_ref())
-        .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
+    let report = if args.tp > 1 {
+        ranks::tensor::run_tp_rank(case, plan, comm.clone())
+    } else {
+        ensure!(
+            !args.tp_skip_f_all_reduce,
+            "memfit ranks: --tp-skip-f-all-reduce without --tp"
+        );
+        ranks::run_rank(case, plan, comm.as_ref())
+    }
+    .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
     let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
     if comm.rank() != 0 {
         return Ok(());
@@ -72,7 +88,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<Vec<RankReport>, _>>()
         .context("a rank's report")?;
-    let doc = ranks::RanksDoc::new(case, args.zero, args.threads, library(), reports);
+    let doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     let json = serde_json::to_string_pretty(&doc)?;
     if let Some(path) = &args.out {
         std::fs::write(path, format!("{json}\n"))
@@ -83,15 +99,23 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let reports = doc.ranks;
-    print_table(case, args, &reports);
+    print_table(case, args, zero, &reports);
     Ok(())
 }
 
-fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankReport]) {
+fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports: &[RankReport]) {
+    let split = if args.tp > 1 {
+        format!(
+            "tensor parallel over {} (each rank one shard, every rank the same batch; the token table and head replicated)",
+            args.tp
+        )
+    } else {
+        format!("ZeRO {zero}")
+    };
     println!(
-        "{} ranks, ZeRO {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
+        "{} ranks, {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
         reports.len(),
-        args.zero,
+        split,
         library(),
         case.preset,
         case.batch,
@@ -121,7 +145,14 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, reports: &[RankRe
             );
         }
     }
-    println!("model states entering the optimizer, measured (formula::zero's data bytes):");
+    if args.tp > 1 {
+        println!(
+            "model states entering the optimizer, measured (formula::parallel::stage_ranks at tp {} plus the replicated table's (V − ⌈V/tp⌉)·H elements):",
+            args.tp
+        );
+    } else {
+        println!("model states entering the optimizer, measured (formula::zero's data bytes):");
+    }
     for r in reports {
         let s = r.states;
         println!(

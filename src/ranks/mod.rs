@@ -19,6 +19,7 @@
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
+pub mod tensor;
 pub mod zero;
 
 use anyhow::{Context, ensure};
@@ -92,6 +93,10 @@ pub struct RankReport {
     pub rank: usize,
     pub ranks: usize,
     pub zero: u8,
+    /// Tensor-parallel ranks the model is split over (`--tp`; 1: every rank the whole model,
+    /// the documents before tensor parallelism).
+    #[serde(default = "one")]
+    pub tp: usize,
     /// [`WINDOWS`], in order.
     pub windows: Vec<Window>,
     pub states: States,
@@ -126,6 +131,10 @@ pub struct RanksDoc {
     pub cpu_model: String,
     pub case: RanksCase,
     pub zero: u8,
+    /// Tensor-parallel ranks (`--tp`; 1 in data-parallel documents, and in those written
+    /// before it existed): claim B5 reads only documents of 1.
+    #[serde(default = "one")]
+    pub tp: usize,
     pub mpi_library: String,
     pub windows: Vec<String>,
     /// Which layer each figure is.
@@ -133,10 +142,15 @@ pub struct RanksDoc {
     pub ranks: Vec<RankReport>,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl RanksDoc {
     pub fn new(
         case: &Case,
         zero: u8,
+        tp: usize,
         threads: usize,
         library: String,
         ranks: Vec<RankReport>,
@@ -169,6 +183,7 @@ impl RanksDoc {
                 threads,
             },
             zero,
+            tp,
             mpi_library: library,
             windows: WINDOWS.iter().map(|w| w.to_string()).collect(),
             layers,
@@ -205,6 +220,11 @@ pub struct Plan {
     pub check: bool,
     /// CPU threads (the formulas' gemm packing buffers).
     pub threads: usize,
+    /// Tensor-parallel ranks (`--tp`; 1: data parallel).
+    pub tp: usize,
+    /// Tensor parallelism's `f` all-reduces the gradient in its backward (false only to show
+    /// that `--check` catches its absence).
+    pub f_all_reduce: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -449,6 +469,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         rank,
         ranks,
         zero: plan.zero,
+        tp: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),
@@ -585,8 +606,17 @@ const TENSOR_META: u64 = crate::optim::inplace::STATE_META_PER_TENSOR;
 
 /// Each window's (peak, retained) predicted for rank `rank` of `ranks`.
 pub fn predict_windows(case: &Case, plan: Plan, ranks: usize, rank: usize) -> Vec<(u64, i64)> {
-    let shape = Shape::of(case);
-    let opt = case.optimizer;
+    predict_windows_of(&Shape::of(case), case.optimizer, plan, ranks, rank)
+}
+
+/// [`predict_windows`] for the model `shape` (a tensor-parallel rank's shard) trained by `opt`.
+pub fn predict_windows_of(
+    shape: &Shape,
+    opt: OptimizerKind,
+    plan: Plan,
+    ranks: usize,
+    rank: usize,
+) -> Vec<(u64, i64)> {
     let at = |p: Phase| shape.predict(p, opt, plan.threads);
     let (init, fwd, bwd) = (at(Phase::Init), at(Phase::Forward), at(Phase::Backward));
     let sizes: Vec<u64> = shape.trainable_sizes();
