@@ -60,6 +60,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     if args.tp > 1 {
         ranks::tensor::check_tp(case, zero, args.tp)?;
     }
+    ensure!(
+        args.tp > 1 || !args.tp_skip_f_all_reduce,
+        "memfit ranks: --tp-skip-f-all-reduce without --tp"
+    );
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
     let plan = Plan {
@@ -72,10 +76,6 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
     } else {
-        ensure!(
-            !args.tp_skip_f_all_reduce,
-            "memfit ranks: --tp-skip-f-all-reduce without --tp"
-        );
         ranks::run_rank(case, plan, comm.as_ref())
     }
     .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;

@@ -31,7 +31,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use anyhow::{Context, ensure};
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, Var};
+use candle_core::{
+    CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, Var,
+};
 use candle_nn::{VarBuilder, VarMap};
 
 use super::comm::{Comm, Solo};
@@ -264,7 +266,10 @@ pub fn shard_case(case: &Case, tp: usize) -> Case {
 /// `dims`: all of it (replicated), or the run of the one dimension that is `tp` times longer.
 fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Result<Tensor> {
     let whole = full.dims();
-    ensure!(whole.len() == dims.len(), "ranks --tp: {whole:?} against {dims:?}");
+    ensure!(
+        whole.len() == dims.len(),
+        "ranks --tp: {whole:?} against {dims:?}"
+    );
     let split: Vec<usize> = (0..dims.len()).filter(|&d| whole[d] != dims[d]).collect();
     match split[..] {
         [] => Ok(full.clone()),
@@ -523,7 +528,10 @@ fn check_weights(
 pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     let whole = FormulaShape::of(case);
     let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
-    Ok(FormulaShape { v: whole.v, ..shard })
+    Ok(FormulaShape {
+        v: whole.v,
+        ..shard
+    })
 }
 
 /// Host bookkeeping the collectives leave in one block's graph beyond the replay of the shard
