@@ -252,12 +252,8 @@ fn tensor_parallel_refuses_what_it_does_not_split() {
             &["--tp", "2"][..],
             "9 query heads over 3 K/V heads",
         ),
-        (
-            &LLAMA[..],
-            &["--tp", "2", "--zero", "1"][..],
-            "without ZeRO",
-        ),
-        (&LLAMA[..], &["--tp-skip-f-all-reduce"][..], "without --tp"),
+        (LLAMA, &["--tp", "2", "--zero", "1"][..], "without ZeRO"),
+        (LLAMA, &["--tp-skip-f-all-reduce"][..], "without --tp"),
     ] {
         let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
             .arg("ranks")

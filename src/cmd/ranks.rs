@@ -1,6 +1,6 @@
-//! `memfit ranks`: one data-parallel rank of a training case per process, launched by
-//! `mpirun -np N` or `srun -n N` ([`crate::ranks`]); rank 0 prints every rank's windows,
-//! measured beside predicted.
+//! `memfit ranks`: one data-parallel rank of a training case per process (or, `--tp N`, one
+//! tensor-parallel shard: [`crate::ranks::tensor`]), launched by `mpirun -np N` or `srun -n N`
+//! ([`crate::ranks`]); rank 0 prints every rank's windows, measured beside predicted.
 
 use std::rc::Rc;
 

@@ -14,6 +14,10 @@
 //! every replica from rank 0's weights; rank `r` trains on rows `r·B..(r+1)·B` of one
 //! synthetic global batch of `ranks·B` rows.
 //!
+//! With `--tp N` ([`tensor`]) the ranks split the model instead: tensor parallelism,
+//! Megatron-style, every rank one shard of every block on the same batch, the same windows
+//! (`reduce` and `gather` empty) measured and predicted from the replay of the shard.
+//!
 //! Layers of memory, each labelled: the counting allocator (memfit's tensors and bookkeeping:
 //! the windows' peaks and retained bytes) and the process's resident set (`VmRSS`, `VmHWM`),
 //! which also holds the MPI library's buffers and shared-memory segments.
