@@ -115,6 +115,12 @@ pub struct RanksCase {
     pub preset: String,
     pub model: String,
     pub hidden: usize,
+    /// Query heads and K/V heads of the whole model (0 in documents written before they
+    /// were named).
+    #[serde(default)]
+    pub heads: usize,
+    #[serde(default)]
+    pub kv_heads: usize,
     pub layers: usize,
     pub params: u64,
     pub batch_per_rank: usize,
@@ -179,6 +185,8 @@ impl RanksDoc {
                 preset: case.preset.clone(),
                 model: case.model.as_str().to_string(),
                 hidden: case.cfg.hidden,
+                heads: case.cfg.heads,
+                kv_heads: case.cfg.llama.map_or(case.cfg.heads, |l| l.kv_heads),
                 layers: case.cfg.layers,
                 params: Shape::of(case).params(),
                 batch_per_rank: case.batch,
