@@ -596,6 +596,41 @@ fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kernels::Kernels;
+
+    /// On a group of one rank `f` and `g` are identities: the model with them set trains to
+    /// the same loss and the same gradients, bit for bit, with every kernel set (the hook runs
+    /// without MPI).
+    #[test]
+    fn collectives_on_one_rank_change_nothing() {
+        for kernels in [Kernels::Fused, Kernels::Composed, Kernels::Transformers] {
+            let mut cfg = crate::model::llama::tiny();
+            cfg.kernels = kernels;
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = Transformer::new(&cfg, vb).unwrap();
+            let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
+            let vars = named_vars(&varmap);
+            let run = |m: &Transformer| {
+                let loss = m.training_loss(&tokens, &targets, None).unwrap();
+                let grads = loss.backward().unwrap();
+                let g: Vec<Vec<f32>> = vars
+                    .iter()
+                    .map(|(_, v)| {
+                        let g = grads.get(v.as_tensor()).unwrap();
+                        g.flatten_all().unwrap().to_vec1().unwrap()
+                    })
+                    .collect();
+                (loss.to_scalar::<f32>().unwrap(), g)
+            };
+            let plain = run(&model);
+            let _group = Group::join(Rc::new(Solo));
+            let split = model
+                .clone()
+                .with_collectives(Rc::new(Megatron { f_all_reduce: true }));
+            assert_eq!(run(&split), plain, "{kernels:?}");
+        }
+    }
 
     #[test]
     fn slices_split_the_one_longer_dimension() {
