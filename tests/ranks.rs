@@ -216,6 +216,10 @@ fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
     assert_eq!(u(&doc["tp"]), 2);
     assert_eq!(u(&doc["zero"]), 0);
     check_all(&doc, 2, "llama tp 2");
+    // Stock candle's composed ops: nothing released, f's and g's inputs kept beside their
+    // outputs.
+    let composed = tensor_parallel(2, LLAMA, &["--kernels", "composed"]);
+    check_all(&composed, 2, "llama tp 2 composed");
     let whole = ranks(1, 0, LLAMA);
     let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
     // H 64, I 160, 2 layers: each rank holds half of q, k, v, o, gate, up, down (the blocks'

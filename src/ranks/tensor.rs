@@ -20,12 +20,15 @@
 //! neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing, and candle calls
 //! an op's forward and backward on the thread that runs the step, where the group is set).
 //!
-//! What the collectives hold (the counting allocator sees them): `f` copies its input (the
-//! norm's output, then released: no backward reads it, as Megatron's identity keeps one tensor)
-//! and all-reduces its gradient into a fresh tensor; `g` all-reduces into a fresh output (the
-//! partial output is released: no backward reads it). Each leaves one tensor's bookkeeping more
-//! in the graph than the single device's fused projection-and-sum; the windows' predictions
-//! (the replay of the shard) count them ([`tensor_meta_terms`]).
+//! What the collectives hold (the counting allocator sees them): `f` copies its input and
+//! all-reduces its gradient into a fresh tensor; `g` all-reduces into a fresh output. With
+//! memfit's fused kernels (`fused`, `transformers`) the tensors no backward reads are released,
+//! as PyTorch's autograd would not save them — the norm's output once copied (Megatron's
+//! identity keeps one tensor), the partial and the reduced outputs once summed —, so the graph
+//! keeps one tensor's bookkeeping more a collective than the single device's; with candle's
+//! composed ops nothing is released (stock candle keeps every op's inputs): `4·B·S·H` floats a
+//! block more. The windows' predictions (the replay of the shard) add both
+//! ([`collectives_graph_per_layer`]).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -160,6 +163,11 @@ impl CustomOp1 for ReduceOp {
 pub struct Megatron {
     /// `f`'s backward all-reduces (always, but to show the check catches its absence).
     pub f_all_reduce: bool,
+    /// Release the tensors no backward reads (the norm's output once copied, the partial and
+    /// the reduced outputs once summed), as memfit's fused kernels do (`Kernels::fused`);
+    /// with candle's composed ops every op's inputs stay in the graph, as stock candle keeps
+    /// them.
+    pub release: bool,
 }
 
 impl Collectives<Tensor> for Megatron {
@@ -168,17 +176,17 @@ impl Collectives<Tensor> for Megatron {
             reduce: self.f_all_reduce,
         })?;
         // No backward reads the norm's output (the norm's reads its input; f's none).
-        x.release_if(true)?;
+        x.release_if(self.release)?;
         Ok(y)
     }
 
     fn reduce_add(&self, y: Tensor, residual: &Tensor) -> Result<Tensor> {
         let r = y.apply_op1(ReduceOp)?;
         // The projection's backward reads its input and weight, g's and the sum's nothing.
-        y.release_if(true)?;
+        y.release_if(self.release)?;
         drop(y);
         let sum = residual.add(&r)?;
-        r.release_if(true)?;
+        r.release_if(self.release)?;
         Ok(sum)
     }
 }
@@ -363,6 +371,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     measured.push((p, r, s, rss_now()));
     let model = model.with_collectives(Rc::new(Megatron {
         f_all_reduce: plan.f_all_reduce,
+        release: case.cfg.kernels.fused(),
     }));
     let vars = named_vars(&varmap);
     fill_shard(case, &vars, rank, tp)?;
@@ -535,28 +544,45 @@ pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
 }
 
 /// Host bookkeeping the collectives leave in one block's graph beyond the replay of the shard
-/// (the single device's block on the shard's widths), for its two `f` and two `g`: each `f`
-/// one tensor more than the single device (its output; the norm's output stays a node, its data
-/// released) and its op; each `g` two tensors more than the fused projection-and-sum
-/// ([`crate::model::kernels::Kernel::LinearAdd`]): the projection's partial output and the
-/// reduced one (both released), and its op. Fitted: the forward's residual against the
-/// replay grows by 2,466 B a layer at tp 2 (1 to 3 layers; the same at tp 4) where the single
-/// device's grows by 752 B (`formula::transformer::META_PER_TENSOR`'s residual), so the
-/// collectives add 1,714 B a layer (≈ 6 tensors of bookkeeping and 4 op nodes). Their data
-/// adds nothing the graph keeps: `f`'s output replaces the norm's output, `g`'s tensors are
-/// released.
+/// (the single device's block on the shard's widths), for its two `f` and two `g`, with memfit's
+/// fused kernels: each `f` one tensor more than the single device (its output; the norm's output
+/// stays a node, its data released) and its op; each `g` two tensors more than the fused
+/// projection-and-sum ([`crate::model::kernels::Kernel::LinearAdd`]): the projection's partial
+/// output and the reduced one (both released), and its op. Fitted: the forward's residual
+/// against the replay grows by 2,466 B a layer at tp 2 and 4 (1 to 3 layers, fused and
+/// transformers' kernels) where the single device's grows by 752 B, so the collectives add
+/// 1,714 B a layer.
 pub const COLLECTIVES_META_PER_LAYER: u64 = 1_714;
+
+/// One tensor's bookkeeping among [`COLLECTIVES_META_PER_LAYER`]'s: with candle's composed ops
+/// the single device's block makes the projection's partial output too (a matmul, then the
+/// sum), so a `g` adds one tensor, not two. Fitted: the composed runs' residual (1 to 3 layers,
+/// tp 2 and 4, two batch shapes) is 1,186 B a layer = 1,714 − 2 × 264.
+pub const COLLECTIVES_TENSOR_META: u64 = 264;
+
+/// What the collectives add to one block's graph: their bookkeeping and, with candle's composed
+/// ops (nothing released: [`Megatron::release`]), the data of the four tensors stock candle
+/// keeps beside the single device's: each `f`'s input (the norm's output) beside its copy, and
+/// each `g`'s reduced output beside the partial one (`4·B·S·H` floats).
+pub fn collectives_graph_per_layer(case: &Case) -> u64 {
+    if case.cfg.kernels.fused() {
+        COLLECTIVES_META_PER_LAYER
+    } else {
+        let bsh = (case.batch * case.seq * case.cfg.hidden) as u64;
+        COLLECTIVES_META_PER_LAYER - 2 * COLLECTIVES_TENSOR_META + 4 * bsh * 4
+    }
+}
 
 /// Each window's (peak, retained) predicted for a rank of `tp`: the data-parallel prediction
 /// of one rank without ZeRO ([`super::predict_windows_of`]) for the shard's replay
-/// ([`rank_shape`]) plus the collectives' bookkeeping in the graph
-/// ([`COLLECTIVES_META_PER_LAYER`]: kept from the forward until the backward frees the graph),
+/// ([`rank_shape`]) plus what the collectives add to the graph
+/// ([`collectives_graph_per_layer`]: kept from the forward until the backward frees the graph),
 /// with nothing to reduce or gather.
 pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<Vec<(u64, i64)>> {
     let shape = rank_shape(case, tp)?;
     let mut w = super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0);
     let t = shape.replay_training(plan.threads);
-    let graph = COLLECTIVES_META_PER_LAYER * case.cfg.layers as u64;
+    let graph = collectives_graph_per_layer(case) * case.cfg.layers as u64;
     w[1] = (w[1].0 + graph, w[1].1 + graph as i64);
     w[2].1 -= graph as i64;
     w[3] = (0, 0);
@@ -625,9 +651,10 @@ mod tests {
             };
             let plain = run(&model);
             let _group = Group::join(Rc::new(Solo));
-            let split = model
-                .clone()
-                .with_collectives(Rc::new(Megatron { f_all_reduce: true }));
+            let split = model.clone().with_collectives(Rc::new(Megatron {
+                f_all_reduce: true,
+                release: kernels.fused(),
+            }));
             assert_eq!(run(&split), plain, "{kernels:?}");
         }
     }
