@@ -11,12 +11,12 @@
 //!   and optimizer state.
 //!
 //! The block is the model's own ([`crate::model::transformer::Block`]), built from a
-//! [`Config`] of the shard's widths, with Megatron's conjugate collectives set around its
+//! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's conjugate collectives set around its
 //! sublayers ([`Megatron`], the model's [`Collectives`] hook): `f` (identity forward, the
 //! input's gradient all-reduced in the backward) before a sublayer's column-parallel
 //! projections and `g` (the row-parallel projection's partial output all-reduced forward,
-//! identity backward) before the residual sum. Both are candle ops ([`EnterOp`],
-//! [`ReduceOp`]) that reach the group through this thread's [`Group`] (MPI's communicator is
+//! identity backward) before the residual sum. Both are candle ops (`EnterOp`,
+//! `ReduceOp`) that reach the group through this thread's [`Group`] (MPI's communicator is
 //! neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing, and candle calls
 //! an op's forward and backward on the thread that runs the step, where the group is set).
 //!
@@ -287,7 +287,7 @@ fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Re
 }
 
 /// Fills every shard variable with its slice of the whole model filled by
-/// [`super::fill_deterministic`] (by name), so a rank's shard is the single process's.
+/// `super::fill_deterministic` (by name), so a rank's shard is the single process's.
 fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> anyhow::Result<()> {
     let full = Whole::new(case)?;
     for ((name, v), (other, w)) in vars.iter().zip(&full.vars) {
