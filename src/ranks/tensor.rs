@@ -11,23 +11,24 @@
 //!   and optimizer state.
 //!
 //! The block is the model's own ([`crate::model::transformer::Block`]), built from a
-//! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's conjugate collectives set around its
-//! sublayers ([`Megatron`], the model's [`Collectives`] hook): `f` (identity forward, the
-//! input's gradient all-reduced in the backward) before a sublayer's column-parallel
-//! projections and `g` (the row-parallel projection's partial output all-reduced forward,
-//! identity backward) before the residual sum. Both are candle ops (`EnterOp`,
-//! `ReduceOp`) that reach the group through this thread's [`Group`] (MPI's communicator is
-//! neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing, and candle calls
-//! an op's forward and backward on the thread that runs the step, where the group is set).
+//! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's
+//! conjugate collectives set around its sublayers ([`Megatron`], the model's [`Collectives`]
+//! hook): `f` (identity forward, the input's gradient all-reduced in the backward) before a
+//! sublayer's column-parallel projections and `g` (the row-parallel projection's partial output
+//! all-reduced forward, identity backward) before the residual sum. Both are candle ops
+//! (`EnterOp`, `ReduceOp`) that reach the group through this thread's [`Group`] (MPI's
+//! communicator is neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing,
+//! and candle calls an op's forward and backward on the thread that runs the step, where the
+//! group is set).
 //!
 //! What the collectives hold (the counting allocator sees them): `f` copies its input and
 //! all-reduces its gradient into a fresh tensor; `g` all-reduces into a fresh output. With
 //! memfit's fused kernels (`fused`, `transformers`) the tensors no backward reads are released,
 //! as PyTorch's autograd would not save them — the norm's output once copied (Megatron's
 //! identity keeps one tensor), the partial and the reduced outputs once summed —, so the graph
-//! keeps one tensor's bookkeeping more a collective than the single device's; with candle's
-//! composed ops nothing is released (stock candle keeps every op's inputs): `4·B·S·H` floats a
-//! block more. The windows' predictions (the replay of the shard) add both
+//! keeps only bookkeeping more than the single device's (a tensor or two a collective); with
+//! candle's composed ops nothing is released (stock candle keeps every op's inputs): `4·B·S·H`
+//! floats a block more. The windows' predictions (the replay of the shard) add both
 //! ([`collectives_graph_per_layer`]).
 
 use std::cell::RefCell;
