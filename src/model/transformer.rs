@@ -225,7 +225,9 @@ impl<T: TensorOps> SelfAttention<T> {
 /// input (identity forward, the gradient all-reduced in the backward), `reduce_add` is `g` on
 /// the row-parallel projection's partial output (all-reduced forward, identity backward) and
 /// the residual sum after it. `memfit ranks --tp` sets them ([`Transformer::with_collectives`];
-/// `crate::ranks::tensor`); a block without them is the whole model's.
+/// `crate::ranks::tensor`); a block without them is the whole model's. Only the pre-norm
+/// forward ([`Block::forward`]) runs them: the cached generation and Gemma's sandwich blocks do
+/// not (`ranks --tp` trains, and refuses sandwich norms).
 pub trait Collectives<T>: std::fmt::Debug {
     /// `f(x)`: the sublayer's projections read the result; x (the norm's output) may be
     /// released.
