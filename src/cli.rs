@@ -78,7 +78,7 @@ pub enum Command {
     /// `srun -n N`: the gradients averaged and the optimizer state sharded over the ranks (ZeRO
     /// 0, 1 or 2, through MPI); every rank's windows measured and predicted, printed by rank 0.
     #[command(
-        after_help = "Needs a build with `--features ranks` (MPI) to run more than one rank.\n\nExamples:\n  mpirun -np 2 memfit ranks --preset small --layers 2 --batch 2 --seq 64 --optimizer adamw --zero 1\n  srun -n 4 memfit ranks --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 32 --zero 2 --check --json"
+        after_help = "Needs a build with `--features ranks` (MPI) to run more than one rank.\n\nExamples:\n  mpirun -np 2 memfit ranks --preset small --layers 2 --batch 2 --seq 64 --optimizer adamw --zero 1\n  srun -n 4 memfit ranks --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 32 --zero 2 --check --json\n  mpirun -np 2 memfit ranks --model llama --hidden 64 --heads 4 --kv-heads 2 --layers 2 --tp 2 --check"
     )]
     Ranks(Box<RanksArgs>),
     /// (internal) A dataload worker process: jobs on stdin, batches on stdout.
@@ -247,9 +247,19 @@ pub struct RanksArgs {
     pub grid: GridArgs,
     /// ZeRO stage over the ranks: 0 (plain data parallel: gradients all-reduced, every rank
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
-    /// too). Stage 3 is refused, saying why. Default 1; not with `--pp`.
+    /// too). Stage 3 is refused, saying why. Default 1, and 0 with `--tp` (which runs
+    /// without ZeRO); not with `--pp`.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// Tensor parallelism over every rank (N = the ranks mpirun starts, 2 or more): each rank
+    /// holds one Megatron-style shard of every block (LLaMA-family dense decoders in f32) and
+    /// every rank trains on the same batch; runs with `--zero 0`.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// (testing) Tensor parallelism's `f` without its backward all-reduce, to show that
+    /// `--check` catches it.
+    #[arg(long, hide = true)]
+    pub tp_skip_f_all_reduce: bool,
     /// Pipeline parallelism instead of data parallelism: a stage a rank (this many ranks
     /// launched), Megatron's 1F1B schedule over `--microbatches` microbatches of `--batch` rows.
     #[arg(long, value_name = "STAGES")]

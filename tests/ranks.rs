@@ -2,7 +2,10 @@
 //! 2 over 2 and 4 processes on this machine. Every rank's windows within the CPU tolerance of
 //! its prediction, its averaged gradients and its weights after two steps equal (to float
 //! rounding) to one process training on the whole global batch, and claim B5 measured: the
-//! optimizer state a rank holds falls as 1/N with the ranks.
+//! optimizer state a rank holds falls as 1/N with the ranks. Tensor parallelism (`--tp`) on a
+//! LLaMA with grouped K/V heads: every window within tolerance, each rank's shard of the
+//! gradients and weights equal to the slices of one process's, and the check failing when `f`
+//! does not all-reduce its gradient.
 //!
 //! Built only with the `ranks` feature (scripts/test.sh turns it on; scripts/setup.sh test
 //! installs Open MPI).
@@ -58,6 +61,21 @@ const LLAMA: &[&str] = &[
 
 /// `mpirun -np N memfit ranks ARGS --zero Z --check --json`: the JSON document rank 0 prints.
 fn ranks(n: usize, zero: u8, args: &[&str]) -> Value {
+    run(n, args, &["--zero", &zero.to_string()])
+}
+
+/// `mpirun -np N memfit ranks ARGS --tp N MORE --check --json`.
+fn tensor_parallel(n: usize, args: &[&str], more: &[&str]) -> Value {
+    let tp = n.to_string();
+    let split: Vec<&str> = ["--tp", &tp]
+        .into_iter()
+        .chain(more.iter().copied())
+        .collect();
+    run(n, args, &split)
+}
+
+/// `mpirun -np N memfit ranks ARGS SPLIT --check --json`: the JSON document rank 0 prints.
+fn run(n: usize, args: &[&str], split: &[&str]) -> Value {
     let exe = assert_cmd::cargo::cargo_bin("memfit");
     let out = Command::new("mpirun")
         .args(["--oversubscribe", "--bind-to", "none", "-np"])
@@ -65,7 +83,8 @@ fn ranks(n: usize, zero: u8, args: &[&str]) -> Value {
         .arg(&exe)
         .arg("ranks")
         .args(args)
-        .args(["--zero", &zero.to_string(), "--check", "--json"])
+        .args(split)
+        .args(["--check", "--json"])
         // Open MPI refuses root unless told twice (CI runs as root).
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -75,7 +94,7 @@ fn ranks(n: usize, zero: u8, args: &[&str]) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "mpirun -np {n} memfit ranks {args:?} --zero {zero}: {}\n{stdout}",
+        "mpirun -np {n} memfit ranks {args:?} {split:?}: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
@@ -278,6 +297,55 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
         assert!(
             g < 1e-5 && wt < 1e-5,
             "{what}: stage {s} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
+
+/// The check's relative differences of every rank: (gradients, weights).
+fn checks(doc: &Value) -> Vec<(f64, f64)> {
+    doc["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let c = &r["check"];
+            (
+                c["gradient_rel_diff"].as_f64().unwrap(),
+                c["weight_rel_diff"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Tensor parallelism over 2 ranks, K/V heads grouped (4 over 2: one K/V head a rank): every
+/// window as predicted, each rank's shard of the gradients and of the weights after two steps
+/// the slices of one process's; each rank holds less than the whole model (the blocks halved,
+/// the table whole). Without `f`'s backward all-reduce, the gradient reaching the norms and the
+/// residual stream is one rank's part only, and the check says so.
+#[test]
+fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
+    let doc = tensor_parallel(2, LLAMA, &[]);
+    assert_eq!(u(&doc["tp"]), 2);
+    assert_eq!(u(&doc["zero"]), 0);
+    check_all(&doc, 2, "llama tp 2");
+    // Stock candle's composed ops: nothing released, f's and g's inputs kept beside their
+    // outputs.
+    let composed = tensor_parallel(2, LLAMA, &["--kernels", "composed"]);
+    check_all(&composed, 2, "llama tp 2 composed");
+    let whole = ranks(1, 0, LLAMA);
+    let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
+    // H 64, I 160, 2 layers: each rank holds half of q, k, v, o, gate, up, down (the blocks'
+    // 2·(2·64·64 + 2·32·64 + 3·160·64) = 86,016 elements), the table (256·64) and norms whole.
+    let halved = 4 * (86_016 / 2);
+    for r in 0..2 {
+        let d = weights(&whole, 0) - weights(&doc, r);
+        assert!(
+            (d - halved).abs() < 4096,
+            "rank {r} holds {d} B less than the whole model, the halved blocks are {halved}"
+        );
+    }
+    let broken = tensor_parallel(2, LLAMA, &["--tp-skip-f-all-reduce"]);
+    for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
+        assert!(
+            g > 1e-3,
+            "rank {r}: f without its all-reduce, yet gradients within {g:e} of one process"
         );
     }
 }
@@ -288,4 +356,34 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
 fn pipeline_of_two_stages_as_predicted_and_as_one_process() {
     check_pipeline(&pipeline(2, 4, LLAMA), 2, 4, "llama pp 2");
     check_pipeline(&pipeline(2, 3, GPT), 2, 3, "gpt pp 2");
+
+/// `--tp` refuses, by name, what it does not split: GPT, heads that do not split into equal
+/// parts (SmolLM2-135M's 9 over 3 at 2), ZeRO beside it; nothing panics.
+#[test]
+fn tensor_parallel_refuses_what_it_does_not_split() {
+    let gpt = [
+        "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
+    ];
+    let smol = ["--preset", "smollm2-135m", "--layers", "1", "--seq", "8"];
+    for (args, more, says) in [
+        (&gpt[..], &["--tp", "2"][..], "LLaMA-family dense decoders"),
+        (
+            &smol[..],
+            &["--tp", "2"][..],
+            "9 query heads over 3 K/V heads",
+        ),
+        (LLAMA, &["--tp", "2", "--zero", "1"][..], "without ZeRO"),
+        (LLAMA, &["--tp-skip-f-all-reduce"][..], "without --tp"),
+    ] {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
+            .arg("ranks")
+            .args(args)
+            .args(more)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{more:?} ran");
+        assert!(err.contains(says), "{more:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }

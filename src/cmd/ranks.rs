@@ -1,7 +1,9 @@
-//! `memfit ranks`: one data-parallel rank of a training case per process, launched by
-//! `mpirun -np N` or `srun -n N` ([`crate::ranks`]), or with `--pp N` one pipeline stage per
-//! process ([`crate::ranks::pipeline`]); rank 0 prints every rank's windows, measured beside
-//! predicted.
+//! `memfit ranks`: one data-parallel rank of a training case per process (or, `--tp N`, one
+//! tensor-parallel shard: [`crate::ranks::tensor`]; `--pp N`, one pipeline stage:
+//! [`crate::ranks::pipeline`]), launched by `mpirun -np N` or `srun -n N` ([`crate::ranks`]);
+//! rank 0 prints every rank's windows, measured beside predicted.
+
+use std::rc::Rc;
 
 use anyhow::{Context, ensure};
 
@@ -56,19 +58,37 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     );
     let case = &cases[0];
     if let Some(stages) = args.pp {
+        ensure!(
+            args.tp == 1,
+            "memfit ranks --pp {stages} --tp {}: pipeline and tensor parallelism are not run together on ranks",
+            args.tp
+        );
         return pipeline(case, args, stages);
     }
-    let zero = args.zero.unwrap_or(1);
+    let zero = args.zero.unwrap_or(if args.tp > 1 { 0 } else { 1 });
     ranks::check_case(case, zero)?;
+    if args.tp > 1 {
+        ranks::tensor::check_tp(case, zero, args.tp)?;
+    }
+    ensure!(
+        args.tp > 1 || !args.tp_skip_f_all_reduce,
+        "memfit ranks: --tp-skip-f-all-reduce without --tp"
+    );
     crate::machine::pin_threads(args.threads)?;
-    let comm = open_comm()?;
+    let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
     let plan = Plan {
         zero,
         check: args.check,
         threads: args.threads,
+        tp: args.tp,
+        f_all_reduce: !args.tp_skip_f_all_reduce,
     };
-    let report = ranks::run_rank(case, plan, comm.as_ref())
-        .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
+    let report = if args.tp > 1 {
+        ranks::tensor::run_tp_rank(case, plan, comm.clone())
+    } else {
+        ranks::run_rank(case, plan, comm.as_ref())
+    }
+    .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
     let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
     if comm.rank() != 0 {
         return Ok(());
@@ -78,7 +98,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<Vec<RankReport>, _>>()
         .context("a rank's report")?;
-    let doc = ranks::RanksDoc::new(case, zero, args.threads, library(), reports);
+    let doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     let json = serde_json::to_string_pretty(&doc)?;
     if let Some(path) = &args.out {
         std::fs::write(path, format!("{json}\n"))
@@ -89,7 +109,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let reports = doc.ranks;
-    print_table(case, zero, args.threads, &reports);
+    print_table(case, args, zero, &reports);
     Ok(())
 }
 
@@ -203,17 +223,25 @@ fn print_pipeline(case: &crate::workload::Case, doc: &PipelineDoc) {
     }
 }
 
-fn print_table(case: &crate::workload::Case, zero: u8, threads: usize, reports: &[RankReport]) {
+fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports: &[RankReport]) {
+    let split = if args.tp > 1 {
+        format!(
+            "tensor parallel over {} (each rank one shard, every rank the same batch; the token table and head replicated)",
+            args.tp
+        )
+    } else {
+        format!("ZeRO {zero}")
+    };
     println!(
-        "{} ranks, ZeRO {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
+        "{} ranks, {} ({}), {} B{} S{} per rank, {}, {} thread(s) a rank",
         reports.len(),
-        zero,
+        split,
         library(),
         case.preset,
         case.batch,
         case.seq,
         case.optimizer.as_str(),
-        threads
+        args.threads
     );
     println!(
         "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
@@ -237,7 +265,14 @@ fn print_table(case: &crate::workload::Case, zero: u8, threads: usize, reports: 
             );
         }
     }
-    println!("model states entering the optimizer, measured (formula::zero's data bytes):");
+    if args.tp > 1 {
+        println!(
+            "model states entering the optimizer, measured (formula::parallel::stage_ranks at tp {} plus the replicated table's (V − ⌈V/tp⌉)·H elements):",
+            args.tp
+        );
+    } else {
+        println!("model states entering the optimizer, measured (formula::zero's data bytes):");
+    }
     for r in reports {
         let s = r.states;
         println!(

@@ -219,6 +219,24 @@ impl<T: TensorOps> SelfAttention<T> {
     }
 }
 
+/// Tensor parallelism's conjugate collectives around a pre-norm block's two sublayers
+/// (Megatron-LM's `f` and `g`), for a block whose column-parallel projections (q, k, v; gate,
+/// up) and row-parallel ones (o; down) hold one rank's shard: `enter` is `f` on the sublayer's
+/// input (identity forward, the gradient all-reduced in the backward), `reduce_add` is `g` on
+/// the row-parallel projection's partial output (all-reduced forward, identity backward) and
+/// the residual sum after it. `memfit ranks --tp` sets them ([`Transformer::with_collectives`];
+/// `crate::ranks::tensor`); a block without them is the whole model's. Only the pre-norm
+/// forward ([`Block::forward`]) runs them: the cached generation and Gemma's sandwich blocks do
+/// not (`ranks --tp` trains, and refuses sandwich norms).
+pub trait Collectives<T>: std::fmt::Debug {
+    /// `f(x)`: the sublayer's projections read the result; x (the norm's output) may be
+    /// released.
+    fn enter(&self, x: T) -> Result<T>;
+    /// `residual + g(y)`: y (the partial sum of this rank's heads or MLP columns) summed over
+    /// the ranks, then added to the residual stream.
+    fn reduce_add(&self, y: T, residual: &T) -> Result<T>;
+}
+
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`; Gemma's ("sandwich"):
 /// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
@@ -237,6 +255,8 @@ pub struct Block<T: TensorOps = Tensor, R = HostRouting> {
     /// Its segment of the replay's ledger (`formula::replay::compress`): what it allocates,
     /// forward and backward; candle's blocks carry their index.
     pub(crate) tag: u32,
+    /// Tensor parallelism's `f` and `g` ([`Collectives`]): none in a whole model.
+    pub(crate) tp: Option<std::rc::Rc<dyn Collectives<T>>>,
 }
 
 impl<T: TensorOps, R> Block<T, R> {
@@ -287,6 +307,7 @@ impl<T: TensorOps, R> Block<T, R> {
             windowed: cfg.llama.and_then(|l| l.window_at(layer)).is_some(),
             nope: cfg.llama.is_some_and(|l| l.nope_at(layer)),
             tag,
+            tp: None,
         })
     }
 }
@@ -318,6 +339,7 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             windowed: self.windowed,
             nope: self.nope,
             tag: self.tag,
+            tp: self.tp.clone(),
         })
     }
 
@@ -326,11 +348,20 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
             return self.sandwich(x, post, mask, rotary, None);
         }
         let (a, cast) = sublayer_input(&self.ln1, x, self.attn.input_proj())?;
-        let h = self.attn.forward_add(a, x, mask, rotary)?;
+        let h = match &self.tp {
+            None => self.attn.forward_add(a, x, mask, rotary)?,
+            Some(tp) => {
+                let y = self.attn.forward_owned(tp.enter(a)?, mask, rotary, None)?;
+                tp.reduce_add(y, x)?
+            }
+        };
         release_cast(cast)?;
         release_residual(&self.ln1, x)?;
         let (m, cast) = sublayer_input(&self.ln2, &h, self.mlp.input_proj())?;
-        let y = self.mlp.forward_add(m, &h)?;
+        let y = match &self.tp {
+            None => self.mlp.forward_add(m, &h)?,
+            Some(tp) => tp.reduce_add(self.mlp.forward_owned(tp.enter(m)?)?, &h)?,
+        };
         release_cast(cast)?;
         release_residual(&self.ln2, &h)?;
         Ok(y)
@@ -659,6 +690,17 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
             form: Form::of(cfg),
             own,
         })
+    }
+}
+
+impl<T: TensorOps, R, C> Transformer<T, R, C> {
+    /// The model with tensor parallelism's collectives around every block's sublayers
+    /// ([`Collectives`]): its blocks must hold one rank's shard (`memfit ranks --tp`).
+    pub fn with_collectives(mut self, tp: std::rc::Rc<dyn Collectives<T>>) -> Self {
+        for b in &mut self.blocks {
+            b.tp = Some(tp.clone());
+        }
+        self
     }
 }
 

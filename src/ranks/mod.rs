@@ -14,12 +14,17 @@
 //! every replica from rank 0's weights; rank `r` trains on rows `r·B..(r+1)·B` of one
 //! synthetic global batch of `ranks·B` rows.
 //!
+//! With `--tp N` ([`tensor`]) the ranks split the model instead: tensor parallelism,
+//! Megatron-style, every rank one shard of every block on the same batch, the same windows
+//! (`reduce` and `gather` empty) measured and predicted from the replay of the shard.
+//!
 //! Layers of memory, each labelled: the counting allocator (memfit's tensors and bookkeeping:
 //! the windows' peaks and retained bytes) and the process's resident set (`VmRSS`, `VmHWM`),
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
 pub mod pipeline;
+pub mod tensor;
 pub mod zero;
 
 use anyhow::{Context, ensure};
@@ -93,6 +98,10 @@ pub struct RankReport {
     pub rank: usize,
     pub ranks: usize,
     pub zero: u8,
+    /// Tensor-parallel ranks the model is split over (`--tp`; 1: every rank the whole model,
+    /// the documents before tensor parallelism).
+    #[serde(default = "one")]
+    pub tp: usize,
     /// [`WINDOWS`], in order.
     pub windows: Vec<Window>,
     pub states: States,
@@ -107,6 +116,12 @@ pub struct RanksCase {
     pub preset: String,
     pub model: String,
     pub hidden: usize,
+    /// Query heads and K/V heads of the whole model (0 in documents written before they
+    /// were named).
+    #[serde(default)]
+    pub heads: usize,
+    #[serde(default)]
+    pub kv_heads: usize,
     pub layers: usize,
     pub params: u64,
     pub batch_per_rank: usize,
@@ -121,6 +136,8 @@ impl RanksCase {
             preset: case.preset.clone(),
             model: case.model.as_str().to_string(),
             hidden: case.cfg.hidden,
+            heads: case.cfg.heads,
+            kv_heads: case.cfg.llama.map_or(case.cfg.heads, |l| l.kv_heads),
             layers: case.cfg.layers,
             params: Shape::of(case).params(),
             batch_per_rank: case.batch,
@@ -143,6 +160,10 @@ pub struct RanksDoc {
     pub cpu_model: String,
     pub case: RanksCase,
     pub zero: u8,
+    /// Tensor-parallel ranks (`--tp`; 1 in data-parallel documents, and in those written
+    /// before it existed): claim B5 reads only documents of 1.
+    #[serde(default = "one")]
+    pub tp: usize,
     pub mpi_library: String,
     pub windows: Vec<String>,
     /// Which layer each figure is.
@@ -150,10 +171,15 @@ pub struct RanksDoc {
     pub ranks: Vec<RankReport>,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl RanksDoc {
     pub fn new(
         case: &Case,
         zero: u8,
+        tp: usize,
         threads: usize,
         library: String,
         ranks: Vec<RankReport>,
@@ -176,6 +202,7 @@ impl RanksDoc {
             cpu_model: crate::machine::cpu_model(),
             case: RanksCase::of(case, threads),
             zero,
+            tp,
             mpi_library: library,
             windows: WINDOWS.iter().map(|w| w.to_string()).collect(),
             layers,
@@ -212,6 +239,11 @@ pub struct Plan {
     pub check: bool,
     /// CPU threads (the formulas' gemm packing buffers).
     pub threads: usize,
+    /// Tensor-parallel ranks (`--tp`; 1: data parallel).
+    pub tp: usize,
+    /// Tensor parallelism's `f` all-reduces the gradient in its backward (false only to show
+    /// that `--check` catches its absence).
+    pub f_all_reduce: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -456,6 +488,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         rank,
         ranks,
         zero: plan.zero,
+        tp: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),
@@ -592,8 +625,17 @@ const TENSOR_META: u64 = crate::optim::inplace::STATE_META_PER_TENSOR;
 
 /// Each window's (peak, retained) predicted for rank `rank` of `ranks`.
 pub fn predict_windows(case: &Case, plan: Plan, ranks: usize, rank: usize) -> Vec<(u64, i64)> {
-    let shape = Shape::of(case);
-    let opt = case.optimizer;
+    predict_windows_of(&Shape::of(case), case.optimizer, plan, ranks, rank)
+}
+
+/// [`predict_windows`] for the model `shape` (a tensor-parallel rank's shard) trained by `opt`.
+pub fn predict_windows_of(
+    shape: &Shape,
+    opt: OptimizerKind,
+    plan: Plan,
+    ranks: usize,
+    rank: usize,
+) -> Vec<(u64, i64)> {
     let at = |p: Phase| shape.predict(p, opt, plan.threads);
     let (init, fwd, bwd) = (at(Phase::Init), at(Phase::Forward), at(Phase::Backward));
     let sizes: Vec<u64> = shape.trainable_sizes();

@@ -323,7 +323,8 @@ impl<'a> Ctx<'a> {
     }
 
     /// B5 from real ranks (`memfit ranks`): the optimizer state one rank holds under ZeRO 1 at
-    /// 1 and more ranks of the same case, and the gradients under ZeRO 2.
+    /// 1 and more ranks of the same case, and the gradients under ZeRO 2 (data-parallel
+    /// documents only: a tensor-parallel one, `tp` > 1, shards the model, not the state).
     fn b5_measured(&self) -> Option<Claim> {
         use crate::ranks::RanksDoc;
         type Key<'k> = (&'k str, usize, usize, usize, usize, &'k str);
@@ -343,7 +344,7 @@ impl<'a> Ctx<'a> {
         for d in self
             .ranks
             .iter()
-            .filter(|d| d.zero == 1 && !d.ranks.is_empty())
+            .filter(|d| d.tp == 1 && d.zero == 1 && !d.ranks.is_empty())
         {
             cases.entry(key(d)).or_default().insert(d.ranks.len(), d);
         }
@@ -368,7 +369,7 @@ impl<'a> Ctx<'a> {
         let grads: Vec<String> = self
             .ranks
             .iter()
-            .filter(|d| d.zero == 2 && key(d) == k)
+            .filter(|d| d.tp == 1 && d.zero == 2 && key(d) == k)
             .map(|d| (d.ranks.len(), most(d, &|s| s.gradient_bytes)))
             .collect::<BTreeMap<_, _>>()
             .into_iter()

@@ -1,0 +1,677 @@
+//! Tensor parallelism on real ranks (issue 53): each of `N` ranks (the MPI world) holds one
+//! shard of every block, Megatron-LM's way, and all of them train on the same batch (tensor
+//! parallelism splits the model, not the data):
+//! - q, k, v, gate and up are column-parallel: rank `r` holds rows `r·n/N..(r+1)·n/N` of each
+//!   (its `A/N` query heads, its `G/N` K/V heads — K/V heads not divisible by `N` are refused,
+//!   not replicated —, its `I/N` columns of the MLP);
+//! - o and down are row-parallel: rank `r` holds the matching columns;
+//! - the norms, the token table and the head are replicated (their gradients come out equal on
+//!   every rank, so nothing is reduced): memfit's rank holds `(V − ⌈V/N⌉)·H` more elements of
+//!   the table (and of an untied head) than Megatron's vocab-parallel rank, with their gradients
+//!   and optimizer state.
+//!
+//! The block is the model's own ([`crate::model::transformer::Block`]), built from a
+//! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's
+//! conjugate collectives set around its sublayers ([`Megatron`], the model's [`Collectives`]
+//! hook): `f` (identity forward, the input's gradient all-reduced in the backward) before a
+//! sublayer's column-parallel projections and `g` (the row-parallel projection's partial output
+//! all-reduced forward, identity backward) before the residual sum. Both are candle ops
+//! (`EnterOp`, `ReduceOp`) that reach the group through this thread's [`Group`] (MPI's
+//! communicator is neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing,
+//! and candle calls an op's forward and backward on the thread that runs the step, where the
+//! group is set).
+//!
+//! What the collectives hold (the counting allocator sees them): `f` copies its input and
+//! all-reduces its gradient into a fresh tensor; `g` all-reduces into a fresh output. With
+//! memfit's fused kernels (`fused`, `transformers`) the tensors no backward reads are released,
+//! as PyTorch's autograd would not save them — the norm's output once copied (Megatron's
+//! identity keeps one tensor), the partial and the reduced outputs once summed —, so the graph
+//! keeps only bookkeeping more than the single device's (a tensor or two a collective); with
+//! candle's composed ops nothing is released (stock candle keeps every op's inputs): `4·B·S·H`
+//! floats a block more. The windows' predictions (the replay of the shard) add both
+//! ([`collectives_graph_per_layer`]).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use anyhow::{Context, ensure};
+use candle_core::{
+    CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, Var,
+};
+use candle_nn::{VarBuilder, VarMap};
+
+use super::comm::{Comm, Solo};
+use super::{
+    Check, Plan, RankReport, States, WINDOWS, Window, add_sums, named_vars, rel, window, zero,
+};
+use crate::formula::parallel::{self, Layout as ParallelLayout};
+use crate::formula::transformer::Shape as FormulaShape;
+use crate::meter::cpu_alloc;
+use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
+use crate::model::tensor_ops::TensorOps;
+use crate::model::transformer::{Collectives, Transformer, synthetic_batch};
+use crate::optim::inplace::Stepper;
+use crate::workload::Case;
+
+thread_local! {
+    /// The tensor-parallel group this thread's collectives reach ([`Group::join`]).
+    static GROUP: RefCell<Option<Rc<dyn Comm>>> = const { RefCell::new(None) };
+}
+
+/// This thread's membership of a tensor-parallel group: set by [`Group::join`], left when
+/// dropped.
+pub struct Group(());
+
+impl Group {
+    pub fn join(comm: Rc<dyn Comm>) -> Self {
+        GROUP.with(|g| *g.borrow_mut() = Some(comm));
+        Group(())
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        GROUP.with(|g| *g.borrow_mut() = None);
+    }
+}
+
+/// `recv = Σ over the group of send`, through this thread's group.
+fn all_reduce(send: &[f32], recv: &mut [f32]) -> Result<()> {
+    GROUP.with(|g| match g.borrow().as_ref() {
+        Some(comm) => {
+            comm.all_reduce_sum(send, recv);
+            Ok(())
+        }
+        None => candle_core::bail!("ranks --tp: a collective outside the tensor-parallel group"),
+    })
+}
+
+/// The contiguous `f32` data of a CPU storage under `l`.
+fn f32_data<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("ranks --tp: a collective's tensor must be contiguous")
+    };
+    match s {
+        CpuStorage::F32(d) => Ok(&d[a..b]),
+        _ => candle_core::bail!("ranks --tp: collectives run on f32 tensors"),
+    }
+}
+
+/// `t` summed over the group (or, `reduce` false, copied) into a fresh tensor.
+fn all_reduced(t: &Tensor, reduce: bool) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    let out = {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("ranks --tp: collectives run on the CPU")
+        };
+        let data = f32_data(cpu, layout)?;
+        let mut out = vec![0f32; data.len()];
+        if reduce {
+            all_reduce(data, &mut out)?;
+        } else {
+            out.copy_from_slice(data);
+        }
+        out
+    };
+    Tensor::from_vec(out, t.shape(), t.device())
+}
+
+/// Megatron's `f`: the identity forward (a copy: a candle op makes its output), the gradient
+/// all-reduced over the group in the backward. `reduce` false drops the all-reduce (only to
+/// show that the check catches it: `--tp-skip-f-all-reduce`).
+struct EnterOp {
+    reduce: bool,
+}
+
+impl CustomOp1 for EnterOp {
+    fn name(&self) -> &'static str {
+        "tp-f"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((CpuStorage::F32(f32_data(s, l)?.to_vec()), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(all_reduced(grad, self.reduce)?))
+    }
+}
+
+/// Megatron's `g`: the partial outputs of the row-parallel projection summed over the group
+/// into a fresh output; the identity backward.
+struct ReduceOp;
+
+impl CustomOp1 for ReduceOp {
+    fn name(&self) -> &'static str {
+        "tp-g"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let data = f32_data(s, l)?;
+        let mut out = vec![0f32; data.len()];
+        all_reduce(data, &mut out)?;
+        Ok((CpuStorage::F32(out), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad.clone()))
+    }
+}
+
+/// Megatron's `f` and `g` on candle's tensors, over this thread's [`Group`].
+#[derive(Debug, Clone, Copy)]
+pub struct Megatron {
+    /// `f`'s backward all-reduces (always, but to show the check catches its absence).
+    pub f_all_reduce: bool,
+    /// Release the tensors no backward reads (the norm's output once copied, the partial and
+    /// the reduced outputs once summed), as memfit's fused kernels do (`Kernels::fused`);
+    /// with candle's composed ops every op's inputs stay in the graph, as stock candle keeps
+    /// them.
+    pub release: bool,
+}
+
+impl Collectives<Tensor> for Megatron {
+    fn enter(&self, x: Tensor) -> Result<Tensor> {
+        let y = x.apply_op1(EnterOp {
+            reduce: self.f_all_reduce,
+        })?;
+        // No backward reads the norm's output (the norm's reads its input; f's none).
+        x.release_if(self.release)?;
+        Ok(y)
+    }
+
+    fn reduce_add(&self, y: Tensor, residual: &Tensor) -> Result<Tensor> {
+        let r = y.apply_op1(ReduceOp)?;
+        // The projection's backward reads its input and weight, g's and the sum's nothing.
+        y.release_if(self.release)?;
+        drop(y);
+        let sum = residual.add(&r)?;
+        r.release_if(self.release)?;
+        Ok(sum)
+    }
+}
+
+/// Refuses what tensor parallelism on ranks does not run, by name (beside
+/// [`super::check_case`]'s refusals).
+pub fn check_tp(case: &Case, zero: u8, tp: usize) -> anyhow::Result<()> {
+    ensure!(
+        tp >= 2,
+        "ranks --tp {tp}: tensor parallelism needs 2 ranks or more"
+    );
+    ensure!(
+        zero == 0,
+        "ranks --tp {tp} --zero {zero}: tensor parallelism runs without ZeRO (--zero 0); ZeRO shards over data-parallel ranks, and --tp uses every rank for one model"
+    );
+    let Some(l) = case.cfg.llama else {
+        anyhow::bail!(
+            "ranks --tp: model {}: tensor parallelism on ranks splits LLaMA-family dense decoders (GPT's and ViT's are not split)",
+            case.model.as_str()
+        )
+    };
+    ensure!(
+        l.moe.is_none(),
+        "ranks --tp: a mixture of experts is not split on ranks (dense decoders only)"
+    );
+    ensure!(
+        l.mla.is_none(),
+        "ranks --tp: MLA (multi-head latent attention) is not split on ranks"
+    );
+    let v = l.variant;
+    ensure!(
+        v.gated_delta.is_none(),
+        "ranks --tp: linear attention (Gated DeltaNet) is not split on ranks"
+    );
+    ensure!(
+        !v.sandwich_norms && !v.post_norms_only,
+        "ranks --tp: sandwich or post-sublayer norms (Gemma, OLMo 2) are not split on ranks"
+    );
+    ensure!(
+        !l.qk_norm && !v.qk_norm_whole && !v.qk_l2_norm,
+        "ranks --tp: query/key norms are not split on ranks (their weights' gradients would be partial on each rank)"
+    );
+    ensure!(
+        !v.attn_output_gate && !v.attention_sinks,
+        "ranks --tp: output gates and attention sinks are not split on ranks"
+    );
+    ensure!(
+        !l.o_bias && !l.mlp_bias,
+        "ranks --tp: a bias on a row-parallel projection (o, down) is not split on ranks"
+    );
+    ensure!(
+        case.checkpoint == 0,
+        "ranks --tp: gradient checkpointing is not run under tensor parallelism on ranks"
+    );
+    let heads = case.cfg.heads;
+    ensure!(
+        heads.is_multiple_of(tp) && l.kv_heads.is_multiple_of(tp),
+        "ranks --tp {tp}: {heads} query heads over {} K/V heads do not split into {tp} equal parts (Megatron's split; K/V heads are not replicated here)",
+        l.kv_heads
+    );
+    ensure!(
+        l.intermediate.is_multiple_of(tp),
+        "ranks --tp {tp}: the MLP's width {} does not split into {tp} equal parts",
+        l.intermediate
+    );
+    Ok(())
+}
+
+/// The case a rank of `tp` runs: the shard's widths (heads, K/V heads and the MLP's width
+/// over `tp`; the hidden size, the heads' width and the vocabulary whole).
+pub fn shard_case(case: &Case, tp: usize) -> Case {
+    let mut cfg = case.cfg.clone();
+    cfg.heads /= tp;
+    if let Some(l) = cfg.llama.as_mut() {
+        l.kv_heads /= tp;
+        l.intermediate /= tp;
+    }
+    Case {
+        cfg,
+        ..case.clone()
+    }
+}
+
+/// The slice of a whole-model tensor `full` that rank `rank` of `tp` holds as a tensor of
+/// `dims`: all of it (replicated), or the run of the one dimension that is `tp` times longer.
+fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Result<Tensor> {
+    let whole = full.dims();
+    ensure!(
+        whole.len() == dims.len(),
+        "ranks --tp: {whole:?} against {dims:?}"
+    );
+    let split: Vec<usize> = (0..dims.len()).filter(|&d| whole[d] != dims[d]).collect();
+    match split[..] {
+        [] => Ok(full.clone()),
+        [d] if whole[d] == dims[d] * tp => Ok(full.narrow(d, rank * dims[d], dims[d])?),
+        _ => anyhow::bail!("ranks --tp: no shard of {whole:?} is {dims:?}"),
+    }
+}
+
+/// Fills every shard variable with its slice of the whole model filled by
+/// `super::fill_deterministic` (by name), so a rank's shard is the single process's.
+fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> anyhow::Result<()> {
+    let full = Whole::new(case)?;
+    for ((name, v), (other, w)) in vars.iter().zip(&full.vars) {
+        ensure!(name == other, "ranks --tp: {name} against {other}");
+        let part = slice_of(w.as_tensor(), v.dims(), rank, tp)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        zero::with_f32_mut(v.as_tensor(), |d| d.copy_from_slice(&part))?;
+    }
+    Ok(())
+}
+
+/// The whole model of one process on the same batch as every rank (tensor parallelism splits
+/// the model, not the data), from the deterministic fill.
+struct Whole {
+    _varmap: VarMap,
+    model: Transformer,
+    vars: Vec<(String, Var)>,
+}
+
+impl Whole {
+    fn new(case: &Case) -> anyhow::Result<Self> {
+        let varmap = VarMap::new();
+        let model = Transformer::new(
+            &case.cfg,
+            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        )?;
+        let vars = named_vars(&varmap);
+        super::fill_deterministic(&vars)?;
+        Ok(Whole {
+            _varmap: varmap,
+            model,
+            vars,
+        })
+    }
+}
+
+/// The batch every rank trains on: the synthetic batch of `B` rows.
+fn batch(case: &Case) -> anyhow::Result<(Tensor, Tensor)> {
+    Ok(synthetic_batch(
+        case.batch,
+        case.seq,
+        case.cfg.vocab,
+        &Device::Cpu,
+    )?)
+}
+
+/// Runs one tensor-parallel rank of `case` under `plan` over `comm` (every rank of the world
+/// one shard), measuring and predicting its windows as [`super::run_rank`] does: `reduce` and
+/// `gather` are empty (no data-parallel ranks), the optimizer steps the shard in place.
+pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Result<RankReport> {
+    let (rank, tp) = (comm.rank(), comm.size());
+    super::check_case(case, plan.zero)?;
+    check_tp(case, plan.zero, tp)?;
+    ensure!(
+        plan.tp == tp,
+        "ranks --tp {}: launched on {tp} ranks (mpirun -np {})",
+        plan.tp,
+        plan.tp
+    );
+    let shard = shard_case(case, tp);
+    let device = Device::Cpu;
+    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
+    {
+        let mut x = [1.0f32; 4];
+        let send = x;
+        comm.all_reduce_sum(&send, &mut x);
+        comm.barrier();
+    }
+    let _group = Group::join(comm.clone());
+    let (tokens, targets) = batch(case)?;
+    let mut measured = Vec::with_capacity(WINDOWS.len());
+    let rss_now = vm_rss_bytes;
+
+    // init: the shard's model
+    let varmap = VarMap::new();
+    let (model, p, r, s) = window(|| {
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        Ok(Transformer::new(&shard.cfg, vb)?)
+    })?;
+    measured.push((p, r, s, rss_now()));
+    let model = model.with_collectives(Rc::new(Megatron {
+        f_all_reduce: plan.f_all_reduce,
+        release: case.cfg.kernels.fused(),
+    }));
+    let vars = named_vars(&varmap);
+    fill_shard(case, &vars, rank, tp)?;
+    let step = super::Step {
+        model: &model,
+        vars: &vars,
+        tokens: &tokens,
+        targets: &targets,
+        case: &shard,
+    };
+    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
+
+    // forward, backward
+    comm.barrier();
+    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
+    measured.push((p, r, s, rss_now()));
+    let mut graph = Some(graph);
+    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
+    measured.push((p, r, s, rss_now()));
+    drop(graph);
+    let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
+    // reduce: nothing (the replicated tensors' gradients are equal on every rank)
+    let ((), p, r, s) = window(|| Ok(()))?;
+    measured.push((p, r, s, rss_now()));
+    let gradient_rel_diff = if plan.check {
+        Some(check_gradients(case, rank, tp, &vars, &grads)?)
+    } else {
+        None
+    };
+    // optimizer: the shard's whole state, stepped in place
+    let (mut opt, p, r, s) = window(|| {
+        let mut o = zero::Sharded::new(stepper, 0, &vars, &Solo)?;
+        o.step(&grads)?;
+        Ok(o)
+    })?;
+    measured.push((p, r, s, rss_now()));
+    // gather: nothing
+    let ((), p, r, s) = window(|| Ok(()))?;
+    measured.push((p, r, s, rss_now()));
+    drop(grads);
+    // train-step
+    comm.barrier();
+    let ((), p, r, s) = window(|| {
+        let mut graph = Some(step.forward()?);
+        let grads = step.backward(&mut graph)?;
+        drop(graph);
+        opt.step(&grads)?;
+        drop(grads);
+        Ok(())
+    })?;
+    measured.push((p, r, s, rss_now()));
+
+    let predicted = predict_tp_windows(case, plan, tp)?;
+    let windows: Vec<Window> = measured
+        .iter()
+        .zip(&predicted)
+        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
+            peak_bytes: peak,
+            retained_bytes: retained,
+            heap_start_bytes: start,
+            rss_bytes: rss,
+            predicted_peak_bytes: pp,
+            predicted_retained_bytes: pr,
+        })
+        .collect();
+    let states = tp_states(case, tp, &windows, grads_held)?;
+    let check = match gradient_rel_diff {
+        Some(gradient_rel_diff) => Some(Check {
+            gradient_rel_diff,
+            weight_rel_diff: check_weights(case, rank, tp, &vars)?,
+        }),
+        None => None,
+    };
+    drop((opt, model, varmap));
+    Ok(RankReport {
+        rank,
+        ranks: tp,
+        zero: plan.zero,
+        tp,
+        windows,
+        states,
+        rss_peak_bytes: vm_hwm_bytes(),
+        check,
+    })
+}
+
+/// This rank's gradients against the matching slices of one process's on the same batch.
+fn check_gradients(
+    case: &Case,
+    rank: usize,
+    tp: usize,
+    vars: &[(String, Var)],
+    grads: &candle_core::backprop::GradStore,
+) -> anyhow::Result<f64> {
+    let whole = Whole::new(case)?;
+    let (tokens, targets) = batch(case)?;
+    let step = super::Step {
+        model: &whole.model,
+        vars: &whole.vars,
+        tokens: &tokens,
+        targets: &targets,
+        case,
+    };
+    let mut graph = Some(step.forward()?);
+    let reference = step.backward(&mut graph)?;
+    drop(graph);
+    let mut sums = (0f64, 0f64);
+    for ((name, v), (other, w)) in vars.iter().zip(&whole.vars) {
+        ensure!(name == other, "ranks check: {name} against {other}");
+        let no = || format!("ranks check: no gradient for {name}");
+        let mine = grads.get(v.as_tensor()).with_context(no)?;
+        let theirs = reference.get(w.as_tensor()).with_context(no)?;
+        let theirs = slice_of(theirs, mine.dims(), rank, tp)?;
+        add_sums(
+            &mut sums,
+            &mine.flatten_all()?.to_vec1::<f32>()?,
+            &theirs.flatten_all()?.to_vec1::<f32>()?,
+        );
+    }
+    Ok(rel(sums))
+}
+
+/// This rank's shard after its two steps against the matching slices of one process's weights
+/// after two steps of the same optimizer on the same batch.
+fn check_weights(
+    case: &Case,
+    rank: usize,
+    tp: usize,
+    vars: &[(String, Var)],
+) -> anyhow::Result<f64> {
+    let whole = Whole::new(case)?;
+    let (tokens, targets) = batch(case)?;
+    let step = super::Step {
+        model: &whole.model,
+        vars: &whole.vars,
+        tokens: &tokens,
+        targets: &targets,
+        case,
+    };
+    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
+    let mut opt = zero::Sharded::new(stepper, 0, &whole.vars, &Solo)?;
+    for _ in 0..2 {
+        let mut graph = Some(step.forward()?);
+        let grads = step.backward(&mut graph)?;
+        drop(graph);
+        opt.step(&grads)?;
+    }
+    let mut sums = (0f64, 0f64);
+    for ((name, a), (other, b)) in vars.iter().zip(&whole.vars) {
+        ensure!(name == other, "ranks check: {name} against {other}");
+        let b = slice_of(b.as_tensor(), a.dims(), rank, tp)?;
+        add_sums(
+            &mut sums,
+            &a.flatten_all()?.to_vec1::<f32>()?,
+            &b.flatten_all()?.to_vec1::<f32>()?,
+        );
+    }
+    Ok(rel(sums))
+}
+
+/// The replay's shape of a rank of `tp`: `formula::parallel::shard` (heads, K/V heads and the
+/// MLP's width over `tp`) with the vocabulary whole, as the rank holds it.
+pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
+    let whole = FormulaShape::of(case);
+    let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
+    Ok(FormulaShape {
+        v: whole.v,
+        ..shard
+    })
+}
+
+/// Host bookkeeping the collectives leave in one block's graph beyond the replay of the shard
+/// (the single device's block on the shard's widths), for its two `f` and two `g`, with memfit's
+/// fused kernels: each `f` one tensor more than the single device (its output; the norm's output
+/// stays a node, its data released) and its op; each `g` two tensors more than the fused
+/// projection-and-sum ([`crate::model::kernels::Kernel::LinearAdd`]): the projection's partial
+/// output and the reduced one (both released), and its op. Fitted: the forward's residual
+/// against the replay grows by 2,466 B a layer at tp 2 and 4 (1 to 3 layers, fused and
+/// transformers' kernels) where the single device's grows by 752 B, so the collectives add
+/// 1,714 B a layer.
+pub const COLLECTIVES_META_PER_LAYER: u64 = 1_714;
+
+/// One tensor's bookkeeping among [`COLLECTIVES_META_PER_LAYER`]'s: with candle's composed ops
+/// the single device's block makes the projection's partial output too (a matmul, then the
+/// sum), so a `g` adds one tensor, not two. Fitted: the composed runs' residual (1 to 3 layers,
+/// tp 2 and 4, two batch shapes) is 1,186 B a layer = 1,714 − 2 × 264.
+pub const COLLECTIVES_TENSOR_META: u64 = 264;
+
+/// What the collectives add to one block's graph: their bookkeeping and, with candle's composed
+/// ops (nothing released: [`Megatron::release`]), the data of the four tensors stock candle
+/// keeps beside the single device's: each `f`'s input (the norm's output) beside its copy, and
+/// each `g`'s reduced output beside the partial one (`4·B·S·H` floats).
+pub fn collectives_graph_per_layer(case: &Case) -> u64 {
+    if case.cfg.kernels.fused() {
+        COLLECTIVES_META_PER_LAYER
+    } else {
+        let bsh = (case.batch * case.seq * case.cfg.hidden) as u64;
+        COLLECTIVES_META_PER_LAYER - 2 * COLLECTIVES_TENSOR_META + 4 * bsh * 4
+    }
+}
+
+/// Each window's (peak, retained) predicted for a rank of `tp`: the data-parallel prediction
+/// of one rank without ZeRO ([`super::predict_windows_of`]) for the shard's replay
+/// ([`rank_shape`]) plus what the collectives add to the graph
+/// ([`collectives_graph_per_layer`]: kept from the forward until the backward frees the graph),
+/// with nothing to reduce or gather.
+pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<Vec<(u64, i64)>> {
+    let shape = rank_shape(case, tp)?;
+    let mut w = super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0);
+    let t = shape.replay_training(plan.threads);
+    let graph = collectives_graph_per_layer(case) * case.cfg.layers as u64;
+    w[1] = (w[1].0 + graph, w[1].1 + graph as i64);
+    w[2].1 -= graph as i64;
+    w[3] = (0, 0);
+    w[6] = (
+        (t.forward_retained + graph + t.backward_peak).max(t.forward_peak + graph),
+        0,
+    );
+    Ok(w)
+}
+
+/// The model states entering the optimizer, measured from the windows and predicted by
+/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank) plus the `(V − ⌈V/tp⌉)·H`
+/// elements of the table (and of an untied head) this rank holds whole.
+fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::Result<States> {
+    let rates = parallel::rates(4, case.optimizer)
+        .context("ranks --tp: an optimizer of whole bytes per parameter")?;
+    let layout = ParallelLayout {
+        tp,
+        ..Default::default()
+    };
+    let megatron = parallel::stage_ranks(&case.cfg, &layout, rates, false);
+    let r = megatron.first().context("ranks --tp: no stage")?;
+    let (v, h) = (case.cfg.vocab as u64, case.cfg.hidden as u64);
+    let tables = if case.cfg.tied { 1 } else { 2 };
+    let extra = (v - v.div_ceil(tp as u64)) * h * tables;
+    let (we, ge, oe) = rates;
+    Ok(States {
+        weights_bytes: w[0].retained_bytes,
+        gradient_bytes: grads_held,
+        optimizer_state_bytes: w[4].retained_bytes,
+        predicted_weights_bytes: r.weights_bytes + we * extra,
+        predicted_gradient_bytes: r.gradient_bytes + ge * extra,
+        predicted_optimizer_state_bytes: r.optimizer_state_bytes + oe * extra,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kernels::Kernels;
+
+    /// On a group of one rank `f` and `g` are identities: the model with them set trains to
+    /// the same loss and the same gradients, bit for bit, with every kernel set (the hook runs
+    /// without MPI).
+    #[test]
+    fn collectives_on_one_rank_change_nothing() {
+        for kernels in [Kernels::Fused, Kernels::Composed, Kernels::Transformers] {
+            let mut cfg = crate::model::llama::tiny();
+            cfg.kernels = kernels;
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = Transformer::new(&cfg, vb).unwrap();
+            let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
+            let vars = named_vars(&varmap);
+            let run = |m: &Transformer| {
+                let loss = m.training_loss(&tokens, &targets, None).unwrap();
+                let grads = loss.backward().unwrap();
+                let g: Vec<Vec<f32>> = vars
+                    .iter()
+                    .map(|(_, v)| {
+                        let g = grads.get(v.as_tensor()).unwrap();
+                        g.flatten_all().unwrap().to_vec1().unwrap()
+                    })
+                    .collect();
+                (loss.to_scalar::<f32>().unwrap(), g)
+            };
+            let plain = run(&model);
+            let _group = Group::join(Rc::new(Solo));
+            let split = model.clone().with_collectives(Rc::new(Megatron {
+                f_all_reduce: true,
+                release: kernels.fused(),
+            }));
+            assert_eq!(run(&split), plain, "{kernels:?}");
+        }
+    }
+
+    #[test]
+    fn slices_split_the_one_longer_dimension() {
+        let full = Tensor::arange(0f32, 24., &Device::Cpu)
+            .unwrap()
+            .reshape((4, 6))
+            .unwrap();
+        let rows = slice_of(&full, &[2, 6], 1, 2).unwrap();
+        assert_eq!(rows.to_vec2::<f32>().unwrap()[0][0], 12.0);
+        let cols = slice_of(&full, &[4, 3], 1, 2).unwrap();
+        assert_eq!(cols.to_vec2::<f32>().unwrap()[1], vec![9.0, 10.0, 11.0]);
+        assert_eq!(slice_of(&full, &[4, 6], 1, 2).unwrap().dims(), &[4, 6]);
+        assert!(slice_of(&full, &[2, 3], 0, 2).is_err());
+        assert!(slice_of(&full, &[1, 6], 0, 2).is_err());
+    }
+}
