@@ -189,6 +189,89 @@ fn b5_state_falls_as_one_over_ranks() {
     }
 }
 
+/// The check's relative differences of every rank: (gradients, weights).
+fn checks(doc: &Value) -> Vec<(f64, f64)> {
+    doc["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let c = &r["check"];
+            (
+                c["gradient_rel_diff"].as_f64().unwrap(),
+                c["weight_rel_diff"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Tensor parallelism over 2 ranks, K/V heads grouped (4 over 2: one K/V head a rank): every
+/// window as predicted, each rank's shard of the gradients and of the weights after two steps
+/// the slices of one process's; each rank holds less than the whole model (the blocks halved,
+/// the table whole). Without `f`'s backward all-reduce, the gradient reaching the norms and the
+/// residual stream is one rank's part only, and the check says so.
+#[test]
+fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
+    let doc = tensor_parallel(2, LLAMA, &[]);
+    assert_eq!(u(&doc["tp"]), 2);
+    assert_eq!(u(&doc["zero"]), 0);
+    check_all(&doc, 2, "llama tp 2");
+    // Stock candle's composed ops: nothing released, f's and g's inputs kept beside their
+    // outputs.
+    let composed = tensor_parallel(2, LLAMA, &["--kernels", "composed"]);
+    check_all(&composed, 2, "llama tp 2 composed");
+    let whole = ranks(1, 0, LLAMA);
+    let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
+    // H 64, I 160, 2 layers: each rank holds half of q, k, v, o, gate, up, down (the blocks'
+    // 2·(2·64·64 + 2·32·64 + 3·160·64) = 86,016 elements), the table (256·64) and norms whole.
+    let halved = 4 * (86_016 / 2);
+    for r in 0..2 {
+        let d = weights(&whole, 0) - weights(&doc, r);
+        assert!(
+            (d - halved).abs() < 4096,
+            "rank {r} holds {d} B less than the whole model, the halved blocks are {halved}"
+        );
+    }
+    let broken = tensor_parallel(2, LLAMA, &["--tp-skip-f-all-reduce"]);
+    for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
+        assert!(
+            g > 1e-3,
+            "rank {r}: f without its all-reduce, yet gradients within {g:e} of one process"
+        );
+    }
+}
+
+/// `--tp` refuses, by name, what it does not split: GPT, heads that do not split into equal
+/// parts (SmolLM2-135M's 9 over 3 at 2), ZeRO beside it; nothing panics.
+#[test]
+fn tensor_parallel_refuses_what_it_does_not_split() {
+    let gpt = [
+        "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
+    ];
+    let smol = ["--preset", "smollm2-135m", "--layers", "1", "--seq", "8"];
+    for (args, more, says) in [
+        (&gpt[..], &["--tp", "2"][..], "LLaMA-family dense decoders"),
+        (
+            &smol[..],
+            &["--tp", "2"][..],
+            "9 query heads over 3 K/V heads",
+        ),
+        (LLAMA, &["--tp", "2", "--zero", "1"][..], "without ZeRO"),
+        (LLAMA, &["--tp-skip-f-all-reduce"][..], "without --tp"),
+    ] {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
+            .arg("ranks")
+            .args(args)
+            .args(more)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{more:?} ran");
+        assert!(err.contains(says), "{more:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 /// `mpirun -np S memfit ranks ARGS --pp S --microbatches M --check --json`.
 fn pipeline(stages: usize, m: usize, args: &[&str]) -> Value {
     let exe = assert_cmd::cargo::cargo_bin("memfit");
@@ -297,55 +380,6 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
         assert!(
             g < 1e-5 && wt < 1e-5,
             "{what}: stage {s} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
-
-/// The check's relative differences of every rank: (gradients, weights).
-fn checks(doc: &Value) -> Vec<(f64, f64)> {
-    doc["ranks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let c = &r["check"];
-            (
-                c["gradient_rel_diff"].as_f64().unwrap(),
-                c["weight_rel_diff"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// Tensor parallelism over 2 ranks, K/V heads grouped (4 over 2: one K/V head a rank): every
-/// window as predicted, each rank's shard of the gradients and of the weights after two steps
-/// the slices of one process's; each rank holds less than the whole model (the blocks halved,
-/// the table whole). Without `f`'s backward all-reduce, the gradient reaching the norms and the
-/// residual stream is one rank's part only, and the check says so.
-#[test]
-fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
-    let doc = tensor_parallel(2, LLAMA, &[]);
-    assert_eq!(u(&doc["tp"]), 2);
-    assert_eq!(u(&doc["zero"]), 0);
-    check_all(&doc, 2, "llama tp 2");
-    // Stock candle's composed ops: nothing released, f's and g's inputs kept beside their
-    // outputs.
-    let composed = tensor_parallel(2, LLAMA, &["--kernels", "composed"]);
-    check_all(&composed, 2, "llama tp 2 composed");
-    let whole = ranks(1, 0, LLAMA);
-    let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
-    // H 64, I 160, 2 layers: each rank holds half of q, k, v, o, gate, up, down (the blocks'
-    // 2·(2·64·64 + 2·32·64 + 3·160·64) = 86,016 elements), the table (256·64) and norms whole.
-    let halved = 4 * (86_016 / 2);
-    for r in 0..2 {
-        let d = weights(&whole, 0) - weights(&doc, r);
-        assert!(
-            (d - halved).abs() < 4096,
-            "rank {r} holds {d} B less than the whole model, the halved blocks are {halved}"
-        );
-    }
-    let broken = tensor_parallel(2, LLAMA, &["--tp-skip-f-all-reduce"]);
-    for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
-        assert!(
-            g > 1e-3,
-            "rank {r}: f without its all-reduce, yet gradients within {g:e} of one process"
         );
     }
 }
@@ -356,34 +390,4 @@ fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
 fn pipeline_of_two_stages_as_predicted_and_as_one_process() {
     check_pipeline(&pipeline(2, 4, LLAMA), 2, 4, "llama pp 2");
     check_pipeline(&pipeline(2, 3, GPT), 2, 3, "gpt pp 2");
-
-/// `--tp` refuses, by name, what it does not split: GPT, heads that do not split into equal
-/// parts (SmolLM2-135M's 9 over 3 at 2), ZeRO beside it; nothing panics.
-#[test]
-fn tensor_parallel_refuses_what_it_does_not_split() {
-    let gpt = [
-        "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
-    ];
-    let smol = ["--preset", "smollm2-135m", "--layers", "1", "--seq", "8"];
-    for (args, more, says) in [
-        (&gpt[..], &["--tp", "2"][..], "LLaMA-family dense decoders"),
-        (
-            &smol[..],
-            &["--tp", "2"][..],
-            "9 query heads over 3 K/V heads",
-        ),
-        (LLAMA, &["--tp", "2", "--zero", "1"][..], "without ZeRO"),
-        (LLAMA, &["--tp-skip-f-all-reduce"][..], "without --tp"),
-    ] {
-        let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
-            .arg("ranks")
-            .args(args)
-            .args(more)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{more:?} ran");
-        assert!(err.contains(says), "{more:?}: {err}");
-        assert!(!err.contains("panicked"), "{err}");
-    }
 }
