@@ -144,6 +144,10 @@ impl PipelineDoc {
 pub fn check_pipeline(case: &Case, stages: usize, plan: PipePlan) -> anyhow::Result<()> {
     super::check_case(case, 0)?;
     ensure!(
+        plan.microbatches >= 1,
+        "ranks --microbatches 0: a step has 1 microbatch or more"
+    );
+    ensure!(
         stages >= 2,
         "ranks --pp {stages}: a pipeline has 2 stages or more (launch that many ranks)"
     );
@@ -151,10 +155,6 @@ pub fn check_pipeline(case: &Case, stages: usize, plan: PipePlan) -> anyhow::Res
         stages <= case.cfg.layers,
         "ranks --pp {stages}: {} layers cannot fill {stages} stages",
         case.cfg.layers
-    );
-    ensure!(
-        plan.microbatches >= 1,
-        "ranks --microbatches 0: a step has 1 microbatch or more"
     );
     ensure!(
         case.checkpoint == 0,
