@@ -317,7 +317,8 @@ fn one_f_one_b(s: usize, n: usize, m: usize) -> Vec<String> {
 /// Every stage of a pipeline: the schedule is 1F1B; one microbatch's graph and the graph at
 /// the schedule's fullest (`min(M, S − s)` microbatches: the first stage holds `S`) as
 /// `formula::parallel::stage_activations` predicts them; the stage's weights and optimizer
-/// state as predicted; the step's peak under its bound and within 25 % of it; its gradients
+/// state as predicted; the step's peak at or under its bound (to the tolerance) and within 25 %
+/// of it; its gradients
 /// and weights equal to one process's on the whole global batch.
 fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
     let reports = doc["ranks"].as_array().unwrap();
@@ -361,8 +362,10 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
                     common::exact(&format!("{what} stage {s} {name} peak"), mv, pv),
                     "{what}: stage {s} {name}: peak measured {mv}, predicted {pv}"
                 ),
+                // The step's peak is bounded (every microbatch in flight whole): never below
+                // the measurement by more than the tolerance, above it by under 25 %.
                 _ => assert!(
-                    mv <= pv && (pv - mv) as f64 / (mv as f64) < 0.25,
+                    mv <= pv + common::tolerance(mv) && (pv as f64) < 1.25 * mv as f64,
                     "{what}: stage {s} {name}: peak measured {mv}, bound {pv}"
                 ),
             }

@@ -811,8 +811,9 @@ pub fn backward_transient(
 
 /// The largest transient of each part's backward on a rank of `tp` (from the replay's train
 /// step of the two-layer shard, as [`backward_transient`]): the temporaries, workspace and
-/// bookkeeping of a sample plus the gradients the part has made so far (they stay transient
-/// where the part's gradients are added into accumulated ones: a pipeline's microbatches).
+/// bookkeeping a sample holds beyond the part's start, plus the gradients the part has made so
+/// far (they stay transient where the part's gradients are added into accumulated ones: a
+/// pipeline's microbatches). The gradient handed in from above is not in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PartTransients {
     /// The head's backward (the loss, the logits, the final norm): the last stage's.
@@ -838,7 +839,11 @@ pub fn part_transients(
         block: 0,
         embedding: 0,
     };
-    let (mut seen_block, mut part, mut start, mut prev) = (false, None, 0u64, 0u64);
+    // Each part's bytes are counted from the part's start: what an earlier part made and
+    // still holds (a tied head's gradient of the table, a temporary until the embedding's is
+    // summed into it) is not the part's.
+    let (mut seen_block, mut part) = (false, None);
+    let (mut start, mut prev) = ((0u64, 0u64), (0u64, 0u64));
     for x in t.samples.iter().filter(|x| x.stage == "backward") {
         seen_block |= x.tag > 0;
         let kind = match (x.tag, seen_block) {
@@ -850,7 +855,6 @@ pub fn part_transients(
             part = Some((kind, x.tag));
             start = prev;
         }
-        prev = x.bytes[GRADIENTS];
         let other: u64 = x
             .bytes
             .iter()
@@ -858,7 +862,8 @@ pub fn part_transients(
             .filter(|(i, _)| *i >= TEMPORARIES && *i != GRADIENTS)
             .map(|(_, b)| *b)
             .sum();
-        let v = other + x.bytes[GRADIENTS].saturating_sub(start);
+        prev = (other, x.bytes[GRADIENTS]);
+        let v = other.saturating_sub(start.0) + x.bytes[GRADIENTS].saturating_sub(start.1);
         let slot = match kind {
             0 => &mut out.head,
             1 => &mut out.block,

@@ -654,26 +654,13 @@ fn predict_windows(
         .map_err(|e| anyhow::anyhow!("ranks --pp: {e}"))?;
     // The largest part's backward this stage runs: a block's, the embedding's on the first
     // stage, the head's on the last.
-    // A tied table's embedding part: the single device sums the head's gradient and the
-    // embedding's into a new tensor (`checkpoint::keep`); a stage adds in place.
-    let sum = if case.cfg.tied {
-        4 * shape.v * shape.h
-    } else {
-        0
-    };
     let transient = parts
         .block
-        .max(if stage.first {
-            parts.embedding.saturating_sub(sum)
-        } else {
-            0
-        })
+        .max(if stage.first { parts.embedding } else { 0 })
         .max(if stage.last { parts.head } else { 0 });
-    let received = if stage.last {
-        0
-    } else {
-        4 * shape.b * shape.s * shape.h
-    };
+    // The gradient handed in from above: received from the next stage, or on the last stage
+    // the head's for the blocks.
+    let received = 4 * shape.b * shape.s * shape.h;
     let step = acts.bytes + grads + received + transient;
     Ok(vec![
         (
