@@ -89,28 +89,44 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         ranks::run_rank(case, plan, comm.as_ref())
     }
     .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
-    let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
-    if comm.rank() != 0 {
+    let Some(reports) = gather::<RankReport>(comm.as_ref(), &report)? else {
         return Ok(());
+    };
+    let doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
+    if !emit(args, &doc)? {
+        print_table(case, args, zero, &doc.ranks);
+    }
+    Ok(())
+}
+
+/// Every rank's report, as JSON over one all-gather, on rank 0 (`None` on the others).
+fn gather<R: serde::Serialize + serde::de::DeserializeOwned>(
+    comm: &dyn Comm,
+    report: &R,
+) -> anyhow::Result<Option<Vec<R>>> {
+    let all = comm.all_gather_bytes(&serde_json::to_vec(report)?);
+    if comm.rank() != 0 {
+        return Ok(None);
     }
     let reports = all
         .iter()
-        .map(|b| serde_json::from_slice(b))
-        .collect::<Result<Vec<RankReport>, _>>()
-        .context("a rank's report")?;
-    let doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
-    let json = serde_json::to_string_pretty(&doc)?;
+        .enumerate()
+        .map(|(r, b)| serde_json::from_slice(b).with_context(|| format!("rank {r}'s report")))
+        .collect::<anyhow::Result<Vec<R>>>()?;
+    Ok(Some(reports))
+}
+
+/// The document written to `--out` and, with `--json`, printed (then `true`: no table).
+fn emit(args: &RanksArgs, doc: &impl serde::Serialize) -> anyhow::Result<bool> {
+    let json = serde_json::to_string_pretty(doc)?;
     if let Some(path) = &args.out {
         std::fs::write(path, format!("{json}\n"))
             .with_context(|| format!("--out {}: writing", path.display()))?;
     }
     if args.json {
         println!("{json}");
-        return Ok(());
     }
-    let reports = doc.ranks;
-    print_table(case, args, zero, &reports);
-    Ok(())
+    Ok(args.json)
 }
 
 /// `--pp S`: a pipeline stage a rank ([`crate::ranks::pipeline`]).
@@ -134,26 +150,13 @@ fn pipeline(case: &crate::workload::Case, args: &RanksArgs, stages: usize) -> an
     );
     let report = ranks::pipeline::run_stage(case, plan, comm.as_ref())
         .with_context(|| format!("stage {} of {}", comm.rank(), comm.size()))?;
-    let all = comm.all_gather_bytes(&serde_json::to_vec(&report)?);
-    if comm.rank() != 0 {
+    let Some(reports) = gather::<StageReport>(comm.as_ref(), &report)? else {
         return Ok(());
-    }
-    let reports = all
-        .iter()
-        .map(|b| serde_json::from_slice(b))
-        .collect::<Result<Vec<StageReport>, _>>()
-        .context("a stage's report")?;
+    };
     let doc = PipelineDoc::new(case, plan, library(), reports);
-    let json = serde_json::to_string_pretty(&doc)?;
-    if let Some(path) = &args.out {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("--out {}: writing", path.display()))?;
+    if !emit(args, &doc)? {
+        print_pipeline(case, &doc);
     }
-    if args.json {
-        println!("{json}");
-        return Ok(());
-    }
-    print_pipeline(case, &doc);
     Ok(())
 }
 

@@ -292,6 +292,26 @@ fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64
     }
 }
 
+/// A window as measured: (peak, retained, start) from the counting allocator, the process's
+/// resident set after it.
+type Measured = (u64, i64, u64, Option<u64>);
+
+/// The windows, measured beside their (peak, retained) predictions.
+fn windows_of(measured: &[Measured], predicted: &[(u64, i64)]) -> Vec<Window> {
+    measured
+        .iter()
+        .zip(predicted)
+        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
+            peak_bytes: peak,
+            retained_bytes: retained,
+            heap_start_bytes: start,
+            rss_bytes: rss,
+            predicted_peak_bytes: pp,
+            predicted_retained_bytes: pr,
+        })
+        .collect()
+}
+
 /// Every variable, by name (the order the collectives visit them on every rank).
 fn named_vars(varmap: &VarMap) -> Vec<(String, Var)> {
     let data = varmap.data().lock().expect("varmap lock");
@@ -370,6 +390,27 @@ impl Step<'_> {
     ) -> candle_core::Result<candle_core::backprop::GradStore> {
         let vars = || self.vars.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>();
         train::backward(self.model, vars, graph, self.tokens, self.case.checkpoint)
+    }
+}
+
+impl Step<'_> {
+    /// One forward and backward: the gradients (the reference's).
+    fn gradients(&self) -> anyhow::Result<candle_core::backprop::GradStore> {
+        let mut graph = Some(self.forward()?);
+        let grads = self.backward(&mut graph)?;
+        drop(graph);
+        Ok(grads)
+    }
+
+    /// Two steps of the case's optimizer on every variable (in place, unsharded): the
+    /// reference's weights for a check.
+    fn train_twice(&self) -> anyhow::Result<()> {
+        let stepper = Stepper::new(self.case.optimizer, crate::optim::LEARNING_RATE)?;
+        let mut opt = zero::Sharded::new(stepper, 0, self.vars, &comm::Solo)?;
+        for _ in 0..2 {
+            opt.step(&self.gradients()?)?;
+        }
+        Ok(())
     }
 }
 
@@ -463,18 +504,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     measured.push((p, r, s, rss_now()));
 
     let predicted = predict_windows(case, plan, ranks, rank);
-    let windows: Vec<Window> = measured
-        .iter()
-        .zip(&predicted)
-        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
-            peak_bytes: peak,
-            retained_bytes: retained,
-            heap_start_bytes: start,
-            rss_bytes: rss,
-            predicted_peak_bytes: pp,
-            predicted_retained_bytes: pr,
-        })
-        .collect();
+    let windows = windows_of(&measured, &predicted);
     let states = states(case, plan.zero, ranks, &windows, grads_held);
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
@@ -570,9 +600,7 @@ fn check_gradients(
     let (rank, ranks) = (comm.rank(), comm.size());
     let single = Single::new(case, ranks)?;
     let step = single.step();
-    let mut graph = Some(step.forward()?);
-    let reference = step.backward(&mut graph)?;
-    drop(graph);
+    let reference = step.gradients()?;
     let mut sums = (0f64, 0f64);
     for ((name, v), (other, w)) in vars.iter().zip(&single.vars) {
         ensure!(name == other, "ranks check: {name} against {other}");
@@ -599,14 +627,7 @@ fn check_gradients(
 fn check_weights(case: &Case, comm: &dyn Comm, vars: &[(String, Var)]) -> anyhow::Result<f64> {
     let single = Single::new(case, comm.size())?;
     let step = single.step();
-    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
-    let mut opt = zero::Sharded::new(stepper, 0, &single.vars, &comm::Solo)?;
-    for _ in 0..2 {
-        let mut graph = Some(step.forward()?);
-        let grads = step.backward(&mut graph)?;
-        drop(graph);
-        opt.step(&grads)?;
-    }
+    step.train_twice()?;
     let mut sums = (0f64, 0f64);
     for ((name, a), (other, b)) in vars.iter().zip(&single.vars) {
         ensure!(name == other, "ranks check: {name} against {other}");

@@ -574,18 +574,7 @@ pub fn run_stage(case: &Case, plan: PipePlan, comm: &dyn Comm) -> anyhow::Result
     let predicted_params =
         parallel::stage_ranks(&case.cfg, &layout, (4, 4, 0), false)[rank].params();
     let predicted = predict_windows(case, &stage, &acts, plan.threads)?;
-    let windows: Vec<Window> = measured
-        .iter()
-        .zip(&predicted)
-        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
-            peak_bytes: peak,
-            retained_bytes: retained,
-            heap_start_bytes: start,
-            rss_bytes: rss,
-            predicted_peak_bytes: pp,
-            predicted_retained_bytes: pr,
-        })
-        .collect();
+    let windows = super::windows_of(&measured, &predicted);
     let one = events
         .iter()
         .find(|e| e.op == "F")
@@ -598,7 +587,7 @@ pub fn run_stage(case: &Case, plan: PipePlan, comm: &dyn Comm) -> anyhow::Result
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
             gradient_rel_diff,
-            weight_rel_diff: check_weights(case, &stage, plan.microbatches, rank, stages)?,
+            weight_rel_diff: check_weights(case, &stage, plan.microbatches)?,
         }),
         None => None,
     };
@@ -689,9 +678,7 @@ fn single(case: &Case, m: usize) -> anyhow::Result<super::Single> {
 fn check_gradients(case: &Case, stage: &Stage, grads: &GradStore, m: usize) -> anyhow::Result<f64> {
     let single = single(case, m)?;
     let step = single.step();
-    let mut graph = Some(step.forward()?);
-    let reference = step.backward(&mut graph)?;
-    drop(graph);
+    let reference = step.gradients()?;
     let mut sums = (0f64, 0f64);
     for (name, v) in &stage.vars {
         let (_, w) = single
@@ -713,23 +700,10 @@ fn check_gradients(case: &Case, stage: &Stage, grads: &GradStore, m: usize) -> a
 
 /// This stage's weights after its two steps against one process's after two steps on the
 /// global batch.
-fn check_weights(
-    case: &Case,
-    stage: &Stage,
-    m: usize,
-    _rank: usize,
-    _stages: usize,
-) -> anyhow::Result<f64> {
+fn check_weights(case: &Case, stage: &Stage, m: usize) -> anyhow::Result<f64> {
     let single = single(case, m)?;
     let step = single.step();
-    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
-    let mut opt = zero::Sharded::new(stepper, 0, &single.vars, &super::comm::Solo)?;
-    for _ in 0..2 {
-        let mut graph = Some(step.forward()?);
-        let grads = step.backward(&mut graph)?;
-        drop(graph);
-        opt.step(&grads)?;
-    }
+    step.train_twice()?;
     let mut sums = (0f64, 0f64);
     for (name, v) in &stage.vars {
         let (_, w) = single

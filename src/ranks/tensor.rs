@@ -426,18 +426,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     measured.push((p, r, s, rss_now()));
 
     let predicted = predict_tp_windows(case, plan, tp)?;
-    let windows: Vec<Window> = measured
-        .iter()
-        .zip(&predicted)
-        .map(|(&(peak, retained, start, rss), &(pp, pr))| Window {
-            peak_bytes: peak,
-            retained_bytes: retained,
-            heap_start_bytes: start,
-            rss_bytes: rss,
-            predicted_peak_bytes: pp,
-            predicted_retained_bytes: pr,
-        })
-        .collect();
+    let windows = super::windows_of(&measured, &predicted);
     let states = tp_states(case, tp, &windows, grads_held)?;
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
@@ -476,9 +465,7 @@ fn check_gradients(
         targets: &targets,
         case,
     };
-    let mut graph = Some(step.forward()?);
-    let reference = step.backward(&mut graph)?;
-    drop(graph);
+    let reference = step.gradients()?;
     let mut sums = (0f64, 0f64);
     for ((name, v), (other, w)) in vars.iter().zip(&whole.vars) {
         ensure!(name == other, "ranks check: {name} against {other}");
@@ -512,14 +499,7 @@ fn check_weights(
         targets: &targets,
         case,
     };
-    let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
-    let mut opt = zero::Sharded::new(stepper, 0, &whole.vars, &Solo)?;
-    for _ in 0..2 {
-        let mut graph = Some(step.forward()?);
-        let grads = step.backward(&mut graph)?;
-        drop(graph);
-        opt.step(&grads)?;
-    }
+    step.train_twice()?;
     let mut sums = (0f64, 0f64);
     for ((name, a), (other, b)) in vars.iter().zip(&whole.vars) {
         ensure!(name == other, "ranks check: {name} against {other}");
