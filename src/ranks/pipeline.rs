@@ -673,49 +673,49 @@ fn single(case: &Case, m: usize) -> anyhow::Result<super::Single> {
     )
 }
 
+/// `‖a − b‖ / ‖b‖` over every variable of the stage, `a` and `b` the tensors `pick` takes
+/// from the stage's variable and from the whole model's of the same name.
+fn compare(
+    stage: &Stage,
+    whole: &[(String, Var)],
+    pick: impl Fn(&str, &Var, &Var) -> anyhow::Result<(Tensor, Tensor)>,
+) -> anyhow::Result<f64> {
+    let mut sums = (0f64, 0f64);
+    for (name, v) in &stage.vars {
+        let (_, w) = whole
+            .iter()
+            .find(|(n, _)| n == name)
+            .with_context(|| format!("pipeline check: {name} is not in the whole model"))?;
+        let (a, b) = pick(name, v, w)?;
+        add_sums(
+            &mut sums,
+            &a.flatten_all()?.to_vec1::<f32>()?,
+            &b.flatten_all()?.to_vec1::<f32>()?,
+        );
+    }
+    Ok(rel(sums))
+}
+
 /// This stage's averaged gradients against the matching ones of one process on the global
 /// batch.
 fn check_gradients(case: &Case, stage: &Stage, grads: &GradStore, m: usize) -> anyhow::Result<f64> {
     let single = single(case, m)?;
-    let step = single.step();
-    let reference = step.gradients()?;
-    let mut sums = (0f64, 0f64);
-    for (name, v) in &stage.vars {
-        let (_, w) = single
-            .vars
-            .iter()
-            .find(|(n, _)| n == name)
-            .with_context(|| format!("pipeline check: {name} is not in the whole model"))?;
+    let reference = single.step().gradients()?;
+    compare(stage, &single.vars, |name, v, w| {
         let no = || format!("pipeline check: no gradient for {name}");
-        let mine = grads.get(v.as_tensor()).with_context(no)?;
-        let theirs = reference.get(w.as_tensor()).with_context(no)?;
-        add_sums(
-            &mut sums,
-            &mine.flatten_all()?.to_vec1::<f32>()?,
-            &theirs.flatten_all()?.to_vec1::<f32>()?,
-        );
-    }
-    Ok(rel(sums))
+        Ok((
+            grads.get(v.as_tensor()).with_context(no)?.clone(),
+            reference.get(w.as_tensor()).with_context(no)?.clone(),
+        ))
+    })
 }
 
 /// This stage's weights after its two steps against one process's after two steps on the
 /// global batch.
 fn check_weights(case: &Case, stage: &Stage, m: usize) -> anyhow::Result<f64> {
     let single = single(case, m)?;
-    let step = single.step();
-    step.train_twice()?;
-    let mut sums = (0f64, 0f64);
-    for (name, v) in &stage.vars {
-        let (_, w) = single
-            .vars
-            .iter()
-            .find(|(n, _)| n == name)
-            .with_context(|| format!("pipeline check: {name} is not in the whole model"))?;
-        add_sums(
-            &mut sums,
-            &v.flatten_all()?.to_vec1::<f32>()?,
-            &w.flatten_all()?.to_vec1::<f32>()?,
-        );
-    }
-    Ok(rel(sums))
+    single.step().train_twice()?;
+    compare(stage, &single.vars, |_, v, w| {
+        Ok((v.as_tensor().clone(), w.as_tensor().clone()))
+    })
 }
