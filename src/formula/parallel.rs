@@ -620,6 +620,12 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
             "activations per rank are not modelled yet for a mixture of experts or MLA".into(),
         );
     }
+    if !(shape.a as usize).is_multiple_of(tp) {
+        return Err(format!(
+            "the {} attention heads do not split into {tp} equal parts",
+            shape.a
+        ));
+    }
     if !l.intermediate.is_multiple_of(tp) {
         return Err(format!(
             "the MLP's width {} does not split into {tp} equal parts",
