@@ -12,7 +12,7 @@
 #   MEMFIT_BIN        the memfit binary (default: target/release/memfit, or scripts/memfit-cuda
 #                     for a CUDA workload); MEMFIT_RUN_ARGS  extra `memfit run` flags
 #
-# A multi-rank case (`memfit ranks`, data parallel over MPI) as one job step of N tasks:
+# A multi-rank case (`memfit ranks`: data, tensor or pipeline parallel over MPI) as one job step of N tasks:
 #   scripts/slurm-sweep.sh --ranks N [sbatch options…] -- RANKS_ARGS…
 # Submits one job of N tasks whose step is `srun --mpi=pmix memfit ranks RANKS_ARGS --json`
 # (every task a rank; Slurm places the tasks on the allocation's nodes), rank 0's JSON in

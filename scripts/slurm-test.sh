@@ -87,6 +87,11 @@ if [[ "${MEMFIT_RANKS:-0}" == 1 ]]; then
     --cpus-per-task=1 -- --hidden 32 --heads 2 --layers 1 --vocab 50 --batch 1 --seq 8 --zero 2 --check)"
   say "$rsub"
   rjob="$(echo "$rsub" | awk '{print $3}')"
+  # A pipeline of 2 stages as one job step (`memfit ranks --pp 2`: a stage a task).
+  psub="$(MEMFIT_SWEEP_OUT="$work/pipeline" MEMFIT_BIN="$bin" scripts/slurm-sweep.sh --ranks 2 \
+    --cpus-per-task=1 -- --hidden 96 --heads 3 --layers 2 --vocab 300 --batch 2 --seq 32 --pp 2 --microbatches 3 --check)"
+  say "$psub"
+  pjob="$(echo "$psub" | awk '{print $3}')"
 fi
 say "waiting for the merge job $merge"
 for _ in $(seq 1200); do
@@ -111,6 +116,25 @@ for r in ranks:
     c = r["check"]
     assert c["gradient_rel_diff"] < 1e-5 and c["weight_rel_diff"] < 1e-5, f"rank {r['rank']}: {c}"
 print(f"OK: ranks job step: {len(ranks)} ranks over {doc['mpi_library'].split(',')[0]}, every window within tolerance, gradients and weights as one process")
+PY
+  for _ in $(seq 1200); do
+    [[ -z "$(squeue -h -j "$pjob" 2>/dev/null)" ]] && break
+    sleep 0.2
+  done
+  say "pipeline job $pjob's log:"; cat "$work/pipeline/ranks.log"
+  python3 - "$work/pipeline/ranks.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+stages = doc["ranks"]
+assert [r["rank"] for r in stages] == [0, 1], "two stages in one job step"
+orders = [[e["op"] + str(e["microbatch"]) for e in r["schedule"]] for r in stages]
+assert orders == [["F0", "F1", "B0", "F2", "B1", "B2"], ["F0", "B0", "F1", "B1", "F2", "B2"]], orders
+for r in stages:
+    m, p = r["microbatch_graph_bytes"], r["predicted_microbatch_graph_bytes"]
+    assert abs(m - p) <= max(m // 100, 2048), f"stage {r['rank']}: one microbatch's graph {m}, predicted {p}"
+    c = r["check"]
+    assert c["gradient_rel_diff"] < 1e-5 and c["weight_rel_diff"] < 1e-5, f"stage {r['rank']}: {c}"
+print(f"OK: pipeline job step: {len(stages)} stages, 1F1B, every microbatch's graph as predicted, gradients and weights as one process")
 PY
 fi
 say "jobs' completion records (jobcomp/filetxt; this cluster has no accounting daemon for sacct):"

@@ -1,8 +1,8 @@
 //! The sweep on a real Slurm (Debian's slurm-wlm and munge on this machine, root needed):
 //! `scripts/slurm-test.sh` starts a one-node cluster, runs a 4-task job array of a small CPU
 //! workload with one task cancelled mid-case and requeued, merges, and compares with an
-//! unsharded run; with the `ranks` feature, also a 2-rank case as one job step of 2 tasks. ≈ 30 s
-//! (plus the packages' install the first time).
+//! unsharded run; with the `ranks` feature, also a 2-rank case and a 2-stage pipeline, each as
+//! one job step of 2 tasks. ≈ 35 s (plus the packages' install the first time).
 
 #[test]
 fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
@@ -40,5 +40,6 @@ fn a_job_array_with_a_preempted_task_merges_to_the_unsharded_rows() {
     );
     if cfg!(feature = "ranks") {
         assert!(log.contains("OK: ranks job step: 2 ranks"), "{log}");
+        assert!(log.contains("OK: pipeline job step: 2 stages"), "{log}");
     }
 }
