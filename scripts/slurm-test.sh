@@ -18,6 +18,13 @@ cleanup() { scripts/slurm-local.sh stop "$cluster" || true; rm -rf "$work"; }
 trap cleanup EXIT
 eval "$(scripts/slurm-local.sh start "$cluster")"
 say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+# Waits (up to 4 minutes) until job $1 has left the queue.
+wait_gone() {
+  for _ in $(seq 1200); do
+    [[ -z "$(squeue -h -j "$1" 2>/dev/null)" ]] && return
+    sleep 0.2
+  done
+}
 
 cat > "$work/w.toml" <<'TOML'
 name = "slurm-test"
@@ -94,15 +101,9 @@ if [[ "${MEMFIT_RANKS:-0}" == 1 ]]; then
   pjob="$(echo "$psub" | awk '{print $3}')"
 fi
 say "waiting for the merge job $merge"
-for _ in $(seq 1200); do
-  [[ -z "$(squeue -h -j "$merge" 2>/dev/null)" ]] && break
-  sleep 0.2
-done
+wait_gone "$merge"
 if [[ -n "${rjob:-}" ]]; then
-  for _ in $(seq 1200); do
-    [[ -z "$(squeue -h -j "$rjob" 2>/dev/null)" ]] && break
-    sleep 0.2
-  done
+  wait_gone "$rjob"
   say "ranks job $rjob's log:"; cat "$work/ranks/ranks.log"
   python3 - "$work/ranks/ranks.json" <<'PY'
 import json, sys
@@ -117,10 +118,7 @@ for r in ranks:
     assert c["gradient_rel_diff"] < 1e-5 and c["weight_rel_diff"] < 1e-5, f"rank {r['rank']}: {c}"
 print(f"OK: ranks job step: {len(ranks)} ranks over {doc['mpi_library'].split(',')[0]}, every window within tolerance, gradients and weights as one process")
 PY
-  for _ in $(seq 1200); do
-    [[ -z "$(squeue -h -j "$pjob" 2>/dev/null)" ]] && break
-    sleep 0.2
-  done
+  wait_gone "$pjob"
   say "pipeline job $pjob's log:"; cat "$work/pipeline/ranks.log"
   python3 - "$work/pipeline/ranks.json" <<'PY'
 import json, sys

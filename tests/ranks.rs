@@ -108,15 +108,47 @@ fn i(v: &Value) -> i64 {
     v.as_i64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
-/// Every rank's every window within the tolerance of its prediction, and its gradients and
-/// weights equal to the single process's.
-fn check_all(doc: &Value, n: usize, what: &str) {
-    let names: Vec<&str> = doc["windows"]
+/// The document's window names, in order.
+fn window_names(doc: &Value) -> Vec<&str> {
+    doc["windows"]
         .as_array()
         .unwrap()
         .iter()
         .map(|w| w.as_str().unwrap())
-        .collect();
+        .collect()
+}
+
+/// A window's retained bytes within the tolerance of their prediction.
+fn assert_retained(w: &Value, what: &str) {
+    let (m, p) = (i(&w["retained_bytes"]), i(&w["predicted_retained_bytes"]));
+    assert!(
+        m.abs_diff(p) <= common::tolerance(m.unsigned_abs()),
+        "{what}: retained measured {m}, predicted {p}"
+    );
+}
+
+/// A rank's gradients and weights equal (to float rounding) to one process's.
+fn assert_as_one_process(rep: &Value, what: &str) {
+    let (g, wt) = check_of(rep);
+    assert!(
+        g < 1e-5 && wt < 1e-5,
+        "{what} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
+    );
+}
+
+/// A rank's check: (gradients, weights) relative differences.
+fn check_of(rep: &Value) -> (f64, f64) {
+    let c = &rep["check"];
+    (
+        c["gradient_rel_diff"].as_f64().unwrap(),
+        c["weight_rel_diff"].as_f64().unwrap(),
+    )
+}
+
+/// Every rank's every window within the tolerance of its prediction, and its gradients and
+/// weights equal to the single process's.
+fn check_all(doc: &Value, n: usize, what: &str) {
+    let names = window_names(doc);
     let reports = doc["ranks"].as_array().unwrap();
     assert_eq!(reports.len(), n, "{what}: one report per rank");
     for (r, rep) in reports.iter().enumerate() {
@@ -127,21 +159,9 @@ fn check_all(doc: &Value, n: usize, what: &str) {
                 common::exact(&format!("{what} rank {r} {name} peak"), m, p),
                 "{what}: rank {r} {name}: peak measured {m}, predicted {p}"
             );
-            let (m, p) = (i(&w["retained_bytes"]), i(&w["predicted_retained_bytes"]));
-            assert!(
-                m.abs_diff(p) <= common::tolerance(m.unsigned_abs()),
-                "{what}: rank {r} {name}: retained measured {m}, predicted {p}"
-            );
+            assert_retained(w, &format!("{what}: rank {r} {name}"));
         }
-        let c = &rep["check"];
-        let (g, wt) = (
-            c["gradient_rel_diff"].as_f64().unwrap(),
-            c["weight_rel_diff"].as_f64().unwrap(),
-        );
-        assert!(
-            g < 1e-5 && wt < 1e-5,
-            "{what}: rank {r} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
-        );
+        assert_as_one_process(rep, &format!("{what}: rank {r}"));
     }
 }
 
@@ -195,13 +215,7 @@ fn checks(doc: &Value) -> Vec<(f64, f64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| {
-            let c = &r["check"];
-            (
-                c["gradient_rel_diff"].as_f64().unwrap(),
-                c["weight_rel_diff"].as_f64().unwrap(),
-            )
-        })
+        .map(check_of)
         .collect()
 }
 
@@ -274,32 +288,8 @@ fn tensor_parallel_refuses_what_it_does_not_split() {
 
 /// `mpirun -np S memfit ranks ARGS --pp S --microbatches M --check --json`.
 fn pipeline(stages: usize, m: usize, args: &[&str]) -> Value {
-    let exe = assert_cmd::cargo::cargo_bin("memfit");
-    let out = Command::new("mpirun")
-        .args(["--oversubscribe", "--bind-to", "none", "-np"])
-        .arg(stages.to_string())
-        .arg(&exe)
-        .arg("ranks")
-        .args(args)
-        .args([
-            "--pp",
-            &stages.to_string(),
-            "--microbatches",
-            &m.to_string(),
-        ])
-        .args(["--check", "--json"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("mpirun runs (scripts/setup.sh test installs openmpi-bin)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "mpirun -np {stages} memfit ranks {args:?} --pp {stages}: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    let (s, m) = (stages.to_string(), m.to_string());
+    run(stages, args, &["--pp", &s, "--microbatches", &m])
 }
 
 /// Megatron's 1F1B order for stage `s` of `n` with `m` microbatches.
@@ -323,12 +313,7 @@ fn one_f_one_b(s: usize, n: usize, m: usize) -> Vec<String> {
 fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
     let reports = doc["ranks"].as_array().unwrap();
     assert_eq!(reports.len(), n, "{what}: one report per stage");
-    let names: Vec<&str> = doc["windows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w.as_str().unwrap())
-        .collect();
+    let names = window_names(doc);
     for (s, rep) in reports.iter().enumerate() {
         let order: Vec<String> = rep["schedule"]
             .as_array()
@@ -369,21 +354,9 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
                     "{what}: stage {s} {name}: peak measured {mv}, bound {pv}"
                 ),
             }
-            let (mv, pv) = (i(&w["retained_bytes"]), i(&w["predicted_retained_bytes"]));
-            assert!(
-                mv.abs_diff(pv) <= common::tolerance(mv.unsigned_abs()),
-                "{what}: stage {s} {name}: retained measured {mv}, predicted {pv}"
-            );
+            assert_retained(w, &format!("{what}: stage {s} {name}"));
         }
-        let c = &rep["check"];
-        let (g, wt) = (
-            c["gradient_rel_diff"].as_f64().unwrap(),
-            c["weight_rel_diff"].as_f64().unwrap(),
-        );
-        assert!(
-            g < 1e-5 && wt < 1e-5,
-            "{what}: stage {s} differs from one process on the global batch: gradients {g:e}, weights {wt:e}"
-        );
+        assert_as_one_process(rep, &format!("{what}: stage {s}"));
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use crate::cli::RanksArgs;
 use crate::ranks::comm::Comm;
 use crate::ranks::pipeline::{PipePlan, PipelineDoc, StageReport};
-use crate::ranks::{self, Plan, RankReport, WINDOWS};
+use crate::ranks::{self, Plan, RankReport, WINDOWS, Window};
 use crate::units::human_bytes;
 use crate::workload::{self, WorkloadFile};
 
@@ -129,6 +129,39 @@ fn emit(args: &RanksArgs, doc: &impl serde::Serialize) -> anyhow::Result<bool> {
     Ok(args.json)
 }
 
+/// Each rank's windows, measured (the counting allocator) beside predicted, with the process
+/// layer; `who` names a rank (`rank`, `stage`), `names` the windows.
+fn print_windows<'a>(
+    who: &str,
+    names: &[&str],
+    reports: impl Iterator<Item = (usize, &'a [Window])>,
+) {
+    println!(
+        "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
+    );
+    let (a, b) = (
+        who.len(),
+        names.iter().map(|n| n.len()).max().unwrap_or(0).max(6),
+    );
+    println!(
+        "{who:>a$} {:<b$} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+        "window", "peak", "predicted", "diff", "retained", "predicted", "RSS"
+    );
+    for (rank, windows) in reports {
+        for (name, w) in names.iter().zip(windows) {
+            println!(
+                "{rank:>a$} {name:<b$} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
+                w.peak_bytes,
+                w.predicted_peak_bytes,
+                w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
+                w.retained_bytes,
+                w.predicted_retained_bytes,
+                w.rss_bytes.map_or("—".into(), |b| human_bytes(b as f64)),
+            );
+        }
+    }
+}
+
 /// `--pp S`: a pipeline stage a rank ([`crate::ranks::pipeline`]).
 fn pipeline(case: &crate::workload::Case, args: &RanksArgs, stages: usize) -> anyhow::Result<()> {
     let plan = PipePlan {
@@ -171,28 +204,11 @@ fn print_pipeline(case: &crate::workload::Case, doc: &PipelineDoc) {
         case.optimizer.as_str(),
         doc.mpi_library
     );
-    println!(
-        "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
+    print_windows(
+        "stage",
+        &ranks::pipeline::WINDOWS,
+        doc.ranks.iter().map(|r| (r.rank, &r.windows[..])),
     );
-    println!(
-        "{:>5} {:<11} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
-        "stage", "window", "peak", "predicted", "diff", "retained", "predicted", "RSS"
-    );
-    for r in &doc.ranks {
-        for (name, w) in ranks::pipeline::WINDOWS.iter().zip(&r.windows) {
-            println!(
-                "{:>5} {:<11} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
-                r.rank,
-                name,
-                w.peak_bytes,
-                w.predicted_peak_bytes,
-                w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
-                w.retained_bytes,
-                w.predicted_retained_bytes,
-                w.rss_bytes.map_or("—".into(), |b| human_bytes(b as f64)),
-            );
-        }
-    }
     println!(
         "activations: one microbatch's graph, and at the schedule's fullest (measured / predicted):"
     );
@@ -246,28 +262,11 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
         case.optimizer.as_str(),
         args.threads
     );
-    println!(
-        "layer: the counting allocator, each window relative to its start; RSS: the process (MPI's buffers included)"
+    print_windows(
+        "rank",
+        &WINDOWS,
+        reports.iter().map(|r| (r.rank, &r.windows[..])),
     );
-    println!(
-        "{:>4} {:<10} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
-        "rank", "window", "peak", "predicted", "diff", "retained", "predicted", "RSS"
-    );
-    for r in reports {
-        for (name, w) in WINDOWS.iter().zip(&r.windows) {
-            println!(
-                "{:>4} {:<10} {:>12} {:>12} {:>8} {:>13} {:>13} {:>10}",
-                r.rank,
-                name,
-                w.peak_bytes,
-                w.predicted_peak_bytes,
-                w.peak_bytes as i64 - w.predicted_peak_bytes as i64,
-                w.retained_bytes,
-                w.predicted_retained_bytes,
-                w.rss_bytes.map_or("—".into(), |b| human_bytes(b as f64)),
-            );
-        }
-    }
     if args.tp > 1 {
         println!(
             "model states entering the optimizer, measured (formula::parallel::stage_ranks at tp {} plus the replicated table's (V − ⌈V/tp⌉)·H elements):",

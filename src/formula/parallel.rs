@@ -797,22 +797,26 @@ pub fn backward_transient(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<u64, String> {
-    use crate::timeline::{ACTIVATIONS, GRADIENTS, KV};
     let s = shard(shape, tp, 2)?;
     let t = super::timeline::train_step(&s, opt, threads);
     Ok(t.samples
         .iter()
         .filter(|x| x.stage != "optimizer")
-        .map(|x| {
-            x.bytes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| ![KV, ACTIVATIONS, GRADIENTS].contains(i))
-                .map(|(_, b)| *b)
-                .sum::<u64>()
-        })
+        .map(transient_bytes)
         .max()
         .unwrap_or(0))
+}
+
+/// A sample's temporaries, workspace and bookkeeping: what is neither kept (the cache, the
+/// activations) nor a gradient.
+fn transient_bytes(x: &crate::timeline::Sample) -> u64 {
+    use crate::timeline::{ACTIVATIONS, GRADIENTS, KV};
+    x.bytes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ![KV, ACTIVATIONS, GRADIENTS].contains(i))
+        .map(|(_, b)| *b)
+        .sum()
 }
 
 /// The largest transient of each part's backward on a rank of `tp` (from the replay's train
@@ -837,7 +841,7 @@ pub fn part_transients(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<PartTransients, String> {
-    use crate::timeline::{GRADIENTS, TEMPORARIES};
+    use crate::timeline::GRADIENTS;
     let s = shard(shape, tp, 2)?;
     let t = super::timeline::train_step(&s, opt, threads);
     let mut out = PartTransients {
@@ -847,33 +851,23 @@ pub fn part_transients(
     };
     // Each part's bytes are counted from the part's start: what an earlier part made and
     // still holds (a tied head's gradient of the table, a temporary until the embedding's is
-    // summed into it) is not the part's.
+    // summed into it) is not the part's. A part is its layer tag; outside the blocks (tag 0),
+    // the head before any block, the embedding after them.
     let (mut seen_block, mut part) = (false, None);
     let (mut start, mut prev) = ((0u64, 0u64), (0u64, 0u64));
     for x in t.samples.iter().filter(|x| x.stage == "backward") {
         seen_block |= x.tag > 0;
-        let kind = match (x.tag, seen_block) {
-            (0, false) => 0,
-            (0, true) => 2,
-            _ => 1,
-        };
-        if part != Some((kind, x.tag)) {
-            part = Some((kind, x.tag));
+        if part != Some((x.tag, seen_block)) {
+            part = Some((x.tag, seen_block));
             start = prev;
         }
-        let other: u64 = x
-            .bytes
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i >= TEMPORARIES && *i != GRADIENTS)
-            .map(|(_, b)| *b)
-            .sum();
+        let other = transient_bytes(x);
         prev = (other, x.bytes[GRADIENTS]);
         let v = other.saturating_sub(start.0) + x.bytes[GRADIENTS].saturating_sub(start.1);
-        let slot = match kind {
-            0 => &mut out.head,
-            1 => &mut out.block,
-            _ => &mut out.embedding,
+        let slot = match (x.tag, seen_block) {
+            (0, false) => &mut out.head,
+            (0, true) => &mut out.embedding,
+            _ => &mut out.block,
         };
         *slot = (*slot).max(v);
     }

@@ -28,6 +28,7 @@ pub mod tensor;
 pub mod zero;
 
 use anyhow::{Context, ensure};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 
@@ -387,7 +388,7 @@ impl Step<'_> {
         graph: &mut Option<
             train::Graph<Tensor, crate::model::moe::HostRouting, crate::model::config::Config>,
         >,
-    ) -> candle_core::Result<candle_core::backprop::GradStore> {
+    ) -> candle_core::Result<GradStore> {
         let vars = || self.vars.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>();
         train::backward(self.model, vars, graph, self.tokens, self.case.checkpoint)
     }
@@ -395,7 +396,7 @@ impl Step<'_> {
 
 impl Step<'_> {
     /// One forward and backward: the gradients (the reference's).
-    fn gradients(&self) -> anyhow::Result<candle_core::backprop::GradStore> {
+    fn gradients(&self) -> anyhow::Result<GradStore> {
         let mut graph = Some(self.forward()?);
         let grads = self.backward(&mut graph)?;
         drop(graph);
@@ -588,56 +589,71 @@ fn rel((d, n): (f64, f64)) -> f64 {
     if n == 0.0 { d.sqrt() } else { (d / n).sqrt() }
 }
 
+/// `‖a − b‖ / ‖b‖` over every variable of `mine` (a rank's), `a` and `b` what `pick` takes
+/// from it and from the variable of the same name in `whole` (one process's model).
+fn compare(
+    mine: &[(String, Var)],
+    whole: &[(String, Var)],
+    pick: impl Fn(&str, &Var, &Var) -> anyhow::Result<(Tensor, Tensor)>,
+) -> anyhow::Result<f64> {
+    let mut sums = (0f64, 0f64);
+    for (name, v) in mine {
+        let (_, w) = whole
+            .iter()
+            .find(|(n, _)| n == name)
+            .with_context(|| format!("ranks check: {name} is not in the whole model"))?;
+        let (a, b) = pick(name, v, w)?;
+        add_sums(
+            &mut sums,
+            &a.flatten_all()?.to_vec1::<f32>()?,
+            &b.flatten_all()?.to_vec1::<f32>()?,
+        );
+    }
+    Ok(rel(sums))
+}
+
+/// `var`'s gradient in `grads`, naming it when there is none.
+fn grad_of(grads: &GradStore, name: &str, var: &Var) -> anyhow::Result<Tensor> {
+    grads
+        .get(var.as_tensor())
+        .cloned()
+        .with_context(|| format!("ranks check: no gradient for {name}"))
+}
+
 /// This rank's averaged gradients (its run of each: at stage 2 what it keeps, else the run it
 /// steps) against one process's on the whole global batch.
 fn check_gradients(
     case: &Case,
     comm: &dyn Comm,
     vars: &[(String, Var)],
-    grads: &candle_core::backprop::GradStore,
+    grads: &GradStore,
     zero: u8,
 ) -> anyhow::Result<f64> {
     let (rank, ranks) = (comm.rank(), comm.size());
     let single = Single::new(case, ranks)?;
-    let step = single.step();
-    let reference = step.gradients()?;
-    let mut sums = (0f64, 0f64);
-    for ((name, v), (other, w)) in vars.iter().zip(&single.vars) {
-        ensure!(name == other, "ranks check: {name} against {other}");
-        let no = || format!("ranks check: no gradient for {name}");
-        let mine = grads.get(v.as_tensor()).with_context(no)?.flatten_all()?;
-        let theirs = reference
-            .get(w.as_tensor())
-            .with_context(no)?
-            .flatten_all()?;
+    let reference = single.step().gradients()?;
+    compare(vars, &single.vars, |name, v, w| {
+        let mine = grad_of(grads, name, v)?.flatten_all()?;
+        let theirs = grad_of(&reference, name, w)?.flatten_all()?;
         let run = zero::run_of(theirs.elem_count(), ranks, rank);
-        let theirs = theirs.narrow(0, run.start, run.len())?.to_vec1::<f32>()?;
+        let theirs = theirs.narrow(0, run.start, run.len())?;
         let mine = if zero == 2 {
-            mine.to_vec1::<f32>()?
+            mine
         } else {
-            mine.narrow(0, run.start, run.len())?.to_vec1::<f32>()?
+            mine.narrow(0, run.start, run.len())?
         };
-        add_sums(&mut sums, &mine, &theirs);
-    }
-    Ok(rel(sums))
+        Ok((mine, theirs))
+    })
 }
 
 /// This rank's weights after its two steps against one process's after two steps of the same
 /// optimizer (in place, unsharded) on the whole global batch.
 fn check_weights(case: &Case, comm: &dyn Comm, vars: &[(String, Var)]) -> anyhow::Result<f64> {
     let single = Single::new(case, comm.size())?;
-    let step = single.step();
-    step.train_twice()?;
-    let mut sums = (0f64, 0f64);
-    for ((name, a), (other, b)) in vars.iter().zip(&single.vars) {
-        ensure!(name == other, "ranks check: {name} against {other}");
-        let (a, b) = (
-            a.flatten_all()?.to_vec1::<f32>()?,
-            b.flatten_all()?.to_vec1::<f32>()?,
-        );
-        add_sums(&mut sums, &a, &b);
-    }
-    Ok(rel(sums))
+    single.step().train_twice()?;
+    compare(vars, &single.vars, |_, a, b| {
+        Ok((a.as_tensor().clone(), b.as_tensor().clone()))
+    })
 }
 
 /// Bytes of a state or shard tensor's bookkeeping beyond its data (`Tensor::zeros`: as the

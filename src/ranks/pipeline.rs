@@ -30,7 +30,7 @@ use candle_nn::{VarBuilder, VarMap};
 
 use super::comm::Comm;
 use super::zero::{self, with_f32_mut};
-use super::{Check, Window, add_sums, fill_deterministic, named_vars, rel, window};
+use super::{Check, Window, fill_deterministic, named_vars, window};
 use crate::formula::parallel::{self, Layout};
 use crate::formula::transformer::Shape;
 use crate::meter::cpu_alloc;
@@ -252,9 +252,14 @@ fn accumulate(
 }
 
 impl Runner<'_> {
-    fn zeros(&self) -> anyhow::Result<Var> {
-        let (b, s, h) = self.dims;
-        Ok(Var::zeros((b, s, h), DType::F32, &Device::Cpu)?)
+    /// A received activation: a variable (its gradient goes back down).
+    fn input(&self) -> anyhow::Result<Var> {
+        Ok(Var::zeros(self.dims, DType::F32, &Device::Cpu)?)
+    }
+
+    /// A received gradient.
+    fn gradient(&self) -> anyhow::Result<Tensor> {
+        Ok(Tensor::zeros(self.dims, DType::F32, &Device::Cpu)?)
     }
 
     /// Microbatch `m`'s forward from `input` (the first stage: the tokens): its flight and,
@@ -397,7 +402,7 @@ fn pipeline_step(
         if first {
             return Ok(None);
         }
-        let v = r.zeros()?;
+        let v = r.input()?;
         with_f32_mut(v.as_tensor(), |b| comm.recv(prev, b))?;
         Ok(Some(v))
     };
@@ -421,7 +426,7 @@ fn pipeline_step(
         fwd += 1;
         let grad = match out {
             Some(out) => {
-                let g = r.zeros()?.as_tensor().clone();
+                let g = r.gradient()?;
                 with_f32_mut(&out, |o| {
                     with_f32_mut(&g, |gb| comm.send_recv(next, o, next, gb)).expect("an f32 buffer")
                 })?;
@@ -436,7 +441,7 @@ fn pipeline_step(
         match gin {
             Some(g) if i + 1 == steady => with_f32_mut(&g, |b| comm.send(prev, b))?,
             Some(g) => {
-                let v = r.zeros()?;
+                let v = r.input()?;
                 with_f32_mut(&g, |gb| {
                     with_f32_mut(v.as_tensor(), |vb| comm.send_recv(prev, gb, prev, vb))
                         .expect("an f32 buffer")
@@ -448,7 +453,7 @@ fn pipeline_step(
         }
     }
     for _ in 0..warmup {
-        let g = r.zeros()?.as_tensor().clone();
+        let g = r.gradient()?;
         with_f32_mut(&g, |b| comm.recv(next, b))?;
         let flight = flights.pop_front().context("a flight for the backward")?;
         let gin = r.backward(flight, Some(g), &mut acc)?;
@@ -479,11 +484,13 @@ fn pipeline_step(
             .find(|(n, _)| n == "wte.weight")
             .expect("found");
         if let Some(g) = acc.get(v.as_tensor()) {
+            // Sent from the gradient itself; the peer's received beside it, then added in.
             let peer = if first { stages - 1 } else { 0 };
-            let mine = g.flatten_all()?.to_vec1::<f32>()?;
-            let mut theirs = vec![0f32; mine.len()];
-            comm.send_recv(peer, &mine, peer, &mut theirs);
-            with_f32_mut(g, |a| a.iter_mut().zip(&theirs).for_each(|(x, y)| *x += y))?;
+            let mut theirs = vec![0f32; g.elem_count()];
+            with_f32_mut(g, |a| {
+                comm.send_recv(peer, a, peer, &mut theirs);
+                a.iter_mut().zip(&theirs).for_each(|(x, y)| *x += y);
+            })?;
         }
     }
     Ok(acc)
@@ -662,50 +669,15 @@ fn predict_windows(
     ])
 }
 
-/// One process on the whole global batch (`M·B` rows) from the same weights, its whole model.
-fn single(case: &Case, m: usize) -> anyhow::Result<super::Single> {
-    super::Single::new(
-        &Case {
-            batch: case.batch,
-            ..case.clone()
-        },
-        m,
-    )
-}
-
-/// `‖a − b‖ / ‖b‖` over every variable of the stage, `a` and `b` the tensors `pick` takes
-/// from the stage's variable and from the whole model's of the same name.
-fn compare(
-    stage: &Stage,
-    whole: &[(String, Var)],
-    pick: impl Fn(&str, &Var, &Var) -> anyhow::Result<(Tensor, Tensor)>,
-) -> anyhow::Result<f64> {
-    let mut sums = (0f64, 0f64);
-    for (name, v) in &stage.vars {
-        let (_, w) = whole
-            .iter()
-            .find(|(n, _)| n == name)
-            .with_context(|| format!("pipeline check: {name} is not in the whole model"))?;
-        let (a, b) = pick(name, v, w)?;
-        add_sums(
-            &mut sums,
-            &a.flatten_all()?.to_vec1::<f32>()?,
-            &b.flatten_all()?.to_vec1::<f32>()?,
-        );
-    }
-    Ok(rel(sums))
-}
-
 /// This stage's averaged gradients against the matching ones of one process on the global
-/// batch.
+/// batch (`M·B` rows, from the same weights).
 fn check_gradients(case: &Case, stage: &Stage, grads: &GradStore, m: usize) -> anyhow::Result<f64> {
-    let single = single(case, m)?;
+    let single = super::Single::new(case, m)?;
     let reference = single.step().gradients()?;
-    compare(stage, &single.vars, |name, v, w| {
-        let no = || format!("pipeline check: no gradient for {name}");
+    super::compare(&stage.vars, &single.vars, |name, v, w| {
         Ok((
-            grads.get(v.as_tensor()).with_context(no)?.clone(),
-            reference.get(w.as_tensor()).with_context(no)?.clone(),
+            super::grad_of(grads, name, v)?,
+            super::grad_of(&reference, name, w)?,
         ))
     })
 }
@@ -713,9 +685,9 @@ fn check_gradients(case: &Case, stage: &Stage, grads: &GradStore, m: usize) -> a
 /// This stage's weights after its two steps against one process's after two steps on the
 /// global batch.
 fn check_weights(case: &Case, stage: &Stage, m: usize) -> anyhow::Result<f64> {
-    let single = single(case, m)?;
+    let single = super::Single::new(case, m)?;
     single.step().train_twice()?;
-    compare(stage, &single.vars, |_, v, w| {
+    super::compare(&stage.vars, &single.vars, |_, v, w| {
         Ok((v.as_tensor().clone(), w.as_tensor().clone()))
     })
 }

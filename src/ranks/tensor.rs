@@ -35,15 +35,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use anyhow::{Context, ensure};
+use candle_core::backprop::GradStore;
 use candle_core::{
     CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, Var,
 };
 use candle_nn::{VarBuilder, VarMap};
 
 use super::comm::{Comm, Solo};
-use super::{
-    Check, Plan, RankReport, States, WINDOWS, Window, add_sums, named_vars, rel, window, zero,
-};
+use super::{Check, Plan, RankReport, States, WINDOWS, Window, named_vars, window, zero};
 use crate::formula::parallel::{self, Layout as ParallelLayout};
 use crate::formula::transformer::Shape as FormulaShape;
 use crate::meter::cpu_alloc;
@@ -290,7 +289,9 @@ fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Re
 /// Fills every shard variable with its slice of the whole model filled by
 /// `super::fill_deterministic` (by name), so a rank's shard is the single process's.
 fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> anyhow::Result<()> {
-    let full = Whole::new(case)?;
+    // One process's model (the same batch as every rank: tensor parallelism splits the model,
+    // not the data).
+    let full = super::Single::new(case, 1)?;
     for ((name, v), (other, w)) in vars.iter().zip(&full.vars) {
         ensure!(name == other, "ranks --tp: {name} against {other}");
         let part = slice_of(w.as_tensor(), v.dims(), rank, tp)?
@@ -299,41 +300,6 @@ fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> an
         zero::with_f32_mut(v.as_tensor(), |d| d.copy_from_slice(&part))?;
     }
     Ok(())
-}
-
-/// The whole model of one process on the same batch as every rank (tensor parallelism splits
-/// the model, not the data), from the deterministic fill.
-struct Whole {
-    _varmap: VarMap,
-    model: Transformer,
-    vars: Vec<(String, Var)>,
-}
-
-impl Whole {
-    fn new(case: &Case) -> anyhow::Result<Self> {
-        let varmap = VarMap::new();
-        let model = Transformer::new(
-            &case.cfg,
-            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-        )?;
-        let vars = named_vars(&varmap);
-        super::fill_deterministic(&vars)?;
-        Ok(Whole {
-            _varmap: varmap,
-            model,
-            vars,
-        })
-    }
-}
-
-/// The batch every rank trains on: the synthetic batch of `B` rows.
-fn batch(case: &Case) -> anyhow::Result<(Tensor, Tensor)> {
-    Ok(synthetic_batch(
-        case.batch,
-        case.seq,
-        case.cfg.vocab,
-        &Device::Cpu,
-    )?)
 }
 
 /// Runs one tensor-parallel rank of `case` under `plan` over `comm` (every rank of the world
@@ -359,7 +325,8 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         comm.barrier();
     }
     let _group = Group::join(comm.clone());
-    let (tokens, targets) = batch(case)?;
+    // Every rank trains on the same batch of `B` rows.
+    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
 
@@ -454,32 +421,15 @@ fn check_gradients(
     rank: usize,
     tp: usize,
     vars: &[(String, Var)],
-    grads: &candle_core::backprop::GradStore,
+    grads: &GradStore,
 ) -> anyhow::Result<f64> {
-    let whole = Whole::new(case)?;
-    let (tokens, targets) = batch(case)?;
-    let step = super::Step {
-        model: &whole.model,
-        vars: &whole.vars,
-        tokens: &tokens,
-        targets: &targets,
-        case,
-    };
-    let reference = step.gradients()?;
-    let mut sums = (0f64, 0f64);
-    for ((name, v), (other, w)) in vars.iter().zip(&whole.vars) {
-        ensure!(name == other, "ranks check: {name} against {other}");
-        let no = || format!("ranks check: no gradient for {name}");
-        let mine = grads.get(v.as_tensor()).with_context(no)?;
-        let theirs = reference.get(w.as_tensor()).with_context(no)?;
-        let theirs = slice_of(theirs, mine.dims(), rank, tp)?;
-        add_sums(
-            &mut sums,
-            &mine.flatten_all()?.to_vec1::<f32>()?,
-            &theirs.flatten_all()?.to_vec1::<f32>()?,
-        );
-    }
-    Ok(rel(sums))
+    let whole = super::Single::new(case, 1)?;
+    let reference = whole.step().gradients()?;
+    super::compare(vars, &whole.vars, |name, v, w| {
+        let mine = super::grad_of(grads, name, v)?;
+        let theirs = slice_of(&super::grad_of(&reference, name, w)?, mine.dims(), rank, tp)?;
+        Ok((mine, theirs))
+    })
 }
 
 /// This rank's shard after its two steps against the matching slices of one process's weights
@@ -490,27 +440,14 @@ fn check_weights(
     tp: usize,
     vars: &[(String, Var)],
 ) -> anyhow::Result<f64> {
-    let whole = Whole::new(case)?;
-    let (tokens, targets) = batch(case)?;
-    let step = super::Step {
-        model: &whole.model,
-        vars: &whole.vars,
-        tokens: &tokens,
-        targets: &targets,
-        case,
-    };
-    step.train_twice()?;
-    let mut sums = (0f64, 0f64);
-    for ((name, a), (other, b)) in vars.iter().zip(&whole.vars) {
-        ensure!(name == other, "ranks check: {name} against {other}");
-        let b = slice_of(b.as_tensor(), a.dims(), rank, tp)?;
-        add_sums(
-            &mut sums,
-            &a.flatten_all()?.to_vec1::<f32>()?,
-            &b.flatten_all()?.to_vec1::<f32>()?,
-        );
-    }
-    Ok(rel(sums))
+    let whole = super::Single::new(case, 1)?;
+    whole.step().train_twice()?;
+    super::compare(vars, &whole.vars, |_, a, b| {
+        Ok((
+            a.as_tensor().clone(),
+            slice_of(b.as_tensor(), a.dims(), rank, tp)?,
+        ))
+    })
 }
 
 /// The replay's shape of a rank of `tp`: `formula::parallel::shard` (heads, K/V heads and the
