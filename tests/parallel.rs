@@ -67,15 +67,7 @@ fn n(v: &Value, k: &str) -> u64 {
 /// (128256/8 · 16384 = 262,668,288), the last the final norm (16,384) and its share of the head.
 #[test]
 fn llama_405b_tp8_pp16_is_hand_arithmetic() {
-    let mut args = LLAMA_405B.to_vec();
-    args.extend([
-        "--dtype",
-        "bf16",
-        "--precision",
-        "mixed",
-        "--optimizer",
-        "adamw",
-    ]);
+    let args = llama_405b_mixed();
     let v = predict(&args, "tp=8,pp=16").unwrap();
     assert_eq!(v["parallel"]["gpus"], 128);
     let r = ranks(&v);
@@ -113,15 +105,7 @@ fn llama_405b_tp8_pp16_is_hand_arithmetic() {
 /// 94.5 GiB a rank, more than an 80 GiB GPU holds before any activation.
 #[test]
 fn llama_405b_zero3_over_64_ranks() {
-    let mut args = LLAMA_405B.to_vec();
-    args.extend([
-        "--dtype",
-        "bf16",
-        "--precision",
-        "mixed",
-        "--optimizer",
-        "adamw",
-    ]);
+    let args = llama_405b_mixed();
     let v = predict(&args, "dp=64,zero=3").unwrap();
     let r = &ranks(&v)[0];
     let p = 405_853_388_800u64;
