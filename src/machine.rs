@@ -58,12 +58,23 @@ pub fn resolve_threads(
     Ok(value as usize)
 }
 
+/// candle's setting of how long its element-wise pool's idle workers spin before parking.
+pub const SPIN_LIMIT: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
+
 /// Pins the CPU backend to `threads`: the rayon pool and candle's gemm (which reads
 /// `RAYON_NUM_THREADS`).
 pub fn pin_threads(threads: usize) -> anyhow::Result<()> {
     // SAFETY: called before memfit starts any thread of its own; nothing reads the
     // environment concurrently.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+    // candle 0.11.1 runs its element-wise ops on a pool of its own beside rayon's (gemm's):
+    // its workers spin 25,000 rounds after each op before parking, on the cores the next
+    // gemm's rayon workers need (`threads` of each pool on `threads` cores). Parked at once,
+    // they leave the cores to whichever pool has work; the user's own setting is kept.
+    if std::env::var_os(SPIN_LIMIT).is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var(SPIN_LIMIT, "0") };
+    }
     match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()

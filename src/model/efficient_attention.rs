@@ -27,6 +27,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 
 use super::kernels::cpu::{Float, same};
+use super::kernels::simd::{self, multiversion};
 
 /// The op; `scale` is `1/√D`.
 #[derive(Debug, Clone, Copy)]
@@ -59,11 +60,60 @@ impl EfficientAttention {
     }
 }
 
-fn dot<T: Float>(a: &[T], b: &[T]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x.f() * y.f()).sum()
+/// Keys scored at once, into a buffer on the stack (so the op allocates what it always did).
+const BLOCK: usize = 64;
+
+/// One query row of one head (`qi` against key/value head `kv` over `keys`): its softmax's
+/// maximum `m` and sum `l` (online over blocks of keys), `acc` left holding `Σ_j e^(x_j − m)·v_j`.
+#[inline(always)]
+fn attend_row<T: Float>(
+    qi: &[T],
+    k: Rows<T>,
+    v: Rows<T>,
+    kv: usize,
+    keys: Range<usize>,
+    scale: f32,
+    acc: &mut [f32],
+) -> (f32, f32) {
+    let mut xs = [0f32; BLOCK];
+    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+    acc.iter_mut().for_each(|x| *x = 0.0);
+    let mut j0 = keys.start;
+    while j0 < keys.end {
+        let n = (keys.end - j0).min(BLOCK);
+        let mut bm = f32::NEG_INFINITY;
+        for (t, x) in xs[..n].iter_mut().enumerate() {
+            *x = simd::dot(qi, k.row(kv, j0 + t)) * scale;
+            bm = bm.max(*x);
+        }
+        if bm > m {
+            let r = (m - bm).exp();
+            l *= r;
+            simd::scale(acc, r);
+            m = bm;
+        }
+        for (t, x) in xs[..n].iter().enumerate() {
+            let p = (x - m).exp();
+            l += p;
+            simd::axpy(acc, p, v.row(kv, j0 + t));
+        }
+        j0 += n;
+    }
+    (m, l)
 }
 
-/// A row's maximum and softmax denominator over `keys` of key head `hk`.
+multiversion!(fn attend_row_fast<T: Float>(
+    qi: &[T],
+    k: Rows<T>,
+    v: Rows<T>,
+    kv: usize,
+    keys: Range<usize>,
+    scale: f32,
+    acc: &mut [f32],
+) -> (f32, f32) = attend_row);
+
+/// A row's maximum and softmax denominator over `keys` of key head `hk` (online over blocks).
+#[inline(always)]
 fn row_stats<T: Float>(
     qi: &[T],
     k: Rows<T>,
@@ -71,16 +121,97 @@ fn row_stats<T: Float>(
     keys: Range<usize>,
     scale: f32,
 ) -> (f32, f32) {
-    let mut m = f32::NEG_INFINITY;
-    for j in keys.clone() {
-        m = m.max(dot(qi, k.row(hk, j)) * scale);
-    }
-    let mut l = 0.0;
-    for j in keys {
-        l += (dot(qi, k.row(hk, j)) * scale - m).exp();
+    let mut xs = [0f32; BLOCK];
+    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+    let mut j0 = keys.start;
+    while j0 < keys.end {
+        let n = (keys.end - j0).min(BLOCK);
+        let mut bm = f32::NEG_INFINITY;
+        for (t, x) in xs[..n].iter_mut().enumerate() {
+            *x = simd::dot(qi, k.row(hk, j0 + t)) * scale;
+            bm = bm.max(*x);
+        }
+        if bm > m {
+            l *= (m - bm).exp();
+            m = bm;
+        }
+        l += xs[..n].iter().map(|x| (x - m).exp()).sum::<f32>();
+        j0 += n;
     }
     (m, l)
 }
+
+/// Pass 1 of the backward for one query row (`qi`, its output's gradient `gi` and output `oi`):
+/// its statistics `(m, l, dO·O)`, and `dQ_i·√D` accumulated into `acc`.
+#[inline(always)]
+fn query_grad<T: Float>(
+    [qi, gi, oi]: [&[T]; 3],
+    k: Rows<T>,
+    v: Rows<T>,
+    hk: usize,
+    keys: Range<usize>,
+    scale: f32,
+    acc: &mut [f32],
+) -> (f32, f32, f32) {
+    let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
+    let di = simd::dot(gi, oi);
+    acc.iter_mut().for_each(|x| *x = 0.0);
+    for j in keys {
+        let (kj, vj) = (k.row(hk, j), v.row(hk, j));
+        let p = (simd::dot(qi, kj) * scale - m).exp() / l;
+        let ds = p * (simd::dot(gi, vj) - di) * scale;
+        simd::axpy(acc, ds, kj);
+    }
+    (m, l, di)
+}
+
+multiversion!(fn query_grad_fast<T: Float>(
+    rows: [&[T]; 3],
+    k: Rows<T>,
+    v: Rows<T>,
+    hk: usize,
+    keys: Range<usize>,
+    scale: f32,
+    acc: &mut [f32],
+) -> (f32, f32, f32) = query_grad);
+
+/// Pass 2 of the backward for key `j` of key head `hk` (`kj`, `vj`): `dK_j` into `acc` and
+/// `dV_j` into `acc_v` over the `queries` that see it in each of the group's `r` query heads
+/// (`[hk, r, S]`; row `t·S + i` of `stats` is query head `hk·r + t` at position `i`).
+#[inline(always)]
+fn key_grad<T: Float>(
+    [kj, vj]: [&[T]; 2],
+    [q, g]: [Rows<T>; 2],
+    queries: Range<usize>,
+    [hk, r, s]: [usize; 3],
+    stats: &[(f32, f32, f32)],
+    scale: f32,
+    [acc, acc_v]: [&mut [f32]; 2],
+) -> () {
+    acc.iter_mut().for_each(|x| *x = 0.0);
+    acc_v.iter_mut().for_each(|x| *x = 0.0);
+    for t in 0..r {
+        let h = hk * r + t;
+        for i in queries.clone() {
+            let (m, l, di) = stats[t * s + i];
+            let (qi, gi) = (q.row(h, i), g.row(h, i));
+            let p = (simd::dot(qi, kj) * scale - m).exp() / l;
+            let ds = p * (simd::dot(gi, vj) - di) * scale;
+            simd::axpy(acc, ds, qi);
+            simd::axpy(acc_v, p, gi);
+        }
+    }
+}
+
+multiversion!(fn key_grad_fast<T: Float>(
+    kv: [&[T]; 2],
+    qg: [Rows<T>; 2],
+    queries: Range<usize>,
+    group: [usize; 3],
+    stats: &[(f32, f32, f32)],
+    scale: f32,
+    accs: [&mut [f32]; 2],
+) -> () = key_grad);
 
 /// The rows of a 4-d operand read through its strides (its last dimension contiguous), so the
 /// op takes the transposed head split of a projection without a contiguous copy: row `(h, i)`
@@ -119,6 +250,7 @@ impl<'a, T> Rows<'a, T> {
         })
     }
 
+    #[inline(always)]
     fn row(&self, h: usize, i: usize) -> &'a [T] {
         let o = self.start + (h / self.heads) * self.sb + (h % self.heads) * self.sh + i * self.ss;
         &self.data[o..o + self.d]
@@ -139,24 +271,8 @@ impl EfficientAttention {
                 let (b, i) = (c / s, c % s);
                 for hh in 0..a {
                     let h = b * a + hh;
-                    let qi = q.row(h, i);
-                    let kv = h / r;
-                    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-                    acc.iter_mut().for_each(|x| *x = 0.0);
-                    for j in self.keys(i, s) {
-                        let x = dot(qi, k.row(kv, j)) * scale;
-                        if x > m {
-                            let r = (m - x).exp();
-                            l *= r;
-                            acc.iter_mut().for_each(|a| *a *= r);
-                            m = x;
-                        }
-                        let p = (x - m).exp();
-                        l += p;
-                        for (a, vj) in acc.iter_mut().zip(v.row(kv, j)) {
-                            *a += p * vj.f();
-                        }
-                    }
+                    let keys = self.keys(i, s);
+                    let (_, l) = attend_row_fast(q.row(h, i), k, v, h / r, keys, scale, acc);
                     for (o, a) in o[hh * d..(hh + 1) * d].iter_mut().zip(acc.iter()) {
                         *o = T::of(a / l);
                     }
@@ -196,20 +312,8 @@ impl EfficientAttention {
                 let mut acc = vec![0f32; d];
                 for (row, st) in stats.iter_mut().enumerate() {
                     let (h, i) = head(row);
-                    let (qi, gi) = (q.row(h, i), g.row(h, i));
-                    let keys = self.keys(i, s);
-                    let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
-                    let di = dot(gi, o.row(h, i));
-                    *st = (m, l, di);
-                    acc.iter_mut().for_each(|x| *x = 0.0);
-                    for j in keys {
-                        let (kj, vj) = (k.row(hk, j), v.row(hk, j));
-                        let p = (dot(qi, kj) * scale - m).exp() / l;
-                        let ds = p * (dot(gi, vj) - di) * scale;
-                        for (x, kv) in acc.iter_mut().zip(kj) {
-                            *x += ds * kv.f();
-                        }
-                    }
+                    let rows = [q.row(h, i), g.row(h, i), o.row(h, i)];
+                    *st = query_grad_fast(rows, k, v, hk, self.keys(i, s), scale, &mut acc);
                     for (x, a) in dq[row * d..(row + 1) * d].iter_mut().zip(&acc) {
                         *x = T::of(*a);
                     }
@@ -217,24 +321,10 @@ impl EfficientAttention {
                 // Pass 2, by key: dK_j and dV_j over the group's queries that see key j.
                 let mut acc_v = vec![0f32; d];
                 for j in 0..s {
-                    let (kj, vj) = (k.row(hk, j), v.row(hk, j));
-                    acc.iter_mut().for_each(|x| *x = 0.0);
-                    acc_v.iter_mut().for_each(|x| *x = 0.0);
-                    let queries = self.queries(j, s);
-                    let rows = (0..r).flat_map(|t| queries.clone().map(move |i| t * s + i));
-                    for row in rows {
-                        let (m, l, di) = stats[row];
-                        let (h, i) = head(row);
-                        let (qi, gi) = (q.row(h, i), g.row(h, i));
-                        let p = (dot(qi, kj) * scale - m).exp() / l;
-                        let ds = p * (dot(gi, vj) - di) * scale;
-                        for ((x, xv), (qv, gv)) in
-                            acc.iter_mut().zip(acc_v.iter_mut()).zip(qi.iter().zip(gi))
-                        {
-                            *x += ds * qv.f();
-                            *xv += p * gv.f();
-                        }
-                    }
+                    let kv = [k.row(hk, j), v.row(hk, j)];
+                    let (group, queries) = ([hk, r, s], self.queries(j, s));
+                    let accs = [&mut acc[..], &mut acc_v[..]];
+                    key_grad_fast(kv, [q, g], queries, group, &stats, scale, accs);
                     for ((x, xv), (a, av)) in dk[j * d..(j + 1) * d]
                         .iter_mut()
                         .zip(dv[j * d..(j + 1) * d].iter_mut())

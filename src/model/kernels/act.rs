@@ -8,6 +8,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, S
 
 use super::Kernel;
 use super::cpu::{Float, dispatch, rows, same, slice, zeros};
+use super::simd::{self, multiversion};
 
 /// `gelu(x)` (tanh approximation, candle's `Tensor::gelu`) with a fused backward.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
@@ -56,6 +57,39 @@ fn same_shape(gate: &Tensor, up: &Tensor) -> Result<()> {
 
 struct GeluOp;
 
+/// GELU (tanh) of one element: `x·σ(2u)`, `u = c(x + a x³)`.
+#[inline(always)]
+fn gelu_of(x: f32) -> f32 {
+    let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
+    x * simd::sigmoid(2.0 * c * (x + a * x * x * x))
+}
+
+/// Its derivative times `d`: `gelu' = s + 2x·s(1 − s)·c(1 + 3a x²)`, `s = σ(2u)` (`= ½(1 +
+/// tanh u) + ½x(1 − tanh² u)·u'`).
+#[inline(always)]
+fn gelu_grad_of(x: f32, d: f32) -> f32 {
+    let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
+    let s = simd::sigmoid(2.0 * c * (x + a * x * x * x));
+    let du = c * (1.0 + 3.0 * a * x * x);
+    d * (s + 2.0 * x * s * (1.0 - s) * du)
+}
+
+#[inline(always)]
+fn gelu_row<T: Float>(x: &[T], o: &mut [T]) {
+    for (o, x) in o.iter_mut().zip(x) {
+        *o = T::of(gelu_of(x.f()));
+    }
+}
+multiversion!(fn gelu_row_fast<T: Float>(x: &[T], o: &mut [T]) -> () = gelu_row);
+
+#[inline(always)]
+fn gelu_grad_row<T: Float>(x: &[T], d: &[T], o: &mut [T]) {
+    for ((o, x), d) in o.iter_mut().zip(x).zip(d) {
+        *o = T::of(gelu_grad_of(x.f(), d.f()));
+    }
+}
+multiversion!(fn gelu_grad_row_fast<T: Float>(x: &[T], d: &[T], o: &mut [T]) -> () = gelu_grad_row);
+
 struct SiluMulOp {
     oss: bool,
 }
@@ -93,9 +127,24 @@ impl CustomOp1 for GeluOp {
         Kernel::Gelu.name()
     }
 
-    /// candle's own element-wise GELU: one output, exactly the composed forward's values.
+    /// `gelu(x) = x·σ(2u)` (`= ½x(1 + tanh u)`, `u = c(x + a x³)`) per element through
+    /// [`simd::sigmoid`], a loop the compiler vectorises: within a few ulp of candle's `gelu`
+    /// (its `tanh` from the C library, element by element), whose values a strided `x` gets.
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok((s.unary_impl::<candle_core::op::Gelu>(l)?, l.shape().clone()))
+        if !l.is_contiguous() {
+            return Ok((s.unary_impl::<candle_core::op::Gelu>(l)?, l.shape().clone()));
+        }
+        let op = self.name();
+        dispatch!(op, s, |x: T| {
+            let x = slice(x, l, op, "x")?;
+            let n = l.shape().dims().last().copied().unwrap_or(1).max(1);
+            let mut out = zeros::<T>(x.len());
+            rows(&mut out, n, |i, o| gelu_row_fast(&x[i * n..(i + 1) * n], o));
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                l.shape().clone(),
+            ))
+        })
     }
 
     #[cfg(feature = "cuda")]
@@ -266,9 +315,8 @@ impl CustomOp3 for SiluMulGradOp {
 }
 
 /// GELU's (tanh) backward in one pass over contiguous x and the output's gradient: `dx =
-/// dy·gelu'(x)` in the inputs' type, computed in f32 per element (`gelu' = ½(1 + tanh u) +
-/// ½·x·(1 − tanh² u)·c(1 + 3a x²)`, `u = c(x + a x³)`) — one allocation, where a composition
-/// of tensor ops held three f32 tensors of x's size beside it.
+/// dy·gelu'(x)` in the inputs' type, computed in f32 per element ([`gelu_grad_of`]) — one
+/// allocation, where a composition of tensor ops held three f32 tensors of x's size beside it.
 pub(crate) struct GeluGradOp;
 
 impl CustomOp2 for GeluGradOp {
@@ -283,11 +331,23 @@ impl CustomOp2 for GeluGradOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (c, a) = (super::GELU_C as f32, super::GELU_A as f32);
-        map2(self.name(), ("x", s1, l1), ("grad", s2, l2), |v, d| {
-            let t = (c * (v + a * v * v * v)).tanh();
-            let du = c * (1.0 + 3.0 * a * v * v);
-            d * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du)
+        let op = self.name();
+        dispatch!(op, s1, |x: T| {
+            let x = slice(x, l1, op, "x")?;
+            let d = slice(same::<T>(op, s2)?, l2, op, "grad")?;
+            if x.len() != d.len() {
+                candle_core::bail!("{op}: x and grad differ in size")
+            }
+            let n = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+            let mut out = zeros::<T>(x.len());
+            rows(&mut out, n, |i, o| {
+                let r = i * n..(i + 1) * n;
+                gelu_grad_row_fast(&x[r.clone()], &d[r], o)
+            });
+            Ok((
+                <T as candle_core::WithDType>::to_cpu_storage_owned(out),
+                l1.shape().clone(),
+            ))
         })
     }
 

@@ -49,6 +49,7 @@ mod loss;
 mod norm;
 mod rotary;
 mod scatter;
+pub(crate) mod simd;
 pub mod tiled;
 
 pub use act::{gelu, oss_glu, silu_mul, silu_mul_holding};
