@@ -742,7 +742,7 @@ fn b5_is_decided_by_the_stored_ranks() {
         "results/cpu/ranks holds a ZeRO 3 run"
     );
     assert!(
-        c.measured.contains("weights per rank, ZeRO 3: 2: "),
+        c.measured.contains("weights per rank, ZeRO 3: 1: ") && c.measured.contains(", 2: "),
         "{c:?}"
     );
     let mut kept_whole = docs.clone();
