@@ -8,10 +8,13 @@
 //!   tensor sharing that storage — the model's, the graph's saved references — keeps pointing at
 //!   it: FSDP's `storage.resize_(0)`). Gathering is [`fill`]: a fresh `Vec` of the whole length,
 //!   all-gathered into from every rank's run (`MPI_Allgatherv`), becomes the storage again.
-//!   Nothing in candle 0.11.1 keeps a storage's length (a tensor holds its layout — shape,
-//!   strides, offset — and an `Arc` of the storage; a kernel reads the storage through the
-//!   layout), so an op on an emptied weight fails on the slice rather than reading stale
-//!   bytes.
+//!   Nothing in candle 0.11.1 keeps a storage's length (`Tensor_` holds its layout — shape,
+//!   strides, offset — and an `Arc<RwLock<Storage>>`; a kernel reads the storage through the
+//!   layout when it runs), so a refilled storage is read whole by every tensor sharing it.
+//!   An op on an *emptied* weight is not caught by candle everywhere: its CPU matmul slices
+//!   from the offset and hands gemm a raw pointer, reading past the empty `Vec`. Only the
+//!   order below (every unit gathered before its forward and its backward) keeps that from
+//!   happening; `--check` (gradients and weights equal to one process's) is what shows it.
 //! - **Units**: the parts the block-by-block backward already cuts the model into
 //!   ([`crate::phase::by_block`]): the embedding, each block, the head (final norm and head).
 //!   Forward: for each unit, gather its parameters, run its forward, reshard them
@@ -769,7 +772,9 @@ mod tests {
         };
         let (tokens, targets) =
             crate::model::transformer::synthetic_batch(2, 16, cfg.vocab, &Device::Cpu)?;
-        let run = |second_use: bool| -> anyhow::Result<Vec<(String, Vec<f32>, Vec<f32>)>> {
+        // Each variable's name, its gradient through the units, the by-block one.
+        type Compared = Vec<(String, Vec<f32>, Vec<f32>)>;
+        let run = |second_use: bool| -> anyhow::Result<Compared> {
             let varmap = VarMap::new();
             let model = Transformer::new(
                 &cfg,
