@@ -247,7 +247,8 @@ pub struct RanksArgs {
     pub grid: GridArgs,
     /// ZeRO stage over the ranks: 0 (plain data parallel: gradients all-reduced, every rank
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
-    /// too). Stage 3 is refused, saying why. Default 1, and 0 with `--tp` (which runs
+    /// too), 3 (the weights sharded too, as FSDP's FULL_SHARD: each unit — the embedding, a
+    /// block, the head — gathered while it runs). Default 1, and 0 with `--tp` (which runs
     /// without ZeRO); not with `--pp`.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
@@ -260,6 +261,10 @@ pub struct RanksArgs {
     /// `--check` catches it.
     #[arg(long, hide = true)]
     pub tp_skip_f_all_reduce: bool,
+    /// (testing) ZeRO 3 without a tied table's second use (the embedding's gradient is not
+    /// added into the table's shard), to show that `--check` catches it.
+    #[arg(long, hide = true)]
+    pub zero3_skip_tied_second_use: bool,
     /// Pipeline parallelism instead of data parallelism: a stage a rank (this many ranks
     /// launched), Megatron's 1F1B schedule over `--microbatches` microbatches of `--batch` rows.
     #[arg(long, value_name = "STAGES")]

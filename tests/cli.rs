@@ -863,7 +863,7 @@ fn sizes_without_a_unit_or_zero_are_refused() {
 }
 
 /// `memfit ranks` refuses, by name, what it does not run on ranks: a 16-bit case (ranks train
-/// in f32), ZeRO stage 3, LoRA, 8-bit AdamW, several cases, a pipeline of more stages than
+/// in f32), ZeRO stage 3 with checkpointing, ZeRO 3's testing flag elsewhere, LoRA, 8-bit AdamW, several cases, a pipeline of more stages than
 /// layers, of one stage, with ZeRO or without microbatches; nothing panics.
 #[test]
 fn ranks_refuses_what_it_does_not_run() {
@@ -872,7 +872,14 @@ fn ranks_refuses_what_it_does_not_run() {
     ];
     for (more, says) in [
         (vec!["--dtype", "f16"], "ranks train in f32"),
-        (vec!["--zero", "3"], "ZeRO stage 3"),
+        (
+            vec!["--zero", "3", "--checkpoint", "1"],
+            "not run under ZeRO 3",
+        ),
+        (
+            vec!["--zero3-skip-tied-second-use"],
+            "without --zero 3 and a tied head",
+        ),
         (vec!["--lora-rank", "4"], "ViT or LoRA"),
         (vec!["--optimizer", "adamw-8bit"], "adamw-8bit's blocks"),
         (vec!["--batch", "1,2"], "give one"),

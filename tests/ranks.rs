@@ -5,7 +5,8 @@
 //! optimizer state a rank holds falls as 1/N with the ranks. Tensor parallelism (`--tp`) on a
 //! LLaMA with grouped K/V heads: every window within tolerance, each rank's shard of the
 //! gradients and weights equal to the slices of one process's, and the check failing when `f`
-//! does not all-reduce its gradient.
+//! does not all-reduce its gradient. ZeRO 3 (`--zero 3`, FSDP's FULL_SHARD): every window within
+//! tolerance, the check passing, and failing without a tied table's second use.
 //!
 //! Built only with the `ranks` feature (scripts/test.sh turns it on; scripts/setup.sh test
 //! installs Open MPI).
@@ -205,6 +206,46 @@ fn b5_state_falls_as_one_over_ranks() {
         assert!(
             (g - g1 / n as f64).abs() / (g1 / n as f64) < 0.05,
             "ZeRO 2 × {n}: rank 0 keeps {g} B of gradients, one rank {g1}"
+        );
+    }
+}
+
+/// ZeRO 3 (FSDP's FULL_SHARD) over 2 ranks, a GPT whose head is tied to the token table and an
+/// untied LLaMA: every window within the tolerance of its prediction (the replay of the same
+/// unit-by-unit step), the gradients (every rank's shards gathered) and the weights after two
+/// steps those of one process on the global batch; a rank holds half the weights ZeRO 2's
+/// does. Without the tied table's second use (the embedding's gradient), the check says so.
+#[test]
+fn zero3_on_two_ranks_as_predicted_and_as_one_process() {
+    let tied: Vec<&str> = GPT.iter().copied().chain(["--tied", "on"]).collect();
+    let doc = ranks(2, 3, &tied);
+    assert_eq!(
+        window_names(&doc),
+        [
+            "init",
+            "shard",
+            "forward",
+            "backward",
+            "optimizer",
+            "train-step"
+        ]
+    );
+    check_all(&doc, 2, "gpt tied zero 3");
+    check_all(&ranks(2, 3, LLAMA), 2, "llama zero 3");
+    let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]) as f64;
+    let z2 = ranks(2, 2, &tied);
+    for r in 0..2 {
+        let (w3, w2) = (weights(&doc, r), weights(&z2, r));
+        assert!(
+            (w3 - w2 / 2.0).abs() / (w2 / 2.0) < 0.05,
+            "rank {r}: ZeRO 3 holds {w3} B of weights, ZeRO 2 {w2}"
+        );
+    }
+    let broken = run(2, &tied, &["--zero", "3", "--zero3-skip-tied-second-use"]);
+    for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
+        assert!(
+            g > 1e-3,
+            "rank {r}: the tied table without its second use, yet gradients within {g:e} of one process"
         );
     }
 }

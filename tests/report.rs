@@ -736,6 +736,15 @@ fn b5_is_decided_by_the_stored_ranks() {
         c.measured.contains("ZeRO 1, by ranks: 1: ") && c.measured.contains(", 4: "),
         "{c:?}"
     );
+    // A ZeRO 3 document (its own windows) is read beside them: its weights per rank listed.
+    assert!(
+        docs.iter().any(|d| d.zero == 3),
+        "results/cpu/ranks holds a ZeRO 3 run"
+    );
+    assert!(
+        c.measured.contains("weights per rank, ZeRO 3: 1: ") && c.measured.contains(", 2: "),
+        "{c:?}"
+    );
     let mut kept_whole = docs.clone();
     for d in kept_whole
         .iter_mut()

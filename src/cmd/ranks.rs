@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use crate::cli::RanksArgs;
 use crate::ranks::comm::Comm;
 use crate::ranks::pipeline::{PipePlan, PipelineDoc, StageReport};
-use crate::ranks::{self, Plan, RankReport, WINDOWS, Window};
+use crate::ranks::{self, Plan, RankReport, Window};
 use crate::units::human_bytes;
 use crate::workload::{self, WorkloadFile};
 
@@ -74,6 +74,18 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.tp > 1 || !args.tp_skip_f_all_reduce,
         "memfit ranks: --tp-skip-f-all-reduce without --tp"
     );
+    ensure!(
+        !args.zero3_skip_tied_second_use || (zero == 3 && case.cfg.tied),
+        "memfit ranks: --zero3-skip-tied-second-use without --zero 3 and a tied head"
+    );
+    if zero == 3 {
+        ensure!(
+            args.tp == 1,
+            "memfit ranks --zero 3 --tp {}: ZeRO 3 runs without tensor parallelism here",
+            args.tp
+        );
+        ranks::fsdp::check_fsdp(case)?;
+    }
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
     let plan = Plan {
@@ -82,6 +94,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         threads: args.threads,
         tp: args.tp,
         f_all_reduce: !args.tp_skip_f_all_reduce,
+        tied_second_use: !args.zero3_skip_tied_second_use,
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -248,6 +261,8 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             "tensor parallel over {} (each rank one shard, every rank the same batch; the token table and head replicated)",
             args.tp
         )
+    } else if zero == 3 {
+        "ZeRO 3 (FSDP FULL_SHARD: every parameter sharded, each unit gathered while it runs, no prefetch)".to_string()
     } else {
         format!("ZeRO {zero}")
     };
@@ -264,7 +279,7 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
     );
     print_windows(
         "rank",
-        &WINDOWS,
+        ranks::windows_of_stage(zero),
         reports.iter().map(|r| (r.rank, &r.windows[..])),
     );
     if args.tp > 1 {

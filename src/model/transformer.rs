@@ -832,6 +832,38 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// A copy with `base` applied to every base weight (and the rotary tables) and `adapter`
     /// to every LoRA tensor, in model order (for each projection: weight, bias, A, B; each
     /// block's in its segment), keeping `own` beside. A tied head is the mapped token table.
+    /// The weights of each part the block-by-block backward cuts the model into, in the
+    /// forward's order: the embedding (the token table, GPT's position table), each block, then
+    /// the head (the final norm and the head's weight: the token table itself when tied). The
+    /// units ZeRO 3 gathers and reshards one at a time (`ranks::fsdp`); clones of the model's
+    /// own tensors (nothing allocated). A ViT's patch stem is not a part here (`Err`).
+    pub(crate) fn part_weights(&self) -> Result<Vec<Vec<T>>> {
+        use std::cell::RefCell;
+        let seen = RefCell::new(Vec::new());
+        let rec = |t: &T| {
+            seen.borrow_mut().push(t.clone());
+            Ok(t.clone())
+        };
+        let take = || std::mem::take(&mut *seen.borrow_mut());
+        let mut parts = Vec::with_capacity(self.blocks.len() + 2);
+        match &self.stem {
+            Stem::Tokens(wte) => rec(wte).map(drop)?,
+            Stem::Patches { .. } => candle_core::bail!("part_weights: a ViT's stem is not split"),
+        }
+        if let Some(wpe) = &self.wpe {
+            rec(wpe)?;
+        }
+        parts.push(take());
+        for b in &self.blocks {
+            b.map(&rec, &rec, &rec)?;
+            parts.push(take());
+        }
+        self.ln_f.map(&rec)?;
+        self.head.map(&rec, &rec)?;
+        parts.push(take());
+        Ok(parts)
+    }
+
     pub(crate) fn map_with(&self, base: &Map<'_, T>, adapter: &Map<'_, T>, own: C) -> Result<Self> {
         self.map_parts(base, adapter, None, own, true)
     }

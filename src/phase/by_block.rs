@@ -48,23 +48,23 @@ pub use crate::step::Backward;
 /// A boundary between two parts: the tensor the lower part made (its storage moved out), the
 /// id of the variable that holds its values now (the upper part's input), and the lower part's
 /// segment (the embedding's: the outer one; a block's: its tag).
-struct Boundary<T: Autograd> {
-    made: T,
+pub(crate) struct Boundary<T: Autograd> {
+    pub(crate) made: T,
     var: T::Id,
-    part: u32,
+    pub(crate) part: u32,
 }
 
 /// What the forward leaves for the backward.
 pub struct Forward<T: Autograd = Tensor> {
-    loss: T,
+    pub(crate) loss: T,
     /// The boundaries from the bottom (the embedding's output) to the top (the head's
     /// input); `None` where the tensor was not tracked.
-    cuts: Vec<Option<Boundary<T>>>,
+    pub(crate) cuts: Vec<Option<Boundary<T>>>,
 }
 
 /// Cuts `x` where it is tracked, in the segment of the part that made it: `(the upper part's
 /// input, the boundary)`.
-fn boundary<T: Autograd>(x: T, part: u32) -> Result<(T, Option<Boundary<T>>)> {
+pub(crate) fn boundary<T: Autograd>(x: T, part: u32) -> Result<(T, Option<Boundary<T>>)> {
     if !x.tracked() {
         return Ok((x, None));
     }
@@ -162,7 +162,10 @@ pub fn backward<T: Autograd>(vars: &[T::Var], fwd: Forward<T>) -> Result<T::Grad
 }
 
 /// The gradient of the boundary below (the next to seed), when it is tracked.
-fn take_cut<T: Autograd>(all: &T::Grads, below: Option<&Option<Boundary<T>>>) -> Result<Option<T>> {
+pub(crate) fn take_cut<T: Autograd>(
+    all: &T::Grads,
+    below: Option<&Option<Boundary<T>>>,
+) -> Result<Option<T>> {
     match below {
         Some(Some(b)) => T::grad_of(all, b.var)
             .map(Some)

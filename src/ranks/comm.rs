@@ -20,6 +20,10 @@ pub trait Comm {
     fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>);
     /// `buf` of `root` copied into `buf` of every rank, in place.
     fn broadcast(&self, root: usize, buf: &mut [f32]);
+    /// Every rank's `send` into `recv` on every rank (`MPI_Allgatherv`): rank `r`'s lands at
+    /// [`super::zero::run_of`]`(recv.len(), size, r)`, the run it must send (ZeRO 3's gather of
+    /// a parameter from its shards).
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]);
     /// Every rank's `send` (of any length), on every rank, in rank order.
     fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>>;
     /// Waits until every rank is here.
@@ -52,6 +56,9 @@ impl Comm for Solo {
         }
     }
     fn broadcast(&self, _root: usize, _buf: &mut [f32]) {}
+    fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
     fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>> {
         vec![send.to_vec()]
     }
@@ -127,6 +134,23 @@ mod mpi_comm {
         }
         fn broadcast(&self, root: usize, buf: &mut [f32]) {
             self.world.process_at_rank(root as i32).broadcast_into(buf);
+        }
+        fn all_gather_into(&self, send: &[f32], recv: &mut [f32]) {
+            let (n, size) = (recv.len(), self.size());
+            assert_eq!(
+                send.len(),
+                crate::ranks::zero::run_of(n, size, self.rank()).len(),
+                "all_gather_into: a rank sends its own run"
+            );
+            // Rank r's run of n: ⌈n/size⌉ from r·⌈n/size⌉, the last shorter or empty.
+            let counts: Vec<Count> = (0..size)
+                .map(|r| crate::ranks::zero::run_of(n, size, r).len() as Count)
+                .collect();
+            let displs: Vec<Count> = (0..size)
+                .map(|r| crate::ranks::zero::run_of(n, size, r).start as Count)
+                .collect();
+            let mut parts = PartitionMut::new(recv, &counts[..], &displs[..]);
+            self.world.all_gather_varcount_into(send, &mut parts);
         }
         fn all_gather_bytes(&self, send: &[u8]) -> Vec<Vec<u8>> {
             let mut counts = vec![0 as Count; self.size()];

@@ -23,6 +23,7 @@
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
+pub mod fsdp;
 pub mod pipeline;
 pub mod tensor;
 pub mod zero;
@@ -176,6 +177,13 @@ fn one() -> usize {
     1
 }
 
+/// The windows a data-parallel rank of ZeRO `stage` measures: [`WINDOWS`], or ZeRO 3's
+/// ([`fsdp::WINDOWS`]: the reduce-scatters inside the backward, the gathers inside the forward
+/// and backward).
+pub fn windows_of_stage(stage: u8) -> &'static [&'static str] {
+    if stage == 3 { &fsdp::WINDOWS } else { &WINDOWS }
+}
+
 impl RanksDoc {
     pub fn new(
         case: &Case,
@@ -205,7 +213,10 @@ impl RanksDoc {
             zero,
             tp,
             mpi_library: library,
-            windows: WINDOWS.iter().map(|w| w.to_string()).collect(),
+            windows: windows_of_stage(zero)
+                .iter()
+                .map(|w| w.to_string())
+                .collect(),
             layers,
             ranks,
         }
@@ -245,6 +256,9 @@ pub struct Plan {
     /// Tensor parallelism's `f` all-reduces the gradient in its backward (false only to show
     /// that `--check` catches its absence).
     pub f_all_reduce: bool,
+    /// ZeRO 3 adds a tied table's second use (the embedding's) into its gradient's shard
+    /// (false only to show that `--check` catches its absence).
+    pub tied_second_use: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -276,8 +290,8 @@ pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
         case.optimizer.as_str()
     );
     ensure!(
-        zero <= 2,
-        "ranks: ZeRO stage {zero}: stages 0, 1 and 2 run on ranks; stage 3 would gather each layer's weights ahead of use, which candle's graph (it keeps the weights it multiplied) does not allow"
+        zero <= 3,
+        "ranks: ZeRO stage {zero}: stages 0 to 3 run on ranks"
     );
     Ok(())
 }
@@ -418,6 +432,9 @@ impl Step<'_> {
 /// Runs one rank of `case` under `plan` over `comm`, measuring and predicting its windows.
 pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
     check_case(case, plan.zero)?;
+    if plan.zero == 3 {
+        return fsdp::run_fsdp_rank(case, plan, comm);
+    }
     let (rank, ranks) = (comm.rank(), comm.size());
     let device = Device::Cpu;
     // First-use allocations (gemm's packing, thread-locals) and the library's first

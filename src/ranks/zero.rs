@@ -94,12 +94,23 @@ impl Sharded {
         vars: &[(String, Var)],
         comm: &dyn Comm,
     ) -> Result<Self> {
+        Self::over(stepper, stage, vars.iter().map(|(_, v)| v), comm)
+    }
+
+    /// [`Sharded::new`] over the variables themselves (ZeRO 3: the shards, each stepped whole
+    /// at stage 0 with [`Sharded::step_each`]).
+    pub fn over<'v>(
+        stepper: Stepper,
+        stage: u8,
+        vars: impl ExactSizeIterator<Item = &'v Var>,
+        comm: &dyn Comm,
+    ) -> Result<Self> {
         if stage > 2 {
             bail!("ranks: ZeRO stage {stage} is not run on ranks (stages 0 to 2)")
         }
         let (moments, second) = stepper.state();
         let mut slots = Vec::with_capacity(vars.len());
-        for (_, var) in vars {
+        for var in vars {
             let n = var.elem_count();
             let run = if stage == 0 {
                 0..n
@@ -125,10 +136,27 @@ impl Sharded {
     /// One step of every shard with its (averaged) gradient: at stage 2 the store holds the
     /// shard itself ([`reduce`]), else the whole gradient, of which the shard's run is read.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_by(|_, theta| grads.get(theta))
+    }
+
+    /// One step of every slot with `grads[i]`, the gradient of slot `i` (the order the
+    /// variables were given in), where there is one.
+    pub fn step_each(&mut self, grads: &[Option<Tensor>]) -> Result<()> {
+        if grads.len() != self.slots.len() {
+            bail!(
+                "ranks: {} gradients for {} slots",
+                grads.len(),
+                self.slots.len()
+            )
+        }
+        self.step_by(|i, _| grads[i].as_ref())
+    }
+
+    fn step_by<'g>(&mut self, grad: impl Fn(usize, &Tensor) -> Option<&'g Tensor>) -> Result<()> {
         self.step_t += 1;
-        for slot in &self.slots {
+        for (i, slot) in self.slots.iter().enumerate() {
             let theta = slot.var.as_tensor();
-            let Some(g) = grads.get(theta) else { continue };
+            let Some(g) = grad(i, theta) else { continue };
             if slot.run.is_empty() {
                 continue;
             }

@@ -51,6 +51,7 @@ mod proj;
 use super::symbolic::Sure;
 use proj::Linear;
 
+pub(crate) use model::Transformer as ReplayModel;
 use model::*;
 pub use model::{KvCache, Masks};
 
@@ -408,6 +409,26 @@ pub fn trace_training(
     let slots = all_layers(shape);
     let t = training_on(&ledger, shape, &slots, None);
     (t, ledger.take_trace())
+}
+
+/// A training driver of the caller's own on `shape`'s whole model (every layer, its weights
+/// variables) and batch on a fresh ledger (`meta_per_tensor`, `gemm_threads` as
+/// [`replay_training_full`]): `drive` gets the ledger, the model, its variables in the order
+/// the model made them, the tokens and the targets, and returns what it measured on the
+/// ledger (`ranks::fsdp`'s ZeRO 3 step, unit by unit).
+pub(crate) fn with_training_model<R>(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+    drive: impl FnOnce(&Rc<Ledger>, &ReplayModel, &[Sym], &Sym, &Sym) -> R,
+) -> R {
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    ledger.set_stage("setup");
+    let slots = all_layers(shape);
+    let model = ReplayModel::with_layers(&ledger, shape, true, &slots, None);
+    let (tokens, targets) = inputs(&ledger, shape);
+    let vars = model.own.vars.clone();
+    drive(&ledger, &model, &vars, &tokens, &targets)
 }
 
 /// Every layer of `shape`, tagged by its index + 1.

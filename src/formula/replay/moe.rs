@@ -7,7 +7,7 @@ use crate::model::moe::{MoeShape, Routing};
 
 /// A routing the replay is told.
 #[derive(Debug, Clone)]
-pub(super) struct Told {
+pub(crate) struct Told {
     /// Each held expert's index among the model's `E` (all of them, or a compressed training
     /// replay's few: `compress`).
     pub(super) expert_ids: Vec<usize>,

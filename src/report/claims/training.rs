@@ -375,6 +375,16 @@ impl<'a> Ctx<'a> {
             .into_iter()
             .map(|(n, g)| format!("{n}: {}", mb(g)))
             .collect();
+        // ZeRO 3's weights per rank of the same case, where run (they shard as the state does).
+        let z3: Vec<String> = self
+            .ranks
+            .iter()
+            .filter(|d| d.tp == 1 && d.zero == 3 && key(d) == k)
+            .map(|d| (d.ranks.len(), weights(d)))
+            .collect::<BTreeMap<_, _>>()
+            .into_iter()
+            .map(|(n, w)| format!("{n}: {}", mb(w)))
+            .collect();
         let states: Vec<String> = by_n
             .iter()
             .map(|(n, d)| format!("{n}: {}", mb(state(d))))
@@ -408,13 +418,18 @@ impl<'a> Ctx<'a> {
                 d1.mpi_library.split(',').next().unwrap_or("MPI")
             ),
             measured: format!(
-                "optimizer state per rank, ZeRO 1, by ranks: {}; gradients kept per rank, ZeRO 2: {}; weights {} at every count",
+                "optimizer state per rank, ZeRO 1, by ranks: {}; gradients kept per rank, ZeRO 2: {}; weights {} at every count{}",
                 states.join(", "),
                 if grads.is_empty() { "not run".into() } else { grads.join(", ") },
-                mb(w1)
+                mb(w1),
+                if z3.is_empty() {
+                    String::new()
+                } else {
+                    format!("; weights per rank, ZeRO 3: {}", z3.join(", "))
+                }
             ),
             predicted: format!("formula::zero (data bytes): {}", predicted.join(", ")),
-            criterion: "N ranks × one rank's state within 5 % of one process's (each rank's bookkeeping), the weights unchanged (ZeRO 1 and 2 do not shard them)".into(),
+            criterion: "N ranks × one rank's state within 5 % of one process's (each rank's bookkeeping), the weights unchanged (ZeRO 1 and 2 do not shard them; ZeRO 3's, where run, are listed)".into(),
             verdict: format!(
                 "{}: measured on real ranks (processes over MPI on one machine): N × per-rank state = {:.3}× one rank's at worst; the weights {}; activations are per rank's microbatch and never shard",
                 if holds { "holds" } else { "fails" },
