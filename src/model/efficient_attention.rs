@@ -187,7 +187,7 @@ fn key_grad<T: Float>(
     stats: &[(f32, f32, f32)],
     scale: f32,
     [acc, acc_v]: [&mut [f32]; 2],
-) -> () {
+) {
     acc.iter_mut().for_each(|x| *x = 0.0);
     acc_v.iter_mut().for_each(|x| *x = 0.0);
     for t in 0..r {
