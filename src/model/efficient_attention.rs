@@ -63,21 +63,24 @@ impl EfficientAttention {
 /// Keys scored at once, into a buffer on the stack (so the op allocates what it always did).
 const BLOCK: usize = 64;
 
-/// One query row of one head (`qi` against key/value head `kv` over `keys`): its softmax's
-/// maximum `m` and sum `l` (online over blocks of keys), `acc` left holding `Σ_j e^(x_j − m)·v_j`.
+/// The online softmax of one query row `qi` against key head `kv` over `keys`, the keys
+/// scored in blocks: returns the maximum `m` and sum `l`; `rescale(acc, r)` is called when
+/// the running maximum grows (what `acc` summed so far times `r`), `each(acc, j, p)` with every
+/// key's `p = e^(x_j − m)` at the maximum so far.
 #[inline(always)]
-fn attend_row<T: Float>(
+#[allow(clippy::too_many_arguments)]
+fn online_softmax<T: Float, A: ?Sized>(
     qi: &[T],
     k: Rows<T>,
-    v: Rows<T>,
     kv: usize,
     keys: Range<usize>,
     scale: f32,
-    acc: &mut [f32],
+    acc: &mut A,
+    rescale: impl Fn(&mut A, f32),
+    each: impl Fn(&mut A, usize, f32),
 ) -> (f32, f32) {
     let mut xs = [0f32; BLOCK];
     let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-    acc.iter_mut().for_each(|x| *x = 0.0);
     let mut j0 = keys.start;
     while j0 < keys.end {
         let n = (keys.end - j0).min(BLOCK);
@@ -89,17 +92,34 @@ fn attend_row<T: Float>(
         if bm > m {
             let r = (m - bm).exp();
             l *= r;
-            simd::scale(acc, r);
+            rescale(acc, r);
             m = bm;
         }
         for (t, x) in xs[..n].iter().enumerate() {
             let p = (x - m).exp();
             l += p;
-            simd::axpy(acc, p, v.row(kv, j0 + t));
+            each(acc, j0 + t, p);
         }
         j0 += n;
     }
     (m, l)
+}
+
+/// One query row of one head: its softmax's `(m, l)`, `acc` left holding `Σ_j e^(x_j − m)·v_j`.
+#[inline(always)]
+fn attend_row<T: Float>(
+    qi: &[T],
+    k: Rows<T>,
+    v: Rows<T>,
+    kv: usize,
+    keys: Range<usize>,
+    scale: f32,
+    acc: &mut [f32],
+) -> (f32, f32) {
+    acc.iter_mut().for_each(|x| *x = 0.0);
+    online_softmax(qi, k, kv, keys, scale, acc, simd::scale, |acc, j, p| {
+        simd::axpy(acc, p, v.row(kv, j))
+    })
 }
 
 multiversion!(fn attend_row_fast<T: Float>(
@@ -112,7 +132,7 @@ multiversion!(fn attend_row_fast<T: Float>(
     acc: &mut [f32],
 ) -> (f32, f32) = attend_row);
 
-/// A row's maximum and softmax denominator over `keys` of key head `hk` (online over blocks).
+/// A row's maximum and softmax denominator over `keys` of key head `hk`.
 #[inline(always)]
 fn row_stats<T: Float>(
     qi: &[T],
@@ -121,24 +141,7 @@ fn row_stats<T: Float>(
     keys: Range<usize>,
     scale: f32,
 ) -> (f32, f32) {
-    let mut xs = [0f32; BLOCK];
-    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-    let mut j0 = keys.start;
-    while j0 < keys.end {
-        let n = (keys.end - j0).min(BLOCK);
-        let mut bm = f32::NEG_INFINITY;
-        for (t, x) in xs[..n].iter_mut().enumerate() {
-            *x = simd::dot(qi, k.row(hk, j0 + t)) * scale;
-            bm = bm.max(*x);
-        }
-        if bm > m {
-            l *= (m - bm).exp();
-            m = bm;
-        }
-        l += xs[..n].iter().map(|x| (x - m).exp()).sum::<f32>();
-        j0 += n;
-    }
-    (m, l)
+    online_softmax(qi, k, hk, keys, scale, &mut (), |_, _| {}, |_, _, _| {})
 }
 
 /// Pass 1 of the backward for one query row (`qi`, its output's gradient `gi` and output `oi`):
