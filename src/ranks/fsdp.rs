@@ -44,14 +44,10 @@ use std::rc::Rc;
 
 use anyhow::{Context, ensure};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor, Var, bail};
-use candle_nn::{VarBuilder, VarMap};
 
 use super::comm::{Comm, Solo};
 use super::zero::{self, run_of, with_f32_mut};
-use super::{
-    Check, Plan, RankReport, States, TENSOR_META, Window, fill_deterministic, named_vars, window,
-    windows_of,
-};
+use super::{Check, Plan, RankReport, States, TENSOR_META, Window, window, windows_of};
 use crate::formula::symbolic::{DType as SymType, HostBytes, Ledger, Sure, Sym};
 use crate::formula::transformer::{META_PER_TENSOR, Shape};
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
@@ -378,38 +374,13 @@ impl Sharding<Tensor> for Real<'_> {
     fn scatter(&mut self, var: usize, grad: Tensor) -> candle_core::Result<()> {
         let (ranks, me) = (self.comm.size(), self.comm.rank());
         let n = grad.elem_count();
-        let scale = 1.0 / ranks as f32;
         let shard = match &self.grads[var] {
             Some(_) if !self.second_use => return Ok(()),
             Some(s) => s.clone(),
             None => Tensor::zeros(run_of(n, ranks, me).len(), DType::F32, &Device::Cpu)?,
         };
         let add = self.grads[var].is_some();
-        let comm = self.comm;
-        let mut mine = Ok(());
-        with_f32_mut(&grad, |g| {
-            for r in 0..ranks {
-                let run = run_of(n, ranks, r);
-                if r == me {
-                    mine = with_f32_mut(&shard, |s| {
-                        if add {
-                            // The earlier use's average, N times, into this rank's part: the
-                            // sum over the ranks, divided by N, is then both uses' average.
-                            let f = ranks as f32;
-                            g[run.clone()]
-                                .iter_mut()
-                                .zip(s.iter())
-                                .for_each(|(x, y)| *x += f * y);
-                        }
-                        comm.reduce_sum(r, &g[run], Some(s));
-                        s.iter_mut().for_each(|x| *x *= scale);
-                    });
-                } else {
-                    comm.reduce_sum(r, &g[run], None);
-                }
-            }
-        })?;
-        mine?;
+        zero::reduce_scatter(&grad, &shard, self.comm, add)?;
         drop(grad);
         if !add {
             self.grads[var] = Some(shard);
@@ -555,35 +526,16 @@ pub fn predict_windows(
 pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
     check_fsdp(case)?;
     let (rank, ranks) = (comm.rank(), comm.size());
-    let device = Device::Cpu;
-    crate::phase::runner::warm_up(case, &device).context("the warm-up step")?;
-    {
-        let mut x = [1.0f32; 4];
-        let send = x;
-        comm.all_reduce_sum(&send, &mut x);
-        comm.broadcast(0, &mut x);
-        comm.reduce_sum(0, &send, (rank == 0).then_some(&mut x[..]));
-        let mut all = vec![0f32; 4 * ranks];
-        let mine = run_of(all.len(), ranks, rank).len();
-        comm.all_gather_into(&send[..mine.min(4)], &mut all);
-        comm.barrier();
-    }
-    let (tokens, targets) = super::rank_batch(case, rank, ranks)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
-
     // init: the model whole, as every other stage builds it.
-    let varmap = VarMap::new();
-    let (model, p, r, s) = window(|| {
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        Ok(Transformer::new(&case.cfg, vb)?)
-    })?;
-    measured.push((p, r, s, rss_now()));
-    let vars = named_vars(&varmap);
-    fill_deterministic(&vars)?;
-    for (_, v) in &vars {
-        with_f32_mut(v.as_tensor(), |w| comm.broadcast(0, w))?;
-    }
+    let super::Start {
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    } = super::start(case, comm, true, &mut measured)?;
     let tensors: Vec<Var> = vars.iter().map(|(_, v)| v.clone()).collect();
     let units = units(&model, &tensors)?;
     // shard
@@ -700,6 +652,8 @@ fn states(case: &Case, ranks: usize, w: &[Window], grads_held: i64) -> States {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ranks::{fill_deterministic, named_vars};
+    use candle_nn::{VarBuilder, VarMap};
 
     /// The elements `t`'s storage holds now.
     fn held(t: &Tensor) -> usize {

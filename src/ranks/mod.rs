@@ -429,16 +429,27 @@ impl Step<'_> {
     }
 }
 
-/// Runs one rank of `case` under `plan` over `comm`, measuring and predicting its windows.
-pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
-    check_case(case, plan.zero)?;
-    if plan.zero == 3 {
-        return fsdp::run_fsdp_rank(case, plan, comm);
-    }
+/// What a data-parallel rank (ZeRO 0 to 3) starts from: its batch, the model built whole in
+/// the `init` window (pushed onto `measured`), every weight filled as rank 0's.
+struct Start {
+    tokens: Tensor,
+    targets: Tensor,
+    varmap: VarMap,
+    model: Transformer,
+    vars: Vec<(String, Var)>,
+}
+
+/// The warm-up (first-use allocations: gemm's packing, thread-locals; the library's first
+/// collectives, the all-gather too when `gather`), this rank's batch, then the `init` window
+/// and the weights filled deterministically and broadcast from rank 0.
+fn start(
+    case: &Case,
+    comm: &dyn Comm,
+    gather: bool,
+    measured: &mut Vec<Measured>,
+) -> anyhow::Result<Start> {
     let (rank, ranks) = (comm.rank(), comm.size());
     let device = Device::Cpu;
-    // First-use allocations (gemm's packing, thread-locals) and the library's first
-    // collectives, before any window.
     crate::phase::runner::warm_up(case, &device).context("the warm-up step")?;
     {
         let mut x = [1.0f32; 4];
@@ -446,24 +457,50 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         comm.all_reduce_sum(&send, &mut x);
         comm.broadcast(0, &mut x);
         comm.reduce_sum(0, &send, (rank == 0).then_some(&mut x[..]));
+        if gather {
+            let mut all = vec![0f32; 4 * ranks];
+            let mine = zero::run_of(all.len(), ranks, rank).len();
+            comm.all_gather_into(&send[..mine.min(4)], &mut all);
+        }
         comm.barrier();
     }
     let (tokens, targets) = rank_batch(case, rank, ranks)?;
-    let mut measured = Vec::with_capacity(WINDOWS.len());
-    let rss_now = vm_rss_bytes;
-
-    // init
     let varmap = VarMap::new();
     let (model, p, r, s) = window(|| {
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
         Ok(Transformer::new(&case.cfg, vb)?)
     })?;
-    measured.push((p, r, s, rss_now()));
+    measured.push((p, r, s, vm_rss_bytes()));
     let vars = named_vars(&varmap);
     fill_deterministic(&vars)?;
     for (_, v) in &vars {
         zero::with_f32_mut(v.as_tensor(), |w| comm.broadcast(0, w))?;
     }
+    Ok(Start {
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    })
+}
+
+/// Runs one rank of `case` under `plan` over `comm`, measuring and predicting its windows.
+pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
+    check_case(case, plan.zero)?;
+    if plan.zero == 3 {
+        return fsdp::run_fsdp_rank(case, plan, comm);
+    }
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let mut measured = Vec::with_capacity(WINDOWS.len());
+    let rss_now = vm_rss_bytes;
+    let Start {
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    } = start(case, comm, false, &mut measured)?;
     let step = Step {
         model: &model,
         vars: &vars,

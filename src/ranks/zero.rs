@@ -211,26 +211,44 @@ pub fn reduce(
         let Some(g) = grads.get(theta) else { continue };
         let n = g.elem_count();
         let shard = Tensor::zeros(run_of(n, ranks, comm.rank()).len(), DType::F32, g.device())?;
-        let mut mine = Ok(());
-        with_f32_mut(g, |g| {
-            for r in 0..ranks {
-                let run = run_of(n, ranks, r);
-                if r == comm.rank() {
-                    // The shard's storage, borrowed for the reduce.
-                    mine = with_f32_mut(&shard, |s| {
-                        comm.reduce_sum(r, &g[run], Some(s));
-                        s.iter_mut().for_each(|x| *x *= scale);
-                    });
-                } else {
-                    comm.reduce_sum(r, &g[run], None);
-                }
-            }
-        })?;
-        mine?;
+        reduce_scatter(g, &shard, comm, false)?;
         // The whole gradient goes; the shard stays in its place.
         grads.insert(theta, shard);
     }
     Ok(())
+}
+
+/// The gradient `g` summed over the ranks and divided by their number, this rank's run of it
+/// into `shard` (each rank's run reduced to its owner). With `add`, `shard` already holds an
+/// earlier use's average, added back first (N times, into this rank's run of `g`, so the
+/// average over the ranks is both uses'): `g` is changed in place then.
+pub fn reduce_scatter(g: &Tensor, shard: &Tensor, comm: &dyn Comm, add: bool) -> Result<()> {
+    let (ranks, me) = (comm.size(), comm.rank());
+    let n = g.elem_count();
+    let scale = 1.0 / ranks as f32;
+    let mut mine = Ok(());
+    with_f32_mut(g, |g| {
+        for r in 0..ranks {
+            let run = run_of(n, ranks, r);
+            if r == me {
+                // The shard's storage, borrowed for the reduce.
+                mine = with_f32_mut(shard, |s| {
+                    if add {
+                        let f = ranks as f32;
+                        g[run.clone()]
+                            .iter_mut()
+                            .zip(s.iter())
+                            .for_each(|(x, y)| *x += f * y);
+                    }
+                    comm.reduce_sum(r, &g[run], Some(s));
+                    s.iter_mut().for_each(|x| *x *= scale);
+                });
+            } else {
+                comm.reduce_sum(r, &g[run], None);
+            }
+        }
+    })?;
+    mine
 }
 
 /// Every rank's updated runs of `vars` into every rank's weights, in place (stages 1, 2;
