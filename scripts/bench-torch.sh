@@ -10,6 +10,11 @@
 # patches + 1); a LLaMA preset (a workloads/configs/PRESET.json) is built by transformers from
 # that config.json, LAYERS blocks of it when given (memfit: --preset PRESET --layers LAYERS).
 #
+# TRIM: memfit's --trim, off by default here. PyTorch's steps run on a warm heap; memfit's
+# default meter hands the freed heap back to the kernel (malloc_trim) before each window for
+# its RSS layer, so its window would also pay the page faults of refilling it (BENCHMARKS § 1:
+# +12 % of a small window). TRIM=on times the windows as `memfit run` meters them by default.
+#
 # DTYPE: f32 (the default), bf16 or f16. PyTorch runs in DTYPE; memfit measures bf16's bytes
 # with its f16 run (candle's CPU matmul has no bf16; f16 and bf16 are the same bytes in every
 # tensor, so the memory columns compare; the times compare f16 kernels with bf16 ones).
@@ -34,6 +39,7 @@ build_bins
 PHASES=init,forward,backward,optimizer,train-step,inference
 # memfit with each kernel set, PyTorch with each attention (sdpa: its memory-efficient path).
 KERNELS="${KERNELS:-composed fused}"
+TRIM="${TRIM:-off}"
 TORCH_ATTENTION="${TORCH_ATTENTION:-eager sdpa}"
 for c in $CONFIGS; do
   IFS=: read -r preset b s layers <<<"$c"
@@ -49,7 +55,7 @@ for c in $CONFIGS; do
   for k in $KERNELS; do
     for ((i = 0; i < RUNS; i++)); do
       locked "$BIN_DIR/memfit-metered" run "${mf[@]}" --phases "$PHASES" --kernels "$k" \
-        --dtype "$MEMFIT_DTYPE" --optimizer adamw --threads "$RAYON_NUM_THREADS" \
+        --dtype "$MEMFIT_DTYPE" --optimizer adamw --threads "$RAYON_NUM_THREADS" --trim "$TRIM" \
         --out "$WORK/memfit-$c-$k-$i" >"$WORK/memfit-$c-$k-$i.log" 2>&1 ||
         { echo "memfit failed on $c ($k): $WORK/memfit-$c-$k-$i.log" >&2; exit 1; }
     done
@@ -61,7 +67,7 @@ for c in $CONFIGS; do
   done
 done
 
-KERNELS="$KERNELS" TORCH_ATTENTION="$TORCH_ATTENTION" DTYPE="$DTYPE" MEMFIT_DTYPE="$MEMFIT_DTYPE" \
+KERNELS="$KERNELS" TORCH_ATTENTION="$TORCH_ATTENTION" DTYPE="$DTYPE" MEMFIT_DTYPE="$MEMFIT_DTYPE" TRIM="$TRIM" \
   python3 - "$WORK" "$(machine)" $CONFIGS <<'PY'
 import glob, json, os, statistics as st, sys
 work, machine, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -69,7 +75,7 @@ kernels, atts = os.environ["KERNELS"].split(), os.environ["TORCH_ATTENTION"].spl
 dtype, mdtype = os.environ["DTYPE"], os.environ["MEMFIT_DTYPE"]
 cols = [f"memfit {k}" for k in kernels] + [f"torch {a}" for a in atts]
 types = dtype if dtype == mdtype else f"PyTorch {dtype}, memfit {mdtype} (the same bytes)"
-print(f"\n== memfit (candle) vs PyTorch, {types}, CPU ({machine}): seconds / MiB per phase ==")
+print(f"\n== memfit (candle) vs PyTorch, {types}, CPU ({machine}), memfit --trim {os.environ['TRIM']}: seconds / MiB per phase ==")
 print(f"{'config':<22} {'phase':<11} " + " ".join(f"{c:>22}" for c in cols)
       + "".join(f" {k[:5]}/{a[:5]} t× m×" for k in kernels for a in atts))
 for c in configs:

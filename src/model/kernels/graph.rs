@@ -262,9 +262,7 @@ impl Graph for Tensor {
         self.max_keepdim(D::Minus1)
     }
     fn sum_leading(&self) -> Result<Self> {
-        let n = self.rank();
-        let dims: Vec<usize> = (0..n - 1).collect();
-        self.sum(dims)
+        super::linear::sum_rows(self)
     }
     fn matmul(&self, rhs: &Self) -> Result<Self> {
         Tensor::matmul(self, rhs)
