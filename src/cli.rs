@@ -241,6 +241,13 @@ impl Routing {
     }
 }
 
+/// ZeRO 3's all-gather prefetch (`memfit ranks --fsdp-prefetch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FsdpPrefetch {
+    Backward,
+    None,
+}
+
 #[derive(Debug, Args)]
 pub struct RanksArgs {
     #[command(flatten)]
@@ -265,6 +272,12 @@ pub struct RanksArgs {
     /// added into the table's shard), to show that `--check` catches it.
     #[arg(long, hide = true)]
     pub zero3_skip_tied_second_use: bool,
+    /// ZeRO 3's prefetch in the backward: `backward` (FSDP's default, `BACKWARD_PRE`: the
+    /// next unit's parameters gathered before this unit's gradients are computed, two units
+    /// whole at once) or `none` (`backward_prefetch=None`: one unit whole at a time). The
+    /// forward never prefetches (FSDP's default `forward_prefetch=False`).
+    #[arg(long, value_enum, default_value_t = FsdpPrefetch::Backward)]
+    pub fsdp_prefetch: FsdpPrefetch,
     /// Pipeline parallelism instead of data parallelism: a stage a rank (this many ranks
     /// launched), Megatron's 1F1B schedule over `--microbatches` microbatches of `--batch` rows.
     #[arg(long, value_name = "STAGES")]

@@ -231,7 +231,25 @@ fn zero3_on_two_ranks_as_predicted_and_as_one_process() {
         ]
     );
     check_all(&doc, 2, "gpt tied zero 3");
-    check_all(&ranks(2, 3, LLAMA), 2, "llama zero 3");
+    assert_eq!(doc["fsdp_prefetch"], "backward");
+    let llama = ranks(2, 3, LLAMA);
+    check_all(&llama, 2, "llama zero 3");
+    // Without the backward prefetch one unit is whole at a time: the backward's peak falls,
+    // measured and predicted alike, and the check still passes.
+    let alone = run(2, LLAMA, &["--zero", "3", "--fsdp-prefetch", "none"]);
+    assert_eq!(alone["fsdp_prefetch"], "none");
+    check_all(&alone, 2, "llama zero 3 without prefetch");
+    let backward = |d: &Value, r: usize, f: &str| u(&d["ranks"][r]["windows"][3][f]);
+    for r in 0..2 {
+        for f in ["peak_bytes", "predicted_peak_bytes"] {
+            assert!(
+                backward(&llama, r, f) > backward(&alone, r, f),
+                "rank {r}: the backward's {f} with the prefetch {} vs without {}",
+                backward(&llama, r, f),
+                backward(&alone, r, f)
+            );
+        }
+    }
     let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]) as f64;
     let z2 = ranks(2, 2, &tied);
     for r in 0..2 {

@@ -78,6 +78,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         !args.zero3_skip_tied_second_use || (zero == 3 && case.cfg.tied),
         "memfit ranks: --zero3-skip-tied-second-use without --zero 3 and a tied head"
     );
+    ensure!(
+        zero == 3 || args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
+        "memfit ranks: --fsdp-prefetch none without --zero 3 (only ZeRO 3 gathers parameters)"
+    );
     if zero == 3 {
         ensure!(
             args.tp == 1,
@@ -95,6 +99,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         tp: args.tp,
         f_all_reduce: !args.tp_skip_f_all_reduce,
         tied_second_use: !args.zero3_skip_tied_second_use,
+        prefetch: args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -105,7 +110,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let Some(reports) = gather::<RankReport>(comm.as_ref(), &report)? else {
         return Ok(());
     };
-    let doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
+    let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
+    if zero == 3 {
+        doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
+    }
     if !emit(args, &doc)? {
         print_table(case, args, zero, &doc.ranks);
     }
@@ -255,6 +263,14 @@ fn print_pipeline(case: &crate::workload::Case, doc: &PipelineDoc) {
     }
 }
 
+/// `--fsdp-prefetch`'s value as the command line spells it.
+fn prefetch_name(p: crate::cli::FsdpPrefetch) -> &'static str {
+    match p {
+        crate::cli::FsdpPrefetch::Backward => "backward",
+        crate::cli::FsdpPrefetch::None => "none",
+    }
+}
+
 fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports: &[RankReport]) {
     let split = if args.tp > 1 {
         format!(
@@ -262,7 +278,10 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             args.tp
         )
     } else if zero == 3 {
-        "ZeRO 3 (FSDP FULL_SHARD: every parameter sharded, each unit gathered while it runs, no prefetch)".to_string()
+        format!(
+            "ZeRO 3 (FSDP FULL_SHARD: every parameter sharded, each unit gathered while it runs; backward prefetch {})",
+            prefetch_name(args.fsdp_prefetch)
+        )
     } else {
         format!("ZeRO {zero}")
     };

@@ -21,9 +21,11 @@
 //!   (`reshard_after_forward=True`; the head's too). Backward, the head first: gather the unit's
 //!   parameters again, run its backward (seeded from above, as `by_block`), reduce-scatter each
 //!   of its gradients into this rank's shard (largest first; summed over the ranks and divided
-//!   by their number, as ZeRO 2 does), drop the whole gradients, reshard. No prefetch: one
-//!   unit's parameters are whole at a time (FSDP with `backward_prefetch=None` and
-//!   `forward_prefetch=False`).
+//!   by their number, as ZeRO 2 does), drop the whole gradients, reshard. The prefetch
+//!   (`--fsdp-prefetch`, [`backward`]) is FSDP's default: in the backward the next unit is
+//!   gathered before this unit's gradients are computed (`BACKWARD_PRE`: two units whole at
+//!   once), in the forward nothing ahead (`forward_prefetch=False`); `--fsdp-prefetch none`
+//!   keeps one unit whole at a time (`backward_prefetch=None`).
 //! - **A tied table** (the head is the token table: SmolLM2, GPT) is one parameter in two units,
 //!   the embedding's and the head's: gathered whenever either runs. Its gradient is the sum of
 //!   its two uses: the head's use (first in the backward) is reduce-scattered into a new shard;
@@ -249,19 +251,47 @@ fn scatter_unit<T: Autograd>(
     Ok(())
 }
 
+/// Gathers the unit the backward differentiates next, `next` (the one that made the last
+/// boundary still to differentiate), unless it shares a variable with `unit` (a tied table is
+/// in the embedding and the head, never prefetched while the other runs): the unit gathered.
+fn prefetch_next<T: Autograd>(
+    units: &[Vec<usize>],
+    unit: usize,
+    next: Option<usize>,
+    sh: &mut dyn Sharding<T>,
+) -> candle_core::Result<Option<usize>> {
+    let Some(n) = next.filter(|&n| n != unit && !units[n].iter().any(|v| units[unit].contains(v)))
+    else {
+        return Ok(None);
+    };
+    sh.gather(n)?;
+    Ok(Some(n))
+}
+
 /// The backward unit by unit from the head ([`by_block::backward`]'s order): each unit's
 /// parameters gathered, its part differentiated, its gradients reduce-scattered and dropped,
-/// its parameters resharded.
+/// its parameters resharded. With `prefetch` (FSDP's default `BACKWARD_PRE`), the next unit's
+/// parameters are gathered before this unit's gradients are computed, so two units are whole
+/// while a unit's backward runs (FSDP's all-gather overlapping the computation; on ranks here
+/// the gather completes first, the same bytes alive).
 pub fn backward<T: Autograd>(
     vars: &[T::Var],
     fwd: Forward<T>,
     units: &[Vec<usize>],
     sh: &mut dyn Sharding<T>,
+    prefetch: bool,
 ) -> candle_core::Result<()> {
     let Forward { loss, mut cuts } = fwd;
     let head = units.len() - 1;
     let outer = loss.segment();
+    // The unit that made the last boundary still to differentiate (boundary `k` was made by
+    // unit `k`: the embedding, 0, or block `k − 1`): the backward's next unit.
+    let next = |cuts: &[Option<by_block::Boundary<T>>]| {
+        (prefetch && matches!(cuts.last(), Some(Some(_)))).then(|| cuts.len() - 1)
+    };
     sh.gather(head)?;
+    // The unit a prefetch has gathered already.
+    let mut ready = prefetch_next(units, head, next(&cuts), sh)?;
     let mut all = loss.backward()?;
     drop(loss);
     let mut upstream = by_block::take_cut::<T>(&all, cuts.last())?;
@@ -271,7 +301,10 @@ pub fn backward<T: Autograd>(
     while let Some(Some(b)) = cuts.pop() {
         // The boundary `k` was made by unit `k`: the embedding (0) or block `k − 1`.
         let unit = cuts.len();
-        sh.gather(unit)?;
+        if ready != Some(unit) {
+            sh.gather(unit)?;
+        }
+        ready = prefetch_next(units, unit, next(&cuts), sh)?;
         b.made.set_segment(b.part);
         let g = upstream
             .take()
@@ -433,6 +466,7 @@ pub fn replay(
     threads: usize,
     ranks: usize,
     rank: usize,
+    prefetch: bool,
 ) -> anyhow::Result<(u64, u64, u64, i64)> {
     crate::formula::replay::with_training_model(
         shape,
@@ -459,7 +493,7 @@ pub fn replay(
             let forward_retained = ledger.current() - base;
             let base = ledger.reset_peak();
             ledger.set_stage("backward");
-            backward(vars, fwd, &units, &mut sh).sure();
+            backward(vars, fwd, &units, &mut sh, prefetch).sure();
             let backward_peak = ledger.window_peak(base);
             let backward_retained = ledger.current() as i64 - base as i64;
             ledger.set_stage("done");
@@ -503,7 +537,7 @@ pub fn predict_windows(
         level -= 4 * n as i64;
     }
     let shard = (shard_peak.max(0) as u64, level);
-    let (fp, fr, bp, br) = replay(&shape, plan.threads, ranks, rank)?;
+    let (fp, fr, bp, br) = replay(&shape, plan.threads, ranks, rank, plan.prefetch)?;
     // The optimizer: the state of every run, as ZeRO 1's of the same runs.
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
     let (m, v) = stepper.state();
@@ -549,7 +583,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     comm.barrier();
     let (fwd, p, r, s) = window(|| Ok(forward(&model, &tokens, &targets, &units, &mut sh)?))?;
     measured.push((p, r, s, rss_now()));
-    let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh)?))?;
+    let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?))?;
     measured.push((p, r, s, rss_now()));
     let grads_held = measured[2].1 + measured[3].1;
     let gradient_rel_diff = if plan.check {
@@ -570,7 +604,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     comm.barrier();
     let ((), p, r, s) = window(|| {
         let fwd = forward(&model, &tokens, &targets, &units, &mut sh)?;
-        backward(&tensors, fwd, &units, &mut sh)?;
+        backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?;
         opt.step_each(&sh.grads)?;
         sh.grads.iter_mut().for_each(|g| *g = None);
         Ok(())
@@ -728,7 +762,29 @@ mod tests {
             crate::model::transformer::synthetic_batch(2, 16, cfg.vocab, &Device::Cpu)?;
         // Each variable's name, its gradient through the units, the by-block one.
         type Compared = Vec<(String, Vec<f32>, Vec<f32>)>;
-        let run = |second_use: bool| -> anyhow::Result<Compared> {
+        /// The sharding of `Real`, counting the units whole at once.
+        struct Counting<'a> {
+            real: Real<'a>,
+            whole: std::collections::BTreeSet<usize>,
+            most: usize,
+            gathers: usize,
+        }
+        impl Sharding<Tensor> for Counting<'_> {
+            fn gather(&mut self, unit: usize) -> candle_core::Result<()> {
+                self.gathers += 1;
+                self.whole.insert(unit);
+                self.most = self.most.max(self.whole.len());
+                self.real.gather(unit)
+            }
+            fn reshard(&mut self, unit: usize) -> candle_core::Result<()> {
+                self.whole.remove(&unit);
+                self.real.reshard(unit)
+            }
+            fn scatter(&mut self, var: usize, grad: Tensor) -> candle_core::Result<()> {
+                self.real.scatter(var, grad)
+            }
+        }
+        let run = |second_use: bool, prefetch: bool| -> anyhow::Result<Compared> {
             let varmap = VarMap::new();
             let model = Transformer::new(
                 &cfg,
@@ -747,9 +803,21 @@ mod tests {
             let mut shards = Vec::new();
             Real::cut(&vars, &Solo, &mut shards)?;
             assert!(vars.iter().all(|(_, v)| held(v.as_tensor()) == 0));
-            let mut sh = Real::new(&Solo, &vars, &units, shards, second_use);
+            let mut sh = Counting {
+                real: Real::new(&Solo, &vars, &units, shards, second_use),
+                whole: Default::default(),
+                most: 0,
+                gathers: 0,
+            };
             let fwd = forward(&model, &tokens, &targets, &units, &mut sh)?;
-            backward(&tensors, fwd, &units, &mut sh)?;
+            assert_eq!((sh.most, sh.gathers), (1, units.len()));
+            (sh.most, sh.gathers) = (0, 0);
+            backward(&tensors, fwd, &units, &mut sh, prefetch)?;
+            // Every unit gathered once in the backward; with the prefetch, two whole at once.
+            assert_eq!(sh.gathers, units.len());
+            assert_eq!(sh.most, if prefetch { 2 } else { 1 });
+            assert!(sh.whole.is_empty());
+            let sh = sh.real;
             vars.iter()
                 .enumerate()
                 .map(|(i, (name, v))| {
@@ -770,10 +838,12 @@ mod tests {
                 .map(|(x, y)| (x - y).abs())
                 .fold(0f32, f32::max)
         };
-        for (name, got, want) in run(true)? {
-            assert!(diff(&got, &want) < 1e-6, "{name}: {}", diff(&got, &want));
+        for prefetch in [false, true] {
+            for (name, got, want) in run(true, prefetch)? {
+                assert!(diff(&got, &want) < 1e-6, "{name}: {}", diff(&got, &want));
+            }
         }
-        for (name, got, want) in run(false)? {
+        for (name, got, want) in run(false, true)? {
             let d = diff(&got, &want);
             if name == "wte.weight" {
                 assert!(d > 1e-4, "the table's gradient without its second use: {d}");

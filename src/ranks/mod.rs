@@ -171,6 +171,10 @@ pub struct RanksDoc {
     /// Which layer each figure is.
     pub layers: std::collections::BTreeMap<String, String>,
     pub ranks: Vec<RankReport>,
+    /// ZeRO 3's prefetch in the backward (`backward`: FSDP's `BACKWARD_PRE`, or `none`);
+    /// absent in other stages' documents. ZeRO 3 documents written before it ran without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_prefetch: Option<String>,
 }
 
 fn one() -> usize {
@@ -219,6 +223,7 @@ impl RanksDoc {
                 .collect(),
             layers,
             ranks,
+            fsdp_prefetch: None,
         }
     }
 
@@ -259,6 +264,8 @@ pub struct Plan {
     /// ZeRO 3 adds a tied table's second use (the embedding's) into its gradient's shard
     /// (false only to show that `--check` catches its absence).
     pub tied_second_use: bool,
+    /// ZeRO 3 gathers the next unit before a unit's backward (FSDP's `BACKWARD_PRE`).
+    pub prefetch: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
