@@ -64,6 +64,10 @@ impl EfficientAttention {
 /// Keys scored at once, into a buffer on the stack (so the op allocates what it always did).
 const BLOCK: usize = 64;
 
+/// The longest row whose scores the backward's first pass keeps on the stack (scored once for
+/// its statistics and its gradient; a longer row is scored twice, its statistics online).
+const ROW: usize = 1024;
+
 /// The online softmax of one query row `qi` against key head `kv` over `keys`, the keys
 /// scored in blocks: returns the maximum `m` and sum `l`; `rescale(acc, r)` is called when
 /// the running maximum grows (what `acc` summed so far times `r`), `each(acc, j, p)` with every
@@ -154,7 +158,8 @@ fn row_stats<T: Float>(
 }
 
 /// Pass 1 of the backward for one query row (`qi`, its output's gradient `gi` and output `oi`):
-/// its statistics `(m, l, dO·O)`, and `dQ_i·√D` accumulated into `acc`.
+/// its statistics `(m, l, dO·O)`, and `dQ_i·√D` accumulated into `acc`; a row of up to [`ROW`]
+/// keys is scored once (its scores on the stack), a longer one twice.
 #[inline(always)]
 fn query_grad<T: Float>(
     [qi, gi, oi]: [&[T]; 3],
@@ -165,9 +170,28 @@ fn query_grad<T: Float>(
     scale: f32,
     acc: &mut [f32],
 ) -> (f32, f32, f32) {
-    let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
     let di = simd::dot(gi, oi);
     acc.iter_mut().for_each(|x| *x = 0.0);
+    if keys.len() <= ROW {
+        // The row's scores once, on the stack: its maximum, its exponentials, their sum.
+        let mut xs = [0f32; ROW];
+        let xs = &mut xs[..keys.len()];
+        let mut m = f32::NEG_INFINITY;
+        for (t, x) in xs.iter_mut().enumerate() {
+            *x = simd::dot(qi, k.row(hk, keys.start + t)) * scale;
+            m = m.max(*x);
+        }
+        xs.iter_mut().for_each(|x| *x -= m);
+        exp_in_place(xs);
+        let l = xs.iter().fold(0f32, |l, e| l + e);
+        for (t, e) in xs.iter().enumerate() {
+            let (kj, vj) = (k.row(hk, keys.start + t), v.row(hk, keys.start + t));
+            let ds = e / l * (simd::dot(gi, vj) - di) * scale;
+            simd::axpy(acc, ds, kj);
+        }
+        return (m, l, di);
+    }
+    let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
     let mut es = [0f32; BLOCK];
     let mut j0 = keys.start;
     while j0 < keys.end {
@@ -492,5 +516,85 @@ impl CustomOp3 for EfficientAttention {
             _ => bail!("efficient attention: q must be f32, f16 or bf16"),
         };
         Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dQ_i·√D` of one query row against a reference in f64, for a row short enough to keep
+    /// its scores on the stack and for one longer than [`ROW`] (statistics online, scored twice):
+    /// both paths give the same gradient and the same statistics.
+    #[test]
+    fn query_grad_short_and_long_rows_match_f64() {
+        let (d, n) = (8, ROW + 77);
+        // A deterministic spread of values in [−1, 1).
+        let fill = |seed: usize, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.5) - 1.0)
+                .collect()
+        };
+        let (k, v) = (fill(1, n * d), fill(2, n * d));
+        let (qi, gi, oi) = (fill(3, d), fill(4, d), fill(5, d));
+        fn rows(data: &[f32], d: usize) -> Rows<'_, f32> {
+            Rows {
+                data,
+                start: 0,
+                sb: data.len(),
+                sh: data.len(),
+                ss: d,
+                heads: 1,
+                d,
+            }
+        }
+        let scale = 0.5f32;
+        for keys in [0..ROW, 0..n, 40..n] {
+            let mut acc = vec![0f32; d];
+            let (m, l, di) = query_grad(
+                [&qi[..], &gi[..], &oi[..]],
+                rows(&k, d),
+                rows(&v, d),
+                0,
+                keys.clone(),
+                scale,
+                &mut acc,
+            );
+            // The reference: every score, its softmax and dS in f64.
+            let dot = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| *x as f64 * *y as f64)
+                    .sum::<f64>()
+            };
+            let x: Vec<f64> = keys
+                .clone()
+                .map(|j| dot(&qi, &k[j * d..(j + 1) * d]) * scale as f64)
+                .collect();
+            let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = x.iter().map(|x| (x - mx).exp()).sum();
+            let di64 = dot(&gi, &oi);
+            let mut want = vec![0f64; d];
+            for (t, j) in keys.clone().enumerate() {
+                let p = (x[t] - mx).exp() / sum;
+                let ds = p * (dot(&gi, &v[j * d..(j + 1) * d]) - di64) * scale as f64;
+                for (w, kk) in want.iter_mut().zip(&k[j * d..(j + 1) * d]) {
+                    *w += ds * *kk as f64;
+                }
+            }
+            assert!(((m as f64) - mx).abs() < 1e-6, "{keys:?}: max {m} vs {mx}");
+            assert!(
+                ((l as f64) - sum).abs() / sum < 1e-5,
+                "{keys:?}: sum {l} vs {sum}"
+            );
+            assert!(((di as f64) - di64).abs() < 1e-5);
+            let size = want.iter().fold(0f64, |a, w| a.max(w.abs()));
+            for (a, w) in acc.iter().zip(&want) {
+                assert!(
+                    (*a as f64 - w).abs() <= 1e-5 * size.max(1e-3),
+                    "{keys:?}: {a} vs {w}"
+                );
+            }
+        }
     }
 }
