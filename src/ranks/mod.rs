@@ -23,6 +23,7 @@
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
+pub mod expert;
 pub mod fsdp;
 pub mod pipeline;
 pub mod tensor;
@@ -104,6 +105,9 @@ pub struct RankReport {
     /// the documents before tensor parallelism).
     #[serde(default = "one")]
     pub tp: usize,
+    /// Expert-parallel ranks the experts are split over (`--ep`; 1: every rank every expert).
+    #[serde(default = "one")]
+    pub ep: usize,
     /// [`WINDOWS`], in order.
     pub windows: Vec<Window>,
     pub states: States,
@@ -166,6 +170,13 @@ pub struct RanksDoc {
     /// before it existed): claim B5 reads only documents of 1.
     #[serde(default = "one")]
     pub tp: usize,
+    /// Expert-parallel ranks (`--ep`; 1 in the other documents): claim B5 reads only
+    /// documents of 1.
+    #[serde(default = "one")]
+    pub ep: usize,
+    /// With `--ep`: each rank's experts and the rows its exchanges moved, by rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ep_routing: Vec<expert::EpRouting>,
     pub mpi_library: String,
     pub windows: Vec<String>,
     /// Which layer each figure is.
@@ -212,6 +223,8 @@ impl RanksDoc {
             case: RanksCase::of(case, threads),
             zero,
             tp,
+            ep: 1,
+            ep_routing: Vec::new(),
             mpi_library: library,
             windows: windows_of_stage(zero)
                 .iter()
@@ -259,6 +272,14 @@ pub struct Plan {
     /// ZeRO 3 adds a tied table's second use (the embedding's) into its gradient's shard
     /// (false only to show that `--check` catches its absence).
     pub tied_second_use: bool,
+    /// Expert-parallel ranks (`--ep`; 1: none).
+    pub ep: usize,
+    /// Expert parallelism's dispatch returns the rows' gradient in its backward (false only
+    /// to show that `--check` catches its absence).
+    pub ep_dispatch_backward: bool,
+    /// Expert parallelism divides the experts' gradients by the ranks (false only to show
+    /// that `--check` catches its absence).
+    pub ep_expert_scaling: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -574,6 +595,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         ranks,
         zero: plan.zero,
         tp: 1,
+        ep: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),

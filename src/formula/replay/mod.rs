@@ -396,6 +396,23 @@ pub fn replay_training_full(
     training_on(&ledger, shape, &slots, None)
 }
 
+/// The training replay of `shape`'s whole model holding only the routed experts `held`
+/// (indices among `E`: an expert-parallel rank's, `ranks::expert`), each sparse layer's held
+/// experts on the rows `shape.routing` gives them, whatever their total (the rows every rank
+/// sends the rank), every layer replayed.
+pub fn replay_training_held(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+    held: &[usize],
+) -> Training {
+    moe::with_any_total(|| {
+        let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+        let slots = all_layers(shape);
+        training_on(&ledger, shape, &slots, Some(held))
+    })
+}
+
 /// [`replay_training_full`] recording every change of the live bytes ([`Ledger::start_trace`]):
 /// the stages `setup` (the model and the batch, before the window), `forward`, `backward` and
 /// `done` (the gradients dropped).
