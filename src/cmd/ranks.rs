@@ -164,7 +164,11 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         for (r, e) in doc.ep_routing.iter().enumerate() {
             println!(
                 "  rank {r}: experts {}..{}, rows received per expert by sparse layer {:?} (train-step {:?}), sent per rank {:?}",
-                e.experts[0], e.experts[1], e.received_rows, e.train_step_received_rows, e.sent_rows
+                e.experts[0],
+                e.experts[1],
+                e.received_rows,
+                e.train_step_received_rows,
+                e.sent_rows
             );
         }
     }

@@ -705,7 +705,10 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
 
     /// The model with every mixture of experts' forward handed to `ep` (expert parallelism:
     /// its blocks hold one rank's experts; `memfit ranks --ep`, `crate::ranks::expert`).
-    pub fn with_expert_parallel(mut self, ep: std::rc::Rc<dyn super::moe::MoeParallel<T, R>>) -> Self
+    pub fn with_expert_parallel(
+        mut self,
+        ep: std::rc::Rc<dyn super::moe::MoeParallel<T, R>>,
+    ) -> Self
     where
         T: TensorOps,
     {

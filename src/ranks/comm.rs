@@ -90,7 +90,10 @@ impl Comm for Solo {
         recv: &mut [f32],
         recv_counts: &[usize],
     ) {
-        assert_eq!((send_counts, recv_counts), (&[send.len()][..], &[recv.len()][..]));
+        assert_eq!(
+            (send_counts, recv_counts),
+            (&[send.len()][..], &[recv.len()][..])
+        );
         recv.copy_from_slice(send);
     }
 }

@@ -389,7 +389,10 @@ impl Weights for RankWeights<'_> {
 /// Refuses what expert parallelism on ranks does not run, by name (beside
 /// [`super::check_case`]'s refusals).
 pub fn check_ep(case: &Case, zero: u8, ep: usize) -> anyhow::Result<()> {
-    ensure!(ep >= 2, "ranks --ep {ep}: expert parallelism needs 2 ranks or more");
+    ensure!(
+        ep >= 2,
+        "ranks --ep {ep}: expert parallelism needs 2 ranks or more"
+    );
     let Some(m) = case.cfg.llama.and_then(|l| l.moe) else {
         anyhow::bail!(
             "ranks --ep: model {}: expert parallelism splits a mixture of experts (a --hf-config of Mixtral, Qwen-MoE, …)",
@@ -545,9 +548,8 @@ pub fn predict_ep_windows(
     let owned: u64 = vars.iter().map(|(_, n)| n).sum();
     let count = vars.len() as u64;
     let state = moments * (4 * owned + super::TENSOR_META * count) + zero::SLOT_BYTES * count;
-    let exchanged = |xs: &[Arc<Exchange>]| -> i64 {
-        xs.iter().map(|ex| exchange_graph_bytes(case, ex)).sum()
-    };
+    let exchanged =
+        |xs: &[Arc<Exchange>]| -> i64 { xs.iter().map(|ex| exchange_graph_bytes(case, ex)).sum() };
     let t = replay_rank(case, plan, rank, ep, first);
     let d = exchanged(first);
     let s = replay_rank(case, plan, rank, ep, step);
@@ -631,7 +633,12 @@ pub fn run_ep_rank(
             held: mine.clone(),
         };
         let layers: Vec<(usize, u32)> = (0..case.cfg.layers).map(|i| (i, i as u32)).collect();
-        Ok(Transformer::build(&case.cfg, &w, &layers, case.cfg.clone())?)
+        Ok(Transformer::build(
+            &case.cfg,
+            &w,
+            &layers,
+            case.cfg.clone(),
+        )?)
     })?;
     measured.push((p, r, s, rss_now()));
     let parallel = Rc::new(ExpertParallel::new(
@@ -808,4 +815,73 @@ fn ep_states(
         predicted_gradient_bytes: ge * n,
         predicted_optimizer_state_bytes: oe * n,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kernels::Kernels;
+    use crate::model::transformer::synthetic_batch;
+
+    /// Rows received rank by rank are laid out expert by expert and back.
+    #[test]
+    fn rows_are_laid_out_expert_by_expert_and_back() {
+        // Rank 0 sends 1 row for expert 0 and 2 for expert 1; rank 1 sends 3 and 0.
+        let ex = Exchange {
+            send_rows: vec![0, 0],
+            from: vec![vec![1, 2], vec![3, 0]],
+            skip_backward: false,
+        };
+        assert_eq!(ex.expert_rows(), vec![4, 2]);
+        assert_eq!(ex.recv_rows(), vec![3, 3]);
+        let rank_major: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let expert_major = ex.to_expert_major(&rank_major, 1);
+        // Expert 0: rank 0's row 0, rank 1's rows 3, 4, 5; expert 1: rank 0's rows 1, 2.
+        assert_eq!(expert_major, vec![0., 3., 4., 5., 1., 2.]);
+        assert_eq!(ex.to_rank_major(&expert_major, 1), rank_major);
+    }
+
+    /// On a group of one rank the expert-parallel forward (dispatch, the experts on the rows
+    /// received, return, combine) is the model's own: the same loss and gradients, bit for
+    /// bit, with every kernel set (the hook runs without MPI).
+    #[test]
+    fn expert_parallel_on_one_rank_changes_nothing() {
+        let text = r#"{"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 32,
+            "num_local_experts": 4, "num_experts_per_tok": 2}"#;
+        for kernels in [Kernels::Fused, Kernels::Composed, Kernels::Transformers] {
+            let mut cfg = crate::model::hf_config::parse(text, "mixtral.json")
+                .unwrap()
+                .cfg;
+            cfg.kernels = kernels;
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = Transformer::new(&cfg, vb).unwrap();
+            let vars = named_vars(&varmap);
+            super::super::fill_deterministic(&vars).unwrap();
+            let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
+            let run = |m: &Transformer| {
+                let loss = m.training_loss(&tokens, &targets, None).unwrap();
+                let grads = loss.backward().unwrap();
+                let g: Vec<Vec<f32>> = vars
+                    .iter()
+                    .map(|(_, v)| {
+                        let g = grads.get(v.as_tensor()).unwrap();
+                        g.flatten_all().unwrap().to_vec1().unwrap()
+                    })
+                    .collect();
+                (loss.to_scalar::<f32>().unwrap(), g)
+            };
+            let plain = run(&model);
+            let _group = Group::join(Rc::new(Solo));
+            let parallel = Rc::new(ExpertParallel::new(0, 1, cfg.layers, false));
+            let split = model.clone().with_expert_parallel(parallel.clone());
+            assert_eq!(run(&split), plain, "{kernels:?}");
+            // Every row of every token came to the one rank: k·T of them a layer.
+            for ex in parallel.exchanges() {
+                assert_eq!(ex.expert_rows().iter().sum::<usize>(), 2 * 24);
+            }
+        }
+    }
 }
