@@ -409,10 +409,16 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
     /// The routing of the tokens `xs (T, H)`: the weights `R (T, E)` in the activations' type
     /// (differentiable) and each expert's token ids (`None`: no token), as the module doc says.
     pub(crate) fn routed(&self, xs: &T, x: &T) -> Result<(T, Vec<Option<R::Ids>>)> {
+        self.routed_by(&self.routing, xs, x)
+    }
+
+    /// [`Moe::routed`] with the choice made by `routing` (an expert-parallel replay routes the
+    /// rank's tokens over every expert, though it holds a few).
+    pub(crate) fn routed_by(&self, routing: &R, xs: &T, x: &T) -> Result<(T, Vec<Option<R::Ids>>)> {
         let logits = self.router.forward(&xs)?;
         let probs = scores(&logits, self.shape.scoring)?;
         drop(logits);
-        let (mask, ids) = self.routing.route(&probs, &self.shape)?;
+        let (mask, ids) = routing.route(&probs, &self.shape)?;
         let selected = probs.mul(&mask)?;
         drop((probs, mask));
         let weights = match (self.shape.norm_topk, self.shape.group) {

@@ -47,6 +47,7 @@ use crate::meter::cpu_alloc;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::model::config::{Config, ProjSpec};
 use crate::model::kernels::Kernel;
+use crate::model::kernels::graph::Graph;
 use crate::model::moe::{HostRouting, Moe, MoeParallel};
 use crate::model::proj::Proj;
 use crate::model::shapes::RopeScaling;
@@ -59,6 +60,8 @@ use crate::workload::Case;
 /// One sparse layer's exchange, from every rank's tokens per expert: who sends what to whom.
 #[derive(Debug)]
 pub struct Exchange {
+    /// This rank's tokens per expert (all `E`): the rows it sends, in expert order.
+    pub sent: Vec<usize>,
     /// Rows this rank sends to each rank (its tokens' rows for that rank's experts).
     pub send_rows: Vec<usize>,
     /// `from[s][j]`: rows rank `s` sends this rank for its `j`-th expert.
@@ -277,6 +280,7 @@ impl MoeParallel<Tensor, HostRouting> for ExpertParallel {
             .map(|d| counts[d * per..(d + 1) * per].iter().sum())
             .collect();
         let ex = Arc::new(Exchange {
+            sent: counts,
             send_rows,
             from,
             skip_backward: self.skip_dispatch_backward,
@@ -313,7 +317,7 @@ impl MoeParallel<Tensor, HostRouting> for ExpertParallel {
             // meets this rank's exchanges.
             x_recv
                 .affine(0.0, 0.0)?
-                .broadcast_add(&w_recv.sum_keepdim(1)?.affine(0.0, 0.0)?)?
+                .broadcast_add(&w_recv.sum_last_keepdim()?.affine(0.0, 0.0)?)?
         } else {
             let y = Tensor::cat_owned(&parts, 0)?;
             if parts.len() > 1 {
@@ -450,29 +454,9 @@ pub fn rank_variables(case: &Case, rank: usize, ep: usize) -> Vec<(String, u64)>
         .collect()
 }
 
-/// What one sparse layer's exchanges leave in the forward's graph beyond the replay of the
-/// rank's model on the rows it receives (its experts held, each on its received rows:
-/// [`crate::formula::replay::replay_training_held`]). That replay runs the owner's part as one
-/// device runs its experts (each expert's rows gathered, scaled in its down projection, the
-/// parts concatenated into `Y (R, H)`) and adds `Y` into the output at `R` ids. The rank
-/// instead adds `Y_back (k·T, H)` (what the return brings home) at its `k·T` token ids, and
-/// releases `Y` once returned; `X_send`, `W_send`, `X_recv`, `W_recv` are released once used
-/// (no backward reads them): their nodes stay. So the graph holds `4·(H + 1)·(k·T − R)` bytes
-/// of data more (`Y_back` for `Y`, `k·T` ids for `R`) and five tensors' bookkeeping (`X_send`,
-/// `W_send`, `X_recv`, `W_recv`, `Y_back`; [`EXCHANGE_META`] each).
-pub fn exchange_graph_bytes(case: &Case, ex: &Exchange) -> i64 {
-    let h = case.cfg.hidden as i64;
-    let sent: usize = ex.send_rows.iter().sum();
-    let received: usize = ex.expert_rows().iter().sum();
-    4 * (h + 1) * (sent as i64 - received as i64) + 5 * EXCHANGE_META as i64
-}
-
-/// One tensor's bookkeeping in the graph, as the replay charges it
-/// ([`crate::formula::transformer::META_PER_TENSOR`]).
-pub const EXCHANGE_META: u64 = crate::formula::transformer::META_PER_TENSOR;
-
-/// The replay of rank `rank`'s model (its experts held) with each sparse layer's held experts
-/// on the rows `exchanges` say it received.
+/// The replay of rank `rank`'s training step ([`crate::formula::replay::replay_training_ep`]:
+/// its model, its experts held, every sparse layer's forward as [`ExpertParallel`] runs it) on
+/// the rows `exchanges` say each sparse layer moved.
 fn replay_rank(
     case: &Case,
     plan: Plan,
@@ -480,37 +464,29 @@ fn replay_rank(
     ep: usize,
     exchanges: &[Arc<Exchange>],
 ) -> crate::formula::replay::Training {
-    let mine = held(case, rank, ep);
-    let e = case.cfg.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
-    let routing: Vec<Vec<usize>> = exchanges
+    let shape = crate::formula::transformer::Shape::of(case);
+    let layers = exchanges
         .iter()
-        .map(|ex| {
-            let mut r = vec![0; e];
-            for (j, n) in ex.expert_rows().into_iter().enumerate() {
-                r[mine.start + j] = n;
-            }
-            r
+        .map(|ex| crate::formula::replay::expert::LayerRows {
+            sent: ex.sent.clone(),
+            from: ex.from.clone(),
         })
         .collect();
-    let shape = crate::formula::transformer::Shape {
-        routing: Some(Arc::new(routing)),
-        ..crate::formula::transformer::Shape::of(case)
-    };
-    let held: Vec<usize> = mine.collect();
-    crate::formula::replay::replay_training_held(
+    crate::formula::replay::replay_training_ep(
         &shape,
         shape.meta(crate::formula::transformer::META_PER_TENSOR),
         shape.cpu.then_some(plan.threads),
-        &held,
+        rank,
+        ep,
+        layers,
     )
 }
 
-/// Each window's (peak, retained) predicted for rank `rank` of `ep`: the replay of the rank's
-/// model on the rows it received ([`replay_rank`], the first forward's routing for `forward`
-/// and `backward`, the train-step's own for `train-step`) plus what the exchanges leave in the
-/// graph ([`exchange_graph_bytes`], kept from the forward until the backward frees the graph);
-/// `reduce` the dense gradients' all-reduce (its bucket, [`zero::reduce`]) and the experts'
-/// scaling in place; `optimizer` the rank's whole state ([`super::predict_windows_of`]'s
+/// Each window's (peak, retained) predicted for rank `rank` of `ep`: `forward` and `backward`
+/// the replay of the rank's step ([`replay_rank`]) on the rows the first forward moved,
+/// `train-step` on the rows its own forward moved (the router has learnt a step: the routing
+/// moves); `reduce` the dense gradients' all-reduce (its bucket, [`zero::reduce`]) and the
+/// experts' scaling in place; `optimizer` the rank's whole state ([`super::predict_windows_of`]'s
 /// arithmetic over the rank's variables); `gather` nothing. `init`: the whole model's less the
 /// experts the rank does not hold (their data and one variable's bookkeeping each,
 /// [`crate::formula::transformer::INIT_META_PER_VAR`]).
@@ -548,25 +524,20 @@ pub fn predict_ep_windows(
     let owned: u64 = vars.iter().map(|(_, n)| n).sum();
     let count = vars.len() as u64;
     let state = moments * (4 * owned + super::TENSOR_META * count) + zero::SLOT_BYTES * count;
-    let exchanged =
-        |xs: &[Arc<Exchange>]| -> i64 { xs.iter().map(|ex| exchange_graph_bytes(case, ex)).sum() };
     let t = replay_rank(case, plan, rank, ep, first);
-    let d = exchanged(first);
     let s = replay_rank(case, plan, rank, ep, step);
-    let ds = exchanged(step);
-    let add = |a: u64, b: i64| (a as i64 + b).max(0) as u64;
     // The gradients the backward leaves: its retained bytes with the graph's freed added back.
-    let grads = add(s.forward_retained, s.backward_retained);
-    let train_step = add(s.forward_retained + s.backward_peak, ds)
-        .max(add(s.forward_peak, ds))
+    let grads = (s.forward_retained as i64 + s.backward_retained).max(0) as u64;
+    let train_step = (s.forward_retained + s.backward_peak)
+        .max(s.forward_peak)
         .max(grads + reduce_peak);
     vec![
         (
             init.peak_bytes - dropped_bytes,
             init.retained_bytes - dropped_bytes as i64,
         ),
-        (add(t.forward_peak, d), t.forward_retained as i64 + d),
-        (t.backward_peak, t.backward_retained - d),
+        (t.forward_peak, t.forward_retained as i64),
+        (t.backward_peak, t.backward_retained),
         (reduce_peak, 0),
         (state, state as i64),
         (0, 0),
@@ -586,8 +557,6 @@ pub struct EpRouting {
     pub received_rows: Vec<Vec<usize>>,
     /// Per sparse layer: rows received for each held expert (the train-step's forward).
     pub train_step_received_rows: Vec<Vec<usize>>,
-    /// [`exchange_graph_bytes`] summed over the sparse layers (first forward, train-step).
-    pub exchange_graph_bytes: [i64; 2],
 }
 
 /// Runs one expert-parallel rank of `case` under `plan` over `comm` (every rank of the world
@@ -740,10 +709,6 @@ pub fn run_ep_rank(
         sent_rows: first.iter().map(|x| x.send_rows.clone()).collect(),
         received_rows: rows(&first),
         train_step_received_rows: rows(&last),
-        exchange_graph_bytes: [
-            first.iter().map(|x| exchange_graph_bytes(case, x)).sum(),
-            last.iter().map(|x| exchange_graph_bytes(case, x)).sum(),
-        ],
     };
     drop((opt, model, varmap));
     Ok((
@@ -828,6 +793,7 @@ mod tests {
     fn rows_are_laid_out_expert_by_expert_and_back() {
         // Rank 0 sends 1 row for expert 0 and 2 for expert 1; rank 1 sends 3 and 0.
         let ex = Exchange {
+            sent: vec![0, 0],
             send_rows: vec![0, 0],
             from: vec![vec![1, 2], vec![3, 0]],
             skip_backward: false,

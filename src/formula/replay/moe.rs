@@ -58,33 +58,12 @@ pub(super) fn replay_every_expert(on: bool) {
     EVERY_EXPERT.with(|e| e.set(on));
 }
 
-thread_local! {
-    /// The told routing holds each held expert's rows whatever their total (an
-    /// expert-parallel rank's experts run on the rows every rank sends them:
-    /// `super::replay_training_held`).
-    static ANY_TOTAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// [`ANY_TOTAL`] set while `f` runs.
-pub(super) fn with_any_total<O>(f: impl FnOnce() -> O) -> O {
-    ANY_TOTAL.with(|a| a.set(true));
-    let out = f();
-    ANY_TOTAL.with(|a| a.set(false));
-    out
-}
-
 impl Told {
     /// The tokens per expert of a forward over `tokens`: the recorded routing when it is of
-    /// this many tokens (or of any total, under [`with_any_total`]), else the worst case when
-    /// asked, else balanced.
+    /// this many tokens, else the worst case when asked, else balanced.
     fn counts(&self, tokens: usize, shape: &MoeShape) -> Vec<usize> {
         match &self.routing {
-            Some(r)
-                if ANY_TOTAL.with(|a| a.get())
-                    || r.iter().sum::<usize>() == tokens * shape.top_k =>
-            {
-                r.clone()
-            }
+            Some(r) if r.iter().sum::<usize>() == tokens * shape.top_k => r.clone(),
             _ if self.worst => worst(tokens, *shape),
             _ => balanced(tokens, *shape),
         }
