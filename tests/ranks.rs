@@ -437,8 +437,35 @@ const MIXTRAL: &[&str] = &[
     "adamw",
 ];
 
-/// Expert parallelism inside data parallelism over 2 ranks (2 experts a rank) and 4 (1 a
-/// rank): every window within the tolerance of its prediction (the replay of the rank's model
+/// The slice widened until its backward peaks inside the sparse layers' exchanges (H 256, 8
+/// experts of width 512, V 2048, 2 rows of 64 tokens a rank): the replay of the exchanges'
+/// backward is what keeps the backward's peak within tolerance here.
+const MIXTRAL_WIDE: &[&str] = &[
+    "--hf-config",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mixtral/config.json"
+    ),
+    "--hf-set",
+    "hidden_size=256",
+    "--hf-set",
+    "intermediate_size=512",
+    "--hf-set",
+    "num_local_experts=8",
+    "--hf-set",
+    "vocab_size=2048",
+    "--hf-set",
+    "max_position_embeddings=128",
+    "--batch",
+    "2",
+    "--seq",
+    "64",
+    "--optimizer",
+    "adamw",
+];
+
+/// Expert parallelism inside data parallelism over 2 ranks and 4, on the Mixtral slice (2
+/// experts a rank, then 1) and on the wide one (4, then 2): every window within the tolerance of its prediction (the replay of the rank's model
 /// on the rows its experts received, plus what the exchanges keep), every rank's gradients and
 /// weights after two steps those of one process training the global batch with every expert;
 /// each rank receives every row routed to its experts (the rows every rank sent it, summed,
@@ -447,7 +474,7 @@ const MIXTRAL: &[&str] = &[
 /// reaches home) or without the experts' gradient divided by the ranks, the check fails.
 #[test]
 fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
-    let ep = |n: usize, more: &[&str]| {
+    let ep = |args: &[&str], n: usize, more: &[&str]| {
         let split: Vec<String> = [
             "--ep".to_string(),
             n.to_string(),
@@ -458,54 +485,60 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
         .chain(more.iter().map(|s| s.to_string()))
         .collect();
         let split: Vec<&str> = split.iter().map(String::as_str).collect();
-        run(n, MIXTRAL, &split)
+        run(n, args, &split)
     };
-    let whole = ranks(1, 0, MIXTRAL);
     let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
-    for n in [2usize, 4] {
-        let doc = ep(n, &[]);
-        assert_eq!(u(&doc["ep"]), n as u64);
-        check_all(&doc, n, &format!("mixtral ep {n}"));
-        let routing = doc["ep_routing"].as_array().unwrap();
-        assert_eq!(routing.len(), n);
-        let (tokens, k, layers) = (2 * 32, 2, 2);
-        for layer in 0..layers {
-            let mut received_total = 0;
-            for (r, e) in routing.iter().enumerate() {
-                let sent: Vec<u64> = e["sent_rows"][layer]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(u)
-                    .collect();
-                assert_eq!(sent.iter().sum::<u64>(), (k * tokens) as u64, "rank {r}");
-                // What every rank sent rank r is what rank r received.
-                let to_r: u64 = routing.iter().map(|o| u(&o["sent_rows"][layer][r])).sum();
-                let got: u64 = e["received_rows"][layer]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(u)
-                    .sum();
-                assert_eq!(to_r, got, "layer {layer} rank {r}");
-                received_total += got;
+    // (args, what, tokens a rank, hidden, experts, width)
+    for (args, what, tokens, h, e, w) in [
+        (MIXTRAL, "mixtral", 2 * 32, 64, 4, 128),
+        (MIXTRAL_WIDE, "mixtral wide", 2 * 64, 256, 8, 512),
+    ] {
+        let whole = ranks(1, 0, args);
+        for n in [2usize, 4] {
+            let doc = ep(args, n, &[]);
+            assert_eq!(u(&doc["ep"]), n as u64);
+            check_all(&doc, n, &format!("{what} ep {n}"));
+            let routing = doc["ep_routing"].as_array().unwrap();
+            assert_eq!(routing.len(), n);
+            let (k, layers) = (2, 2);
+            for layer in 0..layers {
+                let mut received_total = 0;
+                for (r, e) in routing.iter().enumerate() {
+                    let sent: Vec<u64> = e["sent_rows"][layer]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(u)
+                        .collect();
+                    assert_eq!(sent.iter().sum::<u64>(), (k * tokens) as u64, "rank {r}");
+                    // What every rank sent rank r is what rank r received.
+                    let to_r: u64 = routing.iter().map(|o| u(&o["sent_rows"][layer][r])).sum();
+                    let got: u64 = e["received_rows"][layer]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(u)
+                        .sum();
+                    assert_eq!(to_r, got, "layer {layer} rank {r}");
+                    received_total += got;
+                }
+                assert_eq!(received_total, (n * k * tokens) as u64);
             }
-            assert_eq!(received_total, (n * k * tokens) as u64);
-        }
-        // Each rank holds the whole model less (1 − 1/N) of the experts: 2 layers × 4 experts
-        // × 3·64·128 elements, 4 B each (and a few hundred bytes of bookkeeping a variable).
-        let experts = 4 * (2 * 4 * 3 * 64 * 128) as i64;
-        let fewer = experts - experts / n as i64;
-        for r in 0..n {
-            let d = weights(&whole, 0) - weights(&doc, r);
-            assert!(
-                (d - fewer).abs() < 8192,
-                "ep {n} rank {r} holds {d} B less than the whole model, the experts it lacks are {fewer}"
-            );
+            // Each rank holds the whole model less (1 − 1/N) of the experts: 2 layers × E experts
+            // × 3·H·I elements, 4 B each (and a few hundred bytes of bookkeeping a variable).
+            let experts = 4 * (layers * e * 3 * h * w) as i64;
+            let fewer = experts - experts / n as i64;
+            for r in 0..n {
+                let d = weights(&whole, 0) - weights(&doc, r);
+                assert!(
+                    (d - fewer).abs() < 8192,
+                    "{what} ep {n} rank {r} holds {d} B less than the whole model, the experts it lacks are {fewer}"
+                );
+            }
         }
     }
     for mutation in ["--ep-skip-dispatch-backward", "--ep-skip-expert-scaling"] {
-        let broken = ep(2, &[mutation]);
+        let broken = ep(MIXTRAL, 2, &[mutation]);
         for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
             assert!(
                 g > 1e-3,
