@@ -528,10 +528,13 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
             // × 3·H·I elements, 4 B each (and a few hundred bytes of bookkeeping a variable).
             let experts = 4 * (layers * e * 3 * h * w) as i64;
             let fewer = experts - experts / n as i64;
+            // The variables it lacks, each a few hundred bytes of bookkeeping (< 512 B).
+            let vars = (layers * e * 3) as i64;
+            let slack = 512 * (vars - vars / n as i64);
             for r in 0..n {
                 let d = weights(&whole, 0) - weights(&doc, r);
                 assert!(
-                    (d - fewer).abs() < 8192,
+                    (d - fewer).abs() < slack,
                     "{what} ep {n} rank {r} holds {d} B less than the whole model, the experts it lacks are {fewer}"
                 );
             }
