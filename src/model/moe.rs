@@ -415,7 +415,7 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
     /// [`Moe::routed`] with the choice made by `routing` (an expert-parallel replay routes the
     /// rank's tokens over every expert, though it holds a few).
     pub(crate) fn routed_by(&self, routing: &R, xs: &T, x: &T) -> Result<(T, Vec<Option<R::Ids>>)> {
-        let logits = self.router.forward(&xs)?;
+        let logits = self.router.forward(xs)?;
         let probs = scores(&logits, self.shape.scoring)?;
         drop(logits);
         let (mask, ids) = routing.route(&probs, &self.shape)?;

@@ -18,6 +18,10 @@
 //! Megatron-style, every rank one shard of every block on the same batch, the same windows
 //! (`reduce` and `gather` empty) measured and predicted from the replay of the shard.
 //!
+//! With `--ep N` ([`expert`]) the ranks split a mixture of experts' experts while each trains
+//! on its own microbatch: expert parallelism inside data parallelism, the routed rows exchanged
+//! by all-to-all, the same windows measured and predicted from the replay of the rank's step.
+//!
 //! Layers of memory, each labelled: the counting allocator (memfit's tensors and bookkeeping:
 //! the windows' peaks and retained bytes) and the process's resident set (`VmRSS`, `VmHWM`),
 //! which also holds the MPI library's buffers and shared-memory segments.
