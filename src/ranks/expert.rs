@@ -29,6 +29,25 @@
 //! `--check` compares every rank's gradients and weights after two steps with one process
 //! training the whole global batch with every expert (by name: a rank's experts against the
 //! same experts of the whole model).
+//!
+//! Predictions ([`predict_ep_windows`]): `forward`, `backward` and `train-step` are the replay
+//! of this rank's own step on symbolic tensors ([`crate::formula::replay::replay_training_ep`]):
+//! the rank's model (its experts held) whose sparse layers run this forward statement by
+//! statement (`formula::replay::expert`), each exchange a
+//! [`Kernel::Exchange`](crate::model::kernels::Kernel::Exchange) — its output rows, the host
+//! buffer it holds while reordering (`R·cols` floats: the rows received rank by rank before they
+//! are laid out expert by expert, or the rows laid out rank by rank before they go home), and in
+//! the backward the same exchange the other way — at the row counts this rank's run recorded
+//! (`k·T` rows sent, `R` received: the routing depends on the data, so it is predicted from the
+//! measured routing, as a single device's mixture of experts is from its snapshot). Per sparse
+//! layer the graph keeps, beyond one device's: `Y_back (k·T, H)` and `k·T` ids where one device
+//! keeps `Y (R, H)` and `R` ids (`Y` is released once returned), and the nodes of the four
+//! released exchange tensors. Not in the replay: the exchange plan the three ops share (a few
+//! hundred bytes a layer), the counts' all-gather (`4·E` bytes a rank, transient) and the
+//! routing's record; measured, every window is within 5.4 KB of its prediction on the wide slice
+//! of `tests/ranks.rs` (the one-device replay alone: 4.9 KB on the forward there). `reduce` is
+//! the dense all-reduce's bucket, `optimizer` the rank's AdamW state by the data-parallel
+//! arithmetic over its variables, `init` the whole model's less the experts it lacks.
 
 use std::cell::RefCell;
 use std::ops::Range;
