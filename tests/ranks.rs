@@ -470,8 +470,9 @@ const MIXTRAL_WIDE: &[&str] = &[
 /// weights after two steps those of one process training the global batch with every expert;
 /// each rank receives every row routed to its experts (the rows every rank sent it, summed,
 /// are its received rows: k·T of each rank's T tokens in all); a rank holds the dense part and
-/// 1/N of the experts. Without the dispatch's backward exchange (the rows' gradient never
-/// reaches home) or without the experts' gradient divided by the ranks, the check fails.
+/// 1/N of the experts; candle's composed ops and the whole backward at once too. Without the
+/// dispatch's backward exchange (the rows' gradient never reaches home) or without the experts'
+/// gradient divided by the ranks, the check fails.
 #[test]
 fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
     let ep = |args: &[&str], n: usize, more: &[&str]| {
@@ -540,6 +541,14 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
             }
         }
     }
+    // Stock candle's composed ops (nothing released but what the exchanges release) and the
+    // whole graph's backward at once.
+    let other = ["--kernels", "composed", "--backward", "whole"];
+    check_all(
+        &ep(MIXTRAL_WIDE, 2, &other),
+        2,
+        "mixtral wide ep 2 composed, whole backward",
+    );
     for mutation in ["--ep-skip-dispatch-backward", "--ep-skip-expert-scaling"] {
         let broken = ep(MIXTRAL, 2, &[mutation]);
         for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
