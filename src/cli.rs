@@ -278,6 +278,20 @@ pub struct RanksArgs {
     /// forward never prefetches (FSDP's default `forward_prefetch=False`).
     #[arg(long, value_enum, default_value_t = FsdpPrefetch::Backward)]
     pub fsdp_prefetch: FsdpPrefetch,
+    /// Expert parallelism inside data parallelism over every rank (N = the ranks mpirun
+    /// starts, 2 or more, dividing the experts): every rank the dense part whole and its own
+    /// microbatch, rank r the experts r·E/N..(r+1)·E/N of every sparse layer, the routed rows
+    /// exchanged by all-to-all (a mixture of experts in f32); runs with `--zero 0`.
+    #[arg(long, default_value_t = 1)]
+    pub ep: usize,
+    /// (testing) Expert parallelism's dispatch without its backward all-to-all (the rows'
+    /// gradient not returned home), to show that `--check` catches it.
+    #[arg(long, hide = true)]
+    pub ep_skip_dispatch_backward: bool,
+    /// (testing) Expert parallelism without dividing the experts' gradients by the ranks, to
+    /// show that `--check` catches it.
+    #[arg(long, hide = true)]
+    pub ep_skip_expert_scaling: bool,
     /// Pipeline parallelism instead of data parallelism: a stage a rank (this many ranks
     /// launched), Megatron's 1F1B schedule over `--microbatches` microbatches of `--batch` rows.
     #[arg(long, value_name = "STAGES")]

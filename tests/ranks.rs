@@ -6,7 +6,11 @@
 //! LLaMA with grouped K/V heads: every window within tolerance, each rank's shard of the
 //! gradients and weights equal to the slices of one process's, and the check failing when `f`
 //! does not all-reduce its gradient. ZeRO 3 (`--zero 3`, FSDP's FULL_SHARD): every window within
-//! tolerance, the check passing, and failing without a tied table's second use.
+//! tolerance, the check passing, and failing without a tied table's second use. Expert
+//! parallelism (`--ep`) on a Mixtral slice over 2 and 4 ranks: every window within tolerance,
+//! every rank's gradients and weights those of one process on the global batch with every
+//! expert, and the check failing without the dispatch's backward exchange or the experts'
+//! gradient scaling.
 //!
 //! Built only with the `ranks` feature (scripts/test.sh turns it on; scripts/setup.sh test
 //! installs Open MPI).
@@ -425,4 +429,179 @@ fn check_pipeline(doc: &Value, n: usize, m: usize, what: &str) {
 fn pipeline_of_two_stages_as_predicted_and_as_one_process() {
     check_pipeline(&pipeline(2, 4, LLAMA), 2, 4, "llama pp 2");
     check_pipeline(&pipeline(2, 3, GPT), 2, 3, "gpt pp 2");
+}
+
+/// A Mixtral slice (the `tests/fixtures/mixtral` config widened: H 64, 4 experts of width 128,
+/// 2 per token, 2 sparse layers, V 512), 2 rows of 32 tokens a rank, AdamW.
+const MIXTRAL: &[&str] = &[
+    "--hf-config",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mixtral/config.json"
+    ),
+    "--hf-set",
+    "hidden_size=64",
+    "--hf-set",
+    "intermediate_size=128",
+    "--hf-set",
+    "vocab_size=512",
+    "--hf-set",
+    "max_position_embeddings=64",
+    "--batch",
+    "2",
+    "--seq",
+    "32",
+    "--optimizer",
+    "adamw",
+];
+
+/// The slice widened until its backward peaks inside the sparse layers' exchanges (H 256, 8
+/// experts of width 512, V 2048, 2 rows of 64 tokens a rank): the replay of the exchanges'
+/// backward is what keeps the backward's peak within tolerance here.
+const MIXTRAL_WIDE: &[&str] = &[
+    "--hf-config",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mixtral/config.json"
+    ),
+    "--hf-set",
+    "hidden_size=256",
+    "--hf-set",
+    "intermediate_size=512",
+    "--hf-set",
+    "num_local_experts=8",
+    "--hf-set",
+    "vocab_size=2048",
+    "--hf-set",
+    "max_position_embeddings=128",
+    "--batch",
+    "2",
+    "--seq",
+    "64",
+    "--optimizer",
+    "adamw",
+];
+
+/// Expert parallelism inside data parallelism over 2 ranks and 4, on the Mixtral slice (2
+/// experts a rank, then 1) and on the wide one (4, then 2): every window within the tolerance of its prediction (the replay of the rank's model
+/// on the rows its experts received, plus what the exchanges keep), every rank's gradients and
+/// weights after two steps those of one process training the global batch with every expert;
+/// each rank receives every row routed to its experts (the rows every rank sent it, summed,
+/// are its received rows: k·T of each rank's T tokens in all); a rank holds the dense part and
+/// 1/N of the experts; candle's composed ops and the whole backward at once too. Without the
+/// dispatch's backward exchange (the rows' gradient never reaches home) or without the experts'
+/// gradient divided by the ranks, the check fails.
+#[test]
+fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
+    let ep = |args: &[&str], n: usize, more: &[&str]| {
+        let split: Vec<String> = [
+            "--ep".to_string(),
+            n.to_string(),
+            "--zero".into(),
+            "0".into(),
+        ]
+        .into_iter()
+        .chain(more.iter().map(|s| s.to_string()))
+        .collect();
+        let split: Vec<&str> = split.iter().map(String::as_str).collect();
+        run(n, args, &split)
+    };
+    let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]);
+    // (args, what, tokens a rank, hidden, experts, width)
+    for (args, what, tokens, h, e, w) in [
+        (MIXTRAL, "mixtral", 2 * 32, 64, 4, 128),
+        (MIXTRAL_WIDE, "mixtral wide", 2 * 64, 256, 8, 512),
+    ] {
+        let whole = ranks(1, 0, args);
+        for n in [2usize, 4] {
+            let doc = ep(args, n, &[]);
+            assert_eq!(u(&doc["ep"]), n as u64);
+            check_all(&doc, n, &format!("{what} ep {n}"));
+            let routing = doc["ep_routing"].as_array().unwrap();
+            assert_eq!(routing.len(), n);
+            let (k, layers) = (2, 2);
+            for layer in 0..layers {
+                let mut received_total = 0;
+                for (r, e) in routing.iter().enumerate() {
+                    let sent: Vec<u64> = e["sent_rows"][layer]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(u)
+                        .collect();
+                    assert_eq!(sent.iter().sum::<u64>(), (k * tokens) as u64, "rank {r}");
+                    // What every rank sent rank r is what rank r received.
+                    let to_r: u64 = routing.iter().map(|o| u(&o["sent_rows"][layer][r])).sum();
+                    let got: u64 = e["received_rows"][layer]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(u)
+                        .sum();
+                    assert_eq!(to_r, got, "layer {layer} rank {r}");
+                    received_total += got;
+                }
+                assert_eq!(received_total, (n * k * tokens) as u64);
+            }
+            // Each rank holds the whole model less (1 − 1/N) of the experts: 2 layers × E experts
+            // × 3·H·I elements, 4 B each (and a few hundred bytes of bookkeeping a variable).
+            let experts = 4 * (layers * e * 3 * h * w) as i64;
+            let fewer = experts - experts / n as i64;
+            // The variables it lacks, each a few hundred bytes of bookkeeping (< 512 B).
+            let vars = (layers * e * 3) as i64;
+            let slack = 512 * (vars - vars / n as i64);
+            for r in 0..n {
+                let d = weights(&whole, 0) - weights(&doc, r);
+                assert!(
+                    (d - fewer).abs() < slack,
+                    "{what} ep {n} rank {r} holds {d} B less than the whole model, the experts it lacks are {fewer}"
+                );
+            }
+        }
+    }
+    // Stock candle's composed ops (nothing released but what the exchanges release) and the
+    // whole graph's backward at once.
+    let other = ["--kernels", "composed", "--backward", "whole"];
+    check_all(
+        &ep(MIXTRAL_WIDE, 2, &other),
+        2,
+        "mixtral wide ep 2 composed, whole backward",
+    );
+    for mutation in ["--ep-skip-dispatch-backward", "--ep-skip-expert-scaling"] {
+        let broken = ep(MIXTRAL, 2, &[mutation]);
+        for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
+            assert!(
+                g > 1e-3,
+                "{mutation}: rank {r}'s gradients within {g:e} of one process"
+            );
+        }
+    }
+}
+
+/// `--ep` refuses, by name, what it does not split: experts that do not divide (4 over 3),
+/// a dense model, ZeRO beside it, tensor parallelism beside it; the testing flags without it.
+#[test]
+fn expert_parallel_refuses_what_it_does_not_split() {
+    for (args, more, says) in [
+        (
+            MIXTRAL,
+            &["--ep", "3"][..],
+            "--ep must divide the experts: 2, 4",
+        ),
+        (LLAMA, &["--ep", "2"][..], "splits a mixture of experts"),
+        (MIXTRAL, &["--ep", "2", "--zero", "1"][..], "without ZeRO"),
+        (MIXTRAL, &["--ep", "2", "--tp", "2"][..], "not run together"),
+        (MIXTRAL, &["--ep-skip-expert-scaling"][..], "without --ep"),
+    ] {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
+            .arg("ranks")
+            .args(args)
+            .args(more)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{more:?} ran");
+        assert!(err.contains(says), "{more:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }

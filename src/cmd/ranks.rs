@@ -57,6 +57,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         cases.len()
     );
     let case = &cases[0];
+    ensure!(
+        args.zero == Some(3) || args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
+        "memfit ranks: --fsdp-prefetch none without --zero 3 (only ZeRO 3 gathers parameters)"
+    );
     if let Some(stages) = args.pp {
         ensure!(
             args.tp == 1,
@@ -65,6 +69,18 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         );
         return pipeline(case, args, stages);
     }
+    if args.ep > 1 {
+        ensure!(
+            args.tp == 1 && args.pp.is_none(),
+            "memfit ranks --ep {} --tp/--pp: expert parallelism is not run together with tensor or pipeline parallelism on ranks",
+            args.ep
+        );
+        return expert_parallel(case, args);
+    }
+    ensure!(
+        !args.ep_skip_dispatch_backward && !args.ep_skip_expert_scaling,
+        "memfit ranks: --ep-skip-dispatch-backward or --ep-skip-expert-scaling without --ep"
+    );
     let zero = args.zero.unwrap_or(if args.tp > 1 { 0 } else { 1 });
     ranks::check_case(case, zero)?;
     if args.tp > 1 {
@@ -77,10 +93,6 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     ensure!(
         !args.zero3_skip_tied_second_use || (zero == 3 && case.cfg.tied),
         "memfit ranks: --zero3-skip-tied-second-use without --zero 3 and a tied head"
-    );
-    ensure!(
-        zero == 3 || args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
-        "memfit ranks: --fsdp-prefetch none without --zero 3 (only ZeRO 3 gathers parameters)"
     );
     if zero == 3 {
         ensure!(
@@ -100,6 +112,9 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         f_all_reduce: !args.tp_skip_f_all_reduce,
         tied_second_use: !args.zero3_skip_tied_second_use,
         prefetch: args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
+        ep: 1,
+        ep_dispatch_backward: true,
+        ep_expert_scaling: true,
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -116,6 +131,55 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     }
     if !emit(args, &doc)? {
         print_table(case, args, zero, &doc.ranks);
+    }
+    Ok(())
+}
+
+/// `--ep N`: expert parallelism inside data parallelism ([`crate::ranks::expert`]).
+fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Result<()> {
+    let zero = args.zero.unwrap_or(0);
+    ranks::check_case(case, zero)?;
+    ranks::expert::check_ep(case, zero, args.ep)?;
+    crate::machine::pin_threads(args.threads)?;
+    let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
+    let plan = Plan {
+        zero,
+        check: args.check,
+        threads: args.threads,
+        tp: 1,
+        f_all_reduce: true,
+        tied_second_use: true,
+        prefetch: false,
+        ep: args.ep,
+        ep_dispatch_backward: !args.ep_skip_dispatch_backward,
+        ep_expert_scaling: !args.ep_skip_expert_scaling,
+    };
+    let report = ranks::expert::run_ep_rank(case, plan, comm.clone())
+        .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
+    let Some(reports) = gather::<(RankReport, ranks::expert::EpRouting)>(comm.as_ref(), &report)?
+    else {
+        return Ok(());
+    };
+    let (reports, routing): (Vec<_>, Vec<_>) = reports.into_iter().unzip();
+    let mut doc = ranks::RanksDoc::new(case, zero, 1, args.threads, library(), reports);
+    doc.ep = args.ep;
+    doc.layers.insert(
+        "ep_routing".into(),
+        "rows each rank's exchanges moved, counted by the rank (not a memory figure)".into(),
+    );
+    doc.ep_routing = routing;
+    if !emit(args, &doc)? {
+        print_table(case, args, zero, &doc.ranks);
+        for (r, e) in doc.ep_routing.iter().enumerate() {
+            println!(
+                "  rank {r}: experts {}..{}, rows received per expert by sparse layer {:?} (train-step {:?}), sent per rank {:?}",
+                e.experts[0],
+                e.experts[1],
+                e.received_rows,
+                e.train_step_received_rows,
+                e.sent_rows
+            );
+        }
     }
     Ok(())
 }
@@ -272,7 +336,12 @@ fn prefetch_name(p: crate::cli::FsdpPrefetch) -> &'static str {
 }
 
 fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports: &[RankReport]) {
-    let split = if args.tp > 1 {
+    let split = if args.ep > 1 {
+        format!(
+            "expert parallel over {} inside data parallel (each rank the dense part whole, 1/{} of the experts, its own microbatch; rows exchanged by all-to-all)",
+            args.ep, args.ep
+        )
+    } else if args.tp > 1 {
         format!(
             "tensor parallel over {} (each rank one shard, every rank the same batch; the token table and head replicated)",
             args.tp

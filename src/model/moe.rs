@@ -66,6 +66,16 @@ pub struct Moe<T: TensorOps = Tensor, R = HostRouting> {
     /// Fused kernels: the training combine is one op ([`super::kernels::scatter_rows`]).
     pub(crate) fused: bool,
     pub(crate) routing: R,
+    /// Expert parallelism: the forward that exchanges the routed rows with the experts' owners
+    /// (`memfit ranks --ep`, [`crate::ranks::expert`]); none in a model that holds its experts.
+    pub(crate) parallel: Option<std::rc::Rc<dyn MoeParallel<T, R>>>,
+}
+
+/// A mixture of experts' forward over ranks that each hold some of its experts (expert
+/// parallelism): given the layer, it routes with [`Moe::routed`], exchanges the rows and
+/// combines as it will; [`Moe::forward`] hands over to it when set.
+pub trait MoeParallel<T: TensorOps, R>: std::fmt::Debug {
+    fn forward(&self, moe: &Moe<T, R>, x: &T) -> Result<T>;
 }
 
 /// How a mixture of experts picks each token's experts, on the host: the interpreter's part of
@@ -202,6 +212,7 @@ impl<T: TensorOps, R> Moe<T, R> {
             shape,
             fused: cfg.kernels.fused(),
             routing: w.routing(cfg, layer, &ids),
+            parallel: None,
         })
     }
 }
@@ -389,20 +400,25 @@ impl<T: TensorOps, R: Routing<T> + Clone> Moe<T, R> {
             shape: self.shape,
             fused: self.fused,
             routing: self.routing.clone(),
+            parallel: self.parallel.clone(),
         })
     }
 }
 
 impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
-    pub fn forward(&self, x: &T) -> Result<T> {
-        let d = x.dims();
-        let (b, s, h) = (d[0], d[1], d[2]);
-        let t = b * s;
-        let xs = x.reshape(&[t, h])?;
-        let logits = self.router.forward(&xs)?;
+    /// The routing of the tokens `xs (T, H)`: the weights `R (T, E)` in the activations' type
+    /// (differentiable) and each expert's token ids (`None`: no token), as the module doc says.
+    pub(crate) fn routed(&self, xs: &T, x: &T) -> Result<(T, Vec<Option<R::Ids>>)> {
+        self.routed_by(&self.routing, xs, x)
+    }
+
+    /// [`Moe::routed`] with the choice made by `routing` (an expert-parallel replay routes the
+    /// rank's tokens over every expert, though it holds a few).
+    pub(crate) fn routed_by(&self, routing: &R, xs: &T, x: &T) -> Result<(T, Vec<Option<R::Ids>>)> {
+        let logits = self.router.forward(xs)?;
         let probs = scores(&logits, self.shape.scoring)?;
         drop(logits);
-        let (mask, ids) = self.routing.route(&probs, &self.shape)?;
+        let (mask, ids) = routing.route(&probs, &self.shape)?;
         let selected = probs.mul(&mask)?;
         drop((probs, mask));
         let weights = match (self.shape.norm_topk, self.shape.group) {
@@ -426,6 +442,42 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
             weights
         }
         .to_dtype_of(x)?;
+        Ok((weights, ids))
+    }
+
+    /// `y (T, H)` of the routed experts as `x (B, S, H)`, with the shared experts added.
+    pub(crate) fn finish(&self, x: &T, ys: T) -> Result<T> {
+        let d = x.dims();
+        let ys = ys.reshape(&[d[0], d[1], d[2]])?;
+        // Shared experts on every token, added after the routed ones (Qwen2-MoE: gated by
+        // `sigmoid(x·g)`).
+        match &self.shared {
+            None => Ok(ys),
+            Some(shared) => {
+                let y = shared.forward(x)?;
+                let y = match &self.shared_gate {
+                    None => y,
+                    Some(g) => {
+                        let gate = sigmoid(&g.forward(x)?)?;
+                        y.broadcast_mul(&gate)?
+                    }
+                };
+                let sum = tensor_ops::add_into(&ys, y)?;
+                drop(ys);
+                Ok(sum)
+            }
+        }
+    }
+
+    pub fn forward(&self, x: &T) -> Result<T> {
+        if let Some(p) = &self.parallel {
+            return p.forward(self, x);
+        }
+        let d = x.dims();
+        let (b, s, h) = (d[0], d[1], d[2]);
+        let t = b * s;
+        let xs = x.reshape(&[t, h])?;
+        let (weights, ids) = self.routed(&xs, x)?;
         // Training (the weights tracked): the experts' scaled outputs are concatenated and added
         // into the output by one `index_add`, so the graph keeps one `(k·T, H)` tensor and one
         // `(T, H)` zeros, not a fresh `(T, H)` per expert (candle's `index_add` is not in place).
@@ -523,25 +575,11 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
             }
         };
         drop(weights);
-        let ys = ys.reshape(&[b, s, h])?;
-        // Shared experts on every token, added after the routed ones (Qwen2-MoE: gated by
-        // `sigmoid(x·g)`).
-        match &self.shared {
-            None => Ok(ys),
-            Some(shared) => {
-                let y = shared.forward(x)?;
-                let y = match &self.shared_gate {
-                    None => y,
-                    Some(g) => {
-                        let gate = sigmoid(&g.forward(x)?)?;
-                        y.broadcast_mul(&gate)?
-                    }
-                };
-                let sum = tensor_ops::add_into(&ys, y)?;
-                drop(ys);
-                Ok(sum)
-            }
-        }
+        // xs lives as long as before the split (its bookkeeping freed after the shared
+        // experts).
+        let y = self.finish(x, ys);
+        drop(xs);
+        y
     }
 }
 

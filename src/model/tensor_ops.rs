@@ -148,6 +148,11 @@ impl TensorOps for Tensor {
             Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
                 candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
             }
+            Kernel::Exchange { .. } => {
+                candle_core::bail!(
+                    "{k:?} is applied by `ranks::expert`'s ops, not through `kernel`"
+                )
+            }
         }
     }
     fn frozen_linear(&self, w: &FrozenWeight, bias: Option<&Self>) -> Result<Self> {

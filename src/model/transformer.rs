@@ -702,6 +702,23 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
         }
         self
     }
+
+    /// The model with every mixture of experts' forward handed to `ep` (expert parallelism:
+    /// its blocks hold one rank's experts; `memfit ranks --ep`, `crate::ranks::expert`).
+    pub fn with_expert_parallel(
+        mut self,
+        ep: std::rc::Rc<dyn super::moe::MoeParallel<T, R>>,
+    ) -> Self
+    where
+        T: TensorOps,
+    {
+        for b in &mut self.blocks {
+            if let Ffn::Moe(m) = &mut b.mlp {
+                m.parallel = Some(ep.clone());
+            }
+        }
+        self
+    }
 }
 
 impl Transformer {

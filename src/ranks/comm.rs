@@ -35,6 +35,17 @@ pub trait Comm {
     /// `send` to rank `to` and `recv` from rank `from` at once (`MPI_Sendrecv`): the pipeline's
     /// paired exchanges, which two blocking calls in a fixed order would deadlock.
     fn send_recv(&self, to: usize, send: &[f32], from: usize, recv: &mut [f32]);
+    /// Every rank sends a run of `send` to each rank and receives one from each
+    /// (`MPI_Alltoallv`): `send_counts[r]` elements to rank `r`, in rank order from the start
+    /// of `send`; `recv_counts[r]` from rank `r`, in rank order into `recv` (expert
+    /// parallelism's dispatch and return of token rows).
+    fn all_to_all_v(
+        &self,
+        send: &[f32],
+        send_counts: &[usize],
+        recv: &mut [f32],
+        recv_counts: &[usize],
+    );
 }
 
 /// One process: every collective is the identity.
@@ -72,6 +83,19 @@ impl Comm for Solo {
     fn send_recv(&self, to: usize, _send: &[f32], _from: usize, _recv: &mut [f32]) {
         panic!("one process has no rank {to} to exchange with")
     }
+    fn all_to_all_v(
+        &self,
+        send: &[f32],
+        send_counts: &[usize],
+        recv: &mut [f32],
+        recv_counts: &[usize],
+    ) {
+        assert_eq!(
+            (send_counts, recv_counts),
+            (&[send.len()][..], &[recv.len()][..])
+        );
+        recv.copy_from_slice(send);
+    }
 }
 
 #[cfg(feature = "ranks")]
@@ -81,7 +105,7 @@ pub use self::mpi_comm::Mpi;
 mod mpi_comm {
     use mpi::Count;
     use mpi::collective::SystemOperation;
-    use mpi::datatype::PartitionMut;
+    use mpi::datatype::{Partition, PartitionMut};
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::*;
 
@@ -189,6 +213,34 @@ mod mpi_comm {
                 recv,
                 &self.world.process_at_rank(from as i32),
             );
+        }
+        fn all_to_all_v(
+            &self,
+            send: &[f32],
+            send_counts: &[usize],
+            recv: &mut [f32],
+            recv_counts: &[usize],
+        ) {
+            // Counts and displacements in elements, each rank's run after the one before.
+            let runs = |counts: &[usize]| -> (Vec<Count>, Vec<Count>) {
+                let c: Vec<Count> = counts.iter().map(|&n| n as Count).collect();
+                let d: Vec<Count> = counts
+                    .iter()
+                    .scan(0, |at, &n| {
+                        let d = *at;
+                        *at += n as Count;
+                        Some(d)
+                    })
+                    .collect();
+                (c, d)
+            };
+            let (sc, sd) = runs(send_counts);
+            let (rc, rd) = runs(recv_counts);
+            assert_eq!(send_counts.iter().sum::<usize>(), send.len());
+            assert_eq!(recv_counts.iter().sum::<usize>(), recv.len());
+            let out = Partition::new(send, &sc[..], &sd[..]);
+            let mut into = PartitionMut::new(recv, &rc[..], &rd[..]);
+            self.world.all_to_all_varcount_into(&out, &mut into);
         }
     }
 }

@@ -630,6 +630,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         ranks,
         zero: 3,
         tp: 1,
+        ep: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),

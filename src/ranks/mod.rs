@@ -18,11 +18,16 @@
 //! Megatron-style, every rank one shard of every block on the same batch, the same windows
 //! (`reduce` and `gather` empty) measured and predicted from the replay of the shard.
 //!
+//! With `--ep N` ([`expert`]) the ranks split a mixture of experts' experts while each trains
+//! on its own microbatch: expert parallelism inside data parallelism, the routed rows exchanged
+//! by all-to-all, the same windows measured and predicted from the replay of the rank's step.
+//!
 //! Layers of memory, each labelled: the counting allocator (memfit's tensors and bookkeeping:
 //! the windows' peaks and retained bytes) and the process's resident set (`VmRSS`, `VmHWM`),
 //! which also holds the MPI library's buffers and shared-memory segments.
 
 pub mod comm;
+pub mod expert;
 pub mod fsdp;
 pub mod pipeline;
 pub mod tensor;
@@ -104,6 +109,9 @@ pub struct RankReport {
     /// the documents before tensor parallelism).
     #[serde(default = "one")]
     pub tp: usize,
+    /// Expert-parallel ranks the experts are split over (`--ep`; 1: every rank every expert).
+    #[serde(default = "one")]
+    pub ep: usize,
     /// [`WINDOWS`], in order.
     pub windows: Vec<Window>,
     pub states: States,
@@ -166,6 +174,13 @@ pub struct RanksDoc {
     /// before it existed): claim B5 reads only documents of 1.
     #[serde(default = "one")]
     pub tp: usize,
+    /// Expert-parallel ranks (`--ep`; 1 in the other documents): claim B5 reads only
+    /// documents of 1.
+    #[serde(default = "one")]
+    pub ep: usize,
+    /// With `--ep`: each rank's experts and the rows its exchanges moved, by rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ep_routing: Vec<expert::EpRouting>,
     pub mpi_library: String,
     pub windows: Vec<String>,
     /// Which layer each figure is.
@@ -216,6 +231,8 @@ impl RanksDoc {
             case: RanksCase::of(case, threads),
             zero,
             tp,
+            ep: 1,
+            ep_routing: Vec::new(),
             mpi_library: library,
             windows: windows_of_stage(zero)
                 .iter()
@@ -266,6 +283,14 @@ pub struct Plan {
     pub tied_second_use: bool,
     /// ZeRO 3 gathers the next unit before a unit's backward (FSDP's `BACKWARD_PRE`).
     pub prefetch: bool,
+    /// Expert-parallel ranks (`--ep`; 1: none).
+    pub ep: usize,
+    /// Expert parallelism's dispatch returns the rows' gradient in its backward (false only
+    /// to show that `--check` catches its absence).
+    pub ep_dispatch_backward: bool,
+    /// Expert parallelism divides the experts' gradients by the ranks (false only to show
+    /// that `--check` catches its absence).
+    pub ep_expert_scaling: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -581,6 +606,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         ranks,
         zero: plan.zero,
         tp: 1,
+        ep: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),

@@ -85,8 +85,16 @@ fn all_reduce(send: &[f32], recv: &mut [f32]) -> Result<()> {
     })
 }
 
+/// `f` on this thread's group (expert parallelism's exchanges reach it here too).
+pub(super) fn with_group<O>(f: impl FnOnce(&dyn Comm) -> O) -> Result<O> {
+    GROUP.with(|g| match g.borrow().as_ref() {
+        Some(comm) => Ok(f(comm.as_ref())),
+        None => candle_core::bail!("ranks: a collective outside the ranks' group"),
+    })
+}
+
 /// The contiguous `f32` data of a CPU storage under `l`.
-fn f32_data<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+pub(super) fn f32_data<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     let Some((a, b)) = l.contiguous_offsets() else {
         candle_core::bail!("ranks --tp: a collective's tensor must be contiguous")
     };
@@ -408,6 +416,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         ranks: tp,
         zero: plan.zero,
         tp,
+        ep: 1,
         windows,
         states,
         rss_peak_bytes: vm_hwm_bytes(),

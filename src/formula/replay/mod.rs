@@ -44,6 +44,7 @@ use crate::model::transformer::{LoraBase, ProjSpec};
 use crate::phase::{generate, train};
 
 mod compress;
+pub mod expert;
 mod model;
 mod moe;
 mod proj;
@@ -381,7 +382,7 @@ fn training_compressed(
     gemm_threads: Option<usize>,
 ) -> Option<Training> {
     compressed(shape, meta_per_tensor, gemm_threads, true, |l, slots, e| {
-        training_on(l, shape, slots, e)
+        training_on(l, shape, slots, e, None)
     })
 }
 
@@ -393,7 +394,28 @@ pub fn replay_training_full(
 ) -> Training {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     let slots = all_layers(shape);
-    training_on(&ledger, shape, &slots, None)
+    training_on(&ledger, shape, &slots, None, None)
+}
+
+/// The training replay of rank `rank` of `ranks` under expert parallelism (`ranks::expert`):
+/// `shape`'s whole model holding the routed experts `rank·E/N..(rank+1)·E/N`, every mixture of
+/// experts' forward replayed as the rank runs it ([`expert::ExpertParallel`]) on the rows
+/// `layers` says each sparse layer moved, every layer replayed.
+pub fn replay_training_ep(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+    rank: usize,
+    ranks: usize,
+    layers: Vec<expert::LayerRows>,
+) -> Training {
+    let e = shape.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
+    let per = e / ranks;
+    let held: Vec<usize> = (rank * per..(rank + 1) * per).collect();
+    let parallel = Rc::new(expert::ExpertParallel::new(rank, ranks, layers));
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    let slots = all_layers(shape);
+    training_on(&ledger, shape, &slots, Some(&held), Some(parallel))
 }
 
 /// [`replay_training_full`] recording every change of the live bytes ([`Ledger::start_trace`]):
@@ -407,7 +429,7 @@ pub fn trace_training(
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     ledger.start_trace();
     let slots = all_layers(shape);
-    let t = training_on(&ledger, shape, &slots, None);
+    let t = training_on(&ledger, shape, &slots, None, None);
     (t, ledger.take_trace())
 }
 
@@ -448,9 +470,14 @@ fn training_on(
     shape: &Shape,
     slots: &[Slot],
     experts: Option<&[usize]>,
+    parallel: Option<Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>>>,
 ) -> Training {
     ledger.set_stage("setup");
     let model = Transformer::with_layers(ledger, shape, true, slots, experts);
+    let model = match parallel {
+        Some(p) => model.with_expert_parallel(p),
+        None => model,
+    };
     let (tokens, targets) = inputs(ledger, shape);
     let k = shape.checkpoint as usize;
     let backward = match shape.by_block {

@@ -308,6 +308,15 @@ impl crate::model::tensor_ops::TensorOps for Sym {
                 drop(zeros);
                 y
             }
+            // `ranks::expert`'s exchange: the reordering buffer on the host beside the rows
+            // that arrive.
+            Kernel::Exchange { rows, temp, .. } => {
+                let cols = a[0].dims()[1];
+                let buffer = a[0].ledger().host(4 * temp * cols);
+                let y = Sym::kernel(k, a, &[rows, cols], a[0].dtype());
+                drop(buffer);
+                y
+            }
             Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
                 candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
             }

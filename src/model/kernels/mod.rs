@@ -157,6 +157,16 @@ pub enum Kernel {
     LinearScaled,
     /// Rows of y `(n, H)` added into a `(rows, H)` zeros at `ids (n)`; args y, ids.
     ScatterRows { rows: usize },
+    /// Expert parallelism's exchange of rows between ranks (`ranks::expert`; the replay's
+    /// model of its candle ops, which hold the exchange's plan): arg `(n, cols)`, output
+    /// `(rows, cols)`, a host buffer of `temp` rows held while the rows are reordered; the
+    /// backward the exchange the other way, `(back_rows, cols)` beside `back_temp` rows.
+    Exchange {
+        rows: usize,
+        temp: usize,
+        back_rows: usize,
+        back_temp: usize,
+    },
     /// The rotary embedding; args x and the tables cos, sin `(S, D/2)` (no gradient).
     Rotary,
     /// The tiled attention of [`crate::model::tiled_attention`]; args q, k, v and the
@@ -190,6 +200,7 @@ impl Kernel {
             Kernel::LinearNoBias => "fused-linear-no-bias",
             Kernel::LinearScaled => "fused-linear-scaled",
             Kernel::ScatterRows { .. } => "fused-scatter-rows",
+            Kernel::Exchange { .. } => "ep-exchange",
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
         }
@@ -247,6 +258,19 @@ impl Kernel {
             Kernel::LinearScaled => linear_scaled_bwd(args[0], args[1], args[2], grad),
             Kernel::ScatterRows { .. } => {
                 Ok(vec![Some(grad.index_select(&args[1].detach(), 0)?), None])
+            }
+            Kernel::Exchange {
+                back_rows,
+                back_temp,
+                ..
+            } => {
+                // The reordering buffer, then the rows that come back (candle's op: two host
+                // vectors, the second kept as the gradient's storage).
+                let cols = grad.dims()[1];
+                let temp = grad.zeros(&[back_temp, cols])?;
+                let out = grad.zeros(&[back_rows, cols])?;
+                drop(temp);
+                Ok(vec![Some(out)])
             }
             Kernel::LinearNoBias => {
                 let (dx, dw, g) = product_bwd(args[0], args[1], grad)?;

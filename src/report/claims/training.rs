@@ -344,7 +344,7 @@ impl<'a> Ctx<'a> {
         for d in self
             .ranks
             .iter()
-            .filter(|d| d.tp == 1 && d.zero == 1 && !d.ranks.is_empty())
+            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 1 && !d.ranks.is_empty())
         {
             cases.entry(key(d)).or_default().insert(d.ranks.len(), d);
         }
@@ -369,7 +369,7 @@ impl<'a> Ctx<'a> {
         let grads: Vec<String> = self
             .ranks
             .iter()
-            .filter(|d| d.tp == 1 && d.zero == 2 && key(d) == k)
+            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 2 && key(d) == k)
             .map(|d| (d.ranks.len(), most(d, &|s| s.gradient_bytes)))
             .collect::<BTreeMap<_, _>>()
             .into_iter()
@@ -379,7 +379,7 @@ impl<'a> Ctx<'a> {
         let z3: Vec<String> = self
             .ranks
             .iter()
-            .filter(|d| d.tp == 1 && d.zero == 3 && key(d) == k)
+            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 3 && key(d) == k)
             .map(|d| (d.ranks.len(), weights(d)))
             .collect::<BTreeMap<_, _>>()
             .into_iter()

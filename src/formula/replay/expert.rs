@@ -1,0 +1,155 @@
+//! An expert-parallel rank's mixture of experts on symbolic tensors (`ranks::expert`, the
+//! candle forward it mirrors statement by statement): the rank's tokens routed over every
+//! expert, the rows sent and the rows received at the sizes the rank's run recorded
+//! ([`LayerRows`]), the exchanges as [`Kernel::Exchange`] (their reordering buffers, and the
+//! exchange the other way in the backward), the held experts on the rows they received.
+
+use std::cell::Cell;
+
+use super::moe::Told;
+use crate::formula::symbolic::{DType, Sym};
+use crate::model::kernels::Kernel;
+use crate::model::moe::{Moe, MoeParallel, Routing};
+use crate::model::tensor_ops::TensorOps;
+
+/// The rows one sparse layer's forward moved on a rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerRows {
+    /// The rank's tokens per expert (all `E`): the rows it sends, in expert order.
+    pub sent: Vec<usize>,
+    /// `from[s][j]`: the rows rank `s` sent this rank for its `j`-th expert.
+    pub from: Vec<Vec<usize>>,
+}
+
+/// The replay's [`MoeParallel`]: each sparse layer's forward, in layer order, on the rows
+/// [`LayerRows`] gives it.
+#[derive(Debug)]
+pub struct ExpertParallel {
+    rank: usize,
+    ranks: usize,
+    layers: Vec<LayerRows>,
+    /// The sparse layer the next forward is.
+    next: Cell<usize>,
+}
+
+impl ExpertParallel {
+    pub fn new(rank: usize, ranks: usize, layers: Vec<LayerRows>) -> Self {
+        ExpertParallel {
+            rank,
+            ranks,
+            layers,
+            next: Cell::new(0),
+        }
+    }
+}
+
+impl MoeParallel<Sym, Told> for ExpertParallel {
+    fn forward(&self, moe: &Moe<Sym, Told>, x: &Sym) -> candle_core::Result<Sym> {
+        let layer = self.next.get();
+        self.next.set(layer + 1);
+        let Some(rows) = self.layers.get(layer) else {
+            candle_core::bail!("replay --ep: no recorded rows for sparse layer {layer}")
+        };
+        // The rank's own tokens over every expert.
+        let every = Told {
+            expert_ids: (0..moe.shape.experts).collect(),
+            routing: Some(rows.sent.clone()),
+            worst: false,
+        };
+        let ledger = x.ledger().clone();
+        let first = self.rank * (moe.shape.experts / self.ranks);
+        forward(moe, x, &every, rows, first, |n| {
+            ledger.host(4 * n).into_tensor(&[n], DType::U32)
+        })
+    }
+}
+
+/// The forward of `ranks::expert::ExpertParallel`, statement by statement, routed by `every`
+/// (the rank's tokens over all `E`), its held experts (the first `first`) on the rows `rows`
+/// says they received; `ids(n)` makes `n` u32 ids from a host vector.
+fn forward<T: TensorOps, R: Routing<T>>(
+    moe: &Moe<T, R>,
+    x: &T,
+    every: &R,
+    rows: &LayerRows,
+    first: usize,
+    ids: impl Fn(usize) -> T,
+) -> candle_core::Result<T> {
+    let d = x.dims();
+    let (t, h) = (d[0] * d[1], d[2]);
+    let xs = x.reshape(&[t, h])?;
+    let (weights, routed) = moe.routed_by(every, &xs, x)?;
+    let total: usize = rows.sent.iter().sum();
+    let per = rows.from.first().map_or(0, Vec::len);
+    let received: Vec<usize> = (0..per)
+        .map(|j| rows.from.iter().map(|f| f[j]).sum())
+        .collect();
+    let r: usize = received.iter().sum();
+    // Every token's ids in expert order (one host vector), then each expert's list freed.
+    let all = every.combine(x, 0, total);
+    drop(routed);
+    let ids_all = R::combined_ids(all, total, x)?;
+    // The rows to the owners, each exchange holding its reordering buffer.
+    let to_owners = Kernel::Exchange {
+        rows: r,
+        temp: r,
+        back_rows: total,
+        back_temp: r,
+    };
+    let x_send = xs.index_select(&ids_all, 0)?;
+    let x_recv = T::kernel(to_owners, &[&x_send])?;
+    x_send.release_if(true)?;
+    drop(x_send);
+    let w_send = weights.index_select(&ids_all, 0)?;
+    let w_recv = T::kernel(to_owners, &[&w_send])?;
+    w_send.release_if(true)?;
+    drop((w_send, weights));
+    let mut parts = Vec::with_capacity(per);
+    let mut at = 0;
+    for (j, (expert, &n)) in moe.experts.iter().zip(&received).enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let rows = ids(n);
+        at += n;
+        let we = w_recv.index_select(&rows, 0)?.narrow(1, first + j, 1)?;
+        let xe = x_recv.index_select(&rows, 0)?;
+        parts.push(expert.forward_scaled(xe, &we)?);
+    }
+    debug_assert_eq!(at, r);
+    let y = if parts.is_empty() {
+        x_recv
+            .affine(0.0, 0.0)?
+            .broadcast_add(&w_recv.sum_last_keepdim()?.affine(0.0, 0.0)?)?
+    } else {
+        let y = T::cat_owned(&parts, 0)?;
+        if parts.len() > 1 {
+            for p in &parts {
+                p.release_if(moe.fused)?;
+            }
+        }
+        y
+    };
+    drop(parts);
+    x_recv.release_if(true)?;
+    w_recv.release_if(true)?;
+    drop((x_recv, w_recv));
+    let home = Kernel::Exchange {
+        rows: total,
+        temp: r,
+        back_rows: r,
+        back_temp: r,
+    };
+    let back = T::kernel(home, &[&y])?;
+    y.release_if(true)?;
+    drop(y);
+    let ys = if moe.fused {
+        T::kernel(Kernel::ScatterRows { rows: t }, &[&back, &ids_all])?
+    } else {
+        xs.zeros(&[t, h])?.index_add(&ids_all, &back, 0)?
+    };
+    drop((back, ids_all));
+    let out = moe.finish(x, ys);
+    drop(xs);
+    out
+}
