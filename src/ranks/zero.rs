@@ -185,6 +185,7 @@ pub fn reduce(
 ) -> Result<()> {
     let ranks = comm.size();
     let scale = 1.0 / ranks as f32;
+    agree_on_gradients(vars, grads, comm)?;
     if stage < 2 {
         let largest = vars.iter().map(|(_, v)| v.elem_count()).max();
         let mut send: Vec<f32> = Vec::with_capacity(largest.unwrap_or(0).min(BUCKET_ELEMS));
@@ -214,6 +215,35 @@ pub fn reduce(
         reduce_scatter(g, &shard, comm, false)?;
         // The whole gradient goes; the shard stays in its place.
         grads.insert(theta, shard);
+    }
+    Ok(())
+}
+
+/// Every rank reduces the same variables: one that has a gradient on some rank but none here
+/// (a mixture's expert this rank's microbatch routed no token to) gets a zero gradient first,
+/// as DDP's bucket holds a zero for an unused parameter, so the ranks issue the same
+/// collectives in the same order (before, such a variable was skipped on one rank only: the
+/// collectives mismatched, `MPI_ERR_TRUNCATE`). A variable with no gradient anywhere stays
+/// without one. Costs one all-reduce of a flag a variable.
+fn agree_on_gradients(
+    vars: &[(String, Var)],
+    grads: &mut GradStore,
+    comm: &dyn Comm,
+) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let held: Vec<f32> = vars
+        .iter()
+        .map(|(_, v)| f32::from(u8::from(grads.get(v.as_tensor()).is_some())))
+        .collect();
+    let mut anywhere = vec![0f32; held.len()];
+    comm.all_reduce_sum(&held, &mut anywhere);
+    for (((_, var), here), any) in vars.iter().zip(&held).zip(&anywhere) {
+        if *here == 0.0 && *any > 0.0 {
+            let theta = var.as_tensor();
+            grads.insert(theta, theta.zeros_like()?);
+        }
     }
     Ok(())
 }
