@@ -674,42 +674,26 @@ pub fn run_ep_rank(
     measured.push((p, r, s, rss_now()));
     let first = parallel.exchanges();
     let mut graph = Some(graph);
-    let (mut grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
+    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
     measured.push((p, r, s, rss_now()));
     drop(graph);
     let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
-    // reduce: the dense gradients averaged, the experts' divided by the ranks
-    comm.barrier();
-    let ((), p, r, s) = window(|| reduce(&mut grads))?;
-    measured.push((p, r, s, rss_now()));
-    let gradient_rel_diff = if plan.check {
-        Some(check_gradients(case, ep, &vars, &grads)?)
-    } else {
-        None
-    };
-    // optimizer: the rank's whole state (dense and its experts), stepped in place
-    let (mut opt, p, r, s) = window(|| {
-        let mut o = zero::Sharded::new(stepper, 0, &vars, &Solo)?;
-        o.step(&grads)?;
-        Ok(o)
-    })?;
-    measured.push((p, r, s, rss_now()));
-    // gather: nothing
-    let ((), p, r, s) = window(|| Ok(()))?;
-    measured.push((p, r, s, rss_now()));
-    drop(grads);
-    // train-step
-    comm.barrier();
-    let ((), p, r, s) = window(|| {
-        let mut graph = Some(step.forward()?);
-        let mut grads = step.backward(&mut graph)?;
-        drop(graph);
-        reduce(&mut grads)?;
-        opt.step(&grads)?;
-        drop(grads);
-        Ok(())
-    })?;
-    measured.push((p, r, s, rss_now()));
+    // reduce: the dense gradients averaged, the experts' divided by the ranks; the optimizer
+    // the rank's whole state (dense and its experts), stepped in place; gather: nothing
+    let (gradient_rel_diff, opt) = super::step_tail(
+        &step,
+        grads,
+        comm.as_ref(),
+        &mut measured,
+        &reduce,
+        |g| {
+            plan.check
+                .then(|| check_gradients(case, ep, &vars, g))
+                .transpose()
+        },
+        || Ok(zero::Sharded::new(stepper, 0, &vars, &Solo)?),
+        &|| Ok(()),
+    )?;
     let last = parallel.exchanges();
 
     let predicted = predict_ep_windows(case, plan, rank, ep, &first, &last);

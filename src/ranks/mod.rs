@@ -396,6 +396,54 @@ fn fill_deterministic(vars: &[(String, Var)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The windows from `reduce` on ([`WINDOWS`]' last four), the same for every layout whose rank
+/// steps its own part of the model (data, tensor and expert parallelism), each pushed to
+/// `measured`: `reduce` (the layout's gradient collective on `grads`, the first step's),
+/// `check` on the reduced gradients between the windows (everything it makes is freed before
+/// the next), `optimizer` (`make` builds the optimizer over this rank's part, which steps
+/// once), `gather` (the layout's collective after a step), and a whole steady `train-step`
+/// (forward, backward, `reduce`, the step, `gather`). Returns the check's answer and the
+/// optimizer (its state kept until the rank's report).
+#[allow(clippy::too_many_arguments)]
+fn step_tail<C>(
+    step: &Step<'_>,
+    mut grads: GradStore,
+    comm: &dyn Comm,
+    measured: &mut Vec<Measured>,
+    reduce: &dyn Fn(&mut GradStore) -> anyhow::Result<()>,
+    check: impl FnOnce(&GradStore) -> anyhow::Result<C>,
+    make: impl FnOnce() -> anyhow::Result<zero::Sharded>,
+    gather: &dyn Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<(C, zero::Sharded)> {
+    comm.barrier();
+    let ((), p, r, s) = window(|| reduce(&mut grads))?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    let checked = check(&grads)?;
+    let (mut opt, p, r, s) = window(|| {
+        let mut o = make()?;
+        o.step(&grads)?;
+        Ok(o)
+    })?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    comm.barrier();
+    let ((), p, r, s) = window(gather)?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    drop(grads);
+    comm.barrier();
+    let ((), p, r, s) = window(|| {
+        let mut graph = Some(step.forward()?);
+        let mut grads = step.backward(&mut graph)?;
+        drop(graph);
+        reduce(&mut grads)?;
+        opt.step(&grads)?;
+        gather()?;
+        drop(grads);
+        Ok(())
+    })?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    Ok((checked, opt))
+}
+
 /// Rank `rank`'s rows of the synthetic global batch of `ranks·B` rows.
 fn rank_batch(case: &Case, rank: usize, ranks: usize) -> anyhow::Result<(Tensor, Tensor)> {
     let (b, s) = (case.batch, case.seq);
@@ -547,48 +595,28 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
     measured.push((p, r, s, rss_now()));
     let mut graph = Some(graph);
-    let (mut grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
+    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
     measured.push((p, r, s, rss_now()));
     drop(graph);
     // The gradients the backward left, with the forward's graph gone.
     let fwd_start = measured[1].2;
     let grads_held = cpu_alloc::current() as i64 - fwd_start as i64;
-    // reduce
-    comm.barrier();
-    let ((), p, r, s) = window(|| Ok(zero::reduce(plan.zero, &vars, &mut grads, comm)?))?;
-    measured.push((p, r, s, rss_now()));
-    // The check's first half, between the windows (everything it makes is freed before the
-    // next): this rank's averaged gradients against one process's on the global batch.
-    let gradient_rel_diff = if plan.check {
-        Some(check_gradients(case, comm, &vars, &grads, plan.zero)?)
-    } else {
-        None
-    };
-    // optimizer
-    let (mut opt, p, r, s) = window(|| {
-        let mut o = zero::Sharded::new(stepper, plan.zero, &vars, comm)?;
-        o.step(&grads)?;
-        Ok(o)
-    })?;
-    measured.push((p, r, s, rss_now()));
-    // gather
-    comm.barrier();
-    let ((), p, r, s) = window(|| Ok(zero::gather(plan.zero, &vars, comm)?))?;
-    measured.push((p, r, s, rss_now()));
-    drop(grads);
-    // train-step: the steady state's whole step
-    comm.barrier();
-    let ((), p, r, s) = window(|| {
-        let mut graph = Some(step.forward()?);
-        let mut grads = step.backward(&mut graph)?;
-        drop(graph);
-        zero::reduce(plan.zero, &vars, &mut grads, comm)?;
-        opt.step(&grads)?;
-        zero::gather(plan.zero, &vars, comm)?;
-        drop(grads);
-        Ok(())
-    })?;
-    measured.push((p, r, s, rss_now()));
+    // reduce, optimizer, gather, train-step; the check's first half between reduce and
+    // optimizer: this rank's averaged gradients against one process's on the global batch.
+    let (gradient_rel_diff, opt) = step_tail(
+        &step,
+        grads,
+        comm,
+        &mut measured,
+        &|g| Ok(zero::reduce(plan.zero, &vars, g, comm)?),
+        |g| {
+            plan.check
+                .then(|| check_gradients(case, comm, &vars, g, plan.zero))
+                .transpose()
+        },
+        || Ok(zero::Sharded::new(stepper, plan.zero, &vars, comm)?),
+        &|| Ok(zero::gather(plan.zero, &vars, comm)?),
+    )?;
 
     let predicted = predict_windows(case, plan, ranks, rank);
     let windows = windows_of(&measured, &predicted);

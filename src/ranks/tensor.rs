@@ -369,36 +369,22 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     measured.push((p, r, s, rss_now()));
     drop(graph);
     let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
-    // reduce: nothing (the replicated tensors' gradients are equal on every rank)
-    let ((), p, r, s) = window(|| Ok(()))?;
-    measured.push((p, r, s, rss_now()));
-    let gradient_rel_diff = if plan.check {
-        Some(check_gradients(case, rank, tp, &vars, &grads)?)
-    } else {
-        None
-    };
-    // optimizer: the shard's whole state, stepped in place
-    let (mut opt, p, r, s) = window(|| {
-        let mut o = zero::Sharded::new(stepper, 0, &vars, &Solo)?;
-        o.step(&grads)?;
-        Ok(o)
-    })?;
-    measured.push((p, r, s, rss_now()));
-    // gather: nothing
-    let ((), p, r, s) = window(|| Ok(()))?;
-    measured.push((p, r, s, rss_now()));
-    drop(grads);
-    // train-step
-    comm.barrier();
-    let ((), p, r, s) = window(|| {
-        let mut graph = Some(step.forward()?);
-        let grads = step.backward(&mut graph)?;
-        drop(graph);
-        opt.step(&grads)?;
-        drop(grads);
-        Ok(())
-    })?;
-    measured.push((p, r, s, rss_now()));
+    // reduce: nothing (the replicated tensors' gradients are equal on every rank); the
+    // optimizer the shard's whole state, stepped in place; gather: nothing
+    let (gradient_rel_diff, opt) = super::step_tail(
+        &step,
+        grads,
+        comm.as_ref(),
+        &mut measured,
+        &|_| Ok(()),
+        |g| {
+            plan.check
+                .then(|| check_gradients(case, rank, tp, &vars, g))
+                .transpose()
+        },
+        || Ok(zero::Sharded::new(stepper, 0, &vars, &Solo)?),
+        &|| Ok(()),
+    )?;
 
     let predicted = predict_tp_windows(case, plan, tp)?;
     let windows = super::windows_of(&measured, &predicted);
