@@ -610,14 +610,10 @@ fn expert_parallel_refuses_what_it_does_not_split() {
 /// without a token on one rank here (that rank's `reduce` then holds the expert's zero
 /// gradient: 1,572,864 B above the bucket): every rank reduces every variable that has a
 /// gradient on any rank, so the collectives match (before, the rank skipped it: Open MPI's
-/// `MPI_ERR_TRUNCATE`, then a crash) and the ranks train as one process on the global batch.
+/// `MPI_ERR_TRUNCATE`, then a crash) and the ranks train as one process on the global batch;
+/// every window within tolerance of its prediction at the rank's measured routing (the zero
+/// gradients included).
 #[test]
 fn data_parallel_moe_with_an_unused_expert_as_one_process() {
-    let doc = ranks(2, 0, MIXTRAL_WIDE);
-    for (r, (g, w)) in checks(&doc).into_iter().enumerate() {
-        assert!(
-            g < 1e-5 && w < 1e-5,
-            "rank {r}: gradients within {g:e}, weights within {w:e} of one process"
-        );
-    }
+    check_all(&ranks(2, 0, MIXTRAL_WIDE), 2, "mixtral wide zero 0");
 }

@@ -430,6 +430,8 @@ fn step_tail<C>(
     measured.push((p, r, s, vm_rss_bytes()));
     drop(grads);
     comm.barrier();
+    // A mixture's routing from here is the train step's (the check's forward before it not).
+    crate::model::moe::routing_window();
     let ((), p, r, s) = window(|| {
         let mut graph = Some(step.forward()?);
         let mut grads = step.backward(&mut graph)?;
@@ -590,10 +592,12 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     };
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
 
-    // forward, backward
+    // forward, backward (a mixture's routing of this forward kept for the predictions)
     comm.barrier();
+    crate::model::moe::routing_window();
     let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
     measured.push((p, r, s, rss_now()));
+    let first = crate::model::moe::routing_snapshot();
     let mut graph = Some(graph);
     let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
     measured.push((p, r, s, rss_now()));
@@ -618,7 +622,18 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         &|| Ok(zero::gather(plan.zero, &vars, comm)?),
     )?;
 
-    let predicted = predict_windows(case, plan, ranks, rank);
+    // The train step's routing (`step_tail` opens a routing window before it).
+    let last = crate::model::moe::routing_snapshot();
+    let zero_grads = match &first {
+        Some(mine) => zero_gradient_bytes(&vars, mine, comm),
+        None => 0,
+    };
+    let routed = Routed {
+        first,
+        last,
+        zero_grads,
+    };
+    let predicted = predict_windows(case, plan, ranks, rank, &routed);
     let windows = windows_of(&measured, &predicted);
     let states = states(case, plan.zero, ranks, &windows, grads_held);
     let check = match gradient_rel_diff {
@@ -776,17 +791,90 @@ fn check_weights(case: &Case, comm: &dyn Comm, vars: &[(String, Var)]) -> anyhow
 const TENSOR_META: u64 = crate::optim::inplace::STATE_META_PER_TENSOR;
 
 /// Each window's (peak, retained) predicted for rank `rank` of `ranks`.
-pub fn predict_windows(case: &Case, plan: Plan, ranks: usize, rank: usize) -> Vec<(u64, i64)> {
-    predict_windows_of(&Shape::of(case), case.optimizer, plan, ranks, rank)
+pub fn predict_windows(
+    case: &Case,
+    plan: Plan,
+    ranks: usize,
+    rank: usize,
+    routed: &Routed,
+) -> Vec<(u64, i64)> {
+    let shape = Shape::of(case);
+    let with = |r: &Option<Vec<Vec<usize>>>| Shape {
+        routing: r.clone().map(std::sync::Arc::new),
+        ..shape.clone()
+    };
+    let at = |r: &Option<Vec<Vec<usize>>>| {
+        predict_windows_of(
+            &with(r),
+            case.optimizer,
+            plan,
+            ranks,
+            rank,
+            routed.zero_grads,
+        )
+    };
+    let mut w = at(&routed.first);
+    if routed.last != routed.first {
+        // The train step at its own routing (the weights moved by a step).
+        w[6] = at(&routed.last)[6];
+    }
+    w
 }
 
-/// [`predict_windows`] for the model `shape` (a tensor-parallel rank's shard) trained by `opt`.
+/// A mixture of experts' routing on a data-parallel rank, as measured (tokens per expert per
+/// sparse layer; `None`: a dense model, or balanced), of the first step's forward and of the
+/// train step's, and the bytes of the zero gradients the first `reduce` makes for the experts
+/// this rank's tokens skipped and another rank's did not ([`zero_gradient_bytes`]).
+#[derive(Debug, Clone, Default)]
+pub struct Routed {
+    pub first: Option<Vec<Vec<usize>>>,
+    pub last: Option<Vec<Vec<usize>>>,
+    pub zero_grads: u64,
+}
+
+/// `(layer, expert)` of a routed expert's variable (`h.<l>.mlp.experts.<e>.…`: the first
+/// number of the name is its block's).
+fn expert_slot(name: &str) -> Option<(usize, usize)> {
+    let (head, rest) = name.split_once(".experts.")?;
+    let e = rest.split('.').next()?.parse().ok()?;
+    let l = head.split('.').find_map(|p| p.parse().ok())?;
+    Some((l, e))
+}
+
+/// The bytes of the zero gradients [`zero::reduce`] gives this rank (data and a tensor's
+/// bookkeeping each): the routed experts no token of this rank went to (`mine`: tokens per
+/// expert per sparse layer) that some rank's tokens did go to (every rank's routing
+/// all-gathered: a collective, so every rank calls it).
+fn zero_gradient_bytes(vars: &[(String, Var)], mine: &[Vec<usize>], comm: &dyn Comm) -> u64 {
+    let flat: Vec<f32> = mine.iter().flatten().map(|&c| c as f32).collect();
+    let n = flat.len();
+    let mut all = vec![0f32; n * comm.size()];
+    comm.all_gather_into(&flat, &mut all);
+    let anywhere = |i: usize| (0..comm.size()).any(|r| all[r * n + i] > 0.0);
+    let layers: std::collections::BTreeSet<usize> = vars
+        .iter()
+        .filter_map(|(name, _)| expert_slot(name).map(|s| s.0))
+        .collect();
+    let experts = mine.first().map_or(0, |c| c.len());
+    vars.iter()
+        .filter_map(|(name, v)| {
+            let (l, e) = expert_slot(name)?;
+            let i = layers.iter().position(|&k| k == l)? * experts + e;
+            (flat.get(i) == Some(&0.0) && anywhere(i))
+                .then(|| 4 * v.elem_count() as u64 + TENSOR_META)
+        })
+        .sum()
+}
+
+/// [`predict_windows`] for the model `shape` (a tensor-parallel rank's shard) trained by `opt`;
+/// `zero_grads`: the bytes of the zero gradients the first `reduce` makes ([`Routed`]).
 pub fn predict_windows_of(
     shape: &Shape,
     opt: OptimizerKind,
     plan: Plan,
     ranks: usize,
     rank: usize,
+    zero_grads: u64,
 ) -> Vec<(u64, i64)> {
     let at = |p: Phase| shape.predict(p, opt, plan.threads);
     let (init, fwd, bwd) = (at(Phase::Init), at(Phase::Forward), at(Phase::Backward));
@@ -800,6 +888,10 @@ pub fn predict_windows_of(
         let shards: u64 = sizes.iter().map(|&n| 4 * run(n) + TENSOR_META).sum();
         (4 * run(largest) + TENSOR_META, shards as i64 - grads as i64)
     };
+    // The zero gradients are made first and kept (as gradients, or cut to shards): the
+    // backward left `grads − zero_grads`, every variable has one after.
+    let (reduce_peak, reduce_kept) = (reduce_peak + zero_grads, reduce_kept + zero_grads as i64);
+    let grads = grads - zero_grads;
     let stepper = Stepper::new(opt, crate::optim::LEARNING_RATE).expect("checked optimizer");
     let (m, v) = stepper.state();
     let moments = m as u64 + v as u64;
@@ -841,5 +933,23 @@ fn states(case: &Case, stage: u8, ranks: usize, w: &[Window], grads_held: i64) -
         predicted_weights_bytes: pw,
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    /// A routed expert's variable names its block and its expert; a shared expert or the
+    /// router names none.
+    #[test]
+    fn expert_slot_reads_the_block_and_the_expert() {
+        assert_eq!(
+            super::expert_slot("h.12.mlp.experts.3.gate.weight"),
+            Some((12, 3))
+        );
+        assert_eq!(
+            super::expert_slot("h.1.mlp.shared_experts.gate.weight"),
+            None
+        );
+        assert_eq!(super::expert_slot("h.1.mlp.router.weight"), None);
     }
 }

@@ -493,7 +493,8 @@ pub fn collectives_graph_per_layer(case: &Case) -> u64 {
 /// with nothing to reduce or gather.
 pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<Vec<(u64, i64)>> {
     let shape = rank_shape(case, tp)?;
-    let mut w = super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0);
+    let mut w =
+        super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0, 0);
     let t = shape.replay_training(plan.threads);
     let graph = collectives_graph_per_layer(case) * case.cfg.layers as u64;
     w[1] = (w[1].0 + graph, w[1].1 + graph as i64);
