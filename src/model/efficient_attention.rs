@@ -172,6 +172,11 @@ fn query_grad<T: Float>(
 ) -> (f32, f32, f32) {
     let di = simd::dot(gi, oi);
     acc.iter_mut().for_each(|x| *x = 0.0);
+    // Key `j`'s term, its `e^(x_j − m)` = `e` over the row's sum `l`: `dS_ij·k_j`.
+    let mut add = |j: usize, e: f32, l: f32| {
+        let ds = e / l * (simd::dot(gi, v.row(hk, j)) - di) * scale;
+        simd::axpy(acc, ds, k.row(hk, j));
+    };
     if keys.len() <= ROW {
         // The row's scores once, on the stack: its maximum, its exponentials, their sum.
         let mut xs = [0f32; ROW];
@@ -184,29 +189,22 @@ fn query_grad<T: Float>(
         xs.iter_mut().for_each(|x| *x -= m);
         exp_in_place(xs);
         let l = xs.iter().fold(0f32, |l, e| l + e);
-        for (t, e) in xs.iter().enumerate() {
-            let (kj, vj) = (k.row(hk, keys.start + t), v.row(hk, keys.start + t));
-            let ds = e / l * (simd::dot(gi, vj) - di) * scale;
-            simd::axpy(acc, ds, kj);
+        for (t, &e) in xs.iter().enumerate() {
+            add(keys.start + t, e, l);
         }
         return (m, l, di);
     }
     let (m, l) = row_stats(qi, k, hk, keys.clone(), scale);
     let mut es = [0f32; BLOCK];
-    let mut j0 = keys.start;
-    while j0 < keys.end {
-        let n = (keys.end - j0).min(BLOCK);
-        for (t, e) in es[..n].iter_mut().enumerate() {
+    for j0 in keys.clone().step_by(BLOCK) {
+        let es = &mut es[..(keys.end - j0).min(BLOCK)];
+        for (t, e) in es.iter_mut().enumerate() {
             *e = simd::dot(qi, k.row(hk, j0 + t)) * scale - m;
         }
-        exp_in_place(&mut es[..n]);
-        for (t, e) in es[..n].iter().enumerate() {
-            let (kj, vj) = (k.row(hk, j0 + t), v.row(hk, j0 + t));
-            let p = e / l;
-            let ds = p * (simd::dot(gi, vj) - di) * scale;
-            simd::axpy(acc, ds, kj);
+        exp_in_place(es);
+        for (t, &e) in es.iter().enumerate() {
+            add(j0 + t, e, l);
         }
-        j0 += n;
     }
     (m, l, di)
 }
@@ -239,14 +237,13 @@ fn key_grad<T: Float>(
     let mut es = [0f32; BLOCK];
     for t in 0..r {
         let h = hk * r + t;
-        let mut i0 = queries.start;
-        while i0 < queries.end {
-            let n = (queries.end - i0).min(BLOCK);
-            for (u, e) in es[..n].iter_mut().enumerate() {
+        for i0 in queries.clone().step_by(BLOCK) {
+            let es = &mut es[..(queries.end - i0).min(BLOCK)];
+            for (u, e) in es.iter_mut().enumerate() {
                 *e = simd::dot(q.row(h, i0 + u), kj) * scale - stats[t * s + i0 + u].0;
             }
-            exp_in_place(&mut es[..n]);
-            for (u, e) in es[..n].iter().enumerate() {
+            exp_in_place(es);
+            for (u, e) in es.iter().enumerate() {
                 let i = i0 + u;
                 let (_, l, di) = stats[t * s + i];
                 let (qi, gi) = (q.row(h, i), g.row(h, i));
@@ -255,7 +252,6 @@ fn key_grad<T: Float>(
                 simd::axpy(acc, ds, qi);
                 simd::axpy(acc_v, p, gi);
             }
-            i0 += n;
         }
     }
 }

@@ -469,6 +469,72 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
         }
     }
 
+    /// Expert parallelism's owner side and return trip, over either tensors (candle's on ranks,
+    /// the replay's predicting them): this rank's experts, holding columns `first..` of the
+    /// routing weights, each on its `received` rows of `x_recv` (in order, scaled by their rows
+    /// of `w_recv`; `ids(start, n)` makes the `n` row ids from `start`), their outputs sent home
+    /// by `home`, added into `(T, H)` at `ids_all` (every token's rows in expert order), the
+    /// shared experts last. What each step releases is what the rank's op holds no more.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn expert_parallel_tail(
+        &self,
+        x: &T,
+        xs: T,
+        [x_recv, w_recv]: [T; 2],
+        received: impl IntoIterator<Item = usize>,
+        first: usize,
+        ids: impl Fn(usize, usize) -> Result<T>,
+        home: impl FnOnce(&T) -> Result<T>,
+        ids_all: T,
+    ) -> Result<T> {
+        let d = xs.dims();
+        let (t, h) = (d[0], d[1]);
+        let mut parts = Vec::with_capacity(self.experts.len());
+        let mut at = 0;
+        for (j, (expert, n)) in self.experts.iter().zip(received).enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let rows = ids(at, n)?;
+            at += n;
+            let we = w_recv.index_select(&rows, 0)?.narrow(1, first + j, 1)?;
+            let xe = x_recv.index_select(&rows, 0)?;
+            parts.push(expert.forward_scaled(xe, &we)?);
+        }
+        let y = if parts.is_empty() {
+            // No rows came: an empty `Y` on the exchanges' path, so that the backward still
+            // meets this rank's exchanges.
+            x_recv
+                .affine(0.0, 0.0)?
+                .broadcast_add(&w_recv.sum_last_keepdim()?.affine(0.0, 0.0)?)?
+        } else {
+            let y = T::cat_owned(&parts, 0)?;
+            if parts.len() > 1 {
+                for p in &parts {
+                    p.release_if(self.fused)?;
+                }
+            }
+            y
+        };
+        drop(parts);
+        // The rows received: their gathers' backward reads none of them.
+        x_recv.release_if(true)?;
+        w_recv.release_if(true)?;
+        drop((x_recv, w_recv));
+        let back = home(&y)?;
+        y.release_if(true)?;
+        drop(y);
+        let ys = if self.fused {
+            T::kernel(Kernel::ScatterRows { rows: t }, &[&back, &ids_all])?
+        } else {
+            xs.zeros(&[t, h])?.index_add(&ids_all, &back, 0)?
+        };
+        drop((back, ids_all));
+        let out = self.finish(x, ys);
+        drop(xs);
+        out
+    }
+
     pub fn forward(&self, x: &T) -> Result<T> {
         if let Some(p) = &self.parallel {
             return p.forward(self, x);

@@ -65,8 +65,6 @@ use super::{Check, Plan, RankReport, States, WINDOWS, Window, named_vars, window
 use crate::meter::cpu_alloc;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::model::config::{Config, ProjSpec};
-use crate::model::kernels::Kernel;
-use crate::model::kernels::graph::Graph;
 use crate::model::moe::{HostRouting, Moe, MoeParallel};
 use crate::model::proj::Proj;
 use crate::model::shapes::RopeScaling;
@@ -318,51 +316,17 @@ impl MoeParallel<Tensor, HostRouting> for ExpertParallel {
         w_send.release_if(true)?;
         drop((w_send, weights));
         // The owner's experts, each on its rows as one device runs an expert on its tokens.
-        let mut parts = Vec::with_capacity(per);
-        let mut at = 0u32;
-        for (expert, n) in moe.experts.iter().zip(ex.expert_rows()) {
-            let j = parts.len();
-            if n == 0 {
-                continue;
-            }
-            let rows = Tensor::from_vec((at..at + n as u32).collect::<Vec<u32>>(), n, x.device())?;
-            at += n as u32;
-            let we = w_recv.index_select(&rows, 0)?.narrow(1, first + j, 1)?;
-            let xe = x_recv.index_select(&rows, 0)?;
-            parts.push(expert.forward_scaled(xe, &we)?);
-        }
-        let y = if parts.is_empty() {
-            // No rows came: an empty `Y` on the exchanges' path, so that the backward still
-            // meets this rank's exchanges.
-            x_recv
-                .affine(0.0, 0.0)?
-                .broadcast_add(&w_recv.sum_last_keepdim()?.affine(0.0, 0.0)?)?
-        } else {
-            let y = Tensor::cat_owned(&parts, 0)?;
-            if parts.len() > 1 {
-                for p in &parts {
-                    p.release_if(moe.fused)?;
-                }
-            }
-            y
-        };
-        drop(parts);
-        // The rows received: their gathers' backward reads none of them.
-        x_recv.release_if(true)?;
-        w_recv.release_if(true)?;
-        drop((x_recv, w_recv));
-        let back = y.apply_op1(Return(ex))?;
-        y.release_if(true)?;
-        drop(y);
-        let ys = if moe.fused {
-            Tensor::kernel(Kernel::ScatterRows { rows: t }, &[&back, &ids_all])?
-        } else {
-            Tensor::zeros((t, h), xs.dtype(), xs.device())?.index_add(&ids_all, &back, 0)?
-        };
-        drop((back, ids_all));
-        let out = moe.finish(x, ys);
-        drop(xs);
-        out
+        let dev = x.device();
+        moe.expert_parallel_tail(
+            x,
+            xs,
+            [x_recv, w_recv],
+            ex.expert_rows(),
+            first,
+            |at, n| Tensor::from_vec((at as u32..(at + n) as u32).collect::<Vec<u32>>(), n, dev),
+            |y| y.apply_op1(Return(ex.clone())),
+            ids_all,
+        )
     }
 }
 
@@ -456,8 +420,7 @@ pub fn held(case: &Case, rank: usize, ep: usize) -> Range<usize> {
 
 /// The global expert a variable named `name` belongs to (`….experts.<e>.…`), if any.
 fn expert_of(name: &str) -> Option<usize> {
-    let (_, rest) = name.split_once(".experts.")?;
-    rest.split('.').next()?.parse().ok()
+    super::expert_slot(name).map(|(_, e)| e)
 }
 
 /// The variables of rank `rank` of `ep` as the model's layout names them (the whole model's

@@ -104,52 +104,20 @@ fn forward<T: TensorOps, R: Routing<T>>(
     let w_recv = T::kernel(to_owners, &[&w_send])?;
     w_send.release_if(true)?;
     drop((w_send, weights));
-    let mut parts = Vec::with_capacity(per);
-    let mut at = 0;
-    for (j, (expert, &n)) in moe.experts.iter().zip(&received).enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let rows = ids(n);
-        at += n;
-        let we = w_recv.index_select(&rows, 0)?.narrow(1, first + j, 1)?;
-        let xe = x_recv.index_select(&rows, 0)?;
-        parts.push(expert.forward_scaled(xe, &we)?);
-    }
-    debug_assert_eq!(at, r);
-    let y = if parts.is_empty() {
-        x_recv
-            .affine(0.0, 0.0)?
-            .broadcast_add(&w_recv.sum_last_keepdim()?.affine(0.0, 0.0)?)?
-    } else {
-        let y = T::cat_owned(&parts, 0)?;
-        if parts.len() > 1 {
-            for p in &parts {
-                p.release_if(moe.fused)?;
-            }
-        }
-        y
-    };
-    drop(parts);
-    x_recv.release_if(true)?;
-    w_recv.release_if(true)?;
-    drop((x_recv, w_recv));
     let home = Kernel::Exchange {
         rows: total,
         temp: r,
         back_rows: r,
         back_temp: r,
     };
-    let back = T::kernel(home, &[&y])?;
-    y.release_if(true)?;
-    drop(y);
-    let ys = if moe.fused {
-        T::kernel(Kernel::ScatterRows { rows: t }, &[&back, &ids_all])?
-    } else {
-        xs.zeros(&[t, h])?.index_add(&ids_all, &back, 0)?
-    };
-    drop((back, ids_all));
-    let out = moe.finish(x, ys);
-    drop(xs);
-    out
+    moe.expert_parallel_tail(
+        x,
+        xs,
+        [x_recv, w_recv],
+        received,
+        first,
+        |_, n| Ok(ids(n)),
+        |y| T::kernel(home, &[y]),
+        ids_all,
+    )
 }
