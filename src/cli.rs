@@ -248,6 +248,13 @@ pub enum FsdpPrefetch {
     None,
 }
 
+/// ZeRO-Offload (`memfit ranks --offload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Offload {
+    None,
+    Optimizer,
+}
+
 #[derive(Debug, Args)]
 pub struct RanksArgs {
     #[command(flatten)]
@@ -278,6 +285,13 @@ pub struct RanksArgs {
     /// forward never prefetches (FSDP's default `forward_prefetch=False`).
     #[arg(long, value_enum, default_value_t = FsdpPrefetch::Backward)]
     pub fsdp_prefetch: FsdpPrefetch,
+    /// ZeRO-Offload (DeepSpeed's `offload_optimizer: {device: cpu}`), ZeRO 1 and 2: `optimizer`
+    /// keeps each rank's optimizer partition — f32 master weights, a gradient buffer, the state —
+    /// in host memory and steps it there, the device holding weights and gradients only; the
+    /// host layer measured (a host arena outside the counting allocator, as pinned memory is
+    /// outside CUDA's pool) and predicted beside the device's. `none`: everything on the device.
+    #[arg(long, value_enum, default_value_t = Offload::None)]
+    pub offload: Offload,
     /// Expert parallelism inside data parallelism over every rank (N = the ranks mpirun
     /// starts, 2 or more, dividing the experts): every rank the dense part whole and its own
     /// microbatch, rank r the experts r·E/N..(r+1)·E/N of every sparse layer, the routed rows

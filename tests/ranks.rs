@@ -10,7 +10,8 @@
 //! parallelism (`--ep`) on a Mixtral slice over 2 and 4 ranks: every window within tolerance,
 //! every rank's gradients and weights those of one process on the global batch with every
 //! expert, and the check failing without the dispatch's backward exchange or the experts'
-//! gradient scaling.
+//! gradient scaling. ZeRO-Offload (`--offload optimizer`): the optimizer partition in the host
+//! arena exactly as predicted, the device's optimizer window only bookkeeping.
 //!
 //! Built only with the `ranks` feature (scripts/test.sh turns it on; scripts/setup.sh test
 //! installs Open MPI).
@@ -211,6 +212,83 @@ fn b5_state_falls_as_one_over_ranks() {
             (g - g1 / n as f64).abs() / (g1 / n as f64) < 0.05,
             "ZeRO 2 × {n}: rank 0 keeps {g} B of gradients, one rank {g1}"
         );
+    }
+}
+
+/// ZeRO-Offload (`--offload optimizer`) at stages 1 and 2 over 2 ranks: every device window as
+/// predicted and the ranks as one process; the optimizer partition in the host arena —
+/// exactly its predicted bytes (master, gradient buffer and both moments of the rank's runs:
+/// 4 f32 a parameter's run, so twice the state the same rank keeps on the device without
+/// offload), made in the `optimizer` window and nothing in the others —, while the device's
+/// `optimizer` window keeps only the slots' bookkeeping. Refused, by name, at stages 0 and 3.
+#[test]
+fn zero_offload_keeps_the_partition_on_the_host_as_predicted() {
+    for zero in ["1", "2"] {
+        let doc = run(2, GPT, &["--zero", zero, "--offload", "optimizer"]);
+        assert_eq!(doc["offload"], "optimizer");
+        check_all(&doc, 2, &format!("gpt zero {zero} offload"));
+        let plain = ranks(2, zero.parse().unwrap(), GPT);
+        let names = window_names(&doc);
+        for r in 0..2 {
+            let rep = &doc["ranks"][r];
+            let mut host_windows = 0;
+            for (name, w) in names.iter().zip(rep["windows"].as_array().unwrap()) {
+                let h = &w["host"];
+                if h.is_null() {
+                    continue;
+                }
+                host_windows += 1;
+                let (m, p) = (u(&h["peak_bytes"]), u(&h["predicted_peak_bytes"]));
+                let (mr, pr) = (i(&h["retained_bytes"]), i(&h["predicted_retained_bytes"]));
+                assert_eq!((m, mr), (p, pr), "zero {zero} rank {r} {name}: host layer");
+                assert_eq!(
+                    m > 0,
+                    *name == "optimizer",
+                    "zero {zero} rank {r} {name}: {m}"
+                );
+            }
+            assert_eq!(host_windows, 4, "reduce, optimizer, gather, train-step");
+            let state = |d: &Value| i(&d["ranks"][r]["states"]["optimizer_state_bytes"]);
+            let host = &rep["states"]["host"];
+            let bytes = i(&host["bytes"]);
+            let parts: i64 = [
+                "predicted_master_bytes",
+                "predicted_gradient_bytes",
+                "predicted_optimizer_state_bytes",
+            ]
+            .iter()
+            .map(|k| i(&host[k]))
+            .sum();
+            // The formula shards the whole model, the ranks each tensor: within a few bytes a
+            // tensor.
+            assert!(
+                bytes.abs_diff(parts) < 4096,
+                "zero {zero} rank {r}: host {bytes} B, the formula's parts {parts}"
+            );
+            let plain_state = state(&plain);
+            // The data of the state without offload (its tensors' bookkeeping aside), twice.
+            let plain_data = i(&plain["ranks"][r]["states"]["predicted_optimizer_state_bytes"]);
+            assert!(
+                bytes.abs_diff(2 * plain_data) < 4096,
+                "zero {zero} rank {r}: host {bytes} B, the state's data without offload {plain_data}"
+            );
+            assert!(
+                state(&doc) * 100 < plain_state,
+                "zero {zero} rank {r}: the device keeps {} B in the optimizer window, {plain_state} without offload",
+                state(&doc)
+            );
+        }
+    }
+    for zero in ["0", "3"] {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
+            .arg("ranks")
+            .args(GPT)
+            .args(["--zero", zero, "--offload", "optimizer"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--zero {zero} --offload ran");
+        assert!(err.contains("--zero 1 or 2"), "{err}");
     }
 }
 

@@ -67,12 +67,21 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
             "memfit ranks --pp {stages} --tp {}: pipeline and tensor parallelism are not run together on ranks",
             args.tp
         );
+        ensure!(
+            args.offload == crate::cli::Offload::None,
+            "memfit ranks --pp {stages} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1 or 2)"
+        );
         return pipeline(case, args, stages);
     }
     if args.ep > 1 {
         ensure!(
             args.tp == 1 && args.pp.is_none(),
             "memfit ranks --ep {} --tp/--pp: expert parallelism is not run together with tensor or pipeline parallelism on ranks",
+            args.ep
+        );
+        ensure!(
+            args.offload == crate::cli::Offload::None,
+            "memfit ranks --ep {} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1 or 2)",
             args.ep
         );
         return expert_parallel(case, args);
@@ -83,6 +92,12 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     );
     let zero = args.zero.unwrap_or(if args.tp > 1 { 0 } else { 1 });
     ranks::check_case(case, zero)?;
+    let offload = args.offload == crate::cli::Offload::Optimizer;
+    ensure!(
+        !offload || (args.tp == 1 && (1..=2).contains(&zero)),
+        "memfit ranks --offload optimizer: ZeRO-Offload runs with --zero 1 or 2 and data parallelism alone (here --zero {zero}, --tp {})",
+        args.tp
+    );
     if args.tp > 1 {
         ranks::tensor::check_tp(case, zero, args.tp)?;
     }
@@ -115,6 +130,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         ep: 1,
         ep_dispatch_backward: true,
         ep_expert_scaling: true,
+        offload,
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -128,6 +144,13 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
+    }
+    if offload {
+        doc.offload = Some("optimizer".into());
+        doc.layers.insert(
+            "host".into(),
+            "host arena (ZeRO-Offload's optimizer partition: System-allocated, outside the counting allocator), relative to each window's start".into(),
+        );
     }
     if !emit(args, &doc)? {
         print_table(case, args, zero, &doc.ranks);
@@ -153,6 +176,7 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         ep: args.ep,
         ep_dispatch_backward: !args.ep_skip_dispatch_backward,
         ep_expert_scaling: !args.ep_skip_expert_scaling,
+        offload: false,
     };
     let report = ranks::expert::run_ep_rank(case, plan, comm.clone())
         .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
@@ -351,6 +375,10 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             "ZeRO 3 (FSDP FULL_SHARD: every parameter sharded, each unit gathered while it runs; backward prefetch {})",
             prefetch_name(args.fsdp_prefetch)
         )
+    } else if args.offload == crate::cli::Offload::Optimizer {
+        format!(
+            "ZeRO {zero} with ZeRO-Offload (each rank's optimizer partition in host memory, stepped there)"
+        )
     } else {
         format!("ZeRO {zero}")
     };
@@ -392,10 +420,54 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             r.rss_peak_bytes
                 .map_or("—".into(), |b| human_bytes(b as f64))
         );
+        if let Some(h) = s.host {
+            println!(
+                "  rank {}: host (offloaded partition) {} ({}: master {}, gradient buffer {}, optimizer state {})",
+                r.rank,
+                h.bytes,
+                h.predicted_master_bytes
+                    + h.predicted_gradient_bytes
+                    + h.predicted_optimizer_state_bytes,
+                h.predicted_master_bytes,
+                h.predicted_gradient_bytes,
+                h.predicted_optimizer_state_bytes
+            );
+        }
         if let Some(c) = r.check {
             println!(
                 "  rank {}: against one process on the global batch: gradients within {:.2e}, weights after two steps within {:.2e}",
                 r.rank, c.gradient_rel_diff, c.weight_rel_diff
+            );
+        }
+    }
+    print_host_windows(ranks::windows_of_stage(zero), reports);
+}
+
+/// With `--offload optimizer`: each rank's host-arena layer of the windows that have one,
+/// measured beside predicted.
+fn print_host_windows(names: &[&str], reports: &[RankReport]) {
+    if reports
+        .iter()
+        .all(|r| r.windows.iter().all(|w| w.host.is_none()))
+    {
+        return;
+    }
+    println!("layer: the host arena (the offloaded partition), each window relative to its start");
+    println!(
+        "rank {:<10} {:>12} {:>12} {:>8} {:>13} {:>13}",
+        "window", "peak", "predicted", "diff", "retained", "predicted"
+    );
+    for r in reports {
+        for (name, w) in names.iter().zip(&r.windows) {
+            let Some(h) = w.host else { continue };
+            println!(
+                "{:>4} {name:<10} {:>12} {:>12} {:>8} {:>13} {:>13}",
+                r.rank,
+                h.peak_bytes,
+                h.predicted_peak_bytes,
+                h.peak_bytes as i64 - h.predicted_peak_bytes as i64,
+                h.retained_bytes,
+                h.predicted_retained_bytes
             );
         }
     }

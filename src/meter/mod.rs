@@ -9,6 +9,7 @@ pub mod cpu_alloc;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod flops;
+pub mod host_arena;
 pub mod pool;
 pub mod pool_timeline;
 pub mod proctree;
@@ -51,6 +52,10 @@ pub struct Reading {
     /// A mixture of experts: tokens per expert of each layer's forward in the window (of
     /// several, the most skewed; [`crate::model::moe::routing_snapshot`]).
     pub moe_routing: Option<Vec<Vec<usize>>>,
+    /// The host arena ([`host_arena`]: ZeRO-Offload's optimizer partitions), apart from the
+    /// device layer: its peak above the window's start and the bytes it kept.
+    pub host_peak_bytes: Option<u64>,
+    pub host_retained_bytes: Option<i64>,
 }
 
 /// A source of measurements around a window.

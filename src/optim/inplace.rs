@@ -103,6 +103,34 @@ impl Stepper {
         }
     }
 
+    /// The passes of step `t` (from 1): each an update written in place, in order.
+    fn passes(&self, t: i32) -> Passes {
+        let lr = self.lr;
+        let axpby = |a, b, square| Axpby { a, b, square };
+        match self.rule {
+            Rule::Sgd => Passes::Sgd(axpby(1.0, -lr, false)),
+            Rule::Momentum { mu } => {
+                Passes::Momentum(axpby(mu, 1.0, false), axpby(1.0, -lr, false))
+            }
+            Rule::AdamW {
+                beta1,
+                beta2,
+                eps,
+                wd,
+            } => Passes::AdamW(
+                axpby(beta1, 1.0 - beta1, false),
+                axpby(beta2, 1.0 - beta2, true),
+                AdamUpdate {
+                    lr,
+                    decay: 1.0 - lr * wd,
+                    scale_m: 1.0 / (1.0 - beta1.powi(t)),
+                    scale_v: 1.0 / (1.0 - beta2.powi(t)),
+                    eps,
+                },
+            ),
+        }
+    }
+
     /// Step `t` (from 1) of `theta` with its gradient `g` (contiguous, of `theta`'s size) and
     /// its state, all written in place.
     pub fn apply(
@@ -113,72 +141,67 @@ impl Stepper {
         v: Option<&Tensor>,
         t: i32,
     ) -> Result<()> {
-        let lr = self.lr;
-        match (self.rule, m, v) {
-            (Rule::Sgd, _, _) => theta.inplace_op2(
-                g,
-                &Axpby {
-                    a: 1.0,
-                    b: -lr,
-                    square: false,
-                },
-            ),
-            (Rule::Momentum { mu }, Some(v), _) => {
-                v.inplace_op2(
-                    g,
-                    &Axpby {
-                        a: mu,
-                        b: 1.0,
-                        square: false,
-                    },
-                )?;
-                theta.inplace_op2(
-                    v,
-                    &Axpby {
-                        a: 1.0,
-                        b: -lr,
-                        square: false,
-                    },
-                )
+        match (self.passes(t), m, v) {
+            (Passes::Sgd(step), _, _) => theta.inplace_op2(g, &step),
+            (Passes::Momentum(vel, step), Some(v), _) => {
+                v.inplace_op2(g, &vel)?;
+                theta.inplace_op2(v, &step)
             }
-            (
-                Rule::AdamW {
-                    beta1,
-                    beta2,
-                    eps,
-                    wd,
-                },
-                Some(m),
-                Some(v),
-            ) => {
-                m.inplace_op2(
-                    g,
-                    &Axpby {
-                        a: beta1,
-                        b: 1.0 - beta1,
-                        square: false,
-                    },
-                )?;
-                v.inplace_op2(
-                    g,
-                    &Axpby {
-                        a: beta2,
-                        b: 1.0 - beta2,
-                        square: true,
-                    },
-                )?;
-                let update = AdamUpdate {
-                    lr,
-                    decay: 1.0 - lr * wd,
-                    scale_m: 1.0 / (1.0 - beta1.powi(t)),
-                    scale_v: 1.0 / (1.0 - beta2.powi(t)),
-                    eps,
-                };
+            (Passes::AdamW(first, second, update), Some(m), Some(v)) => {
+                m.inplace_op2(g, &first)?;
+                v.inplace_op2(g, &second)?;
                 theta.inplace_op3(m, v, &update)
             }
             _ => bail!("in-place optimizer: state missing for its rule"),
         }
     }
+
+    /// [`Stepper::apply`] on f32 slices in host memory (ZeRO-Offload's step on the host:
+    /// `crate::ranks::offload`): the same passes with the same arithmetic, so the same bits.
+    pub fn apply_host(
+        &self,
+        theta: &mut [f32],
+        g: &[f32],
+        m: Option<&mut [f32]>,
+        v: Option<&mut [f32]>,
+        t: i32,
+    ) -> Result<()> {
+        fn each<const N: usize>(
+            d: &mut [f32],
+            s: [&[f32]; N],
+            f: impl Fn(f32, [f32; N]) -> f32,
+        ) -> Result<()> {
+            if s.iter().any(|s| s.len() != d.len()) {
+                bail!("in-place optimizer: operands of different sizes")
+            }
+            for (i, di) in d.iter_mut().enumerate() {
+                *di = f(*di, std::array::from_fn(|k| s[k][i]));
+            }
+            Ok(())
+        }
+        match (self.passes(t), m, v) {
+            (Passes::Sgd(step), _, _) => each(theta, [g], step.f()),
+            (Passes::Momentum(vel, step), Some(v), _) => {
+                each(v, [g], vel.f())?;
+                each(theta, [v], step.f())
+            }
+            (Passes::AdamW(first, second, update), Some(m), Some(v)) => {
+                each(m, [g], first.f())?;
+                each(v, [g], second.f())?;
+                each(theta, [m, v], update.f())
+            }
+            _ => bail!("in-place optimizer: state missing for its rule"),
+        }
+    }
+}
+
+/// A step's in-place passes ([`Stepper::passes`]).
+enum Passes {
+    Sgd(Axpby),
+    /// The velocity's, then the weight's.
+    Momentum(Axpby, Axpby),
+    /// The first moment's, the second's, then the weight's.
+    AdamW(Axpby, Axpby, AdamUpdate),
 }
 
 /// An in-place optimizer.
@@ -286,6 +309,28 @@ struct AdamUpdate {
     eps: f64,
 }
 
+impl Axpby {
+    /// The update of one element (f32 arithmetic).
+    fn f(&self) -> impl Fn(f32, [f32; 1]) -> f32 + use<> {
+        let (a, b, square) = (self.a as f32, self.b as f32, self.square);
+        move |d, [x]| a * d + b * if square { x * x } else { x }
+    }
+}
+
+impl AdamUpdate {
+    /// The update of one weight from its moments (f32 arithmetic).
+    fn f(&self) -> impl Fn(f32, [f32; 2]) -> f32 + use<> {
+        let (lr, decay, sm, sv, eps) = (
+            self.lr as f32,
+            self.decay as f32,
+            self.scale_m as f32,
+            self.scale_v as f32,
+            self.eps as f32,
+        );
+        move |d, [m, v]| d * decay - lr * (m * sm) / ((v * sv).sqrt() + eps)
+    }
+}
+
 impl InplaceOp2 for Axpby {
     fn name(&self) -> &'static str {
         "inplace-axpby"
@@ -297,10 +342,7 @@ impl InplaceOp2 for Axpby {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let (a, b, square) = (self.a as f32, self.b as f32, self.square);
-        elementwise!(self.name(), s1, l1, [(s2, l2)], |d, [x]| {
-            a * d + b * if square { x * x } else { x }
-        })
+        elementwise!(self.name(), s1, l1, [(s2, l2)], self.f())
     }
 
     #[cfg(feature = "cuda")]
@@ -329,16 +371,7 @@ impl InplaceOp3 for AdamUpdate {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<()> {
-        let (lr, decay, sm, sv, eps) = (
-            self.lr as f32,
-            self.decay as f32,
-            self.scale_m as f32,
-            self.scale_v as f32,
-            self.eps as f32,
-        );
-        elementwise!(self.name(), s1, l1, [(s2, l2), (s3, l3)], |d, [m, v]| {
-            d * decay - lr * (m * sm) / ((v * sv).sqrt() + eps)
-        })
+        elementwise!(self.name(), s1, l1, [(s2, l2), (s3, l3)], self.f())
     }
 
     #[cfg(feature = "cuda")]

@@ -643,7 +643,7 @@ pub fn run_ep_rank(
     let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
     // reduce: the dense gradients averaged, the experts' divided by the ranks; the optimizer
     // the rank's whole state (dense and its experts), stepped in place; gather: nothing
-    let (gradient_rel_diff, opt) = super::step_tail(
+    let (gradient_rel_diff, opt, _) = super::step_tail(
         &step,
         grads,
         comm.as_ref(),
@@ -745,6 +745,7 @@ fn ep_states(
         predicted_weights_bytes: we * n,
         predicted_gradient_bytes: ge * n,
         predicted_optimizer_state_bytes: oe * n,
+        host: None,
     })
 }
 

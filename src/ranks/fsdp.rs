@@ -681,6 +681,7 @@ fn states(case: &Case, ranks: usize, w: &[Window], grads_held: i64) -> States {
         predicted_weights_bytes: pw,
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
+        host: None,
     }
 }
 

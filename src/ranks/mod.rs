@@ -29,6 +29,7 @@
 pub mod comm;
 pub mod expert;
 pub mod fsdp;
+pub mod offload;
 pub mod pipeline;
 pub mod tensor;
 pub mod zero;
@@ -41,6 +42,7 @@ use candle_nn::{VarBuilder, VarMap};
 use crate::device::{DeviceSpec, Precision};
 use crate::formula::transformer::Shape;
 use crate::meter::cpu_alloc::{self, AllocMeter};
+use crate::meter::host_arena::HostArenaMeter;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::meter::{Meter, measure};
 use crate::model::transformer::{Transformer, synthetic_batch};
@@ -74,6 +76,20 @@ pub struct Window {
     pub rss_bytes: Option<u64>,
     pub predicted_peak_bytes: u64,
     pub predicted_retained_bytes: i64,
+    /// With `--offload optimizer`, from `reduce` on: the host arena's layer
+    /// ([`crate::meter::host_arena`]: the offloaded partition), apart from the device's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostWindow>,
+}
+
+/// A window's host-arena layer (ZeRO-Offload's partition), measured (relative to the window's
+/// start) and predicted.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostWindow {
+    pub peak_bytes: u64,
+    pub retained_bytes: i64,
+    pub predicted_peak_bytes: u64,
+    pub predicted_retained_bytes: i64,
 }
 
 /// What a rank holds of the model states entering the optimizer, measured (from the windows'
@@ -85,6 +101,19 @@ pub struct States {
     pub gradient_bytes: i64,
     pub optimizer_state_bytes: i64,
     pub predicted_weights_bytes: u64,
+    pub predicted_gradient_bytes: u64,
+    pub predicted_optimizer_state_bytes: u64,
+    /// With `--offload optimizer`: the partition in host memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostStates>,
+}
+
+/// ZeRO-Offload's partition in host memory: measured (the host arena's bytes the `optimizer`
+/// window kept) and predicted by [`crate::formula::zero::offloaded`] (data only), part by part.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostStates {
+    pub bytes: i64,
+    pub predicted_master_bytes: u64,
     pub predicted_gradient_bytes: u64,
     pub predicted_optimizer_state_bytes: u64,
 }
@@ -190,6 +219,10 @@ pub struct RanksDoc {
     /// absent in other stages' documents. ZeRO 3 documents written before it ran without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_prefetch: Option<String>,
+    /// ZeRO-Offload (`optimizer`: each rank's optimizer partition in host memory); absent
+    /// without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<String>,
 }
 
 fn one() -> usize {
@@ -241,6 +274,7 @@ impl RanksDoc {
             layers,
             ranks,
             fsdp_prefetch: None,
+            offload: None,
         }
     }
 
@@ -291,6 +325,9 @@ pub struct Plan {
     /// Expert parallelism divides the experts' gradients by the ranks (false only to show
     /// that `--check` catches its absence).
     pub ep_expert_scaling: bool,
+    /// ZeRO-Offload (`--offload optimizer`, stages 1 and 2): the shard's optimizer in host
+    /// memory ([`offload`]).
+    pub offload: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.
@@ -331,10 +368,29 @@ pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
 /// Runs `body` as a window of the counting allocator's meter (`memfit run`'s CPU meter):
 /// (peak above the start, retained, start).
 fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64, i64, u64)> {
-    let mut meters: [Box<dyn Meter>; 1] = [Box::new(AllocMeter::default())];
+    Ok(host_window(body)?.0)
+}
+
+/// [`window`] with the host arena's layer too ([`crate::meter::host_arena`]: the window's
+/// (peak above its start, retained) there).
+fn host_window<T>(
+    body: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<((T, u64, i64, u64), (u64, i64))> {
+    let mut meters: [Box<dyn Meter>; 2] = [
+        Box::new(HostArenaMeter::default()),
+        Box::new(AllocMeter::default()),
+    ];
     let (out, r) = measure(&mut meters, body)?;
-    match (r.peak_bytes, r.retained_bytes, r.heap_start_bytes) {
-        (Some(peak), Some(retained), Some(start)) => Ok((out, peak, retained, start)),
+    match (
+        r.peak_bytes,
+        r.retained_bytes,
+        r.heap_start_bytes,
+        r.host_peak_bytes,
+        r.host_retained_bytes,
+    ) {
+        (Some(peak), Some(retained), Some(start), Some(hp), Some(hr)) => {
+            Ok(((out, peak, retained, start), (hp, hr)))
+        }
         _ => anyhow::bail!("ranks: the counting allocator read nothing (an `unmetered` build?)"),
     }
 }
@@ -355,6 +411,7 @@ fn windows_of(measured: &[Measured], predicted: &[(u64, i64)]) -> Vec<Window> {
             rss_bytes: rss,
             predicted_peak_bytes: pp,
             predicted_retained_bytes: pr,
+            host: None,
         })
         .collect()
 }
@@ -402,8 +459,9 @@ fn fill_deterministic(vars: &[(String, Var)]) -> anyhow::Result<()> {
 /// `check` on the reduced gradients between the windows (everything it makes is freed before
 /// the next), `optimizer` (`make` builds the optimizer over this rank's part, which steps
 /// once), `gather` (the layout's collective after a step), and a whole steady `train-step`
-/// (forward, backward, `reduce`, the step, `gather`). Returns the check's answer and the
-/// optimizer (its state kept until the rank's report).
+/// (forward, backward, `reduce`, the step, `gather`). Returns the check's answer, the
+/// optimizer (its state kept until the rank's report) and the four windows' host-arena layer
+/// (peak, retained: ZeRO-Offload's partition; zeros without it).
 #[allow(clippy::too_many_arguments)]
 fn step_tail<C>(
     step: &Step<'_>,
@@ -414,25 +472,29 @@ fn step_tail<C>(
     check: impl FnOnce(&GradStore) -> anyhow::Result<C>,
     make: impl FnOnce() -> anyhow::Result<zero::Sharded>,
     gather: &dyn Fn() -> anyhow::Result<()>,
-) -> anyhow::Result<(C, zero::Sharded)> {
+) -> anyhow::Result<(C, zero::Sharded, [(u64, i64); 4])> {
+    let mut host = [(0, 0); 4];
     comm.barrier();
-    let ((), p, r, s) = window(|| reduce(&mut grads))?;
+    let (((), p, r, s), h) = host_window(|| reduce(&mut grads))?;
     measured.push((p, r, s, vm_rss_bytes()));
+    host[0] = h;
     let checked = check(&grads)?;
-    let (mut opt, p, r, s) = window(|| {
+    let ((mut opt, p, r, s), h) = host_window(|| {
         let mut o = make()?;
         o.step(&grads)?;
         Ok(o)
     })?;
     measured.push((p, r, s, vm_rss_bytes()));
+    host[1] = h;
     comm.barrier();
-    let ((), p, r, s) = window(gather)?;
+    let (((), p, r, s), h) = host_window(gather)?;
     measured.push((p, r, s, vm_rss_bytes()));
+    host[2] = h;
     drop(grads);
     comm.barrier();
     // A mixture's routing from here is the train step's (the check's forward before it not).
     crate::model::moe::routing_window();
-    let ((), p, r, s) = window(|| {
+    let (((), p, r, s), h) = host_window(|| {
         let mut graph = Some(step.forward()?);
         let mut grads = step.backward(&mut graph)?;
         drop(graph);
@@ -443,7 +505,8 @@ fn step_tail<C>(
         Ok(())
     })?;
     measured.push((p, r, s, vm_rss_bytes()));
-    Ok((checked, opt))
+    host[3] = h;
+    Ok((checked, opt, host))
 }
 
 /// Rank `rank`'s rows of the synthetic global batch of `ranks·B` rows.
@@ -607,7 +670,7 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     let grads_held = cpu_alloc::current() as i64 - fwd_start as i64;
     // reduce, optimizer, gather, train-step; the check's first half between reduce and
     // optimizer: this rank's averaged gradients against one process's on the global batch.
-    let (gradient_rel_diff, opt) = step_tail(
+    let (gradient_rel_diff, opt, host) = step_tail(
         &step,
         grads,
         comm,
@@ -618,7 +681,13 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
                 .then(|| check_gradients(case, comm, &vars, g, plan.zero))
                 .transpose()
         },
-        || Ok(zero::Sharded::new(stepper, plan.zero, &vars, comm)?),
+        || {
+            Ok(if plan.offload {
+                zero::Sharded::offloaded(stepper, plan.zero, &vars, comm)?
+            } else {
+                zero::Sharded::new(stepper, plan.zero, &vars, comm)?
+            })
+        },
         &|| Ok(zero::gather(plan.zero, &vars, comm)?),
     )?;
 
@@ -634,8 +703,21 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
         zero_grads,
     };
     let predicted = predict_windows(case, plan, ranks, rank, &routed);
-    let windows = windows_of(&measured, &predicted);
-    let states = states(case, plan.zero, ranks, &windows, grads_held);
+    let mut windows = windows_of(&measured, &predicted);
+    if plan.offload {
+        let predicted = predict_host_windows(&Shape::of(case), case.optimizer, ranks, rank);
+        for (w, ((peak, retained), (pp, pr))) in
+            windows[3..].iter_mut().zip(host.iter().zip(predicted))
+        {
+            w.host = Some(HostWindow {
+                peak_bytes: *peak,
+                retained_bytes: *retained,
+                predicted_peak_bytes: pp,
+                predicted_retained_bytes: pr,
+            });
+        }
+    }
+    let states = states(case, plan, ranks, &windows, grads_held);
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
             gradient_rel_diff,
@@ -899,8 +981,13 @@ pub fn predict_windows_of(
         .iter()
         .map(|&n| if plan.zero == 0 { n } else { run(n) })
         .sum();
-    let state = moments * (4 * owned + TENSOR_META * sizes.len() as u64)
-        + zero::SLOT_BYTES * sizes.len() as u64;
+    let state = if plan.offload {
+        // The slots' bookkeeping only: the partition is in the host arena.
+        (zero::SLOT_BYTES + offload::HOST_SLOT_BYTES) * sizes.len() as u64
+    } else {
+        moments * (4 * owned + TENSOR_META * sizes.len() as u64)
+            + zero::SLOT_BYTES * sizes.len() as u64
+    };
     let t = shape.replay_training(plan.threads);
     let held = (grads as i64 + reduce_kept) as u64;
     let step = (t.forward_retained + t.backward_peak)
@@ -918,14 +1005,51 @@ pub fn predict_windows_of(
     ]
 }
 
+/// The host arena's (peak, retained) predicted for the windows from `reduce` on of an
+/// offloading rank ([`offload`]): the partition made in `optimizer` — master, gradient buffer
+/// and state of this rank's run of each trainable tensor — and nothing else.
+pub fn predict_host_windows(
+    shape: &Shape,
+    opt: OptimizerKind,
+    ranks: usize,
+    rank: usize,
+) -> [(u64, i64); 4] {
+    let stepper = Stepper::new(opt, crate::optim::LEARNING_RATE).expect("checked optimizer");
+    let (m, v) = stepper.state();
+    let runs = shape
+        .trainable_sizes()
+        .into_iter()
+        .map(|n| zero::run_of(n as usize, ranks, rank).len() as u64);
+    let part = offload::host_bytes(runs, m as u64 + v as u64);
+    [(0, 0), (part, part as i64), (0, 0), (0, 0)]
+}
+
 /// The model states entering the optimizer, measured from the windows and predicted by
-/// [`crate::formula::zero::shards`].
-fn states(case: &Case, stage: u8, ranks: usize, w: &[Window], grads_held: i64) -> States {
+/// [`crate::formula::zero::shards`] (with `--offload optimizer`, by
+/// [`crate::formula::zero::offloaded`]: the device's optimizer state none, the host's measured
+/// beside it).
+fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) -> States {
     let shape = Shape::of(case);
     let p = shape.params();
     let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
-    let (pw, pg, po) =
-        crate::formula::zero::shards(stage, ranks as u64, (4 * p, 4 * p, state), false);
+    let n = ranks as u64;
+    let ((pw, pg, po), host) = if plan.offload {
+        let (device, host) =
+            crate::formula::zero::offloaded(plan.zero, n, (4 * p, 4 * p, state), p, false);
+        let measured = w[4].host.map_or(0, |h| h.retained_bytes);
+        (
+            device,
+            Some(HostStates {
+                bytes: measured,
+                predicted_master_bytes: host.0,
+                predicted_gradient_bytes: host.1,
+                predicted_optimizer_state_bytes: host.2,
+            }),
+        )
+    } else {
+        let shards = crate::formula::zero::shards(plan.zero, n, (4 * p, 4 * p, state), false);
+        (shards, None)
+    };
     States {
         weights_bytes: w[0].retained_bytes,
         gradient_bytes: grads_held + w[3].retained_bytes,
@@ -933,6 +1057,7 @@ fn states(case: &Case, stage: u8, ranks: usize, w: &[Window], grads_held: i64) -
         predicted_weights_bytes: pw,
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
+        host,
     }
 }
 

@@ -371,7 +371,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
     // reduce: nothing (the replicated tensors' gradients are equal on every rank); the
     // optimizer the shard's whole state, stepped in place; gather: nothing
-    let (gradient_rel_diff, opt) = super::step_tail(
+    let (gradient_rel_diff, opt, _) = super::step_tail(
         &step,
         grads,
         comm.as_ref(),
@@ -530,6 +530,7 @@ fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::R
         predicted_weights_bytes: r.weights_bytes + we * extra,
         predicted_gradient_bytes: r.gradient_bytes + ge * extra,
         predicted_optimizer_state_bytes: r.optimizer_state_bytes + oe * extra,
+        host: None,
     })
 }
 

@@ -26,6 +26,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Tensor, Var, bail};
 
 use super::comm::Comm;
+use super::offload::HostSlot;
 use crate::optim::inplace::Stepper;
 
 /// Elements a bucket of the all-reduce holds: PyTorch DDP's 25 MiB of f32.
@@ -82,6 +83,9 @@ pub struct Sharded {
     stepper: Stepper,
     stage: u8,
     slots: Vec<Slot>,
+    /// ZeRO-Offload ([`Sharded::offloaded`]): each slot's run in host memory (the slots then
+    /// keep no state); empty otherwise.
+    host: Vec<HostSlot>,
     step_t: i32,
 }
 
@@ -95,6 +99,39 @@ impl Sharded {
         comm: &dyn Comm,
     ) -> Result<Self> {
         Self::over(stepper, stage, vars.iter().map(|(_, v)| v), comm)
+    }
+
+    /// [`Sharded::new`] with the shard's optimizer in host memory (ZeRO-Offload, stages 1 and
+    /// 2: [`super::offload`]): master weights, gradient buffer and state of each run made in
+    /// the host arena now, nothing of the state on the device.
+    pub fn offloaded(
+        stepper: Stepper,
+        stage: u8,
+        vars: &[(String, Var)],
+        comm: &dyn Comm,
+    ) -> Result<Self> {
+        if !(1..=2).contains(&stage) {
+            bail!("ranks: ZeRO-Offload runs at stages 1 and 2 (stage {stage})")
+        }
+        let mut slots = Vec::with_capacity(vars.len());
+        let mut host = Vec::with_capacity(vars.len());
+        for (_, var) in vars {
+            let run = run_of(var.elem_count(), comm.size(), comm.rank());
+            host.push(HostSlot::new(&stepper, var, &run)?);
+            slots.push(Slot {
+                var: var.clone(),
+                run,
+                m: None,
+                v: None,
+            });
+        }
+        Ok(Self {
+            stepper,
+            stage,
+            slots,
+            host,
+            step_t: 0,
+        })
     }
 
     /// [`Sharded::new`] over the variables themselves (ZeRO 3: the shards, each stepped whole
@@ -129,6 +166,7 @@ impl Sharded {
             stepper,
             stage,
             slots,
+            host: Vec::new(),
             step_t: 0,
         })
     }
@@ -158,6 +196,17 @@ impl Sharded {
             let theta = slot.var.as_tensor();
             let Some(g) = grad(i, theta) else { continue };
             if slot.run.is_empty() {
+                continue;
+            }
+            if let Some(host) = self.host.get_mut(i) {
+                host.step(
+                    &self.stepper,
+                    &slot.var,
+                    &slot.run,
+                    g,
+                    self.stage == 2,
+                    self.step_t,
+                )?;
                 continue;
             }
             let (start, len) = (slot.run.start, slot.run.len());

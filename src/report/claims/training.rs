@@ -341,11 +341,9 @@ impl<'a> Ctx<'a> {
         };
         // Per case: ZeRO 1's documents by rank count.
         let mut cases: BTreeMap<Key, BTreeMap<usize, &RanksDoc>> = BTreeMap::new();
-        for d in self
-            .ranks
-            .iter()
-            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 1 && !d.ranks.is_empty())
-        {
+        for d in self.ranks.iter().filter(|d| {
+            d.tp == 1 && d.ep == 1 && d.offload.is_none() && d.zero == 1 && !d.ranks.is_empty()
+        }) {
             cases.entry(key(d)).or_default().insert(d.ranks.len(), d);
         }
         let (k, by_n) = cases
@@ -369,7 +367,7 @@ impl<'a> Ctx<'a> {
         let grads: Vec<String> = self
             .ranks
             .iter()
-            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 2 && key(d) == k)
+            .filter(|d| d.tp == 1 && d.ep == 1 && d.offload.is_none() && d.zero == 2 && key(d) == k)
             .map(|d| (d.ranks.len(), most(d, &|s| s.gradient_bytes)))
             .collect::<BTreeMap<_, _>>()
             .into_iter()
