@@ -203,7 +203,9 @@ pub struct PredictArgs {
     /// 16-bit copy in the graph), megatron (bf16 parameters, f32 main gradients, f32 master +
     /// state in the optimizer) or deepspeed (bf16 parameters and gradients, f32 master + state).
     /// `sp=on`: sequence parallelism (the norms' and the residual stream's activations split
-    /// over tp). `search` (with --fit-in and --gpus): every layout of that many GPUs, those
+    /// over tp). `offload=optimizer` (ZeRO 1–3): ZeRO-Offload, each rank's optimizer partition
+    /// (f32 master, f32 gradient buffer, state) in host memory, its bytes a rank beside the
+    /// device's. `search` (with --fit-in and --gpus): every layout of that many GPUs, those
     /// that fit first.
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,

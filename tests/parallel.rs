@@ -406,6 +406,67 @@ fn zero_2_and_3_under_deepspeed_are_its_estimators() {
     assert_eq!(16 * psi / gpus, 101_463_347_200);
 }
 
+/// ZeRO-Offload (`offload=optimizer`) under DeepSpeed's precision, against DeepSpeed's own
+/// estimator with `cpu_offload=True` (`estimate_zero2_model_states_mem_needs` in
+/// `stage_1_and_2.py`: GPU `2Ψ`; CPU per node `Ψ·max(4·total_gpus, 16)·1.5`). memfit's rank
+/// keeps the 16-bit weights (`2Ψ`) and, ZeRO-2, its 16-bit gradient partition (`2Ψ/N`: the
+/// ranks measure it kept until the step; DeepSpeed's estimate counts none) and no state on the
+/// GPU; on the host the f32 gradient buffer and the f32 master + Adam's moments of its
+/// partition, `16Ψ/N`. On one node of 4 GPUs that is `16Ψ` a node: DeepSpeed's CPU figure
+/// without its `additional_buffer_factor` of 1.5 (above 4 GPUs DeepSpeed counts `4Ψ` a GPU,
+/// the f32 copy each process loads the model through, a loading peak memfit does not model).
+/// ZeRO-1's device keeps the gradients whole; ZeRO-3's shards the weights too. Offloading the
+/// state lets `--parallel search` fit layouts it did not.
+#[test]
+fn zero_offload_under_deepspeed_is_its_estimator() {
+    let args = llama_405b_mixed();
+    let psi = 405_853_388_800u64;
+    for gpus in [4u64, 64] {
+        let v = predict(
+            &args,
+            &format!("dp={gpus},zero=2,amp=deepspeed,offload=optimizer"),
+        )
+        .unwrap();
+        assert_eq!(v["parallel"]["offload"], true);
+        let r = &ranks(&v)[0];
+        assert_eq!(n(r, "weights_bytes"), 2 * psi);
+        assert_eq!(n(r, "gradient_bytes"), (2 * psi).div_ceil(gpus));
+        assert_eq!(n(r, "optimizer_state_bytes"), 0);
+        let host = n(r, "host_bytes");
+        // The f32 gradient buffer (4Ψ/N) and master + moments (12Ψ/N), each rounded up.
+        assert_eq!(host, (4 * psi).div_ceil(gpus) + (12 * psi).div_ceil(gpus));
+        let deepspeed_gpu = 2 * psi;
+        assert_eq!(
+            n(r, "weights_bytes") + n(r, "gradient_bytes") - (2 * psi).div_ceil(gpus),
+            deepspeed_gpu
+        );
+        if gpus == 4 {
+            let deepspeed_cpu_node = psi as f64 * (4 * gpus).max(16) as f64 * 1.5;
+            let memfit_node = (gpus * host) as f64;
+            assert!(
+                (memfit_node * 1.5 - deepspeed_cpu_node).abs() < 64.0,
+                "{memfit_node} × 1.5 vs {deepspeed_cpu_node}"
+            );
+        }
+    }
+    let v = predict(&args, "dp=8,zero=1,amp=deepspeed,offload=optimizer").unwrap();
+    let r = &ranks(&v)[0];
+    assert_eq!(n(r, "gradient_bytes"), 2 * psi);
+    let v = predict(&args, "dp=8,zero=3,amp=deepspeed,offload=optimizer").unwrap();
+    let r = &ranks(&v)[0];
+    assert_eq!(n(r, "weights_bytes"), (2 * psi).div_ceil(8));
+    assert_eq!(n(r, "optimizer_state_bytes"), 0);
+    // Autocast's f32 masters are the parameters: the device keeps them whole, the host a
+    // partition's f32 master beside the state.
+    let v = predict(&args, "dp=8,zero=2,offload=optimizer").unwrap();
+    let r = &ranks(&v)[0];
+    assert_eq!(n(r, "weights_bytes"), 4 * psi);
+    // Master and gradient buffer 4 B a parameter each, the two moments 8, over 8 ranks.
+    assert_eq!(n(r, "host_bytes"), 2 * (4 * psi / 8) + 8 * psi / 8);
+    let err = predict(&args, "dp=8,offload=optimizer").unwrap_err();
+    assert!(err.contains("zero=1, 2 or 3"), "{err}");
+}
+
 /// `amp=` refuses a pure-precision case and an unknown regime, by name.
 #[test]
 fn precision_regimes_are_refused_by_name() {

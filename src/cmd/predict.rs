@@ -172,6 +172,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     &spec.layout,
                     spec.amp,
                     spec.sp,
+                    spec.offload,
                     threads,
                 )?);
             }
@@ -414,6 +415,11 @@ fn print_parallel(par: &ParallelAnswer) {
             ""
         }
     );
+    if par.offload {
+        println!(
+            "         ZeRO-Offload: each rank's optimizer partition (f32 master, f32 gradient buffer, state) in host memory, stepped there; the device keeps weights and gradients"
+        );
+    }
     let act = |i: usize| par.activations.as_ref().map(|a| a[i]);
     let gathered = |i: usize| par.gathered_bytes.as_ref().map_or(0, |g| g[i]);
     let mut i = 0;
@@ -463,6 +469,12 @@ fn print_parallel(par: &ParallelAnswer) {
             human_bytes(r.optimizer_state_bytes),
             human_bytes(r.model_state_bytes()),
         );
+        if let Some(h) = r.host_bytes {
+            println!(
+                "           host (ZeRO-Offload: the rank's optimizer partition, f32 master, gradient buffer and state): {}",
+                human_bytes(h)
+            );
+        }
         i = j;
     }
 }
@@ -736,6 +748,10 @@ pub struct ParallelAnswer {
     pub precision_means: String,
     /// `sp=on`: the norms' and the residual stream's activations split over tp by sequence.
     pub sequence_parallel: bool,
+    /// `offload=optimizer`: ZeRO-Offload, each rank's optimizer partition in host memory
+    /// (each rank's `host_bytes`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub offload: bool,
     pub ranks: Vec<crate::formula::parallel::StageRank>,
     /// ZeRO-3: each stage's rank's gathered layer (its largest tensor's whole weight and
     /// gradient while used, [`crate::formula::parallel::gathered_layer`]); absent below stage 3.
@@ -758,15 +774,17 @@ pub fn parallel_answer(
     amp: crate::formula::parallel::Amp,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
-    parallel_answer_sp(case, layout, amp, false, threads)
+    parallel_answer_sp(case, layout, amp, false, false, threads)
 }
 
-/// [`parallel_answer`], with sequence parallelism where `sp`.
+/// [`parallel_answer`], with sequence parallelism where `sp` and ZeRO-Offload where
+/// `offload` (each rank's optimizer partition in host memory).
 pub fn parallel_answer_sp(
     case: &Case,
     layout: &crate::formula::parallel::Layout,
     amp: crate::formula::parallel::Amp,
     sp: bool,
+    offload: bool,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
     use crate::formula::parallel;
@@ -785,13 +803,20 @@ pub fn parallel_answer_sp(
     let (w, g, _) = regime.rates;
     Ok(ParallelAnswer {
         sequence_parallel: sp,
+        offload,
         layout: layout.to_string(),
         gpus: layout.gpus(),
         precision: if shape.mixed { amp.as_str() } else { "pure" }.to_string(),
         precision_means: regime.name.to_string(),
         gathered_bytes: (layout.zero == 3)
             .then(|| parallel::gathered_layer(&case.cfg, layout, w + g)),
-        ranks: parallel::stage_ranks(&case.cfg, layout, regime.rates, regime.masters),
+        ranks: parallel::stage_ranks_of(
+            &case.cfg,
+            layout,
+            regime.rates,
+            regime.masters,
+            offload.then_some(regime.master_in_state),
+        ),
         activations_missing: acts.as_ref().err().cloned(),
         activations: acts.ok(),
     })
@@ -806,6 +831,9 @@ pub struct ParallelSearch {
     pub precision_means: String,
     /// `sp=on`: every layout with sequence parallelism.
     pub sequence_parallel: bool,
+    /// `offload=optimizer`: every layout with ZeRO-Offload (ZeRO 1 to 3).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub offload: bool,
     /// Every layout, best first ([`crate::formula::parallel::rank_candidates`]).
     pub layouts: Vec<crate::formula::parallel::Candidate>,
     /// Why some layouts' activations are unknown (by tensor-parallel size).
@@ -832,7 +860,19 @@ fn parallel_search(
         mixed: regime.graph_mixed,
         ..shape.clone()
     };
-    let all = parallel::layouts(&case.cfg, gpus, spec.mb_given.then_some(spec.layout.mb));
+    let mut all = parallel::layouts(&case.cfg, gpus, spec.mb_given.then_some(spec.layout.mb));
+    if spec.offload {
+        // ZeRO-Offload offloads the partitioned optimizer: ZeRO 1 to 3 (over one replica,
+        // stage 1: a partition of one).
+        all = all
+            .into_iter()
+            .filter_map(|l| match (l.zero, l.dp) {
+                (0, 1) => Some(parallel::Layout { zero: 1, ..l }),
+                (0, _) => None,
+                _ => Some(l),
+            })
+            .collect();
+    }
     if all.is_empty() {
         return Err(what(format!(
             "--parallel search: no layout of {gpus} GPUs splits this model (tp ≤ 8 dividing the heads, pp ≤ the layers)"
@@ -848,7 +888,13 @@ fn parallel_search(
             let t = parallel::backward_transient(&graph, l.tp, case.optimizer, threads)?;
             Ok((sg, t))
         });
-        let ranks = parallel::stage_ranks(&case.cfg, l, regime.rates, regime.masters);
+        let ranks = parallel::stage_ranks_of(
+            &case.cfg,
+            l,
+            regime.rates,
+            regime.masters,
+            spec.offload.then_some(regime.master_in_state),
+        );
         let gathered = parallel::gathered_layer(&case.cfg, l, w + g);
         let acts = known
             .as_ref()
@@ -874,6 +920,7 @@ fn parallel_search(
         .to_string(),
         precision_means: regime.name.to_string(),
         sequence_parallel: spec.sp,
+        offload: spec.offload,
         layouts,
         activations_missing: per_tp
             .into_iter()
@@ -906,6 +953,11 @@ fn print_search(s: &ParallelSearch) {
             ""
         }
     );
+    if s.offload {
+        println!(
+            "         ZeRO-Offload: each rank's optimizer partition in host memory (its bytes a rank beside each layout, not held against the budget)"
+        );
+    }
     let line = |tag: &str, c: &crate::formula::parallel::Candidate| {
         let detail = match (c.activation_bytes, c.transient_bytes, c.peak_bytes) {
             (Some(a), Some(t), Some(p)) => format!(
@@ -917,8 +969,11 @@ fn print_search(s: &ParallelSearch) {
             ),
             _ => format!("states {}, activations unknown", human_bytes(c.state_bytes)),
         };
+        let host = c.host_bytes.map_or(String::new(), |h| {
+            format!("; host {} a rank", human_bytes(h))
+        });
         println!(
-            "         {tag:<7} {:<40} worst rank stage {}: {detail}",
+            "         {tag:<7} {:<40} worst rank stage {}: {detail}{host}",
             c.layout, c.worst_stage
         );
     };

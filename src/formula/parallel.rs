@@ -270,6 +270,11 @@ pub struct StageRank {
     pub weights_bytes: u64,
     pub gradient_bytes: u64,
     pub optimizer_state_bytes: u64,
+    /// ZeRO-Offload (`offload=optimizer`): the rank's optimizer partition in host memory
+    /// (master weights, f32 gradient buffer, state: [`zero::offloaded`]); the device's
+    /// `optimizer_state_bytes` are then 0. Absent without offload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
 }
 
 impl StageRank {
@@ -306,6 +311,19 @@ pub fn stage_ranks(
     rates: (u64, u64, u64),
     masters: bool,
 ) -> Vec<StageRank> {
+    stage_ranks_of(cfg, layout, rates, masters, None)
+}
+
+/// [`stage_ranks`], with ZeRO-Offload where `offload` is `Some(master_in_state)`: each rank's
+/// optimizer partition in host memory ([`zero::offloaded`]; `master_in_state`: the state's
+/// rate counts the f32 master already, as megatron's and deepspeed's regimes do).
+pub fn stage_ranks_of(
+    cfg: &Config,
+    layout: &Layout,
+    rates: (u64, u64, u64),
+    masters: bool,
+    offload: Option<bool>,
+) -> Vec<StageRank> {
     stage_shares(cfg, layout)
         .into_iter()
         .enumerate()
@@ -314,27 +332,38 @@ pub fn stage_ranks(
                 .iter()
                 .fold((0, 0), |(d, e), &(td, te)| (d + td, e + te));
             let (we, ge, oe) = rates;
-            let d = zero::shards(
-                layout.zero,
-                layout.dp as u64,
-                (we * dense, ge * dense, oe * dense),
-                masters,
-            );
-            let x = zero::shards(
-                layout.zero,
-                (layout.dp / layout.ep) as u64,
-                (we * expert, ge * expert, oe * expert),
-                masters,
-            );
-            StageRank {
+            // (dense, expert) parameters and their data-parallel group.
+            let groups = [
+                (dense, layout.dp as u64),
+                (expert, (layout.dp / layout.ep) as u64),
+            ];
+            let mut r = StageRank {
                 stage: s,
                 layers,
                 dense_params: dense,
                 expert_params: expert,
-                weights_bytes: d.0 + x.0,
-                gradient_bytes: d.1 + x.1,
-                optimizer_state_bytes: d.2 + x.2,
+                weights_bytes: 0,
+                gradient_bytes: 0,
+                optimizer_state_bytes: 0,
+                host_bytes: offload.map(|_| 0),
+            };
+            for (p, n) in groups {
+                let states = (we * p, ge * p, oe * p);
+                let (device, host) = match offload {
+                    Some(master_in_state) => {
+                        let (d, h) = zero::offloaded(layout.zero, n, states, p, master_in_state);
+                        (d, h.0 + h.1 + h.2)
+                    }
+                    None => (zero::shards(layout.zero, n, states, masters), 0),
+                };
+                r.weights_bytes += device.0;
+                r.gradient_bytes += device.1;
+                r.optimizer_state_bytes += device.2;
+                if let Some(h) = &mut r.host_bytes {
+                    *h += host;
+                }
             }
+            r
         })
         .collect()
 }
@@ -436,6 +465,9 @@ pub struct ParallelSpec {
     pub mb_given: bool,
     /// `sp=on`: sequence parallelism ([`sequence_parallel`]).
     pub sp: bool,
+    /// `offload=optimizer`: ZeRO-Offload, each rank's optimizer partition in host memory
+    /// ([`stage_ranks_of`]; ZeRO 1 to 3).
+    pub offload: bool,
 }
 
 impl FromStr for ParallelSpec {
@@ -446,6 +478,7 @@ impl FromStr for ParallelSpec {
     fn from_str(s: &str) -> Result<Self, String> {
         let mut amp = Amp::default();
         let mut sp = false;
+        let mut offload = false;
         let mut search = false;
         let mut mb_given = false;
         let mut rest = Vec::new();
@@ -465,6 +498,13 @@ impl FromStr for ParallelSpec {
                                 "--parallel amp={v}: autocast, megatron or deepspeed"
                             ));
                         }
+                    }
+                }
+                Some(("offload", v)) => {
+                    offload = match v {
+                        "optimizer" => true,
+                        "none" => false,
+                        _ => return Err(format!("--parallel offload={v}: optimizer or none")),
                     }
                 }
                 Some(("sp", v)) => {
@@ -492,12 +532,18 @@ impl FromStr for ParallelSpec {
                 "--parallel search: `{k}` is enumerated by the search (give amp=, sp= and mb= only)"
             ));
         }
+        if offload && !search && layout.zero == 0 {
+            return Err(
+                "--parallel offload=optimizer: ZeRO-Offload needs zero=1, 2 or 3 (DeepSpeed offloads the partitioned optimizer)".into(),
+            );
+        }
         Ok(ParallelSpec {
             layout,
             amp,
             search,
             mb_given,
             sp,
+            offload,
         })
     }
 }
@@ -517,6 +563,8 @@ pub struct Regime {
     /// The graph is autocast's (a 16-bit working copy made in each microbatch's graph, the
     /// residual stream in f32), else the pure graph of the element type.
     pub graph_mixed: bool,
+    /// The optimizer state's rate counts the f32 master copy (megatron's and deepspeed's).
+    pub master_in_state: bool,
     /// What the answer says about it.
     pub name: &'static str,
 }
@@ -538,12 +586,14 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
             rates: whole(elem)?,
             masters: false,
             graph_mixed: false,
+            master_in_state: false,
             name: "pure: weights, gradients, optimizer state and activations in the model's type",
         }),
         (Amp::Autocast, true) => Ok(Regime {
             rates: whole(4)?,
             masters: true,
             graph_mixed: true,
+            master_in_state: false,
             name: "autocast (amp=autocast, the default): f32 masters as the parameters, f32 gradients and optimizer state, a 16-bit working copy made in each microbatch's graph",
         }),
         (_, false) => Err(format!(
@@ -556,6 +606,7 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
                 rates: (elem, 4, 4 + state),
                 masters: false,
                 graph_mixed: false,
+                master_in_state: true,
                 name: "megatron (amp=megatron): 16-bit parameters, f32 main gradients, the optimizer's f32 master copy and state; activations the pure 16-bit graph",
             })
         }
@@ -565,6 +616,7 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
                 rates: (elem, elem, 4 + state),
                 masters: false,
                 graph_mixed: false,
+                master_in_state: true,
                 name: "deepspeed (amp=deepspeed): 16-bit parameters and gradients, the optimizer's f32 master copy and state; activations the pure 16-bit graph",
             })
         }
@@ -936,6 +988,10 @@ pub struct Candidate {
     /// its model states alone) above it; `None`: unknown (activations not modelled, states
     /// within the budget).
     pub fits: Option<bool>,
+    /// ZeRO-Offload: the most host memory a rank's offloaded partition takes (not held
+    /// against the GPU's budget); absent without offload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
 }
 
 /// The worst rank of `layout`: per stage, `states[s] + gathered[s]` and, where known, the
@@ -977,6 +1033,7 @@ pub fn candidate(
             None if max_states > budget => Some(false),
             None => None,
         },
+        host_bytes: ranks.iter().filter_map(|r| r.host_bytes).max(),
     }
 }
 
@@ -1034,6 +1091,18 @@ mod tests {
         assert!(e.contains("enumerated"), "{e}");
         let e = "amp=fp8".parse::<ParallelSpec>().unwrap_err();
         assert!(e.contains("autocast, megatron or deepspeed"), "{e}");
+        let p: ParallelSpec = "dp=4,zero=2,offload=optimizer".parse().unwrap();
+        assert!(p.offload && p.layout.zero == 2);
+        let p: ParallelSpec = "search,offload=optimizer".parse().unwrap();
+        assert!(p.offload && p.search);
+        let e = "dp=4,offload=optimizer"
+            .parse::<ParallelSpec>()
+            .unwrap_err();
+        assert!(e.contains("zero=1, 2 or 3"), "{e}");
+        let e = "dp=4,zero=1,offload=nvme"
+            .parse::<ParallelSpec>()
+            .unwrap_err();
+        assert!(e.contains("optimizer or none"), "{e}");
     }
 
     /// A block `R + S/t` with sequence parallelism is `R/t + S/t`; the input split `t` ways.
