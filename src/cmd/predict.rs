@@ -164,15 +164,20 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                         "--parallel search: give --fit-in (the memory of one GPU) and --gpus (how many)"
                     );
                 };
-                p.parallel_search = Some(parallel_search(case, &spec, gpus, budget, threads)?);
+                p.parallel_search = Some(parallel_search(
+                    case,
+                    &spec,
+                    gpus,
+                    budget,
+                    args.routing.worst(),
+                    threads,
+                )?);
             }
             Some(spec) => {
                 p.parallel = Some(parallel_answer_sp(
                     case,
-                    &spec.layout,
-                    spec.amp,
-                    spec.sp,
-                    spec.offload,
+                    &spec,
+                    args.routing.worst(),
                     threads,
                 )?);
             }
@@ -774,20 +779,28 @@ pub fn parallel_answer(
     amp: crate::formula::parallel::Amp,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
-    parallel_answer_sp(case, layout, amp, false, false, threads)
+    let spec = crate::formula::parallel::ParallelSpec {
+        layout: *layout,
+        amp,
+        search: false,
+        mb_given: false,
+        sp: false,
+        offload: false,
+    };
+    parallel_answer_sp(case, &spec, true, threads)
 }
 
-/// [`parallel_answer`], with sequence parallelism where `sp` and ZeRO-Offload where
-/// `offload` (each rank's optimizer partition in host memory).
+/// [`parallel_answer`] for `spec`'s layout and precision, with sequence parallelism where it
+/// says `sp` and ZeRO-Offload where it says `offload` (each rank's optimizer partition in host
+/// memory); a mixture's activations at the worst routing where `worst`, else balanced.
 pub fn parallel_answer_sp(
     case: &Case,
-    layout: &crate::formula::parallel::Layout,
-    amp: crate::formula::parallel::Amp,
-    sp: bool,
-    offload: bool,
+    spec: &crate::formula::parallel::ParallelSpec,
+    worst: bool,
     threads: usize,
 ) -> anyhow::Result<ParallelAnswer> {
     use crate::formula::parallel;
+    let (layout, amp, sp, offload) = (&spec.layout, spec.amp, spec.sp, spec.offload);
     let what = |e: String| anyhow::anyhow!("case {}: {e}", case.index);
     layout.check(&case.cfg).map_err(what)?;
     let shape = Shape::of(case);
@@ -796,9 +809,10 @@ pub fn parallel_answer_sp(
     // The graph the regime keeps: autocast's, or the pure graph of the element type.
     let graph = Shape {
         mixed: regime.graph_mixed,
+        worst_routing: worst && shape.llama.is_some_and(|l| l.moe.is_some()),
         ..shape.clone()
     };
-    let acts = parallel::shard_graph_sp(&graph, layout.tp, sp, case.optimizer, threads)
+    let acts = parallel::shard_graph_sp(&graph, layout.tp, layout.ep, sp, case.optimizer, threads)
         .map(|g| parallel::stage_activations_of(&g, case.cfg.layers, layout));
     let (w, g, _) = regime.rates;
     Ok(ParallelAnswer {
@@ -849,6 +863,7 @@ fn parallel_search(
     spec: &crate::formula::parallel::ParallelSpec,
     gpus: usize,
     budget: u64,
+    worst: bool,
     threads: usize,
 ) -> anyhow::Result<ParallelSearch> {
     use crate::formula::parallel;
@@ -858,6 +873,7 @@ fn parallel_search(
         parallel::regime(spec.amp, shape.mixed, shape.elem.size(), case.optimizer).map_err(what)?;
     let graph = Shape {
         mixed: regime.graph_mixed,
+        worst_routing: worst && shape.llama.is_some_and(|l| l.moe.is_some()),
         ..shape.clone()
     };
     let mut all = parallel::layouts(&case.cfg, gpus, spec.mb_given.then_some(spec.layout.mb));
@@ -878,13 +894,15 @@ fn parallel_search(
             "--parallel search: no layout of {gpus} GPUs splits this model (tp ≤ 8 dividing the heads, pp ≤ the layers)"
         )));
     }
-    let mut per_tp: std::collections::BTreeMap<usize, Result<(parallel::ShardGraph, u64), String>> =
-        Default::default();
+    // By (tp, ep): the shard's graph and its backward's transient.
+    type Known = Result<(parallel::ShardGraph, u64), String>;
+    let mut per_tp: std::collections::BTreeMap<(usize, usize), Known> = Default::default();
     let (w, g, _) = regime.rates;
     let mut layouts = Vec::with_capacity(all.len());
     for l in &all {
-        let known = per_tp.entry(l.tp).or_insert_with(|| {
-            let sg = parallel::shard_graph_sp(&graph, l.tp, spec.sp, case.optimizer, threads)?;
+        let known = per_tp.entry((l.tp, l.ep)).or_insert_with(|| {
+            let sg =
+                parallel::shard_graph_sp(&graph, l.tp, l.ep, spec.sp, case.optimizer, threads)?;
             let t = parallel::backward_transient(&graph, l.tp, case.optimizer, threads)?;
             Ok((sg, t))
         });
@@ -922,10 +940,15 @@ fn parallel_search(
         sequence_parallel: spec.sp,
         offload: spec.offload,
         layouts,
-        activations_missing: per_tp
-            .into_iter()
-            .filter_map(|(tp, r)| r.err().map(|e| (tp, e)))
-            .collect(),
+        activations_missing: {
+            // One line a tp (the reason is the split's, whatever the ep).
+            let mut why: Vec<(usize, String)> = per_tp
+                .into_iter()
+                .filter_map(|((tp, _), r)| r.err().map(|e| (tp, e)))
+                .collect();
+            why.dedup_by_key(|(tp, _)| *tp);
+            why
+        },
     })
 }
 

@@ -668,9 +668,16 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
         return Err("activations per rank are modelled for LLaMA-family decoders only".into());
     };
     if l.moe.is_some() || l.mla.is_some() {
-        return Err(
-            "activations per rank are not modelled yet for a mixture of experts or MLA".into(),
-        );
+        // Whole layers on the rank (its experts set by the caller: [`shard_graph_ep`]).
+        if tp == 1 {
+            return Ok(Shape {
+                l: layers as u64,
+                ..shape.clone()
+            });
+        }
+        return Err(format!(
+            "activations per rank are not modelled yet for a mixture of experts or MLA split over tp={tp} (tp=1 is)"
+        ));
     }
     if !(shape.a as usize).is_multiple_of(tp) {
         return Err(format!(
@@ -697,7 +704,7 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
 }
 
 /// One microbatch's graph on a tensor-parallel rank, in parts ([`shard_graph`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ShardGraph {
     /// One block's graph: the replay's two-layer graph less its one-layer graph.
     pub block: u64,
@@ -713,6 +720,22 @@ pub struct ShardGraph {
     /// type (split by sequence under `sp`): inside [`Self::block`] (as the block before's
     /// output) wherever a stage holds it.
     pub input: u64,
+    /// Where the layers differ (a mixture's dense and sparse layers, MLA, linear attention):
+    /// each layer's block, in layer order, in place of [`Self::block`]; empty where every
+    /// layer is alike.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layer_blocks: Vec<u64>,
+}
+
+impl ShardGraph {
+    /// The blocks of `layers`: each layer's where they differ, else `block` each.
+    pub fn blocks(&self, layers: &Range<usize>) -> u64 {
+        if self.layer_blocks.is_empty() {
+            layers.len() as u64 * self.block
+        } else {
+            layers.clone().map(|l| self.layer_blocks[l]).sum()
+        }
+    }
 }
 
 /// The graph one microbatch of `shape` leaves on a rank of `tp` tensor-parallel ranks
@@ -723,15 +746,63 @@ pub fn shard_graph(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<ShardGraph, String> {
-    let graph = |layers| -> Result<u64, String> {
+    shard_graph_ep(shape, tp, 1, opt, threads)
+}
+
+/// [`shard_graph`] on a rank of `ep` expert-parallel ranks (a mixture of experts at tp 1,
+/// the routing `shape` asks: its `worst_routing` or balanced): the replay of the rank's own
+/// step ([`crate::formula::replay::replay_training_ep`]: its `E/ep` experts, the exchanges'
+/// buffers) on the rows that routing moves, rank 0 the one receiving the most. Where the
+/// layers differ (a mixture's dense and sparse layers, MLA, linear attention) each kind's
+/// block comes from the replay up to and including a layer of that kind
+/// ([`ShardGraph::layer_blocks`]).
+pub fn shard_graph_ep(
+    shape: &Shape,
+    tp: usize,
+    ep: usize,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<ShardGraph, String> {
+    let graph = |layers: usize| -> Result<u64, String> {
         let s = shard(shape, tp, layers)?;
+        if ep > 1 {
+            let rows = expert_rows(&s, ep)?;
+            let t = crate::formula::replay::replay_training_ep(
+                &s,
+                s.meta(super::transformer::META_PER_TENSOR),
+                s.cpu.then_some(threads),
+                0,
+                ep,
+                rows,
+            );
+            return Ok(t.forward_retained);
+        }
         Ok(s.predict(Phase::Forward, opt, threads)
             .retained_bytes
             .max(0) as u64)
     };
-    let (one, two) = (graph(1)?, graph(2)?);
-    let block = two.saturating_sub(one);
-    let outside = one.saturating_sub(block);
+    let l = shape.l as usize;
+    let kinds = layer_kinds(shape);
+    let uniform = kinds.iter().all(|&k| k == kinds[0]);
+    let (block, outside, layer_blocks) = if uniform || l < 2 {
+        let (one, two) = (graph(1)?, graph(2)?);
+        let block = two.saturating_sub(one);
+        (block, one.saturating_sub(block), Vec::new())
+    } else {
+        // Each kind's block: the replay to its first layer past the first (or the first,
+        // from an empty model) less the replay before it.
+        let mut per_kind = std::collections::BTreeMap::new();
+        for (i, &k) in kinds.iter().enumerate() {
+            if per_kind.contains_key(&k) {
+                continue;
+            }
+            let at = (i.max(1)..l).find(|&j| kinds[j] == k).unwrap_or(i);
+            per_kind.insert(k, graph(at + 1)?.saturating_sub(graph(at)?));
+        }
+        let blocks: Vec<u64> = kinds.iter().map(|k| per_kind[k]).collect();
+        let outside = graph(1)?.saturating_sub(blocks[0]);
+        (blocks[0], outside, blocks)
+    };
     // The residual stream's type: f32 under autocast (mixed precision, transformers' kernels).
     let e = if shape.mixed && shape.kernels.torch() {
         4
@@ -745,7 +816,62 @@ pub fn shard_graph(
         outside,
         embedding: if kept_lookup { input } else { 0 },
         input,
+        layer_blocks,
     })
+}
+
+/// The layers from the first that hold one of each kind ([`layer_kinds`]), at least 2.
+fn kinds_covered(shape: &Shape) -> usize {
+    let kinds = layer_kinds(shape);
+    let firsts = (0..kinds.len()).filter(|&i| !kinds[..i].contains(&kinds[i]));
+    firsts.map(|i| i + 1).max().unwrap_or(0).max(2)
+}
+
+/// Each layer's kind: layers of one kind have the same layout (projections, dense or sparse
+/// MLP) and attention (full, sliding or linear).
+fn layer_kinds(shape: &Shape) -> Vec<usize> {
+    let mut seen: Vec<(crate::model::config::LayerLayout, bool)> = Vec::new();
+    (0..shape.l)
+        .map(|i| {
+            let key = (
+                shape.layer_layout(i),
+                shape
+                    .llama
+                    .is_some_and(|l| l.window_at(i as usize).is_some()),
+            );
+            seen.iter().position(|k| *k == key).unwrap_or_else(|| {
+                seen.push(key);
+                seen.len() - 1
+            })
+        })
+        .collect()
+}
+
+/// The rows each sparse layer of `shape` moves on rank 0 of `ep` expert-parallel ranks under
+/// the routing `shape` asks (each rank routing its `B·S` tokens alike: worst, every rank's
+/// tokens on the same first `k` experts, which rank 0 holds; or balanced).
+fn expert_rows(
+    shape: &Shape,
+    ep: usize,
+) -> Result<Vec<crate::formula::replay::expert::LayerRows>, String> {
+    let Some(m) = shape.llama.and_then(|l| l.moe) else {
+        return Err("ep > 1 on a model without a mixture of experts".into());
+    };
+    if !m.experts.is_multiple_of(ep) {
+        return Err(format!(
+            "the {} experts do not split into {ep} equal parts",
+            m.experts
+        ));
+    }
+    let t = (shape.b * shape.s) as usize;
+    let sent = crate::formula::replay::moe_counts(t, m, shape.worst_routing);
+    let held = m.experts / ep;
+    let from = vec![sent[..held].to_vec(); ep];
+    let sparse = (0..shape.l as usize).filter(|&i| m.sparse(i)).count();
+    Ok(vec![
+        crate::formula::replay::expert::LayerRows { sent, from };
+        sparse
+    ])
 }
 
 /// Sequence parallelism (Megatron's `--sequence-parallel`, Korthikanti et al. 2022 §4.2.2):
@@ -760,16 +886,24 @@ pub fn shard_graph(
 /// output, final norm, head, loss) is left whole (above the exact figure too).
 pub fn sequence_parallel(g: &ShardGraph, one: &ShardGraph, tp: usize) -> ShardGraph {
     if tp == 1 {
-        return *g;
+        return g.clone();
     }
     let t = tp as u64;
-    let whole = (t * g.block).saturating_sub(one.block) / (t - 1);
-    let whole = whole.min(g.block);
+    let split = |block: u64, one: u64| {
+        let whole = ((t * block).saturating_sub(one) / (t - 1)).min(block);
+        whole.div_ceil(t) + (block - whole)
+    };
     ShardGraph {
-        block: whole.div_ceil(t) + (g.block - whole),
+        block: split(g.block, one.block),
         outside: g.outside,
         embedding: g.embedding,
         input: g.input.div_ceil(t),
+        layer_blocks: g
+            .layer_blocks
+            .iter()
+            .zip(&one.layer_blocks)
+            .map(|(&b, &o)| split(b, o))
+            .collect(),
     }
 }
 
@@ -777,11 +911,12 @@ pub fn sequence_parallel(g: &ShardGraph, one: &ShardGraph, tp: usize) -> ShardGr
 pub fn shard_graph_sp(
     shape: &Shape,
     tp: usize,
+    ep: usize,
     sp: bool,
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<ShardGraph, String> {
-    let g = shard_graph(shape, tp, opt, threads)?;
+    let g = shard_graph_ep(shape, tp, ep, opt, threads)?;
     if !sp || tp == 1 {
         return Ok(g);
     }
@@ -812,7 +947,7 @@ pub fn stage_activations_of(
                 (true, false) => g.embedding,
                 (false, false) => 0,
             };
-            let mb = layers.len() as u64 * g.block + ends;
+            let mb = g.blocks(layers) + ends;
             let in_flight = layout.mb.min(layout.pp - s);
             StageActivations {
                 microbatch_graph_bytes: mb,
@@ -849,7 +984,7 @@ pub fn backward_transient(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<u64, String> {
-    let s = shard(shape, tp, 2)?;
+    let s = shard(shape, tp, kinds_covered(shape))?;
     let t = super::timeline::train_step(&s, opt, threads);
     Ok(t.samples
         .iter()

@@ -56,6 +56,17 @@ pub(crate) use model::Transformer as ReplayModel;
 use model::*;
 pub use model::{KvCache, Masks};
 
+/// Tokens per expert when `tokens` are routed over a mixture `m`: the worst routing (every
+/// token on the same first `k` experts, each other expert a token where there are enough) or
+/// balanced (`k·tokens/E` each).
+pub fn moe_counts(tokens: usize, m: crate::model::moe::MoeShape, worst: bool) -> Vec<usize> {
+    if worst {
+        moe::worst(tokens, m)
+    } else {
+        moe::balanced(tokens, m)
+    }
+}
+
 /// One layer of a (possibly compressed) model: its index in the full model and its tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Slot {
