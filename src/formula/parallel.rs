@@ -763,6 +763,11 @@ pub fn shard_graph_ep(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<ShardGraph, String> {
+    if ep > 1 && shape.checkpoint > 0 {
+        return Err(format!(
+            "activations per rank are not modelled yet under expert parallelism (ep={ep}) with checkpointing"
+        ));
+    }
     let graph = |layers: usize| -> Result<u64, String> {
         let s = shard(shape, tp, layers)?;
         if ep > 1 {
