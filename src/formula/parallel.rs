@@ -327,10 +327,13 @@ pub fn stage_ranks_of(
     stage_shares(cfg, layout)
         .into_iter()
         .enumerate()
-        .map(|(s, (layers, shares))| {
-            let (dense, expert) = shares
-                .iter()
-                .fold((0, 0), |(d, e), &(td, te)| (d + td, e + te));
+        .map(|(s, shares)| {
+            let StageShares {
+                layers,
+                dense,
+                expert,
+                ..
+            } = shares;
             let (we, ge, oe) = rates;
             // (dense, expert) parameters and their data-parallel group.
             let groups = [
@@ -371,11 +374,20 @@ pub fn stage_ranks_of(
 /// One tensor's elements on a rank: (dense, expert).
 type Share = (u64, u64);
 
-/// Each pipeline stage's layers and the parameter tensors one of its ranks holds, as
-/// `(dense, expert)` elements a tensor: its layers' tensors ([`tensor_share`]), then on the
-/// first stage the token table (`⌈V/tp⌉` rows) and GPT's position table (whole), on the last
-/// the final norm's weight (and bias) and the head (a tied one's own copy past stage 0).
-fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<(Range<usize>, Vec<Share>)> {
+/// What one rank of a pipeline stage holds of the parameters: its layers, the `(dense,
+/// expert)` elements of every tensor summed, and its largest tensor's elements.
+struct StageShares {
+    layers: Range<usize>,
+    dense: u64,
+    expert: u64,
+    largest: u64,
+}
+
+/// Each pipeline stage's layers and what one of its ranks holds of the parameter tensors
+/// ([`StageShares`]): its layers' tensors ([`tensor_share`]; each kind of layer counted once),
+/// then on the first stage the token table (`⌈V/tp⌉` rows) and GPT's position table (whole), on
+/// the last the final norm's weight (and bias) and the head (a tied one's own copy past stage 0).
+fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<StageShares> {
     let tp = layout.tp as u64;
     let kv = cfg.kv_heads() as u64;
     let layer_norm = cfg.llama.is_none();
@@ -385,17 +397,41 @@ fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<(Range<usize>, Vec<Share>)
     // This rank's experts: the first `E/ep` (every expert-parallel rank holds as many).
     let mine = 0..experts / layout.ep;
     let blocks = cfg.blocks();
+    // A layer's (dense, expert, largest), by its kind (the tensors' slice: one per kind).
+    let mut kinds: Vec<(*const BlockTensor, (u64, u64, u64))> = Vec::new();
+    let mut layer = |l: usize| {
+        let tensors = blocks.layer(l);
+        if let Some((_, got)) = kinds.iter().find(|(k, _)| *k == tensors.as_ptr()) {
+            return *got;
+        }
+        let got = tensors
+            .iter()
+            .map(|t| tensor_share(t, tp, kv, layer_norm, &mine))
+            .fold((0, 0, 0), |(d, e, m), (td, te)| {
+                (d + td, e + te, m.max(td + te))
+            });
+        kinds.push((tensors.as_ptr(), got));
+        got
+    };
     let stages = stage_layers(cfg.layers, layout.pp);
     let last = stages.len() - 1;
     stages
         .into_iter()
         .enumerate()
         .map(|(s, layers)| {
-            let mut shares: Vec<Share> = layers
-                .clone()
-                .flat_map(|l| blocks.layer(l))
-                .map(|t| tensor_share(t, tp, kv, layer_norm, &mine))
-                .collect();
+            let mut shares: Vec<Share> = Vec::new();
+            let mut out = StageShares {
+                layers: layers.clone(),
+                dense: 0,
+                expert: 0,
+                largest: 0,
+            };
+            for l in layers {
+                let (d, e, m) = layer(l);
+                out.dense += d;
+                out.expert += e;
+                out.largest = out.largest.max(m);
+            }
             if s == 0 {
                 shares.push((table, 0));
                 if layer_norm {
@@ -411,7 +447,12 @@ fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<(Range<usize>, Vec<Share>)
                     shares.push((table, 0)); // the head (a tied one's own copy past stage 0)
                 }
             }
-            (layers, shares)
+            for (d, e) in shares {
+                out.dense += d;
+                out.expert += e;
+                out.largest = out.largest.max(d + e);
+            }
+            out
         })
         .collect()
 }
@@ -631,12 +672,11 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
 pub fn gathered_layer(cfg: &Config, layout: &Layout, gathered: u64) -> Vec<u64> {
     stage_shares(cfg, layout)
         .into_iter()
-        .map(|(_, shares)| {
+        .map(|shares| {
             if layout.zero < 3 || layout.dp == 1 {
                 return 0;
             }
-            let largest = shares.iter().map(|&(d, e)| d + e).max().unwrap_or(0);
-            largest * gathered
+            shares.largest * gathered
         })
         .collect()
 }
@@ -768,7 +808,7 @@ pub fn shard_graph_ep(
             "activations per rank are not modelled yet under expert parallelism (ep={ep}) with checkpointing"
         ));
     }
-    let graph = |layers: usize| -> Result<u64, String> {
+    let graph_of = |layers: usize| -> Result<u64, String> {
         let s = shard(shape, tp, layers)?;
         if ep > 1 {
             let rows = expert_rows(&s, ep)?;
@@ -785,6 +825,16 @@ pub fn shard_graph_ep(
         Ok(s.predict(Phase::Forward, opt, threads)
             .retained_bytes
             .max(0) as u64)
+    };
+    // Each layer count's graph once (kinds and the part outside the blocks share them).
+    let memo = std::cell::RefCell::new(std::collections::BTreeMap::new());
+    let graph = |layers: usize| -> Result<u64, String> {
+        if let Some(&g) = memo.borrow().get(&layers) {
+            return Ok(g);
+        }
+        let g = graph_of(layers)?;
+        memo.borrow_mut().insert(layers, g);
+        Ok(g)
     };
     let l = shape.l as usize;
     let kinds = layer_kinds(shape);
