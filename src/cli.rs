@@ -250,6 +250,13 @@ pub enum FsdpPrefetch {
     None,
 }
 
+/// A setting that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 /// ZeRO-Offload (`memfit ranks --offload`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Offload {
@@ -287,6 +294,12 @@ pub struct RanksArgs {
     /// forward never prefetches (FSDP's default `forward_prefetch=False`).
     #[arg(long, value_enum, default_value_t = FsdpPrefetch::Backward)]
     pub fsdp_prefetch: FsdpPrefetch,
+    /// ZeRO 3's `reshard_after_forward` (FSDP2's flag): `on` (the default, `FULL_SHARD`: each
+    /// unit's parameters freed after its forward and gathered again for its backward) or `off`
+    /// (FSDP1's `SHARD_GRAD_OP`: every unit kept whole from its forward to its backward, the
+    /// backward gathering nothing but a tied table resharded with the head).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub fsdp_reshard_after_forward: OnOff,
     /// ZeRO-Offload (DeepSpeed's `offload_optimizer: {device: cpu}`), ZeRO 1 and 2: `optimizer`
     /// keeps each rank's optimizer partition — f32 master weights, a gradient buffer, the state —
     /// in host memory and steps it there, the device holding weights and gradients only; the

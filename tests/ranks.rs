@@ -332,6 +332,38 @@ fn zero3_on_two_ranks_as_predicted_and_as_one_process() {
             );
         }
     }
+    // FSDP's reshard_after_forward=False (SHARD_GRAD_OP): every unit kept whole from its
+    // forward to its backward. The forward keeps the whole model's weights beside the shards
+    // (its retained bytes rise by the parameters less nothing: the runs stay), the backward
+    // gathers nothing again, measured and predicted alike, and the check still passes.
+    let kept = run(
+        2,
+        LLAMA,
+        &["--zero", "3", "--fsdp-reshard-after-forward", "off"],
+    );
+    assert_eq!(kept["fsdp_reshard_after_forward"], "off");
+    check_all(
+        &kept,
+        2,
+        "llama zero 3 without resharding after the forward",
+    );
+    let window = |d: &Value, r: usize, w: usize, f: &str| i(&d["ranks"][r]["windows"][w][f]);
+    let params = 4 * u(&llama["case"]["params"]) as i64;
+    for r in 0..2 {
+        for f in ["retained_bytes", "predicted_retained_bytes"] {
+            let rise = window(&kept, r, 2, f) - window(&llama, r, 2, f);
+            assert!(
+                (rise - params).abs() < params / 50,
+                "rank {r} {f}: the forward keeps {rise} B more, the parameters are {params}"
+            );
+        }
+        for f in ["peak_bytes", "predicted_peak_bytes"] {
+            assert!(
+                window(&kept, r, 3, f) < window(&llama, r, 3, f),
+                "rank {r} {f}: the backward gathers nothing again"
+            );
+        }
+    }
     let weights = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]) as f64;
     let z2 = ranks(2, 2, &tied);
     for r in 0..2 {

@@ -61,6 +61,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.zero == Some(3) || args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
         "memfit ranks: --fsdp-prefetch none without --zero 3 (only ZeRO 3 gathers parameters)"
     );
+    ensure!(
+        args.zero == Some(3) || args.fsdp_reshard_after_forward == crate::cli::OnOff::On,
+        "memfit ranks: --fsdp-reshard-after-forward off without --zero 3 (only ZeRO 3 gathers parameters)"
+    );
     if let Some(stages) = args.pp {
         ensure!(
             args.tp == 1,
@@ -131,6 +135,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         ep_dispatch_backward: true,
         ep_expert_scaling: true,
         offload,
+        reshard_after_forward: args.fsdp_reshard_after_forward == crate::cli::OnOff::On,
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -144,6 +149,13 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
+        doc.fsdp_reshard_after_forward = Some(
+            match args.fsdp_reshard_after_forward {
+                crate::cli::OnOff::On => "on",
+                crate::cli::OnOff::Off => "off",
+            }
+            .to_string(),
+        );
     }
     if offload {
         doc.offload = Some("optimizer".into());
@@ -177,6 +189,7 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         ep_dispatch_backward: !args.ep_skip_dispatch_backward,
         ep_expert_scaling: !args.ep_skip_expert_scaling,
         offload: false,
+        reshard_after_forward: true,
     };
     let report = ranks::expert::run_ep_rank(case, plan, comm.clone())
         .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
@@ -372,7 +385,17 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
         )
     } else if zero == 3 {
         format!(
-            "ZeRO 3 (FSDP FULL_SHARD: every parameter sharded, each unit gathered while it runs; backward prefetch {})",
+            "ZeRO 3 (FSDP {}: every parameter sharded, each unit gathered while it runs{}; backward prefetch {})",
+            if args.fsdp_reshard_after_forward == crate::cli::OnOff::On {
+                "FULL_SHARD"
+            } else {
+                "SHARD_GRAD_OP"
+            },
+            if args.fsdp_reshard_after_forward == crate::cli::OnOff::On {
+                ""
+            } else {
+                " and kept whole from its forward to its backward"
+            },
             prefetch_name(args.fsdp_prefetch)
         )
     } else if args.offload == crate::cli::Offload::Optimizer {

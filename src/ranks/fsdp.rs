@@ -151,9 +151,10 @@ pub fn fill(t: &Tensor, data: Vec<f32>) -> candle_core::Result<()> {
 
 /// What ZeRO 3 does to a unit's parameters and gradients.
 pub trait Sharding<T: Autograd> {
-    /// Unit `unit`'s parameters whole on this rank.
+    /// Unit `unit`'s parameters whole on this rank (those whole already left as they are: a
+    /// unit kept whole after its forward, a tied table whole in the other unit).
     fn gather(&mut self, unit: usize) -> candle_core::Result<()>;
-    /// Unit `unit`'s parameters back to this rank's runs only.
+    /// Unit `unit`'s parameters back to this rank's runs only (those resharded already left).
     fn reshard(&mut self, unit: usize) -> candle_core::Result<()>;
     /// `grad`, one use's whole gradient of variable `var`, summed over the ranks and averaged
     /// into this rank's run of it (added to what an earlier use left there), then dropped.
@@ -202,12 +203,21 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
     targets: &T,
     units: &[Vec<usize>],
     sh: &mut dyn Sharding<T>,
+    reshard_after_forward: bool,
 ) -> candle_core::Result<Forward<T>> {
     let head = units.len() - 1;
     let masks = model.input_mask(tokens)?;
+    // FSDP's `reshard_after_forward`: else every unit stays whole until its backward.
+    let done = |sh: &mut dyn Sharding<T>, unit: usize| {
+        if reshard_after_forward {
+            sh.reshard(unit)
+        } else {
+            Ok(())
+        }
+    };
     sh.gather(0)?;
     let mut x = model.embed(tokens)?;
-    sh.reshard(0)?;
+    done(sh, 0)?;
     let layers = model.blocks.len();
     let mut cuts = Vec::with_capacity(layers + 1);
     let outer = tokens.segment();
@@ -222,7 +232,7 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
         sh.gather(i + 1)?;
         x = model.blocks_forward(&input, &masks, i..i + 1)?;
         drop(input);
-        sh.reshard(i + 1)?;
+        done(sh, i + 1)?;
     }
     let part = model.blocks.last().map_or(outer, |b| b.tag);
     let (input, cut) = by_block::boundary(x, part)?;
@@ -232,7 +242,7 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
     drop(input);
     let loss = model.train_loss(&logits, targets)?;
     drop(logits);
-    sh.reshard(head)?;
+    done(sh, head)?;
     Ok(Forward { loss, cuts })
 }
 
@@ -337,6 +347,8 @@ pub struct Real<'a> {
     /// A tied table's second use added into its shard (false only to show that `--check`
     /// catches its absence).
     pub second_use: bool,
+    /// Which variables are whole now.
+    whole: Vec<bool>,
 }
 
 impl<'a> Real<'a> {
@@ -356,6 +368,7 @@ impl<'a> Real<'a> {
             shards,
             grads,
             second_use,
+            whole: vec![false; vars.len()],
         }
     }
 
@@ -375,8 +388,11 @@ impl<'a> Real<'a> {
         Ok(())
     }
 
-    /// Variable `i` whole again, from every rank's run.
-    fn gather_var(&self, i: usize) -> candle_core::Result<()> {
+    /// Variable `i` whole again, from every rank's run (unless it is whole).
+    fn gather_var(&mut self, i: usize) -> candle_core::Result<()> {
+        if std::mem::replace(&mut self.whole[i], true) {
+            return Ok(());
+        }
         let var = &self.vars[i].1;
         let mut full = vec![0f32; var.elem_count()];
         with_f32_mut(self.shards[i].as_tensor(), |s| {
@@ -386,22 +402,24 @@ impl<'a> Real<'a> {
     }
 
     /// Every variable whole (the check's weights), once.
-    pub fn gather_all(&self) -> candle_core::Result<()> {
+    pub fn gather_all(&mut self) -> candle_core::Result<()> {
         (0..self.vars.len()).try_for_each(|i| self.gather_var(i))
     }
 }
 
 impl Sharding<Tensor> for Real<'_> {
     fn gather(&mut self, unit: usize) -> candle_core::Result<()> {
-        self.units[unit]
-            .iter()
-            .try_for_each(|&i| self.gather_var(i))
+        let units = self.units;
+        units[unit].iter().try_for_each(|&i| self.gather_var(i))
     }
 
     fn reshard(&mut self, unit: usize) -> candle_core::Result<()> {
-        self.units[unit]
-            .iter()
-            .try_for_each(|&i| empty(self.vars[i].1.as_tensor()))
+        for &i in &self.units[unit] {
+            if std::mem::replace(&mut self.whole[i], false) {
+                empty(self.vars[i].1.as_tensor())?;
+            }
+        }
+        Ok(())
     }
 
     fn scatter(&mut self, var: usize, grad: Tensor) -> candle_core::Result<()> {
@@ -438,7 +456,9 @@ pub struct Replayed {
 impl Sharding<Sym> for Replayed {
     fn gather(&mut self, unit: usize) -> candle_core::Result<()> {
         for &i in &self.units[unit] {
-            self.gathered[i] = Some(self.ledger.host(4 * self.elems[i]));
+            if self.gathered[i].is_none() {
+                self.gathered[i] = Some(self.ledger.host(4 * self.elems[i]));
+            }
         }
         Ok(())
     }
@@ -467,6 +487,7 @@ pub fn replay(
     ranks: usize,
     rank: usize,
     prefetch: bool,
+    reshard_after_forward: bool,
 ) -> anyhow::Result<(u64, u64, u64, i64)> {
     crate::formula::replay::with_training_model(
         shape,
@@ -488,7 +509,15 @@ pub fn replay(
             };
             let base = ledger.reset_peak();
             ledger.set_stage("forward");
-            let fwd = forward(model, tokens, targets, &units, &mut sh).sure();
+            let fwd = forward(
+                model,
+                tokens,
+                targets,
+                &units,
+                &mut sh,
+                reshard_after_forward,
+            )
+            .sure();
             let forward_peak = ledger.window_peak(base);
             let forward_retained = ledger.current() - base;
             let base = ledger.reset_peak();
@@ -537,7 +566,14 @@ pub fn predict_windows(
         level -= 4 * n as i64;
     }
     let shard = (shard_peak.max(0) as u64, level);
-    let (fp, fr, bp, br) = replay(&shape, plan.threads, ranks, rank, plan.prefetch)?;
+    let (fp, fr, bp, br) = replay(
+        &shape,
+        plan.threads,
+        ranks,
+        rank,
+        plan.prefetch,
+        plan.reshard_after_forward,
+    )?;
     // The optimizer: the state of every run, as ZeRO 1's of the same runs.
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
     let (m, v) = stepper.state();
@@ -581,7 +617,8 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
 
     // forward, backward
     comm.barrier();
-    let (fwd, p, r, s) = window(|| Ok(forward(&model, &tokens, &targets, &units, &mut sh)?))?;
+    let raf = plan.reshard_after_forward;
+    let (fwd, p, r, s) = window(|| Ok(forward(&model, &tokens, &targets, &units, &mut sh, raf)?))?;
     measured.push((p, r, s, rss_now()));
     let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?))?;
     measured.push((p, r, s, rss_now()));
@@ -603,7 +640,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     // train-step: the steady state's whole step
     comm.barrier();
     let ((), p, r, s) = window(|| {
-        let fwd = forward(&model, &tokens, &targets, &units, &mut sh)?;
+        let fwd = forward(&model, &tokens, &targets, &units, &mut sh, raf)?;
         backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?;
         opt.step_each(&sh.grads)?;
         sh.grads.iter_mut().for_each(|g| *g = None);
@@ -811,7 +848,7 @@ mod tests {
                 most: 0,
                 gathers: 0,
             };
-            let fwd = forward(&model, &tokens, &targets, &units, &mut sh)?;
+            let fwd = forward(&model, &tokens, &targets, &units, &mut sh, true)?;
             assert_eq!((sh.most, sh.gathers), (1, units.len()));
             (sh.most, sh.gathers) = (0, 0);
             backward(&tensors, fwd, &units, &mut sh, prefetch)?;

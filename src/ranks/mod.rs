@@ -223,6 +223,11 @@ pub struct RanksDoc {
     /// without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload: Option<String>,
+    /// ZeRO 3's `reshard_after_forward` (`on`: FULL_SHARD; `off`: every unit kept whole from
+    /// its forward to its backward, SHARD_GRAD_OP); absent in other stages' documents and in
+    /// ZeRO 3 documents written before it (which ran `on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_reshard_after_forward: Option<String>,
 }
 
 fn one() -> usize {
@@ -275,6 +280,7 @@ impl RanksDoc {
             ranks,
             fsdp_prefetch: None,
             offload: None,
+            fsdp_reshard_after_forward: None,
         }
     }
 
@@ -328,6 +334,9 @@ pub struct Plan {
     /// ZeRO-Offload (`--offload optimizer`, stages 1 and 2): the shard's optimizer in host
     /// memory ([`offload`]).
     pub offload: bool,
+    /// ZeRO 3 reshards each unit after its forward (FSDP's `reshard_after_forward=True`,
+    /// `FULL_SHARD`); false keeps every unit whole until its backward (`SHARD_GRAD_OP`).
+    pub reshard_after_forward: bool,
 }
 
 /// Refuses what the rank runner does not run, by name.

@@ -377,7 +377,13 @@ impl<'a> Ctx<'a> {
         let z3: Vec<String> = self
             .ranks
             .iter()
-            .filter(|d| d.tp == 1 && d.ep == 1 && d.zero == 3 && key(d) == k)
+            .filter(|d| {
+                d.tp == 1
+                    && d.ep == 1
+                    && d.zero == 3
+                    && d.fsdp_reshard_after_forward.as_deref() != Some("off")
+                    && key(d) == k
+            })
             .map(|d| (d.ranks.len(), weights(d)))
             .collect::<BTreeMap<_, _>>()
             .into_iter()
