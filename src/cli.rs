@@ -300,6 +300,12 @@ pub struct RanksArgs {
     /// backward gathering nothing but a tied table resharded with the head).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub fsdp_reshard_after_forward: OnOff,
+    /// ZeRO 3 as hybrid sharding (FSDP's `HYBRID_SHARD`, HSDP): shard groups of this many
+    /// consecutive ranks (dividing the ranks launched), every parameter sharded within a group
+    /// and replicated over the groups, each gradient reduce-scattered in its group then
+    /// all-reduced over the replicas. Default: one group of every rank (`FULL_SHARD`).
+    #[arg(long, value_name = "RANKS")]
+    pub hsdp: Option<usize>,
     /// ZeRO-Offload (DeepSpeed's `offload_optimizer: {device: cpu}`), ZeRO 1 and 2: `optimizer`
     /// keeps each rank's optimizer partition — f32 master weights, a gradient buffer, the state —
     /// in host memory and steps it there, the device holding weights and gradients only; the

@@ -373,6 +373,21 @@ fn zero3_on_two_ranks_as_predicted_and_as_one_process() {
             "rank {r}: ZeRO 3 holds {w3} B of weights, ZeRO 2 {w2}"
         );
     }
+    // Hybrid sharding (FSDP's HYBRID_SHARD) with shard groups of one rank over 2 ranks: each
+    // rank holds every parameter (a group of one), the gradients averaged over the replicas
+    // by the second all-reduce (without it each rank's would be its own microbatch's and the
+    // check would say so); every window as predicted, the tied table's two uses too.
+    let hybrid = run(2, &tied, &["--zero", "3", "--hsdp", "1"]);
+    assert_eq!(hybrid["hsdp_shard_group"], 1);
+    check_all(&hybrid, 2, "gpt tied zero 3 hybrid, groups of 1");
+    let weights3 = |d: &Value, r: usize| i(&d["ranks"][r]["states"]["weights_bytes"]) as f64;
+    for r in 0..2 {
+        let (h, w) = (weights3(&hybrid, r), weights3(&doc, r));
+        assert!(
+            (h - 2.0 * w).abs() / h < 0.05,
+            "rank {r}: a group of one holds {h} B of weights, a group of two {w}"
+        );
+    }
     let broken = run(2, &tied, &["--zero", "3", "--zero3-skip-tied-second-use"]);
     for (r, (g, _)) in checks(&broken).into_iter().enumerate() {
         assert!(

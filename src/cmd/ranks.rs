@@ -123,6 +123,13 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     }
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
+    if let Some(s) = args.hsdp {
+        ensure!(
+            zero == 3 && s >= 1 && comm.size().is_multiple_of(s),
+            "memfit ranks --hsdp {s}: hybrid sharding runs with --zero 3, its shard group (1 to {n}) dividing the {n} ranks launched",
+            n = comm.size()
+        );
+    }
     let plan = Plan {
         zero,
         check: args.check,
@@ -136,6 +143,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         ep_expert_scaling: true,
         offload,
         reshard_after_forward: args.fsdp_reshard_after_forward == crate::cli::OnOff::On,
+        hsdp: args.hsdp.unwrap_or(0),
     };
     let report = if args.tp > 1 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
@@ -149,6 +157,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
+        doc.hsdp_shard_group = args.hsdp.filter(|&s| s < doc.ranks.len());
         doc.fsdp_reshard_after_forward = Some(
             match args.fsdp_reshard_after_forward {
                 crate::cli::OnOff::On => "on",
@@ -177,6 +186,13 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
     ranks::expert::check_ep(case, zero, args.ep)?;
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
+    if let Some(s) = args.hsdp {
+        ensure!(
+            zero == 3 && s >= 1 && comm.size().is_multiple_of(s),
+            "memfit ranks --hsdp {s}: hybrid sharding runs with --zero 3, its shard group (1 to {n}) dividing the {n} ranks launched",
+            n = comm.size()
+        );
+    }
     let plan = Plan {
         zero,
         check: args.check,
@@ -190,6 +206,7 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         ep_expert_scaling: !args.ep_skip_expert_scaling,
         offload: false,
         reshard_after_forward: true,
+        hsdp: 0,
     };
     let report = ranks::expert::run_ep_rank(case, plan, comm.clone())
         .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
@@ -386,10 +403,16 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
     } else if zero == 3 {
         format!(
             "ZeRO 3 (FSDP {}: every parameter sharded, each unit gathered while it runs{}; backward prefetch {})",
-            if args.fsdp_reshard_after_forward == crate::cli::OnOff::On {
-                "FULL_SHARD"
-            } else {
-                "SHARD_GRAD_OP"
+            match (
+                args.hsdp.filter(|&s| s < reports.len()),
+                args.fsdp_reshard_after_forward
+            ) {
+                (Some(s), _) => format!(
+                    "HYBRID_SHARD, shard groups of {s} ranks, each run replicated over {} groups",
+                    reports.len() / s
+                ),
+                (None, crate::cli::OnOff::On) => "FULL_SHARD".to_string(),
+                (None, crate::cli::OnOff::Off) => "SHARD_GRAD_OP".to_string(),
             },
             if args.fsdp_reshard_after_forward == crate::cli::OnOff::On {
                 ""

@@ -46,6 +46,9 @@ pub trait Comm {
         recv: &mut [f32],
         recv_counts: &[usize],
     );
+    /// The group of the ranks that give the same `color` (`MPI_Comm_split`, in this group's
+    /// rank order): hybrid sharding's shard and replica groups. Every rank calls it.
+    fn split(&self, color: usize) -> Box<dyn Comm>;
 }
 
 /// One process: every collective is the identity.
@@ -96,6 +99,9 @@ impl Comm for Solo {
         );
         recv.copy_from_slice(send);
     }
+    fn split(&self, _color: usize) -> Box<dyn Comm> {
+        Box::new(Solo)
+    }
 }
 
 #[cfg(feature = "ranks")]
@@ -112,8 +118,9 @@ mod mpi_comm {
     /// `MPI_COMM_WORLD` of an initialised MPI (finalised when dropped).
     pub struct Mpi {
         world: SimpleCommunicator,
-        // Dropped last: finalises MPI.
-        _universe: mpi::environment::Universe,
+        // Dropped last: finalises MPI (none in a group split from the world, which must be
+        // dropped before the world's).
+        _universe: Option<mpi::environment::Universe>,
     }
 
     impl Mpi {
@@ -122,7 +129,7 @@ mod mpi_comm {
             let universe = mpi::initialize()?;
             Some(Mpi {
                 world: universe.world(),
-                _universe: universe,
+                _universe: Some(universe),
             })
         }
 
@@ -241,6 +248,17 @@ mod mpi_comm {
             let out = Partition::new(send, &sc[..], &sd[..]);
             let mut into = PartitionMut::new(recv, &rc[..], &rd[..]);
             self.world.all_to_all_varcount_into(&out, &mut into);
+        }
+        fn split(&self, color: usize) -> Box<dyn super::Comm> {
+            let color = mpi::topology::Color::with_value(color as i32);
+            let world = self
+                .world
+                .split_by_color(color)
+                .expect("a defined color joins a group");
+            Box::new(Mpi {
+                world,
+                _universe: None,
+            })
         }
     }
 }

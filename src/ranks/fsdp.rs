@@ -337,7 +337,11 @@ pub fn backward<T: Autograd>(
 /// ZeRO 3 on candle's tensors over `comm`: the whole variables (emptied at rest), this rank's
 /// runs of them, and of their averaged gradients.
 pub struct Real<'a> {
+    /// The shard group (every rank, or hybrid sharding's group of `--hsdp` ranks).
     comm: &'a dyn Comm,
+    /// Hybrid sharding: the ranks holding the same run in the other shard groups, over which
+    /// each averaged shard of a gradient is averaged again (`None`: one shard group).
+    replicas: Option<&'a dyn Comm>,
     vars: &'a [(String, Var)],
     units: &'a [Vec<usize>],
     /// This rank's run of every variable (its weights at rest), in `vars`' order.
@@ -355,6 +359,7 @@ impl<'a> Real<'a> {
     /// With `shards` (this rank's runs, [`Real::cut`]).
     pub fn new(
         comm: &'a dyn Comm,
+        replicas: Option<&'a dyn Comm>,
         vars: &'a [(String, Var)],
         units: &'a [Vec<usize>],
         shards: Vec<Var>,
@@ -363,6 +368,7 @@ impl<'a> Real<'a> {
         let grads = vec![None; vars.len()];
         Real {
             comm,
+            replicas,
             vars,
             units,
             shards,
@@ -433,6 +439,16 @@ impl Sharding<Tensor> for Real<'_> {
         let add = self.grads[var].is_some();
         zero::reduce_scatter(&grad, &shard, self.comm, add)?;
         drop(grad);
+        if let Some(replicas) = self.replicas {
+            // Hybrid sharding: the shard group's average averaged over the replicas (a use
+            // added before is the same on every replica, so it stays as it is).
+            let scale = 1.0 / replicas.size() as f32;
+            with_f32_mut(&shard, |s| {
+                let send = s.to_vec();
+                replicas.all_reduce_sum(&send, s);
+                s.iter_mut().for_each(|x| *x *= scale);
+            })?;
+        }
         if !add {
             self.grads[var] = Some(shard);
         }
@@ -451,6 +467,9 @@ pub struct Replayed {
     runs: Vec<usize>,
     gathered: Vec<Option<HostBytes>>,
     pub grads: Vec<Option<Sym>>,
+    /// Hybrid sharding over several shard groups: each shard's all-reduce over the replicas
+    /// copies it first (a host buffer of the run, freed once reduced).
+    replicas: bool,
 }
 
 impl Sharding<Sym> for Replayed {
@@ -471,10 +490,16 @@ impl Sharding<Sym> for Replayed {
     }
 
     fn scatter(&mut self, var: usize, grad: Sym) -> candle_core::Result<()> {
-        if self.grads[var].is_none() {
-            self.grads[var] = Some(Sym::new(&self.ledger, &[self.runs[var]], SymType::F32));
-        }
+        let shard = self.grads[var]
+            .is_none()
+            .then(|| Sym::new(&self.ledger, &[self.runs[var]], SymType::F32));
         drop(grad);
+        if self.replicas {
+            drop(self.ledger.host(4 * self.runs[var]));
+        }
+        if let Some(shard) = shard {
+            self.grads[var] = Some(shard);
+        }
         Ok(())
     }
 }
@@ -488,6 +513,7 @@ pub fn replay(
     rank: usize,
     prefetch: bool,
     reshard_after_forward: bool,
+    replicas: bool,
 ) -> anyhow::Result<(u64, u64, u64, i64)> {
     crate::formula::replay::with_training_model(
         shape,
@@ -506,6 +532,7 @@ pub fn replay(
                 elems,
                 gathered: (0..vars.len()).map(|_| None).collect(),
                 grads: vec![None; vars.len()],
+                replicas,
             };
             let base = ledger.reset_peak();
             ledger.set_stage("forward");
@@ -553,6 +580,7 @@ pub fn predict_windows(
     plan: Plan,
     ranks: usize,
     rank: usize,
+    replicas: bool,
 ) -> anyhow::Result<Vec<(u64, i64)>> {
     let shape = Shape::of(case);
     let init = shape.predict(Phase::Init, case.optimizer, plan.threads);
@@ -573,6 +601,7 @@ pub fn predict_windows(
         rank,
         plan.prefetch,
         plan.reshard_after_forward,
+        replicas,
     )?;
     // The optimizer: the state of every run, as ZeRO 1's of the same runs.
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
@@ -595,6 +624,24 @@ pub fn predict_windows(
 /// Runs one ZeRO 3 rank of `case` over `comm`, measuring and predicting its windows.
 pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
     check_fsdp(case)?;
+    // Hybrid sharding (`--hsdp S`): shard groups of S consecutive ranks, each run replicated
+    // over the groups; else one shard group of every rank.
+    let groups = match plan.hsdp {
+        0 => 1,
+        s => comm.size() / s,
+    };
+    let (shard_group, replica_group) = if groups > 1 {
+        let s = plan.hsdp;
+        (
+            Some(comm.split(comm.rank() / s)),
+            Some(comm.split(comm.rank() % s)),
+        )
+    } else {
+        (None, None)
+    };
+    let world = comm;
+    let comm: &dyn Comm = shard_group.as_deref().unwrap_or(world);
+    let replicas = replica_group.as_deref();
     let (rank, ranks) = (comm.rank(), comm.size());
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
@@ -605,7 +652,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         varmap,
         model,
         vars,
-    } = super::start(case, comm, true, &mut measured)?;
+    } = super::start(case, world, true, &mut measured)?;
     let tensors: Vec<Var> = vars.iter().map(|(_, v)| v.clone()).collect();
     let units = units(&model, &tensors)?;
     // shard
@@ -613,7 +660,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     comm.barrier();
     let ((), p, r, s) = window(|| Real::cut(&vars, comm, &mut shards))?;
     measured.push((p, r, s, rss_now()));
-    let mut sh = Real::new(comm, &vars, &units, shards, plan.tied_second_use);
+    let mut sh = Real::new(comm, replicas, &vars, &units, shards, plan.tied_second_use);
 
     // forward, backward
     comm.barrier();
@@ -624,7 +671,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     measured.push((p, r, s, rss_now()));
     let grads_held = measured[2].1 + measured[3].1;
     let gradient_rel_diff = if plan.check {
-        Some(check_gradients(case, comm, &vars, &sh.grads)?)
+        Some(check_gradients(case, world, comm, &vars, &sh.grads)?)
     } else {
         None
     };
@@ -648,7 +695,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     })?;
     measured.push((p, r, s, rss_now()));
 
-    let predicted = predict_windows(case, plan, ranks, rank)?;
+    let predicted = predict_windows(case, plan, ranks, rank, replicas.is_some())?;
     let windows = windows_of(&measured, &predicted);
     let states = states(case, ranks, &windows, grads_held);
     let check = match gradient_rel_diff {
@@ -656,15 +703,15 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
             sh.gather_all()?;
             Some(Check {
                 gradient_rel_diff,
-                weight_rel_diff: super::check_weights(case, comm, &vars)?,
+                weight_rel_diff: super::check_weights(case, world, &vars)?,
             })
         }
         None => None,
     };
     drop((opt, sh, model, varmap));
     Ok(RankReport {
-        rank,
-        ranks,
+        rank: world.rank(),
+        ranks: world.size(),
         zero: 3,
         tp: 1,
         ep: 1,
@@ -679,11 +726,12 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
 /// process's on the whole global batch.
 fn check_gradients(
     case: &Case,
+    world: &dyn Comm,
     comm: &dyn Comm,
     vars: &[(String, Var)],
     grads: &[Option<Tensor>],
 ) -> anyhow::Result<f64> {
-    let single = super::Single::new(case, comm.size())?;
+    let single = super::Single::new(case, world.size())?;
     let reference = single.step().gradients()?;
     super::compare(vars, &single.vars, |name, v, w| {
         let i = vars
@@ -843,7 +891,7 @@ mod tests {
             Real::cut(&vars, &Solo, &mut shards)?;
             assert!(vars.iter().all(|(_, v)| held(v.as_tensor()) == 0));
             let mut sh = Counting {
-                real: Real::new(&Solo, &vars, &units, shards, second_use),
+                real: Real::new(&Solo, None, &vars, &units, shards, second_use),
                 whole: Default::default(),
                 most: 0,
                 gathers: 0,

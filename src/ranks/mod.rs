@@ -228,6 +228,10 @@ pub struct RanksDoc {
     /// ZeRO 3 documents written before it (which ran `on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_reshard_after_forward: Option<String>,
+    /// ZeRO 3 as hybrid sharding (`--hsdp S`): the ranks of a shard group; absent with one
+    /// group of every rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hsdp_shard_group: Option<usize>,
 }
 
 fn one() -> usize {
@@ -281,6 +285,7 @@ impl RanksDoc {
             fsdp_prefetch: None,
             offload: None,
             fsdp_reshard_after_forward: None,
+            hsdp_shard_group: None,
         }
     }
 
@@ -337,6 +342,9 @@ pub struct Plan {
     /// ZeRO 3 reshards each unit after its forward (FSDP's `reshard_after_forward=True`,
     /// `FULL_SHARD`); false keeps every unit whole until its backward (`SHARD_GRAD_OP`).
     pub reshard_after_forward: bool,
+    /// ZeRO 3 as hybrid sharding (FSDP's `HYBRID_SHARD`): shard groups of this many ranks,
+    /// each run replicated over the groups; 0: one group of every rank.
+    pub hsdp: usize,
 }
 
 /// Refuses what the rank runner does not run, by name.

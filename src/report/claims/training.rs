@@ -382,6 +382,7 @@ impl<'a> Ctx<'a> {
                     && d.ep == 1
                     && d.zero == 3
                     && d.fsdp_reshard_after_forward.as_deref() != Some("off")
+                    && d.hsdp_shard_group.is_none()
                     && key(d) == k
             })
             .map(|d| (d.ranks.len(), weights(d)))
