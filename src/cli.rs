@@ -195,8 +195,8 @@ pub struct PredictArgs {
     /// One JSON object per case instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// A parallel layout, `tp=T,pp=P,dp=D,zero=Z,ep=E,mb=M,amp=A` (any subset; the rest 1,
-    /// ZeRO 0): each pipeline stage's rank's model states (weights, gradients, optimizer
+    /// A parallel layout, `tp=T,pp=P,dp=D,zero=Z,ep=E,mb=M,vp=V,amp=A` (any subset; the rest
+    /// 1, ZeRO 0; `vp`: Megatron's interleaved stages, V chunks a rank): each pipeline stage's rank's model states (weights, gradients, optimizer
     /// state), from the model's tensors split as Megatron-Core splits them, ZeRO sharding over
     /// the data-parallel group, and (dense LLaMA-family decoders) the activations 1F1B keeps.
     /// `amp` (mixed precision): autocast (the default: memfit's own step, f32 masters and a

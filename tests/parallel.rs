@@ -242,6 +242,59 @@ fn the_first_stage_keeps_pp_microbatches() {
     assert_eq!(f, [2, 2, 2, 1]);
 }
 
+/// Megatron's interleaved 1F1B (`vp` chunks a rank): rank s keeps one more than
+/// `(pp − s − 1)·2 + (vp − 1)·pp` microbatch chunks of `L/(pp·vp)` layers, so the first stage
+/// holds Korthikanti et al.'s
+/// `L·(1 + (pp − 1)/(pp·vp))` layers' graphs — 44 of Llama 3 8B's 32 at pp 4, vp 2 (32 without
+/// interleaving), 38 at vp 4 — its chunks layers `c·pp + s`; the model states are the same
+/// layer counts'. Refused where Megatron refuses it.
+#[test]
+fn interleaved_stages_keep_korthikantis_factor() {
+    let args = ["--preset", "llama-3-8b", "--dtype", "bf16"];
+    let plain = predict_train(&args, "pp=4,mb=8", "1", "1024");
+    // One layer's graph: a middle stage's microbatch over its 8 layers.
+    let layer = n(&acts(&plain)[1], "microbatch_graph_bytes") / 8;
+    let first = |v: &Value| n(&acts(v)[0], "bytes");
+    let embedding = first(&plain) - 4 * 8 * layer;
+    for (vp, chunks, layers_kept) in [(2u64, 11u64, 44u64), (4, 19, 38)] {
+        let v = predict_train(&args, &format!("pp=4,mb=8,vp={vp}"), "1", "1024");
+        let a = acts(&v);
+        assert_eq!(n(&a[0], "in_flight"), chunks, "vp {vp}");
+        assert_eq!(
+            layers_kept * 4,
+            32 * (4 * vp + 3) / vp,
+            "Korthikanti's factor"
+        );
+        // The embedding's output with every chunk-0 microbatch in flight (2·pp − 1 of them).
+        assert_eq!(
+            first(&v),
+            layers_kept * layer + embedding / 4 * 7,
+            "vp {vp}"
+        );
+        let r = &ranks(&v)[0];
+        let c: Vec<(u64, u64)> = r["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (n(c, "start"), n(c, "end")))
+            .collect();
+        let per = 32 / (4 * vp);
+        assert_eq!(c.len() as u64, vp);
+        assert!(
+            c.iter()
+                .enumerate()
+                .all(|(i, &(a, b))| a == i as u64 * 4 * per && b - a == per)
+        );
+        assert_eq!(n(r, "weights_bytes"), n(&ranks(&plain)[0], "weights_bytes"));
+        // The last rank's last chunk holds the head and the loss, once (one microbatch).
+        assert_eq!(n(&a[3], "in_flight"), (vp - 1) * 4 + 1);
+    }
+    let err = predict(&args, "pp=4,mb=6,vp=2").unwrap_err();
+    assert!(err.contains("a multiple of pp"), "{err}");
+    let err = predict(&args, "pp=1,vp=2").unwrap_err();
+    assert!(err.contains("pp ≥ 2"), "{err}");
+}
+
 /// Tensor parallelism splits the heads' and the MLP's activations and keeps the norms' and the
 /// residual stream's whole: a block's graph per rank is `R + S/tp`, so its fall from tp 1 to 2
 /// is twice its fall from 2 to 4 (to the bytes the replay's rounding leaves: none here).

@@ -432,7 +432,7 @@ fn print_parallel(par: &ParallelAnswer) {
         let r = &par.ranks[i];
         let same = |j: usize| {
             let o = &par.ranks[j];
-            o.layers.len() == r.layers.len()
+            o.layer_count() == r.layer_count()
                 && o.params() == r.params()
                 && o.model_state_bytes() == r.model_state_bytes()
                 && act(j) == act(i)
@@ -443,11 +443,23 @@ fn print_parallel(par: &ParallelAnswer) {
             j += 1;
         }
         let activations = act(i).map_or(String::new(), |a| {
+            let held = if r.chunks.is_empty() {
+                format!(
+                    "{} microbatch(es) of {}",
+                    a.in_flight,
+                    human_bytes(a.microbatch_graph_bytes)
+                )
+            } else {
+                format!(
+                    "{} microbatch chunks in flight, one microbatch through its {} chunks {}",
+                    a.in_flight,
+                    r.chunks.len(),
+                    human_bytes(a.microbatch_graph_bytes)
+                )
+            };
             format!(
-                "; activations {} ({} microbatch(es) of {}): {} in all",
+                "; activations {} ({held}): {} in all",
                 human_bytes(a.bytes),
-                a.in_flight,
-                human_bytes(a.microbatch_graph_bytes),
                 human_bytes(r.model_state_bytes() + gathered(i) + a.bytes)
             )
         });
@@ -462,8 +474,15 @@ fn print_parallel(par: &ParallelAnswer) {
         };
         println!(
             "         {stages} ({} layers{}): {} parameters; weights {}, grads {}, opt state {}: {}{gather}{activations}",
-            r.layers.len(),
-            if j - i == 1 {
+            r.layer_count(),
+            if j - i == 1 && !r.chunks.is_empty() {
+                let c: Vec<String> = r
+                    .chunks
+                    .iter()
+                    .map(|c| format!("{}–{}", c.start, c.end.saturating_sub(1)))
+                    .collect();
+                format!(" in {} chunks, {}", c.len(), c.join(", "))
+            } else if j - i == 1 {
                 format!(", {}–{}", r.layers.start, r.layers.end.saturating_sub(1))
             } else {
                 " each".to_string()

@@ -60,6 +60,10 @@ pub struct Layout {
     pub zero: u8,
     pub ep: usize,
     pub mb: usize,
+    /// Virtual stages a rank (Megatron's interleaved 1F1B, `--num-layers-per-virtual-pipeline-stage`):
+    /// each of the `pp` ranks holds `vp` chunks of `L/(pp·vp)` layers, chunk `c` of rank `s`
+    /// the model's virtual stage `c·pp + s`; 1: the non-interleaved schedule.
+    pub vp: usize,
 }
 
 impl Default for Layout {
@@ -71,6 +75,7 @@ impl Default for Layout {
             zero: 0,
             ep: 1,
             mb: 1,
+            vp: 1,
         }
     }
 }
@@ -83,15 +88,16 @@ impl FromStr for Layout {
         let mut l = Layout::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = part.split_once('=').ok_or_else(|| {
-                format!("--parallel: `{part}` is not KEY=VALUE (keys tp, pp, dp, zero, ep, mb)")
+                format!("--parallel: `{part}` is not KEY=VALUE (keys tp, pp, dp, zero, ep, mb, vp)")
             })?;
             let n: usize = v
                 .parse()
                 .map_err(|_| format!("--parallel: {k}={v}: the value must be a whole number"))?;
             match k {
-                "tp" | "pp" | "dp" | "ep" | "mb" if n == 0 => {
+                "tp" | "pp" | "dp" | "ep" | "mb" | "vp" if n == 0 => {
                     return Err(format!("--parallel: {k}=0: at least 1"));
                 }
+                "vp" => l.vp = n,
                 "tp" => l.tp = n,
                 "pp" => l.pp = n,
                 "dp" => l.dp = n,
@@ -101,7 +107,7 @@ impl FromStr for Layout {
                 "zero" => return Err(format!("--parallel: zero={n}: ZeRO stages are 0 to 3")),
                 _ => {
                     return Err(format!(
-                        "--parallel: unknown key `{k}` (keys tp, pp, dp, zero, ep, mb)"
+                        "--parallel: unknown key `{k}` (keys tp, pp, dp, zero, ep, mb, vp)"
                     ));
                 }
             }
@@ -119,8 +125,13 @@ impl std::fmt::Display for Layout {
             zero,
             ep,
             mb,
+            vp,
         } = self;
-        write!(f, "tp={tp},pp={pp},dp={dp},zero={zero},ep={ep},mb={mb}")
+        write!(f, "tp={tp},pp={pp},dp={dp},zero={zero},ep={ep},mb={mb}")?;
+        if *vp > 1 {
+            write!(f, ",vp={vp}")?;
+        }
+        Ok(())
     }
 }
 
@@ -157,6 +168,20 @@ impl Layout {
             return Err(format!(
                 "--parallel pp={}: more stages than the model's {} layers",
                 self.pp, cfg.layers
+            ));
+        }
+        if self.vp > 1
+            && (self.pp < 2
+                || !cfg.layers.is_multiple_of(self.pp * self.vp)
+                || !self.mb.is_multiple_of(self.pp))
+        {
+            return Err(format!(
+                "--parallel vp={}: Megatron's interleaved schedule needs pp ≥ 2 (pp={}), the {} layers in pp·vp = {} equal chunks and the microbatches a multiple of pp (mb={})",
+                self.vp,
+                self.pp,
+                cfg.layers,
+                self.pp * self.vp,
+                self.mb
             ));
         }
         if !self.dp.is_multiple_of(self.ep) {
@@ -204,6 +229,26 @@ pub fn stage_layers(layers: usize, pp: usize) -> Vec<Range<usize>> {
             let r = start..start + n;
             start += n;
             r
+        })
+        .collect()
+}
+
+/// Each pipeline rank's chunks of layers: its stage ([`stage_layers`]) with `vp` 1; with
+/// `vp` > 1 (the interleaved schedule) chunk `c` of rank `s` is virtual stage `c·pp + s` of
+/// the `pp·vp` equal ones.
+pub fn stage_chunks(layers: usize, pp: usize, vp: usize) -> Vec<Vec<Range<usize>>> {
+    if vp <= 1 {
+        return stage_layers(layers, pp)
+            .into_iter()
+            .map(|r| vec![r])
+            .collect();
+    }
+    let virtual_stages = stage_layers(layers, pp * vp);
+    (0..pp)
+        .map(|s| {
+            (0..vp)
+                .map(|c| virtual_stages[c * pp + s].clone())
+                .collect()
         })
         .collect()
 }
@@ -260,8 +305,11 @@ fn tensor_share(
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StageRank {
     pub stage: usize,
-    /// Its layers.
+    /// Its layers (with interleaved stages, its first chunk's: every chunk in `chunks`).
     pub layers: Range<usize>,
+    /// With interleaved stages (`vp` > 1): its chunks of layers, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<Range<usize>>,
     /// Parameters it holds before ZeRO shards them: the dense ones (replicated over `dp`) and
     /// its experts' (replicated over `dp/ep`).
     pub dense_params: u64,
@@ -278,6 +326,15 @@ pub struct StageRank {
 }
 
 impl StageRank {
+    /// The layers it holds.
+    pub fn layer_count(&self) -> usize {
+        if self.chunks.is_empty() {
+            self.layers.len()
+        } else {
+            self.chunks.iter().map(|c| c.len()).sum()
+        }
+    }
+
     pub fn params(&self) -> u64 {
         self.dense_params + self.expert_params
     }
@@ -329,11 +386,13 @@ pub fn stage_ranks_of(
         .enumerate()
         .map(|(s, shares)| {
             let StageShares {
-                layers,
+                chunks,
                 dense,
                 expert,
                 ..
             } = shares;
+            let layers = chunks[0].clone();
+            let chunks = if chunks.len() > 1 { chunks } else { Vec::new() };
             let (we, ge, oe) = rates;
             // (dense, expert) parameters and their data-parallel group.
             let groups = [
@@ -343,6 +402,7 @@ pub fn stage_ranks_of(
             let mut r = StageRank {
                 stage: s,
                 layers,
+                chunks,
                 dense_params: dense,
                 expert_params: expert,
                 weights_bytes: 0,
@@ -377,7 +437,7 @@ type Share = (u64, u64);
 /// What one rank of a pipeline stage holds of the parameters: its layers, the `(dense,
 /// expert)` elements of every tensor summed, and its largest tensor's elements.
 struct StageShares {
-    layers: Range<usize>,
+    chunks: Vec<Range<usize>>,
     dense: u64,
     expert: u64,
     largest: u64,
@@ -413,20 +473,20 @@ fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<StageShares> {
         kinds.push((tensors.as_ptr(), got));
         got
     };
-    let stages = stage_layers(cfg.layers, layout.pp);
+    let stages = stage_chunks(cfg.layers, layout.pp, layout.vp);
     let last = stages.len() - 1;
     stages
         .into_iter()
         .enumerate()
-        .map(|(s, layers)| {
+        .map(|(s, chunks)| {
             let mut shares: Vec<Share> = Vec::new();
             let mut out = StageShares {
-                layers: layers.clone(),
+                chunks: chunks.clone(),
                 dense: 0,
                 expert: 0,
                 largest: 0,
             };
-            for l in layers {
+            for l in chunks.into_iter().flatten() {
                 let (d, e, m) = layer(l);
                 out.dense += d;
                 out.expert += e;
@@ -986,6 +1046,9 @@ pub fn stage_activations_of(
     layers: usize,
     layout: &Layout,
 ) -> Vec<StageActivations> {
+    if layout.vp > 1 {
+        return interleaved_activations(g, layers, layout);
+    }
     let stages = stage_layers(layers, layout.pp);
     let last = stages.len() - 1;
     stages
@@ -1008,6 +1071,43 @@ pub fn stage_activations_of(
                 microbatch_graph_bytes: mb,
                 in_flight,
                 bytes: mb * in_flight as u64,
+            }
+        })
+        .collect()
+}
+
+/// [`stage_activations_of`] under Megatron's interleaved 1F1B (`vp` chunks a rank): rank `s`
+/// runs `(pp − s − 1)·2 + (vp − 1)·pp` forwards of microbatch chunks ahead (capped at the
+/// `mb·vp` there are) and one more before its first backward, its `k`-th forward on chunk
+/// `(k / pp) mod vp` (Megatron's `get_model_chunk_id`): at that point every chunk it ran holds
+/// its layers' graph of that microbatch — the first chunk of rank 0 the embedding's output too,
+/// the last chunk of the last rank the head and the loss. Korthikanti et al.'s first stage:
+/// `L·(1 + (pp − 1)/(pp·vp))` layers' graphs. `in_flight` counts microbatch chunks, and
+/// `microbatch_graph_bytes` is one microbatch through every chunk of the rank.
+fn interleaved_activations(
+    g: &ShardGraph,
+    layers: usize,
+    layout: &Layout,
+) -> Vec<StageActivations> {
+    let (pp, vp) = (layout.pp, layout.vp);
+    let chunks = stage_chunks(layers, pp, vp);
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(s, chunks)| {
+            let ends = |c: usize| match (s, c) {
+                (0, 0) => g.embedding,
+                _ if s == pp - 1 && c == vp - 1 => g.outside.saturating_sub(g.embedding),
+                _ => 0,
+            };
+            let graph = |c: usize| g.blocks(&chunks[c]) + ends(c);
+            let warmup = ((pp - s - 1) * 2 + (vp - 1) * pp).min(layout.mb * vp);
+            let in_flight = (warmup + 1).min(layout.mb * vp);
+            let bytes = (0..in_flight).map(|k| graph((k / pp) % vp)).sum();
+            StageActivations {
+                microbatch_graph_bytes: (0..vp).map(graph).sum(),
+                in_flight,
+                bytes,
             }
         })
         .collect()
@@ -1142,6 +1242,7 @@ pub fn layouts(cfg: &Config, gpus: usize, mb: Option<usize>) -> Vec<Layout> {
                         zero,
                         ep,
                         mb: mb.unwrap_or(pp),
+                        vp: 1,
                     };
                     if l.check(cfg).is_ok() {
                         out.push(l);
@@ -1304,12 +1405,14 @@ mod tests {
             outside: 5,
             embedding: 0,
             input: 100,
+            layer_blocks: vec![r + s_, 2 * (r + s_)],
         };
         let four = ShardGraph {
             block: r + s_ / 4,
             outside: 5,
             embedding: 0,
             input: 100,
+            layer_blocks: vec![r + s_ / 4, 2 * (r + s_ / 4)],
         };
         let sp = sequence_parallel(&four, &one, 4);
         assert_eq!(
@@ -1318,7 +1421,9 @@ mod tests {
                 block: (r + s_) / 4,
                 outside: 5,
                 embedding: 0,
-                input: 25
+                input: 25,
+                // Each layer's block split alike (the second layer twice the first).
+                layer_blocks: vec![(r + s_) / 4, 2 * (r + s_) / 4],
             }
         );
         assert_eq!(sequence_parallel(&one, &one, 1), one);

@@ -384,15 +384,13 @@ pub fn check_case(case: &Case, zero: u8) -> anyhow::Result<()> {
 
 /// Runs `body` as a window of the counting allocator's meter (`memfit run`'s CPU meter):
 /// (peak above the start, retained, start).
-fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64, i64, u64)> {
+fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<Win<T>> {
     Ok(host_window(body)?.0)
 }
 
 /// [`window`] with the host arena's layer too ([`crate::meter::host_arena`]: the window's
 /// (peak above its start, retained) there).
-fn host_window<T>(
-    body: impl FnOnce() -> anyhow::Result<T>,
-) -> anyhow::Result<((T, u64, i64, u64), (u64, i64))> {
+fn host_window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(Win<T>, Host)> {
     let mut meters: [Box<dyn Meter>; 2] = [
         Box::new(HostArenaMeter::default()),
         Box::new(AllocMeter::default()),
@@ -411,6 +409,12 @@ fn host_window<T>(
         _ => anyhow::bail!("ranks: the counting allocator read nothing (an `unmetered` build?)"),
     }
 }
+
+/// A window's output with the counting allocator's (peak, retained, start).
+type Win<T> = (T, u64, i64, u64);
+
+/// A window's host-arena layer: (peak above its start, retained).
+type Host = (u64, i64);
 
 /// A window as measured: (peak, retained, start) from the counting allocator, the process's
 /// resident set after it.
@@ -489,7 +493,7 @@ fn step_tail<C>(
     check: impl FnOnce(&GradStore) -> anyhow::Result<C>,
     make: impl FnOnce() -> anyhow::Result<zero::Sharded>,
     gather: &dyn Fn() -> anyhow::Result<()>,
-) -> anyhow::Result<(C, zero::Sharded, [(u64, i64); 4])> {
+) -> anyhow::Result<(C, zero::Sharded, [Host; 4])> {
     let mut host = [(0, 0); 4];
     comm.barrier();
     let (((), p, r, s), h) = host_window(|| reduce(&mut grads))?;
