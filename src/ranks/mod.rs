@@ -30,6 +30,7 @@ pub mod comm;
 pub mod expert;
 pub mod fsdp;
 pub mod pipeline;
+pub mod serve;
 pub mod tensor;
 pub mod zero;
 
@@ -190,6 +191,11 @@ pub struct RanksDoc {
     /// absent in other stages' documents. ZeRO 3 documents written before it ran without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_prefetch: Option<String>,
+    /// Serving with tensor parallelism (`--tp N --phases prefill,decode`): the decode's tokens,
+    /// each rank's cache and logits check; `windows` are then [`serve::WINDOWS`]. Absent in
+    /// training documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<serve::Serve>,
 }
 
 fn one() -> usize {
@@ -241,6 +247,7 @@ impl RanksDoc {
             layers,
             ranks,
             fsdp_prefetch: None,
+            serve: None,
         }
     }
 
