@@ -924,6 +924,7 @@ fn serving_llama2_70b_tp8_is_hand_arithmetic() {
     let one = serving(&["--preset", "llama-2-70b"], "tp=1").unwrap();
     assert_eq!(n(&one, "kv_bytes_per_token"), 8 * 40_960);
     assert_eq!(n(&one, "kv_capacity_tokens"), 0);
+    assert_eq!(n(&one, "collective_bytes"), 0);
 }
 
 /// K/V heads fewer than the ranks are replicated, one a rank (Llama-3-8B's 8 at TP 16: 32

@@ -357,6 +357,37 @@ fn tensor_parallel_serving_on_two_ranks_as_predicted_and_as_one_process() {
         let d = s["logits_rel_diff"].as_f64().unwrap();
         assert!(d < 1e-5, "rank {r}: logits within {d:e} of one process's");
     }
+    // A narrow MLP (I/tp 64 under H 256): `g`'s partial and reduced outputs make the prefill's
+    // peak (the replay without them says 98 KB less).
+    let narrow = [
+        "--model",
+        "llama",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--layers",
+        "2",
+        "--vocab",
+        "64",
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+    ];
+    let doc = tensor_parallel(2, &narrow, &serving);
+    for (r, rep) in doc["ranks"].as_array().unwrap().iter().enumerate() {
+        let w = &rep["windows"][1];
+        let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+        assert!(
+            common::exact(&format!("serve narrow tp 2 rank {r} prefill peak"), m, p),
+            "narrow serve tp 2: rank {r} prefill: peak measured {m}, predicted {p}"
+        );
+    }
     let broken = tensor_parallel(
         2,
         LLAMA,

@@ -118,7 +118,12 @@ pub fn serve_rank(
         ..shape.clone()
     };
     let kv_bytes_per_sequence = super::breakdown::kv_bytes_per_sequence(&cached, shape.s);
-    let collective_bytes = e * shape.b * (shape.s * shape.h + shape.v);
+    // One GPU: no all-reduce, nothing gathered.
+    let collective_bytes = if tp > 1 {
+        e * shape.b * (shape.s * shape.h + shape.v)
+    } else {
+        0
+    };
     let mut out = ServeRank {
         tp,
         kv_heads,

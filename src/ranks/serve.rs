@@ -281,3 +281,55 @@ fn check_logits(case: &Case, serving: &Transformer, tokens: &Tensor) -> anyhow::
     }
     Ok(super::rel(sums))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload;
+
+    fn case(toml: &str) -> Case {
+        let file = workload::parse(toml, "test").unwrap();
+        workload::expand(&file, &Default::default(), "test")
+            .unwrap()
+            .remove(0)
+    }
+
+    /// The serving replay of a rank runs `g`: each sublayer's partial output and its reduced
+    /// copy live at once, then the reduced copy and the sum, where the single device's fused
+    /// projection-and-sum makes one output. Where the MLP is narrow (I/tp = 64 under H = 256)
+    /// that is the prefill's peak: above the shard's replay without the collectives by most of
+    /// one `B·S·H` (measured on 2 ranks: 756,032 B against 755,824 predicted, 658,000 without
+    /// `g`; `tests/ranks.rs` runs it); where the MLP is wide (the small LLaMA's and SmolLM2's
+    /// widths) the peak is elsewhere and the two agree.
+    #[test]
+    fn the_serving_replay_of_a_rank_runs_g() {
+        let grid = |shape: &str| {
+            format!(
+                "[[grid]]\nmodel = \"llama\"\n{shape}\nphases = [\"init\", \"prefill\", \"decode\"]\n"
+            )
+        };
+        let prefill = |toml: &str| {
+            let c = case(toml);
+            let with = predict_serve_windows(&c, 2, 1).unwrap()[1].0;
+            let without = rank_shape(&c, 2)
+                .unwrap()
+                .predict(Phase::Prefill, OptimizerKind::Sgd, 1)
+                .peak_bytes;
+            (with, without)
+        };
+        for kernels in ["transformers", "fused"] {
+            let (with, without) = prefill(&grid(&format!(
+                "hidden = 256\nheads = 4\nkv_heads = 2\nintermediate = 128\nlayers = 2\nvocab = 64\nbatch = 2\nseq = 64\nkernels = \"{kernels}\""
+            )));
+            assert_eq!(with, 755_824, "{kernels}");
+            assert!(
+                with - without > 2 * 64 * 256 * 4 / 2,
+                "{kernels}: {with} {without}"
+            );
+        }
+        let (with, without) = prefill(&grid(
+            "hidden = 64\nheads = 4\nkv_heads = 2\nintermediate = 160\nlayers = 2\nvocab = 256\nbatch = 2\nseq = 24",
+        ));
+        assert_eq!(with, without);
+    }
+}
