@@ -348,7 +348,7 @@ fn window<T>(body: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, u64
 
 /// A window as measured: (peak, retained, start) from the counting allocator, the process's
 /// resident set after it.
-type Measured = (u64, i64, u64, Option<u64>);
+pub(super) type Measured = (u64, i64, u64, Option<u64>);
 
 /// The windows, measured beside their (peak, retained) predictions.
 fn windows_of(measured: &[Measured], predicted: &[(u64, i64)]) -> Vec<Window> {

@@ -22,16 +22,15 @@
 
 use std::rc::Rc;
 
-use anyhow::{Context, ensure};
-use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
+use anyhow::ensure;
+use candle_core::Tensor;
 
 use super::comm::Comm;
-use super::tensor::{Group, Megatron, check_tp, fill_shard, rank_shape, shard_case};
-use super::{RankReport, States, named_vars, window};
+use super::tensor::{Megatron, ShardStart, check_tp, rank_shape, start_shard};
+use super::{RankReport, States, window};
 use crate::device::ServingWeights;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
-use crate::model::transformer::{KvCache, Transformer, synthetic_batch};
+use crate::model::transformer::{KvCache, Transformer};
 use crate::phase::generate;
 use crate::step::{OptimizerKind, Phase};
 use crate::workload::Case;
@@ -126,29 +125,16 @@ pub fn run_serve_rank(
 ) -> anyhow::Result<(RankReport, ServeRank)> {
     let (rank, tp) = (comm.rank(), comm.size());
     check_serve(case, tp)?;
-    let shard = shard_case(case, tp);
-    let device = Device::Cpu;
-    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
-    {
-        let mut x = [1.0f32; 4];
-        let send = x;
-        comm.all_reduce_sum(&send, &mut x);
-        comm.barrier();
-    }
-    let _group = Group::join(comm.clone());
-    // Every rank serves the same prompt of `B` rows.
-    let (tokens, _) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
-
-    // init: the shard's model
-    let varmap = VarMap::new();
-    let (model, p, r, s) = window(|| {
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        Ok(Transformer::new(&shard.cfg, vb)?)
-    })?;
-    measured.push((p, r, s, vm_rss_bytes()));
-    let vars = named_vars(&varmap);
-    fill_shard(case, &vars, rank, tp)?;
+    // Every rank serves the same prompt of `B` rows; `init` builds the shard.
+    let ShardStart {
+        shard,
+        _group,
+        tokens,
+        varmap,
+        model,
+        ..
+    } = start_shard(case, &comm, &mut measured)?;
     // The serving copy (views of the same storage: nothing allocated), made before the windows.
     let serving = model.detached().with_collectives(Rc::new(Megatron {
         f_all_reduce: true,

@@ -304,6 +304,58 @@ pub(super) fn fill_shard(
     Ok(())
 }
 
+/// What a tensor-parallel rank (training or serving) starts from: its shard's case, its
+/// membership of the group, the batch every rank runs, and its shard built in the `init` window
+/// (pushed onto `measured`) and filled with its slice of the whole model.
+pub(super) struct ShardStart {
+    pub shard: Case,
+    pub _group: Group,
+    pub tokens: Tensor,
+    pub targets: Tensor,
+    pub varmap: VarMap,
+    pub model: Transformer,
+    pub vars: Vec<(String, Var)>,
+}
+
+/// The warm-up (the shard's first-use allocations, the library's first all-reduce), the group
+/// joined, the batch of `B` rows (every rank the same: tensor parallelism splits the model, not
+/// the data), then the `init` window and the shard's fill.
+pub(super) fn start_shard(
+    case: &Case,
+    comm: &Rc<dyn Comm>,
+    measured: &mut Vec<super::Measured>,
+) -> anyhow::Result<ShardStart> {
+    let (rank, tp) = (comm.rank(), comm.size());
+    let shard = shard_case(case, tp);
+    let device = Device::Cpu;
+    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
+    {
+        let mut x = [1.0f32; 4];
+        let send = x;
+        comm.all_reduce_sum(&send, &mut x);
+        comm.barrier();
+    }
+    let _group = Group::join(comm.clone());
+    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
+    let varmap = VarMap::new();
+    let (model, p, r, s) = window(|| {
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        Ok(Transformer::new(&shard.cfg, vb)?)
+    })?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    let vars = named_vars(&varmap);
+    fill_shard(case, &vars, rank, tp)?;
+    Ok(ShardStart {
+        shard,
+        _group,
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    })
+}
+
 /// Runs one tensor-parallel rank of `case` under `plan` over `comm` (every rank of the world
 /// one shard), measuring and predicting its windows as [`super::run_rank`] does: `reduce` and
 /// `gather` are empty (no data-parallel ranks), the optimizer steps the shard in place.
@@ -317,35 +369,22 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         plan.tp,
         plan.tp
     );
-    let shard = shard_case(case, tp);
-    let device = Device::Cpu;
-    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
-    {
-        let mut x = [1.0f32; 4];
-        let send = x;
-        comm.all_reduce_sum(&send, &mut x);
-        comm.barrier();
-    }
-    let _group = Group::join(comm.clone());
-    // Every rank trains on the same batch of `B` rows.
-    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
-
-    // init: the shard's model
-    let varmap = VarMap::new();
-    let (model, p, r, s) = window(|| {
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        Ok(Transformer::new(&shard.cfg, vb)?)
-    })?;
-    measured.push((p, r, s, rss_now()));
+    let ShardStart {
+        shard,
+        _group,
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    } = start_shard(case, &comm, &mut measured)?;
     let model = model.with_collectives(Rc::new(Megatron {
         f_all_reduce: plan.f_all_reduce,
         g_all_reduce: true,
         release: case.cfg.kernels.fused(),
     }));
-    let vars = named_vars(&varmap);
-    fill_shard(case, &vars, rank, tp)?;
     let step = super::Step {
         model: &model,
         vars: &vars,
