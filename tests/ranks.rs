@@ -357,6 +357,20 @@ fn tensor_parallel_serving_on_two_ranks_as_predicted_and_as_one_process() {
         let d = s["logits_rel_diff"].as_f64().unwrap();
         assert!(d < 1e-5, "rank {r}: logits within {d:e} of one process's");
     }
+    // Without a cache the decode recomputes the prefix (on caches of its own): as predicted,
+    // the prefill's cache left as it was.
+    let recompute = tensor_parallel(2, LLAMA, &[&serving[..], &["--kv-cache", "off"]].concat());
+    for (r, rep) in recompute["ranks"].as_array().unwrap().iter().enumerate() {
+        let w = &rep["windows"][2];
+        let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+        assert!(
+            common::exact(&format!("serve recompute tp 2 rank {r} decode peak"), m, p),
+            "serve tp 2 --kv-cache off: rank {r} decode: peak measured {m}, predicted {p}"
+        );
+        let s = &recompute["serve"]["ranks"][r];
+        assert_eq!(u(&s["kv_cache_bytes_after_decode"]), 256 * 2 * 24);
+        assert_eq!(u(&s["predicted_kv_cache_bytes_after_decode"]), 256 * 2 * 24);
+    }
     // A narrow MLP (I/tp 64 under H 256): `g`'s partial and reduced outputs make the prefill's
     // peak (the replay without them says 98 KB less).
     let narrow = [

@@ -59,7 +59,8 @@ pub struct ServeRank {
     /// Bytes one cached token of one sequence costs on this rank, `2·L·(G/N)·D·4`.
     pub kv_bytes_per_token: u64,
     /// The cache's tensors' data after the prefill (`B·S` tokens) and after the decode
-    /// (`B·(S + T)` with a cache; 0 without, the decode recomputing the prefix), measured from
+    /// (`B·(S + T)` with a cache; `B·S` without, the decode recomputing the prefix on caches of
+    /// its own), measured from
     /// the cache's tensors, and predicted (`kv_bytes_per_token × tokens`).
     pub kv_cache_bytes_after_prefill: u64,
     pub predicted_kv_cache_bytes_after_prefill: u64,
@@ -172,10 +173,12 @@ pub fn run_serve_rank(
     let windows = super::windows_of(&measured, &predicted);
     let per_token = serve_shape(case, tp)?.kv_bytes_per_token();
     let bs = (case.batch * case.seq) as u64;
+    // Without a cache the decode recomputes the prefix on caches of its own: the prefill's
+    // stays as it was.
     let decoded = if case.kv_cache {
         bs + (case.batch * case.decode_tokens) as u64
     } else {
-        0
+        bs
     };
     let serve = ServeRank {
         kv_heads: shard.cfg.llama.map_or(shard.cfg.heads, |l| l.kv_heads),
