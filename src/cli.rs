@@ -348,6 +348,10 @@ pub struct RanksArgs {
     /// folder and `memfit report` reads it (claim B5).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// (testing) Serving with tensor parallelism (`--tp N --phases prefill,decode`): `g`
+    /// copies the partial output instead of all-reducing it, to show that `--check` catches it.
+    #[arg(long, hide = true)]
+    pub tp_skip_g_all_reduce: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1117,3 +1117,87 @@ fn llama_405b_worst_rank_under_each_regime() {
         assert_eq!(total(worst), want, "{amp}");
     }
 }
+
+/// `predict ARGS --phases prefill,decode --parallel LAYOUT --fit-in 80GiB --json`'s serving
+/// rank, or the failure's stderr.
+fn serving(args: &[&str], layout: &str) -> Result<Value, String> {
+    let more = [
+        "--dtype",
+        "bf16",
+        "--batch",
+        "1",
+        "--seq",
+        "4000",
+        "--phases",
+        "prefill,decode",
+        "--fit-in",
+        "80GiB",
+    ];
+    run(args, layout, &more).map(|v| v["parallel_serving"].clone())
+}
+
+/// Serving Llama-2-70B at TP 8 as vLLM shards it, by hand: a rank's layer holds q and o
+/// `8192²/8` each, k and v `8192·1024/8` each (8 K/V heads, one a rank), gate, up and down
+/// `8192·28672/8` each and two norms of 8192 whole: 106,971,136 parameters; 80 layers, the
+/// vocab-parallel table and head `32000/8 · 8192` each, the final norm 8192: 8,623,235,072
+/// parameters, 17,246,470,144 B in bf16. One cached token a rank: `2 · 80 · 1 · 128 · 2` =
+/// 40,960 B (the whole model's 327,680 B over 8). The capacity: the 80 GiB less the weights,
+/// the prefill's activations and the collectives' extras (`2·(4000·8192 + 32000)` B), over
+/// 40,960 B a token, never more.
+#[test]
+fn serving_llama2_70b_tp8_is_hand_arithmetic() {
+    let v = serving(&["--preset", "llama-2-70b"], "tp=8").unwrap();
+    let layer = (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672) / 8 + 2 * 8192;
+    assert_eq!(layer, 106_971_136);
+    let params = 80 * layer + 2 * (32000 / 8) * 8192 + 8192;
+    assert_eq!(n(&v, "params"), params);
+    assert_eq!(n(&v, "weights_bytes"), 17_246_470_144);
+    assert_eq!(
+        (n(&v, "kv_heads"), &v["kv_replicated"]),
+        (1, &Value::Bool(false))
+    );
+    assert_eq!(n(&v, "kv_bytes_per_token"), 40_960);
+    assert_eq!(n(&v, "kv_bytes_per_sequence"), 40_960 * 4000);
+    let extras = 2 * (4000 * 8192 + 32000);
+    assert_eq!(n(&v, "collective_bytes"), extras);
+    let free = (80u64 << 30) - 17_246_470_144 - n(&v, "prefill_activation_bytes") - extras;
+    assert_eq!(n(&v, "kv_capacity_tokens"), free / 40_960);
+    assert_eq!(n(&v, "kv_capacity_sequences"), free / (40_960 * 4000));
+    // One GPU: the whole cache a token, and the weights (128.5 GiB) leave no room at all.
+    let one = serving(&["--preset", "llama-2-70b"], "tp=1").unwrap();
+    assert_eq!(n(&one, "kv_bytes_per_token"), 8 * 40_960);
+    assert_eq!(n(&one, "kv_capacity_tokens"), 0);
+    assert_eq!(n(&one, "collective_bytes"), 0);
+}
+
+/// K/V heads fewer than the ranks are replicated, one a rank (Llama-3-8B's 8 at TP 16: 32
+/// layers · 1 head of 128 · bf16, 16,384 B a token, the same as at TP 8); heads that neither
+/// split nor divide are refused by name, as vLLM refuses them; a mixture of experts' activations
+/// under a split are not modelled, so its capacity is unknown, never promised; serving under
+/// another layout than tp is refused by name.
+#[test]
+fn serving_replicates_kv_heads_and_refuses_by_name() {
+    let v = serving(&["--preset", "llama-3-8b"], "tp=16").unwrap();
+    assert_eq!(
+        (n(&v, "kv_heads"), &v["kv_replicated"]),
+        (1, &Value::Bool(true))
+    );
+    assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 32 * 128 * 2);
+    let eight = serving(&["--preset", "llama-3-8b"], "tp=8").unwrap();
+    assert_eq!(n(&eight, "kv_bytes_per_token"), 2 * 32 * 128 * 2);
+    assert!(n(&v, "weights_bytes") < n(&eight, "weights_bytes"));
+    let moe = serving(&["--preset", "qwen3-30b-a3b"], "tp=4").unwrap();
+    assert!(
+        moe["activations_missing"]
+            .as_str()
+            .unwrap()
+            .contains("mixture of experts")
+    );
+    assert_eq!(moe["kv_capacity_tokens"], Value::Null);
+    // Qwen3-30B-A3B: 4 K/V heads, 48 layers of 128: at TP 4 one a rank.
+    assert_eq!(n(&moe, "kv_bytes_per_token"), 2 * 48 * 128 * 2);
+    let e = serving(&["--preset", "llama-2-70b"], "tp=3").unwrap_err();
+    assert!(e.contains("do not split into 3 equal parts"), "{e}");
+    let e = serving(&["--preset", "llama-3-8b"], "tp=2,pp=2").unwrap_err();
+    assert!(e.contains("tensor parallelism only"), "{e}");
+}

@@ -443,6 +443,110 @@ fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
     }
 }
 
+/// Serving with tensor parallelism over 2 ranks (`--tp 2 --phases init,prefill,decode`), K/V
+/// heads grouped (4 over 2: one K/V head cached a rank): every window (the shard built, the
+/// prompt into the cache, 4 greedy tokens) within tolerance of the replay of the rank's shard
+/// with its collectives; each rank's cache half the whole model's, as predicted; the logits
+/// (the prefill's and a cached step's) those of one process's whole model. Without `g`'s
+/// all-reduce each rank sums only its own heads and MLP columns, and the check says so.
+#[test]
+fn tensor_parallel_serving_on_two_ranks_as_predicted_and_as_one_process() {
+    let serving = ["--phases", "init,prefill,decode", "--decode-tokens", "4"];
+    let doc = tensor_parallel(2, LLAMA, &serving);
+    assert_eq!(window_names(&doc), ["init", "prefill", "decode"]);
+    let reports = doc["ranks"].as_array().unwrap();
+    let serve = doc["serve"]["ranks"].as_array().unwrap();
+    assert_eq!((reports.len(), serve.len()), (2, 2));
+    // 2 layers, 1 K/V head of width 16 a rank, f32: 2·2·1·16·4 = 256 B a token; B2 S24, then 4
+    // tokens more a row.
+    for (r, (rep, s)) in reports.iter().zip(serve).enumerate() {
+        for (name, w) in ["init", "prefill", "decode"]
+            .iter()
+            .zip(rep["windows"].as_array().unwrap())
+        {
+            let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+            assert!(
+                common::exact(&format!("serve tp 2 rank {r} {name} peak"), m, p),
+                "serve tp 2: rank {r} {name}: peak measured {m}, predicted {p}"
+            );
+            assert_retained(w, &format!("serve tp 2: rank {r} {name}"));
+        }
+        assert_eq!(u(&s["kv_heads"]), 1);
+        assert_eq!(u(&s["kv_bytes_per_token"]), 256);
+        assert_eq!(u(&s["kv_cache_bytes_after_prefill"]), 256 * 2 * 24);
+        assert_eq!(
+            u(&s["predicted_kv_cache_bytes_after_prefill"]),
+            256 * 2 * 24
+        );
+        assert_eq!(u(&s["kv_cache_bytes_after_decode"]), 256 * 2 * 28);
+        let d = s["logits_rel_diff"].as_f64().unwrap();
+        assert!(d < 1e-5, "rank {r}: logits within {d:e} of one process's");
+    }
+    // Without a cache the decode recomputes the prefix (on caches of its own): as predicted,
+    // the prefill's cache left as it was.
+    let recompute = tensor_parallel(2, LLAMA, &[&serving[..], &["--kv-cache", "off"]].concat());
+    for (r, rep) in recompute["ranks"].as_array().unwrap().iter().enumerate() {
+        let w = &rep["windows"][2];
+        let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+        assert!(
+            common::exact(&format!("serve recompute tp 2 rank {r} decode peak"), m, p),
+            "serve tp 2 --kv-cache off: rank {r} decode: peak measured {m}, predicted {p}"
+        );
+        let s = &recompute["serve"]["ranks"][r];
+        assert_eq!(u(&s["kv_cache_bytes_after_decode"]), 256 * 2 * 24);
+        assert_eq!(u(&s["predicted_kv_cache_bytes_after_decode"]), 256 * 2 * 24);
+    }
+    // A narrow MLP (I/tp 64 under H 256): `g`'s partial and reduced outputs make the prefill's
+    // peak (the replay without them says 98 KB less).
+    let narrow = [
+        "--model",
+        "llama",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--layers",
+        "2",
+        "--vocab",
+        "64",
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+    ];
+    let doc = tensor_parallel(2, &narrow, &serving);
+    for (r, rep) in doc["ranks"].as_array().unwrap().iter().enumerate() {
+        let w = &rep["windows"][1];
+        let (m, p) = (u(&w["peak_bytes"]), u(&w["predicted_peak_bytes"]));
+        assert!(
+            common::exact(&format!("serve narrow tp 2 rank {r} prefill peak"), m, p),
+            "narrow serve tp 2: rank {r} prefill: peak measured {m}, predicted {p}"
+        );
+    }
+    let broken = tensor_parallel(
+        2,
+        LLAMA,
+        &[&serving[..], &["--tp-skip-g-all-reduce"]].concat(),
+    );
+    assert_eq!(broken["serve"]["g_all_reduce"], Value::Bool(false));
+    for (r, s) in broken["serve"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let d = s["logits_rel_diff"].as_f64().unwrap();
+        assert!(
+            d > 1e-2,
+            "rank {r}: g without its all-reduce, yet logits within {d:e} of one process's"
+        );
+    }
+}
+
 /// `--tp` refuses, by name, what it does not split: GPT, heads that do not split into equal
 /// parts (SmolLM2-135M's 9 over 3 at 2), ZeRO beside it; nothing panics.
 #[test]
@@ -460,6 +564,22 @@ fn tensor_parallel_refuses_what_it_does_not_split() {
         ),
         (LLAMA, &["--tp", "2", "--zero", "1"][..], "without ZeRO"),
         (LLAMA, &["--tp-skip-f-all-reduce"][..], "without --tp"),
+        (
+            LLAMA,
+            &["--phases", "prefill,decode"][..],
+            "serving on ranks runs with --tp",
+        ),
+        (
+            LLAMA,
+            &["--tp", "2", "--phases", "forward,prefill"][..],
+            "serving on ranks runs init, prefill and decode",
+        ),
+        (
+            LLAMA,
+            &["--tp", "4", "--phases", "prefill,decode"][..],
+            "K/V heads are not replicated here",
+        ),
+        (LLAMA, &["--tp-skip-g-all-reduce"][..], "without --phases"),
     ] {
         let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))
             .arg("ranks")

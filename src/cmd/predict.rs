@@ -83,6 +83,10 @@ pub struct CasePrediction {
     /// With `--parallel search --gpus N --fit-in B`: every layout's worst rank, best first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel_search: Option<ParallelSearch>,
+    /// With `--parallel tp=T` and serving phases (`--phases prefill,decode`): one
+    /// tensor-parallel serving rank as vLLM runs it ([`crate::formula::serve_parallel`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel_serving: Option<crate::formula::serve_parallel::ServeRank>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
     pub max_batch: Option<usize>,
     /// Largest sequence (≤ the position table) whose training step fits at the case's batch
@@ -180,6 +184,18 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                     args.routing.worst(),
                     threads,
                 )?);
+                if case
+                    .phases
+                    .iter()
+                    .any(|ph| matches!(ph, Phase::Prefill | Phase::Decode))
+                {
+                    p.parallel_serving = Some(parallel_serving(
+                        case,
+                        &spec,
+                        budget.map(|b| b.saturating_sub(p.process_bytes.unwrap_or(0))),
+                        threads,
+                    )?);
+                }
             }
             None => {}
         }
@@ -360,6 +376,9 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
             if let Some(search) = &p.parallel_search {
                 print_search(search);
             }
+            if let Some(sv) = &p.parallel_serving {
+                print_parallel_serving(sv, p.seq, p.batch);
+            }
             for c in p.calibrated.iter().flatten() {
                 println!(
                     "       {:<10} analytical {:>12}  calibrated {:>12}  ({} rows; held out mean/max {}; by size {})",
@@ -400,6 +419,66 @@ columns: weights, grads, opt state = the model state in the case's dtype (parame
 
 /// Where each case's element type comes from: the `--hf-config` checkpoint's (said once per
 /// type), or `--dtype` over it.
+/// `--parallel tp=T` with serving phases: one serving rank ([`crate::formula::serve_parallel`]);
+/// tensor parallelism only (vLLM's pipeline and expert-parallel serving are not answered).
+fn parallel_serving(
+    case: &Case,
+    spec: &crate::formula::parallel::ParallelSpec,
+    budget: Option<u64>,
+    threads: usize,
+) -> anyhow::Result<crate::formula::serve_parallel::ServeRank> {
+    let l = spec.layout;
+    anyhow::ensure!(
+        l.pp == 1 && l.dp == 1 && l.ep == 1 && l.zero == 0 && !spec.sp,
+        "--parallel {} with --phases prefill/decode: serving is answered for tensor parallelism only (tp=T; pipeline, data and expert parallel serving are not modelled)",
+        l
+    );
+    anyhow::ensure!(
+        case.cfg.vision.is_none(),
+        "--parallel with --phases prefill/decode: a ViT does not generate"
+    );
+    crate::formula::serve_parallel::serve_rank(&case.cfg, &Shape::of(case), l.tp, budget, threads)
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// `--parallel tp=T`'s serving line under a case.
+fn print_parallel_serving(
+    sv: &crate::formula::serve_parallel::ServeRank,
+    seq: usize,
+    batch: usize,
+) {
+    let activations = match (sv.prefill_activation_bytes, &sv.activations_missing) {
+        (Some(a), _) => format!(
+            "prefill activations {} (+ {} the embedding's all-reduce and the gathered logits), decode peak {}",
+            human_bytes(a),
+            human_bytes(sv.collective_bytes),
+            human_bytes(sv.decode_peak_bytes.unwrap_or(0)),
+        ),
+        (None, Some(why)) => format!("activations unknown ({why})"),
+        (None, None) => "activations unknown".to_string(),
+    };
+    let capacity = match (sv.kv_capacity_tokens, sv.kv_capacity_sequences) {
+        (Some(t), Some(n)) => format!(
+            "; in the budget (taken whole: apply vLLM's gpu_memory_utilization yourself): {t} cached tokens, {n} sequence(s) of {seq}"
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "       serving tp={} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {}; {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",
+        sv.tp,
+        sv.params,
+        human_bytes(sv.weights_bytes),
+        sv.kv_heads,
+        if sv.kv_replicated {
+            " (replicated)"
+        } else {
+            ""
+        },
+        human_bytes(sv.kv_bytes_per_token),
+        human_bytes(sv.kv_bytes_per_sequence),
+    );
+}
+
 /// `--parallel`'s lines under a case: one per run of pipeline stages holding alike.
 fn print_parallel(par: &ParallelAnswer) {
     println!(
@@ -751,6 +830,7 @@ pub fn predict_case(
         fits,
         parallel: None,
         parallel_search: None,
+        parallel_serving: None,
         max_batch,
         max_seq,
         serving,

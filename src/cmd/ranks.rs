@@ -65,6 +65,17 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.zero == Some(3) || args.fsdp_reshard_after_forward == crate::cli::OnOff::On,
         "memfit ranks: --fsdp-reshard-after-forward off without --zero 3 (only ZeRO 3 gathers parameters)"
     );
+    ensure!(
+        args.zero == Some(3) || args.hsdp.is_none(),
+        "memfit ranks: --hsdp without --zero 3 (hybrid sharding is ZeRO 3's)"
+    );
+    if ranks::serve::serves(case) {
+        return serve(case, args);
+    }
+    ensure!(
+        !args.tp_skip_g_all_reduce,
+        "memfit ranks: --tp-skip-g-all-reduce without --phases prefill,decode (serving)"
+    );
     if let Some(stages) = args.pp {
         ensure!(
             args.tp == 1,
@@ -186,13 +197,6 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
     ranks::expert::check_ep(case, zero, args.ep)?;
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
-    if let Some(s) = args.hsdp {
-        ensure!(
-            zero == 3 && s >= 1 && comm.size().is_multiple_of(s),
-            "memfit ranks --hsdp {s}: hybrid sharding runs with --zero 3, its shard group (1 to {n}) dividing the {n} ranks launched",
-            n = comm.size()
-        );
-    }
     let plan = Plan {
         zero,
         check: args.check,
@@ -234,6 +238,102 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
                 e.sent_rows
             );
         }
+    }
+    Ok(())
+}
+
+/// `--tp N --phases prefill,decode`: serving with tensor parallelism ([`crate::ranks::serve`]).
+fn serve(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Result<()> {
+    ensure!(
+        args.zero.is_none() && args.pp.is_none() && args.ep == 1,
+        "memfit ranks --phases prefill,decode: serving on ranks runs with --tp only (no --zero, --pp or --ep)"
+    );
+    ensure!(
+        !args.tp_skip_f_all_reduce,
+        "memfit ranks --tp-skip-f-all-reduce: serving has no backward (use --tp-skip-g-all-reduce)"
+    );
+    ensure!(
+        args.offload == crate::cli::Offload::None,
+        "memfit ranks --phases prefill,decode --offload: serving has no optimizer to offload"
+    );
+    ranks::serve::check_serve(case, args.tp)?;
+    crate::machine::pin_threads(args.threads)?;
+    let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
+    ensure!(
+        comm.size() == args.tp,
+        "memfit ranks --tp {}: launched on {} ranks (mpirun -np {})",
+        args.tp,
+        comm.size(),
+        args.tp
+    );
+    let plan = ranks::serve::ServePlan {
+        check: args.check,
+        threads: args.threads,
+        g_all_reduce: !args.tp_skip_g_all_reduce,
+    };
+    let report = ranks::serve::run_serve_rank(case, plan, comm.clone())
+        .with_context(|| format!("rank {} of {}", comm.rank(), comm.size()))?;
+    let Some(reports) = gather::<(RankReport, ranks::serve::ServeRank)>(comm.as_ref(), &report)?
+    else {
+        return Ok(());
+    };
+    let (reports, serving): (Vec<_>, Vec<_>) = reports.into_iter().unzip();
+    let mut doc = ranks::RanksDoc::new(case, 0, args.tp, args.threads, library(), reports);
+    doc.windows = ranks::serve::WINDOWS
+        .iter()
+        .map(|w| w.to_string())
+        .collect();
+    doc.layers.insert(
+        "serve".into(),
+        "each rank's cache: its tensors' data bytes (measured) beside kv_bytes_per_token × tokens (predicted); the logits check".into(),
+    );
+    doc.serve = Some(ranks::serve::Serve {
+        decode_tokens: case.decode_tokens,
+        kv_cache: case.kv_cache,
+        g_all_reduce: plan.g_all_reduce,
+        ranks: serving,
+    });
+    if emit(args, &doc)? {
+        return Ok(());
+    }
+    println!(
+        "{} ranks, serving with tensor parallel over {} (each rank one shard and its K/V heads, every rank the same prompt; the token table and head replicated) ({}), {} B{} S{}, {} decode tokens, {} thread(s) a rank",
+        doc.ranks.len(),
+        args.tp,
+        doc.mpi_library,
+        case.preset,
+        case.batch,
+        case.seq,
+        case.decode_tokens,
+        args.threads
+    );
+    print_windows(
+        "rank",
+        &ranks::serve::WINDOWS,
+        doc.ranks.iter().map(|r| (r.rank, &r.windows[..])),
+    );
+    for (r, s) in doc
+        .ranks
+        .iter()
+        .zip(&doc.serve.as_ref().expect("set above").ranks)
+    {
+        println!(
+            "  rank {}: weights {} ({}); {} K/V heads, {} B a token; cache after prefill {} ({}), after decode {} ({}){}; RSS peak {}",
+            r.rank,
+            r.states.weights_bytes,
+            r.states.predicted_weights_bytes,
+            s.kv_heads,
+            s.kv_bytes_per_token,
+            s.kv_cache_bytes_after_prefill,
+            s.predicted_kv_cache_bytes_after_prefill,
+            s.kv_cache_bytes_after_decode,
+            s.predicted_kv_cache_bytes_after_decode,
+            s.logits_rel_diff.map_or(String::new(), |d| format!(
+                "; logits against one process's whole model within {d:.2e}"
+            )),
+            r.rss_peak_bytes
+                .map_or("—".into(), |b| human_bytes(b as f64))
+        );
     }
     Ok(())
 }

@@ -162,7 +162,7 @@ pub fn serving(shape: &Shape, fit: &Shape, threads: usize, budget: Option<u64>) 
 /// `free` bytes of cache as `(tokens, sequences)` of `shape.s` tokens each, per layer kind:
 /// each sliding-window layer keeps `min(seq, window)` tokens of a sequence, a full layer all of
 /// them (see [`Serving::kv_capacity_tokens`]).
-fn kv_capacity(shape: &Shape, free: u64) -> (u64, u64) {
+pub fn kv_capacity(shape: &Shape, free: u64) -> (u64, u64) {
     let per_sequence = crate::formula::breakdown::kv_bytes_per_sequence(shape, shape.s);
     if per_sequence == 0 {
         return (0, 0);

@@ -11,6 +11,7 @@ pub mod memo;
 pub mod parallel;
 pub mod replay;
 pub mod search;
+pub mod serve_parallel;
 pub mod shape;
 pub mod symbolic;
 pub mod timeline;

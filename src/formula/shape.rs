@@ -78,6 +78,12 @@ pub struct Shape {
     /// A mixture of experts without a recorded routing: the worst case (every token of every
     /// forward on the same `k` experts) instead of balanced.
     pub worst_routing: bool,
+    /// A tensor-parallel rank's serving (its shard's widths): the serving model's blocks run
+    /// Megatron's `f` (the identity without a graph) and `g` (each sublayer's partial output
+    /// summed into a fresh tensor before the residual sum), as `ranks --tp --phases
+    /// prefill,decode` and vLLM run them. The training replay never runs them (`ranks --tp`'s
+    /// training windows add [`crate::ranks::tensor::collectives_graph_per_layer`]).
+    pub tp_collectives: bool,
 }
 
 impl Shape {
@@ -111,6 +117,7 @@ impl Shape {
             kernels: case.cfg.kernels,
             routing: None,
             worst_routing: false,
+            tp_collectives: false,
         }
     }
 
@@ -145,6 +152,7 @@ impl Shape {
             kernels: Kernels::Composed,
             routing: None,
             worst_routing: false,
+            tp_collectives: false,
         }
     }
 

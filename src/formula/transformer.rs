@@ -554,7 +554,7 @@ impl Shape {
     }
 
     /// Bytes of one cached element: the serving copy's type.
-    fn kv_elem_bytes(&self) -> u64 {
+    pub fn kv_elem_bytes(&self) -> u64 {
         match (self.serve, self.elem) {
             (ServingWeights::F16, _) | (_, ElemType::F16 | ElemType::Bf16) => 2,
             _ => 4,

@@ -24,6 +24,7 @@ pub mod proj;
 pub mod rotary;
 pub mod shapes;
 pub mod tensor_ops;
+pub mod tensor_parallel;
 pub mod tiled_attention;
 pub mod transformer;
 pub mod vit;

@@ -225,9 +225,9 @@ impl<T: TensorOps> SelfAttention<T> {
 /// input (identity forward, the gradient all-reduced in the backward), `reduce_add` is `g` on
 /// the row-parallel projection's partial output (all-reduced forward, identity backward) and
 /// the residual sum after it. `memfit ranks --tp` sets them ([`Transformer::with_collectives`];
-/// `crate::ranks::tensor`); a block without them is the whole model's. Only the pre-norm
-/// forward ([`Block::forward`]) runs them: the cached generation and Gemma's sandwich blocks do
-/// not (`ranks --tp` trains, and refuses sandwich norms).
+/// `crate::ranks::tensor`); a block without them is the whole model's. The pre-norm forward
+/// ([`Block::forward`]) and the cached generation ([`Block::forward_cached`]: serving a shard)
+/// run them; Gemma's sandwich blocks do not (`ranks --tp` refuses sandwich norms).
 pub trait Collectives<T>: std::fmt::Debug {
     /// `f(x)`: the sublayer's projections read the result; x (the norm's output) may be
     /// released.
@@ -402,10 +402,20 @@ impl<T: TensorOps, R: Routing<T> + Clone> Block<T, R> {
         if let Some(post) = &self.post {
             return self.sandwich(x, post, mask, rotary, Some(cache));
         }
-        let x = self
-            .attn
-            .forward_cached_add(pre(&self.ln1, x)?, x, mask, rotary, cache)?;
-        self.mlp.forward_add(pre(&self.ln2, &x)?, &x)
+        let Some(tp) = &self.tp else {
+            let x = self
+                .attn
+                .forward_cached_add(pre(&self.ln1, x)?, x, mask, rotary, cache)?;
+            return self.mlp.forward_add(pre(&self.ln2, &x)?, &x);
+        };
+        // A tensor-parallel rank's shard (serving: `ranks --tp --phases prefill,decode`): its
+        // heads into its part of the cache, each sublayer's partial output summed by `g`.
+        let y =
+            self.attn
+                .forward_owned(tp.enter(pre(&self.ln1, x)?)?, mask, rotary, Some(cache))?;
+        let h = tp.reduce_add(y, x)?;
+        let y = self.mlp.forward_owned(tp.enter(pre(&self.ln2, &h)?)?)?;
+        tp.reduce_add(y, &h)
     }
 }
 

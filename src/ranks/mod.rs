@@ -31,6 +31,7 @@ pub mod expert;
 pub mod fsdp;
 pub mod offload;
 pub mod pipeline;
+pub mod serve;
 pub mod tensor;
 pub mod zero;
 
@@ -232,6 +233,11 @@ pub struct RanksDoc {
     /// group of every rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hsdp_shard_group: Option<usize>,
+    /// Serving with tensor parallelism (`--tp N --phases prefill,decode`): the decode's tokens,
+    /// each rank's cache and logits check; `windows` are then [`serve::WINDOWS`]. Absent in
+    /// training documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<serve::Serve>,
 }
 
 fn one() -> usize {
@@ -286,6 +292,7 @@ impl RanksDoc {
             offload: None,
             fsdp_reshard_after_forward: None,
             hsdp_shard_group: None,
+            serve: None,
         }
     }
 
@@ -418,7 +425,7 @@ type Host = (u64, i64);
 
 /// A window as measured: (peak, retained, start) from the counting allocator, the process's
 /// resident set after it.
-type Measured = (u64, i64, u64, Option<u64>);
+pub(super) type Measured = (u64, i64, u64, Option<u64>);
 
 /// The windows, measured beside their (peak, retained) predictions.
 fn windows_of(measured: &[Measured], predicted: &[(u64, i64)]) -> Vec<Window> {

@@ -12,10 +12,12 @@
 //!
 //! The block is the model's own ([`crate::model::transformer::Block`]), built from a
 //! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's
-//! conjugate collectives set around its sublayers ([`Megatron`], the model's [`Collectives`]
-//! hook): `f` (identity forward, the input's gradient all-reduced in the backward) before a
-//! sublayer's column-parallel projections and `g` (the row-parallel projection's partial output
-//! all-reduced forward, identity backward) before the residual sum. Both are candle ops
+//! conjugate collectives set around its sublayers ([`Megatron`], the model's
+//! [`Collectives`](crate::model::transformer::Collectives) hook, written once over the tensor
+//! trait in [`crate::model::tensor_parallel`]): `f` (identity forward, the input's gradient
+//! all-reduced in the backward) before a sublayer's column-parallel projections and `g` (the
+//! row-parallel projection's partial output all-reduced forward, identity backward) before the
+//! residual sum. Both are candle ops
 //! (`EnterOp`, `ReduceOp`) that reach the group through this thread's [`Group`] (MPI's
 //! communicator is neither `Send` nor `Sync`, which candle's ops must be: the op holds nothing,
 //! and candle calls an op's forward and backward on the thread that runs the step, where the
@@ -47,8 +49,9 @@ use crate::formula::parallel::{self, Layout as ParallelLayout};
 use crate::formula::transformer::Shape as FormulaShape;
 use crate::meter::cpu_alloc;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
-use crate::model::tensor_ops::TensorOps;
-use crate::model::transformer::{Collectives, Transformer, synthetic_batch};
+use crate::model::tensor_parallel::CollectiveOps;
+pub use crate::model::tensor_parallel::Megatron;
+use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::optim::inplace::Stepper;
 use crate::workload::Case;
 
@@ -146,8 +149,11 @@ impl CustomOp1 for EnterOp {
 }
 
 /// Megatron's `g`: the partial outputs of the row-parallel projection summed over the group
-/// into a fresh output; the identity backward.
-struct ReduceOp;
+/// into a fresh output; the identity backward. `reduce` false copies instead (only to show
+/// that the serving check catches it: `--tp-skip-g-all-reduce`).
+struct ReduceOp {
+    reduce: bool,
+}
 
 impl CustomOp1 for ReduceOp {
     fn name(&self) -> &'static str {
@@ -157,7 +163,11 @@ impl CustomOp1 for ReduceOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let data = f32_data(s, l)?;
         let mut out = vec![0f32; data.len()];
-        all_reduce(data, &mut out)?;
+        if self.reduce {
+            all_reduce(data, &mut out)?;
+        } else {
+            out.copy_from_slice(data);
+        }
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -166,36 +176,15 @@ impl CustomOp1 for ReduceOp {
     }
 }
 
-/// Megatron's `f` and `g` on candle's tensors, over this thread's [`Group`].
-#[derive(Debug, Clone, Copy)]
-pub struct Megatron {
-    /// `f`'s backward all-reduces (always, but to show the check catches its absence).
-    pub f_all_reduce: bool,
-    /// Release the tensors no backward reads (the norm's output once copied, the partial and
-    /// the reduced outputs once summed), as memfit's fused kernels do (`Kernels::fused`);
-    /// with candle's composed ops every op's inputs stay in the graph, as stock candle keeps
-    /// them.
-    pub release: bool,
-}
-
-impl Collectives<Tensor> for Megatron {
-    fn enter(&self, x: Tensor) -> Result<Tensor> {
-        let y = x.apply_op1(EnterOp {
-            reduce: self.f_all_reduce,
-        })?;
-        // No backward reads the norm's output (the norm's reads its input; f's none).
-        x.release_if(self.release)?;
-        Ok(y)
+/// Megatron's `f` and `g` on candle's tensors, over this thread's [`Group`]
+/// ([`Megatron`]'s statements are written once over the tensor trait).
+impl CollectiveOps for Tensor {
+    fn tp_enter(&self, reduce: bool) -> Result<Tensor> {
+        self.apply_op1(EnterOp { reduce })
     }
 
-    fn reduce_add(&self, y: Tensor, residual: &Tensor) -> Result<Tensor> {
-        let r = y.apply_op1(ReduceOp)?;
-        // The projection's backward reads its input and weight, g's and the sum's nothing.
-        y.release_if(self.release)?;
-        drop(y);
-        let sum = residual.add(&r)?;
-        r.release_if(self.release)?;
-        Ok(sum)
+    fn tp_reduce(&self, reduce: bool) -> Result<Tensor> {
+        self.apply_op1(ReduceOp { reduce })
     }
 }
 
@@ -296,7 +285,12 @@ fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Re
 
 /// Fills every shard variable with its slice of the whole model filled by
 /// `super::fill_deterministic` (by name), so a rank's shard is the single process's.
-fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> anyhow::Result<()> {
+pub(super) fn fill_shard(
+    case: &Case,
+    vars: &[(String, Var)],
+    rank: usize,
+    tp: usize,
+) -> anyhow::Result<()> {
     // One process's model (the same batch as every rank: tensor parallelism splits the model,
     // not the data).
     let full = super::Single::new(case, 1)?;
@@ -308,6 +302,58 @@ fn fill_shard(case: &Case, vars: &[(String, Var)], rank: usize, tp: usize) -> an
         zero::with_f32_mut(v.as_tensor(), |d| d.copy_from_slice(&part))?;
     }
     Ok(())
+}
+
+/// What a tensor-parallel rank (training or serving) starts from: its shard's case, its
+/// membership of the group, the batch every rank runs, and its shard built in the `init` window
+/// (pushed onto `measured`) and filled with its slice of the whole model.
+pub(super) struct ShardStart {
+    pub shard: Case,
+    pub _group: Group,
+    pub tokens: Tensor,
+    pub targets: Tensor,
+    pub varmap: VarMap,
+    pub model: Transformer,
+    pub vars: Vec<(String, Var)>,
+}
+
+/// The warm-up (the shard's first-use allocations, the library's first all-reduce), the group
+/// joined, the batch of `B` rows (every rank the same: tensor parallelism splits the model, not
+/// the data), then the `init` window and the shard's fill.
+pub(super) fn start_shard(
+    case: &Case,
+    comm: &Rc<dyn Comm>,
+    measured: &mut Vec<super::Measured>,
+) -> anyhow::Result<ShardStart> {
+    let (rank, tp) = (comm.rank(), comm.size());
+    let shard = shard_case(case, tp);
+    let device = Device::Cpu;
+    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
+    {
+        let mut x = [1.0f32; 4];
+        let send = x;
+        comm.all_reduce_sum(&send, &mut x);
+        comm.barrier();
+    }
+    let _group = Group::join(comm.clone());
+    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
+    let varmap = VarMap::new();
+    let (model, p, r, s) = window(|| {
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        Ok(Transformer::new(&shard.cfg, vb)?)
+    })?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    let vars = named_vars(&varmap);
+    fill_shard(case, &vars, rank, tp)?;
+    Ok(ShardStart {
+        shard,
+        _group,
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    })
 }
 
 /// Runs one tensor-parallel rank of `case` under `plan` over `comm` (every rank of the world
@@ -323,34 +369,22 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         plan.tp,
         plan.tp
     );
-    let shard = shard_case(case, tp);
-    let device = Device::Cpu;
-    crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
-    {
-        let mut x = [1.0f32; 4];
-        let send = x;
-        comm.all_reduce_sum(&send, &mut x);
-        comm.barrier();
-    }
-    let _group = Group::join(comm.clone());
-    // Every rank trains on the same batch of `B` rows.
-    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
-
-    // init: the shard's model
-    let varmap = VarMap::new();
-    let (model, p, r, s) = window(|| {
-        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
-        Ok(Transformer::new(&shard.cfg, vb)?)
-    })?;
-    measured.push((p, r, s, rss_now()));
+    let ShardStart {
+        shard,
+        _group,
+        tokens,
+        targets,
+        varmap,
+        model,
+        vars,
+    } = start_shard(case, &comm, &mut measured)?;
     let model = model.with_collectives(Rc::new(Megatron {
         f_all_reduce: plan.f_all_reduce,
+        g_all_reduce: true,
         release: case.cfg.kernels.fused(),
     }));
-    let vars = named_vars(&varmap);
-    fill_shard(case, &vars, rank, tp)?;
     let step = super::Step {
         model: &model,
         vars: &vars,
@@ -507,29 +541,50 @@ pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<
     Ok(w)
 }
 
-/// The model states entering the optimizer, measured from the windows and predicted by
-/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank) plus the `(V − ⌈V/tp⌉)·H`
-/// elements of the table (and of an untied head) this rank holds whole.
-fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::Result<States> {
-    let rates = parallel::rates(4, case.optimizer)
-        .context("ranks --tp: an optimizer of whole bytes per parameter")?;
+/// Elements of the token table (and of an untied head) a rank of `tp` holds beyond Megatron's
+/// (and vLLM's) vocab-parallel rank: `(V − ⌈V/tp⌉)·H` a table.
+pub fn replicated_vocab_elems(case: &Case, tp: usize) -> u64 {
+    let (v, h) = (case.cfg.vocab as u64, case.cfg.hidden as u64);
+    let tables = if case.cfg.tied { 1 } else { 2 };
+    (v - v.div_ceil(tp as u64)) * h * tables
+}
+
+/// A rank of `tp`'s (weights, gradients, optimizer state) bytes at `rates` bytes a parameter:
+/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank) plus the
+/// [`replicated_vocab_elems`] this rank holds whole.
+pub fn predicted_tp_states(
+    case: &Case,
+    tp: usize,
+    rates: (u64, u64, u64),
+) -> anyhow::Result<(u64, u64, u64)> {
     let layout = ParallelLayout {
         tp,
         ..Default::default()
     };
     let megatron = parallel::stage_ranks(&case.cfg, &layout, rates, false);
     let r = megatron.first().context("ranks --tp: no stage")?;
-    let (v, h) = (case.cfg.vocab as u64, case.cfg.hidden as u64);
-    let tables = if case.cfg.tied { 1 } else { 2 };
-    let extra = (v - v.div_ceil(tp as u64)) * h * tables;
+    let extra = replicated_vocab_elems(case, tp);
     let (we, ge, oe) = rates;
+    Ok((
+        r.weights_bytes + we * extra,
+        r.gradient_bytes + ge * extra,
+        r.optimizer_state_bytes + oe * extra,
+    ))
+}
+
+/// The model states entering the optimizer, measured from the windows and predicted by
+/// [`predicted_tp_states`].
+fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::Result<States> {
+    let rates = parallel::rates(4, case.optimizer)
+        .context("ranks --tp: an optimizer of whole bytes per parameter")?;
+    let (pw, pg, po) = predicted_tp_states(case, tp, rates)?;
     Ok(States {
         weights_bytes: w[0].retained_bytes,
         gradient_bytes: grads_held,
         optimizer_state_bytes: w[4].retained_bytes,
-        predicted_weights_bytes: r.weights_bytes + we * extra,
-        predicted_gradient_bytes: r.gradient_bytes + ge * extra,
-        predicted_optimizer_state_bytes: r.optimizer_state_bytes + oe * extra,
+        predicted_weights_bytes: pw,
+        predicted_gradient_bytes: pg,
+        predicted_optimizer_state_bytes: po,
         host: None,
     })
 }
@@ -568,6 +623,7 @@ mod tests {
             let _group = Group::join(Rc::new(Solo));
             let split = model.clone().with_collectives(Rc::new(Megatron {
                 f_all_reduce: true,
+                g_all_reduce: true,
                 release: kernels.fused(),
             }));
             assert_eq!(run(&split), plain, "{kernels:?}");
