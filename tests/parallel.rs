@@ -38,11 +38,16 @@ fn predict(args: &[&str], layout: &str) -> Result<Value, String> {
 /// `predict ARGS MORE --device cuda:0 --parallel LAYOUT --json`: the case's JSON, or the
 /// failure's stderr.
 fn run(args: &[&str], layout: &str, more: &[&str]) -> Result<Value, String> {
+    run_on("cuda:0", args, layout, more)
+}
+
+/// [`run`] on `device`.
+fn run_on(device: &str, args: &[&str], layout: &str, more: &[&str]) -> Result<Value, String> {
     let out = common::memfit()
         .arg("predict")
         .args(args)
         .args(more)
-        .args(["--device", "cuda:0", "--parallel", layout, "--json"])
+        .args(["--device", device, "--parallel", layout, "--json"])
         .output()
         .unwrap();
     if !out.status.success() {
@@ -353,50 +358,10 @@ fn expert_parallel_activations_bound_the_measured_ranks() {
         .iter()
         .map(|r| r["windows"][forward]["retained_bytes"].as_u64().unwrap())
         .collect();
-    let slice = [
-        "--hf-config",
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/mixtral/config.json"
-        ),
-        "--hf-set",
-        "hidden_size=256",
-        "--hf-set",
-        "intermediate_size=512",
-        "--hf-set",
-        "num_local_experts=8",
-        "--hf-set",
-        "vocab_size=2048",
-        "--hf-set",
-        "max_position_embeddings=128",
-        "--dtype",
-        "f32",
-        "--optimizer",
-        "adamw",
-    ];
     // On the CPU, as the ranks measured (its bookkeeping and gemm's packing buffers).
     let graph = |routing: &str| {
-        let out = common::memfit()
-            .arg("predict")
-            .args(slice)
-            .args(["--batch", "2", "--seq", "64", "--routing", routing])
-            .args([
-                "--device",
-                "cpu",
-                "--threads",
-                "1",
-                "--parallel",
-                "dp=2,ep=2",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let more = ["--dtype", "f32", "--threads", "1", "--routing", routing];
+        let v = run_on("cpu", common::MIXTRAL_WIDE, "dp=2,ep=2", &more).unwrap();
         n(&acts(&v)[0], "microbatch_graph_bytes")
     };
     let (worst, balanced) = (graph("worst"), graph("balanced"));

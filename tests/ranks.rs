@@ -700,33 +700,6 @@ const MIXTRAL: &[&str] = &[
     "adamw",
 ];
 
-/// The slice widened until its backward peaks inside the sparse layers' exchanges (H 256, 8
-/// experts of width 512, V 2048, 2 rows of 64 tokens a rank): the replay of the exchanges'
-/// backward is what keeps the backward's peak within tolerance here.
-const MIXTRAL_WIDE: &[&str] = &[
-    "--hf-config",
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/mixtral/config.json"
-    ),
-    "--hf-set",
-    "hidden_size=256",
-    "--hf-set",
-    "intermediate_size=512",
-    "--hf-set",
-    "num_local_experts=8",
-    "--hf-set",
-    "vocab_size=2048",
-    "--hf-set",
-    "max_position_embeddings=128",
-    "--batch",
-    "2",
-    "--seq",
-    "64",
-    "--optimizer",
-    "adamw",
-];
-
 /// Expert parallelism inside data parallelism over 2 ranks and 4, on the Mixtral slice (2
 /// experts a rank, then 1) and on the wide one (4, then 2): every window within the tolerance of its prediction (the replay of the rank's model
 /// on the rows its experts received, plus what the exchanges keep), every rank's gradients and
@@ -755,7 +728,7 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
     // (args, what, tokens a rank, hidden, experts, width)
     for (args, what, tokens, h, e, w) in [
         (MIXTRAL, "mixtral", 2 * 32, 64, 4, 128),
-        (MIXTRAL_WIDE, "mixtral wide", 2 * 64, 256, 8, 512),
+        (common::MIXTRAL_WIDE, "mixtral wide", 2 * 64, 256, 8, 512),
     ] {
         let whole = ranks(1, 0, args);
         for n in [2usize, 4] {
@@ -808,7 +781,7 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
     // whole graph's backward at once.
     let other = ["--kernels", "composed", "--backward", "whole"];
     check_all(
-        &ep(MIXTRAL_WIDE, 2, &other),
+        &ep(common::MIXTRAL_WIDE, 2, &other),
         2,
         "mixtral wide ep 2 composed, whole backward",
     );
@@ -860,5 +833,5 @@ fn expert_parallel_refuses_what_it_does_not_split() {
 /// gradients included).
 #[test]
 fn data_parallel_moe_with_an_unused_expert_as_one_process() {
-    check_all(&ranks(2, 0, MIXTRAL_WIDE), 2, "mixtral wide zero 0");
+    check_all(&ranks(2, 0, common::MIXTRAL_WIDE), 2, "mixtral wide zero 0");
 }

@@ -237,3 +237,31 @@ pub fn trace_totals(trace: &serde_json::Value) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The slice widened until its backward peaks inside the sparse layers' exchanges (H 256, 8
+/// experts of width 512, V 2048, 2 rows of 64 tokens a rank): the replay of the exchanges'
+/// backward is what keeps the backward's peak within tolerance here (`tests/ranks.rs`);
+/// `memfit ranks --ep 2` measured it (`results/cpu/ranks/ranks-mixtral-e8-l2-ep2-n2.json`).
+pub const MIXTRAL_WIDE: &[&str] = &[
+    "--hf-config",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mixtral/config.json"
+    ),
+    "--hf-set",
+    "hidden_size=256",
+    "--hf-set",
+    "intermediate_size=512",
+    "--hf-set",
+    "num_local_experts=8",
+    "--hf-set",
+    "vocab_size=2048",
+    "--hf-set",
+    "max_position_embeddings=128",
+    "--batch",
+    "2",
+    "--seq",
+    "64",
+    "--optimizer",
+    "adamw",
+];
