@@ -306,7 +306,7 @@ pub struct RanksArgs {
     /// all-reduced over the replicas. Default: one group of every rank (`FULL_SHARD`).
     #[arg(long, value_name = "RANKS")]
     pub hsdp: Option<usize>,
-    /// ZeRO-Offload (DeepSpeed's `offload_optimizer: {device: cpu}`), ZeRO 1 and 2: `optimizer`
+    /// ZeRO-Offload (DeepSpeed's `offload_optimizer: {device: cpu}`), ZeRO 1, 2 and 3: `optimizer`
     /// keeps each rank's optimizer partition — f32 master weights, a gradient buffer, the state —
     /// in host memory and steps it there, the device holding weights and gradients only; the
     /// host layer measured (a host arena outside the counting allocator, as pinned memory is

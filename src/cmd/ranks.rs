@@ -84,7 +84,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         );
         ensure!(
             args.offload == crate::cli::Offload::None,
-            "memfit ranks --pp {stages} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1 or 2)"
+            "memfit ranks --pp {stages} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1, 2 or 3)"
         );
         return pipeline(case, args, stages);
     }
@@ -96,7 +96,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         );
         ensure!(
             args.offload == crate::cli::Offload::None,
-            "memfit ranks --ep {} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1 or 2)",
+            "memfit ranks --ep {} --offload: ZeRO-Offload runs with data parallelism alone (--zero 1, 2 or 3)",
             args.ep
         );
         return expert_parallel(case, args);
@@ -109,8 +109,8 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     ranks::check_case(case, zero)?;
     let offload = args.offload == crate::cli::Offload::Optimizer;
     ensure!(
-        !offload || (args.tp == 1 && (1..=2).contains(&zero)),
-        "memfit ranks --offload optimizer: ZeRO-Offload runs with --zero 1 or 2 and data parallelism alone (here --zero {zero}, --tp {})",
+        !offload || (args.tp == 1 && (1..=3).contains(&zero)),
+        "memfit ranks --offload optimizer: ZeRO-Offload runs with --zero 1, 2 or 3 and data parallelism alone (here --zero {zero}, --tp {})",
         args.tp
     );
     if args.tp > 1 {

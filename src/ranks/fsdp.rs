@@ -609,7 +609,12 @@ pub fn predict_windows(
     let moments = m as u64 + v as u64;
     let owned: u64 = sizes.iter().map(|&n| run(n)).sum();
     let count = sizes.len() as u64;
-    let state = moments * (4 * owned + TENSOR_META * count) + zero::SLOT_BYTES * count;
+    let state = if plan.offload {
+        // The slots' bookkeeping only: the partition is in the host arena.
+        (zero::SLOT_BYTES + super::offload::HOST_SLOT_BYTES) * count
+    } else {
+        moments * (4 * owned + TENSOR_META * count) + zero::SLOT_BYTES * count
+    };
     let step = fp.max(fr + bp);
     Ok(vec![
         (init.peak_bytes, init.retained_bytes),
@@ -677,8 +682,13 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     };
     // optimizer
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
-    let (mut opt, p, r, s) = window(|| {
-        let mut o = zero::Sharded::over(stepper, 0, sh.shards.iter(), &Solo)?;
+    // (ZeRO-Offload: each shard's optimizer in host memory, the host arena measured too.)
+    let ((mut opt, p, r, s), opt_host) = super::host_window(|| {
+        let mut o = if plan.offload {
+            zero::Sharded::offloaded_over(stepper, 0, sh.shards.iter(), &Solo)?
+        } else {
+            zero::Sharded::over(stepper, 0, sh.shards.iter(), &Solo)?
+        };
         o.step_each(&sh.grads)?;
         Ok(o)
     })?;
@@ -686,7 +696,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     sh.grads.iter_mut().for_each(|g| *g = None);
     // train-step: the steady state's whole step
     comm.barrier();
-    let ((), p, r, s) = window(|| {
+    let (((), p, r, s), step_host) = super::host_window(|| {
         let fwd = forward(&model, &tokens, &targets, &units, &mut sh, raf)?;
         backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?;
         opt.step_each(&sh.grads)?;
@@ -696,8 +706,23 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     measured.push((p, r, s, rss_now()));
 
     let predicted = predict_windows(case, plan, ranks, rank, replicas.is_some())?;
-    let windows = windows_of(&measured, &predicted);
-    let states = states(case, ranks, &windows, grads_held);
+    let mut windows = windows_of(&measured, &predicted);
+    if plan.offload {
+        let host = super::predict_host_windows(&Shape::of(case), case.optimizer, ranks, rank);
+        // The partition made in `optimizer`, nothing in the steady step.
+        for (w, (m, p)) in windows[4..]
+            .iter_mut()
+            .zip([(opt_host, host[1]), (step_host, host[3])])
+        {
+            w.host = Some(super::HostWindow {
+                peak_bytes: m.0,
+                retained_bytes: m.1,
+                predicted_peak_bytes: p.0,
+                predicted_retained_bytes: p.1,
+            });
+        }
+    }
+    let states = states(case, plan, ranks, &windows, grads_held);
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => {
             sh.gather_all()?;
@@ -754,11 +779,24 @@ fn check_gradients(
 /// The model states a ZeRO 3 rank holds entering the optimizer, measured (the weights: the
 /// model built and cut to its runs; the gradients: what the forward and backward left; the
 /// state: the optimizer window's) and predicted by `formula::zero::shards` at stage 3.
-fn states(case: &Case, ranks: usize, w: &[Window], grads_held: i64) -> States {
+fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) -> States {
     let shape = Shape::of(case);
     let p = shape.params();
     let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
-    let (pw, pg, po) = crate::formula::zero::shards(3, ranks as u64, (4 * p, 4 * p, state), false);
+    let states = (4 * p, 4 * p, state);
+    let n = ranks as u64;
+    let ((pw, pg, po), host) = if plan.offload {
+        let (device, host) = crate::formula::zero::offloaded(3, n, states, p, false);
+        let host = super::HostStates {
+            bytes: w[4].host.map_or(0, |h| h.retained_bytes),
+            predicted_master_bytes: host.0,
+            predicted_gradient_bytes: host.1,
+            predicted_optimizer_state_bytes: host.2,
+        };
+        (device, Some(host))
+    } else {
+        (crate::formula::zero::shards(3, n, states, false), None)
+    };
     States {
         weights_bytes: w[0].retained_bytes + w[1].retained_bytes,
         gradient_bytes: grads_held,
@@ -766,7 +804,7 @@ fn states(case: &Case, ranks: usize, w: &[Window], grads_held: i64) -> States {
         predicted_weights_bytes: pw,
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
-        host: None,
+        host,
     }
 }
 

@@ -113,9 +113,20 @@ impl Sharded {
         if !(1..=2).contains(&stage) {
             bail!("ranks: ZeRO-Offload runs at stages 1 and 2 (stage {stage})")
         }
+        Self::offloaded_over(stepper, stage, vars.iter().map(|(_, v)| v), comm)
+    }
+
+    /// [`Sharded::offloaded`] over the variables themselves (ZeRO 3: the shards, each a
+    /// variable stepped whole, over [`super::comm::Solo`]), stepped with [`Sharded::step_each`].
+    pub fn offloaded_over<'v>(
+        stepper: Stepper,
+        stage: u8,
+        vars: impl ExactSizeIterator<Item = &'v Var>,
+        comm: &dyn Comm,
+    ) -> Result<Self> {
         let mut slots = Vec::with_capacity(vars.len());
         let mut host = Vec::with_capacity(vars.len());
-        for (_, var) in vars {
+        for var in vars {
             let run = run_of(var.elem_count(), comm.size(), comm.rank());
             host.push(HostSlot::new(&stepper, var, &run)?);
             slots.push(Slot {
