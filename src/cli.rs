@@ -74,9 +74,10 @@ pub enum Command {
         after_help = "Examples:\n  memfit selftest\n  memfit selftest --device cuda:0 --json\n  memfit selftest --list\n  memfit selftest --filter attn"
     )]
     Selftest(SelftestArgs),
-    /// One data-parallel rank of a training case per process, launched by `mpirun -np N` or
-    /// `srun -n N`: the gradients averaged and the optimizer state sharded over the ranks (ZeRO
-    /// 0, 1 or 2, through MPI); every rank's windows measured and predicted, printed by rank 0.
+    /// One rank of a training (or, `--tp N --phases prefill,decode`, serving) case per process,
+    /// launched by `mpirun -np N` or `srun -n N`: data parallel with ZeRO 0 to 3 (ZeRO-Offload,
+    /// FSDP's SHARD_GRAD_OP and HYBRID_SHARD), tensor, expert or pipeline parallel, through MPI;
+    /// every rank's windows measured and predicted, printed by rank 0.
     #[command(
         after_help = "Needs a build with `--features ranks` (MPI) to run more than one rank.\n\nExamples:\n  mpirun -np 2 memfit ranks --preset small --layers 2 --batch 2 --seq 64 --optimizer adamw --zero 1\n  srun -n 4 memfit ranks --hidden 96 --heads 3 --layers 2 --vocab 300 --seq 32 --zero 2 --check --json\n  mpirun -np 2 memfit ranks --model llama --hidden 64 --heads 4 --kv-heads 2 --layers 2 --tp 2 --check"
     )]
