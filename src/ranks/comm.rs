@@ -145,6 +145,18 @@ mod mpi_comm {
         }
     }
 
+    /// Where each rank's run starts when the runs of `counts` lie one after the other.
+    fn displacements(counts: &[Count]) -> Vec<Count> {
+        counts
+            .iter()
+            .scan(0, |at, &n| {
+                let d = *at;
+                *at += n;
+                Some(d)
+            })
+            .collect()
+    }
+
     impl super::Comm for Mpi {
         fn rank(&self) -> usize {
             self.world.rank() as usize
@@ -187,14 +199,7 @@ mod mpi_comm {
             let mut counts = vec![0 as Count; self.size()];
             self.world
                 .all_gather_into(&(send.len() as Count), &mut counts[..]);
-            let displs: Vec<Count> = counts
-                .iter()
-                .scan(0, |at, &n| {
-                    let d = *at;
-                    *at += n;
-                    Some(d)
-                })
-                .collect();
+            let displs = displacements(&counts);
             let mut all = vec![0u8; counts.iter().sum::<Count>() as usize];
             let mut parts = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
             self.world.all_gather_varcount_into(send, &mut parts);
@@ -231,14 +236,7 @@ mod mpi_comm {
             // Counts and displacements in elements, each rank's run after the one before.
             let runs = |counts: &[usize]| -> (Vec<Count>, Vec<Count>) {
                 let c: Vec<Count> = counts.iter().map(|&n| n as Count).collect();
-                let d: Vec<Count> = counts
-                    .iter()
-                    .scan(0, |at, &n| {
-                        let d = *at;
-                        *at += n as Count;
-                        Some(d)
-                    })
-                    .collect();
+                let d = displacements(&c);
                 (c, d)
             };
             let (sc, sd) = runs(send_counts);

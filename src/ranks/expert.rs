@@ -62,7 +62,6 @@ use candle_nn::{Init, VarBuilder, VarMap};
 use super::comm::{Comm, Solo};
 use super::tensor::{Group, f32_data, with_group};
 use super::{Check, Plan, RankReport, States, WINDOWS, Window, named_vars, window, zero};
-use crate::meter::cpu_alloc;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::model::config::{Config, ProjSpec};
 use crate::model::moe::{HostRouting, Moe, MoeParallel};
@@ -632,15 +631,8 @@ pub fn run_ep_rank(
     };
 
     // forward, backward
-    comm.barrier();
-    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
-    measured.push((p, r, s, rss_now()));
-    let first = parallel.exchanges();
-    let mut graph = Some(graph);
-    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
-    measured.push((p, r, s, rss_now()));
-    drop(graph);
-    let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
+    let (grads, grads_held, first) =
+        super::forward_backward(&step, comm.as_ref(), &mut measured, || parallel.exchanges())?;
     // reduce: the dense gradients averaged, the experts' divided by the ranks; the optimizer
     // the rank's whole state (dense and its experts), stepped in place; gather: nothing
     let (gradient_rel_diff, opt, _) = super::step_tail(
@@ -796,18 +788,8 @@ mod tests {
             let vars = named_vars(&varmap);
             super::super::fill_deterministic(&vars).unwrap();
             let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
-            let run = |m: &Transformer| {
-                let loss = m.training_loss(&tokens, &targets, None).unwrap();
-                let grads = loss.backward().unwrap();
-                let g: Vec<Vec<f32>> = vars
-                    .iter()
-                    .map(|(_, v)| {
-                        let g = grads.get(v.as_tensor()).unwrap();
-                        g.flatten_all().unwrap().to_vec1().unwrap()
-                    })
-                    .collect();
-                (loss.to_scalar::<f32>().unwrap(), g)
-            };
+            let run =
+                |m: &Transformer| crate::ranks::loss_and_gradients(m, &vars, &tokens, &targets);
             let plain = run(&model);
             let _group = Group::join(Rc::new(Solo));
             let parallel = Rc::new(ExpertParallel::new(0, 1, cfg.layers, false));

@@ -537,6 +537,28 @@ fn step_tail<C>(
     Ok((checked, opt, host))
 }
 
+/// The `forward` and `backward` windows of a rank that steps its own part of the model (data,
+/// tensor and expert parallelism), each pushed to `measured` (after `init`, its first): the
+/// gradients, the bytes they hold with the forward's graph gone, and what `between` took
+/// after the forward (a mixture's routing, the exchanges' rows).
+fn forward_backward<X>(
+    step: &Step<'_>,
+    comm: &dyn Comm,
+    measured: &mut Vec<Measured>,
+    between: impl FnOnce() -> X,
+) -> anyhow::Result<(GradStore, i64, X)> {
+    comm.barrier();
+    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    let x = between();
+    let mut graph = Some(graph);
+    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
+    measured.push((p, r, s, vm_rss_bytes()));
+    drop(graph);
+    let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
+    Ok((grads, grads_held, x))
+}
+
 /// Rank `rank`'s rows of the synthetic global batch of `ranks·B` rows.
 fn rank_batch(case: &Case, rank: usize, ranks: usize) -> anyhow::Result<(Tensor, Tensor)> {
     let (b, s) = (case.batch, case.seq);
@@ -666,7 +688,6 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     }
     let (rank, ranks) = (comm.rank(), comm.size());
     let mut measured = Vec::with_capacity(WINDOWS.len());
-    let rss_now = vm_rss_bytes;
     let Start {
         tokens,
         targets,
@@ -684,18 +705,10 @@ pub fn run_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<Rank
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
 
     // forward, backward (a mixture's routing of this forward kept for the predictions)
-    comm.barrier();
     crate::model::moe::routing_window();
-    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
-    measured.push((p, r, s, rss_now()));
-    let first = crate::model::moe::routing_snapshot();
-    let mut graph = Some(graph);
-    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
-    measured.push((p, r, s, rss_now()));
-    drop(graph);
-    // The gradients the backward left, with the forward's graph gone.
-    let fwd_start = measured[1].2;
-    let grads_held = cpu_alloc::current() as i64 - fwd_start as i64;
+    let (grads, grads_held, first) = forward_backward(&step, comm, &mut measured, || {
+        crate::model::moe::routing_snapshot()
+    })?;
     // reduce, optimizer, gather, train-step; the check's first half between reduce and
     // optimizer: this rank's averaged gradients against one process's on the global batch.
     let (gradient_rel_diff, opt, host) = step_tail(
@@ -1087,6 +1100,27 @@ fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) 
         predicted_optimizer_state_bytes: po,
         host,
     }
+}
+
+/// (tests) One training loss of `model` on `tokens` and every variable's gradient, flattened:
+/// what the collectives' one-rank tests compare with and without their hooks.
+#[cfg(test)]
+fn loss_and_gradients(
+    model: &Transformer,
+    vars: &[(String, Var)],
+    tokens: &Tensor,
+    targets: &Tensor,
+) -> (f32, Vec<Vec<f32>>) {
+    let loss = model.training_loss(tokens, targets, None).unwrap();
+    let grads = loss.backward().unwrap();
+    let g = vars
+        .iter()
+        .map(|(_, v)| {
+            let g = grads.get(v.as_tensor()).unwrap();
+            g.flatten_all().unwrap().to_vec1().unwrap()
+        })
+        .collect();
+    (loss.to_scalar::<f32>().unwrap(), g)
 }
 
 #[cfg(test)]

@@ -47,7 +47,6 @@ use super::comm::{Comm, Solo};
 use super::{Check, Plan, RankReport, States, WINDOWS, Window, named_vars, window, zero};
 use crate::formula::parallel::{self, Layout as ParallelLayout};
 use crate::formula::transformer::Shape as FormulaShape;
-use crate::meter::cpu_alloc;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::model::tensor_parallel::CollectiveOps;
 pub use crate::model::tensor_parallel::Megatron;
@@ -370,7 +369,6 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         plan.tp
     );
     let mut measured = Vec::with_capacity(WINDOWS.len());
-    let rss_now = vm_rss_bytes;
     let ShardStart {
         shard,
         _group,
@@ -395,14 +393,8 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
 
     // forward, backward
-    comm.barrier();
-    let (graph, p, r, s) = window(|| Ok(step.forward()?))?;
-    measured.push((p, r, s, rss_now()));
-    let mut graph = Some(graph);
-    let (grads, p, r, s) = window(|| Ok(step.backward(&mut graph)?))?;
-    measured.push((p, r, s, rss_now()));
-    drop(graph);
-    let grads_held = cpu_alloc::current() as i64 - measured[1].2 as i64;
+    let (grads, grads_held, ()) =
+        super::forward_backward(&step, comm.as_ref(), &mut measured, || ())?;
     // reduce: nothing (the replicated tensors' gradients are equal on every rank); the
     // optimizer the shard's whole state, stepped in place; gather: nothing
     let (gradient_rel_diff, opt, _) = super::step_tail(
@@ -607,18 +599,8 @@ mod tests {
             let model = Transformer::new(&cfg, vb).unwrap();
             let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
             let vars = named_vars(&varmap);
-            let run = |m: &Transformer| {
-                let loss = m.training_loss(&tokens, &targets, None).unwrap();
-                let grads = loss.backward().unwrap();
-                let g: Vec<Vec<f32>> = vars
-                    .iter()
-                    .map(|(_, v)| {
-                        let g = grads.get(v.as_tensor()).unwrap();
-                        g.flatten_all().unwrap().to_vec1().unwrap()
-                    })
-                    .collect();
-                (loss.to_scalar::<f32>().unwrap(), g)
-            };
+            let run =
+                |m: &Transformer| crate::ranks::loss_and_gradients(m, &vars, &tokens, &targets);
             let plain = run(&model);
             let _group = Group::join(Rc::new(Solo));
             let split = model.clone().with_collectives(Rc::new(Megatron {
