@@ -291,10 +291,14 @@ pub struct RanksArgs {
     pub zero3_skip_tied_second_use: bool,
     /// ZeRO 3's prefetch in the backward: `backward` (FSDP's default, `BACKWARD_PRE`: the
     /// next unit's parameters gathered before this unit's gradients are computed, two units
-    /// whole at once) or `none` (`backward_prefetch=None`: one unit whole at a time). The
-    /// forward never prefetches (FSDP's default `forward_prefetch=False`).
+    /// whole at once) or `none` (`backward_prefetch=None`: one unit whole at a time).
     #[arg(long, value_enum, default_value_t = FsdpPrefetch::Backward)]
     pub fsdp_prefetch: FsdpPrefetch,
+    /// ZeRO 3's prefetch in the forward: `off` (FSDP1's default `forward_prefetch=False`: one
+    /// unit whole at a time) or `on` (`forward_prefetch=True`: the next unit's parameters
+    /// gathered before this unit's forward runs, two units whole at once).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub fsdp_forward_prefetch: OnOff,
     /// ZeRO 3's `reshard_after_forward` (FSDP2's flag): `on` (the default, `FULL_SHARD`: each
     /// unit's parameters freed after its forward and gathered again for its backward) or `off`
     /// (FSDP1's `SHARD_GRAD_OP`: every unit kept whole from its forward to its backward, the

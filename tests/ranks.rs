@@ -331,6 +331,37 @@ fn zero3_on_two_ranks_as_predicted_and_as_one_process() {
             );
         }
     }
+    // With the forward prefetch (FSDP's forward_prefetch=True) the next unit is whole while a
+    // unit's forward runs: the forward's peak rises, by no more than one block's parameters
+    // (the largest unit: q, k, v, o, gate, up, down and two norms of LLAMA's widths), measured
+    // and predicted alike; what the forward keeps and the backward do not move, and the check
+    // still passes.
+    let ahead = run(2, LLAMA, &["--zero", "3", "--fsdp-forward-prefetch", "on"]);
+    assert_eq!(ahead["fsdp_forward_prefetch"], "on");
+    assert_eq!(llama["fsdp_forward_prefetch"], "off");
+    check_all(&ahead, 2, "llama zero 3 with the forward prefetch");
+    let block = 4 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160 + 2 * 64);
+    let at = |d: &Value, r: usize, w: usize, f: &str| i(&d["ranks"][r]["windows"][w][f]);
+    for r in 0..2 {
+        for f in ["peak_bytes", "predicted_peak_bytes"] {
+            let rise = at(&ahead, r, 2, f) - at(&llama, r, 2, f);
+            assert!(
+                rise > 0 && rise <= block,
+                "rank {r} {f}: the forward prefetch raises the forward's peak by {rise} B (a block is {block})"
+            );
+        }
+        for (w, f) in [
+            (2, "retained_bytes"),
+            (3, "peak_bytes"),
+            (3, "retained_bytes"),
+        ] {
+            assert_eq!(
+                at(&ahead, r, w, f),
+                at(&llama, r, w, f),
+                "rank {r} window {w} {f}"
+            );
+        }
+    }
     // FSDP's reshard_after_forward=False (SHARD_GRAD_OP): every unit kept whole from its
     // forward to its backward. The forward keeps the whole model's weights beside the shards
     // (its retained bytes rise by the parameters less nothing: the runs stay), the backward

@@ -66,6 +66,10 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         "memfit ranks: --fsdp-reshard-after-forward off without --zero 3 (only ZeRO 3 gathers parameters)"
     );
     ensure!(
+        args.zero == Some(3) || args.fsdp_forward_prefetch == crate::cli::OnOff::Off,
+        "memfit ranks: --fsdp-forward-prefetch on without --zero 3 (only ZeRO 3 gathers parameters)"
+    );
+    ensure!(
         args.zero == Some(3) || args.hsdp.is_none(),
         "memfit ranks: --hsdp without --zero 3 (hybrid sharding is ZeRO 3's)"
     );
@@ -154,6 +158,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         ep_expert_scaling: true,
         offload,
         reshard_after_forward: args.fsdp_reshard_after_forward == crate::cli::OnOff::On,
+        forward_prefetch: args.fsdp_forward_prefetch == crate::cli::OnOff::On,
         hsdp: args.hsdp.unwrap_or(0),
     };
     let report = if args.tp > 1 {
@@ -169,13 +174,8 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
         doc.hsdp_shard_group = args.hsdp.filter(|&s| s < doc.ranks.len());
-        doc.fsdp_reshard_after_forward = Some(
-            match args.fsdp_reshard_after_forward {
-                crate::cli::OnOff::On => "on",
-                crate::cli::OnOff::Off => "off",
-            }
-            .to_string(),
-        );
+        doc.fsdp_reshard_after_forward = Some(on_off(args.fsdp_reshard_after_forward).to_string());
+        doc.fsdp_forward_prefetch = Some(on_off(args.fsdp_forward_prefetch).to_string());
     }
     if offload {
         doc.offload = Some("optimizer".into());
@@ -210,6 +210,7 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         ep_expert_scaling: !args.ep_skip_expert_scaling,
         offload: false,
         reshard_after_forward: true,
+        forward_prefetch: false,
         hsdp: 0,
     };
     let report = ranks::expert::run_ep_rank(case, plan, comm.clone())
@@ -481,6 +482,14 @@ fn print_pipeline(case: &crate::workload::Case, doc: &PipelineDoc) {
     }
 }
 
+/// An on/off flag's value as the command line spells it.
+fn on_off(v: crate::cli::OnOff) -> &'static str {
+    match v {
+        crate::cli::OnOff::On => "on",
+        crate::cli::OnOff::Off => "off",
+    }
+}
+
 /// `--fsdp-prefetch`'s value as the command line spells it.
 fn prefetch_name(p: crate::cli::FsdpPrefetch) -> &'static str {
     match p {
@@ -502,7 +511,7 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
         )
     } else if zero == 3 {
         format!(
-            "ZeRO 3 (FSDP {}: every parameter sharded, each unit gathered while it runs{}; backward prefetch {})",
+            "ZeRO 3 (FSDP {}: every parameter sharded, each unit gathered while it runs{}; backward prefetch {}, forward prefetch {})",
             match (
                 args.hsdp.filter(|&s| s < reports.len()),
                 args.fsdp_reshard_after_forward
@@ -519,7 +528,8 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             } else {
                 " and kept whole from its forward to its backward"
             },
-            prefetch_name(args.fsdp_prefetch)
+            prefetch_name(args.fsdp_prefetch),
+            on_off(args.fsdp_forward_prefetch)
         )
     } else if args.offload == crate::cli::Offload::Optimizer {
         format!(

@@ -24,8 +24,12 @@
 //!   by their number, as ZeRO 2 does), drop the whole gradients, reshard. The prefetch
 //!   (`--fsdp-prefetch`, [`backward`]) is FSDP's default: in the backward the next unit is
 //!   gathered before this unit's gradients are computed (`BACKWARD_PRE`: two units whole at
-//!   once), in the forward nothing ahead (`forward_prefetch=False`); `--fsdp-prefetch none`
-//!   keeps one unit whole at a time (`backward_prefetch=None`).
+//!   once); `--fsdp-prefetch none` keeps one unit whole at a time (`backward_prefetch=None`).
+//!   In the forward nothing is gathered ahead by default (FSDP1's `forward_prefetch=False`);
+//!   `--fsdp-forward-prefetch on` ([`ForwardSchedule::prefetch`]) gathers the next unit before
+//!   this unit's forward runs (FSDP1's `forward_prefetch=True`, FSDP2's
+//!   `set_modules_to_forward_prefetch` with one unit ahead): two units whole while a unit's
+//!   forward runs, the next one's parameters counted in the forward's peak.
 //! - **A tied table** (the head is the token table: SmolLM2, GPT) is one parameter in two units,
 //!   the embedding's and the head's: gathered whenever either runs. Its gradient is the sum of
 //!   its two uses: the head's use (first in the backward) is reduce-scattered into a new shard;
@@ -195,27 +199,60 @@ where
     Ok(out)
 }
 
+/// What the forward does around each unit: FSDP's `reshard_after_forward` and
+/// `forward_prefetch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardSchedule {
+    /// Each unit's parameters resharded after its forward (`FULL_SHARD`); else every unit
+    /// stays whole until its backward (`SHARD_GRAD_OP`).
+    pub reshard_after_forward: bool,
+    /// The next unit gathered before this unit's forward runs (`forward_prefetch=True`).
+    pub prefetch: bool,
+}
+
+impl ForwardSchedule {
+    /// FSDP's defaults: resharded after the forward, nothing gathered ahead.
+    pub const DEFAULT: Self = ForwardSchedule {
+        reshard_after_forward: true,
+        prefetch: false,
+    };
+}
+
 /// The forward unit by unit ([`by_block::forward_on`]'s ops, in its order), each unit's
-/// parameters gathered before it runs and resharded after.
+/// parameters gathered before it runs (and, with [`ForwardSchedule::prefetch`], the next
+/// unit's with them) and resharded after.
 pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
     model: &Transformer<T, R, C>,
     tokens: &T,
     targets: &T,
     units: &[Vec<usize>],
     sh: &mut dyn Sharding<T>,
-    reshard_after_forward: bool,
+    schedule: ForwardSchedule,
 ) -> candle_core::Result<Forward<T>> {
     let head = units.len() - 1;
     let masks = model.input_mask(tokens)?;
+    // The unit the forward prefetch has gathered already.
+    let mut ahead = None;
+    // Unit `unit` whole (unless the prefetch gathered it), and with the forward prefetch the
+    // next one too, unless the two share a variable.
+    let mut ready = |sh: &mut dyn Sharding<T>, unit: usize| -> candle_core::Result<()> {
+        if ahead != Some(unit) {
+            sh.gather(unit)?;
+        }
+        if schedule.prefetch {
+            ahead = prefetch_next(units, unit, (unit < head).then_some(unit + 1), sh)?;
+        }
+        Ok(())
+    };
     // FSDP's `reshard_after_forward`: else every unit stays whole until its backward.
     let done = |sh: &mut dyn Sharding<T>, unit: usize| {
-        if reshard_after_forward {
+        if schedule.reshard_after_forward {
             sh.reshard(unit)
         } else {
             Ok(())
         }
     };
-    sh.gather(0)?;
+    ready(sh, 0)?;
     let mut x = model.embed(tokens)?;
     done(sh, 0)?;
     let layers = model.blocks.len();
@@ -229,7 +266,7 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
         };
         let (input, cut) = by_block::boundary(x, part)?;
         cuts.push(cut);
-        sh.gather(i + 1)?;
+        ready(sh, i + 1)?;
         x = model.blocks_forward(&input, &masks, i..i + 1)?;
         drop(input);
         done(sh, i + 1)?;
@@ -237,7 +274,7 @@ pub fn forward<T: Autograd, R: Routing<T> + Clone, C>(
     let part = model.blocks.last().map_or(outer, |b| b.tag);
     let (input, cut) = by_block::boundary(x, part)?;
     cuts.push(cut);
-    sh.gather(head)?;
+    ready(sh, head)?;
     let logits = model.head_forward(&input)?;
     drop(input);
     let loss = model.train_loss(&logits, targets)?;
@@ -512,7 +549,7 @@ pub fn replay(
     ranks: usize,
     rank: usize,
     prefetch: bool,
-    reshard_after_forward: bool,
+    schedule: ForwardSchedule,
     replicas: bool,
 ) -> anyhow::Result<(u64, u64, u64, i64)> {
     crate::formula::replay::with_training_model(
@@ -536,15 +573,7 @@ pub fn replay(
             };
             let base = ledger.reset_peak();
             ledger.set_stage("forward");
-            let fwd = forward(
-                model,
-                tokens,
-                targets,
-                &units,
-                &mut sh,
-                reshard_after_forward,
-            )
-            .sure();
+            let fwd = forward(model, tokens, targets, &units, &mut sh, schedule).sure();
             let forward_peak = ledger.window_peak(base);
             let forward_retained = ledger.current() - base;
             let base = ledger.reset_peak();
@@ -600,7 +629,7 @@ pub fn predict_windows(
         ranks,
         rank,
         plan.prefetch,
-        plan.reshard_after_forward,
+        plan.forward_schedule(),
         replicas,
     )?;
     // The optimizer: the state of every run, as ZeRO 1's of the same runs.
@@ -669,8 +698,8 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
 
     // forward, backward
     comm.barrier();
-    let raf = plan.reshard_after_forward;
-    let (fwd, p, r, s) = window(|| Ok(forward(&model, &tokens, &targets, &units, &mut sh, raf)?))?;
+    let fs = plan.forward_schedule();
+    let (fwd, p, r, s) = window(|| Ok(forward(&model, &tokens, &targets, &units, &mut sh, fs)?))?;
     measured.push((p, r, s, rss_now()));
     let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?))?;
     measured.push((p, r, s, rss_now()));
@@ -697,7 +726,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     // train-step: the steady state's whole step
     comm.barrier();
     let (((), p, r, s), step_host) = super::host_window(|| {
-        let fwd = forward(&model, &tokens, &targets, &units, &mut sh, raf)?;
+        let fwd = forward(&model, &tokens, &targets, &units, &mut sh, fs)?;
         backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?;
         opt.step_each(&sh.grads)?;
         sh.grads.iter_mut().for_each(|g| *g = None);
@@ -934,8 +963,17 @@ mod tests {
                 most: 0,
                 gathers: 0,
             };
-            let fwd = forward(&model, &tokens, &targets, &units, &mut sh, true)?;
-            assert_eq!((sh.most, sh.gathers), (1, units.len()));
+            // The forward prefetch with the backward's: two units whole at once in each.
+            let schedule = ForwardSchedule {
+                prefetch,
+                ..ForwardSchedule::DEFAULT
+            };
+            let fwd = forward(&model, &tokens, &targets, &units, &mut sh, schedule)?;
+            // Every unit gathered once in the forward.
+            assert_eq!(
+                (sh.most, sh.gathers),
+                (if prefetch { 2 } else { 1 }, units.len())
+            );
             (sh.most, sh.gathers) = (0, 0);
             backward(&tensors, fwd, &units, &mut sh, prefetch)?;
             // Every unit gathered once in the backward; with the prefetch, two whole at once.

@@ -229,6 +229,11 @@ pub struct RanksDoc {
     /// ZeRO 3 documents written before it (which ran `on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_reshard_after_forward: Option<String>,
+    /// ZeRO 3's `forward_prefetch` (`on`: the next unit gathered before a unit's forward runs;
+    /// `off`, FSDP1's default); absent in other stages' documents and in ZeRO 3 documents
+    /// written before it (which ran `off`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_forward_prefetch: Option<String>,
     /// ZeRO 3 as hybrid sharding (`--hsdp S`): the ranks of a shard group; absent with one
     /// group of every rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -291,6 +296,7 @@ impl RanksDoc {
             fsdp_prefetch: None,
             offload: None,
             fsdp_reshard_after_forward: None,
+            fsdp_forward_prefetch: None,
             hsdp_shard_group: None,
             serve: None,
         }
@@ -349,9 +355,21 @@ pub struct Plan {
     /// ZeRO 3 reshards each unit after its forward (FSDP's `reshard_after_forward=True`,
     /// `FULL_SHARD`); false keeps every unit whole until its backward (`SHARD_GRAD_OP`).
     pub reshard_after_forward: bool,
+    /// ZeRO 3 gathers the next unit before a unit's forward (FSDP's `forward_prefetch=True`).
+    pub forward_prefetch: bool,
     /// ZeRO 3 as hybrid sharding (FSDP's `HYBRID_SHARD`): shard groups of this many ranks,
     /// each run replicated over the groups; 0: one group of every rank.
     pub hsdp: usize,
+}
+
+impl Plan {
+    /// ZeRO 3's forward schedule ([`fsdp::ForwardSchedule`]).
+    pub fn forward_schedule(&self) -> fsdp::ForwardSchedule {
+        fsdp::ForwardSchedule {
+            reshard_after_forward: self.reshard_after_forward,
+            prefetch: self.forward_prefetch,
+        }
+    }
 }
 
 /// Refuses what the rank runner does not run, by name.
