@@ -273,7 +273,8 @@ pub struct RanksArgs {
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
     /// too), 3 (the weights sharded too, as FSDP's FULL_SHARD: each unit — the embedding, a
     /// block, the head — gathered while it runs). Default 1, and 0 with `--tp` (which runs
-    /// without ZeRO); not with `--pp`.
+    /// without ZeRO) and `--ep` (which runs with 0, 1 or 2: the dense part sharded, each
+    /// expert's state whole on its owner); not with `--pp`.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Tensor parallelism over every rank (N = the ranks mpirun starts, 2 or more): each rank

@@ -819,6 +819,36 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
         let broken = ep(MIXTRAL, 2, &[mutation]);
         assert_caught(&broken, mutation);
     }
+    // ZeRO 1 and 2 beside expert parallelism (DeepSpeed-MoE's and Megatron-Core's layout):
+    // the dense part's state (ZeRO 2: its gradients too) sharded over the ranks, each
+    // expert's whole on its owner (its data-parallel group is that rank alone). Every window
+    // as predicted, the check passes, and what falls is the dense part's, measured as
+    // predicted.
+    let at = |d: &Value, r: usize, k: &str| i(&d["ranks"][r]["states"][k]);
+    let plain = ep(common::MIXTRAL_WIDE, 2, &[]);
+    let mut by_stage = vec![plain];
+    for zero in ["1", "2"] {
+        let doc = ep(common::MIXTRAL_WIDE, 2, &["--zero", zero]);
+        assert_eq!(u(&doc["zero"]), zero.parse::<u64>().unwrap());
+        check_all(&doc, 2, &format!("mixtral wide ep 2 zero {zero}"));
+        by_stage.push(doc);
+    }
+    for r in 0..2 {
+        for (k, stages) in [
+            ("optimizer_state_bytes", [0, 1]),
+            ("gradient_bytes", [1, 2]),
+        ] {
+            let [lo, hi] = stages.map(|z| &by_stage[z]);
+            let fell = at(lo, r, k) - at(hi, r, k);
+            let predicted = at(lo, r, &format!("predicted_{k}")) - at(hi, r, &format!("predicted_{k}"));
+            assert!(
+                predicted > 0 && (fell - predicted).abs() < predicted / 100,
+                "rank {r} {k}: fell {fell} B from ZeRO {} to {}, predicted {predicted}",
+                stages[0],
+                stages[1]
+            );
+        }
+    }
 }
 
 /// `--ep` refuses, by name, what it does not split: experts that do not divide (4 over 3),
@@ -832,7 +862,7 @@ fn expert_parallel_refuses_what_it_does_not_split() {
             "--ep must divide the experts: 2, 4",
         ),
         (LLAMA, &["--ep", "2"][..], "splits a mixture of experts"),
-        (MIXTRAL, &["--ep", "2", "--zero", "1"][..], "without ZeRO"),
+        (MIXTRAL, &["--ep", "2", "--zero", "3"][..], "ZeRO 0, 1 or 2"),
         (MIXTRAL, &["--ep", "2", "--tp", "2"][..], "not run together"),
         (MIXTRAL, &["--ep-skip-expert-scaling"][..], "without --ep"),
     ] {

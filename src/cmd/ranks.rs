@@ -501,8 +501,15 @@ fn prefetch_name(p: crate::cli::FsdpPrefetch) -> &'static str {
 fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports: &[RankReport]) {
     let split = if args.ep > 1 {
         format!(
-            "expert parallel over {} inside data parallel (each rank the dense part whole, 1/{} of the experts, its own microbatch; rows exchanged by all-to-all)",
-            args.ep, args.ep
+            "expert parallel over {} inside data parallel (each rank the dense part whole, 1/{} of the experts, its own microbatch; rows exchanged by all-to-all){}",
+            args.ep,
+            args.ep,
+            match zero {
+                0 => String::new(),
+                z => format!(
+                    "; ZeRO {z} over the dense part (each expert's state whole on its owner)"
+                ),
+            }
         )
     } else if args.tp > 1 {
         format!(

@@ -59,7 +59,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor};
 use candle_nn::{Init, VarBuilder, VarMap};
 
-use super::comm::{Comm, Solo};
+use super::comm::Comm;
 use super::tensor::{Group, f32_data, with_group};
 use super::{Check, Plan, RankReport, States, WINDOWS, Window, named_vars, window, zero};
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
@@ -396,8 +396,8 @@ pub fn check_ep(case: &Case, zero: u8, ep: usize) -> anyhow::Result<()> {
             .join(", ")
     );
     ensure!(
-        zero == 0,
-        "ranks --ep {ep} --zero {zero}: expert parallelism runs without ZeRO here (--zero 0)"
+        zero <= 2,
+        "ranks --ep {ep} --zero {zero}: expert parallelism runs with ZeRO 0, 1 or 2 (ZeRO 3's gathers are not run beside the exchanges)"
     );
     ensure!(
         case.checkpoint == 0,
@@ -491,19 +491,26 @@ pub fn predict_ep_windows(
         .collect();
     let dropped_bytes =
         4 * dropped.iter().sum::<u64>() + whole.meta(INIT_META_PER_VAR) * dropped.len() as u64;
-    let vars = rank_variables(case, rank, ep);
-    let dense_largest = vars
-        .iter()
-        .filter(|(n, _)| expert_of(n).is_none())
-        .map(|(_, n)| *n)
-        .max()
-        .unwrap_or(0);
-    let reduce_peak = 4 * dense_largest.min(zero::BUCKET_ELEMS as u64);
+    let (dense, owned) = dense_and_owned(case, plan.zero, rank, ep);
+    let dense_largest = dense.iter().copied().max().unwrap_or(0);
+    let run = |n: u64| zero::run_of(n as usize, ep, rank).len() as u64;
+    // ZeRO 0 and 1 all-reduce the dense gradients through one bucket; ZeRO 2 reduce-scatters
+    // each into a run of its own (largest first), the whole dense gradient freed.
+    let (reduce_peak, reduce_kept): (u64, i64) = if plan.zero < 2 {
+        (4 * dense_largest.min(zero::BUCKET_ELEMS as u64), 0)
+    } else {
+        use crate::formula::transformer::GRAD_META_PER_TENSOR;
+        let shards: u64 = dense.iter().map(|&n| 4 * run(n) + super::TENSOR_META).sum();
+        let whole: u64 = dense.iter().map(|&n| 4 * n + GRAD_META_PER_TENSOR).sum();
+        (
+            4 * run(dense_largest) + super::TENSOR_META,
+            shards as i64 - whole as i64,
+        )
+    };
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE).expect("checked");
     let (m, v) = stepper.state();
     let moments = m as u64 + v as u64;
-    let owned: u64 = vars.iter().map(|(_, n)| n).sum();
-    let count = vars.len() as u64;
+    let count = rank_variables(case, rank, ep).len() as u64;
     let state = moments * (4 * owned + super::TENSOR_META * count) + zero::SLOT_BYTES * count;
     let t = replay_rank(case, plan, rank, ep, first);
     let s = replay_rank(case, plan, rank, ep, step);
@@ -511,7 +518,8 @@ pub fn predict_ep_windows(
     let grads = (s.forward_retained as i64 + s.backward_retained).max(0) as u64;
     let train_step = (s.forward_retained + s.backward_peak)
         .max(s.forward_peak)
-        .max(grads + reduce_peak);
+        .max(grads + reduce_peak)
+        .max((grads as i64 + reduce_kept).max(0) as u64);
     vec![
         (
             init.peak_bytes - dropped_bytes,
@@ -519,11 +527,34 @@ pub fn predict_ep_windows(
         ),
         (t.forward_peak, t.forward_retained as i64),
         (t.backward_peak, t.backward_retained),
-        (reduce_peak, 0),
+        (reduce_peak, reduce_kept),
         (state, state as i64),
         (0, 0),
         (train_step, 0),
     ]
+}
+
+/// Rank `rank` of `ep`'s dense variables' elements, and the elements its optimizer steps at
+/// ZeRO `stage`: its run of each dense variable (every element at stage 0) and its experts
+/// whole (their data-parallel group is their owner alone).
+fn dense_and_owned(case: &Case, stage: u8, rank: usize, ep: usize) -> (Vec<u64>, u64) {
+    let vars = rank_variables(case, rank, ep);
+    let dense: Vec<u64> = vars
+        .iter()
+        .filter(|(n, _)| expert_of(n).is_none())
+        .map(|(_, n)| *n)
+        .collect();
+    let experts: u64 = vars
+        .iter()
+        .filter(|(n, _)| expert_of(n).is_some())
+        .map(|(_, n)| n)
+        .sum();
+    let run = |n: u64| zero::run_of(n as usize, ep, rank).len() as u64;
+    let dense_owned: u64 = dense
+        .iter()
+        .map(|&n| if stage == 0 { n } else { run(n) })
+        .sum();
+    (dense, dense_owned + experts)
 }
 
 /// What an expert-parallel rank reports beside its windows: the experts it holds and, for each
@@ -618,7 +649,7 @@ pub fn run_ep_rank(
     };
     let stepper = Stepper::new(case.optimizer, crate::optim::LEARNING_RATE)?;
     let reduce = |grads: &mut GradStore| -> anyhow::Result<()> {
-        zero::reduce(0, &dense, grads, comm.as_ref())?;
+        zero::reduce(plan.zero, &dense, grads, comm.as_ref())?;
         if plan.ep_expert_scaling {
             let scale = 1.0 / ep as f32;
             for (_, v) in &experts {
@@ -633,8 +664,10 @@ pub fn run_ep_rank(
     // forward, backward
     let (grads, grads_held, first) =
         super::forward_backward(&step, comm.as_ref(), &mut measured, || parallel.exchanges())?;
-    // reduce: the dense gradients averaged, the experts' divided by the ranks; the optimizer
-    // the rank's whole state (dense and its experts), stepped in place; gather: nothing
+    // reduce: the dense gradients averaged (ZeRO 2: each reduce-scattered into this rank's
+    // run), the experts' divided by the ranks; the optimizer: the dense part's state at the
+    // ZeRO stage over every rank, the experts' whole (each expert's data-parallel group is
+    // its owner alone), stepped in place; gather: the dense runs (ZeRO 1 and 2)
     let (gradient_rel_diff, opt, _) = super::step_tail(
         &step,
         grads,
@@ -643,17 +676,17 @@ pub fn run_ep_rank(
         &reduce,
         |g| {
             plan.check
-                .then(|| check_gradients(case, ep, &vars, g))
+                .then(|| check_gradients(case, plan.zero, comm.as_ref(), &vars, g))
                 .transpose()
         },
-        || Ok(zero::Sharded::new(stepper, 0, &vars, &Solo)?),
-        &|| Ok(()),
+        || Ok(zero::Sharded::new(stepper, plan.zero, &dense, comm.as_ref())?.and_whole(&experts)?),
+        &|| Ok(zero::gather(plan.zero, &dense, comm.as_ref())?),
     )?;
     let last = parallel.exchanges();
 
     let predicted = predict_ep_windows(case, plan, rank, ep, &first, &last);
     let windows = super::windows_of(&measured, &predicted);
-    let states = ep_states(case, rank, ep, &windows, grads_held)?;
+    let states = ep_states(case, plan.zero, rank, ep, &windows, grads_held)?;
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
             gradient_rel_diff,
@@ -689,17 +722,24 @@ pub fn run_ep_rank(
 /// global batch, each variable against the whole model's of the same name.
 fn check_gradients(
     case: &Case,
-    ranks: usize,
+    stage: u8,
+    comm: &dyn Comm,
     vars: &[(String, candle_core::Var)],
     grads: &GradStore,
 ) -> anyhow::Result<f64> {
+    let (rank, ranks) = (comm.rank(), comm.size());
     let single = super::Single::new(case, ranks)?;
     let reference = single.step().gradients()?;
     super::compare(vars, &single.vars, |name, v, w| {
-        Ok((
-            super::grad_of(grads, name, v)?,
-            super::grad_of(&reference, name, w)?,
-        ))
+        let mine = super::grad_of(grads, name, v)?;
+        let theirs = super::grad_of(&reference, name, w)?;
+        // ZeRO 2 leaves this rank's run of each dense gradient.
+        if stage == 2 && expert_of(name).is_none() {
+            let theirs = theirs.flatten_all()?;
+            let run = zero::run_of(theirs.elem_count(), ranks, rank);
+            return Ok((mine, theirs.narrow(0, run.start, run.len())?));
+        }
+        Ok((mine, theirs))
     })
 }
 
@@ -722,6 +762,7 @@ fn check_weights(
 /// moments each as large).
 fn ep_states(
     case: &Case,
+    stage: u8,
     rank: usize,
     ep: usize,
     w: &[Window],
@@ -730,13 +771,16 @@ fn ep_states(
     let (we, ge, oe) = crate::formula::parallel::rates(4, case.optimizer)
         .context("ranks --ep: an optimizer of whole bytes per parameter")?;
     let n: u64 = rank_variables(case, rank, ep).iter().map(|(_, n)| n).sum();
+    // ZeRO 1 shards the dense part's state over the ranks, ZeRO 2 its gradients too; the
+    // experts' stay whole.
+    let (_, owned) = dense_and_owned(case, stage, rank, ep);
     Ok(States {
         weights_bytes: w[0].retained_bytes,
-        gradient_bytes: grads_held,
+        gradient_bytes: grads_held + w[3].retained_bytes,
         optimizer_state_bytes: w[4].retained_bytes,
         predicted_weights_bytes: we * n,
-        predicted_gradient_bytes: ge * n,
-        predicted_optimizer_state_bytes: oe * n,
+        predicted_gradient_bytes: ge * if stage == 2 { owned } else { n },
+        predicted_optimizer_state_bytes: oe * owned,
         host: None,
     })
 }

@@ -25,7 +25,7 @@ use std::ops::Range;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Tensor, Var, bail};
 
-use super::comm::Comm;
+use super::comm::{Comm, Solo};
 use super::offload::HostSlot;
 use crate::optim::inplace::Stepper;
 
@@ -156,6 +156,33 @@ impl Sharded {
         if stage > 2 {
             bail!("ranks: ZeRO stage {stage} is not run on ranks (stages 0 to 2)")
         }
+        let slots = Self::slots(&stepper, stage, vars, comm)?;
+        Ok(Self {
+            stepper,
+            stage,
+            slots,
+            host: Vec::new(),
+            step_t: 0,
+        })
+    }
+
+    /// This optimizer with `vars` stepped whole beside its shards, their state made now:
+    /// expert parallelism's experts, whose data-parallel group is their owner alone (`dp/ep`
+    /// ranks: 1 where every rank is an expert-parallel rank), beside the dense part sharded at
+    /// the stage. Their gradients are whole at every stage (ZeRO 2's [`reduce`] leaves them).
+    pub fn and_whole(mut self, vars: &[(String, Var)]) -> Result<Self> {
+        let whole = Self::slots(&self.stepper, 0, vars.iter().map(|(_, v)| v), &Solo)?;
+        self.slots.extend(whole);
+        Ok(self)
+    }
+
+    /// A slot for each of `vars`: its run at `stage` and its state, allocated now.
+    fn slots<'v>(
+        stepper: &Stepper,
+        stage: u8,
+        vars: impl ExactSizeIterator<Item = &'v Var>,
+        comm: &dyn Comm,
+    ) -> Result<Vec<Slot>> {
         let (moments, second) = stepper.state();
         let mut slots = Vec::with_capacity(vars.len());
         for var in vars {
@@ -173,13 +200,7 @@ impl Sharded {
                 run,
             });
         }
-        Ok(Self {
-            stepper,
-            stage,
-            slots,
-            host: Vec::new(),
-            step_t: 0,
-        })
+        Ok(slots)
     }
 
     /// One step of every shard with its (averaged) gradient: at stage 2 the store holds the
@@ -222,7 +243,10 @@ impl Sharded {
             }
             let (start, len) = (slot.run.start, slot.run.len());
             let view = theta.flatten_all()?.narrow(0, start, len)?;
-            let g = if self.stage == 2 {
+            // Stage 2 leaves each sharded variable's run in the store ([`reduce`]), a variable
+            // stepped whole ([`Sharded::and_whole`]) its whole gradient: a gradient of the
+            // run's length, flat, is the run.
+            let g = if self.stage == 2 && g.rank() == 1 && g.elem_count() == len {
                 g.clone()
             } else {
                 g.flatten_all()?.narrow(0, start, len)?
