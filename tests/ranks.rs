@@ -742,15 +742,11 @@ const MIXTRAL: &[&str] = &[
 #[test]
 fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
     let ep = |args: &[&str], n: usize, more: &[&str]| {
-        let split: Vec<String> = [
-            "--ep".to_string(),
-            n.to_string(),
-            "--zero".into(),
-            "0".into(),
-        ]
-        .into_iter()
-        .chain(more.iter().map(|s| s.to_string()))
-        .collect();
+        // ZeRO 0 unless `more` says (`--ep`'s default).
+        let split: Vec<String> = ["--ep".to_string(), n.to_string()]
+            .into_iter()
+            .chain(more.iter().map(|s| s.to_string()))
+            .collect();
         let split: Vec<&str> = split.iter().map(String::as_str).collect();
         run(n, args, &split)
     };
@@ -840,7 +836,8 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
         ] {
             let [lo, hi] = stages.map(|z| &by_stage[z]);
             let fell = at(lo, r, k) - at(hi, r, k);
-            let predicted = at(lo, r, &format!("predicted_{k}")) - at(hi, r, &format!("predicted_{k}"));
+            let predicted =
+                at(lo, r, &format!("predicted_{k}")) - at(hi, r, &format!("predicted_{k}"));
             assert!(
                 predicted > 0 && (fell - predicted).abs() < predicted / 100,
                 "rank {r} {k}: fell {fell} B from ZeRO {} to {}, predicted {predicted}",
