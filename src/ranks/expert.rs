@@ -789,6 +789,7 @@ fn ep_states(
 mod tests {
     use super::*;
     use crate::model::kernels::Kernels;
+    use crate::ranks::comm::Solo;
     use crate::model::transformer::synthetic_batch;
 
     /// Rows received rank by rank are laid out expert by expert and back.
