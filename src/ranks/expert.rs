@@ -789,8 +789,8 @@ fn ep_states(
 mod tests {
     use super::*;
     use crate::model::kernels::Kernels;
-    use crate::ranks::comm::Solo;
     use crate::model::transformer::synthetic_batch;
+    use crate::ranks::comm::Solo;
 
     /// Rows received rank by rank are laid out expert by expert and back.
     #[test]
