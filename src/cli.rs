@@ -206,8 +206,11 @@ pub struct PredictArgs {
     /// `sp=on`: sequence parallelism (the norms' and the residual stream's activations split
     /// over tp). `offload=optimizer` (ZeRO 1–3): ZeRO-Offload, each rank's optimizer partition
     /// (f32 master, f32 gradient buffer, state) in host memory, its bytes a rank beside the
-    /// device's. `search` (with --fit-in and --gpus): every layout of that many GPUs, those
-    /// that fit first.
+    /// device's. `gather=unit|tensor` (ZeRO 3): what a rank holds gathered beside its shards —
+    /// FSDP's units (`unit`, the default but under amp=deepspeed: the largest layer, embedding
+    /// or head whole twice, its next unit prefetched, and its gradient once) or DeepSpeed's
+    /// estimator (`tensor`: the largest tensor's weight and gradient). `search` (with --fit-in
+    /// and --gpus): every layout of that many GPUs, those that fit first.
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,
     /// `--parallel search`: the GPUs every layout is laid over (tp·pp·dp).

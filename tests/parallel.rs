@@ -546,6 +546,46 @@ fn zero_2_and_3_under_deepspeed_are_its_estimators() {
     assert_eq!(16 * psi / gpus, 101_463_347_200);
 }
 
+/// ZeRO-3's gathered parameters, by hand, for Llama 3 8B in bf16 over 8 ranks. FSDP's units
+/// (`gather=unit`, the default outside `amp=deepspeed`; what `memfit ranks --zero 3` measures):
+/// while a unit's backward runs, its parameters and gradients whole and the next unit's
+/// parameters prefetched, bounded by `(2·2 + 2)` B a parameter of the largest unit. Here that is
+/// the head's unit (the final norm, 4,096, and the head, 128256 · 4096 = 525,336,576), larger
+/// than a layer's 218,112,000 (q and o 4096², k and v 4096 · 1024, gate, up and down
+/// 4096 · 14336, two norms). DeepSpeed's estimator (`gather=tensor`, its default under its
+/// precision) counts the largest tensor's weight and gradient: `4 · 525,336,576`. Units never
+/// count less than tensors.
+#[test]
+fn zero3_gathers_fsdp_units_or_deepspeeds_largest_tensor() {
+    let args = ["--preset", "llama-3-8b", "--dtype", "bf16"];
+    let gathered = |spec: &str| -> u64 {
+        predict(&args, spec).unwrap()["parallel"]["gathered_bytes"][0]
+            .as_u64()
+            .unwrap()
+    };
+    let head_unit = 4096 + 128_256 * 4096u64;
+    let layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096u64;
+    assert_eq!(layer, 218_112_000);
+    assert_eq!(gathered("dp=8,zero=3"), 6 * head_unit);
+    assert_eq!(gathered("dp=8,zero=3,gather=unit"), 6 * head_unit);
+    assert_eq!(gathered("dp=8,zero=3,gather=tensor"), 4 * 128_256 * 4096);
+    // Over pipeline stages the middle ones hold layers only: a layer's unit.
+    let v = predict(&args, "pp=4,dp=2,zero=3").unwrap();
+    let per_stage: Vec<u64> = v["parallel"]["gathered_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(per_stage[1], 6 * layer);
+    assert_eq!(per_stage[2], 6 * layer);
+    assert_eq!(per_stage[3], 6 * head_unit);
+    // The first stage's largest unit is the embedding's table.
+    assert_eq!(per_stage[0], 6 * 128_256 * 4096);
+    let err = predict(&args, "dp=8,zero=3,gather=module").unwrap_err();
+    assert!(err.contains("gather=module: unit or tensor"), "{err}");
+}
+
 /// ZeRO-Offload (`offload=optimizer`) under DeepSpeed's precision, against DeepSpeed's own
 /// estimator with `cpu_offload=True` (`estimate_zero2_model_states_mem_needs` in
 /// `stage_1_and_2.py`: GPU `2Ψ`; CPU per node `Ψ·max(4·total_gpus, 16)·1.5`). memfit's rank

@@ -857,8 +857,9 @@ pub struct ParallelAnswer {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub offload: bool,
     pub ranks: Vec<crate::formula::parallel::StageRank>,
-    /// ZeRO-3: each stage's rank's gathered layer (its largest tensor's whole weight and
-    /// gradient while used, [`crate::formula::parallel::gathered_layer`]); absent below stage 3.
+    /// ZeRO-3: each stage's rank's gathered parameters (DeepSpeed's largest tensor's whole
+    /// weight and gradient under `amp=deepspeed`, else FSDP's largest unit whole twice and its
+    /// gradient once: [`crate::formula::parallel::gathered_layer`]); absent below stage 3.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gathered_bytes: Option<Vec<u64>>,
     /// Each stage's rank's activations (the graph its microbatches in flight keep), where the
@@ -885,6 +886,7 @@ pub fn parallel_answer(
         mb_given: false,
         sp: false,
         offload: false,
+        gather: None,
     };
     parallel_answer_sp(case, &spec, true, threads)
 }
@@ -922,7 +924,7 @@ pub fn parallel_answer_sp(
         precision: if shape.mixed { amp.as_str() } else { "pure" }.to_string(),
         precision_means: regime.name.to_string(),
         gathered_bytes: (layout.zero == 3)
-            .then(|| parallel::gathered_layer(&case.cfg, layout, w + g)),
+            .then(|| parallel::gathered_layer(&case.cfg, layout, (w, g), spec.gathering())),
         ranks: parallel::stage_ranks_of(
             &case.cfg,
             layout,
@@ -1019,7 +1021,7 @@ fn parallel_search(
             regime.masters,
             spec.offload.then_some(regime.master_in_state),
         );
-        let gathered = parallel::gathered_layer(&case.cfg, l, w + g);
+        let gathered = parallel::gathered_layer(&case.cfg, l, (w, g), spec.gathering());
         let acts = known
             .as_ref()
             .ok()

@@ -441,6 +441,9 @@ struct StageShares {
     dense: u64,
     expert: u64,
     largest: u64,
+    /// The largest FSDP unit's elements on the rank: a layer's tensors, the embedding's (the
+    /// token table and GPT's positions) or the head's (the final norm and the head).
+    unit: u64,
 }
 
 /// Each pipeline stage's layers and what one of its ranks holds of the parameter tensors
@@ -485,24 +488,32 @@ fn stage_shares(cfg: &Config, layout: &Layout) -> Vec<StageShares> {
                 dense: 0,
                 expert: 0,
                 largest: 0,
+                unit: 0,
             };
             for l in chunks.into_iter().flatten() {
                 let (d, e, m) = layer(l);
                 out.dense += d;
                 out.expert += e;
                 out.largest = out.largest.max(m);
+                out.unit = out.unit.max(d + e);
             }
             if s == 0 {
                 shares.push((table, 0));
                 if layer_norm {
                     shares.push((cfg.max_seq as u64 * h, 0)); // GPT's positions, whole
                 }
+                // The embedding's unit.
+                out.unit = out.unit.max(shares.iter().map(|(d, _)| d).sum());
             }
             if s == last {
+                let norm = if layer_norm { 2 * h } else { h };
                 shares.push((h, 0)); // the final norm
                 if layer_norm {
                     shares.push((h, 0)); // its bias
                 }
+                // The head's unit: the final norm and the head (a tied head is the table, in
+                // the embedding's unit on a single stage and whole in this one past it).
+                out.unit = out.unit.max(norm + table);
                 if !cfg.tied || last > 0 {
                     shares.push((table, 0)); // the head (a tied one's own copy past stage 0)
                 }
@@ -569,6 +580,16 @@ pub struct ParallelSpec {
     /// `offload=optimizer`: ZeRO-Offload, each rank's optimizer partition in host memory
     /// ([`stage_ranks_of`]; ZeRO 1 to 3).
     pub offload: bool,
+    /// `gather=unit|tensor`: how ZeRO-3 gathers ([`Gathering`]); `None`: by the precision
+    /// ([`Gathering::of`]).
+    pub gather: Option<Gathering>,
+}
+
+impl ParallelSpec {
+    /// How ZeRO-3 gathers: `gather=` where given, else by the precision regime.
+    pub fn gathering(&self) -> Gathering {
+        self.gather.unwrap_or(Gathering::of(self.amp))
+    }
 }
 
 impl FromStr for ParallelSpec {
@@ -580,6 +601,7 @@ impl FromStr for ParallelSpec {
         let mut amp = Amp::default();
         let mut sp = false;
         let mut offload = false;
+        let mut gather = None;
         let mut search = false;
         let mut mb_given = false;
         let mut rest = Vec::new();
@@ -608,6 +630,13 @@ impl FromStr for ParallelSpec {
                         _ => return Err(format!("--parallel offload={v}: optimizer or none")),
                     }
                 }
+                Some(("gather", v)) => {
+                    gather = Some(match v {
+                        "unit" => Gathering::Fsdp,
+                        "tensor" => Gathering::DeepSpeed,
+                        _ => return Err(format!("--parallel gather={v}: unit or tensor")),
+                    })
+                }
                 Some(("sp", v)) => {
                     sp = match v {
                         "on" => true,
@@ -630,7 +659,7 @@ impl FromStr for ParallelSpec {
                 .find(|k| !search_fixed(k))
         {
             return Err(format!(
-                "--parallel search: `{k}` is enumerated by the search (give amp=, sp= and mb= only)"
+                "--parallel search: `{k}` is enumerated by the search (give amp=, sp=, offload=, gather= and mb= only)"
             ));
         }
         if offload && !search && layout.zero == 0 {
@@ -645,6 +674,7 @@ impl FromStr for ParallelSpec {
             mb_given,
             sp,
             offload,
+            gather,
         })
     }
 }
@@ -724,19 +754,52 @@ pub fn regime(amp: Amp, mixed: bool, elem: u64, opt: OptimizerKind) -> Result<Re
     }
 }
 
-/// ZeRO-3's gathered layer on each pipeline stage's rank: the largest tensor it holds (its
-/// tensor-parallel share; an embedding or head share included) gathered whole over the
-/// data-parallel group while it is used, its weight and its gradient before the
-/// reduce-scatter (`gathered` bytes a parameter: DeepSpeed's estimator counts 4, a 16-bit
-/// weight and gradient); none below stage 3 or over one replica.
-pub fn gathered_layer(cfg: &Config, layout: &Layout, gathered: u64) -> Vec<u64> {
+/// How ZeRO-3 gathers the parameters, for the bytes it holds whole beside the shards
+/// ([`gathered_layer`]; `--parallel gather=tensor|unit`, by default DeepSpeed's under
+/// `amp=deepspeed` and FSDP's otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gathering {
+    /// DeepSpeed's estimator (`estimate_zero3_model_states_mem_needs`: `4·largest_layer`, the
+    /// largest module's parameters as a 16-bit weight and gradient): the largest tensor.
+    DeepSpeed,
+    /// PyTorch FSDP's units with its default `BACKWARD_PRE` prefetch, as `memfit ranks --zero 3`
+    /// measures them: while a unit's backward runs, its parameters and their gradients whole
+    /// (before the reduce-scatter) and the next unit's parameters whole — bounded by
+    /// `(2w + g)` bytes a parameter of the largest unit (a layer, the embedding or the head).
+    Fsdp,
+}
+
+impl Gathering {
+    /// DeepSpeed's count under its precision (`amp=deepspeed`), FSDP's otherwise.
+    pub fn of(amp: Amp) -> Self {
+        match amp {
+            Amp::Deepspeed => Gathering::DeepSpeed,
+            Amp::Autocast | Amp::Megatron => Gathering::Fsdp,
+        }
+    }
+}
+
+/// ZeRO-3's gathered parameters on each pipeline stage's rank, held whole over the
+/// data-parallel group while used, beside the shards (tensor-parallel shares; an embedding or
+/// head share included), at `(w, g)` bytes a parameter of weight and gradient: DeepSpeed's
+/// largest tensor's weight and gradient, or FSDP's largest unit twice and its gradient once
+/// ([`Gathering`]); none below stage 3 or over one replica.
+pub fn gathered_layer(
+    cfg: &Config,
+    layout: &Layout,
+    (w, g): (u64, u64),
+    how: Gathering,
+) -> Vec<u64> {
     stage_shares(cfg, layout)
         .into_iter()
         .map(|shares| {
             if layout.zero < 3 || layout.dp == 1 {
                 return 0;
             }
-            shares.largest * gathered
+            match how {
+                Gathering::DeepSpeed => shares.largest * (w + g),
+                Gathering::Fsdp => shares.unit * (2 * w + g),
+            }
         })
         .collect()
 }
