@@ -409,6 +409,54 @@ fn expert_parallel_activations_bound_the_measured_ranks() {
     assert_eq!(ranks(&v).len(), 1);
 }
 
+/// `--parallel search`'s backward transient of an expert-parallel layout is its rank's own
+/// (the replay of rank 0's step on the rows the routing moves), not one device's: under the
+/// worst routing every rank's tokens reach rank 0's experts, so their temporaries grow with
+/// ep. Qwen3-30B-A3B with a 1,024-token vocabulary (so that the head's logits do not hide the
+/// experts'), B1 S2048 on 32 GPUs: the transient grows from ep 1 to 2 to 4; balanced, ep 4's
+/// is below its worst.
+#[test]
+fn expert_parallel_transients_are_the_ranks_own() {
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/workloads/configs/qwen3-30b-a3b.json"
+    );
+    let transients = |routing: &str| -> std::collections::BTreeMap<u64, u64> {
+        let args = [
+            "--hf-config",
+            config,
+            "--hf-set",
+            "vocab_size=1024",
+            "--seq",
+            "2048",
+            "--precision",
+            "mixed",
+            "--routing",
+            routing,
+        ];
+        let v = search(&args, "search,amp=megatron", "32", "80GiB");
+        v["parallel_search"]["layouts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["layout"].as_str().unwrap().starts_with("tp=1,pp=1,"))
+            .filter_map(|c| {
+                let ep = c["layout"]
+                    .as_str()
+                    .unwrap()
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("ep=").map(|e| e.parse::<u64>().unwrap()))?;
+                Some((ep, c["transient_bytes"].as_u64()?))
+            })
+            .collect()
+    };
+    let worst = transients("worst");
+    let (t1, t2, t4) = (worst[&1], worst[&2], worst[&4]);
+    assert!(t1 < t2 && t2 < t4, "ep 1, 2, 4: {t1}, {t2}, {t4}");
+    let balanced = transients("balanced");
+    assert!(balanced[&4] < t4, "balanced {} vs worst {t4}", balanced[&4]);
+}
+
 fn ranks_of(doc: &Value) -> &Vec<Value> {
     doc["ranks"].as_array().unwrap()
 }

@@ -998,18 +998,19 @@ fn parallel_search(
     // By (tp, ep): the shard's graph and its backward's transient.
     type Known = Result<(parallel::ShardGraph, u64), String>;
     let mut per_tp: std::collections::BTreeMap<(usize, usize), Known> = Default::default();
-    let mut transients: std::collections::BTreeMap<usize, Result<u64, String>> = Default::default();
+    let mut transients: std::collections::BTreeMap<(usize, usize), Result<u64, String>> =
+        Default::default();
     let (w, g, _) = regime.rates;
     let mut layouts = Vec::with_capacity(all.len());
     for l in &all {
         let known = per_tp.entry((l.tp, l.ep)).or_insert_with(|| {
             let sg =
                 parallel::shard_graph_sp(&graph, l.tp, l.ep, spec.sp, case.optimizer, threads)?;
-            // The transient is the shard's whatever the ep (one replay a tp).
+            // The transient of the rank's own step: its experts' rows under the routing.
             let t = transients
-                .entry(l.tp)
+                .entry((l.tp, l.ep))
                 .or_insert_with(|| {
-                    parallel::backward_transient(&graph, l.tp, case.optimizer, threads)
+                    parallel::backward_transient_ep(&graph, l.tp, l.ep, case.optimizer, threads)
                 })
                 .clone()?;
             Ok((sg, t))

@@ -1212,6 +1212,49 @@ pub fn backward_transient(
         .unwrap_or(0))
 }
 
+/// [`backward_transient`] on rank 0 of `ep` expert-parallel ranks (a mixture at tp 1): from the
+/// replay of that rank's own step ([`crate::formula::replay::trace_training_ep`]: its `E/ep`
+/// experts, the exchanges' buffers) on the rows the routing `shape` asks moves
+/// ([`expert_rows`]; worst: every rank's tokens on rank 0's experts, so its experts' temporaries
+/// are `ep` times one device's). `ep` 1 is [`backward_transient`].
+pub fn backward_transient_ep(
+    shape: &Shape,
+    tp: usize,
+    ep: usize,
+    opt: OptimizerKind,
+    threads: usize,
+) -> Result<u64, String> {
+    if ep == 1 {
+        return backward_transient(shape, tp, opt, threads);
+    }
+    if tp > 1 {
+        return Err(format!(
+            "activations per rank are not modelled yet for a mixture of experts split over tp={tp} (tp=1 is)"
+        ));
+    }
+    if shape.checkpoint > 0 {
+        return Err(format!(
+            "activations per rank are not modelled yet under expert parallelism (ep={ep}) with checkpointing"
+        ));
+    }
+    let s = shard(shape, 1, kinds_covered(shape))?;
+    let rows = expert_rows(&s, ep)?;
+    let (_, events) = crate::formula::replay::trace_training_ep(
+        &s,
+        s.meta(super::transformer::META_PER_TENSOR),
+        s.cpu.then_some(threads),
+        ep,
+        rows,
+    );
+    Ok(crate::timeline::classify(&events)
+        .samples
+        .iter()
+        .filter(|x| x.stage != "optimizer")
+        .map(transient_bytes)
+        .max()
+        .unwrap_or(0))
+}
+
 /// A sample's temporaries, workspace and bookkeeping: what is neither kept (the cache, the
 /// activations) nor a gradient.
 fn transient_bytes(x: &crate::timeline::Sample) -> u64 {

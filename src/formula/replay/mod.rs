@@ -429,6 +429,24 @@ pub fn replay_training_ep(
     training_on(&ledger, shape, &slots, Some(&held), Some(parallel))
 }
 
+/// [`replay_training_ep`] recording every change of the live bytes, as [`trace_training`].
+pub fn trace_training_ep(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+    ranks: usize,
+    layers: Vec<expert::LayerRows>,
+) -> (Training, Vec<crate::formula::symbolic::Event>) {
+    let e = shape.llama.and_then(|l| l.moe).map_or(0, |m| m.experts);
+    let held: Vec<usize> = (0..e / ranks).collect();
+    let parallel = Rc::new(expert::ExpertParallel::new(0, ranks, layers));
+    let ledger = Ledger::new(meta_per_tensor, gemm_threads);
+    ledger.start_trace();
+    let slots = all_layers(shape);
+    let t = training_on(&ledger, shape, &slots, Some(&held), Some(parallel));
+    (t, ledger.take_trace())
+}
+
 /// [`replay_training_full`] recording every change of the live bytes ([`Ledger::start_trace`]):
 /// the stages `setup` (the model and the batch, before the window), `forward`, `backward` and
 /// `done` (the gradients dropped).
