@@ -207,7 +207,9 @@ pub struct PredictArgs {
     /// over tp). `offload=optimizer` (ZeRO 1–3): ZeRO-Offload, each rank's optimizer partition
     /// (f32 master, f32 gradient buffer, state) in host memory, its bytes a rank beside the
     /// device's. `search` (with --fit-in and --gpus): every layout of that many GPUs, those
-    /// that fit first.
+    /// that fit first. With `--phases prefill,decode`: one vLLM serving rank, `tp=T` (tensor
+    /// parallel) or `tp=T,ep=E` (expert parallel over E/T data-parallel attention replicas,
+    /// ⌈experts/E⌉ whole experts a rank; E a multiple of T).
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,
     /// `--parallel search`: the GPUs every layout is laid over (tp·pp·dp).

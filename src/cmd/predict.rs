@@ -83,8 +83,10 @@ pub struct CasePrediction {
     /// With `--parallel search --gpus N --fit-in B`: every layout's worst rank, best first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel_search: Option<ParallelSearch>,
-    /// With `--parallel tp=T` and serving phases (`--phases prefill,decode`): one
-    /// tensor-parallel serving rank as vLLM runs it ([`crate::formula::serve_parallel`]).
+    /// With `--parallel tp=T[,ep=E]` and serving phases (`--phases prefill,decode`): one
+    /// tensor- (and expert-) parallel serving rank as vLLM runs it
+    /// ([`crate::formula::serve_parallel`]: `ep`, `dp`, `experts_per_rank` and `expert_params`
+    /// say the experts' split).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel_serving: Option<crate::formula::serve_parallel::ServeRank>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).

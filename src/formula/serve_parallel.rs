@@ -34,8 +34,13 @@
 //!   is `ep > 1` on a dense model.
 //! - **Weights**: the attention, the dense layers, the norms, the routers, the shared experts,
 //!   the token table and the head as the tensor-parallel rank above holds them
-//!   ([`parallel::stage_ranks`] at `tp`, its dense parameters: vLLM's shared experts are its
-//!   MLP class, column- and row-parallel over `tp` like a dense MLP, whole at tp 1); the routed
+//!   ([`parallel::stage_ranks`] at `tp`, its dense parameters: vLLM's shared experts are the
+//!   model's MLP class, column- and row-parallel over `tp` like a dense MLP, whole at tp 1),
+//!   except that with `tp > 1` and `dp > 1` vLLM runs the mixture sequence-parallel
+//!   (`ParallelConfig.use_sequence_parallel_moe` in `vllm/config/parallel.py`: expert
+//!   parallelism, tp > 1, dp > 1 and its default backend) and builds the shared experts with
+//!   `disable_tp` (`DeepseekV2MLP` in `vllm/model_executor/models/deepseek_v2.py`: "the
+//!   weights are replicated"), so there they are whole ([`parallel::shared_expert_params`]); the routed
 //!   experts whole, `⌈E/ep⌉` of them a sparse layer: `determine_expert_map` in
 //!   `vllm/model_executor/layers/fused_moe/layer.py` gives each rank `E // ep` and the first
 //!   `E mod ep` ranks one more (its docstring says the last rank; its code gives them to the
@@ -213,7 +218,15 @@ pub fn serve_rank_ep(
             (Some(held), whole / m.experts as u64 * held as u64)
         }
     };
-    let params = rank.dense_params + expert_params;
+    // Shared experts: split over tp as a dense MLP, except under vLLM's sequence-parallel MoE
+    // (expert parallelism with tp > 1 and dp > 1), which replicates them whole.
+    let dense_params = if ep > 1 && tp > 1 && dp > 1 {
+        rank.dense_params - parallel::shared_expert_params(cfg, tp)
+            + parallel::shared_expert_params(cfg, 1)
+    } else {
+        rank.dense_params
+    };
+    let params = dense_params + expert_params;
     // This rank's cache: its K/V heads (MLA: the whole latent).
     let cached = Shape {
         llama: shape.llama.map(|mut l| {
@@ -401,6 +414,27 @@ mod tests {
         );
         assert_eq!(dense2.expert_params, 128 * expert / 2);
         assert!(tp2.activations_missing.is_some() && tp2.kv_capacity_tokens.is_none());
+    }
+
+    /// DeepSeek-V3's shared expert (`3·7168·2048` a sparse layer, 58 of them): split over tp
+    /// at tp=2,ep=2 (dp 1, no sequence-parallel mixture), whole at tp=2,ep=4 (dp 2: vLLM's
+    /// sequence-parallel mixture replicates it), whole at tp 1.
+    #[test]
+    fn shared_experts_whole_under_the_sequence_parallel_mixture() {
+        let cfg = config("deepseek-v3");
+        let shared: u64 = 58 * 3 * 7168 * 2048;
+        assert_eq!(parallel::shared_expert_params(&cfg, 1), shared);
+        assert_eq!(parallel::shared_expert_params(&cfg, 2), shared / 2);
+        let s = shape(&cfg);
+        let expert = shared; // a routed expert is the shared one's size
+        let rank = |tp, ep| serve_rank_ep(&cfg, &s, tp, ep, None, 1).unwrap();
+        let (dp1, dp2) = (rank(2, 2), rank(2, 4));
+        assert_eq!(dp1.expert_params, 128 * expert);
+        assert_eq!(dp2.expert_params, 64 * expert);
+        let dense = |r: &ServeRank| r.params - r.expert_params;
+        assert_eq!(dense(&dp2) - dense(&dp1), shared / 2);
+        let tp2 = serve_rank(&cfg, &s, 2, None, 1).unwrap();
+        assert_eq!(dense(&dp1), tp2.params - tp2.expert_params);
     }
 
     /// The serving layouts vLLM runs: `ep` a multiple of `tp` on a mixture, else refused.
