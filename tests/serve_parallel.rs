@@ -196,6 +196,33 @@ fn mixtral_tp2_ep8_weights_and_cache_without_activations() {
     assert_eq!(same, v);
 }
 
+/// Mixtral-8x7B at tp=8,ep=8 (one replica: vLLM's `-tp 8 --enable-expert-parallel`): its
+/// attention split 8 ways (one K/V head a rank), one expert whole a rank, by hand; nothing
+/// gathered, so its activations are the tp shard's with whole experts, and the capacity what
+/// 72 GiB leave. Qwen3-30B-A3B at tp=4,ep=4: a rank's activations below one GPU's whole model
+/// (the attention split), and below tp=1,ep=4's (four replicas' tokens gathered there).
+#[test]
+fn one_replica_ep_equal_to_tp_is_the_tp_shard_with_whole_experts() {
+    let v = serving("mixtral-8x7b", "tp=8,ep=8", "72GiB", &[]).unwrap();
+    let layer = (2 * 4096 * 4096 + 2 * 4096 * 1024) / 8 + 2 * 4096 + 4096 * 8;
+    let params = 32 * (layer + 3 * 4096 * 14336) + 2 * 32000 / 8 * 4096 + 4096;
+    assert_eq!((n(&v, "dp"), n(&v, "experts_per_rank")), (1, 1));
+    assert_eq!(n(&v, "params"), params);
+    assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 32 * 128 * 2);
+    // The tp rank's extras: the embedding's all-reduced output and the gathered logits.
+    assert_eq!(n(&v, "collective_bytes"), 2 * (4096 * 4096 + 32000));
+    assert!(v["activations_missing"].is_null());
+    assert_eq!(n(&v, "kv_capacity_tokens"), capacity(&v, 72 * GIB));
+    let acts = |layout| {
+        n(
+            &serving("qwen3-30b-a3b", layout, "72GiB", &[]).unwrap(),
+            "prefill_activation_bytes",
+        )
+    };
+    let (tp4, one, gathered) = (acts("tp=4,ep=4"), acts("tp=1"), acts("tp=1,ep=4"));
+    assert!(tp4 < one && one < gathered, "{tp4} {one} {gathered}");
+}
+
 /// An expert split vLLM does not run is refused by name: ep not a multiple of tp, a dense
 /// model with ep > 1, a dp that is not ep/tp.
 #[test]

@@ -494,13 +494,14 @@ fn print_parallel_serving(
         ),
         (ep, None) => format!("tp={},ep={ep}", sv.tp),
     };
-    let activations = if sv.ep > 1 && sv.prefill_activation_bytes.is_some() {
-        format!(
-            "{activations}; each sparse layer on the tokens of all {} replicas gathered (vLLM's allgather_reducescatter)",
-            sv.dp
-        )
-    } else {
-        activations
+    let activations = match (sv.ep, sv.dp, sv.prefill_activation_bytes) {
+        (1, _, _) | (_, _, None) => activations,
+        (_, 1, Some(_)) => format!(
+            "{activations}; one replica: nothing gathered, each sparse layer's output all-reduced over tp"
+        ),
+        (_, dp, Some(_)) => format!(
+            "{activations}; each sparse layer on the tokens of all {dp} replicas gathered (vLLM's allgather_reducescatter)"
+        ),
     };
     println!(
         "       serving {layout} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {}; {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",

@@ -61,9 +61,14 @@
 //!   do not depend on the routing; what the experts do with them does: the routing `shape`
 //!   asks (`--routing`, worst by default: every rank's tokens on the first `k` experts, the
 //!   first rank's). The token-to-expert all-to-all of training (`parallel::shard_graph_ep`,
-//!   its `expert_rows`) is not what vLLM serves with by default, so it is not used. At tp > 1
-//!   with `ep > 1` (attention split over tp beside whole experts) the activations are not
-//!   modelled: `None`, and so the capacity, with the reason.
+//!   its `expert_rows`) is not what vLLM serves with by default, so it is not used.
+//! - **Activations** at `ep = tp` > 1 (one replica, vLLM's `-tp T --enable-expert-parallel`):
+//!   nothing is gathered (vLLM dispatches only over dp > 1); the replay of the tp rank's shard
+//!   (heads, K/V heads, the dense layers' and the shared experts' width, the vocabulary) with
+//!   the routed experts whole, `g` after every sublayer (the mixture's output all-reduced over
+//!   tp, as vLLM does with `ep > 1`), plus the tp rank's extras above ([`ep_shard`]). At tp > 1
+//!   with dp > 1 (vLLM's sequence-parallel mixture), or MLA or linear attention split over tp,
+//!   the activations are not modelled: `None`, and so the capacity, with the reason.
 
 use super::budget;
 use super::parallel::{self, Layout};
@@ -265,17 +270,18 @@ pub fn serve_rank_ep(
         kv_capacity_sequences: None,
     };
     let activations = if ep > 1 {
-        if tp > 1 {
-            out.activations_missing = Some(format!(
-                "activations per rank are not modelled yet for expert-parallel serving at tp={tp} (attention split over tp beside whole experts); tp=1 with ep={ep} (data-parallel attention) is"
-            ));
-            return Ok(out);
-        }
+        let served = match ep_shard(shape, tp, dp) {
+            Ok(s) => s,
+            Err(why) => {
+                out.activations_missing = Some(why);
+                return Ok(out);
+            }
+        };
         let held: Vec<usize> = (0..experts.unwrap_or(0)).collect();
         let sv = crate::formula::replay::replay_serving_ep(
-            shape,
-            shape.meta(crate::formula::transformer::META_PER_TENSOR),
-            shape.cpu.then_some(threads),
+            &served,
+            served.meta(crate::formula::transformer::META_PER_TENSOR),
+            served.cpu.then_some(threads),
             &held,
             dp,
         );
@@ -309,6 +315,59 @@ pub fn serve_rank_ep(
         out.kv_capacity_sequences = Some(sequences);
     }
     Ok(out)
+}
+
+/// The model an expert-parallel serving rank of `tp` in `dp` replicas runs, or why not: at tp 1
+/// the whole model (its experts set by the caller); at tp > 1 with one replica (`ep = tp`: no
+/// gather, vLLM's `do_naive_dispatch_combine` needs dp > 1) the heads, the K/V heads (one a
+/// rank where fewer), the dense layers' and the shared experts' width and the vocabulary split
+/// over tp, the routed experts whole (their width the model's), each sublayer's output summed
+/// by `g` (the mixture's too: vLLM all-reduces its output over the tp group when `ep > 1`).
+/// Not modelled: tp > 1 with dp > 1 (vLLM's sequence-parallel mixture, its tokens split over
+/// tp around the gather), MLA and linear attention split over tp.
+fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
+    let Some(l) = shape.llama else {
+        return Err("activations per rank are modelled for LLaMA-family decoders only".into());
+    };
+    let Some(m) = l.moe else {
+        return Err("expert parallelism on a model without a mixture of experts".into());
+    };
+    if tp == 1 {
+        return Ok(shape.clone());
+    }
+    if dp > 1 {
+        return Err(format!(
+            "activations per rank are not modelled yet for expert-parallel serving at tp={tp} with dp={dp} (vLLM's sequence-parallel mixture: its tokens split over tp around the gather); tp=1 (data-parallel attention) or ep=tp (one replica) is"
+        ));
+    }
+    if l.mla.is_some() || l.variant.gated_delta.is_some() {
+        return Err(format!(
+            "activations per rank are not modelled yet for MLA or linear attention split over tp={tp} (tp=1 is)"
+        ));
+    }
+    let split = |what: &str, n: usize| {
+        if n.is_multiple_of(tp) {
+            Ok(n / tp)
+        } else {
+            Err(format!(
+                "the {what} {n} does not split into {tp} equal parts"
+            ))
+        }
+    };
+    split("attention heads", shape.a as usize)?;
+    let mut moe = m;
+    moe.dense_width = split("dense layers' MLP width", m.dense_width)?;
+    moe.shared = split("shared experts' width", m.shared)?;
+    let mut llama = l;
+    llama.kv_heads = (l.kv_heads / tp).max(1);
+    llama.moe = Some(moe);
+    Ok(Shape {
+        a: shape.a / tp as u64,
+        v: shape.v.div_ceil(tp as u64),
+        llama: Some(llama),
+        tp_collectives: true,
+        ..shape.clone()
+    })
 }
 
 #[cfg(test)]
@@ -435,6 +494,29 @@ mod tests {
         assert_eq!(dense(&dp2) - dense(&dp1), shared / 2);
         let tp2 = serve_rank(&cfg, &s, 2, None, 1).unwrap();
         assert_eq!(dense(&dp1), tp2.params - tp2.expert_params);
+    }
+
+    /// The shard of an `ep = tp` rank: heads, K/V heads, vocabulary split, the experts' width
+    /// whole; a gather's layout (dp > 1 at tp > 1), MLA and linear attention refused by name.
+    #[test]
+    fn ep_shard_splits_attention_keeps_experts_whole() {
+        let cfg = config("qwen3-30b-a3b");
+        let s = shape(&cfg);
+        let r = ep_shard(&s, 4, 1).unwrap();
+        let l = r.llama.unwrap();
+        assert_eq!((r.a, l.kv_heads, r.v), (8, 1, 151_936 / 4));
+        assert_eq!(l.intermediate, 768);
+        assert!(r.tp_collectives && !s.tp_collectives);
+        assert_eq!(ep_shard(&s, 1, 8).unwrap(), s);
+        assert!(
+            ep_shard(&s, 4, 2)
+                .unwrap_err()
+                .contains("sequence-parallel")
+        );
+        let ds = config("deepseek-v3");
+        assert!(ep_shard(&shape(&ds), 2, 1).unwrap_err().contains("MLA"));
+        let dense = config("llama-3-8b");
+        assert!(ep_shard(&shape(&dense), 1, 2).is_err());
     }
 
     /// The serving layouts vLLM runs: `ep` a multiple of `tp` on a mixture, else refused.

@@ -564,13 +564,14 @@ pub fn replay_serving_full(
     serving_on(&ledger, shape, &all_layers(shape), None, None)
 }
 
-/// The serving replay of an expert-parallel rank as vLLM runs one with data-parallel attention
-/// (tp 1): `shape`'s whole model (its attention, dense layers, shared experts, table and head,
-/// its own sequences' cache) holding the routed experts `held` (indices among `E`), every
-/// mixture of experts' forward on the tokens of the `dp` ranks gathered
-/// ([`expert::Gathered`]), routed as `shape` asks (its `worst_routing`: every token of every
-/// rank on the first `k` experts, which `held` holds when it starts at 0), compressed as
-/// [`replay_serving`] is.
+/// The serving replay of an expert-parallel rank as vLLM runs one: `shape`'s model (the whole
+/// one with data-parallel attention at tp 1, or a tensor-parallel rank's shard with its
+/// collectives: its attention, dense layers, shared experts, table and head, its own
+/// sequences' cache) holding the routed experts `held` (indices among `E`), every mixture of
+/// experts' forward on the tokens of the `dp` replicas gathered ([`expert::Gathered`]; with one
+/// replica nothing is gathered), routed as `shape` asks (its `worst_routing`: every token of
+/// every replica on the first `k` experts, which `held` holds when it starts at 0), compressed
+/// as [`replay_serving`] is.
 pub fn replay_serving_ep(
     shape: &Shape,
     meta_per_tensor: u64,
@@ -579,9 +580,10 @@ pub fn replay_serving_ep(
     dp: usize,
 ) -> Serving {
     let run = |l: &Rc<Ledger>, slots: &[Slot]| {
-        let parallel: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
-            Rc::new(expert::Gathered { dp });
-        serving_on(l, shape, slots, Some(held), Some(parallel))
+        let parallel = (dp > 1).then(|| {
+            Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+        });
+        serving_on(l, shape, slots, Some(held), parallel)
     };
     compressed(
         shape,
