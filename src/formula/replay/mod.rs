@@ -804,11 +804,13 @@ mod tests {
             decode_tokens: 3,
             ..Shape::new(2, 16, 64, 4, 8, 128, 64)
         };
+        // One replica gathers nothing (vLLM dispatches over dp > 1 only).
         let full = |held: &[usize], dp: usize| {
             let ledger = Ledger::new(240, Some(2));
-            let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
-                Rc::new(expert::Gathered { dp });
-            serving_on(&ledger, &s, &all_layers(&s), Some(held), Some(p))
+            let p = (dp > 1).then(|| {
+                Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+            });
+            serving_on(&ledger, &s, &all_layers(&s), Some(held), p)
         };
         let held = [0, 1, 2, 3];
         for dp in [1, 2, 4] {
@@ -831,11 +833,47 @@ mod tests {
         assert!(two.prefill_peak - fewer.prefill_peak < 64);
     }
 
+    /// DeepSeek-V2-Lite's layers (a dense first layer, 64 routed experts, 2 shared, MLA), as
+    /// an expert-parallel serving rank holds them: compressed, byte for byte every layer's
+    /// replay.
+    #[test]
+    fn expert_parallel_serving_of_deepseek_compresses_exactly() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/workloads/configs/deepseek-v2-lite.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let cfg = crate::model::hf_config::parse(&text, path).unwrap().cfg;
+        let s = Shape {
+            llama: cfg.llama,
+            worst_routing: true,
+            decode_tokens: 2,
+            cpu: false,
+            ..Shape::new(
+                1,
+                8,
+                cfg.hidden as u64,
+                cfg.heads as u64,
+                cfg.layers as u64,
+                cfg.vocab as u64,
+                64,
+            )
+        };
+        let held: Vec<usize> = (0..16).collect();
+        let compressed = serving_compressed_ep(&s, &held, 4).expect("compressed");
+        let ledger = Ledger::new(240, Some(2));
+        let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
+            Rc::new(expert::Gathered { dp: 4 });
+        let full = serving_on(&ledger, &s, &all_layers(&s), Some(&held), Some(p));
+        assert_eq!(compressed, full);
+    }
+
     fn serving_compressed_ep(shape: &Shape, held: &[usize], dp: usize) -> Option<Serving> {
         compressed(shape, 240, Some(2), false, |l, slots, _| {
-            let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
-                Rc::new(expert::Gathered { dp });
-            serving_on(l, shape, slots, Some(held), Some(p))
+            let p = (dp > 1).then(|| {
+                Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+            });
+            serving_on(l, shape, slots, Some(held), p)
         })
     }
 }
