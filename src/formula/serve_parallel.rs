@@ -40,8 +40,8 @@
 //!   (`ParallelConfig.use_sequence_parallel_moe` in `vllm/config/parallel.py`: expert
 //!   parallelism, tp > 1, dp > 1 and its default backend) and builds the shared experts with
 //!   `disable_tp` (`DeepseekV2MLP` in `vllm/model_executor/models/deepseek_v2.py`: "the
-//!   weights are replicated"), so there they are whole ([`parallel::shared_expert_params`]); the routed
-//!   experts whole, `⌈E/ep⌉` of them a sparse layer: `determine_expert_map` in
+//!   weights are replicated"; Qwen2-MoE's and Llama 4's shared experts alike), so there they
+//!   are whole ([`parallel::shared_expert_params`]); the routed experts whole, `⌈E/ep⌉` of them a sparse layer: `determine_expert_map` in
 //!   `vllm/model_executor/layers/fused_moe/layer.py` gives each rank `E // ep` and the first
 //!   `E mod ep` ranks one more (its docstring says the last rank; its code gives them to the
 //!   first), so the rank sized is the first, the worst. An expert's parameters come from
@@ -49,7 +49,9 @@
 //!   splits each expert over `tp` too (Megatron-Core's expert tensor parallelism), which is not
 //!   vLLM's, and counts `E/ep` (it refuses a remainder), so it is used where the two agree (tp
 //!   1, `E` a multiple of `ep`: tested equal) and not beyond. No redundant experts (EPLB's
-//!   `num_redundant_experts`, 0 by default).
+//!   `num_redundant_experts`, 0 by default). In the model's element type, as the tp rank's: a
+//!   quantized serving copy (DeepSeek-V3's FP8 blocks, gpt-oss's MXFP4 experts) is not applied
+//!   per rank.
 //! - **KV cache**: as above at `tp` — each attention replica caches its own sequences.
 //! - **Activations** at tp 1 (data-parallel attention, DeepSeek-V3's serving layout): the
 //!   serving replay of the whole model holding the rank's experts
