@@ -63,7 +63,10 @@
 //!   do not depend on the routing; what the experts do with them does: the routing `shape`
 //!   asks (`--routing`, worst by default: every rank's tokens on the first `k` experts, the
 //!   first rank's). The token-to-expert all-to-all of training (`parallel::shard_graph_ep`,
-//!   its `expert_rows`) is not what vLLM serves with by default, so it is not used.
+//!   its `expert_rows`) is not what vLLM serves with by default, so it is not used. The replay
+//!   is memfit's mixture (expert by expert), not vLLM's fused-MoE kernels: their workspaces
+//!   (sized over every gathered row's `k` slots) are not counted, as CUDA graphs and NCCL's
+//!   buffers are not for the tp rank.
 //! - **Activations** at `ep = tp` > 1 (one replica, vLLM's `-tp T --enable-expert-parallel`):
 //!   nothing is gathered (vLLM dispatches only over dp > 1); the replay of the tp rank's shard
 //!   (heads, K/V heads, the dense layers' and the shared experts' width, the vocabulary) with
