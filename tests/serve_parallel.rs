@@ -166,13 +166,16 @@ fn capacity_is_monotone_in_the_budget_and_worst_routing_bounds_balanced() {
     assert!(n(&worst, "kv_capacity_tokens") < n(&balanced, "kv_capacity_tokens"));
 }
 
-/// Mixtral-8x7B at tp=2,ep=8 (4 attention replicas of 2): its attention split as the tp=2 rank
-/// holds it (q and o `4096²/2`, k and v `4096·1024/2`, norms and router whole), one of its 8
-/// experts whole (`3·4096·14336`), the table and head `32000/2·4096` each; its activations are
-/// not modelled at tp > 1 (so its capacity is unknown, never guessed), its weights and cache
-/// are.
+/// Mixtral-8x7B at tp=2,ep=8 (4 attention replicas of 2: vLLM's sequence-parallel mixture):
+/// its attention split as the tp=2 rank holds it (q and o `4096²/2`, k and v `4096·1024/2`,
+/// norms and router whole), one of its 8 experts whole (`3·4096·14336`), the table and head
+/// `32000/2·4096` each; its activations the tp shard's with the chunks of all 8 ranks gathered,
+/// more than at tp=2,ep=2 (one replica, nothing gathered). DeepSeek-V3 at tp=8,ep=16 (2
+/// replicas): MLA split 8 ways, the shared expert whole (the sequence-parallel mixture's
+/// `disable_tp`), 16 routed experts whole; MLA's activations over tp are not modelled, so its
+/// capacity is unknown, never guessed, its weights and cache are answered.
 #[test]
-fn mixtral_tp2_ep8_weights_and_cache_without_activations() {
+fn tp_and_ep_together_weights_by_hand() {
     let v = serving("mixtral-8x7b", "tp=2,ep=8", "72GiB", &[]).unwrap();
     let layer = (2 * 4096 * 4096 + 2 * 4096 * 1024) / 2 + 2 * 4096 + 4096 * 8;
     let expert = 3 * 4096 * 14336;
@@ -189,11 +192,33 @@ fn mixtral_tp2_ep8_weights_and_cache_without_activations() {
     assert_eq!(n(&v, "params"), params);
     assert_eq!(n(&v, "weights_bytes"), 2 * params);
     assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 32 * 4 * 128 * 2);
-    assert!(v["activations_missing"].as_str().unwrap().contains("tp=2"));
-    assert_eq!(v["kv_capacity_tokens"], Value::Null);
+    assert!(v["activations_missing"].is_null());
+    assert_eq!(n(&v, "kv_capacity_tokens"), capacity(&v, 72 * GIB));
+    let one = serving("mixtral-8x7b", "tp=2,ep=2", "72GiB", &[]).unwrap();
+    assert!(n(&v, "prefill_activation_bytes") > n(&one, "prefill_activation_bytes"));
     // dp= may say what ep=E/T says; nothing else.
     let same = serving("mixtral-8x7b", "tp=2,dp=4,ep=8", "72GiB", &[]).unwrap();
     assert_eq!(same, v);
+
+    let d = serving("deepseek-v3", "tp=8,ep=16", "72GiB", &[]).unwrap();
+    let h: u64 = 7168;
+    let mla = h * 1536
+        + 1536
+        + 1536 * 128 * 192 / 8
+        + h * 576
+        + 512
+        + 512 * 128 * 256 / 8
+        + 128 * 128 / 8 * h;
+    let ds_expert = 3 * h * 2048;
+    let params = 61 * (mla + 2 * h)
+        + 3 * (3 * h * 18432 / 8)
+        + 58 * (256 * h + ds_expert + 16 * ds_expert)
+        + 2 * 129_280 / 8 * h
+        + h;
+    assert_eq!(n(&d, "params"), params);
+    assert_eq!(n(&d, "kv_bytes_per_token"), 61 * (512 + 64) * 2);
+    assert!(d["activations_missing"].as_str().unwrap().contains("MLA"));
+    assert_eq!(d["kv_capacity_tokens"], Value::Null);
 }
 
 /// Mixtral-8x7B at tp=8,ep=8 (one replica: vLLM's `-tp 8 --enable-expert-parallel`): its

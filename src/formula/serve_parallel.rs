@@ -67,13 +67,16 @@
 //!   is memfit's mixture (expert by expert), not vLLM's fused-MoE kernels: their workspaces
 //!   (sized over every gathered row's `k` slots) are not counted, as CUDA graphs and NCCL's
 //!   buffers are not for the tp rank.
-//! - **Activations** at `ep = tp` > 1 (one replica, vLLM's `-tp T --enable-expert-parallel`):
-//!   nothing is gathered (vLLM dispatches only over dp > 1); the replay of the tp rank's shard
-//!   (heads, K/V heads, the dense layers' and the shared experts' width, the vocabulary) with
-//!   the routed experts whole, `g` after every sublayer (the mixture's output all-reduced over
-//!   tp, as vLLM does with `ep > 1`), plus the tp rank's extras above ([`ep_shard`]). At tp > 1
-//!   with dp > 1 (vLLM's sequence-parallel mixture), or MLA or linear attention split over tp,
-//!   the activations are not modelled: `None`, and so the capacity, with the reason.
+//! - **Activations** at tp > 1: the replay of the tp rank's shard (heads, K/V heads, the dense
+//!   layers' width, the vocabulary; the shared experts' width too with one replica) with the
+//!   routed experts whole, `g` after every sublayer, plus the tp rank's extras above
+//!   ([`ep_shard`]). With one replica (`ep = tp`, vLLM's `-tp T --enable-expert-parallel`)
+//!   nothing is gathered (vLLM dispatches only over dp > 1) and the mixture's output is
+//!   all-reduced over tp, as vLLM does with `ep > 1`; with more, vLLM's sequence-parallel
+//!   mixture: each rank's `⌈B·S/tp⌉` rows of the replicated tokens gathered over all `ep`
+//!   ranks, reduce-scattered back and all-gathered over tp (`Gathered` with `tp`; memfit's `g`
+//!   after it one `(B·S, H)` above vLLM). MLA or linear attention split over tp are not
+//!   modelled: `None`, and so the capacity, with the reason.
 
 use super::budget;
 use super::parallel::{self, Layout};
@@ -288,6 +291,7 @@ pub fn serve_rank_ep(
             served.meta(crate::formula::transformer::META_PER_TENSOR),
             served.cpu.then_some(threads),
             &held,
+            tp,
             dp,
         );
         out.decode_peak_bytes = Some(sv.decode_peak);
@@ -323,13 +327,13 @@ pub fn serve_rank_ep(
 }
 
 /// The model an expert-parallel serving rank of `tp` in `dp` replicas runs, or why not: at tp 1
-/// the whole model (its experts set by the caller); at tp > 1 with one replica (`ep = tp`: no
-/// gather, vLLM's `do_naive_dispatch_combine` needs dp > 1) the heads, the K/V heads (one a
-/// rank where fewer), the dense layers' and the shared experts' width and the vocabulary split
-/// over tp, the routed experts whole (their width the model's), each sublayer's output summed
-/// by `g` (the mixture's too: vLLM all-reduces its output over the tp group when `ep > 1`).
-/// Not modelled: tp > 1 with dp > 1 (vLLM's sequence-parallel mixture, its tokens split over
-/// tp around the gather), MLA and linear attention split over tp.
+/// the whole model (its experts set by the caller); at tp > 1 the heads, the K/V heads (one a
+/// rank where fewer), the dense layers' width and the vocabulary split over tp, the routed
+/// experts whole (their width the model's), each sublayer's output summed by `g` (the
+/// mixture's too: with one replica vLLM all-reduces its output over the tp group when
+/// `ep > 1`; with more it all-gathers the sequence-parallel chunks, as much); the shared
+/// experts split over tp with one replica, whole with more (the sequence-parallel mixture's
+/// `disable_tp`). Not modelled: MLA and linear attention split over tp.
 fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     let Some(l) = shape.llama else {
         return Err("activations per rank are modelled for LLaMA-family decoders only".into());
@@ -339,11 +343,6 @@ fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     };
     if tp == 1 {
         return Ok(shape.clone());
-    }
-    if dp > 1 {
-        return Err(format!(
-            "activations per rank are not modelled yet for expert-parallel serving at tp={tp} with dp={dp} (vLLM's sequence-parallel mixture: its tokens split over tp around the gather); tp=1 (data-parallel attention) or ep=tp (one replica) is"
-        ));
     }
     if l.mla.is_some() || l.variant.gated_delta.is_some() {
         return Err(format!(
@@ -362,7 +361,10 @@ fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     split("attention heads", shape.a as usize)?;
     let mut moe = m;
     moe.dense_width = split("dense layers' MLP width", m.dense_width)?;
-    moe.shared = split("shared experts' width", m.shared)?;
+    // Under the sequence-parallel mixture (dp > 1) the shared experts are whole.
+    if dp == 1 {
+        moe.shared = split("shared experts' width", m.shared)?;
+    }
     let mut llama = l;
     llama.kv_heads = (l.kv_heads / tp).max(1);
     llama.moe = Some(moe);
@@ -477,7 +479,8 @@ mod tests {
             dense2.params - dense2.expert_params + 16 * expert
         );
         assert_eq!(dense2.expert_params, 128 * expert / 2);
-        assert!(tp2.activations_missing.is_some() && tp2.kv_capacity_tokens.is_none());
+        assert!(tp2.activations_missing.is_none() && tp2.prefill_activation_bytes.is_some());
+        assert!(tp2.kv_capacity_tokens.is_none()); // no budget
     }
 
     /// DeepSeek-V3's shared expert (`3·7168·2048` a sparse layer, 58 of them): split over tp
@@ -501,8 +504,9 @@ mod tests {
         assert_eq!(dense(&dp1), tp2.params - tp2.expert_params);
     }
 
-    /// The shard of an `ep = tp` rank: heads, K/V heads, vocabulary split, the experts' width
-    /// whole; a gather's layout (dp > 1 at tp > 1), MLA and linear attention refused by name.
+    /// The shard of a tp rank under ep: heads, K/V heads, vocabulary split, the experts' width
+    /// whole; the shared experts split with one replica, whole with more (Llama 4 Scout's, of
+    /// width 8192); MLA refused by name.
     #[test]
     fn ep_shard_splits_attention_keeps_experts_whole() {
         let cfg = config("qwen3-30b-a3b");
@@ -513,11 +517,13 @@ mod tests {
         assert_eq!(l.intermediate, 768);
         assert!(r.tp_collectives && !s.tp_collectives);
         assert_eq!(ep_shard(&s, 1, 8).unwrap(), s);
-        assert!(
-            ep_shard(&s, 4, 2)
-                .unwrap_err()
-                .contains("sequence-parallel")
-        );
+        assert_eq!(ep_shard(&s, 4, 2).unwrap(), r);
+        let scout = config("llama-4-scout-17b-16e");
+        let shared = |dp| {
+            let r = ep_shard(&shape(&scout), 2, dp).unwrap();
+            r.llama.unwrap().moe.unwrap().shared
+        };
+        assert_eq!((shared(1), shared(2)), (4096, 8192));
         let ds = config("deepseek-v3");
         assert!(ep_shard(&shape(&ds), 2, 1).unwrap_err().contains("MLA"));
         let dense = config("llama-3-8b");

@@ -565,11 +565,11 @@ pub fn replay_serving_full(
 }
 
 /// The serving replay of an expert-parallel rank as vLLM runs one: `shape`'s model (the whole
-/// one with data-parallel attention at tp 1, or a tensor-parallel rank's shard with its
-/// collectives: its attention, dense layers, shared experts, table and head, its own
-/// sequences' cache) holding the routed experts `held` (indices among `E`), every mixture of
-/// experts' forward on the tokens of the `dp` replicas gathered ([`expert::Gathered`]; with one
-/// replica nothing is gathered), routed as `shape` asks (its `worst_routing`: every token of
+/// one with data-parallel attention at tp 1, or a rank of `tp`'s shard with its collectives:
+/// its attention, dense layers, shared experts, table and head, its own sequences' cache)
+/// holding the routed experts `held` (indices among `E`), every mixture of experts' forward on
+/// the tokens of the `dp` replicas gathered ([`expert::Gathered`]: sequence-parallel over `tp`;
+/// with one replica nothing is gathered), routed as `shape` asks (its `worst_routing`: every token of
 /// every replica on the first `k` experts, which `held` holds when it starts at 0), compressed
 /// as [`replay_serving`] is.
 pub fn replay_serving_ep(
@@ -577,11 +577,12 @@ pub fn replay_serving_ep(
     meta_per_tensor: u64,
     gemm_threads: Option<usize>,
     held: &[usize],
+    tp: usize,
     dp: usize,
 ) -> Serving {
     let run = |l: &Rc<Ledger>, slots: &[Slot]| {
         let parallel = (dp > 1).then(|| {
-            Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+            Rc::new(expert::Gathered { dp, tp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
         });
         serving_on(l, shape, slots, Some(held), parallel)
     };
@@ -808,7 +809,8 @@ mod tests {
         let full = |held: &[usize], dp: usize| {
             let ledger = Ledger::new(240, Some(2));
             let p = (dp > 1).then(|| {
-                Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+                Rc::new(expert::Gathered { dp, tp: 1 })
+                    as Rc<dyn crate::model::moe::MoeParallel<_, _>>
             });
             serving_on(&ledger, &s, &all_layers(&s), Some(held), p)
         };
@@ -818,10 +820,30 @@ mod tests {
             assert!(compressed.is_some(), "dp={dp}: nothing compressed");
             assert_eq!(compressed.unwrap(), full(&held, dp), "dp={dp}");
             assert_eq!(
-                replay_serving_ep(&s, 240, Some(2), &held, dp),
+                replay_serving_ep(&s, 240, Some(2), &held, 1, dp),
                 full(&held, dp)
             );
         }
+        // A tp=2 rank's shard in 2 replicas (the sequence-parallel mixture): compressed, every
+        // layer's replay; its gather of 2·2 chunks of B·S/2 rows holds as many rows as the tp=1
+        // rank's of 2 replicas, less its own half.
+        let mut l = s.llama.unwrap();
+        l.kv_heads = 1;
+        let shard = Shape {
+            a: 2,
+            v: 64,
+            llama: Some(l),
+            tp_collectives: true,
+            ..s.clone()
+        };
+        let sp = |l: &Rc<Ledger>, slots: &[Slot]| {
+            let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
+                Rc::new(expert::Gathered { dp: 2, tp: 2 });
+            serving_on(l, &shard, slots, Some(&held), Some(p))
+        };
+        let every = sp(&Ledger::new(240, Some(2)), &all_layers(&shard));
+        assert_eq!(replay_serving_ep(&shard, 240, Some(2), &held, 2, 2), every);
+        assert!(every.prefill_peak > 0 && every.decode_peak > 0);
         let (one, two) = (full(&held, 1), full(&held, 2));
         assert!(two.prefill_peak > one.prefill_peak);
         assert!(two.decode_peak > one.decode_peak);
@@ -863,7 +885,7 @@ mod tests {
         let compressed = serving_compressed_ep(&s, &held, 4).expect("compressed");
         let ledger = Ledger::new(240, Some(2));
         let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
-            Rc::new(expert::Gathered { dp: 4 });
+            Rc::new(expert::Gathered { dp: 4, tp: 1 });
         let full = serving_on(&ledger, &s, &all_layers(&s), Some(&held), Some(p));
         assert_eq!(compressed, full);
     }
@@ -871,7 +893,8 @@ mod tests {
     fn serving_compressed_ep(shape: &Shape, held: &[usize], dp: usize) -> Option<Serving> {
         compressed(shape, 240, Some(2), false, |l, slots, _| {
             let p = (dp > 1).then(|| {
-                Rc::new(expert::Gathered { dp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+                Rc::new(expert::Gathered { dp, tp: 1 })
+                    as Rc<dyn crate::model::moe::MoeParallel<_, _>>
             });
             serving_on(l, shape, slots, Some(held), p)
         })
