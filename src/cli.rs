@@ -210,7 +210,10 @@ pub struct PredictArgs {
     /// FSDP's units (`unit`, the default but under amp=deepspeed: the largest layer, embedding
     /// or head whole twice, its next unit prefetched, and its gradient once) or DeepSpeed's
     /// estimator (`tensor`: the largest tensor's weight and gradient). `search` (with --fit-in
-    /// and --gpus): every layout of that many GPUs, those that fit first.
+    /// and --gpus): every layout of that many GPUs, those that fit first. With `--phases
+    /// prefill,decode`: one vLLM serving rank, `tp=T` (tensor parallel) or `tp=T,ep=E` (expert
+    /// parallel over E/T data-parallel attention replicas, ⌈experts/E⌉ whole experts a rank; E
+    /// a multiple of T).
     #[arg(long, value_name = "LAYOUT")]
     pub parallel: Option<String>,
     /// `--parallel search`: the GPUs every layout is laid over (tp·pp·dp).

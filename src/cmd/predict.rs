@@ -83,8 +83,10 @@ pub struct CasePrediction {
     /// With `--parallel search --gpus N --fit-in B`: every layout's worst rank, best first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel_search: Option<ParallelSearch>,
-    /// With `--parallel tp=T` and serving phases (`--phases prefill,decode`): one
-    /// tensor-parallel serving rank as vLLM runs it ([`crate::formula::serve_parallel`]).
+    /// With `--parallel tp=T[,ep=E]` and serving phases (`--phases prefill,decode`): one
+    /// tensor- (and expert-) parallel serving rank as vLLM runs it
+    /// ([`crate::formula::serve_parallel`]: `ep`, `dp`, `experts_per_rank` and `expert_params`
+    /// say the experts' split).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parallel_serving: Option<crate::formula::serve_parallel::ServeRank>,
     /// Largest batch whose training step fits the budget (0: not even batch 1).
@@ -178,21 +180,26 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<()> {
                 )?);
             }
             Some(spec) => {
-                p.parallel = Some(parallel_answer_sp(
-                    case,
-                    &spec,
-                    args.routing.worst(),
-                    threads,
-                )?);
-                if case
+                let serving = case
                     .phases
                     .iter()
-                    .any(|ph| matches!(ph, Phase::Prefill | Phase::Decode))
-                {
+                    .any(|ph| matches!(ph, Phase::Prefill | Phase::Decode));
+                // With serving phases `ep` is vLLM's (the experts over tp × dp serving ranks),
+                // not Megatron's training layout (ep inside dp): no training answer for it.
+                if !(serving && spec.layout.ep > 1) {
+                    p.parallel = Some(parallel_answer_sp(
+                        case,
+                        &spec,
+                        args.routing.worst(),
+                        threads,
+                    )?);
+                }
+                if serving {
                     p.parallel_serving = Some(parallel_serving(
                         case,
                         &spec,
                         budget.map(|b| b.saturating_sub(p.process_bytes.unwrap_or(0))),
+                        args.routing.worst(),
                         threads,
                     )?);
                 }
@@ -419,25 +426,41 @@ columns: weights, grads, opt state = the model state in the case's dtype (parame
 
 /// Where each case's element type comes from: the `--hf-config` checkpoint's (said once per
 /// type), or `--dtype` over it.
-/// `--parallel tp=T` with serving phases: one serving rank ([`crate::formula::serve_parallel`]);
-/// tensor parallelism only (vLLM's pipeline and expert-parallel serving are not answered).
+/// `--parallel tp=T[,ep=E]` with serving phases: one serving rank
+/// ([`crate::formula::serve_parallel`]): tensor parallelism, with vLLM's expert parallelism
+/// beside it (`ep` a multiple of `tp`: `E/T` data-parallel attention replicas; `dp=` may say
+/// the same); pipeline parallel serving is not answered. A mixture of experts' activations
+/// assume the routing `--routing` asks (`worst`).
 fn parallel_serving(
     case: &Case,
     spec: &crate::formula::parallel::ParallelSpec,
     budget: Option<u64>,
+    worst: bool,
     threads: usize,
 ) -> anyhow::Result<crate::formula::serve_parallel::ServeRank> {
     let l = spec.layout;
     anyhow::ensure!(
-        l.pp == 1 && l.dp == 1 && l.ep == 1 && l.zero == 0 && !spec.sp,
-        "--parallel {} with --phases prefill/decode: serving is answered for tensor parallelism only (tp=T; pipeline, data and expert parallel serving are not modelled)",
+        l.pp == 1 && l.zero == 0 && !spec.sp && (l.dp == 1 || l.ep > 1),
+        "--parallel {} with --phases prefill/decode: serving is answered for tensor parallelism only, with vLLM's expert parallelism beside it (tp=T or tp=T,ep=E; pipeline parallel, ZeRO and data-parallel serving without ep are not modelled)",
         l
+    );
+    anyhow::ensure!(
+        l.dp == 1 || l.dp * l.tp == l.ep,
+        "--parallel {l} with --phases prefill/decode: vLLM's expert-parallel group is tp × dp ranks, so dp={} with tp={} means ep={} (give tp=T,ep=E alone: dp is E/T)",
+        l.dp,
+        l.tp,
+        l.dp * l.tp
     );
     anyhow::ensure!(
         case.cfg.vision.is_none(),
         "--parallel with --phases prefill/decode: a ViT does not generate"
     );
-    crate::formula::serve_parallel::serve_rank(&case.cfg, &Shape::of(case), l.tp, budget, threads)
+    let shape = Shape::of(case);
+    let shape = Shape {
+        worst_routing: worst && shape.llama.is_some_and(|l| l.moe.is_some()),
+        ..shape
+    };
+    crate::formula::serve_parallel::serve_rank_ep(&case.cfg, &shape, l.tp, l.ep, budget, threads)
         .map_err(|e| anyhow::anyhow!(e))
 }
 
@@ -463,9 +486,25 @@ fn print_parallel_serving(
         ),
         _ => String::new(),
     };
+    let layout = match (sv.ep, sv.experts_per_rank) {
+        (1, _) => format!("tp={}", sv.tp),
+        (ep, Some(n)) => format!(
+            "tp={},ep={ep} ({} attention replica(s) of tp={}; {n} whole routed expert(s) a layer on the worst rank, {} parameters)",
+            sv.tp, sv.dp, sv.tp, sv.expert_params
+        ),
+        (ep, None) => format!("tp={},ep={ep}", sv.tp),
+    };
+    let activations = match (sv.ep, sv.dp, sv.prefill_activation_bytes) {
+        (1, _, _) | (_, _, None) => activations,
+        (_, 1, Some(_)) => format!(
+            "{activations}; one replica: nothing gathered, each sparse layer's output all-reduced over tp"
+        ),
+        (_, dp, Some(_)) => format!(
+            "{activations}; each sparse layer on the tokens of all {dp} replicas gathered (vLLM's allgather_reducescatter)"
+        ),
+    };
     println!(
-        "       serving tp={} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {}; {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",
-        sv.tp,
+        "       serving {layout} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {}; {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",
         sv.params,
         human_bytes(sv.weights_bytes),
         sv.kv_heads,

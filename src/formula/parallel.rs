@@ -301,6 +301,19 @@ fn tensor_share(
     }
 }
 
+/// The parameters one rank of `tp` holds of a mixture's shared experts (the tensors under
+/// `mlp.shared.`, every layer): each split as [`tensor_share`] splits a dense MLP (gate and up
+/// by rows, down by columns); whole at tp 1.
+pub fn shared_expert_params(cfg: &Config, tp: usize) -> u64 {
+    let blocks = cfg.blocks();
+    let (kv, layer_norm) = (cfg.kv_heads() as u64, cfg.llama.is_none());
+    (0..cfg.layers)
+        .flat_map(|l| blocks.layer(l).iter())
+        .filter(|t| matches!(t, BlockTensor::Proj { path, .. } if path.starts_with("mlp.shared.")))
+        .map(|t| tensor_share(t, tp as u64, kv, layer_norm, &(0..0)).0)
+        .sum()
+}
+
 /// What one rank of a pipeline stage holds.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StageRank {

@@ -539,6 +539,13 @@ impl<T: TensorOps, R: Routing<T>> Moe<T, R> {
         if let Some(p) = &self.parallel {
             return p.forward(self, x);
         }
+        self.forward_held(x)
+    }
+
+    /// The forward over the experts this layer holds, whatever [`Self::parallel`] says: every
+    /// token of `x` routed, each held expert on its tokens (an expert-parallel serving rank's
+    /// experts on the tokens gathered from every rank: `formula::replay::expert::Gathered`).
+    pub(crate) fn forward_held(&self, x: &T) -> Result<T> {
         let d = x.dims();
         let (b, s, h) = (d[0], d[1], d[2]);
         let t = b * s;

@@ -3,6 +3,10 @@
 //! expert, the rows sent and the rows received at the sizes the rank's run recorded
 //! ([`LayerRows`]), the exchanges as [`Kernel::Exchange`] (their reordering buffers, and the
 //! exchange the other way in the backward), the held experts on the rows they received.
+//!
+//! [`Gathered`]: an expert-parallel serving rank as vLLM runs one with its default all-to-all
+//! backend (`allgather_reducescatter`): every rank's tokens gathered, the held experts on them,
+//! the outputs reduce-scattered home.
 
 use std::cell::Cell;
 
@@ -120,4 +124,68 @@ fn forward<T: TensorOps, R: Routing<T>>(
         |y| T::kernel(home, &[y]),
         ids_all,
     )
+}
+
+/// vLLM's expert-parallel serving forward of a mixture of experts with its default all-to-all
+/// backend, `allgather_reducescatter` (`vllm/config/parallel.py`, `ParallelConfig.all2all_backend`;
+/// `AgRsAll2AllManager` in `vllm/distributed/device_communicators/all2all.py`): the rank's
+/// `(T, H)` tokens all-gathered over the `dp` attention replicas (`all_gatherv` into a fresh
+/// `(dp·T, H)`, the router's logits with them: `dispatch_router_logits`), the mixture's own
+/// forward ([`Moe::forward_held`]: routed over all `E`, the held experts expert by expert) on
+/// the `dp·T` rows, its `(dp·T, H)` output reduce-scattered into a fresh `(T, H)`
+/// (`reduce_scatterv`). With `tp > 1` vLLM runs the mixture sequence-parallel
+/// (`ParallelConfig.use_sequence_parallel_moe`; `sequence_parallel_chunk` in the models'
+/// MoE blocks): each rank takes its `⌈T/tp⌉` rows of the replicated tokens (a view here), the
+/// gather is over all `tp·dp` ranks' chunks, the reduce-scatter returns the chunk, and
+/// `tensor_model_parallel_all_gather` rebuilds the `(T, H)` (fresh); memfit's block then adds
+/// its `g` after the mixture as after any sublayer (vLLM skips that all-reduce in this mode: one
+/// `(T, H)` more than vLLM holds). The router runs here on the gathered rows (vLLM runs it on
+/// the rank's own and gathers its logits: the same rows after the gather), and the shared
+/// experts, which vLLM runs on the rank's own rows before the dispatch, run on the gathered ones
+/// (an answer above vLLM's, never below). No collective holds a host buffer.
+#[derive(Debug)]
+pub struct Gathered {
+    /// Attention replicas whose tokens a rank's experts take (vLLM's `dp`; `ep = tp·dp`).
+    pub dp: usize,
+    /// Tensor-parallel ranks of a replica (the sequence-parallel chunks).
+    pub tp: usize,
+}
+
+impl MoeParallel<Sym, Told> for Gathered {
+    fn forward(&self, moe: &Moe<Sym, Told>, x: &Sym) -> candle_core::Result<Sym> {
+        let d = x.dims();
+        let (b, s, h) = (d[0], d[1], d[2]);
+        let t = b * s;
+        let chunk = t.div_ceil(self.tp);
+        let rows = self.dp * self.tp * chunk;
+        let collective = |rows| Kernel::Exchange {
+            rows,
+            temp: 0,
+            back_rows: 0,
+            back_temp: 0,
+        };
+        let xs = x.reshape(&[t, h]);
+        let mine = if self.tp > 1 {
+            xs.narrow(0, 0, chunk.min(t))
+        } else {
+            xs.clone()
+        };
+        drop(xs);
+        let gathered = <Sym as TensorOps>::kernel(collective(rows), &[&mine])?;
+        drop(mine);
+        let all = gathered.reshape(&[rows, 1, h]);
+        drop(gathered);
+        let y = moe.forward_held(&all)?;
+        drop(all);
+        let ys = y.reshape(&[rows, h]);
+        drop(y);
+        let home = <Sym as TensorOps>::kernel(collective(chunk), &[&ys])?;
+        drop(ys);
+        if self.tp == 1 {
+            return Ok(home.reshape(&[b, s, h]));
+        }
+        let whole = <Sym as TensorOps>::kernel(collective(self.tp * chunk), &[&home])?;
+        drop(home);
+        Ok(whole.narrow(0, 0, t).reshape(&[b, s, h]))
+    }
 }

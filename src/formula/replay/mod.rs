@@ -554,7 +554,7 @@ fn serving_compressed(
         meta_per_tensor,
         gemm_threads,
         false,
-        |l, slots, _| serving_on(l, shape, slots),
+        |l, slots, _| serving_on(l, shape, slots, None, None),
     )
 }
 
@@ -568,7 +568,7 @@ pub fn trace_serving(
 ) -> (Serving, Vec<crate::formula::symbolic::Event>) {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
     ledger.start_trace();
-    let s = serving_on(&ledger, shape, &all_layers(shape));
+    let s = serving_on(&ledger, shape, &all_layers(shape), None, None);
     (s, ledger.take_trace())
 }
 
@@ -579,13 +579,61 @@ pub fn replay_serving_full(
     gemm_threads: Option<usize>,
 ) -> Serving {
     let ledger = Ledger::new(meta_per_tensor, gemm_threads);
-    serving_on(&ledger, shape, &all_layers(shape))
+    serving_on(&ledger, shape, &all_layers(shape), None, None)
 }
 
-/// The serving replay of the layers `slots` on `ledger`.
-fn serving_on(ledger: &Rc<Ledger>, shape: &Shape, slots: &[Slot]) -> Serving {
+/// The serving replay of an expert-parallel rank as vLLM runs one: `shape`'s model (the whole
+/// one with data-parallel attention at tp 1, or a rank of `tp`'s shard with its collectives:
+/// its attention, dense layers, shared experts, table and head, its own sequences' cache)
+/// holding the routed experts `held` (indices among `E`), every mixture of experts' forward on
+/// the tokens of the `dp` replicas gathered ([`expert::Gathered`]: sequence-parallel over `tp`;
+/// with one replica nothing is gathered), routed as `shape` asks (its `worst_routing`: every token of
+/// every replica on the first `k` experts, which `held` holds when it starts at 0), compressed
+/// as [`replay_serving`] is.
+pub fn replay_serving_ep(
+    shape: &Shape,
+    meta_per_tensor: u64,
+    gemm_threads: Option<usize>,
+    held: &[usize],
+    tp: usize,
+    dp: usize,
+) -> Serving {
+    let run = |l: &Rc<Ledger>, slots: &[Slot]| {
+        let parallel = (dp > 1).then(|| {
+            Rc::new(expert::Gathered { dp, tp }) as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+        });
+        serving_on(l, shape, slots, Some(held), parallel)
+    };
+    compressed(
+        shape,
+        meta_per_tensor,
+        gemm_threads,
+        false,
+        |l, slots, _| run(l, slots),
+    )
+    .unwrap_or_else(|| {
+        run(
+            &Ledger::new(meta_per_tensor, gemm_threads),
+            &all_layers(shape),
+        )
+    })
+}
+
+/// The serving replay of the layers `slots` on `ledger` (a mixture of experts holding
+/// `experts`, or all of them; its forward handed to `parallel` where given).
+fn serving_on(
+    ledger: &Rc<Ledger>,
+    shape: &Shape,
+    slots: &[Slot],
+    experts: Option<&[usize]>,
+    parallel: Option<Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>>>,
+) -> Serving {
     ledger.set_stage("setup");
-    let model = Transformer::with_layers(ledger, shape, false, slots, None);
+    let model = Transformer::with_layers(ledger, shape, false, slots, experts);
+    let model = match parallel {
+        Some(p) => model.with_expert_parallel(p),
+        None => model,
+    };
     let (tokens, _) = inputs(ledger, shape);
     let base = ledger.reset_peak();
     ledger.set_stage("inference");
@@ -754,5 +802,119 @@ mod tests {
         let r = replay(&s, 0, None);
         assert_eq!(r.inference_retained, 4 * 2 * 40 * 500);
         assert!(r.inference_peak > r.inference_retained);
+    }
+
+    /// An expert-parallel serving rank's replay ([`replay_serving_ep`]): compressed, byte for
+    /// byte the replay of every layer; the tokens of more replicas gathered hold more (each
+    /// gathered `(dp·T, H)` and the reduce-scatter's `(T, H)` fresh); holding fewer experts
+    /// changes only their token lists (inference runs one expert at a time).
+    #[test]
+    fn expert_parallel_serving_compresses_exactly_and_gathers() {
+        let text = r#"{"model_type": "mixtral", "hidden_act": "silu", "hidden_size": 64,
+            "intermediate_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+            "num_local_experts": 8, "num_experts_per_tok": 2}"#;
+        let cfg = crate::model::hf_config::parse(text, "mixtral.json")
+            .unwrap()
+            .cfg;
+        let s = Shape {
+            llama: cfg.llama,
+            worst_routing: true,
+            decode_tokens: 3,
+            ..Shape::new(2, 16, 64, 4, 8, 128, 64)
+        };
+        // One replica gathers nothing (vLLM dispatches over dp > 1 only).
+        let full = |held: &[usize], dp: usize| {
+            let ledger = Ledger::new(240, Some(2));
+            let p = (dp > 1).then(|| {
+                Rc::new(expert::Gathered { dp, tp: 1 })
+                    as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+            });
+            serving_on(&ledger, &s, &all_layers(&s), Some(held), p)
+        };
+        let held = [0, 1, 2, 3];
+        for dp in [1, 2, 4] {
+            let compressed = serving_compressed_ep(&s, &held, dp);
+            assert!(compressed.is_some(), "dp={dp}: nothing compressed");
+            assert_eq!(compressed.unwrap(), full(&held, dp), "dp={dp}");
+            assert_eq!(
+                replay_serving_ep(&s, 240, Some(2), &held, 1, dp),
+                full(&held, dp)
+            );
+        }
+        // A tp=2 rank's shard in 2 replicas (the sequence-parallel mixture): compressed, every
+        // layer's replay; its gather of 2·2 chunks of B·S/2 rows holds as many rows as the tp=1
+        // rank's of 2 replicas, less its own half.
+        let mut l = s.llama.unwrap();
+        l.kv_heads = 1;
+        let shard = Shape {
+            a: 2,
+            v: 64,
+            llama: Some(l),
+            tp_collectives: true,
+            ..s.clone()
+        };
+        let sp = |l: &Rc<Ledger>, slots: &[Slot]| {
+            let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
+                Rc::new(expert::Gathered { dp: 2, tp: 2 });
+            serving_on(l, &shard, slots, Some(&held), Some(p))
+        };
+        let every = sp(&Ledger::new(240, Some(2)), &all_layers(&shard));
+        assert_eq!(replay_serving_ep(&shard, 240, Some(2), &held, 2, 2), every);
+        assert!(every.prefill_peak > 0 && every.decode_peak > 0);
+        let (one, two) = (full(&held, 1), full(&held, 2));
+        assert!(two.prefill_peak > one.prefill_peak);
+        assert!(two.decode_peak > one.decode_peak);
+        // The cache the prefill leaves is the rank's own sequences', whatever dp.
+        assert_eq!(two.prefill_retained, one.prefill_retained);
+        // Fewer experts held: no more (their token lists, 4 B a token on the host, are fewer).
+        let fewer = full(&[0, 1], 2);
+        assert!(fewer.prefill_peak <= two.prefill_peak && fewer.decode_peak <= two.decode_peak);
+        assert!(two.prefill_peak - fewer.prefill_peak < 64);
+    }
+
+    /// DeepSeek-V2-Lite's layers (a dense first layer, 64 routed experts, 2 shared, MLA), as
+    /// an expert-parallel serving rank holds them: compressed, byte for byte every layer's
+    /// replay.
+    #[test]
+    fn expert_parallel_serving_of_deepseek_compresses_exactly() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/workloads/configs/deepseek-v2-lite.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let cfg = crate::model::hf_config::parse(&text, path).unwrap().cfg;
+        let s = Shape {
+            llama: cfg.llama,
+            worst_routing: true,
+            decode_tokens: 2,
+            cpu: false,
+            ..Shape::new(
+                1,
+                8,
+                cfg.hidden as u64,
+                cfg.heads as u64,
+                cfg.layers as u64,
+                cfg.vocab as u64,
+                64,
+            )
+        };
+        let held: Vec<usize> = (0..16).collect();
+        let compressed = serving_compressed_ep(&s, &held, 4).expect("compressed");
+        let ledger = Ledger::new(240, Some(2));
+        let p: Rc<dyn crate::model::moe::MoeParallel<Sym, moe::Told>> =
+            Rc::new(expert::Gathered { dp: 4, tp: 1 });
+        let full = serving_on(&ledger, &s, &all_layers(&s), Some(&held), Some(p));
+        assert_eq!(compressed, full);
+    }
+
+    fn serving_compressed_ep(shape: &Shape, held: &[usize], dp: usize) -> Option<Serving> {
+        compressed(shape, 240, Some(2), false, |l, slots, _| {
+            let p = (dp > 1).then(|| {
+                Rc::new(expert::Gathered { dp, tp: 1 })
+                    as Rc<dyn crate::model::moe::MoeParallel<_, _>>
+            });
+            serving_on(l, shape, slots, Some(held), p)
+        })
     }
 }
