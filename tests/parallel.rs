@@ -1193,7 +1193,8 @@ fn serving(args: &[&str], layout: &str) -> Result<Value, String> {
 /// `8192²/8` each, k and v `8192·1024/8` each (8 K/V heads, one a rank), gate, up and down
 /// `8192·28672/8` each and two norms of 8192 whole: 106,971,136 parameters; 80 layers, the
 /// vocab-parallel table and head `32000/8 · 8192` each, the final norm 8192: 8,623,235,072
-/// parameters, 17,246,470,144 B in bf16. One cached token a rank: `2 · 80 · 1 · 128 · 2` =
+/// parameters, 17,246,470,144 B in bf16, and the rotary tables every rank holds (cos and sin
+/// of 4,096 positions × 64 frequencies in bf16: 1,048,576 B). One cached token a rank: `2 · 80 · 1 · 128 · 2` =
 /// 40,960 B (the whole model's 327,680 B over 8). The capacity: the 80 GiB less the weights,
 /// the prefill's activations and the collectives' extras (`2·(4000·8192 + 32000)` B), over
 /// 40,960 B a token, never more.
@@ -1204,7 +1205,8 @@ fn serving_llama2_70b_tp8_is_hand_arithmetic() {
     assert_eq!(layer, 106_971_136);
     let params = 80 * layer + 2 * (32000 / 8) * 8192 + 8192;
     assert_eq!(n(&v, "params"), params);
-    assert_eq!(n(&v, "weights_bytes"), 17_246_470_144);
+    let weights = 17_246_470_144 + 2 * 4096 * 64 * 2;
+    assert_eq!(n(&v, "weights_bytes"), weights);
     assert_eq!(
         (n(&v, "kv_heads"), &v["kv_replicated"]),
         (1, &Value::Bool(false))
@@ -1213,7 +1215,7 @@ fn serving_llama2_70b_tp8_is_hand_arithmetic() {
     assert_eq!(n(&v, "kv_bytes_per_sequence"), 40_960 * 4000);
     let extras = 2 * (4000 * 8192 + 32000);
     assert_eq!(n(&v, "collective_bytes"), extras);
-    let free = (80u64 << 30) - 17_246_470_144 - n(&v, "prefill_activation_bytes") - extras;
+    let free = (80u64 << 30) - weights - n(&v, "prefill_activation_bytes") - extras;
     assert_eq!(n(&v, "kv_capacity_tokens"), free / 40_960);
     assert_eq!(n(&v, "kv_capacity_sequences"), free / (40_960 * 4000));
     // One GPU: the whole cache a token, and the weights (128.5 GiB) leave no room at all.

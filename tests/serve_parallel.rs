@@ -50,6 +50,12 @@ fn n(v: &Value, k: &str) -> u64 {
 
 const GIB: u64 = 1 << 30;
 
+/// The rotary tables every rank holds beside its parameters: cos and sin of `positions` ×
+/// `frequencies` (half the rotated width), in bf16.
+fn rotary(positions: u64, frequencies: u64) -> u64 {
+    2 * positions * frequencies * 2
+}
+
 /// The capacity a budget leaves: `(budget − weights − prefill activations − extras) / KV a
 /// token` (every layer full attention: one kind).
 fn capacity(v: &Value, budget: u64) -> u64 {
@@ -78,7 +84,8 @@ fn qwen3_30b_a3b_tp1_ep8_is_hand_arithmetic() {
     );
     assert_eq!(n(&v, "expert_params"), experts);
     assert_eq!(n(&v, "params"), params);
-    assert_eq!(n(&v, "weights_bytes"), 2 * params);
+    // 2 B a parameter (the checkpoint is bf16) and the tables of 40,960 positions × 64.
+    assert_eq!(n(&v, "weights_bytes"), 2 * params + rotary(40_960, 64));
     assert_eq!(n(&v, "kv_heads"), 4);
     assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 48 * 4 * 128 * 2);
     assert_eq!(n(&v, "kv_bytes_per_sequence"), 2 * 48 * 4 * 128 * 2 * 4096);
@@ -120,14 +127,25 @@ fn deepseek_v3_tp1_ep8_and_ep16_are_hand_arithmetic() {
     let table = 129_280 * h;
     let whole = 61 * (mla + 2 * h) + 3 * dense_mlp + 58 * sparse + 2 * table + h;
     for (ep, held, want) in [(8, 32, 98_856_229_888u64), (16, 16, 57_986_931_712)] {
-        let v = serving("deepseek-v3", &format!("tp=1,ep={ep}"), "120GiB", &[]).unwrap();
+        // The model's own type (the FP8 checkpoint's blocks per rank are the test below's).
+        let v = serving(
+            "deepseek-v3",
+            &format!("tp=1,ep={ep}"),
+            "120GiB",
+            &["--weights", "model"],
+        )
+        .unwrap();
         let params = whole + 58 * held * expert;
         assert_eq!(params, want, "ep={ep}");
         assert_eq!(n(&v, "experts_per_rank"), held, "ep={ep}");
         assert_eq!(n(&v, "expert_params"), 58 * held * expert, "ep={ep}");
         assert_eq!(n(&v, "params"), params, "ep={ep}");
-        // The config's own type, bf16 (the FP8 checkpoint's blocks are not applied per rank).
-        assert_eq!(n(&v, "weights_bytes"), 2 * params, "ep={ep}");
+        // bf16, and the tables of 163,840 positions × 32 (MLA rotates 64 of each head).
+        assert_eq!(
+            n(&v, "weights_bytes"),
+            2 * params + rotary(163_840, 32),
+            "ep={ep}"
+        );
         assert_eq!(n(&v, "kv_bytes_per_token"), 61 * (512 + 64) * 2, "ep={ep}");
         assert_eq!(
             n(&v, "kv_capacity_tokens"),
@@ -190,7 +208,7 @@ fn tp_and_ep_together_weights_by_hand() {
         (2, 8, 4, 1)
     );
     assert_eq!(n(&v, "params"), params);
-    assert_eq!(n(&v, "weights_bytes"), 2 * params);
+    assert_eq!(n(&v, "weights_bytes"), 2 * params + rotary(32_768, 64));
     assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 32 * 4 * 128 * 2);
     assert!(v["activations_missing"].is_null());
     assert_eq!(n(&v, "kv_capacity_tokens"), capacity(&v, 72 * GIB));
@@ -258,4 +276,76 @@ fn layouts_vllm_does_not_serve_are_refused_by_name() {
     assert!(e.contains("no mixture of experts"), "{e}");
     let e = serving("qwen3-30b-a3b", "tp=1,dp=4,ep=8", "72GiB", &[]).unwrap_err();
     assert!(e.contains("means ep=4"), "{e}");
+}
+
+/// The rank's weights are the serving copy's, tensor by tensor: a quantized checkpoint's
+/// projections as shipped (DeepSeek-V3's FP8 e4m3 with an f32 scale per 128 × 128 block,
+/// gpt-oss's MXFP4 experts), the rest in the model's type. One rank of tp 1 holds what the
+/// single device's serving copy holds, but for its tensors' bookkeeping (under 1 MiB). Between
+/// DeepSeek-V3's ep 8 and ep 16 the worst rank holds 16 routed experts fewer in each of the 58
+/// sparse layers, each `gate`, `up` (2048 × 7168) and `down` (7168 × 2048) in FP8:
+/// `2048·7168 + 4·16·56` bytes a projection.
+#[test]
+fn serving_ranks_hold_the_checkpoints_quantized_copy() {
+    let single = |config: &str| -> (String, u64) {
+        let out = common::memfit()
+            .arg("predict")
+            .args(["--hf-config", &format!("workloads/configs/{config}.json")])
+            .args([
+                "--batch",
+                "1",
+                "--seq",
+                "4096",
+                "--phases",
+                "prefill,decode",
+            ])
+            .args(["--device", "cuda:0", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let line = String::from_utf8(out.stdout).unwrap();
+        let v: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+        (
+            v["serving"]["weights"].as_str().unwrap().to_string(),
+            n(&v["serving"], "weights_bytes"),
+        )
+    };
+    for (config, copy) in [
+        ("deepseek-v3", "fp8"),
+        ("gpt-oss-20b", "mxfp4-experts"),
+        ("qwen3-30b-a3b", "model"),
+    ] {
+        let (name, whole) = single(config);
+        assert_eq!(name, copy, "{config}");
+        let rank = serving(config, "tp=1", "80GiB", &[]).unwrap();
+        assert_eq!(rank["weights"], copy, "{config}");
+        let w = n(&rank, "weights_bytes");
+        assert!(
+            w <= whole && whole - w < 1 << 20,
+            "{config}: one rank of tp 1 holds {w} B, the single device's serving copy {whole}"
+        );
+    }
+    let ep8 = serving("deepseek-v3", "tp=1,ep=8", "80GiB", &[]).unwrap();
+    let ep16 = serving("deepseek-v3", "tp=1,ep=16", "80GiB", &[]).unwrap();
+    let fp8_proj = 2048 * 7168 + 4 * 16 * 56u64;
+    assert_eq!(
+        n(&ep8, "weights_bytes") - n(&ep16, "weights_bytes"),
+        58 * 16 * 3 * fp8_proj
+    );
+    // The same rank in the model's type (`--weights model`, bf16): 2 B a parameter and the
+    // rotary tables (under 64 MiB), nearly twice the FP8 copy.
+    let bf16 = serving(
+        "deepseek-v3",
+        "tp=1,ep=16",
+        "80GiB",
+        &["--weights", "model"],
+    )
+    .unwrap();
+    assert_eq!(bf16["weights"], "model");
+    let (w, p) = (n(&bf16, "weights_bytes"), n(&bf16, "params"));
+    assert!(
+        w >= 2 * p && w - 2 * p < 64 << 20,
+        "{w} B for {p} parameters"
+    );
+    assert!(n(&ep16, "weights_bytes") * 18 < w * 10);
 }

@@ -504,9 +504,10 @@ fn print_parallel_serving(
         ),
     };
     println!(
-        "       serving {layout} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {}; {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",
+        "       serving {layout} per rank (vLLM: vocab-parallel table and head, each rank its K/V heads): {} parameters, weights {} ({}); {} K/V head(s){} a rank, KV {} per token ({} for one sequence of {seq}); {activations} at B {batch}{capacity}",
         sv.params,
         human_bytes(sv.weights_bytes),
+        sv.weights,
         sv.kv_heads,
         if sv.kv_replicated {
             " (replicated)"

@@ -269,36 +269,124 @@ fn tensor_share(
         }
         BlockTensor::Vector { size, .. } => (*size as u64 / tp, 0),
         BlockTensor::Proj { path, spec } => {
-            let (inp, out) = (spec.inp as u64, spec.out as u64);
-            let bias = u64::from(spec.bias);
-            let name = path.rsplit('.').next().unwrap_or(path);
-            let n = match name {
-                // K/V: split by head, or one head a rank where there are fewer than tp.
-                "k" | "v" if kv_heads < tp => {
-                    let out = out / kv_heads;
-                    inp * out + bias * out
-                }
-                "q" | "k" | "v" | "q_b" | "kv_b" | "gate" | "up" | "fc1" => {
-                    let out = out / tp;
-                    inp * out + bias * out
-                }
-                "o" | "down" | "fc2" => inp / tp * out + bias * out,
-                // MLA's down-projections (q_a, kv_a): whole on every rank.
-                _ => inp * out + bias * out,
-            };
-            match path.strip_prefix("mlp.experts.") {
-                Some(rest) => {
-                    let e: usize = rest
-                        .split('.')
-                        .next()
-                        .and_then(|e| e.parse().ok())
-                        .expect("an expert's path holds its index");
-                    (0, if experts.contains(&e) { n } else { 0 })
-                }
+            let (inp, out) = proj_share(path, spec.inp as u64, spec.out as u64, tp, kv_heads);
+            let n = inp * out + u64::from(spec.bias) * out;
+            match expert_index(path) {
+                Some(e) => (0, if experts.contains(&e) { n } else { 0 }),
                 None => (n, 0),
             }
         }
     }
+}
+
+/// A projection's `(in, out)` on a rank of `tp` (Megatron's split, [`tensor_share`]): the
+/// column-parallel ones by output, the row-parallel ones by input, K/V one head a rank where
+/// there are fewer than `tp`, MLA's down-projections (q_a, kv_a) whole.
+fn proj_share(path: &str, inp: u64, out: u64, tp: u64, kv_heads: u64) -> (u64, u64) {
+    match path.rsplit('.').next().unwrap_or(path) {
+        "k" | "v" if kv_heads < tp => (inp, out / kv_heads),
+        "q" | "k" | "v" | "q_b" | "kv_b" | "gate" | "up" | "fc1" => (inp, out / tp),
+        "o" | "down" | "fc2" => (inp / tp, out),
+        _ => (inp, out),
+    }
+}
+
+/// A routed expert's index, from its path (`mlp.experts.{e}.…`).
+fn expert_index(path: &str) -> Option<usize> {
+    path.strip_prefix("mlp.experts.").map(|rest| {
+        rest.split('.')
+            .next()
+            .and_then(|e| e.parse().ok())
+            .expect("an expert's path holds its index")
+    })
+}
+
+/// How one serving rank holds a mixture's experts ([`serving_weight_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServingExperts {
+    /// Expert parallelism: this many routed experts whole (the first ones); else every expert
+    /// split over tp.
+    pub held_whole: Option<usize>,
+    /// The shared experts whole (vLLM's sequence-parallel mixture), else split over tp.
+    pub shared_whole: bool,
+}
+
+/// The bytes of one serving rank's weights (a single pipeline stage) in the serving copy
+/// `serve` of a model of `e` bytes an element, tensor by tensor as the serving replay builds
+/// them: every block projection at its tp share ([`proj_share`]; experts as `experts` says)
+/// quantized as `serve` says (FP8 e4m3 with an f32 scale per 128 × 128 block, MXFP4 a byte per
+/// two values and one per 32, GGML's blocks; `mxfp4-experts` the routed experts only), its bias
+/// in the model's type; norms, routers, sinks, the vocab-parallel table and head (`⌈V/tp⌉`
+/// rows) and the final norm in the model's type (`f16`: 2 bytes). Metadata is not counted.
+pub fn serving_weight_bytes(
+    cfg: &Config,
+    tp: usize,
+    experts: ServingExperts,
+    e: u64,
+    serve: crate::device::ServingWeights,
+) -> u64 {
+    use crate::model::shapes::{FP8_BLOCK, LoraBase, mxfp4_bytes};
+    let tp = tp as u64;
+    let e = if serve == crate::device::ServingWeights::F16 {
+        2
+    } else {
+        e
+    };
+    let kv = cfg.kv_heads() as u64;
+    let layer_norm = cfg.llama.is_none();
+    let proj = |inp: u64, out: u64, routed: bool| -> u64 {
+        let base = match serve.quantized() {
+            Some(_) if serve.experts_only() && !routed => None,
+            q => q,
+        };
+        let n = inp * out;
+        match base {
+            None => e * n,
+            Some(LoraBase::Fp8) => FP8_BLOCK.bytes(out as usize, inp as usize),
+            Some(LoraBase::Mxfp4) => mxfp4_bytes(out as usize, inp as usize),
+            Some(q) => match q.ggml() {
+                Some(g) => crate::model::frozen::quantized_bytes(n, g),
+                None => e * n,
+            },
+        }
+    };
+    let blocks = cfg.blocks();
+    let mut bytes = 0;
+    for l in 0..cfg.layers {
+        for t in blocks.layer(l) {
+            bytes += match t {
+                BlockTensor::Proj { path, spec } => {
+                    let (inp, out) = (spec.inp as u64, spec.out as u64);
+                    let routed = expert_index(path);
+                    let whole = match routed {
+                        Some(i) => match experts.held_whole {
+                            Some(held) if i >= held => continue,
+                            Some(_) => true,
+                            None => false,
+                        },
+                        None => experts.shared_whole && path.starts_with("mlp.shared."),
+                    };
+                    let (inp, out) = if whole {
+                        (inp, out)
+                    } else {
+                        proj_share(path, inp, out, tp, kv)
+                    };
+                    proj(inp, out, routed.is_some()) + e * u64::from(spec.bias) * out
+                }
+                other => e * tensor_share(other, tp, kv, layer_norm, &(0..0)).0,
+            };
+        }
+    }
+    let (v, h) = (cfg.vocab as u64, cfg.hidden as u64);
+    let table = v.div_ceil(tp) * h;
+    let tables = if cfg.tied { 1 } else { 2 };
+    let final_norm = if layer_norm { 2 * h } else { h };
+    let positions = if layer_norm {
+        cfg.max_seq as u64 * h
+    } else {
+        0
+    };
+    bytes + e * (tables * table + final_norm + positions)
 }
 
 /// The parameters one rank of `tp` holds of a mixture's shared experts (the tensors under

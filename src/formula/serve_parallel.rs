@@ -49,9 +49,10 @@
 //!   splits each expert over `tp` too (Megatron-Core's expert tensor parallelism), which is not
 //!   vLLM's, and counts `E/ep` (it refuses a remainder), so it is used where the two agree (tp
 //!   1, `E` a multiple of `ep`: tested equal) and not beyond. No redundant experts (EPLB's
-//!   `num_redundant_experts`, 0 by default). In the model's element type, as the tp rank's: a
-//!   quantized serving copy (DeepSeek-V3's FP8 blocks, gpt-oss's MXFP4 experts) is not applied
-//!   per rank.
+//!   `num_redundant_experts`, 0 by default). Their bytes are those of the serving copy, tensor
+//!   by tensor at the rank's shapes ([`parallel::serving_weight_bytes`]): a quantized
+//!   checkpoint's projections as shipped (DeepSeek-V3's FP8 blocks, gpt-oss's MXFP4 experts),
+//!   as the single device's serving copy holds them.
 //! - **KV cache**: as above at `tp` — each attention replica caches its own sequences.
 //! - **Activations** at tp 1 (data-parallel attention, DeepSeek-V3's serving layout): the
 //!   serving replay of the whole model holding the rank's experts
@@ -101,9 +102,14 @@ pub struct ServeRank {
     /// K/V heads this rank caches, and whether they are replicated (`G < tp`).
     pub kv_heads: usize,
     pub kv_replicated: bool,
-    /// Parameters on the rank ([`parallel::stage_ranks`]) and their bytes in the serving
-    /// copy's type.
+    /// Parameters on the rank ([`parallel::stage_ranks`]).
     pub params: u64,
+    /// The serving copy (`--weights`: `model`, `fp8`, `mxfp4-experts`, …; an FP8 checkpoint's
+    /// default is `fp8`, as shipped) and the rank's weights in it, tensor by tensor
+    /// ([`parallel::serving_weight_bytes`]: the block projections quantized as the single
+    /// device's serving copy, the rest in the model's type; the rotary tables whole on every
+    /// rank).
+    pub weights: String,
     pub weights_bytes: u64,
     /// One cached token of one sequence on this rank.
     pub kv_bytes_per_token: u64,
@@ -266,7 +272,17 @@ pub fn serve_rank_ep(
         kv_heads,
         kv_replicated,
         params,
-        weights_bytes: e * params,
+        weights: shape.serve.as_str().to_string(),
+        weights_bytes: parallel::serving_weight_bytes(
+            cfg,
+            tp,
+            parallel::ServingExperts {
+                held_whole: (ep > 1).then_some(experts.unwrap_or(0)),
+                shared_whole: ep > 1 && tp > 1 && dp > 1,
+            },
+            e,
+            shape.serve,
+        ) + shape.rotary_bytes(),
         kv_bytes_per_token: cached.kv_bytes_per_token(),
         kv_bytes_per_sequence,
         prefill_activation_bytes: None,
@@ -461,7 +477,12 @@ mod tests {
             let st = &parallel::stage_ranks(&cfg, &layout, (2, 0, 0), false)[0];
             assert_eq!(r.expert_params, st.expert_params, "ep={ep}");
             assert_eq!(r.params, st.params(), "ep={ep}");
-            assert_eq!(r.weights_bytes, st.weights_bytes, "ep={ep}");
+            // The rank's weights are its parameters' and the rotary tables.
+            assert_eq!(
+                r.weights_bytes,
+                st.weights_bytes + s.rotary_bytes(),
+                "ep={ep}"
+            );
         }
         // 128 over 12: the first 8 ranks 11, the rest 10.
         let r = serve_rank_ep(&cfg, &s, 1, 12, None, 1).unwrap();
