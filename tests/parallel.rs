@@ -336,8 +336,9 @@ fn one_rank_of_a_mixture_or_mla_is_the_single_device_graph() {
 /// --parallel dp=2,ep=2` replays rank 0's step (its 4 experts, the exchanges) on the rows a
 /// routing moves. At the worst routing (every rank's tokens on the first two experts, rank 0's)
 /// it bounds both measured ranks' graphs from above; balanced, it lies between them (they
-/// received 524 and 500 of the 1,024 rows a layer pair moved). Over tp the split of a mixture
-/// is not modelled: its model states are answered and the activations say why not.
+/// received 524 and 500 of the 1,024 rows a layer pair moved); with every block recomputed,
+/// the measured graph of both ranks. Over tp the split of a mixture is not modelled: its model
+/// states are answered and the activations say why not.
 #[test]
 fn expert_parallel_activations_bound_the_measured_ranks() {
     let doc: Value = serde_json::from_str(
@@ -377,23 +378,40 @@ fn expert_parallel_activations_bound_the_measured_ranks() {
         lo <= balanced && balanced <= hi,
         "balanced {balanced} outside the measured ranks' {lo}..{hi}"
     );
-    // Checkpointing replays the forward in the backward, which the expert-parallel replay
-    // does not follow yet: said, not guessed.
-    let v = run(
-        &[
-            "--preset",
-            "mixtral-8x7b",
-            "--dtype",
-            "bf16",
-            "--checkpoint",
-            "1",
-        ],
-        "dp=2,ep=2",
-        &["--batch", "1", "--seq", "512"],
+    // With every block recomputed (`--checkpoint 1`) a rank keeps each block's input only,
+    // whatever its experts received: the same graph under either routing, the measured one of
+    // both ranks (`ranks --ep 2 --checkpoint 1`) to its bookkeeping.
+    let ckpt: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/results/cpu/ranks/ranks-mixtral-e8-l2-ep2-ckpt1-n2.json"
+        ))
+        .unwrap(),
     )
     .unwrap();
-    let why = v["parallel"]["activations_missing"].as_str().unwrap();
-    assert!(why.contains("checkpointing"), "{why}");
+    let recomputed = |routing: &str| {
+        let more = [
+            "--dtype",
+            "f32",
+            "--threads",
+            "1",
+            "--routing",
+            routing,
+            "--checkpoint",
+            "1",
+        ];
+        let v = run_on("cpu", common::MIXTRAL_WIDE, "dp=2,ep=2", &more).unwrap();
+        n(&acts(&v)[0], "microbatch_graph_bytes")
+    };
+    let (worst, balanced) = (recomputed("worst"), recomputed("balanced"));
+    assert_eq!(worst, balanced);
+    for r in ranks_of(&ckpt) {
+        let m = r["windows"][forward]["retained_bytes"].as_u64().unwrap();
+        assert!(
+            m.abs_diff(worst) < 2048,
+            "checkpointed: measured {m}, predicted {worst}"
+        );
+    }
     let v = predict_train(
         &["--preset", "mixtral-8x7b", "--dtype", "bf16"],
         "tp=2,dp=4,ep=4",

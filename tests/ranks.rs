@@ -815,14 +815,29 @@ fn expert_parallel_mixtral_as_predicted_and_as_one_process() {
         let broken = ep(MIXTRAL, 2, &[mutation]);
         assert_caught(&broken, mutation);
     }
+    // Every block recomputed in the backward (`--checkpoint 1`): each sparse layer's
+    // exchanges run again in its recomputation (the same routing, the same rows), the replay
+    // takes each layer's recorded rows again; every window as predicted, the check passes, and
+    // the forward keeps far less than without.
+    let recomputed = ep(common::MIXTRAL_WIDE, 2, &["--checkpoint", "1"]);
+    check_all(&recomputed, 2, "mixtral wide ep 2, every block recomputed");
+    let kept = |d: &Value, r: usize| i(&d["ranks"][r]["windows"][1]["retained_bytes"]);
+    let plain_ep = ep(common::MIXTRAL_WIDE, 2, &[]);
+    for r in 0..2 {
+        assert!(
+            kept(&recomputed, r) * 3 < kept(&plain_ep, r),
+            "rank {r}: the checkpointed forward keeps {} B, without {}",
+            kept(&recomputed, r),
+            kept(&plain_ep, r)
+        );
+    }
     // ZeRO 1 and 2 beside expert parallelism (DeepSpeed-MoE's and Megatron-Core's layout):
     // the dense part's state (ZeRO 2: its gradients too) sharded over the ranks, each
     // expert's whole on its owner (its data-parallel group is that rank alone). Every window
     // as predicted, the check passes, and what falls is the dense part's, measured as
     // predicted.
     let at = |d: &Value, r: usize, k: &str| i(&d["ranks"][r]["states"][k]);
-    let plain = ep(common::MIXTRAL_WIDE, 2, &[]);
-    let mut by_stage = vec![plain];
+    let mut by_stage = vec![plain_ep];
     for zero in ["1", "2"] {
         let doc = ep(common::MIXTRAL_WIDE, 2, &["--zero", zero]);
         assert_eq!(u(&doc["zero"]), zero.parse::<u64>().unwrap());

@@ -1027,11 +1027,6 @@ pub fn shard_graph_ep(
     opt: OptimizerKind,
     threads: usize,
 ) -> Result<ShardGraph, String> {
-    if ep > 1 && shape.checkpoint > 0 {
-        return Err(format!(
-            "activations per rank are not modelled yet under expert parallelism (ep={ep}) with checkpointing"
-        ));
-    }
     let graph_of = |layers: usize| -> Result<u64, String> {
         let s = shard(shape, tp, layers)?;
         if ep > 1 {
@@ -1331,11 +1326,6 @@ pub fn backward_transient_ep(
     if tp > 1 {
         return Err(format!(
             "activations per rank are not modelled yet for a mixture of experts split over tp={tp} (tp=1 is)"
-        ));
-    }
-    if shape.checkpoint > 0 {
-        return Err(format!(
-            "activations per rank are not modelled yet under expert parallelism (ep={ep}) with checkpointing"
         ));
     }
     let s = shard(shape, 1, kinds_covered(shape))?;

@@ -400,10 +400,6 @@ pub fn check_ep(case: &Case, zero: u8, ep: usize) -> anyhow::Result<()> {
         "ranks --ep {ep} --zero {zero}: expert parallelism runs with ZeRO 0, 1 or 2 (ZeRO 3's gathers are not run beside the exchanges)"
     );
     ensure!(
-        case.checkpoint == 0,
-        "ranks --ep: gradient checkpointing is not run under expert parallelism on ranks"
-    );
-    ensure!(
         !m.input_scaled,
         "ranks --ep: Llama 4's input-scaled experts are not split on ranks"
     );

@@ -8,8 +8,6 @@
 //! backend (`allgather_reducescatter`): every rank's tokens gathered, the held experts on them,
 //! the outputs reduce-scattered home.
 
-use std::cell::Cell;
-
 use super::moe::Told;
 use crate::formula::symbolic::{DType, Sym};
 use crate::model::kernels::Kernel;
@@ -25,15 +23,14 @@ pub struct LayerRows {
     pub from: Vec<Vec<usize>>,
 }
 
-/// The replay's [`MoeParallel`]: each sparse layer's forward, in layer order, on the rows
-/// [`LayerRows`] gives it.
+/// The replay's [`MoeParallel`]: each sparse layer's forward on the rows [`LayerRows`] gives
+/// that layer (again when a checkpointed backward recomputes it: the rank's routing is the
+/// same, its weights unchanged).
 #[derive(Debug)]
 pub struct ExpertParallel {
     rank: usize,
     ranks: usize,
     layers: Vec<LayerRows>,
-    /// The sparse layer the next forward is.
-    next: Cell<usize>,
 }
 
 impl ExpertParallel {
@@ -42,15 +39,13 @@ impl ExpertParallel {
             rank,
             ranks,
             layers,
-            next: Cell::new(0),
         }
     }
 }
 
 impl MoeParallel<Sym, Told> for ExpertParallel {
     fn forward(&self, moe: &Moe<Sym, Told>, x: &Sym) -> candle_core::Result<Sym> {
-        let layer = self.next.get();
-        self.next.set(layer + 1);
+        let layer = moe.routing.sparse;
         let Some(rows) = self.layers.get(layer) else {
             candle_core::bail!("replay --ep: no recorded rows for sparse layer {layer}")
         };
@@ -59,6 +54,7 @@ impl MoeParallel<Sym, Told> for ExpertParallel {
             expert_ids: (0..moe.shape.experts).collect(),
             routing: Some(rows.sent.clone()),
             worst: false,
+            sparse: layer,
         };
         let ledger = x.ledger().clone();
         let first = self.rank * (moe.shape.experts / self.ranks);

@@ -133,6 +133,7 @@ impl Weights for Params<'_> {
             expert_ids: experts.to_vec(),
             routing: self.routing.and_then(|r| r.get(sparse).cloned()),
             worst: self.worst,
+            sparse,
         }
     }
 

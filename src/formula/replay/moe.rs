@@ -15,6 +15,9 @@ pub(crate) struct Told {
     pub(super) routing: Option<Vec<usize>>,
     /// Without a recorded routing: every token on the first `k` experts (the worst case).
     pub(super) worst: bool,
+    /// The layer's place among the sparse layers (its recorded rows under expert
+    /// parallelism: a checkpointed backward runs a layer's forward again).
+    pub(super) sparse: usize,
 }
 
 /// `k·T` tokens spread evenly over `E` experts (the first `k·T mod E` get one more).
