@@ -341,14 +341,7 @@ fn one_rank_of_a_mixture_or_mla_is_the_single_device_graph() {
 /// states are answered and the activations say why not.
 #[test]
 fn expert_parallel_activations_bound_the_measured_ranks() {
-    let doc: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/results/cpu/ranks/ranks-mixtral-e8-l2-ep2-n2.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let doc = ranks_doc("ranks-mixtral-e8-l2-ep2-n2.json");
     let forward = doc["windows"]
         .as_array()
         .unwrap()
@@ -381,14 +374,7 @@ fn expert_parallel_activations_bound_the_measured_ranks() {
     // With every block recomputed (`--checkpoint 1`) a rank keeps each block's input only,
     // whatever its experts received: the same graph under either routing, the measured one of
     // both ranks (`ranks --ep 2 --checkpoint 1`) to its bookkeeping.
-    let ckpt: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/results/cpu/ranks/ranks-mixtral-e8-l2-ep2-ckpt1-n2.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let ckpt = ranks_doc("ranks-mixtral-e8-l2-ep2-ckpt1-n2.json");
     let recomputed = |routing: &str| {
         let more = [
             "--dtype",
@@ -473,6 +459,12 @@ fn expert_parallel_transients_are_the_ranks_own() {
     assert!(t1 < t2 && t2 < t4, "ep 1, 2, 4: {t1}, {t2}, {t4}");
     let balanced = transients("balanced");
     assert!(balanced[&4] < t4, "balanced {} vs worst {t4}", balanced[&4]);
+}
+
+/// A stored `memfit ranks` document of `results/cpu/ranks/`.
+fn ranks_doc(name: &str) -> Value {
+    let path = format!("{}/results/cpu/ranks/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 fn ranks_of(doc: &Value) -> &Vec<Value> {

@@ -10,9 +10,8 @@ mod common;
 use serde_json::Value;
 
 /// `predict --hf-config workloads/configs/CONFIG.json --batch 1 --seq 4096 --phases
-/// prefill,decode --device cuda:0 --parallel LAYOUT --fit-in BUDGET --json MORE`'s serving
-/// rank, or the failure's stderr.
-fn serving(config: &str, layout: &str, budget: &str, more: &[&str]) -> Result<Value, String> {
+/// prefill,decode --device cuda:0 --json MORE`'s case, or the failure's stderr.
+fn predict(config: &str, more: &[&str]) -> Result<Value, String> {
     let out = common::memfit()
         .arg("predict")
         .args(["--hf-config", &format!("workloads/configs/{config}.json")])
@@ -24,15 +23,7 @@ fn serving(config: &str, layout: &str, budget: &str, more: &[&str]) -> Result<Va
             "--phases",
             "prefill,decode",
         ])
-        .args([
-            "--device",
-            "cuda:0",
-            "--parallel",
-            layout,
-            "--fit-in",
-            budget,
-        ])
-        .arg("--json")
+        .args(["--device", "cuda:0", "--json"])
         .args(more)
         .output()
         .unwrap();
@@ -40,8 +31,16 @@ fn serving(config: &str, layout: &str, budget: &str, more: &[&str]) -> Result<Va
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     let line = String::from_utf8(out.stdout).unwrap();
-    let v: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
-    Ok(v["parallel_serving"].clone())
+    Ok(serde_json::from_str(line.lines().next().unwrap()).unwrap())
+}
+
+/// [`predict`] with `--parallel LAYOUT --fit-in BUDGET MORE`: its serving rank.
+fn serving(config: &str, layout: &str, budget: &str, more: &[&str]) -> Result<Value, String> {
+    let more: Vec<&str> = ["--parallel", layout, "--fit-in", budget]
+        .into_iter()
+        .chain(more.iter().copied())
+        .collect();
+    Ok(predict(config, &more)?["parallel_serving"].clone())
 }
 
 fn n(v: &Value, k: &str) -> u64 {
@@ -288,23 +287,7 @@ fn layouts_vllm_does_not_serve_are_refused_by_name() {
 #[test]
 fn serving_ranks_hold_the_checkpoints_quantized_copy() {
     let single = |config: &str| -> (String, u64) {
-        let out = common::memfit()
-            .arg("predict")
-            .args(["--hf-config", &format!("workloads/configs/{config}.json")])
-            .args([
-                "--batch",
-                "1",
-                "--seq",
-                "4096",
-                "--phases",
-                "prefill,decode",
-            ])
-            .args(["--device", "cuda:0", "--json"])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        let line = String::from_utf8(out.stdout).unwrap();
-        let v: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+        let v = predict(config, &[]).unwrap();
         (
             v["serving"]["weights"].as_str().unwrap().to_string(),
             n(&v["serving"], "weights_bytes"),
