@@ -43,18 +43,13 @@ fn run(args: &[&str], layout: &str, more: &[&str]) -> Result<Value, String> {
 
 /// [`run`] on `device`.
 fn run_on(device: &str, args: &[&str], layout: &str, more: &[&str]) -> Result<Value, String> {
-    let out = common::memfit()
-        .arg("predict")
-        .args(args)
-        .args(more)
-        .args(["--device", device, "--parallel", layout, "--json"])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let line = String::from_utf8(out.stdout).unwrap();
-    Ok(serde_json::from_str(line.lines().next().unwrap()).unwrap())
+    common::json_of(common::memfit().arg("predict").args(args).args(more).args([
+        "--device",
+        device,
+        "--parallel",
+        layout,
+        "--json",
+    ]))
 }
 
 fn ranks(v: &Value) -> &Vec<Value> {

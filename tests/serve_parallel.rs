@@ -12,26 +12,21 @@ use serde_json::Value;
 /// `predict --hf-config workloads/configs/CONFIG.json --batch 1 --seq 4096 --phases
 /// prefill,decode --device cuda:0 --json MORE`'s case, or the failure's stderr.
 fn predict(config: &str, more: &[&str]) -> Result<Value, String> {
-    let out = common::memfit()
-        .arg("predict")
-        .args(["--hf-config", &format!("workloads/configs/{config}.json")])
-        .args([
-            "--batch",
-            "1",
-            "--seq",
-            "4096",
-            "--phases",
-            "prefill,decode",
-        ])
-        .args(["--device", "cuda:0", "--json"])
-        .args(more)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let line = String::from_utf8(out.stdout).unwrap();
-    Ok(serde_json::from_str(line.lines().next().unwrap()).unwrap())
+    common::json_of(
+        common::memfit()
+            .arg("predict")
+            .args(["--hf-config", &format!("workloads/configs/{config}.json")])
+            .args([
+                "--batch",
+                "1",
+                "--seq",
+                "4096",
+                "--phases",
+                "prefill,decode",
+            ])
+            .args(["--device", "cuda:0", "--json"])
+            .args(more),
+    )
 }
 
 /// [`predict`] with `--parallel LAYOUT --fit-in BUDGET MORE`: its serving rank.

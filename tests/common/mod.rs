@@ -15,6 +15,16 @@ pub fn memfit() -> Command {
     c
 }
 
+/// `memfit ARGS`' first JSON line (a `--json` case), or its stderr when it fails.
+pub fn json_of(cmd: &mut Command) -> Result<serde_json::Value, String> {
+    let out = cmd.output().unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let line = String::from_utf8(out.stdout).unwrap();
+    Ok(serde_json::from_str(line.lines().next().unwrap()).unwrap())
+}
+
 /// Runs `memfit run ARGS --out DIR/out --threads 1 --quiet` and returns the journal's rows.
 pub fn run_rows(dir: &Path, args: &[&str]) -> Vec<Row> {
     let out = dir.join("out");
