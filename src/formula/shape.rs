@@ -78,11 +78,10 @@ pub struct Shape {
     /// A mixture of experts without a recorded routing: the worst case (every token of every
     /// forward on the same `k` experts) instead of balanced.
     pub worst_routing: bool,
-    /// A tensor-parallel rank's serving (its shard's widths): the serving model's blocks run
-    /// Megatron's `f` (the identity without a graph) and `g` (each sublayer's partial output
-    /// summed into a fresh tensor before the residual sum), as `ranks --tp --phases
-    /// prefill,decode` and vLLM run them. The training replay never runs them (`ranks --tp`'s
-    /// training windows add [`crate::ranks::tensor::collectives_graph_per_layer`]).
+    /// A tensor-parallel rank (its shard's widths): the blocks run Megatron's `f` (a copy whose
+    /// backward all-reduces the gradient into a fresh tensor; the identity without a graph)
+    /// and `g` (each sublayer's partial output summed into a fresh tensor before the residual
+    /// sum), as `ranks --tp` trains and serves (`--phases prefill,decode`) and vLLM serves.
     pub tp_collectives: bool,
 }
 

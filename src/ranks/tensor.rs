@@ -30,8 +30,10 @@
 //! identity keeps one tensor), the partial and the reduced outputs once summed —, so the graph
 //! keeps only bookkeeping more than the single device's (a tensor or two a collective); with
 //! candle's composed ops nothing is released (stock candle keeps every op's inputs): `4·B·S·H`
-//! floats a block more. The windows' predictions (the replay of the shard) add both
-//! ([`collectives_graph_per_layer`]).
+//! floats a block more. The windows' predictions replay the shard with the same collectives
+//! on symbolic tensors ([`train_shape`]: the same `Megatron` statements, so the same tensors
+//! made and freed, in the forward, in a checkpointed segment's recomputation and in the
+//! backward alike).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -232,10 +234,6 @@ pub fn check_tp(case: &Case, zero: u8, tp: usize) -> anyhow::Result<()> {
     ensure!(
         !l.o_bias && !l.mlp_bias,
         "ranks --tp: a bias on a row-parallel projection (o, down) is not split on ranks"
-    );
-    ensure!(
-        case.checkpoint == 0,
-        "ranks --tp: gradient checkpointing is not run under tensor parallelism on ranks"
     );
     let heads = case.cfg.heads;
     ensure!(
@@ -482,52 +480,28 @@ pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     })
 }
 
-/// Host bookkeeping the collectives leave in one block's graph beyond the replay of the shard
-/// (the single device's block on the shard's widths), for its two `f` and two `g`, with memfit's
-/// fused kernels: each `f` one tensor more than the single device (its output; the norm's output
-/// stays a node, its data released) and its op; each `g` two tensors more than the fused
-/// projection-and-sum ([`crate::model::kernels::Kernel::LinearAdd`]): the projection's partial
-/// output and the reduced one (both released), and its op. Fitted: the forward's residual
-/// against the replay grows by 2,466 B a layer at tp 2 and 4 (1 to 3 layers, fused and
-/// transformers' kernels) where the single device's grows by 752 B, so the collectives add
-/// 1,714 B a layer.
-pub const COLLECTIVES_META_PER_LAYER: u64 = 1_714;
-
-/// One tensor's bookkeeping among [`COLLECTIVES_META_PER_LAYER`]'s: with candle's composed ops
-/// the single device's block makes the projection's partial output too (a matmul, then the
-/// sum), so a `g` adds one tensor, not two. Fitted: the composed runs' residual (1 to 3 layers,
-/// tp 2 and 4, two batch shapes) is 1,186 B a layer = 1,714 − 2 × 264.
-pub const COLLECTIVES_TENSOR_META: u64 = 264;
-
-/// What the collectives add to one block's graph: their bookkeeping and, with candle's composed
-/// ops (nothing released: [`Megatron::release`]), the data of the four tensors stock candle
-/// keeps beside the single device's: each `f`'s input (the norm's output) beside its copy, and
-/// each `g`'s reduced output beside the partial one (`4·B·S·H` floats).
-pub fn collectives_graph_per_layer(case: &Case) -> u64 {
-    if case.cfg.kernels.fused() {
-        COLLECTIVES_META_PER_LAYER
-    } else {
-        let bsh = (case.batch * case.seq * case.cfg.hidden) as u64;
-        COLLECTIVES_META_PER_LAYER - 2 * COLLECTIVES_TENSOR_META + 4 * bsh * 4
-    }
+/// The replay's shape of a training rank of `tp`: the shard's ([`rank_shape`]) with
+/// Megatron's collectives around its sublayers, as the rank runs them (`f` a copy whose
+/// backward all-reduces into a fresh gradient, `g` a fresh output), in its forward, its
+/// recomputed segments and its serving copy alike.
+pub fn train_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
+    Ok(FormulaShape {
+        tp_collectives: true,
+        ..rank_shape(case, tp)?
+    })
 }
 
 /// Each window's (peak, retained) predicted for a rank of `tp`: the data-parallel prediction
-/// of one rank without ZeRO ([`super::predict_windows_of`]) for the shard's replay
-/// ([`rank_shape`]) plus what the collectives add to the graph
-/// ([`collectives_graph_per_layer`]: kept from the forward until the backward frees the graph),
-/// with nothing to reduce or gather.
+/// of one rank without ZeRO ([`super::predict_windows_of`]) for the replay of the shard with
+/// its collectives ([`train_shape`]), with nothing to reduce or gather.
 pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<Vec<(u64, i64)>> {
-    let shape = rank_shape(case, tp)?;
+    let shape = train_shape(case, tp)?;
     let mut w =
         super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0, 0);
     let t = shape.replay_training(plan.threads);
-    let graph = collectives_graph_per_layer(case) * case.cfg.layers as u64;
-    w[1] = (w[1].0 + graph, w[1].1 + graph as i64);
-    w[2].1 -= graph as i64;
     w[3] = (0, 0);
     w[6] = (
-        (t.forward_retained + graph + t.backward_peak).max(t.forward_peak + graph),
+        (t.forward_retained + t.backward_peak).max(t.forward_peak),
         0,
     );
     Ok(w)

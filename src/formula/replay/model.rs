@@ -202,8 +202,8 @@ impl Transformer {
         // Any length: a prediction is not refused at the position table's end.
         model.form.max_seq = None;
         ledger.cuda.set(!shape.cpu);
-        // A tensor-parallel rank's serving copy: Megatron's collectives around its sublayers.
-        if shape.tp_collectives && !vars {
+        // A tensor-parallel rank's shard: Megatron's collectives around its sublayers.
+        if shape.tp_collectives {
             model = model.with_collectives(Rc::new(Megatron {
                 f_all_reduce: true,
                 g_all_reduce: true,
@@ -214,23 +214,16 @@ impl Transformer {
     }
 }
 
-/// Why the replay's collectives refuse a graph.
-const SERVING_ONLY: &str = "the replay runs tensor parallelism's collectives in serving only (training's are added by ranks::tensor::collectives_graph_per_layer)";
-
-/// Tensor parallelism's collectives on symbolic tensors, outside a graph only (serving: `f` is
-/// then the identity and never reaches [`CollectiveOps::tp_enter`]; `g` sums into a fresh
-/// tensor of its input's shape, as the candle op's output).
+/// Tensor parallelism's collectives on symbolic tensors: `f` a fresh copy whose backward
+/// all-reduces into a fresh gradient, `g` a fresh output whose backward is the identity, as
+/// the candle ops on ranks (`crate::ranks::tensor`); outside a graph `f` is the identity and
+/// never reaches [`CollectiveOps::tp_enter`].
 impl CollectiveOps for Sym {
     fn tp_enter(&self, _reduce: bool) -> candle_core::Result<Sym> {
-        candle_core::bail!("{SERVING_ONLY}")
+        Ok(self.tp_enter_op())
     }
 
     fn tp_reduce(&self, _reduce: bool) -> candle_core::Result<Sym> {
-        if self.track_op() {
-            candle_core::bail!(
-                "the replay runs tensor parallelism's collectives in serving only (training's are added by ranks::tensor::collectives_graph_per_layer)"
-            )
-        }
-        Ok(self.zeros_like())
+        Ok(self.tp_reduce_op())
     }
 }

@@ -229,6 +229,22 @@ pub fn backward(root: &Sym) -> GradStore {
                 let s = grads.or_insert(arg);
                 *s = s.add(&grad);
             }
+            Op::TpEnter(arg) => {
+                // `ranks::tensor::EnterOp::bwd`: the gradient made contiguous, all-reduced into
+                // a fresh tensor (the contiguous copy dropped on return), then added to the
+                // arg's as candle's `CustomOp1` arm does.
+                let reduced = {
+                    let c = grad.contiguous();
+                    c.zeros_like()
+                };
+                let s = grads.or_insert(arg);
+                *s = s.add(&reduced);
+            }
+            Op::TpReduce(arg) => {
+                // `ReduceOp::bwd`: the gradient itself.
+                let s = grads.or_insert(arg);
+                *s = s.add(&grad);
+            }
             Op::Affine(arg, mul) => {
                 let arg_grad = grad.affine(*mul);
                 let s = grads.or_insert(arg);

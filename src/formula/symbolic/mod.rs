@@ -179,6 +179,12 @@ pub enum Op {
     /// `model::kernels::boundary::seed`: a one-element op on a boundary tensor whose backward hands in
     /// the gradient from above (taken by the backward).
     Seed(Sym, std::cell::RefCell<Option<Sym>>),
+    /// Tensor parallelism's `f` (`model::tensor_parallel`, a `CustomOp1` on ranks): a copy of
+    /// its input whose backward all-reduces the gradient into a fresh tensor.
+    TpEnter(Sym),
+    /// Tensor parallelism's `g`: the input summed over the group into a fresh tensor; its
+    /// backward hands the gradient on as it is.
+    TpReduce(Sym),
 }
 
 impl Op {
@@ -219,6 +225,8 @@ impl Op {
             Op::Frozen(..) => "frozen-linear",
             Op::Kernel(k, _) => k.name(),
             Op::Seed(..) => "seed",
+            Op::TpEnter(..) => "tp-f",
+            Op::TpReduce(..) => "tp-g",
         }
     }
 }
@@ -820,6 +828,19 @@ impl Sym {
         self.reshape(&[n])
     }
 
+    /// Tensor parallelism's `f` forward: a fresh copy, recorded when this one is tracked.
+    pub fn tp_enter_op(&self) -> Sym {
+        let op = self.op1(Op::TpEnter);
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
+    /// Tensor parallelism's `g` forward: the sum over the group in a fresh tensor, recorded
+    /// when this one is tracked.
+    pub fn tp_reduce_op(&self) -> Sym {
+        let op = self.op1(Op::TpReduce);
+        self.out(self.dims(), self.0.dtype, op)
+    }
+
     pub fn contiguous(&self) -> Sym {
         if self.is_contiguous() {
             self.clone()
@@ -919,7 +940,7 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, ..) | Op::Seed(x, _) => vec![x],
+            Op::Frozen(x, ..) | Op::Seed(x, _) | Op::TpEnter(x) | Op::TpReduce(x) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
