@@ -39,8 +39,11 @@
 //! flight on stage `s`: `min(mb, pp − s)` (measured on real ranks: `memfit ranks --pp`); with `sp=on` the part tensor parallelism leaves
 //! whole split by sequence too ([`sequence_parallel`]). Not in these figures: the backward's
 //! transients ([`backward_transient`] bounds them for `--parallel search`), the collectives'
-//! buffers (NCCL's; ZeRO-3's gathered layer is [`gathered_layer`]), and the split of a
-//! mixture of experts' or MLA's activations (refused by name).
+//! buffers (NCCL's; ZeRO-3's gathered layer is [`gathered_layer`]). A mixture of experts and
+//! MLA split as their weights do ([`shard`]: each expert's width, MLA's heads; the router, the
+//! dispatched tokens and MLA's latents whole on every rank), predicted by the same replay but
+//! not measured on ranks (`ranks --tp` runs dense LLaMA-family blocks); sequence parallelism
+//! over a mixture is refused by name.
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -917,9 +920,10 @@ pub struct StageActivations {
 }
 
 /// The shard a tensor-parallel rank runs of `shape` with `layers` layers: heads, K/V heads
-/// (one a rank where fewer than `tp`), the MLP's width and the vocabulary (`⌈V/tp⌉`) split, the
-/// hidden size and the heads' width whole. `Err` naming what is not split yet: a mixture of
-/// experts, MLA, GPT past `tp` 1 and ViT (their heads' width is `H/A`).
+/// (one a rank where fewer than `tp`), the MLP's width (a mixture's experts', shared experts'
+/// and dense layers' alike) and the vocabulary (`⌈V/tp⌉`) split, the hidden size, the heads'
+/// width, a mixture's router and MLA's latents whole. `Err` naming what is not split yet:
+/// linear attention, GPT past `tp` 1 and ViT (their heads' width is `H/A`).
 pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
     // Nothing split: a GPT's stage is its own layers (measured: `memfit ranks --pp`).
     if tp == 1 && shape.llama.is_none() && shape.vision.is_none() {
@@ -931,33 +935,41 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
     let Some(l) = shape.llama else {
         return Err("activations per rank are modelled for LLaMA-family decoders only".into());
     };
-    if l.moe.is_some() || l.mla.is_some() {
-        // Whole layers on the rank (its experts set by the caller: [`shard_graph_ep`]).
-        if tp == 1 {
-            return Ok(Shape {
-                l: layers as u64,
-                ..shape.clone()
-            });
+    if tp == 1 {
+        // Whole layers on the rank (a mixture's experts set by the caller: [`shard_graph_ep`]).
+        return Ok(Shape {
+            l: layers as u64,
+            ..shape.clone()
+        });
+    }
+    if l.variant.gated_delta.is_some() {
+        return Err(format!(
+            "activations per rank are not modelled yet for linear attention split over tp={tp} (tp=1 is)"
+        ));
+    }
+    let split = |what: &str, n: usize| {
+        if n.is_multiple_of(tp) {
+            Ok(n / tp)
+        } else {
+            Err(format!(
+                "the {what} {n} does not split into {tp} equal parts"
+            ))
         }
-        return Err(format!(
-            "activations per rank are not modelled yet for a mixture of experts or MLA split over tp={tp} (tp=1 is)"
-        ));
-    }
-    if !(shape.a as usize).is_multiple_of(tp) {
-        return Err(format!(
-            "the {} attention heads do not split into {tp} equal parts",
-            shape.a
-        ));
-    }
-    if !l.intermediate.is_multiple_of(tp) {
-        return Err(format!(
-            "the MLP's width {} does not split into {tp} equal parts",
-            l.intermediate
-        ));
-    }
+    };
+    split("attention heads", shape.a as usize)?;
     let mut llama = l;
     llama.kv_heads = (l.kv_heads / tp).max(1);
-    llama.intermediate = l.intermediate / tp;
+    // A mixture's experts each split over tp (expert tensor parallelism equal to tp,
+    // Megatron-Core's default), as are its shared experts and its dense layers' MLP; the
+    // router whole, every token routed on every rank. MLA's down-projections (q_a, kv_a) and
+    // their latents whole, its up-projections and o by head.
+    llama.intermediate = split("MLP's width", l.intermediate)?;
+    if let Some(m) = l.moe {
+        let mut moe = m;
+        moe.shared = split("shared experts' width", m.shared)?;
+        moe.dense_width = split("dense layers' MLP width", m.dense_width)?;
+        llama.moe = Some(moe);
+    }
     Ok(Shape {
         a: shape.a / tp as u64,
         v: shape.v.div_ceil(tp as u64),
@@ -1013,8 +1025,8 @@ pub fn shard_graph(
     shard_graph_ep(shape, tp, 1, opt, threads)
 }
 
-/// [`shard_graph`] on a rank of `ep` expert-parallel ranks (a mixture of experts at tp 1,
-/// the routing `shape` asks: its `worst_routing` or balanced): the replay of the rank's own
+/// [`shard_graph`] on a rank of `ep` expert-parallel ranks (a mixture of experts, each expert
+/// split over `tp` as [`shard`] splits it; the routing `shape` asks: its `worst_routing` or balanced): the replay of the rank's own
 /// step ([`crate::formula::replay::replay_training_ep`]: its `E/ep` experts, the exchanges'
 /// buffers) on the rows that routing moves, rank 0 the one receiving the most. Where the
 /// layers differ (a mixture's dense and sparse layers, MLA, linear attention) each kind's
@@ -1194,6 +1206,13 @@ pub fn shard_graph_sp(
     if !sp || tp == 1 {
         return Ok(g);
     }
+    if shape.llama.is_some_and(|l| l.moe.is_some()) {
+        // The tokens a mixture's experts take are gathered whole over the tp group before the
+        // dispatch (Megatron's), which the linear split below would divide.
+        return Err(format!(
+            "sequence parallelism is not modelled for a mixture of experts over tp={tp}"
+        ));
+    }
     let one = shard_graph(shape, 1, opt, threads)?;
     Ok(sequence_parallel(&g, &one, tp))
 }
@@ -1323,12 +1342,7 @@ pub fn backward_transient_ep(
     if ep == 1 {
         return backward_transient(shape, tp, opt, threads);
     }
-    if tp > 1 {
-        return Err(format!(
-            "activations per rank are not modelled yet for a mixture of experts split over tp={tp} (tp=1 is)"
-        ));
-    }
-    let s = shard(shape, 1, kinds_covered(shape))?;
+    let s = shard(shape, tp, kinds_covered(shape))?;
     let rows = expert_rows(&s, ep)?;
     let (_, events) = crate::formula::replay::trace_training_ep(
         &s,

@@ -16,8 +16,9 @@
 //!   row-parallel projection ([`Shape::tp_collectives`]), as `ranks --tp --phases
 //!   prefill,decode` measures it; beside it, added whole (an upper bound), what the shard's
 //!   replay does not hold: the vocab-parallel embedding's all-reduced output (`B·S·H`) and the
-//!   last positions' logits gathered whole for sampling (`B·V`). A mixture of experts' or
-//!   MLA's activations under a split are not modelled ([`parallel::shard`] says why): their
+//!   last positions' logits gathered whole for sampling (`B·V`). A mixture's experts split by
+//!   width, MLA's heads split and its latents whole ([`parallel::shard`]); linear attention's
+//!   activations under a split are not modelled ([`parallel::shard`] says why): their
 //!   capacity is then unknown, never guessed.
 //! - **KV capacity** under a budget (`--fit-in`, taken as given: vLLM's
 //!   `gpu_memory_utilization`, 0.9 by default, is the caller's to apply, e.g. `--fit-in 72GiB`
@@ -76,8 +77,8 @@
 //!   all-reduced over tp, as vLLM does with `ep > 1`; with more, vLLM's sequence-parallel
 //!   mixture: each rank's `⌈B·S/tp⌉` rows of the replicated tokens gathered over all `ep`
 //!   ranks, reduce-scattered back and all-gathered over tp (`Gathered` with `tp`; memfit's `g`
-//!   after it one `(B·S, H)` above vLLM). MLA or linear attention split over tp are not
-//!   modelled: `None`, and so the capacity, with the reason.
+//!   after it one `(B·S, H)` above vLLM). MLA splits its heads over tp, its latent whole. Linear
+//!   attention split over tp is not modelled: `None`, and so the capacity, with the reason.
 
 use super::budget;
 use super::parallel::{self, Layout};
@@ -349,7 +350,9 @@ pub fn serve_rank_ep(
 /// mixture's too: with one replica vLLM all-reduces its output over the tp group when
 /// `ep > 1`; with more it all-gathers the sequence-parallel chunks, as much); the shared
 /// experts split over tp with one replica, whole with more (the sequence-parallel mixture's
-/// `disable_tp`). Not modelled: MLA and linear attention split over tp.
+/// `disable_tp`); MLA's heads split over tp (its up-projections and o by head), its
+/// down-projections and latent cache whole on every rank (vLLM's `ReplicatedLinear`). Not
+/// modelled: linear attention split over tp.
 fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     let Some(l) = shape.llama else {
         return Err("activations per rank are modelled for LLaMA-family decoders only".into());
@@ -360,9 +363,9 @@ fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     if tp == 1 {
         return Ok(shape.clone());
     }
-    if l.mla.is_some() || l.variant.gated_delta.is_some() {
+    if l.variant.gated_delta.is_some() {
         return Err(format!(
-            "activations per rank are not modelled yet for MLA or linear attention split over tp={tp} (tp=1 is)"
+            "activations per rank are not modelled yet for linear attention split over tp={tp} (tp=1 is)"
         ));
     }
     let split = |what: &str, n: usize| {
@@ -527,7 +530,8 @@ mod tests {
 
     /// The shard of a tp rank under ep: heads, K/V heads, vocabulary split, the experts' width
     /// whole; the shared experts split with one replica, whole with more (Llama 4 Scout's, of
-    /// width 8192); MLA refused by name.
+    /// width 8192); MLA's heads split, its latent ranks whole (DeepSeek-V3: 128 heads, 64 a
+    /// rank at tp 2).
     #[test]
     fn ep_shard_splits_attention_keeps_experts_whole() {
         let cfg = config("qwen3-30b-a3b");
@@ -546,7 +550,10 @@ mod tests {
         };
         assert_eq!((shared(1), shared(2)), (4096, 8192));
         let ds = config("deepseek-v3");
-        assert!(ep_shard(&shape(&ds), 2, 1).unwrap_err().contains("MLA"));
+        let d = ep_shard(&shape(&ds), 2, 1).unwrap();
+        let dl = d.llama.unwrap();
+        assert_eq!((d.a, dl.kv_heads), (64, 64));
+        assert_eq!(dl.mla, ds.llama.unwrap().mla);
         let dense = config("llama-3-8b");
         assert!(ep_shard(&shape(&dense), 1, 2).is_err());
     }
