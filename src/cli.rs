@@ -279,13 +279,14 @@ pub struct RanksArgs {
     /// the whole optimizer state), 1 (the state sharded), 2 (the gradients reduce-scattered
     /// too), 3 (the weights sharded too, as FSDP's FULL_SHARD: each unit — the embedding, a
     /// block, the head — gathered while it runs). Default 1, and 0 with `--tp` (which runs
-    /// without ZeRO) and `--ep` (which runs with 0, 1 or 2: the dense part sharded, each
-    /// expert's state whole on its owner); not with `--pp`.
+    /// with 0, 1 or 2 over its data-parallel replicas) and `--ep` (which runs with 0, 1 or 2:
+    /// the dense part sharded, each expert's state whole on its owner); not with `--pp`.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
-    /// Tensor parallelism over every rank (N = the ranks mpirun starts, 2 or more): each rank
-    /// holds one Megatron-style shard of every block (LLaMA-family dense decoders in f32) and
-    /// every rank trains on the same batch; runs with `--zero 0`.
+    /// Tensor parallelism over groups of N ranks (2 or more; the ranks mpirun starts a
+    /// multiple of N: N × data-parallel replicas, tp innermost): each rank holds one
+    /// Megatron-style shard of every block (LLaMA-family dense decoders in f32), every rank of
+    /// a group trains on its replica's rows; `--zero 0`, 1 or 2 over the replicas.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// (testing) Tensor parallelism's `f` without its backward all-reduce, to show that

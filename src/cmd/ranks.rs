@@ -512,9 +512,18 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
             }
         )
     } else if args.tp > 1 {
+        let dp = reports.len() / args.tp;
         format!(
-            "tensor parallel over {} (each rank one shard, every rank the same batch; the token table and head replicated)",
-            args.tp
+            "tensor parallel over {} (each rank one shard, every rank of a group the same batch; the token table and head replicated){}",
+            args.tp,
+            match (dp, zero) {
+                (1, _) => String::new(),
+                (d, 0) => format!(
+                    " × {d} data-parallel replicas (tp innermost), gradients all-reduced over them"
+                ),
+                (d, z) =>
+                    format!(" × {d} data-parallel replicas (tp innermost), ZeRO {z} over them"),
+            }
         )
     } else if zero == 3 {
         format!(

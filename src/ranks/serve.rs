@@ -135,7 +135,7 @@ pub fn run_serve_rank(
         varmap,
         model,
         ..
-    } = start_shard(case, &comm, &mut measured)?;
+    } = start_shard(case, &comm, &super::comm::Solo, &mut measured)?;
     // The serving copy (views of the same storage: nothing allocated), made before the windows.
     let serving = model.detached().with_collectives(Rc::new(Megatron {
         f_all_reduce: true,

@@ -197,8 +197,8 @@ pub fn check_tp(case: &Case, zero: u8, tp: usize) -> anyhow::Result<()> {
         "ranks --tp {tp}: tensor parallelism needs 2 ranks or more"
     );
     ensure!(
-        zero == 0,
-        "ranks --tp {tp} --zero {zero}: tensor parallelism runs without ZeRO (--zero 0); ZeRO shards over data-parallel ranks, and --tp uses every rank for one model"
+        zero <= 2,
+        "ranks --tp {tp} --zero {zero}: tensor parallelism runs with ZeRO 0, 1 or 2 over its data-parallel replicas (ZeRO 3's gathers are not run beside tp's collectives)"
     );
     let Some(l) = case.cfg.llama else {
         anyhow::bail!(
@@ -320,6 +320,7 @@ pub(super) struct ShardStart {
 pub(super) fn start_shard(
     case: &Case,
     comm: &Rc<dyn Comm>,
+    dp: &dyn Comm,
     measured: &mut Vec<super::Measured>,
 ) -> anyhow::Result<ShardStart> {
     let (rank, tp) = (comm.rank(), comm.size());
@@ -331,9 +332,25 @@ pub(super) fn start_shard(
         let send = x;
         comm.all_reduce_sum(&send, &mut x);
         comm.barrier();
+        // The data-parallel group's collectives (ZeRO's reduce, broadcast and gather) used
+        // once before any window, as `super::start` does.
+        if dp.size() > 1 {
+            dp.all_reduce_sum(&send, &mut x);
+            dp.broadcast(0, &mut x);
+            dp.reduce_sum(0, &send, (dp.rank() == 0).then_some(&mut x[..]));
+            let mut all = vec![0f32; 4 * dp.size()];
+            let mine = zero::run_of(all.len(), dp.size(), dp.rank()).len();
+            dp.all_gather_into(&send[..mine.min(4)], &mut all);
+            dp.barrier();
+        }
     }
     let _group = Group::join(comm.clone());
-    let (tokens, targets) = synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?;
+    // Every rank of a tensor-parallel group the same rows: its replica's of the global batch.
+    let (tokens, targets) = if dp.size() > 1 {
+        super::rank_batch(case, dp.rank(), dp.size())?
+    } else {
+        synthetic_batch(case.batch, case.seq, case.cfg.vocab, &device)?
+    };
     let varmap = VarMap::new();
     let (model, p, r, s) = window(|| {
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
@@ -353,19 +370,39 @@ pub(super) fn start_shard(
     })
 }
 
-/// Runs one tensor-parallel rank of `case` under `plan` over `comm` (every rank of the world
-/// one shard), measuring and predicting its windows as [`super::run_rank`] does: `reduce` and
-/// `gather` are empty (no data-parallel ranks), the optimizer steps the shard in place.
+/// The two groups of a rank of `tp` tensor-parallel × `dp` data-parallel ranks, Megatron's
+/// order (tp innermost: world ranks `d·tp..(d+1)·tp` hold one replica's shards): its
+/// tensor-parallel group and its data-parallel group (the ranks holding the same shard).
+fn groups(world: &Rc<dyn Comm>, tp: usize) -> (Rc<dyn Comm>, Rc<dyn Comm>) {
+    if world.size() == tp {
+        return (world.clone(), Rc::new(Solo));
+    }
+    let rank = world.rank();
+    (
+        Rc::from(world.split(rank / tp)),
+        Rc::from(world.split(rank % tp)),
+    )
+}
+
+/// Runs one tensor-parallel rank of `case` under `plan` over `comm`: `plan.tp` ranks a model's
+/// shards, the world's `dp = N/tp` replicas each on its own rows of the global batch
+/// ([`groups`]), measuring and predicting its windows as [`super::run_rank`] does. With one
+/// replica `reduce` and `gather` are empty and the optimizer steps the shard in place; with
+/// more, ZeRO `plan.zero` (0, 1 or 2) over the data-parallel group, as on data-parallel ranks
+/// (Megatron's distributed optimizer beside tensor parallelism): the shard's gradients
+/// averaged (stage 2: reduce-scattered), its optimizer state sharded, the updated runs
+/// gathered.
 pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Result<RankReport> {
-    let (rank, tp) = (comm.rank(), comm.size());
+    let (world_rank, world) = (comm.rank(), comm.size());
+    let tp = plan.tp;
     super::check_case(case, plan.zero)?;
     check_tp(case, plan.zero, tp)?;
     ensure!(
-        plan.tp == tp,
-        "ranks --tp {}: launched on {tp} ranks (mpirun -np {})",
-        plan.tp,
-        plan.tp
+        world.is_multiple_of(tp),
+        "ranks --tp {tp}: launched on {world} ranks, not a multiple of {tp} (mpirun -np {tp} or a multiple: tp × data-parallel replicas)"
     );
+    let (tp_comm, dp_comm) = groups(&comm, tp);
+    let (rank, dp, dp_rank) = (tp_comm.rank(), dp_comm.size(), dp_comm.rank());
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let ShardStart {
         shard,
@@ -375,7 +412,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         varmap,
         model,
         vars,
-    } = start_shard(case, &comm, &mut measured)?;
+    } = start_shard(case, &tp_comm, dp_comm.as_ref(), &mut measured)?;
     let model = model.with_collectives(Rc::new(Megatron {
         f_all_reduce: plan.f_all_reduce,
         g_all_reduce: true,
@@ -393,37 +430,49 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     // forward, backward
     let (grads, grads_held, ()) =
         super::forward_backward(&step, comm.as_ref(), &mut measured, || ())?;
-    // reduce: nothing (the replicated tensors' gradients are equal on every rank); the
-    // optimizer the shard's whole state, stepped in place; gather: nothing
+    // reduce: over the replicas only (the replicated tensors' gradients are equal on every
+    // rank of a tensor-parallel group); the optimizer the shard's state (its runs under ZeRO),
+    // stepped in place; gather: the updated runs over the replicas
+    let replicas = dp_comm.as_ref();
     let (gradient_rel_diff, opt, _) = super::step_tail(
         &step,
         grads,
         comm.as_ref(),
         &mut measured,
-        &|_| Ok(()),
+        &|g| {
+            if dp > 1 {
+                zero::reduce(plan.zero, &vars, g, replicas)?;
+            }
+            Ok(())
+        },
         |g| {
             plan.check
-                .then(|| check_gradients(case, rank, tp, &vars, g))
+                .then(|| check_gradients(case, (rank, tp), (dp_rank, dp), plan.zero, &vars, g))
                 .transpose()
         },
-        || Ok(zero::Sharded::new(stepper, 0, &vars, &Solo)?),
-        &|| Ok(()),
+        || Ok(zero::Sharded::new(stepper, plan.zero, &vars, replicas)?),
+        &|| {
+            if dp > 1 {
+                zero::gather(plan.zero, &vars, replicas)?;
+            }
+            Ok(())
+        },
     )?;
 
-    let predicted = predict_tp_windows(case, plan, tp)?;
+    let predicted = predict_tp_windows(case, plan, tp, (dp_rank, dp))?;
     let windows = super::windows_of(&measured, &predicted);
-    let states = tp_states(case, tp, &windows, grads_held)?;
+    let states = tp_states(case, tp, plan.zero, dp, &windows, grads_held)?;
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => Some(Check {
             gradient_rel_diff,
-            weight_rel_diff: check_weights(case, rank, tp, &vars)?,
+            weight_rel_diff: check_weights(case, (rank, tp), dp, &vars)?,
         }),
         None => None,
     };
     drop((opt, model, varmap));
     Ok(RankReport {
-        rank,
-        ranks: tp,
+        rank: world_rank,
+        ranks: world,
         zero: plan.zero,
         tp,
         ep: 1,
@@ -434,32 +483,46 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     })
 }
 
-/// This rank's gradients against the matching slices of one process's on the same batch.
+/// This rank's gradients (after the replicas' reduce) against the matching slices of one
+/// process's on the global batch (`dp` replicas' rows): its tensor-parallel slice, then under
+/// ZeRO the run its data-parallel rank owns (ZeRO 2 keeps only that run).
 fn check_gradients(
     case: &Case,
-    rank: usize,
-    tp: usize,
+    (rank, tp): (usize, usize),
+    (dp_rank, dp): (usize, usize),
+    zero: u8,
     vars: &[(String, Var)],
     grads: &GradStore,
 ) -> anyhow::Result<f64> {
-    let whole = super::Single::new(case, 1)?;
+    let whole = super::Single::new(case, dp)?;
     let reference = whole.step().gradients()?;
     super::compare(vars, &whole.vars, |name, v, w| {
-        let mine = super::grad_of(grads, name, v)?;
-        let theirs = slice_of(&super::grad_of(&reference, name, w)?, mine.dims(), rank, tp)?;
+        let mine = super::grad_of(grads, name, v)?.flatten_all()?;
+        let theirs =
+            slice_of(&super::grad_of(&reference, name, w)?, v.dims(), rank, tp)?.flatten_all()?;
+        if dp == 1 {
+            return Ok((mine, theirs));
+        }
+        let run = zero::run_of(theirs.elem_count(), dp, dp_rank);
+        let theirs = theirs.narrow(0, run.start, run.len())?;
+        let mine = if zero == 2 {
+            mine
+        } else {
+            mine.narrow(0, run.start, run.len())?
+        };
         Ok((mine, theirs))
     })
 }
 
 /// This rank's shard after its two steps against the matching slices of one process's weights
-/// after two steps of the same optimizer on the same batch.
+/// after two steps of the same optimizer on the global batch (`dp` replicas' rows).
 fn check_weights(
     case: &Case,
-    rank: usize,
-    tp: usize,
+    (rank, tp): (usize, usize),
+    dp: usize,
     vars: &[(String, Var)],
 ) -> anyhow::Result<f64> {
-    let whole = super::Single::new(case, 1)?;
+    let whole = super::Single::new(case, dp)?;
     whole.step().train_twice()?;
     super::compare(vars, &whole.vars, |_, a, b| {
         Ok((
@@ -491,13 +554,21 @@ pub fn train_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     })
 }
 
-/// Each window's (peak, retained) predicted for a rank of `tp`: the data-parallel prediction
-/// of one rank without ZeRO ([`super::predict_windows_of`]) for the replay of the shard with
-/// its collectives ([`train_shape`]), with nothing to reduce or gather.
-pub fn predict_tp_windows(case: &Case, plan: Plan, tp: usize) -> anyhow::Result<Vec<(u64, i64)>> {
+/// Each window's (peak, retained) predicted for a rank of `tp` in data-parallel replica
+/// `dp_rank` of `dp`: the data-parallel prediction of that rank under ZeRO `plan.zero`
+/// ([`super::predict_windows_of`]) for the replay of the shard with its collectives
+/// ([`train_shape`]); with one replica, nothing to reduce or gather.
+pub fn predict_tp_windows(
+    case: &Case,
+    plan: Plan,
+    tp: usize,
+    (dp_rank, dp): (usize, usize),
+) -> anyhow::Result<Vec<(u64, i64)>> {
     let shape = train_shape(case, tp)?;
-    let mut w =
-        super::predict_windows_of(&shape, case.optimizer, Plan { zero: 0, ..plan }, 1, 0, 0);
+    let mut w = super::predict_windows_of(&shape, case.optimizer, plan, dp, dp_rank, 0);
+    if dp > 1 {
+        return Ok(w);
+    }
     let t = shape.replay_training(plan.threads);
     w[3] = (0, 0);
     w[6] = (
@@ -540,13 +611,21 @@ pub fn predicted_tp_states(
 
 /// The model states entering the optimizer, measured from the windows and predicted by
 /// [`predicted_tp_states`].
-fn tp_states(case: &Case, tp: usize, w: &[Window], grads_held: i64) -> anyhow::Result<States> {
+fn tp_states(
+    case: &Case,
+    tp: usize,
+    zero_stage: u8,
+    dp: usize,
+    w: &[Window],
+    grads_held: i64,
+) -> anyhow::Result<States> {
     let rates = parallel::rates(4, case.optimizer)
         .context("ranks --tp: an optimizer of whole bytes per parameter")?;
-    let (pw, pg, po) = predicted_tp_states(case, tp, rates)?;
+    let whole = predicted_tp_states(case, tp, rates)?;
+    let (pw, pg, po) = crate::formula::zero::shards(zero_stage, dp as u64, whole, false);
     Ok(States {
         weights_bytes: w[0].retained_bytes,
-        gradient_bytes: grads_held,
+        gradient_bytes: grads_held + w[3].retained_bytes,
         optimizer_state_bytes: w[4].retained_bytes,
         predicted_weights_bytes: pw,
         predicted_gradient_bytes: pg,
