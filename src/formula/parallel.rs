@@ -932,51 +932,73 @@ pub fn shard(shape: &Shape, tp: usize, layers: usize) -> Result<Shape, String> {
             ..shape.clone()
         });
     }
-    let Some(l) = shape.llama else {
-        return Err("activations per rank are modelled for LLaMA-family decoders only".into());
-    };
     if tp == 1 {
         // Whole layers on the rank (a mixture's experts set by the caller: [`shard_graph_ep`]).
+        if shape.llama.is_none() {
+            return Err("activations per rank are modelled for LLaMA-family decoders only".into());
+        }
         return Ok(Shape {
             l: layers as u64,
             ..shape.clone()
         });
     }
+    let (attention, mut llama) = shard_attention(shape, tp)?;
+    // A mixture's experts each split over tp (expert tensor parallelism equal to tp,
+    // Megatron-Core's default), as are its shared experts and its dense layers' MLP; the
+    // router whole, every token routed on every rank.
+    llama.intermediate = split_width("MLP's width", llama.intermediate, tp)?;
+    if let Some(m) = llama.moe.as_mut() {
+        m.shared = split_width("shared experts' width", m.shared, tp)?;
+        m.dense_width = split_width("dense layers' MLP width", m.dense_width, tp)?;
+    }
+    Ok(Shape {
+        l: layers as u64,
+        llama: Some(llama),
+        ..attention
+    })
+}
+
+/// What every tensor-parallel shard of `shape` splits alike (training's [`shard`] and vLLM's
+/// expert-parallel serving rank): the heads, the K/V heads (one a rank where fewer than `tp`)
+/// and the vocabulary (`⌈V/tp⌉`); MLA's down-projections and latents whole, its
+/// up-projections and o by head. The shard and its LLaMA part, whose MLP widths the caller
+/// splits as its layout does. `Err` naming what is not split: linear attention, a model
+/// outside the LLaMA family, heads not splitting into `tp` equal parts.
+pub fn shard_attention(
+    shape: &Shape,
+    tp: usize,
+) -> Result<(Shape, crate::model::shapes::Llama), String> {
+    let Some(l) = shape.llama else {
+        return Err("activations per rank are modelled for LLaMA-family decoders only".into());
+    };
     if l.variant.gated_delta.is_some() {
         return Err(format!(
             "activations per rank are not modelled yet for linear attention split over tp={tp} (tp=1 is)"
         ));
     }
-    let split = |what: &str, n: usize| {
-        if n.is_multiple_of(tp) {
-            Ok(n / tp)
-        } else {
-            Err(format!(
-                "the {what} {n} does not split into {tp} equal parts"
-            ))
-        }
-    };
-    split("attention heads", shape.a as usize)?;
+    split_width("attention heads", shape.a as usize, tp)?;
     let mut llama = l;
     llama.kv_heads = (l.kv_heads / tp).max(1);
-    // A mixture's experts each split over tp (expert tensor parallelism equal to tp,
-    // Megatron-Core's default), as are its shared experts and its dense layers' MLP; the
-    // router whole, every token routed on every rank. MLA's down-projections (q_a, kv_a) and
-    // their latents whole, its up-projections and o by head.
-    llama.intermediate = split("MLP's width", l.intermediate)?;
-    if let Some(m) = l.moe {
-        let mut moe = m;
-        moe.shared = split("shared experts' width", m.shared)?;
-        moe.dense_width = split("dense layers' MLP width", m.dense_width)?;
-        llama.moe = Some(moe);
+    Ok((
+        Shape {
+            a: shape.a / tp as u64,
+            v: shape.v.div_ceil(tp as u64),
+            llama: Some(llama),
+            ..shape.clone()
+        },
+        llama,
+    ))
+}
+
+/// `n / tp`, or why `n` (the `what`) does not split into `tp` equal parts.
+pub fn split_width(what: &str, n: usize, tp: usize) -> Result<usize, String> {
+    if n.is_multiple_of(tp) {
+        Ok(n / tp)
+    } else {
+        Err(format!(
+            "the {what} {n} does not split into {tp} equal parts"
+        ))
     }
-    Ok(Shape {
-        a: shape.a / tp as u64,
-        v: shape.v.div_ceil(tp as u64),
-        l: layers as u64,
-        llama: Some(llama),
-        ..shape.clone()
-    })
 }
 
 /// One microbatch's graph on a tensor-parallel rank, in parts ([`shard_graph`]).

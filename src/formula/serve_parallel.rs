@@ -354,45 +354,27 @@ pub fn serve_rank_ep(
 /// down-projections and latent cache whole on every rank (vLLM's `ReplicatedLinear`). Not
 /// modelled: linear attention split over tp.
 fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
-    let Some(l) = shape.llama else {
-        return Err("activations per rank are modelled for LLaMA-family decoders only".into());
-    };
-    let Some(m) = l.moe else {
+    if shape.llama.is_some_and(|l| l.moe.is_none()) {
         return Err("expert parallelism on a model without a mixture of experts".into());
-    };
+    }
     if tp == 1 {
+        if shape.llama.is_none() {
+            return Err("activations per rank are modelled for LLaMA-family decoders only".into());
+        }
         return Ok(shape.clone());
     }
-    if l.variant.gated_delta.is_some() {
-        return Err(format!(
-            "activations per rank are not modelled yet for linear attention split over tp={tp} (tp=1 is)"
-        ));
-    }
-    let split = |what: &str, n: usize| {
-        if n.is_multiple_of(tp) {
-            Ok(n / tp)
-        } else {
-            Err(format!(
-                "the {what} {n} does not split into {tp} equal parts"
-            ))
+    let (attention, mut llama) = parallel::shard_attention(shape, tp)?;
+    if let Some(m) = llama.moe.as_mut() {
+        m.dense_width = parallel::split_width("dense layers' MLP width", m.dense_width, tp)?;
+        // Under the sequence-parallel mixture (dp > 1) the shared experts are whole.
+        if dp == 1 {
+            m.shared = parallel::split_width("shared experts' width", m.shared, tp)?;
         }
-    };
-    split("attention heads", shape.a as usize)?;
-    let mut moe = m;
-    moe.dense_width = split("dense layers' MLP width", m.dense_width)?;
-    // Under the sequence-parallel mixture (dp > 1) the shared experts are whole.
-    if dp == 1 {
-        moe.shared = split("shared experts' width", m.shared)?;
     }
-    let mut llama = l;
-    llama.kv_heads = (l.kv_heads / tp).max(1);
-    llama.moe = Some(moe);
     Ok(Shape {
-        a: shape.a / tp as u64,
-        v: shape.v.div_ceil(tp as u64),
         llama: Some(llama),
         tp_collectives: true,
-        ..shape.clone()
+        ..attention
     })
 }
 
