@@ -5,7 +5,8 @@
 //! optimizer state a rank holds falls as 1/N with the ranks. Tensor parallelism (`--tp`) on a
 //! LLaMA with grouped K/V heads: every window within tolerance, each rank's shard of the
 //! gradients and weights equal to the slices of one process's, and the check failing when `f`
-//! does not all-reduce its gradient. ZeRO 3 (`--zero 3`, FSDP's FULL_SHARD): every window within
+//! does not all-reduce its gradient; with checkpointing, and beside 2 data-parallel replicas
+//! under ZeRO 0, 1 and 2 (4 ranks). ZeRO 3 (`--zero 3`, FSDP's FULL_SHARD): every window within
 //! tolerance, the check passing, and failing without a tied table's second use. Expert
 //! parallelism (`--ep`) on a Mixtral slice over 2 and 4 ranks: every window within tolerance,
 //! every rank's gradients and weights those of one process on the global batch with every
