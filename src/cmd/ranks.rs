@@ -118,7 +118,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.tp
     );
     if args.tp > 1 {
-        ranks::tensor::check_tp(case, zero, args.tp)?;
+        ranks::tensor::check_tp(case, args.tp)?;
     }
     ensure!(
         args.tp > 1 || !args.tp_skip_f_all_reduce,
@@ -130,8 +130,8 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     );
     if zero == 3 {
         ensure!(
-            args.tp == 1,
-            "memfit ranks --zero 3 --tp {}: ZeRO 3 runs without tensor parallelism here",
+            args.tp == 1 || args.hsdp.is_none(),
+            "memfit ranks --zero 3 --tp {} --hsdp: hybrid sharding runs without tensor parallelism here",
             args.tp
         );
         ranks::fsdp::check_fsdp(case)?;
@@ -161,7 +161,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         forward_prefetch: args.fsdp_forward_prefetch == crate::cli::OnOff::On,
         hsdp: args.hsdp.unwrap_or(0),
     };
-    let report = if args.tp > 1 {
+    let report = if args.tp > 1 && zero < 3 {
         ranks::tensor::run_tp_rank(case, plan, comm.clone())
     } else {
         ranks::run_rank(case, plan, comm.as_ref())

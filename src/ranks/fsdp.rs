@@ -611,7 +611,12 @@ pub fn predict_windows(
     rank: usize,
     replicas: bool,
 ) -> anyhow::Result<Vec<(u64, i64)>> {
-    let shape = Shape::of(case);
+    // Beside tp: the replay of the rank's shard with its collectives.
+    let shape = if plan.tp > 1 {
+        super::tensor::train_shape(case, plan.tp)?
+    } else {
+        Shape::of(case)
+    };
     let init = shape.predict(Phase::Init, case.optimizer, plan.threads);
     let sizes = sizes_by_name(&shape);
     let run = |n: u64| run_of(n as usize, ranks, rank).len() as u64;
@@ -674,19 +679,67 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         (None, None)
     };
     let world = comm;
-    let comm: &dyn Comm = shard_group.as_deref().unwrap_or(world);
+    // Beside tensor parallelism (`--tp N`, tp innermost): each rank's tp shard sharded over the
+    // ranks holding the same shard (torchtitan's 2-D FSDP × TP), its collectives over its
+    // tensor-parallel group.
+    let tp = plan.tp;
+    ensure!(
+        world.size().is_multiple_of(tp),
+        "ranks --tp {tp} --zero 3: launched on {} ranks, not a multiple of {tp}",
+        world.size()
+    );
+    if tp > 1 {
+        super::tensor::check_tp(case, tp)?;
+    }
+    let (tp_group, dp_group): (Option<Rc<dyn Comm>>, Option<Box<dyn Comm>>) = if tp > 1 {
+        let r = world.rank();
+        (
+            Some(Rc::from(world.split(r / tp))),
+            Some(world.split(r % tp)),
+        )
+    } else {
+        (None, None)
+    };
+    let comm: &dyn Comm = dp_group
+        .as_deref()
+        .or(shard_group.as_deref())
+        .unwrap_or(world);
     let replicas = replica_group.as_deref();
     let (rank, ranks) = (comm.rank(), comm.size());
     let mut measured = Vec::with_capacity(WINDOWS.len());
     let rss_now = vm_rss_bytes;
-    // init: the model whole, as every other stage builds it.
-    let super::Start {
-        tokens,
-        targets,
-        varmap,
-        model,
-        vars,
-    } = super::start(case, world, true, &mut measured)?;
+    // init: the model whole (beside tp: the rank's shard, filled with its slice of the whole
+    // model's fill), as every other stage builds it.
+    let (tokens, targets, varmap, model, vars, _tp) = match &tp_group {
+        None => {
+            let super::Start {
+                tokens,
+                targets,
+                varmap,
+                model,
+                vars,
+            } = super::start(case, world, true, &mut measured)?;
+            (tokens, targets, varmap, model, vars, None)
+        }
+        Some(group) => {
+            let start = super::tensor::start_shard(case, group, comm, &mut measured)?;
+            let model = start
+                .model
+                .with_collectives(Rc::new(super::tensor::Megatron {
+                    f_all_reduce: plan.f_all_reduce,
+                    g_all_reduce: true,
+                    release: case.cfg.kernels.fused(),
+                }));
+            (
+                start.tokens,
+                start.targets,
+                start.varmap,
+                model,
+                start.vars,
+                Some((start._group, group.rank())),
+            )
+        }
+    };
     let tensors: Vec<Var> = vars.iter().map(|(_, v)| v.clone()).collect();
     let units = units(&model, &tensors)?;
     // shard
@@ -704,8 +757,18 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?))?;
     measured.push((p, r, s, rss_now()));
     let grads_held = measured[2].1 + measured[3].1;
+    let tp_rank = _tp.as_ref().map_or(0, |(_, r)| *r);
     let gradient_rel_diff = if plan.check {
-        Some(check_gradients(case, world, comm, &vars, &sh.grads)?)
+        // The model's replicas: every rank without tp, the shard group beside it.
+        let replicas = if tp > 1 { ranks } else { world.size() };
+        Some(check_gradients(
+            case,
+            replicas,
+            (tp_rank, tp),
+            comm,
+            &vars,
+            &sh.grads,
+        )?)
     } else {
         None
     };
@@ -751,13 +814,18 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
             });
         }
     }
-    let states = states(case, plan, ranks, &windows, grads_held);
+    let states = states(case, plan, ranks, &windows, grads_held)?;
     let check = match gradient_rel_diff {
         Some(gradient_rel_diff) => {
             sh.gather_all()?;
+            let weight_rel_diff = if tp > 1 {
+                super::tensor::check_weights(case, (tp_rank, tp), ranks, &vars)?
+            } else {
+                super::check_weights(case, world, &vars)?
+            };
             Some(Check {
                 gradient_rel_diff,
-                weight_rel_diff: super::check_weights(case, world, &vars)?,
+                weight_rel_diff,
             })
         }
         None => None,
@@ -767,7 +835,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         rank: world.rank(),
         ranks: world.size(),
         zero: 3,
-        tp: 1,
+        tp,
         ep: 1,
         windows,
         states,
@@ -777,15 +845,17 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
 }
 
 /// This rank's gradients, every variable's runs gathered from every rank's shard, against one
-/// process's on the whole global batch.
+/// process's on the whole global batch of `replicas` × `B` rows (beside tp: the slice rank
+/// `tp_rank` of `tp` holds).
 fn check_gradients(
     case: &Case,
-    world: &dyn Comm,
+    replicas: usize,
+    (tp_rank, tp): (usize, usize),
     comm: &dyn Comm,
     vars: &[(String, Var)],
     grads: &[Option<Tensor>],
 ) -> anyhow::Result<f64> {
-    let single = super::Single::new(case, world.size())?;
+    let single = super::Single::new(case, replicas)?;
     let reference = single.step().gradients()?;
     super::compare(vars, &single.vars, |name, v, w| {
         let i = vars
@@ -798,9 +868,10 @@ fn check_gradients(
         let mut full = vec![0f32; v.elem_count()];
         with_f32_mut(shard, |s| comm.all_gather_into(s, &mut full))?;
         let n = full.len();
+        let theirs = super::grad_of(&reference, name, w)?;
         Ok((
             Tensor::from_vec(full, n, &Device::Cpu)?,
-            super::grad_of(&reference, name, w)?.flatten_all()?,
+            super::tensor::slice_of(&theirs, v.dims(), tp_rank, tp)?.flatten_all()?,
         ))
     })
 }
@@ -808,11 +879,24 @@ fn check_gradients(
 /// The model states a ZeRO 3 rank holds entering the optimizer, measured (the weights: the
 /// model built and cut to its runs; the gradients: what the forward and backward left; the
 /// state: the optimizer window's) and predicted by `formula::zero::shards` at stage 3.
-fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) -> States {
+fn states(
+    case: &Case,
+    plan: Plan,
+    ranks: usize,
+    w: &[Window],
+    grads_held: i64,
+) -> anyhow::Result<States> {
     let shape = Shape::of(case);
     let p = shape.params();
     let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
-    let states = (4 * p, 4 * p, state);
+    // Beside tp: the tp rank's states (Megatron's, plus the replicated vocabulary) sharded.
+    let states = if plan.tp > 1 {
+        let rates = crate::formula::parallel::rates(4, case.optimizer)
+            .context("ranks --tp: an optimizer of whole bytes per parameter")?;
+        super::tensor::predicted_tp_states(case, plan.tp, rates)?
+    } else {
+        (4 * p, 4 * p, state)
+    };
     let n = ranks as u64;
     let ((pw, pg, po), host) = if plan.offload {
         let (device, host) = crate::formula::zero::offloaded(3, n, states, p, false);
@@ -826,7 +910,7 @@ fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) 
     } else {
         (crate::formula::zero::shards(3, n, states, false), None)
     };
-    States {
+    Ok(States {
         weights_bytes: w[0].retained_bytes + w[1].retained_bytes,
         gradient_bytes: grads_held,
         optimizer_state_bytes: w[4].retained_bytes,
@@ -834,7 +918,7 @@ fn states(case: &Case, plan: Plan, ranks: usize, w: &[Window], grads_held: i64) 
         predicted_gradient_bytes: pg,
         predicted_optimizer_state_bytes: po,
         host,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -114,7 +114,7 @@ pub fn check_serve(case: &Case, tp: usize) -> anyhow::Result<()> {
         case.weights.as_str()
     );
     super::check_case(case, 0)?;
-    check_tp(case, 0, tp)
+    check_tp(case, tp)
 }
 
 /// Runs one serving rank of `case` over `comm` (every rank of the world one shard): its

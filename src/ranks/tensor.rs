@@ -191,14 +191,10 @@ impl CollectiveOps for Tensor {
 
 /// Refuses what tensor parallelism on ranks does not run, by name (beside
 /// [`super::check_case`]'s refusals).
-pub fn check_tp(case: &Case, zero: u8, tp: usize) -> anyhow::Result<()> {
+pub fn check_tp(case: &Case, tp: usize) -> anyhow::Result<()> {
     ensure!(
         tp >= 2,
         "ranks --tp {tp}: tensor parallelism needs 2 ranks or more"
-    );
-    ensure!(
-        zero <= 2,
-        "ranks --tp {tp} --zero {zero}: tensor parallelism runs with ZeRO 0, 1 or 2 over its data-parallel replicas (ZeRO 3's gathers are not run beside tp's collectives)"
     );
     let Some(l) = case.cfg.llama else {
         anyhow::bail!(
@@ -266,7 +262,12 @@ pub fn shard_case(case: &Case, tp: usize) -> Case {
 
 /// The slice of a whole-model tensor `full` that rank `rank` of `tp` holds as a tensor of
 /// `dims`: all of it (replicated), or the run of the one dimension that is `tp` times longer.
-fn slice_of(full: &Tensor, dims: &[usize], rank: usize, tp: usize) -> anyhow::Result<Tensor> {
+pub(super) fn slice_of(
+    full: &Tensor,
+    dims: &[usize],
+    rank: usize,
+    tp: usize,
+) -> anyhow::Result<Tensor> {
     let whole = full.dims();
     ensure!(
         whole.len() == dims.len(),
@@ -396,7 +397,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     let (world_rank, world) = (comm.rank(), comm.size());
     let tp = plan.tp;
     super::check_case(case, plan.zero)?;
-    check_tp(case, plan.zero, tp)?;
+    check_tp(case, tp)?;
     ensure!(
         world.is_multiple_of(tp),
         "ranks --tp {tp}: launched on {world} ranks, not a multiple of {tp} (mpirun -np {tp} or a multiple: tp × data-parallel replicas)"
@@ -516,7 +517,7 @@ fn check_gradients(
 
 /// This rank's shard after its two steps against the matching slices of one process's weights
 /// after two steps of the same optimizer on the global batch (`dp` replicas' rows).
-fn check_weights(
+pub(super) fn check_weights(
     case: &Case,
     (rank, tp): (usize, usize),
     dp: usize,
