@@ -691,15 +691,9 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     if tp > 1 {
         super::tensor::check_tp(case, tp)?;
     }
-    let (tp_group, dp_group): (Option<Rc<dyn Comm>>, Option<Box<dyn Comm>>) = if tp > 1 {
-        let r = world.rank();
-        (
-            Some(Rc::from(world.split(r / tp))),
-            Some(world.split(r % tp)),
-        )
-    } else {
-        (None, None)
-    };
+    let r = world.rank();
+    let tp_group: Option<Rc<dyn Comm>> = (tp > 1).then(|| Rc::from(world.split(r / tp)));
+    let dp_group = (tp > 1).then(|| world.split(r % tp));
     let comm: &dyn Comm = dp_group
         .as_deref()
         .or(shard_group.as_deref())
