@@ -129,20 +129,15 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         "memfit ranks: --zero3-skip-tied-second-use without --zero 3 and a tied head"
     );
     if zero == 3 {
-        ensure!(
-            args.tp == 1 || args.hsdp.is_none(),
-            "memfit ranks --zero 3 --tp {} --hsdp: hybrid sharding runs without tensor parallelism here",
-            args.tp
-        );
         ranks::fsdp::check_fsdp(case)?;
     }
     crate::machine::pin_threads(args.threads)?;
     let comm: Rc<dyn Comm> = Rc::from(open_comm()?);
     if let Some(s) = args.hsdp {
         ensure!(
-            zero == 3 && s >= 1 && comm.size().is_multiple_of(s),
-            "memfit ranks --hsdp {s}: hybrid sharding runs with --zero 3, its shard group (1 to {n}) dividing the {n} ranks launched",
-            n = comm.size()
+            zero == 3 && s >= 1 && (comm.size() / args.tp).is_multiple_of(s),
+            "memfit ranks --hsdp {s}: hybrid sharding runs with --zero 3, its shard group (1 to {n}) dividing the {n} ranks holding the same parameters (the ranks launched over --tp)",
+            n = comm.size() / args.tp
         );
     }
     let plan = Plan {
@@ -173,7 +168,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
     let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
-        doc.hsdp_shard_group = args.hsdp.filter(|&s| s < doc.ranks.len());
+        doc.hsdp_shard_group = args.hsdp.filter(|&s| s < doc.ranks.len() / args.tp);
         doc.fsdp_reshard_after_forward = Some(on_off(args.fsdp_reshard_after_forward).to_string());
         doc.fsdp_forward_prefetch = Some(on_off(args.fsdp_forward_prefetch).to_string());
     }
@@ -521,8 +516,16 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
                 (d, 0) => format!(
                     " × {d} data-parallel replicas (tp innermost), gradients all-reduced over them"
                 ),
-                (d, z) =>
-                    format!(" × {d} data-parallel replicas (tp innermost), ZeRO {z} over them"),
+                (d, z) => format!(
+                    " × {d} data-parallel replicas (tp innermost), ZeRO {z} over them{}",
+                    match args.hsdp.filter(|&s| z == 3 && s < d) {
+                        Some(s) => format!(
+                            " (HYBRID_SHARD: shard groups of {s}, each run replicated over {} groups)",
+                            d / s
+                        ),
+                        None => String::new(),
+                    }
+                ),
             }
         )
     } else if zero == 3 {

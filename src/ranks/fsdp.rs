@@ -663,21 +663,6 @@ pub fn predict_windows(
 /// Runs one ZeRO 3 rank of `case` over `comm`, measuring and predicting its windows.
 pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result<RankReport> {
     check_fsdp(case)?;
-    // Hybrid sharding (`--hsdp S`): shard groups of S consecutive ranks, each run replicated
-    // over the groups; else one shard group of every rank.
-    let groups = match plan.hsdp {
-        0 => 1,
-        s => comm.size() / s,
-    };
-    let (shard_group, replica_group) = if groups > 1 {
-        let s = plan.hsdp;
-        (
-            Some(comm.split(comm.rank() / s)),
-            Some(comm.split(comm.rank() % s)),
-        )
-    } else {
-        (None, None)
-    };
     let world = comm;
     // Beside tensor parallelism (`--tp N`, tp innermost): each rank's tp shard sharded over the
     // ranks holding the same shard (torchtitan's 2-D FSDP × TP), its collectives over its
@@ -694,10 +679,24 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     let r = world.rank();
     let tp_group: Option<Rc<dyn Comm>> = (tp > 1).then(|| Rc::from(world.split(r / tp)));
     let dp_group = (tp > 1).then(|| world.split(r % tp));
-    let comm: &dyn Comm = dp_group
-        .as_deref()
-        .or(shard_group.as_deref())
-        .unwrap_or(world);
+    // The ranks holding the same parameters: the world, or beside tp the data-parallel group.
+    let base: &dyn Comm = dp_group.as_deref().unwrap_or(world);
+    // Hybrid sharding (`--hsdp S`): shard groups of S consecutive ranks of `base`, each run
+    // replicated over the groups; else one shard group of every rank.
+    let groups = match plan.hsdp {
+        0 => 1,
+        s => base.size() / s,
+    };
+    let (shard_group, replica_group) = if groups > 1 {
+        let s = plan.hsdp;
+        (
+            Some(base.split(base.rank() / s)),
+            Some(base.split(base.rank() % s)),
+        )
+    } else {
+        (None, None)
+    };
+    let comm: &dyn Comm = shard_group.as_deref().unwrap_or(base);
     let replicas = replica_group.as_deref();
     let (rank, ranks) = (comm.rank(), comm.size());
     let mut measured = Vec::with_capacity(WINDOWS.len());
@@ -716,7 +715,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
             (tokens, targets, varmap, model, vars, None)
         }
         Some(group) => {
-            let start = super::tensor::start_shard(case, group, comm, &mut measured)?;
+            let start = super::tensor::start_shard(case, group, base, &mut measured)?;
             let model = start
                 .model
                 .with_collectives(Rc::new(super::tensor::Megatron {
@@ -753,8 +752,8 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     let grads_held = measured[2].1 + measured[3].1;
     let tp_rank = _tp.as_ref().map_or(0, |(_, r)| *r);
     let gradient_rel_diff = if plan.check {
-        // The model's replicas: every rank without tp, the shard group beside it.
-        let replicas = if tp > 1 { ranks } else { world.size() };
+        // Rows of the global batch: one `B` a rank holding the same parameters.
+        let replicas = base.size();
         Some(check_gradients(
             case,
             replicas,
@@ -813,7 +812,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         Some(gradient_rel_diff) => {
             sh.gather_all()?;
             let weight_rel_diff = if tp > 1 {
-                super::tensor::check_weights(case, (tp_rank, tp), ranks, &vars)?
+                super::tensor::check_weights(case, (tp_rank, tp), base.size(), &vars)?
             } else {
                 super::check_weights(case, world, &vars)?
             };
