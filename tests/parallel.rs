@@ -452,10 +452,10 @@ fn mixture_and_mla_over_tp_are_the_hand_split_model() {
         "--optimizer",
         "adamw",
     ];
-    for dtype in ["bf16", "f32"] {
-        let m = with(mixtral, &[]);
-        let m = [&m[..], &["--dtype", dtype]].concat();
-        let halved = with(
+    // Each model with what its tp-2 rank splits spelt out by hand.
+    let halvings: [(&str, &[&str], &[&str]); 2] = [
+        (
+            "mixtral",
             mixtral,
             &[
                 "intermediate_size=256",
@@ -464,13 +464,9 @@ fn mixture_and_mla_over_tp_are_the_hand_split_model() {
                 "num_key_value_heads=1",
                 "head_dim=64",
             ],
-        );
-        let halved = [&halved[..], &["--dtype", dtype]].concat();
-        let (split, by_hand) = (graph(&m, "tp=2"), graph(&halved, "tp=1"));
-        assert_eq!(split, by_hand, "mixtral {dtype}");
-        assert!(split < graph(&m, "tp=1"), "mixtral {dtype}");
-        let d = [ds, &["--dtype", dtype]].concat();
-        let halved = with(
+        ),
+        (
+            "deepseek-v3",
             ds,
             &[
                 "intermediate_size=24",
@@ -479,11 +475,16 @@ fn mixture_and_mla_over_tp_are_the_hand_split_model() {
                 "num_attention_heads=2",
                 "num_key_value_heads=2",
             ],
-        );
-        let halved = [&halved[..], &["--dtype", dtype]].concat();
-        let (split, by_hand) = (graph(&d, "tp=2"), graph(&halved, "tp=1"));
-        assert_eq!(split, by_hand, "deepseek-v3 {dtype}");
-        assert!(split < graph(&d, "tp=1"), "deepseek-v3 {dtype}");
+        ),
+    ];
+    for dtype in ["bf16", "f32"] {
+        for (name, base, halving) in halvings {
+            let whole = [base, &["--dtype", dtype]].concat();
+            let halved = [&with(base, halving)[..], &["--dtype", dtype]].concat();
+            let (split, by_hand) = (graph(&whole, "tp=2"), graph(&halved, "tp=1"));
+            assert_eq!(split, by_hand, "{name} {dtype}");
+            assert!(split < graph(&whole, "tp=1"), "{name} {dtype}");
+        }
     }
     let v = run(mixtral, "tp=2,sp=on", &[]).unwrap();
     assert!(v["parallel"]["activations"].is_null());

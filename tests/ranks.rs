@@ -66,6 +66,15 @@ const LLAMA: &[&str] = &[
     "adamw",
 ];
 
+/// [`LLAMA`] at S 96 instead of 24: where 1 % of a window exceeds the few KB of bookkeeping the
+/// replay leaves out (the checkpointed forward's, the collectives' ops').
+fn llama_at_s96() -> Vec<&'static str> {
+    LLAMA
+        .iter()
+        .map(|&a| if a == "24" { "96" } else { a })
+        .collect()
+}
+
 /// `mpirun -np N memfit ranks ARGS --zero Z --check --json`: the JSON document rank 0 prints.
 fn ranks(n: usize, zero: u8, args: &[&str]) -> Value {
     run(n, args, &["--zero", &zero.to_string()])
@@ -464,10 +473,7 @@ fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
     // tolerance of every window), so a prediction that kept them in the forward, or left them
     // out of the recomputation, fails. (S 96: the checkpointed forward's peak is ≈ 2.4 KB
     // above the replay's in one process too, over 1 % of the S 24 figure.)
-    let long: Vec<&str> = LLAMA
-        .iter()
-        .map(|&a| if a == "24" { "96" } else { a })
-        .collect();
+    let long = llama_at_s96();
     for kernels in ["composed", "transformers"] {
         for segment in ["1", "2"] {
             let doc = tensor_parallel(2, &long, &["--kernels", kernels, "--checkpoint", segment]);
@@ -542,10 +548,7 @@ fn tensor_parallel_beside_data_parallel_as_predicted_and_as_one_process() {
     // all-reduces it over the other; as predicted and as one process. (S 96: the backward
     // frees the forward's ≈ 2.2 KB of the collectives' op bookkeeping the replay does not
     // charge, over 1 % of the S 24 figure.)
-    let long: Vec<&str> = LLAMA
-        .iter()
-        .map(|&a| if a == "24" { "96" } else { a })
-        .collect();
+    let long = llama_at_s96();
     let hybrid = run(4, &long, &["--tp", "2", "--zero", "3", "--hsdp", "1"]);
     assert_eq!(u(&hybrid["hsdp_shard_group"]), 1);
     check_all(&hybrid, 4, "llama tp 2 × dp 2 zero 3 hsdp 1");

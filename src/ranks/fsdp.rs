@@ -676,9 +676,14 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     if tp > 1 {
         super::tensor::check_tp(case, tp)?;
     }
-    let r = world.rank();
-    let tp_group: Option<Rc<dyn Comm>> = (tp > 1).then(|| Rc::from(world.split(r / tp)));
-    let dp_group = (tp > 1).then(|| world.split(r % tp));
+    let (tp_group, dp_group) = match tp {
+        1 => (None, None),
+        _ => {
+            let (t, d) = super::tensor::split_groups(world, tp);
+            (Some(t), Some(d))
+        }
+    };
+    let tp_rank = tp_group.as_ref().map_or(0, |g| g.rank());
     // The ranks holding the same parameters: the world, or beside tp the data-parallel group.
     let base: &dyn Comm = dp_group.as_deref().unwrap_or(world);
     // Hybrid sharding (`--hsdp S`): shard groups of S consecutive ranks of `base`, each run
@@ -703,7 +708,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     let rss_now = vm_rss_bytes;
     // init: the model whole (beside tp: the rank's shard, filled with its slice of the whole
     // model's fill), as every other stage builds it.
-    let (tokens, targets, varmap, model, vars, _tp) = match &tp_group {
+    let (tokens, targets, varmap, model, vars, _membership) = match &tp_group {
         None => {
             let super::Start {
                 tokens,
@@ -729,7 +734,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
                 start.varmap,
                 model,
                 start.vars,
-                Some((start._group, group.rank())),
+                Some(start._group),
             )
         }
     };
@@ -750,7 +755,6 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
     let ((), p, r, s) = window(|| Ok(backward(&tensors, fwd, &units, &mut sh, plan.prefetch)?))?;
     measured.push((p, r, s, rss_now()));
     let grads_held = measured[2].1 + measured[3].1;
-    let tp_rank = _tp.as_ref().map_or(0, |(_, r)| *r);
     let gradient_rel_diff = if plan.check {
         // Rows of the global batch: one `B` a rank holding the same parameters.
         let replicas = base.size();
@@ -881,13 +885,11 @@ fn states(
 ) -> anyhow::Result<States> {
     let shape = Shape::of(case);
     let p = shape.params();
-    let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
     // Beside tp: the tp rank's states (Megatron's, plus the replicated vocabulary) sharded.
     let states = if plan.tp > 1 {
-        let rates = crate::formula::parallel::rates(4, case.optimizer)
-            .context("ranks --tp: an optimizer of whole bytes per parameter")?;
-        super::tensor::predicted_tp_states(case, plan.tp, rates)?
+        super::tensor::predicted_f32_tp_states(case, plan.tp)?
     } else {
+        let state = crate::formula::parallel::rates(4, case.optimizer).map_or(0, |(_, _, o)| o * p);
         (4 * p, 4 * p, state)
     };
     let n = ranks as u64;

@@ -664,19 +664,7 @@ fn start(
     let (rank, ranks) = (comm.rank(), comm.size());
     let device = Device::Cpu;
     crate::phase::runner::warm_up(case, &device).context("the warm-up step")?;
-    {
-        let mut x = [1.0f32; 4];
-        let send = x;
-        comm.all_reduce_sum(&send, &mut x);
-        comm.broadcast(0, &mut x);
-        comm.reduce_sum(0, &send, (rank == 0).then_some(&mut x[..]));
-        if gather {
-            let mut all = vec![0f32; 4 * ranks];
-            let mine = zero::run_of(all.len(), ranks, rank).len();
-            comm.all_gather_into(&send[..mine.min(4)], &mut all);
-        }
-        comm.barrier();
-    }
+    warm_up_collectives(comm, gather);
     let (tokens, targets) = rank_batch(case, rank, ranks)?;
     let varmap = VarMap::new();
     let (model, p, r, s) = window(|| {
@@ -696,6 +684,24 @@ fn start(
         model,
         vars,
     })
+}
+
+/// The data-parallel collectives (ZeRO's all-reduce, broadcast and reduce, and with `gather`
+/// its all-gather) used once on `comm` before any window, so that the library's first-use
+/// allocations fall outside them.
+fn warm_up_collectives(comm: &dyn Comm, gather: bool) {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let mut x = [1.0f32; 4];
+    let send = x;
+    comm.all_reduce_sum(&send, &mut x);
+    comm.broadcast(0, &mut x);
+    comm.reduce_sum(0, &send, (rank == 0).then_some(&mut x[..]));
+    if gather {
+        let mut all = vec![0f32; 4 * ranks];
+        let mine = zero::run_of(all.len(), ranks, rank).len();
+        comm.all_gather_into(&send[..mine.min(4)], &mut all);
+    }
+    comm.barrier();
 }
 
 /// Runs one rank of `case` under `plan` over `comm`, measuring and predicting its windows.
@@ -906,15 +912,27 @@ fn check_gradients(
     compare(vars, &single.vars, |name, v, w| {
         let mine = grad_of(grads, name, v)?.flatten_all()?;
         let theirs = grad_of(&reference, name, w)?.flatten_all()?;
-        let run = zero::run_of(theirs.elem_count(), ranks, rank);
-        let theirs = theirs.narrow(0, run.start, run.len())?;
-        let mine = if zero == 2 {
-            mine
-        } else {
-            mine.narrow(0, run.start, run.len())?
-        };
-        Ok((mine, theirs))
+        owned_runs(mine, theirs, zero, ranks, rank)
     })
+}
+
+/// A rank's flattened gradient and the reference's, each narrowed to the run rank `rank` of
+/// `ranks` owns (ZeRO 2 keeps only that run: `mine` is it already).
+fn owned_runs(
+    mine: Tensor,
+    theirs: Tensor,
+    zero: u8,
+    ranks: usize,
+    rank: usize,
+) -> anyhow::Result<(Tensor, Tensor)> {
+    let run = zero::run_of(theirs.elem_count(), ranks, rank);
+    let theirs = theirs.narrow(0, run.start, run.len())?;
+    let mine = if zero == 2 {
+        mine
+    } else {
+        mine.narrow(0, run.start, run.len())?
+    };
+    Ok((mine, theirs))
 }
 
 /// This rank's weights after its two steps against one process's after two steps of the same

@@ -333,17 +333,9 @@ pub(super) fn start_shard(
         let send = x;
         comm.all_reduce_sum(&send, &mut x);
         comm.barrier();
-        // The data-parallel group's collectives (ZeRO's reduce, broadcast and gather) used
-        // once before any window, as `super::start` does.
-        if dp.size() > 1 {
-            dp.all_reduce_sum(&send, &mut x);
-            dp.broadcast(0, &mut x);
-            dp.reduce_sum(0, &send, (dp.rank() == 0).then_some(&mut x[..]));
-            let mut all = vec![0f32; 4 * dp.size()];
-            let mine = zero::run_of(all.len(), dp.size(), dp.rank()).len();
-            dp.all_gather_into(&send[..mine.min(4)], &mut all);
-            dp.barrier();
-        }
+    }
+    if dp.size() > 1 {
+        super::warm_up_collectives(dp, true);
     }
     let _group = Group::join(comm.clone());
     // Every rank of a tensor-parallel group the same rows: its replica's of the global batch.
@@ -378,11 +370,14 @@ fn groups(world: &Rc<dyn Comm>, tp: usize) -> (Rc<dyn Comm>, Rc<dyn Comm>) {
     if world.size() == tp {
         return (world.clone(), Rc::new(Solo));
     }
+    let (tp_group, dp_group) = split_groups(world.as_ref(), tp);
+    (tp_group, Rc::from(dp_group))
+}
+
+/// `world` split into [`groups`]' two sub-communicators (collective: every rank calls it).
+pub(super) fn split_groups(world: &dyn Comm, tp: usize) -> (Rc<dyn Comm>, Box<dyn Comm>) {
     let rank = world.rank();
-    (
-        Rc::from(world.split(rank / tp)),
-        Rc::from(world.split(rank % tp)),
-    )
+    (Rc::from(world.split(rank / tp)), world.split(rank % tp))
 }
 
 /// Runs one tensor-parallel rank of `case` under `plan` over `comm`: `plan.tp` ranks a model's
@@ -504,14 +499,7 @@ fn check_gradients(
         if dp == 1 {
             return Ok((mine, theirs));
         }
-        let run = zero::run_of(theirs.elem_count(), dp, dp_rank);
-        let theirs = theirs.narrow(0, run.start, run.len())?;
-        let mine = if zero == 2 {
-            mine
-        } else {
-            mine.narrow(0, run.start, run.len())?
-        };
-        Ok((mine, theirs))
+        super::owned_runs(mine, theirs, zero, dp, dp_rank)
     })
 }
 
@@ -587,6 +575,14 @@ pub fn replicated_vocab_elems(case: &Case, tp: usize) -> u64 {
     (v - v.div_ceil(tp as u64)) * h * tables
 }
 
+/// [`predicted_tp_states`] at the ranks' rates: f32 weights and gradients, the optimizer's
+/// f32 state.
+pub(super) fn predicted_f32_tp_states(case: &Case, tp: usize) -> anyhow::Result<(u64, u64, u64)> {
+    let rates = parallel::rates(4, case.optimizer)
+        .context("ranks --tp: an optimizer of whole bytes per parameter")?;
+    predicted_tp_states(case, tp, rates)
+}
+
 /// A rank of `tp`'s (weights, gradients, optimizer state) bytes at `rates` bytes a parameter:
 /// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank) plus the
 /// [`replicated_vocab_elems`] this rank holds whole.
@@ -620,9 +616,7 @@ fn tp_states(
     w: &[Window],
     grads_held: i64,
 ) -> anyhow::Result<States> {
-    let rates = parallel::rates(4, case.optimizer)
-        .context("ranks --tp: an optimizer of whole bytes per parameter")?;
-    let whole = predicted_tp_states(case, tp, rates)?;
+    let whole = predicted_f32_tp_states(case, tp)?;
     let (pw, pg, po) = crate::formula::zero::shards(zero_stage, dp as u64, whole, false);
     Ok(States {
         weights_bytes: w[0].retained_bytes,
