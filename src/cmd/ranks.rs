@@ -118,7 +118,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.tp
     );
     if args.tp > 1 {
-        ranks::tensor::check_tp(case, args.tp)?;
+        ranks::tensor::check_tp_training(case, args.tp)?;
     }
     ensure!(
         args.tp > 1 || !args.tp_skip_f_all_reduce,
@@ -509,7 +509,7 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
     } else if args.tp > 1 {
         let dp = reports.len() / args.tp;
         format!(
-            "tensor parallel over {} (each rank one shard, every rank of a group the same batch; the token table and head replicated){}",
+            "tensor parallel over {} (each rank one shard, every rank of a group the same batch; the token table and head vocab-parallel){}",
             args.tp,
             match (dp, zero) {
                 (1, _) => String::new(),
@@ -575,7 +575,7 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
     );
     if args.tp > 1 {
         println!(
-            "model states entering the optimizer, measured (formula::parallel::stage_ranks at tp {} plus the replicated table's (V − ⌈V/tp⌉)·H elements):",
+            "model states entering the optimizer, measured (formula::parallel::stage_ranks at tp {}: Megatron's rank, its table and head vocab-parallel):",
             args.tp
         );
     } else {

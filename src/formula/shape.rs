@@ -83,6 +83,11 @@ pub struct Shape {
     /// and `g` (each sublayer's partial output summed into a fresh tensor before the residual
     /// sum), as `ranks --tp` trains and serves (`--phases prefill,decode`) and vLLM serves.
     pub tp_collectives: bool,
+    /// A tensor-parallel training rank whose token table and head hold its run of the
+    /// vocabulary (`v` is the run's length): Megatron's vocab-parallel embedding (the masked
+    /// lookup, then `g`), `f` before the head and the vocab-parallel loss, as `ranks --tp`
+    /// trains ([`crate::model::transformer::VocabParallel`]).
+    pub vocab_parallel: bool,
 }
 
 impl Shape {
@@ -117,6 +122,7 @@ impl Shape {
             routing: None,
             worst_routing: false,
             tp_collectives: false,
+            vocab_parallel: false,
         }
     }
 
@@ -152,6 +158,7 @@ impl Shape {
             routing: None,
             worst_routing: false,
             tp_collectives: false,
+            vocab_parallel: false,
         }
     }
 

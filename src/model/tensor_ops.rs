@@ -145,6 +145,10 @@ impl TensorOps for Tensor {
             Kernel::LinearScaled => kernels::linear_scaled(a[0], a[1], a[2]),
             Kernel::ScatterRows { rows } => kernels::scatter_rows(a[0], a[1], rows),
             Kernel::Rotary => kernels::rotary(a[0], a[1], a[2]),
+            Kernel::VocabEmbedding { start } => kernels::vocab_embedding(a[0], a[1], start),
+            Kernel::VocabCrossEntropy { start } => {
+                kernels::vocab_cross_entropy(a[0], a[1], a[2], start)
+            }
             Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
                 candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
             }

@@ -6,8 +6,9 @@
 
 use candle_core::Result;
 
+use super::kernels::Kernel;
 use super::tensor_ops::TensorOps;
-use super::transformer::Collectives;
+use super::transformer::{Collectives, VocabParallel};
 
 /// The two collective ops of tensor parallelism on one interpreter's tensors.
 pub trait CollectiveOps: TensorOps {
@@ -17,6 +18,11 @@ pub trait CollectiveOps: TensorOps {
     /// `g`'s forward: this tensor summed over the group (copied when `!reduce`) into a fresh
     /// tensor of its shape; the identity backward.
     fn tp_reduce(&self, reduce: bool) -> Result<Self>;
+    /// The whole vocabulary's log-sum-exp of each row of this rank's logits `(N, V/tp)`: the
+    /// rows' maxima reduced to the group's maximum, the sums of `exp(x − max)` summed over the
+    /// group, `max + ln(sum)`: a fresh `(N, 1)` f32 with no graph (three `N` vectors at once
+    /// on the host while it is made).
+    fn tp_logsumexp(&self) -> Result<Self>;
 }
 
 /// Megatron's `f` and `g` around a block's sublayers.
@@ -55,5 +61,57 @@ impl<T: CollectiveOps> Collectives<T> for Megatron {
         let sum = residual.add(&r)?;
         r.release_if(self.release)?;
         Ok(sum)
+    }
+}
+
+/// Megatron's vocab-parallel embedding, head and loss ([`VocabParallel`]) on a rank whose
+/// table and head hold the vocabulary's rows `start..start + V/tp`:
+/// - the embedding (`VocabParallelEmbedding`): the masked lookup
+///   ([`Kernel::VocabEmbedding`]) then `g`; the partial rows released once summed (no backward
+///   reads them) under `megatron.release`;
+/// - the head (a `ColumnParallelLinear` gathering nothing): `f` on the final norm's output;
+/// - the loss (`vocab_parallel_cross_entropy`): the whole vocabulary's log-sum-exp over the
+///   group ([`CollectiveOps::tp_logsumexp`]), this rank's part of the mean
+///   ([`Kernel::VocabCrossEntropy`], whose node keeps the logits and the log-sum-exp), then
+///   `g` on the scalar: the whole loss on every rank, whose gradient reaches each part as it
+///   is.
+#[derive(Debug, Clone, Copy)]
+pub struct MegatronVocab {
+    /// The first row of the vocabulary this rank holds.
+    pub start: usize,
+    pub megatron: Megatron,
+}
+
+impl<T: CollectiveOps> VocabParallel<T> for MegatronVocab {
+    fn embed(&self, table: &T, tokens: &T) -> Result<T> {
+        let mut dims = tokens.dims();
+        let ids = tokens.reshape(&[dims.iter().product()])?;
+        let part = T::kernel(Kernel::VocabEmbedding { start: self.start }, &[table, &ids])?;
+        drop(ids);
+        let whole = part.tp_reduce(self.megatron.g_all_reduce)?;
+        // The lookup's backward reads the ids, g's nothing.
+        part.release_if(self.megatron.release)?;
+        drop(part);
+        dims.push(table.dims()[1]);
+        whole.reshape(&dims)
+    }
+
+    fn enter(&self, x: T) -> Result<T> {
+        Collectives::<T>::enter(&self.megatron, x)
+    }
+
+    fn loss(&self, logits: &T, targets: &T) -> Result<T> {
+        let d = logits.dims();
+        let (x, t) = (
+            logits.reshape(&[d[0] * d[1], d[2]])?,
+            targets.reshape(&[d[0] * d[1]])?,
+        );
+        let lse = x.tp_logsumexp()?;
+        let part = T::kernel(
+            Kernel::VocabCrossEntropy { start: self.start },
+            &[&x, &t, &lse],
+        )?;
+        drop((x, t, lse));
+        part.tp_reduce(true)
     }
 }

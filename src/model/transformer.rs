@@ -237,6 +237,23 @@ pub trait Collectives<T>: std::fmt::Debug {
     fn reduce_add(&self, y: T, residual: &T) -> Result<T>;
 }
 
+/// Megatron's vocab-parallel embedding, head and loss on a tensor-parallel rank (`memfit ranks
+/// --tp`; [`Transformer::with_vocab_parallel`]): the rank holds its run of `V/tp` rows of the
+/// token table and of the head (the table itself when tied), so its logits are its run of
+/// the vocabulary's columns. Written once over the tensor trait in
+/// [`crate::model::tensor_parallel`].
+pub trait VocabParallel<T>: std::fmt::Debug {
+    /// The embedding of `tokens (B, S)` u32: this rank's rows looked up (zeros for the tokens
+    /// another rank holds), summed over the group (`g`).
+    fn embed(&self, table: &T, tokens: &T) -> Result<T>;
+    /// `f` on the final norm's output, before the column-parallel head (the norm's output may
+    /// be released).
+    fn enter(&self, x: T) -> Result<T>;
+    /// The mean cross-entropy over the whole vocabulary from this rank's logits `(B, S,
+    /// V/tp)` against `targets (B, S)` u32, equal on every rank.
+    fn loss(&self, logits: &T, targets: &T) -> Result<T>;
+}
+
 /// Pre-norm block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`; Gemma's ("sandwich"):
 /// `x + ln1_post(attn(ln1(x)))`, then `x + ln2_post(mlp(ln2(x)))`.
 #[derive(Debug, Clone)]
@@ -609,6 +626,9 @@ pub struct Transformer<T: TensorOps = Tensor, R = HostRouting, C = Config> {
     pub(crate) ln_f: Norm<T>,
     /// The LM head or classifier (fused with fused kernels; the token table when tied).
     pub(crate) head: Proj<T>,
+    /// The vocab-parallel embedding, head and loss of a tensor-parallel rank
+    /// ([`VocabParallel`]): none in a whole model.
+    pub(crate) vocab: Option<std::rc::Rc<dyn VocabParallel<T>>>,
     pub(crate) form: Form,
     pub(crate) own: C,
 }
@@ -697,6 +717,7 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
             blocks,
             ln_f,
             head,
+            vocab: None,
             form: Form::of(cfg),
             own,
         })
@@ -710,6 +731,14 @@ impl<T: TensorOps, R, C> Transformer<T, R, C> {
         for b in &mut self.blocks {
             b.tp = Some(tp.clone());
         }
+        self
+    }
+
+    /// The model with Megatron's vocab-parallel embedding, head and loss ([`VocabParallel`]):
+    /// its token table (and head) must hold one rank's run of the vocabulary (`memfit ranks
+    /// --tp`).
+    pub fn with_vocab_parallel(mut self, vocab: std::rc::Rc<dyn VocabParallel<T>>) -> Self {
+        self.vocab = Some(vocab);
         self
     }
 
@@ -985,6 +1014,7 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
             blocks,
             ln_f,
             head,
+            vocab: self.vocab.clone(),
             form: self.form,
             own,
         })
@@ -1025,7 +1055,10 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
 
     /// The token embedding of `tokens` (Gemma: times √H, the unscaled rows freed).
     fn tokens(&self, wte: &T, tokens: &T) -> Result<T> {
-        let e = tensor_ops::embedding(wte, tokens)?;
+        let e = match &self.vocab {
+            Some(v) => v.embed(wte, tokens)?,
+            None => tensor_ops::embedding(wte, tokens)?,
+        };
         match self.form.embed_scale {
             None => Ok(e),
             Some(s) => {
@@ -1234,7 +1267,10 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
     /// its weight gradient (`V·H`, the embedding's when tied) is written once.
     pub fn head_forward(&self, x: &T) -> Result<T> {
         let x = match self.stem {
-            Stem::Tokens(_) => self.ln_f.forward(x)?,
+            Stem::Tokens(_) => match &self.vocab {
+                Some(v) => v.enter(self.ln_f.forward(x)?)?,
+                None => self.ln_f.forward(x)?,
+            },
             Stem::Patches { .. } => self.ln_f.forward(&x.narrow(1, 0, 1)?.contiguous()?)?,
         };
         let logits = self.head.forward(&x)?;
@@ -1251,6 +1287,9 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
 
     /// [`loss_with`] the model's kernels ([`super::kernels::cross_entropy`] when fused).
     pub fn train_loss(&self, logits: &T, targets: &T) -> Result<T> {
+        if let Some(v) = &self.vocab {
+            return v.loss(logits, targets);
+        }
         loss_with(self.form.kernels, logits, targets)
     }
 }

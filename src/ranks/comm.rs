@@ -16,6 +16,9 @@ pub trait Comm {
     fn size(&self) -> usize;
     /// `recv[i] = Σ over ranks of send[i]`, on every rank.
     fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]);
+    /// `recv[i] = max over ranks of send[i]`, on every rank (the vocab-parallel loss's row
+    /// maxima).
+    fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]);
     /// `recv[i] = Σ over ranks of send[i]` on `root` (`recv` is `Some` there, `None` elsewhere).
     fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>);
     /// `buf` of `root` copied into `buf` of every rank, in place.
@@ -62,6 +65,9 @@ impl Comm for Solo {
         1
     }
     fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]) {
         recv.copy_from_slice(send);
     }
     fn reduce_sum(&self, _root: usize, send: &[f32], recv: Option<&mut [f32]>) {
@@ -167,6 +173,10 @@ mod mpi_comm {
         fn all_reduce_sum(&self, send: &[f32], recv: &mut [f32]) {
             self.world
                 .all_reduce_into(send, recv, SystemOperation::sum());
+        }
+        fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]) {
+            self.world
+                .all_reduce_into(send, recv, SystemOperation::max());
         }
         fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>) {
             let p = self.world.process_at_rank(root as i32);

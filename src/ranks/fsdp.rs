@@ -674,7 +674,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         world.size()
     );
     if tp > 1 {
-        super::tensor::check_tp(case, tp)?;
+        super::tensor::check_tp_training(case, tp)?;
     }
     let (tp_group, dp_group) = match tp {
         1 => (None, None),
@@ -720,14 +720,13 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
             (tokens, targets, varmap, model, vars, None)
         }
         Some(group) => {
-            let start = super::tensor::start_shard(case, group, base, &mut measured)?;
-            let model = start
-                .model
-                .with_collectives(Rc::new(super::tensor::Megatron {
-                    f_all_reduce: plan.f_all_reduce,
-                    g_all_reduce: true,
-                    release: case.cfg.kernels.fused(),
-                }));
+            let start = super::tensor::start_shard(case, group, base, true, &mut measured)?;
+            let model = super::tensor::megatron_rank(
+                start.model,
+                case,
+                &plan,
+                (group.rank(), group.size()),
+            );
             (
                 start.tokens,
                 start.targets,
@@ -885,7 +884,7 @@ fn states(
 ) -> anyhow::Result<States> {
     let shape = Shape::of(case);
     let p = shape.params();
-    // Beside tp: the tp rank's states (Megatron's, plus the replicated vocabulary) sharded.
+    // Beside tp: the tp rank's states (Megatron's vocab-parallel rank) sharded.
     let states = if plan.tp > 1 {
         super::tensor::predicted_f32_tp_states(case, plan.tp)?
     } else {

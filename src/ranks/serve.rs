@@ -135,7 +135,7 @@ pub fn run_serve_rank(
         varmap,
         model,
         ..
-    } = start_shard(case, &comm, &super::comm::Solo, &mut measured)?;
+    } = start_shard(case, &comm, &super::comm::Solo, false, &mut measured)?;
     // The serving copy (views of the same storage: nothing allocated), made before the windows.
     let serving = model.detached().with_collectives(Rc::new(Megatron {
         f_all_reduce: true,
@@ -189,7 +189,7 @@ pub fn run_serve_rank(
         predicted_kv_cache_bytes_after_decode: per_token * decoded,
         logits_rel_diff,
     };
-    let (weights, _, _) = super::tensor::predicted_tp_states(case, tp, (4, 0, 0))?;
+    let (weights, _, _) = super::tensor::predicted_tp_states(case, tp, (4, 0, 0), false)?;
     let states = States {
         weights_bytes: windows[0].retained_bytes,
         gradient_bytes: 0,

@@ -5,10 +5,16 @@
 //!   (its `A/N` query heads, its `G/N` K/V heads — K/V heads not divisible by `N` are refused,
 //!   not replicated —, its `I/N` columns of the MLP);
 //! - o and down are row-parallel: rank `r` holds the matching columns;
-//! - the norms, the token table and the head are replicated (their gradients come out equal on
-//!   every rank, so nothing is reduced): memfit's rank holds `(V − ⌈V/N⌉)·H` more elements of
-//!   the table (and of an untied head) than Megatron's vocab-parallel rank, with their gradients
-//!   and optimizer state.
+//! - the token table and the head are vocab-parallel (Megatron's `VocabParallelEmbedding`, a
+//!   column-parallel head and `vocab_parallel_cross_entropy`; [`MegatronVocab`]): rank `r`
+//!   holds rows `r·V/N..(r+1)·V/N` of each (of the one table when tied), looks up the tokens
+//!   in its run (zeros for the others) and sums the rows over the group (`g`), enters the head
+//!   through `f`, and its loss takes the whole vocabulary's log-sum-exp from the group's
+//!   row maxima and sums (one `N`-float all-reduce each) before its part of the mean is
+//!   summed (`g` on the scalar). `V` must split into `N` equal runs (refused otherwise:
+//!   Megatron pads it);
+//! - the norms are replicated (their gradients come out equal on every rank, so nothing is
+//!   reduced).
 //!
 //! The block is the model's own ([`crate::model::transformer::Block`]), built from a
 //! [`Config`](crate::model::transformer::Config) of the shard's widths, with Megatron's
@@ -51,7 +57,7 @@ use crate::formula::parallel::{self, Layout as ParallelLayout};
 use crate::formula::transformer::Shape as FormulaShape;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
 use crate::model::tensor_parallel::CollectiveOps;
-pub use crate::model::tensor_parallel::Megatron;
+pub use crate::model::tensor_parallel::{Megatron, MegatronVocab};
 use crate::model::transformer::{Transformer, synthetic_batch};
 use crate::optim::inplace::Stepper;
 use crate::workload::Case;
@@ -187,6 +193,35 @@ impl CollectiveOps for Tensor {
     fn tp_reduce(&self, reduce: bool) -> Result<Tensor> {
         self.apply_op1(ReduceOp { reduce })
     }
+
+    fn tp_logsumexp(&self) -> Result<Tensor> {
+        let x = self.contiguous()?;
+        let (n, v) = x.dims2()?;
+        let lse = {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                candle_core::bail!("ranks --tp: collectives run on the CPU")
+            };
+            let data = f32_data(cpu, layout)?;
+            let mut local: Vec<f32> = data
+                .chunks(v)
+                .map(|r| r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)))
+                .collect();
+            let mut max = vec![0f32; n];
+            with_group(|c| c.all_reduce_max(&local, &mut max))?;
+            for ((s, r), m) in local.iter_mut().zip(data.chunks(v)).zip(&max) {
+                *s = r.iter().map(|x| (x - m).exp()).sum();
+            }
+            let mut lse = vec![0f32; n];
+            all_reduce(&local, &mut lse)?;
+            drop(local);
+            for (l, m) in lse.iter_mut().zip(&max) {
+                *l = m + l.ln();
+            }
+            lse
+        };
+        Tensor::from_vec(lse, (n, 1), self.device())
+    }
 }
 
 /// Refuses what tensor parallelism on ranks does not run, by name (beside
@@ -245,10 +280,27 @@ pub fn check_tp(case: &Case, tp: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`check_tp`] for a training rank, which also splits the vocabulary: `V` must split into
+/// `tp` equal runs (Megatron pads it to a multiple of `128·tp`; memfit's ranks refuse rather
+/// than pad, so that the check compares every row with the single process's).
+pub fn check_tp_training(case: &Case, tp: usize) -> anyhow::Result<()> {
+    check_tp(case, tp)?;
+    let v = case.cfg.vocab;
+    ensure!(
+        v.is_multiple_of(tp),
+        "ranks --tp {tp}: the vocabulary {v} does not split into {tp} equal runs (the token table and head are vocab-parallel; pad it, as Megatron does, with --vocab a multiple of {tp})"
+    );
+    Ok(())
+}
+
 /// The case a rank of `tp` runs: the shard's widths (heads, K/V heads and the MLP's width
-/// over `tp`; the hidden size, the heads' width and the vocabulary whole).
-pub fn shard_case(case: &Case, tp: usize) -> Case {
+/// over `tp`; with `vocab`, the training rank's, the vocabulary too; the hidden size and the
+/// heads' width whole).
+pub fn shard_case(case: &Case, tp: usize, vocab: bool) -> Case {
     let mut cfg = case.cfg.clone();
+    if vocab {
+        cfg.vocab /= tp;
+    }
     cfg.heads /= tp;
     if let Some(l) = cfg.llama.as_mut() {
         l.kv_heads /= tp;
@@ -302,6 +354,27 @@ pub(super) fn fill_shard(
     Ok(())
 }
 
+/// A training rank's model: Megatron's `f` and `g` around its blocks' sublayers and its
+/// vocab-parallel embedding, head and loss (its run of the vocabulary from `rank·V/tp`).
+pub(super) fn megatron_rank(
+    model: Transformer,
+    case: &Case,
+    plan: &Plan,
+    (rank, tp): (usize, usize),
+) -> Transformer {
+    let megatron = Megatron {
+        f_all_reduce: plan.f_all_reduce,
+        g_all_reduce: true,
+        release: case.cfg.kernels.fused(),
+    };
+    model
+        .with_collectives(Rc::new(megatron))
+        .with_vocab_parallel(Rc::new(MegatronVocab {
+            start: rank * case.cfg.vocab / tp,
+            megatron,
+        }))
+}
+
 /// What a tensor-parallel rank (training or serving) starts from: its shard's case, its
 /// membership of the group, the batch every rank runs, and its shard built in the `init` window
 /// (pushed onto `measured`) and filled with its slice of the whole model.
@@ -317,15 +390,17 @@ pub(super) struct ShardStart {
 
 /// The warm-up (the shard's first-use allocations, the library's first all-reduce), the group
 /// joined, the batch of `B` rows (every rank the same: tensor parallelism splits the model, not
-/// the data), then the `init` window and the shard's fill.
+/// the data), then the `init` window and the shard's fill. `vocab`: the training rank's
+/// vocab-parallel table and head ([`shard_case`]).
 pub(super) fn start_shard(
     case: &Case,
     comm: &Rc<dyn Comm>,
     dp: &dyn Comm,
+    vocab: bool,
     measured: &mut Vec<super::Measured>,
 ) -> anyhow::Result<ShardStart> {
     let (rank, tp) = (comm.rank(), comm.size());
-    let shard = shard_case(case, tp);
+    let shard = shard_case(case, tp, vocab);
     let device = Device::Cpu;
     crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
     {
@@ -392,7 +467,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     let (world_rank, world) = (comm.rank(), comm.size());
     let tp = plan.tp;
     super::check_case(case, plan.zero)?;
-    check_tp(case, tp)?;
+    check_tp_training(case, tp)?;
     ensure!(
         world.is_multiple_of(tp),
         "ranks --tp {tp}: launched on {world} ranks, not a multiple of {tp} (mpirun -np {tp} or a multiple: tp × data-parallel replicas)"
@@ -408,12 +483,8 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         varmap,
         model,
         vars,
-    } = start_shard(case, &tp_comm, dp_comm.as_ref(), &mut measured)?;
-    let model = model.with_collectives(Rc::new(Megatron {
-        f_all_reduce: plan.f_all_reduce,
-        g_all_reduce: true,
-        release: case.cfg.kernels.fused(),
-    }));
+    } = start_shard(case, &tp_comm, dp_comm.as_ref(), true, &mut measured)?;
+    let model = megatron_rank(model, case, &plan, (rank, tp));
     let step = super::Step {
         model: &model,
         vars: &vars,
@@ -521,8 +592,8 @@ pub(super) fn check_weights(
     })
 }
 
-/// The replay's shape of a rank of `tp`: `formula::parallel::shard` (heads, K/V heads and the
-/// MLP's width over `tp`) with the vocabulary whole, as the rank holds it.
+/// The replay's shape of a serving rank of `tp`: `formula::parallel::shard` (heads, K/V heads
+/// and the MLP's width over `tp`) with the vocabulary whole, as the serving rank holds it.
 pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     let whole = FormulaShape::of(case);
     let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
@@ -532,14 +603,18 @@ pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     })
 }
 
-/// The replay's shape of a training rank of `tp`: the shard's ([`rank_shape`]) with
-/// Megatron's collectives around its sublayers, as the rank runs them (`f` a copy whose
-/// backward all-reduces into a fresh gradient, `g` a fresh output), in its forward, its
-/// recomputed segments and its serving copy alike.
+/// The replay's shape of a training rank of `tp`: `formula::parallel::shard` (its run of
+/// the vocabulary too) with Megatron's collectives around its sublayers, as the rank runs
+/// them (`f` a copy whose backward all-reduces into a fresh gradient, `g` a fresh output), in
+/// its forward and its recomputed segments alike, and its vocab-parallel embedding, head and
+/// loss.
 pub fn train_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
+    let whole = FormulaShape::of(case);
+    let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
     Ok(FormulaShape {
         tp_collectives: true,
-        ..rank_shape(case, tp)?
+        vocab_parallel: true,
+        ..shard
     })
 }
 
@@ -567,29 +642,31 @@ pub fn predict_tp_windows(
     Ok(w)
 }
 
-/// Elements of the token table (and of an untied head) a rank of `tp` holds beyond Megatron's
-/// (and vLLM's) vocab-parallel rank: `(V − ⌈V/tp⌉)·H` a table.
+/// Elements of the token table (and of an untied head) a serving rank of `tp` holds beyond
+/// vLLM's vocab-parallel rank: `(V − ⌈V/tp⌉)·H` a table.
 pub fn replicated_vocab_elems(case: &Case, tp: usize) -> u64 {
     let (v, h) = (case.cfg.vocab as u64, case.cfg.hidden as u64);
     let tables = if case.cfg.tied { 1 } else { 2 };
     (v - v.div_ceil(tp as u64)) * h * tables
 }
 
-/// [`predicted_tp_states`] at the ranks' rates: f32 weights and gradients, the optimizer's
-/// f32 state.
+/// [`predicted_tp_states`] of a training rank (vocab-parallel) at the ranks' rates: f32
+/// weights and gradients, the optimizer's f32 state.
 pub(super) fn predicted_f32_tp_states(case: &Case, tp: usize) -> anyhow::Result<(u64, u64, u64)> {
     let rates = parallel::rates(4, case.optimizer)
         .context("ranks --tp: an optimizer of whole bytes per parameter")?;
-    predicted_tp_states(case, tp, rates)
+    predicted_tp_states(case, tp, rates, true)
 }
 
 /// A rank of `tp`'s (weights, gradients, optimizer state) bytes at `rates` bytes a parameter:
-/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank) plus the
-/// [`replicated_vocab_elems`] this rank holds whole.
+/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank), plus, unless `vocab`
+/// (a training rank: its table and head split as Megatron's), the [`replicated_vocab_elems`]
+/// a serving rank holds whole.
 pub fn predicted_tp_states(
     case: &Case,
     tp: usize,
     rates: (u64, u64, u64),
+    vocab: bool,
 ) -> anyhow::Result<(u64, u64, u64)> {
     let layout = ParallelLayout {
         tp,
@@ -597,7 +674,11 @@ pub fn predicted_tp_states(
     };
     let megatron = parallel::stage_ranks(&case.cfg, &layout, rates, false);
     let r = megatron.first().context("ranks --tp: no stage")?;
-    let extra = replicated_vocab_elems(case, tp);
+    let extra = if vocab {
+        0
+    } else {
+        replicated_vocab_elems(case, tp)
+    };
     let (we, ge, oe) = rates;
     Ok((
         r.weights_bytes + we * extra,

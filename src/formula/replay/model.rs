@@ -9,7 +9,7 @@ use std::rc::Rc;
 use super::*;
 use crate::model::config::Config;
 use crate::model::shapes::RopeScaling;
-use crate::model::tensor_parallel::{CollectiveOps, Megatron};
+use crate::model::tensor_parallel::{CollectiveOps, Megatron, MegatronVocab};
 use crate::model::weights::Weights;
 use candle_nn::Init;
 
@@ -210,6 +210,17 @@ impl Transformer {
                 release: shape.kernels.fused(),
             }));
         }
+        // Its run of the vocabulary: Megatron's vocab-parallel embedding, head and loss.
+        if shape.vocab_parallel {
+            model = model.with_vocab_parallel(Rc::new(MegatronVocab {
+                start: 0,
+                megatron: Megatron {
+                    f_all_reduce: true,
+                    g_all_reduce: true,
+                    release: shape.kernels.fused(),
+                },
+            }));
+        }
         model
     }
 }
@@ -225,5 +236,17 @@ impl CollectiveOps for Sym {
 
     fn tp_reduce(&self, _reduce: bool) -> candle_core::Result<Sym> {
         Ok(self.tp_reduce_op())
+    }
+
+    /// `ranks::tensor`'s: the rows' maxima and the group's, then the sums (in the first
+    /// vector) and their reduction into the output's vector: three `N` f32 vectors on the host
+    /// at once, the last kept as the `(N, 1)` tensor.
+    fn tp_logsumexp(&self) -> candle_core::Result<Sym> {
+        let n = self.dims()[0];
+        let ledger = self.ledger();
+        let (local, max) = (ledger.host(4 * n), ledger.host(4 * n));
+        let lse = Sym::new(ledger, &[n, 1], DType::F32);
+        drop((local, max));
+        Ok(lse)
     }
 }

@@ -203,6 +203,29 @@ impl Graph for Sym {
         drop((idx, src));
         Ok(self)
     }
+    /// `VocabRowsGradOp`: the gradient made contiguous, one fresh `(rows, H)`.
+    fn vocab_rows_grad(
+        grad: &Self,
+        _ids: &Self,
+        rows: usize,
+        _start: usize,
+    ) -> candle_core::Result<Self> {
+        let g = grad.contiguous();
+        let h = *g.dims().last().expect("a gradient has a dimension");
+        let out = Sym::new(g.ledger(), &[rows, h], g.dtype());
+        drop(g);
+        Ok(out)
+    }
+    /// `VocabCeGradOp`: one fresh tensor of the logits' shape and type.
+    fn vocab_ce_grad(
+        x: &Self,
+        _targets: &Self,
+        _lse: &Self,
+        _grad: &Self,
+        _start: usize,
+    ) -> candle_core::Result<Self> {
+        Ok(Sym::new(x.ledger(), x.dims(), x.dtype()))
+    }
 }
 
 /// How `FrozenWeight` holds a frozen weight.
@@ -320,6 +343,14 @@ impl crate::model::tensor_ops::TensorOps for Sym {
             Kernel::AttnProbs { .. } | Kernel::TiledAttention { .. } => {
                 candle_core::bail!("{k:?} is applied by its attention, not through `kernel`")
             }
+            // The looked-up rows `(n, H)` of the table's type.
+            Kernel::VocabEmbedding { .. } => {
+                let h = a[0].dims()[1];
+                let mut dims = a[1].dims().to_vec();
+                dims.push(h);
+                Sym::kernel(k, a, &dims, a[0].dtype())
+            }
+            Kernel::VocabCrossEntropy { .. } => Sym::kernel(k, a, &[], a[0].dtype()),
             // Element-wise on the first arg: norms, activations, the rotary embedding.
             _ => Sym::kernel(k, a, a[0].dims(), a[0].dtype()),
         })

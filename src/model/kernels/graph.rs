@@ -117,6 +117,20 @@ pub trait Graph: Clone + Sized {
     /// fresh and unshared, `targets (N)` u32): candle's `scatter_add_set` of a `(N, 1)` f32
     /// tensor of −1 (converted to `self`'s type).
     fn minus_one_at(self, targets: &Self) -> Result<Self>;
+    /// The vocab-parallel table's gradient ([`super::Kernel::VocabEmbedding`]): `(rows, H)`
+    /// zeros with each row of `grad (…, H)` (made contiguous first) added at its id less
+    /// `start` where that is one of the rows: one fresh tensor (`kernels::vocab::VocabRowsGradOp`).
+    fn vocab_rows_grad(grad: &Self, ids: &Self, rows: usize, start: usize) -> Result<Self>;
+    /// The vocab-parallel loss's logits gradient ([`super::Kernel::VocabCrossEntropy`]) from
+    /// the loss's scalar gradient `grad`: `grad/N·(exp(x − lse) − 1 at the target less
+    /// start)`, one fresh `(N, rows)` in x's type (`kernels::vocab::VocabCeGradOp`).
+    fn vocab_ce_grad(
+        x: &Self,
+        targets: &Self,
+        lse: &Self,
+        grad: &Self,
+        start: usize,
+    ) -> Result<Self>;
 }
 
 impl Graph for Tensor {
@@ -293,5 +307,23 @@ impl Graph for Tensor {
         let src = Tensor::full(-1f32, idx.dims(), self.device())?.to_dtype(self.dtype())?;
         self.scatter_add_set(&idx, &src, 1)?;
         Ok(self)
+    }
+    fn vocab_rows_grad(grad: &Self, ids: &Self, rows: usize, start: usize) -> Result<Self> {
+        let g = grad.contiguous()?;
+        let h = g.dims().last().copied().unwrap_or(1);
+        let flat = g.reshape((g.elem_count() / h.max(1), h))?;
+        let out = flat.apply_op2_no_bwd(ids, &super::VocabRowsGradOp { rows, start });
+        drop((flat, g));
+        out
+    }
+    fn vocab_ce_grad(
+        x: &Self,
+        targets: &Self,
+        lse: &Self,
+        grad: &Self,
+        start: usize,
+    ) -> Result<Self> {
+        let scale = grad.to_scalar::<f32>()? / x.dim(0)? as f32;
+        x.apply_op3_no_bwd(targets, lse, &super::VocabCeGradOp { start, scale })
     }
 }

@@ -51,6 +51,7 @@ mod rotary;
 mod scatter;
 pub(crate) mod simd;
 pub mod tiled;
+mod vocab;
 
 pub use act::{gelu, oss_glu, silu_mul, silu_mul_holding};
 pub use attn::attn_probs;
@@ -60,6 +61,8 @@ pub use loss::{cross_entropy, cross_entropy_f32};
 pub use norm::{layer_norm, rms_norm, rms_normalise};
 pub use rotary::rotary;
 pub use scatter::scatter_rows;
+pub(crate) use vocab::{VocabCeGradOp, VocabRowsGradOp};
+pub use vocab::{vocab_cross_entropy, vocab_embedding};
 
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -177,6 +180,14 @@ pub enum Kernel {
         causal: bool,
         window: usize,
     },
+    /// Megatron's vocab-parallel lookup ([`vocab_embedding`]): args the rank's rows of the
+    /// table `(rows, H)` (the vocabulary's from `start`) and ids `(n)` u32 → `(n, H)`, zeros
+    /// where another rank holds the token.
+    VocabEmbedding { start: usize },
+    /// This rank's part of the vocab-parallel mean loss ([`vocab_cross_entropy`]): args the
+    /// rank's logits `(N, rows)`, targets `(N)` u32 and the whole vocabulary's log-sum-exp
+    /// `(N, 1)` (no gradient) → a scalar.
+    VocabCrossEntropy { start: usize },
 }
 
 /// `√(2/π)` and the cubic coefficient of the tanh GELU.
@@ -203,6 +214,8 @@ impl Kernel {
             Kernel::Exchange { .. } => "ep-exchange",
             Kernel::Rotary => "fused-rotary",
             Kernel::TiledAttention { .. } => "tiled-attention",
+            Kernel::VocabEmbedding { .. } => "tp-vocab-embedding",
+            Kernel::VocabCrossEntropy { .. } => "tp-vocab-cross-entropy",
         }
     }
 
@@ -278,6 +291,19 @@ impl Kernel {
                 Ok(vec![Some(dx), dw])
             }
             Kernel::Rotary => rotary_bwd(args[1], args[2], grad),
+            Kernel::VocabEmbedding { start } => {
+                let rows = args[0].dims()[0];
+                let dt = G::vocab_rows_grad(grad, &args[1].detach(), rows, start)?;
+                Ok(vec![Some(dt), None])
+            }
+            Kernel::VocabCrossEntropy { start } => {
+                let (x, t, lse) = (args[0].detach(), args[1].detach(), args[2].detach());
+                Ok(vec![
+                    Some(G::vocab_ce_grad(&x, &t, &lse, grad, start)?),
+                    None,
+                    None,
+                ])
+            }
             Kernel::TiledAttention {
                 scale,
                 causal,
