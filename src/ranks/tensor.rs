@@ -741,6 +741,48 @@ mod tests {
         }
     }
 
+    /// On a group of one rank holding the whole vocabulary, the vocab-parallel embedding, head
+    /// and loss are the model's own: the same loss and gradients to float rounding (the loss's
+    /// log-sum-exp is taken apart from the op), with every kernel set.
+    #[test]
+    fn vocab_parallel_on_one_rank_is_the_whole_model() {
+        for kernels in [Kernels::Fused, Kernels::Composed, Kernels::Transformers] {
+            let mut cfg = crate::model::llama::tiny();
+            cfg.kernels = kernels;
+            let varmap = VarMap::new();
+            let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+            let model = Transformer::new(&cfg, vb).unwrap();
+            let (tokens, targets) = synthetic_batch(2, 12, cfg.vocab, &Device::Cpu).unwrap();
+            let vars = named_vars(&varmap);
+            let run =
+                |m: &Transformer| crate::ranks::loss_and_gradients(m, &vars, &tokens, &targets);
+            let (loss, grads) = run(&model);
+            let _group = Group::join(Rc::new(Solo));
+            let megatron = Megatron {
+                f_all_reduce: true,
+                g_all_reduce: true,
+                release: kernels.fused(),
+            };
+            let split = model
+                .clone()
+                .with_collectives(Rc::new(megatron))
+                .with_vocab_parallel(Rc::new(MegatronVocab { start: 0, megatron }));
+            let (l, g) = run(&split);
+            assert!(
+                (l - loss).abs() <= 1e-6 * loss.abs(),
+                "{kernels:?}: {l} against {loss}"
+            );
+            for (a, b) in g.iter().zip(&grads) {
+                let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+                let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    d <= 1e-5 * scale,
+                    "{kernels:?}: a gradient {d} apart (scale {scale})"
+                );
+            }
+        }
+    }
+
     #[test]
     fn slices_split_the_one_longer_dimension() {
         let full = Tensor::arange(0f32, 24., &Device::Cpu)
