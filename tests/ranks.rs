@@ -570,8 +570,9 @@ fn tensor_parallel_beside_data_parallel_as_predicted_and_as_one_process() {
 /// Serving with tensor parallelism over 2 ranks (`--tp 2 --phases init,prefill,decode`), K/V
 /// heads grouped (4 over 2: one K/V head cached a rank): every window (the shard built, the
 /// prompt into the cache, 4 greedy tokens) within tolerance of the replay of the rank's shard
-/// with its collectives; each rank's cache half the whole model's, as predicted; the logits
-/// (the prefill's and a cached step's) those of one process's whole model. Without `g`'s
+/// with its collectives; each rank's weights vLLM's (the table and head vocab-parallel) and its
+/// cache half the whole model's, as predicted; the logits (the prefill's and a cached step's,
+/// gathered from the ranks' runs of the vocabulary) those of one process's whole model. Without `g`'s
 /// all-reduce each rank sums only its own heads and MLP columns, and the check says so.
 #[test]
 fn tensor_parallel_serving_on_two_ranks_as_predicted_and_as_one_process() {
@@ -595,6 +596,16 @@ fn tensor_parallel_serving_on_two_ranks_as_predicted_and_as_one_process() {
             );
             assert_retained(w, &format!("serve tp 2: rank {r} {name}"));
         }
+        // vLLM's vocab-parallel rank (`stage_ranks` at tp 2), plus the rotary tables and the
+        // tensors' bookkeeping (12,278 B); a replicated table and head would be 65,536 B more.
+        let (w, p) = (
+            i(&rep["states"]["weights_bytes"]),
+            i(&rep["states"]["predicted_weights_bytes"]),
+        );
+        assert!(
+            w >= p && w - p < 16_384,
+            "rank {r}: weights {w} B, vLLM's rank {p} B"
+        );
         assert_eq!(u(&s["kv_heads"]), 1);
         assert_eq!(u(&s["kv_bytes_per_token"]), 256);
         assert_eq!(u(&s["kv_cache_bytes_after_prefill"]), 256 * 2 * 24);

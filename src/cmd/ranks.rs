@@ -118,7 +118,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.tp
     );
     if args.tp > 1 {
-        ranks::tensor::check_tp_training(case, args.tp)?;
+        ranks::tensor::check_tp(case, args.tp)?;
     }
     ensure!(
         args.tp > 1 || !args.tp_skip_f_all_reduce,
@@ -293,7 +293,7 @@ fn serve(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} ranks, serving with tensor parallel over {} (each rank one shard and its K/V heads, every rank the same prompt; the token table and head replicated) ({}), {} B{} S{}, {} decode tokens, {} thread(s) a rank",
+        "{} ranks, serving with tensor parallel over {} (each rank one shard and its K/V heads, every rank the same prompt; the token table and head vocab-parallel, the logits gathered) ({}), {} B{} S{}, {} decode tokens, {} thread(s) a rank",
         doc.ranks.len(),
         args.tp,
         doc.mpi_library,

@@ -83,11 +83,13 @@ pub struct Shape {
     /// and `g` (each sublayer's partial output summed into a fresh tensor before the residual
     /// sum), as `ranks --tp` trains and serves (`--phases prefill,decode`) and vLLM serves.
     pub tp_collectives: bool,
-    /// A tensor-parallel training rank whose token table and head hold its run of the
+    /// The ranks of a tensor-parallel rank whose token table and head hold its run of the
     /// vocabulary (`v` is the run's length): Megatron's vocab-parallel embedding (the masked
     /// lookup, then `g`), `f` before the head and the vocab-parallel loss, as `ranks --tp`
-    /// trains ([`crate::model::transformer::VocabParallel`]).
-    pub vocab_parallel: bool,
+    /// trains, and the last positions' logits gathered, as it serves (vLLM's
+    /// `ParallelLMHead`; [`crate::model::transformer::VocabParallel`]).
+    /// `1`: the vocabulary whole.
+    pub vocab_parallel: usize,
 }
 
 impl Shape {
@@ -122,7 +124,7 @@ impl Shape {
             routing: None,
             worst_routing: false,
             tp_collectives: false,
-            vocab_parallel: false,
+            vocab_parallel: 1,
         }
     }
 
@@ -158,7 +160,7 @@ impl Shape {
             routing: None,
             worst_routing: false,
             tp_collectives: false,
-            vocab_parallel: false,
+            vocab_parallel: 1,
         }
     }
 

@@ -23,6 +23,10 @@ pub trait CollectiveOps: TensorOps {
     /// group, `max + ln(sum)`: a fresh `(N, 1)` f32 with no graph (three `N` vectors at once
     /// on the host while it is made).
     fn tp_logsumexp(&self) -> Result<Self>;
+    /// Every rank's `(…, n)` concatenated along the last dimension in rank order, `(…, N·n)`
+    /// (vLLM's `tensor_model_parallel_all_gather(x, dim=-1)`: the ranks' blocks gathered into a
+    /// `(N, …, n)` buffer, then moved into a fresh tensor; the buffer freed); no graph.
+    fn tp_gather_last(&self, tp: usize) -> Result<Self>;
 }
 
 /// Megatron's `f` and `g` around a block's sublayers.
@@ -70,6 +74,8 @@ impl<T: CollectiveOps> Collectives<T> for Megatron {
 ///   ([`Kernel::VocabEmbedding`]) then `g`; the partial rows released once summed (no backward
 ///   reads them) under `megatron.release`;
 /// - the head (a `ColumnParallelLinear` gathering nothing): `f` on the final norm's output;
+///   serving (vLLM's `ParallelLMHead` and `LogitsProcessor`) gathers the last positions'
+///   logits from every rank;
 /// - the loss (`vocab_parallel_cross_entropy`): the whole vocabulary's log-sum-exp over the
 ///   group ([`CollectiveOps::tp_logsumexp`]), this rank's part of the mean
 ///   ([`Kernel::VocabCrossEntropy`], whose node keeps the logits and the log-sum-exp), then
@@ -79,6 +85,8 @@ impl<T: CollectiveOps> Collectives<T> for Megatron {
 pub struct MegatronVocab {
     /// The first row of the vocabulary this rank holds.
     pub start: usize,
+    /// The ranks the vocabulary is split over (serving gathers their logits).
+    pub tp: usize,
     pub megatron: Megatron,
 }
 
@@ -98,6 +106,10 @@ impl<T: CollectiveOps> VocabParallel<T> for MegatronVocab {
 
     fn enter(&self, x: T) -> Result<T> {
         Collectives::<T>::enter(&self.megatron, x)
+    }
+
+    fn gather(&self, logits: T) -> Result<T> {
+        logits.tp_gather_last(self.tp)
     }
 
     fn loss(&self, logits: &T, targets: &T) -> Result<T> {

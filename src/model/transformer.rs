@@ -249,6 +249,9 @@ pub trait VocabParallel<T>: std::fmt::Debug {
     /// `f` on the final norm's output, before the column-parallel head (the norm's output may
     /// be released).
     fn enter(&self, x: T) -> Result<T>;
+    /// Serving: this rank's logits `(…, V/tp)` of the last positions gathered from every rank
+    /// into the whole vocabulary's `(…, V)`, for sampling.
+    fn gather(&self, logits: T) -> Result<T>;
     /// The mean cross-entropy over the whole vocabulary from this rank's logits `(B, S,
     /// V/tp)` against `targets (B, S)` u32, equal on every rank.
     fn loss(&self, logits: &T, targets: &T) -> Result<T>;
@@ -1162,6 +1165,10 @@ impl<T: TensorOps, R: Routing<T> + Clone, C> Transformer<T, R, C> {
         let last = x.narrow(1, s - 1, 1)?.contiguous()?;
         drop(x);
         let logits = self.head_forward(&last)?;
+        let logits = match &self.vocab {
+            Some(v) => v.gather(logits)?,
+            None => logits,
+        };
         logits.squeeze(1)
     }
 

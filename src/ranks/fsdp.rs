@@ -674,7 +674,7 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
         world.size()
     );
     if tp > 1 {
-        super::tensor::check_tp_training(case, tp)?;
+        super::tensor::check_tp(case, tp)?;
     }
     let (tp_group, dp_group) = match tp {
         1 => (None, None),
@@ -720,11 +720,11 @@ pub fn run_fsdp_rank(case: &Case, plan: Plan, comm: &dyn Comm) -> anyhow::Result
             (tokens, targets, varmap, model, vars, None)
         }
         Some(group) => {
-            let start = super::tensor::start_shard(case, group, base, true, &mut measured)?;
+            let start = super::tensor::start_shard(case, group, base, &mut measured)?;
             let model = super::tensor::megatron_rank(
                 start.model,
                 case,
-                &plan,
+                super::tensor::training_collectives(case, &plan),
                 (group.rank(), group.size()),
             );
             (

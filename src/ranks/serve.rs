@@ -14,11 +14,17 @@
 //! resident set beside, MPI's buffers in it) and predicted by the replay of the rank's shard
 //! with the same collectives ([`crate::formula::shape::Shape::tp_collectives`]).
 //!
-//! What is not vLLM's here, by name: the token table and the LM head are replicated (every
-//! rank computes all `V` logits), not vocab-parallel (`VocabParallelEmbedding`,
-//! `ParallelLMHead`: `⌈V/N⌉` rows a rank, the logits gathered for sampling); K/V heads that do
-//! not split into `N` equal parts are refused, not replicated; f32 on the CPU, no paged cache
-//! (the cache is candle's concatenated tensors, grown a token at a time).
+//! The token table and the LM head are vocab-parallel, as vLLM's `VocabParallelEmbedding` and
+//! `ParallelLMHead` hold them (the training rank's split, [`super::tensor::MegatronVocab`]):
+//! rank `r` holds rows `r·V/N..(r+1)·V/N`, looks up the tokens of its run (zeros for the
+//! others) and all-reduces the rows, and its head computes its `V/N` logits of the last
+//! positions, which every rank gathers (`LogitsProcessor`'s all-gather: the ranks' blocks into
+//! a `(N, B, V/N)` buffer, then moved into the `(B, V)` logits) before sampling.
+//!
+//! What is not vLLM's here, by name: K/V heads that do not split into `N` equal parts are
+//! refused, not replicated; a vocabulary that does not split into `N` equal runs is refused,
+//! not padded; f32 on the CPU, no paged cache (the cache is candle's concatenated tensors,
+//! grown a token at a time).
 
 use std::rc::Rc;
 
@@ -26,7 +32,7 @@ use anyhow::ensure;
 use candle_core::Tensor;
 
 use super::comm::Comm;
-use super::tensor::{Megatron, ShardStart, check_tp, rank_shape, start_shard};
+use super::tensor::{Megatron, ShardStart, check_tp, megatron_rank, start_shard, train_shape};
 use super::{RankReport, States, window};
 use crate::device::ServingWeights;
 use crate::meter::rusage::{vm_hwm_bytes, vm_rss_bytes};
@@ -67,7 +73,7 @@ pub struct ServeRank {
     pub kv_cache_bytes_after_decode: u64,
     pub predicted_kv_cache_bytes_after_decode: u64,
     /// `‖z_rank − z_single‖ / ‖z_single‖` over the prefill's logits (the last position, all
-    /// `V`: every rank holds them, the head being replicated) and one cached decode step's,
+    /// `V`: every rank gathers them from the ranks' runs) and one cached decode step's,
     /// against one process's whole model on the same prompt and token; `None` without
     /// `--check`.
     pub logits_rel_diff: Option<f64>,
@@ -135,13 +141,14 @@ pub fn run_serve_rank(
         varmap,
         model,
         ..
-    } = start_shard(case, &comm, &super::comm::Solo, false, &mut measured)?;
+    } = start_shard(case, &comm, &super::comm::Solo, &mut measured)?;
     // The serving copy (views of the same storage: nothing allocated), made before the windows.
-    let serving = model.detached().with_collectives(Rc::new(Megatron {
+    let megatron = Megatron {
         f_all_reduce: true,
         g_all_reduce: plan.g_all_reduce,
         release: case.cfg.kernels.fused(),
-    }));
+    };
+    let serving = megatron_rank(model.detached(), case, megatron, (rank, tp));
 
     // prefill, decode (as `memfit run`'s runner: `phase::generate`)
     let mut cache = KvCache::default();
@@ -189,7 +196,7 @@ pub fn run_serve_rank(
         predicted_kv_cache_bytes_after_decode: per_token * decoded,
         logits_rel_diff,
     };
-    let (weights, _, _) = super::tensor::predicted_tp_states(case, tp, (4, 0, 0), false)?;
+    let (weights, _, _) = super::tensor::predicted_tp_states(case, tp, (4, 0, 0))?;
     let states = States {
         weights_bytes: windows[0].retained_bytes,
         gradient_bytes: 0,
@@ -224,13 +231,11 @@ fn cache_bytes(cache: &KvCache) -> anyhow::Result<u64> {
         .sum())
 }
 
-/// The replay's shape of a serving rank of `tp`: the shard's ([`rank_shape`]: the vocabulary
-/// whole, as the rank holds it) with Megatron's collectives in its serving copy.
+/// The replay's shape of a serving rank of `tp`: the training rank's ([`train_shape`]: the
+/// shard with its collectives and its run of the vocabulary), whose serving replay gathers the
+/// last positions' logits.
 pub fn serve_shape(case: &Case, tp: usize) -> anyhow::Result<crate::formula::shape::Shape> {
-    Ok(crate::formula::shape::Shape {
-        tp_collectives: true,
-        ..rank_shape(case, tp)?
-    })
+    train_shape(case, tp)
 }
 
 /// Each window's (peak, retained) predicted for a serving rank of `tp`: `init` the shard's
@@ -275,6 +280,7 @@ fn check_logits(case: &Case, serving: &Transformer, tokens: &Tensor) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ranks::tensor::rank_shape;
     use crate::workload;
 
     fn case(toml: &str) -> Case {

@@ -194,6 +194,39 @@ impl CollectiveOps for Tensor {
         self.apply_op1(ReduceOp { reduce })
     }
 
+    fn tp_gather_last(&self, tp: usize) -> Result<Tensor> {
+        let x = self.contiguous()?;
+        let mut dims = x.dims().to_vec();
+        let n = *dims.last().expect("a tensor with a last dimension");
+        let out = {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                candle_core::bail!("ranks --tp: collectives run on the CPU")
+            };
+            let data = f32_data(cpu, layout)?;
+            with_group(|c| {
+                if c.size() != tp {
+                    candle_core::bail!(
+                        "ranks --tp: a gather over {tp} ranks in a group of {}",
+                        c.size()
+                    )
+                }
+                let mut blocks = vec![0f32; tp * data.len()];
+                c.all_gather_into(data, &mut blocks);
+                let mut out = vec![0f32; blocks.len()];
+                for (r, block) in blocks.chunks(data.len()).enumerate() {
+                    for (row, part) in block.chunks(n).enumerate() {
+                        let at = row * tp * n + r * n;
+                        out[at..at + n].copy_from_slice(part);
+                    }
+                }
+                Ok(out)
+            })??
+        };
+        *dims.last_mut().expect("a last dimension") *= tp;
+        Tensor::from_vec(out, dims, self.device())
+    }
+
     fn tp_logsumexp(&self) -> Result<Tensor> {
         let x = self.contiguous()?;
         let (n, v) = x.dims2()?;
@@ -277,14 +310,8 @@ pub fn check_tp(case: &Case, tp: usize) -> anyhow::Result<()> {
         "ranks --tp {tp}: the MLP's width {} does not split into {tp} equal parts",
         l.intermediate
     );
-    Ok(())
-}
-
-/// [`check_tp`] for a training rank, which also splits the vocabulary: `V` must split into
-/// `tp` equal runs (Megatron pads it to a multiple of `128·tp`; memfit's ranks refuse rather
-/// than pad, so that the check compares every row with the single process's).
-pub fn check_tp_training(case: &Case, tp: usize) -> anyhow::Result<()> {
-    check_tp(case, tp)?;
+    // Megatron and vLLM pad the vocabulary to a multiple of tp (and more); memfit's ranks
+    // refuse rather than pad, so that the checks compare every row with the single process's.
     let v = case.cfg.vocab;
     ensure!(
         v.is_multiple_of(tp),
@@ -293,14 +320,11 @@ pub fn check_tp_training(case: &Case, tp: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The case a rank of `tp` runs: the shard's widths (heads, K/V heads and the MLP's width
-/// over `tp`; with `vocab`, the training rank's, the vocabulary too; the hidden size and the
-/// heads' width whole).
-pub fn shard_case(case: &Case, tp: usize, vocab: bool) -> Case {
+/// The case a rank of `tp` runs: the shard's widths (heads, K/V heads, the MLP's width and the
+/// vocabulary over `tp`; the hidden size and the heads' width whole).
+pub fn shard_case(case: &Case, tp: usize) -> Case {
     let mut cfg = case.cfg.clone();
-    if vocab {
-        cfg.vocab /= tp;
-    }
+    cfg.vocab /= tp;
     cfg.heads /= tp;
     if let Some(l) = cfg.llama.as_mut() {
         l.kv_heads /= tp;
@@ -354,23 +378,30 @@ pub(super) fn fill_shard(
     Ok(())
 }
 
-/// A training rank's model: Megatron's `f` and `g` around its blocks' sublayers and its
-/// vocab-parallel embedding, head and loss (its run of the vocabulary from `rank·V/tp`).
-pub(super) fn megatron_rank(
-    model: Transformer,
-    case: &Case,
-    plan: &Plan,
-    (rank, tp): (usize, usize),
-) -> Transformer {
-    let megatron = Megatron {
+/// A training rank's collectives: `f`'s backward all-reduces (unless the plan's mutation),
+/// the tensors no backward reads released under memfit's kernels.
+pub(super) fn training_collectives(case: &Case, plan: &Plan) -> Megatron {
+    Megatron {
         f_all_reduce: plan.f_all_reduce,
         g_all_reduce: true,
         release: case.cfg.kernels.fused(),
-    };
+    }
+}
+
+/// A rank's model (training, or serving: `model` detached): `megatron`'s `f` and `g` around
+/// its blocks' sublayers and its vocab-parallel embedding, head and loss (its run of the
+/// vocabulary from `rank·V/tp`; serving gathers the logits).
+pub(super) fn megatron_rank(
+    model: Transformer,
+    case: &Case,
+    megatron: Megatron,
+    (rank, tp): (usize, usize),
+) -> Transformer {
     model
         .with_collectives(Rc::new(megatron))
         .with_vocab_parallel(Rc::new(MegatronVocab {
             start: rank * case.cfg.vocab / tp,
+            tp,
             megatron,
         }))
 }
@@ -390,17 +421,15 @@ pub(super) struct ShardStart {
 
 /// The warm-up (the shard's first-use allocations, the library's first all-reduce), the group
 /// joined, the batch of `B` rows (every rank the same: tensor parallelism splits the model, not
-/// the data), then the `init` window and the shard's fill. `vocab`: the training rank's
-/// vocab-parallel table and head ([`shard_case`]).
+/// the data), then the `init` window and the shard's fill.
 pub(super) fn start_shard(
     case: &Case,
     comm: &Rc<dyn Comm>,
     dp: &dyn Comm,
-    vocab: bool,
     measured: &mut Vec<super::Measured>,
 ) -> anyhow::Result<ShardStart> {
     let (rank, tp) = (comm.rank(), comm.size());
-    let shard = shard_case(case, tp, vocab);
+    let shard = shard_case(case, tp);
     let device = Device::Cpu;
     crate::phase::runner::warm_up(&shard, &device).context("the warm-up step")?;
     {
@@ -467,7 +496,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
     let (world_rank, world) = (comm.rank(), comm.size());
     let tp = plan.tp;
     super::check_case(case, plan.zero)?;
-    check_tp_training(case, tp)?;
+    check_tp(case, tp)?;
     ensure!(
         world.is_multiple_of(tp),
         "ranks --tp {tp}: launched on {world} ranks, not a multiple of {tp} (mpirun -np {tp} or a multiple: tp × data-parallel replicas)"
@@ -483,8 +512,8 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         varmap,
         model,
         vars,
-    } = start_shard(case, &tp_comm, dp_comm.as_ref(), true, &mut measured)?;
-    let model = megatron_rank(model, case, &plan, (rank, tp));
+    } = start_shard(case, &tp_comm, dp_comm.as_ref(), &mut measured)?;
+    let model = megatron_rank(model, case, training_collectives(case, &plan), (rank, tp));
     let step = super::Step {
         model: &model,
         vars: &vars,
@@ -592,29 +621,22 @@ pub(super) fn check_weights(
     })
 }
 
-/// The replay's shape of a serving rank of `tp`: `formula::parallel::shard` (heads, K/V heads
-/// and the MLP's width over `tp`) with the vocabulary whole, as the serving rank holds it.
+/// The replay's shape of a rank of `tp`'s shard: `formula::parallel::shard` (heads, K/V heads,
+/// the MLP's width and the vocabulary over `tp`), without its collectives.
 pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
     let whole = FormulaShape::of(case);
-    let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
-    Ok(FormulaShape {
-        v: whole.v,
-        ..shard
-    })
+    parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)
 }
 
-/// The replay's shape of a training rank of `tp`: `formula::parallel::shard` (its run of
-/// the vocabulary too) with Megatron's collectives around its sublayers, as the rank runs
-/// them (`f` a copy whose backward all-reduces into a fresh gradient, `g` a fresh output), in
-/// its forward and its recomputed segments alike, and its vocab-parallel embedding, head and
-/// loss.
+/// The replay's shape of a rank of `tp` ([`rank_shape`]) with Megatron's collectives around
+/// its sublayers, as the rank runs them (`f` a copy whose backward all-reduces into a fresh
+/// gradient, `g` a fresh output), in its forward, its recomputed segments and its serving copy
+/// alike, and its vocab-parallel embedding, head and loss (serving: the logits gathered).
 pub fn train_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
-    let whole = FormulaShape::of(case);
-    let shard = parallel::shard(&whole, tp, case.cfg.layers).map_err(anyhow::Error::msg)?;
     Ok(FormulaShape {
         tp_collectives: true,
-        vocab_parallel: true,
-        ..shard
+        vocab_parallel: tp,
+        ..rank_shape(case, tp)?
     })
 }
 
@@ -642,31 +664,21 @@ pub fn predict_tp_windows(
     Ok(w)
 }
 
-/// Elements of the token table (and of an untied head) a serving rank of `tp` holds beyond
-/// vLLM's vocab-parallel rank: `(V − ⌈V/tp⌉)·H` a table.
-pub fn replicated_vocab_elems(case: &Case, tp: usize) -> u64 {
-    let (v, h) = (case.cfg.vocab as u64, case.cfg.hidden as u64);
-    let tables = if case.cfg.tied { 1 } else { 2 };
-    (v - v.div_ceil(tp as u64)) * h * tables
-}
-
-/// [`predicted_tp_states`] of a training rank (vocab-parallel) at the ranks' rates: f32
-/// weights and gradients, the optimizer's f32 state.
+/// [`predicted_tp_states`] at the ranks' rates: f32 weights and gradients, the optimizer's
+/// f32 state.
 pub(super) fn predicted_f32_tp_states(case: &Case, tp: usize) -> anyhow::Result<(u64, u64, u64)> {
     let rates = parallel::rates(4, case.optimizer)
         .context("ranks --tp: an optimizer of whole bytes per parameter")?;
-    predicted_tp_states(case, tp, rates, true)
+    predicted_tp_states(case, tp, rates)
 }
 
 /// A rank of `tp`'s (weights, gradients, optimizer state) bytes at `rates` bytes a parameter:
-/// [`parallel::stage_ranks`] at `tp` (Megatron's vocab-parallel rank), plus, unless `vocab`
-/// (a training rank: its table and head split as Megatron's), the [`replicated_vocab_elems`]
-/// a serving rank holds whole.
+/// [`parallel::stage_ranks`] at `tp` (Megatron's, and vLLM's, vocab-parallel rank, which the
+/// rank is).
 pub fn predicted_tp_states(
     case: &Case,
     tp: usize,
     rates: (u64, u64, u64),
-    vocab: bool,
 ) -> anyhow::Result<(u64, u64, u64)> {
     let layout = ParallelLayout {
         tp,
@@ -674,17 +686,7 @@ pub fn predicted_tp_states(
     };
     let megatron = parallel::stage_ranks(&case.cfg, &layout, rates, false);
     let r = megatron.first().context("ranks --tp: no stage")?;
-    let extra = if vocab {
-        0
-    } else {
-        replicated_vocab_elems(case, tp)
-    };
-    let (we, ge, oe) = rates;
-    Ok((
-        r.weights_bytes + we * extra,
-        r.gradient_bytes + ge * extra,
-        r.optimizer_state_bytes + oe * extra,
-    ))
+    Ok((r.weights_bytes, r.gradient_bytes, r.optimizer_state_bytes))
 }
 
 /// The model states entering the optimizer, measured from the windows and predicted by
@@ -766,7 +768,11 @@ mod tests {
             let split = model
                 .clone()
                 .with_collectives(Rc::new(megatron))
-                .with_vocab_parallel(Rc::new(MegatronVocab { start: 0, megatron }));
+                .with_vocab_parallel(Rc::new(MegatronVocab {
+                    start: 0,
+                    tp: 1,
+                    megatron,
+                }));
             let (l, g) = run(&split);
             assert!(
                 (l - loss).abs() <= 1e-6 * loss.abs(),

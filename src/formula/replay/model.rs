@@ -211,9 +211,10 @@ impl Transformer {
             }));
         }
         // Its run of the vocabulary: Megatron's vocab-parallel embedding, head and loss.
-        if shape.vocab_parallel {
+        if shape.vocab_parallel > 1 {
             model = model.with_vocab_parallel(Rc::new(MegatronVocab {
                 start: 0,
+                tp: shape.vocab_parallel,
                 megatron: Megatron {
                     f_all_reduce: true,
                     g_all_reduce: true,
@@ -241,6 +242,18 @@ impl CollectiveOps for Sym {
     /// `ranks::tensor`'s: the rows' maxima and the group's, then the sums (in the first
     /// vector) and their reduction into the output's vector: three `N` f32 vectors on the host
     /// at once, the last kept as the `(N, 1)` tensor.
+    /// `ranks::tensor`'s: the gathered blocks on the host beside the fresh output, then freed.
+    fn tp_gather_last(&self, tp: usize) -> candle_core::Result<Sym> {
+        let ledger = self.ledger();
+        let mut dims = self.dims().to_vec();
+        let len: usize = dims.iter().product();
+        let blocks = ledger.host(4 * tp * len);
+        *dims.last_mut().expect("a last dimension") *= tp;
+        let out = Sym::new(ledger, &dims, DType::F32);
+        drop(blocks);
+        Ok(out)
+    }
+
     fn tp_logsumexp(&self) -> candle_core::Result<Sym> {
         let n = self.dims()[0];
         let ledger = self.ledger();
