@@ -318,6 +318,7 @@ pub fn serve_rank_ep(
         let served = match parallel::shard(shape, tp, shape.l as usize) {
             Ok(s) => Shape {
                 tp_collectives: tp > 1,
+                vocab_parallel: tp,
                 ..s
             },
             Err(why) => {
@@ -374,6 +375,7 @@ fn ep_shard(shape: &Shape, tp: usize, dp: usize) -> Result<Shape, String> {
     Ok(Shape {
         llama: Some(llama),
         tp_collectives: true,
+        vocab_parallel: tp,
         ..attention
     })
 }

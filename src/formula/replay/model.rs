@@ -239,21 +239,30 @@ impl CollectiveOps for Sym {
         Ok(self.tp_reduce_op())
     }
 
-    /// `ranks::tensor`'s: the rows' maxima and the group's, then the sums (in the first
-    /// vector) and their reduction into the output's vector: three `N` f32 vectors on the host
-    /// at once, the last kept as the `(N, 1)` tensor.
-    /// `ranks::tensor`'s: the gathered blocks on the host beside the fresh output, then freed.
+    /// `ranks::tensor`'s: the gathered blocks on the host beside the fresh output, then freed
+    /// (vLLM's all-gather: its `(N, …)` buffer and the moved copy).
     fn tp_gather_last(&self, tp: usize) -> candle_core::Result<Sym> {
         let ledger = self.ledger();
         let mut dims = self.dims().to_vec();
         let len: usize = dims.iter().product();
-        let blocks = ledger.host(4 * tp * len);
+        // On a GPU the buffer is a device tensor (vLLM's `torch.empty`); on the ranks a host
+        // vector.
+        let blocks = match ledger.cuda.get() {
+            true => (Some(Sym::new(ledger, &[tp * len], self.dtype())), None),
+            false => (
+                None,
+                Some(ledger.host(self.dtype().size() as usize * tp * len)),
+            ),
+        };
         *dims.last_mut().expect("a last dimension") *= tp;
-        let out = Sym::new(ledger, &dims, DType::F32);
+        let out = Sym::new(ledger, &dims, self.dtype());
         drop(blocks);
         Ok(out)
     }
 
+    /// `ranks::tensor`'s: the rows' maxima and the group's, then the sums (in the first
+    /// vector) and their reduction into the output's vector: three `N` f32 vectors on the host
+    /// at once, the last kept as the `(N, 1)` tensor.
     fn tp_logsumexp(&self) -> candle_core::Result<Sym> {
         let n = self.dims()[0];
         let ledger = self.ledger();
