@@ -1279,9 +1279,9 @@ fn serving(args: &[&str], layout: &str) -> Result<Value, String> {
 /// vocab-parallel table and head `32000/8 · 8192` each, the final norm 8192: 8,623,235,072
 /// parameters, 17,246,470,144 B in bf16, and the rotary tables every rank holds (cos and sin
 /// of 4,096 positions × 64 frequencies in bf16: 1,048,576 B). One cached token a rank: `2 · 80 · 1 · 128 · 2` =
-/// 40,960 B (the whole model's 327,680 B over 8). The capacity: the 80 GiB less the weights,
-/// the prefill's activations and the collectives' extras (`2·(4000·8192 + 32000)` B), over
-/// 40,960 B a token, never more.
+/// 40,960 B (the whole model's 327,680 B over 8). The capacity: the 80 GiB less the weights
+/// and the prefill's activations (the replay's vocab-parallel embedding and gathered logits
+/// among them), over 40,960 B a token, never more.
 #[test]
 fn serving_llama2_70b_tp8_is_hand_arithmetic() {
     let v = serving(&["--preset", "llama-2-70b"], "tp=8").unwrap();
@@ -1297,16 +1297,13 @@ fn serving_llama2_70b_tp8_is_hand_arithmetic() {
     );
     assert_eq!(n(&v, "kv_bytes_per_token"), 40_960);
     assert_eq!(n(&v, "kv_bytes_per_sequence"), 40_960 * 4000);
-    let extras = 2 * (4000 * 8192 + 32000);
-    assert_eq!(n(&v, "collective_bytes"), extras);
-    let free = (80u64 << 30) - weights - n(&v, "prefill_activation_bytes") - extras;
+    let free = (80u64 << 30) - weights - n(&v, "prefill_activation_bytes");
     assert_eq!(n(&v, "kv_capacity_tokens"), free / 40_960);
     assert_eq!(n(&v, "kv_capacity_sequences"), free / (40_960 * 4000));
     // One GPU: the whole cache a token, and the weights (128.5 GiB) leave no room at all.
     let one = serving(&["--preset", "llama-2-70b"], "tp=1").unwrap();
     assert_eq!(n(&one, "kv_bytes_per_token"), 8 * 40_960);
     assert_eq!(n(&one, "kv_capacity_tokens"), 0);
-    assert_eq!(n(&one, "collective_bytes"), 0);
 }
 
 /// K/V heads fewer than the ranks are replicated, one a rank (Llama-3-8B's 8 at TP 16: 32
@@ -1332,10 +1329,7 @@ fn serving_replicates_kv_heads_and_refuses_by_name() {
     // Its experts split by width over tp (vLLM's default without expert parallelism): the
     // prefill's activations answered, and the capacity what the 80 GiB leave, never more.
     assert_eq!(moe["activations_missing"], Value::Null);
-    let free = (80u64 << 30)
-        - n(&moe, "weights_bytes")
-        - n(&moe, "prefill_activation_bytes")
-        - n(&moe, "collective_bytes");
+    let free = (80u64 << 30) - n(&moe, "weights_bytes") - n(&moe, "prefill_activation_bytes");
     assert_eq!(n(&moe, "kv_capacity_tokens"), free / token);
     let e = serving(&["--preset", "llama-2-70b"], "tp=3").unwrap_err();
     assert!(e.contains("do not split into 3 equal parts"), "{e}");

@@ -50,10 +50,10 @@ fn rotary(positions: u64, frequencies: u64) -> u64 {
     2 * positions * frequencies * 2
 }
 
-/// The capacity a budget leaves: `(budget − weights − prefill activations − extras) / KV a
-/// token` (every layer full attention: one kind).
+/// The capacity a budget leaves: `(budget − weights − prefill activations) / KV a token`
+/// (every layer full attention: one kind).
 fn capacity(v: &Value, budget: u64) -> u64 {
-    let used = n(v, "weights_bytes") + n(v, "prefill_activation_bytes") + n(v, "collective_bytes");
+    let used = n(v, "weights_bytes") + n(v, "prefill_activation_bytes");
     budget.saturating_sub(used) / n(v, "kv_bytes_per_token")
 }
 
@@ -83,9 +83,7 @@ fn qwen3_30b_a3b_tp1_ep8_is_hand_arithmetic() {
     assert_eq!(n(&v, "kv_heads"), 4);
     assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 48 * 4 * 128 * 2);
     assert_eq!(n(&v, "kv_bytes_per_sequence"), 2 * 48 * 4 * 128 * 2 * 4096);
-    // One GPU a replica: no vocab-parallel all-reduce, no gathered logits; the gathers of the
-    // experts' tokens are in the replay.
-    assert_eq!(n(&v, "collective_bytes"), 0);
+    // The gathers of the experts' tokens are in the replay.
     assert!(v["activations_missing"].is_null());
     let acts = n(&v, "prefill_activation_bytes");
     assert!(acts > 0);
@@ -248,8 +246,6 @@ fn one_replica_ep_equal_to_tp_is_the_tp_shard_with_whole_experts() {
     assert_eq!((n(&v, "dp"), n(&v, "experts_per_rank")), (1, 1));
     assert_eq!(n(&v, "params"), params);
     assert_eq!(n(&v, "kv_bytes_per_token"), 2 * 32 * 128 * 2);
-    // The tp rank's extras: the embedding's all-reduced output and the gathered logits.
-    assert_eq!(n(&v, "collective_bytes"), 2 * (4096 * 4096 + 32000));
     assert!(v["activations_missing"].is_null());
     assert_eq!(n(&v, "kv_capacity_tokens"), capacity(&v, 72 * GIB));
     let acts = |layout| {

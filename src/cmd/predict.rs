@@ -472,9 +472,8 @@ fn print_parallel_serving(
 ) {
     let activations = match (sv.prefill_activation_bytes, &sv.activations_missing) {
         (Some(a), _) => format!(
-            "prefill activations {} (+ {} the embedding's all-reduce and the gathered logits), decode peak {}",
+            "prefill activations {}, decode peak {}",
             human_bytes(a),
-            human_bytes(sv.collective_bytes),
             human_bytes(sv.decode_peak_bytes.unwrap_or(0)),
         ),
         (None, Some(why)) => format!("activations unknown ({why})"),

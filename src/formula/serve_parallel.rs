@@ -14,15 +14,16 @@
 //! - **Activations**: the serving replay of the rank's shard ([`parallel::shard`]: heads, K/V
 //!   heads, the MLP's width and the vocabulary split) with Megatron's `g` after each
 //!   row-parallel projection ([`Shape::tp_collectives`]), as `ranks --tp --phases
-//!   prefill,decode` measures it; beside it, added whole (an upper bound), what the shard's
-//!   replay does not hold: the vocab-parallel embedding's all-reduced output (`B·S·H`) and the
-//!   last positions' logits gathered whole for sampling (`B·V`). A mixture's experts split by
+//!   prefill,decode` measures it, its token table and head vocab-parallel
+//!   ([`Shape::vocab_parallel`]: the masked lookup's rows and their all-reduced copy, `B·S·H`
+//!   each, while the embedding runs; the last positions' logits gathered, vLLM's all-gather
+//!   buffer and its moved copy, `B·V` each, before sampling). A mixture's experts split by
 //!   width, MLA's heads split and its latents whole ([`parallel::shard`]); linear attention's
 //!   activations under a split are not modelled ([`parallel::shard`] says why): their
 //!   capacity is then unknown, never guessed.
 //! - **KV capacity** under a budget (`--fit-in`, taken as given: vLLM's
 //!   `gpu_memory_utilization`, 0.9 by default, is the caller's to apply, e.g. `--fit-in 72GiB`
-//!   for 0.9 × 80 GiB): `free = budget − weights − prefill activations − the extras above`,
+//!   for 0.9 × 80 GiB): `free = budget − weights − prefill activations`,
 //!   then [`budget::kv_capacity`] (per layer kind, as vLLM's allocator counts).
 //!
 //! **Expert parallelism** (`--parallel tp=T,ep=E`, vLLM's `--enable-expert-parallel` over
@@ -71,7 +72,7 @@
 //!   buffers are not for the tp rank.
 //! - **Activations** at tp > 1: the replay of the tp rank's shard (heads, K/V heads, the dense
 //!   layers' width, the vocabulary; the shared experts' width too with one replica) with the
-//!   routed experts whole, `g` after every sublayer, plus the tp rank's extras above
+//!   routed experts whole, `g` after every sublayer, the table and head vocab-parallel
 //!   ([`ep_shard`]). With one replica (`ep = tp`, vLLM's `-tp T --enable-expert-parallel`)
 //!   nothing is gathered (vLLM dispatches only over dp > 1) and the mixture's output is
 //!   all-reduced over tp, as vLLM does with `ep > 1`; with more, vLLM's sequence-parallel
@@ -124,9 +125,6 @@ pub struct ServeRank {
     pub decode_peak_bytes: Option<u64>,
     /// The inference forward's peak (all `S` positions' logits, `⌈V/tp⌉` wide).
     pub inference_peak_bytes: Option<u64>,
-    /// Not in the shard's replay, added whole to the prefill: the embedding's all-reduced
-    /// output `B·S·H` and the gathered logits `B·V`, in the serving type.
-    pub collective_bytes: u64,
     /// Why the activations (and so the capacity) are unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub activations_missing: Option<String>,
@@ -258,12 +256,6 @@ pub fn serve_rank_ep(
         ..shape.clone()
     };
     let kv_bytes_per_sequence = super::breakdown::kv_bytes_per_sequence(&cached, shape.s);
-    // One GPU: no all-reduce, nothing gathered.
-    let collective_bytes = if tp > 1 {
-        e * shape.b * (shape.s * shape.h + shape.v)
-    } else {
-        0
-    };
     let mut out = ServeRank {
         tp,
         ep,
@@ -289,7 +281,6 @@ pub fn serve_rank_ep(
         prefill_activation_bytes: None,
         decode_peak_bytes: None,
         inference_peak_bytes: None,
-        collective_bytes,
         activations_missing: None,
         kv_capacity_tokens: None,
         kv_capacity_sequences: None,
@@ -336,7 +327,7 @@ pub fn serve_rank_ep(
     };
     out.prefill_activation_bytes = Some(activations);
     if let Some(b) = budget {
-        let free = b.saturating_sub(out.weights_bytes + activations + collective_bytes);
+        let free = b.saturating_sub(out.weights_bytes + activations);
         let (tokens, sequences) = budget::kv_capacity(&cached, free);
         out.kv_capacity_tokens = Some(tokens);
         out.kv_capacity_sequences = Some(sequences);
