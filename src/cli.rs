@@ -289,6 +289,16 @@ pub struct RanksArgs {
     /// a group trains on its replica's rows; `--zero 0`, 1 or 2 over the replicas.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Megatron's sequence parallelism beside `--tp` (training): the residual stream, the
+    /// norms and the embedding's output hold a `1/N` run of the sequence; each sublayer's input
+    /// all-gathered along it, each output reduce-scattered, the norms' gradients all-reduced
+    /// over the group after the backward. The sequence must split into N equal runs.
+    #[arg(long)]
+    pub sp: bool,
+    /// (testing) Sequence parallelism without the norms' gradient all-reduce, to show that
+    /// `--check` catches it.
+    #[arg(long, hide = true)]
+    pub sp_skip_norm_all_reduce: bool,
     /// (testing) Tensor parallelism's `f` without its backward all-reduce, to show that
     /// `--check` catches it.
     #[arg(long, hide = true)]

@@ -513,6 +513,47 @@ fn tensor_parallel_llama_on_two_ranks_as_predicted_and_as_one_process() {
     assert_caught(&broken, "f without its all-reduce");
 }
 
+/// Megatron's sequence parallelism beside tp 2 (`--sp`): the residual stream, the norms and
+/// the embedding's output a half of the sequence on each rank, each sublayer's input
+/// all-gathered along it and each output reduce-scattered (B 2: the rows reordered through a
+/// host buffer around MPI's whole runs), the norms' gradients all-reduced after the backward.
+/// Every window as predicted, with checkpointing too and beside 2 replicas under ZeRO 1; each
+/// rank's gradients and weights the slices of one process's; the forward keeps less than
+/// without `--sp` (the residual stream's and the norms' tensors halved). Without the norms'
+/// all-reduce their gradients are one half's, and the check says so.
+#[test]
+fn sequence_parallel_beside_tp_as_predicted_and_as_one_process() {
+    let plain = tensor_parallel(2, LLAMA, &[]);
+    let doc = tensor_parallel(2, LLAMA, &["--sp"]);
+    assert_eq!(doc["sp"], Value::Bool(true));
+    check_all(&doc, 2, "llama tp 2 sp");
+    let kept = |d: &Value| i(&d["ranks"][0]["windows"][1]["retained_bytes"]);
+    // 2 layers × (the two norms' inputs and outputs and the residual sums) of B·S·H floats a
+    // half fewer: at least 2·4·(2·24·64/2)·4 B.
+    assert!(
+        kept(&plain) - kept(&doc) > 2 * 4 * (2 * 24 * 64 / 2) * 4,
+        "the forward keeps {} B with --sp, {} B without",
+        kept(&doc),
+        kept(&plain)
+    );
+    let long = llama_at_s96();
+    for kernels in ["composed", "transformers"] {
+        let doc = tensor_parallel(
+            2,
+            &long,
+            &["--sp", "--kernels", kernels, "--checkpoint", "1"],
+        );
+        check_all(&doc, 2, &format!("llama tp 2 sp {kernels} checkpoint 1"));
+    }
+    let replicas = run(4, LLAMA, &["--tp", "2", "--sp", "--zero", "1"]);
+    check_all(&replicas, 4, "llama tp 2 sp × dp 2 zero 1");
+    let broken = tensor_parallel(2, LLAMA, &["--sp", "--sp-skip-norm-all-reduce"]);
+    assert_caught(
+        &broken,
+        "sequence parallelism without the norms' all-reduce",
+    );
+}
+
 /// Tensor parallelism beside data parallelism: 4 ranks as 2 replicas of a tp-2 model (tp
 /// innermost), each replica on its own rows of the global batch, under ZeRO 0, 1, 2 and 3 over
 /// the replicas (Megatron's distributed optimizer beside tp; at 3, FSDP's FULL_SHARD of each tp
@@ -691,6 +732,10 @@ fn tensor_parallel_refuses_what_it_does_not_split() {
         "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "50", "--seq", "8",
     ];
     let smol = ["--preset", "smollm2-135m", "--layers", "1", "--seq", "8"];
+    let odd_seq: Vec<&str> = LLAMA
+        .iter()
+        .map(|&a| if a == "24" { "25" } else { a })
+        .collect();
     let odd_vocab: Vec<&str> = LLAMA
         .iter()
         .map(|&a| if a == "256" { "255" } else { a })
@@ -723,6 +768,21 @@ fn tensor_parallel_refuses_what_it_does_not_split() {
             &odd_vocab[..],
             &["--tp", "2"][..],
             "255 does not split into 2 equal runs",
+        ),
+        (
+            LLAMA,
+            &["--sp"][..],
+            "sequence parallelism runs beside --tp N",
+        ),
+        (
+            LLAMA,
+            &["--tp", "2", "--sp", "--zero", "3"][..],
+            "not beside --pp, --ep, --zero 3",
+        ),
+        (
+            &odd_seq[..],
+            &["--tp", "2", "--sp"][..],
+            "25 does not split into 2 equal runs",
         ),
     ] {
         let out = Command::new(assert_cmd::cargo::cargo_bin("memfit"))

@@ -73,6 +73,26 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         args.zero == Some(3) || args.hsdp.is_none(),
         "memfit ranks: --hsdp without --zero 3 (hybrid sharding is ZeRO 3's)"
     );
+    if args.sp {
+        ensure!(
+            args.tp > 1
+                && args.zero.unwrap_or(0) < 3
+                && args.pp.is_none()
+                && args.ep == 1
+                && !ranks::serve::serves(case),
+            "memfit ranks --sp: sequence parallelism runs beside --tp N (2 or more) in training, with --zero 0, 1 or 2 (not beside --pp, --ep, --zero 3 or serving phases)"
+        );
+        ensure!(
+            case.seq.is_multiple_of(args.tp),
+            "memfit ranks --sp: the sequence {} does not split into {} equal runs (give --seq a multiple of --tp)",
+            case.seq,
+            args.tp
+        );
+    }
+    ensure!(
+        args.sp || !args.sp_skip_norm_all_reduce,
+        "memfit ranks: --sp-skip-norm-all-reduce without --sp"
+    );
     if ranks::serve::serves(case) {
         return serve(case, args);
     }
@@ -145,6 +165,8 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         check: args.check,
         threads: args.threads,
         tp: args.tp,
+        sp: args.sp,
+        sp_norm_all_reduce: !args.sp_skip_norm_all_reduce,
         f_all_reduce: !args.tp_skip_f_all_reduce,
         tied_second_use: !args.zero3_skip_tied_second_use,
         prefetch: args.fsdp_prefetch == crate::cli::FsdpPrefetch::Backward,
@@ -166,6 +188,7 @@ pub fn ranks(args: &RanksArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     let mut doc = ranks::RanksDoc::new(case, zero, args.tp, args.threads, library(), reports);
+    doc.sp = args.sp;
     if zero == 3 {
         doc.fsdp_prefetch = Some(prefetch_name(args.fsdp_prefetch).to_string());
         doc.hsdp_shard_group = args.hsdp.filter(|&s| s < doc.ranks.len() / args.tp);
@@ -197,6 +220,8 @@ fn expert_parallel(case: &crate::workload::Case, args: &RanksArgs) -> anyhow::Re
         check: args.check,
         threads: args.threads,
         tp: 1,
+        sp: false,
+        sp_norm_all_reduce: true,
         f_all_reduce: true,
         tied_second_use: true,
         prefetch: false,
@@ -509,8 +534,13 @@ fn print_table(case: &crate::workload::Case, args: &RanksArgs, zero: u8, reports
     } else if args.tp > 1 {
         let dp = reports.len() / args.tp;
         format!(
-            "tensor parallel over {} (each rank one shard, every rank of a group the same batch; the token table and head vocab-parallel){}",
+            "tensor parallel over {}{} (each rank one shard, every rank of a group the same batch; the token table and head vocab-parallel){}",
             args.tp,
+            if args.sp {
+                " with sequence parallelism (the residual stream, norms and embedding output a 1/tp run of the sequence)"
+            } else {
+                ""
+            },
             match (dp, zero) {
                 (1, _) => String::new(),
                 (d, 0) => format!(

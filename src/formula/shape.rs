@@ -90,6 +90,11 @@ pub struct Shape {
     /// `ParallelLMHead`; [`crate::model::transformer::VocabParallel`]).
     /// `1`: the vocabulary whole.
     pub vocab_parallel: usize,
+    /// A tensor-parallel rank under Megatron's sequence parallelism over its
+    /// [`Shape::vocab_parallel`] ranks (`ranks --tp N --sp`): the residual stream, the norms and
+    /// the embedding's output hold a `1/N` run of the sequence, `f` an all-gather along it and
+    /// `g` a reduce-scatter.
+    pub sequence_parallel: bool,
 }
 
 impl Shape {
@@ -125,6 +130,7 @@ impl Shape {
             worst_routing: false,
             tp_collectives: false,
             vocab_parallel: 1,
+            sequence_parallel: false,
         }
     }
 
@@ -161,6 +167,7 @@ impl Shape {
             worst_routing: false,
             tp_collectives: false,
             vocab_parallel: 1,
+            sequence_parallel: false,
         }
     }
 

@@ -27,6 +27,14 @@ pub trait CollectiveOps: TensorOps {
     /// (vLLM's `tensor_model_parallel_all_gather(x, dim=-1)`: the ranks' blocks gathered into a
     /// `(N, …, n)` buffer, then moved into a fresh tensor; the buffer freed); no graph.
     fn tp_gather_last(&self, tp: usize) -> Result<Self>;
+    /// Sequence parallelism's `g` before a column-parallel sublayer: this rank's `(B, s, H)`
+    /// rows all-gathered along the sequence into a fresh `(B, tp·s, H)`, whose backward
+    /// reduce-scatters the gradient into a fresh `(B, s, H)`.
+    fn sp_gather(&self, tp: usize) -> Result<Self>;
+    /// Sequence parallelism's `ḡ` after a row-parallel sublayer: the partial `(B, S, H)` summed
+    /// over the group and scattered along the sequence, this rank's fresh `(B, S/tp, H)`,
+    /// whose backward all-gathers the gradient into a fresh `(B, S, H)`.
+    fn sp_scatter(&self, tp: usize) -> Result<Self>;
 }
 
 /// Megatron's `f` and `g` around a block's sublayers.
@@ -42,23 +50,34 @@ pub struct Megatron {
     /// with candle's composed ops every op's inputs stay in the graph, as stock candle keeps
     /// them.
     pub release: bool,
+    /// Megatron's sequence parallelism over this many ranks (`None`: none): the residual
+    /// stream, the norms and the embedding's output hold a `1/tp` run of the sequence; `f`
+    /// becomes an all-gather along the sequence and `g` a reduce-scatter
+    /// ([`CollectiveOps::sp_gather`], [`CollectiveOps::sp_scatter`]).
+    pub sequence: Option<usize>,
 }
 
 impl<T: CollectiveOps> Collectives<T> for Megatron {
     fn enter(&self, x: T) -> Result<T> {
-        // Serving (no graph recorded): `f` is the identity with no backward, nothing to copy
-        // (vLLM's forward has no `f` at all).
-        if !x.tracked() {
-            return Ok(x);
-        }
-        let y = x.tp_enter(self.f_all_reduce)?;
+        // Sequence parallelism gathers the sequence, with a graph or without (a checkpointed
+        // forward's detached segments).
+        let y = match self.sequence {
+            Some(tp) => x.sp_gather(tp)?,
+            // Serving, or a checkpointed forward (no graph recorded): `f` is the identity with
+            // no backward, nothing to copy (vLLM's forward has no `f` at all).
+            None if !x.tracked() => return Ok(x),
+            None => x.tp_enter(self.f_all_reduce)?,
+        };
         // No backward reads the norm's output (the norm's reads its input; f's none).
         x.release_if(self.release)?;
         Ok(y)
     }
 
     fn reduce_add(&self, y: T, residual: &T) -> Result<T> {
-        let r = y.tp_reduce(self.g_all_reduce)?;
+        let r = match self.sequence {
+            Some(tp) => y.sp_scatter(tp)?,
+            None => y.tp_reduce(self.g_all_reduce)?,
+        };
         // The projection's backward reads its input and weight, g's and the sum's nothing.
         y.release_if(self.release)?;
         drop(y);
@@ -94,14 +113,20 @@ impl<T: CollectiveOps> VocabParallel<T> for MegatronVocab {
     fn embed(&self, table: &T, tokens: &T) -> Result<T> {
         let mut dims = tokens.dims();
         let ids = tokens.reshape(&[dims.iter().product()])?;
-        let part = T::kernel(Kernel::VocabEmbedding { start: self.start }, &[table, &ids])?;
+        let rows = T::kernel(Kernel::VocabEmbedding { start: self.start }, &[table, &ids])?;
         drop(ids);
-        let whole = part.tp_reduce(self.megatron.g_all_reduce)?;
+        dims.push(table.dims()[1]);
+        let part = rows.reshape(&dims)?;
+        drop(rows);
+        // Under sequence parallelism the rows are reduce-scattered along the sequence.
+        let whole = match self.megatron.sequence {
+            Some(tp) => part.sp_scatter(tp)?,
+            None => part.tp_reduce(self.megatron.g_all_reduce)?,
+        };
         // The lookup's backward reads the ids, g's nothing.
         part.release_if(self.megatron.release)?;
         drop(part);
-        dims.push(table.dims()[1]);
-        whole.reshape(&dims)
+        Ok(whole)
     }
 
     fn enter(&self, x: T) -> Result<T> {

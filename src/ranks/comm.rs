@@ -19,6 +19,10 @@ pub trait Comm {
     /// `recv[i] = max over ranks of send[i]`, on every rank (the vocab-parallel loss's row
     /// maxima).
     fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]);
+    /// `send` summed over the ranks, rank `r` receiving run `r` of `recv.len()` elements
+    /// (`MPI_Reduce_scatter_block`; `send.len() = size · recv.len()`): sequence parallelism's
+    /// reduce-scatter.
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]);
     /// `recv[i] = Σ over ranks of send[i]` on `root` (`recv` is `Some` there, `None` elsewhere).
     fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>);
     /// `buf` of `root` copied into `buf` of every rank, in place.
@@ -68,6 +72,9 @@ impl Comm for Solo {
         recv.copy_from_slice(send);
     }
     fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) {
         recv.copy_from_slice(send);
     }
     fn reduce_sum(&self, _root: usize, send: &[f32], recv: Option<&mut [f32]>) {
@@ -177,6 +184,15 @@ mod mpi_comm {
         fn all_reduce_max(&self, send: &[f32], recv: &mut [f32]) {
             self.world
                 .all_reduce_into(send, recv, SystemOperation::max());
+        }
+        fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) {
+            assert_eq!(
+                send.len(),
+                self.size() * recv.len(),
+                "reduce_scatter_sum: every rank's run"
+            );
+            self.world
+                .reduce_scatter_block_into(send, recv, SystemOperation::sum());
         }
         fn reduce_sum(&self, root: usize, send: &[f32], recv: Option<&mut [f32]>) {
             let p = self.world.process_at_rank(root as i32);

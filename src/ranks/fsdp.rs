@@ -613,7 +613,7 @@ pub fn predict_windows(
 ) -> anyhow::Result<Vec<(u64, i64)>> {
     // Beside tp: the replay of the rank's shard with its collectives.
     let shape = if plan.tp > 1 {
-        super::tensor::train_shape(case, plan.tp)?
+        super::tensor::train_shape(case, plan.tp, false)?
     } else {
         Shape::of(case)
     };

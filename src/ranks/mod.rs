@@ -204,6 +204,9 @@ pub struct RanksDoc {
     /// before it existed): claim B5 reads only documents of 1.
     #[serde(default = "one")]
     pub tp: usize,
+    /// Megatron's sequence parallelism beside `tp` (`--sp`); absent without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sp: bool,
     /// Expert-parallel ranks (`--ep`; 1 in the other documents): claim B5 reads only
     /// documents of 1.
     #[serde(default = "one")]
@@ -284,6 +287,7 @@ impl RanksDoc {
             case: RanksCase::of(case, threads),
             zero,
             tp,
+            sp: false,
             ep: 1,
             ep_routing: Vec::new(),
             mpi_library: library,
@@ -333,6 +337,11 @@ pub struct Plan {
     pub threads: usize,
     /// Tensor-parallel ranks (`--tp`; 1: data parallel).
     pub tp: usize,
+    /// Megatron's sequence parallelism beside tensor parallelism (`--sp`).
+    pub sp: bool,
+    /// Sequence parallelism all-reduces the norms' gradients over the tp group (false only to
+    /// show that `--check` catches its absence).
+    pub sp_norm_all_reduce: bool,
     /// Tensor parallelism's `f` all-reduces the gradient in its backward (false only to show
     /// that `--check` catches its absence).
     pub f_all_reduce: bool,

@@ -147,6 +147,7 @@ pub fn run_serve_rank(
         f_all_reduce: true,
         g_all_reduce: plan.g_all_reduce,
         release: case.cfg.kernels.fused(),
+        sequence: None,
     };
     let serving = megatron_rank(model.detached(), case, megatron, (rank, tp));
 
@@ -235,7 +236,7 @@ fn cache_bytes(cache: &KvCache) -> anyhow::Result<u64> {
 /// shard with its collectives and its run of the vocabulary), whose serving replay gathers the
 /// last positions' logits.
 pub fn serve_shape(case: &Case, tp: usize) -> anyhow::Result<crate::formula::shape::Shape> {
-    train_shape(case, tp)
+    train_shape(case, tp, false)
 }
 
 /// Each window's (peak, retained) predicted for a serving rank of `tp`: `init` the shard's

@@ -95,6 +95,15 @@ fn all_reduce(send: &[f32], recv: &mut [f32]) -> Result<()> {
     })
 }
 
+/// This thread's group has `tp` ranks.
+fn check_group(tp: usize) -> Result<()> {
+    let n = with_group(|c| c.size())?;
+    if n != tp {
+        candle_core::bail!("ranks --tp: a collective over {tp} ranks in a group of {n}")
+    }
+    Ok(())
+}
+
 /// `f` on this thread's group (expert parallelism's exchanges reach it here too).
 pub(super) fn with_group<O>(f: impl FnOnce(&dyn Comm) -> O) -> Result<O> {
     GROUP.with(|g| match g.borrow().as_ref() {
@@ -183,6 +192,111 @@ impl CustomOp1 for ReduceOp {
     }
 }
 
+/// `data` of a `(B, s, H)` gathered along dim 1 over the group (every rank's `s` rows in rank
+/// order): `(B, tp·s, H)`. With `B > 1` the ranks' blocks (whole runs, as MPI gathers them) are
+/// reordered into each row from a host buffer of them all.
+fn seq_gather(data: &[f32], (b, s, h): (usize, usize, usize)) -> Result<Vec<f32>> {
+    with_group(|c| {
+        let tp = c.size();
+        let mut out = vec![0f32; tp * data.len()];
+        if b == 1 {
+            c.all_gather_into(data, &mut out);
+            return out;
+        }
+        let mut blocks = vec![0f32; tp * data.len()];
+        c.all_gather_into(data, &mut blocks);
+        for (r, block) in blocks.chunks(data.len()).enumerate() {
+            for (row, part) in block.chunks(s * h).enumerate() {
+                let at = (row * tp + r) * s * h;
+                out[at..at + s * h].copy_from_slice(part);
+            }
+        }
+        out
+    })
+}
+
+/// `data` of a `(B, S, H)` summed over the group and scattered along dim 1: this rank's run of
+/// `S/tp` rows, `(B, S/tp, H)`. With `B > 1` the rows are first reordered by the rank they go
+/// to (MPI scatters whole runs) into a host buffer of `B·S·H`.
+fn seq_scatter(data: &[f32], (b, s, h): (usize, usize, usize)) -> Result<Vec<f32>> {
+    with_group(|c| {
+        let tp = c.size();
+        let mut out = vec![0f32; data.len() / tp];
+        if b == 1 {
+            c.reduce_scatter_sum(data, &mut out);
+            return out;
+        }
+        let run = s / tp * h;
+        let mut send = vec![0f32; data.len()];
+        for (row, whole) in data.chunks(s * h).enumerate() {
+            for (r, part) in whole.chunks(run).enumerate() {
+                let at = (r * b + row) * run;
+                send[at..at + run].copy_from_slice(part);
+            }
+        }
+        c.reduce_scatter_sum(&send, &mut out);
+        out
+    })
+}
+
+/// `t (B, S, H)` through [`seq_gather`] (`gather`) or [`seq_scatter`] into a fresh tensor.
+fn sequence_collective(t: &Tensor, gather: bool) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    let (b, s, h) = t.dims3()?;
+    let (out, rows) = {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("ranks --sp: collectives run on the CPU")
+        };
+        let data = f32_data(cpu, layout)?;
+        let tp = with_group(|c| c.size())?;
+        if gather {
+            (seq_gather(data, (b, s, h))?, s * tp)
+        } else {
+            if !s.is_multiple_of(tp) {
+                candle_core::bail!("ranks --sp: {s} positions do not split into {tp} runs")
+            }
+            (seq_scatter(data, (b, s, h))?, s / tp)
+        }
+    };
+    Tensor::from_vec(out, (b, rows, h), t.device())
+}
+
+/// Sequence parallelism's all-gather (`gather`) or reduce-scatter along the sequence; the
+/// backward the other one, into a fresh gradient.
+struct SequenceOp {
+    gather: bool,
+}
+
+impl CustomOp1 for SequenceOp {
+    fn name(&self) -> &'static str {
+        if self.gather {
+            "sp-gather"
+        } else {
+            "sp-scatter"
+        }
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let data = f32_data(s, l)?;
+        let (b, n, h) = l.shape().dims3()?;
+        let tp = with_group(|c| c.size())?;
+        let (out, rows) = if self.gather {
+            (seq_gather(data, (b, n, h))?, n * tp)
+        } else {
+            if !n.is_multiple_of(tp) {
+                candle_core::bail!("ranks --sp: {n} positions do not split into {tp} runs")
+            }
+            (seq_scatter(data, (b, n, h))?, n / tp)
+        };
+        Ok((CpuStorage::F32(out), Shape::from_dims(&[b, rows, h])))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(sequence_collective(grad, !self.gather)?))
+    }
+}
+
 /// Megatron's `f` and `g` on candle's tensors, over this thread's [`Group`]
 /// ([`Megatron`]'s statements are written once over the tensor trait).
 impl CollectiveOps for Tensor {
@@ -192,6 +306,16 @@ impl CollectiveOps for Tensor {
 
     fn tp_reduce(&self, reduce: bool) -> Result<Tensor> {
         self.apply_op1(ReduceOp { reduce })
+    }
+
+    fn sp_gather(&self, tp: usize) -> Result<Tensor> {
+        check_group(tp)?;
+        self.apply_op1(SequenceOp { gather: true })
+    }
+
+    fn sp_scatter(&self, tp: usize) -> Result<Tensor> {
+        check_group(tp)?;
+        self.apply_op1(SequenceOp { gather: false })
     }
 
     fn tp_gather_last(&self, tp: usize) -> Result<Tensor> {
@@ -358,22 +482,46 @@ pub(super) fn slice_of(
 }
 
 /// Fills every shard variable with its slice of the whole model filled by
-/// `super::fill_deterministic` (by name), so a rank's shard is the single process's.
+/// `super::fill_deterministic` (by name), so a rank's shard is the single process's; whether
+/// each is replicated (the whole tensor on every rank: the norms).
 pub(super) fn fill_shard(
     case: &Case,
     vars: &[(String, Var)],
     rank: usize,
     tp: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<bool>> {
+    let mut replicated = Vec::with_capacity(vars.len());
     // One process's model (the same batch as every rank: tensor parallelism splits the model,
     // not the data).
     let full = super::Single::new(case, 1)?;
     for ((name, v), (other, w)) in vars.iter().zip(&full.vars) {
         ensure!(name == other, "ranks --tp: {name} against {other}");
+        replicated.push(v.dims() == w.dims());
         let part = slice_of(w.as_tensor(), v.dims(), rank, tp)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         zero::with_f32_mut(v.as_tensor(), |d| d.copy_from_slice(&part))?;
+    }
+    Ok(replicated)
+}
+
+/// Sequence parallelism's last reduce of the backward (Megatron's all-reduce of the sequence-
+/// parallel norms' gradients over the tensor-parallel group): each replicated variable's
+/// gradient, computed on this rank's run of the sequence only, summed over the group in place
+/// (through a fresh vector of its size, freed at once).
+fn all_reduce_replicated(
+    vars: &[(String, Var)],
+    replicated: &[bool],
+    grads: &GradStore,
+    group: &dyn Comm,
+) -> anyhow::Result<()> {
+    for ((name, v), _) in vars.iter().zip(replicated).filter(|(_, r)| **r) {
+        let g = super::grad_of(grads, name, v)?;
+        zero::with_f32_mut(&g, |d| {
+            let mut sum = vec![0f32; d.len()];
+            group.all_reduce_sum(d, &mut sum);
+            d.copy_from_slice(&sum);
+        })?;
     }
     Ok(())
 }
@@ -385,6 +533,7 @@ pub(super) fn training_collectives(case: &Case, plan: &Plan) -> Megatron {
         f_all_reduce: plan.f_all_reduce,
         g_all_reduce: true,
         release: case.cfg.kernels.fused(),
+        sequence: plan.sp.then_some(plan.tp),
     }
 }
 
@@ -417,6 +566,8 @@ pub(super) struct ShardStart {
     pub varmap: VarMap,
     pub model: Transformer,
     pub vars: Vec<(String, Var)>,
+    /// Each of `vars` replicated over the group (the norms).
+    pub replicated: Vec<bool>,
 }
 
 /// The warm-up (the shard's first-use allocations, the library's first all-reduce), the group
@@ -455,7 +606,7 @@ pub(super) fn start_shard(
     })?;
     measured.push((p, r, s, vm_rss_bytes()));
     let vars = named_vars(&varmap);
-    fill_shard(case, &vars, rank, tp)?;
+    let replicated = fill_shard(case, &vars, rank, tp)?;
     Ok(ShardStart {
         shard,
         _group,
@@ -464,6 +615,7 @@ pub(super) fn start_shard(
         varmap,
         model,
         vars,
+        replicated,
     })
 }
 
@@ -512,6 +664,7 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         varmap,
         model,
         vars,
+        replicated,
     } = start_shard(case, &tp_comm, dp_comm.as_ref(), &mut measured)?;
     let model = megatron_rank(model, case, training_collectives(case, &plan), (rank, tp));
     let step = super::Step {
@@ -536,6 +689,9 @@ pub fn run_tp_rank(case: &Case, plan: Plan, comm: Rc<dyn Comm>) -> anyhow::Resul
         comm.as_ref(),
         &mut measured,
         &|g| {
+            if plan.sp && plan.sp_norm_all_reduce {
+                all_reduce_replicated(&vars, &replicated, g, tp_comm.as_ref())?;
+            }
             if dp > 1 {
                 zero::reduce(plan.zero, &vars, g, replicas)?;
             }
@@ -631,11 +787,14 @@ pub fn rank_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
 /// The replay's shape of a rank of `tp` ([`rank_shape`]) with Megatron's collectives around
 /// its sublayers, as the rank runs them (`f` a copy whose backward all-reduces into a fresh
 /// gradient, `g` a fresh output), in its forward, its recomputed segments and its serving copy
-/// alike, and its vocab-parallel embedding, head and loss (serving: the logits gathered).
-pub fn train_shape(case: &Case, tp: usize) -> anyhow::Result<FormulaShape> {
+/// alike, and its vocab-parallel embedding, head and loss (serving: the logits gathered); with
+/// `sp`, under Megatron's sequence parallelism (`f` an all-gather along the sequence, `g` a
+/// reduce-scatter).
+pub fn train_shape(case: &Case, tp: usize, sp: bool) -> anyhow::Result<FormulaShape> {
     Ok(FormulaShape {
         tp_collectives: true,
         vocab_parallel: tp,
+        sequence_parallel: sp,
         ..rank_shape(case, tp)?
     })
 }
@@ -650,13 +809,21 @@ pub fn predict_tp_windows(
     tp: usize,
     (dp_rank, dp): (usize, usize),
 ) -> anyhow::Result<Vec<(u64, i64)>> {
-    let shape = train_shape(case, tp)?;
+    let shape = train_shape(case, tp, plan.sp)?;
     let mut w = super::predict_windows_of(&shape, case.optimizer, plan, dp, dp_rank, 0);
+    // Under sequence parallelism the reduce begins with the norms' all-reduce: one vector of
+    // a norm's `H` floats at a time, before the replicas' reduce.
+    let norms = if plan.sp {
+        4 * case.cfg.hidden as u64
+    } else {
+        0
+    };
     if dp > 1 {
+        w[3].0 = w[3].0.max(norms);
         return Ok(w);
     }
     let t = shape.replay_training(plan.threads);
-    w[3] = (0, 0);
+    w[3] = (norms, 0);
     w[6] = (
         (t.forward_retained + t.backward_peak).max(t.forward_peak),
         0,
@@ -738,6 +905,7 @@ mod tests {
                 f_all_reduce: true,
                 g_all_reduce: true,
                 release: kernels.fused(),
+                sequence: None,
             }));
             assert_eq!(run(&split), plain, "{kernels:?}");
         }
@@ -764,6 +932,7 @@ mod tests {
                 f_all_reduce: true,
                 g_all_reduce: true,
                 release: kernels.fused(),
+                sequence: None,
             };
             let split = model
                 .clone()

@@ -202,24 +202,23 @@ impl Transformer {
         // Any length: a prediction is not refused at the position table's end.
         model.form.max_seq = None;
         ledger.cuda.set(!shape.cpu);
-        // A tensor-parallel rank's shard: Megatron's collectives around its sublayers.
+        // A tensor-parallel rank's shard: Megatron's collectives around its sublayers (under
+        // sequence parallelism, over the vocabulary's ranks).
+        let megatron = Megatron {
+            f_all_reduce: true,
+            g_all_reduce: true,
+            release: shape.kernels.fused(),
+            sequence: shape.sequence_parallel.then_some(shape.vocab_parallel),
+        };
         if shape.tp_collectives {
-            model = model.with_collectives(Rc::new(Megatron {
-                f_all_reduce: true,
-                g_all_reduce: true,
-                release: shape.kernels.fused(),
-            }));
+            model = model.with_collectives(Rc::new(megatron));
         }
         // Its run of the vocabulary: Megatron's vocab-parallel embedding, head and loss.
         if shape.vocab_parallel > 1 {
             model = model.with_vocab_parallel(Rc::new(MegatronVocab {
                 start: 0,
                 tp: shape.vocab_parallel,
-                megatron: Megatron {
-                    f_all_reduce: true,
-                    g_all_reduce: true,
-                    release: shape.kernels.fused(),
-                },
+                megatron,
             }));
         }
         model
@@ -237,6 +236,14 @@ impl CollectiveOps for Sym {
 
     fn tp_reduce(&self, _reduce: bool) -> candle_core::Result<Sym> {
         Ok(self.tp_reduce_op())
+    }
+
+    fn sp_gather(&self, tp: usize) -> candle_core::Result<Sym> {
+        Ok(self.sp_gather_op(tp))
+    }
+
+    fn sp_scatter(&self, tp: usize) -> candle_core::Result<Sym> {
+        Ok(self.sp_scatter_op(tp))
     }
 
     /// `ranks::tensor`'s: the gathered blocks on the host beside the fresh output, then freed

@@ -245,6 +245,18 @@ pub fn backward(root: &Sym) -> GradStore {
                 let s = grads.or_insert(arg);
                 *s = s.add(&grad);
             }
+            Op::SpGather(arg, tp) | Op::SpScatter(arg, tp) => {
+                // `ranks::tensor`'s sequence ops' `bwd`: the gradient made contiguous, then the
+                // other collective into a fresh tensor (the copy dropped on return), added to
+                // the arg's as candle's `CustomOp1` arm does.
+                let gather = arg.dims()[1] > grad.dims()[1];
+                let back = {
+                    let c = grad.contiguous();
+                    c.sp_resized(*tp, gather, None)
+                };
+                let s = grads.or_insert(arg);
+                *s = s.add(&back);
+            }
             Op::Affine(arg, mul) => {
                 let arg_grad = grad.affine(*mul);
                 let s = grads.or_insert(arg);

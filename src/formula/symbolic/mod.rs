@@ -185,6 +185,13 @@ pub enum Op {
     /// Tensor parallelism's `g`: the input summed over the group into a fresh tensor; its
     /// backward hands the gradient on as it is.
     TpReduce(Sym),
+    /// Sequence parallelism's all-gather along the sequence over `tp` ranks (a `CustomOp1` on
+    /// ranks): `(B, s, H)` → a fresh `(B, tp·s, H)`; the backward reduce-scatters the gradient
+    /// into a fresh `(B, s, H)`.
+    SpGather(Sym, usize),
+    /// Sequence parallelism's reduce-scatter along the sequence over `tp` ranks: `(B, S, H)` →
+    /// a fresh `(B, S/tp, H)`; the backward all-gathers the gradient into a fresh `(B, S, H)`.
+    SpScatter(Sym, usize),
 }
 
 impl Op {
@@ -227,6 +234,8 @@ impl Op {
             Op::Seed(..) => "seed",
             Op::TpEnter(..) => "tp-f",
             Op::TpReduce(..) => "tp-g",
+            Op::SpGather(..) => "sp-gather",
+            Op::SpScatter(..) => "sp-scatter",
         }
     }
 }
@@ -841,6 +850,41 @@ impl Sym {
         self.out(self.dims(), self.0.dtype, op)
     }
 
+    /// Sequence parallelism's all-gather forward over `tp` ranks ([`Op::SpGather`]; recorded
+    /// when tracked): [`Sym::sp_resized`] to `tp` times the rows.
+    pub fn sp_gather_op(&self, tp: usize) -> Sym {
+        let op = self.op1(|a| Op::SpGather(a, tp));
+        self.sp_resized(tp, true, op)
+    }
+
+    /// Sequence parallelism's reduce-scatter forward over `tp` ranks ([`Op::SpScatter`]):
+    /// [`Sym::sp_resized`] to a `tp`-th of the rows.
+    pub fn sp_scatter_op(&self, tp: usize) -> Sym {
+        let op = self.op1(|a| Op::SpScatter(a, tp));
+        self.sp_resized(tp, false, op)
+    }
+
+    /// `ranks::tensor`'s sequence collectives on a `(B, S, H)`: the fresh output with dim 1
+    /// `tp` times longer (`gather`) or shorter, and with `B > 1` the host vector the rows are
+    /// reordered through first (the ranks' blocks are runs of dim 1 in each row; MPI's buffers
+    /// are whole runs): `tp·B·s·H` floats for the gather (held beside the output), `B·S·H` for
+    /// the scatter (made before the output).
+    pub fn sp_resized(&self, tp: usize, gather: bool, op: Option<Op>) -> Sym {
+        let mut dims = self.dims().to_vec();
+        dims[1] = if gather { dims[1] * tp } else { dims[1] / tp };
+        let ledger = self.ledger();
+        let bytes = self.0.dtype.size() as usize;
+        let whole = bytes
+            * dims
+                .iter()
+                .product::<usize>()
+                .max(self.0.layout.elems() as usize);
+        let reorder = (dims[0] > 1).then(|| ledger.host(whole));
+        let out = self.out(&dims, self.0.dtype, op);
+        drop(reorder);
+        out
+    }
+
     pub fn contiguous(&self) -> Sym {
         if self.is_contiguous() {
             self.clone()
@@ -940,7 +984,12 @@ impl Op {
             | Op::IndexSelect(a, b, _) => vec![a, b],
             Op::Attn(q, k, v) | Op::IndexAdd(q, k, v, _) => vec![q, k, v],
             Op::Cat(parts, _) | Op::Kernel(_, parts) => parts.iter().collect(),
-            Op::Frozen(x, ..) | Op::Seed(x, _) | Op::TpEnter(x) | Op::TpReduce(x) => vec![x],
+            Op::Frozen(x, ..)
+            | Op::Seed(x, _)
+            | Op::TpEnter(x)
+            | Op::TpReduce(x)
+            | Op::SpGather(x, _)
+            | Op::SpScatter(x, _) => vec![x],
             Op::ToDType(a) => {
                 if a.dtype().is_int() {
                     vec![]
