@@ -126,21 +126,25 @@ pub(super) fn f32_data<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
 /// `t` summed over the group (or, `reduce` false, copied) into a fresh tensor.
 fn all_reduced(t: &Tensor, reduce: bool) -> Result<Tensor> {
     let t = t.contiguous()?;
-    let out = {
-        let (storage, layout) = t.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            candle_core::bail!("ranks --tp: collectives run on the CPU")
-        };
-        let data = f32_data(cpu, layout)?;
+    let out = cpu_f32(&t, |data| {
         let mut out = vec![0f32; data.len()];
         if reduce {
             all_reduce(data, &mut out)?;
         } else {
             out.copy_from_slice(data);
         }
-        out
-    };
+        Ok(out)
+    })?;
     Tensor::from_vec(out, t.shape(), t.device())
+}
+
+/// `f` on the contiguous `f32` data of a CPU tensor (the collectives' send buffer).
+fn cpu_f32<O>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<O>) -> Result<O> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("ranks --tp: collectives run on the CPU")
+    };
+    f(f32_data(cpu, layout)?)
 }
 
 /// Megatron's `f`: the identity forward (a copy: a candle op makes its output), the gradient
@@ -239,26 +243,28 @@ fn seq_scatter(data: &[f32], (b, s, h): (usize, usize, usize)) -> Result<Vec<f32
     })
 }
 
-/// `t (B, S, H)` through [`seq_gather`] (`gather`) or [`seq_scatter`] into a fresh tensor.
+/// `data` of a `(B, s, H)` through [`seq_gather`] (`gather`) or [`seq_scatter`]: the result
+/// and its length along the sequence.
+fn seq_collective(
+    data: &[f32],
+    (b, s, h): (usize, usize, usize),
+    gather: bool,
+) -> Result<(Vec<f32>, usize)> {
+    let tp = with_group(|c| c.size())?;
+    if gather {
+        return Ok((seq_gather(data, (b, s, h))?, s * tp));
+    }
+    if !s.is_multiple_of(tp) {
+        candle_core::bail!("ranks --sp: {s} positions do not split into {tp} runs")
+    }
+    Ok((seq_scatter(data, (b, s, h))?, s / tp))
+}
+
+/// `t (B, S, H)` through [`seq_collective`] into a fresh tensor.
 fn sequence_collective(t: &Tensor, gather: bool) -> Result<Tensor> {
     let t = t.contiguous()?;
     let (b, s, h) = t.dims3()?;
-    let (out, rows) = {
-        let (storage, layout) = t.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            candle_core::bail!("ranks --sp: collectives run on the CPU")
-        };
-        let data = f32_data(cpu, layout)?;
-        let tp = with_group(|c| c.size())?;
-        if gather {
-            (seq_gather(data, (b, s, h))?, s * tp)
-        } else {
-            if !s.is_multiple_of(tp) {
-                candle_core::bail!("ranks --sp: {s} positions do not split into {tp} runs")
-            }
-            (seq_scatter(data, (b, s, h))?, s / tp)
-        }
-    };
+    let (out, rows) = cpu_f32(&t, |data| seq_collective(data, (b, s, h), gather))?;
     Tensor::from_vec(out, (b, rows, h), t.device())
 }
 
@@ -278,17 +284,8 @@ impl CustomOp1 for SequenceOp {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let data = f32_data(s, l)?;
         let (b, n, h) = l.shape().dims3()?;
-        let tp = with_group(|c| c.size())?;
-        let (out, rows) = if self.gather {
-            (seq_gather(data, (b, n, h))?, n * tp)
-        } else {
-            if !n.is_multiple_of(tp) {
-                candle_core::bail!("ranks --sp: {n} positions do not split into {tp} runs")
-            }
-            (seq_scatter(data, (b, n, h))?, n / tp)
-        };
+        let (out, rows) = seq_collective(f32_data(s, l)?, (b, n, h), self.gather)?;
         Ok((CpuStorage::F32(out), Shape::from_dims(&[b, rows, h])))
     }
 
@@ -322,12 +319,7 @@ impl CollectiveOps for Tensor {
         let x = self.contiguous()?;
         let mut dims = x.dims().to_vec();
         let n = *dims.last().expect("a tensor with a last dimension");
-        let out = {
-            let (storage, layout) = x.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("ranks --tp: collectives run on the CPU")
-            };
-            let data = f32_data(cpu, layout)?;
+        let out = cpu_f32(&x, |data| {
             with_group(|c| {
                 if c.size() != tp {
                     candle_core::bail!(
@@ -345,8 +337,8 @@ impl CollectiveOps for Tensor {
                     }
                 }
                 Ok(out)
-            })??
-        };
+            })?
+        })?;
         *dims.last_mut().expect("a last dimension") *= tp;
         Tensor::from_vec(out, dims, self.device())
     }
@@ -354,12 +346,7 @@ impl CollectiveOps for Tensor {
     fn tp_logsumexp(&self) -> Result<Tensor> {
         let x = self.contiguous()?;
         let (n, v) = x.dims2()?;
-        let lse = {
-            let (storage, layout) = x.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("ranks --tp: collectives run on the CPU")
-            };
-            let data = f32_data(cpu, layout)?;
+        let lse = cpu_f32(&x, |data| {
             let mut local: Vec<f32> = data
                 .chunks(v)
                 .map(|r| r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)))
@@ -375,8 +362,8 @@ impl CollectiveOps for Tensor {
             for (l, m) in lse.iter_mut().zip(&max) {
                 *l = m + l.ln();
             }
-            lse
-        };
+            Ok(lse)
+        })?;
         Tensor::from_vec(lse, (n, 1), self.device())
     }
 }
