@@ -196,25 +196,33 @@ impl CustomOp1 for ReduceOp {
     }
 }
 
+/// Every rank's `data` gathered over `c`, its runs of `run` elements interleaved: row `j` of
+/// the result is rank 0's run `j`, then rank 1's run `j`, and so on. The ranks' blocks (whole,
+/// as MPI gathers them) land in a host buffer first, freed once moved into the result.
+fn gather_interleaved(c: &dyn Comm, data: &[f32], run: usize) -> Vec<f32> {
+    let tp = c.size();
+    let mut blocks = vec![0f32; tp * data.len()];
+    c.all_gather_into(data, &mut blocks);
+    let mut out = vec![0f32; blocks.len()];
+    for (r, block) in blocks.chunks(data.len()).enumerate() {
+        for (row, part) in block.chunks(run).enumerate() {
+            let at = (row * tp + r) * run;
+            out[at..at + run].copy_from_slice(part);
+        }
+    }
+    out
+}
+
 /// `data` of a `(B, s, H)` gathered along dim 1 over the group (every rank's `s` rows in rank
-/// order): `(B, tp·s, H)`. With `B > 1` the ranks' blocks (whole runs, as MPI gathers them) are
-/// reordered into each row from a host buffer of them all.
+/// order): `(B, tp·s, H)`. With `B > 1` the ranks' `s·H` runs are interleaved row by row
+/// ([`gather_interleaved`]); with one row MPI gathers into the result directly.
 fn seq_gather(data: &[f32], (b, s, h): (usize, usize, usize)) -> Result<Vec<f32>> {
     with_group(|c| {
-        let tp = c.size();
-        let mut out = vec![0f32; tp * data.len()];
-        if b == 1 {
-            c.all_gather_into(data, &mut out);
-            return out;
+        if b > 1 {
+            return gather_interleaved(c, data, s * h);
         }
-        let mut blocks = vec![0f32; tp * data.len()];
-        c.all_gather_into(data, &mut blocks);
-        for (r, block) in blocks.chunks(data.len()).enumerate() {
-            for (row, part) in block.chunks(s * h).enumerate() {
-                let at = (row * tp + r) * s * h;
-                out[at..at + s * h].copy_from_slice(part);
-            }
-        }
+        let mut out = vec![0f32; c.size() * data.len()];
+        c.all_gather_into(data, &mut out);
         out
     })
 }
@@ -319,26 +327,8 @@ impl CollectiveOps for Tensor {
         let x = self.contiguous()?;
         let mut dims = x.dims().to_vec();
         let n = *dims.last().expect("a tensor with a last dimension");
-        let out = cpu_f32(&x, |data| {
-            with_group(|c| {
-                if c.size() != tp {
-                    candle_core::bail!(
-                        "ranks --tp: a gather over {tp} ranks in a group of {}",
-                        c.size()
-                    )
-                }
-                let mut blocks = vec![0f32; tp * data.len()];
-                c.all_gather_into(data, &mut blocks);
-                let mut out = vec![0f32; blocks.len()];
-                for (r, block) in blocks.chunks(data.len()).enumerate() {
-                    for (row, part) in block.chunks(n).enumerate() {
-                        let at = row * tp * n + r * n;
-                        out[at..at + n].copy_from_slice(part);
-                    }
-                }
-                Ok(out)
-            })?
-        })?;
+        check_group(tp)?;
+        let out = cpu_f32(&x, |data| with_group(|c| gather_interleaved(c, data, n)))?;
         *dims.last_mut().expect("a last dimension") *= tp;
         Tensor::from_vec(out, dims, self.device())
     }
